@@ -1,0 +1,62 @@
+/* A tiny test harness shared by the C tests: checks that count, a closing
+ * "N passed, N failed" line, and a launcher for the project's mock server
+ * (python3 -m llmretry.testing) with helpers to script it over HTTP. */
+#ifndef LLMRETRY_TEST_HARNESS_H
+#define LLMRETRY_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+
+extern int th_passed;
+extern int th_failed;
+
+void th_fail(const char *file, int line, const char *fmt, ...);
+
+#define CHECK(cond) do { if (cond) th_passed++; else \
+    th_fail(__FILE__, __LINE__, "CHECK(%s)", #cond); } while (0)
+#define CHECK_MSG(cond, ...) do { if (cond) th_passed++; else \
+    th_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define CHECK_INT(a, b) do { long long a_ = (long long)(a), b_ = (long long)(b); \
+    if (a_ == b_) th_passed++; else \
+    th_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, a_, #b, b_); } while (0)
+#define CHECK_STR(a, b) do { const char *a_ = (a), *b_ = (b); \
+    if (a_ && b_ && strcmp(a_, b_) == 0) th_passed++; else \
+    th_fail(__FILE__, __LINE__, "%s == \"%s\", expected \"%s\"", #a, a_ ? a_ : "(null)", b_ ? b_ : "(null)"); } while (0)
+
+/* Print "<suite>: N passed, N failed" and return the process exit code. */
+int th_summary(const char *suite);
+
+/* Milliseconds on the monotonic clock. */
+int64_t th_now_ms(void);
+
+/* Read a whole file (malloc'd, NUL-terminated), NULL on error. */
+char *th_read_file(const char *path, size_t *len);
+
+/* The mock server, started as `python3 -m llmretry.testing --port 0` with
+ * PYTHONPATH=<source>/python; it prints its port on its first line. */
+typedef struct th_mock {
+    pid_t pid;
+    int port;
+    char base_url[64];          /* http://127.0.0.1:PORT/v1 */
+} th_mock;
+
+int th_mock_start(th_mock *m);  /* 0 on success */
+void th_mock_stop(th_mock *m);
+
+/* base_url for scenario `name` (http://127.0.0.1:PORT/s/<name>/v1) into buf. */
+const char *th_mock_scenario_url(const th_mock *m, const char *name, char *buf, size_t len);
+
+/* PUT /_mock/scenarios/<name> with `scenario_json` ({"steps": [...], ...}).
+ * 0 on success. Resets the scenario's cursor and its request records. */
+int th_mock_script(th_mock *m, const char *name, const char *scenario_json);
+
+/* GET /_mock/requests/<name>: the JSON array of recorded requests
+ * (malloc'd text), NULL on error. */
+char *th_mock_requests(th_mock *m, const char *name);
+
+/* GET a control path (e.g. "/_mock/connections"); malloc'd body or NULL. */
+char *th_mock_get(th_mock *m, const char *path);
+
+#endif
