@@ -1,0 +1,406 @@
+/* The C test harness (see harness.h): counters, a summary line, and a
+ * launcher plus HTTP helpers for the mock server. The helpers use libcurl
+ * easy handles directly: they are test utilities, not the system under
+ * test, so they must not depend on the engine. */
+#include "harness.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef LLMRETRY_SOURCE_DIR
+#define LLMRETRY_SOURCE_DIR "."
+#endif
+
+#define TH_START_TIMEOUT_MS 10000
+#define TH_STOP_GRACE_MS 3000
+#define TH_HTTP_TIMEOUT_MS 5000
+
+extern char **environ;
+
+int th_passed = 0;
+int th_failed = 0;
+
+void th_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    th_failed++;
+    fprintf(stderr, "%s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+int th_summary(const char *suite)
+{
+    printf("%s: %d passed, %d failed\n", suite, th_passed, th_failed);
+    fflush(stdout);
+    /* A suite that checked nothing has not shown anything works. */
+    return (th_failed == 0 && th_passed > 0) ? 0 : 1;
+}
+
+int64_t th_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+char *th_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    if (!f)
+        return NULL;
+    for (;;) {
+        if (cap - n < 4096) {
+            size_t ncap = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, ncap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
+/* ------------------------------------------------------------------ */
+/* Mock server process.                                               */
+/* ------------------------------------------------------------------ */
+
+/* The child's stdout and stderr share one pipe. After the port line we
+ * keep draining it on a thread, so a chatty server never blocks on a full
+ * pipe nor dies of EPIPE; its output is shown only with TH_MOCK_VERBOSE. */
+static void *drain_thread(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    int verbose = getenv("TH_MOCK_VERBOSE") != NULL;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        if (verbose && fwrite(buf, 1, (size_t)n, stderr) != (size_t)n)
+            break;
+    }
+    close(fd);
+    return NULL;
+}
+
+/* A copy of environ with PYTHONPATH pointing at our python/ first, built
+ * before fork() because the child of a threaded process may only call
+ * async-signal-safe functions until exec. */
+static char **child_environ(void)
+{
+    static const char src_py[] = LLMRETRY_SOURCE_DIR "/python";
+    const char *old = getenv("PYTHONPATH");
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 3, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(environ[i], "PYTHONPATH=", 11) == 0 ||
+            strncmp(environ[i], "PYTHONUNBUFFERED=", 17) == 0)
+            continue;
+        env[k++] = environ[i];
+    }
+    size_t plen = sizeof src_py + 16 + (old ? strlen(old) + 1 : 0);
+    char *pp = malloc(plen);
+    if (!pp) {
+        free(env);
+        return NULL;
+    }
+    if (old && *old)
+        snprintf(pp, plen, "PYTHONPATH=%s:%s", src_py, old);
+    else
+        snprintf(pp, plen, "PYTHONPATH=%s", src_py);
+    env[k++] = pp;
+    /* The port line must not sit in a stdio buffer. */
+    env[k++] = "PYTHONUNBUFFERED=1";
+    env[k] = NULL;
+    return env;
+}
+
+static void free_child_environ(char **env)
+{
+    for (size_t i = 0; env[i]; i++)
+        if (strncmp(env[i], "PYTHONPATH=", 11) == 0)
+            free(env[i]);
+    free(env);
+}
+
+/* Read lines until one is a bare port number. Anything else (warnings,
+ * a traceback) is kept in `junk` to explain a failed start. */
+static int read_port(int fd, char *junk, size_t junklen)
+{
+    char line[512];
+    size_t ll = 0, jl = 0;
+    int64_t end = th_now_ms() + TH_START_TIMEOUT_MS;
+    junk[0] = '\0';
+    for (;;) {
+        int64_t left = end - th_now_ms();
+        if (left <= 0)
+            return -1;
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        int pr = poll(&pfd, 1, (int)left);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            return -1;
+        char c;
+        ssize_t n = read(fd, &c, 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        if (c != '\n') {
+            if (ll < sizeof line - 1)
+                line[ll++] = c;
+            continue;
+        }
+        line[ll] = '\0';
+        char *endp = NULL;
+        long port = strtol(line, &endp, 10);
+        while (endp && (*endp == ' ' || *endp == '\r'))
+            endp++;
+        if (ll > 0 && endp && *endp == '\0' && port > 0 && port < 65536)
+            return (int)port;
+        if (jl < junklen - 1) {
+            int w = snprintf(junk + jl, junklen - jl, "%s\n", line);
+            if (w > 0)
+                jl += (size_t)w < junklen - jl ? (size_t)w : junklen - jl - 1;
+        }
+        ll = 0;
+    }
+}
+
+static void reap(pid_t pid)
+{
+    int64_t end = th_now_ms() + TH_STOP_GRACE_MS;
+    kill(pid, SIGTERM);
+    for (;;) {
+        pid_t r = waitpid(pid, NULL, WNOHANG);
+        if (r == pid || (r < 0 && errno != EINTR))
+            return;
+        if (th_now_ms() >= end)
+            break;
+        struct timespec ts = { 0, 20 * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+}
+
+int th_mock_start(th_mock *m)
+{
+    static const char *const argv[] = { "python3", "-m", "llmretry.testing",
+                                        "--port", "0", NULL };
+    int fds[2];
+    memset(m, 0, sizeof *m);
+    m->pid = -1;
+    /* Writing to a connection the server reset must fail with EPIPE, not
+     * kill the test. */
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    char **env = child_environ();
+    if (!env)
+        return -1;
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        free_child_environ(env);
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        free_child_environ(env);
+        return -1;
+    }
+    if (pid == 0) {
+        /* A crashed test must not leave its server running. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        dup2(fds[1], STDOUT_FILENO);
+        dup2(fds[1], STDERR_FILENO);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0)
+            dup2(devnull, STDIN_FILENO);
+        execvpe(argv[0], (char *const *)argv, env);
+        _exit(127);
+    }
+    free_child_environ(env);
+    close(fds[1]);
+
+    char junk[2048];
+    int port = read_port(fds[0], junk, sizeof junk);
+    if (port < 0) {
+        fprintf(stderr, "harness: mock server did not report a port within %d ms\n%s",
+                TH_START_TIMEOUT_MS, junk);
+        close(fds[0]);
+        reap(pid);
+        return -1;
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, drain_thread, (void *)(intptr_t)fds[0]) == 0)
+        pthread_detach(t);
+    else
+        close(fds[0]);
+
+    m->pid = pid;
+    m->port = port;
+    snprintf(m->base_url, sizeof m->base_url, "http://127.0.0.1:%d/v1", port);
+    return 0;
+}
+
+void th_mock_stop(th_mock *m)
+{
+    if (m->pid > 0)
+        reap(m->pid);
+    m->pid = -1;
+}
+
+const char *th_mock_scenario_url(const th_mock *m, const char *name, char *buf, size_t len)
+{
+    snprintf(buf, len, "http://127.0.0.1:%d/s/%s/v1", m->port, name);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ */
+/* Control API over HTTP.                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct membuf {
+    char *p;
+    size_t n, cap;
+} membuf;
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
+{
+    membuf *b = ud;
+    size_t add = size * nmemb;
+    if (b->n + add + 1 > b->cap) {
+        size_t ncap = b->cap ? b->cap : 4096;
+        while (ncap < b->n + add + 1)
+            ncap *= 2;
+        char *np = realloc(b->p, ncap);
+        if (!np)
+            return 0;
+        b->p = np;
+        b->cap = ncap;
+    }
+    memcpy(b->p + b->n, data, add);
+    b->n += add;
+    b->p[b->n] = '\0';
+    return add;
+}
+
+/* One control request. Returns the HTTP status (0 on transport failure);
+ * the body goes to *out (malloc'd) when out is non-NULL. */
+static long control(const th_mock *m, const char *method, const char *path,
+                    const char *body, char **out)
+{
+    char url[512];
+    membuf b = { 0 };
+    long status = 0;
+    struct curl_slist *hdrs = NULL;
+    CURL *h = curl_easy_init();
+    if (!h)
+        return 0;
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", m->port, path);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    /* The mock is local: an http_proxy in the environment must not
+     * intercept these requests. */
+    curl_easy_setopt(h, CURLOPT_PROXY, "");
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)TH_HTTP_TIMEOUT_MS);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    if (body) {
+        hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    CURLcode rc = curl_easy_perform(h);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    else
+        fprintf(stderr, "harness: %s %s: %s\n", method, path, curl_easy_strerror(rc));
+    curl_easy_cleanup(h);
+    curl_slist_free_all(hdrs);
+    if (out && status > 0) {
+        if (!b.p)
+            b.p = calloc(1, 1);
+        *out = b.p;
+    } else {
+        free(b.p);
+    }
+    return status;
+}
+
+int th_mock_script(th_mock *m, const char *name, const char *scenario_json)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/_mock/scenarios/%s", name);
+    long st = control(m, "PUT", path, scenario_json, NULL);
+    if (st < 200 || st >= 300) {
+        fprintf(stderr, "harness: scripting scenario %s failed (HTTP %ld)\n", name, st);
+        return -1;
+    }
+    return 0;
+}
+
+char *th_mock_requests(th_mock *m, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/_mock/requests/%s", name);
+    return th_mock_get(m, path);
+}
+
+char *th_mock_get(th_mock *m, const char *path)
+{
+    char *out = NULL;
+    long st = control(m, "GET", path, NULL, &out);
+    if (st != 200) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
