@@ -186,7 +186,7 @@ static int read_port(int fd, char *junk, size_t junklen)
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
-            return -1;
+            return -2; /* the server exited (or closed stdout) first */
         if (c != '\n') {
             if (ll < sizeof line - 1)
                 line[ll++] = c;
@@ -269,8 +269,11 @@ int th_mock_start(th_mock *m)
     char junk[2048];
     int port = read_port(fds[0], junk, sizeof junk);
     if (port < 0) {
-        fprintf(stderr, "harness: mock server did not report a port within %d ms\n%s",
-                TH_START_TIMEOUT_MS, junk);
+        if (port == -2)
+            fprintf(stderr, "harness: mock server exited before reporting its port\n%s", junk);
+        else
+            fprintf(stderr, "harness: mock server did not report a port within %d ms\n%s",
+                    TH_START_TIMEOUT_MS, junk);
         close(fds[0]);
         reap(pid);
         return -1;
