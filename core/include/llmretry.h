@@ -392,7 +392,7 @@ int64_t llmretry_attempt_timeout_ms(int64_t timeout_ms, int64_t deadline_left_ms
 
 /* Find the JSON value in model output: a ```json (or ```) fenced block,
  * bare JSON, or the first parseable object/array surrounded by prose.
- * On success *start/*len delimit the JSON text inside `text` and OK is
+ * On success *start and *len delimit the JSON text inside `text` and OK is
  * returned; EINVAL (with a message) when there is none. */
 llmretry_status llmretry_extract_json(const char *text, size_t text_len,
                                       size_t *start, size_t *len,

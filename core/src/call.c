@@ -1,0 +1,529 @@
+/* One call: building its request from the options, capturing responses
+ * within max_response_bytes, and turning a finished transfer into an
+ * outcome the policy can judge. Runs on the host thread (lr_call_new) and
+ * on the engine thread (everything else). */
+#include "internal.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define DEFAULT_BASE_URL "https://api.openai.com/v1"
+#define PREVIEW_BYTES 500
+
+static char *build_url(const llmretry_options *o)
+{
+    if (o->url)
+        return lr_strdup(o->url);
+    const char *base = o->base_url;
+    if (!base || !*base)
+        base = getenv("OPENAI_BASE_URL");
+    if (!base || !*base)
+        base = DEFAULT_BASE_URL;
+    size_t n = strlen(base);
+    while (n > 0 && base[n - 1] == '/')
+        n--;
+    static const char path[] = "/chat/completions";
+    char *url = malloc(n + sizeof path);
+    if (url) {
+        memcpy(url, base, n);
+        memcpy(url + n, path, sizeof path);
+    }
+    return url;
+}
+
+/* "model" from the request body, or NULL; *bad_json says the body is not
+ * JSON at all (a programming error, reported before any I/O). */
+static char *model_from_body(const char *body, size_t len, int *bad_json)
+{
+    cJSON *doc = cJSON_ParseWithLength(body, len);
+    *bad_json = doc == NULL;
+    if (!doc)
+        return NULL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(doc, "model");
+    char *model = cJSON_IsString(m) ? lr_strdup(m->valuestring) : NULL;
+    cJSON_Delete(doc);
+    return model;
+}
+
+static int append_header(struct curl_slist **list, const char *name, const char *value)
+{
+    size_t n = strlen(name) + strlen(value) + 3;
+    char *line = malloc(n);
+    if (!line)
+        return -1;
+    snprintf(line, n, "%s: %s", name, value);
+    struct curl_slist *l = curl_slist_append(*list, line);
+    free(line);
+    if (!l)
+        return -1;
+    *list = l;
+    return 0;
+}
+
+static int build_headers(llmretry_call *c, const char *api_key)
+{
+    struct curl_slist *h = NULL;
+    int rc = 0;
+    if (api_key && *api_key) {
+        /* The key lives only in this list (and libcurl's copy of the line). */
+        size_t n = strlen(api_key) + 32;
+        char *line = malloc(n);
+        if (!line)
+            return -1;
+        snprintf(line, n, "Authorization: Bearer %s", api_key);
+        h = curl_slist_append(NULL, line);
+        explicit_bzero(line, n);
+        free(line);
+        if (!h)
+            return -1;
+    }
+    rc |= append_header(&h, "Content-Type", "application/json");
+    rc |= append_header(&h, "Accept", "application/json");
+    rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
+    rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
+    if (c->o.idempotency_key)
+        rc |= append_header(&h, "Idempotency-Key", c->o.idempotency_key);
+    /* An empty Expect stops libcurl waiting for 100-continue on big bodies. */
+    struct curl_slist *l = curl_slist_append(h, "Expect:");
+    if (l)
+        h = l;
+    else
+        rc = -1;
+    for (size_t i = 0; i < c->o.n_headers; i++) {
+        l = curl_slist_append(h, c->o.headers[i]);
+        if (!l) {
+            rc = -1;
+            break;
+        }
+        h = l;
+    }
+    c->headers = h;
+    return rc;
+}
+
+static void call_destroy(llmretry_call *c)
+{
+    llmretry_event *ev = c->ev_head;
+    c->ev_head = NULL;
+    while (ev) {
+        llmretry_event *next = ev->next;
+        ev->call = NULL;            /* we are that call: no reference to drop */
+        free(ev->retry_after);
+        free(ev->error_code);
+        free(ev->body_preview);
+        free(ev->error_message);
+        free(ev->response_model);
+        free(ev->system_fingerprint);
+        free(ev);
+        ev = next;
+    }
+    free(c->url);
+    free(c->body);
+    free(c->model);
+    free(c->policy);
+    free(c->ca_file);
+    free((void *)c->o.idempotency_key);
+    if (c->o.headers) {
+        for (size_t i = 0; i < c->o.n_headers; i++)
+            free((void *)c->o.headers[i]);
+        free((void *)c->o.headers);
+    }
+    curl_slist_free_all(c->headers);
+    free(c->resp.data);
+    free(c->last_message);
+    free(c->last_error_code);
+    free(c->last_body_preview);
+    free(c->v_response_model);
+    free(c->v_fingerprint);
+    free(c->validate_msg);
+    free((void *)c->result.message);
+    free((void *)c->result.error_code);
+    free((void *)c->result.body_preview);
+    free((void *)c->result.response_model);
+    free((void *)c->result.system_fingerprint);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    llmretry_engine *e = c->engine;
+    free(c);
+    if (e)
+        lr_engine_unref(e);
+}
+
+void lr_call_ref(llmretry_call *c)
+{
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+}
+
+void lr_call_unref(llmretry_call *c)
+{
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        call_destroy(c);
+}
+
+static int copy_headers(llmretry_call *c, const llmretry_options *opts)
+{
+    c->o.headers = NULL;
+    if (opts->n_headers == 0)
+        return 0;
+    char **copy = calloc(opts->n_headers, sizeof *copy);
+    if (!copy)
+        return -1;
+    c->o.headers = (const char *const *)copy;
+    for (size_t i = 0; i < opts->n_headers; i++)
+        if (!(copy[i] = lr_strdup(opts->headers[i])))
+            return -1;
+    return 0;
+}
+
+llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
+                            unsigned flags, llmretry_call **out, char *err, size_t errlen)
+{
+    llmretry_status st = llmretry_options_check(opts, err, errlen);
+    if (st != LLMRETRY_OK)
+        return st;
+    llmretry_call *c = calloc(1, sizeof *c);
+    if (!c)
+        return LLMRETRY_ENOMEM;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&c->refs, 1);
+    c->engine = e;                  /* the engine reference is taken by the caller */
+    c->flags = flags;
+    c->o = *opts;
+    c->o.url = c->o.base_url = c->o.api_key = c->o.body = c->o.model = NULL;
+    c->o.request_id = c->o.idempotency_key = c->o.policy = c->o.ca_file = NULL;
+    c->o.n_headers = opts->n_headers;
+    c->last_retry_after_ms = -1;
+    c->deadline_at = -1;
+
+    int bad_json = 0;
+    int oom = 0;
+    c->url = build_url(opts);
+    c->body = lr_strndup(opts->body, opts->body_len);
+    oom |= !c->url || !c->body;
+    if (opts->model)
+        oom |= !(c->model = lr_strdup(opts->model));
+    else if (!oom)
+        c->model = model_from_body(opts->body, opts->body_len, &bad_json);
+    if (opts->policy)
+        oom |= !(c->policy = lr_strdup(opts->policy));
+    if (opts->ca_file)
+        oom |= !(c->ca_file = lr_strdup(opts->ca_file));
+    if (opts->idempotency_key)
+        oom |= !(c->o.idempotency_key = lr_strdup(opts->idempotency_key));
+    oom |= copy_headers(c, opts) != 0;
+    if (opts->request_id)
+        snprintf(c->request_id, sizeof c->request_id, "%s", opts->request_id);
+    else if (lr_uuid4(c->request_id) != 0)
+        oom = 1;
+
+    if (!oom && !bad_json) {
+        c->o.body = c->body;
+        c->o.body_len = opts->body_len;
+        c->o.model = c->model;
+        c->o.policy = c->policy;
+        c->o.ca_file = c->ca_file;
+        c->o.url = c->url;
+        const char *key = opts->api_key;
+        if (!key && opts->use_env_api_key)
+            key = getenv("OPENAI_API_KEY");
+        oom |= build_headers(c, key) != 0;
+    }
+    if (oom || bad_json) {
+        c->engine = NULL;
+        lr_call_unref(c);
+        if (bad_json) {
+            lr_errf(err, errlen, "body is not valid JSON");
+            return LLMRETRY_EINVAL;
+        }
+        return LLMRETRY_ENOMEM;
+    }
+    c->submitted_at = lr_mono_ms();
+    if (opts->deadline_ms != LLMRETRY_NO_DEADLINE)
+        c->deadline_at = c->submitted_at + opts->deadline_ms;
+    *out = c;
+    return LLMRETRY_OK;
+}
+
+/* ---- response capture ------------------------------------------------- */
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
+{
+    llmretry_call *c = ud;
+    size_t n = size * nmemb;
+    if ((int64_t)(c->resp.len + n) > c->o.max_response_bytes) {
+        c->too_large = 1;
+        return 0;                   /* aborts the transfer: CURLE_WRITE_ERROR */
+    }
+    if (c->resp.len + n + 1 > c->resp.cap) {
+        size_t cap = c->resp.cap ? c->resp.cap : 1024;
+        while (cap < c->resp.len + n + 1)
+            cap *= 2;
+        char *p = realloc(c->resp.data, cap);
+        if (!p)
+            return 0;
+        c->resp.data = p;
+        c->resp.cap = cap;
+    }
+    memcpy(c->resp.data + c->resp.len, data, n);
+    c->resp.len += n;
+    return n;
+}
+
+static const char *const captured_names[LR_H_COUNT] = {
+    "retry-after", "retry-after-ms", "x-should-retry",
+    "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
+};
+
+static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
+{
+    llmretry_call *c = ud;
+    size_t n = size * nmemb;
+    if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+        /* A new response (after a 100 Continue, say): forget the last. */
+        memset(c->hdr_set, 0, sizeof c->hdr_set);
+        return n;
+    }
+    const char *colon = memchr(line, ':', n);
+    if (!colon)
+        return n;
+    size_t name_len = (size_t)(colon - line);
+    if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0) {
+        /* Refuse an announced oversized body before reading any of it. */
+        long long cl = strtoll(colon + 1, NULL, 10);
+        if (cl > c->o.max_response_bytes) {
+            c->too_large = 1;
+            return 0;
+        }
+        return n;
+    }
+    for (int i = 0; i < LR_H_COUNT; i++) {
+        if (strlen(captured_names[i]) != name_len || strncasecmp(line, captured_names[i], name_len) != 0)
+            continue;
+        const char *v = colon + 1, *end = line + n;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        while (end > v && isspace((unsigned char)end[-1]))
+            end--;
+        size_t len = (size_t)(end - v);
+        if (len >= LR_HVAL)
+            len = LR_HVAL - 1;      /* longer values are garbage to the policy */
+        memcpy(c->hdr[i], v, len);
+        c->hdr[i][len] = '\0';
+        c->hdr_set[i] = 1;
+    }
+    return n;
+}
+
+void lr_call_reset_response(llmretry_call *c)
+{
+    c->resp.len = 0;
+    c->too_large = 0;
+    c->curl_err[0] = '\0';
+    memset(c->hdr_set, 0, sizeof c->hdr_set);
+}
+
+void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
+{
+    lr_call_reset_response(c);
+    curl_easy_setopt(easy, CURLOPT_URL, c->url);
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->o.body_len);
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, c->curl_err);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, c);
+    /* Never follow redirects: the key must not reach another host. */
+    curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    if (c->ca_file)
+        curl_easy_setopt(easy, CURLOPT_CAINFO, c->ca_file);
+}
+
+/* ---- reading an outcome ------------------------------------------------ */
+
+static char *preview_of(const char *data, size_t len)
+{
+    if (!data || len == 0)
+        return NULL;
+    if (len > PREVIEW_BYTES) {
+        len = PREVIEW_BYTES;
+        /* Cut on a UTF-8 boundary so hosts can decode the preview. */
+        while (len > 0 && ((unsigned char)data[len] & 0xC0) == 0x80)
+            len--;
+    }
+    return lr_strndup(data, len);
+}
+
+static int64_t json_int(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : 0;
+}
+
+static char *json_str(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) ? lr_strdup(v->valuestring) : NULL;
+}
+
+static void read_success(const cJSON *doc, lr_outcome *out)
+{
+    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(doc, "usage");
+    if (cJSON_IsObject(usage)) {
+        out->usage.present = 1;
+        out->usage.prompt_tokens = json_int(usage, "prompt_tokens");
+        out->usage.completion_tokens = json_int(usage, "completion_tokens");
+        out->usage.total_tokens = json_int(usage, "total_tokens");
+    }
+    out->response_model = json_str(doc, "model");
+    out->fingerprint = json_str(doc, "system_fingerprint");
+}
+
+/* The provider's error code: error.code when it is a string, else error.type. */
+static char *provider_error_code(const char *body, size_t len)
+{
+    cJSON *doc = cJSON_ParseWithLength(body, len);
+    if (!doc)
+        return NULL;
+    char *code = NULL;
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(doc, "error");
+    if (cJSON_IsObject(e)) {
+        code = json_str(e, "code");
+        if (!code)
+            code = json_str(e, "type");
+    }
+    cJSON_Delete(doc);
+    return code;
+}
+
+static char *printf_alloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *printf_alloc(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return lr_strdup(buf);
+}
+
+static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
+{
+    llmretry_failure *f = &out->f;
+    const char *detail = c->curl_err[0] ? c->curl_err : curl_easy_strerror(rc);
+    switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT:
+        f->kind = c->cut_by_deadline ? LLMRETRY_ERR_DEADLINE_EXCEEDED : LLMRETRY_ERR_TIMEOUT;
+        out->message = printf_alloc("%s: %s",
+                                    c->cut_by_deadline ? "deadline reached during the attempt"
+                                                       : "attempt timed out", detail);
+        break;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_CONNECT:
+        f->kind = LLMRETRY_ERR_NETWORK;
+        f->never_connected = 1;
+        out->message = printf_alloc("could not connect: %s", detail);
+        break;
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_ISSUER_ERROR:
+        f->kind = LLMRETRY_ERR_NETWORK;
+        f->fatal = 1;
+        out->message = printf_alloc("TLS verification failed (not retried): %s", detail);
+        break;
+    case CURLE_URL_MALFORMAT:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+        f->kind = LLMRETRY_ERR_NETWORK;
+        f->fatal = 1;
+        f->never_connected = 1;
+        out->message = printf_alloc("bad URL (not retried): %s", detail);
+        break;
+    case CURLE_WRITE_ERROR:
+        if (c->too_large) {
+            f->kind = LLMRETRY_ERR_RESPONSE_TOO_LARGE;
+            out->message = printf_alloc("response larger than max_response_bytes (%lld)",
+                                        (long long)c->o.max_response_bytes);
+            break;
+        }
+        /* out of memory while reading: a network-ish failure */
+        __attribute__((fallthrough));
+    default:
+        f->kind = LLMRETRY_ERR_NETWORK;
+        out->message = printf_alloc("network error: %s", detail);
+        break;
+    }
+}
+
+void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
+{
+    memset(out, 0, sizeof *out);
+    out->duration_ms = lr_mono_ms() - c->attempt_started_at;
+    long status = 0;
+    curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+    out->f.status = (int)status;
+    if (rc != CURLE_OK) {
+        classify_transport(c, rc, out);
+    } else if (status >= 200 && status < 300) {
+        cJSON *doc = cJSON_ParseWithLength(c->resp.data ? c->resp.data : "", c->resp.len);
+        if (doc && cJSON_IsObject(doc)) {
+            out->success = 1;
+            read_success(doc, out);
+        } else {
+            out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
+            out->message = printf_alloc("HTTP %ld with a body that is not a JSON object", status);
+        }
+        cJSON_Delete(doc);
+    } else {
+        out->f.kind = LLMRETRY_ERR_HTTP_STATUS;
+        out->error_code = provider_error_code(c->resp.data ? c->resp.data : "", c->resp.len);
+        out->f.error_code = out->error_code;
+        if (out->error_code)
+            out->message = printf_alloc("HTTP %ld (%s)", status, out->error_code);
+        else
+            out->message = printf_alloc("HTTP %ld", status);
+    }
+    const char **slots[LR_H_COUNT] = {
+        &out->f.retry_after, &out->f.retry_after_ms, &out->f.should_retry,
+        &out->f.ratelimit_reset_requests, &out->f.ratelimit_reset_tokens,
+    };
+    for (int i = 0; i < LR_H_COUNT; i++)
+        *slots[i] = c->hdr_set[i] ? c->hdr[i] : NULL;
+}
+
+void lr_outcome_clear(lr_outcome *o)
+{
+    free(o->message);
+    free(o->response_model);
+    free(o->fingerprint);
+    free(o->error_code);
+    memset(o, 0, sizeof *o);
+}
+
+char *lr_call_preview(const llmretry_call *c)
+{
+    return preview_of(c->resp.data, c->resp.len);
+}

@@ -1,0 +1,104 @@
+/* Clocks, randomness and request ids. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+int64_t lr_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t lr_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int fill_random(void *buf, size_t len)
+{
+    unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0)
+            return -1;      /* EINTR included: callers fall back, never block */
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int lr_uuid4(char out[37])
+{
+    unsigned char b[16];
+    if (fill_random(b, sizeof b) != 0)
+        return -1;
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);   /* version 4 */
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);   /* RFC 4122 variant */
+    static const char hex[] = "0123456789abcdef";
+    char *o = out;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            *o++ = '-';
+        *o++ = hex[b[i] >> 4];
+        *o++ = hex[b[i] & 15];
+    }
+    *o = '\0';
+    return 0;
+}
+
+uint64_t lr_rng_seed(void)
+{
+    uint64_t s = 0;
+    if (fill_random(&s, sizeof s) != 0 || s == 0)
+        s = (uint64_t)lr_mono_ms() * 0x9E3779B97F4A7C15ull + 1;
+    return s;
+}
+
+double lr_rng_next01(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    /* 53 random bits give a uniform double in [0, 1). */
+    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
+}
+
+char *lr_strdup(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+char *lr_strndup(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
+void lr_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+void llmretry_free(void *p)
+{
+    free(p);
+}

@@ -1,0 +1,159 @@
+/* Private declarations shared by the core's source files. */
+#ifndef LLMRETRY_INTERNAL_H
+#define LLMRETRY_INTERNAL_H
+
+#include "llmretry.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+/* ---- ids.c: clocks, randomness, ids ---------------------------------- */
+int64_t lr_mono_ms(void);
+int64_t lr_unix_ms(void);
+/* A UUID v4 from getrandom(); out must hold 37 bytes. 0 on success. */
+int lr_uuid4(char out[37]);
+/* xorshift64* state seeded from getrandom(); one per engine thread. */
+uint64_t lr_rng_seed(void);
+double lr_rng_next01(uint64_t *state);
+char *lr_strdup(const char *s);
+char *lr_strndup(const char *s, size_t n);
+void lr_errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- the per-call record ---------------------------------------------- */
+
+/* Response headers the policy reads, captured without allocating. */
+enum { LR_H_RETRY_AFTER, LR_H_RETRY_AFTER_MS, LR_H_SHOULD_RETRY,
+       LR_H_RESET_REQUESTS, LR_H_RESET_TOKENS, LR_H_COUNT };
+#define LR_HVAL 96
+
+typedef struct lr_buf {
+    char *data;
+    size_t len, cap;
+} lr_buf;
+
+typedef enum lr_state {
+    LR_QUEUED,       /* waiting for a free in-flight slot */
+    LR_RUNNING,      /* an attempt is on the wire */
+    LR_WAITING,      /* backoff timer */
+    LR_VALIDATING,   /* host is validating a 2xx body */
+    LR_DONE
+} lr_state;
+
+/* Host-to-engine requests, OR-ed into call->ops. */
+enum { LR_OP_SUBMIT = 1, LR_OP_CANCEL = 2, LR_OP_VALIDATED = 4 };
+
+struct llmretry_event {
+    llmretry_event_type type;
+    llmretry_event *next;          /* mailbox link */
+    llmretry_call *call;           /* holds a reference: borrowed strings below */
+    int attempt;
+    int64_t timeout_ms, deadline_left_ms;
+    int status;
+    int64_t duration_ms;
+    char *retry_after, *error_code, *body_preview;
+    llmretry_error_kind error_kind;
+    char *error_message;
+    int64_t delay_ms;
+    llmretry_delay_source delay_source;
+    int next_attempt;
+    llmretry_usage usage;
+    char *response_model, *system_fingerprint;
+    llmretry_giveup_reason reason;
+    int attempts;
+    int64_t total_ms;
+};
+
+struct llmretry_call {
+    llmretry_engine *engine;       /* holds an engine reference */
+    atomic_int refs;               /* host + engine + queued ops + live events */
+    unsigned flags;
+
+    /* Immutable after submit; owned copies. */
+    llmretry_options o;            /* string fields point at the copies below */
+    char *url, *body, *model, *policy, *ca_file;
+    char request_id[64];
+    struct curl_slist *headers;
+    int64_t submitted_at;          /* monotonic ms */
+    int64_t deadline_at;           /* monotonic ms, -1 = none */
+
+    /* Engine-thread state. */
+    lr_state state;
+    int attempt;                   /* index of the current/next attempt */
+    int attempts_started;
+    CURL *easy;
+    int64_t attempt_started_at;
+    int cut_by_deadline;           /* this attempt's timeout is the deadline's */
+    lr_buf resp;
+    int too_large;
+    char hdr[LR_H_COUNT][LR_HVAL];
+    int hdr_set[LR_H_COUNT];
+    char curl_err[CURL_ERROR_SIZE];
+    size_t heap_index;
+    int64_t wake_at;
+    llmretry_call *wait_prev, *wait_next;   /* engine waiting queue */
+    llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */
+    /* What the last failed attempt looked like, for the final error. */
+    int last_status;
+    llmretry_error_kind last_kind;
+    char *last_message, *last_error_code, *last_body_preview;
+    int64_t last_retry_after_ms;
+    int64_t last_duration_ms;
+    /* A validated 2xx waiting for the host's verdict. */
+    llmretry_usage v_usage;
+    char *v_response_model, *v_fingerprint;
+
+    /* Host-to-engine op queue (engine->mu). */
+    unsigned ops;
+    int op_queued;
+    llmretry_call *op_next;
+    /* Poll-mode ready list (engine->mu). */
+    int in_ready;
+    llmretry_call *ready_next;
+
+    /* The mailbox (mu). */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    llmretry_event *ev_head, *ev_tail;
+    int validate_pending, validate_seen, validate_ok;
+    char *validate_msg;
+    int done;
+    int host_freed;
+    llmretry_result result;
+};
+
+/* ---- call.c: building requests and reading responses ----------------- */
+/* Build the call record from options (host thread). EINVAL names a field. */
+llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
+                            unsigned flags, llmretry_call **out, char *err, size_t errlen);
+void lr_call_ref(llmretry_call *c);
+void lr_call_unref(llmretry_call *c);
+/* Set up an easy handle for the call's next attempt. */
+void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms);
+void lr_call_reset_response(llmretry_call *c);
+
+/* The outcome of a finished transfer, before the policy sees it. */
+typedef struct lr_outcome {
+    int success;                   /* 2xx with a JSON body */
+    llmretry_failure f;
+    char *message;                 /* malloc'd, failures only */
+    llmretry_usage usage;
+    char *response_model, *fingerprint, *error_code; /* malloc'd */
+    int64_t duration_ms;
+} lr_outcome;
+
+void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out);
+void lr_outcome_clear(lr_outcome *o);
+/* The first 500 bytes of the last response body (malloc'd), or NULL. */
+char *lr_call_preview(const llmretry_call *c);
+
+/* ---- events.c ---------------------------------------------------------- */
+llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);
+
+/* ---- engine.c: the mailbox, used by the engine thread ------------------ */
+void lr_mail_event(llmretry_call *c, llmretry_event *ev);
+void lr_engine_unref(llmretry_engine *e);
+
+#endif
