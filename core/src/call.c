@@ -238,11 +238,18 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
             key = getenv("OPENAI_API_KEY");
         oom |= build_headers(c, key) != 0;
     }
-    if (oom || bad_json) {
+    int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
+                     && strncasecmp(c->url, "https://", 8) != 0;
+    if (oom || bad_json || bad_scheme) {
         c->engine = NULL;
         lr_call_unref(c);
         if (bad_json) {
             lr_errf(err, errlen, "body is not valid JSON");
+            return LLMRETRY_EINVAL;
+        }
+        if (bad_scheme) {
+            lr_errf(err, errlen, "%s must start with http:// or https://",
+                    opts->url ? "url" : opts->base_url ? "base_url" : "OPENAI_BASE_URL");
             return LLMRETRY_EINVAL;
         }
         return LLMRETRY_ENOMEM;
@@ -456,7 +463,6 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->message = printf_alloc("TLS verification failed (not retried): %s", detail);
         break;
     case CURLE_URL_MALFORMAT:
-    case CURLE_UNSUPPORTED_PROTOCOL:
         f->kind = LLMRETRY_ERR_NETWORK;
         f->fatal = 1;
         f->never_connected = 1;

@@ -400,7 +400,7 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     const llmretry_failure *f = &out->f;
     int http = f->kind == LLMRETRY_ERR_HTTP_STATUS;
     c->last_kind = f->kind;
-    c->last_status = http || f->kind == LLMRETRY_ERR_INVALID_RESPONSE ? f->status : 0;
+    c->last_status = f->status;     /* any status the server did send */
     c->last_duration_ms = out->duration_ms;
     free(c->last_message);
     c->last_message = out->message;

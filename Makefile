@@ -1,0 +1,48 @@
+# llmretry — the two commands the README promises: `make test` and `make demo`.
+PYTHON ?= python3
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= 2
+export PYTHONPATH := $(CURDIR)/python
+
+.PHONY: all deps build build-asan test test-c test-c-asan test-c-valgrind test-python demo bench clean
+
+all: build
+
+deps:
+	tools/ensure-deps.sh
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+
+build-asan:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLLMRETRY_SANITIZE=ON >/dev/null
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+test: deps build build-asan
+	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python
+	@echo "make test: all suites passed"
+
+test-c:
+	cd $(BUILD) && ctest --output-on-failure
+
+test-c-asan:
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure
+
+# The integration suites once under valgrind: no errors, no definite leaks.
+test-c-valgrind:
+	for t in test_engine test_vectors; do \
+	  valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+	    --show-leak-kinds=definite $(BUILD)/$$t || exit 1; \
+	done
+
+test-python:
+	$(PYTHON) -m pytest -q tests/python
+
+demo: deps build
+	tools/demo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install what the build and the tests need, when it is missing: Debian
+# packages with apt-get, Python packages with pip. Safe to run repeatedly.
+set -euo pipefail
+
+debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "ensure-deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+command -v cmake >/dev/null || python3 -m pip install -q cmake
+
+py_missing=()
+python3 -c "import pytest" 2>/dev/null || py_missing+=(pytest)
+if [ ${#py_missing[@]} -gt 0 ]; then
+  echo "ensure-deps: pip installing ${py_missing[*]}"
+  python3 -m pip install -q "${py_missing[@]}"
+fi
