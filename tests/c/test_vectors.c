@@ -551,6 +551,11 @@ static void check_requests(th_mock *m, const char *name, const cJSON *exp,
     VCHECK(cJSON_IsArray(recs), "could not read the mock's records");
     VCHECK(cJSON_GetArraySize(recs) == want, "server saw %d requests, expected %d",
            cJSON_GetArraySize(recs), want);
+    /* One attempt is one request: a request sent behind the engine's back
+     * (e.g. libcurl re-sending on a dead reused connection) breaks the
+     * attempt count and, in unsafe mode, the promise never to re-send. */
+    VCHECK(cJSON_GetArraySize(recs) == res->attempts,
+           "server saw %d requests for %d attempts", cJSON_GetArraySize(recs), res->attempts);
     cJSON_ArrayForEach(rec, recs) {
         const char *ua = rec_header(rec, "user-agent");
         const char *ct = rec_header(rec, "content-type");
@@ -643,8 +648,13 @@ int main(void)
     }
     llmretry_status st = llmretry_engine_new(NULL, &e, err, sizeof err);
     CHECK_MSG(st == LLMRETRY_OK, "engine_new: %s (%s)", llmretry_status_name(st), err);
+    /* TH_VECTOR=<name> runs one vector alone, for debugging. */
+    const char *only = getenv("TH_VECTOR");
     for (size_t i = 0; e && i < n; i++) {
         int failed_before = th_failed;
+        if (only && (strncmp(files[i], only, strlen(only)) != 0 ||
+                     strcmp(files[i] + strlen(only), ".json") != 0))
+            continue;
         int64_t t0 = th_now_ms();
         run_vector(e, &m, files[i]);
         fprintf(stderr, "%-40s %s (%lld ms)\n", files[i],
