@@ -365,6 +365,11 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
 #endif
     if (c->ca_file)
         curl_easy_setopt(easy, CURLOPT_CAINFO, c->ca_file);
+    /* libcurl silently re-sends a request once when a reused keep-alive
+     * connection turns out dead before any response byte. That is a retry
+     * an unsafe call must not get: it always opens a fresh connection. */
+    if (c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
+        curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
 }
 
 /* ---- reading an outcome ------------------------------------------------ */
