@@ -1,0 +1,288 @@
+/* Options of one call: defaults, checking, and the names of the enums.
+ * Everything here is pure; a bad field is reported by name so the host
+ * binding can raise a precise TypeError/ValueError before any I/O. */
+#include "llmretry.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* A typo like 1000 would turn one failing endpoint into hours of retries. */
+#define MAX_RETRIES_LIMIT 100
+
+void llmretry_options_defaults(llmretry_options *o)
+{
+    if (!o)
+        return;
+    memset(o, 0, sizeof *o);
+    o->use_env_api_key = 1;
+    o->timeout_ms = 60000;
+    o->max_retries = 3;
+    o->base_delay_ms = 800;
+    o->max_delay_ms = 30000;
+    o->jitter = LLMRETRY_JITTER_ADDITIVE;
+    o->deadline_ms = LLMRETRY_NO_DEADLINE;
+    o->retry_mode = LLMRETRY_RETRY_SAFE;
+    o->max_retry_after_ms = 120000;
+    o->retry_invalid_response = 1;
+    o->max_response_bytes = (int64_t)32 * 1024 * 1024;
+    o->events = 1;
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static llmretry_status fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return LLMRETRY_EINVAL;
+}
+
+static int has_crlf(const char *s)
+{
+    return strpbrk(s, "\r\n") != NULL;
+}
+
+/* Controls other than HTAB would corrupt or split a header line. */
+static int has_ctl(const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 1;
+    }
+    return 0;
+}
+
+/* Ids are echoed in logs and headers: keep them to plain printable ASCII. */
+static int printable_ascii(const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c > 0x7e)
+            return 0;
+    }
+    return 1;
+}
+
+/* RFC 9110 §5.6.2 tchar. */
+static int is_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Header values are never echoed: a caller may pass its own Authorization. */
+static llmretry_status check_header(const char *h, size_t i, char *err, size_t errlen)
+{
+    const char *colon;
+    if (!h)
+        return fail(err, errlen, "headers[%zu] must not be NULL", i);
+    if (has_crlf(h))
+        return fail(err, errlen, "headers[%zu] must not contain CR or LF", i);
+    colon = strchr(h, ':');
+    if (!colon)
+        return fail(err, errlen, "headers[%zu] must look like \"Name: value\" (no ':')", i);
+    if (colon == h)
+        return fail(err, errlen, "headers[%zu] has an empty name", i);
+    for (const char *p = h; p < colon; p++)
+        if (!is_tchar((unsigned char)*p))
+            return fail(err, errlen, "headers[%zu] has an invalid character in its name", i);
+    if (has_ctl(colon + 1))
+        return fail(err, errlen, "headers[%zu] must not contain control characters", i);
+    return LLMRETRY_OK;
+}
+
+static llmretry_status check_id(const char *name, const char *v, char *err, size_t errlen)
+{
+    if (!v)
+        return LLMRETRY_OK;
+    if (!*v)
+        return fail(err, errlen, "%s must not be empty", name);
+    if (has_crlf(v))
+        return fail(err, errlen, "%s must not contain CR or LF", name);
+    if (!printable_ascii(v))
+        return fail(err, errlen, "%s must contain only printable ASCII characters", name);
+    return LLMRETRY_OK;
+}
+
+llmretry_status llmretry_options_check(const llmretry_options *o, char *err, size_t errlen)
+{
+    llmretry_status st;
+
+    if (!o)
+        return fail(err, errlen, "options must not be NULL");
+    /* NULL url/base_url are filled from the environment; "" is a mistake. */
+    if (o->url && !*o->url)
+        return fail(err, errlen, "url must not be empty");
+    if (o->url && has_ctl(o->url))
+        return fail(err, errlen, "url must not contain control characters");
+    if (o->base_url && !*o->base_url)
+        return fail(err, errlen, "base_url must not be empty");
+    if (o->base_url && has_ctl(o->base_url))
+        return fail(err, errlen, "base_url must not contain control characters");
+    /* The key goes into a header; the message must never show it. */
+    if (o->api_key && has_ctl(o->api_key))
+        return fail(err, errlen, "api_key must not contain control characters");
+    if (!o->body)
+        return fail(err, errlen, "body is required (got NULL)");
+    if (o->body_len == 0)
+        return fail(err, errlen, "body must not be empty (body_len is 0)");
+    if (o->n_headers > 0 && !o->headers)
+        return fail(err, errlen, "headers must not be NULL when n_headers is %zu", o->n_headers);
+    for (size_t i = 0; i < o->n_headers; i++)
+        if ((st = check_header(o->headers[i], i, err, errlen)) != LLMRETRY_OK)
+            return st;
+    if ((st = check_id("request_id", o->request_id, err, errlen)) != LLMRETRY_OK)
+        return st;
+    if ((st = check_id("idempotency_key", o->idempotency_key, err, errlen)) != LLMRETRY_OK)
+        return st;
+    if (o->timeout_ms <= 0)
+        return fail(err, errlen, "timeout_ms must be > 0 (got %" PRId64 ")", o->timeout_ms);
+    if (o->max_retries < 0)
+        return fail(err, errlen, "max_retries must be >= 0 (got %d)", o->max_retries);
+    if (o->max_retries > MAX_RETRIES_LIMIT)
+        return fail(err, errlen, "max_retries must be <= %d (got %d)", MAX_RETRIES_LIMIT,
+                    o->max_retries);
+    if (o->base_delay_ms < 0)
+        return fail(err, errlen, "base_delay_ms must be >= 0 (got %" PRId64 ")", o->base_delay_ms);
+    if (o->max_delay_ms < 0)
+        return fail(err, errlen, "max_delay_ms must be >= 0 (got %" PRId64 ")", o->max_delay_ms);
+    switch (o->jitter) {
+    case LLMRETRY_JITTER_ADDITIVE: case LLMRETRY_JITTER_FULL: case LLMRETRY_JITTER_NONE:
+        break;
+    default:
+        return fail(err, errlen, "jitter must be additive, full or none (got %d)", (int)o->jitter);
+    }
+    if (o->deadline_ms < LLMRETRY_NO_DEADLINE)
+        return fail(err, errlen, "deadline_ms must be >= 0 or LLMRETRY_NO_DEADLINE (got %" PRId64 ")",
+                    o->deadline_ms);
+    switch (o->retry_mode) {
+    case LLMRETRY_RETRY_SAFE: case LLMRETRY_RETRY_UNSAFE:
+        break;
+    default:
+        return fail(err, errlen, "retry_mode must be safe or unsafe (got %d)", (int)o->retry_mode);
+    }
+    if (o->n_retry_statuses > LLMRETRY_MAX_STATUSES)
+        return fail(err, errlen, "n_retry_statuses must be <= %d (got %zu)", LLMRETRY_MAX_STATUSES,
+                    o->n_retry_statuses);
+    for (size_t i = 0; i < o->n_retry_statuses; i++)
+        if (o->retry_statuses[i] < 100 || o->retry_statuses[i] > 599)
+            return fail(err, errlen, "retry_statuses[%zu] must be in 100..599 (got %d)", i,
+                        o->retry_statuses[i]);
+    if (o->max_retry_after_ms < 0)
+        return fail(err, errlen, "max_retry_after_ms must be >= 0 (got %" PRId64 ")",
+                    o->max_retry_after_ms);
+    if (o->max_response_bytes <= 0)
+        return fail(err, errlen, "max_response_bytes must be > 0 (got %" PRId64 ")",
+                    o->max_response_bytes);
+    if (o->ca_file && !*o->ca_file)
+        return fail(err, errlen, "ca_file must not be empty");
+    return LLMRETRY_OK;
+}
+
+/* Unknown values give NULL (events write null) except status names, which
+ * end up in printf-style messages where NULL is not allowed. */
+const char *llmretry_status_name(llmretry_status s)
+{
+    switch (s) {
+    case LLMRETRY_OK: return "ok";
+    case LLMRETRY_EINVAL: return "einval";
+    case LLMRETRY_ENOMEM: return "enomem";
+    case LLMRETRY_ESTATE: return "estate";
+    case LLMRETRY_ETIMEDOUT: return "etimedout";
+    case LLMRETRY_EINTERNAL: return "einternal";
+    }
+    return "unknown";
+}
+
+const char *llmretry_jitter_name(llmretry_jitter j)
+{
+    switch (j) {
+    case LLMRETRY_JITTER_ADDITIVE: return "additive";
+    case LLMRETRY_JITTER_FULL: return "full";
+    case LLMRETRY_JITTER_NONE: return "none";
+    }
+    return NULL;
+}
+
+const char *llmretry_retry_mode_name(llmretry_retry_mode m)
+{
+    switch (m) {
+    case LLMRETRY_RETRY_SAFE: return "safe";
+    case LLMRETRY_RETRY_UNSAFE: return "unsafe";
+    }
+    return NULL;
+}
+
+llmretry_status llmretry_jitter_parse(const char *s, llmretry_jitter *out)
+{
+    static const llmretry_jitter all[] = {LLMRETRY_JITTER_ADDITIVE, LLMRETRY_JITTER_FULL,
+                                          LLMRETRY_JITTER_NONE};
+    if (!s || !out)
+        return LLMRETRY_EINVAL;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(s, llmretry_jitter_name(all[i])) == 0) {
+            *out = all[i];
+            return LLMRETRY_OK;
+        }
+    return LLMRETRY_EINVAL;
+}
+
+llmretry_status llmretry_retry_mode_parse(const char *s, llmretry_retry_mode *out)
+{
+    static const llmretry_retry_mode all[] = {LLMRETRY_RETRY_SAFE, LLMRETRY_RETRY_UNSAFE};
+    if (!s || !out)
+        return LLMRETRY_EINVAL;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(s, llmretry_retry_mode_name(all[i])) == 0) {
+            *out = all[i];
+            return LLMRETRY_OK;
+        }
+    return LLMRETRY_EINVAL;
+}
+
+const char *llmretry_error_kind_name(llmretry_error_kind k)
+{
+    switch (k) {
+    case LLMRETRY_ERR_NONE: return NULL;
+    case LLMRETRY_ERR_HTTP_STATUS: return "http_status";
+    case LLMRETRY_ERR_TIMEOUT: return "timeout";
+    case LLMRETRY_ERR_NETWORK: return "network";
+    case LLMRETRY_ERR_INVALID_RESPONSE: return "invalid_response";
+    case LLMRETRY_ERR_DEADLINE_EXCEEDED: return "deadline_exceeded";
+    case LLMRETRY_ERR_CANCELLED: return "cancelled";
+    case LLMRETRY_ERR_RESPONSE_TOO_LARGE: return "response_too_large";
+    }
+    return NULL;
+}
+
+const char *llmretry_reason_name(llmretry_giveup_reason r)
+{
+    switch (r) {
+    case LLMRETRY_REASON_NONE: return NULL;
+    case LLMRETRY_REASON_RETRIES_EXHAUSTED: return "retries_exhausted";
+    case LLMRETRY_REASON_NOT_RETRYABLE: return "not_retryable";
+    case LLMRETRY_REASON_DEADLINE: return "deadline";
+    case LLMRETRY_REASON_RETRY_AFTER_TOO_LONG: return "retry_after_too_long";
+    case LLMRETRY_REASON_UNSAFE_MODE: return "unsafe_mode";
+    case LLMRETRY_REASON_CANCELLED: return "cancelled";
+    }
+    return NULL;
+}
+
+const char *llmretry_delay_source_name(llmretry_delay_source s)
+{
+    switch (s) {
+    case LLMRETRY_DELAY_BACKOFF: return "backoff";
+    case LLMRETRY_DELAY_RETRY_AFTER: return "retry_after";
+    case LLMRETRY_DELAY_RATELIMIT_RESET: return "ratelimit_reset";
+    }
+    return NULL;
+}
