@@ -345,11 +345,20 @@ static void give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason
 
 /* ---- attempts ------------------------------------------------------------ */
 
+/* Time left before the call's deadline, never negative: a passed deadline
+ * must not read as LLMRETRY_NO_DEADLINE (-1). */
+static int64_t deadline_left(const llmretry_call *c, int64_t now)
+{
+    if (c->deadline_at < 0)
+        return LLMRETRY_NO_DEADLINE;
+    return c->deadline_at > now ? c->deadline_at - now : 0;
+}
+
 static void start_attempt(llmretry_engine *e, llmretry_call *c)
 {
     int64_t now = lr_mono_ms();
-    int64_t left = c->deadline_at < 0 ? LLMRETRY_NO_DEADLINE : c->deadline_at - now;
-    if (left != LLMRETRY_NO_DEADLINE && left <= 0) {
+    int64_t left = deadline_left(c, now);
+    if (left == 0) {
         give_up(e, c, LLMRETRY_REASON_DEADLINE);
         return;
     }
@@ -426,7 +435,7 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
 
     int64_t now = lr_mono_ms();
-    int64_t left = c->deadline_at < 0 ? LLMRETRY_NO_DEADLINE : c->deadline_at - now;
+    int64_t left = deadline_left(c, now);
     llmretry_decision d = llmretry_decide(&c->o, f, c->attempt, lr_unix_ms(), left,
                                           lr_rng_next01(&e->rng));
     c->last_retry_after_ms = d.retry_after_ms;
