@@ -1,0 +1,940 @@
+/* Integration tests of the engine against the mock server: concurrency,
+ * cancellation, deadlines, connection reuse, engine lifetime, poll mode,
+ * the blocking call, host-side validation, argument errors and transport
+ * failures. Scenario-style behaviour lives in tests/vectors/. */
+#include "harness.h"
+#include "llmretry.h"
+
+#include <arpa/inet.h>
+#include <cJSON.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API_KEY "sk-test-SECRET-KEY-123"
+#define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+#define MAX_EV 64
+
+static th_mock mock;
+
+/* ------------------------------------------------------------------ */
+/* Helpers.                                                            */
+/* ------------------------------------------------------------------ */
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* Options for scenario `name` with fast, deterministic retries. */
+static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
+{
+    llmretry_options_defaults(o);
+    o->base_url = th_mock_scenario_url(&mock, name, url, urllen);
+    o->api_key = API_KEY;
+    o->use_env_api_key = 0;
+    o->body = BODY;
+    o->body_len = strlen(BODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 10;
+    o->timeout_ms = 5000;
+}
+
+static int script(const char *name, const char *json)
+{
+    int rc = th_mock_script(&mock, name, json);
+    CHECK_MSG(rc == 0, "could not script %s", name);
+    return rc;
+}
+
+/* Requests the mock recorded for a scenario, -1 on error. */
+static int recorded(const char *name)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL;
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
+    free(t);
+    cJSON_Delete(a);
+    return n;
+}
+
+/* Everything taken out of one call's mailbox. */
+typedef struct mail_log {
+    llmretry_event *ev[MAX_EV];
+    size_t n;
+    int done;
+    int validations;
+} mail_log;
+
+static void log_free(mail_log *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        llmretry_event_free(l->ev[i]);
+    l->n = 0;
+}
+
+static int log_count(const mail_log *l, llmretry_event_type t)
+{
+    int n = 0;
+    for (size_t i = 0; i < l->n; i++)
+        n += llmretry_event_type_of(l->ev[i]) == t;
+    return n;
+}
+
+static const llmretry_event *log_first(const mail_log *l, llmretry_event_type t)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (llmretry_event_type_of(l->ev[i]) == t)
+            return l->ev[i];
+    return NULL;
+}
+
+static int field(const llmretry_event *ev, const char *name, llmretry_field *out)
+{
+    size_t n = ev ? llmretry_event_field_count(ev) : 0;
+    for (size_t i = 0; i < n; i++)
+        if (llmretry_event_field(ev, i, out) == 0 && strcmp(out->name, name) == 0)
+            return 0;
+    return -1;
+}
+
+static int64_t field_int(const llmretry_event *ev, const char *name, int64_t dflt)
+{
+    llmretry_field f;
+    return field(ev, name, &f) == 0 && f.type == LLMRETRY_FIELD_INT ? f.i : dflt;
+}
+
+static const char *field_str(const llmretry_event *ev, const char *name)
+{
+    llmretry_field f;
+    return field(ev, name, &f) == 0 && f.type == LLMRETRY_FIELD_STRING ? f.s : NULL;
+}
+
+/* Take mail until DONE, until an event of type `stop_at` arrives (-1 =
+ * none), or until timeout_ms passes. Validation requests are accepted
+ * unless the caller handles them. Returns 1 when the goal was reached. */
+static int drain(llmretry_call *c, mail_log *l, int stop_at, int64_t timeout_ms)
+{
+    int64_t end = th_now_ms() + timeout_ms;
+    for (;;) {
+        llmretry_event *ev = NULL;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_DONE) {
+            l->done = 1;
+            return stop_at < 0;
+        }
+        if (m == LLMRETRY_MAIL_EVENT) {
+            int t = (int)llmretry_event_type_of(ev);
+            if (l->n < MAX_EV)
+                l->ev[l->n++] = ev;
+            else
+                llmretry_event_free(ev);
+            if (t == stop_at)
+                return 1;
+            continue;
+        }
+        if (m == LLMRETRY_MAIL_VALIDATE) {
+            l->validations++;
+            llmretry_call_validated(c, 1, NULL);
+            continue;
+        }
+        int64_t left = end - th_now_ms();
+        if (left <= 0)
+            return 0;
+        llmretry_call_wait(c, left);
+    }
+}
+
+static llmretry_call *submit(llmretry_engine *e, const llmretry_options *o, unsigned flags)
+{
+    llmretry_call *c = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = llmretry_engine_submit(e, o, flags, &c, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK && c, "submit: %s (%s)", llmretry_status_name(st), err);
+    return st == LLMRETRY_OK ? c : NULL;
+}
+
+/* Submit, wait for the result, return the call (events in *l). */
+static llmretry_call *run(llmretry_engine *e, const llmretry_options *o, mail_log *l,
+                          int64_t timeout_ms)
+{
+    llmretry_call *c = submit(e, o, 0);
+    memset(l, 0, sizeof *l);
+    if (c)
+        CHECK_MSG(drain(c, l, -1, timeout_ms), "call did not finish in %lld ms",
+                  (long long)timeout_ms);
+    return c;
+}
+
+static const char *kind_name(const llmretry_result *r)
+{
+    const char *k = r ? llmretry_error_kind_name(r->kind) : NULL;
+    return k ? k : "none";
+}
+
+static const char *reason_name(const llmretry_result *r)
+{
+    const char *k = r ? llmretry_reason_name(r->reason) : NULL;
+    return k ? k : "none";
+}
+
+static llmretry_engine *new_engine(void)
+{
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = llmretry_engine_new(NULL, &e, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK && e, "engine_new: %s (%s)", llmretry_status_name(st), err);
+    return e;
+}
+
+/* A UUID v4 in canonical text form. */
+static int is_uuid_v4(const char *s)
+{
+    if (!s || strlen(s) != 36)
+        return 0;
+    for (int i = 0; i < 36; i++) {
+        int dash = i == 8 || i == 13 || i == 18 || i == 23;
+        if (dash ? s[i] != '-' : !strchr("0123456789abcdef", s[i]))
+            return 0;
+    }
+    return s[14] == '4' && strchr("89ab", s[19]) != NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tests.                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Many calls share one I/O thread: 100 slow calls overlap instead of
+ * running one after another. */
+static void test_hundred_in_flight(llmretry_engine *e)
+{
+    enum { N = 100 };
+    char url[128];
+    llmretry_options o;
+    llmretry_call *calls[N];
+    int ok = 0, uuids = 0, distinct = 1;
+
+    if (script("many", "{\"steps\": [], \"after\": {\"delay_ms\": 300}}") != 0)
+        return;
+    opts_for(&o, "many", url, sizeof url);
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < N; i++)
+        calls[i] = submit(e, &o, 0);
+    for (int i = 0; i < N; i++) {
+        mail_log l = { 0 };
+        if (!calls[i])
+            continue;
+        drain(calls[i], &l, -1, 20000);
+        log_free(&l);
+        const llmretry_result *r = llmretry_call_result(calls[i]);
+        ok += r && r->ok;
+        uuids += r && is_uuid_v4(r->request_id);
+        for (int j = 0; r && j < i; j++) {
+            const llmretry_result *q = calls[j] ? llmretry_call_result(calls[j]) : NULL;
+            if (q && q->request_id && r->request_id && strcmp(q->request_id, r->request_id) == 0)
+                distinct = 0;
+        }
+    }
+    int64_t elapsed = th_now_ms() - t0;
+    CHECK_INT(ok, N);
+    CHECK_INT(uuids, N);
+    CHECK_MSG(distinct, "two calls got the same request id");
+    CHECK_MSG(elapsed < 10000, "100 calls of 300 ms took %lld ms: not concurrent",
+              (long long)elapsed);
+    CHECK_INT(recorded("many"), N);
+    for (int i = 0; i < N; i++)
+        llmretry_call_free(calls[i]);
+}
+
+static void test_cancel_during_attempt(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("cancel_attempt", "{\"steps\": [{\"delay_ms\": 5000}]}") != 0)
+        return;
+    opts_for(&o, "cancel_attempt", url, sizeof url);
+    llmretry_call *c = submit(e, &o, 0);
+    if (!c)
+        return;
+    sleep_ms(200);
+    int64_t t0 = th_now_ms();
+    llmretry_call_cancel(c);
+    CHECK_MSG(drain(c, &l, -1, 3000), "cancelled call did not finish");
+    int64_t took = th_now_ms() - t0;
+    const llmretry_result *r = llmretry_call_result(c);
+    CHECK_MSG(took < 500, "cancel took %lld ms", (long long)took);
+    CHECK(r && !r->ok);
+    CHECK_STR(kind_name(r), "cancelled");
+    CHECK_STR(reason_name(r), "cancelled");
+    CHECK(r && r->attempts == 1);
+    CHECK_INT(recorded("cancel_attempt"), 1);
+    const llmretry_event *g = log_first(&l, LLMRETRY_EV_REQUEST_GAVE_UP);
+    CHECK_MSG(g != NULL, "no gave_up event after a cancel");
+    CHECK_STR(field_str(g, "reason"), "cancelled");
+    /* Cancelling a finished call is harmless. */
+    llmretry_call_cancel(c);
+    CHECK_STR(kind_name(llmretry_call_result(c)), "cancelled");
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
+static void test_cancel_during_backoff(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("cancel_wait", "{\"steps\": [{\"status\": 503, \"retry_after\": \"10\"}]}") != 0)
+        return;
+    opts_for(&o, "cancel_wait", url, sizeof url);
+    llmretry_call *c = submit(e, &o, 0);
+    if (!c)
+        return;
+    int waiting = drain(c, &l, LLMRETRY_EV_RETRY_SCHEDULED, 3000);
+    CHECK_MSG(waiting, "no retry_scheduled event");
+    CHECK_INT(field_int(log_first(&l, LLMRETRY_EV_RETRY_SCHEDULED), "delay_ms", -1), 10000);
+    int64_t t0 = th_now_ms();
+    llmretry_call_cancel(c);
+    CHECK_MSG(drain(c, &l, -1, 3000), "cancelled call did not finish");
+    int64_t took = th_now_ms() - t0;
+    const llmretry_result *r = llmretry_call_result(c);
+    CHECK_MSG(took < 500, "cancel during backoff took %lld ms", (long long)took);
+    CHECK_STR(kind_name(r), "cancelled");
+    CHECK_STR(reason_name(r), "cancelled");
+    CHECK(r && r->attempts == 1);
+    CHECK_INT(recorded("cancel_wait"), 1);
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
+/* Freeing an unfinished call cancels it; the engine carries on. */
+static void test_free_unfinished(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("free_early", "{\"steps\": [], \"after\": {\"delay_ms\": 3000}}") != 0)
+        return;
+    opts_for(&o, "free_early", url, sizeof url);
+
+    int64_t t0 = th_now_ms();
+    llmretry_call *c = submit(e, &o, 0);
+    if (c)
+        llmretry_call_free(c);            /* before its attempt even starts */
+    c = submit(e, &o, 0);
+    sleep_ms(150);
+    if (c)
+        llmretry_call_free(c);            /* mid-attempt */
+    c = submit(e, &o, 0);
+    if (c) {
+        drain(c, &l, LLMRETRY_EV_REQUEST_STARTED, 2000);
+        log_free(&l);                     /* events still queued in its mailbox */
+        llmretry_call_free(c);
+    }
+    CHECK_MSG(th_now_ms() - t0 < 1500, "freeing unfinished calls took %lld ms",
+              (long long)(th_now_ms() - t0));
+
+    /* A finished call freed with its events still in the mailbox: nothing
+     * to see here, but a sanitizer build catches what it leaks. */
+    if (script("free_undrained", "{\"steps\": []}") != 0)
+        return;
+    opts_for(&o, "free_undrained", url, sizeof url);
+    c = submit(e, &o, 0);
+    sleep_ms(100);
+    if (c)
+        llmretry_call_free(c);
+
+    if (script("after_free", "{\"steps\": []}") != 0)
+        return;
+    opts_for(&o, "after_free", url, sizeof url);
+    c = run(e, &o, &l, 5000);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok, "the engine does not work after freeing unfinished calls");
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
+/* The deadline shortens an attempt: timeout_ms 5000 but 300 ms left. */
+static void test_deadline_cuts_attempt(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("deadline_attempt", "{\"steps\": [{\"delay_ms\": 2000}]}") != 0)
+        return;
+    opts_for(&o, "deadline_attempt", url, sizeof url);
+    o.deadline_ms = 300;
+    int64_t t0 = th_now_ms();
+    llmretry_call *c = run(e, &o, &l, 5000);
+    int64_t took = th_now_ms() - t0;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && !r->ok);
+    CHECK_STR(kind_name(r), "deadline_exceeded");
+    CHECK_STR(reason_name(r), "deadline");
+    CHECK(r && r->attempts == 1);
+    CHECK_MSG(took >= 250 && took < 1000, "deadline of 300 ms ended the call after %lld ms",
+              (long long)took);
+    const llmretry_event *s = log_first(&l, LLMRETRY_EV_REQUEST_STARTED);
+    int64_t tmo = field_int(s, "timeout_ms", -1), left = field_int(s, "deadline_left_ms", -1);
+    CHECK_MSG(tmo > 0 && tmo <= 300, "started.timeout_ms %lld, expected <= 300", (long long)tmo);
+    CHECK_MSG(left > 0 && left <= 300, "started.deadline_left_ms %lld", (long long)left);
+    CHECK_INT(log_count(&l, LLMRETRY_EV_REQUEST_GAVE_UP), 1);
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
+/* A wait that would pass the deadline ends the call at once. */
+static void test_deadline_cuts_wait(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("deadline_wait", "{\"steps\": [{\"status\": 429, \"retry_after\": \"5\"}]}") != 0)
+        return;
+    opts_for(&o, "deadline_wait", url, sizeof url);
+    o.deadline_ms = 1000;
+    int64_t t0 = th_now_ms();
+    llmretry_call *c = run(e, &o, &l, 5000);
+    int64_t took = th_now_ms() - t0;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && !r->ok);
+    CHECK_STR(reason_name(r), "deadline");
+    CHECK(r && r->attempts == 1 && r->status == 429);
+    CHECK_MSG(took < 800, "gave up after %lld ms instead of at once", (long long)took);
+    CHECK_INT(log_count(&l, LLMRETRY_EV_RETRY_SCHEDULED), 0);
+    CHECK_INT(recorded("deadline_wait"), 1);
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
+/* Sequential calls on one engine reuse one keep-alive connection. */
+static void test_connection_reuse(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = new_engine();
+    if (!e || script("reuse", "{\"steps\": []}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    opts_for(&o, "reuse", url, sizeof url);
+    int ok = 0;
+    for (int i = 0; i < 10; i++) {
+        mail_log l = { 0 };
+        llmretry_call *c = run(e, &o, &l, 5000);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        ok += r && r->ok;
+        log_free(&l);
+        llmretry_call_free(c);
+    }
+    CHECK_INT(ok, 10);
+    char *t = th_mock_requests(&mock, "reuse");
+    cJSON *a = t ? cJSON_Parse(t) : NULL, *rec;
+    int n = 0, same = 1;
+    double first = -1;
+    cJSON_ArrayForEach(rec, a) {
+        const cJSON *conn = cJSON_GetObjectItemCaseSensitive(rec, "connection");
+        double id = cJSON_IsNumber(conn) ? conn->valuedouble : -2;
+        if (n++ == 0)
+            first = id;
+        else if (id != first)
+            same = 0;
+    }
+    CHECK_INT(n, 10);
+    CHECK_MSG(same && first > 0, "10 sequential calls used more than one connection");
+    free(t);
+    cJSON_Delete(a);
+    llmretry_engine_free(e);
+}
+
+/* Engines come and go, some with calls in flight that must end cancelled
+ * and stay valid after the engine is gone. */
+static void test_engine_churn(void)
+{
+    char url[128];
+    llmretry_options o;
+    int cancelled = 0, expected = 0, slow_frees = 0;
+    if (script("churn", "{\"steps\": [], \"after\": {\"delay_ms\": 2000}}") != 0)
+        return;
+    opts_for(&o, "churn", url, sizeof url);
+    for (int i = 0; i < 50; i++) {
+        llmretry_engine *e = new_engine();
+        llmretry_call *calls[3] = { NULL, NULL, NULL };
+        if (!e)
+            return;
+        int n = i % 2 == 0 ? 3 : (i % 5 == 1 ? 1 : 0);
+        for (int k = 0; k < n; k++)
+            calls[k] = submit(e, &o, 0);
+        if (i % 3 == 0)
+            sleep_ms(i % 20); /* sometimes while attempts are starting */
+        if (i % 7 == 1 && calls[0]) {
+            llmretry_call_free(calls[0]); /* a call freed before its engine */
+            calls[0] = NULL;
+        }
+        int64_t t0 = th_now_ms();
+        llmretry_engine_free(e);
+        slow_frees += th_now_ms() - t0 > 2000;
+        for (int k = 0; k < n; k++) {
+            mail_log l = { 0 };
+            if (!calls[k])
+                continue;
+            expected++;
+            drain(calls[k], &l, -1, 1000);
+            const llmretry_result *r = llmretry_call_result(calls[k]);
+            cancelled += r && !r->ok && r->kind == LLMRETRY_ERR_CANCELLED;
+            log_free(&l);
+            llmretry_call_free(calls[k]);
+        }
+    }
+    CHECK_INT(cancelled, expected);
+    CHECK_INT(slow_frees, 0);
+}
+
+/* Poll mode: no thread blocks on a call; the engine fd says when to look. */
+static void test_poll_mode(void)
+{
+    enum { N = 5 };
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = new_engine();
+    llmretry_call *calls[N];
+    mail_log logs[N];
+    int done = 0, foreign = 0;
+
+    memset(logs, 0, sizeof logs);
+    if (!e || script("poll", "{\"steps\": [{\"status\": 503}], \"after\": {\"delay_ms\": 100}}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    int fd = llmretry_engine_fd(e);
+    CHECK_MSG(fd >= 0, "engine_fd %d", fd);
+    opts_for(&o, "poll", url, sizeof url);
+    for (int i = 0; i < N; i++)
+        calls[i] = submit(e, &o, LLMRETRY_SUBMIT_POLL);
+
+    int64_t end = th_now_ms() + 10000;
+    while (done < N && th_now_ms() < end && fd >= 0) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, (int)(end - th_now_ms())) <= 0)
+            continue;
+        llmretry_call *ready[16];
+        size_t n = llmretry_engine_poll(e, ready, 16);
+        for (size_t k = 0; k < n; k++) {
+            int idx = -1;
+            for (int i = 0; i < N; i++)
+                if (ready[k] == calls[i])
+                    idx = i;
+            if (idx < 0) {
+                foreign++;
+                continue;
+            }
+            int was_done = logs[idx].done;
+            drain(calls[idx], &logs[idx], -1, 0);
+            done += logs[idx].done && !was_done;
+        }
+    }
+    CHECK_INT(done, N);
+    CHECK_INT(foreign, 0);
+    for (int i = 0; i < N; i++) {
+        const llmretry_result *r = calls[i] ? llmretry_call_result(calls[i]) : NULL;
+        CHECK_MSG(r && r->ok, "poll call %d did not succeed", i);
+        CHECK_MSG(log_count(&logs[i], LLMRETRY_EV_REQUEST_SUCCEEDED) == 1 &&
+                  log_count(&logs[i], LLMRETRY_EV_REQUEST_STARTED) >= 1,
+                  "poll call %d: events missing", i);
+    }
+    /* Nothing left: the fd goes quiet and a wait times out. */
+    llmretry_call *rest[4];
+    CHECK_INT(llmretry_engine_poll(e, rest, 4), 0);
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    CHECK_MSG(poll(&p, 1, 0) == 0, "engine fd still readable with no news");
+    CHECK_INT(llmretry_engine_wait(e, 50), LLMRETRY_ETIMEDOUT);
+    for (int i = 0; i < N; i++) {
+        log_free(&logs[i]);
+        llmretry_call_free(calls[i]);
+    }
+    llmretry_engine_free(e);
+}
+
+typedef struct cb_ctx {
+    pthread_t thread;
+    int n, off_thread;
+    llmretry_event_type types[MAX_EV];
+} cb_ctx;
+
+static void on_event(const llmretry_event *ev, void *ud)
+{
+    cb_ctx *ctx = ud;
+    if (!pthread_equal(pthread_self(), ctx->thread))
+        ctx->off_thread++;
+    if (ctx->n < MAX_EV)
+        ctx->types[ctx->n++] = llmretry_event_type_of(ev);
+}
+
+/* The blocking call delivers every event on the calling thread. */
+static void test_blocking(llmretry_engine *e)
+{
+    static const llmretry_event_type want[] = {
+        LLMRETRY_EV_REQUEST_STARTED, LLMRETRY_EV_REQUEST_FAILED, LLMRETRY_EV_RETRY_SCHEDULED,
+        LLMRETRY_EV_REQUEST_STARTED, LLMRETRY_EV_REQUEST_SUCCEEDED };
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_call *c = NULL;
+    cb_ctx ctx = { .thread = pthread_self() };
+
+    if (script("blocking", "{\"steps\": [{\"status\": 503}, {}]}") != 0)
+        return;
+    opts_for(&o, "blocking", url, sizeof url);
+    llmretry_status st = llmretry_call_blocking(e, &o, on_event, &ctx, &c, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK && c, "call_blocking: %s (%s)", llmretry_status_name(st), err);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok && r->attempts == 2);
+    CHECK_INT(ctx.off_thread, 0);
+    int same = ctx.n == 5;
+    for (int i = 0; same && i < 5; i++)
+        same = ctx.types[i] == want[i];
+    CHECK_MSG(same, "blocking call delivered %d events, not started/failed/retry/started/succeeded",
+              ctx.n);
+    llmretry_call_free(c);
+
+    /* A failure is a finished call, not an API error; NULL callback is fine. */
+    c = NULL;
+    if (script("blocking_fail", "{\"steps\": [{\"status\": 400}]}") != 0)
+        return;
+    opts_for(&o, "blocking_fail", url, sizeof url);
+    st = llmretry_call_blocking(e, &o, NULL, NULL, &c, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK && c, "call_blocking: %s (%s)", llmretry_status_name(st), err);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && !r->ok && r->status == 400);
+    llmretry_call_free(c);
+
+    /* Validation needs the mailbox. */
+    c = NULL;
+    o.validate = 1;
+    st = llmretry_call_blocking(e, &o, NULL, NULL, &c, err, sizeof err);
+    CHECK_INT(st, LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "validate") != NULL, "error \"%s\" does not name validate", err);
+    if (st == LLMRETRY_OK)
+        llmretry_call_free(c);
+}
+
+/* Host-side validation: a rejection is an invalid_response the policy
+ * retries; the second body is accepted. */
+static void test_validation(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    int asked = 0, bodies_ok = 1;
+    if (script("validate", "{\"steps\": [{\"content\": \"first-answer\"}, "
+                           "{\"content\": \"second-answer\"}]}") != 0)
+        return;
+    opts_for(&o, "validate", url, sizeof url);
+    o.validate = 1;
+    llmretry_call *c = submit(e, &o, 0);
+    if (!c)
+        return;
+    const char *pb = NULL;
+    size_t pl = 0;
+    CHECK_MSG(llmretry_call_pending_body(c, &pb, &pl) != LLMRETRY_OK,
+              "pending_body succeeded with no validation pending");
+
+    int64_t end = th_now_ms() + 10000;
+    while (!l.done && th_now_ms() < end) {
+        llmretry_event *ev = NULL;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_EVENT) {
+            if (l.n < MAX_EV)
+                l.ev[l.n++] = ev;
+            else
+                llmretry_event_free(ev);
+        } else if (m == LLMRETRY_MAIL_VALIDATE) {
+            const char *want = asked == 0 ? "first-answer" : "second-answer";
+            llmretry_status st = llmretry_call_pending_body(c, &pb, &pl);
+            bodies_ok &= st == LLMRETRY_OK && pb && pl > 0 && memmem(pb, pl, want, strlen(want));
+            llmretry_call_validated(c, asked > 0, asked == 0 ? "bad shape: no answer" : NULL);
+            asked++;
+        } else if (m == LLMRETRY_MAIL_DONE) {
+            l.done = 1;
+        } else {
+            llmretry_call_wait(c, end - th_now_ms());
+        }
+    }
+    const llmretry_result *r = llmretry_call_result(c);
+    CHECK_INT(asked, 2);
+    CHECK_MSG(bodies_ok, "pending_body did not show the body under validation");
+    CHECK(r && r->ok && r->attempts == 2);
+    CHECK(r && r->body && strstr(r->body, "second-answer"));
+    const llmretry_event *x = log_first(&l, LLMRETRY_EV_REQUEST_ERROR);
+    CHECK_STR(field_str(x, "error_kind"), "invalid_response");
+    const char *msg = field_str(x, "error_message");
+    CHECK_MSG(msg && strstr(msg, "bad shape"), "error event message \"%s\" lacks the host's",
+              msg ? msg : "(null)");
+    CHECK_INT(log_count(&l, LLMRETRY_EV_RETRY_SCHEDULED), 1);
+    CHECK_INT(recorded("validate"), 2);
+    log_free(&l);
+    llmretry_call_free(c);
+
+    /* Without retry_invalid_response, a rejection ends the call. */
+    if (script("validate_once", "{\"steps\": [{\"content\": \"only-answer\"}]}") != 0)
+        return;
+    opts_for(&o, "validate_once", url, sizeof url);
+    o.validate = 1;
+    o.retry_invalid_response = 0;
+    c = submit(e, &o, 0);
+    if (!c)
+        return;
+    memset(&l, 0, sizeof l);
+    end = th_now_ms() + 10000;
+    while (!l.done && th_now_ms() < end) {
+        llmretry_event *ev = NULL;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_EVENT)
+            llmretry_event_free(ev);
+        else if (m == LLMRETRY_MAIL_VALIDATE)
+            llmretry_call_validated(c, 0, "bad shape: rejected");
+        else if (m == LLMRETRY_MAIL_DONE)
+            l.done = 1;
+        else
+            llmretry_call_wait(c, end - th_now_ms());
+    }
+    r = llmretry_call_result(c);
+    CHECK(r && !r->ok && r->attempts == 1);
+    CHECK_STR(kind_name(r), "invalid_response");
+    CHECK_STR(reason_name(r), "not_retryable");
+    CHECK_MSG(r && r->message && strstr(r->message, "bad shape"),
+              "result message \"%s\" lacks the host's", r && r->message ? r->message : "(null)");
+    llmretry_call_free(c);
+}
+
+/* Wrong arguments: EINVAL naming the field, before any request. */
+static void make_bad(llmretry_options *o, int i)
+{
+    switch (i) {
+    case 0: o->body = NULL; o->body_len = 0; break;
+    case 1: o->timeout_ms = -5; break;
+    case 2: o->timeout_ms = 0; break;
+    case 3: o->max_retries = -1; break;
+    case 4: o->jitter = (llmretry_jitter)42; break;
+    case 5: o->url = ""; break;
+    case 6: o->retry_mode = (llmretry_retry_mode)9; break;
+    case 7: o->max_response_bytes = 0; break;
+    case 8: o->n_retry_statuses = LLMRETRY_MAX_STATUSES + 1; break;
+    case 9: o->deadline_ms = -5; break;
+    case 10: o->base_delay_ms = -1; break;
+    case 11: o->max_delay_ms = -1; break;
+    case 12: o->max_retry_after_ms = -1; break;
+    default: break;
+    }
+}
+
+static void test_bad_input(llmretry_engine *e)
+{
+    static const char *const fields[] = {
+        "body", "timeout_ms", "timeout_ms", "max_retries", "jitter", "url", "retry_mode",
+        "max_response_bytes", "retry_statuses", "deadline_ms", "base_delay_ms",
+        "max_delay_ms", "max_retry_after_ms" };
+    char url[128];
+    if (script("bad_input", "{\"steps\": []}") != 0)
+        return;
+    for (int i = 0; i < (int)(sizeof fields / sizeof *fields); i++) {
+        llmretry_options o;
+        llmretry_call *c = NULL;
+        char err[LLMRETRY_ERRBUF] = "";
+        opts_for(&o, "bad_input", url, sizeof url);
+        make_bad(&o, i);
+
+        llmretry_status st = llmretry_engine_submit(e, &o, 0, &c, err, sizeof err);
+        CHECK_MSG(st == LLMRETRY_EINVAL, "bad %s: submit returned %s", fields[i],
+                  llmretry_status_name(st));
+        CHECK_MSG(strstr(err, fields[i]) != NULL, "bad %s: message \"%s\" does not name it",
+                  fields[i], err);
+        if (st == LLMRETRY_OK)
+            llmretry_call_free(c);
+
+        c = NULL;
+        err[0] = '\0';
+        st = llmretry_call_blocking(e, &o, NULL, NULL, &c, err, sizeof err);
+        CHECK_MSG(st == LLMRETRY_EINVAL && strstr(err, fields[i]),
+                  "bad %s: call_blocking returned %s (%s)", fields[i], llmretry_status_name(st), err);
+        if (st == LLMRETRY_OK)
+            llmretry_call_free(c);
+
+        err[0] = '\0';
+        st = llmretry_options_check(&o, err, sizeof err);
+        CHECK_MSG(st == LLMRETRY_EINVAL && strstr(err, fields[i]),
+                  "bad %s: options_check returned %s (%s)", fields[i], llmretry_status_name(st), err);
+    }
+    CHECK_MSG(recorded("bad_input") == 0, "a bad call reached the server");
+    llmretry_jitter j;
+    llmretry_retry_mode m;
+    CHECK_INT(llmretry_jitter_parse("sometimes", &j), LLMRETRY_EINVAL);
+    CHECK_INT(llmretry_retry_mode_parse("reckless", &m), LLMRETRY_EINVAL);
+}
+
+/* A server that stops mid-response is caught by the attempt timeout. */
+static void test_stalls(llmretry_engine *e)
+{
+    static const char *const faults[] = { "stall_body", "no_headers" };
+    char url[128], json[256];
+    for (int i = 0; i < 2; i++) {
+        llmretry_options o;
+        mail_log l = { 0 };
+        snprintf(json, sizeof json,
+                 "{\"steps\": [{\"fault\": \"%s\", \"stall_ms\": 3000}]}", faults[i]);
+        if (script(faults[i], json) != 0)
+            continue;
+        opts_for(&o, faults[i], url, sizeof url);
+        o.timeout_ms = 500;
+        o.max_retries = 0;
+        int64_t t0 = th_now_ms();
+        llmretry_call *c = run(e, &o, &l, 5000);
+        int64_t took = th_now_ms() - t0;
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_TIMEOUT,
+                  "%s: kind %s (%s), expected timeout", faults[i], kind_name(r),
+                  r && r->message ? r->message : "no message");
+        CHECK_MSG(took >= 450 && took < 2000, "%s: timeout of 500 ms took %lld ms", faults[i],
+                  (long long)took);
+        CHECK_STR(field_str(log_first(&l, LLMRETRY_EV_REQUEST_ERROR), "error_kind"), "timeout");
+        log_free(&l);
+        llmretry_call_free(c);
+    }
+}
+
+/* A port nobody listens on: bind, read the port, close. */
+static int closed_port(void)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0)
+        return -1;
+    int port = -1;
+    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(s);
+    return port;
+}
+
+/* Requests that provably never reached a server are retried even in
+ * unsafe mode (DESIGN §2 rule 2). */
+static void check_never_connected(llmretry_engine *e, const char *base_url, const char *what)
+{
+    for (int unsafe = 0; unsafe < 2; unsafe++) {
+        llmretry_options o;
+        mail_log l = { 0 };
+        char dummy[128];
+        opts_for(&o, "unused", dummy, sizeof dummy);
+        o.base_url = base_url;
+        o.max_retries = 2;
+        o.retry_mode = unsafe ? LLMRETRY_RETRY_UNSAFE : LLMRETRY_RETRY_SAFE;
+        llmretry_call *c = run(e, &o, &l, 20000);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK, "%s (%s): kind %s, expected network",
+                  what, unsafe ? "unsafe" : "safe", kind_name(r));
+        CHECK_MSG(r && r->attempts == 3 && r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED,
+                  "%s (%s): %d attempts, reason %s; expected 3, retries_exhausted", what,
+                  unsafe ? "unsafe" : "safe", r ? r->attempts : -1, reason_name(r));
+        CHECK_MSG(r && r->status == 0, "%s: status %d without a response", what, r ? r->status : -1);
+        CHECK_INT(log_count(&l, LLMRETRY_EV_REQUEST_ERROR), 3);
+        log_free(&l);
+        llmretry_call_free(c);
+    }
+}
+
+static void test_never_connected(llmretry_engine *e)
+{
+    char url[128];
+    int port = closed_port();
+    CHECK_MSG(port > 0, "could not find a closed port");
+    if (port > 0) {
+        snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", port);
+        check_never_connected(e, url, "connection refused");
+    }
+    check_never_connected(e, "http://nonexistent.invalid/v1", "unknown host");
+}
+
+/* Unsafe mode must not re-send a request that may have reached the
+ * server, even when a kept-alive connection dies under it (libcurl
+ * re-sends on its own when a reused connection fails before any reply). */
+static void test_unsafe_no_resend_on_reused_connection(void)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    llmretry_engine *e = new_engine();
+    if (!e || script("unsafe_reuse", "{\"steps\": [{}, {\"fault\": \"close\"}]}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    opts_for(&o, "unsafe_reuse", url, sizeof url);
+    o.retry_mode = LLMRETRY_RETRY_UNSAFE;
+    llmretry_call *c = run(e, &o, &l, 5000); /* warms a keep-alive connection */
+    log_free(&l);
+    llmretry_call_free(c);
+    c = run(e, &o, &l, 5000);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK,
+              "unsafe call on a dying reused connection: ok=%d kind %s", r ? r->ok : -1,
+              kind_name(r));
+    CHECK_MSG(recorded("unsafe_reuse") == 2,
+              "server saw %d requests for 2 unsafe calls of one attempt each",
+              recorded("unsafe_reuse"));
+    log_free(&l);
+    llmretry_call_free(c);
+    llmretry_engine_free(e);
+}
+
+int main(void)
+{
+    if (th_mock_start(&mock) != 0) {
+        CHECK_MSG(0, "mock server did not start");
+        return th_summary("test_engine");
+    }
+    llmretry_engine *e = new_engine();
+    if (e) {
+        struct { const char *name; void (*fn)(llmretry_engine *); } shared[] = {
+            { "bad_input", test_bad_input },
+            { "hundred_in_flight", test_hundred_in_flight },
+            { "cancel_during_attempt", test_cancel_during_attempt },
+            { "cancel_during_backoff", test_cancel_during_backoff },
+            { "free_unfinished", test_free_unfinished },
+            { "deadline_cuts_attempt", test_deadline_cuts_attempt },
+            { "deadline_cuts_wait", test_deadline_cuts_wait },
+            { "blocking", test_blocking },
+            { "validation", test_validation },
+            { "stalls", test_stalls },
+            { "never_connected", test_never_connected },
+        };
+        for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
+            int before = th_failed;
+            int64_t t0 = th_now_ms();
+            shared[i].fn(e);
+            fprintf(stderr, "%-28s %s (%lld ms)\n", shared[i].name,
+                    th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
+        }
+        llmretry_engine_free(e);
+    }
+    struct { const char *name; void (*fn)(void); } own[] = {
+        { "connection_reuse", test_connection_reuse },
+        { "poll_mode", test_poll_mode },
+        { "engine_churn", test_engine_churn },
+        { "unsafe_no_resend", test_unsafe_no_resend_on_reused_connection },
+    };
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) {
+        int before = th_failed;
+        int64_t t0 = th_now_ms();
+        own[i].fn();
+        fprintf(stderr, "%-28s %s (%lld ms)\n", own[i].name,
+                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
+    }
+    th_mock_stop(&mock);
+    return th_summary("test_engine");
+}
