@@ -108,20 +108,7 @@ static int build_headers(llmretry_call *c, const char *api_key)
 
 static void call_destroy(llmretry_call *c)
 {
-    llmretry_event *ev = c->ev_head;
-    c->ev_head = NULL;
-    while (ev) {
-        llmretry_event *next = ev->next;
-        ev->call = NULL;            /* we are that call: no reference to drop */
-        free(ev->retry_after);
-        free(ev->error_code);
-        free(ev->body_preview);
-        free(ev->error_message);
-        free(ev->response_model);
-        free(ev->system_fingerprint);
-        free(ev);
-        ev = next;
-    }
+    /* The mailbox is empty here: each queued event held a reference. */
     free(c->url);
     free(c->body);
     free(c->model);
@@ -331,6 +318,31 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+/* The body goes out through a read callback rather than POSTFIELDS so that
+ * libcurl cannot rewind it: when a reused keep-alive connection dies under a
+ * request, libcurl would otherwise re-send it silently, one request more
+ * than the attempts the policy counted (and a duplicate an unsafe call must
+ * never make). Refusing the rewind turns that into a failed attempt the
+ * policy sees. */
+static size_t on_send(char *buf, size_t size, size_t nitems, void *ud)
+{
+    llmretry_call *c = ud;
+    size_t n = size * nitems, left = c->o.body_len - c->send_pos;
+    if (n > left)
+        n = left;
+    memcpy(buf, c->body + c->send_pos, n);
+    c->send_pos += n;
+    return n;
+}
+
+static int refuse_rewind(void *ud, curl_off_t offset, int origin)
+{
+    (void)ud;
+    (void)offset;
+    (void)origin;
+    return CURL_SEEKFUNC_CANTSEEK;
+}
+
 void lr_call_reset_response(llmretry_call *c)
 {
     c->resp.len = 0;
@@ -344,8 +356,12 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     lr_call_reset_response(c);
     curl_easy_setopt(easy, CURLOPT_URL, c->url);
     curl_easy_setopt(easy, CURLOPT_POST, 1L);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
+    c->send_pos = 0;
     curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->o.body_len);
+    curl_easy_setopt(easy, CURLOPT_READFUNCTION, on_send);
+    curl_easy_setopt(easy, CURLOPT_READDATA, c);
+    curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, refuse_rewind);
+    curl_easy_setopt(easy, CURLOPT_SEEKDATA, c);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
@@ -365,11 +381,6 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
 #endif
     if (c->ca_file)
         curl_easy_setopt(easy, CURLOPT_CAINFO, c->ca_file);
-    /* libcurl silently re-sends a request once when a reused keep-alive
-     * connection turns out dead before any response byte. That is a retry
-     * an unsafe call must not get: it always opens a fresh connection. */
-    if (c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
-        curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
 }
 
 /* ---- reading an outcome ------------------------------------------------ */

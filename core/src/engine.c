@@ -228,6 +228,12 @@ static void notify_ready(llmretry_call *c)
 void lr_mail_event(llmretry_call *c, llmretry_event *ev)
 {
     pthread_mutex_lock(&c->mu);
+    if (c->host_freed) {
+        /* Nobody will read it; dropping it also drops its call reference. */
+        pthread_mutex_unlock(&c->mu);
+        llmretry_event_free(ev);
+        return;
+    }
     if (c->ev_tail)
         c->ev_tail->next = ev;
     else
@@ -849,9 +855,20 @@ void llmretry_call_free(llmretry_call *c)
         c->in_ready = 0;
     }
     pthread_mutex_unlock(&e->mu);
+    /* Unread events hold references to the call: free them now, and have
+     * the engine drop any it posts from here on. host_freed is written
+     * under both locks so either lock may read it. */
     pthread_mutex_lock(&c->mu);
+    c->host_freed = 1;
     int done = c->done;
+    llmretry_event *ev = c->ev_head;
+    c->ev_head = c->ev_tail = NULL;
     pthread_mutex_unlock(&c->mu);
+    while (ev) {
+        llmretry_event *next = ev->next;
+        llmretry_event_free(ev);
+        ev = next;
+    }
     if (!done)
         queue_op(c, LR_OP_CANCEL);
     lr_call_unref(c);

@@ -86,6 +86,7 @@ struct llmretry_call {
     CURL *easy;
     int64_t attempt_started_at;
     int cut_by_deadline;           /* this attempt's timeout is the deadline's */
+    size_t send_pos;               /* bytes of the body handed to libcurl */
     lr_buf resp;
     int too_large;
     char hdr[LR_H_COUNT][LR_HVAL];
