@@ -1,0 +1,1022 @@
+"""A fault-injecting, OpenAI-compatible mock chat server (stdlib only).
+
+It ships in the package so that the project's C, Python and Lua test suites,
+and users testing their own code, can script a server's behaviour request by
+request: statuses, every ``Retry-After`` form, delays, resets, truncated or
+invalid bodies, huge bodies, stalls and trickled responses.
+
+Python use::
+
+    from llmretry.testing import MockServer
+
+    with MockServer() as mock:
+        mock.script("flaky", [{"status": 503, "retry_after": "0"}, {}])
+        url = mock.scenario_url("flaky")   # http://127.0.0.1:PORT/s/flaky/v1
+        ...                                # POST url + "/chat/completions"
+        assert len(mock.requests("flaky")) == 2
+
+Command line (this is how the C and Lua suites start it)::
+
+    python -m llmretry.testing --port 0 [--host 127.0.0.1] \
+        [--scenarios FILE.json]
+
+prints the port alone on the first line of stdout (flushed), then serves until
+SIGTERM or SIGINT and exits with status 0. ``--scenarios`` loads
+``{name: {"steps": [...], "after": step}}`` before serving. Nothing else is
+written to stdout; requests are not logged.
+
+The server is an ``http.server.ThreadingHTTPServer`` speaking HTTP/1.1 with
+keep-alive (one daemon thread per connection). ``Expect: 100-continue`` is
+honoured, request bodies are read by ``Content-Length`` (a chunked request body
+is decoded too), and accepted sockets have ``TCP_NODELAY`` set.
+
+Chat endpoint
+-------------
+``POST /v1/chat/completions`` uses scenario ``"default"``;
+``POST /s/<name>/v1/chat/completions`` uses scenario ``<name>``. Any path
+ending in ``/chat/completions`` is accepted; the scenario is the
+(percent-decoded) segment after a leading ``/s/``, else ``"default"``. The
+query string is ignored for routing. Other paths get a 404 JSON error;
+another method on a chat path gets a 405 JSON error (neither is recorded).
+
+Each request to a scenario consumes the next step of its script; once the steps
+are exhausted requests get the scenario's ``after`` step (default: a plain 200
+success). Unknown scenarios behave as an empty script (plain success), and
+their requests are recorded too. Every request is recorded, whatever its step
+does (faults included), *before* the step is executed, so a test can inspect
+the record of a request the server is still stalling.
+
+Control API (JSON in and out)
+-----------------------------
+``PUT /_mock/scenarios/<name>`` with ``{"steps": [step, ...], "after": step?}``
+    -> 204. Replaces the script, resets its cursor and clears its records.
+    A missing ``steps`` means ``[]``; a missing or null ``after`` means the
+    plain success. A malformed script (not JSON, a step that is not an object,
+    an unknown ``fault``, a field of the wrong type) -> 400 JSON error, and the
+    previous script is kept.
+``GET /_mock/requests/<name>``
+    -> 200, a JSON array of records in arrival order::
+
+        {"index": n, "time": unix_seconds_float, "method": "POST",
+         "path": "...", "headers": {lower-case-name: value},
+         "body": "<request body text>", "client_port": int,
+         "connection": int, "step": int}
+
+    ``index`` is the 0-based ordinal of the request among those the scenario
+    received since it was last scripted (so it equals ``step`` while steps
+    remain); ``DELETE`` clears records but does not reset it. ``time`` is taken
+    when the request has been fully read. ``path`` is the request target as
+    sent (query included). A header sent more than once is joined with
+    ``", "``. ``body`` is the body decoded as UTF-8 (invalid bytes replaced).
+    ``connection`` is the server-assigned id of the TCP connection (1-based,
+    in accept order), so keep-alive reuse is visible. ``step`` is the index of
+    the step used, -1 for ``after``.
+``DELETE /_mock/requests/<name>`` -> 204 (clears the records).
+``GET /_mock/connections`` -> ``{"accepted": N}``, TCP connections accepted
+    since start.
+``GET /_mock/health`` -> ``{"ok": true}``.
+
+Error bodies of the mock itself have the OpenAI shape
+``{"error": {"message": ..., "type": "invalid_request_error", "code": null}}``.
+
+Step fields (all optional; unknown fields are ignored)
+------------------------------------------------------
+``status``
+    int (100..999), default 200.
+``headers``
+    ``{name: value}`` extra response headers.
+``retry_after``, ``retry_after_ms``, ``should_retry``,
+``ratelimit_reset_requests``, ``ratelimit_reset_tokens``
+    shortcuts for ``Retry-After``, ``retry-after-ms``, ``x-should-retry``,
+    ``x-ratelimit-reset-requests`` and ``x-ratelimit-reset-tokens``.
+
+    Header values are sent verbatim, so garbage can be sent: strings as they
+    are, numbers ``str()``'d, JSON booleans as ``true``/``false``; a null value
+    omits the header. Response headers are, in order: ``Date``,
+    ``Content-Type: application/json``, ``Content-Length`` (omitted for 204
+    and 304, which have no body), then the shortcuts, then ``headers``. A later
+    header replaces an earlier one of the same name (case-insensitively), so a
+    step may override even ``Content-Type`` or ``Content-Length``. A step
+    header ``Connection: close`` makes the server close after the response.
+``error_code``
+    for a non-2xx status the error body is ``{"error": {"message": "mock error
+    <status>", "type": <error_code or "server_error">, "code": <error_code or
+    null>}}``; that default error body (with a null code) is used for any
+    non-2xx without ``body``.
+``body``
+    a str sent verbatim (UTF-8), or any other JSON value serialised
+    (``"body": null`` sends ``null``); overrides the generated body.
+``content``, ``model``, ``usage``, ``system_fingerprint``
+    the success body (2xx without ``body``) is an OpenAI chat.completion::
+
+        {"id": "chatcmpl-mock-<n>", "object": "chat.completion",
+         "created": <int>, "model": <model>, "system_fingerprint": <fp>,
+         "choices": [{"index": 0, "message": {"role": "assistant",
+                      "content": <content>}, "finish_reason": "stop"}],
+         "usage": <usage>}
+
+    with ``content`` default ``"ok"``, ``model`` default the request body's
+    ``"model"`` (when the body is a JSON object with a string ``model``), else
+    ``"mock-model"``, ``usage`` default ``{"prompt_tokens": 12,
+    "completion_tokens": 3, "total_tokens": 15}``, ``system_fingerprint``
+    default ``"fp_mock"``. ``<n>`` is the server-wide 1-based ordinal of the
+    chat request. The request's messages are never echoed.
+``delay_ms``
+    wait this long before sending anything (also before any fault).
+``fault``
+    one of:
+
+    ``"reset"``
+        abort the connection with a TCP RST (``SO_LINGER`` 0) without
+        responding.
+    ``"close"``
+        close the connection (FIN) without responding.
+    ``"no_headers"``
+        never respond; hold the connection for ``stall_ms`` (default 30000),
+        then close.
+    ``"stall_body"``
+        send status and headers (with the full ``Content-Length``) and the
+        first half (``len // 2`` bytes) of the body, hold for ``stall_ms``
+        (default 30000), then close.
+    ``"truncate"``
+        send the headers with the full ``Content-Length`` and the first half
+        of the body, then close.
+    ``"invalid_json"``
+        status 200 (or ``status``) with body ``{"choices": [ not json``
+        (overrides ``body``).
+    ``"huge"``
+        a valid chat.completion whose content (the step's ``content``, default
+        ``"ok"``, followed by ``x`` padding) makes the body exactly ``size``
+        bytes (default 64 MiB), streamed in chunks. A ``size`` smaller than
+        the unpadded body sends the unpadded body.
+    ``"trickle"``
+        send the normal response (status line, headers and body) one byte
+        every ``interval_ms`` (default 1000); the first byte goes at once.
+        The connection stays usable afterwards.
+
+Stalls, delays and trickles wait on an event that ``stop()`` sets, and
+``stop()`` also shuts down the sockets of open connections, so it returns
+promptly (well under a second) even while threads are stalled.
+
+Python API
+----------
+``MockServer(host="127.0.0.1", port=0)``: ``.start()`` (returns self),
+``.stop()``, context manager (starts on enter, stops on exit); ``.port``,
+``.base_url`` (``"http://127.0.0.1:PORT/v1"``), ``.scenario_url(name)`` (the
+scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
+``.script(name, steps, after=None)`` (validated like the PUT),
+``.load_scenarios({name: {"steps": ..., "after": ...}})``,
+``.requests(name)`` (a copy of the records), ``.clear(name)``,
+``.connections_accepted``. A stopped server cannot be restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import email.utils
+import http
+import json
+import os
+import signal
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import (Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple,
+                    Type)
+from urllib.parse import quote, unquote, urlsplit
+
+__all__ = ["MockServer", "ScriptError", "main"]
+
+Step = Dict[str, Any]
+Record = Dict[str, Any]
+
+FAULTS = frozenset(
+    {"reset", "close", "no_headers", "stall_body", "truncate", "invalid_json",
+     "huge", "trickle"})
+
+HEADER_SHORTCUTS: Tuple[Tuple[str, str], ...] = (
+    ("retry_after", "Retry-After"),
+    ("retry_after_ms", "retry-after-ms"),
+    ("should_retry", "x-should-retry"),
+    ("ratelimit_reset_requests", "x-ratelimit-reset-requests"),
+    ("ratelimit_reset_tokens", "x-ratelimit-reset-tokens"),
+)
+
+DEFAULT_USAGE: Dict[str, int] = {
+    "prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+DEFAULT_STALL_MS = 30000
+DEFAULT_INTERVAL_MS = 1000
+DEFAULT_HUGE_SIZE = 64 * 1024 * 1024
+INVALID_JSON_BODY = b'{"choices": [ not json'
+
+_CHUNK = 256 * 1024
+_PADDING = b"x" * _CHUNK
+_MAX_BODY = 1 << 31
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class ScriptError(ValueError):
+    """A scenario script that does not follow the protocol."""
+
+
+# --------------------------------------------------------------------------
+# Validation and response building
+# --------------------------------------------------------------------------
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_step(step: Any, where: str) -> Step:
+    """Validate one step; return it (a dict) or raise ScriptError."""
+    if not isinstance(step, dict):
+        raise ScriptError(f"{where}: a step must be a JSON object")
+    status = step.get("status", 200)
+    if isinstance(status, bool) or not isinstance(status, int) \
+            or not 100 <= status <= 999:
+        raise ScriptError(f"{where}: status must be an integer in 100..999")
+    headers = step.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict):
+            raise ScriptError(f"{where}: headers must be an object")
+        for name, value in headers.items():
+            if not name or not isinstance(name, str):
+                raise ScriptError(f"{where}: bad header name {name!r}")
+            _check_header_value(value, f"{where}: header {name}")
+    for key, _ in HEADER_SHORTCUTS:
+        if key in step:
+            _check_header_value(step[key], f"{where}: {key}")
+    for key in ("delay_ms", "stall_ms", "interval_ms"):
+        if key in step and (not _is_number(step[key]) or step[key] < 0):
+            raise ScriptError(f"{where}: {key} must be a number >= 0")
+    if "size" in step:
+        size = step["size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ScriptError(f"{where}: size must be an integer >= 0")
+    fault = step.get("fault")
+    if fault is not None and fault not in FAULTS:
+        raise ScriptError(
+            f"{where}: unknown fault {fault!r} (one of {sorted(FAULTS)})")
+    return step
+
+
+def _check_header_value(value: Any, where: str) -> None:
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        raise ScriptError(f"{where}: a header value must be a string, "
+                          "number, boolean or null")
+
+
+def _check_script(steps: Any, after: Any) -> Tuple[List[Step], Optional[Step]]:
+    if steps is None:
+        steps = []
+    if not isinstance(steps, list):
+        raise ScriptError("steps must be an array")
+    checked = [_check_step(s, f"steps[{i}]") for i, s in enumerate(steps)]
+    if after is not None:
+        after = _check_step(after, "after")
+    return copy.deepcopy(checked), copy.deepcopy(after)
+
+
+def _header_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _step_headers(step: Step) -> List[Tuple[str, str]]:
+    """The step's own response headers: shortcuts first, then ``headers``."""
+    out: List[Tuple[str, str]] = []
+    for key, name in HEADER_SHORTCUTS:
+        value = step.get(key)
+        if value is not None:
+            out.append((name, _header_text(value)))
+    for name, value in (step.get("headers") or {}).items():
+        if value is not None:
+            out.append((name, _header_text(value)))
+    return out
+
+
+def _merge_headers(base: List[Tuple[str, str]],
+                   extra: Sequence[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """Later headers replace earlier ones of the same (case-less) name."""
+    out = list(base)
+    for name, value in extra:
+        lower = name.lower()
+        for i, (old, _) in enumerate(out):
+            if old.lower() == lower:
+                out[i] = (name, value)
+                break
+        else:
+            out.append((name, value))
+    return out
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def _error_body(status: int, error_code: Any) -> Dict[str, Any]:
+    return {"error": {"message": f"mock error {status}",
+                      "type": error_code if error_code is not None
+                      else "server_error",
+                      "code": error_code}}
+
+
+def _completion(step: Step, n: int, request_model: Optional[str],
+                content: Any) -> Dict[str, Any]:
+    model = step.get("model", request_model or "mock-model")
+    return {
+        "id": f"chatcmpl-mock-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": step.get("system_fingerprint", "fp_mock"),
+        "choices": [{"index": 0,
+                     "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+        "usage": step.get("usage", copy.deepcopy(DEFAULT_USAGE)),
+    }
+
+
+def _response_body(step: Step, status: int, n: int,
+                   request_model: Optional[str]) -> bytes:
+    if step.get("fault") == "invalid_json":
+        return INVALID_JSON_BODY
+    if "body" in step:
+        body = step["body"]
+        if isinstance(body, str):
+            return body.encode("utf-8")
+        return json.dumps(body).encode("utf-8")
+    if 200 <= status < 300:
+        doc = _completion(step, n, request_model, step.get("content", "ok"))
+    else:
+        doc = _error_body(status, step.get("error_code"))
+    return json.dumps(doc).encode("utf-8")
+
+
+def _huge_parts(step: Step, n: int,
+                request_model: Optional[str]) -> Tuple[bytes, int, bytes]:
+    """(prefix, padding length, suffix) of a ``size``-byte chat.completion."""
+    size = step.get("size", DEFAULT_HUGE_SIZE)
+    content = step.get("content", "ok")
+    if not isinstance(content, str):
+        content = "" if content is None else str(content)
+    sentinel = "\u0001llmretry-huge\u0001"
+    text = json.dumps(_completion(step, n, request_model, sentinel))
+    marker = json.dumps(sentinel)
+    at = text.index(marker)
+    prefix = (text[:at] + json.dumps(content)[:-1]).encode("utf-8")
+    suffix = ('"' + text[at + len(marker):]).encode("utf-8")
+    return prefix, max(0, size - len(prefix) - len(suffix)), suffix
+
+
+# --------------------------------------------------------------------------
+# Scenario state
+# --------------------------------------------------------------------------
+
+class _Scenario:
+    """A script, its cursor and its records (guarded by the state's lock)."""
+
+    __slots__ = ("steps", "after", "count", "records")
+
+    def __init__(self, steps: Optional[List[Step]] = None,
+                 after: Optional[Step] = None) -> None:
+        self.steps: List[Step] = steps or []
+        self.after: Optional[Step] = after
+        self.count = 0
+        self.records: List[Record] = []
+
+
+class _State:
+    """All scenarios, the chat counter and the connection counter."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.scenarios: Dict[str, _Scenario] = {}
+        self.chat_count = 0
+        self.accepted = 0
+
+    def script(self, name: str, steps: Any, after: Any) -> None:
+        checked, checked_after = _check_script(steps, after)
+        with self.lock:
+            self.scenarios[name] = _Scenario(checked, checked_after)
+
+    def consume(self, name: str, record: Record) -> Tuple[Step, int]:
+        """Record a request and return (step, ordinal n) for it."""
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            if scenario is None:
+                scenario = self.scenarios[name] = _Scenario()
+            index = scenario.count
+            scenario.count += 1
+            if index < len(scenario.steps):
+                step, step_index = scenario.steps[index], index
+            else:
+                step, step_index = scenario.after or {}, -1
+            record["index"] = index
+            record["step"] = step_index
+            scenario.records.append(record)
+            self.chat_count += 1
+            return step, self.chat_count
+
+    def records(self, name: str) -> List[Record]:
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            return copy.deepcopy(scenario.records) if scenario else []
+
+    def clear(self, name: str) -> None:
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            if scenario is not None:
+                scenario.records = []
+
+
+# --------------------------------------------------------------------------
+# HTTP server and handler
+# --------------------------------------------------------------------------
+
+class _Abort(Exception):
+    """The connection is gone (or must go): write nothing more."""
+
+
+class _BadRequest(Exception):
+    """A request whose body cannot be framed; answer 400 and close."""
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """Threaded server that numbers, tracks and can drop its connections."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+    def __init__(self, address: Tuple[str, int], state: _State,
+                 stop_event: threading.Event) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.state = state
+        self.stop_event = stop_event
+        self._conn_lock = threading.Lock()
+        self._conn_ids: Dict[socket.socket, int] = {}
+        self._open: Set[Any] = set()
+        self._handler_threads: Set[threading.Thread] = set()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a (possibly slow) getfqdn(); skip it.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+    def get_request(self) -> Tuple[socket.socket, Any]:
+        sock, addr = self.socket.accept()
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        return sock, addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conn_lock:
+            with self.state.lock:
+                self.state.accepted += 1
+                conn_id = self.state.accepted
+            self._conn_ids[request] = conn_id
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def connection_id(self, request: Any) -> int:
+        with self._conn_lock:
+            return self._conn_ids.get(request, 0)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self._conn_ids.pop(request, None)
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def process_request_thread(self, request: Any,
+                               client_address: Any) -> None:
+        thread = threading.current_thread()
+        with self._conn_lock:
+            self._handler_threads.add(thread)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conn_lock:
+                self._handler_threads.discard(thread)
+
+    def shutdown_open_connections(self) -> None:
+        with self._conn_lock:
+            sockets = list(self._open)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def join_handlers(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for connection threads."""
+        deadline = time.monotonic() + timeout
+        with self._conn_lock:
+            threads = list(self._handler_threads)
+        for thread in threads:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            thread.join(left)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if self.stop_event.is_set() or isinstance(exc, (OSError, _Abort)):
+            return  # a client that went away, or a stop: not an error
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One keep-alive connection: control API and scripted chat replies."""
+
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+    server_version = "llmretry-mock/0.1"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.conn_id = self.server.connection_id(self.request)
+        self._dead = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        """Stay quiet: no per-request logging."""
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        except _Abort:
+            self.close_connection = True
+
+    def _write(self, data: bytes) -> None:
+        if self._dead:
+            raise _Abort()
+        try:
+            self.wfile.write(data)
+        except OSError as exc:
+            self._dead = True
+            raise _Abort() from exc
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep ``seconds``; abort the connection if the server stops."""
+        if seconds > 0 and self.server.stop_event.wait(seconds):
+            raise _Abort()
+        if self.server.stop_event.is_set():
+            raise _Abort()
+
+    def _reset(self) -> None:
+        """Close the socket with a TCP RST and forget it."""
+        sock = self.connection
+        self._dead = True
+        self.close_connection = True
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                            struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        try:
+            # rfile/wfile keep the socket object alive, so close the file
+            # descriptor itself; later calls on the object fail harmlessly.
+            os.close(sock.detach())
+        except OSError:
+            pass
+
+    def _head(self, status: int, headers: Sequence[Tuple[str, str]],
+              body_length: Optional[int]) -> bytes:
+        base: List[Tuple[str, str]] = [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Content-Type", "application/json"),
+        ]
+        if body_length is not None:
+            base.append(("Content-Length", str(body_length)))
+        merged = _merge_headers(base, headers)
+        for name, value in merged:
+            if name.lower() == "connection" and value.lower() == "close":
+                self.close_connection = True
+        names = {name.lower() for name, _ in merged}
+        if "connection" not in names:
+            if self.close_connection:
+                merged.append(("Connection", "close"))
+            elif self.request_version == "HTTP/1.0":
+                merged.append(("Connection", "keep-alive"))
+        lines = [f"HTTP/1.1 {status} {_reason(status)}"]
+        lines.extend(f"{name}: {value}" for name, value in merged)
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+
+    def _send(self, status: int, body: Optional[bytes],
+              headers: Sequence[Tuple[str, str]] = ()) -> None:
+        if body is None:
+            self._write(self._head(status, headers, None))
+        else:
+            self._write(self._head(status, headers, len(body)) + body)
+
+    def _send_json(self, status: int, doc: Any) -> None:
+        self._send(status, json.dumps(doc).encode("utf-8"))
+
+    def _send_error_json(self, status: int, message: str) -> None:
+        self._send_json(status, {"error": {
+            "message": message, "type": "invalid_request_error",
+            "code": None}})
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._read_chunked()
+        length_text = self.headers.get("Content-Length")
+        if length_text is None:
+            return b""
+        try:
+            length = int(length_text.strip())
+        except ValueError:
+            raise _BadRequest("bad Content-Length") from None
+        if length < 0 or length > _MAX_BODY:
+            raise _BadRequest("bad Content-Length")
+        body = self.rfile.read(length)
+        if len(body) != length:
+            raise _Abort()  # the client went away mid-body
+        return body
+
+    def _read_chunked(self) -> bytes:
+        parts: List[bytes] = []
+        while True:
+            line = self.rfile.readline(65537)
+            if not line:
+                raise _Abort()
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _BadRequest("bad chunk size") from None
+            if size == 0:
+                while True:  # trailers, up to the empty line
+                    trailer = self.rfile.readline(65537)
+                    if trailer in (b"\r\n", b"\n", b""):
+                        return b"".join(parts)
+            data = self.rfile.read(size)
+            if len(data) != size:
+                raise _Abort()
+            parts.append(data)
+            self.rfile.readline(65537)
+
+    def _route_path(self) -> str:
+        target = self.path
+        if target.startswith(("http://", "https://")):
+            return urlsplit(target).path or "/"
+        return target.split("?", 1)[0].split("#", 1)[0]
+
+    # -- methods ----------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        try:
+            body = self._read_body()
+        except _BadRequest as exc:
+            self.close_connection = True
+            self._send_error_json(400, str(exc))
+            return
+        path = self._route_path()
+        method = self.command
+        if path.startswith("/_mock/"):
+            self._control(method, path, body)
+        elif path.endswith("/chat/completions"):
+            if method != "POST":
+                self._send_error_json(405, f"method {method} not allowed")
+                return
+            name = "default"
+            if path.startswith("/s/"):
+                name = unquote(path[3:].split("/", 1)[0]) or "default"
+            self._chat(name, body)
+        else:
+            self._send_error_json(404, f"no route for {method} {path}")
+
+    # -- control API ------------------------------------------------------
+
+    def _control(self, method: str, path: str, body: bytes) -> None:
+        state = self.server.state
+        allowed: Tuple[str, ...]
+        if path.startswith("/_mock/scenarios/") and len(path) > 17:
+            allowed = ("PUT",)
+            if method == "PUT":
+                name = unquote(path[len("/_mock/scenarios/"):])
+                try:
+                    doc = json.loads(body.decode("utf-8") or "{}")
+                    if not isinstance(doc, dict):
+                        raise ScriptError("the script must be a JSON object")
+                    state.script(name, doc.get("steps"), doc.get("after"))
+                except (ValueError, UnicodeDecodeError) as exc:
+                    self._send_error_json(400, f"bad script: {exc}")
+                    return
+                self._send(204, None)
+                return
+        elif path.startswith("/_mock/requests/") and len(path) > 16:
+            allowed = ("GET", "DELETE")
+            name = unquote(path[len("/_mock/requests/"):])
+            if method == "GET":
+                self._send_json(200, state.records(name))
+                return
+            if method == "DELETE":
+                state.clear(name)
+                self._send(204, None)
+                return
+        elif path == "/_mock/connections":
+            allowed = ("GET",)
+            if method == "GET":
+                with state.lock:
+                    accepted = state.accepted
+                self._send_json(200, {"accepted": accepted})
+                return
+        elif path == "/_mock/health":
+            allowed = ("GET",)
+            if method == "GET":
+                self._send_json(200, {"ok": True})
+                return
+        else:
+            self._send_error_json(404, f"no route for {method} {path}")
+            return
+        self._send_error_json(405, f"method {method} not allowed "
+                                   f"(allowed: {', '.join(allowed)})")
+
+    # -- chat endpoint ----------------------------------------------------
+
+    def _chat(self, name: str, body: bytes) -> None:
+        headers: Dict[str, str] = {}
+        for key, value in self.headers.items():
+            key = key.lower()
+            headers[key] = f"{headers[key]}, {value}" if key in headers \
+                else value
+        record: Record = {
+            "index": 0, "time": time.time(), "method": self.command,
+            "path": self.path, "headers": headers,
+            "body": body.decode("utf-8", errors="replace"),
+            "client_port": int(self.client_address[1]),
+            "connection": self.conn_id, "step": 0,
+        }
+        step, n = self.server.state.consume(name, record)
+
+        request_model: Optional[str] = None
+        try:
+            doc = json.loads(body)
+            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
+                request_model = doc["model"]
+        except ValueError:
+            pass
+
+        self._wait(step.get("delay_ms", 0) / 1000.0)
+        fault = step.get("fault")
+        if fault == "reset":
+            self._reset()
+            return
+        if fault == "close":
+            self.close_connection = True
+            return
+        if fault == "no_headers":
+            self.close_connection = True
+            self._wait(step.get("stall_ms", DEFAULT_STALL_MS) / 1000.0)
+            return
+
+        status = step.get("status", 200)
+        extra = _step_headers(step)
+        if fault == "huge":
+            self._send_huge(step, status, extra, n, request_model)
+            return
+        if (status in _NO_BODY_STATUSES and fault is None
+                and "body" not in step):
+            payload = self._head(status, extra, None)
+            body_out = b""
+        else:
+            body_out = _response_body(step, status, n, request_model)
+            payload = self._head(status, extra, len(body_out))
+        if fault in ("stall_body", "truncate"):
+            self.close_connection = True
+            self._write(payload + body_out[:len(body_out) // 2])
+            if fault == "stall_body":
+                self._wait(step.get("stall_ms", DEFAULT_STALL_MS) / 1000.0)
+            return
+        payload += body_out
+        if fault == "trickle":
+            interval = step.get("interval_ms", DEFAULT_INTERVAL_MS) / 1000.0
+            for i in range(len(payload)):
+                if i:
+                    self._wait(interval)
+                self._write(payload[i:i + 1])
+            return
+        self._write(payload)
+
+    def _send_huge(self, step: Step, status: int,
+                   extra: Sequence[Tuple[str, str]], n: int,
+                   request_model: Optional[str]) -> None:
+        prefix, padding, suffix = _huge_parts(step, n, request_model)
+        total = len(prefix) + padding + len(suffix)
+        self._write(self._head(status, extra, total) + prefix)
+        view = memoryview(_PADDING)
+        while padding > 0:
+            if self.server.stop_event.is_set():
+                raise _Abort()
+            count = min(padding, _CHUNK)
+            self._write(view[:count])  # type: ignore[arg-type]
+            padding -= count
+        self._write(suffix)
+
+
+# --------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------
+
+class MockServer:
+    """A scriptable, fault-injecting OpenAI-compatible chat server.
+
+    Runs in a background thread; see the module docstring for the protocol.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self._requested_port = port
+        self._state = _State()
+        self._stop_event = threading.Event()
+        self._server: Optional[_HTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self) -> "MockServer":
+        """Bind and start serving in a daemon thread; return self."""
+        if self._stopped:
+            raise RuntimeError("a stopped MockServer cannot be restarted")
+        if self._server is not None:
+            return self
+        self._server = _HTTPServer((self.host, self._requested_port),
+                                   self._state, self._stop_event)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+            name=f"llmretry-mock:{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end stalls and close open connections (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop_event.set()
+        server = self._server
+        if server is None:
+            return
+        server.shutdown()
+        server.shutdown_open_connections()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=0.2)
+        server.join_handlers(timeout=0.5)
+
+    def __enter__(self) -> "MockServer":
+        return self.start()
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.stop()
+
+    # -- addresses --------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (the server must have been started)."""
+        if self._server is None:
+            raise RuntimeError("MockServer is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def _origin(self) -> str:
+        host = self.host
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """Base URL of scenario "default": http://127.0.0.1:PORT/v1."""
+        return f"{self._origin}/v1"
+
+    def scenario_url(self, name: str) -> str:
+        """Base URL of scenario ``name``: http://127.0.0.1:PORT/s/<name>/v1."""
+        return f"{self._origin}/s/{quote(name, safe='')}/v1"
+
+    # -- scripting and records ------------------------------------------
+
+    def script(self, name: str, steps: Sequence[Step],
+               after: Optional[Step] = None) -> None:
+        """Replace scenario ``name``'s script, reset its cursor and records.
+
+        Raises ``ValueError`` (``ScriptError``) for a malformed script.
+        """
+        self._state.script(name, list(steps), after)
+
+    def load_scenarios(self, scenarios: Mapping[str, Any]) -> None:
+        """Script scenarios: ``{name: {"steps": [...], "after": step}}``."""
+        if not isinstance(scenarios, Mapping):
+            raise ScriptError("scenarios must be an object of name -> script")
+        for name, doc in scenarios.items():
+            if not isinstance(doc, Mapping):
+                raise ScriptError(f"scenario {name!r}: must be an object")
+            self._state.script(str(name), doc.get("steps"), doc.get("after"))
+
+    def requests(self, name: str) -> List[Record]:
+        """A copy of scenario ``name``'s records, in arrival order."""
+        return self._state.records(name)
+
+    def clear(self, name: str) -> None:
+        """Clear scenario ``name``'s records (its cursor is kept)."""
+        self._state.clear(name)
+
+    @property
+    def connections_accepted(self) -> int:
+        """TCP connections accepted since start."""
+        with self._state.lock:
+            return self._state.accepted
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the mock server until SIGTERM/SIGINT; print the port first."""
+    parser = argparse.ArgumentParser(
+        prog="python -m llmretry.testing",
+        description="Fault-injecting OpenAI-compatible mock chat server.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--scenarios", metavar="FILE.json",
+                        help='scripts to load: {name: {"steps": [...], '
+                             '"after": step}}')
+    args = parser.parse_args(argv)
+
+    server = MockServer(args.host, args.port)
+    if args.scenarios:
+        try:
+            with open(args.scenarios, encoding="utf-8") as fh:
+                server.load_scenarios(json.load(fh))
+        except (OSError, ValueError) as exc:
+            print(f"llmretry.testing: {args.scenarios}: {exc}",
+                  file=sys.stderr)
+            return 2
+
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    try:
+        sys.stdout.write(f"{server.port}\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
