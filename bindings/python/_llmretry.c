@@ -1,0 +1,903 @@
+/* llmretry._llmretry: the CPython face of the C core.
+ *
+ * Everything here converts between Python and C and waits: arguments are
+ * turned into llmretry_options before the GIL is released; the calling
+ * thread then waits on the call's mailbox with the GIL released, waking
+ * every 50 ms to run signal handlers (the model is CPython's
+ * Modules/timemodule.c), and delivers events and validation requests to
+ * Python code on this same thread. The public API is python/llmretry; this
+ * module's contract is python/llmretry/_llmretry.pyi. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "llmretry.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#define WAKE_MS 50
+
+typedef struct {
+    PyTypeObject *engine_type;
+    PyObject *pool_stop;            /* the PoolStop exception class */
+} module_state;
+
+static module_state *state_of(PyObject *module)
+{
+    return (module_state *)PyModule_GetState(module);
+}
+
+/* A run_pool worker thread points this at its pool's stop flag, so that a
+ * call made inside the worker can be cancelled when the pool stops. It is
+ * per thread and set only by the pool's own threads. */
+static _Thread_local const atomic_int *tls_pool_stop;
+static _Thread_local PyObject *tls_pool_stop_type;
+
+/* ---- C values to Python ------------------------------------------------ */
+
+static PyObject *str_or_none(const char *s)
+{
+    if (!s)
+        Py_RETURN_NONE;
+    /* Server text may be anything: never fail on bad UTF-8. */
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
+static PyObject *usage_dict(const llmretry_usage *u)
+{
+    if (!u || !u->present)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{sLsLsL}", "prompt_tokens", (long long)u->prompt_tokens,
+                         "completion_tokens", (long long)u->completion_tokens,
+                         "total_tokens", (long long)u->total_tokens);
+}
+
+/* Set d[key] = v, stealing v; -1 (and v released) on failure. */
+static int put(PyObject *d, const char *key, PyObject *v)
+{
+    if (!v)
+        return -1;
+    int rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *int_or_none(long long v, int present)
+{
+    if (!present)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+/* The event as a dict, walking the field list the core defines. */
+static PyObject *event_dict(const llmretry_event *ev)
+{
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    size_t n = llmretry_event_field_count(ev);
+    for (size_t i = 0; i < n; i++) {
+        llmretry_field f;
+        llmretry_event_field(ev, i, &f);
+        PyObject *v;
+        switch (f.type) {
+        case LLMRETRY_FIELD_INT: v = PyLong_FromLongLong((long long)f.i); break;
+        case LLMRETRY_FIELD_STRING: v = str_or_none(f.s); break;
+        case LLMRETRY_FIELD_USAGE: v = usage_dict(f.usage); break;
+        default: v = Py_None; Py_INCREF(v); break;
+        }
+        if (put(d, f.name, v) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    return d;
+}
+
+static PyObject *result_dict(const llmretry_result *r)
+{
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    int rc = 0;
+    rc |= put(d, "ok", PyBool_FromLong(r->ok));
+    rc |= put(d, "request_id", str_or_none(r->request_id));
+    rc |= put(d, "model", str_or_none(r->model));
+    rc |= put(d, "attempt", PyLong_FromLong(r->attempt));
+    rc |= put(d, "attempts", PyLong_FromLong(r->attempts));
+    rc |= put(d, "duration_ms", PyLong_FromLongLong((long long)r->duration_ms));
+    rc |= put(d, "total_ms", PyLong_FromLongLong((long long)r->total_ms));
+    if (r->ok) {
+        rc |= put(d, "status", PyLong_FromLong(r->status));
+        rc |= put(d, "body", PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
+        rc |= put(d, "usage", usage_dict(&r->usage));
+        rc |= put(d, "response_model", str_or_none(r->response_model));
+        rc |= put(d, "system_fingerprint", str_or_none(r->system_fingerprint));
+    } else {
+        rc |= put(d, "status", int_or_none(r->status, r->status > 0));
+        rc |= put(d, "kind", str_or_none(llmretry_error_kind_name(r->kind)));
+        rc |= put(d, "reason", str_or_none(llmretry_reason_name(r->reason)));
+        rc |= put(d, "message", str_or_none(r->message));
+        rc |= put(d, "retry_after_ms", int_or_none((long long)r->retry_after_ms,
+                                                   r->retry_after_ms >= 0));
+        rc |= put(d, "error_code", str_or_none(r->error_code));
+        rc |= put(d, "body_preview", str_or_none(r->body_preview));
+    }
+    if (rc) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* ---- Engine -------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    /* The lock keeps close() from freeing the engine under a submit; it is
+     * never held while waiting. */
+    pthread_mutex_t mu;
+    llmretry_engine *engine;
+} EngineObject;
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "max_in_flight", NULL };
+    int max_in_flight = 256;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|i:Engine", kwlist, &max_in_flight))
+        return -1;
+    if (self->engine) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
+        return -1;
+    }
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    eo.max_in_flight = max_in_flight;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_engine *e = NULL;
+    llmretry_status st = llmretry_engine_new(&eo, &e, err, sizeof err);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError : PyExc_RuntimeError, err);
+        return -1;
+    }
+    pthread_mutex_lock(&self->mu);
+    self->engine = e;
+    pthread_mutex_unlock(&self->mu);
+    return 0;
+}
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+    if (self) {
+        pthread_mutex_init(&self->mu, NULL);
+        self->engine = NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void engine_close(EngineObject *self)
+{
+    pthread_mutex_lock(&self->mu);
+    llmretry_engine *e = self->engine;
+    self->engine = NULL;
+    pthread_mutex_unlock(&self->mu);
+    if (e) {
+        /* Joining the I/O thread can take a moment: let others run. */
+        Py_BEGIN_ALLOW_THREADS
+        llmretry_engine_free(e);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    engine_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_closed(EngineObject *self, void *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&self->mu);
+    int closed = self->engine == NULL;
+    pthread_mutex_unlock(&self->mu);
+    return PyBool_FromLong(closed);
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    engine_close(self);
+    pthread_mutex_destroy(&self->mu);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Arguments converted for the core; Python objects they borrow from are
+ * kept alive here until the call is submitted (the core copies them). */
+typedef struct {
+    llmretry_options o;
+    Py_buffer body;
+    int have_body;
+    PyObject *headers_fast;
+    const char **header_lines;
+} call_args;
+
+static void call_args_release(call_args *a)
+{
+    if (a->have_body)
+        PyBuffer_Release(&a->body);
+    Py_XDECREF(a->headers_fast);
+    PyMem_Free(a->header_lines);
+}
+
+static int parse_statuses(PyObject *seq, llmretry_options *o)
+{
+    if (seq == Py_None)
+        return 0;
+    PyObject *fast = PySequence_Fast(seq, "retry_statuses must be a sequence of ints");
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = 0;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "retry_statuses must not be empty (use max_retries=0 to never retry)");
+        rc = -1;
+    } else if (n > LLMRETRY_MAX_STATUSES) {
+        PyErr_Format(PyExc_ValueError, "retry_statuses holds at most %d statuses (got %zd)",
+                     LLMRETRY_MAX_STATUSES, n);
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyLong_Check(item) || PyBool_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "retry_statuses[%zd] must be an int, not %.100s", i,
+                         Py_TYPE(item)->tp_name);
+            rc = -1;
+            break;
+        }
+        long v = PyLong_AsLong(item);
+        if (v == -1 && PyErr_Occurred())
+            rc = -1;
+        o->retry_statuses[i] = v < 0 || v > 100000 ? -1 : (int)v;   /* checked by the core */
+    }
+    if (rc == 0)
+        o->n_retry_statuses = (size_t)n;
+    Py_DECREF(fast);
+    return rc;
+}
+
+static int parse_headers(PyObject *seq, call_args *a)
+{
+    if (seq == Py_None)
+        return 0;
+    a->headers_fast = PySequence_Fast(seq, "headers must be a sequence of \"Name: value\" strings");
+    if (!a->headers_fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(a->headers_fast);
+    a->header_lines = PyMem_Calloc((size_t)(n ? n : 1), sizeof *a->header_lines);
+    if (!a->header_lines) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(a->headers_fast, i);
+        if (!PyUnicode_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "headers[%zd] must be a str, not %.100s", i,
+                         Py_TYPE(item)->tp_name);
+            return -1;
+        }
+        Py_ssize_t len;
+        const char *s = PyUnicode_AsUTF8AndSize(item, &len);
+        if (!s)
+            return -1;
+        if ((size_t)len != strlen(s)) {
+            PyErr_Format(PyExc_ValueError, "headers[%zd] must not contain NUL", i);
+            return -1;
+        }
+        a->header_lines[i] = s;
+    }
+    a->o.headers = a->header_lines;
+    a->o.n_headers = (size_t)n;
+    return 0;
+}
+
+static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
+                           PyObject **on_event, PyObject **validate)
+{
+    static char *kwlist[] = {
+        "body", "model", "url", "base_url", "api_key", "timeout_ms", "max_retries",
+        "base_delay_ms", "max_delay_ms", "jitter", "deadline_ms", "retry_mode",
+        "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
+        "max_response_bytes", "headers", "request_id", "idempotency_key", "policy",
+        "ca_file", "on_event", "validate", NULL,
+    };
+    llmretry_options *o = &a->o;
+    llmretry_options_defaults(o);
+    long long timeout_ms = o->timeout_ms, base = o->base_delay_ms, cap = o->max_delay_ms;
+    long long max_ra = o->max_retry_after_ms, max_bytes = o->max_response_bytes;
+    int max_retries = o->max_retries, retry_invalid = 1;
+    const char *jitter = "additive", *retry_mode = "safe";
+    PyObject *deadline = Py_None, *statuses = Py_None, *headers = Py_None;
+    *on_event = *validate = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|$zzzzLiLLsOsOLpLOzzzzOO:call", kwlist,
+                                     &a->body, &o->model, &o->url, &o->base_url, &o->api_key,
+                                     &timeout_ms, &max_retries, &base, &cap, &jitter, &deadline,
+                                     &retry_mode, &statuses, &max_ra, &retry_invalid, &max_bytes,
+                                     &headers, &o->request_id, &o->idempotency_key, &o->policy,
+                                     &o->ca_file, on_event, validate))
+        return -1;
+    a->have_body = 1;
+    o->body = a->body.buf;
+    o->body_len = (size_t)a->body.len;
+    o->timeout_ms = timeout_ms;
+    o->max_retries = max_retries;
+    o->base_delay_ms = base;
+    o->max_delay_ms = cap;
+    o->max_retry_after_ms = max_ra;
+    o->max_response_bytes = max_bytes;
+    o->retry_invalid_response = retry_invalid;
+    if (llmretry_jitter_parse(jitter, &o->jitter) != LLMRETRY_OK) {
+        PyErr_Format(PyExc_ValueError, "jitter must be one of additive, full, none (got '%s')",
+                     jitter);
+        return -1;
+    }
+    if (llmretry_retry_mode_parse(retry_mode, &o->retry_mode) != LLMRETRY_OK) {
+        PyErr_Format(PyExc_ValueError, "retry_mode must be safe or unsafe (got '%s')", retry_mode);
+        return -1;
+    }
+    if (deadline != Py_None) {
+        if (!PyLong_Check(deadline) || PyBool_Check(deadline)) {
+            PyErr_Format(PyExc_TypeError, "deadline_ms must be an int or None, not %.100s",
+                         Py_TYPE(deadline)->tp_name);
+            return -1;
+        }
+        long long d = PyLong_AsLongLong(deadline);
+        if (d == -1 && PyErr_Occurred())
+            return -1;
+        if (d < 0) {
+            PyErr_Format(PyExc_ValueError, "deadline_ms must be >= 0 or None (got %lld)", d);
+            return -1;
+        }
+        o->deadline_ms = d;
+    }
+    for (PyObject **cb = on_event; cb; cb = cb == on_event ? validate : NULL) {
+        if (*cb != Py_None && !PyCallable_Check(*cb)) {
+            PyErr_Format(PyExc_TypeError, "%s must be callable or None",
+                         cb == on_event ? "on_event" : "validate");
+            return -1;
+        }
+    }
+    o->events = *on_event != Py_None;
+    o->validate = *validate != Py_None;
+    if (parse_statuses(statuses, o) < 0 || parse_headers(headers, a) < 0)
+        return -1;
+    return 0;
+}
+
+/* Deliver one event; 0 to go on, -1 to stop with the Python error set. An
+ * Exception from the logger must not lose the call: it is reported and the
+ * call goes on. Anything else (KeyboardInterrupt, SystemExit) stops it. */
+static int deliver_event(PyObject *on_event, llmretry_event *ev)
+{
+    PyObject *d = event_dict(ev);
+    llmretry_event_free(ev);
+    if (!d)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(on_event, d);
+    Py_DECREF(d);
+    if (r) {
+        Py_DECREF(r);
+        return 0;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyErr_WriteUnraisable(on_event);
+    return 0;
+}
+
+static int deliver_validation(llmretry_call *c, PyObject *validate)
+{
+    const char *body;
+    size_t len;
+    if (llmretry_call_pending_body(c, &body, &len) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_RuntimeError, "validation requested without a pending body");
+        return -1;
+    }
+    PyObject *b = PyBytes_FromStringAndSize(body, (Py_ssize_t)len);
+    if (!b)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(validate, b);
+    Py_DECREF(b);
+    if (!r)
+        return -1;
+    int rc = 0;
+    if (r == Py_None) {
+        llmretry_call_validated(c, 1, NULL);
+    } else if (PyUnicode_Check(r)) {
+        const char *msg = PyUnicode_AsUTF8(r);
+        if (msg)
+            llmretry_call_validated(c, 0, msg);
+        else
+            rc = -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "validate must return None or a reason str, not %.100s",
+                     Py_TYPE(r)->tp_name);
+        rc = -1;
+    }
+    Py_DECREF(r);
+    return rc;
+}
+
+/* Wait for the call, delivering its mail on this thread. Returns the result
+ * dict, or NULL with an exception set (the call is then cancelled). */
+static PyObject *wait_call(llmretry_call *c, PyObject *on_event, PyObject *validate)
+{
+    for (;;) {
+        llmretry_event *ev;
+        switch (llmretry_call_next(c, &ev)) {
+        case LLMRETRY_MAIL_EVENT:
+            if (on_event == Py_None)
+                llmretry_event_free(ev);
+            else if (deliver_event(on_event, ev) < 0)
+                goto cancelled;
+            continue;
+        case LLMRETRY_MAIL_VALIDATE:
+            if (deliver_validation(c, validate) < 0)
+                goto cancelled;
+            continue;
+        case LLMRETRY_MAIL_DONE:
+            return result_dict(llmretry_call_result(c));
+        case LLMRETRY_MAIL_EMPTY:
+            break;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        llmretry_call_wait(c, WAKE_MS);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            goto cancelled;
+        if (tls_pool_stop && atomic_load(tls_pool_stop)) {
+            PyErr_SetString(tls_pool_stop_type, "the pool is stopping");
+            goto cancelled;
+        }
+    }
+cancelled:
+    llmretry_call_cancel(c);
+    return NULL;
+}
+
+static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    call_args a;
+    memset(&a, 0, sizeof a);
+    PyObject *on_event, *validate;
+    if (parse_call_args(args, kw, &a, &on_event, &validate) < 0) {
+        call_args_release(&a);
+        return NULL;
+    }
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_call *c = NULL;
+    llmretry_status st = LLMRETRY_ESTATE;
+    pthread_mutex_lock(&self->mu);
+    if (self->engine)
+        st = llmretry_engine_submit(self->engine, &a.o, 0, &c, err, sizeof err);
+    else
+        snprintf(err, sizeof err, "the engine is closed");
+    pthread_mutex_unlock(&self->mu);
+    call_args_release(&a);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError
+                        : st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
+        return NULL;
+    }
+    /* Keep the callables alive while Python code may drop its references. */
+    Py_INCREF(on_event);
+    Py_INCREF(validate);
+    PyObject *r = wait_call(c, on_event, validate);
+    Py_DECREF(on_event);
+    Py_DECREF(validate);
+    llmretry_call_free(c);
+    return r;
+}
+
+static PyMethodDef Engine_methods[] = {
+    { "call", (PyCFunction)(void (*)(void))Engine_call, METH_VARARGS | METH_KEYWORDS,
+      "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
+    { "close", (PyCFunction)Engine_close, METH_NOARGS,
+      "close(): cancel calls in flight and stop the I/O thread. Idempotent." },
+    { NULL, NULL, 0, NULL },
+};
+
+static PyGetSetDef Engine_getset[] = {
+    { "closed", (getter)Engine_closed, NULL, "True once close() has run.", NULL },
+    { NULL, NULL, NULL, NULL, NULL },
+};
+
+static PyType_Slot Engine_slots[] = {
+    { Py_tp_new, Engine_new },
+    { Py_tp_init, Engine_init },
+    { Py_tp_dealloc, Engine_dealloc },
+    { Py_tp_methods, Engine_methods },
+    { Py_tp_getset, Engine_getset },
+    { Py_tp_doc, "Engine(max_in_flight=256): an I/O thread and its connection cache." },
+    { 0, NULL },
+};
+
+static PyType_Spec Engine_spec = {
+    .name = "llmretry._llmretry.Engine",
+    .basicsize = sizeof(EngineObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Engine_slots,
+};
+
+/* ---- run_pool ---------------------------------------------------------- */
+
+typedef struct {
+    PyObject *items, *worker, *results, *stop_type;
+    Py_ssize_t n, next;
+    int return_exceptions;
+    atomic_int stop;
+    /* The first failure, raised once the running items finish. */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    pthread_mutex_t mu;             /* guards next, running, the results slots, exc_* */
+    pthread_cond_t cv;
+    int running;
+} pool_t;
+
+/* Claim the next index, or -1 when done or stopping. */
+static Py_ssize_t pool_claim(pool_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    Py_ssize_t i = atomic_load(&p->stop) || p->next >= p->n ? -1 : p->next++;
+    pthread_mutex_unlock(&p->mu);
+    return i;
+}
+
+static void pool_record_failure(pool_t *p, Py_ssize_t i)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value)
+        PyException_SetTraceback(value, tb);
+    int is_exception = PyErr_GivenExceptionMatches(type, PyExc_Exception);
+    int is_pool_stop = PyErr_GivenExceptionMatches(type, p->stop_type);
+    pthread_mutex_lock(&p->mu);
+    if (is_pool_stop || atomic_load(&p->stop)) {
+        /* Stopped because of an earlier failure or Ctrl-C: not news. */
+    } else if (p->return_exceptions && is_exception) {
+        Py_INCREF(value);
+        PyList_SET_ITEM(p->results, i, value);      /* the slot held None */
+        Py_DECREF(Py_None);
+    } else if (!p->exc_type) {
+        p->exc_type = type;
+        p->exc_value = value;
+        p->exc_tb = tb;
+        type = value = tb = NULL;
+        atomic_store(&p->stop, 1);
+    }
+    pthread_mutex_unlock(&p->mu);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static void *pool_thread(void *arg)
+{
+    pool_t *p = arg;
+    PyGILState_STATE g = PyGILState_Ensure();
+    tls_pool_stop = &p->stop;
+    tls_pool_stop_type = p->stop_type;
+    Py_ssize_t i;
+    while ((i = pool_claim(p)) >= 0) {
+        PyObject *index = PyLong_FromSsize_t(i);
+        PyObject *r = index ? PyObject_CallFunctionObjArgs(p->worker, PyList_GET_ITEM(p->items, i),
+                                                           index, NULL)
+                            : NULL;
+        Py_XDECREF(index);
+        if (r) {
+            pthread_mutex_lock(&p->mu);
+            PyObject *old = PyList_GET_ITEM(p->results, i);
+            PyList_SET_ITEM(p->results, i, r);
+            pthread_mutex_unlock(&p->mu);
+            Py_DECREF(old);
+        } else {
+            pool_record_failure(p, i);
+        }
+    }
+    tls_pool_stop = NULL;
+    tls_pool_stop_type = NULL;
+    pthread_mutex_lock(&p->mu);
+    p->running--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    PyGILState_Release(g);
+    return NULL;
+}
+
+/* Wait (GIL released, waking for signals) until every pool thread is done. */
+static int pool_wait(pool_t *p, pthread_t *threads, int n_threads)
+{
+    int interrupted = 0;
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (;;) {
+        int running;
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += WAKE_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&p->mu);
+        if (p->running > 0)
+            pthread_cond_timedwait(&p->cv, &p->mu, &until);
+        running = p->running;
+        pthread_mutex_unlock(&p->mu);
+        Py_END_ALLOW_THREADS
+        if (running == 0)
+            break;
+        if (!interrupted && PyErr_CheckSignals() < 0) {
+            /* Stop starting items; calls in flight in workers cancel. */
+            interrupted = 1;
+            atomic_store(&p->stop, 1);
+            PyErr_Fetch(&type, &value, &tb);
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 0; t < n_threads; t++)
+        pthread_join(threads[t], NULL);
+    Py_END_ALLOW_THREADS
+    if (interrupted)
+        PyErr_Restore(type, value, tb);
+    return interrupted ? -1 : 0;
+}
+
+static PyObject *run_pool(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "items", "limit", "worker", "return_exceptions", NULL };
+    PyObject *items, *worker;
+    Py_ssize_t limit;
+    int return_exceptions = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnO|p:run_pool", kwlist, &items, &limit,
+                                     &worker, &return_exceptions))
+        return NULL;
+    if (limit < 1) {
+        PyErr_Format(PyExc_ValueError, "limit must be >= 1 (got %zd)", limit);
+        return NULL;
+    }
+    if (!PyCallable_Check(worker)) {
+        PyErr_SetString(PyExc_TypeError, "worker must be callable");
+        return NULL;
+    }
+    pool_t p;
+    memset(&p, 0, sizeof p);
+    p.items = PySequence_List(items);
+    if (!p.items)
+        return NULL;
+    p.n = PyList_GET_SIZE(p.items);
+    p.results = PyList_New(p.n);
+    if (!p.results) {
+        Py_DECREF(p.items);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < p.n; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(p.results, i, Py_None);
+    }
+    p.worker = worker;
+    p.stop_type = state_of(module)->pool_stop;
+    p.return_exceptions = return_exceptions;
+    atomic_init(&p.stop, 0);
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p.cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    int n_threads = (int)(limit < p.n ? limit : p.n);
+    pthread_t *threads = PyMem_Calloc((size_t)(n_threads ? n_threads : 1), sizeof *threads);
+    int started = 0, rc = 0;
+    if (!threads) {
+        PyErr_NoMemory();
+        rc = -1;
+    } else {
+        /* Pool threads take no signals: Ctrl-C must reach the main thread. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        for (; started < n_threads; started++) {
+            pthread_mutex_lock(&p.mu);
+            p.running++;
+            pthread_mutex_unlock(&p.mu);
+            if (pthread_create(&threads[started], NULL, pool_thread, &p) != 0) {
+                pthread_mutex_lock(&p.mu);
+                p.running--;
+                pthread_mutex_unlock(&p.mu);
+                break;
+            }
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (started < n_threads && started == 0) {
+            PyErr_SetString(PyExc_RuntimeError, "could not start any pool thread");
+            rc = -1;
+        }
+        if (pool_wait(&p, threads, started) < 0)
+            rc = -1;
+    }
+    PyMem_Free(threads);
+    PyObject *out = NULL;
+    if (rc == 0 && p.exc_type) {
+        PyErr_Restore(p.exc_type, p.exc_value, p.exc_tb);
+        p.exc_type = p.exc_value = p.exc_tb = NULL;
+    } else if (rc == 0) {
+        out = p.results;
+        p.results = NULL;
+    }
+    Py_XDECREF(p.exc_type);
+    Py_XDECREF(p.exc_value);
+    Py_XDECREF(p.exc_tb);
+    Py_XDECREF(p.results);
+    Py_DECREF(p.items);
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.cv);
+    return out;
+}
+
+/* ---- JSON helpers and the policy ----------------------------------------- */
+
+static int utf8_of(PyObject *o, const char *what, const char **s, Py_ssize_t *len)
+{
+    if (PyUnicode_Check(o)) {
+        *s = PyUnicode_AsUTF8AndSize(o, len);
+        return *s ? 0 : -1;
+    }
+    if (PyBytes_Check(o)) {
+        *s = PyBytes_AS_STRING(o);
+        *len = PyBytes_GET_SIZE(o);
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s must be str or bytes, not %.100s", what, Py_TYPE(o)->tp_name);
+    return -1;
+}
+
+static PyObject *extract_json(PyObject *module, PyObject *text)
+{
+    (void)module;
+    const char *s;
+    Py_ssize_t len;
+    if (utf8_of(text, "text", &s, &len) < 0)
+        return NULL;
+    size_t start, n;
+    char err[LLMRETRY_ERRBUF];
+    if (llmretry_extract_json(s, (size_t)len, &start, &n, err, sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    return PyUnicode_DecodeUTF8(s + start, (Py_ssize_t)n, "strict");
+}
+
+static PyObject *assert_shape_json(PyObject *module, PyObject *args, PyObject *kw)
+{
+    (void)module;
+    static char *kwlist[] = { "json_text", "shape_json", "path", NULL };
+    PyObject *json, *shape;
+    const char *path = "root";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|s:assert_shape_json", kwlist, &json, &shape,
+                                     &path))
+        return NULL;
+    const char *js, *ss;
+    Py_ssize_t jl, sl;
+    if (utf8_of(json, "json_text", &js, &jl) < 0 || utf8_of(shape, "shape_json", &ss, &sl) < 0)
+        return NULL;
+    char err[LLMRETRY_ERRBUF];
+    if (llmretry_assert_shape(js, (size_t)jl, ss, (size_t)sl, path, err, sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *parse_retry_after(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *value;
+    long long now;
+    if (!PyArg_ParseTuple(args, "sL:parse_retry_after", &value, &now))
+        return NULL;
+    return PyLong_FromLongLong((long long)llmretry_parse_retry_after(value, now));
+}
+
+static PyMethodDef module_methods[] = {
+    { "run_pool", (PyCFunction)(void (*)(void))run_pool, METH_VARARGS | METH_KEYWORDS,
+      "run_pool(items, limit, worker, return_exceptions) -> list (see _llmretry.pyi)." },
+    { "extract_json", extract_json, METH_O,
+      "extract_json(text) -> str: the JSON text inside model output." },
+    { "assert_shape_json", (PyCFunction)(void (*)(void))assert_shape_json,
+      METH_VARARGS | METH_KEYWORDS, "assert_shape_json(json_text, shape_json, path='root')." },
+    { "parse_retry_after", parse_retry_after, METH_VARARGS,
+      "parse_retry_after(value, now_unix_ms) -> int: ms, or -1 when not usable." },
+    { NULL, NULL, 0, NULL },
+};
+
+/* ---- the module ------------------------------------------------------------ */
+
+static int module_exec(PyObject *m)
+{
+    module_state *st = state_of(m);
+    st->engine_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
+    if (!st->engine_type || PyModule_AddType(m, st->engine_type) < 0)
+        return -1;
+    st->pool_stop = PyErr_NewExceptionWithDoc(
+        "llmretry._llmretry.PoolStop",
+        "Raised inside a run_pool worker whose pool is stopping (Ctrl-C).",
+        PyExc_BaseException, NULL);
+    if (!st->pool_stop)
+        return -1;
+    Py_INCREF(st->pool_stop);
+    if (PyModule_AddObject(m, "PoolStop", st->pool_stop) < 0) {
+        Py_DECREF(st->pool_stop);
+        return -1;
+    }
+    return PyModule_AddStringConstant(m, "VERSION", LLMRETRY_VERSION);
+}
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    module_state *st = state_of(m);
+    Py_VISIT(st->engine_type);
+    Py_VISIT(st->pool_stop);
+    return 0;
+}
+
+static int module_clear(PyObject *m)
+{
+    module_state *st = state_of(m);
+    Py_CLEAR(st->engine_type);
+    Py_CLEAR(st->pool_stop);
+    return 0;
+}
+
+static void module_free(void *m)
+{
+    module_clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    { Py_mod_exec, (void *)module_exec },
+#ifdef Py_mod_multiple_interpreters
+    { Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED },
+#endif
+#ifdef Py_mod_gil
+    /* State is in module state and objects; shared C data has its own locks. */
+    { Py_mod_gil, Py_MOD_GIL_NOT_USED },
+#endif
+    { 0, NULL },
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "llmretry._llmretry",
+    .m_doc = "The C core of llmretry (private: use the llmretry package).",
+    .m_size = sizeof(module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__llmretry(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

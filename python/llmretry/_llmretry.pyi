@@ -1,0 +1,115 @@
+"""Type stub of the C extension ``llmretry._llmretry`` (bindings/python/_llmretry.c).
+
+This is a private module: the public API lives in ``llmretry``. It is the one
+place where Python meets the C core. Conventions:
+
+* Argument errors detected by the core (``llmretry_options_check``) raise
+  ``ValueError`` whose message starts with the offending option's name
+  (e.g. ``"timeout_ms must be > 0 (got -5)"``); wrong Python types raise
+  ``TypeError`` naming the argument. Both happen before any I/O.
+* ``Engine.call`` waits with the GIL released and wakes every 50 ms to run
+  signal handlers: Ctrl-C cancels the call and raises ``KeyboardInterrupt``.
+  In a ``run_pool`` worker thread, a stopping pool cancels the call and
+  raises ``PoolStop`` instead.
+* I/O failures are *returned* (``ok`` is False), never raised: the Python
+  layer turns them into ``LLMError`` subclasses.
+"""
+from typing import Any, Callable, Optional, Sequence, TypedDict, Union
+
+VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
+
+class PoolStop(BaseException):
+    """Raised inside a run_pool worker whose pool is stopping (Ctrl-C)."""
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+class Engine:
+    """One llmretry engine: an I/O thread and its connection cache."""
+
+    def __init__(self, max_in_flight: int = 256) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None:
+        """Cancel calls in flight and join the I/O thread. Idempotent."""
+    def call(
+        self,
+        body: bytes,
+        *,
+        model: Optional[str] = None,
+        url: Optional[str] = None,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout_ms: int = 60000,
+        max_retries: int = 3,
+        base_delay_ms: int = 800,
+        max_delay_ms: int = 30000,
+        jitter: str = "additive",
+        deadline_ms: Optional[int] = None,
+        retry_mode: str = "safe",
+        retry_statuses: Optional[Sequence[int]] = None,
+        max_retry_after_ms: int = 120000,
+        retry_invalid_response: bool = True,
+        max_response_bytes: int = 32 * 1024 * 1024,
+        headers: Optional[Sequence[str]] = None,
+        request_id: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        policy: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        on_event: Optional[Callable[[dict[str, Any]], Any]] = None,
+        validate: Optional[Callable[[bytes], Optional[str]]] = None,
+    ) -> dict[str, Any]:
+        """Run one call to completion and return its outcome.
+
+        ``body`` is the JSON request body (UTF-8). ``model`` names the model
+        for events (None: read from the body). ``headers`` are extra
+        ``"Name: value"`` lines. ``on_event`` (None: the engine makes no
+        events) receives each event dict on this thread; an ``Exception`` it
+        raises is reported with ``sys.unraisablehook`` and the call goes on,
+        a ``BaseException`` cancels the call and propagates. ``validate``
+        receives each 2xx body and returns None to accept it or a reason
+        string to reject it (an ``invalid_response`` failure the policy may
+        retry); a ``BaseException`` from it cancels and propagates.
+
+        Returns, on success::
+
+            {"ok": True, "body": bytes, "status": int, "attempt": int,
+             "attempts": int, "duration_ms": int, "total_ms": int,
+             "usage": Usage | None, "request_id": str, "model": str | None,
+             "response_model": str | None, "system_fingerprint": str | None}
+
+        and on failure::
+
+            {"ok": False, "kind": str, "reason": str, "message": str,
+             "status": int | None, "attempt": int, "attempts": int,
+             "duration_ms": int, "total_ms": int, "request_id": str,
+             "model": str | None, "retry_after_ms": int | None,
+             "error_code": str | None, "body_preview": str | None}
+
+        ``kind`` is one of http_status, timeout, network, invalid_response,
+        deadline_exceeded, cancelled, response_too_large; ``reason`` one of
+        retries_exhausted, not_retryable, deadline, retry_after_too_long,
+        unsafe_mode, cancelled.
+        """
+
+def run_pool(items: Sequence[Any], limit: int,
+             worker: Callable[[Any, int], Any], return_exceptions: bool) -> list[Any]:
+    """Run worker(item, index) on min(limit, len(items)) C threads holding
+    the GIL in turn; results in input order. With return_exceptions False,
+    the first exception stops new starts and is raised once the running
+    items finish; with True, exceptions are returned in place. Ctrl-C stops
+    the pool (calls in flight in workers are cancelled) and raises
+    KeyboardInterrupt once the worker threads have returned."""
+
+def extract_json(text: Union[str, bytes]) -> str:
+    """The JSON text inside model output (fenced, bare or amid prose);
+    ValueError when there is none."""
+
+def assert_shape_json(json_text: Union[str, bytes], shape_json: Union[str, bytes],
+                      path: str = "root") -> None:
+    """The core's assert_shape on JSON texts; ValueError naming the path."""
+
+def parse_retry_after(value: str, now_unix_ms: int) -> int:
+    """The core's Retry-After parser: ms > 0, or -1 when not usable."""
