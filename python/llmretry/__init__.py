@@ -1,3 +1,73 @@
-"""llmretry: a production retry policy around OpenAI-compatible LLM calls."""
+"""llmretry: the boring production layer around OpenAI-compatible LLM calls.
 
-__version__ = "0.1.0"
+Every call gets a timeout per attempt, one total deadline, retries of
+transient failures only (exponential backoff with jitter, ``Retry-After``),
+a request id, structured log events, response validation and token
+accounting. One C core (libcurl) does the I/O on its own thread; the waiting
+thread releases the GIL, and Ctrl-C cancels the call.
+
+Example::
+
+    import llmretry
+
+    body = {"model": "gpt-4.1-mini",
+            "messages": [{"role": "user", "content": "Say hi"}]}
+    try:
+        data, meta = llmretry.call_llm(body, timeout_ms=20000, deadline_ms=60000)
+    except llmretry.LLMError as exc:
+        print("gave up:", exc.kind, exc.reason, exc)
+    else:
+        print(data["choices"][0]["message"]["content"])
+        llmretry.log_usage(meta, label="hello")
+
+    # Batches: at most 4 calls at once, results in input order.
+    answers = llmretry.map_with_concurrency(
+        prompts, 4, lambda prompt, i: llmretry.call_llm(make_body(prompt)).data)
+
+The endpoint is ``base_url`` (else ``$OPENAI_BASE_URL``, else OpenAI) and
+the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
+``"llmretry"`` logger unless ``logger=`` says otherwise; configure logging
+(e.g. ``logging.basicConfig(level=logging.INFO)``) to see them.
+"""
+
+import logging as _logging_module
+
+from . import _llmretry
+from ._client import (Client, Meta, Result, call_llm, call_llm_with_deadline,
+                      call_many)
+from ._json import assert_shape, extract_json
+from ._logging import DEFAULT, jsonl_logger, log_usage
+from ._pool import map_with_concurrency
+from .errors import (CallCancelledError, DeadlineExceededError, HTTPStatusError,
+                     InvalidResponseError, LLMError, NetworkError,
+                     RequestTimeoutError, ResponseTooLargeError, ShapeError)
+
+__version__: str = _llmretry.VERSION
+
+__all__ = [
+    "__version__",
+    "DEFAULT",
+    "Client",
+    "Result",
+    "Meta",
+    "call_llm",
+    "call_llm_with_deadline",
+    "call_many",
+    "map_with_concurrency",
+    "extract_json",
+    "assert_shape",
+    "log_usage",
+    "jsonl_logger",
+    "LLMError",
+    "HTTPStatusError",
+    "RequestTimeoutError",
+    "NetworkError",
+    "InvalidResponseError",
+    "DeadlineExceededError",
+    "ResponseTooLargeError",
+    "CallCancelledError",
+    "ShapeError",
+]
+
+# A library stays silent until the application configures logging.
+_logging_module.getLogger("llmretry").addHandler(_logging_module.NullHandler())

@@ -1,0 +1,646 @@
+"""Calls: the Client, the module-level functions and their results.
+
+A :class:`Client` owns one engine (an I/O thread and its connection cache)
+and a set of call defaults, converted and checked once when the client is
+made. The module-level :func:`call_llm` uses a default client created on
+first use, re-created in a forked child and closed at exit.
+
+Every call keyword defaults to :data:`DEFAULT`, meaning "the client's
+default, else the documented one"; passing a value (None included) overrides
+the client's default for that call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import operator
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    Optional, Sequence, Tuple, TypeVar, Union)
+
+from . import _llmretry
+from ._logging import DEFAULT, event_sink
+from ._pool import map_with_concurrency as _map_with_concurrency
+from .errors import error_from_outcome
+
+__all__ = ["Client", "Result", "Meta", "call_llm", "call_llm_with_deadline",
+           "call_many"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+Body = Union[Mapping[str, Any], str, bytes]
+Validate = Callable[[Any], Any]
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True, eq=True)
+class Meta:
+    """What happened during a successful call.
+
+    Attributes:
+        attempt: 0-based index of the attempt that succeeded.
+        attempts: how many attempts were made.
+        duration_ms: how long the successful attempt took.
+        total_ms: how long the whole call took, waits included.
+        status: the HTTP status of the successful response.
+        usage: ``{"prompt_tokens", "completion_tokens", "total_tokens"}``,
+            or None when the response had no usage.
+        request_id: the call's request id (sent as ``X-Client-Request-Id``).
+        model: the model named in the request body.
+        response_model: the model the server says answered.
+        system_fingerprint: the server's ``system_fingerprint``.
+    """
+
+    __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
+                 "usage", "request_id", "model", "response_model",
+                 "system_fingerprint")
+
+    attempt: int
+    attempts: int
+    duration_ms: int
+    total_ms: int
+    status: int
+    usage: Optional[Dict[str, int]]
+    request_id: str
+    model: Optional[str]
+    response_model: Optional[str]
+    system_fingerprint: Optional[str]
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields as a plain dict (``usage`` copied)."""
+        d = {name: getattr(self, name) for name in self.__slots__}
+        if d["usage"] is not None:
+            d["usage"] = dict(d["usage"])
+        return d
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Frozen slots refuse the default unpickling by setattr.
+        return (Meta, tuple(getattr(self, name) for name in self.__slots__))
+
+
+class Result:
+    """A successful call: the parsed response ``data`` and its :class:`Meta`.
+
+    Unpacks as a pair: ``data, meta = llmretry.call_llm(body)``. Its repr
+    never shows the data.
+    """
+
+    __slots__ = ("data", "meta")
+
+    def __init__(self, data: Any, meta: Meta) -> None:
+        self.data = data    # the response body parsed as JSON
+        self.meta = meta
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.data
+        yield self.meta
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (f"Result(status={m.status}, attempts={m.attempts}, "
+                f"request_id={m.request_id!r}, model={m.model!r})")
+
+
+def _meta_of(out: Dict[str, Any]) -> Meta:
+    return Meta(out["attempt"], out["attempts"], out["duration_ms"],
+                out["total_ms"], out["status"], out["usage"], out["request_id"],
+                out["model"], out["response_model"], out["system_fingerprint"])
+
+
+# ---------------------------------------------------------------------------
+# Argument conversion: Python values to the extension's keywords. Types are
+# checked here (bool is not an int); ranges are the core's to check.
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _opt_str(name: str, value: Any) -> Optional[str]:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{name} must be a str or None, not {_type_name(value)}")
+
+
+def _str(name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"{name} must be a str, not {_type_name(value)}")
+
+
+def _int(name: str, value: Any) -> int:
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an int, not {_type_name(value)}")
+
+
+def _opt_int(name: str, value: Any) -> Optional[int]:
+    return None if value is None else _int(name, value)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"{name} must be a bool, not {_type_name(value)}")
+
+
+def _statuses(name: str, value: Any) -> Optional[Tuple[int, ...]]:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of ints or None, "
+                        f"not {_type_name(value)}")
+    return tuple(_int(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+_HEADER_NAME_FORBIDDEN = frozenset(" \t\r\n\0:")
+
+
+def _headers(name: str, value: Any) -> Optional[List[str]]:
+    """A ``{name: value}`` mapping as the ``"Name: value"`` lines libcurl sends."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of str to str or None, "
+                        f"not {_type_name(value)}")
+    lines = []
+    for key, val in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name} keys must be str, not {_type_name(key)}")
+        if not isinstance(val, str):
+            raise TypeError(f"{name}[{key!r}] must be a str, not {_type_name(val)}")
+        if not key or not _HEADER_NAME_FORBIDDEN.isdisjoint(key):
+            raise ValueError(f"{name}: invalid header name {key!r}")
+        if "\r" in val or "\n" in val or "\0" in val:
+            raise ValueError(f"{name}[{key!r}] must not contain CR, LF or NUL")
+        lines.append(f"{key}: {val}")
+    return lines
+
+
+# Keywords of Engine.call and how a Python value becomes one.
+_ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
+    "base_url": _opt_str,
+    "api_key": _opt_str,
+    "url": _opt_str,
+    "timeout_ms": _int,
+    "max_retries": _int,
+    "base_delay_ms": _int,
+    "max_delay_ms": _int,
+    "jitter": _str,
+    "deadline_ms": _opt_int,
+    "retry_mode": _str,
+    "retry_statuses": _statuses,
+    "max_retry_after_ms": _int,
+    "retry_invalid_response": _bool,
+    "max_response_bytes": _int,
+    "headers": _headers,
+    "request_id": _opt_str,
+    "idempotency_key": _opt_str,
+}
+
+# Every call keyword but body and client, in the order call_llm's values
+# tuple lists them.
+_CALL_OPTIONS: Tuple[str, ...] = tuple(_ENGINE_OPTIONS) + ("validate", "logger")
+_ALL_DEFAULT: Tuple[Any, ...] = (DEFAULT,) * len(_CALL_OPTIONS)
+
+# What a client shows of itself when nothing was given.
+_DOCUMENTED = {"base_url": None, "timeout_ms": 60000, "max_retries": 3,
+               "deadline_ms": None}
+
+# The request body as sent: compact UTF-8 JSON, strict about NaN.
+_BODY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+                                 allow_nan=False)
+
+
+def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
+    """The body as bytes, and its model when it is a dict naming one."""
+    if isinstance(body, dict):
+        try:
+            payload = _BODY_ENCODER.encode(body).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            # The message names a type or a character, never the content.
+            raise TypeError(f"body cannot be sent as JSON: {exc}") from None
+        model = body.get("model")
+        return payload, model if type(model) is str else None
+    if isinstance(body, bytes):
+        return body, None
+    if isinstance(body, str):
+        try:
+            return body.encode("utf-8"), None
+        except UnicodeEncodeError as exc:
+            raise TypeError(f"body cannot be sent as UTF-8: {exc.reason}") from None
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body), None
+    raise TypeError(f"body must be a dict, str or bytes, not {_type_name(body)}")
+
+
+class _Plan:
+    """Converted call options: Engine.call keywords, plus a validate callable.
+
+    ``kwargs`` holds only what differs from the engine's own defaults, and
+    ``on_event`` when the logger makes events; it is never mutated once
+    built, so one plan serves any number of concurrent calls.
+    """
+
+    __slots__ = ("kwargs", "validate")
+
+    def __init__(self, kwargs: Dict[str, Any], validate: Optional[Validate]) -> None:
+        self.kwargs = kwargs
+        self.validate = validate
+
+    def with_options(self, options: Iterable[Tuple[str, Any]]) -> "_Plan":
+        """A new plan: this one with ``options`` (public names) applied."""
+        kwargs = dict(self.kwargs)
+        validate = self.validate
+        for name, value in options:
+            if name == "logger":
+                sink = event_sink(value)
+                if sink is None:
+                    kwargs.pop("on_event", None)
+                else:
+                    kwargs["on_event"] = sink
+            elif name == "validate":
+                if value is not None and not callable(value):
+                    raise TypeError(f"validate must be callable or None, "
+                                    f"not {_type_name(value)}")
+                validate = value
+            else:
+                kwargs[name] = _ENGINE_OPTIONS[name](name, value)
+        return _Plan(kwargs, validate)
+
+    def with_values(self, values: Sequence[Any]) -> "_Plan":
+        """A new plan with call_llm's non-DEFAULT values (in _CALL_OPTIONS order)."""
+        return self.with_options((name, value)
+                                 for name, value in zip(_CALL_OPTIONS, values)
+                                 if value is not DEFAULT)
+
+
+_BASE_PLAN = _Plan({}, None).with_options([("logger", DEFAULT)])
+
+
+def _check_option_names(names: Iterable[str], where: str) -> None:
+    unknown = sorted(set(names).difference(_CALL_OPTIONS))
+    if unknown:
+        raise TypeError(f"{where} got unexpected keyword argument(s): "
+                        + ", ".join(unknown))
+
+
+class _Validator:
+    """Adapts a user ``validate(data)`` to the engine's ``validate(body)``.
+
+    Parses each 2xx body once and keeps the accepted parse for Result.data.
+    """
+
+    __slots__ = ("check", "body", "data")
+
+    def __init__(self, check: Validate) -> None:
+        self.check = check
+        self.body: Optional[bytes] = None
+        self.data: Any = None
+
+    def __call__(self, body: bytes) -> Optional[str]:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return "the body is not valid JSON"
+        try:
+            verdict = self.check(data)
+        except Exception as exc:    # a rejection; BaseException cancels the call
+            return str(exc) or type(exc).__name__
+        if verdict is False:
+            return "validate returned False"
+        self.body = body
+        self.data = data
+        return None
+
+    def data_for(self, body: bytes) -> Any:
+        if body is self.body or body == self.body:
+            return self.data
+        return json.loads(body)
+
+
+# ---------------------------------------------------------------------------
+# The client
+
+# Live clients, so a forked child can drop its parent's engines.
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+# A parent's engines, kept referenced in a forked child: freeing one there
+# could wait on a lock some parent thread held at fork time.
+_parent_engines: List[Any] = []
+
+
+class Client:
+    """An engine (I/O thread, connection cache) and a set of call defaults.
+
+    ``defaults`` are any :func:`call_llm` keywords except ``body`` and
+    ``client``; they are converted and checked here, once (an unknown name or
+    a wrong type raises TypeError; value ranges are checked at the first
+    call). ``max_in_flight`` caps the calls the engine runs at once.
+
+    Use it as a context manager, or call :meth:`close`, to stop its I/O
+    thread. In a forked child a client makes itself a new engine on first
+    use. A client is safe to share between threads.
+
+    Example::
+
+        with llmretry.Client(base_url="http://127.0.0.1:8080/v1",
+                             timeout_ms=10000, max_retries=5) as client:
+            data, meta = client.call_llm(body)
+    """
+
+    def __init__(self, *, max_in_flight: int = 256, **defaults: Any) -> None:
+        _check_option_names(defaults, "Client()")
+        max_in_flight = _int("max_in_flight", max_in_flight)
+        self._max_in_flight = max_in_flight
+        self._defaults = dict(defaults)
+        self._plan = _BASE_PLAN.with_options(defaults.items())
+        self._lock = threading.Lock()
+        self._closed = False
+        self._engine: Any = _llmretry.Engine(max_in_flight)
+        _live_clients.add(self)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._closed
+
+    def close(self) -> None:
+        """Cancel the calls in flight and stop the I/O thread. Idempotent."""
+        with self._lock:
+            self._closed = True
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _reopen(self) -> Any:
+        """The engine, made anew after a fork; RuntimeError once closed."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this llmretry Client is closed")
+            if self._engine is None:
+                self._engine = _llmretry.Engine(self._max_in_flight)
+            return self._engine
+
+    def _forget_engine_after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self._engine is not None:
+            _parent_engines.append(self._engine)
+            self._engine = None
+
+    def __repr__(self) -> str:
+        shown = dict(_DOCUMENTED)
+        shown.update((k, v) for k, v in self._defaults.items() if k in shown)
+        parts = [f"{k}={v!r}" for k, v in shown.items()]
+        parts.append("api_key=<set>" if self._defaults.get("api_key") else "api_key=<unset>")
+        if self._closed:
+            parts.append("closed")
+        return f"Client({', '.join(parts)})"
+
+    # -- calls ---------------------------------------------------------------
+
+    def _run(self, body: Any, plan: _Plan) -> Result:
+        """One call with a converted plan: the Result, or raise LLMError."""
+        payload, model = _encode_body(body)
+        return self._run_encoded(payload, model, plan)
+
+    def _run_encoded(self, payload: bytes, model: Optional[str], plan: _Plan) -> Result:
+        engine = self._engine
+        if engine is None:
+            engine = self._reopen()
+        check = plan.validate
+        if check is None:
+            if model is None:
+                out = engine.call(payload, **plan.kwargs)
+            else:
+                out = engine.call(payload, model=model, **plan.kwargs)
+            if out["ok"]:
+                return Result(json.loads(out["body"]), _meta_of(out))
+        else:
+            validator = _Validator(check)
+            out = engine.call(payload, model=model, validate=validator, **plan.kwargs)
+            if out["ok"]:
+                return Result(validator.data_for(out["body"]), _meta_of(out))
+        raise error_from_outcome(out)
+
+    def call_llm(self, body: Body, *,
+                 base_url: Optional[str] = DEFAULT,
+                 api_key: Optional[str] = DEFAULT,
+                 url: Optional[str] = DEFAULT,
+                 timeout_ms: int = DEFAULT,
+                 max_retries: int = DEFAULT,
+                 base_delay_ms: int = DEFAULT,
+                 max_delay_ms: int = DEFAULT,
+                 jitter: str = DEFAULT,
+                 deadline_ms: Optional[int] = DEFAULT,
+                 retry_mode: str = DEFAULT,
+                 retry_statuses: Optional[Sequence[int]] = DEFAULT,
+                 max_retry_after_ms: int = DEFAULT,
+                 retry_invalid_response: bool = DEFAULT,
+                 max_response_bytes: int = DEFAULT,
+                 headers: Optional[Mapping[str, str]] = DEFAULT,
+                 request_id: Optional[str] = DEFAULT,
+                 idempotency_key: Optional[str] = DEFAULT,
+                 validate: Optional[Validate] = DEFAULT,
+                 logger: Any = DEFAULT) -> Result:
+        """:func:`llmretry.call_llm` with this client's engine and defaults."""
+        values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
+                  max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
+                  max_retry_after_ms, retry_invalid_response, max_response_bytes,
+                  headers, request_id, idempotency_key, validate, logger)
+        plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
+        return self._run(body, plan)
+
+    def call_llm_with_deadline(self, body: Body, deadline_ms: int = 180000,
+                               **options: Any) -> Result:
+        """:meth:`call_llm` with a total deadline (default 180 s)."""
+        return self.call_llm(body, deadline_ms=deadline_ms, **options)
+
+    def call_many(self, bodies: Iterable[Body], limit: int = 8,
+                  **options: Any) -> List[Union[Result, BaseException]]:
+        """Run one call per body, at most ``limit`` at once; in input order.
+
+        ``options`` are :meth:`call_llm` keywords, applied to every call. A
+        failed call's exception takes its place in the list (nothing is
+        raised for it); wrong arguments, bodies included, raise before any
+        call starts.
+        """
+        _check_option_names(options, "call_many()")
+        plan = self._plan.with_options(options.items()) if options else self._plan
+        encoded = [_encode_body(body) for body in bodies]
+        run = self._run_encoded
+
+        def one(item: Tuple[bytes, Optional[str]], _index: int) -> Result:
+            return run(item[0], item[1], plan)
+
+        return _map_with_concurrency(encoded, limit, one, return_exceptions=True)
+
+    def map_with_concurrency(self, items: Iterable[T], limit: int,
+                             worker: Callable[[T, int], R], *,
+                             return_exceptions: bool = False) -> List[Any]:
+        """:func:`llmretry.map_with_concurrency` (the pool is the same)."""
+        return _map_with_concurrency(items, limit, worker,
+                                     return_exceptions=return_exceptions)
+
+
+# ---------------------------------------------------------------------------
+# The default client and the module-level functions
+
+_default_client: Optional[Client] = None
+_default_lock = threading.Lock()
+
+
+def _get_default_client() -> Client:
+    global _default_client
+    with _default_lock:
+        if _default_client is None or _default_client.closed:
+            _default_client = Client()
+        return _default_client
+
+
+def _client_or_default(client: Any) -> Client:
+    if client is None:
+        return _default_client or _get_default_client()
+    if isinstance(client, Client):
+        return client
+    raise TypeError(f"client must be a llmretry.Client or None, not {_type_name(client)}")
+
+
+def call_llm(body: Body, *,
+             base_url: Optional[str] = DEFAULT,
+             api_key: Optional[str] = DEFAULT,
+             url: Optional[str] = DEFAULT,
+             timeout_ms: int = DEFAULT,
+             max_retries: int = DEFAULT,
+             base_delay_ms: int = DEFAULT,
+             max_delay_ms: int = DEFAULT,
+             jitter: str = DEFAULT,
+             deadline_ms: Optional[int] = DEFAULT,
+             retry_mode: str = DEFAULT,
+             retry_statuses: Optional[Sequence[int]] = DEFAULT,
+             max_retry_after_ms: int = DEFAULT,
+             retry_invalid_response: bool = DEFAULT,
+             max_response_bytes: int = DEFAULT,
+             headers: Optional[Mapping[str, str]] = DEFAULT,
+             request_id: Optional[str] = DEFAULT,
+             idempotency_key: Optional[str] = DEFAULT,
+             validate: Optional[Validate] = DEFAULT,
+             logger: Any = DEFAULT,
+             client: Optional[Client] = None) -> Result:
+    """Call an OpenAI-compatible chat endpoint under the retry policy.
+
+    ``body`` is a dict (sent as compact UTF-8 JSON; its ``"model"`` names the
+    call's model in events) or a str/bytes of JSON sent as is. Returns a
+    :class:`Result` (``data, meta = result``) or raises an
+    :class:`~llmretry.LLMError` subclass once the policy gives up. Wrong
+    arguments raise TypeError/ValueError naming them, before any I/O.
+
+    Keywords left out take ``client``'s defaults (the default client has
+    none), else these:
+
+    * ``base_url``: else ``$OPENAI_BASE_URL``, else
+      ``https://api.openai.com/v1``; ``/chat/completions`` is appended.
+      ``url``: the full endpoint URL instead.
+    * ``api_key``: else ``$OPENAI_API_KEY``, else no ``Authorization``.
+    * ``timeout_ms=60000`` per attempt; ``deadline_ms=None`` for the whole
+      call, waits included.
+    * ``max_retries=3``; ``base_delay_ms=800``, ``max_delay_ms=30000`` and
+      ``jitter="additive"`` (or ``"full"``, ``"none"``) for the backoff.
+    * ``retry_mode="safe"``; ``"unsafe"`` never retries a request that may
+      have reached the server.
+    * ``retry_statuses=None``: 408, 429 and 5xx but 501 and 505.
+    * ``max_retry_after_ms=120000``: a longer server-requested wait ends
+      the call.
+    * ``retry_invalid_response=True``: retry 2xx bodies that are not a JSON
+      object or that ``validate`` rejects.
+    * ``max_response_bytes=32 MiB``.
+    * ``headers``: extra ``{name: value}`` request headers.
+    * ``request_id`` (else a UUID v4) and ``idempotency_key``.
+    * ``validate(data)``: raising an Exception or returning False rejects
+      a response (``invalid_response``).
+    * ``logger``: the ``"llmretry"`` logger; None for no events; a
+      ``logging.Logger``/``LoggerAdapter``; or a callable given each event.
+
+    Example::
+
+        data, meta = llmretry.call_llm(
+            {"model": "gpt-4.1-mini",
+             "messages": [{"role": "user", "content": "Say hi"}]},
+            timeout_ms=20000, deadline_ms=60000)
+        print(data["choices"][0]["message"]["content"], meta.usage)
+    """
+    if client is None:
+        client = _default_client or _get_default_client()
+    elif not isinstance(client, Client):
+        raise TypeError(f"client must be a llmretry.Client or None, "
+                        f"not {_type_name(client)}")
+    values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
+              max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
+              max_retry_after_ms, retry_invalid_response, max_response_bytes,
+              headers, request_id, idempotency_key, validate, logger)
+    plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)
+    return client._run(body, plan)
+
+
+def call_llm_with_deadline(body: Body, deadline_ms: int = 180000,
+                           **options: Any) -> Result:
+    """:func:`call_llm` with a total deadline (default 180 s) for all attempts."""
+    return call_llm(body, deadline_ms=deadline_ms, **options)
+
+
+def call_many(bodies: Iterable[Body], limit: int = 8, *,
+              client: Optional[Client] = None,
+              **options: Any) -> List[Union[Result, BaseException]]:
+    """One :func:`call_llm` per body, at most ``limit`` at once, in input order.
+
+    A failed call's exception takes its place in the list. See
+    :meth:`Client.call_many`.
+
+    Example::
+
+        for out in llmretry.call_many(bodies, limit=4, deadline_ms=120000):
+            if isinstance(out, llmretry.LLMError):
+                print("failed:", out)
+    """
+    return _client_or_default(client).call_many(bodies, limit, **options)
+
+
+# ---------------------------------------------------------------------------
+# Process lifecycle: a forked child makes its own engines; exit closes them.
+
+def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+    for client in list(_live_clients):
+        client._forget_engine_after_fork()
+
+
+def _close_all_at_exit() -> None:
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:   # exiting anyway: never mask the exit status
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_all_at_exit)

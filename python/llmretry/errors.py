@@ -1,0 +1,193 @@
+"""Exceptions raised by llmretry.
+
+A call that fails after the retry policy has run raises an :class:`LLMError`
+subclass chosen by the failure's ``kind``:
+
+=====================  ==========================================================
+kind                   exception
+=====================  ==========================================================
+``http_status``        :class:`HTTPStatusError`
+``timeout``            :class:`RequestTimeoutError` (also a ``TimeoutError``)
+``network``            :class:`NetworkError` (also a ``ConnectionError``)
+``invalid_response``   :class:`InvalidResponseError`
+``deadline_exceeded``  :class:`DeadlineExceededError` (also a ``TimeoutError``)
+``response_too_large`` :class:`ResponseTooLargeError`
+``cancelled``          :class:`CallCancelledError`
+=====================  ==========================================================
+
+Every one carries the same attributes (see :class:`LLMError`), and none of
+them ever holds the API key or the prompt. Wrong arguments are not
+``LLMError``: they raise ``TypeError`` or ``ValueError`` before any I/O.
+:class:`ShapeError` is raised by :func:`llmretry.assert_shape`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple, Type
+
+__all__ = [
+    "LLMError",
+    "HTTPStatusError",
+    "RequestTimeoutError",
+    "NetworkError",
+    "InvalidResponseError",
+    "DeadlineExceededError",
+    "ResponseTooLargeError",
+    "CallCancelledError",
+    "ShapeError",
+    "error_from_outcome",
+]
+
+# The attributes every LLMError carries besides ``message``, in repr order
+# of importance; also the keys read from the extension's failure outcome.
+_FIELDS: Tuple[str, ...] = (
+    "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms",
+    "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms",
+)
+
+
+class LLMError(Exception):
+    """A call that failed for good, after the retry policy had its say.
+
+    Attributes:
+        kind: the failure class: ``http_status``, ``timeout``, ``network``,
+            ``invalid_response``, ``deadline_exceeded``, ``cancelled`` or
+            ``response_too_large``.
+        message: what went wrong, for humans (never the key or the prompt).
+        status: the last HTTP status, or None when no response arrived.
+        attempt: the 0-based index of the last attempt.
+        attempts: how many attempts were made.
+        request_id: the call's request id (sent as ``X-Client-Request-Id``).
+        retry_after_ms: the server's requested wait, when it sent one.
+        error_code: the provider's error code (e.g. ``insufficient_quota``).
+        body_preview: the first 500 bytes of the last response body.
+        reason: why the policy stopped: ``retries_exhausted``,
+            ``not_retryable``, ``deadline``, ``retry_after_too_long``,
+            ``unsafe_mode`` or ``cancelled``.
+        model: the model named in the request body.
+        duration_ms: how long the last attempt took.
+        total_ms: how long the whole call took.
+    """
+
+    kind: str = "error"
+
+    def __init__(self, message: str, *, kind: Optional[str] = None,
+                 status: Optional[int] = None, attempt: int = 0,
+                 attempts: int = 0, request_id: Optional[str] = None,
+                 retry_after_ms: Optional[int] = None,
+                 error_code: Optional[str] = None,
+                 body_preview: Optional[str] = None,
+                 reason: Optional[str] = None, model: Optional[str] = None,
+                 duration_ms: int = 0, total_ms: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind if kind is not None else type(self).kind
+        self.status = status
+        self.attempt = attempt
+        self.attempts = attempts
+        self.request_id = request_id
+        self.retry_after_ms = retry_after_ms
+        self.error_code = error_code
+        self.body_preview = body_preview
+        self.reason = reason
+        self.model = model
+        self.duration_ms = duration_ms
+        self.total_ms = total_ms
+
+    def __str__(self) -> str:
+        if self.request_id:
+            return f"{self.message} [request_id={self.request_id}]"
+        return self.message
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(kind={self.kind!r}, status={self.status!r}, "
+                f"attempts={self.attempts!r}, reason={self.reason!r}, "
+                f"request_id={self.request_id!r})")
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        return (_rebuild, (type(self), self.message, fields), None)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The error's fields as a plain dict (``message`` included)."""
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        fields["message"] = self.message
+        return fields
+
+
+def _rebuild(cls: Type[LLMError], message: str, fields: Dict[str, Any]) -> LLMError:
+    """Unpickle an LLMError (keyword-only fields need a helper)."""
+    return cls(message, **fields)
+
+
+class HTTPStatusError(LLMError):
+    """The server answered with a status that was not retried (or no longer)."""
+
+    kind = "http_status"
+
+
+class RequestTimeoutError(LLMError, TimeoutError):
+    """The last attempt exceeded ``timeout_ms``."""
+
+    kind = "timeout"
+
+
+class NetworkError(LLMError, ConnectionError):
+    """The connection failed: DNS, connect, reset, TLS or a truncated body."""
+
+    kind = "network"
+
+
+class InvalidResponseError(LLMError):
+    """A 2xx response whose body was not a JSON object or failed ``validate``."""
+
+    kind = "invalid_response"
+
+
+class DeadlineExceededError(LLMError, TimeoutError):
+    """The call's total ``deadline_ms`` ran out before it succeeded."""
+
+    kind = "deadline_exceeded"
+
+
+class ResponseTooLargeError(LLMError):
+    """The response body exceeded ``max_response_bytes``."""
+
+    kind = "response_too_large"
+
+
+class CallCancelledError(LLMError):
+    """The call was cancelled (its client was closed while it ran)."""
+
+    kind = "cancelled"
+
+
+class ShapeError(ValueError):
+    """A value does not match the shape given to :func:`llmretry.assert_shape`.
+
+    Its message names the path, e.g.
+    ``"invalid response at root.user.name: expected string"``.
+    """
+
+
+_ERROR_BY_KIND: Dict[str, Type[LLMError]] = {
+    cls.kind: cls
+    for cls in (HTTPStatusError, RequestTimeoutError, NetworkError,
+                InvalidResponseError, DeadlineExceededError,
+                ResponseTooLargeError, CallCancelledError)
+}
+
+
+def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
+    """The exception for a failed call outcome of ``_llmretry.Engine.call``."""
+    cls = _ERROR_BY_KIND.get(outcome.get("kind"), LLMError)  # type: ignore[arg-type]
+    get = outcome.get
+    return cls(
+        get("message") or "LLM call failed",
+        kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
+        attempts=get("attempts", 0), request_id=get("request_id"),
+        retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
+        body_preview=get("body_preview"), reason=get("reason"),
+        model=get("model"), duration_ms=get("duration_ms", 0),
+        total_ms=get("total_ms", 0),
+    )
