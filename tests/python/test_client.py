@@ -1,0 +1,252 @@
+"""Client: defaults, connection reuse, repr, close, the default client, fork."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, List
+
+import pytest
+
+import llmretry
+from conftest import FAST, SECRET_KEY, Events, Scenario, secret_body
+
+
+def conn_ids(scen: Scenario) -> List[int]:
+    return [r["connection"] for r in scen.requests()]
+
+
+def test_sequential_calls_reuse_one_connection(scen: Scenario) -> None:
+    with llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None) as c:
+        for i in range(5):
+            assert c.call_llm(secret_body(f"seq{i}")).meta.status == 200
+    ids = conn_ids(scen)
+    assert len(ids) == 5
+    assert len(set(ids)) == 1, f"5 sequential calls used connections {ids}"
+
+
+def test_reuse_across_threads(scen: Scenario) -> None:
+    c = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    try:
+        for i in range(3):  # one thread after another
+            t = threading.Thread(target=lambda: c.call_llm(secret_body("thr")))
+            t.start()
+            t.join(30)
+        c.call_llm(secret_body("main"))
+    finally:
+        c.close()
+    ids = conn_ids(scen)
+    assert len(ids) == 4 and len(set(ids)) == 1, f"connections {ids}"
+
+
+def test_concurrent_threads_share_a_small_pool(scen: Scenario) -> None:
+    scen.script([], after={"delay_ms": 50})
+    c = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    errors: List[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(4):
+                c.call_llm(secret_body("pool"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        c.close()
+    assert not errors
+    ids = conn_ids(scen)
+    assert len(ids) == 24
+    assert len(set(ids)) <= 8, f"24 calls from 6 threads used {len(set(ids))} connections"
+
+
+def test_clients_have_their_own_connections(scen: Scenario) -> None:
+    a = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    b = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    try:
+        a.call_llm(secret_body("a"))
+        b.call_llm(secret_body("b"))
+        a.call_llm(secret_body("a2"))
+    finally:
+        a.close()
+        b.close()
+    ids = conn_ids(scen)
+    assert ids[0] == ids[2] and ids[0] != ids[1]
+
+
+def test_default_client_reuses_connections(scen: Scenario) -> None:
+    for i in range(3):
+        llmretry.call_llm(secret_body(f"d{i}"), base_url=scen.url, api_key=SECRET_KEY,
+                          logger=None)
+    ids = conn_ids(scen)
+    assert len(ids) == 3 and len(set(ids)) == 1
+
+
+def test_defaults_and_overrides(scen: Scenario) -> None:
+    scen.script([], after={"status": 503})
+    events = Events()
+    c = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, max_retries=0,
+                        base_delay_ms=20, jitter="none", timeout_ms=4321, logger=events)
+    try:
+        with pytest.raises(llmretry.HTTPStatusError) as info:
+            c.call_llm(secret_body("defaults"))
+        assert info.value.attempts == 1 and info.value.reason == "retries_exhausted"
+        assert events.of("llm_request_started")[0]["timeout_ms"] == 4321
+        with pytest.raises(llmretry.HTTPStatusError) as info:
+            c.call_llm(secret_body("override"), max_retries=1, timeout_ms=1234)
+        assert info.value.attempts == 2
+        assert events.of("llm_request_started")[-1]["timeout_ms"] == 1234
+        # The module-level function with client= takes that client's defaults.
+        with pytest.raises(llmretry.HTTPStatusError) as info:
+            llmretry.call_llm(secret_body("via"), client=c)
+        assert info.value.attempts == 1
+        # call_llm_with_deadline on a client.
+        with pytest.raises(llmretry.HTTPStatusError):
+            c.call_llm_with_deadline(secret_body("dl"), deadline_ms=5000)
+        assert events.of("llm_request_started")[-1]["deadline_left_ms"] <= 5000
+    finally:
+        c.close()
+    assert len(scen.requests()) == 1 + 2 + 1 + 1
+
+
+def test_repr_hides_the_key(scen: Scenario) -> None:
+    c = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, timeout_ms=7777)
+    try:
+        text = repr(c) + str(c)
+        assert SECRET_KEY not in text
+        assert "SECRET" not in text
+        assert "api_key=<set>" in text
+        assert scen.url in text
+    finally:
+        c.close()
+    bare = llmretry.Client()
+    try:
+        assert "api_key=<unset>" in repr(bare)
+    finally:
+        bare.close()
+
+
+def test_repr_with_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY)
+    c = llmretry.Client()
+    try:
+        assert SECRET_KEY not in repr(c)
+    finally:
+        c.close()
+
+
+def test_close_is_idempotent(scen: Scenario) -> None:
+    c = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    c.call_llm(secret_body("close"))
+    c.close()
+    c.close()
+    with c:
+        pass
+    c.close()
+
+
+def test_closed_client_refuses_calls(scen: Scenario) -> None:
+    c = llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    c.close()
+    with pytest.raises(Exception) as info:
+        c.call_llm(secret_body("closed"))
+    assert not isinstance(info.value, llmretry.LLMError) or info.value.kind == "cancelled"
+    assert scen.requests() == []
+
+
+def test_context_manager(scen: Scenario) -> None:
+    with llmretry.Client(base_url=scen.url, api_key=SECRET_KEY, logger=None) as c:
+        assert c.call_llm(secret_body("ctx")).meta.status == 200
+
+
+def test_env_defaults(scen: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", scen.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-key-456")
+    c = llmretry.Client(logger=None)
+    try:
+        c.call_llm(secret_body("env"))
+        c.call_llm(secret_body("env2"), api_key="sk-arg-key-789")
+    finally:
+        c.close()
+    recs = scen.requests()
+    assert recs[0]["headers"]["authorization"] == "Bearer sk-env-key-456"
+    assert recs[1]["headers"]["authorization"] == "Bearer sk-arg-key-789"
+
+
+def test_no_key_no_authorization(scen: Scenario) -> None:
+    llmretry.call_llm(secret_body("nokey"), base_url=scen.url, logger=None)
+    (rec,) = scen.requests()
+    assert "authorization" not in rec["headers"]
+
+
+def test_user_agent_and_version(scen: Scenario) -> None:
+    import re
+    from conftest import ROOT
+    header = (ROOT / "core" / "include" / "llmretry.h").read_text()
+    version = re.search(r'#define LLMRETRY_VERSION "([^"]+)"', header).group(1)
+    assert llmretry.__version__ == version
+    llmretry.call_llm(secret_body("ua"), base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    assert scen.requests()[0]["headers"]["user-agent"].startswith(f"llmretry/{version}")
+
+
+def test_result_and_meta(scen: Scenario) -> None:
+    import dataclasses
+    scen.script([{"content": "SECRET-REPLY-content", "system_fingerprint": "fp_1"}])
+    res = llmretry.call_llm(secret_body("res"), base_url=scen.url, api_key=SECRET_KEY,
+                            logger=None, request_id="req-result-1")
+    data, meta = res
+    assert data is res.data and meta is res.meta
+    assert data["choices"][0]["message"]["content"] == "SECRET-REPLY-content"
+    r = repr(res)
+    assert "SECRET" not in r
+    assert "req-result-1" in r and "200" in r
+    assert "SECRET" not in repr(meta)
+    assert meta.attempt == 0 and meta.attempts == 1 and meta.status == 200
+    assert meta.request_id == "req-result-1" and meta.model == "gpt-test"
+    assert meta.usage == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    assert meta.system_fingerprint == "fp_1" and meta.response_model == "gpt-test"
+    assert meta.total_ms >= meta.duration_ms >= 0
+    d = meta.as_dict()
+    for key in ("attempt", "attempts", "duration_ms", "total_ms", "status", "usage",
+                "request_id", "model", "response_model", "system_fingerprint"):
+        assert d[key] == getattr(meta, key)
+    assert dataclasses.is_dataclass(meta)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        meta.status = 500  # type: ignore[misc]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_default_client_after_fork(scen: Scenario) -> None:
+    """A forked child gets a fresh default engine; the parent's keeps working."""
+    body = {"model": "gpt-test", "messages": []}
+    llmretry.call_llm(body, base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            res = llmretry.call_llm(body, base_url=scen.url, api_key=SECRET_KEY, logger=None,
+                                    timeout_ms=5000, max_retries=0)
+            code = 0 if res.meta.status == 200 else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    end = time.monotonic() + 20
+    status = None
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung calling through the default client")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
+    llmretry.call_llm(body, base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    assert len(scen.requests()) == 3

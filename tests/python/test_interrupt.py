@@ -1,0 +1,157 @@
+"""Ctrl-C: a child process gets SIGINT while a call waits, and exits promptly
+with KeyboardInterrupt (DESIGN §5), in a backoff wait, during an attempt in
+flight, and inside map_with_concurrency."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional
+
+import pytest
+
+from conftest import SECRET_KEY, Scenario, child_env
+
+pytestmark = pytest.mark.slow
+
+CHILD = r"""
+import sys, threading, llmretry
+base_url, mode = sys.argv[1], sys.argv[2]
+lock = threading.Lock()
+body = {"model": "gpt-test", "messages": [{"role": "user", "content": "SECRET-PROMPT-sigint"}]}
+opts = dict(base_url=base_url, api_key="%s", timeout_ms=60000, max_retries=3,
+            max_retry_after_ms=120000, deadline_ms=None)
+
+def logger(ev):
+    with lock:  # workers' lines must not interleave
+        sys.stdout.write("EVENT " + ev["event"] + "\n")
+        sys.stdout.flush()
+
+print("READY", flush=True)
+if mode == "call":
+    llmretry.call_llm(body, logger=logger, **opts)
+elif mode == "map":
+    def worker(item, index):
+        return llmretry.call_llm(body, logger=logger, **opts)
+    llmretry.map_with_concurrency(range(4), 4, worker)
+print("RETURNED", flush=True)
+""" % SECRET_KEY
+
+# Generous, but far below the 30 s the call would otherwise wait.
+PROMPT_S = 1.5
+
+
+class Child:
+    def __init__(self, base_url: str, mode: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, base_url, mode], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=child_env())
+        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.seen: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_line(self, want: str, count: int = 1, timeout: float = 20.0) -> None:
+        """Block until `want` has been printed `count` times."""
+        end = time.monotonic() + timeout
+        while self.seen.count(want) < count:
+            left = end - time.monotonic()
+            try:
+                line = self.lines.get(timeout=max(left, 0.001))
+            except queue.Empty:
+                self.kill()
+                pytest.fail(f"child never printed {want!r} x{count}; saw {self.seen}")
+            if line is None:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                pytest.fail(f"child exited before {want!r}: {self.seen}\n{err}")
+            self.seen.append(line)
+
+    def interrupt(self) -> float:
+        """SIGINT; seconds until the process has exited."""
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail("the child did not exit within 15 s of SIGINT")
+        return time.monotonic() - t0
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def rest_of_stdout(self) -> List[str]:
+        self._reader.join(5)
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.seen.append(line)
+        return self.seen
+
+
+def check_interrupted(child: Child, took: float) -> None:
+    err = child.stderr()
+    out = child.rest_of_stdout()
+    assert "KeyboardInterrupt" in err, f"no KeyboardInterrupt in stderr:\n{err}"
+    assert "RETURNED" not in out
+    assert child.proc.returncode != 0
+    assert took < PROMPT_S, f"exited {took:.2f} s after SIGINT"
+    assert SECRET_KEY not in err and "SECRET-PROMPT" not in err
+
+
+def test_sigint_during_backoff_wait(scen: Scenario) -> None:
+    scen.script([{"status": 503, "retry_after": "30"}])
+    child = Child(scen.url, "call")
+    try:
+        child.wait_line("EVENT llm_retry_scheduled")
+        took = child.interrupt()
+        check_interrupted(child, took)
+    finally:
+        child.kill()
+    assert len(scen.requests()) == 1, "the scheduled retry must be cancelled"
+
+
+def test_sigint_during_attempt_in_flight(scen: Scenario) -> None:
+    scen.script([{"delay_ms": 30000}])
+    child = Child(scen.url, "call")
+    try:
+        child.wait_line("EVENT llm_request_started")
+        assert len(scen.wait_requests(1)) == 1, "the request never reached the server"
+        took = child.interrupt()
+        check_interrupted(child, took)
+    finally:
+        child.kill()
+    assert len(scen.requests()) == 1
+
+
+def test_sigint_in_map_with_concurrency(scen: Scenario) -> None:
+    scen.script([], after={"delay_ms": 30000})
+    child = Child(scen.url, "map")
+    try:
+        child.wait_line("EVENT llm_request_started", count=4)
+        # At least one request in flight at the server (whether the other
+        # three are sent at once is test_pool's concern, not this test's).
+        assert len(scen.wait_requests(1)) >= 1, "no call reached the server"
+        took = child.interrupt()
+        check_interrupted(child, took)
+    finally:
+        child.kill()
+    assert len(scen.requests()) <= 4, "no new item may start after Ctrl-C"
