@@ -25,7 +25,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from . import _llmretry
 from ._logging import DEFAULT, event_sink
 from ._pool import map_with_concurrency as _map_with_concurrency
-from .errors import error_from_outcome
+from .errors import LLMError, error_from_outcome
 
 __all__ = ["Client", "Result", "Meta", "call_llm", "call_llm_with_deadline",
            "call_many"]
@@ -108,6 +108,15 @@ class Result:
                 f"request_id={m.request_id!r}, model={m.model!r})")
 
 
+def _unparsable(out: Dict[str, Any], exc: ValueError) -> LLMError:
+    """The error for a 2xx body the core accepted but Python cannot parse."""
+    fields = dict(out, kind="invalid_response", reason="not_retryable",
+                  message=f"HTTP {out['status']} with a body Python cannot parse: {exc}",
+                  retry_after_ms=None, error_code=None,
+                  body_preview=out["body"][:500].decode("utf-8", "replace"))
+    return error_from_outcome(fields)
+
+
 def _meta_of(out: Dict[str, Any]) -> Meta:
     return Meta(out["attempt"], out["attempts"], out["duration_ms"],
                 out["total_ms"], out["status"], out["usage"], out["request_id"],
@@ -134,15 +143,25 @@ def _str(name: str, value: Any) -> str:
     raise TypeError(f"{name} must be a str, not {_type_name(value)}")
 
 
-def _int(name: str, value: Any) -> int:
-    if type(value) is int:
-        return value
-    if not isinstance(value, bool):
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _int(name: str, value: Any, low: int = _INT64_MIN, high: int = _INT64_MAX) -> int:
+    """An int (not a bool) that fits the C field; the core checks the range."""
+    if type(value) is not int:
+        if isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, not bool")
         try:
-            return operator.index(value)
+            value = operator.index(value)
         except TypeError:
-            pass
-    raise TypeError(f"{name} must be an int, not {_type_name(value)}")
+            raise TypeError(f"{name} must be an int, not {_type_name(value)}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} is out of range (got {value})")
+    return value  # type: ignore[no-any-return]
+
+
+def _int32(name: str, value: Any) -> int:
+    return _int(name, value, -(2 ** 31), 2 ** 31 - 1)
 
 
 def _opt_int(name: str, value: Any) -> Optional[int]:
@@ -194,7 +213,7 @@ _ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
     "api_key": _opt_str,
     "url": _opt_str,
     "timeout_ms": _int,
-    "max_retries": _int,
+    "max_retries": _int32,
     "base_delay_ms": _int,
     "max_delay_ms": _int,
     "jitter": _str,
@@ -223,14 +242,59 @@ _BODY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                                  allow_nan=False)
 
 
+def _make_fast_encoder() -> Optional[Callable[[Any], str]]:
+    """The C encoder behind _BODY_ENCODER, made once (None if unavailable).
+
+    ``JSONEncoder.encode`` builds a new C encoder per call; reusing one
+    saves microseconds per call. It keeps no circular-reference memo (it
+    is shared between threads): a cycle ends as RecursionError.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        encoder = make(None, _BODY_ENCODER.default, json.encoder.encode_basestring,
+                       None, ":", ",", False, False, False)
+
+        def encode(obj: Any) -> str:
+            return "".join(encoder(obj, 0))
+
+        if encode({"a": [1, "\u00e9"]}) != '{"a":[1,"\u00e9"]}':
+            return None
+        return encode
+    except Exception:   # a Python whose private encoder differs: use the public one
+        return None
+
+
+_encode_json: Callable[[Any], str] = _make_fast_encoder() or _BODY_ENCODER.encode
+
+# The response parser: the decoder's scanner, without json.loads' wrappers.
+_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _parse_json(body: bytes) -> Any:
+    """Parse a response body (ValueError when it is not UTF-8 JSON)."""
+    text = body.decode("utf-8")
+    try:
+        value, end = _scan_once(text, 0)
+    except StopIteration:   # leading whitespace, or not JSON: let loads tell
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
+
+
 def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
     """The body as bytes, and its model when it is a dict naming one."""
     if isinstance(body, dict):
         try:
-            payload = _BODY_ENCODER.encode(body).encode("utf-8")
+            payload = _encode_json(body).encode("utf-8")
         except (TypeError, ValueError) as exc:
             # The message names a type or a character, never the content.
             raise TypeError(f"body cannot be sent as JSON: {exc}") from None
+        except RecursionError:
+            raise TypeError("body cannot be sent as JSON: it is circular "
+                            "or nested too deeply") from None
         model = body.get("model")
         return payload, model if type(model) is str else None
     if isinstance(body, bytes):
@@ -311,7 +375,7 @@ class _Validator:
 
     def __call__(self, body: bytes) -> Optional[str]:
         try:
-            data = json.loads(body)
+            data = _parse_json(body)
         except ValueError:
             return "the body is not valid JSON"
         try:
@@ -327,7 +391,7 @@ class _Validator:
     def data_for(self, body: bytes) -> Any:
         if body is self.body or body == self.body:
             return self.data
-        return json.loads(body)
+        return _parse_json(body)
 
 
 # ---------------------------------------------------------------------------
@@ -361,7 +425,7 @@ class Client:
 
     def __init__(self, *, max_in_flight: int = 256, **defaults: Any) -> None:
         _check_option_names(defaults, "Client()")
-        max_in_flight = _int("max_in_flight", max_in_flight)
+        max_in_flight = _int32("max_in_flight", max_in_flight)
         self._max_in_flight = max_in_flight
         self._defaults = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
@@ -433,12 +497,18 @@ class Client:
             else:
                 out = engine.call(payload, model=model, **plan.kwargs)
             if out["ok"]:
-                return Result(json.loads(out["body"]), _meta_of(out))
+                try:
+                    return Result(_parse_json(out["body"]), _meta_of(out))
+                except ValueError as exc:
+                    raise _unparsable(out, exc) from None
         else:
             validator = _Validator(check)
             out = engine.call(payload, model=model, validate=validator, **plan.kwargs)
             if out["ok"]:
-                return Result(validator.data_for(out["body"]), _meta_of(out))
+                try:
+                    return Result(validator.data_for(out["body"]), _meta_of(out))
+                except ValueError as exc:
+                    raise _unparsable(out, exc) from None
         raise error_from_outcome(out)
 
     def call_llm(self, body: Body, *,

@@ -19,7 +19,7 @@ import json
 import logging
 import sys
 import threading
-from typing import Any, Callable, Dict, Mapping, Optional, TextIO, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, TextIO, Union
 
 __all__ = ["DEFAULT", "LOGGER_NAME", "EventSink", "event_sink", "jsonl_logger",
            "log_usage"]
@@ -29,7 +29,12 @@ LOGGER_NAME = "llmretry"
 EventSink = Callable[[Dict[str, Any]], Any]
 """A callable that receives each event dict."""
 
-LoggerArg = Union[None, logging.Logger, logging.LoggerAdapter, EventSink]
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[Any]
+else:   # not subscriptable at run time before Python 3.11
+    _Adapter = logging.LoggerAdapter
+
+LoggerArg = Union[None, logging.Logger, _Adapter, EventSink]
 
 
 class _Default:
@@ -78,7 +83,7 @@ def _logger_sink(logger: logging.Logger) -> EventSink:
     return log_event
 
 
-def _adapter_sink(adapter: logging.LoggerAdapter) -> EventSink:
+def _adapter_sink(adapter: _Adapter) -> EventSink:
     """An event sink logging through ``adapter``, keeping its own extra.
 
     ``LoggerAdapter.process`` replaces a call's ``extra`` with the adapter's

@@ -50,4 +50,4 @@ def map_with_concurrency(items: Iterable[T], limit: int,
     if not items:
         return []
     return _llmretry.run_pool(items, min(limit, len(items)), worker,
-                             bool(return_exceptions))
+                              bool(return_exceptions))
