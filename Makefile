@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan test test-c test-c-asan test-c-valgrind test-python demo bench clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-pip-install demo bench clean
 
 all: build
 
@@ -20,8 +20,12 @@ build-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLLMRETRY_SANITIZE=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
-test: deps build build-asan
-	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python
+# The Python extension, built in place so python/ is importable as is.
+build-python:
+	$(PYTHON) setup.py -q build_ext --inplace
+
+test: deps build build-asan build-python
+	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python test-pip-install
 	@echo "make test: all suites passed"
 
 test-c:
@@ -41,8 +45,12 @@ test-c-valgrind:
 test-python:
 	$(PYTHON) -m pytest -q tests/python
 
-demo: deps build
+# `pip install .` in a fresh venv, then one call against the mock server.
+test-pip-install:
+	tools/check-pip-install.sh
+
+demo: deps build build-python
 	tools/demo.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-python python/llmretry/*.so
