@@ -352,8 +352,7 @@ def check_error(err: BaseException, kind: str, *, reason: Optional[str] = None,
     assert err.status is None or isinstance(err.status, int)
     assert isinstance(err.request_id, str) and err.request_id
     assert isinstance(err.message, str) and err.message
-    assert err.request_id in str(err)
-    assert str(err).startswith(err.message)
+    assert str(err) == f"{err.message} [request_id={err.request_id}]"
     if model is not None:
         assert err.model == model
     assert isinstance(err.duration_ms, int) and isinstance(err.total_ms, int)

@@ -219,6 +219,27 @@ def test_result_and_meta(scen: Scenario) -> None:
     assert dataclasses.is_dataclass(meta)
     with pytest.raises(dataclasses.FrozenInstanceError):
         meta.status = 500  # type: ignore[misc]
+    assert not hasattr(meta, "__dict__"), "Meta should use slots"
+
+
+def test_process_exits_cleanly_after_calls(scen: Scenario) -> None:
+    """The default client is closed at exit: a script that made calls ends
+    at once, with status 0 and nothing on stderr."""
+    import subprocess
+    import sys
+    from conftest import child_env
+    script = ("import sys, llmretry\n"
+              "for _ in range(3):\n"
+              "    llmretry.call_llm({'model': 'm'}, base_url=sys.argv[1], logger=None)\n"
+              "print('done', flush=True)\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, scen.url], capture_output=True,
+                          text=True, env=child_env(), timeout=30)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n" and proc.stderr == ""
+    assert took < 5.0
+    assert len(scen.requests()) == 3
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

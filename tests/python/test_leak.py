@@ -87,6 +87,7 @@ def test_rss_flat_over_5000_calls(external_mock: str) -> None:
     finally:
         client.close()
     growth = after - before
+    print(f"RSS {before / 1048576:.1f} -> {after / 1048576:.1f} MiB")
     assert growth < MAX_GROWTH, (
         f"RSS grew {growth / 1048576:.1f} MiB over {CALLS} calls "
         f"({before / 1048576:.1f} -> {after / 1048576:.1f} MiB)")
