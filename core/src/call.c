@@ -227,6 +227,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;
+    c->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
     if (oom || bad_json || bad_scheme) {
         c->engine = NULL;
         lr_call_unref(c);
@@ -373,7 +374,11 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     curl_easy_setopt(easy, CURLOPT_PRIVATE, c);
     /* Never follow redirects: the key must not reach another host. */
     curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+    /* Over TLS, waiting for the first connection's ALPN lets calls share
+     * one HTTP/2 connection. Plain http is HTTP/1.1 only, where waiting
+     * would queue every call behind the first response. */
+    if (c->is_https)
+        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
 #if LIBCURL_VERSION_NUM >= 0x075500
     curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 #else

@@ -76,6 +76,7 @@ struct llmretry_call {
     char *url, *body, *model, *policy, *ca_file;
     char request_id[64];
     struct curl_slist *headers;
+    int is_https;
     int64_t submitted_at;          /* monotonic ms */
     int64_t deadline_at;           /* monotonic ms, -1 = none */
 
