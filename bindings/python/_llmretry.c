@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define WAKE_MS 50
 
@@ -141,6 +142,7 @@ typedef struct {
      * never held while waiting. */
     pthread_mutex_t mu;
     llmretry_engine *engine;
+    pid_t pid;                      /* the process that made the engine */
 } EngineObject;
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
@@ -165,6 +167,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     }
     pthread_mutex_lock(&self->mu);
     self->engine = e;
+    self->pid = getpid();
     pthread_mutex_unlock(&self->mu);
     return 0;
 }
@@ -183,6 +186,12 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static void engine_close(EngineObject *self)
 {
+    if (self->engine && getpid() != self->pid) {
+        /* A forked child: the engine, its thread and even the state of our
+         * lock are the parent's. Forget it; never touch it. */
+        self->engine = NULL;
+        return;
+    }
     pthread_mutex_lock(&self->mu);
     llmretry_engine *e = self->engine;
     self->engine = NULL;
@@ -318,22 +327,23 @@ static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
         "base_delay_ms", "max_delay_ms", "jitter", "deadline_ms", "retry_mode",
         "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
         "max_response_bytes", "headers", "request_id", "idempotency_key", "policy",
-        "ca_file", "on_event", "validate", NULL,
+        "ca_file", "on_event", "validate", "event_mask", NULL,
     };
     llmretry_options *o = &a->o;
     llmretry_options_defaults(o);
     long long timeout_ms = o->timeout_ms, base = o->base_delay_ms, cap = o->max_delay_ms;
     long long max_ra = o->max_retry_after_ms, max_bytes = o->max_response_bytes;
     int max_retries = o->max_retries, retry_invalid = 1;
+    unsigned int event_mask = LLMRETRY_EVENTS_ALL;
     const char *jitter = "additive", *retry_mode = "safe";
     PyObject *deadline = Py_None, *statuses = Py_None, *headers = Py_None;
     *on_event = *validate = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|$zzzzLiLLsOsOLpLOzzzzOO:call", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|$zzzzLiLLsOsOLpLOzzzzOOI:call", kwlist,
                                      &a->body, &o->model, &o->url, &o->base_url, &o->api_key,
                                      &timeout_ms, &max_retries, &base, &cap, &jitter, &deadline,
                                      &retry_mode, &statuses, &max_ra, &retry_invalid, &max_bytes,
                                      &headers, &o->request_id, &o->idempotency_key, &o->policy,
-                                     &o->ca_file, on_event, validate))
+                                     &o->ca_file, on_event, validate, &event_mask))
         return -1;
     a->have_body = 1;
     o->body = a->body.buf;
@@ -376,7 +386,7 @@ static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
             return -1;
         }
     }
-    o->events = *on_event != Py_None;
+    o->events = *on_event != Py_None ? event_mask : 0;
     o->validate = *validate != Py_None;
     if (parse_statuses(statuses, o) < 0 || parse_headers(headers, a) < 0)
         return -1;
@@ -849,6 +859,23 @@ static int module_exec(PyObject *m)
         Py_DECREF(st->pool_stop);
         return -1;
     }
+    PyObject *names = PyTuple_New(6);
+    if (!names)
+        return -1;
+    for (int t = 0; t < 6; t++) {
+        PyObject *name = PyUnicode_FromString(llmretry_event_name((llmretry_event_type)t));
+        if (!name) {
+            Py_DECREF(names);
+            return -1;
+        }
+        PyTuple_SET_ITEM(names, t, name);
+    }
+    if (PyModule_AddObject(m, "EVENT_NAMES", names) < 0) {
+        Py_DECREF(names);
+        return -1;
+    }
+    if (PyModule_AddIntConstant(m, "EVENTS_ALL", LLMRETRY_EVENTS_ALL) < 0)
+        return -1;
     return PyModule_AddStringConstant(m, "VERSION", LLMRETRY_VERSION);
 }
 

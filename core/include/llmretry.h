@@ -67,6 +67,7 @@ const char *llmretry_jitter_name(llmretry_jitter j);
 const char *llmretry_retry_mode_name(llmretry_retry_mode m);
 
 #define LLMRETRY_NO_DEADLINE (-1)
+#define LLMRETRY_EVENTS_ALL 0x3fu
 #define LLMRETRY_MAX_STATUSES 64
 
 typedef struct llmretry_options {
@@ -115,8 +116,10 @@ typedef struct llmretry_options {
     /* 1 = each 2xx JSON response waits for llmretry_call_validated()
      * from the host before the call succeeds (DESIGN §1). */
     int validate;
-    /* 0 = produce no events at all (the call still has its result). */
-    int events;
+    /* Which events to produce: bit (1u << type) for each llmretry_event_type.
+     * LLMRETRY_EVENTS_ALL by default; 0 = none (the call still has its
+     * result). Hosts whose logger drops some levels ask only for the rest. */
+    unsigned events;
     /* Extra CA bundle file for TLS (NULL = system default). */
     const char *ca_file;
 } llmretry_options;

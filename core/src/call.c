@@ -319,12 +319,34 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* The body goes out through a read callback rather than POSTFIELDS so that
- * libcurl cannot rewind it: when a reused keep-alive connection dies under a
- * request, libcurl would otherwise re-send it silently, one request more
- * than the attempts the policy counted (and a duplicate an unsafe call must
- * never make). Refusing the rewind turns that into a failed attempt the
- * policy sees. */
+/* One attempt must be one request. When a reused keep-alive connection
+ * dies under a request, libcurl silently re-sends it on a new connection:
+ * a request the policy never counted, and a duplicate an unsafe call must
+ * never make. We turn that re-send into a failed attempt the policy sees. */
+#if LIBCURL_VERSION_NUM >= 0x075000
+/* libcurl calls this before each request it starts; a second call within
+ * one attempt is the silent re-send. (With POSTFIELDS a small body leaves
+ * with the headers in one write.) */
+static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port)
+{
+    llmretry_call *c = ud;
+    (void)primary_ip;
+    (void)local_ip;
+    (void)primary_port;
+    (void)local_port;
+    return ++c->prereq_calls > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+}
+
+static void set_body(llmretry_call *c, CURL *easy)
+{
+    c->prereq_calls = 0;
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
+    curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(easy, CURLOPT_PREREQDATA, c);
+}
+#else
+/* Older libcurl: send through a read callback that cannot rewind, so the
+ * re-send fails with CURLE_SEND_FAIL_REWIND instead. */
 static size_t on_send(char *buf, size_t size, size_t nitems, void *ud)
 {
     llmretry_call *c = ud;
@@ -344,6 +366,16 @@ static int refuse_rewind(void *ud, curl_off_t offset, int origin)
     return CURL_SEEKFUNC_CANTSEEK;
 }
 
+static void set_body(llmretry_call *c, CURL *easy)
+{
+    c->send_pos = 0;
+    curl_easy_setopt(easy, CURLOPT_READFUNCTION, on_send);
+    curl_easy_setopt(easy, CURLOPT_READDATA, c);
+    curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, refuse_rewind);
+    curl_easy_setopt(easy, CURLOPT_SEEKDATA, c);
+}
+#endif
+
 void lr_call_reset_response(llmretry_call *c)
 {
     c->resp.len = 0;
@@ -357,12 +389,8 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     lr_call_reset_response(c);
     curl_easy_setopt(easy, CURLOPT_URL, c->url);
     curl_easy_setopt(easy, CURLOPT_POST, 1L);
-    c->send_pos = 0;
     curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->o.body_len);
-    curl_easy_setopt(easy, CURLOPT_READFUNCTION, on_send);
-    curl_easy_setopt(easy, CURLOPT_READDATA, c);
-    curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, refuse_rewind);
-    curl_easy_setopt(easy, CURLOPT_SEEKDATA, c);
+    set_body(c, easy);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
@@ -488,6 +516,13 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         f->fatal = 1;
         f->never_connected = 1;
         out->message = printf_alloc("bad URL (not retried): %s", detail);
+        break;
+    case CURLE_ABORTED_BY_CALLBACK:
+        /* Only our prereq guard aborts: a reused connection died under the
+         * request, and it may have reached the server. */
+        f->kind = LLMRETRY_ERR_NETWORK;
+        out->message = printf_alloc("connection lost before a response (the request may "
+                                    "have reached the server)");
         break;
     case CURLE_WRITE_ERROR:
         if (c->too_large) {

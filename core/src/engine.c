@@ -42,6 +42,7 @@ struct llmretry_engine {
     CURL **easy_pool;
     size_t n_easy;
     uint64_t rng;
+    llmretry_call *pend_head;      /* calls with news, published once per loop */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -201,28 +202,53 @@ static void easy_put(llmretry_engine *e, CURL *easy)
 
 /* ---- the mailbox, engine side ----------------------------------------- */
 
-/* Tell a poll-mode host that `c` has news. The eventfd is readable exactly
- * while the ready list is non-empty (both change under e->mu). */
+/* Engine thread: note that a poll-mode call has news. flush_ready publishes
+ * all of them once per loop pass, under one lock and with at most one
+ * eventfd write, instead of once per event. The list holds a reference. */
 static void notify_ready(llmretry_call *c)
 {
-    if (!(c->flags & LLMRETRY_SUBMIT_POLL))
+    if (!(c->flags & LLMRETRY_SUBMIT_POLL) || c->pend_notify)
         return;
     llmretry_engine *e = c->engine;
+    c->pend_notify = 1;
+    lr_call_ref(c);
+    c->pend_next = e->pend_head;
+    e->pend_head = c;
+}
+
+/* The eventfd is readable exactly while the ready list is non-empty (both
+ * change under e->mu). */
+static void flush_ready(llmretry_engine *e)
+{
+    llmretry_call *pend = e->pend_head;
+    if (!pend)
+        return;
+    e->pend_head = NULL;
     pthread_mutex_lock(&e->mu);
-    if (!c->in_ready && !c->host_freed) {
+    int was_empty = e->ready_head == NULL;
+    for (llmretry_call *c = pend; c; c = c->pend_next) {
+        c->pend_notify = 0;
+        if (c->in_ready || c->host_freed)
+            continue;
         c->in_ready = 1;
         c->ready_next = NULL;
         if (e->ready_tail)
             e->ready_tail->ready_next = c;
-        else {
+        else
             e->ready_head = c;
-            uint64_t one = 1;
-            ssize_t n = write(e->efd, &one, sizeof one);
-            (void)n;                /* a full counter is still readable */
-        }
         e->ready_tail = c;
     }
+    if (was_empty && e->ready_head) {
+        uint64_t one = 1;
+        ssize_t n = write(e->efd, &one, sizeof one);
+        (void)n;                    /* a full counter is still readable */
+    }
     pthread_mutex_unlock(&e->mu);
+    while (pend) {
+        llmretry_call *next = pend->pend_next;
+        lr_call_unref(pend);
+        pend = next;
+    }
 }
 
 void lr_mail_event(llmretry_call *c, llmretry_event *ev)
@@ -244,10 +270,10 @@ void lr_mail_event(llmretry_call *c, llmretry_event *ev)
     notify_ready(c);
 }
 
-/* A fresh event of type t, or NULL when the call asked for no events. */
+/* A fresh event of type t, or NULL when the call did not ask for it. */
 static llmretry_event *event(llmretry_call *c, llmretry_event_type t)
 {
-    return c->o.events ? lr_event_new(c, t) : NULL;
+    return c->o.events & (1u << t) ? lr_event_new(c, t) : NULL;
 }
 
 static void post(llmretry_call *c, llmretry_event *ev)
@@ -635,16 +661,19 @@ static void *io_main(void *arg)
         int running = 0;
         curl_multi_perform(e->multi, &running);
         read_finished(e);
+        flush_ready(e);
         curl_multi_poll(e->multi, NULL, 0, poll_timeout_ms(e), NULL);
     }
     while (e->live_head)
         cancel_call(e, e->live_head);
+    flush_ready(e);
     pthread_mutex_lock(&e->mu);
     e->multi_gone = 1;
     llmretry_call *late = e->ops_head;
     e->ops_head = e->ops_tail = NULL;
     pthread_mutex_unlock(&e->mu);
     process_ops(e, late);           /* only cancels of finished calls remain */
+    flush_ready(e);
     while (e->n_easy > 0)
         curl_easy_cleanup(e->easy_pool[--e->n_easy]);
     curl_multi_cleanup(e->multi);
@@ -705,6 +734,11 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
         free(e);
         return LLMRETRY_EINTERNAL;
     }
+    /* Keep every connection of a full window: libcurl's default cache is
+     * 4x the handles added at the moment and prunes idle connections
+     * whenever the host is slow to resubmit. */
+    curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS,
+                      (long)(opts->max_in_flight > 16 ? opts->max_in_flight : 16));
     if (opts->max_host_connections > 0)
         curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)opts->max_host_connections);
 
@@ -750,6 +784,7 @@ static int queue_op(llmretry_call *c, unsigned op)
         return -1;
     }
     c->ops |= op;
+    int was_empty = e->ops_head == NULL;
     if (!c->op_queued) {
         c->op_queued = 1;
         lr_call_ref(c);
@@ -760,7 +795,9 @@ static int queue_op(llmretry_call *c, unsigned op)
             e->ops_head = c;
         e->ops_tail = c;
     }
-    curl_multi_wakeup(e->multi);
+    /* The I/O thread takes the whole list at once: one wakeup per batch. */
+    if (was_empty)
+        curl_multi_wakeup(e->multi);
     pthread_mutex_unlock(&e->mu);
     return 0;
 }

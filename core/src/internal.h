@@ -87,6 +87,7 @@ struct llmretry_call {
     CURL *easy;
     int64_t attempt_started_at;
     int cut_by_deadline;           /* this attempt's timeout is the deadline's */
+    int prereq_calls;              /* requests libcurl began this attempt */
     size_t send_pos;               /* bytes of the body handed to libcurl */
     lr_buf resp;
     int too_large;
@@ -113,6 +114,8 @@ struct llmretry_call {
     llmretry_call *op_next;
     /* Poll-mode ready list (engine->mu). */
     int in_ready;
+    int pend_notify;               /* engine thread: on e->pend_head */
+    llmretry_call *pend_next;
     llmretry_call *ready_next;
 
     /* The mailbox (mu). */

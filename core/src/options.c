@@ -27,7 +27,7 @@ void llmretry_options_defaults(llmretry_options *o)
     o->max_retry_after_ms = 120000;
     o->retry_invalid_response = 1;
     o->max_response_bytes = (int64_t)32 * 1024 * 1024;
-    o->events = 1;
+    o->events = LLMRETRY_EVENTS_ALL;
 }
 
 #if defined(__GNUC__)
@@ -182,6 +182,8 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
     if (o->max_response_bytes <= 0)
         return fail(err, errlen, "max_response_bytes must be > 0 (got %" PRId64 ")",
                     o->max_response_bytes);
+    if (o->events & ~LLMRETRY_EVENTS_ALL)
+        return fail(err, errlen, "events has unknown bits (got 0x%x)", o->events);
     if (o->ca_file && !*o->ca_file)
         return fail(err, errlen, "ca_file must not be empty");
     return LLMRETRY_OK;

@@ -23,7 +23,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _llmretry
-from ._logging import DEFAULT, event_sink
+from ._logging import DEFAULT, event_mask_of, event_sink
 from ._pool import map_with_concurrency as _map_with_concurrency
 from .errors import LLMError, error_from_outcome
 
@@ -314,22 +314,27 @@ class _Plan:
 
     ``kwargs`` holds only what differs from the engine's own defaults, and
     ``on_event`` when the logger makes events; it is never mutated once
-    built, so one plan serves any number of concurrent calls.
+    built, so one plan serves any number of concurrent calls. ``event_mask``
+    (for logging loggers) tells at call time which events the logger keeps.
     """
 
-    __slots__ = ("kwargs", "validate")
+    __slots__ = ("kwargs", "validate", "event_mask")
 
-    def __init__(self, kwargs: Dict[str, Any], validate: Optional[Validate]) -> None:
+    def __init__(self, kwargs: Dict[str, Any], validate: Optional[Validate],
+                 event_mask: Optional[Callable[[], int]] = None) -> None:
         self.kwargs = kwargs
         self.validate = validate
+        self.event_mask = event_mask
 
     def with_options(self, options: Iterable[Tuple[str, Any]]) -> "_Plan":
         """A new plan: this one with ``options`` (public names) applied."""
         kwargs = dict(self.kwargs)
         validate = self.validate
+        event_mask = self.event_mask
         for name, value in options:
             if name == "logger":
                 sink = event_sink(value)
+                event_mask = event_mask_of(sink)
                 if sink is None:
                     kwargs.pop("on_event", None)
                 else:
@@ -341,7 +346,7 @@ class _Plan:
                 validate = value
             else:
                 kwargs[name] = _ENGINE_OPTIONS[name](name, value)
-        return _Plan(kwargs, validate)
+        return _Plan(kwargs, validate, event_mask)
 
     def with_values(self, values: Sequence[Any]) -> "_Plan":
         """A new plan with call_llm's non-DEFAULT values (in _CALL_OPTIONS order)."""
@@ -490,26 +495,24 @@ class Client:
         engine = self._engine
         if engine is None:
             engine = self._reopen()
-        check = plan.validate
-        if check is None:
-            if model is None:
-                out = engine.call(payload, **plan.kwargs)
-            else:
-                out = engine.call(payload, model=model, **plan.kwargs)
-            if out["ok"]:
-                try:
-                    return Result(_parse_json(out["body"]), _meta_of(out))
-                except ValueError as exc:
-                    raise _unparsable(out, exc) from None
-        else:
-            validator = _Validator(check)
-            out = engine.call(payload, model=model, validate=validator, **plan.kwargs)
-            if out["ok"]:
-                try:
-                    return Result(validator.data_for(out["body"]), _meta_of(out))
-                except ValueError as exc:
-                    raise _unparsable(out, exc) from None
-        raise error_from_outcome(out)
+        extra: Dict[str, Any] = {}
+        if model is not None:
+            extra["model"] = model
+        if plan.event_mask is not None:
+            # Only the events the logger keeps at its current level.
+            extra["event_mask"] = plan.event_mask()
+        validator = None
+        if plan.validate is not None:
+            validator = extra["validate"] = _Validator(plan.validate)
+        out = engine.call(payload, **extra, **plan.kwargs)
+        if not out["ok"]:
+            raise error_from_outcome(out)
+        try:
+            data = (validator.data_for(out["body"]) if validator is not None
+                    else _parse_json(out["body"]))
+        except ValueError as exc:
+            raise _unparsable(out, exc) from None
+        return Result(data, _meta_of(out))
 
     def call_llm(self, body: Body, *,
                  base_url: Optional[str] = DEFAULT,

@@ -17,6 +17,8 @@ place where Python meets the C core. Conventions:
 from typing import Any, Callable, Optional, Sequence, TypedDict, Union
 
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
+EVENT_NAMES: tuple[str, ...]  # event names in the order of their event_mask bits
+EVENTS_ALL: int  # the event_mask with every event
 
 class PoolStop(BaseException):
     """Raised inside a run_pool worker whose pool is stopping (Ctrl-C)."""
@@ -60,6 +62,7 @@ class Engine:
         ca_file: Optional[str] = None,
         on_event: Optional[Callable[[dict[str, Any]], Any]] = None,
         validate: Optional[Callable[[bytes], Optional[str]]] = None,
+        event_mask: int = EVENTS_ALL,
     ) -> dict[str, Any]:
         """Run one call to completion and return its outcome.
 

@@ -68,6 +68,41 @@ def _event_message(event: Mapping[str, Any]) -> str:
     return f"{event.get('event')} {_COMPACT.encode(event)}"
 
 
+def _level_bits() -> Dict[int, int]:
+    """For each level in use, the event_mask bits of the events logged at it."""
+    from . import _llmretry
+
+    bits: Dict[int, int] = {}
+    for i, name in enumerate(_llmretry.EVENT_NAMES):
+        level = _EVENT_LEVELS.get(name, logging.WARNING)
+        bits[level] = bits.get(level, 0) | (1 << i)
+    return bits
+
+
+def _mask_for(is_enabled_for: Callable[[int], bool]) -> Callable[[], int]:
+    """A function giving the events a logger would keep right now.
+
+    Asked at each call, so that the engine builds no event the logger's
+    current level drops (the default logger drops DEBUG and INFO until the
+    application configures logging).
+    """
+    items = tuple(_level_bits().items())
+
+    def event_mask() -> int:
+        mask = 0
+        for level, bits in items:
+            if is_enabled_for(level):
+                mask |= bits
+        return mask
+
+    return event_mask
+
+
+def event_mask_of(sink: Optional[EventSink]) -> Optional[Callable[[], int]]:
+    """The event-mask function of a logger sink; None for plain callables."""
+    return getattr(sink, "event_mask", None)
+
+
 def _logger_sink(logger: logging.Logger) -> EventSink:
     """An event sink logging to ``logger`` at each event's level."""
     is_enabled_for = logger.isEnabledFor
@@ -80,6 +115,7 @@ def _logger_sink(logger: logging.Logger) -> EventSink:
             log(level, _event_message(event), extra={"llmretry_event": event})
 
     log_event.__qualname__ = f"log_event[{logger.name}]"
+    log_event.event_mask = _mask_for(is_enabled_for)  # type: ignore[attr-defined]
     return log_event
 
 
@@ -101,6 +137,7 @@ def _adapter_sink(adapter: _Adapter) -> EventSink:
         kwargs["extra"] = extra
         adapter.logger.log(level, msg, **kwargs)
 
+    log_event.event_mask = _mask_for(adapter.isEnabledFor)  # type: ignore[attr-defined]
     return log_event
 
 

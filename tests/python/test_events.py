@@ -326,3 +326,45 @@ def test_jsonl_logger_defaults_to_stderr(scen: Scenario,
     names = [json.loads(line)["event"] for line in captured.err.splitlines()]
     assert names == ["llm_request_started", "llm_request_succeeded"]
     assert captured.out == ""
+
+
+def test_engine_builds_only_the_masked_events(scen: Scenario) -> None:
+    """event_mask selects events in the core: a WARNING logger costs no
+    started/succeeded events, and a mask of one event gives just that one."""
+    from llmretry import _llmretry
+
+    scen.script([{"status": 503}, {}])
+    got: List[Dict[str, Any]] = []
+    retry_only = 1 << _llmretry.EVENT_NAMES.index("llm_retry_scheduled")
+    engine = _llmretry.Engine()
+    try:
+        out = engine.call(json.dumps(secret_body("mask")).encode(), base_url=scen.url, base_delay_ms=1, jitter="none",
+                          on_event=got.append, event_mask=retry_only)
+    finally:
+        engine.close()
+    assert out["ok"] and out["attempts"] == 2
+    assert [e["event"] for e in got] == ["llm_retry_scheduled"]
+
+
+def test_logger_level_decides_which_events_are_built(scen: Scenario) -> None:
+    """A logger at WARNING gets failures only; lowering its level at run
+    time brings the started/succeeded events back on the next call."""
+    logger = logging.getLogger("llmretry.test.mask")
+    logger.propagate = False
+    cap = Capture()
+    logger.addHandler(cap)
+    try:
+        logger.setLevel(logging.WARNING)
+        scen.script([{"status": 503}, {}, {}])
+        llmretry.call_llm(secret_body("lvl"), base_url=scen.url, api_key=SECRET_KEY,
+                          logger=logger, **FAST)
+        names = [r.llmretry_event["event"] for r in cap.records]  # type: ignore[attr-defined]
+        assert names == ["llm_request_failed", "llm_retry_scheduled"]
+        cap.records.clear()
+        logger.setLevel(logging.DEBUG)
+        llmretry.call_llm(secret_body("lvl"), base_url=scen.url, api_key=SECRET_KEY,
+                          logger=logger, **FAST)
+        names = [r.llmretry_event["event"] for r in cap.records]  # type: ignore[attr-defined]
+        assert names == ["llm_request_started", "llm_request_succeeded"]
+    finally:
+        logger.removeHandler(cap)
