@@ -45,7 +45,7 @@ static void test_defaults(void)
     CHECK_INT(o.retry_invalid_response, 1);
     CHECK_INT(o.max_response_bytes, 32 * 1024 * 1024);
     CHECK_INT(o.validate, 0);
-    CHECK_INT(o.events, 1);
+    CHECK_INT(o.events, LLMRETRY_EVENTS_ALL);
     llmretry_options_defaults(NULL); /* harmless */
 
     /* Defaults lack only the body. */
