@@ -390,6 +390,37 @@ llmretry_decision llmretry_decide(const llmretry_options *o, const llmretry_fail
 int64_t llmretry_attempt_timeout_ms(int64_t timeout_ms, int64_t deadline_left_ms);
 
 /* ------------------------------------------------------------------ */
+/* The batch pacer: pure, on the caller's clock (DESIGN §2, batches).  */
+/* ------------------------------------------------------------------ */
+
+/* How many items of a batch may run at once. A 429 that names a wait
+ * (Retry-After, x-ratelimit-reset) pauses new starts for that long; with
+ * `adaptive`, a 429 also halves the window (once per burst: not again
+ * within LLMRETRY_PACER_COOLDOWN_MS) and it grows back by one slot per
+ * window-full of successes (additive increase), never above
+ * `limit` nor below 1. Host pools (Python, Lua) and engine groups use it. */
+typedef struct llmretry_pacer {
+    int limit;
+    int adaptive;
+    int window;                    /* items allowed in flight, 1..limit */
+    int credit;                    /* successes since the window last grew */
+    int64_t paused_until_ms;       /* 0 = not paused */
+    int64_t last_halving_ms;       /* -1 = never */
+    int pauses, halvings;          /* for batch summaries */
+} llmretry_pacer;
+
+#define LLMRETRY_PACER_COOLDOWN_MS 1000
+
+void llmretry_pacer_init(llmretry_pacer *p, int limit, int adaptive);
+/* Items that may be in flight now: 0 while paused, else the window. */
+int llmretry_pacer_allowed(const llmretry_pacer *p, int64_t now_ms);
+/* Milliseconds until the pause ends (0 when not paused). */
+int64_t llmretry_pacer_paused_ms(const llmretry_pacer *p, int64_t now_ms);
+/* An attempt got a 429; wait_ms is the server's wait (-1 = none named). */
+void llmretry_pacer_on_429(llmretry_pacer *p, int64_t now_ms, int64_t wait_ms);
+void llmretry_pacer_on_success(llmretry_pacer *p);
+
+/* ------------------------------------------------------------------ */
 /* JSON helpers shared by the bindings.                                */
 /* ------------------------------------------------------------------ */
 
