@@ -18,19 +18,13 @@ RSS_ROUNDS=${RSS_ROUNDS:-4}
 RSS_BIG_BODY=${RSS_BIG_BODY:-16384}
 PORT=${LLMRETRY_BENCH_PORT:-18089}
 BUILD_DIR=${BUILD_DIR:-build-bench}
-ECHO_SO=/usr/lib/nginx/modules/ngx_http_echo_module.so
 
 log() { printf '%s\n' "$*" >&2; }
 
 # ---- 1. nginx and the echo module (Debian packages) ----------------------
-if ! command -v nginx >/dev/null 2>&1 || [ ! -f "$ECHO_SO" ]; then
-  log "== installing nginx + libnginx-mod-http-echo"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nginx libnginx-mod-http-echo >&2
-fi
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# shellcheck source=bench/nginx.sh
+. "$ROOT/bench/nginx.sh"
+bench_nginx_install
 
 # ---- 2. build: the core as a static library, the two bench programs -------
 log "== building ($BUILD_DIR)"
@@ -44,26 +38,7 @@ gcc -O2 -Wall -Wextra -Icore/include -o "$BUILD_DIR/bench_engine" bench/bench_en
 gcc -O2 -Wall -Wextra -o "$BUILD_DIR/bare_multi" bench/bare_multi.c $DEPS -lpthread
 
 # ---- 3. nginx on loopback, everything under a temp dir --------------------
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/llmretry-bench.XXXXXX")
-chmod 755 "$TMP"            # nginx workers may run as nobody
-sed "s/127\.0\.0\.1:18089/127.0.0.1:$PORT/" bench/nginx.conf >"$TMP/nginx.conf"
-stop_nginx() {
-  if [ -f "$TMP/nginx.pid" ]; then
-    "$NGINX" -p "$TMP/" -e "$TMP/error.log" -c "$TMP/nginx.conf" -s stop 2>/dev/null || true
-    for _ in $(seq 50); do [ -f "$TMP/nginx.pid" ] || break; sleep 0.1; done
-  fi
-  rm -rf "$TMP"
-}
-trap stop_nginx EXIT
-"$NGINX" -p "$TMP/" -e "$TMP/error.log" -c "$TMP/nginx.conf" || {
-  log "nginx failed to start (port $PORT busy? set LLMRETRY_BENCH_PORT)"; cat "$TMP/error.log" >&2 || true; exit 1; }
-FAST="http://127.0.0.1:$PORT/v1/chat/completions"
-SLOW="http://127.0.0.1:$PORT/slow/v1/chat/completions"
-for _ in $(seq 50); do
-  curl -fsS -o /dev/null -X POST -d '{}' "$FAST" 2>/dev/null && break
-  sleep 0.1
-done
-curl -fsS -o /dev/null -X POST -d '{}' "$SLOW" || { log "nginx does not answer on $PORT"; exit 1; }
+bench_nginx_start "$PORT"     # sets TMP, FAST, SLOW; stops nginx on exit
 
 # 1,000 connections need more than the usual 1024 descriptors.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || ulimit -n 65536 2>/dev/null || true
