@@ -66,6 +66,8 @@ llmretry_status llmretry_retry_mode_parse(const char *s, llmretry_retry_mode *ou
 const char *llmretry_jitter_name(llmretry_jitter j);
 const char *llmretry_retry_mode_name(llmretry_retry_mode m);
 
+typedef struct llmretry_group llmretry_group;
+
 #define LLMRETRY_NO_DEADLINE (-1)
 #define LLMRETRY_EVENTS_ALL 0x3fu
 #define LLMRETRY_MAX_STATUSES 64
@@ -122,6 +124,8 @@ typedef struct llmretry_options {
     unsigned events;
     /* Extra CA bundle file for TLS (NULL = system default). */
     const char *ca_file;
+    /* Submit into this batch group (NULL = none): see llmretry_group_new. */
+    llmretry_group *group;
 } llmretry_options;
 
 /* Fill `o` with the defaults of DESIGN §2. */
@@ -419,6 +423,40 @@ int64_t llmretry_pacer_paused_ms(const llmretry_pacer *p, int64_t now_ms);
 /* An attempt got a 429; wait_ms is the server's wait (-1 = none named). */
 void llmretry_pacer_on_429(llmretry_pacer *p, int64_t now_ms, int64_t wait_ms);
 void llmretry_pacer_on_success(llmretry_pacer *p);
+
+/* ------------------------------------------------------------------ */
+/* Groups: the calls of one batch, paced together on the engine thread. */
+/* ------------------------------------------------------------------ */
+
+/* A call submitted with options.group waits in the group until the group's
+ * pacer lets it start: at most `limit` items run at once (an item counts
+ * from its first attempt until it finishes, backoff waits included), a 429
+ * naming a wait pauses every new start for that long, and with `adaptive`
+ * the window halves on a burst of 429s and grows back on successes. With a
+ * deadline, no item runs past it: each call's deadline is the earlier of
+ * its own and the group's, and items not started in time fail with
+ * deadline_exceeded. */
+typedef struct llmretry_group_options {
+    int limit;                     /* 8, >= 1 */
+    int64_t deadline_ms;           /* LLMRETRY_NO_DEADLINE, else >= 0 (from group_new) */
+    int adaptive;                  /* 1 */
+} llmretry_group_options;
+
+typedef struct llmretry_group_stats {
+    int window;                    /* items allowed in flight now */
+    int active;                    /* items started and not finished */
+    int queued;                    /* items waiting to start */
+    int pauses;                    /* 429 pauses so far */
+    int halvings;                  /* window halvings so far */
+} llmretry_group_stats;
+
+void llmretry_group_options_defaults(llmretry_group_options *o);
+llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_options *o,
+                                   llmretry_group **out, char *err, size_t errlen);
+/* Drop the host's reference; calls still in the group keep it alive. */
+void llmretry_group_free(llmretry_group *g);
+/* A snapshot, updated by the engine thread as it schedules. */
+void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out);
 
 /* ------------------------------------------------------------------ */
 /* JSON helpers shared by the bindings.                                */

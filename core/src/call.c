@@ -136,6 +136,8 @@ static void call_destroy(llmretry_call *c)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     llmretry_engine *e = c->engine;
+    if (c->group)
+        lr_group_unref(c->group);
     free(c);
     if (e)
         lr_engine_unref(e);
@@ -173,6 +175,10 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     llmretry_status st = llmretry_options_check(opts, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
+    if (opts->group && opts->group->engine != e) {
+        lr_errf(err, errlen, "group belongs to another engine");
+        return LLMRETRY_EINVAL;
+    }
     llmretry_call *c = calloc(1, sizeof *c);
     if (!c)
         return LLMRETRY_ENOMEM;
@@ -245,6 +251,14 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->submitted_at = lr_mono_ms();
     if (opts->deadline_ms != LLMRETRY_NO_DEADLINE)
         c->deadline_at = c->submitted_at + opts->deadline_ms;
+    if (opts->group) {
+        /* No item of a batch runs past the batch's deadline. */
+        c->group = opts->group;
+        atomic_fetch_add_explicit(&c->group->refs, 1, memory_order_relaxed);
+        if (c->group->deadline_at >= 0 &&
+            (c->deadline_at < 0 || c->group->deadline_at < c->deadline_at))
+            c->deadline_at = c->group->deadline_at;
+    }
     *out = c;
     return LLMRETRY_OK;
 }

@@ -36,7 +36,8 @@ struct llmretry_engine {
     /* I/O thread only. */
     llmretry_call **heap;
     size_t heap_len, heap_cap;
-    llmretry_call *wait_head, *wait_tail;
+    lr_queue waiting;              /* calls without a free slot */
+    llmretry_group *groups;        /* groups with items to start */
     llmretry_call *live_head;
     int in_flight;
     CURL **easy_pool;
@@ -51,6 +52,16 @@ static CURLcode curl_init_rc;
 static void curl_init_once(void)
 {
     curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+void lr_engine_ref(llmretry_engine *e)
+{
+    atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+}
+
+pthread_mutex_t *lr_engine_mutex(llmretry_engine *e)
+{
+    return &e->mu;
 }
 
 void lr_engine_unref(llmretry_engine *e)
@@ -127,34 +138,45 @@ static void heap_remove(llmretry_engine *e, llmretry_call *c)
 
 /* ---- the waiting queue (calls without a free slot) and live list ------- */
 
-static void wait_push(llmretry_engine *e, llmretry_call *c, int front)
+static void queue_push(lr_queue *q, llmretry_call *c, int front)
 {
-    c->state = LR_QUEUED;
     c->wait_prev = c->wait_next = NULL;
-    if (!e->wait_head) {
-        e->wait_head = e->wait_tail = c;
+    if (!q->head) {
+        q->head = q->tail = c;
     } else if (front) {
-        c->wait_next = e->wait_head;
-        e->wait_head->wait_prev = c;
-        e->wait_head = c;
+        c->wait_next = q->head;
+        q->head->wait_prev = c;
+        q->head = c;
     } else {
-        c->wait_prev = e->wait_tail;
-        e->wait_tail->wait_next = c;
-        e->wait_tail = c;
+        c->wait_prev = q->tail;
+        q->tail->wait_next = c;
+        q->tail = c;
     }
 }
 
-static void wait_unlink(llmretry_engine *e, llmretry_call *c)
+static void queue_unlink(lr_queue *q, llmretry_call *c)
 {
     if (c->wait_prev)
         c->wait_prev->wait_next = c->wait_next;
     else
-        e->wait_head = c->wait_next;
+        q->head = c->wait_next;
     if (c->wait_next)
         c->wait_next->wait_prev = c->wait_prev;
     else
-        e->wait_tail = c->wait_prev;
+        q->tail = c->wait_prev;
     c->wait_prev = c->wait_next = NULL;
+}
+
+/* Publish the group's numbers for llmretry_group_stats_get. */
+static void group_snapshot(llmretry_engine *e, llmretry_group *g)
+{
+    pthread_mutex_lock(&e->mu);
+    g->stats.window = g->pacer.window;
+    g->stats.active = g->active;
+    g->stats.queued = g->queued;
+    g->stats.pauses = g->pacer.pauses;
+    g->stats.halvings = g->pacer.halvings;
+    pthread_mutex_unlock(&e->mu);
 }
 
 static void live_link(llmretry_engine *e, llmretry_call *c)
@@ -293,6 +315,11 @@ static void finish(llmretry_engine *e, llmretry_call *c)
     r->total_ms = lr_mono_ms() - c->submitted_at;
     c->state = LR_DONE;
     live_unlink(e, c);
+    if (c->group_active) {
+        c->group_active = 0;
+        c->group->active--;
+        group_snapshot(e, c->group);
+    }
     pthread_mutex_lock(&c->mu);
     c->done = 1;
     pthread_cond_broadcast(&c->cv);
@@ -305,6 +332,8 @@ static void succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t du
                     llmretry_usage usage, char *response_model, char *fingerprint)
 {
     llmretry_result *r = &c->result;
+    if (c->group)
+        llmretry_pacer_on_success(&c->group->pacer);
     r->ok = 1;
     r->status = status;
     r->duration_ms = duration_ms;
@@ -423,8 +452,84 @@ static void start_or_queue(llmretry_engine *e, llmretry_call *c, int front)
 {
     if (e->in_flight < e->max_in_flight)
         start_attempt(e, c);
-    else
-        wait_push(e, c, front);
+    else {
+        c->state = LR_QUEUED;
+        queue_push(&e->waiting, c, front);
+    }
+}
+
+/* ---- groups: one batch's calls, paced together ----------------------- */
+
+static void group_enqueue(llmretry_engine *e, llmretry_call *c)
+{
+    llmretry_group *g = c->group;
+    c->state = LR_GROUP_QUEUED;
+    queue_push(&g->queue, c, 0);
+    g->queued++;
+    if (!g->listed) {
+        /* The list holds a reference: cancelled items may leave the group
+         * with no other owner while it is still listed. */
+        atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+        g->listed = 1;
+        g->next_listed = e->groups;
+        e->groups = g;
+    }
+}
+
+/* Start what the group's pacer allows now; once the group's deadline has
+ * passed, fail every item that has not started. */
+static void pump_group(llmretry_engine *e, llmretry_group *g, int64_t now)
+{
+    int expired = g->deadline_at >= 0 && now >= g->deadline_at;
+    while (g->queue.head &&
+           (expired || g->active < llmretry_pacer_allowed(&g->pacer, now))) {
+        llmretry_call *c = g->queue.head;
+        queue_unlink(&g->queue, c);
+        g->queued--;
+        if (expired) {
+            give_up(e, c, LLMRETRY_REASON_DEADLINE);
+            continue;
+        }
+        g->active++;
+        c->group_active = 1;
+        start_or_queue(e, c, 0);
+    }
+    group_snapshot(e, g);
+}
+
+static void pump_groups(llmretry_engine *e)
+{
+    int64_t now = lr_mono_ms();
+    llmretry_group **pp = &e->groups;
+    while (*pp) {
+        llmretry_group *g = *pp;
+        pump_group(e, g, now);
+        if (!g->queue.head) {
+            *pp = g->next_listed;
+            g->listed = 0;
+            lr_group_unref(g);
+        } else {
+            pp = &g->next_listed;
+        }
+    }
+}
+
+/* How soon a listed group needs the engine again (MAX_POLL_MS = not soon). */
+static int64_t groups_due_ms(const llmretry_engine *e, int64_t now)
+{
+    int64_t due = MAX_POLL_MS;
+    for (const llmretry_group *g = e->groups; g; g = g->next_listed) {
+        int64_t t = llmretry_pacer_paused_ms(&g->pacer, now);
+        if (t == 0 && g->active < llmretry_pacer_allowed(&g->pacer, now))
+            return 0;
+        if (t == 0)
+            t = MAX_POLL_MS;        /* full: a finishing item wakes us */
+        if (g->deadline_at >= 0 && g->deadline_at - now < t)
+            t = g->deadline_at > now ? g->deadline_at - now : 0;
+        if (t < due)
+            due = t;
+    }
+    return due;
 }
 
 static void detach_easy(llmretry_engine *e, llmretry_call *c)
@@ -471,6 +576,12 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     llmretry_decision d = llmretry_decide(&c->o, f, c->attempt, lr_unix_ms(), left,
                                           lr_rng_next01(&e->rng));
     c->last_retry_after_ms = d.retry_after_ms;
+    if (c->group && f->status == 429) {
+        /* The server's wait holds for the whole batch, not just this item. */
+        int64_t wait = d.retry && d.delay_source != LLMRETRY_DELAY_BACKOFF ? d.delay_ms
+                                                                          : d.retry_after_ms;
+        llmretry_pacer_on_429(&c->group->pacer, now, wait);
+    }
     if (!d.retry) {
         give_up(e, c, d.reason);
         return;
@@ -563,7 +674,11 @@ static void cancel_call(llmretry_engine *e, llmretry_call *c)
         heap_remove(e, c);
         break;
     case LR_QUEUED:
-        wait_unlink(e, c);
+        queue_unlink(&e->waiting, c);
+        break;
+    case LR_GROUP_QUEUED:
+        queue_unlink(&c->group->queue, c);
+        c->group->queued--;
         break;
     case LR_VALIDATING:
         break;
@@ -585,7 +700,10 @@ static void process_ops(llmretry_engine *e, llmretry_call *c)
         pthread_mutex_unlock(&e->mu);
         if (ops & LR_OP_SUBMIT) {
             live_link(e, c);
-            start_or_queue(e, c, 0);
+            if (c->group)
+                group_enqueue(e, c);
+            else
+                start_or_queue(e, c, 0);
         }
         if ((ops & LR_OP_VALIDATED) && c->state == LR_VALIDATING)
             on_validated(e, c);
@@ -608,9 +726,9 @@ static void fire_timers(llmretry_engine *e)
 
 static void start_queued(llmretry_engine *e)
 {
-    while (e->wait_head && e->in_flight < e->max_in_flight) {
-        llmretry_call *c = e->wait_head;
-        wait_unlink(e, c);
+    while (e->waiting.head && e->in_flight < e->max_in_flight) {
+        llmretry_call *c = e->waiting.head;
+        queue_unlink(&e->waiting, c);
         start_attempt(e, c);
     }
 }
@@ -630,11 +748,12 @@ static void read_finished(llmretry_engine *e)
 
 static int poll_timeout_ms(const llmretry_engine *e)
 {
-    if (e->wait_head && e->in_flight < e->max_in_flight)
+    if (e->waiting.head && e->in_flight < e->max_in_flight)
         return 0;
-    if (e->heap_len == 0)
-        return MAX_POLL_MS;
-    int64_t t = e->heap[0]->wake_at - lr_mono_ms();
+    int64_t now = lr_mono_ms();
+    int64_t t = groups_due_ms(e, now);
+    if (e->heap_len > 0 && e->heap[0]->wake_at - now < t)
+        t = e->heap[0]->wake_at - now;
     return t <= 0 ? 0 : t > MAX_POLL_MS ? MAX_POLL_MS : (int)t;
 }
 
@@ -657,6 +776,7 @@ static void *io_main(void *arg)
         if (stopping)
             break;
         fire_timers(e);
+        pump_groups(e);
         start_queued(e);
         int running = 0;
         curl_multi_perform(e->multi, &running);
@@ -666,6 +786,7 @@ static void *io_main(void *arg)
     }
     while (e->live_head)
         cancel_call(e, e->live_head);
+    pump_groups(e);                 /* every queue is empty now: unlists all */
     flush_ready(e);
     pthread_mutex_lock(&e->mu);
     e->multi_gone = 1;
@@ -819,7 +940,7 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
     llmretry_status st = lr_call_new(e, opts, flags, &c, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
-    atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+    lr_engine_ref(e);
     lr_call_ref(c);                 /* the engine's, until finish() */
     if (queue_op(c, LR_OP_SUBMIT) != 0) {
         lr_call_unref(c);

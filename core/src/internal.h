@@ -35,12 +35,33 @@ typedef struct lr_buf {
 } lr_buf;
 
 typedef enum lr_state {
+    LR_GROUP_QUEUED, /* waiting for its group's pacer */
     LR_QUEUED,       /* waiting for a free in-flight slot */
     LR_RUNNING,      /* an attempt is on the wire */
     LR_WAITING,      /* backoff timer */
     LR_VALIDATING,   /* host is validating a 2xx body */
     LR_DONE
 } lr_state;
+
+/* An intrusive FIFO of calls (through wait_prev/wait_next). */
+typedef struct lr_queue {
+    llmretry_call *head, *tail;
+} lr_queue;
+
+struct llmretry_group {
+    atomic_int refs;               /* the host's + one per call in the group */
+    llmretry_engine *engine;       /* holds an engine reference */
+    int64_t deadline_at;           /* monotonic ms, -1 = none */
+    /* Engine thread only. */
+    llmretry_pacer pacer;
+    int active;                    /* items started and not finished */
+    int queued;
+    lr_queue queue;                /* items not started yet */
+    int listed;                    /* on the engine's list of groups to pump */
+    llmretry_group *next_listed;
+    /* What llmretry_group_stats_get returns (engine mutex). */
+    llmretry_group_stats stats;
+};
 
 /* Host-to-engine requests, OR-ed into call->ops. */
 enum { LR_OP_SUBMIT = 1, LR_OP_CANCEL = 2, LR_OP_VALIDATED = 4 };
@@ -77,6 +98,8 @@ struct llmretry_call {
     char request_id[64];
     struct curl_slist *headers;
     int is_https;
+    llmretry_group *group;         /* holds a group reference, or NULL */
+    int group_active;              /* engine thread: counted in group->active */
     int64_t submitted_at;          /* monotonic ms */
     int64_t deadline_at;           /* monotonic ms, -1 = none */
 
@@ -159,6 +182,9 @@ llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);
 
 /* ---- engine.c: the mailbox, used by the engine thread ------------------ */
 void lr_mail_event(llmretry_call *c, llmretry_event *ev);
+void lr_engine_ref(llmretry_engine *e);
 void lr_engine_unref(llmretry_engine *e);
+pthread_mutex_t *lr_engine_mutex(llmretry_engine *e);
+void lr_group_unref(llmretry_group *g);
 
 #endif

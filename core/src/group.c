@@ -1,0 +1,69 @@
+/* Groups: the calls of one batch, paced together. This file holds the
+ * group's life cycle; engine.c schedules its calls. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+void llmretry_group_options_defaults(llmretry_group_options *o)
+{
+    o->limit = 8;
+    o->deadline_ms = LLMRETRY_NO_DEADLINE;
+    o->adaptive = 1;
+}
+
+llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_options *o,
+                                   llmretry_group **out, char *err, size_t errlen)
+{
+    llmretry_group_options defaults;
+    if (!e || !out) {
+        lr_errf(err, errlen, "%s must not be NULL", !e ? "engine" : "out");
+        return LLMRETRY_EINVAL;
+    }
+    *out = NULL;
+    if (!o) {
+        llmretry_group_options_defaults(&defaults);
+        o = &defaults;
+    }
+    if (o->limit < 1) {
+        lr_errf(err, errlen, "limit must be >= 1 (got %d)", o->limit);
+        return LLMRETRY_EINVAL;
+    }
+    if (o->deadline_ms < LLMRETRY_NO_DEADLINE) {
+        lr_errf(err, errlen, "deadline_ms must be >= 0 (got %lld)", (long long)o->deadline_ms);
+        return LLMRETRY_EINVAL;
+    }
+    llmretry_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return LLMRETRY_ENOMEM;
+    atomic_init(&g->refs, 1);
+    g->engine = e;
+    lr_engine_ref(e);
+    g->deadline_at = o->deadline_ms == LLMRETRY_NO_DEADLINE ? -1 : lr_mono_ms() + o->deadline_ms;
+    llmretry_pacer_init(&g->pacer, o->limit, o->adaptive);
+    g->stats.window = o->limit;
+    *out = g;
+    return LLMRETRY_OK;
+}
+
+void lr_group_unref(llmretry_group *g)
+{
+    if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    llmretry_engine *e = g->engine;
+    free(g);
+    lr_engine_unref(e);
+}
+
+void llmretry_group_free(llmretry_group *g)
+{
+    if (g)
+        lr_group_unref(g);
+}
+
+void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out)
+{
+    pthread_mutex_t *mu = lr_engine_mutex(g->engine);
+    pthread_mutex_lock(mu);
+    *out = g->stats;
+    pthread_mutex_unlock(mu);
+}

@@ -1,0 +1,344 @@
+/* Groups against the mock server: the limit holds, a 429 with Retry-After
+ * pauses every new start of the batch, bursts of 429s halve the window,
+ * the batch deadline fails what has not started, and a group can be
+ * cancelled into or freed early without harm. */
+#include "harness.h"
+#include "llmretry.h"
+
+#include <cJSON.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+#define MAXN 64
+
+static th_mock mock;
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+static void opts_for(llmretry_options *o, const char *name, char *url, size_t len,
+                     llmretry_group *g)
+{
+    llmretry_options_defaults(o);
+    o->base_url = th_mock_scenario_url(&mock, name, url, len);
+    o->use_env_api_key = 0;
+    o->body = BODY;
+    o->body_len = strlen(BODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 10;
+    o->timeout_ms = 5000;
+    o->events = 0;
+    o->group = g;
+}
+
+static llmretry_group *new_group(llmretry_engine *e, int limit, int64_t deadline_ms, int adaptive)
+{
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    go.limit = limit;
+    go.deadline_ms = deadline_ms;
+    go.adaptive = adaptive;
+    llmretry_group *g = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = llmretry_group_new(e, &go, &g, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK, "group_new: %s", err);
+    return g;
+}
+
+/* Submit n calls; 0 on success. */
+static int submit_n(llmretry_engine *e, const llmretry_options *o, llmretry_call **calls, int n)
+{
+    char err[LLMRETRY_ERRBUF] = "";
+    for (int i = 0; i < n; i++) {
+        if (llmretry_engine_submit(e, o, 0, &calls[i], err, sizeof err) != LLMRETRY_OK) {
+            CHECK_MSG(0, "submit %d: %s", i, err);
+            for (int k = 0; k < i; k++)
+                llmretry_call_free(calls[k]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int done(llmretry_call *c)
+{
+    return llmretry_call_result(c) != NULL;
+}
+
+/* Wait for every call; while waiting, sample the group's stats. */
+static void wait_all(llmretry_call **calls, int n, llmretry_group *g, int *max_active,
+                     int64_t timeout_ms)
+{
+    int64_t end = th_now_ms() + timeout_ms;
+    *max_active = 0;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < n; i++)
+            all &= done(calls[i]);
+        llmretry_group_stats st;
+        llmretry_group_stats_get(g, &st);
+        if (st.active > *max_active)
+            *max_active = st.active;
+        if (all || th_now_ms() > end)
+            break;
+        sleep_ms(2);
+    }
+}
+
+static double *request_times(const char *name, int *n)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    *n = cJSON_GetArraySize(a);
+    double *times = calloc((size_t)(*n ? *n : 1), sizeof *times);
+    for (int i = 0; i < *n; i++)
+        times[i] = cJSON_GetObjectItem(cJSON_GetArrayItem(a, i), "time")->valuedouble;
+    cJSON_Delete(a);
+    return times;
+}
+
+static void free_all(llmretry_call **calls, int n)
+{
+    for (int i = 0; i < n; i++)
+        llmretry_call_free(calls[i]);
+}
+
+static void test_limit_holds(llmretry_engine *e)
+{
+    enum { N = 12, LIMIT = 3 };
+    th_mock_script(&mock, "g_limit", "{\"steps\": [], \"after\": {\"delay_ms\": 150}}");
+    llmretry_group *g = new_group(e, LIMIT, LLMRETRY_NO_DEADLINE, 1);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "g_limit", url, sizeof url, g);
+    llmretry_call *calls[N];
+    int64_t t0 = th_now_ms();
+    if (!g || submit_n(e, &o, calls, N) != 0)
+        return;
+    int max_active;
+    wait_all(calls, N, g, &max_active, 10000);
+    int64_t took = th_now_ms() - t0;
+    int ok = 0;
+    for (int i = 0; i < N; i++)
+        ok += done(calls[i]) && llmretry_call_result(calls[i])->ok;
+    CHECK_INT(ok, N);
+    CHECK_MSG(max_active <= LIMIT && max_active >= 2, "max active %d, limit %d", max_active, LIMIT);
+    /* 12 items of 150 ms, 3 at a time: at least 4 rounds. */
+    CHECK_MSG(took >= 550, "12 items at limit 3 took only %lld ms", (long long)took);
+    llmretry_group_stats st;
+    llmretry_group_stats_get(g, &st);
+    CHECK_INT(st.active, 0);
+    CHECK_INT(st.queued, 0);
+    free_all(calls, N);
+    llmretry_group_free(g);
+}
+
+/* The first request of the batch gets a 429 with Retry-After 0.5: the
+ * items still waiting must not start before that wait is over. */
+static void test_retry_after_pauses_the_batch(llmretry_engine *e)
+{
+    enum { N = 10 };
+    th_mock_script(&mock, "g_pause",
+                   "{\"steps\": [{\"status\": 429, \"retry_after\": \"0.5\"}], "
+                   "\"after\": {\"delay_ms\": 20}}");
+    llmretry_group *g = new_group(e, 1, LLMRETRY_NO_DEADLINE, 0);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "g_pause", url, sizeof url, g);
+    llmretry_call *calls[N];
+    if (!g || submit_n(e, &o, calls, 1) != 0)
+        return;
+    /* Let the first item take its 429 alone, then widen nothing: the
+     * others come with the pause already in force. */
+    int64_t end = th_now_ms() + 3000;
+    for (int seen = 0; !seen && th_now_ms() < end;) {
+        free(request_times("g_pause", &seen));
+        sleep_ms(5);
+    }
+    if (submit_n(e, &o, calls + 1, N - 1) != 0) {
+        llmretry_call_free(calls[0]);
+        return;
+    }
+    int max_active;
+    wait_all(calls, N, g, &max_active, 10000);
+    int n;
+    double *t = request_times("g_pause", &n);
+    CHECK_INT(n, N + 1);          /* the 429, its retry, and 9 more */
+    for (int i = 1; i < n; i++)
+        CHECK_MSG(t[i] - t[0] >= 0.45, "request %d went out %.3f s after the 429", i,
+                  t[i] - t[0]);
+    llmretry_group_stats st;
+    llmretry_group_stats_get(g, &st);
+    CHECK_MSG(st.pauses >= 1, "pauses %d", st.pauses);
+    CHECK_INT(st.halvings, 0);    /* not adaptive */
+    free(t);
+    free_all(calls, N);
+    llmretry_group_free(g);
+}
+
+/* A wider batch: while one item waits out its Retry-After, the others
+ * already running finish, but nothing new starts. */
+static void test_pause_stops_new_starts_in_a_wide_batch(llmretry_engine *e)
+{
+    enum { N = 16, LIMIT = 4 };
+    th_mock_script(&mock, "g_wide",
+                   "{\"steps\": [{\"status\": 429, \"retry_after\": \"0.6\"}], "
+                   "\"after\": {\"delay_ms\": 100}}");
+    llmretry_group *g = new_group(e, LIMIT, LLMRETRY_NO_DEADLINE, 0);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "g_wide", url, sizeof url, g);
+    llmretry_call *calls[N];
+    if (!g || submit_n(e, &o, calls, N) != 0)
+        return;
+    int max_active;
+    wait_all(calls, N, g, &max_active, 10000);
+    int n;
+    double *t = request_times("g_wide", &n);
+    CHECK_INT(n, N + 1);
+    /* The first LIMIT requests left together; the 429 came back at once
+     * while the others took 100 ms, so every later request waited. */
+    int late = 0;
+    for (int i = LIMIT; i < n; i++)
+        late += t[i] - t[0] >= 0.55;
+    CHECK_MSG(late == n - LIMIT, "%d of %d later requests respected the pause", late, n - LIMIT);
+    free(t);
+    free_all(calls, N);
+    llmretry_group_free(g);
+}
+
+static void test_burst_halves_the_window(llmretry_engine *e)
+{
+    enum { N = 24, LIMIT = 8 };
+    th_mock_script(&mock, "g_burst",
+                   "{\"steps\": [{\"status\": 429}, {\"status\": 429}, {\"status\": 429}, "
+                   "{\"status\": 429}, {\"status\": 429}, {\"status\": 429}], \"after\": "
+                   "{\"delay_ms\": 30}}");
+    llmretry_group *g = new_group(e, LIMIT, LLMRETRY_NO_DEADLINE, 1);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "g_burst", url, sizeof url, g);
+    llmretry_call *calls[N];
+    if (!g || submit_n(e, &o, calls, N) != 0)
+        return;
+    int max_active;
+    wait_all(calls, N, g, &max_active, 10000);
+    llmretry_group_stats st;
+    llmretry_group_stats_get(g, &st);
+    int ok = 0;
+    for (int i = 0; i < N; i++)
+        ok += done(calls[i]) && llmretry_call_result(calls[i])->ok;
+    CHECK_INT(ok, N);
+    /* Six 429s within one burst halve once; the window then grows back. */
+    CHECK_INT(st.halvings, 1);
+    CHECK_MSG(st.window >= LIMIT / 2 && st.window <= LIMIT, "window %d", st.window);
+    free_all(calls, N);
+    llmretry_group_free(g);
+}
+
+static void test_batch_deadline(llmretry_engine *e)
+{
+    enum { N = 5 };
+    th_mock_script(&mock, "g_deadline", "{\"steps\": [], \"after\": {\"delay_ms\": 300}}");
+    llmretry_group *g = new_group(e, 1, 500, 1);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "g_deadline", url, sizeof url, g);
+    llmretry_call *calls[N];
+    int64_t t0 = th_now_ms();
+    if (!g || submit_n(e, &o, calls, N) != 0)
+        return;
+    int max_active;
+    wait_all(calls, N, g, &max_active, 5000);
+    int64_t took = th_now_ms() - t0;
+    const llmretry_result *r0 = llmretry_call_result(calls[0]);
+    CHECK(r0 && r0->ok);
+    for (int i = 1; i < N; i++) {
+        const llmretry_result *r = llmretry_call_result(calls[i]);
+        CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED &&
+                      r->reason == LLMRETRY_REASON_DEADLINE,
+                  "item %d: %s", i, r ? (r->message ? r->message : "ok") : "not done");
+        if (r && i >= 2)
+            CHECK_INT(r->attempts, 0);   /* never started */
+    }
+    /* Item 1 started at ~300 ms and was cut at the 500 ms deadline. */
+    CHECK_INT(llmretry_call_result(calls[1]) ? llmretry_call_result(calls[1])->attempts : -1, 1);
+    CHECK_MSG(took >= 450 && took < 1500, "the batch ended after %lld ms", (long long)took);
+    int n;
+    free(request_times("g_deadline", &n));
+    CHECK_INT(n, 2);
+    free_all(calls, N);
+    llmretry_group_free(g);
+}
+
+static void test_cancel_and_early_free(llmretry_engine *e)
+{
+    enum { N = 6 };
+    th_mock_script(&mock, "g_cancel", "{\"steps\": [], \"after\": {\"delay_ms\": 200}}");
+    llmretry_group *g = new_group(e, 1, LLMRETRY_NO_DEADLINE, 1);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "g_cancel", url, sizeof url, g);
+    llmretry_call *calls[N];
+    if (!g || submit_n(e, &o, calls, N) != 0)
+        return;
+    llmretry_group_free(g);                    /* the calls keep it alive */
+    llmretry_call_cancel(calls[3]);            /* waiting in the group */
+    int64_t end = th_now_ms() + 3000;
+    while (!done(calls[3]) && th_now_ms() < end)
+        sleep_ms(2);
+    const llmretry_result *r = llmretry_call_result(calls[3]);
+    CHECK_MSG(r && r->kind == LLMRETRY_ERR_CANCELLED && r->attempts == 0,
+              "queued item not cancelled at once");
+    CHECK_MSG(!done(calls[5]), "a later item finished before its turn");
+    free_all(calls, N);                        /* frees unfinished ones too */
+}
+
+static void test_wrong_engine(llmretry_engine *e)
+{
+    llmretry_engine *other = NULL;
+    if (llmretry_engine_new(NULL, &other, NULL, 0) != LLMRETRY_OK)
+        return;
+    llmretry_group *g = new_group(other, 2, LLMRETRY_NO_DEADLINE, 1);
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    opts_for(&o, "g_wrong", url, sizeof url, g);
+    llmretry_call *c = NULL;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "group") != NULL, "message \"%s\" does not name the group", err);
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    go.limit = 0;
+    llmretry_group *bad = NULL;
+    CHECK_INT(llmretry_group_new(e, &go, &bad, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "limit") != NULL, "message \"%s\" does not name limit", err);
+    llmretry_group_free(g);
+    llmretry_engine_free(other);
+}
+
+int main(void)
+{
+    if (th_mock_start(&mock) != 0) {
+        CHECK_MSG(0, "mock server did not start");
+        return th_summary("test_group");
+    }
+    llmretry_engine *e = NULL;
+    if (llmretry_engine_new(NULL, &e, NULL, 0) == LLMRETRY_OK) {
+        test_limit_holds(e);
+        test_retry_after_pauses_the_batch(e);
+        test_pause_stops_new_starts_in_a_wide_batch(e);
+        test_burst_halves_the_window(e);
+        test_batch_deadline(e);
+        test_cancel_and_early_free(e);
+        test_wrong_engine(e);
+        llmretry_engine_free(e);
+    }
+    th_mock_stop(&mock);
+    return th_summary("test_group");
+}
