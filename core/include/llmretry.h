@@ -126,6 +126,8 @@ typedef struct llmretry_options {
     const char *ca_file;
     /* Submit into this batch group (NULL = none): see llmretry_group_new. */
     llmretry_group *group;
+    /* The host's own pointer, returned by llmretry_call_user_data. */
+    void *user_data;
 } llmretry_options;
 
 /* Fill `o` with the defaults of DESIGN §2. */
@@ -303,6 +305,7 @@ void llmretry_call_cancel(llmretry_call *c);
 void llmretry_call_free(llmretry_call *c);
 
 const char *llmretry_call_request_id(const llmretry_call *c);
+void *llmretry_call_user_data(const llmretry_call *c);
 
 /* The mailbox. llmretry_call_next takes the next item without blocking. */
 typedef enum llmretry_mail {
@@ -457,6 +460,13 @@ llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_opti
 void llmretry_group_free(llmretry_group *g);
 /* A snapshot, updated by the engine thread as it schedules. */
 void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out);
+
+/* A group's calls report their news here (not to llmretry_engine_poll), so
+ * that several batches on one engine never take each other's calls: the
+ * same contract as llmretry_engine_fd / _poll / _wait. */
+int llmretry_group_fd(const llmretry_group *g);
+size_t llmretry_group_poll(llmretry_group *g, llmretry_call **calls, size_t max);
+llmretry_status llmretry_group_wait(llmretry_group *g, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */
 /* JSON helpers shared by the bindings.                                */

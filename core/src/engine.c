@@ -11,7 +11,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,11 +22,10 @@ struct llmretry_engine {
     atomic_int refs;               /* the host's + one per unfreed call */
     pid_t pid;
     int max_in_flight;
-    int efd;
 
     pthread_mutex_t mu;            /* guards everything down to `thread` */
     llmretry_call *ops_head, *ops_tail;
-    llmretry_call *ready_head, *ready_tail;
+    lr_ready ready;                 /* LLMRETRY_SUBMIT_POLL calls with news */
     int stopping;
     int multi_gone;                /* the I/O thread has released `multi` */
     CURLM *multi;
@@ -68,7 +66,7 @@ void lr_engine_unref(llmretry_engine *e)
 {
     if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
         return;
-    close(e->efd);
+    lr_ready_close(&e->ready);
     pthread_mutex_destroy(&e->mu);
     free(e->heap);
     free(e->easy_pool);
@@ -229,7 +227,7 @@ static void easy_put(llmretry_engine *e, CURL *easy)
  * eventfd write, instead of once per event. The list holds a reference. */
 static void notify_ready(llmretry_call *c)
 {
-    if (!(c->flags & LLMRETRY_SUBMIT_POLL) || c->pend_notify)
+    if (!c->ready_to || c->pend_notify)
         return;
     llmretry_engine *e = c->engine;
     c->pend_notify = 1;
@@ -238,8 +236,6 @@ static void notify_ready(llmretry_call *c)
     e->pend_head = c;
 }
 
-/* The eventfd is readable exactly while the ready list is non-empty (both
- * change under e->mu). */
 static void flush_ready(llmretry_engine *e)
 {
     llmretry_call *pend = e->pend_head;
@@ -247,23 +243,9 @@ static void flush_ready(llmretry_engine *e)
         return;
     e->pend_head = NULL;
     pthread_mutex_lock(&e->mu);
-    int was_empty = e->ready_head == NULL;
     for (llmretry_call *c = pend; c; c = c->pend_next) {
         c->pend_notify = 0;
-        if (c->in_ready || c->host_freed)
-            continue;
-        c->in_ready = 1;
-        c->ready_next = NULL;
-        if (e->ready_tail)
-            e->ready_tail->ready_next = c;
-        else
-            e->ready_head = c;
-        e->ready_tail = c;
-    }
-    if (was_empty && e->ready_head) {
-        uint64_t one = 1;
-        ssize_t n = write(e->efd, &one, sizeof one);
-        (void)n;                    /* a full counter is still readable */
+        lr_ready_add(c->ready_to, c);
     }
     pthread_mutex_unlock(&e->mu);
     while (pend) {
@@ -845,12 +827,10 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     e->max_in_flight = opts->max_in_flight;
     e->rng = lr_rng_seed();
     pthread_mutex_init(&e->mu, NULL);
-    e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    e->multi = e->efd >= 0 ? curl_multi_init() : NULL;
+    e->multi = lr_ready_init(&e->ready) == 0 ? curl_multi_init() : NULL;
     if (!e->multi) {
         lr_errf(err, errlen, "could not create the engine's eventfd or multi handle");
-        if (e->efd >= 0)
-            close(e->efd);
+        lr_ready_close(&e->ready);
         pthread_mutex_destroy(&e->mu);
         free(e);
         return LLMRETRY_EINTERNAL;
@@ -872,7 +852,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     if (rc != 0) {
         lr_errf(err, errlen, "could not start the engine thread: %s", strerror(rc));
         curl_multi_cleanup(e->multi);
-        close(e->efd);
+        lr_ready_close(&e->ready);
         pthread_mutex_destroy(&e->mu);
         free(e);
         return LLMRETRY_EINTERNAL;
@@ -940,6 +920,7 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
     llmretry_status st = lr_call_new(e, opts, flags, &c, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
+    c->ready_to = c->group ? &c->group->ready : flags & LLMRETRY_SUBMIT_POLL ? &e->ready : NULL;
     lr_engine_ref(e);
     lr_call_ref(c);                 /* the engine's, until finish() */
     if (queue_op(c, LR_OP_SUBMIT) != 0) {
@@ -954,36 +935,20 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
 
 int llmretry_engine_fd(const llmretry_engine *e)
 {
-    return e->efd;
+    return e->ready.efd;
 }
 
 size_t llmretry_engine_poll(llmretry_engine *e, llmretry_call **calls, size_t max)
 {
-    size_t n = 0;
     pthread_mutex_lock(&e->mu);
-    while (e->ready_head && n < max) {
-        llmretry_call *c = e->ready_head;
-        e->ready_head = c->ready_next;
-        c->in_ready = 0;
-        c->ready_next = NULL;
-        calls[n++] = c;
-    }
-    if (!e->ready_head) {
-        e->ready_tail = NULL;
-        uint64_t v;
-        ssize_t r = read(e->efd, &v, sizeof v);
-        (void)r;                    /* EAGAIN when already clear */
-    }
+    size_t n = lr_ready_take(&e->ready, calls, max);
     pthread_mutex_unlock(&e->mu);
     return n;
 }
 
 llmretry_status llmretry_engine_wait(llmretry_engine *e, int64_t timeout_ms)
 {
-    struct pollfd p = { .fd = e->efd, .events = POLLIN };
-    int t = timeout_ms < 0 ? -1 : timeout_ms > 2147483647 ? 2147483647 : (int)timeout_ms;
-    int rc = poll(&p, 1, t);
-    return rc > 0 ? LLMRETRY_OK : LLMRETRY_ETIMEDOUT;
+    return lr_ready_wait(&e->ready, timeout_ms);
 }
 
 /* ---- public: calls -------------------------------------------------------- */
@@ -1001,17 +966,8 @@ void llmretry_call_free(llmretry_call *c)
     llmretry_engine *e = c->engine;
     pthread_mutex_lock(&e->mu);
     c->host_freed = 1;
-    if (c->in_ready) {
-        llmretry_call **pp = &e->ready_head, *prev = NULL;
-        while (*pp != c) {
-            prev = *pp;
-            pp = &(*pp)->ready_next;
-        }
-        *pp = c->ready_next;
-        if (e->ready_tail == c)
-            e->ready_tail = prev;
-        c->in_ready = 0;
-    }
+    if (c->ready_to)
+        lr_ready_remove(c->ready_to, c);
     pthread_mutex_unlock(&e->mu);
     /* Unread events hold references to the call: free them now, and have
      * the engine drop any it posts from here on. host_freed is written
@@ -1035,6 +991,11 @@ void llmretry_call_free(llmretry_call *c)
 const char *llmretry_call_request_id(const llmretry_call *c)
 {
     return c->request_id;
+}
+
+void *llmretry_call_user_data(const llmretry_call *c)
+{
+    return c->o.user_data;
 }
 
 static int has_mail(const llmretry_call *c)

@@ -43,6 +43,22 @@ typedef enum lr_state {
     LR_DONE
 } lr_state;
 
+/* Calls with news for a poll-mode host, and the eventfd that is readable
+ * exactly while the list is non-empty. Guarded by the engine's mutex. One
+ * per engine (LLMRETRY_SUBMIT_POLL) and one per group. */
+typedef struct lr_ready {
+    llmretry_call *head, *tail;
+    int efd;
+} lr_ready;
+
+int lr_ready_init(lr_ready *r);
+void lr_ready_close(lr_ready *r);
+/* Under the engine mutex: add (engine thread), take, remove. */
+int lr_ready_add(lr_ready *r, llmretry_call *c);
+size_t lr_ready_take(lr_ready *r, llmretry_call **calls, size_t max);
+void lr_ready_remove(lr_ready *r, llmretry_call *c);
+llmretry_status lr_ready_wait(const lr_ready *r, int64_t timeout_ms);
+
 /* An intrusive FIFO of calls (through wait_prev/wait_next). */
 typedef struct lr_queue {
     llmretry_call *head, *tail;
@@ -57,6 +73,7 @@ struct llmretry_group {
     int active;                    /* items started and not finished */
     int queued;
     lr_queue queue;                /* items not started yet */
+    lr_ready ready;                /* its calls' news (engine mutex) */
     int listed;                    /* on the engine's list of groups to pump */
     llmretry_group *next_listed;
     /* What llmretry_group_stats_get returns (engine mutex). */
@@ -135,7 +152,9 @@ struct llmretry_call {
     unsigned ops;
     int op_queued;
     llmretry_call *op_next;
-    /* Poll-mode ready list (engine->mu). */
+    /* Poll-mode ready list (engine->mu): the group's, else the engine's
+     * for LLMRETRY_SUBMIT_POLL, else none. */
+    lr_ready *ready_to;
     int in_ready;
     int pend_notify;               /* engine thread: on e->pend_head */
     llmretry_call *pend_next;

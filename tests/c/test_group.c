@@ -6,6 +6,7 @@
 #include "llmretry.h"
 
 #include <cJSON.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -300,6 +301,77 @@ static void test_cancel_and_early_free(llmretry_engine *e)
     free_all(calls, N);                        /* frees unfinished ones too */
 }
 
+/* Two batches on one engine, each draining its own group's news: each
+ * sees exactly its own calls (by user_data), every one once when done. */
+struct batch {
+    llmretry_engine *e;
+    const char *scenario;
+    int n, finished, foreign, twice;
+    int seen[MAXN];
+};
+
+static void *run_batch(void *arg)
+{
+    struct batch *b = arg;
+    llmretry_group *g = new_group(b->e, 4, LLMRETRY_NO_DEADLINE, 1);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, b->scenario, url, sizeof url, g);
+    o.events = LLMRETRY_EVENTS_ALL;
+    llmretry_call *calls[MAXN];
+    for (int i = 0; i < b->n; i++) {
+        o.user_data = &b->seen[i];
+        if (llmretry_engine_submit(b->e, &o, 0, &calls[i], NULL, 0) != LLMRETRY_OK)
+            return NULL;
+    }
+    int64_t end = th_now_ms() + 10000;
+    while (b->finished < b->n && th_now_ms() < end) {
+        llmretry_group_wait(g, 100);
+        llmretry_call *ready[16];
+        size_t k = llmretry_group_poll(g, ready, 16);
+        for (size_t j = 0; j < k; j++) {
+            int *slot = llmretry_call_user_data(ready[j]);
+            if (slot < b->seen || slot >= b->seen + b->n) {
+                b->foreign++;
+                continue;
+            }
+            llmretry_event *ev;
+            llmretry_mail m;
+            while ((m = llmretry_call_next(ready[j], &ev)) == LLMRETRY_MAIL_EVENT)
+                llmretry_event_free(ev);
+            if (m == LLMRETRY_MAIL_DONE) {
+                b->twice += *slot;
+                *slot = 1;
+                b->finished++;
+            }
+        }
+    }
+    for (int i = 0; i < b->n; i++)
+        llmretry_call_free(calls[i]);
+    llmretry_group_free(g);
+    return NULL;
+}
+
+static void test_two_batches_poll_their_own_groups(llmretry_engine *e)
+{
+    th_mock_script(&mock, "g_two_a", "{\"steps\": [], \"after\": {\"delay_ms\": 20}}");
+    th_mock_script(&mock, "g_two_b", "{\"steps\": [{\"status\": 503}], \"after\": {}}");
+    struct batch a = { .e = e, .scenario = "g_two_a", .n = 30 };
+    struct batch b = { .e = e, .scenario = "g_two_b", .n = 30 };
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, run_batch, &a);
+    pthread_create(&tb, NULL, run_batch, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CHECK_INT(a.finished, 30);
+    CHECK_INT(b.finished, 30);
+    CHECK_INT(a.foreign + b.foreign, 0);
+    CHECK_INT(a.twice + b.twice, 0);
+    /* The engine-wide poll saw none of it. */
+    llmretry_call *stray[4];
+    CHECK_INT(llmretry_engine_poll(e, stray, 4), 0);
+}
+
 static void test_wrong_engine(llmretry_engine *e)
 {
     llmretry_engine *other = NULL;
@@ -336,6 +408,7 @@ int main(void)
         test_burst_halves_the_window(e);
         test_batch_deadline(e);
         test_cancel_and_early_free(e);
+        test_two_batches_poll_their_own_groups(e);
         test_wrong_engine(e);
         llmretry_engine_free(e);
     }
