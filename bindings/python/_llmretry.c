@@ -447,9 +447,9 @@ static int deliver_validation(llmretry_call *c, PyObject *validate)
     return rc;
 }
 
-/* Wait for the call, delivering its mail on this thread. Returns the result
- * dict, or NULL with an exception set (the call is then cancelled). */
-static PyObject *wait_call(llmretry_call *c, PyObject *on_event, PyObject *validate)
+/* Deliver every item in the call's mailbox on this thread. 1 when the call
+ * is done, 0 when the mailbox is empty, -1 with a Python error set. */
+static int drain_mail(llmretry_call *c, PyObject *on_event, PyObject *validate)
 {
     for (;;) {
         llmretry_event *ev;
@@ -458,28 +458,49 @@ static PyObject *wait_call(llmretry_call *c, PyObject *on_event, PyObject *valid
             if (on_event == Py_None)
                 llmretry_event_free(ev);
             else if (deliver_event(on_event, ev) < 0)
-                goto cancelled;
-            continue;
+                return -1;
+            break;
         case LLMRETRY_MAIL_VALIDATE:
             if (deliver_validation(c, validate) < 0)
-                goto cancelled;
-            continue;
-        case LLMRETRY_MAIL_DONE:
-            return result_dict(llmretry_call_result(c));
-        case LLMRETRY_MAIL_EMPTY:
+                return -1;
             break;
+        case LLMRETRY_MAIL_DONE:
+            return 1;
+        case LLMRETRY_MAIL_EMPTY:
+            return 0;
         }
+    }
+}
+
+/* After a wait: 0 to go on, -1 when Ctrl-C (or a stopping pool) must end
+ * the wait, with the Python error set. */
+static int check_interrupts(void)
+{
+    if (PyErr_CheckSignals() < 0)
+        return -1;
+    if (tls_pool_stop && atomic_load(tls_pool_stop)) {
+        PyErr_SetString(tls_pool_stop_type, "the pool is stopping");
+        return -1;
+    }
+    return 0;
+}
+
+/* Wait for the call, delivering its mail on this thread. Returns the result
+ * dict, or NULL with an exception set (the call is then cancelled). */
+static PyObject *wait_call(llmretry_call *c, PyObject *on_event, PyObject *validate)
+{
+    for (;;) {
+        int rc = drain_mail(c, on_event, validate);
+        if (rc > 0)
+            return result_dict(llmretry_call_result(c));
+        if (rc < 0)
+            break;
         Py_BEGIN_ALLOW_THREADS
         llmretry_call_wait(c, WAKE_MS);
         Py_END_ALLOW_THREADS
-        if (PyErr_CheckSignals() < 0)
-            goto cancelled;
-        if (tls_pool_stop && atomic_load(tls_pool_stop)) {
-            PyErr_SetString(tls_pool_stop_type, "the pool is stopping");
-            goto cancelled;
-        }
+        if (check_interrupts() < 0)
+            break;
     }
-cancelled:
     llmretry_call_cancel(c);
     return NULL;
 }
@@ -518,9 +539,222 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     return r;
 }
 
+/* ---- call_many: a batch on the engine thread ------------------------------ */
+
+/* Pop a keyword from kw (a dict we own), or return dflt (borrowed). */
+static PyObject *pop_kw(PyObject *kw, const char *name, PyObject *dflt)
+{
+    PyObject *v = kw ? PyDict_GetItemString(kw, name) : NULL;
+    if (!v)
+        return dflt;
+    Py_INCREF(v);
+    PyDict_DelItemString(kw, name);
+    Py_DECREF(v);                   /* the caller's dict still holds it */
+    return v;
+}
+
+typedef struct {
+    PyObject *bodies, *models;      /* sequences (PySequence_Fast) */
+    Py_ssize_t n;
+    llmretry_call **calls;          /* by index; NULL when not submitted or freed */
+} batch;
+
+static void batch_cancel_all(batch *b)
+{
+    for (Py_ssize_t i = 0; i < b->n; i++)
+        if (b->calls[i]) {
+            llmretry_call_free(b->calls[i]);       /* cancels when unfinished */
+            b->calls[i] = NULL;
+        }
+}
+
+static PyObject *group_stats_dict(llmretry_group *g)
+{
+    llmretry_group_stats st;
+    llmretry_group_stats_get(g, &st);
+    return Py_BuildValue("{sisisi}", "pauses", st.pauses, "halvings", st.halvings,
+                         "window", st.window);
+}
+
+/* Submit item i of the batch; 0, or -1 with a Python error set. */
+static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t i)
+{
+    PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);
+    if (!PyBytes_Check(body)) {
+        PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", i,
+                     Py_TYPE(body)->tp_name);
+        return -1;
+    }
+    o->body = PyBytes_AS_STRING(body);
+    o->body_len = (size_t)PyBytes_GET_SIZE(body);
+    o->model = NULL;
+    if (b->models) {
+        PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
+        if (m != Py_None && !(o->model = PyUnicode_AsUTF8(m)))
+            return -1;
+    }
+    o->user_data = (void *)(intptr_t)i;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = LLMRETRY_ESTATE;
+    pthread_mutex_lock(&self->mu);
+    if (self->engine)
+        st = llmretry_engine_submit(self->engine, o, 0, &b->calls[i], err, sizeof err);
+    else
+        snprintf(err, sizeof err, "the engine is closed");
+    pthread_mutex_unlock(&self->mu);
+    if (st == LLMRETRY_OK)
+        return 0;
+    if (st == LLMRETRY_EINVAL)
+        PyErr_Format(PyExc_ValueError, "bodies[%zd]: %s", i, err);
+    else
+        PyErr_SetString(st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
+    return -1;
+}
+
+static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
+{
+    PyObject *bodies_arg;
+    if (!PyArg_ParseTuple(args, "O:call_many", &bodies_arg))
+        return NULL;
+    PyObject *kw = kw_in ? PyDict_Copy(kw_in) : PyDict_New();
+    if (!kw)
+        return NULL;
+    PyObject *models_arg = pop_kw(kw, "models", Py_None);
+    PyObject *limit_arg = pop_kw(kw, "limit", NULL);
+    PyObject *deadline_arg = pop_kw(kw, "batch_deadline_ms", Py_None);
+    PyObject *adaptive_arg = pop_kw(kw, "adaptive", Py_True);
+    PyObject *on_result = pop_kw(kw, "on_result", Py_None);
+    batch b = { NULL, NULL, 0, NULL };
+    call_args a;
+    memset(&a, 0, sizeof a);
+    PyObject *on_event = Py_None, *validate = Py_None, *results = NULL, *out = NULL;
+    llmretry_group *g = NULL;
+
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    if (limit_arg) {
+        go.limit = (int)PyLong_AsLong(limit_arg);
+        if (go.limit == -1 && PyErr_Occurred())
+            goto done;
+    }
+    if (deadline_arg != Py_None) {
+        go.deadline_ms = PyLong_AsLongLong(deadline_arg);
+        if (go.deadline_ms == -1 && PyErr_Occurred())
+            goto done;
+        if (go.deadline_ms < 0) {
+            PyErr_Format(PyExc_ValueError, "batch_deadline_ms must be >= 0 or None (got %lld)",
+                         (long long)go.deadline_ms);
+            goto done;
+        }
+    }
+    go.adaptive = PyObject_IsTrue(adaptive_arg);
+    if (on_result != Py_None && !PyCallable_Check(on_result)) {
+        PyErr_SetString(PyExc_TypeError, "on_result must be callable or None");
+        goto done;
+    }
+    PyObject *empty = Py_BuildValue("(y)", "");
+    if (!empty)
+        goto done;
+    int bad = parse_call_args(empty, kw, &a, &on_event, &validate);
+    Py_DECREF(empty);
+    if (bad < 0)
+        goto done;
+    if (a.o.request_id || a.o.idempotency_key) {
+        PyErr_SetString(PyExc_ValueError, a.o.request_id
+                        ? "request_id cannot be shared by the calls of a batch"
+                        : "idempotency_key cannot be shared by the calls of a batch");
+        goto done;
+    }
+    if (!(b.bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
+        goto done;
+    b.n = PySequence_Fast_GET_SIZE(b.bodies);
+    if (models_arg != Py_None) {
+        if (!(b.models = PySequence_Fast(models_arg, "models must be a sequence")))
+            goto done;
+        if (PySequence_Fast_GET_SIZE(b.models) != b.n) {
+            PyErr_SetString(PyExc_ValueError, "models must be as long as bodies");
+            goto done;
+        }
+    }
+    b.calls = PyMem_Calloc((size_t)(b.n ? b.n : 1), sizeof *b.calls);
+    results = PyList_New(b.n);
+    if (!b.calls || !results) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char err[LLMRETRY_ERRBUF] = "";
+    pthread_mutex_lock(&self->mu);
+    llmretry_status st = self->engine ? llmretry_group_new(self->engine, &go, &g, err, sizeof err)
+                                      : LLMRETRY_ESTATE;
+    pthread_mutex_unlock(&self->mu);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError : PyExc_RuntimeError,
+                        st == LLMRETRY_ESTATE ? "the engine is closed" : err);
+        goto done;
+    }
+    a.o.group = g;
+
+    /* Keep the engine's queue ahead of the pacer without holding every
+     * call record of a huge batch at once. */
+    Py_ssize_t ahead = 4 * (Py_ssize_t)go.limit + 64, next = 0, finished = 0;
+    while (finished < b.n) {
+        while (next < b.n && next - finished < ahead)
+            if (batch_submit(self, &b, &a.o, next++) < 0)
+                goto done;
+        llmretry_call *ready[64];
+        size_t k = llmretry_group_poll(g, ready, 64);
+        if (k == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            llmretry_group_wait(g, WAKE_MS);
+            Py_END_ALLOW_THREADS
+            if (check_interrupts() < 0)
+                goto done;
+            continue;
+        }
+        for (size_t j = 0; j < k; j++) {
+            Py_ssize_t i = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
+            int rc = drain_mail(ready[j], on_event, validate);
+            if (rc < 0)
+                goto done;
+            if (rc == 0)
+                continue;
+            PyObject *d = result_dict(llmretry_call_result(ready[j]));
+            llmretry_call_free(ready[j]);
+            b.calls[i] = NULL;
+            finished++;
+            if (!d)
+                goto done;
+            PyList_SET_ITEM(results, i, d);
+            if (on_result != Py_None) {
+                PyObject *r = PyObject_CallFunction(on_result, "nO", i, d);
+                if (!r)
+                    goto done;
+                Py_DECREF(r);
+            }
+        }
+    }
+    out = Py_BuildValue("(ON)", results, group_stats_dict(g));
+done:
+    if (b.calls) {
+        batch_cancel_all(&b);
+        PyMem_Free(b.calls);
+    }
+    llmretry_group_free(g);
+    call_args_release(&a);
+    Py_XDECREF(results);
+    Py_XDECREF(b.bodies);
+    Py_XDECREF(b.models);
+    Py_DECREF(kw);
+    return out;
+}
+
 static PyMethodDef Engine_methods[] = {
     { "call", (PyCFunction)(void (*)(void))Engine_call, METH_VARARGS | METH_KEYWORDS,
       "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
+    { "call_many", (PyCFunction)(void (*)(void))Engine_call_many, METH_VARARGS | METH_KEYWORDS,
+      "call_many(bodies, *, models=None, limit=8, batch_deadline_ms=None, adaptive=True,\n"
+      "          on_result=None, **options) -> (list of dicts, stats): a batch on the\n"
+      "          engine thread (see _llmretry.pyi)." },
     { "close", (PyCFunction)Engine_close, METH_NOARGS,
       "close(): cancel calls in flight and stop the I/O thread. Idempotent." },
     { NULL, NULL, 0, NULL },

@@ -557,14 +557,41 @@ class Client:
         call starts.
         """
         _check_option_names(options, "call_many()")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, not {_type_name(limit)}")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1 (got {limit})")
         plan = self._plan.with_options(options.items()) if options else self._plan
         encoded = [_encode_body(body) for body in bodies]
-        run = self._run_encoded
-
-        def one(item: Tuple[bytes, Optional[str]], _index: int) -> Result:
-            return run(item[0], item[1], plan)
-
-        return _map_with_concurrency(encoded, limit, one, return_exceptions=True)
+        if not encoded:
+            return []
+        engine = self._engine
+        if engine is None:
+            engine = self._reopen()
+        extra: Dict[str, Any] = {}
+        if plan.event_mask is not None:
+            extra["event_mask"] = plan.event_mask()
+        validator = None
+        if plan.validate is not None:
+            validator = extra["validate"] = _Validator(plan.validate)
+        # Every request runs on the engine thread; this thread only waits,
+        # delivers events and builds the results.
+        outs, _stats = engine.call_many([payload for payload, _ in encoded],
+                                        models=[model for _, model in encoded],
+                                        limit=limit, **extra, **plan.kwargs)
+        results: List[Union[Result, BaseException]] = []
+        for out in outs:
+            if not out["ok"]:
+                results.append(error_from_outcome(out))
+                continue
+            try:
+                data = (validator.data_for(out["body"]) if validator is not None
+                        else _parse_json(out["body"]))
+            except ValueError as exc:
+                results.append(_unparsable(out, exc))
+            else:
+                results.append(Result(data, _meta_of(out)))
+        return results
 
     def map_with_concurrency(self, items: Iterable[T], limit: int,
                              worker: Callable[[T, int], R], *,

@@ -97,6 +97,33 @@ class Engine:
         unsafe_mode, cancelled.
         """
 
+    def call_many(
+        self,
+        bodies: Sequence[bytes],
+        *,
+        models: Optional[Sequence[Optional[str]]] = None,
+        limit: int = 8,
+        batch_deadline_ms: Optional[int] = None,
+        adaptive: bool = True,
+        on_result: Optional[Callable[[int, dict[str, Any]], Any]] = None,
+        **options: Any,
+    ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """Run one call per body as one batch on the engine thread.
+
+        ``options`` are those of ``call`` (``request_id`` and
+        ``idempotency_key`` are refused: a batch cannot share them). The
+        batch is an engine group: at most ``limit`` items run at once, a
+        429 naming a wait pauses every new start for that long, with
+        ``adaptive`` the window halves on a burst of 429s and grows back on
+        successes, and ``batch_deadline_ms`` bounds the whole batch (items
+        not started in time fail with ``deadline_exceeded``). This thread
+        only waits (GIL released, waking for signals every 50 ms), delivers
+        events and validation requests, and calls ``on_result(index,
+        outcome)`` as each item finishes; an exception from it (or Ctrl-C)
+        cancels the rest and propagates. Returns the outcomes in input order
+        (the dicts of ``call``) and ``{"pauses", "halvings", "window"}``.
+        """
+
 def run_pool(items: Sequence[Any], limit: int,
              worker: Callable[[Any, int], Any], return_exceptions: bool) -> list[Any]:
     """Run worker(item, index) on min(limit, len(items)) C threads holding
