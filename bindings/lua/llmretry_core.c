@@ -1,10 +1,23 @@
 /* llmretry.core: the Lua face of the C core (Lua 5.4 and LuaJIT/5.1).
  *
- * This module converts between Lua and C and nothing more: an engine is a
- * userdata owning an llmretry_engine, a handle a userdata owning one
- * llmretry_call submitted in poll mode, and the host (lua/llmretry) drains
- * each handle's mailbox on its own thread (DESIGN §1). The contract is
- * /tmp/lua_api.md ("llmretry.core").
+ * This module converts between Lua and C and nothing more; the public Lua
+ * API is lua/llmretry (DESIGN §6), built on this:
+ *
+ *   core.encode(v) / core.decode(s)        JSON, lua-cjson conventions:
+ *   core.null, core.array_mt, core.empty_array
+ *   core.extract_json(s), core.assert_shape(v, shape [, path])
+ *   core.new_engine([max_in_flight]) -> engine
+ *     engine:submit(opts) -> handle        every call in poll mode
+ *     engine:fd(), engine:poll([max]), engine:wait(ms), engine:close()
+ *   handle:next() -> "event", t | "validate", body | "done" | nil
+ *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
+ *   handle:cancel(), handle:request_id(), handle:done()
+ *   core.error_mt, core.VERSION, core.EVENT_NAMES, core.EVENTS_ALL
+ *
+ * The host drains each handle's mailbox on its own thread (DESIGN §1): no
+ * Lua code ever runs on the engine's I/O thread. A handle does not keep its
+ * engine alive: collecting or closing an engine cancels its calls, and
+ * their handles then read as cancelled.
  *
  * No global mutable state (DESIGN §6): several Lua states on several
  * threads may load the module at once. Everything lives in the loading
@@ -527,7 +540,10 @@ static void push_json_number(lua_State *L, double d)
     lua_pushnumber(L, (lua_Number)d);
 }
 
-/* cJSON caps nesting (CJSON_NESTING_LIMIT), which bounds this recursion. */
+/* cJSON caps nesting (CJSON_NESTING_LIMIT), which bounds this recursion.
+ * Known limits, both cJSON's: numbers are doubles (integers beyond 2^53
+ * lose precision) and strings are NUL-terminated (a decoded "\u0000" ends
+ * its string). */
 static void push_json(lua_State *L, const cJSON *v, int array_mt)
 {
     luaL_checkstack(L, 4, "llmretry: JSON nested too deeply");
