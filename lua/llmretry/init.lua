@@ -1,0 +1,506 @@
+-- llmretry: the production layer around calls to an OpenAI-compatible chat API.
+--
+-- The pure-Lua half of the Lua binding (DESIGN §6). The C module
+-- `llmretry.core` owns the engine (an I/O thread doing every attempt, wait and
+-- retry); this file turns its mailbox into call_llm, a coroutine pool
+-- (map_with_concurrency) and call_many.
+--
+-- How waiting works. Every call is submitted to an engine and read back from
+-- its handle's mailbox (events, validation requests, then "done") on this Lua
+-- state's thread:
+--   * outside a pool, call_llm blocks: it waits on the handle in 50 ms slices;
+--   * inside a map_with_concurrency worker, call_llm submits to the pool's
+--     engine and yields the worker's coroutine (in Lua, never across C); the
+--     pool's scheduler waits on the engine's fd for all workers at once and
+--     resumes a worker when its call has news.
+--
+-- The module keeps no global mutable state: the default engine and the
+-- registry of running pools live in upvalues of this chunk, so each Lua state
+-- that loads it has its own.
+
+local core = require("llmretry.core")
+
+local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
+local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
+local string, table, math, io = string, table, math, io
+local co_create, co_resume, co_yield, co_status, co_running =
+    coroutine.create, coroutine.resume, coroutine.yield, coroutine.status, coroutine.running
+local co_isyieldable = coroutine.isyieldable
+
+local M = {}
+
+M.VERSION = core.VERSION
+M.null = core.null
+M.array_mt = core.array_mt
+M.empty_array = core.empty_array
+M.encode = core.encode
+M.decode = core.decode
+M.extract_json = core.extract_json
+M.assert_shape = core.assert_shape
+M.new_engine = core.new_engine
+M.error_mt = core.error_mt
+-- The event names in event_mask bit order: bit (i - 1) asks for EVENT_NAMES[i].
+M.EVENT_NAMES = core.EVENT_NAMES
+M.EVENTS_ALL = core.EVENTS_ALL
+
+-- DESIGN §4: the error kinds, as the `kind` field of an error table holds them.
+M.errors = {
+  HTTP_STATUS = "http_status",
+  TIMEOUT = "timeout",
+  NETWORK = "network",
+  INVALID_RESPONSE = "invalid_response",
+  DEADLINE_EXCEEDED = "deadline_exceeded",
+  CANCELLED = "cancelled",
+  RESPONSE_TOO_LARGE = "response_too_large",
+}
+
+-- Is `v` an error table returned by a call (nil, err)?
+function M.is_error(v)
+  return type(v) == "table" and getmetatable(v) == core.error_mt
+end
+
+-- ---------------------------------------------------------------------------
+-- Argument checks: programming errors raise at once, naming the argument.
+
+local function typename(v)
+  local t = type(v)
+  if t == "userdata" and v == core.null then return "null" end
+  return t
+end
+
+local function argerror(level, name, want, got)
+  error(string.format("llmretry: %s must be %s (got %s)", name, want, typename(got)), level + 1)
+end
+
+local function is_callable(v)
+  if type(v) == "function" then return true end
+  local mt = getmetatable(v)
+  return type(mt) == "table" and type(rawget(mt, "__call")) == "function"
+end
+
+local function is_integer(v)
+  if type(v) ~= "number" then return false end
+  if math.type then return math.type(v) == "integer" or (v == math.floor(v) and v == v) end
+  return v == math.floor(v) and v == v and v ~= math.huge and v ~= -math.huge
+end
+
+-- Options of call_llm (and call_many, map_with_concurrency) that are Lua's,
+-- not the engine's: they never reach engine:submit.
+local LUA_OPTIONS = { logger = true, validate = true, engine = true }
+
+-- Split call options into what engine:submit takes and the Lua-side context.
+-- `defaults` (may be nil) gives the pool's logger.
+local function split_options(opts, level, defaults)
+  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
+  local logger, validate, engine = opts.logger, opts.validate, opts.engine
+  if logger == nil and defaults then logger = defaults.logger end
+  if logger ~= nil and logger ~= false and not is_callable(logger) then
+    argerror(level + 1, "logger", "a function, false or nil", logger)
+  end
+  if validate ~= nil and validate ~= false and not is_callable(validate) then
+    argerror(level + 1, "validate", "a function or nil", validate)
+  end
+  if engine ~= nil and type(engine) ~= "userdata" then
+    argerror(level + 1, "engine", "an engine (llmretry.new_engine()) or nil", engine)
+  end
+  local sub = {}
+  for k, v in pairs(opts) do
+    if not LUA_OPTIONS[k] then sub[k] = v end
+  end
+  if validate then sub.validate = true end
+  -- Ask the engine only for events someone will read.
+  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
+  local ctx = { logger = logger or nil, validate = validate or nil, reported = false }
+  return sub, ctx, engine
+end
+
+-- engine:submit, its argument errors re-raised at the caller of our caller.
+local function submit(engine, sub, level)
+  local ok, h = pcall(engine.submit, engine, sub)
+  if not ok then
+    if type(h) == "string" then error(h, level + 1) end
+    error(h, 0)
+  end
+  return h
+end
+
+-- ---------------------------------------------------------------------------
+-- The mailbox of one call: events to the logger, validation on this thread.
+
+local function report_logger_error(ev, e, ctx)
+  if ctx.reported then return end
+  ctx.reported = true
+  local stderr = io.stderr
+  if stderr then
+    pcall(stderr.write, stderr, string.format(
+      "llmretry: the logger raised on %s (request_id=%s): %s; the call goes on (later "
+        .. "logger errors of this call are not reported)\n",
+      tostring(ev.event), tostring(ev.request_id), tostring(e)))
+  end
+end
+
+local function validate_body(ctx, body)
+  local data, derr = core.decode(body)
+  if data == nil then
+    return false, "the body is not valid JSON: " .. tostring(derr)
+  end
+  local ok, verdict, msg = pcall(ctx.validate, data)
+  if not ok then
+    local m = verdict
+    if type(m) ~= "string" then m = tostring(m) end
+    return false, m ~= "" and m or "validate raised"
+  end
+  if verdict == false then
+    return false, msg ~= nil and tostring(msg) or "validate returned false"
+  end
+  if verdict == nil and msg ~= nil then
+    return false, tostring(msg)
+  end
+  return true
+end
+
+-- Take every item now in h's mailbox. True once the call is done.
+local function drain(h, ctx)
+  while true do
+    local kind, value = h:next()
+    if kind == nil then
+      return false
+    elseif kind == "done" then
+      return true
+    elseif kind == "event" then
+      local logger = ctx.logger
+      if logger then
+        local ok, e = pcall(logger, value)
+        if not ok then report_logger_error(value, e, ctx) end
+      end
+    elseif kind == "validate" then
+      if ctx.validate then
+        local ok, msg = validate_body(ctx, value)
+        h:validated(ok, msg)
+      else
+        h:validated(true)
+      end
+    end
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- Engines: the default one, made on first use, one per Lua state.
+
+local default_engine = nil
+
+local function get_default_engine()
+  if default_engine == nil then default_engine = core.new_engine() end
+  return default_engine
+end
+
+-- Running pools, by the coroutine of each worker (weak: a worker coroutine
+-- dropped by a pool that raised is collected).
+local pool_of = setmetatable({}, { __mode = "k" })
+
+-- A unique value a worker yields to say "resume me when this handle has news".
+local WAIT = setmetatable({}, { __tostring = function() return "llmretry.WAIT" end })
+
+-- ---------------------------------------------------------------------------
+-- call_llm
+
+function M.call_llm(opts)
+  local co = co_running()
+  local pool = co and pool_of[co] or nil
+  local sub, ctx, engine = split_options(opts, 2, pool)
+  local pooled = false
+  if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
+    engine, pooled = pool.engine, true
+  end
+  engine = engine or get_default_engine()
+  local h = submit(engine, sub, 2)
+  if pooled then
+    while not drain(h, ctx) do co_yield(WAIT, h) end
+  else
+    while not drain(h, ctx) do h:wait(50) end
+  end
+  return h:result()
+end
+
+-- ---------------------------------------------------------------------------
+-- The scheduler: wait on one engine's fd for many handles at once.
+
+-- Run until `finished()` is true. `watch` maps a handle to the function that
+-- takes its news; the engine reports each handle with news once per batch.
+-- `step` (optional) runs first on every turn and says whether it did work.
+local function run_loop(engine, watch, finished, step)
+  while not finished() do
+    local progressed = step and step() or false
+    if finished() then break end
+    local hs = engine:poll()
+    for i = 1, #hs do
+      local h = hs[i]
+      local fn = watch[h]
+      if fn then fn(h) end
+    end
+    if #hs == 0 and not progressed and not finished() and not engine:wait(100) then
+      -- Nothing for 100 ms (or the engine was closed under us, which
+      -- cancels its calls): look at every watched handle, so that no call
+      -- can wait forever on a wakeup that never comes.
+      local list = {}
+      for h in pairs(watch) do list[#list + 1] = h end
+      for i = 1, #list do
+        local fn = watch[list[i]]
+        if fn then fn(list[i]) end
+      end
+    end
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- map_with_concurrency
+
+local pool_error_mt = {
+  __name = "llmretry.pool_error",
+  __tostring = function(e)
+    return string.format("llmretry: item %d failed: %s", e.index, tostring(e.error))
+  end,
+}
+
+function M.map_with_concurrency(items, limit, worker, opts)
+  if type(items) ~= "table" then argerror(2, "items", "a table (array)", items) end
+  if not is_integer(limit) or limit < 1 then
+    if type(limit) == "number" then
+      error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)), 2)
+    end
+    argerror(2, "limit", "an integer >= 1", limit)
+  end
+  if not is_callable(worker) then argerror(2, "worker", "a function", worker) end
+  if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
+  opts = opts or {}
+  local return_errors = opts.return_errors
+  if return_errors ~= nil and type(return_errors) ~= "boolean" then
+    argerror(2, "opts.return_errors", "a boolean or nil", return_errors)
+  end
+  local logger = opts.logger
+  if logger ~= nil and logger ~= false and not is_callable(logger) then
+    argerror(2, "opts.logger", "a function, false or nil", logger)
+  end
+  if opts.engine ~= nil and type(opts.engine) ~= "userdata" then
+    argerror(2, "opts.engine", "an engine (llmretry.new_engine()) or nil", opts.engine)
+  end
+  for k in pairs(opts) do
+    if k ~= "return_errors" and k ~= "logger" and k ~= "engine" then
+      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency",
+        tostring(k)), 2)
+    end
+  end
+
+  local n = #items
+  local results, errors = { n = n }, {}
+  if n == 0 then return results, errors end
+
+  local owned = opts.engine == nil
+  local engine = opts.engine or core.new_engine()
+  local pool = { engine = engine, logger = logger or nil }
+  local watch = {}          -- handle -> resume function
+  local ready = {}          -- coroutines that yielded something else: resume next turn
+  local index_of = {}       -- coroutine -> item index
+  local active, next_i, stopped = 0, 1, false
+  local first_failure = nil
+
+  local function finish(co, i, ok, value)
+    active = active - 1
+    index_of[co] = nil
+    pool_of[co] = nil
+    if ok then
+      results[i] = value
+    else
+      errors[i] = value
+      if not return_errors and not first_failure then
+        first_failure = i
+        stopped = true
+      end
+    end
+  end
+
+  -- Resume `co` until it waits for a call, yields, or ends.
+  local function step(co, ...)
+    local i = index_of[co]
+    local ok, a, b = co_resume(co, ...)
+    if co_status(co) == "dead" then
+      finish(co, i, ok, a)
+    elseif a == WAIT then
+      watch[b] = function(h)
+        watch[h] = nil
+        step(co)
+      end
+    else
+      -- The worker yielded on its own: give the others a turn first.
+      ready[#ready + 1] = co
+    end
+  end
+
+  local function fill()
+    while not stopped and active < limit and next_i <= n do
+      local i = next_i
+      next_i = i + 1
+      local item = items[i]
+      local co = co_create(function() return (worker(item, i)) end)
+      index_of[co] = i
+      pool_of[co] = pool
+      active = active + 1
+      step(co)
+    end
+  end
+
+  local function turn()
+    fill()
+    if #ready == 0 then return false end
+    local now = ready
+    ready = {}
+    for _, co in ipairs(now) do step(co) end
+    fill()
+    return true
+  end
+
+  local ok, perr = pcall(run_loop, engine, watch,
+    function() return active == 0 and (stopped or next_i > n) end, turn)
+  if owned then engine:close() end
+  if not ok then error(perr, 0) end
+
+  if first_failure then
+    error(setmetatable({ index = first_failure, error = errors[first_failure],
+      results = results, errors = errors }, pool_error_mt), 2)
+  end
+  return results, errors
+end
+
+-- ---------------------------------------------------------------------------
+-- call_many: every body on one engine, no coroutines.
+
+function M.call_many(bodies, opts)
+  if type(bodies) ~= "table" then argerror(2, "bodies", "a table (array)", bodies) end
+  if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
+  opts = opts or {}
+  local limit = opts.limit
+  if limit == nil then limit = 8 end
+  if not is_integer(limit) or limit < 1 then
+    if type(limit) == "number" then
+      error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)), 2)
+    end
+    argerror(2, "limit", "an integer >= 1", limit)
+  end
+  if opts.body ~= nil then
+    error("llmretry: opts.body is not an option of call_many (the bodies are its first argument)", 2)
+  end
+  local base = {}
+  for k, v in pairs(opts) do
+    if k ~= "limit" then base[k] = v end
+  end
+  local sub, ctx, engine = split_options(base, 2)
+  local n = #bodies
+  local outs = { n = n }
+  -- Every body is encoded before the first call goes out: a body that cannot
+  -- be sent raises before any I/O.
+  local payloads, models = {}, {}
+  for i = 1, n do
+    local b = bodies[i]
+    if type(b) == "table" then
+      local ok, text = pcall(core.encode, b)
+      if not ok then
+        error(string.format("llmretry: bodies[%d] cannot be encoded: %s", i, tostring(text)), 2)
+      end
+      payloads[i] = text
+      if type(b.model) == "string" then models[i] = b.model end
+    elseif type(b) == "string" then
+      payloads[i] = b
+    else
+      argerror(2, string.format("bodies[%d]", i), "a table or a JSON string", b)
+    end
+  end
+  if n == 0 then return outs end
+
+  local owned = engine == nil
+  engine = engine or core.new_engine()
+  local watch, active, next_i = {}, 0, 1
+
+  local function start()
+    while active < limit and next_i <= n do
+      local i = next_i
+      next_i = i + 1
+      local s = {}
+      for k, v in pairs(sub) do s[k] = v end
+      s.body = payloads[i]
+      if s.model == nil then s.model = models[i] end
+      -- Each call has its own logger state (one stderr report per call).
+      local c = { logger = ctx.logger, validate = ctx.validate, reported = false }
+      local h = engine:submit(s)
+      payloads[i] = nil
+      active = active + 1
+      local function take(hh)
+        if drain(hh, c) then
+          watch[hh] = nil
+          active = active - 1
+          local res, err = hh:result()
+          outs[i] = res or err
+        end
+      end
+      watch[h] = take
+      take(h)
+    end
+  end
+
+  local ok, perr = pcall(function()
+    start()
+    run_loop(engine, watch, function() return active == 0 and next_i > n end,
+      function() start() return false end)
+  end)
+  if owned then engine:close() end
+  if not ok then
+    -- The engine's argument errors (the first submit, before any I/O) point
+    -- at our caller.
+    if type(perr) == "string" then error(perr, 2) end
+    error(perr, 0)
+  end
+  return outs
+end
+
+-- ---------------------------------------------------------------------------
+-- log_usage
+
+local USAGE_KEYS = { "label", "attempt", "duration_ms", "prompt_tokens", "completion_tokens",
+  "total_tokens", "request_id", "model" }
+
+function M.log_usage(meta, label, logger)
+  if type(meta) ~= "table" then argerror(2, "meta", "a table (res.meta)", meta) end
+  if type(meta.meta) == "table" then meta = meta.meta end -- a whole result
+  if label == nil then label = "request" end
+  if type(label) ~= "string" then argerror(2, "label", "a string", label) end
+  if logger ~= nil and not is_callable(logger) then
+    argerror(2, "logger", "a function or nil", logger)
+  end
+  local null = core.null
+  local usage = meta.usage
+  if type(usage) ~= "table" then usage = {} end
+  local function v(x) if x == nil then return null end return x end
+  local rec = {
+    label = label,
+    attempt = v(meta.attempt),
+    duration_ms = v(meta.duration_ms),
+    prompt_tokens = v(usage.prompt_tokens),
+    completion_tokens = v(usage.completion_tokens),
+    total_tokens = v(usage.total_tokens),
+    request_id = v(meta.request_id),
+    model = v(meta.model),
+  }
+  if logger == nil then
+    -- One JSON line, keys in a fixed order.
+    local parts = {}
+    for i, k in ipairs(USAGE_KEYS) do
+      parts[i] = core.encode(k) .. ":" .. core.encode(rec[k])
+    end
+    io.stdout:write("{" .. table.concat(parts, ",") .. "}\n")
+    io.stdout:flush()
+  else
+    logger(rec)
+  end
+  return rec
+end
+
+return M

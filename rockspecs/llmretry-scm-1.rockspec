@@ -1,0 +1,72 @@
+-- llmretry for Lua 5.4 and LuaJIT / Lua 5.1, built from this checkout:
+--   luarocks --lua-version 5.4 make rockspecs/llmretry-scm-1.rockspec
+--   luarocks --lua-version 5.1 make rockspecs/llmretry-scm-1.rockspec   (LuaJIT)
+-- The C core needs the headers of libcurl and cJSON: on Debian/Ubuntu
+--   apt-get install libcurl4-openssl-dev libcjson-dev
+rockspec_format = "3.0"
+package = "llmretry"
+version = "scm-1"
+
+source = {
+   url = "git+file:///dev/null/llmretry.git",  -- built with `luarocks make` from a checkout
+}
+
+description = {
+   summary = "Retries, deadlines, events and a coroutine pool around OpenAI-compatible chat calls",
+   detailed = [[
+llmretry puts a production policy around every call to an OpenAI-compatible chat
+API: a timeout per attempt, one total deadline, retries of transient failures only
+(exponential backoff with jitter, Retry-After), a request id, structured log events,
+response validation and token accounting, plus a coroutine pool (map_with_concurrency)
+whose calls all run at once on one C engine. One C core (libcurl + cJSON) does the
+I/O on its own thread; nothing blocks your event loop (engine:fd/poll/wait).
+
+Build requirements: the headers of libcurl and cJSON. On Debian/Ubuntu:
+  apt-get install libcurl4-openssl-dev libcjson-dev
+("Could not find header file for CURL" or "... for CJSON" from luarocks means one
+of those packages is missing; elsewhere pass CURL_DIR=... / CJSON_DIR=...)
+]],
+   labels = { "llm", "openai", "http", "retry", "curl" },
+}
+
+dependencies = {
+   "lua >= 5.1, < 5.5",
+}
+
+-- CURL is checked by its library, not by curl/curl.h: Debian and Ubuntu keep
+-- curl's headers in a multiarch directory (/usr/include/<triplet>/curl) that
+-- the C compiler searches by itself but luarocks does not. The unversioned
+-- libcurl.so comes with the -dev package only, so the check still means
+-- "the development files are installed". A missing one reads
+-- "Could not find library file for CURL" / "... header file for CJSON":
+-- apt-get install libcurl4-openssl-dev libcjson-dev
+external_dependencies = {
+   CURL = { library = "curl" },
+   CJSON = { header = "cjson/cJSON.h", library = "cjson" },
+}
+
+build = {
+   type = "builtin",
+   modules = {
+      ["llmretry.core"] = {
+         sources = {
+            "bindings/lua/llmretry_core.c",
+            "core/src/call.c",
+            "core/src/engine.c",
+            "core/src/events.c",
+            "core/src/group.c",
+            "core/src/ids.c",
+            "core/src/json.c",
+            "core/src/options.c",
+            "core/src/pacer.c",
+            "core/src/policy.c",
+            "core/src/ready.c",
+         },
+         incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },
+         libdirs = { "$(CURL_LIBDIR)", "$(CJSON_LIBDIR)" },
+         libraries = { "curl", "cjson", "pthread", "m" },
+         defines = { "_GNU_SOURCE" },
+      },
+      llmretry = "lua/llmretry/init.lua",
+   },
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The Lua suite: build the binding with luarocks for Lua 5.4 and for LuaJIT
+# (Lua 5.1 ABI) into local trees under build-lua/, then run tests/lua with
+# busted under lua5.4 and under luajit. Fails when either run fails.
+#
+# Installs what is missing with apt-get (as root, else sudo). LuaJIT comes
+# from luajit2 / libluajit2-5.1-dev, not luajit / libluajit-5.1-dev: those
+# conflict with Debian's nginx Lua module (see shared/NOTES.md). The mock
+# server is the Python package's llmretry.testing, so the Python extension
+# must be built (`make build-python`; done here when it is missing).
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+
+debs=(lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks lua-busted
+      curl libcurl4-openssl-dev libcjson-dev gcc make python3)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "lua-test: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The rockspec lists the core's sources one by one: catch a new core/src/*.c
+# that it does not build (it would only show as an undefined symbol at load).
+rockspec=rockspecs/llmretry-scm-1.rockspec
+for src in core/src/*.c; do
+  grep -q "\"$src\"" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec" >&2; exit 1; }
+done
+
+# The mock server needs the Python package importable, extension included.
+if ! PYTHONPATH="$repo/python" python3 -c "import llmretry.testing" 2>/dev/null; then
+  echo "lua-test: building the Python extension for the mock server"
+  make --no-print-directory build-python
+fi
+
+# luarocks' builtin build leaves objects next to the sources and the module
+# under ./llmretry/: clean them so they cannot be picked up by anything else.
+clean_artefacts() {
+  rm -f bindings/lua/*.o core/src/*.o
+  rm -f llmretry/core.so
+  rmdir llmretry 2>/dev/null || true
+}
+trap clean_artefacts EXIT
+
+mkdir -p build-lua
+for v in 5.4 5.1; do
+  log="build-lua/build-$v.log"
+  if ! luarocks --lua-version "$v" make --tree "build-lua/$v" "$rockspec" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "lua-test: luarocks --lua-version $v make failed (log: $log)" >&2
+    exit 1
+  fi
+  clean_artefacts
+  echo "lua-test: built llmretry for Lua $v into build-lua/$v"
+done
+
+export LLMRETRY_REPO="$repo"
+export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
+unset OPENAI_API_KEY OPENAI_BASE_URL
+
+# Package paths go in the environment: busted --lua re-runs itself through a
+# shell without quoting, so --lpath/--cpath values cannot hold ';'.
+run_busted() { # interpreter abi
+  local lua="$1" v="$2" tree="$repo/build-lua/$2"
+  local lpath="$tree/share/lua/$v/?.lua;$tree/share/lua/$v/?/init.lua;$repo/tests/lua/?.lua;;"
+  local cpath="$tree/lib/lua/$v/?.so;;"
+  echo "lua-test: busted --lua=$lua"
+  LUA_PATH="$lpath" LUA_CPATH="$cpath" LUA_PATH_5_4="$lpath" LUA_CPATH_5_4="$cpath" \
+    busted --lua="$lua" --pattern=_spec "$repo/tests/lua"
+}
+
+status=0
+run_busted lua5.4 5.4 || status=1
+run_busted luajit 5.1 || status=$((status | 2))
+if [ "$status" -ne 0 ]; then
+  [ $((status & 1)) -ne 0 ] && echo "lua-test: FAILED under lua5.4" >&2
+  [ $((status & 2)) -ne 0 ] && echo "lua-test: FAILED under luajit" >&2
+  exit 1
+fi
