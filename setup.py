@@ -45,18 +45,19 @@ def pkg_config(*packages: str) -> list:
 def extension() -> Extension:
     flags = pkg_config("libcurl", "libcjson")
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "core" / "src").glob("*.c"))
-    sources.append("bindings/python/_llmretry.c")
+    sources += ["bindings/python/_llmretry.c", "bindings/python/pool.c"]
     return Extension(
         "llmretry._llmretry",
         sources=sources,
-        include_dirs=["core/include", "core/src"]
+        include_dirs=["core/include", "core/src", "bindings/python"]
         + [f[2:] for f in flags if f.startswith("-I")],
         library_dirs=[f[2:] for f in flags if f.startswith("-L")],
         libraries=[f[2:] for f in flags if f.startswith("-l")],
         define_macros=[("_GNU_SOURCE", None)],
         extra_compile_args=["-std=c11", "-O2"]
         + [f for f in flags if f.startswith("-") and f[:2] not in ("-I", "-L", "-l")],
-        depends=[str(HEADER.relative_to(ROOT)), "core/src/internal.h"],
+        depends=[str(HEADER.relative_to(ROOT)), "core/src/internal.h",
+                 "bindings/python/pool.h"],
     )
 
 

@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include "llmretry.h"
+#include "pool.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -19,23 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAKE_MS 50
-
-typedef struct {
-    PyTypeObject *engine_type;
-    PyObject *pool_stop;            /* the PoolStop exception class */
-} module_state;
 
 static module_state *state_of(PyObject *module)
 {
     return (module_state *)PyModule_GetState(module);
 }
-
-/* A run_pool worker thread points this at its pool's stop flag, so that a
- * call made inside the worker can be cancelled when the pool stops. It is
- * per thread and set only by the pool's own threads. */
-static _Thread_local const atomic_int *tls_pool_stop;
-static _Thread_local PyObject *tls_pool_stop_type;
 
 /* ---- C values to Python ------------------------------------------------ */
 
@@ -447,17 +436,44 @@ static int deliver_validation(llmretry_call *c, PyObject *validate)
     return rc;
 }
 
+/* Who gets a call's events: the host's on_event for the events it asked
+ * for, and the pool the call runs in (if any) for its pacer. */
+typedef struct {
+    PyObject *on_event;
+    unsigned mask;                  /* the events on_event asked for */
+    lr_pool *pool;
+    int last_status;                /* of the last llm_request_failed */
+} event_route;
+
+static int route_event(event_route *rt, llmretry_event *ev)
+{
+    llmretry_event_type t = llmretry_event_type_of(ev);
+    if (rt->pool) {
+        if (t == LLMRETRY_EV_REQUEST_FAILED) {
+            llmretry_field f;
+            size_t n = llmretry_event_field_count(ev);
+            for (size_t i = 0; i < n; i++)
+                if (llmretry_event_field(ev, i, &f) == 0 && strcmp(f.name, "status") == 0)
+                    rt->last_status = f.type == LLMRETRY_FIELD_INT ? (int)f.i : 0;
+        }
+        lr_pool_observe(rt->pool, ev, rt->last_status);
+    }
+    if (rt->on_event == Py_None || !(rt->mask & (1u << t))) {
+        llmretry_event_free(ev);
+        return 0;
+    }
+    return deliver_event(rt->on_event, ev);
+}
+
 /* Deliver every item in the call's mailbox on this thread. 1 when the call
  * is done, 0 when the mailbox is empty, -1 with a Python error set. */
-static int drain_mail(llmretry_call *c, PyObject *on_event, PyObject *validate)
+static int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate)
 {
     for (;;) {
         llmretry_event *ev;
         switch (llmretry_call_next(c, &ev)) {
         case LLMRETRY_MAIL_EVENT:
-            if (on_event == Py_None)
-                llmretry_event_free(ev);
-            else if (deliver_event(on_event, ev) < 0)
+            if (route_event(rt, ev) < 0)
                 return -1;
             break;
         case LLMRETRY_MAIL_VALIDATE:
@@ -478,8 +494,9 @@ static int check_interrupts(void)
 {
     if (PyErr_CheckSignals() < 0)
         return -1;
-    if (tls_pool_stop && atomic_load(tls_pool_stop)) {
-        PyErr_SetString(tls_pool_stop_type, "the pool is stopping");
+    lr_pool *pool = lr_pool_current();
+    if (pool && lr_pool_stopping(pool)) {
+        PyErr_SetString(lr_pool_stop_type(pool), "the pool is stopping");
         return -1;
     }
     return 0;
@@ -487,10 +504,10 @@ static int check_interrupts(void)
 
 /* Wait for the call, delivering its mail on this thread. Returns the result
  * dict, or NULL with an exception set (the call is then cancelled). */
-static PyObject *wait_call(llmretry_call *c, PyObject *on_event, PyObject *validate)
+static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate)
 {
     for (;;) {
-        int rc = drain_mail(c, on_event, validate);
+        int rc = drain_mail(c, rt, validate);
         if (rc > 0)
             return result_dict(llmretry_call_result(c));
         if (rc < 0)
@@ -514,6 +531,16 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
         call_args_release(&a);
         return NULL;
     }
+    event_route rt = { on_event, a.o.events, lr_pool_current(), 0 };
+    if (rt.pool) {
+        /* In a batch pool: no call outlives the batch's deadline, and the
+         * pool's pacer must see 429s and successes whatever the logger. */
+        int64_t left = lr_pool_deadline_left(rt.pool);
+        if (left != LLMRETRY_NO_DEADLINE &&
+            (a.o.deadline_ms == LLMRETRY_NO_DEADLINE || a.o.deadline_ms > left))
+            a.o.deadline_ms = left;
+        a.o.events |= LR_POOL_EVENTS;
+    }
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_call *c = NULL;
     llmretry_status st = LLMRETRY_ESTATE;
@@ -532,7 +559,7 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     /* Keep the callables alive while Python code may drop its references. */
     Py_INCREF(on_event);
     Py_INCREF(validate);
-    PyObject *r = wait_call(c, on_event, validate);
+    PyObject *r = wait_call(c, &rt, validate);
     Py_DECREF(on_event);
     Py_DECREF(validate);
     llmretry_call_free(c);
@@ -693,6 +720,7 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
         goto done;
     }
     a.o.group = g;
+    event_route rt = { on_event, a.o.events, NULL, 0 };
 
     /* Keep the engine's queue ahead of the pacer without holding every
      * call record of a huge batch at once. */
@@ -713,7 +741,7 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
         }
         for (size_t j = 0; j < k; j++) {
             Py_ssize_t i = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
-            int rc = drain_mail(ready[j], on_event, validate);
+            int rc = drain_mail(ready[j], &rt, validate);
             if (rc < 0)
                 goto done;
             if (rc == 0)
@@ -782,222 +810,6 @@ static PyType_Spec Engine_spec = {
     .slots = Engine_slots,
 };
 
-/* ---- run_pool ---------------------------------------------------------- */
-
-typedef struct {
-    PyObject *items, *worker, *results, *stop_type;
-    Py_ssize_t n, next;
-    int return_exceptions;
-    atomic_int stop;
-    /* The first failure, raised once the running items finish. */
-    PyObject *exc_type, *exc_value, *exc_tb;
-    pthread_mutex_t mu;             /* guards next, running, the results slots, exc_* */
-    pthread_cond_t cv;
-    int running;
-} pool_t;
-
-/* Claim the next index, or -1 when done or stopping. */
-static Py_ssize_t pool_claim(pool_t *p)
-{
-    pthread_mutex_lock(&p->mu);
-    Py_ssize_t i = atomic_load(&p->stop) || p->next >= p->n ? -1 : p->next++;
-    pthread_mutex_unlock(&p->mu);
-    return i;
-}
-
-static void pool_record_failure(pool_t *p, Py_ssize_t i)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb && value)
-        PyException_SetTraceback(value, tb);
-    int is_exception = PyErr_GivenExceptionMatches(type, PyExc_Exception);
-    int is_pool_stop = PyErr_GivenExceptionMatches(type, p->stop_type);
-    pthread_mutex_lock(&p->mu);
-    if (is_pool_stop || atomic_load(&p->stop)) {
-        /* Stopped because of an earlier failure or Ctrl-C: not news. */
-    } else if (p->return_exceptions && is_exception) {
-        Py_INCREF(value);
-        PyList_SET_ITEM(p->results, i, value);      /* the slot held None */
-        Py_DECREF(Py_None);
-    } else if (!p->exc_type) {
-        p->exc_type = type;
-        p->exc_value = value;
-        p->exc_tb = tb;
-        type = value = tb = NULL;
-        atomic_store(&p->stop, 1);
-    }
-    pthread_mutex_unlock(&p->mu);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-}
-
-static void *pool_thread(void *arg)
-{
-    pool_t *p = arg;
-    PyGILState_STATE g = PyGILState_Ensure();
-    tls_pool_stop = &p->stop;
-    tls_pool_stop_type = p->stop_type;
-    Py_ssize_t i;
-    while ((i = pool_claim(p)) >= 0) {
-        PyObject *index = PyLong_FromSsize_t(i);
-        PyObject *r = index ? PyObject_CallFunctionObjArgs(p->worker, PyList_GET_ITEM(p->items, i),
-                                                           index, NULL)
-                            : NULL;
-        Py_XDECREF(index);
-        if (r) {
-            pthread_mutex_lock(&p->mu);
-            PyObject *old = PyList_GET_ITEM(p->results, i);
-            PyList_SET_ITEM(p->results, i, r);
-            pthread_mutex_unlock(&p->mu);
-            Py_DECREF(old);
-        } else {
-            pool_record_failure(p, i);
-        }
-    }
-    tls_pool_stop = NULL;
-    tls_pool_stop_type = NULL;
-    pthread_mutex_lock(&p->mu);
-    p->running--;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    PyGILState_Release(g);
-    return NULL;
-}
-
-/* Wait (GIL released, waking for signals) until every pool thread is done. */
-static int pool_wait(pool_t *p, pthread_t *threads, int n_threads)
-{
-    int interrupted = 0;
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    for (;;) {
-        int running;
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += WAKE_MS * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        pthread_mutex_lock(&p->mu);
-        if (p->running > 0)
-            pthread_cond_timedwait(&p->cv, &p->mu, &until);
-        running = p->running;
-        pthread_mutex_unlock(&p->mu);
-        Py_END_ALLOW_THREADS
-        if (running == 0)
-            break;
-        if (!interrupted && PyErr_CheckSignals() < 0) {
-            /* Stop starting items; calls in flight in workers cancel. */
-            interrupted = 1;
-            atomic_store(&p->stop, 1);
-            PyErr_Fetch(&type, &value, &tb);
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (int t = 0; t < n_threads; t++)
-        pthread_join(threads[t], NULL);
-    Py_END_ALLOW_THREADS
-    if (interrupted)
-        PyErr_Restore(type, value, tb);
-    return interrupted ? -1 : 0;
-}
-
-static PyObject *run_pool(PyObject *module, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = { "items", "limit", "worker", "return_exceptions", NULL };
-    PyObject *items, *worker;
-    Py_ssize_t limit;
-    int return_exceptions = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnO|p:run_pool", kwlist, &items, &limit,
-                                     &worker, &return_exceptions))
-        return NULL;
-    if (limit < 1) {
-        PyErr_Format(PyExc_ValueError, "limit must be >= 1 (got %zd)", limit);
-        return NULL;
-    }
-    if (!PyCallable_Check(worker)) {
-        PyErr_SetString(PyExc_TypeError, "worker must be callable");
-        return NULL;
-    }
-    pool_t p;
-    memset(&p, 0, sizeof p);
-    p.items = PySequence_List(items);
-    if (!p.items)
-        return NULL;
-    p.n = PyList_GET_SIZE(p.items);
-    p.results = PyList_New(p.n);
-    if (!p.results) {
-        Py_DECREF(p.items);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < p.n; i++) {
-        Py_INCREF(Py_None);
-        PyList_SET_ITEM(p.results, i, Py_None);
-    }
-    p.worker = worker;
-    p.stop_type = state_of(module)->pool_stop;
-    p.return_exceptions = return_exceptions;
-    atomic_init(&p.stop, 0);
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p.cv, &ca);
-    pthread_condattr_destroy(&ca);
-
-    int n_threads = (int)(limit < p.n ? limit : p.n);
-    pthread_t *threads = PyMem_Calloc((size_t)(n_threads ? n_threads : 1), sizeof *threads);
-    int started = 0, rc = 0;
-    if (!threads) {
-        PyErr_NoMemory();
-        rc = -1;
-    } else {
-        /* Pool threads take no signals: Ctrl-C must reach the main thread. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        for (; started < n_threads; started++) {
-            pthread_mutex_lock(&p.mu);
-            p.running++;
-            pthread_mutex_unlock(&p.mu);
-            if (pthread_create(&threads[started], NULL, pool_thread, &p) != 0) {
-                pthread_mutex_lock(&p.mu);
-                p.running--;
-                pthread_mutex_unlock(&p.mu);
-                break;
-            }
-        }
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (started < n_threads && started == 0) {
-            PyErr_SetString(PyExc_RuntimeError, "could not start any pool thread");
-            rc = -1;
-        }
-        if (pool_wait(&p, threads, started) < 0)
-            rc = -1;
-    }
-    PyMem_Free(threads);
-    PyObject *out = NULL;
-    if (rc == 0 && p.exc_type) {
-        PyErr_Restore(p.exc_type, p.exc_value, p.exc_tb);
-        p.exc_type = p.exc_value = p.exc_tb = NULL;
-    } else if (rc == 0) {
-        out = p.results;
-        p.results = NULL;
-    }
-    Py_XDECREF(p.exc_type);
-    Py_XDECREF(p.exc_value);
-    Py_XDECREF(p.exc_tb);
-    Py_XDECREF(p.results);
-    Py_DECREF(p.items);
-    pthread_mutex_destroy(&p.mu);
-    pthread_cond_destroy(&p.cv);
-    return out;
-}
-
 /* ---- JSON helpers and the policy ----------------------------------------- */
 
 static int utf8_of(PyObject *o, const char *what, const char **s, Py_ssize_t *len)
@@ -1063,8 +875,9 @@ static PyObject *parse_retry_after(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef module_methods[] = {
-    { "run_pool", (PyCFunction)(void (*)(void))run_pool, METH_VARARGS | METH_KEYWORDS,
-      "run_pool(items, limit, worker, return_exceptions) -> list (see _llmretry.pyi)." },
+    { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
+      "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
+      "         adaptive=True, on_result=None, stats=None) -> list (see _llmretry.pyi)." },
     { "extract_json", extract_json, METH_O,
       "extract_json(text) -> str: the JSON text inside model output." },
     { "assert_shape_json", (PyCFunction)(void (*)(void))assert_shape_json,
@@ -1093,6 +906,14 @@ static int module_exec(PyObject *m)
         Py_DECREF(st->pool_stop);
         return -1;
     }
+    st->not_started = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    if (!st->not_started)
+        return -1;
+    Py_INCREF(st->not_started);
+    if (PyModule_AddObject(m, "NOT_STARTED", st->not_started) < 0) {
+        Py_DECREF(st->not_started);
+        return -1;
+    }
     PyObject *names = PyTuple_New(6);
     if (!names)
         return -1;
@@ -1118,6 +939,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     module_state *st = state_of(m);
     Py_VISIT(st->engine_type);
     Py_VISIT(st->pool_stop);
+    Py_VISIT(st->not_started);
     return 0;
 }
 
@@ -1126,6 +948,7 @@ static int module_clear(PyObject *m)
     module_state *st = state_of(m);
     Py_CLEAR(st->engine_type);
     Py_CLEAR(st->pool_stop);
+    Py_CLEAR(st->not_started);
     return 0;
 }
 

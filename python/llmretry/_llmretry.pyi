@@ -124,14 +124,33 @@ class Engine:
         (the dicts of ``call``) and ``{"pauses", "halvings", "window"}``.
         """
 
+NOT_STARTED: object  # run_pool's slot for an item never started (deadline, stop)
+
 def run_pool(items: Sequence[Any], limit: int,
-             worker: Callable[[Any, int], Any], return_exceptions: bool) -> list[Any]:
+             worker: Callable[[Any, int], Any], return_exceptions: bool = False, *,
+             deadline_ms: Optional[int] = None, adaptive: bool = True,
+             on_result: Optional[Callable[[int, Any, bool], Any]] = None,
+             stats: Optional[dict[str, int]] = None) -> list[Any]:
     """Run worker(item, index) on min(limit, len(items)) C threads holding
-    the GIL in turn; results in input order. With return_exceptions False,
-    the first exception stops new starts and is raised once the running
-    items finish; with True, exceptions are returned in place. Ctrl-C stops
-    the pool (calls in flight in workers are cancelled) and raises
-    KeyboardInterrupt once the worker threads have returned."""
+    the GIL in turn; results in input order.
+
+    With return_exceptions False, the first exception stops new starts and
+    is raised once the running items finish; with True, exceptions are
+    returned in place. Ctrl-C stops the pool (calls in flight in workers are
+    cancelled with PoolStop) and raises KeyboardInterrupt once the worker
+    threads have returned.
+
+    Batch policy: calls made by workers report to the pool, so a 429 that
+    names a wait (Retry-After, x-ratelimit-reset) pauses every new start for
+    that long, and with ``adaptive`` the number of items running halves on
+    a burst of 429s and grows back by one per window-full of successes,
+    never above ``limit``. ``deadline_ms`` bounds the whole batch: calls in
+    workers get the smaller of their own deadline and the time left, and
+    items not started in time keep ``NOT_STARTED`` in their slot.
+    ``on_result(index, value, failed)`` runs on the pool thread after each
+    item (an exception from it stops the pool and is raised). ``stats``, a
+    dict, receives ``{"pauses", "halvings", "window"}`` at the end.
+    """
 
 def extract_json(text: Union[str, bytes]) -> str:
     """The JSON text inside model output (fenced, bare or amid prose);

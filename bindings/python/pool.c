@@ -1,0 +1,421 @@
+/* run_pool: worker(item, index) on min(limit, len(items)) C threads that
+ * take the GIL in turn, with the batch policy of DESIGN §2: a pacer (a 429
+ * that names a wait pauses every new start; the window adapts) and a
+ * deadline for the whole batch. Calls made by workers find their pool
+ * through a thread-local and report 429s and successes to it. */
+#include "pool.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+struct lr_pool {
+    PyObject *items, *worker, *results, *stop_type, *not_started, *on_result;
+    Py_ssize_t n, next;
+    int return_exceptions;
+    atomic_int stop;
+    int64_t deadline_at;            /* monotonic ms, -1 = none */
+    /* The first failure, raised once the running items finish. */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    pthread_mutex_t mu;             /* guards everything below and the above */
+    pthread_cond_t cv;
+    int running;                    /* pool threads alive */
+    int active;                     /* items started and not finished */
+    llmretry_pacer pacer;
+};
+
+/* Per thread, set only by the pool's own threads while they run. */
+static _Thread_local lr_pool *tls_pool;
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timespec mono_after(int64_t ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+lr_pool *lr_pool_current(void)
+{
+    return tls_pool;
+}
+
+int lr_pool_stopping(lr_pool *p)
+{
+    return atomic_load(&p->stop);
+}
+
+PyObject *lr_pool_stop_type(lr_pool *p)
+{
+    return p->stop_type;
+}
+
+int64_t lr_pool_deadline_left(lr_pool *p)
+{
+    if (p->deadline_at < 0)
+        return LLMRETRY_NO_DEADLINE;
+    int64_t left = p->deadline_at - mono_ms();
+    return left > 0 ? left : 0;
+}
+
+static int64_t field_int(const llmretry_event *ev, const char *name)
+{
+    size_t n = llmretry_event_field_count(ev);
+    for (size_t i = 0; i < n; i++) {
+        llmretry_field f;
+        llmretry_event_field(ev, i, &f);
+        if (strcmp(f.name, name) == 0)
+            return f.type == LLMRETRY_FIELD_INT ? f.i : -1;
+    }
+    return -1;
+}
+
+static const char *field_str(const llmretry_event *ev, const char *name)
+{
+    size_t n = llmretry_event_field_count(ev);
+    for (size_t i = 0; i < n; i++) {
+        llmretry_field f;
+        llmretry_event_field(ev, i, &f);
+        if (strcmp(f.name, name) == 0)
+            return f.type == LLMRETRY_FIELD_STRING ? f.s : NULL;
+    }
+    return NULL;
+}
+
+void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int last_status)
+{
+    llmretry_event_type t = llmretry_event_type_of(ev);
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&p->mu);
+    if (t == LLMRETRY_EV_REQUEST_SUCCEEDED) {
+        llmretry_pacer_on_success(&p->pacer);
+    } else if (t == LLMRETRY_EV_RETRY_SCHEDULED) {
+        /* A retry after a 429 with a server-named wait pauses the pool (the
+         * 429 itself was counted by its llm_request_failed). */
+        const char *src = field_str(ev, "delay_source");
+        if (last_status == 429 && src && strcmp(src, "backoff") != 0)
+            llmretry_pacer_on_429(&p->pacer, now, field_int(ev, "delay_ms"));
+    } else if (t == LLMRETRY_EV_REQUEST_FAILED && field_int(ev, "status") == 429) {
+        llmretry_pacer_on_429(&p->pacer, now, -1);
+    }
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Claim the next index (GIL held on entry and exit), or -1 when the pool
+ * is done or stopping. Waits, GIL released, while the pacer says no. */
+static Py_ssize_t pool_claim(lr_pool *p)
+{
+    for (;;) {
+        int64_t now = mono_ms(), wait_ms = WAKE_MS;
+        pthread_mutex_lock(&p->mu);
+        if (atomic_load(&p->stop) || p->next >= p->n) {
+            pthread_mutex_unlock(&p->mu);
+            return -1;
+        }
+        if (p->deadline_at >= 0 && now >= p->deadline_at) {
+            /* Too late to start anything: the rest is NOT_STARTED (the
+             * slots already hold it). */
+            p->next = p->n;
+            pthread_mutex_unlock(&p->mu);
+            return -1;
+        }
+        if (p->active < llmretry_pacer_allowed(&p->pacer, now)) {
+            p->active++;
+            Py_ssize_t i = p->next++;
+            pthread_mutex_unlock(&p->mu);
+            return i;
+        }
+        int64_t paused = llmretry_pacer_paused_ms(&p->pacer, now);
+        if (paused > 0 && paused < wait_ms)
+            wait_ms = paused;
+        if (p->deadline_at >= 0 && p->deadline_at - now < wait_ms)
+            wait_ms = p->deadline_at - now;
+        pthread_mutex_unlock(&p->mu);
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec until = mono_after(wait_ms > 0 ? wait_ms : 1);
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_timedwait(&p->cv, &p->mu, &until);
+        pthread_mutex_unlock(&p->mu);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void pool_item_done(lr_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->active--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Remember the first failure (or keep it in place); the exception is the
+ * current Python error. Returns the normalized exception value (new ref). */
+static PyObject *pool_record_failure(lr_pool *p, Py_ssize_t i)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value)
+        PyException_SetTraceback(value, tb);
+    int is_exception = PyErr_GivenExceptionMatches(type, PyExc_Exception);
+    int is_pool_stop = PyErr_GivenExceptionMatches(type, p->stop_type);
+    PyObject *seen = value;
+    Py_XINCREF(seen);
+    pthread_mutex_lock(&p->mu);
+    if (is_pool_stop || atomic_load(&p->stop)) {
+        /* Stopped because of an earlier failure or Ctrl-C: not news. */
+    } else if (p->return_exceptions && is_exception) {
+        Py_INCREF(value);
+        PyObject *old = PyList_GET_ITEM(p->results, i);
+        PyList_SET_ITEM(p->results, i, value);
+        Py_DECREF(old);
+    } else if (!p->exc_type) {
+        p->exc_type = type;
+        p->exc_value = value;
+        p->exc_tb = tb;
+        type = value = tb = NULL;
+        atomic_store(&p->stop, 1);
+    }
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return seen;
+}
+
+static void pool_report(lr_pool *p, Py_ssize_t i, PyObject *value, int failed)
+{
+    if (p->on_result == Py_None || !value)
+        return;
+    PyObject *r = PyObject_CallFunction(p->on_result, "nOO", i, value,
+                                        failed ? Py_True : Py_False);
+    if (r)
+        Py_DECREF(r);
+    else
+        Py_XDECREF(pool_record_failure(p, i));    /* a broken reporter stops the pool */
+}
+
+static void *pool_thread(void *arg)
+{
+    lr_pool *p = arg;
+    PyGILState_STATE g = PyGILState_Ensure();
+    tls_pool = p;
+    Py_ssize_t i;
+    while ((i = pool_claim(p)) >= 0) {
+        PyObject *index = PyLong_FromSsize_t(i);
+        PyObject *r = index ? PyObject_CallFunctionObjArgs(p->worker, PyList_GET_ITEM(p->items, i),
+                                                           index, NULL)
+                            : NULL;
+        Py_XDECREF(index);
+        if (r) {
+            pthread_mutex_lock(&p->mu);
+            PyObject *old = PyList_GET_ITEM(p->results, i);
+            PyList_SET_ITEM(p->results, i, r);
+            pthread_mutex_unlock(&p->mu);
+            Py_DECREF(old);
+            pool_item_done(p);
+            pool_report(p, i, r, 0);
+        } else {
+            int stopping = atomic_load(&p->stop);
+            PyObject *exc = pool_record_failure(p, i);
+            pool_item_done(p);
+            if (!stopping)
+                pool_report(p, i, exc, 1);
+            Py_XDECREF(exc);
+        }
+    }
+    tls_pool = NULL;
+    pthread_mutex_lock(&p->mu);
+    p->running--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    PyGILState_Release(g);
+    return NULL;
+}
+
+/* Wait (GIL released, waking for signals) until every pool thread is done. */
+static int pool_wait(lr_pool *p, pthread_t *threads, int n_threads)
+{
+    int interrupted = 0;
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (;;) {
+        int running;
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec until = mono_after(WAKE_MS);
+        pthread_mutex_lock(&p->mu);
+        if (p->running > 0)
+            pthread_cond_timedwait(&p->cv, &p->mu, &until);
+        running = p->running;
+        pthread_mutex_unlock(&p->mu);
+        Py_END_ALLOW_THREADS
+        if (running == 0)
+            break;
+        if (!interrupted && PyErr_CheckSignals() < 0) {
+            /* Stop starting items; calls in flight in workers cancel. */
+            interrupted = 1;
+            atomic_store(&p->stop, 1);
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            PyErr_Fetch(&type, &value, &tb);
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 0; t < n_threads; t++)
+        pthread_join(threads[t], NULL);
+    Py_END_ALLOW_THREADS
+    if (interrupted)
+        PyErr_Restore(type, value, tb);
+    return interrupted ? -1 : 0;
+}
+
+static int start_threads(lr_pool *p, pthread_t *threads, int n_threads)
+{
+    /* Pool threads take no signals: Ctrl-C must reach the main thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int started = 0;
+    for (; started < n_threads; started++) {
+        pthread_mutex_lock(&p->mu);
+        p->running++;
+        pthread_mutex_unlock(&p->mu);
+        if (pthread_create(&threads[started], NULL, pool_thread, p) != 0) {
+            pthread_mutex_lock(&p->mu);
+            p->running--;
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return started;
+}
+
+static int fill_stats(PyObject *stats, lr_pool *p)
+{
+    if (stats == Py_None)
+        return 0;
+    PyObject *v = Py_BuildValue("{sisisi}", "pauses", p->pacer.pauses, "halvings",
+                                p->pacer.halvings, "window", p->pacer.window);
+    if (!v)
+        return -1;
+    int rc = PyDict_Update(stats, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "items", "limit", "worker", "return_exceptions", "deadline_ms",
+                              "adaptive", "on_result", "stats", NULL };
+    PyObject *items, *worker, *deadline = Py_None, *on_result = Py_None, *stats = Py_None;
+    Py_ssize_t limit;
+    int return_exceptions = 0, adaptive = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnO|p$OpOO!:run_pool", kwlist, &items, &limit,
+                                     &worker, &return_exceptions, &deadline, &adaptive,
+                                     &on_result, &PyDict_Type, &stats))
+        return NULL;
+    if (limit < 1) {
+        PyErr_Format(PyExc_ValueError, "limit must be >= 1 (got %zd)", limit);
+        return NULL;
+    }
+    if (!PyCallable_Check(worker)) {
+        PyErr_SetString(PyExc_TypeError, "worker must be callable");
+        return NULL;
+    }
+    if (on_result != Py_None && !PyCallable_Check(on_result)) {
+        PyErr_SetString(PyExc_TypeError, "on_result must be callable or None");
+        return NULL;
+    }
+    long long deadline_ms = -1;
+    if (deadline != Py_None) {
+        deadline_ms = PyLong_AsLongLong(deadline);
+        if (deadline_ms == -1 && PyErr_Occurred())
+            return NULL;
+        if (deadline_ms < 0) {
+            PyErr_Format(PyExc_ValueError, "deadline_ms must be >= 0 or None (got %lld)",
+                         deadline_ms);
+            return NULL;
+        }
+    }
+    module_state *st = (module_state *)PyModule_GetState(module);
+    lr_pool p;
+    memset(&p, 0, sizeof p);
+    p.items = PySequence_List(items);
+    if (!p.items)
+        return NULL;
+    p.n = PyList_GET_SIZE(p.items);
+    p.results = PyList_New(p.n);
+    if (!p.results) {
+        Py_DECREF(p.items);
+        return NULL;
+    }
+    /* An item never started (a deadline, a stop) keeps NOT_STARTED. */
+    for (Py_ssize_t i = 0; i < p.n; i++) {
+        Py_INCREF(st->not_started);
+        PyList_SET_ITEM(p.results, i, st->not_started);
+    }
+    p.worker = worker;
+    p.on_result = on_result;
+    p.stop_type = st->pool_stop;
+    p.not_started = st->not_started;
+    p.return_exceptions = return_exceptions;
+    p.deadline_at = deadline_ms < 0 ? -1 : mono_ms() + deadline_ms;
+    llmretry_pacer_init(&p.pacer, limit > 1000000 ? 1000000 : (int)limit, adaptive);
+    atomic_init(&p.stop, 0);
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p.cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    int n_threads = (int)(limit < p.n ? limit : p.n);
+    pthread_t *threads = PyMem_Calloc((size_t)(n_threads ? n_threads : 1), sizeof *threads);
+    int rc = 0;
+    if (!threads) {
+        PyErr_NoMemory();
+        rc = -1;
+    } else {
+        int started = start_threads(&p, threads, n_threads);
+        if (started == 0 && n_threads > 0) {
+            PyErr_SetString(PyExc_RuntimeError, "could not start any pool thread");
+            rc = -1;
+        }
+        if (pool_wait(&p, threads, started) < 0)
+            rc = -1;
+    }
+    PyMem_Free(threads);
+    PyObject *out = NULL;
+    if (rc == 0 && p.exc_type) {
+        PyErr_Restore(p.exc_type, p.exc_value, p.exc_tb);
+        p.exc_type = p.exc_value = p.exc_tb = NULL;
+    } else if (rc == 0 && fill_stats(stats, &p) == 0) {
+        out = p.results;
+        p.results = NULL;
+    }
+    Py_XDECREF(p.exc_type);
+    Py_XDECREF(p.exc_value);
+    Py_XDECREF(p.exc_tb);
+    Py_XDECREF(p.results);
+    Py_DECREF(p.items);
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.cv);
+    return out;
+}
