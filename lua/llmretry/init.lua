@@ -194,6 +194,24 @@ local function get_default_engine()
   return default_engine
 end
 
+-- Submit on the default engine. An engine belongs to the process that made
+-- it: in a child forked after first use (OpenResty's workers fork after
+-- init_by_lua) the core refuses it, and the child makes its own. The
+-- parent's engine is left alone (the core's free is a no-op in a child).
+local function submit_default(sub, level)
+  local engine = get_default_engine()
+  local ok, h = pcall(engine.submit, engine, sub)
+  if not ok and type(h) == "string" and h:find("after fork", 1, true) then
+    default_engine = core.new_engine()
+    ok, h = pcall(default_engine.submit, default_engine, sub)
+  end
+  if not ok then
+    if type(h) == "string" then error(h, level + 1) end
+    error(h, 0)
+  end
+  return h
+end
+
 -- Running pools, by the coroutine of each worker (weak: a worker coroutine
 -- dropped by a pool that raised is collected).
 local pool_of = setmetatable({}, { __mode = "k" })
@@ -212,8 +230,8 @@ function M.call_llm(opts)
   if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
     engine, pooled = pool.engine, true
   end
-  engine = engine or get_default_engine()
-  local h = submit(engine, sub, 2)
+  local h
+  if engine then h = submit(engine, sub, 2) else h = submit_default(sub, 2) end
   if pooled then
     while not drain(h, ctx) do co_yield(WAIT, h) end
   else

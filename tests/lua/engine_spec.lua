@@ -315,6 +315,40 @@ describe("engine", function()
     end)
   end
 
+  local has_ffi = pcall(require, "ffi")
+  if has_ffi then
+    it("makes a new default engine in a forked child (LuaJIT ffi)", function()
+      local ffi = require("ffi")
+      pcall(ffi.cdef, "int fork(void); void _exit(int); int waitpid(int, int *, int);")
+      local scen = mock:scen("fork")
+      -- The parent's default engine exists before the fork.
+      local res = llm.call_llm(opts(scen))
+      check(res, "parent call failed")
+      local out = os.tmpname()
+      local pid = ffi.C.fork()
+      if pid == 0 then
+        local ok, r, err = pcall(llm.call_llm, opts(scen, { request_id = "from-child" }))
+        local f = io.open(out, "w")
+        f:write(ok and r and ("ok " .. r.meta.status) or ("failed " .. tostring(r or err)))
+        f:close()
+        ffi.C._exit(0)
+      end
+      check(pid > 0, "fork failed")
+      local status = ffi.new("int[1]")
+      ffi.C.waitpid(pid, status, 0)
+      local text = H.read_file(out)
+      os.remove(out)
+      check(text == "ok 200", "child: %s", text)
+      res = llm.call_llm(opts(scen))
+      check(res, "parent call after the fork failed")
+      local seen = false
+      for _, r in ipairs(scen.requests()) do
+        if r.headers["x-client-request-id"] == "from-child" then seen = true end
+      end
+      check(seen, "the child's request never reached the server")
+    end)
+  end
+
   it("runs call_llm on a caller's engine", function()
     local scen = mock:scen("call_engine")
     local engine = llm.new_engine(2)

@@ -41,21 +41,38 @@ describe("module surface", function()
   end)
 
   it("sets no global variable", function()
-    local before = {}
-    for k in pairs(_G) do before[k] = true end
-    -- Load a fresh copy and use every function that runs without a server.
-    package.loaded.llmretry = nil
-    local fresh = require("llmretry")
-    package.loaded.llmretry = llm
+    -- Load a fresh copy of init.lua whose global environment refuses writes:
+    -- every function it defines sees that environment, so a global assigned
+    -- at load or at any later call raises.
+    local path = assert(package.searchpath("llmretry", package.path))
+    local writes = {}
+    local env = setmetatable({}, {
+      __index = _G,
+      __newindex = function(_, k) writes[#writes + 1] = tostring(k); error("global " .. k, 2) end,
+    })
+    local chunk
+    if setfenv then
+      chunk = assert(loadfile(path))
+      setfenv(chunk, env)
+    else
+      chunk = assert(loadfile(path, "t", env))
+    end
+    local fresh = chunk("llmretry")
     fresh.decode(fresh.encode({ a = { 1, 2 } }))
     fresh.extract_json('x {"a": 1} y')
     fresh.assert_shape({ a = "b" }, { a = "string" })
-    fresh.map_with_concurrency({ 1, 2 }, 2, function(x) return x end)
+    fresh.map_with_concurrency({ 1, 2 }, 2, function(x) coroutine.yield() return x end)
+    pcall(fresh.map_with_concurrency, { 1 }, 1, function() error("x") end)
+    fresh.map_with_concurrency({ 1 }, 1, function() error("x") end, { return_errors = true })
     fresh.log_usage({ attempt = 0 }, "l", function() end)
+    fresh.call_many({}, {})
     pcall(fresh.call_llm, { body = "{}", timeout_ms = -1 })
-    for k in pairs(_G) do
-      check(before[k], "a global variable appeared: %s", tostring(k))
-    end
+    pcall(fresh.call_many, { "{}" }, { timeout_ms = -1 })
+    local port = H.closed_port()
+    local res, err = fresh.call_llm({ body = "{}", base_url = "http://127.0.0.1:" .. port,
+      max_retries = 0, logger = function() end, validate = function() return true end })
+    check(res == nil and err.kind == "network", "call %s", tostring(err))
+    check(#writes == 0, "global variables written: %s", table.concat(writes, ", "))
   end)
 end)
 
