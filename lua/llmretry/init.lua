@@ -78,6 +78,11 @@ local function is_callable(v)
   return type(mt) == "table" and type(rawget(mt, "__call")) == "function"
 end
 
+local function is_engine(v)
+  local mt = getmetatable(v)
+  return type(v) == "userdata" and type(mt) == "table" and rawget(mt, "__name") == "llmretry.engine"
+end
+
 local function is_integer(v)
   if type(v) ~= "number" then return false end
   if math.type then return math.type(v) == "integer" or (v == math.floor(v) and v == v) end
@@ -100,7 +105,7 @@ local function split_options(opts, level, defaults)
   if validate ~= nil and validate ~= false and not is_callable(validate) then
     argerror(level + 1, "validate", "a function or nil", validate)
   end
-  if engine ~= nil and type(engine) ~= "userdata" then
+  if engine ~= nil and not is_engine(engine) then
     argerror(level + 1, "engine", "an engine (llmretry.new_engine()) or nil", engine)
   end
   local sub = {}
@@ -299,7 +304,7 @@ function M.map_with_concurrency(items, limit, worker, opts)
   if logger ~= nil and logger ~= false and not is_callable(logger) then
     argerror(2, "opts.logger", "a function, false or nil", logger)
   end
-  if opts.engine ~= nil and type(opts.engine) ~= "userdata" then
+  if opts.engine ~= nil and not is_engine(opts.engine) then
     argerror(2, "opts.engine", "an engine (llmretry.new_engine()) or nil", opts.engine)
   end
   for k in pairs(opts) do

@@ -73,6 +73,7 @@ describe("bad arguments", function()
     { "logger", { logger = "print" } },
     { "validate", { validate = "strict" } },
     { "engine", { engine = {} } },
+    { "engine", { engine = io.stdout } },
   }
 
   for _, case in ipairs(bad_call_options) do
@@ -118,6 +119,7 @@ describe("bad arguments", function()
     raises({ "return_errors" }, llm.map_with_concurrency, { 1 }, 2, w, { return_errors = 1 })
     raises({ "logger" }, llm.map_with_concurrency, { 1 }, 2, w, { logger = 1 })
     raises({ "engine" }, llm.map_with_concurrency, { 1 }, 2, w, { engine = 1 })
+    raises({ "engine" }, llm.map_with_concurrency, { 1 }, 2, w, { engine = io.stdout })
     raises({ "limt" }, llm.map_with_concurrency, { 1 }, 2, w, { limt = 3 })
   end)
 

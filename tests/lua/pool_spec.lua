@@ -181,6 +181,21 @@ describe("map_with_concurrency", function()
     check(#scen.requests() == 9, "%d requests", #scen.requests())
   end)
 
+  it("yields through pcall inside a worker", function()
+    local scen = mock:scen("through_pcall")
+    scen.script({}, { delay_ms = 300 })
+    local t0 = H.now_ms()
+    local results = llm.map_with_concurrency({ 1, 2, 3, 4 }, 4, function(i)
+      local ok, res = pcall(llm.call_llm, { body = body("p" .. i), base_url = scen.url,
+        api_key = H.SECRET_KEY })
+      check(ok and res, "call %d: %s", i, tostring(res))
+      return res.meta.status
+    end)
+    local wall = H.now_ms() - t0
+    check(H.list_eq(results, { 200, 200, 200, 200 }), "results %s", H.list_str(results))
+    check(wall < 1000, "4 x 300 ms calls under pcall took %.0f ms: they did not overlap", wall)
+  end)
+
   it("returns nil, err for a failed call inside a worker", function()
     local scen = mock:scen("worker_err")
     scen.script({ { status = 400 } })
