@@ -138,6 +138,10 @@ end
 -- ---------------------------------------------------------------------------
 -- The mock server
 
+-- Helper processes (the mock, curl) run without a sanitizer preloaded into
+-- the interpreter under test: an LD_PRELOADed libasan hangs curl at start.
+H.CLEAN_ENV = "env -u LD_PRELOAD -u ASAN_OPTIONS -u UBSAN_OPTIONS "
+
 local Mock = {}
 Mock.__index = Mock
 
@@ -154,7 +158,8 @@ function H.start_mock(scenarios)
   -- bounds a server a crashed test run would leave behind, and forwards
   -- SIGTERM to it.
   local cmd = string.format(
-    "cd %s && echo $$ && PYTHONPATH=%s exec timeout -s TERM 1200 python3 -m llmretry.testing "
+    "cd %s && echo $$ && PYTHONPATH=%s exec " .. H.CLEAN_ENV
+      .. "timeout -s TERM 1200 python3 -m llmretry.testing "
       .. "--host 127.0.0.1 --port 0 --scenarios %s 2>>%s",
     q(H.REPO), q(H.REPO .. "/python"), q(file), q(log))
   local p = assert(io.popen(cmd, "r"))
@@ -194,8 +199,8 @@ function Mock:http(method, path, body)
     data = " -H 'Content-Type: application/json' --data-binary @" .. q(bodyfile)
   end
   local out = os.tmpname()
-  local cmd = string.format("curl -sS -m 20 -o %s -w '%%{http_code}' -X %s%s %s", q(out), method,
-    data, q(self.root .. path))
+  local cmd = string.format(H.CLEAN_ENV .. "curl -sS -m 20 -o %s -w '%%{http_code}' -X %s%s %s",
+    q(out), method, data, q(self.root .. path))
   local p = assert(io.popen(cmd, "r"))
   local code = p:read("*a")
   p:close()
@@ -583,7 +588,7 @@ end
 
 -- A TCP port nothing listens on.
 function H.closed_port()
-  local p = assert(io.popen("python3 -c 'import socket; s=socket.socket(); "
+  local p = assert(io.popen(H.CLEAN_ENV .. "python3 -c 'import socket; s=socket.socket(); "
     .. "s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1]); s.close()'"))
   local port = tonumber(p:read("*l"))
   p:close()
