@@ -20,9 +20,19 @@ Example::
         print(data["choices"][0]["message"]["content"])
         llmretry.log_usage(meta, label="hello")
 
-    # Batches: at most 4 calls at once, results in input order.
+    # Batches: at most 4 calls at once on the engine thread, results in input
+    # order, failures in place, every failed item written to failed.jsonl.
+    out = llmretry.call_many(bodies, limit=4, failures_path="failed.jsonl")
+    print(out.summary.ok, "ok,", out.summary.failed, "failed")
+    # ... and later, the same bodies again: only what did not succeed runs.
+    out = llmretry.call_many(bodies, limit=4, failures_path="failed.jsonl", resume=True)
+
+    # Your own worker per item, at most 4 at once, under the same batch policy.
     answers = llmretry.map_with_concurrency(
         prompts, 4, lambda prompt, i: llmretry.call_llm(make_body(prompt)).data)
+
+From a shell: ``llmretry batch requests.jsonl -o results.jsonl --failures
+failed.jsonl`` (also ``python -m llmretry``).
 
 The endpoint is ``base_url`` (else ``$OPENAI_BASE_URL``, else OpenAI) and
 the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
@@ -33,6 +43,7 @@ the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
 import logging as _logging_module
 
 from . import _llmretry
+from ._batch import SKIPPED, BatchResult, BatchSummary
 from ._client import (Client, Meta, Result, call_llm, call_llm_with_deadline,
                       call_many)
 from ._json import assert_shape, extract_json
@@ -54,6 +65,9 @@ __all__ = [
     "call_llm_with_deadline",
     "call_many",
     "map_with_concurrency",
+    "BatchResult",
+    "BatchSummary",
+    "SKIPPED",
     "extract_json",
     "assert_shape",
     "log_usage",

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, Sequence, Tuple, TypeVar, Union)
 
-from . import _llmretry
+from . import _batch, _llmretry
+from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
 from ._pool import map_with_concurrency as _map_with_concurrency
 from .errors import LLMError, error_from_outcome
@@ -505,6 +506,9 @@ class Client:
         if plan.validate is not None:
             validator = extra["validate"] = _Validator(plan.validate)
         out = engine.call(payload, **extra, **plan.kwargs)
+        acc = _batch.current_accounting()
+        if acc is not None:     # a map_with_concurrency worker: count for its batch
+            acc.add_outcome(out)
         if not out["ok"]:
             raise error_from_outcome(out)
         try:
@@ -547,58 +551,105 @@ class Client:
         """:meth:`call_llm` with a total deadline (default 180 s)."""
         return self.call_llm(body, deadline_ms=deadline_ms, **options)
 
-    def call_many(self, bodies: Iterable[Body], limit: int = 8,
-                  **options: Any) -> List[Union[Result, BaseException]]:
-        """Run one call per body, at most ``limit`` at once; in input order.
-
-        ``options`` are :meth:`call_llm` keywords, applied to every call. A
-        failed call's exception takes its place in the list (nothing is
-        raised for it); wrong arguments, bodies included, raise before any
-        call starts.
-        """
+    def call_many(self, bodies: Iterable[Body], limit: int = 8, *,
+                  deadline_ms: Optional[int] = None,
+                  call_deadline_ms: Optional[int] = DEFAULT,
+                  failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                  resume: bool = False,
+                  progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                  adaptive: bool = True,
+                  on_result: Optional[Callable[[int, Any], Any]] = None,
+                  **options: Any) -> BatchResult:
+        """:func:`llmretry.call_many` with this client's engine and defaults."""
         _check_option_names(options, "call_many()")
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int, not {_type_name(limit)}")
         if limit < 1:
             raise ValueError(f"limit must be >= 1 (got {limit})")
+        batch_deadline = _opt_int("deadline_ms", deadline_ms)
+        if batch_deadline is not None and batch_deadline < 0:
+            raise ValueError(f"deadline_ms must be >= 0 or None (got {batch_deadline})")
+        adaptive = _bool("adaptive", adaptive)
+        if call_deadline_ms is not DEFAULT:
+            options["deadline_ms"] = call_deadline_ms
         plan = self._plan.with_options(options.items()) if options else self._plan
-        encoded = [_encode_body(body) for body in bodies]
-        if not encoded:
-            return []
-        engine = self._engine
-        if engine is None:
-            engine = self._reopen()
-        extra: Dict[str, Any] = {}
-        if plan.event_mask is not None:
-            extra["event_mask"] = plan.event_mask()
-        validator = None
-        if plan.validate is not None:
-            validator = extra["validate"] = _Validator(plan.validate)
-        # Every request runs on the engine thread; this thread only waits,
-        # delivers events and builds the results.
-        outs, _stats = engine.call_many([payload for payload, _ in encoded],
-                                        models=[model for _, model in encoded],
-                                        limit=limit, **extra, **plan.kwargs)
-        results: List[Union[Result, BaseException]] = []
-        for out in outs:
-            if not out["ok"]:
-                results.append(error_from_outcome(out))
-                continue
-            try:
-                data = (validator.data_for(out["body"]) if validator is not None
-                        else _parse_json(out["body"]))
-            except ValueError as exc:
-                results.append(_unparsable(out, exc))
-            else:
-                results.append(Result(data, _meta_of(out)))
-        return results
+        items = bodies if isinstance(bodies, (list, tuple)) else list(bodies)
+        encoded = [_encode_body(body) for body in items]
+        batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
+                             progress=progress, on_result=on_result,
+                             logger=options.get("logger", self._defaults.get("logger", DEFAULT)),
+                             parse_items=True)
+        return self._run_batch(batch, encoded, plan, limit, batch_deadline, adaptive)
+
+    def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
+                   plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
+                   already_ok: Optional[Any] = None) -> BatchResult:
+        """Run ``batch`` (its bodies already encoded) as one engine group.
+
+        Every request runs on the engine thread; this thread only waits,
+        delivers events and builds the results, item by item, for the
+        batch's record (``already_ok``: indices not to run, as Batch.open).
+        """
+        with batch:
+            batch.open(already_ok)
+            to_run = batch.to_run
+            if to_run:
+                engine = self._engine
+                if engine is None:
+                    engine = self._reopen()
+                extra: Dict[str, Any] = {}
+                if plan.event_mask is not None:
+                    extra["event_mask"] = plan.event_mask()
+                validator = None
+                if plan.validate is not None:
+                    validator = extra["validate"] = _Validator(plan.validate)
+
+                def item_done(k: int, out: Dict[str, Any]) -> None:
+                    value = _value_of(out, validator)
+                    failed = not isinstance(value, Result)
+                    batch.item_done(to_run[k], value, failed, outcome=out,
+                                    not_started=(failed and out.get("attempts") == 0
+                                                 and out.get("kind") == "deadline_exceeded"))
+
+                _outs, stats = engine.call_many(
+                    [encoded[i][0] for i in to_run], models=[encoded[i][1] for i in to_run],
+                    limit=limit, batch_deadline_ms=deadline_ms, adaptive=adaptive,
+                    on_result=item_done, **extra, **plan.kwargs)
+                batch.stats = stats
+        return batch.result()
 
     def map_with_concurrency(self, items: Iterable[T], limit: int,
                              worker: Callable[[T, int], R], *,
-                             return_exceptions: bool = False) -> List[Any]:
-        """:func:`llmretry.map_with_concurrency` (the pool is the same)."""
+                             return_exceptions: bool = False,
+                             deadline_ms: Optional[int] = None,
+                             failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                             resume: bool = False,
+                             progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                             adaptive: bool = True,
+                             on_result: Optional[Callable[[int, Any], Any]] = None,
+                             logger: Any = DEFAULT) -> BatchResult:
+        """:func:`llmretry.map_with_concurrency` (the pool is the same); the
+        batch summary goes to this client's default logger unless ``logger``
+        says otherwise."""
+        if logger is DEFAULT:
+            logger = self._defaults.get("logger", DEFAULT)
         return _map_with_concurrency(items, limit, worker,
-                                     return_exceptions=return_exceptions)
+                                     return_exceptions=return_exceptions,
+                                     deadline_ms=deadline_ms, failures_path=failures_path,
+                                     resume=resume, progress=progress, adaptive=adaptive,
+                                     on_result=on_result, logger=logger)
+
+
+def _value_of(out: Dict[str, Any], validator: Optional[_Validator]) -> Union[Result, LLMError]:
+    """A batch item's Result, or its LLMError (failures are not raised)."""
+    if not out["ok"]:
+        return error_from_outcome(out)
+    try:
+        data = (validator.data_for(out["body"]) if validator is not None
+                else _parse_json(out["body"]))
+    except ValueError as exc:
+        return _unparsable(out, exc)
+    return Result(data, _meta_of(out))
 
 
 # ---------------------------------------------------------------------------
@@ -707,20 +758,73 @@ def call_llm_with_deadline(body: Body, deadline_ms: int = 180000,
 
 
 def call_many(bodies: Iterable[Body], limit: int = 8, *,
+              deadline_ms: Optional[int] = None,
+              call_deadline_ms: Optional[int] = DEFAULT,
+              failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+              resume: bool = False,
+              progress: Union[bool, Callable[[int, int, int], Any]] = False,
+              adaptive: bool = True,
+              on_result: Optional[Callable[[int, Any], Any]] = None,
               client: Optional[Client] = None,
-              **options: Any) -> List[Union[Result, BaseException]]:
-    """One :func:`call_llm` per body, at most ``limit`` at once, in input order.
+              **options: Any) -> BatchResult:
+    """One call per body, as one batch on the engine thread; in input order.
 
-    A failed call's exception takes its place in the list. See
-    :meth:`Client.call_many`.
+    Every request runs on the engine's I/O thread; the calling thread only
+    waits (GIL released), delivers events and builds the results. Returns a
+    :class:`~llmretry.BatchResult`: a list holding, for each body, its
+    :class:`Result` or, when it failed, its :class:`~llmretry.LLMError`
+    (failures are returned in place, never raised), with ``.summary``.
+    Wrong arguments, bodies included, raise before any call starts.
+
+    ``options`` are :func:`call_llm` keywords, applied to every call
+    (except ``request_id`` and ``idempotency_key``). The batch policy:
+
+    * ``limit``: at most this many calls in flight. A 429 whose wait the
+      server names (``Retry-After``, ``x-ratelimit-reset-*``) pauses every
+      new start of the batch for that long, not just that item's retry;
+      with ``adaptive`` (the default) the number in flight halves on a
+      burst of 429s and grows back by one per window-full of successes,
+      never above ``limit``.
+    * ``deadline_ms``: a budget for the *whole batch*. Items not started in
+      time fail with :class:`~llmretry.DeadlineExceededError` (0 attempts);
+      running calls get the smaller of their own deadline and the time
+      left. A deadline for each call is ``call_deadline_ms``.
+    * ``failures_path``: each failed item is appended to this file as one
+      JSON line ``{"index", "item", "error": {"kind", "status", "message",
+      "request_id", "attempts"}}`` the moment it fails, and the index of
+      each success to ``failures_path + ".done"``.
+    * ``resume=True`` (needs ``failures_path``): run only the items an
+      earlier run of the same bodies did not complete (the failed ones and
+      those never run, e.g. after Ctrl-C); the others are not called again
+      and their slots hold :data:`~llmretry.SKIPPED`. Keep the earlier
+      results yourself (``on_result``); the record says which items
+      succeeded, not what they returned.
+    * ``progress``: True shows a bar on stderr (tqdm when installed, else a
+      plain line); a callable gets ``(done, total, failed)`` after each item.
+    * ``on_result(index, value)`` is called on this thread as each item
+      finishes (value: its Result or its exception), before it is recorded;
+      an exception from it stops the batch and propagates.
+
+    The summary (items ok and failed, attempts, retries, tokens, elapsed)
+    is ``result.summary`` and is emitted as an ``llm_batch_summary`` event
+    to ``logger``. Ctrl-C cancels the calls in flight and raises
+    ``KeyboardInterrupt``; the failures file then lists every item that
+    failed before it, and ``resume`` runs the rest.
 
     Example::
 
-        for out in llmretry.call_many(bodies, limit=4, deadline_ms=120000):
-            if isinstance(out, llmretry.LLMError):
-                print("failed:", out)
+        out = llmretry.call_many(bodies, limit=4, deadline_ms=600000,
+                                 failures_path="failed.jsonl", resume=True,
+                                 progress=True)
+        for i, res in enumerate(out):
+            if isinstance(res, llmretry.Result):
+                save(i, res.data)
+        print(out.summary.total_tokens, "tokens")
     """
-    return _client_or_default(client).call_many(bodies, limit, **options)
+    return _client_or_default(client).call_many(
+        bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+        failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
+        on_result=on_result, **options)
 
 
 # ---------------------------------------------------------------------------

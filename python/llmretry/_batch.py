@@ -1,0 +1,756 @@
+"""The batch layer: failures file, resume, usage summary, progress.
+
+:func:`llmretry.call_many` and :func:`llmretry.map_with_concurrency` run a
+batch through one :class:`Batch`, which sees every item finish (on the
+thread that waits for a ``call_many``, on the pool's threads for
+``map_with_concurrency``) and keeps the batch's record.
+
+The record on disk (``failures_path=P``)
+----------------------------------------
+
+Two append-only files, each line written whole by one ``write(2)`` on a
+descriptor opened with ``O_APPEND`` as soon as the item finishes, so that a
+crash or Ctrl-C leaves them consistent:
+
+``P`` (the failures file)
+    One JSON line per item that failed in the latest run::
+
+        {"index": 7, "item": {...the body or item...},
+         "error": {"kind": "http_status", "status": 400, "message": "...",
+                   "request_id": "...", "attempts": 1}}
+
+    An item that JSON cannot encode is written as ``"item": null`` with its
+    ``repr()`` under ``"item_repr"``. An exception that is not an
+    :class:`~llmretry.LLMError` (a ``map_with_concurrency`` worker's own
+    error) has ``"kind": "exception"`` and its class under ``"type"``. The
+    file holds the items as given, prompts included: keep it where you keep
+    the input.
+
+``P + ".done"`` (the progress file)
+    A header line ``{"llmretry_done": 1, "items": N}``, then the index of
+    every item that succeeded, one per line.
+
+At every moment each item is in exactly one of three states: *ok* (its index
+is in the progress file), *failed* (in the failures file, and not ok), or
+*not run yet* (in neither: not reached, or in flight when the run was
+stopped).
+
+Resume
+------
+
+``resume=True`` runs every item that is not ok, and only those: the failed
+ones and the ones never run (an earlier run stopped by Ctrl-C, a crash or
+``return_exceptions=False``). The ok items are not run again; their slots
+in the returned list hold :data:`SKIPPED`. Which items are ok comes from the
+progress file; without one (a failures file from elsewhere), every item not
+listed in the failures file counts as ok, so just the listed ones run. With
+neither file it is a first run. A resume run starts by rewriting the
+progress file with the ok indices (atomically) and emptying the failures
+file, then appends as items finish, as any run does: the state stays
+consistent whenever the run stops. Without ``resume`` a run starts both
+files afresh.
+
+The record only says *which* items succeeded: keep their results yourself
+(``on_result`` is called for each item before it is marked ok, so a crash
+between the two runs the item again rather than losing its result).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
+                    Set, TextIO, Tuple, Union)
+
+from ._logging import DEFAULT, LOGGER_NAME, event_sink
+from .errors import LLMError, error_from_outcome
+
+__all__ = ["SKIPPED", "BatchSummary", "BatchResult", "Batch", "ProgressBar",
+           "read_failures", "read_done", "done_path_for", "current_accounting",
+           "not_started_error"]
+
+ProgressCallback = Callable[[int, int, int], Any]
+OnResult = Callable[[int, Any], Any]
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+class _Skipped:
+    """The type of :data:`SKIPPED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+    def __reduce__(self) -> str:
+        return "SKIPPED"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+SKIPPED: Any = _Skipped()
+"""The slot of an item a resumed batch did not run: an earlier run of the
+same batch completed it (see ``resume`` in :func:`llmretry.call_many`)."""
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """What a batch did, as returned in ``BatchResult.summary``.
+
+    It is also emitted once, at the end of the batch (Ctrl-C included), as
+    an ``llm_batch_summary`` event to the batch's logger: at INFO when no
+    item failed, else at WARNING.
+
+    Attributes:
+        items: the items given.
+        ok: items that succeeded in this run.
+        failed: items that failed in this run (``not_started`` included).
+        not_started: items the batch deadline stopped before they started.
+        skipped: items not run because an earlier run completed them
+            (``resume``).
+        attempts: HTTP attempts made, retries included.
+        retries: attempts beyond each call's first.
+        prompt_tokens, completion_tokens, total_tokens: usage summed over
+            the successful responses.
+        elapsed_ms: the batch's wall time.
+        pauses: times a 429's wait paused every new start.
+        halvings: times a burst of 429s halved the number of items in flight.
+        completed: False when the batch was stopped before every item
+            finished (Ctrl-C, an exception from ``on_result``, or the first
+            failure with ``return_exceptions=False``); those items are
+            neither ok nor failed, and a resume runs them.
+    """
+
+    items: int
+    ok: int
+    failed: int
+    not_started: int
+    skipped: int
+    attempts: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    elapsed_ms: int
+    pauses: int
+    halvings: int
+    completed: bool
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields as a plain dict."""
+        return asdict(self)
+
+    def format(self) -> str:
+        """A one-paragraph human-readable account (what the CLI prints)."""
+        lines = [f"{self.items} items: {self.ok} ok, {self.failed} failed"
+                 + (f" ({self.not_started} not started before the deadline)"
+                    if self.not_started else "")
+                 + (f", {self.skipped} done earlier" if self.skipped else "")
+                 + ("" if self.completed else
+                    f", {self.items - self.ok - self.failed - self.skipped} not run"),
+                 f"{self.attempts} attempts ({self.retries} retries), "
+                 f"{self.elapsed_ms / 1000:.1f} s"
+                 + (f", {self.pauses} pool-wide pause(s) on Retry-After"
+                    if self.pauses else "")
+                 + (f", {self.halvings} halving(s) of the window" if self.halvings else ""),
+                 f"tokens: {self.prompt_tokens} prompt + {self.completion_tokens} "
+                 f"completion = {self.total_tokens}"]
+        return "\n".join(lines)
+
+
+class BatchResult(List[Any]):
+    """A batch's results in input order, with its :class:`BatchSummary`.
+
+    A list: each slot holds the item's result (a :class:`~llmretry.Result`
+    for ``call_many``, the worker's value for ``map_with_concurrency``), its
+    exception when it failed, or :data:`SKIPPED` when a resumed batch did
+    not run it.
+    """
+
+    summary: BatchSummary
+
+    def __init__(self, values: Iterable[Any], summary: BatchSummary) -> None:
+        super().__init__(values)
+        self.summary = summary
+
+    def errors(self) -> List[Tuple[int, BaseException]]:
+        """The failed items as ``(index, exception)`` pairs, in input order."""
+        return [(i, v) for i, v in enumerate(self) if isinstance(v, BaseException)]
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"BatchResult(items={s.items}, ok={s.ok}, failed={s.failed}, "
+                f"skipped={s.skipped})")
+
+
+def not_started_error(deadline_ms: Optional[int]) -> LLMError:
+    """The DeadlineExceededError of an item the batch deadline kept from starting."""
+    when = f" ({deadline_ms} ms)" if deadline_ms is not None else ""
+    return error_from_outcome({
+        "kind": "deadline_exceeded", "reason": "deadline", "attempt": 0, "attempts": 0,
+        "message": f"the batch deadline{when} passed before this item started",
+    })
+
+
+# ---------------------------------------------------------------------------
+# Usage accounting. Calls made inside a map_with_concurrency worker report to
+# the batch through a thread-local (the pool's threads are C threads that
+# run the workers one item at a time).
+
+class Accounting:
+    """Attempts and token usage summed over the calls of a batch."""
+
+    __slots__ = ("lock", "attempts", "retries", "prompt_tokens", "completion_tokens",
+                 "total_tokens")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.attempts = 0
+        self.retries = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.total_tokens = 0
+
+    def add_outcome(self, out: Mapping[str, Any]) -> None:
+        """Count one call outcome of the extension (ok or not)."""
+        attempts = out.get("attempts") or 0
+        usage = out.get("usage") if out.get("ok") else None
+        with self.lock:
+            self.attempts += attempts
+            self.retries += max(attempts - 1, 0)
+            if usage:
+                self.prompt_tokens += usage.get("prompt_tokens") or 0
+                self.completion_tokens += usage.get("completion_tokens") or 0
+                self.total_tokens += usage.get("total_tokens") or 0
+
+    def merge(self, other: "Accounting") -> None:
+        """Add another batch's totals (a batch run inside a worker)."""
+        with self.lock:
+            self.attempts += other.attempts
+            self.retries += other.retries
+            self.prompt_tokens += other.prompt_tokens
+            self.completion_tokens += other.completion_tokens
+            self.total_tokens += other.total_tokens
+
+
+_tls = threading.local()
+
+
+def current_accounting() -> Optional[Accounting]:
+    """The accounting of the batch whose worker runs on this thread, if any."""
+    acc: Optional[Accounting] = getattr(_tls, "acc", None)
+    return acc
+
+
+def set_accounting(acc: Optional[Accounting]) -> Optional[Accounting]:
+    """Make ``acc`` this thread's batch accounting; returns the previous one."""
+    prev = getattr(_tls, "acc", None)
+    _tls.acc = acc
+    return prev
+
+
+# ---------------------------------------------------------------------------
+# The record on disk
+
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_LINE_LOOSE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def done_path_for(failures_path: str) -> str:
+    """The progress file that goes with a failures file."""
+    return failures_path + ".done"
+
+
+def _path_arg(value: Any) -> str:
+    """A failures_path argument as a str path (TypeError otherwise)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
+    raise TypeError(f"failures_path must be a str or os.PathLike, not {type(value).__name__}")
+
+
+def _read_lines(path: str) -> List[str]:
+    """A file's lines; a torn last line (no newline) is dropped."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    lines = data.split(b"\n")
+    lines.pop()     # after the last newline: empty, or a line cut short
+    return [line.decode("utf-8", "replace") for line in lines if line.strip()]
+
+
+def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
+    """The records of a failures file by index (the last one wins).
+
+    Lines that are not whole JSON objects with an integer ``index`` (a line
+    cut short by a crash) are ignored.
+    """
+    out: Dict[int, Dict[str, Any]] = {}
+    for line in _read_lines(path):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and type(rec.get("index")) is int:
+            out[rec["index"]] = rec
+    return out
+
+
+def read_done(path: str) -> Tuple[Optional[int], Set[int]]:
+    """A progress file's item count (None if its header is missing) and indices."""
+    items: Optional[int] = None
+    done: Set[int] = set()
+    for n, line in enumerate(_read_lines(path)):
+        if n == 0 and line.startswith("{"):
+            try:
+                header = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(header, dict) and type(header.get("items")) is int:
+                items = header["items"]
+            continue
+        try:
+            done.add(int(line))
+        except ValueError:
+            continue
+    return items, done
+
+
+def error_record(exc: BaseException) -> Dict[str, Any]:
+    """The ``error`` object of a failures-file line."""
+    if isinstance(exc, LLMError):
+        return {"kind": exc.kind, "status": exc.status, "message": exc.message,
+                "request_id": exc.request_id, "attempts": exc.attempts}
+    return {"kind": "exception", "type": type(exc).__name__, "status": None,
+            "message": str(exc), "request_id": None, "attempts": None}
+
+
+def _item_json(item: Any) -> Any:
+    """A call_many body as JSON: dicts as they are, texts parsed when they parse."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        item = bytes(item).decode("utf-8", "replace")
+    if isinstance(item, str):
+        try:
+            return json.loads(item)
+        except ValueError:
+            return item
+    return item
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class Journal:
+    """The failures file and its progress file (see the module docstring)."""
+
+    def __init__(self, path: str, items: Sequence[Any], *, parse_items: bool) -> None:
+        self.path = path
+        self.done_path = done_path_for(path)
+        self.items = items
+        self.parse_items = parse_items  # call_many bodies: texts become JSON
+        self._fail_fd = -1
+        self._done_fd = -1
+
+    def open(self, resume: bool, already_ok: Optional[Set[int]] = None) -> Set[int]:
+        """Start a run; returns the indices already ok (not to be run).
+
+        ``already_ok``, when given, overrides what the files say (the CLI
+        knows it from its results file).
+        """
+        n = len(self.items)
+        ok: Set[int] = set()
+        if already_ok is not None:
+            ok = set(already_ok)
+        elif resume and os.path.exists(self.done_path):
+            items, ok = read_done(self.done_path)
+            if items is not None and items != n:
+                raise ValueError(f"{self.done_path} records a batch of {items} items, "
+                                 f"not {n}: is this the same batch?")
+        elif resume and os.path.exists(self.path):
+            failed = set(read_failures(self.path))
+            ok = set(range(n)).difference(failed)
+            ok.update(i for i in failed if not 0 <= i < n)  # refused just below
+        bad = [i for i in ok if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"the record of {self.path} names item {min(bad)}, "
+                             f"but the batch has {n} items: is this the same batch?")
+        # The progress file first: a stop between the two leaves the old
+        # failures listed, and they are not ok, so they still run.
+        header = _LINE.encode({"llmretry_done": 1, "items": n}) + "\n"
+        _write_atomically(self.done_path,
+                          (header + "".join(f"{i}\n" for i in sorted(ok))).encode("ascii"))
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        self._done_fd = os.open(self.done_path, flags, 0o644)
+        try:
+            self._fail_fd = os.open(self.path, flags | os.O_TRUNC, 0o644)
+        except BaseException:
+            os.close(self._done_fd)
+            self._done_fd = -1
+            raise
+        return ok
+
+    def record_failure(self, index: int, exc: BaseException) -> None:
+        item = self.items[index]
+        if self.parse_items:
+            item = _item_json(item)
+        rec: Dict[str, Any] = {"index": index, "item": item, "error": error_record(exc)}
+        try:
+            line = _LINE.encode(rec)
+        except (TypeError, ValueError, RecursionError):
+            rec = {"index": index, "item": None, "item_repr": repr(self.items[index]),
+                   "error": rec["error"]}
+            line = _LINE_LOOSE.encode(rec)
+        _write_all(self._fail_fd, (line + "\n").encode("utf-8"))
+
+    def record_ok(self, index: int) -> None:
+        _write_all(self._done_fd, f"{index}\n".encode("ascii"))
+
+    def close(self) -> None:
+        for name in ("_fail_fd", "_done_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# Progress
+
+
+class ProgressBar:
+    """A progress display on stderr: a tqdm bar when tqdm is installed, else
+    one plain line.
+
+    On a terminal the plain line is redrawn in place (``\r``) at most ten
+    times a second; elsewhere (a log file, a pipe) a new line is printed at
+    most once a second, and once at the end. :meth:`write` prints a line
+    above the bar (``tqdm.write``, or clearing the plain line first), so
+    that logs and the bar do not mix.
+    """
+
+    def __init__(self, desc: str = "llmretry", stream: Optional[TextIO] = None) -> None:
+        self.desc = desc
+        self._stream = stream
+        self._bar: Any = None
+        self._tqdm_write: Optional[Callable[..., Any]] = None
+        self._use_tqdm: Optional[bool] = None
+        self._tty = False
+        self._done = 0
+        self._failed = 0
+        self._total = 0
+        self._t0 = time.monotonic()
+        self._last_draw = 0.0
+        self._last_text = ""
+        self._drawn = 0     # length of the plain line on screen; 0: none
+        self._closed = False
+        self._lock = threading.RLock()
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    def start(self, total: int) -> None:
+        """Show the bar for ``total`` items."""
+        with self._lock:
+            self._total = total
+            self._t0 = time.monotonic()
+            try:    # optional: not a dependency
+                tqdm: Any = importlib.import_module("tqdm").tqdm
+            except ImportError:
+                self._use_tqdm = False
+                isatty = getattr(self.stream, "isatty", None)
+                self._tty = bool(isatty()) if callable(isatty) else False
+                self._draw(force=True)
+                return
+            self._use_tqdm = True
+            self._tqdm_write = tqdm.write
+            self._bar = tqdm(total=total, desc=self.desc, unit="item", file=self.stream,
+                             dynamic_ncols=True)
+
+    def __call__(self, done: int, total: int, failed: int) -> None:
+        self.update(done, total, failed)
+
+    def update(self, done: int, total: int, failed: int) -> None:
+        """A progress callback: ``done`` of ``total`` finished, ``failed`` failed."""
+        with self._lock:
+            if self._use_tqdm is None:
+                self.start(total)
+            if self._closed:
+                return
+            delta = done - self._done
+            changed_failed = failed != self._failed
+            self._done, self._failed, self._total = done, failed, total
+            if self._bar is not None:
+                if changed_failed:
+                    self._bar.set_postfix_str(f"failed={failed}", refresh=False)
+                if delta > 0:
+                    self._bar.update(delta)
+                elif changed_failed:
+                    self._bar.refresh()
+            else:
+                self._draw(force=done >= total)
+
+    def _line(self) -> str:
+        pct = 100 * self._done // self._total if self._total else 100
+        return f"{self.desc}: {self._done}/{self._total} ({pct}%), {self._failed} failed"
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_draw < (0.1 if self._tty else 1.0):
+            return
+        line = self._line()
+        if line == self._last_text and (force or not self._tty):
+            return      # nothing new to show
+        self._last_draw = now
+        self._last_text = line
+        line += f", {now - self._t0:.1f} s"
+        if self._tty:
+            pad = " " * max(self._drawn - len(line), 0)
+            self.stream.write("\r" + line + pad)
+            self._drawn = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def write(self, message: str) -> None:
+        """Print ``message`` as a line of its own, above the bar."""
+        with self._lock:
+            if self._tqdm_write is not None and not self._closed:
+                self._tqdm_write(message, file=self.stream)
+                return
+            if self._drawn and not self._closed:
+                self.stream.write("\r" + " " * self._drawn + "\r" + message + "\n")
+                self._drawn = 0
+                self._last_text = ""
+                self._draw(force=True)
+            else:
+                self.stream.write(message + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """Draw the final state and end the line. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._bar is not None:
+                self._bar.close()
+            elif self._use_tqdm is False:
+                self._draw(force=True)
+                if self._tty and self._drawn:
+                    self.stream.write("\n")
+                    self.stream.flush()
+                self._drawn = 0
+            self._closed = True
+
+
+def _progress_arg(progress: Any) -> Union[None, ProgressBar, ProgressCallback]:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return ProgressBar()
+    if isinstance(progress, ProgressBar) or callable(progress):
+        return progress  # type: ignore[no-any-return]
+    raise TypeError(f"progress must be a bool or a callable (done, total, failed), "
+                    f"not {type(progress).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# The summary event
+
+def _report_logger_error(exc: BaseException) -> None:
+    sys.stderr.write("Exception ignored in the logger of llm_batch_summary:\n")
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+
+
+def emit_summary(logger: Any, summary: BatchSummary) -> Dict[str, Any]:
+    """Send the ``llm_batch_summary`` event to ``logger`` (a logger argument).
+
+    A ``logging`` logger gets it at INFO when nothing failed, else at
+    WARNING; a callable gets the dict. Returns the event.
+    """
+    event: Dict[str, Any] = {"event": "llm_batch_summary", "request_id": None,
+                             "attempt": None, "model": None}
+    event.update(summary.as_dict())
+    if logger is None:
+        return event
+    level = logging.WARNING if summary.failed or not summary.completed else logging.INFO
+    target: Any = logging.getLogger(LOGGER_NAME) if logger is DEFAULT else logger
+    try:
+        if isinstance(target, (logging.Logger, logging.LoggerAdapter)):
+            if target.isEnabledFor(level):
+                msg = f"llm_batch_summary {_LINE_LOOSE.encode(event)}"
+                if isinstance(target, logging.LoggerAdapter):
+                    msg, kwargs = target.process(msg, {})
+                    extra = dict(kwargs.get("extra") or {})
+                    extra["llmretry_event"] = event
+                    kwargs["extra"] = extra
+                    target.logger.log(level, msg, **kwargs)
+                else:
+                    target.log(level, msg, extra={"llmretry_event": event})
+        else:
+            target(event)
+    except Exception as exc:    # a broken logger never loses the batch's results
+        _report_logger_error(exc)
+    return event
+
+
+def check_logger(logger: Any) -> None:
+    """TypeError for a logger argument that is not DEFAULT, None, a Logger,
+    an adapter or a callable."""
+    event_sink(logger)
+
+
+# ---------------------------------------------------------------------------
+# One run of a batch
+
+class Batch:
+    """One run of a batch: its record, progress, accounting and summary.
+
+    Use it as a context manager around the run, and call :meth:`item_done`
+    as each item finishes (from any thread). Leaving the context ends the
+    progress display, closes the files and emits the summary event, also
+    when an exception (Ctrl-C) ends the run.
+    """
+
+    def __init__(self, items: Sequence[Any], *, failures_path: Any = None,
+                 resume: bool = False, progress: Any = False,
+                 on_result: Optional[OnResult] = None, logger: Any = DEFAULT,
+                 parse_items: bool = False) -> None:
+        if not isinstance(resume, bool):
+            raise TypeError(f"resume must be a bool, not {type(resume).__name__}")
+        path = None if failures_path is None else _path_arg(failures_path)
+        if resume and path is None:
+            raise ValueError("resume=True needs failures_path (the record of the earlier run)")
+        if on_result is not None and not callable(on_result):
+            raise TypeError(f"on_result must be callable or None, "
+                            f"not {type(on_result).__name__}")
+        check_logger(logger)
+        self.items = items
+        self.n = len(items)
+        self.resume = resume
+        self.progress = _progress_arg(progress)
+        self.on_result = on_result
+        self.logger = logger
+        self.journal = (Journal(path, items, parse_items=parse_items)
+                        if path is not None else None)
+        self.results: List[Any] = [SKIPPED] * self.n
+        self.to_run: List[int] = list(range(self.n))
+        self.acc = Accounting()
+        self.stats: Dict[str, int] = {}
+        self.summary: Optional[BatchSummary] = None
+        self._lock = threading.RLock()
+        self._done = 0
+        self._ok = 0
+        self._failed = 0
+        self._not_started = 0
+        self._completed = False
+        self._t0 = time.monotonic()
+
+    # -- the run ---------------------------------------------------------------
+
+    def open(self, already_ok: Optional[Set[int]] = None) -> "Batch":
+        """Read the record (resume) and decide what runs: :attr:`to_run`."""
+        ok: Set[int] = set(already_ok) if already_ok is not None else set()
+        if self.journal is not None:
+            ok = self.journal.open(self.resume, already_ok)
+        if ok:
+            self.to_run = [i for i in range(self.n) if i not in ok]
+        for i in self.to_run:
+            self.results[i] = None
+        self._t0 = time.monotonic()
+        if isinstance(self.progress, ProgressBar):
+            self.progress.start(len(self.to_run))
+        return self
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(completed=exc_type is None)
+
+    def item_done(self, index: int, value: Any, failed: bool,
+                  outcome: Optional[Mapping[str, Any]] = None,
+                  not_started: bool = False) -> None:
+        """Item ``index`` finished with ``value`` (its exception when ``failed``).
+
+        ``outcome`` (call_many) is the extension's outcome dict, counted for
+        attempts and usage. Calls the user's ``on_result`` first, then
+        records the item and reports progress; one item at a time, whatever
+        thread it finished on.
+        """
+        if outcome is not None:
+            self.acc.add_outcome(outcome)
+        self.results[index] = value
+        with self._lock:
+            if self.on_result is not None:
+                self.on_result(index, value)
+            if self.journal is not None:
+                if failed:
+                    self.journal.record_failure(index, value)
+                else:
+                    self.journal.record_ok(index)
+            self._done += 1
+            if failed:
+                self._failed += 1
+                if not_started:
+                    self._not_started += 1
+            else:
+                self._ok += 1
+            if self.progress is not None:
+                self.progress(self._done, len(self.to_run), self._failed)
+
+    def finish(self, completed: bool) -> BatchSummary:
+        """End the run: close the record and progress, emit the summary."""
+        if self.summary is not None:
+            return self.summary
+        try:
+            if isinstance(self.progress, ProgressBar):
+                self.progress.close()
+        finally:
+            if self.journal is not None:
+                self.journal.close()
+        outer = current_accounting()
+        if outer is not None and outer is not self.acc:
+            outer.merge(self.acc)
+        a = self.acc
+        self.summary = BatchSummary(
+            items=self.n, ok=self._ok, failed=self._failed, not_started=self._not_started,
+            skipped=self.n - len(self.to_run), attempts=a.attempts, retries=a.retries,
+            prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens,
+            total_tokens=a.total_tokens,
+            elapsed_ms=int((time.monotonic() - self._t0) * 1000),
+            pauses=self.stats.get("pauses", 0), halvings=self.stats.get("halvings", 0),
+            completed=completed and self._done == len(self.to_run))
+        emit_summary(self.logger, self.summary)
+        return self.summary
+
+    def result(self) -> BatchResult:
+        """The results in input order, with the summary (after :meth:`finish`)."""
+        summary = self.summary if self.summary is not None else self.finish(True)
+        return BatchResult(self.results, summary)

@@ -1,0 +1,495 @@
+"""The ``llmretry`` command (also ``python -m llmretry``).
+
+``llmretry batch requests.jsonl -o results.jsonl [--failures failed.jsonl]
+[--resume] [--limit 8] [--deadline-ms N] ...``
+    One chat request body (a JSON object) per input line; blank lines are
+    ignored and ``index`` counts the requests from 0. ``--model`` fills a
+    missing ``"model"``. The results file gets one JSON line per request,
+    in input order once the batch ends::
+
+        {"index": 0, "ok": true, "data": {...the response...}, "meta": {...}}
+        {"index": 1, "ok": false, "error": {"kind": ..., "status": ..., ...}}
+
+    While the batch runs, lines are appended (flushed) as items finish, so an
+    interrupted run (Ctrl-C, a crash) leaves every finished item in it, in
+    the order they finished. ``--resume`` keeps the ok lines of the results
+    file and runs every other request (the failed ones and those never
+    run); without a results file it falls back to the failures file's
+    record (see :mod:`llmretry._batch`), and requests completed earlier whose
+    results are not at hand are written as ``{"index", "ok": true,
+    "skipped": true}``. ``--failures`` keeps the failures file of
+    :func:`llmretry.call_many`. The summary goes to stderr at the end. Exit
+    status: 0 when every request succeeded, 1 when some failed, 2 for a
+    usage error, 130 on Ctrl-C.
+
+``llmretry call "prompt" --model M [--system S] [--json]``
+    One call; prints the reply's text (``--json``: the whole response).
+
+The API key comes from ``$OPENAI_API_KEY`` only (a flag would show in
+``ps``); the endpoint from ``--base-url``, else ``$OPENAI_BASE_URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, TextIO
+
+from . import _batch
+from ._client import Client, Result, _encode_body
+from ._llmretry import VERSION
+from ._logging import jsonl_logger
+from .errors import LLMError
+
+__all__ = ["main"]
+
+PROG = "llmretry"
+
+
+class UsageError(Exception):
+    """A bad input file or argument: exit status 2."""
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
+def _add_call_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", help="the API's base URL (else $OPENAI_BASE_URL, "
+                   "else https://api.openai.com/v1); the key is $OPENAI_API_KEY")
+    p.add_argument("--timeout-ms", type=_positive, help="per attempt (default 60000)")
+    p.add_argument("--max-retries", type=_non_negative, help="retries per call (default 3)")
+    p.add_argument("--base-delay-ms", type=_non_negative, help="backoff base (default 800)")
+    p.add_argument("--max-delay-ms", type=_non_negative, help="backoff cap (default 30000)")
+    p.add_argument("--jitter", choices=("additive", "full", "none"),
+                   help="backoff jitter (default additive)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print each failed attempt, retry and give-up on stderr")
+    p.add_argument("--events", metavar="PATH",
+                   help="append every event to PATH as JSON lines")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``llmretry`` command."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Production retries around OpenAI-compatible chat calls.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {VERSION}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    b = sub.add_parser("batch", help="run a JSONL file of chat requests as one batch",
+                       description="Run one chat request per input line (a JSON "
+                       "object), at most --limit at once; results in input order.")
+    b.add_argument("input", help="requests, one JSON object per line ('-': stdin)")
+    b.add_argument("-o", "--output", required=True, metavar="PATH",
+                   help="results, one JSON line per request, in input order")
+    b.add_argument("--failures", metavar="PATH",
+                   help="append each failed request here as it fails (JSON lines)")
+    b.add_argument("--resume", action="store_true",
+                   help="run only the requests an earlier run did not complete")
+    b.add_argument("--limit", type=_positive, default=8, help="calls in flight (default 8)")
+    b.add_argument("--deadline-ms", type=_non_negative,
+                   help="budget for the whole batch; requests not started in time fail")
+    b.add_argument("--call-deadline-ms", type=_non_negative,
+                   help="budget for each call, all attempts included")
+    b.add_argument("--model", help="the model of requests that name none")
+    b.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="keep the number in flight at --limit even under 429s")
+    b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: when stderr is a terminal)")
+    _add_call_options(b)
+    b.set_defaults(func=run_batch)
+
+    c = sub.add_parser("call", help="make one chat call and print the reply",
+                       description="Make one chat call and print the reply's text.")
+    c.add_argument("prompt", help="the user message")
+    c.add_argument("--model", required=True)
+    c.add_argument("--system", help="a system message before the prompt")
+    c.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    c.add_argument("--deadline-ms", type=_non_negative,
+                   help="budget for the call, all attempts included")
+    _add_call_options(c)
+    c.set_defaults(func=run_call)
+    return parser
+
+
+def _client_defaults(args: argparse.Namespace) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for name in ("base_url", "timeout_ms", "max_retries", "base_delay_ms",
+                 "max_delay_ms", "jitter"):
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Events on stderr
+
+def _event_printer(write: Callable[[str], None]) -> Callable[[Dict[str, Any]], None]:
+    """A logger printing one line per retry and per give-up."""
+    last_failure: Dict[str, str] = {}
+    lock = threading.Lock()
+
+    def on_event(ev: Dict[str, Any]) -> None:
+        name = ev.get("event")
+        rid = str(ev.get("request_id") or "")[:8]
+        with lock:
+            if name == "llm_request_failed":
+                ra = f", Retry-After: {ev['retry_after']}" if ev.get("retry_after") else ""
+                last_failure[rid] = f"HTTP {ev.get('status')}{ra}"
+            elif name == "llm_request_error":
+                last_failure[rid] = f"{ev.get('error_kind')}: {ev.get('error_message')}"
+            elif name == "llm_retry_scheduled":
+                write(f"  retry   {rid}  attempt {ev.get('attempt', 0) + 1} failed "
+                      f"({last_failure.pop(rid, '?')}); next in {ev.get('delay_ms')} ms "
+                      f"({ev.get('delay_source')})")
+            elif name == "llm_request_gave_up":
+                what = last_failure.pop(rid, str(ev.get("error_kind")))
+                write(f"  FAILED  {rid}  after {ev.get('attempts')} attempt(s): {what} "
+                      f"({ev.get('reason')})")
+
+    return on_event
+
+
+def _logger(args: argparse.Namespace, write: Callable[[str], None],
+            opened: List[TextIO]) -> Optional[Callable[[Dict[str, Any]], None]]:
+    sinks: List[Callable[[Dict[str, Any]], Any]] = []
+    if args.verbose:
+        sinks.append(_event_printer(write))
+    if args.events:
+        try:
+            stream = open(args.events, "a", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot open {args.events}: {exc.strerror}") from None
+        opened.append(stream)
+        sinks.append(jsonl_logger(stream))
+    if not sinks:
+        return None
+    if len(sinks) == 1:
+        return sinks[0]
+
+    def both(ev: Dict[str, Any]) -> None:
+        for sink in sinks:
+            sink(ev)
+
+    return both
+
+
+def _stderr_line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------
+# batch
+
+def _read_requests(path: str, model: Optional[str]) -> List[Dict[str, Any]]:
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text: {exc.reason}") from None
+    bodies: List[Dict[str, Any]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            body = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{path}:{lineno}: not JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise UsageError(f"{path}:{lineno}: a request must be a JSON object, "
+                             f"not {type(body).__name__}")
+        if model is not None and "model" not in body:
+            body["model"] = model
+        bodies.append(body)
+    return bodies
+
+
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _result_line(index: int, value: Any) -> str:
+    if isinstance(value, Result):
+        rec: Dict[str, Any] = {"index": index, "ok": True, "data": value.data,
+                               "meta": value.meta.as_dict()}
+    elif isinstance(value, LLMError):
+        rec = {"index": index, "ok": False, "error": value.as_dict()}
+    else:
+        rec = {"index": index, "ok": False,
+               "error": {"kind": "exception", "message": str(value)}}
+    return _LINE.encode(rec)
+
+
+def _read_results(path: str, n: int) -> Dict[int, str]:
+    """The ok lines of an earlier results file, by index (the last one wins)."""
+    kept: Dict[int, str] = {}
+    try:
+        lines = _batch._read_lines(path)
+    except FileNotFoundError:
+        return kept
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue        # a line cut short by a crash
+        if not isinstance(rec, dict) or type(rec.get("index")) is not int:
+            continue
+        index = rec["index"]
+        if not 0 <= index < n:
+            raise UsageError(f"{path} has a result for request {index}, but the input "
+                             f"has {n} requests: is it the same batch?")
+        if rec.get("ok") is True:
+            kept[index] = line
+        else:
+            kept.pop(index, None)
+    return kept
+
+
+class _ResultsFile:
+    """The results file: appended as items finish, sorted at the end."""
+
+    def __init__(self, path: str, kept: Dict[int, str]) -> None:
+        self.path = path
+        data = "".join(kept[i] + "\n" for i in sorted(kept))
+        try:
+            _batch._write_atomically(path, data.encode("utf-8"))
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+    def append(self, index: int, value: Any) -> None:
+        _batch._write_all(self.fd, (_result_line(index, value) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def finish(self, n: int) -> None:
+        """Rewrite the file in input order, one line per request."""
+        self.close()
+        by_index: Dict[int, str] = {}
+        for line in _batch._read_lines(self.path):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and type(rec.get("index")) is int:
+                by_index[rec["index"]] = line
+        for i in range(n):
+            if i not in by_index:   # completed by an earlier run whose result is gone
+                by_index[i] = _LINE.encode({"index": i, "ok": True, "skipped": True})
+        _batch._write_atomically(
+            self.path, "".join(by_index[i] + "\n" for i in range(n)).encode("utf-8"))
+
+
+class _Interrupts:
+    """Ctrl-C deferred while an item is being recorded, so that its result
+    line and its record are written both or neither."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.depth:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def critical(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending:
+                self.pending = False
+                raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = signal.signal(signal.SIGINT, self.handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+class _CliBatch(_batch.Batch):
+    """A Batch whose items are recorded with Ctrl-C deferred."""
+
+    interrupts: _Interrupts
+
+    def item_done(self, index: int, value: Any, failed: bool,
+                  outcome: Optional[Any] = None, not_started: bool = False) -> None:
+        with self.interrupts.critical():
+            super().item_done(index, value, failed, outcome, not_started)
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    """``llmretry batch``: returns the exit status."""
+    bodies = _read_requests(args.input, args.model)
+    n = len(bodies)
+    output = os.fspath(args.output)
+    if args.failures is not None and os.path.abspath(args.failures) == os.path.abspath(output):
+        raise UsageError("--failures and -o must be different files")
+    kept: Dict[int, str] = _read_results(output, n) if args.resume else {}
+    already_ok: Optional[Set[int]] = None
+    if args.resume and (kept or os.path.exists(output)):
+        already_ok = set(kept)
+    elif args.resume and args.failures is None:
+        already_ok = set()      # nothing to resume from: a first run
+    show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    bar = _batch.ProgressBar(desc=PROG) if show_progress else None
+    write = bar.write if bar is not None else _stderr_line
+    opened: List[TextIO] = []
+    results: Optional[_ResultsFile] = None
+    client: Optional[Client] = None
+    interrupts = _Interrupts()
+    try:
+        logger = _logger(args, write, opened)
+        client = Client(logger=logger, **_client_defaults(args))
+        options: Dict[str, Any] = {}
+        if args.call_deadline_ms is not None:
+            options["deadline_ms"] = args.call_deadline_ms
+        plan = client._plan.with_options(options.items())
+        encoded = [_encode_body(body) for body in bodies]
+        results = _ResultsFile(output, kept)
+        batch = _CliBatch(bodies, failures_path=args.failures,
+                          resume=args.resume and args.failures is not None,
+                          progress=bar if bar is not None else False,
+                          on_result=results.append, logger=logger, parse_items=True)
+        batch.interrupts = interrupts
+        try:
+            with interrupts.installed():
+                client._run_batch(batch, encoded, plan, args.limit, args.deadline_ms,
+                                  args.adaptive, already_ok=already_ok)
+        except KeyboardInterrupt:
+            results.close()
+            if batch.summary is not None:
+                _print_summary(batch.summary, output, args.failures, interrupted=True)
+            return 130
+        except OSError as exc:
+            raise UsageError(f"{exc.filename or 'a file'}: {exc.strerror}") from None
+        results.finish(n)
+        summary = batch.summary
+        assert summary is not None
+        _print_summary(summary, output, args.failures, interrupted=False)
+        return 0 if summary.failed == 0 else 1
+    finally:
+        if results is not None:
+            results.close()
+        if client is not None:
+            client.close()
+        for stream in opened:
+            stream.close()
+
+
+def _print_summary(summary: _batch.BatchSummary, output: str, failures: Optional[str],
+                   interrupted: bool) -> None:
+    head = "interrupted" if interrupted else "done"
+    text = summary.format().replace("\n", "\n  ")
+    lines = [f"{PROG} batch {head}: {text}", f"  results: {output}"]
+    if failures is not None:
+        lines.append(f"  failures: {failures} ({summary.failed} this run)")
+    if interrupted or summary.failed:
+        lines.append("  run the same command with --resume to retry what did not succeed")
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------
+# call
+
+def run_call(args: argparse.Namespace) -> int:
+    """``llmretry call``: returns the exit status."""
+    messages = []
+    if args.system is not None:
+        messages.append({"role": "system", "content": args.system})
+    messages.append({"role": "user", "content": args.prompt})
+    body = {"model": args.model, "messages": messages}
+    opened: List[TextIO] = []
+    try:
+        logger = _logger(args, _stderr_line, opened)
+        with Client(logger=logger, **_client_defaults(args)) as client:
+            try:
+                data, _meta = client.call_llm(body, deadline_ms=args.deadline_ms)
+            except LLMError as exc:
+                sys.stderr.write(f"{PROG}: {exc.kind}: {exc}\n")
+                return 1
+    finally:
+        for stream in opened:
+            stream.close()
+    content = _reply_text(data)
+    if args.json or content is None:
+        sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    else:
+        sys.stdout.write(content + ("" if content.endswith("\n") else "\n"))
+    sys.stdout.flush()
+    return 0
+
+
+def _reply_text(data: Any) -> Optional[str]:
+    try:
+        content = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return content if isinstance(content, str) else None
+
+
+# ---------------------------------------------------------------------------
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``llmretry`` command with ``argv`` (default: ``sys.argv[1:]``);
+    returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+        return status
+    except UsageError as exc:
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 2
+    except (TypeError, ValueError) as exc:   # arguments the core refused
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130

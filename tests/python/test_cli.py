@@ -1,0 +1,312 @@
+"""The llmretry command: batch (end to end, resume, Ctrl-C) and call."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+
+import llmretry
+from conftest import SECRET_KEY, Scenario, child_env
+from llmretry import cli
+
+FAST_ARGS = ["--base-delay-ms", "10", "--max-delay-ms", "50", "--jitter", "none",
+             "--timeout-ms", "5000"]
+
+
+def write_requests(path: Path, n: int, blank_at: Optional[int] = None) -> None:
+    lines = []
+    for i in range(n):
+        body: Dict[str, Any] = {"messages": [{"role": "user",
+                                              "content": f"SECRET-PROMPT-q{i}"}]}
+        if i % 2:
+            body["model"] = "own-model"
+        lines.append(json.dumps(body))
+        if blank_at == i:
+            lines.append("   ")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def request_index(rec: Dict[str, Any]) -> int:
+    return int(json.loads(rec["body"])["messages"][-1]["content"].rsplit("q", 1)[1])
+
+
+def run_main(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_module(argv: Sequence[str], key: bool = True) -> subprocess.CompletedProcess[str]:
+    env = child_env()
+    if key:
+        env["OPENAI_API_KEY"] = SECRET_KEY
+    return subprocess.run([sys.executable, "-m", "llmretry", *argv], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def read_results(path: Path) -> List[Dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n"), "a results line was left unfinished"
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def failure_indices(path: Path) -> List[int]:
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n"), "a failures line was left unfinished"
+    return [json.loads(line)["index"] for line in text.splitlines()]
+
+
+# ---------------------------------------------------------------------------
+# batch
+
+
+@pytest.mark.slow
+def test_batch_end_to_end_then_resume(scen: Scenario, tmp_path: Path) -> None:
+    """python -m llmretry batch: results in input order, the failures file,
+    the summary, retries shown; then --resume runs just the failed ones."""
+    n = 30
+    req, res, fail = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", \
+        tmp_path / "failed.jsonl"
+    write_requests(req, n, blank_at=4)
+    scen.script([{"status": 429, "retry_after": "0.1"}, {"status": 503}, {"status": 400},
+                 {}, {"status": 400}, {}, {"status": 400}], after={"delay_ms": 5})
+    args = ["batch", str(req), "-o", str(res), "--failures", str(fail), "--limit", "4",
+            "--model", "filled-model", "--base-url", scen.url, "-v", "--no-progress",
+            *FAST_ARGS]
+    p = run_module(args)
+    assert p.returncode == 1, p.stderr
+    lines = read_results(res)
+    assert [rec["index"] for rec in lines] == list(range(n))
+    failed = [rec["index"] for rec in lines if not rec["ok"]]
+    assert len(failed) == 3
+    for rec in lines:
+        if rec["ok"]:
+            assert rec["data"]["object"] == "chat.completion"
+            assert rec["meta"]["status"] == 200 and rec["meta"]["request_id"]
+        else:
+            assert rec["error"]["kind"] == "http_status" and rec["error"]["status"] == 400
+    assert sorted(failure_indices(fail)) == failed
+    recs = scen.requests()
+    models = {request_index(r): json.loads(r["body"])["model"] for r in recs}
+    assert all(models[i] == ("own-model" if i % 2 else "filled-model") for i in models)
+    assert all(r["headers"]["authorization"] == f"Bearer {SECRET_KEY}" for r in recs)
+    assert "30 items: 27 ok, 3 failed" in p.stderr
+    assert "retry " in p.stderr and "FAILED " in p.stderr and "(retry_after)" in p.stderr
+    assert "--resume" in p.stderr
+    for text in (p.stdout, p.stderr):
+        assert SECRET_KEY not in text and "SECRET-PROMPT" not in text
+    assert SECRET_KEY not in res.read_text() + fail.read_text()
+
+    before = len(scen.requests())
+    p = run_module(args + ["--resume"])
+    assert p.returncode == 0, p.stderr
+    assert sorted(request_index(r) for r in scen.requests()[before:]) == failed
+    lines = read_results(res)
+    assert [rec["index"] for rec in lines] == list(range(n))
+    assert all(rec["ok"] and "data" in rec for rec in lines)
+    assert failure_indices(fail) == []
+    assert "27 done earlier" in p.stderr and "30 items: 3 ok, 0 failed" in p.stderr
+
+
+def test_batch_resume_from_the_results_file_alone(scen: Scenario, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
+    write_requests(req, 6)
+    scen.script([{"status": 400}, {}, {"status": 400}])
+    base = ["batch", str(req), "-o", str(res), "--limit", "1", "--base-url", scen.url,
+            "--no-progress", *FAST_ARGS]
+    code, _, _ = run_main(base, capsys)
+    assert code == 1
+    assert [rec["ok"] for rec in read_results(res)] == [False, True, False, True, True, True]
+    code, _, err = run_main(base + ["--resume"], capsys)
+    assert code == 0, err
+    assert sorted(request_index(r) for r in scen.requests()[6:]) == [0, 2]
+    assert [rec["ok"] for rec in read_results(res)] == [True] * 6
+
+
+def test_batch_resume_from_the_failures_file_alone(scen: Scenario, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the earlier results, the requests done earlier are marked
+    skipped (their answers are not at hand), one line per request."""
+    req, res, fail = tmp_path / "r.jsonl", tmp_path / "out.jsonl", tmp_path / "f.jsonl"
+    write_requests(req, 5)
+    scen.script([{}, {"status": 400}])
+    base = ["batch", str(req), "-o", str(res), "--failures", str(fail), "--limit", "1",
+            "--base-url", scen.url, "--no-progress", *FAST_ARGS]
+    assert run_main(base, capsys)[0] == 1
+    res.unlink()
+    code, _, err = run_main(base + ["--resume"], capsys)
+    assert code == 0, err
+    assert [request_index(r) for r in scen.requests()[5:]] == [1]
+    lines = read_results(res)
+    assert [rec["index"] for rec in lines] == list(range(5))
+    assert lines[1]["ok"] and "data" in lines[1]
+    assert all(lines[i] == {"index": i, "ok": True, "skipped": True} for i in (0, 2, 3, 4))
+
+
+def test_batch_deadline_and_events_file(scen: Scenario, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    req, res, events = tmp_path / "r.jsonl", tmp_path / "out.jsonl", tmp_path / "ev.jsonl"
+    write_requests(req, 6)
+    scen.script([], after={"delay_ms": 300})
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--limit", "2",
+                             "--deadline-ms", "450", "--base-url", scen.url,
+                             "--events", str(events), "--no-progress", *FAST_ARGS], capsys)
+    assert code == 1
+    lines = read_results(res)
+    assert lines[0]["ok"] and not lines[5]["ok"]
+    assert lines[5]["error"]["kind"] == "deadline_exceeded" and lines[5]["error"]["attempts"] == 0
+    assert "not started before the deadline" in err
+    evs = [json.loads(line) for line in events.read_text().splitlines()]
+    assert evs[-1]["event"] == "llm_batch_summary" and evs[-1]["not_started"] >= 1
+    assert {"llm_request_started", "llm_request_succeeded"} <= {e["event"] for e in evs}
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_batch_progress_line(scen: Scenario, tmp_path: Path, progress: bool,
+                             monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
+    write_requests(req, 5)
+    flag = "--progress" if progress else "--no-progress"
+    code, out, err = run_main(["batch", str(req), "-o", str(res), "--base-url", scen.url,
+                               flag], capsys)
+    assert code == 0 and out == ""
+    assert ("llmretry: 5/5 (100%), 0 failed" in err) is progress
+    assert "5 items: 5 ok, 0 failed" in err
+
+
+@pytest.mark.parametrize("content,problem", [
+    ('{"messages": []}\n[1, 2]\n', "r.jsonl:2: a request must be a JSON object"),
+    ('{"messages": []}\n{oops\n', "r.jsonl:2: not JSON"),
+])
+def test_batch_bad_input_is_a_usage_error(scen: Scenario, tmp_path: Path, content: str,
+                                          problem: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.jsonl"
+    req.write_text(content)
+    code, _, err = run_main(["batch", str(req), "-o", str(tmp_path / "o"), "--base-url",
+                             scen.url], capsys)
+    assert code == 2 and problem in err
+    assert scen.requests() == []
+
+
+def test_batch_usage_errors(scen: Scenario, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.jsonl"
+    write_requests(req, 2)
+    code, _, err = run_main(["batch", str(tmp_path / "missing.jsonl"), "-o",
+                             str(tmp_path / "o")], capsys)
+    assert code == 2 and "cannot read" in err
+    same = str(tmp_path / "same.jsonl")
+    code, _, err = run_main(["batch", str(req), "-o", same, "--failures", same], capsys)
+    assert code == 2 and "different files" in err
+    for argv in (["batch", str(req)], ["batch", str(req), "-o", "x", "--limit", "0"],
+                 ["batch", str(req), "-o", "x", "--deadline-ms", "soon"], ["call", "hi"], []):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2
+    capsys.readouterr()
+    res = tmp_path / "other.jsonl"
+    res.write_text(json.dumps({"index": 7, "ok": True}) + "\n")
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--resume",
+                             "--base-url", scen.url], capsys)
+    assert code == 2 and "same batch" in err
+    assert scen.requests() == []
+
+
+# ---------------------------------------------------------------------------
+# Ctrl-C in the middle of a batch
+
+
+@pytest.mark.slow
+def test_batch_sigint_leaves_consistent_files_then_resume(scen: Scenario,
+                                                          tmp_path: Path) -> None:
+    n = 60
+    req, res, fail = tmp_path / "r.jsonl", tmp_path / "out.jsonl", tmp_path / "f.jsonl"
+    write_requests(req, n)
+    steps: List[Dict[str, Any]] = [{"status": 400, "delay_ms": 80} if i % 7 == 3 else
+                                   {"delay_ms": 80} for i in range(n)]
+    scen.script(steps)
+    args = ["batch", str(req), "-o", str(res), "--failures", str(fail), "--limit", "4",
+            "--base-url", scen.url, "--no-progress", "--max-retries", "0", *FAST_ARGS]
+    env = child_env()
+    proc = subprocess.Popen([sys.executable, "-m", "llmretry", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            if res.exists() and len(res.read_text().splitlines()) >= 10:
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    lines = read_results(res)
+    indices = [rec["index"] for rec in lines]
+    assert len(indices) == len(set(indices)), "an item has two result lines"
+    assert 10 <= len(indices) < n, "the batch was not interrupted midway"
+    ok1 = {rec["index"] for rec in lines if rec["ok"]}
+    failed_lines = {rec["index"] for rec in lines if not rec["ok"]}
+    failed_file = failure_indices(fail)
+    assert len(failed_file) == len(set(failed_file))
+    assert set(failed_file) == failed_lines, "results and failures file disagree"
+    assert not ok1 & set(failed_file)
+
+    scen.script([])     # everything succeeds from now on (and the records restart)
+    p = run_module(args + ["--resume"])
+    assert p.returncode == 0, p.stderr
+    rerun = sorted(request_index(r) for r in scen.requests())
+    assert rerun == sorted(set(range(n)) - ok1), "resume runs exactly what was not ok"
+    lines = read_results(res)
+    assert [rec["index"] for rec in lines] == list(range(n))
+    assert all(rec["ok"] and "data" in rec for rec in lines)
+    assert failure_indices(fail) == []
+
+
+# ---------------------------------------------------------------------------
+# call
+
+
+def test_call_prints_the_reply(scen: Scenario, capsys: pytest.CaptureFixture[str]) -> None:
+    scen.script([{"status": 503}, {"content": "Hello there."}])
+    code, out, err = run_main(["call", "SECRET-PROMPT-hi", "--model", "m1", "--system", "be",
+                               "--base-url", scen.url, "-v", *FAST_ARGS], capsys)
+    assert code == 0 and out == "Hello there.\n"
+    assert "retry " in err and "HTTP 503" in err and "SECRET-PROMPT" not in err
+    body = json.loads(scen.requests()[-1]["body"])
+    assert body == {"model": "m1", "messages": [{"role": "system", "content": "be"},
+                                                {"role": "user", "content": "SECRET-PROMPT-hi"}]}
+
+
+def test_call_json_and_failure(scen: Scenario, capsys: pytest.CaptureFixture[str]) -> None:
+    scen.script([{"content": "x"}, {"status": 401}])
+    code, out, _ = run_main(["call", "hi", "--model", "m", "--json", "--base-url", scen.url],
+                            capsys)
+    assert code == 0 and json.loads(out)["choices"][0]["message"]["content"] == "x"
+    code, out, err = run_main(["call", "hi", "--model", "m", "--base-url", scen.url], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("llmretry: http_status: HTTP 401")
+
+
+def test_module_entry_point_and_version() -> None:
+    p = run_module(["--version"], key=False)
+    assert p.returncode == 0 and p.stdout.strip() == f"llmretry {llmretry.__version__}"
+    # `pip install .` builds through pyproject.toml, whose [project] table makes
+    # setuptools ignore setup.py's entry_points: the script must be declared there.
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert "[project.scripts]" in pyproject and '"llmretry.cli:main"' in pyproject, (
+        'pyproject.toml needs [project.scripts] llmretry = "llmretry.cli:main"')
