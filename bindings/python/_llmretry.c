@@ -13,6 +13,8 @@
 #include "llmretry.h"
 #include "pool.h"
 
+#include <cjson/cJSON.h>
+
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -603,6 +605,38 @@ static PyObject *group_stats_dict(llmretry_group *g)
                          "window", st.window);
 }
 
+/* Check every body before any is sent: a bad one late in a batch must not
+ * raise after earlier calls have run. Bodies whose model the host gave
+ * were built as JSON by the host; the others the core would parse anyway. */
+static int batch_check(batch *b)
+{
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);
+        if (!PyBytes_Check(body)) {
+            PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", i,
+                         Py_TYPE(body)->tp_name);
+            return -1;
+        }
+        if (b->models) {
+            PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
+            if (m != Py_None) {
+                if (!PyUnicode_Check(m)) {
+                    PyErr_Format(PyExc_TypeError, "models[%zd] must be a str or None", i);
+                    return -1;
+                }
+                continue;
+            }
+        }
+        cJSON *doc = cJSON_ParseWithLength(PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body));
+        if (!doc) {
+            PyErr_Format(PyExc_ValueError, "bodies[%zd]: body is not valid JSON", i);
+            return -1;
+        }
+        cJSON_Delete(doc);
+    }
+    return 0;
+}
+
 /* Submit item i of the batch; 0, or -1 with a Python error set. */
 static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t i)
 {
@@ -703,6 +737,8 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
             goto done;
         }
     }
+    if (batch_check(&b) < 0)
+        goto done;
     b.calls = PyMem_Calloc((size_t)(b.n ? b.n : 1), sizeof *b.calls);
     results = PyList_New(b.n);
     if (!b.calls || !results) {

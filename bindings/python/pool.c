@@ -164,8 +164,10 @@ static void pool_item_done(lr_pool *p)
 }
 
 /* Remember the first failure (or keep it in place); the exception is the
- * current Python error. Returns the normalized exception value (new ref). */
-static PyObject *pool_record_failure(lr_pool *p, Py_ssize_t i)
+ * current Python error. A failure of the pool's own reporter (fatal) always
+ * stops the pool, whatever return_exceptions says. Returns the normalized
+ * exception value (new ref). */
+static PyObject *pool_record_failure(lr_pool *p, Py_ssize_t i, int fatal)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -179,7 +181,7 @@ static PyObject *pool_record_failure(lr_pool *p, Py_ssize_t i)
     pthread_mutex_lock(&p->mu);
     if (is_pool_stop || atomic_load(&p->stop)) {
         /* Stopped because of an earlier failure or Ctrl-C: not news. */
-    } else if (p->return_exceptions && is_exception) {
+    } else if (p->return_exceptions && is_exception && !fatal) {
         Py_INCREF(value);
         PyObject *old = PyList_GET_ITEM(p->results, i);
         PyList_SET_ITEM(p->results, i, value);
@@ -208,7 +210,7 @@ static void pool_report(lr_pool *p, Py_ssize_t i, PyObject *value, int failed)
     if (r)
         Py_DECREF(r);
     else
-        Py_XDECREF(pool_record_failure(p, i));    /* a broken reporter stops the pool */
+        Py_XDECREF(pool_record_failure(p, i, 1));    /* a broken reporter stops the pool */
 }
 
 static void *pool_thread(void *arg)
@@ -233,7 +235,7 @@ static void *pool_thread(void *arg)
             pool_report(p, i, r, 0);
         } else {
             int stopping = atomic_load(&p->stop);
-            PyObject *exc = pool_record_failure(p, i);
+            PyObject *exc = pool_record_failure(p, i, 0);
             pool_item_done(p);
             if (!stopping)
                 pool_report(p, i, exc, 1);

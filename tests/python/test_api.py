@@ -99,8 +99,9 @@ def test_call_many_ordered_with_failures_in_place(scen: Scenario) -> None:
             assert r.model == f"m{i}" and r.reason == "not_retryable"
     assert took < 8 * 0.05, f"limit 4 did not run calls concurrently ({took:.2f} s)"
     assert len(scen.requests()) == 8
-    assert len({e["request_id"] for e in events.events}) == 8
-    assert {e["model"] for e in events.events} == {f"m{i}" for i in range(8)}
+    per_call = [e for e in events.events if e["event"] != "llm_batch_summary"]
+    assert len({e["request_id"] for e in per_call}) == 8
+    assert {e["model"] for e in per_call} == {f"m{i}" for i in range(8)}
 
 
 def test_call_many_http_failures_in_place(scen: Scenario) -> None:
@@ -123,3 +124,32 @@ def test_call_many_bad_body_raises_before_any_call(scen: Scenario) -> None:
 def test_call_many_empty(scen: Scenario) -> None:
     assert llmretry.call_many([], base_url=scen.url) == []
     assert scen.requests() == []
+
+
+def test_call_many_checks_every_body_before_any_request(scen: Scenario) -> None:
+    """A bad str body late in a batch raises before the first request."""
+    bodies: List[Any] = [secret_body(f"ok{i}") for i in range(300)]
+    bodies[200] = '{"model": "x", "messages": ['          # not JSON
+    with pytest.raises(ValueError, match=r"bodies\[200\]"):
+        llmretry.call_many(bodies, limit=4, base_url=scen.url, api_key=SECRET_KEY,
+                           logger=None, **FAST)
+    assert scen.requests() == []
+
+
+def test_pool_reporter_failure_stops_the_pool_even_with_return_exceptions() -> None:
+    """run_pool: an on_result that raises stops the pool and is raised."""
+    from llmretry import _llmretry
+
+    started: List[int] = []
+
+    def worker(item: int, i: int) -> int:
+        started.append(i)
+        return i
+
+    def report(i: int, value: Any, failed: bool) -> None:
+        if i == 2:
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _llmretry.run_pool(list(range(50)), 1, worker, True, on_result=report)
+    assert len(started) < 50
