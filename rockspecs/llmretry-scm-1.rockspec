@@ -68,5 +68,7 @@ build = {
          defines = { "_GNU_SOURCE" },
       },
       llmretry = "lua/llmretry/init.lua",
+      ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
+      ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
    },
 }

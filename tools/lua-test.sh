@@ -8,7 +8,17 @@
 # conflict with Debian's nginx Lua module (see shared/NOTES.md). The mock
 # server is the Python package's llmretry.testing, so the Python extension
 # must be built (`make build-python`; done here when it is missing).
+#
+# tools/lua-test.sh --build-only: the same installs and builds, no busted run
+# (tools/host-test.sh uses it for the LuaJIT build that Neovim and nginx load).
 set -euo pipefail
+
+build_only=0
+case "${1:-}" in
+  --build-only) build_only=1 ;;
+  "") ;;
+  *) echo "usage: tools/lua-test.sh [--build-only]" >&2; exit 2 ;;
+esac
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
@@ -59,6 +69,7 @@ for v in 5.4 5.1; do
   clean_artefacts
   echo "lua-test: built llmretry for Lua $v into build-lua/$v"
 done
+if [ "$build_only" -eq 1 ]; then exit 0; fi
 
 export LLMRETRY_REPO="$repo"
 export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"

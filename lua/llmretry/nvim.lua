@@ -1,0 +1,456 @@
+-- llmretry.nvim: LLM calls for Neovim plugins that never block the editor.
+--
+--   local llm = require("llmretry.nvim")
+--   local call = llm.call_llm({ body = body, deadline_ms = 30000 }, function(res, err)
+--     -- runs on the main loop (not in a fast event): every vim.api call is allowed
+--   end)
+--   call.cancel()        -- at any moment; the callback then gets err.kind == "cancelled"
+--
+-- How it works. One engine per Neovim session (made on the first call, kept
+-- in an upvalue of this chunk) does all the network I/O on its own thread.
+-- Its fd is watched by one libuv poll handle (vim.uv, or vim.loop before
+-- Neovim 0.10): when it is readable, the poll callback drains the mailbox of
+-- every call with news. That callback runs in a "fast" context, where most
+-- of vim.api is forbidden, so nothing of the caller's runs there: each
+-- call's news (log events, a body to validate, the result) is handed to
+-- vim.schedule as one batch, and runs in order on the main loop. The fd is
+-- watched only while calls are pending, so an idle session holds no active
+-- handle; the engine is closed on VimLeavePre, cancelling what is in flight.
+--
+-- Callbacks, loggers and validators run in scheduled callbacks; a callback
+-- that raises shows as a Neovim error message, as any scheduled callback's
+-- would. Each call's callback runs exactly once: with (res) or (nil, err),
+-- err being an llmretry error table (tostring(err) reads well).
+--
+-- map_with_concurrency(items, limit, worker, on_done [, opts]) runs
+-- worker(item, i) in coroutines, at most `limit` at a time, on the main
+-- loop. Inside a worker, call_llm(opts) without a callback waits for its
+-- call by yielding the worker's coroutine (the editor goes on meanwhile) and
+-- returns res or nil, err. The worker's return value is the item's result;
+-- what it raises is the item's error. on_done(results, errors) runs once
+-- every item has finished: results in input order (results.n = #items),
+-- errors nil when no worker raised, else a table index -> what it raised.
+-- As in llmretry.map_with_concurrency, the first raise stops new starts
+-- (the running items finish) unless opts.return_errors is true.
+--
+-- Any coroutine that nothing else resumes may wait the same way:
+--   coroutine.wrap(function() local res, err = llm.call_llm(opts) ... end)()
+
+local core = require("llmretry.core")
+
+local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
+local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
+local string, math = string, math
+local co_create, co_resume, co_yield, co_status, co_running =
+  coroutine.create, coroutine.resume, coroutine.yield, coroutine.status, coroutine.running
+
+local vim = vim
+local uv = vim.uv or vim.loop
+
+local M = {}
+
+M.VERSION = core.VERSION
+M.null = core.null
+M.array_mt = core.array_mt
+M.empty_array = core.empty_array
+M.error_mt = core.error_mt
+
+-- ---------------------------------------------------------------------------
+-- Argument checks (the same wording as llmretry's).
+
+local function typename(v)
+  local t = type(v)
+  if t == "userdata" and v == core.null then return "null" end
+  return t
+end
+
+local function argerror(level, name, want, got)
+  error(string.format("llmretry: %s must be %s (got %s)", name, want, typename(got)), level + 1)
+end
+
+local function is_callable(v)
+  if type(v) == "function" then return true end
+  local mt = getmetatable(v)
+  return type(mt) == "table" and type(rawget(mt, "__call")) == "function"
+end
+
+local function is_integer(v)
+  return type(v) == "number" and v == math.floor(v) and v ~= math.huge and v ~= -math.huge
+end
+
+-- ---------------------------------------------------------------------------
+-- The session's engine and the poll handle on its fd.
+
+local engine = nil          -- made on the first call
+local watcher = nil         -- uv poll handle on engine:fd()
+local watching = false
+local pending = {}          -- core handle -> call record, until its "done" is taken
+local npending = 0
+local live = setmetatable({}, { __mode = "k" })   -- core handles not yet collected (stats)
+local pool_of = setmetatable({}, { __mode = "k" }) -- worker coroutine -> its pool
+
+-- What a waiting coroutine yields (a pool resumes it when its call is done).
+local AWAIT = setmetatable({}, { __tostring = function() return "llmretry.nvim.AWAIT" end })
+
+local function notify(msg, level)
+  vim.schedule(function()
+    vim.notify(msg, level or vim.log.levels.WARN)
+  end)
+end
+
+local function close_engine()
+  if watcher then
+    if watching then watcher:stop() end
+    if not watcher:is_closing() then watcher:close() end
+  end
+  watcher, watching = nil, false
+  if engine then engine:close() end
+  engine = nil
+  pending, npending = {}, 0
+end
+
+local function register_exit()
+  local function add()
+    vim.api.nvim_create_autocmd("VimLeavePre", {
+      group = vim.api.nvim_create_augroup("llmretry_nvim", { clear = true }),
+      callback = function() close_engine() end,
+      desc = "llmretry: cancel the calls in flight and stop the engine's thread",
+    })
+  end
+  if vim.in_fast_event() then vim.schedule(add) else add() end
+end
+
+local on_readable -- defined below
+
+local function get_engine()
+  if engine == nil then
+    local e = core.new_engine()
+    local w, err = uv.new_poll(e:fd())
+    if not w then
+      e:close()
+      error("llmretry: cannot watch the engine's fd: " .. tostring(err), 0)
+    end
+    engine, watcher, watching = e, w, false
+    register_exit()
+  end
+  return engine
+end
+
+local function watch()
+  if not watching then
+    watcher:start("r", on_readable)
+    watching = true
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- Delivering a call's news on the main loop.
+
+local function validate_body(validate, body)
+  local data, derr = core.decode(body)
+  if data == nil then
+    return false, "the body is not valid JSON: " .. tostring(derr)
+  end
+  local ok, verdict, msg = pcall(validate, data)
+  if not ok then
+    local m = verdict
+    if type(m) ~= "string" then m = tostring(m) end
+    return false, m ~= "" and m or "validate raised"
+  end
+  if verdict == false then
+    return false, msg ~= nil and tostring(msg) or "validate returned false"
+  end
+  if verdict == nil and msg ~= nil then
+    return false, tostring(msg)
+  end
+  return true
+end
+
+-- Runs in a scheduled callback: items in the order the engine produced them.
+local function deliver(rec, batch)
+  for _, item in ipairs(batch) do
+    local kind = item[1]
+    if kind == "event" then
+      if rec.logger then
+        local ok, e = pcall(rec.logger, item[2])
+        if not ok and not rec.reported then
+          rec.reported = true
+          notify(string.format("llmretry: the logger raised on %s (request_id=%s): %s; the call "
+            .. "goes on (later logger errors of this call are not reported)",
+            tostring(item[2].event), tostring(item[2].request_id), tostring(e)))
+        end
+      end
+    elseif kind == "validate" then
+      local ok, msg = true, nil
+      if rec.validate then ok, msg = validate_body(rec.validate, item[2]) end
+      -- A call cancelled meanwhile no longer waits for the verdict.
+      if rec.h then pcall(rec.h.validated, rec.h, ok, msg) end
+    elseif kind == "done" then
+      -- Our last reference to the core handle: once collected, the call is freed.
+      rec.h = nil
+      rec.finished = true
+      rec.complete(item[2], item[3])
+    end
+  end
+end
+
+-- In the poll callback (a fast context): take every item now in the
+-- mailbox, hand them to the main loop as one batch.
+local function take(rec)
+  local h = rec.h
+  local batch = {}
+  while true do
+    local kind, value = h:next()
+    if kind == nil then break end
+    if kind == "done" then
+      pending[h] = nil
+      npending = npending - 1
+      local res, err = h:result()
+      batch[#batch + 1] = { "done", res, err }
+      break
+    end
+    batch[#batch + 1] = { kind, value }
+  end
+  if #batch > 0 then
+    vim.schedule(function() deliver(rec, batch) end)
+  end
+end
+
+local function poll_engine()
+  local hs = engine:poll()
+  for i = 1, #hs do
+    local rec = pending[hs[i]]
+    if rec then take(rec) end
+  end
+  -- Nothing pending: stop watching, so that an idle session has no active
+  -- handle (Neovim can exit); the next call starts it again.
+  if npending == 0 and watching then
+    watcher:stop()
+    watching = false
+  end
+end
+
+on_readable = function(err)
+  if engine == nil then return end
+  if err then
+    notify("llmretry: watching the engine's fd failed: " .. tostring(err), vim.log.levels.ERROR)
+  end
+  local ok, e = pcall(poll_engine)
+  if not ok then
+    notify("llmretry: " .. tostring(e), vim.log.levels.ERROR)
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- Starting a call.
+
+-- Options of ours, not the engine's.
+local LUA_OPTIONS = { logger = true, validate = true }
+
+-- Submit opts; `complete(res, err)` runs on the main loop once it is done.
+-- `level`: the stack level of the user's call, for argument errors.
+local function start(opts, complete, level, defaults)
+  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
+  local logger, validate = opts.logger, opts.validate
+  if logger == nil and defaults then logger = defaults.logger end
+  if logger ~= nil and logger ~= false and not is_callable(logger) then
+    argerror(level + 1, "logger", "a function, false or nil", logger)
+  end
+  if validate ~= nil and validate ~= false and not is_callable(validate) then
+    argerror(level + 1, "validate", "a function or nil", validate)
+  end
+  if opts.engine ~= nil then
+    error("llmretry: engine is not an option of llmretry.nvim (it runs every call on the "
+      .. "session's engine)", level + 1)
+  end
+  local sub = {}
+  for k, v in pairs(opts) do
+    if not LUA_OPTIONS[k] then sub[k] = v end
+  end
+  if validate then sub.validate = true end
+  -- Ask the engine only for events someone will read.
+  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
+
+  local e = get_engine()
+  local ok, h = pcall(e.submit, e, sub)
+  if not ok then
+    if type(h) == "string" then error(h, level + 1) end
+    error(h, 0)
+  end
+  local rec = { h = h, logger = logger or nil, validate = validate or nil, complete = complete,
+    finished = false, reported = false, request_id = h:request_id() }
+  pending[h] = rec
+  npending = npending + 1
+  live[h] = true
+  watch()
+  return rec
+end
+
+local function cancel_rec(rec)
+  if rec.h then rec.h:cancel() end
+end
+
+-- Resume a coroutine waiting for its call, on the main loop.
+local function resume(co, res, err)
+  local pool = pool_of[co]
+  if pool then return pool.step(co, res, err) end
+  local ok, e = co_resume(co, res, err)
+  if not ok then
+    error(debug.traceback(co, "llmretry.nvim: a coroutine waiting for a call raised: "
+      .. tostring(e)), 0)
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- call_llm
+
+-- call_llm(opts, callback) -> handle: never blocks; callback(res, err) runs
+-- once on the main loop. handle.cancel() (or handle:cancel()) stops the call
+-- at any moment; handle.request_id; handle.done() is true once the callback
+-- has run.
+-- call_llm(opts) inside a coroutine: waits (yields) and returns res or nil, err.
+function M.call_llm(opts, callback)
+  if callback == nil then
+    local co, is_main = co_running()
+    if co == nil or is_main then
+      error("llmretry: callback must be a function (got nil); call without one only from a "
+        .. "coroutine (a map_with_concurrency worker)", 2)
+    end
+    local pool = pool_of[co]
+    local rec
+    rec = start(opts, function(res, err)
+      if pool then pool.calls[rec] = nil end
+      resume(co, res, err)
+    end, 2, pool)
+    if pool then
+      pool.calls[rec] = true
+      -- A cancelled pool's later calls end at once, as cancelled.
+      if pool.cancelled then cancel_rec(rec) end
+    end
+    return co_yield(AWAIT, rec)
+  end
+  if not is_callable(callback) then argerror(2, "callback", "a function", callback) end
+  local rec = start(opts, callback, 2)
+  local handle = { request_id = rec.request_id }
+  function handle.cancel() cancel_rec(rec) end
+  function handle.done() return rec.finished end
+  return handle
+end
+
+-- ---------------------------------------------------------------------------
+-- map_with_concurrency
+
+function M.map_with_concurrency(items, limit, worker, on_done, opts)
+  if type(items) ~= "table" then argerror(2, "items", "a table (array)", items) end
+  if not is_integer(limit) or limit < 1 then
+    if type(limit) == "number" then
+      error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)), 2)
+    end
+    argerror(2, "limit", "an integer >= 1", limit)
+  end
+  if not is_callable(worker) then argerror(2, "worker", "a function", worker) end
+  if not is_callable(on_done) then argerror(2, "on_done", "a function", on_done) end
+  if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
+  opts = opts or {}
+  for k in pairs(opts) do
+    if k ~= "return_errors" and k ~= "logger" then
+      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency",
+        tostring(k)), 2)
+    end
+  end
+  local return_errors = opts.return_errors
+  if return_errors ~= nil and type(return_errors) ~= "boolean" then
+    argerror(2, "opts.return_errors", "a boolean or nil", return_errors)
+  end
+  local logger = opts.logger
+  if logger ~= nil and logger ~= false and not is_callable(logger) then
+    argerror(2, "opts.logger", "a function, false or nil", logger)
+  end
+
+  local n = #items
+  local results, errors, nerrors = { n = n }, {}, 0
+  local pool = { calls = {}, cancelled = false, logger = logger or nil }
+  local index_of = {}
+  local active, next_i, stopped, finished = 0, 1, false, false
+  local fill
+
+  local function maybe_finish()
+    if not finished and active == 0 and (stopped or next_i > n) then
+      finished = true
+      vim.schedule(function() on_done(results, nerrors > 0 and errors or nil) end)
+    end
+  end
+
+  -- Resume `co` until it waits for a call, yields, or ends.
+  local function step(co, ...)
+    local i = index_of[co]
+    local ok, a = co_resume(co, ...)
+    if co_status(co) == "dead" then
+      active = active - 1
+      index_of[co] = nil
+      pool_of[co] = nil
+      if ok then
+        results[i] = a
+      else
+        errors[i] = a
+        nerrors = nerrors + 1
+        if not return_errors then stopped = true end
+      end
+      fill()
+      maybe_finish()
+    elseif a ~= AWAIT then
+      -- The worker yielded on its own: resume it on a later turn of the loop.
+      vim.schedule(function() step(co) end)
+    end
+  end
+  pool.step = step
+
+  fill = function()
+    while not stopped and active < limit and next_i <= n do
+      local i = next_i
+      next_i = i + 1
+      local item = items[i]
+      local co = co_create(function() return (worker(item, i)) end)
+      index_of[co] = i
+      pool_of[co] = pool
+      active = active + 1
+      step(co)
+    end
+  end
+
+  -- Workers start on the main loop, after this returns.
+  vim.schedule(function()
+    fill()
+    maybe_finish()
+  end)
+
+  local handle = {}
+  -- Stop new starts and cancel the calls in flight; the workers see
+  -- cancelled errors, and on_done still runs once they have finished.
+  function handle.cancel()
+    stopped = true
+    pool.cancelled = true
+    local recs = {}
+    for rec in pairs(pool.calls) do recs[#recs + 1] = rec end
+    for _, rec in ipairs(recs) do cancel_rec(rec) end
+  end
+  function handle.done() return finished end
+  return handle
+end
+
+-- ---------------------------------------------------------------------------
+-- Introspection (tests, :lua print(vim.inspect(require("llmretry.nvim").stats())))
+
+function M.stats()
+  local n = 0
+  for _ in pairs(live) do n = n + 1 end
+  return { pending = npending, watching = watching, engine = engine ~= nil, live_handles = n }
+end
+
+-- Close the session's engine now (cancelling what is in flight; their
+-- callbacks do not run). The next call makes a new one. Done on VimLeavePre.
+function M.shutdown()
+  close_engine()
+end
+
+return M
