@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-pip-install demo bench clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench clean
 
 all: build
 
@@ -25,7 +25,7 @@ build-python:
 	$(PYTHON) setup.py -q build_ext --inplace
 
 test: deps build build-asan build-python
-	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python test-lua test-pip-install
+	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install
 	@echo "make test: all suites passed"
 
 test-c:
@@ -48,6 +48,10 @@ test-python:
 # The Lua module under lua5.4 and luajit (builds it with luarocks for both).
 test-lua:
 	tools/lua-test.sh
+
+# The Lua module in its real hosts: headless Neovim and nginx with the Lua module.
+test-hosts:
+	tools/host-test.sh
 
 # `pip install .` in a fresh venv, then one call against the mock server.
 test-pip-install:
