@@ -997,10 +997,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
             return 2
 
-    done = threading.Event()
+    # The handler only appends to a list: taking a lock in a signal handler
+    # (Event.set) can deadlock with the main thread re-acquiring that same
+    # lock inside Event.wait.
+    signals: List[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
-        done.set()
+        signals.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -1011,8 +1014,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError:
         pass
     try:
-        while not done.wait(0.5):
-            pass
+        while not signals:
+            time.sleep(0.1)         # interrupted by the signal (PEP 475)
     finally:
         server.stop()
     return 0
