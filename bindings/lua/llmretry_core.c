@@ -9,6 +9,10 @@
  *   core.new_engine([max_in_flight]) -> engine
  *     engine:submit(opts) -> handle        every call in poll mode
  *     engine:fd(), engine:poll([max]), engine:wait(ms), engine:close()
+ *     engine:group{limit=, deadline_ms=, adaptive=} -> group: a batch paced
+ *       on the engine thread; submit with opts.group; its calls report to
+ *       group:fd(), group:poll([max]), group:wait(ms) (not the engine's);
+ *       group:stats(), group:close()
  *   handle:next() -> "event", t | "validate", body | "done" | nil
  *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
  *   handle:cancel(), handle:request_id(), handle:done()
@@ -44,6 +48,7 @@
 #include <string.h>
 
 #define ENGINE_MT "llmretry.engine"
+#define GROUP_MT "llmretry.group"
 #define HANDLE_MT "llmretry.handle"
 #define ERROR_MT "llmretry.error"
 #define ARRAY_MT "llmretry.array_mt"
@@ -1031,11 +1036,78 @@ static int handle_tostring(lua_State *L)
     return 1;
 }
 
+/* ---- groups: the calls of one batch, paced together on the engine thread ---- */
+
+typedef struct lr_group {
+    llmretry_group *g;
+} lr_group;
+
+static lr_group *check_group(lua_State *L)
+{
+    char buf[64];
+    lr_group *gr = lr_testudata(L, 1, GROUP_MT);
+    if (!gr)
+        lr_fail(L, "self must be a group (got %s); call methods with ':'",
+                got(L, 1, buf, sizeof buf));
+    return gr;
+}
+
+/* Calls in the group keep the C group alive; dropping ours is always safe. */
+static int group_close(lua_State *L)
+{
+    lr_group *gr = lua_touserdata(L, 1);
+    if (gr) {
+        llmretry_group_free(gr->g);
+        gr->g = NULL;
+    }
+    return 0;
+}
+
+static int group_fd(lua_State *L)
+{
+    lr_group *gr = check_group(L);
+    if (!gr->g)
+        lr_fail(L, "group is closed");
+    lua_pushinteger(L, llmretry_group_fd(gr->g));
+    return 1;
+}
+
+static int group_wait(lua_State *L)
+{
+    lr_group *gr = check_group(L);
+    int64_t t = check_timeout(L, 2);
+    lua_pushboolean(L, gr->g && llmretry_group_wait(gr->g, t) == LLMRETRY_OK);
+    return 1;
+}
+
+static int group_stats(lua_State *L)
+{
+    lr_group *gr = check_group(L);
+    llmretry_group_stats st;
+    memset(&st, 0, sizeof st);
+    if (gr->g)
+        llmretry_group_stats_get(gr->g, &st);
+    lua_createtable(L, 0, 5);
+    set_int(L, "window", st.window);
+    set_int(L, "active", st.active);
+    set_int(L, "queued", st.queued);
+    set_int(L, "pauses", st.pauses);
+    set_int(L, "halvings", st.halvings);
+    return 1;
+}
+
+static int group_tostring(lua_State *L)
+{
+    lr_group *gr = lr_testudata(L, 1, GROUP_MT);
+    lua_pushfstring(L, "llmretry.group: %p%s", (void *)gr, gr && gr->g ? "" : " (closed)");
+    return 1;
+}
+
 /* ---- submit options ---------------------------------------------------------- */
 
 typedef enum opt_kind {
     O_BODY, O_STR, O_I64, O_INT, O_BOOL, O_JITTER, O_MODE, O_STATUSES, O_HEADERS,
-    O_DEADLINE, O_EVENTS
+    O_DEADLINE, O_EVENTS, O_GROUP
 } opt_kind;
 
 typedef struct opt_spec {
@@ -1069,6 +1141,7 @@ static const opt_spec OPTS[] = {
     { "ca_file", O_STR, OFF(ca_file) },
     { "event_mask", O_EVENTS, OFF(events) },
     { "validate", O_BOOL, OFF(validate) },
+    { "group", O_GROUP, OFF(group) },
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
 
@@ -1225,13 +1298,11 @@ static void opt_one(lua_State *L, int idx, const opt_spec *s, llmretry_options *
         break;
     case O_JITTER:
         if (llmretry_jitter_parse(opt_string(L, idx, s->name), &o->jitter) != LLMRETRY_OK)
-            lr_fail(L, "jitter must be \"additive\", \"full\" or \"none\" (got \"%.40s\")",
-                    lua_tostring(L, idx));
+            lr_fail(L, "jitter must be \"additive\", \"full\" or \"none\"");
         break;
     case O_MODE:
         if (llmretry_retry_mode_parse(opt_string(L, idx, s->name), &o->retry_mode) != LLMRETRY_OK)
-            lr_fail(L, "retry_mode must be \"safe\" or \"unsafe\" (got \"%.40s\")",
-                    lua_tostring(L, idx));
+            lr_fail(L, "retry_mode must be \"safe\" or \"unsafe\"");
         break;
     case O_STATUSES:
         opt_statuses(L, idx, o);
@@ -1250,6 +1321,16 @@ static void opt_one(lua_State *L, int idx, const opt_spec *s, llmretry_options *
     case O_EVENTS:
         o->events = (unsigned)check_int(L, idx, "event_mask", 0, (int)LLMRETRY_EVENTS_ALL);
         break;
+    case O_GROUP: {
+        lr_group *gr = lr_testudata(L, idx, GROUP_MT);
+        if (!gr)
+            lr_fail(L, "group must be a group from engine:group() (got %s)",
+                    got(L, idx, buf, sizeof buf));
+        if (!gr->g)
+            lr_fail(L, "group is closed");
+        o->group = gr->g;
+        break;
+    }
     }
 }
 
@@ -1372,8 +1453,14 @@ static int engine_submit(lua_State *L)
             rename_header_error(&o, err, sizeof err);
         return lr_fail(L, "%s", err[0] ? err : llmretry_status_name(st));
     }
-    /* engine:poll finds the handle of a call through this weak table. */
-    lr_getuservalue(L, 1);
+    /* engine:poll (group:poll for a group's calls) finds the handle of a
+     * call through this weak table. */
+    if (o.group) {
+        lua_getfield(L, 2, "group");
+        lr_getuservalue(L, -1);
+    } else {
+        lr_getuservalue(L, 1);
+    }
     push_ptr_key(L, h->call);
     lua_pushvalue(L, hidx);
     lua_rawset(L, -3);
@@ -1387,22 +1474,35 @@ static int engine_fd(lua_State *L)
     return 1;
 }
 
-static int engine_poll(lua_State *L)
+typedef size_t (*poll_fn)(void *src, llmretry_call **calls, size_t max);
+
+static size_t poll_engine(void *src, llmretry_call **calls, size_t max)
 {
-    lr_engine *eng = check_engine(L);
+    return llmretry_engine_poll(src, calls, max);
+}
+
+static size_t poll_group(void *src, llmretry_call **calls, size_t max)
+{
+    return llmretry_group_poll(src, calls, max);
+}
+
+/* The handles with news from `src`, through the weak call->handle table in
+ * the uservalue of the userdata at index 1. Leaves the array on top. */
+static int push_polled(lua_State *L, void *src, poll_fn fetch)
+{
     size_t max = SIZE_MAX;
     if (!lua_isnoneornil(L, 2))
         max = (size_t)check_int(L, 2, "max", 1, INT_MAX);
     lua_settop(L, 1);
     lua_newtable(L);
-    if (!eng->e)
+    if (!src)
         return 1;
     lr_getuservalue(L, 1);
     int n = 0;
     llmretry_call *calls[POLL_BATCH];
     while (max > 0) {
         size_t want = max < POLL_BATCH ? max : POLL_BATCH;
-        size_t got_n = llmretry_engine_poll(eng->e, calls, want);
+        size_t got_n = fetch(src, calls, want);
         for (size_t i = 0; i < got_n; i++) {
             push_ptr_key(L, calls[i]);
             lua_rawget(L, 3);
@@ -1417,6 +1517,68 @@ static int engine_poll(lua_State *L)
             break;
     }
     lua_settop(L, 2);
+    return 1;
+}
+
+static int engine_poll(lua_State *L)
+{
+    return push_polled(L, check_engine(L)->e, poll_engine);
+}
+
+static int group_poll(lua_State *L)
+{
+    return push_polled(L, check_group(L)->g, poll_group);
+}
+
+/* engine:group{limit=, deadline_ms=, adaptive=} -> group (DESIGN §2 batches) */
+static int engine_group(lua_State *L)
+{
+    char buf[64];
+    llmretry_engine *e = check_open_engine(L);
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    if (!lua_isnoneornil(L, 2)) {
+        if (lua_type(L, 2) != LUA_TTABLE)
+            lr_fail(L, "opts must be a table (got %s)", got(L, 2, buf, sizeof buf));
+        lua_pushnil(L);
+        while (lua_next(L, 2)) {
+            lua_pop(L, 1);
+            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
+            if (strcmp(k, "limit") && strcmp(k, "deadline_ms") && strcmp(k, "adaptive"))
+                lr_fail(L, "unknown group option '%.40s' (limit, deadline_ms, adaptive)", k);
+        }
+        lua_getfield(L, 2, "limit");
+        if (!lua_isnil(L, -1))
+            go.limit = check_int(L, lua_gettop(L), "limit", 1, INT_MAX);
+        lua_getfield(L, 2, "deadline_ms");
+        if (!lua_isnil(L, -1)) {
+            go.deadline_ms = check_int64(L, lua_gettop(L), "deadline_ms");
+            if (go.deadline_ms < 0)
+                lr_fail(L, "deadline_ms must be >= 0 (got %lld)", (long long)go.deadline_ms);
+        }
+        lua_getfield(L, 2, "adaptive");
+        if (!lua_isnil(L, -1)) {
+            if (lua_type(L, -1) != LUA_TBOOLEAN)
+                lr_fail(L, "adaptive must be a boolean (got %s)", got(L, -1, buf, sizeof buf));
+            go.adaptive = lua_toboolean(L, -1);
+        }
+    }
+    lr_group *gr = lr_newuserdata(L, sizeof *gr);
+    gr->g = NULL;
+    int idx = lua_gettop(L);
+    luaL_getmetatable(L, GROUP_MT);
+    lua_setmetatable(L, idx);
+    lua_newtable(L);                    /* call pointer -> handle, weak */
+    luaL_getmetatable(L, WEAKV_MT);
+    lua_setmetatable(L, -2);
+    lr_setuservalue(L, idx);
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = llmretry_group_new(e, &go, &gr->g, err, sizeof err);
+    if (st != LLMRETRY_OK) {
+        gr->g = NULL;
+        return lr_fail(L, "%s", err[0] ? err : llmretry_status_name(st));
+    }
+    lua_settop(L, idx);
     return 1;
 }
 
@@ -1476,8 +1638,18 @@ static const luaL_Reg handle_methods[] = {
     { NULL, NULL },
 };
 
+static const luaL_Reg group_methods[] = {
+    { "fd", group_fd },
+    { "poll", group_poll },
+    { "wait", group_wait },
+    { "stats", group_stats },
+    { "close", group_close },
+    { NULL, NULL },
+};
+
 static const luaL_Reg engine_methods[] = {
     { "submit", engine_submit },
+    { "group", engine_group },
     { "fd", engine_fd },
     { "poll", engine_poll },
     { "wait", engine_wait },
@@ -1529,6 +1701,8 @@ static void register_types(lua_State *L)
     new_class(L, ENGINE_MT, engine_methods, engine_gc, engine_tostring);
     lua_pop(L, 1);
     new_class(L, HANDLE_MT, handle_methods, handle_gc, handle_tostring);
+    lua_pop(L, 1);
+    new_class(L, GROUP_MT, group_methods, group_close, group_tostring);
     lua_pop(L, 1);
 
     new_metatable(L, SBUF_MT);

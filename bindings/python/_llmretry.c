@@ -347,12 +347,13 @@ static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
     o->max_response_bytes = max_bytes;
     o->retry_invalid_response = retry_invalid;
     if (llmretry_jitter_parse(jitter, &o->jitter) != LLMRETRY_OK) {
-        PyErr_Format(PyExc_ValueError, "jitter must be one of additive, full, none (got '%s')",
-                     jitter);
+        /* The value is not repeated: a secret pasted into the wrong
+         * argument must not reach a traceback. */
+        PyErr_SetString(PyExc_ValueError, "jitter must be one of additive, full, none");
         return -1;
     }
     if (llmretry_retry_mode_parse(retry_mode, &o->retry_mode) != LLMRETRY_OK) {
-        PyErr_Format(PyExc_ValueError, "retry_mode must be safe or unsafe (got '%s')", retry_mode);
+        PyErr_SetString(PyExc_ValueError, "retry_mode must be safe or unsafe");
         return -1;
     }
     if (deadline != Py_None) {

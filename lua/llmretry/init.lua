@@ -251,17 +251,18 @@ end
 -- Run until `finished()` is true. `watch` maps a handle to the function that
 -- takes its news; the engine reports each handle with news once per batch.
 -- `step` (optional) runs first on every turn and says whether it did work.
-local function run_loop(engine, watch, finished, step)
+-- `source` is an engine or a group: whatever reports the watched calls' news.
+local function run_loop(source, watch, finished, step)
   while not finished() do
     local progressed = step and step() or false
     if finished() then break end
-    local hs = engine:poll()
+    local hs = source:poll()
     for i = 1, #hs do
       local h = hs[i]
       local fn = watch[h]
       if fn then fn(h) end
     end
-    if #hs == 0 and not progressed and not finished() and not engine:wait(100) then
+    if #hs == 0 and not progressed and not finished() and not source:wait(100) then
       -- Nothing for 100 ms (or the engine was closed under us, which
       -- cancels its calls): look at every watched handle, so that no call
       -- can wait forever on a wakeup that never comes.
@@ -395,8 +396,12 @@ function M.map_with_concurrency(items, limit, worker, opts)
 end
 
 -- ---------------------------------------------------------------------------
--- call_many: every body on one engine, no coroutines.
-
+-- call_many: every body as one batch on the engine thread (an engine group),
+-- no coroutines. The group paces the batch: at most `limit` items run at
+-- once, a 429 that names a wait pauses every new start, the window adapts
+-- (opts.adaptive, default true), and opts.deadline_ms bounds the WHOLE batch
+-- (items not started in time fail with deadline_exceeded; a per-call
+-- deadline is opts.call_deadline_ms), as in Python's call_many.
 function M.call_many(bodies, opts)
   if type(bodies) ~= "table" then argerror(2, "bodies", "a table (array)", bodies) end
   if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
@@ -412,10 +417,20 @@ function M.call_many(bodies, opts)
   if opts.body ~= nil then
     error("llmretry: opts.body is not an option of call_many (the bodies are its first argument)", 2)
   end
+  local batch_deadline, adaptive = opts.deadline_ms, opts.adaptive
+  if batch_deadline ~= nil and (not is_integer(batch_deadline) or batch_deadline < 0) then
+    argerror(2, "deadline_ms", "an integer >= 0 (the whole batch) or nil", batch_deadline)
+  end
+  if adaptive ~= nil and type(adaptive) ~= "boolean" then
+    argerror(2, "adaptive", "a boolean or nil", adaptive)
+  end
   local base = {}
   for k, v in pairs(opts) do
-    if k ~= "limit" then base[k] = v end
+    if k ~= "limit" and k ~= "deadline_ms" and k ~= "adaptive" and k ~= "call_deadline_ms" then
+      base[k] = v
+    end
   end
+  base.deadline_ms = opts.call_deadline_ms
   local sub, ctx, engine = split_options(base, 2)
   local n = #bodies
   local outs = { n = n }
@@ -441,15 +456,20 @@ function M.call_many(bodies, opts)
 
   local owned = engine == nil
   engine = engine or core.new_engine()
+  local group = engine:group{ limit = limit, deadline_ms = batch_deadline, adaptive = adaptive }
+  -- Keep the group's queue ahead of its pacer without holding every call of
+  -- a huge batch at once.
+  local ahead = 4 * limit + 64
   local watch, active, next_i = {}, 0, 1
 
   local function start()
-    while active < limit and next_i <= n do
+    while active < ahead and next_i <= n do
       local i = next_i
       next_i = i + 1
       local s = {}
       for k, v in pairs(sub) do s[k] = v end
       s.body = payloads[i]
+      s.group = group
       if s.model == nil then s.model = models[i] end
       -- Each call has its own logger state (one stderr report per call).
       local c = { logger = ctx.logger, validate = ctx.validate, reported = false }
@@ -471,9 +491,11 @@ function M.call_many(bodies, opts)
 
   local ok, perr = pcall(function()
     start()
-    run_loop(engine, watch, function() return active == 0 and next_i > n end,
+    run_loop(group, watch, function() return active == 0 and next_i > n end,
       function() start() return false end)
   end)
+  outs.stats = group:stats()
+  group:close()
   if owned then engine:close() end
   if not ok then
     -- The engine's argument errors (the first submit, before any I/O) point

@@ -157,3 +157,14 @@ describe("bad arguments", function()
     check(#recs == 0, "the server saw %d requests from bad arguments", #recs)
   end)
 end)
+
+describe("argument errors never echo a value that may be a secret", function()
+  it("jitter and retry_mode", function()
+    for _, name in ipairs({ "jitter", "retry_mode" }) do
+      local ok, err = pcall(llm.call_llm, { body = "{}", [name] = H.SECRET_KEY })
+      check(not ok and tostring(err):find(name, 1, true), "%s: %s", name, tostring(err))
+      check(not tostring(err):find(H.SECRET_KEY, 1, true), "%s error echoes the value: %s",
+        name, tostring(err))
+    end
+  end)
+end)

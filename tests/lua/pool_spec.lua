@@ -360,3 +360,79 @@ describe("call_many", function()
     check(none.n == 0 and none[1] == nil, "outs %s", H.dump(none))
   end)
 end)
+
+-- call_many is one engine group: the batch policy of DESIGN §2 / issue 6.
+describe("call_many batch policy", function()
+  local mock
+
+  setup(function() mock = H.start_mock() end)
+  teardown(function() if mock then mock:stop() end end)
+
+  it("pauses every new start on a 429's Retry-After", function()
+    local scen = mock:scen("many_pause")
+    scen.script({ { status = 429, retry_after = "0.6" } }, { delay_ms = 100 })
+    local bodies = {}
+    for i = 1, 12 do bodies[i] = body("pause" .. i) end
+    local outs = llm.call_many(bodies, H.merge(H.FAST, { limit = 4, adaptive = false,
+      base_url = scen.url, api_key = H.SECRET_KEY }))
+    for i = 1, 12 do
+      check(outs[i].meta and outs[i].meta.status == 200, "outs[%d] = %s", i, H.dump(outs[i]))
+    end
+    local recs = scen.requests()
+    check(#recs == 13, "%d requests", #recs)
+    -- The first 4 left together; the 429 came back at once while the others
+    -- took 100 ms, so every later request waited out the 0.6 s.
+    for k = 5, #recs do
+      check(recs[k].time - recs[1].time >= 0.55, "request %d went out %.3f s after the 429",
+        k, recs[k].time - recs[1].time)
+    end
+    check(outs.stats.pauses >= 1, "stats %s", H.dump(outs.stats))
+    check(outs.stats.halvings == 0, "halvings %s without adaptive", tostring(outs.stats.halvings))
+  end)
+
+  it("halves the window on a burst of 429s when adaptive", function()
+    local scen = mock:scen("many_burst")
+    scen.script({ { status = 429 }, { status = 429 }, { status = 429 }, { status = 429 } },
+      { delay_ms = 20 })
+    local bodies = {}
+    for i = 1, 16 do bodies[i] = body("burst" .. i) end
+    local outs = llm.call_many(bodies, H.merge(H.FAST, { limit = 8, base_url = scen.url,
+      api_key = H.SECRET_KEY }))
+    for i = 1, 16 do
+      check(outs[i].meta, "outs[%d] = %s", i, H.dump(outs[i]))
+    end
+    check(outs.stats.halvings == 1, "stats %s", H.dump(outs.stats))
+  end)
+
+  it("bounds the whole batch with deadline_ms", function()
+    local scen = mock:scen("many_deadline")
+    scen.script({}, { delay_ms = 300 })
+    local bodies = {}
+    for i = 1, 5 do bodies[i] = body("dl" .. i) end
+    local t0 = H.now_ms()
+    local outs = llm.call_many(bodies, H.merge(H.FAST, { limit = 1, deadline_ms = 500,
+      base_url = scen.url, api_key = H.SECRET_KEY }))
+    local wall = H.now_ms() - t0
+    check(outs[1].meta and outs[1].meta.status == 200, "outs[1] = %s", H.dump(outs[1]))
+    for i = 2, 5 do
+      check(outs[i].kind == "deadline_exceeded" and outs[i].reason == "deadline",
+        "outs[%d] = %s", i, H.dump(outs[i]))
+    end
+    check(outs[2].attempts == 1 and outs[5].attempts == 0, "attempts %s / %s",
+      tostring(outs[2].attempts), tostring(outs[5].attempts))
+    check(wall >= 450 and wall < 1500, "batch ended after %.0f ms", wall)
+    check(#scen.requests() == 2, "%d requests", #scen.requests())
+  end)
+
+  it("rejects bad batch options before any I/O", function()
+    local scen = mock:scen("many_bad")
+    for _, o in ipairs({ { deadline_ms = -1 }, { deadline_ms = "5" }, { adaptive = "yes" },
+                         { limit = 0 } }) do
+      local ok, err = pcall(llm.call_many, { body("bad") }, H.merge(o, { base_url = scen.url }))
+      check(not ok, "accepted %s", H.dump(o))
+      local name = next(o)
+      check(tostring(err):find(name, 1, true), "error %s does not name %s", tostring(err), name)
+    end
+    check(#scen.requests() == 0, "%d requests", #scen.requests())
+  end)
+end)
