@@ -184,7 +184,7 @@ LABELS = {
     "callmany": "llmretry `call_many` (default logger)",
     "map": "llmretry `map_with_concurrency` → `call_llm` (default logger; for scale)",
     "node": "seed Node client, `node_peer.mjs conc` (`mapWithConcurrency`), warm",
-    "node-batch-mjs": "seed `batch.mjs` as shipped (cold: start-up + JIT warm-up)",
+    "node-batch-mjs": "seed `batch.mjs` as shipped (cold: JIT warm-up in its window)",
 }
 ORDER = list(LABELS)
 SPLIT_LABELS = {
