@@ -38,15 +38,6 @@ static PyObject *str_or_none(const char *s)
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
 }
 
-static PyObject *usage_dict(const llmretry_usage *u)
-{
-    if (!u || !u->present)
-        Py_RETURN_NONE;
-    return Py_BuildValue("{sLsLsL}", "prompt_tokens", (long long)u->prompt_tokens,
-                         "completion_tokens", (long long)u->completion_tokens,
-                         "total_tokens", (long long)u->total_tokens);
-}
-
 /* Set d[key] = v, stealing v; -1 (and v released) on failure. */
 static int put(PyObject *d, const char *key, PyObject *v)
 {
@@ -57,6 +48,33 @@ static int put(PyObject *d, const char *key, PyObject *v)
     return rc;
 }
 
+/* The same with a prepared key object. */
+static int put_k(PyObject *d, PyObject *key, PyObject *v)
+{
+    if (!v)
+        return -1;
+    int rc = PyDict_SetItem(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *usage_dict(const module_state *st, const llmretry_usage *u)
+{
+    if (!u || !u->present)
+        Py_RETURN_NONE;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    if (put_k(d, st->keys[K_prompt_tokens], PyLong_FromLongLong((long long)u->prompt_tokens)) ||
+        put_k(d, st->keys[K_completion_tokens],
+              PyLong_FromLongLong((long long)u->completion_tokens)) ||
+        put_k(d, st->keys[K_total_tokens], PyLong_FromLongLong((long long)u->total_tokens))) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
 static PyObject *int_or_none(long long v, int present)
 {
     if (!present)
@@ -65,7 +83,7 @@ static PyObject *int_or_none(long long v, int present)
 }
 
 /* The event as a dict, walking the field list the core defines. */
-static PyObject *event_dict(const llmretry_event *ev)
+static PyObject *event_dict(const module_state *st, const llmretry_event *ev)
 {
     PyObject *d = PyDict_New();
     if (!d)
@@ -78,7 +96,7 @@ static PyObject *event_dict(const llmretry_event *ev)
         switch (f.type) {
         case LLMRETRY_FIELD_INT: v = PyLong_FromLongLong((long long)f.i); break;
         case LLMRETRY_FIELD_STRING: v = str_or_none(f.s); break;
-        case LLMRETRY_FIELD_USAGE: v = usage_dict(f.usage); break;
+        case LLMRETRY_FIELD_USAGE: v = usage_dict(st, f.usage); break;
         default: v = Py_None; Py_INCREF(v); break;
         }
         if (put(d, f.name, v) < 0) {
@@ -89,34 +107,35 @@ static PyObject *event_dict(const llmretry_event *ev)
     return d;
 }
 
-static PyObject *result_dict(const llmretry_result *r)
+static PyObject *result_dict(const module_state *st, const llmretry_result *r)
 {
+    PyObject *const *k = st->keys;
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
     int rc = 0;
-    rc |= put(d, "ok", PyBool_FromLong(r->ok));
-    rc |= put(d, "request_id", str_or_none(r->request_id));
-    rc |= put(d, "model", str_or_none(r->model));
-    rc |= put(d, "attempt", PyLong_FromLong(r->attempt));
-    rc |= put(d, "attempts", PyLong_FromLong(r->attempts));
-    rc |= put(d, "duration_ms", PyLong_FromLongLong((long long)r->duration_ms));
-    rc |= put(d, "total_ms", PyLong_FromLongLong((long long)r->total_ms));
+    rc |= put_k(d, k[K_ok], PyBool_FromLong(r->ok));
+    rc |= put_k(d, k[K_request_id], str_or_none(r->request_id));
+    rc |= put_k(d, k[K_model], str_or_none(r->model));
+    rc |= put_k(d, k[K_attempt], PyLong_FromLong(r->attempt));
+    rc |= put_k(d, k[K_attempts], PyLong_FromLong(r->attempts));
+    rc |= put_k(d, k[K_duration_ms], PyLong_FromLongLong((long long)r->duration_ms));
+    rc |= put_k(d, k[K_total_ms], PyLong_FromLongLong((long long)r->total_ms));
     if (r->ok) {
-        rc |= put(d, "status", PyLong_FromLong(r->status));
-        rc |= put(d, "body", PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
-        rc |= put(d, "usage", usage_dict(&r->usage));
-        rc |= put(d, "response_model", str_or_none(r->response_model));
-        rc |= put(d, "system_fingerprint", str_or_none(r->system_fingerprint));
+        rc |= put_k(d, k[K_status], PyLong_FromLong(r->status));
+        rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
+        rc |= put_k(d, k[K_usage], usage_dict(st, &r->usage));
+        rc |= put_k(d, k[K_response_model], str_or_none(r->response_model));
+        rc |= put_k(d, k[K_system_fingerprint], str_or_none(r->system_fingerprint));
     } else {
-        rc |= put(d, "status", int_or_none(r->status, r->status > 0));
-        rc |= put(d, "kind", str_or_none(llmretry_error_kind_name(r->kind)));
-        rc |= put(d, "reason", str_or_none(llmretry_reason_name(r->reason)));
-        rc |= put(d, "message", str_or_none(r->message));
-        rc |= put(d, "retry_after_ms", int_or_none((long long)r->retry_after_ms,
-                                                   r->retry_after_ms >= 0));
-        rc |= put(d, "error_code", str_or_none(r->error_code));
-        rc |= put(d, "body_preview", str_or_none(r->body_preview));
+        rc |= put_k(d, k[K_status], int_or_none(r->status, r->status > 0));
+        rc |= put_k(d, k[K_kind], str_or_none(llmretry_error_kind_name(r->kind)));
+        rc |= put_k(d, k[K_reason], str_or_none(llmretry_reason_name(r->reason)));
+        rc |= put_k(d, k[K_message], str_or_none(r->message));
+        rc |= put_k(d, k[K_retry_after_ms], int_or_none((long long)r->retry_after_ms,
+                                                         r->retry_after_ms >= 0));
+        rc |= put_k(d, k[K_error_code], str_or_none(r->error_code));
+        rc |= put_k(d, k[K_body_preview], str_or_none(r->body_preview));
     }
     if (rc) {
         Py_DECREF(d);
@@ -388,9 +407,9 @@ static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
 /* Deliver one event; 0 to go on, -1 to stop with the Python error set. An
  * Exception from the logger must not lose the call: it is reported and the
  * call goes on. Anything else (KeyboardInterrupt, SystemExit) stops it. */
-static int deliver_event(PyObject *on_event, llmretry_event *ev)
+static int deliver_event(const module_state *st, PyObject *on_event, llmretry_event *ev)
 {
-    PyObject *d = event_dict(ev);
+    PyObject *d = event_dict(st, ev);
     llmretry_event_free(ev);
     if (!d)
         return -1;
@@ -446,6 +465,7 @@ typedef struct {
     unsigned mask;                  /* the events on_event asked for */
     lr_pool *pool;
     int last_status;                /* of the last llm_request_failed */
+    const module_state *st;
 } event_route;
 
 static int route_event(event_route *rt, llmretry_event *ev)
@@ -465,7 +485,7 @@ static int route_event(event_route *rt, llmretry_event *ev)
         llmretry_event_free(ev);
         return 0;
     }
-    return deliver_event(rt->on_event, ev);
+    return deliver_event(rt->st, rt->on_event, ev);
 }
 
 /* Deliver every item in the call's mailbox on this thread. 1 when the call
@@ -512,7 +532,7 @@ static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate
     for (;;) {
         int rc = drain_mail(c, rt, validate);
         if (rc > 0)
-            return result_dict(llmretry_call_result(c));
+            return result_dict(rt->st, llmretry_call_result(c));
         if (rc < 0)
             break;
         Py_BEGIN_ALLOW_THREADS
@@ -534,7 +554,8 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
         call_args_release(&a);
         return NULL;
     }
-    event_route rt = { on_event, a.o.events, lr_pool_current(), 0 };
+    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
+    event_route rt = { on_event, a.o.events, lr_pool_current(), 0, mst };
     if (rt.pool) {
         /* In a batch pool: no call outlives the batch's deadline, and the
          * pool's pacer must see 429s and successes whatever the logger. */
@@ -757,7 +778,7 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
         goto done;
     }
     a.o.group = g;
-    event_route rt = { on_event, a.o.events, NULL, 0 };
+    event_route rt = { on_event, a.o.events, NULL, 0, state_of(PyType_GetModule(Py_TYPE(self))) };
 
     /* Keep the engine's queue ahead of the pacer without holding every
      * call record of a huge batch at once. */
@@ -783,7 +804,7 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
                 goto done;
             if (rc == 0)
                 continue;
-            PyObject *d = result_dict(llmretry_call_result(ready[j]));
+            PyObject *d = result_dict(rt.st, llmretry_call_result(ready[j]));
             llmretry_call_free(ready[j]);
             b.calls[i] = NULL;
             finished++;
@@ -943,6 +964,11 @@ static int module_exec(PyObject *m)
         Py_DECREF(st->pool_stop);
         return -1;
     }
+#define MAKE_KEY(name) \
+    if (!(st->keys[K_##name] = PyUnicode_InternFromString(#name))) \
+        return -1;
+    OUTCOME_KEYS(MAKE_KEY)
+#undef MAKE_KEY
     st->not_started = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
     if (!st->not_started)
         return -1;
@@ -986,6 +1012,8 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->engine_type);
     Py_CLEAR(st->pool_stop);
     Py_CLEAR(st->not_started);
+    for (int i = 0; i < K_COUNT; i++)
+        Py_CLEAR(st->keys[i]);
     return 0;
 }
 

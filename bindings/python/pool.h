@@ -11,10 +11,21 @@
 /* How often a waiting thread wakes to run signal handlers. */
 #define WAKE_MS 50
 
+/* The keys of the outcome dicts, made once: building a dict per call from
+ * C strings would create and hash every key string again each time. */
+#define OUTCOME_KEYS(X) X(ok) X(request_id) X(model) X(attempt) X(attempts) \
+    X(duration_ms) X(total_ms) X(status) X(body) X(usage) X(response_model) \
+    X(system_fingerprint) X(kind) X(reason) X(message) X(retry_after_ms) \
+    X(error_code) X(body_preview) X(prompt_tokens) X(completion_tokens) X(total_tokens)
+#define KEY_ENUM(name) K_##name,
+enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
+#undef KEY_ENUM
+
 typedef struct {
     PyTypeObject *engine_type;
     PyObject *pool_stop;            /* the PoolStop exception class */
     PyObject *not_started;          /* the NOT_STARTED sentinel */
+    PyObject *keys[K_COUNT];        /* interned outcome keys */
 } module_state;
 
 typedef struct lr_pool lr_pool;

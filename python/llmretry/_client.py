@@ -118,10 +118,33 @@ def _unparsable(out: Dict[str, Any], exc: ValueError) -> LLMError:
     return error_from_outcome(fields)
 
 
+# A frozen dataclass's __init__ sets each field through object.__setattr__;
+# the slots' own setters do the same job in half the time, which counts when
+# a batch builds one Meta per item.
+_SETTERS: Dict[str, Callable[[Meta, Any], None]] = {
+    name: getattr(Meta, name).__set__ for name in Meta.__slots__}
+_set_attempt, _set_attempts = _SETTERS["attempt"], _SETTERS["attempts"]
+_set_duration_ms, _set_total_ms = _SETTERS["duration_ms"], _SETTERS["total_ms"]
+_set_status, _set_usage = _SETTERS["status"], _SETTERS["usage"]
+_set_request_id, _set_model = _SETTERS["request_id"], _SETTERS["model"]
+_set_response_model = _SETTERS["response_model"]
+_set_system_fingerprint = _SETTERS["system_fingerprint"]
+_new_object = object.__new__
+
+
 def _meta_of(out: Dict[str, Any]) -> Meta:
-    return Meta(out["attempt"], out["attempts"], out["duration_ms"],
-                out["total_ms"], out["status"], out["usage"], out["request_id"],
-                out["model"], out["response_model"], out["system_fingerprint"])
+    m = _new_object(Meta)
+    _set_attempt(m, out["attempt"])
+    _set_attempts(m, out["attempts"])
+    _set_duration_ms(m, out["duration_ms"])
+    _set_total_ms(m, out["total_ms"])
+    _set_status(m, out["status"])
+    _set_usage(m, out["usage"])
+    _set_request_id(m, out["request_id"])
+    _set_model(m, out["model"])
+    _set_response_model(m, out["response_model"])
+    _set_system_fingerprint(m, out["system_fingerprint"])
+    return m
 
 
 # ---------------------------------------------------------------------------
