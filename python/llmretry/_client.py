@@ -250,6 +250,7 @@ _ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
     "headers": _headers,
     "request_id": _opt_str,
     "idempotency_key": _opt_str,
+    "ca_file": _opt_str,
 }
 
 # Every call keyword but body and client, in the order call_llm's values
@@ -559,13 +560,14 @@ class Client:
                  headers: Optional[Mapping[str, str]] = DEFAULT,
                  request_id: Optional[str] = DEFAULT,
                  idempotency_key: Optional[str] = DEFAULT,
+                 ca_file: Optional[str] = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT) -> Result:
         """:func:`llmretry.call_llm` with this client's engine and defaults."""
         values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
                   max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
-                  headers, request_id, idempotency_key, validate, logger)
+                  headers, request_id, idempotency_key, ca_file, validate, logger)
         plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
         return self._run(body, plan)
 
@@ -716,6 +718,7 @@ def call_llm(body: Body, *,
              headers: Optional[Mapping[str, str]] = DEFAULT,
              request_id: Optional[str] = DEFAULT,
              idempotency_key: Optional[str] = DEFAULT,
+             ca_file: Optional[str] = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None) -> Result:
@@ -748,6 +751,8 @@ def call_llm(body: Body, *,
     * ``max_response_bytes=32 MiB``.
     * ``headers``: extra ``{name: value}`` request headers.
     * ``request_id`` (else a UUID v4) and ``idempotency_key``.
+    * ``ca_file``: a CA bundle to trust besides the system's (TLS is always
+      verified; a verification failure is not retried).
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -769,7 +774,7 @@ def call_llm(body: Body, *,
     values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
               max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
-              headers, request_id, idempotency_key, validate, logger)
+              headers, request_id, idempotency_key, ca_file, validate, logger)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)
     return client._run(body, plan)
 
