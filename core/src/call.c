@@ -307,8 +307,17 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
         return n;
     size_t name_len = (size_t)(colon - line);
     if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0) {
-        /* Refuse an announced oversized body before reading any of it. */
-        long long cl = strtoll(colon + 1, NULL, 10);
+        /* Refuse an announced oversized body before reading any of it.
+         * The line is not NUL-terminated: parse a bounded copy. 31 digits
+         * still saturate strtoll, so a cut value stays oversized. */
+        const char *v = colon + 1, *end = line + n;
+        char num[32];
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        size_t len = (size_t)(end - v) < sizeof num - 1 ? (size_t)(end - v) : sizeof num - 1;
+        memcpy(num, v, len);
+        num[len] = '\0';
+        long long cl = strtoll(num, NULL, 10);
         if (cl > c->o.max_response_bytes) {
             c->too_large = 1;
             return 0;
@@ -445,10 +454,17 @@ static char *preview_of(const char *data, size_t len)
     return lr_strndup(data, len);
 }
 
+/* A number that fits int64_t, else 0 like a missing one: casting a double
+ * out of range (1e300, or inf from 1e999) to int64_t is undefined. */
 static int64_t json_int(const cJSON *obj, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : 0;
+    if (!cJSON_IsNumber(v))
+        return 0;
+    double d = v->valuedouble;
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+        return 0;
+    return (int64_t)d;
 }
 
 static char *json_str(const cJSON *obj, const char *key)

@@ -1,0 +1,162 @@
+/* libFuzzer target: the response handling of call.c on arbitrary server
+ * data — header capture (on_header, including the Content-Length limit),
+ * body capture within max_response_bytes (on_body), the success fields
+ * (read_success: usage, model, system_fingerprint), the provider error
+ * code (provider_error_code via lr_call_read_outcome) and the preview.
+ *
+ * Those are static functions, so this file includes call.c itself (and is
+ * linked with the other core sources, not call.c). No network: the call
+ * record is built by hand and lr_call_read_outcome runs with no easy
+ * handle (HTTP status 0, i.e. the error-body path).
+ *
+ * Input: byte 0 picks max_response_bytes and the chunk size; if the rest
+ * holds "\r\n\r\n", what precedes it is header lines (CRLF-separated) and
+ * what follows is the body, else it is all body. Every header line and
+ * body chunk is handed over in its own exact-size, non-NUL-terminated
+ * buffer, as libcurl documents ("do not assume that the header line is
+ * null-terminated"), so over-reads are caught by ASan. Build: tools/fuzz.sh. */
+#include "../../core/src/call.c"
+
+#include <stdint.h>
+
+static void fail(const char *what)
+{
+    fprintf(stderr, "invariant broken: %s\n", what);
+    abort();
+}
+
+static char *copy(const uint8_t *data, size_t n)
+{
+    char *p = malloc(n ? n : 1);
+    if (!p)
+        abort();
+    if (n)
+        memcpy(p, data, n);
+    return p;
+}
+
+/* Hand one header line (with its CRLF) to on_header; 0 = aborted. */
+static int feed_header(llmretry_call *c, const uint8_t *line, size_t n)
+{
+    char *buf = copy(line, n);
+    size_t r = on_header(buf, 1, n, c);
+    free(buf);
+    if (r != n && r != 0)
+        fail("on_header returned neither n nor 0");
+    if (r == 0 && !c->too_large)
+        fail("on_header aborted without too_large");
+    return r == n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static const int64_t limits[4] = {64, 1024, 1 << 20, INT64_C(32) << 20};
+    if (size < 1)
+        return 0;
+    uint8_t ctl = data[0];
+    data++;
+    size--;
+
+    llmretry_call *c = calloc(1, sizeof *c);
+    if (!c)
+        abort();
+    c->o.max_response_bytes = limits[ctl & 3];
+    size_t chunk = (size_t)1 << ((ctl >> 2) & 7); /* 1..128 bytes */
+    if ((ctl >> 5) & 1)
+        chunk = SIZE_MAX; /* the whole body at once */
+
+    /* Split headers from body. */
+    const uint8_t *body = data;
+    size_t body_len = size;
+    int aborted = 0;
+    for (size_t i = 0; i + 4 <= size; i++) {
+        if (memcmp(data + i, "\r\n\r\n", 4) == 0) {
+            static const char status_line[] = "HTTP/1.1 429 Too Many Requests\r\n";
+            aborted = !feed_header(c, (const uint8_t *)status_line, sizeof status_line - 1);
+            size_t p = 0, hend = i + 2; /* keep the last line's CRLF */
+            while (!aborted && p < hend) {
+                size_t q = p;
+                while (q + 1 < hend && !(data[q] == '\r' && data[q + 1] == '\n'))
+                    q++;
+                size_t n = q + 2 <= hend ? q + 2 - p : hend - p;
+                aborted = !feed_header(c, data + p, n);
+                p += n;
+            }
+            body = data + i + 4;
+            body_len = size - i - 4;
+            break;
+        }
+    }
+    for (int h = 0; h < LR_H_COUNT; h++)
+        if (c->hdr_set[h] && memchr(c->hdr[h], '\0', LR_HVAL) == NULL)
+            fail("captured header value not NUL-terminated");
+
+    /* The body, chunk by chunk, within max_response_bytes. */
+    size_t fed = 0;
+    while (!aborted && fed < body_len) {
+        size_t n = body_len - fed < chunk ? body_len - fed : chunk;
+        char *buf = copy(body + fed, n);
+        size_t r = on_body(buf, 1, n, c);
+        free(buf);
+        if (r == 0) {
+            if (!c->too_large || (int64_t)(fed + n) <= c->o.max_response_bytes)
+                fail("on_body refused a chunk within the limit");
+            aborted = 1;
+            break;
+        }
+        if (r != n)
+            fail("on_body returned neither n nor 0");
+        fed += n;
+    }
+    if ((int64_t)c->resp.len > c->o.max_response_bytes)
+        fail("captured body above max_response_bytes");
+    if (!aborted && (c->resp.len != body_len ||
+                     (body_len && memcmp(c->resp.data, body, body_len) != 0)))
+        fail("captured body differs from the body sent");
+
+    /* The outcome, as the engine reads it (status 0: the error path). */
+    lr_outcome out;
+    lr_call_read_outcome(c, aborted ? CURLE_WRITE_ERROR : CURLE_OK, &out);
+    if (aborted && out.f.kind != LLMRETRY_ERR_RESPONSE_TOO_LARGE)
+        fail("too large response not classified as response_too_large");
+    if (!aborted && out.f.kind != LLMRETRY_ERR_HTTP_STATUS)
+        fail("error body not classified as http_status");
+    if (out.message == NULL)
+        fail("failure without a message");
+    llmretry_decision d = llmretry_decide(NULL, &out.f, 0, INT64_C(1700000000000),
+                                          LLMRETRY_NO_DEADLINE, 0.5);
+    if (d.delay_ms < 0 || (d.retry_after_ms != -1 && d.retry_after_ms <= 0))
+        fail("decision with a negative delay or a non-positive server wait");
+    lr_outcome_clear(&out);
+
+    /* The success path on the same body: usage, model, fingerprint. */
+    if (!aborted) {
+        cJSON *doc = cJSON_ParseWithLength(c->resp.data ? c->resp.data : "", c->resp.len);
+        if (doc && cJSON_IsObject(doc)) {
+            lr_outcome ok;
+            memset(&ok, 0, sizeof ok);
+            read_success(doc, &ok);
+            /* json_int casts a double to int64_t: UBSan checks the cast. */
+            if (!ok.usage.present && (ok.usage.prompt_tokens || ok.usage.total_tokens))
+                fail("token counts without usage");
+            lr_outcome_clear(&ok);
+        }
+        cJSON_Delete(doc);
+        char *code = provider_error_code(c->resp.data ? c->resp.data : "", c->resp.len);
+        free(code);
+    }
+
+    /* The preview: at most 500 bytes, a prefix of the body. */
+    char *pv = lr_call_preview(c);
+    if (pv) {
+        size_t n = strlen(pv);
+        /* strlen stops at an embedded NUL: still a prefix. */
+        if (n > PREVIEW_BYTES || n > c->resp.len || memcmp(pv, c->resp.data, n) != 0)
+            fail("preview longer than 500 bytes or not a prefix of the body");
+        free(pv);
+    }
+
+    free(c->resp.data);
+    free(c);
+    return 0;
+}

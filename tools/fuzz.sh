@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# libFuzzer targets for every parser that reads server data (tests/fuzz/).
+#
+#   tools/fuzz.sh                 build and run every target SECONDS each
+#   SECONDS=120 tools/fuzz.sh fuzz_response
+#
+# Each target is built with clang -fsanitize=fuzzer,address,undefined
+# against the core sources, then run on a temporary copy of its seed corpus
+# (tests/fuzz/corpus/<target>/), so runs never write into the repo.
+# Exits non-zero on any crash and prints the path of the crashing input.
+# Env: SECONDS (default 20), FUZZ_OUT (default a temp dir; kept on crash),
+# CC (default: the newest clang found), FUZZ_JOBS (parallel targets, 1).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+# bash's own $SECONDS counts time since the shell started, so the caller's
+# SECONDS is read from the environment, first thing.
+RUN_SECONDS=$(env | sed -n 's/^SECONDS=//p')
+RUN_SECONDS=${FUZZ_SECONDS:-${RUN_SECONDS:-20}}
+ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response"
+TARGETS=${*:-$ALL_TARGETS}
+
+find_clang() {
+    if [ -n "${CC:-}" ] && "$CC" --version 2>/dev/null | grep -q clang; then
+        echo "$CC"; return 0
+    fi
+    for c in clang clang-19 clang-18 clang-17 clang-16 clang-15 clang-14; do
+        command -v "$c" >/dev/null 2>&1 && { echo "$c"; return 0; }
+    done
+    return 1
+}
+
+CLANG=$(find_clang)
+if [ -z "$CLANG" ]; then
+    echo "fuzz.sh: clang not found; installing it (apt-get)" >&2
+    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq >/dev/null &&
+        $SUDO apt-get install -y -qq clang >/dev/null || { echo "fuzz.sh: could not install clang" >&2; exit 2; }
+    CLANG=$(find_clang) || { echo "fuzz.sh: clang still not found" >&2; exit 2; }
+fi
+# libFuzzer ships in libclang-rt-N-dev on Debian; probe for it.
+probe=$(mktemp -d)
+echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}' > "$probe/p.c"
+if ! "$CLANG" -fsanitize=fuzzer "$probe/p.c" -o "$probe/p" 2>/dev/null; then
+    ver=$("$CLANG" --version | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)
+    echo "fuzz.sh: libFuzzer missing; installing libclang-rt-$ver-dev" >&2
+    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get install -y -qq "libclang-rt-$ver-dev" >/dev/null ||
+        { echo "fuzz.sh: could not install libclang-rt-$ver-dev" >&2; rm -rf "$probe"; exit 2; }
+fi
+rm -rf "$probe"
+
+PKG=$(pkg-config --cflags --libs libcurl libcjson) || { echo "fuzz.sh: pkg-config libcurl libcjson failed" >&2; exit 2; }
+OUT=${FUZZ_OUT:-$(mktemp -d /tmp/llmretry-fuzz.XXXXXX)}
+mkdir -p "$OUT"
+CFLAGS="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Icore/include -Icore/src"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+echo "fuzz.sh: $("$CLANG" --version | head -1); ${RUN_SECONDS}s per target; work dir $OUT"
+status=0
+for t in $TARGETS; do
+    src=tests/fuzz/$t.c
+    [ -f "$src" ] || { echo "fuzz.sh: no such target: $t" >&2; status=2; continue; }
+    if [ "$t" = fuzz_response ]; then
+        # It includes call.c itself, to reach its static functions.
+        core=$(ls core/src/*.c | grep -v '/call\.c$')
+    else
+        core=$(ls core/src/*.c)
+    fi
+    echo "== $t: build"
+    # shellcheck disable=SC2086
+    if ! "$CLANG" $CFLAGS "$src" $core $PKG -lpthread -lm -o "$OUT/$t" 2> "$OUT/$t.build.log"; then
+        cat "$OUT/$t.build.log" >&2
+        echo "fuzz.sh: $t: build failed" >&2
+        status=1
+        continue
+    fi
+    corpus=$OUT/corpus/$t
+    mkdir -p "$corpus" "$OUT/artifacts/$t"
+    [ -d "tests/fuzz/corpus/$t" ] && cp -r "tests/fuzz/corpus/$t/." "$corpus/"
+    echo "== $t: run ${RUN_SECONDS}s ($(ls "$corpus" | wc -l) seeds)"
+    "$OUT/$t" -max_total_time="$RUN_SECONDS" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix="$OUT/artifacts/$t/" "$corpus" > "$OUT/$t.log" 2>&1
+    rc=$?
+    # The last status line carries cov:, ft:, corp:, exec/s.
+    grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE|INITED)' "$OUT/$t.log" | tail -1
+    grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$OUT/$t.log"
+    crash=$(ls "$OUT/artifacts/$t/" 2>/dev/null | head -1)
+    if [ $rc -ne 0 ] || [ -n "$crash" ]; then
+        echo "fuzz.sh: $t FAILED (exit $rc)" >&2
+        grep -E 'ERROR: |runtime error|invariant broken|SUMMARY' "$OUT/$t.log" | head -5 >&2
+        for f in "$OUT/artifacts/$t/"*; do
+            [ -e "$f" ] && echo "fuzz.sh: crash input: $f" >&2
+        done
+        echo "fuzz.sh: full log: $OUT/$t.log; reproduce: $OUT/$t <crash input>" >&2
+        status=1
+    fi
+done
+if [ $status -eq 0 ]; then
+    echo "fuzz.sh: no crashes"
+    [ -z "${FUZZ_OUT:-}" ] && rm -rf "$OUT"
+fi
+exit $status
