@@ -122,7 +122,8 @@ typedef struct llmretry_options {
      * LLMRETRY_EVENTS_ALL by default; 0 = none (the call still has its
      * result). Hosts whose logger drops some levels ask only for the rest. */
     unsigned events;
-    /* Extra CA bundle file for TLS (NULL = system default). */
+    /* CA bundle to verify servers with, instead of libcurl's default bundle
+     * (CURLOPT_CAINFO; NULL = the default). */
     const char *ca_file;
     /* Submit into this batch group (NULL = none): see llmretry_group_new. */
     llmretry_group *group;

@@ -751,8 +751,9 @@ def call_llm(body: Body, *,
     * ``max_response_bytes=32 MiB``.
     * ``headers``: extra ``{name: value}`` request headers.
     * ``request_id`` (else a UUID v4) and ``idempotency_key``.
-    * ``ca_file``: a CA bundle to trust besides the system's (TLS is always
-      verified; a verification failure is not retried).
+    * ``ca_file``: the CA bundle to verify servers with instead of
+      libcurl's default bundle (TLS is always verified; a verification
+      failure is not retried).
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
