@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench fuzz clean
 
 all: build
 
@@ -59,6 +59,11 @@ test-pip-install:
 
 demo: deps build build-python
 	tools/demo.sh $(BUILD)
+
+# libFuzzer runs of every parser that reads server data (SECONDS per target,
+# default 20); not part of make test.
+fuzz:
+	tools/fuzz.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-python build-lua python/llmretry/*.so

@@ -623,6 +623,29 @@ static void test_blocking(llmretry_engine *e)
         llmretry_call_free(c);
 }
 
+/* Token counts that do not fit an int64 read as 0, not as undefined
+ * behaviour (found by fuzzing: UBSan flags the double-to-int cast). */
+static void test_absurd_usage(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    if (script("absurd_usage", "{\"steps\": [{\"usage\": {\"prompt_tokens\": 1e300, "
+                               "\"completion_tokens\": -1e300, \"total_tokens\": 7}}]}") != 0)
+        return;
+    opts_for(&o, "absurd_usage", url, sizeof url);
+    mail_log l = { 0 };
+    llmretry_call *c = run(e, &o, &l, 5000);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok && r->usage.present);
+    if (r && r->ok) {
+        CHECK_INT(r->usage.prompt_tokens, 0);
+        CHECK_INT(r->usage.completion_tokens, 0);
+        CHECK_INT(r->usage.total_tokens, 7);
+    }
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
 /* Host-side validation: a rejection is an invalid_response the policy
  * retries; the second body is accepted. */
 static void test_validation(llmretry_engine *e)
@@ -914,6 +937,7 @@ int main(void)
             { "deadline_cuts_wait", test_deadline_cuts_wait },
             { "blocking", test_blocking },
             { "validation", test_validation },
+            { "absurd_usage", test_absurd_usage },
             { "stalls", test_stalls },
             { "never_connected", test_never_connected },
         };
