@@ -51,13 +51,13 @@ llmretry_event_type llmretry_event_type_of(const llmretry_event *ev)
 }
 
 /* Field tables: the common prefix, then each event's own fields. */
-enum { F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL,
+enum { F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY,
        F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_STATUS, F_DURATION_MS, F_RETRY_AFTER,
        F_ERROR_CODE, F_BODY_PREVIEW, F_ERROR_KIND, F_ERROR_MESSAGE, F_DELAY_MS,
        F_DELAY_SOURCE, F_NEXT_ATTEMPT, F_USAGE, F_RESPONSE_MODEL,
        F_SYSTEM_FINGERPRINT, F_REASON, F_ATTEMPTS, F_TOTAL_MS, F_END = -1 };
 
-#define COMMON F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL
+#define COMMON F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY
 static const int fields_started[] = { COMMON, F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_END };
 static const int fields_failed[] = { COMMON, F_STATUS, F_DURATION_MS, F_RETRY_AFTER,
                                      F_ERROR_CODE, F_BODY_PREVIEW, F_END };
@@ -72,7 +72,7 @@ static const int *const field_tables[] = {
 };
 
 static const char *const field_names[] = {
-    "event", "request_id", "attempt", "model", "timeout_ms", "deadline_left_ms",
+    "event", "request_id", "attempt", "model", "policy", "timeout_ms", "deadline_left_ms",
     "status", "duration_ms", "retry_after", "error_code", "body_preview",
     "error_kind", "error_message", "delay_ms", "delay_source", "next_attempt",
     "usage", "response_model", "system_fingerprint", "reason", "attempts", "total_ms",
@@ -110,6 +110,7 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
     case F_REQUEST_ID: set_str(out, c->request_id); break;
     case F_ATTEMPT: set_int(out, ev->attempt); break;
     case F_MODEL: set_str(out, c->model); break;
+    case F_POLICY: set_str(out, c->policy); break;   /* null when none */
     case F_TIMEOUT_MS: set_int(out, ev->timeout_ms); break;
     case F_DEADLINE_LEFT_MS:
         if (ev->deadline_left_ms != LLMRETRY_NO_DEADLINE)

@@ -623,6 +623,34 @@ static void test_blocking(llmretry_engine *e)
         llmretry_call_free(c);
 }
 
+/* Every event names the call's policy (null when none). */
+static void test_policy_in_events(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    if (script("policy_events", "{\"steps\": [{\"status\": 503}, {}]}") != 0)
+        return;
+    opts_for(&o, "policy_events", url, sizeof url);
+    o.policy = "autocomplete";
+    mail_log l = { 0 };
+    llmretry_call *c = run(e, &o, &l, 5000);
+    CHECK_INT(l.n, 5);
+    for (size_t i = 0; i < l.n; i++)
+        CHECK_STR(field_str(l.ev[i], "policy"), "autocomplete");
+    char *json = l.n ? llmretry_event_to_json(l.ev[0]) : NULL;
+    CHECK_MSG(json && strstr(json, "\"policy\":\"autocomplete\""), "json %s", json ? json : "-");
+    llmretry_free(json);
+    log_free(&l);
+    llmretry_call_free(c);
+    /* Without a policy the field is there, and null. */
+    opts_for(&o, "policy_events_none", url, sizeof url);
+    c = run(e, &o, &l, 5000);
+    llmretry_field f;
+    CHECK(l.n > 0 && field(l.ev[0], "policy", &f) == 0 && f.type == LLMRETRY_FIELD_NULL);
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
 /* Token counts that do not fit an int64 read as 0, not as undefined
  * behaviour (found by fuzzing: UBSan flags the double-to-int cast). */
 static void test_absurd_usage(llmretry_engine *e)
@@ -938,6 +966,7 @@ int main(void)
             { "blocking", test_blocking },
             { "validation", test_validation },
             { "absurd_usage", test_absurd_usage },
+            { "policy_in_events", test_policy_in_events },
             { "stalls", test_stalls },
             { "never_connected", test_never_connected },
         };

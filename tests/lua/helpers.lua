@@ -301,7 +301,7 @@ function H.recorder()
   return r
 end
 
-local COMMON = { "event", "request_id", "attempt", "model" }
+local COMMON = { "event", "request_id", "attempt", "model", "policy" }
 local function fields(extra)
   local set = {}
   for _, k in ipairs(COMMON) do set[k] = true end

@@ -39,7 +39,7 @@ VECTOR_DIR = ROOT / "tests" / "vectors"
 FAST: Dict[str, Any] = {"timeout_ms": 5000, "max_retries": 3, "base_delay_ms": 20,
                         "max_delay_ms": 1000, "jitter": "none"}
 
-COMMON_FIELDS = {"event", "request_id", "attempt", "model"}
+COMMON_FIELDS = {"event", "request_id", "attempt", "model", "policy"}
 # DESIGN §3: each event's fields, exactly.
 EVENT_FIELDS: Dict[str, set] = {
     "llm_request_started": COMMON_FIELDS | {"timeout_ms", "deadline_left_ms"},
