@@ -48,6 +48,7 @@ from ._client import (Client, Meta, Result, call_llm, call_llm_with_deadline,
                       call_many)
 from ._json import assert_shape, extract_json
 from ._logging import DEFAULT, jsonl_logger, log_usage
+from ._policies import Policy, load_policies
 from ._pool import map_with_concurrency
 from .errors import (CallCancelledError, DeadlineExceededError, HTTPStatusError,
                      InvalidResponseError, LLMError, NetworkError,
@@ -65,6 +66,8 @@ __all__ = [
     "call_llm_with_deadline",
     "call_many",
     "map_with_concurrency",
+    "Policy",
+    "load_policies",
     "BatchResult",
     "BatchSummary",
     "SKIPPED",

@@ -25,6 +25,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from . import _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
+from ._policies import Policy, PolicySource, load_policies, new_idempotency_key
 from ._pool import map_with_concurrency as _map_with_concurrency
 from .errors import LLMError, error_from_outcome
 
@@ -257,6 +258,7 @@ _ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
 # tuple lists them.
 _CALL_OPTIONS: Tuple[str, ...] = tuple(_ENGINE_OPTIONS) + ("validate", "logger")
 _ALL_DEFAULT: Tuple[Any, ...] = (DEFAULT,) * len(_CALL_OPTIONS)
+_IDEMPOTENCY_INDEX = _CALL_OPTIONS.index("idempotency_key")
 
 # What a client shows of itself when nothing was given.
 _DOCUMENTED = {"base_url": None, "timeout_ms": 60000, "max_retries": 3,
@@ -390,6 +392,39 @@ def _check_option_names(names: Iterable[str], where: str) -> None:
                         + ", ".join(unknown))
 
 
+class _PolicyPlan:
+    """A policy made ready for calls: its plan over the client's, and what
+    is applied per call (the body's model, an ``"auto"`` idempotency key)."""
+
+    __slots__ = ("policy", "plan", "model", "auto_key")
+
+    def __init__(self, policy: Policy, client_plan: _Plan) -> None:
+        self.policy = policy
+        settings = policy.settings
+        options = [(k, v) for k, v in settings.items()
+                   if k not in ("model", "idempotency_key")]
+        plan = client_plan.with_options(options)
+        if settings.get("base_url") is not None:
+            plan.kwargs.pop("url", None)    # the policy's base_url beats a default url
+        plan.kwargs["policy"] = policy.name
+        self.plan = plan
+        model = settings.get("model")
+        self.model: Optional[str] = model if isinstance(model, str) else None
+        self.auto_key = settings.get("idempotency_key") == "auto"
+
+    def body(self, body: Any) -> Any:
+        """The body with the policy's model when it is a dict naming none."""
+        if self.model is not None and isinstance(body, dict) and "model" not in body:
+            return dict(body, model=self.model)
+        return body
+
+
+def _with_auto_key(plan: _Plan) -> _Plan:
+    """``plan`` with a fresh idempotency key (one call, all its attempts)."""
+    return _Plan(dict(plan.kwargs, idempotency_key=new_idempotency_key()),
+                 plan.validate, plan.event_mask)
+
+
 class _Validator:
     """Adapts a user ``validate(data)`` to the engine's ``validate(body)``.
 
@@ -442,6 +477,12 @@ class Client:
     a wrong type raises TypeError; value ranges are checked at the first
     call). ``max_in_flight`` caps the calls the engine runs at once.
 
+    ``policies`` are named policies (a mapping ``{name: {key: value}}`` or
+    a ``.toml``/``.json`` file, see :func:`llmretry.load_policies`), checked
+    here; a call picks one with ``policy="name"``. For one call, explicit
+    arguments beat the policy, the policy beats these defaults, and these
+    beat the built-in ones.
+
     Use it as a context manager, or call :meth:`close`, to stop its I/O
     thread. In a forked child a client makes itself a new engine on first
     use. A client is safe to share between threads.
@@ -453,16 +494,41 @@ class Client:
             data, meta = client.call_llm(body)
     """
 
-    def __init__(self, *, max_in_flight: int = 256, **defaults: Any) -> None:
+    def __init__(self, *, max_in_flight: int = 256,
+                 policies: Optional[PolicySource] = None, **defaults: Any) -> None:
         _check_option_names(defaults, "Client()")
         max_in_flight = _int32("max_in_flight", max_in_flight)
         self._max_in_flight = max_in_flight
         self._defaults = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
+        loaded = load_policies(policies) if policies is not None else {}
+        self._policies: Dict[str, _PolicyPlan] = {
+            name: _PolicyPlan(pol, self._plan) for name, pol in loaded.items()}
         self._lock = threading.Lock()
         self._closed = False
         self._engine: Any = _llmretry.Engine(max_in_flight)
         _live_clients.add(self)
+
+    @classmethod
+    def from_file(cls, path: Union[str, "os.PathLike[str]"], **defaults: Any) -> "Client":
+        """A client with the policies of a ``.toml``/``.json`` file and these
+        defaults (as :class:`Client`)."""
+        return cls(policies=path, **defaults)
+
+    @property
+    def policies(self) -> Dict[str, Policy]:
+        """The client's policies by name."""
+        return {name: pp.policy for name, pp in self._policies.items()}
+
+    def _policy_plan(self, name: Any) -> _PolicyPlan:
+        """The named policy, or ValueError naming it and the known ones."""
+        pp = self._policies.get(name) if isinstance(name, str) else None
+        if pp is None:
+            if not isinstance(name, str):
+                raise TypeError(f"policy must be a str or None, not {_type_name(name)}")
+            known = ", ".join(sorted(self._policies)) or "none"
+            raise ValueError(f"unknown policy {name!r} (known policies: {known})")
+        return pp
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -562,14 +628,25 @@ class Client:
                  idempotency_key: Optional[str] = DEFAULT,
                  ca_file: Optional[str] = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
-                 logger: Any = DEFAULT) -> Result:
+                 logger: Any = DEFAULT,
+                 policy: Optional[str] = None) -> Result:
         """:func:`llmretry.call_llm` with this client's engine and defaults."""
         values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
                   max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
                   headers, request_id, idempotency_key, ca_file, validate, logger)
-        plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
-        return self._run(body, plan)
+        if policy is None:
+            plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
+            return self._run(body, plan)
+        return self._run_policy(body, values, policy)
+
+    def _run_policy(self, body: Any, values: Sequence[Any], policy: Any) -> Result:
+        """One call under a named policy (explicit values beat it)."""
+        pp = self._policy_plan(policy)
+        plan = pp.plan if values == _ALL_DEFAULT else pp.plan.with_values(values)
+        if pp.auto_key and values[_IDEMPOTENCY_INDEX] is DEFAULT:
+            plan = _with_auto_key(plan)
+        return self._run(pp.body(body), plan)
 
     def call_llm_with_deadline(self, body: Body, deadline_ms: int = 180000,
                                **options: Any) -> Result:
@@ -584,6 +661,7 @@ class Client:
                   progress: Union[bool, Callable[[int, int, int], Any]] = False,
                   adaptive: bool = True,
                   on_result: Optional[Callable[[int, Any], Any]] = None,
+                  policy: Optional[str] = None,
                   **options: Any) -> BatchResult:
         """:func:`llmretry.call_many` with this client's engine and defaults."""
         _check_option_names(options, "call_many()")
@@ -597,14 +675,32 @@ class Client:
         adaptive = _bool("adaptive", adaptive)
         if call_deadline_ms is not DEFAULT:
             options["deadline_ms"] = call_deadline_ms
-        plan = self._plan.with_options(options.items()) if options else self._plan
         items = bodies if isinstance(bodies, (list, tuple)) else list(bodies)
-        encoded = [_encode_body(body) for body in items]
+        plan, sent = self._batch_plan(policy, options, items)
+        encoded = [_encode_body(body) for body in sent]
         batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
                              progress=progress, on_result=on_result,
                              logger=options.get("logger", self._defaults.get("logger", DEFAULT)),
                              parse_items=True)
         return self._run_batch(batch, encoded, plan, limit, batch_deadline, adaptive)
+
+    def _batch_plan(self, policy: Any, options: Dict[str, Any],
+                    items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
+        """The plan of a batch's calls and the bodies to send (the policy's
+        model filled in); ValueError for an unknown policy or one giving each
+        call its own idempotency key, which a batch cannot."""
+        if policy is None:
+            plan = self._plan.with_options(options.items()) if options else self._plan
+            return plan, items
+        pp = self._policy_plan(policy)
+        if pp.auto_key:
+            raise ValueError(f"policy {pp.policy.name!r} gives each call its own "
+                             f"idempotency key, which call_many cannot: use "
+                             f"map_with_concurrency with call_llm(policy=...)")
+        plan = pp.plan.with_options(options.items()) if options else pp.plan
+        if pp.model is not None:
+            items = [pp.body(body) for body in items]
+        return plan, items
 
     def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
                    plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
@@ -721,7 +817,8 @@ def call_llm(body: Body, *,
              ca_file: Optional[str] = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
-             client: Optional[Client] = None) -> Result:
+             client: Optional[Client] = None,
+             policy: Optional[str] = None) -> Result:
     """Call an OpenAI-compatible chat endpoint under the retry policy.
 
     ``body`` is a dict (sent as compact UTF-8 JSON; its ``"model"`` names the
@@ -758,6 +855,10 @@ def call_llm(body: Body, *,
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
       ``logging.Logger``/``LoggerAdapter``; or a callable given each event.
+    * ``policy``: the name of one of ``client``'s policies; its settings
+      apply where these keywords are left out (then the client's defaults,
+      then the built-in ones). Its name is in every event. An unknown name
+      raises ValueError before any I/O.
 
     Example::
 
@@ -776,6 +877,8 @@ def call_llm(body: Body, *,
               max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
               headers, request_id, idempotency_key, ca_file, validate, logger)
+    if policy is not None:
+        return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)
     return client._run(body, plan)
 
@@ -795,6 +898,7 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
               adaptive: bool = True,
               on_result: Optional[Callable[[int, Any], Any]] = None,
               client: Optional[Client] = None,
+              policy: Optional[str] = None,
               **options: Any) -> BatchResult:
     """One call per body, as one batch on the engine thread; in input order.
 
@@ -806,7 +910,10 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     Wrong arguments, bodies included, raise before any call starts.
 
     ``options`` are :func:`call_llm` keywords, applied to every call
-    (except ``request_id`` and ``idempotency_key``). The batch policy:
+    (except ``request_id`` and ``idempotency_key``); ``policy`` names one of
+    ``client``'s policies for every call (not one with
+    ``idempotency_key = "auto"``: use :func:`map_with_concurrency`). The
+    batch policy:
 
     * ``limit``: at most this many calls in flight. A 429 whose wait the
       server names (``Retry-After``, ``x-ratelimit-reset-*``) pauses every
@@ -853,7 +960,7 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     return _client_or_default(client).call_many(
         bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
         failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
-        on_result=on_result, **options)
+        on_result=on_result, policy=policy, **options)
 
 
 # ---------------------------------------------------------------------------

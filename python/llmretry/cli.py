@@ -25,6 +25,14 @@
 ``llmretry call "prompt" --model M [--system S] [--json]``
     One call; prints the reply's text (``--json``: the whole response).
 
+``--policies FILE --policy NAME`` (``batch`` and ``call``)
+    Every call runs under the named policy of FILE (``.toml`` or ``.json``,
+    see :mod:`llmretry._policies`); the other flags override it.
+
+``llmretry policies FILE``
+    Check a policies file and print each policy's resolved settings as JSON
+    (exit 0; an invalid file: the error on stderr, exit 2).
+
 The API key comes from ``$OPENAI_API_KEY`` only (a flag would show in
 ``ps``); the endpoint from ``--base-url``, else ``$OPENAI_BASE_URL``.
 """
@@ -44,6 +52,7 @@ from . import _batch
 from ._client import Client, Result, _encode_body
 from ._llmretry import VERSION
 from ._logging import jsonl_logger
+from ._policies import load_policies
 from .errors import LLMError
 
 __all__ = ["main"]
@@ -87,6 +96,11 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-delay-ms", type=_non_negative, help="backoff cap (default 30000)")
     p.add_argument("--jitter", choices=("additive", "full", "none"),
                    help="backoff jitter (default additive)")
+    p.add_argument("--policies", metavar="FILE",
+                   help="named policies (.toml or .json) for --policy")
+    p.add_argument("--policy", metavar="NAME",
+                   help="run every call under this policy of --policies; "
+                   "the other flags override it")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print each failed attempt, retry and give-up on stderr")
     p.add_argument("--events", metavar="PATH",
@@ -134,10 +148,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="budget for the call, all attempts included")
     _add_call_options(c)
     c.set_defaults(func=run_call)
+
+    p = sub.add_parser("policies", help="check a policies file and print its settings",
+                       description="Check a policies file (.toml or .json) and print "
+                       "each policy's resolved settings as JSON.")
+    p.add_argument("file", help="the policies file")
+    p.set_defaults(func=run_policies)
     return parser
 
 
+def _make_client(args: argparse.Namespace, logger: Any) -> Client:
+    """The command's client: the logger and the --policies file."""
+    if args.policy is not None and args.policies is None:
+        raise UsageError("--policy needs --policies FILE")
+    try:
+        return Client(logger=logger, policies=args.policies)
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.policies}: {exc.strerror}") from None
+
+
+def run_policies(args: argparse.Namespace) -> int:
+    """``llmretry policies FILE``: returns the exit status."""
+    try:
+        policies = load_policies(args.file)
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+    resolved = {name: pol.resolved() for name, pol in policies.items()}
+    sys.stdout.write(json.dumps(resolved, ensure_ascii=False, indent=2) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def _client_defaults(args: argparse.Namespace) -> Dict[str, Any]:
+    """The call flags given, as call options (they override a policy)."""
     out: Dict[str, Any] = {}
     for name in ("base_url", "timeout_ms", "max_retries", "base_delay_ms",
                  "max_delay_ms", "jitter"):
@@ -386,12 +429,12 @@ def run_batch(args: argparse.Namespace) -> int:
     interrupts = _Interrupts()
     try:
         logger = _logger(args, write, opened)
-        client = Client(logger=logger, **_client_defaults(args))
-        options: Dict[str, Any] = {}
+        client = _make_client(args, logger)
+        options = _client_defaults(args)
         if args.call_deadline_ms is not None:
             options["deadline_ms"] = args.call_deadline_ms
-        plan = client._plan.with_options(options.items())
-        encoded = [_encode_body(body) for body in bodies]
+        plan, sent = client._batch_plan(args.policy, options, bodies)
+        encoded = [_encode_body(body) for body in sent]
         results = _ResultsFile(output, kept)
         batch = _CliBatch(bodies, failures_path=args.failures,
                           resume=args.resume and args.failures is not None,
@@ -449,9 +492,12 @@ def run_call(args: argparse.Namespace) -> int:
     opened: List[TextIO] = []
     try:
         logger = _logger(args, _stderr_line, opened)
-        with Client(logger=logger, **_client_defaults(args)) as client:
+        options = _client_defaults(args)
+        if args.deadline_ms is not None:
+            options["deadline_ms"] = args.deadline_ms
+        with _make_client(args, logger) as client:
             try:
-                data, _meta = client.call_llm(body, deadline_ms=args.deadline_ms)
+                data, _meta = client.call_llm(body, policy=args.policy, **options)
             except LLMError as exc:
                 sys.stderr.write(f"{PROG}: {exc.kind}: {exc}\n")
                 return 1
