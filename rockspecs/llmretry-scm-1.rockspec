@@ -70,5 +70,6 @@ build = {
       llmretry = "lua/llmretry/init.lua",
       ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
+      ["llmretry.policies"] = "lua/llmretry/policies.lua",
    },
 }

@@ -286,7 +286,7 @@ local pool_error_mt = {
   end,
 }
 
-function M.map_with_concurrency(items, limit, worker, opts)
+local function map_impl(items, limit, worker, opts, pool_policy)
   if type(items) ~= "table" then argerror(2, "items", "a table (array)", items) end
   if not is_integer(limit) or limit < 1 then
     if type(limit) == "number" then
@@ -321,7 +321,7 @@ function M.map_with_concurrency(items, limit, worker, opts)
 
   local owned = opts.engine == nil
   local engine = opts.engine or core.new_engine()
-  local pool = { engine = engine, logger = logger or nil }
+  local pool = { engine = engine, logger = logger or nil, policy = pool_policy }
   local watch = {}          -- handle -> resume function
   local ready = {}          -- coroutines that yielded something else: resume next turn
   local index_of = {}       -- coroutine -> item index
@@ -395,6 +395,12 @@ function M.map_with_concurrency(items, limit, worker, opts)
   return results, errors
 end
 
+-- (Tail calls: the argument errors of map_impl point at our caller.)
+function M.map_with_concurrency(items, limit, worker, opts)
+  return map_impl(items, limit, worker, opts, nil)
+end
+M._map_with_concurrency = map_impl
+
 -- ---------------------------------------------------------------------------
 -- call_many: every body as one batch on the engine thread (an engine group),
 -- no coroutines. The group paces the batch: at most `limit` items run at
@@ -402,7 +408,7 @@ end
 -- (opts.adaptive, default true), and opts.deadline_ms bounds the WHOLE batch
 -- (items not started in time fail with deadline_exceeded; a per-call
 -- deadline is opts.call_deadline_ms), as in Python's call_many.
-function M.call_many(bodies, opts)
+local function call_many_impl(bodies, opts, new_key)
   if type(bodies) ~= "table" then argerror(2, "bodies", "a table (array)", bodies) end
   if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
   opts = opts or {}
@@ -471,6 +477,8 @@ function M.call_many(bodies, opts)
       s.body = payloads[i]
       s.group = group
       if s.model == nil then s.model = models[i] end
+      -- A policy's idempotency_key = "auto": a fresh key per item.
+      if new_key then s.idempotency_key = new_key() end
       -- Each call has its own logger state (one stderr report per call).
       local c = { logger = ctx.logger, validate = ctx.validate, reported = false }
       local h = engine:submit(s)
@@ -504,6 +512,217 @@ function M.call_many(bodies, opts)
     error(perr, 0)
   end
   return outs
+end
+
+function M.call_many(bodies, opts)
+  return call_many_impl(bodies, opts, nil)
+end
+M._call_many = call_many_impl
+
+-- ---------------------------------------------------------------------------
+-- Named policies (issue 9) and clients.
+--
+-- llm.load_policies(source): a table (name -> settings) or the path of a
+-- policies .json file, checked now (unknown keys, wrong types, out-of-range
+-- values raise, naming the file, the policy and the key).
+-- llm.client{ policies = ..., <default call options> }: call_llm, call_many
+-- and map_with_concurrency with opts.policy = NAME. For one call: explicit
+-- options > the named policy > the client's defaults > built-in defaults.
+
+local policies_mod = require("llmretry.policies")
+
+function M.load_policies(source)
+  local ok, p = pcall(policies_mod.load, source)
+  if not ok then error(p, 2) end
+  return p
+end
+
+-- A fresh random idempotency key (a UUID v4): /dev/urandom when there is
+-- one, else math.random seeded once from the clock and an address.
+local urandom_ok = true
+local seeded = false
+local function random_bytes(n)
+  if urandom_ok then
+    local f = io.open("/dev/urandom", "rb")
+    if f then
+      local b = f:read(n)
+      f:close()
+      if b and #b == n then return b end
+    end
+    urandom_ok = false
+  end
+  if not seeded then
+    seeded = true
+    math.randomseed(os.time() + (tonumber(tostring({}):match("0x(%x+)") or "0", 16) or 0) % 1e9)
+  end
+  local t = {}
+  for i = 1, n do t[i] = string.char(math.random(0, 255)) end
+  return table.concat(t)
+end
+
+local function new_idempotency_key()
+  local b = { random_bytes(16):byte(1, 16) }
+  b[7] = b[7] % 16 + 64   -- version 4
+  b[9] = b[9] % 64 + 128  -- RFC 4122 variant
+  local hex = {}
+  for i = 1, 16 do hex[i] = string.format("%02x", b[i]) end
+  local h = table.concat(hex)
+  return h:sub(1, 8) .. "-" .. h:sub(9, 12) .. "-" .. h:sub(13, 16) .. "-" .. h:sub(17, 20)
+    .. "-" .. h:sub(21, 32)
+end
+M._new_idempotency_key = new_idempotency_key
+
+local Client = {}
+Client.__index = Client
+Client.__name = "llmretry.client"
+
+function M.client(opts)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
+  local pols = opts.policies
+  if pols == nil then
+    pols = policies_mod.load({})
+  else
+    local ok, p = pcall(policies_mod.load, pols)
+    if not ok then error(p, 2) end
+    pols = p
+  end
+  local defaults = {}
+  for k, v in pairs(opts) do
+    if k ~= "policies" and k ~= "policy" then defaults[k] = v end
+  end
+  local self = setmetatable({ policies = pols, defaults = defaults }, Client)
+  if opts.policy ~= nil then
+    if type(opts.policy) ~= "string" or not pols:get(opts.policy) then
+      error(pols:unknown(opts.policy), 2)
+    end
+    self.default_policy = opts.policy
+  end
+  return self
+end
+
+-- The settings of the policy `name` (nil: none), or raise naming it.
+local function policy_of(self, name, level)
+  if name == nil then return nil end
+  if type(name) ~= "string" then
+    argerror(level + 1, "policy", "a policy name (a string) or nil", name)
+  end
+  local p = self.policies:get(name)
+  if not p then error(self.policies:unknown(name), level + 1) end
+  return p
+end
+
+-- The options of one call (or of a call_many batch: `many`): explicit >
+-- policy > client defaults. Returns the merged options and whether each call
+-- needs a fresh idempotency key.
+local function resolve(self, opts, level, many, pool_policy)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
+  local name = opts.policy
+  if name == nil then name = pool_policy end
+  if name == nil then name = self.default_policy end
+  local p = policy_of(self, name, level + 1)
+  local out = {}
+  for k, v in pairs(self.defaults) do out[k] = v end
+  if many and out.deadline_ms ~= nil then
+    -- A client's deadline_ms is per call; call_many's is the whole batch's.
+    out.call_deadline_ms, out.deadline_ms = out.deadline_ms, nil
+  end
+  local explicit_url = opts.url ~= nil or opts.base_url ~= nil
+  local model
+  if p then
+    for k, v in pairs(p) do
+      if k == "model" then
+        model = v
+      elseif k == "idempotency_key" then
+        -- "auto": a fresh key per call, below
+      elseif k == "base_url" then
+        if not explicit_url then out.url = nil; out.base_url = v end
+      elseif k == "deadline_ms" and many then
+        out.call_deadline_ms = v
+      else
+        out[k] = v
+      end
+    end
+    out.policy = name
+  end
+  for k, v in pairs(opts) do
+    if k ~= "policy" then out[k] = v end
+  end
+  if explicit_url then
+    if opts.url == nil then out.url = nil end
+    if opts.base_url == nil then out.base_url = nil end
+  end
+  local auto = p ~= nil and p.idempotency_key == "auto" and opts.idempotency_key == nil
+  return out, auto, model
+end
+
+-- A body with `model` filled in when it is a table without one.
+local function with_model(body, model)
+  if model == nil or type(body) ~= "table" or body.model ~= nil then return body end
+  local b = {}
+  for k, v in pairs(body) do b[k] = v end
+  local mt = getmetatable(body)
+  if mt then setmetatable(b, mt) end
+  b.model = model
+  return b
+end
+
+function Client:call_llm(opts)
+  if getmetatable(self) ~= Client then
+    error("llmretry: call client:call_llm(opts) with a colon", 2)
+  end
+  local co = co_running()
+  local pool = co and pool_of[co] or nil
+  local o, auto, model = resolve(self, opts, 2, false, pool and pool.policy or nil)
+  if auto then o.idempotency_key = new_idempotency_key() end
+  o.body = with_model(o.body, model)
+  return M.call_llm(o)
+end
+
+function Client:call_many(bodies, opts)
+  if getmetatable(self) ~= Client then
+    error("llmretry: call client:call_many(bodies, opts) with a colon", 2)
+  end
+  local o, auto, model = resolve(self, opts, 2, true)
+  if type(bodies) == "table" and model ~= nil then
+    local bs = {}
+    for i = 1, #bodies do bs[i] = with_model(bodies[i], model) end
+    bodies = bs
+  end
+  return M._call_many(bodies, o, auto and new_idempotency_key or nil)
+end
+
+function Client:map_with_concurrency(items, limit, worker, opts)
+  if getmetatable(self) ~= Client then
+    error("llmretry: call client:map_with_concurrency(...) with a colon", 2)
+  end
+  local name
+  if opts ~= nil and type(opts) == "table" and opts.policy ~= nil then
+    policy_of(self, opts.policy, 2)
+    name = opts.policy
+    local o = {}
+    for k, v in pairs(opts) do if k ~= "policy" then o[k] = v end end
+    opts = o
+  end
+  if opts == nil or type(opts) == "table" then
+    local o = {}
+    for k, v in pairs(opts or {}) do o[k] = v end
+    if o.logger == nil then o.logger = self.defaults.logger end
+    if o.engine == nil then o.engine = self.defaults.engine end
+    opts = o
+  end
+  return M._map_with_concurrency(items, limit, worker, opts, name)
+end
+
+-- name -> the 14 resolved settings of each policy of this client (over its
+-- defaults).
+function Client:resolved()
+  return self.policies:resolved(self.defaults)
+end
+
+function Client:names()
+  return self.policies:names()
 end
 
 -- ---------------------------------------------------------------------------
