@@ -605,7 +605,7 @@ static PyObject *pop_kw(PyObject *kw, const char *name, PyObject *dflt)
 }
 
 typedef struct {
-    PyObject *bodies, *models;      /* sequences (PySequence_Fast) */
+    PyObject *bodies, *models, *keys; /* sequences (PySequence_Fast); models, keys optional */
     Py_ssize_t n;
     llmretry_call **calls;          /* by index; NULL when not submitted or freed */
 } batch;
@@ -638,6 +638,13 @@ static int batch_check(batch *b)
             PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", i,
                          Py_TYPE(body)->tp_name);
             return -1;
+        }
+        if (b->keys) {
+            PyObject *key = PySequence_Fast_GET_ITEM(b->keys, i);
+            if (key != Py_None && !PyUnicode_Check(key)) {
+                PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", i);
+                return -1;
+            }
         }
         if (b->models) {
             PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
@@ -676,6 +683,12 @@ static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ss
         if (m != Py_None && !(o->model = PyUnicode_AsUTF8(m)))
             return -1;
     }
+    o->idempotency_key = NULL;
+    if (b->keys) {
+        PyObject *key = PySequence_Fast_GET_ITEM(b->keys, i);
+        if (key != Py_None && !(o->idempotency_key = PyUnicode_AsUTF8(key)))
+            return -1;
+    }
     o->user_data = (void *)(intptr_t)i;
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_status st = LLMRETRY_ESTATE;
@@ -703,11 +716,12 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
     if (!kw)
         return NULL;
     PyObject *models_arg = pop_kw(kw, "models", Py_None);
+    PyObject *keys_arg = pop_kw(kw, "idempotency_keys", Py_None);
     PyObject *limit_arg = pop_kw(kw, "limit", NULL);
     PyObject *deadline_arg = pop_kw(kw, "batch_deadline_ms", Py_None);
     PyObject *adaptive_arg = pop_kw(kw, "adaptive", Py_True);
     PyObject *on_result = pop_kw(kw, "on_result", Py_None);
-    batch b = { NULL, NULL, 0, NULL };
+    batch b = { NULL, NULL, NULL, 0, NULL };
     call_args a;
     memset(&a, 0, sizeof a);
     PyObject *on_event = Py_None, *validate = Py_None, *results = NULL, *out = NULL;
@@ -756,6 +770,15 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
             goto done;
         if (PySequence_Fast_GET_SIZE(b.models) != b.n) {
             PyErr_SetString(PyExc_ValueError, "models must be as long as bodies");
+            goto done;
+        }
+    }
+    if (keys_arg != Py_None) {
+        /* One key per item: each item is its own call (all its attempts). */
+        if (!(b.keys = PySequence_Fast(keys_arg, "idempotency_keys must be a sequence")))
+            goto done;
+        if (PySequence_Fast_GET_SIZE(b.keys) != b.n) {
+            PyErr_SetString(PyExc_ValueError, "idempotency_keys must be as long as bodies");
             goto done;
         }
     }
@@ -830,6 +853,7 @@ done:
     Py_XDECREF(results);
     Py_XDECREF(b.bodies);
     Py_XDECREF(b.models);
+    Py_XDECREF(b.keys);
     Py_DECREF(kw);
     return out;
 }

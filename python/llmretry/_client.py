@@ -345,13 +345,16 @@ class _Plan:
     (for logging loggers) tells at call time which events the logger keeps.
     """
 
-    __slots__ = ("kwargs", "validate", "event_mask")
+    __slots__ = ("kwargs", "validate", "event_mask", "auto_key")
 
     def __init__(self, kwargs: Dict[str, Any], validate: Optional[Validate],
-                 event_mask: Optional[Callable[[], int]] = None) -> None:
+                 event_mask: Optional[Callable[[], int]] = None,
+                 auto_key: bool = False) -> None:
         self.kwargs = kwargs
         self.validate = validate
         self.event_mask = event_mask
+        # A batch gives each item its own idempotency key (policy "auto").
+        self.auto_key = auto_key
 
     def with_options(self, options: Iterable[Tuple[str, Any]]) -> "_Plan":
         """A new plan: this one with ``options`` (public names) applied."""
@@ -687,17 +690,14 @@ class Client:
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
         """The plan of a batch's calls and the bodies to send (the policy's
-        model filled in); ValueError for an unknown policy or one giving each
-        call its own idempotency key, which a batch cannot."""
+        model filled in); ValueError for an unknown policy."""
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             return plan, items
         pp = self._policy_plan(policy)
-        if pp.auto_key:
-            raise ValueError(f"policy {pp.policy.name!r} gives each call its own "
-                             f"idempotency key, which call_many cannot: use "
-                             f"map_with_concurrency with call_llm(policy=...)")
         plan = pp.plan.with_options(options.items()) if options else pp.plan
+        if pp.auto_key and "idempotency_key" not in options:
+            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
         if pp.model is not None:
             items = [pp.body(body) for body in items]
         return plan, items
@@ -724,6 +724,8 @@ class Client:
                 validator = None
                 if plan.validate is not None:
                     validator = extra["validate"] = _Validator(plan.validate)
+                if plan.auto_key:
+                    extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
 
                 def item_done(k: int, out: Dict[str, Any]) -> None:
                     value = _value_of(out, validator)
@@ -911,9 +913,9 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
 
     ``options`` are :func:`call_llm` keywords, applied to every call
     (except ``request_id`` and ``idempotency_key``); ``policy`` names one of
-    ``client``'s policies for every call (not one with
-    ``idempotency_key = "auto"``: use :func:`map_with_concurrency`). The
-    batch policy:
+    ``client``'s policies for every call (with ``idempotency_key = "auto"``
+    each item gets its own key, the same on all its attempts). The batch
+    policy:
 
     * ``limit``: at most this many calls in flight. A 429 whose wait the
       server names (``Retry-After``, ``x-ratelimit-reset-*``) pauses every

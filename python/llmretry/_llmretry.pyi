@@ -102,6 +102,7 @@ class Engine:
         bodies: Sequence[bytes],
         *,
         models: Optional[Sequence[Optional[str]]] = None,
+        idempotency_keys: Optional[Sequence[Optional[str]]] = None,
         limit: int = 8,
         batch_deadline_ms: Optional[int] = None,
         adaptive: bool = True,
@@ -111,7 +112,8 @@ class Engine:
         """Run one call per body as one batch on the engine thread.
 
         ``options`` are those of ``call`` (``request_id`` and
-        ``idempotency_key`` are refused: a batch cannot share them). The
+        ``idempotency_key`` are refused: a batch cannot share them; give
+        ``idempotency_keys``, one per body, instead). The
         batch is an engine group: at most ``limit`` items run at once, a
         429 naming a wait pauses every new start for that long, with
         ``adaptive`` the window halves on a burst of 429s and grows back on

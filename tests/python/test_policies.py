@@ -282,10 +282,28 @@ def test_call_many_and_map_with_concurrency(scen: Scenario) -> None:
             bodies, 2, lambda b, i: c.call_llm(b, policy="p", logger=ev2), logger=None)
         assert all(isinstance(r, llmretry.Result) for r in res)
         assert {e["policy"] for e in ev2.events} == {"p"}
-        # A batch cannot give each call its own idempotency key.
-    with llmretry.Client(policies={"u": {"idempotency_key": "auto"}}) as c:
-        with pytest.raises(ValueError, match="map_with_concurrency"):
-            c.call_many(bodies, policy="u")
+
+
+
+def test_call_many_gives_each_item_its_own_idempotency_key(scen: Scenario) -> None:
+    """Policy "auto" in a batch: one key per item, the same on its retries."""
+    scen.script([{"status": 503}], after={})
+    pols = {"u": {"idempotency_key": "auto", **QUICK}}
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": f"SECRET-PROMPT-{i}"}]}
+              for i in range(4)]
+    with llmretry.Client(policies=pols, api_key=SECRET_KEY, base_url=scen.url) as c:
+        out = c.call_many(bodies, 2, policy="u", logger=None)
+    assert out.summary.ok == 4
+    recs = scen.requests()
+    assert len(recs) == 5                       # one item was retried once
+    by_call: Dict[str, set] = {}
+    for r in recs:
+        by_call.setdefault(r["headers"]["x-client-request-id"], set()).add(
+            r["headers"].get("idempotency-key"))
+    assert len(by_call) == 4
+    keys = [next(iter(ks)) for ks in by_call.values()]
+    assert all(len(ks) == 1 for ks in by_call.values()), "a retry changed its key"
+    assert None not in keys and len(set(keys)) == 4, "items shared a key"
 
 
 # ---------------------------------------------------------------------------
@@ -351,6 +369,10 @@ def test_cli_batch_with_policy(scen: Scenario, capsys: pytest.CaptureFixture[str
     assert len(started_evs) == 3 and {e["timeout_ms"] for e in started_evs} == {5000}
     assert {e["policy"] for e in evs if e["event"].startswith("llm_request")} == {"autocomplete"}
     assert [r["ok"] for r in (json.loads(x) for x in res.read_text().splitlines())] == [True] * 3
+    # The unsafe policy: each request its own Idempotency-Key.
+    seen = len(scen.requests())
     code = cli.main(["batch", str(req), "-o", str(res), "--base-url", scen.url,
                      "--policies", str(EXAMPLES / "policies.toml"), "--policy", "unsafe"])
-    assert code == 2 and "idempotency" in capsys.readouterr()[1]
+    assert code == 0, capsys.readouterr()
+    keys = [r["headers"].get("idempotency-key") for r in scen.requests()[seen:]]
+    assert len(keys) == 3 and None not in keys and len(set(keys)) == 3
