@@ -68,6 +68,7 @@ build = {
          defines = { "_GNU_SOURCE" },
       },
       llmretry = "lua/llmretry/init.lua",
+      ["llmretry.args"] = "lua/llmretry/args.lua",
       ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",

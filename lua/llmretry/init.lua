@@ -62,31 +62,13 @@ end
 -- ---------------------------------------------------------------------------
 -- Argument checks: programming errors raise at once, naming the argument.
 
-local function typename(v)
-  local t = type(v)
-  if t == "userdata" and v == core.null then return "null" end
-  return t
-end
-
-local function argerror(level, name, want, got)
-  error(string.format("llmretry: %s must be %s (got %s)", name, want, typename(got)), level + 1)
-end
-
-local function is_callable(v)
-  if type(v) == "function" then return true end
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__call")) == "function"
-end
+local args = require("llmretry.args")
+local typename, argerror, is_callable, is_integer =
+  args.typename, args.argerror, args.is_callable, args.is_integer
 
 local function is_engine(v)
   local mt = getmetatable(v)
   return type(v) == "userdata" and type(mt) == "table" and rawget(mt, "__name") == "llmretry.engine"
-end
-
-local function is_integer(v)
-  if type(v) ~= "number" then return false end
-  if math.type then return math.type(v) == "integer" or (v == math.floor(v) and v == v) end
-  return v == math.floor(v) and v == v and v ~= math.huge and v ~= -math.huge
 end
 
 -- Options of call_llm (and call_many, map_with_concurrency) that are Lua's,

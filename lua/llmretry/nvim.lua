@@ -58,25 +58,9 @@ M.error_mt = core.error_mt
 -- ---------------------------------------------------------------------------
 -- Argument checks (the same wording as llmretry's).
 
-local function typename(v)
-  local t = type(v)
-  if t == "userdata" and v == core.null then return "null" end
-  return t
-end
-
-local function argerror(level, name, want, got)
-  error(string.format("llmretry: %s must be %s (got %s)", name, want, typename(got)), level + 1)
-end
-
-local function is_callable(v)
-  if type(v) == "function" then return true end
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__call")) == "function"
-end
-
-local function is_integer(v)
-  return type(v) == "number" and v == math.floor(v) and v ~= math.huge and v ~= -math.huge
-end
+local args = require("llmretry.args")
+local typename, argerror, is_callable, is_integer =
+  args.typename, args.argerror, args.is_callable, args.is_integer
 
 -- ---------------------------------------------------------------------------
 -- The session's engine and the poll handle on its fd.

@@ -9,6 +9,8 @@
 --   llmretry: policies.json: policy 'fast': timeout_ms must be an integer (got string)
 
 local core = require("llmretry.core")
+local args = require("llmretry.args")
+local typename, is_integer = args.typename, args.is_integer
 
 local type, pairs, ipairs, tostring, error, pcall, next = type, pairs, ipairs, tostring, error,
   pcall, next
@@ -30,17 +32,6 @@ M.BUILTIN = {
   retry_statuses = null, max_retry_after_ms = 120000, retry_invalid_response = true,
   max_response_bytes = 32 * 1024 * 1024, idempotency_key = null,
 }
-
-local function typename(v)
-  if v == null then return "null" end
-  return type(v)
-end
-
-local function is_integer(v)
-  if type(v) ~= "number" then return false end
-  if math.type and math.type(v) == "integer" then return true end
-  return v == math.floor(v) and v ~= math.huge and v ~= -math.huge
-end
 
 local function to_int(v)
   if math.tointeger then return math.tointeger(v) or v end
