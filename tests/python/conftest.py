@@ -25,7 +25,9 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON_DIR = ROOT / "python"
+# LLMRETRY_PYTHON_DIR: another tree holding the package (tools/check.sh points
+# it at a copy whose extension is built with ASan+UBSan); children get it too.
+PYTHON_DIR = Path(os.environ.get("LLMRETRY_PYTHON_DIR") or ROOT / "python")
 if str(PYTHON_DIR) not in sys.path:  # `pytest tests/python` without PYTHONPATH
     sys.path.insert(0, str(PYTHON_DIR))
 

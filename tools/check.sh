@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Hardening checks beyond `make test`: the Python and Lua suites against
+# bindings built with ASan+UBSan, in trees of their own under build-check/
+# (the regular builds, python/llmretry/*.so and build-lua/, are not touched).
+#
+#   1. Python: the extension rebuilt with -fsanitize=address,undefined into a
+#      copy of python/ (build-check/python), then tests/python with libasan
+#      preloaded into the interpreter (LLMRETRY_PYTHON_DIR points the suite
+#      and its child processes at that copy; see tests/python/conftest.py).
+#   2. Lua: the module rebuilt with the same flags by luarocks into
+#      build-check/lua/{5.4,5.1}, then tests/lua with busted under lua5.4 and
+#      luajit, libasan preloaded (tests/lua/helpers.lua starts the mock and
+#      curl without it).
+# The C integration tests under valgrind are in `make test` (test-c-valgrind).
+#
+# Leak detection: off for CPython (it does not free everything at exit, by
+# design); on for lua5.4 and luajit, which close their state and pass clean.
+# UBSan halts on the first error; ASan aborts.
+#
+# Prerequisites: what `make test` needs (tools/ensure-deps.sh, tools/lua-test.sh
+# install them); run `make test` once first, or at least `make build-python`
+# (the Lua suite's mock server imports python/llmretry).
+#
+# tools/check.sh [python|lua]...   (default: both). Fails when any part fails.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(python lua)
+for p in "${parts[@]}"; do
+  case "$p" in python|lua) ;; *) echo "usage: tools/check.sh [python|lua]..." >&2; exit 2 ;; esac
+done
+
+out="$repo/build-check"
+mkdir -p "$out"
+SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"
+libasan="$(gcc -print-file-name=libasan.so)"
+[ -f "$libasan" ] || { echo "check: libasan.so not found (gcc $libasan)" >&2; exit 1; }
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+unset OPENAI_API_KEY OPENAI_BASE_URL
+
+elapsed() { echo $(( $(date +%s) - $1 ))s; }
+failed=()
+
+check_python() {
+  local t0; t0=$(date +%s)
+  local pydir="$out/python"
+  echo "check: building the Python extension with ASan+UBSan into $pydir"
+  # A copy of the pure-Python package; the sanitized extension goes next to it.
+  rm -rf "$pydir"
+  mkdir -p "$pydir/llmretry"
+  find python/llmretry -maxdepth 1 -type f ! -name '*.so' -exec cp {} "$pydir/llmretry/" \;
+  if ! CFLAGS="$SAN -O1 -g" LDFLAGS="-fsanitize=address,undefined" \
+       python3 setup.py -q build_ext -b "$pydir" -t "$out/python-tmp" --force \
+       >"$out/python-build.log" 2>&1; then
+    cat "$out/python-build.log" >&2
+    echo "check: building the sanitized Python extension failed" >&2
+    return 1
+  fi
+  local so
+  so=$(ls "$pydir"/llmretry/_llmretry*.so)
+  ldd "$so" | grep -q libasan || { echo "check: $so is not linked with libasan" >&2; return 1; }
+  local loaded
+  loaded=$(cd /tmp && PYTHONPATH="$pydir" PYTHONMALLOC=malloc LD_PRELOAD="$libasan" \
+    ASAN_OPTIONS="detect_leaks=0" \
+    python3 -c 'import llmretry._llmretry as m; print(m.__file__)')
+  [ "$loaded" = "$so" ] || { echo "check: imported $loaded, not $so" >&2; return 1; }
+  # Deselected: test_rss_flat_over_5000_calls measures the process's RSS, which
+  # under ASan holds freed blocks in quarantine (256 MiB by default) plus their
+  # shadow memory: it grew 75 MiB over 5000 calls in one run here and passed in
+  # another. Not a timing matter, and no assertion is loosened: the test runs
+  # in `make test` against the regular build.
+  echo "check: pytest tests/python under ASan+UBSan"
+  local status=0
+  LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONMALLOC=malloc \
+    PYTHONDONTWRITEBYTECODE=1 LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+    python3 -m pytest -q -p no:cacheprovider tests/python \
+    --deselect tests/python/test_leak.py::test_rss_flat_over_5000_calls || status=$?
+  echo "check: python part took $(elapsed "$t0") (exit $status)"
+  return $status
+}
+
+check_lua() {
+  local t0; t0=$(date +%s)
+  local rockspec=rockspecs/llmretry-scm-1.rockspec
+  # luarocks' builtin build leaves objects next to the sources and the module
+  # under ./llmretry/ (as in tools/lua-test.sh): clean them before and after.
+  clean_artefacts() {
+    rm -f bindings/lua/*.o core/src/*.o
+    rm -f llmretry/core.so
+    rmdir llmretry 2>/dev/null || true
+  }
+  clean_artefacts
+  local v status=0
+  for v in 5.4 5.1; do
+    local log="$out/lua-build-$v.log"
+    echo "check: building the Lua $v module with ASan+UBSan into build-check/lua/$v"
+    rm -rf "$out/lua/$v"
+    if ! luarocks --lua-version "$v" make --tree "$out/lua/$v" "$rockspec" \
+         CFLAGS="$SAN -O1 -g -fPIC" LIBFLAG="-shared -fsanitize=address,undefined" \
+         >"$log" 2>&1; then
+      clean_artefacts
+      cat "$log" >&2
+      echo "check: luarocks --lua-version $v make (sanitized) failed" >&2
+      return 1
+    fi
+    clean_artefacts
+    grep -q -- "-fsanitize=address,undefined" "$log" \
+      || { echo "check: the Lua $v build did not use the sanitizer flags ($log)" >&2; return 1; }
+  done
+  run_busted() { # interpreter abi
+    local lua="$1" v="$2" tree="$out/lua/$2"
+    local lpath="$tree/share/lua/$v/?.lua;$tree/share/lua/$v/?/init.lua;$repo/tests/lua/?.lua;;"
+    local cpath="$tree/lib/lua/$v/?.so;;"
+    echo "check: busted --lua=$lua under ASan+UBSan"
+    local t1; t1=$(date +%s)
+    local rc=0
+    LLMRETRY_REPO="$repo" PYTHONPATH="$repo/python" \
+      LUA_PATH="$lpath" LUA_CPATH="$cpath" LUA_PATH_5_4="$lpath" LUA_CPATH_5_4="$cpath" \
+      LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
+      busted --lua="$lua" --pattern=_spec "$repo/tests/lua" || rc=$?
+    echo "check: busted --lua=$lua took $(elapsed "$t1") (exit $rc)"
+    return $rc
+  }
+  run_busted lua5.4 5.4 || status=1
+  run_busted luajit 5.1 || status=1
+  echo "check: lua part took $(elapsed "$t0") (exit $status)"
+  return $status
+}
+
+for p in "${parts[@]}"; do
+  "check_$p" || failed+=("$p")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "check: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "check: all passed (${parts[*]})"
