@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench fuzz clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench fuzz check clean
 
 all: build
 
@@ -60,10 +60,15 @@ test-pip-install:
 demo: deps build build-python
 	tools/demo.sh $(BUILD)
 
+# The Python and Lua suites against ASan+UBSan builds of the bindings (about 2
+# minutes; after make test, which builds what it needs). Not yet in .ci/run.
+check:
+	tools/check.sh
+
 # libFuzzer runs of every parser that reads server data (SECONDS per target,
 # default 20); not part of make test.
 fuzz:
 	tools/fuzz.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-python build-lua python/llmretry/*.so
+	rm -rf $(BUILD) $(ASAN_BUILD) build-python build-lua build-check python/llmretry/*.so
