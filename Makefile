@@ -61,7 +61,7 @@ demo: deps build build-python
 	tools/demo.sh $(BUILD)
 
 # The Python and Lua suites against ASan+UBSan builds of the bindings (about 2
-# minutes; after make test, which builds what it needs). Not yet in .ci/run.
+# minutes; after make test, which builds what it needs). .ci/run runs it.
 check:
 	tools/check.sh
 
