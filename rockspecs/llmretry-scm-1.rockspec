@@ -69,6 +69,7 @@ build = {
       },
       llmretry = "lua/llmretry/init.lua",
       ["llmretry.args"] = "lua/llmretry/args.lua",
+      ["llmretry.verdict"] = "lua/llmretry/verdict.lua",
       ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",

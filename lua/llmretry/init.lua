@@ -126,25 +126,7 @@ local function report_logger_error(ev, e, ctx)
   end
 end
 
-local function validate_body(ctx, body)
-  local data, derr = core.decode(body)
-  if data == nil then
-    return false, "the body is not valid JSON: " .. tostring(derr)
-  end
-  local ok, verdict, msg = pcall(ctx.validate, data)
-  if not ok then
-    local m = verdict
-    if type(m) ~= "string" then m = tostring(m) end
-    return false, m ~= "" and m or "validate raised"
-  end
-  if verdict == false then
-    return false, msg ~= nil and tostring(msg) or "validate returned false"
-  end
-  if verdict == nil and msg ~= nil then
-    return false, tostring(msg)
-  end
-  return true
-end
+local verdict_of = require("llmretry.verdict").of
 
 -- Take every item now in h's mailbox. True once the call is done.
 local function drain(h, ctx)
@@ -162,7 +144,7 @@ local function drain(h, ctx)
       end
     elseif kind == "validate" then
       if ctx.validate then
-        local ok, msg = validate_body(ctx, value)
+        local ok, msg = verdict_of(ctx.validate, value)
         h:validated(ok, msg)
       else
         h:validated(true)

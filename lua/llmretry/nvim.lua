@@ -130,25 +130,7 @@ end
 -- ---------------------------------------------------------------------------
 -- Delivering a call's news on the main loop.
 
-local function validate_body(validate, body)
-  local data, derr = core.decode(body)
-  if data == nil then
-    return false, "the body is not valid JSON: " .. tostring(derr)
-  end
-  local ok, verdict, msg = pcall(validate, data)
-  if not ok then
-    local m = verdict
-    if type(m) ~= "string" then m = tostring(m) end
-    return false, m ~= "" and m or "validate raised"
-  end
-  if verdict == false then
-    return false, msg ~= nil and tostring(msg) or "validate returned false"
-  end
-  if verdict == nil and msg ~= nil then
-    return false, tostring(msg)
-  end
-  return true
-end
+local verdict_of = require("llmretry.verdict").of
 
 -- Runs in a scheduled callback: items in the order the engine produced them.
 local function deliver(rec, batch)
@@ -166,7 +148,7 @@ local function deliver(rec, batch)
       end
     elseif kind == "validate" then
       local ok, msg = true, nil
-      if rec.validate then ok, msg = validate_body(rec.validate, item[2]) end
+      if rec.validate then ok, msg = verdict_of(rec.validate, item[2]) end
       -- A call cancelled meanwhile no longer waits for the verdict.
       if rec.h then pcall(rec.h.validated, rec.h, ok, msg) end
     elseif kind == "done" then
