@@ -471,16 +471,8 @@ typedef struct {
 static int route_event(event_route *rt, llmretry_event *ev)
 {
     llmretry_event_type t = llmretry_event_type_of(ev);
-    if (rt->pool) {
-        if (t == LLMRETRY_EV_REQUEST_FAILED) {
-            llmretry_field f;
-            size_t n = llmretry_event_field_count(ev);
-            for (size_t i = 0; i < n; i++)
-                if (llmretry_event_field(ev, i, &f) == 0 && strcmp(f.name, "status") == 0)
-                    rt->last_status = f.type == LLMRETRY_FIELD_INT ? (int)f.i : 0;
-        }
-        lr_pool_observe(rt->pool, ev, rt->last_status);
-    }
+    if (rt->pool)
+        lr_pool_observe(rt->pool, ev, &rt->last_status);
     if (rt->on_event == Py_None || !(rt->mask & (1u << t))) {
         llmretry_event_free(ev);
         return 0;
@@ -669,12 +661,7 @@ static int batch_check(batch *b)
 /* Submit item i of the batch; 0, or -1 with a Python error set. */
 static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t i)
 {
-    PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);
-    if (!PyBytes_Check(body)) {
-        PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", i,
-                     Py_TYPE(body)->tp_name);
-        return -1;
-    }
+    PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);   /* bytes: batch_check */
     o->body = PyBytes_AS_STRING(body);
     o->body_len = (size_t)PyBytes_GET_SIZE(body);
     o->model = NULL;

@@ -96,7 +96,7 @@ static const char *field_str(const llmretry_event *ev, const char *name)
     return NULL;
 }
 
-void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int last_status)
+void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int *last_status)
 {
     llmretry_event_type t = llmretry_event_type_of(ev);
     int64_t now = mono_ms();
@@ -107,10 +107,12 @@ void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int last_status)
         /* A retry after a 429 with a server-named wait pauses the pool (the
          * 429 itself was counted by its llm_request_failed). */
         const char *src = field_str(ev, "delay_source");
-        if (last_status == 429 && src && strcmp(src, "backoff") != 0)
+        if (*last_status == 429 && src && strcmp(src, "backoff") != 0)
             llmretry_pacer_on_429(&p->pacer, now, field_int(ev, "delay_ms"));
-    } else if (t == LLMRETRY_EV_REQUEST_FAILED && field_int(ev, "status") == 429) {
-        llmretry_pacer_on_429(&p->pacer, now, -1);
+    } else if (t == LLMRETRY_EV_REQUEST_FAILED) {
+        *last_status = (int)field_int(ev, "status");
+        if (*last_status == 429)
+            llmretry_pacer_on_429(&p->pacer, now, -1);
     }
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);

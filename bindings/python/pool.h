@@ -42,8 +42,8 @@ int64_t lr_pool_deadline_left(lr_pool *p);
                         (1u << LLMRETRY_EV_REQUEST_SUCCEEDED) | \
                         (1u << LLMRETRY_EV_REQUEST_GAVE_UP))
 /* Tell the pool's pacer about an event of a call made in a worker;
- * last_status is the status of the call's last llm_request_failed. */
-void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int last_status);
+ * *last_status keeps, per call, the status of its last llm_request_failed. */
+void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int *last_status);
 
 PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw);
 
