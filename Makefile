@@ -65,6 +65,13 @@ demo: deps build build-python
 check:
 	tools/check.sh
 
+# The benchmark suite (issue 7): every client of bench/clients/clients.json
+# against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
+# minutes; installs what it needs (apt-get, pip); not part of make test.
+bench: deps
+	$(PYTHON) bench/suite/run.py
+	$(PYTHON) bench/suite/report.py
+
 # libFuzzer runs of every parser that reads server data (SECONDS per target,
 # default 20); not part of make test.
 fuzz:
