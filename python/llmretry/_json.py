@@ -37,7 +37,7 @@ def extract_json(text: Union[str, bytes]) -> Any:
         raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
     try:
         found = _llmretry.extract_json(text)
-    except UnicodeError as exc:
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
         # Said without the text itself: model output may hold the prompt.
         raise ValueError(f"text is not valid UTF-8 at position {exc.start}: "
                          f"{exc.reason}") from None

@@ -22,7 +22,6 @@ import functools
 import io
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -649,6 +648,9 @@ def run_cli(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> Tuple[in
     (["--base-url", "ftp://127.0.0.1/v1"], "base_url"),
     (["--base-url", SECRET_KEY], "base_url"),
     (["--bogus"], "--bogus"),
+    (["--api-key", SECRET_KEY], "OPENAI_API_KEY"),
+    ([f"--api-key={SECRET_KEY}"], "OPENAI_API_KEY"),
+    (["--limit", SECRET_KEY], "--limit"),
     (["--failures", "SAME"], "different files"),
     (["--events", "/nonexistent/dir/e.jsonl"], "/nonexistent/dir/e.jsonl"),
 ])
