@@ -955,3 +955,21 @@ def test_cli_batch_reads_stdin(scen: Scenario, tmp_path: Path,
                             "--base-url", scen.url], capsys)
     assert code == 2 and "-:2: not UTF-8" in err, err
     assert scen.requests() == []
+
+
+@pytest.mark.xfail(strict=True, reason="bindings/python/_llmretry.c Engine_call_many reads "
+                   "limit with (int)PyLong_AsLong: 2**32 + 1 wraps to 1 (and 2**32 to 0); "
+                   "llmretry.call_many clamps it before the extension sees it")
+def test_extension_call_many_limit_does_not_wrap(scen: Scenario) -> None:
+    from llmretry import _llmretry
+    engine = _llmretry.Engine()
+    try:
+        try:
+            _outs, stats = engine.call_many([b'{"model": "m"}'] * 3, limit=2 ** 32 + 1,
+                                            base_url=scen.url)
+        except (ValueError, OverflowError) as exc:     # refused is fine, if it says why
+            assert str(2 ** 32 + 1) in str(exc) or "range" in str(exc), str(exc)
+        else:
+            assert stats["window"] > 1, f"limit 2**32 + 1 ran as {stats['window']}"
+    finally:
+        engine.close()
