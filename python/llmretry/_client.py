@@ -371,7 +371,8 @@ def _encode_bodies(bodies: Sequence[Any]) -> List[Tuple[bytes, Optional[str]]]:
         try:
             out.append(_encode_body(body))
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"bodies[{i}]: {exc}") from None
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"bodies[{i}]: {exc}") from None
     return out
 
 
