@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench fuzz check clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench fuzz check soak clean
 
 all: build
 
@@ -65,10 +65,25 @@ demo: deps build build-python
 check:
 	tools/check.sh
 
+# The benchmark suite (issue 7): every client of bench/clients/clients.json
+# against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
+# minutes; installs what it needs (apt-get, pip); not part of make test.
+bench: deps
+	$(PYTHON) bench/suite/run.py
+	$(PYTHON) bench/suite/report.py
+
 # libFuzzer runs of every parser that reads server data (SECONDS per target,
 # default 20); not part of make test.
 fuzz:
 	tools/fuzz.sh
+
+# Soak: 16 threads of call_llm, call_many and map_with_concurrency against
+# the mock mixing every fault, SOAK_SECONDS (default 120); then checks that no
+# call was lost or duplicated and that RSS, fds and threads came back.
+# Builds the extension only if it is missing (make test builds it).
+soak:
+	@ls python/llmretry/_llmretry*.so >/dev/null 2>&1 || $(MAKE) --no-print-directory build-python
+	$(PYTHON) tests/soak/soak.py
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-python build-lua build-check python/llmretry/*.so

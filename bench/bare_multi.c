@@ -13,6 +13,16 @@
  * (cpu_us = user+sys CPU of the process over the timed run / N, in µs).
  * With --rss it also samples VmRSS (baseline before the handles exist, and
  * the peak during the run) and adds rss_base_kib, rss_peak_kib, kib_per_call.
+ * The timed run includes creating the handles and connecting.
+ *
+ *   bare_multi --url BASE --concurrency C --requests N [--warmup W]
+ *
+ * The benchmark-suite client (bench/clients/README.md): POSTs the suite's
+ * request to BASE/chat/completions, C in flight, W untimed warm-up requests
+ * on the same handles (connections open) first, then N timed ones. A
+ * response counts as ok when it is a 2xx whose choices[0].message.content
+ * is a string. No retries: this is the ceiling of the stack, not a policy.
+ * The last line of stdout is {"ok", "failed", "seconds", "cpu_seconds"}.
  */
 #define _GNU_SOURCE
 #include <curl/curl.h>
@@ -28,25 +38,30 @@
 #include <unistd.h>
 
 /* The request body: a short chat request, or with LLMRETRY_BENCH_BODY_BYTES
- * set, one whose user message is padded to that many bytes (a long prompt). */
+ * set, one whose user message is padded to that many bytes (a long prompt).
+ * The suite's clients all send {"model":"bench-model",...,"Say hi"}. */
 static char *BODY;
 static size_t BODY_LEN;
 
-static void make_body(void)
+static void make_body(int suite)
 {
     const char *env = getenv("LLMRETRY_BENCH_BODY_BYTES");
-    long pad = env ? atol(env) : 0;
-    static const char head[] = "{\"model\":\"gpt-4.1-mini\",\"messages\":[{\"role\":\"user\","
-                               "\"content\":\"Say ok.";
+    long pad = env && !suite ? atol(env) : 0;
+    static const char head_core[] = "{\"model\":\"gpt-4.1-mini\",\"messages\":[{\"role\":\"user\","
+                                    "\"content\":\"Say ok.";
+    static const char head_suite[] = "{\"model\":\"bench-model\",\"messages\":[{\"role\":\"user\","
+                                     "\"content\":\"Say hi";
+    const char *head = suite ? head_suite : head_core;
     static const char tail[] = "\"}]}";
     if (pad < 0)
         pad = 0;
-    BODY = malloc(sizeof head + (size_t)pad + sizeof tail);
+    size_t hlen = strlen(head);
+    BODY = malloc(hlen + (size_t)pad + sizeof tail);
     if (!BODY)
         exit(1);
-    memcpy(BODY, head, sizeof head - 1);
-    memset(BODY + sizeof head - 1, 'x', (size_t)pad);
-    memcpy(BODY + sizeof head - 1 + pad, tail, sizeof tail);
+    memcpy(BODY, head, hlen);
+    memset(BODY + hlen, 'x', (size_t)pad);
+    memcpy(BODY + hlen + pad, tail, sizeof tail);
     BODY_LEN = strlen(BODY);
 }
 
@@ -121,7 +136,11 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* 1 when the response is a 2xx chat.completion we can read. */
+/* 1 when the response is a 2xx chat.completion we can read: the suite's
+ * check is choices[0].message.content, the core bench's (strict) also the
+ * canned answer's usage.total_tokens and model. */
+static int SUITE;
+
 static int check_response(slot *s, CURLcode rc)
 {
     long status = 0;
@@ -131,52 +150,33 @@ static int check_response(slot *s, CURLcode rc)
     cJSON *doc = cJSON_ParseWithLength(s->buf ? s->buf : "", s->len);
     int ok = 0;
     if (doc && cJSON_IsObject(doc)) {
-        const cJSON *usage = cJSON_GetObjectItemCaseSensitive(doc, "usage");
-        const cJSON *tot = cJSON_GetObjectItemCaseSensitive(usage, "total_tokens");
-        const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
-        ok = cJSON_IsNumber(tot) && tot->valuedouble == 13 && cJSON_IsString(model);
+        if (SUITE) {
+            const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "choices"), 0);
+            const cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
+            ok = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(msg, "content"));
+        } else {
+            const cJSON *usage = cJSON_GetObjectItemCaseSensitive(doc, "usage");
+            const cJSON *tot = cJSON_GetObjectItemCaseSensitive(usage, "total_tokens");
+            const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
+            ok = cJSON_IsNumber(tot) && tot->valuedouble == 13 && cJSON_IsString(model);
+        }
     }
     cJSON_Delete(doc);
     return ok;
 }
 
-int main(int argc, char **argv)
+/* INFLIGHT easy handles, each with its own header list (a distinct request
+ * id), set up for URL and ready to be added to the multi. */
+static void make_slots(slot *slots, struct curl_slist **hdrs, int inflight, const char *url,
+                       const char *auth)
 {
-    if (argc < 4) {
-        fprintf(stderr, "usage: %s URL N INFLIGHT [--rss]\n", argv[0]);
-        return 2;
-    }
-    const char *url = argv[1];
-    long n = atol(argv[2]);
-    int inflight = atoi(argv[3]);
-    int rss = argc > 4 && strcmp(argv[4], "--rss") == 0;
-    if (n < 1 || inflight < 1)
-        return 2;
-    if (inflight > n)
-        inflight = (int)n;
-
-    make_body();
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    long rss_base = rss_kib();
-    pthread_t samp;
-    if (rss) {
-        atomic_store(&rss_peak, rss_base);
-        atomic_store(&sampling, 1);
-        pthread_create(&samp, NULL, sampler, NULL);
-    }
-
-    double t0 = now_s(), c0 = cpu_s();
-    CURLM *m = curl_multi_init();
-    slot *slots = calloc((size_t)inflight, sizeof *slots);
-    struct curl_slist **hdrs = calloc((size_t)inflight, sizeof *hdrs);
-    long started = 0, done = 0, ok = 0;
     for (int i = 0; i < inflight; i++) {
         slot *s = &slots[i];
         struct curl_slist *h = NULL;
         char rid[80];
         /* Same length as a UUID v4, so the bytes on the wire match. */
         snprintf(rid, sizeof rid, "X-Client-Request-Id: 00000000-0000-4000-8000-%012d", i);
-        h = curl_slist_append(h, "Authorization: Bearer sk-bench-not-a-real-key");
+        h = curl_slist_append(h, auth);
         h = curl_slist_append(h, "Content-Type: application/json");
         h = curl_slist_append(h, "Accept: application/json");
         h = curl_slist_append(h, "User-Agent: llmretry/0.1.0");
@@ -194,7 +194,18 @@ int main(int argc, char **argv)
         curl_easy_setopt(s->h, CURLOPT_TIMEOUT_MS, 60000L);
         curl_easy_setopt(s->h, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(s->h, CURLOPT_PRIVATE, s);
-        curl_multi_add_handle(m, s->h);
+    }
+}
+
+/* N requests, at most INFLIGHT at once, on the slots' handles (a finished
+ * handle is removed and added again for the next request, as the engine
+ * does; the multi keeps its connections between runs). Returns the ok ones. */
+static long run_requests(CURLM *m, slot *slots, int inflight, long n)
+{
+    long started = 0, done = 0, ok = 0;
+    for (int i = 0; i < inflight && started < n; i++) {
+        slots[i].len = 0;
+        curl_multi_add_handle(m, slots[i].h);
         started++;
     }
     while (done < n) {
@@ -220,6 +231,134 @@ int main(int argc, char **argv)
         if (done < n)
             curl_multi_poll(m, NULL, 0, 1000, NULL);
     }
+    return ok;
+}
+
+static void free_slots(slot *slots, struct curl_slist **hdrs, int inflight)
+{
+    for (int i = 0; i < inflight; i++) {
+        curl_easy_cleanup(slots[i].h);
+        curl_slist_free_all(hdrs[i]);
+        free(slots[i].buf);
+    }
+    free(slots);
+    free(hdrs);
+}
+
+/* 1,024 connections do not fit under the usual soft limit of 1,024 files. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+/* bare_multi --url BASE --concurrency C --requests N [--warmup W] */
+static int suite_main(int argc, char **argv)
+{
+    const char *base = NULL;
+    long n = 0, warmup = 0, conc = 0;
+    int bad = argc % 2 == 0; /* flags come in pairs */
+    for (int i = 1; !bad && i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--url") == 0)
+            base = argv[i + 1];
+        else if (strcmp(argv[i], "--concurrency") == 0)
+            conc = atol(argv[i + 1]);
+        else if (strcmp(argv[i], "--requests") == 0)
+            n = atol(argv[i + 1]);
+        else if (strcmp(argv[i], "--warmup") == 0)
+            warmup = atol(argv[i + 1]);
+        else
+            bad = 1;
+    }
+    if (bad || !base || conc < 1 || n < 1 || warmup < 0 || conc > 1000000) {
+        fprintf(stderr, "usage: %s --url BASE --concurrency C --requests N [--warmup W]\n",
+                argv[0]);
+        return 2;
+    }
+    char *url = malloc(strlen(base) + sizeof "/chat/completions");
+    if (!url)
+        return 2;
+    strcpy(url, base);
+    size_t ul = strlen(url);
+    while (ul > 0 && url[ul - 1] == '/')
+        url[--ul] = '\0';
+    strcat(url, "/chat/completions");
+
+    SUITE = 1;
+    make_body(1);
+    raise_nofile();
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    int inflight = (int)conc;
+    CURLM *m = curl_multi_init();
+    /* Keep a connection per slot whatever the moment's handle count (the
+     * default cache is 4x the handles added at the time). */
+    curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, (long)(inflight > 16 ? inflight : 16));
+    slot *slots = calloc((size_t)inflight, sizeof *slots);
+    struct curl_slist **hdrs = calloc((size_t)inflight, sizeof *hdrs);
+    if (!m || !slots || !hdrs)
+        return 2;
+    make_slots(slots, hdrs, inflight, url, "Authorization: Bearer bench-key");
+
+    if (warmup > 0) {
+        long wok = run_requests(m, slots, inflight, warmup);
+        if (wok < warmup)
+            fprintf(stderr, "bare_multi: %ld of %ld warm-up requests failed\n", warmup - wok,
+                    warmup);
+    }
+    double t0 = now_s(), c0 = cpu_s();
+    long ok = run_requests(m, slots, inflight, n);
+    double secs = now_s() - t0, cpu = cpu_s() - c0;
+    if (ok < n)
+        fprintf(stderr, "bare_multi: %ld of %ld requests failed\n", n - ok, n);
+    printf("{\"ok\": %ld, \"failed\": %ld, \"seconds\": %.6f, \"cpu_seconds\": %.6f}\n", ok,
+           n - ok, secs, cpu);
+    fflush(stdout);
+
+    free_slots(slots, hdrs, inflight);
+    curl_multi_cleanup(m);
+    curl_global_cleanup();
+    free(url);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strncmp(argv[1], "--", 2) == 0)
+        return suite_main(argc, argv);
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s URL N INFLIGHT [--rss]\n"
+                        "       %s --url BASE --concurrency C --requests N [--warmup W]\n",
+                argv[0], argv[0]);
+        return 2;
+    }
+    const char *url = argv[1];
+    long n = atol(argv[2]);
+    int inflight = atoi(argv[3]);
+    int rss = argc > 4 && strcmp(argv[4], "--rss") == 0;
+    if (n < 1 || inflight < 1)
+        return 2;
+    if (inflight > n)
+        inflight = (int)n;
+
+    make_body(0);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    long rss_base = rss_kib();
+    pthread_t samp;
+    if (rss) {
+        atomic_store(&rss_peak, rss_base);
+        atomic_store(&sampling, 1);
+        pthread_create(&samp, NULL, sampler, NULL);
+    }
+
+    double t0 = now_s(), c0 = cpu_s();
+    CURLM *m = curl_multi_init();
+    slot *slots = calloc((size_t)inflight, sizeof *slots);
+    struct curl_slist **hdrs = calloc((size_t)inflight, sizeof *hdrs);
+    make_slots(slots, hdrs, inflight, url, "Authorization: Bearer sk-bench-not-a-real-key");
+    long ok = run_requests(m, slots, inflight, n);
     double secs = now_s() - t0, cpu = cpu_s() - c0;
     if (rss) {
         atomic_store(&sampling, 0);
@@ -235,13 +374,7 @@ int main(int argc, char **argv)
     }
     printf("\n");
 
-    for (int i = 0; i < inflight; i++) {
-        curl_easy_cleanup(slots[i].h);
-        curl_slist_free_all(hdrs[i]);
-        free(slots[i].buf);
-    }
-    free(slots);
-    free(hdrs);
+    free_slots(slots, hdrs, inflight);
     curl_multi_cleanup(m);
     curl_global_cleanup();
     return ok == n ? 0 : 1;

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # libFuzzer targets for every parser that reads server data (tests/fuzz/).
 #
-#   tools/fuzz.sh                 build and run every target SECONDS each
-#   SECONDS=120 tools/fuzz.sh fuzz_response
+#   tools/fuzz.sh                 build and run every target 20 s each
+#   FUZZ_SECONDS=120 tools/fuzz.sh fuzz_response
 #
 # Each target is built with clang -fsanitize=fuzzer,address,undefined
 # against the core sources, then run on a temporary copy of its seed corpus
 # (tests/fuzz/corpus/<target>/), so runs never write into the repo.
+# Installs what it needs when missing (apt-get: clang, the libclang-rt-N-dev
+# matching it, libcurl and cJSON headers); .ci/run calls it after make check.
 # Exits non-zero on any crash and prints the path of the crashing input.
-# Env: SECONDS (default 20), FUZZ_OUT (default a temp dir; kept on crash),
-# CC (default: the newest clang found), FUZZ_JOBS (parallel targets, 1).
+# Env: FUZZ_SECONDS (or SECONDS; default 20) per target, FUZZ_OUT (default a
+# temp dir; kept on crash), CC (default: clang, else the first clang-N found).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -19,6 +21,19 @@ RUN_SECONDS=$(env | sed -n 's/^SECONDS=//p')
 RUN_SECONDS=${FUZZ_SECONDS:-${RUN_SECONDS:-20}}
 ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response"
 TARGETS=${*:-$ALL_TARGETS}
+
+# Installs Debian packages (a fresh CI machine has none of these); one
+# apt-get update first, as a fresh machine may have no package lists.
+apt_updated=
+apt_install() {
+    local sudo=; [ "$(id -u)" -ne 0 ] && sudo=sudo
+    echo "fuzz.sh: installing $* (apt-get)" >&2
+    if [ -z "$apt_updated" ]; then
+        $sudo apt-get update -qq >/dev/null || return 1
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
 
 find_clang() {
     if [ -n "${CC:-}" ] && "$CC" --version 2>/dev/null | grep -q clang; then
@@ -30,25 +45,28 @@ find_clang() {
     return 1
 }
 
+# What the targets link against: the core's own dependencies.
+if ! pkg-config --exists libcurl libcjson 2>/dev/null; then
+    apt_install pkg-config libcurl4-openssl-dev libcjson-dev ||
+        { echo "fuzz.sh: could not install libcurl/cJSON headers" >&2; exit 2; }
+fi
 CLANG=$(find_clang)
 if [ -z "$CLANG" ]; then
-    echo "fuzz.sh: clang not found; installing it (apt-get)" >&2
-    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-    $SUDO apt-get update -qq >/dev/null &&
-        $SUDO apt-get install -y -qq clang >/dev/null || { echo "fuzz.sh: could not install clang" >&2; exit 2; }
+    apt_install clang || { echo "fuzz.sh: could not install clang" >&2; exit 2; }
     CLANG=$(find_clang) || { echo "fuzz.sh: clang still not found" >&2; exit 2; }
 fi
-# libFuzzer ships in libclang-rt-N-dev on Debian; probe for it.
+# libFuzzer and the ASan/UBSan runtimes (libclang_rt.fuzzer-x86_64.a, ...)
+# are in libclang-rt-N-dev, only recommended by clang-N: probe, then install
+# the one matching this clang's major version.
 probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
 echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}' > "$probe/p.c"
-if ! "$CLANG" -fsanitize=fuzzer "$probe/p.c" -o "$probe/p" 2>/dev/null; then
+link_probe() { "$CLANG" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" 2>"$probe/err"; }
+if ! link_probe; then
     ver=$("$CLANG" --version | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)
-    echo "fuzz.sh: libFuzzer missing; installing libclang-rt-$ver-dev" >&2
-    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-    $SUDO apt-get install -y -qq "libclang-rt-$ver-dev" >/dev/null ||
-        { echo "fuzz.sh: could not install libclang-rt-$ver-dev" >&2; rm -rf "$probe"; exit 2; }
+    apt_install "libclang-rt-$ver-dev" && link_probe ||
+        { cat "$probe/err" >&2; echo "fuzz.sh: $CLANG cannot link libFuzzer (libclang-rt-$ver-dev)" >&2; exit 2; }
 fi
-rm -rf "$probe"
 
 PKG=$(pkg-config --cflags --libs libcurl libcjson) || { echo "fuzz.sh: pkg-config libcurl libcjson failed" >&2; exit 2; }
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/llmretry-fuzz.XXXXXX)}

@@ -6,6 +6,7 @@
  *   core.encode(v) / core.decode(s)        JSON, lua-cjson conventions:
  *   core.null, core.array_mt, core.empty_array
  *   core.extract_json(s), core.assert_shape(v, shape [, path])
+ *   core.check_options(opts)              raise as engine:submit would
  *   core.new_engine([max_in_flight]) -> engine
  *     engine:submit(opts) -> handle        every call in poll mode
  *     engine:fd(), engine:poll([max]), engine:wait(ms), engine:close()
@@ -167,6 +168,82 @@ static void push_null(lua_State *L)
     lua_pushlightuserdata(L, NULL);
 }
 
+/* ---- UTF-8 ---------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence at s[0..n), n > 0 (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF); 0 if invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0], lo = 0x80, hi = 0xBF;
+    size_t len;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+        len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+        len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+        return 0;
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    return len;
+}
+
+/* The offset of the first byte of s[0..n) that is not valid UTF-8, or n. */
+static size_t utf8_invalid_at(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = utf8_seq(u + i, n - i);
+        if (k == 0)
+            return i;
+        i += k;
+    }
+    return n;
+}
+
+/* Push text that came from a server as a Lua string, each invalid UTF-8
+ * sequence replaced by U+FFFD (as Python's binding decodes it): whatever
+ * llmretry hands to Lua can be encoded back to JSON. */
+static void push_text(lua_State *L, const char *s, size_t n)
+{
+    size_t bad = utf8_invalid_at(s, n);
+    if (bad == n) {
+        lua_pushlstring(L, s, n);
+        return;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addlstring(&b, s, bad);
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = bad; i < n;) {
+        size_t k = u[i] < 0x80 ? 1 : utf8_seq(u + i, n - i);
+        if (k == 0) {
+            luaL_addlstring(&b, "\xEF\xBF\xBD", 3);
+            i++;
+        } else {
+            luaL_addlstring(&b, s + i, k);
+            i += k;
+        }
+    }
+    luaL_pushresult(&b);
+}
+
+static void push_text0(lua_State *L, const char *s)
+{
+    push_text(L, s, strlen(s));
+}
+
 /* ---- JSON: encoding ------------------------------------------------------ */
 
 /* The output buffer, owned by a userdata so that an error raised halfway
@@ -304,6 +381,18 @@ static int enc_fail(enc *e, const frame *f, const char *what)
     return lr_fail(e->L, "%s %s", path, what);
 }
 
+/* Strings must be valid UTF-8 to be JSON (RFC 8259). The error gives
+ * the offset, never the text (it may be a prompt). */
+static void check_utf8(enc *e, const frame *f, const char *s, size_t n, const char *what)
+{
+    size_t bad = utf8_invalid_at(s, n);
+    if (bad < n) {
+        char msg[120];
+        snprintf(msg, sizeof msg, "%s (at byte %zu)", what, bad);
+        enc_fail(e, f, msg);
+    }
+}
+
 static void put_string(enc *e, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
@@ -393,7 +482,7 @@ static void enc_array(enc *e, int idx, const frame *f, int depth, size_t n)
 static void enc_object(enc *e, int idx, const frame *f, int depth)
 {
     lua_State *L = e->L;
-    int first = 1;
+    int first = 1, strings = 0, numbers = 0;
     put(e, "{", 1);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
@@ -401,9 +490,20 @@ static void enc_object(enc *e, int idx, const frame *f, int depth)
         if (!first)
             put(e, ",", 1);
         first = 0;
+        /* Number keys become names ("50256" in a logit_bias map), so mixed
+         * with string keys ({1, 2, x = 3}: an array with a field) they
+         * would silently turn an array into an object, or write one name
+         * twice ([1] and ["1"]). */
+        if (lua_type(L, key) == LUA_TSTRING)
+            strings = 1;
+        else if (lua_type(L, key) == LUA_TNUMBER)
+            numbers = 1;
+        if (strings && numbers)
+            enc_fail(e, f, "mixes number and string keys (an array with named fields?)");
         if (lua_type(L, key) == LUA_TSTRING) {
             size_t kl;
             const char *k = lua_tolstring(L, key, &kl);
+            check_utf8(e, f, k, kl, "has a key that is not valid UTF-8");
             put_string(e, k, kl);
         } else if (lua_type(L, key) == LUA_TNUMBER) {
             /* Never lua_tostring on a key: it would break lua_next. */
@@ -475,6 +575,7 @@ static void enc_value(enc *e, int idx, const frame *f, int depth)
     case LUA_TSTRING: {
         size_t n;
         const char *s = lua_tolstring(L, idx, &n);
+        check_utf8(e, f, s, n, "is not valid UTF-8");
         put_string(e, s, n);
         break;
     }
@@ -548,7 +649,7 @@ static void push_json_number(lua_State *L, double d)
 /* cJSON caps nesting (CJSON_NESTING_LIMIT), which bounds this recursion.
  * Known limits, both cJSON's: numbers are doubles (integers beyond 2^53
  * lose precision) and strings are NUL-terminated (a decoded "\u0000" ends
- * its string). */
+ * its string). Invalid UTF-8 in a string becomes U+FFFD (push_text). */
 static void push_json(lua_State *L, const cJSON *v, int array_mt)
 {
     luaL_checkstack(L, 4, "llmretry: JSON nested too deeply");
@@ -557,7 +658,7 @@ static void push_json(lua_State *L, const cJSON *v, int array_mt)
     } else if (cJSON_IsNumber(v)) {
         push_json_number(L, v->valuedouble);
     } else if (cJSON_IsString(v)) {
-        lua_pushstring(L, v->valuestring);
+        push_text0(L, v->valuestring);
     } else if (cJSON_IsArray(v)) {
         lua_createtable(L, cJSON_GetArraySize(v), 0);
         int i = 0;
@@ -570,7 +671,7 @@ static void push_json(lua_State *L, const cJSON *v, int array_mt)
     } else if (cJSON_IsObject(v)) {
         lua_createtable(L, 0, cJSON_GetArraySize(v));
         for (const cJSON *el = v->child; el; el = el->next) {
-            lua_pushstring(L, el->string);
+            push_text0(L, el->string);
             push_json(L, el, array_mt);
             lua_rawset(L, -3);
         }
@@ -743,7 +844,7 @@ static void set_int(lua_State *L, const char *key, int64_t v)
 static void set_str(lua_State *L, const char *key, const char *s)
 {
     if (s) {
-        lua_pushstring(L, s);
+        push_text0(L, s);
         lua_setfield(L, -2, key);
     }
 }
@@ -774,7 +875,7 @@ static void push_event(lua_State *L, const llmretry_event *ev)
         case LLMRETRY_FIELD_INT: lr_pushint(L, f.i); break;
         case LLMRETRY_FIELD_STRING:
             if (f.s)
-                lua_pushstring(L, f.s);
+                push_text0(L, f.s);
             else
                 push_null(L);
             break;
@@ -1336,8 +1437,9 @@ static void opt_one(lua_State *L, int idx, const opt_spec *s, llmretry_options *
 
 /* Fill `o` from the options table at t. Strings are borrowed from values
  * that stay reachable from the stack (the table, or anchors pushed here)
- * until the call is submitted: the core copies them. */
-static void parse_opts(lua_State *L, int t, llmretry_options *o)
+ * until the call is submitted: the core copies them. Without need_body, a
+ * missing body reads as "{}" (for check_options). */
+static void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
 {
     char buf[64];
     if (lua_type(L, t) != LUA_TTABLE)
@@ -1347,6 +1449,10 @@ static void parse_opts(lua_State *L, int t, llmretry_options *o)
     llmretry_options_defaults(o);
 
     lua_getfield(L, t, "body");
+    if (lua_isnil(L, -1) && !need_body) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "{}");
+    }
     if (lua_type(L, -1) == LUA_TTABLE)
         push_encoded(L, -1, "body");
     else if (lua_type(L, -1) != LUA_TSTRING)
@@ -1428,11 +1534,26 @@ static int engine_gc(lua_State *L)
     return 0;
 }
 
+/* core.check_options(opts): raise as engine:submit would on these options,
+ * submitting nothing (the body may be left out). For options checked
+ * before any call is made: a client's defaults, a call_many batch's. */
+static int l_check_options(lua_State *L)
+{
+    llmretry_options o;
+    parse_opts(L, 1, &o, 0);
+    char err[LLMRETRY_ERRBUF] = "";
+    if (llmretry_options_check(&o, err, sizeof err) != LLMRETRY_OK) {
+        rename_header_error(&o, err, sizeof err);
+        return lr_fail(L, "%s", err);
+    }
+    return 0;
+}
+
 static int engine_submit(lua_State *L)
 {
     llmretry_engine *e = check_open_engine(L);
     llmretry_options o;
-    parse_opts(L, 2, &o);
+    parse_opts(L, 2, &o, 1);
 
     /* The handle exists before the call does, so no error raised from here
      * on can leak the call. */
@@ -1663,6 +1784,7 @@ static const luaL_Reg module_functions[] = {
     { "extract_json", l_extract_json },
     { "assert_shape", l_assert_shape },
     { "new_engine", l_new_engine },
+    { "check_options", l_check_options },
     { NULL, NULL },
 };
 

@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -745,14 +746,25 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
     llmretry_group_options go;
     llmretry_group_options_defaults(&go);
     if (limit_arg) {
-        go.limit = (int)PyLong_AsLong(limit_arg);
-        if (go.limit == -1 && PyErr_Occurred())
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(limit_arg, &overflow);
+        if (v == -1 && PyErr_Occurred())
             goto done;
+        if (overflow || v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "limit must be between 1 and %d", INT_MAX);
+            goto done;
+        }
+        go.limit = (int)v;
     }
     if (deadline_arg != Py_None) {
-        go.deadline_ms = PyLong_AsLongLong(deadline_arg);
+        int overflow = 0;
+        go.deadline_ms = PyLong_AsLongLongAndOverflow(deadline_arg, &overflow);
         if (go.deadline_ms == -1 && PyErr_Occurred())
             goto done;
+        if (overflow) {
+            PyErr_SetString(PyExc_ValueError, "batch_deadline_ms is out of range (at most 2**63-1)");
+            goto done;
+        }
         if (go.deadline_ms < 0) {
             PyErr_Format(PyExc_ValueError, "batch_deadline_ms must be >= 0 or None (got %lld)",
                          (long long)go.deadline_ms);
@@ -780,6 +792,18 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
                         ? "request_id cannot be shared by the calls of a batch"
                         : "idempotency_key cannot be shared by the calls of a batch");
         goto done;
+    }
+    {
+        /* The options the calls share, checked once and named as such,
+         * before any call: not as the first body's fault. */
+        llmretry_options shared = a.o;
+        char err[LLMRETRY_ERRBUF] = "";
+        shared.body = "{}";
+        shared.body_len = 2;
+        if (llmretry_options_check(&shared, err, sizeof err) != LLMRETRY_OK) {
+            PyErr_SetString(PyExc_ValueError, err);
+            goto done;
+        }
     }
     if (!(b.bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
         goto done;

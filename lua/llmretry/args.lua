@@ -31,4 +31,33 @@ function M.is_integer(v)
   return v == math.floor(v) and v == v and v ~= math.huge and v ~= -math.huge
 end
 
+local function key_text(k)
+  if type(k) == "number" then return tostring(k) end
+  if type(k) == "string" then return string.format("%q", k:sub(1, 40)) end
+  return "of type " .. M.typename(k)
+end
+
+-- Raise unless t is a sequence: keys 1..#t and nothing else, but for the
+-- field `n` that table.pack sets. A table with other keys would otherwise
+-- pass for a shorter list (or an empty one) without a word.
+function M.check_array(level, name, t)
+  local len, count = #t, 0
+  for k in pairs(t) do
+    if k ~= "n" then
+      if not (M.is_integer(k) and k >= 1 and k <= len) then
+        error(string.format("llmretry: %s must be an array (keys 1..n), not a table with the "
+          .. "key %s", name, key_text(k)), level + 1)
+      end
+      count = count + 1
+    end
+  end
+  if count < len then
+    local i = 1
+    while t[i] ~= nil do i = i + 1 end
+    error(string.format("llmretry: %s must be an array (keys 1..n), not a table with a hole "
+      .. "at [%d]", name, i), level + 1)
+  end
+  return len
+end
+
 return M

@@ -63,8 +63,8 @@ end
 -- Argument checks: programming errors raise at once, naming the argument.
 
 local args = require("llmretry.args")
-local typename, argerror, is_callable, is_integer =
-  args.typename, args.argerror, args.is_callable, args.is_integer
+local typename, argerror, is_callable, is_integer, check_array =
+  args.typename, args.argerror, args.is_callable, args.is_integer, args.check_array
 
 local function is_engine(v)
   local mt = getmetatable(v)
@@ -252,6 +252,7 @@ local pool_error_mt = {
 
 local function map_impl(items, limit, worker, opts, pool_policy)
   if type(items) ~= "table" then argerror(2, "items", "a table (array)", items) end
+  check_array(2, "items", items)
   if not is_integer(limit) or limit < 1 then
     if type(limit) == "number" then
       error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)), 2)
@@ -374,6 +375,7 @@ M._map_with_concurrency = map_impl
 -- deadline is opts.call_deadline_ms), as in Python's call_many.
 local function call_many_impl(bodies, opts, new_key)
   if type(bodies) ~= "table" then argerror(2, "bodies", "a table (array)", bodies) end
+  check_array(2, "bodies", bodies)
   if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
   opts = opts or {}
   local limit = opts.limit
@@ -386,6 +388,13 @@ local function call_many_impl(bodies, opts, new_key)
   end
   if opts.body ~= nil then
     error("llmretry: opts.body is not an option of call_many (the bodies are its first argument)", 2)
+  end
+  if opts.group ~= nil then
+    error("llmretry: opts.group is not an option of call_many (the batch is its own group)", 2)
+  end
+  local call_deadline = opts.call_deadline_ms
+  if call_deadline ~= nil and (not is_integer(call_deadline) or call_deadline < 0) then
+    argerror(2, "call_deadline_ms", "an integer >= 0 (each call's deadline) or nil", call_deadline)
   end
   local batch_deadline, adaptive = opts.deadline_ms, opts.adaptive
   if batch_deadline ~= nil and (not is_integer(batch_deadline) or batch_deadline < 0) then
@@ -400,8 +409,13 @@ local function call_many_impl(bodies, opts, new_key)
       base[k] = v
     end
   end
-  base.deadline_ms = opts.call_deadline_ms
+  base.deadline_ms = call_deadline
   local sub, ctx, engine = split_options(base, 2)
+  -- Every option is checked before the first call goes out (a bad one
+  -- would otherwise surface from the first submit, with calls of the
+  -- batch possibly in flight).
+  local ok_opts, why = pcall(core.check_options, sub)
+  if not ok_opts then error(why, 2) end
   local n = #bodies
   local outs = { n = n }
   -- Every body is encoded before the first call goes out: a body that cannot
@@ -417,6 +431,7 @@ local function call_many_impl(bodies, opts, new_key)
       payloads[i] = text
       if type(b.model) == "string" then models[i] = b.model end
     elseif type(b) == "string" then
+      if b == "" then error(string.format("llmretry: bodies[%d] must not be empty", i), 2) end
       payloads[i] = b
     else
       argerror(2, string.format("bodies[%d]", i), "a table or a JSON string", b)
@@ -445,7 +460,9 @@ local function call_many_impl(bodies, opts, new_key)
       if new_key then s.idempotency_key = new_key() end
       -- Each call has its own logger state (one stderr report per call).
       local c = { logger = ctx.logger, validate = ctx.validate, reported = false }
-      local h = engine:submit(s)
+      -- pcall: an error raised here must not carry this file's position.
+      local ok, h = pcall(engine.submit, engine, s)
+      if not ok then error(h, 0) end
       payloads[i] = nil
       active = active + 1
       local function take(hh)
@@ -555,6 +572,10 @@ function M.client(opts)
   for k, v in pairs(opts) do
     if k ~= "policies" and k ~= "policy" then defaults[k] = v end
   end
+  -- Bad defaults raise now, naming the option, as Python's Client does.
+  local sub = split_options(defaults, 2)
+  local ok_opts, why = pcall(core.check_options, sub)
+  if not ok_opts then error(why, 2) end
   local self = setmetatable({ policies = pols, defaults = defaults }, Client)
   if opts.policy ~= nil then
     if type(opts.policy) ~= "string" or not pols:get(opts.policy) then
@@ -721,7 +742,12 @@ function M.log_usage(meta, label, logger)
     -- One JSON line, keys in a fixed order.
     local parts = {}
     for i, k in ipairs(USAGE_KEYS) do
-      parts[i] = core.encode(k) .. ":" .. core.encode(rec[k])
+      local ok, text = pcall(core.encode, rec[k])
+      if not ok then
+        -- "value is not valid UTF-8": say which value.
+        error(string.format("llmretry: log_usage cannot write %s: %s", k, tostring(text)), 2)
+      end
+      parts[i] = core.encode(k) .. ":" .. text
     end
     io.stdout:write("{" .. table.concat(parts, ",") .. "}\n")
     io.stdout:flush()

@@ -57,6 +57,7 @@ between the two runs the item again rather than losing its result).
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import logging
@@ -284,13 +285,15 @@ def done_path_for(failures_path: str) -> str:
 
 def _path_arg(value: Any) -> str:
     """A failures_path argument as a str path (TypeError otherwise)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, os.PathLike):
-        path = os.fspath(value)
-        if isinstance(path, str):
-            return path
-    raise TypeError(f"failures_path must be a str or os.PathLike, not {type(value).__name__}")
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
+        raise TypeError(f"failures_path must be a str or os.PathLike, "
+                        f"not {type(value).__name__}")
+    if not path:
+        raise ValueError("failures_path must not be empty")
+    if "\0" in path:
+        raise ValueError("failures_path must not contain NUL")
+    return path
 
 
 def _read_lines(path: str) -> List[str]:
@@ -411,11 +414,17 @@ class Journal:
         if bad:
             raise ValueError(f"the record of {self.path} names item {min(bad)}, "
                              f"but the batch has {n} items: is this the same batch?")
+        if os.path.isdir(self.path):     # before anything is written next to it
+            raise IsADirectoryError(errno.EISDIR, "failures_path is a directory", self.path)
         # The progress file first: a stop between the two leaves the old
         # failures listed, and they are not ok, so they still run.
         header = _LINE.encode({"llmretry_done": 1, "items": n}) + "\n"
-        _write_atomically(self.done_path,
-                          (header + "".join(f"{i}\n" for i in sorted(ok))).encode("ascii"))
+        try:
+            _write_atomically(self.done_path, (header + "".join(
+                f"{i}\n" for i in sorted(ok))).encode("ascii"))
+        except OSError as exc:
+            # Name the progress file, not its temporary copy.
+            raise type(exc)(exc.errno, exc.strerror, self.done_path) from None
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         self._done_fd = os.open(self.done_path, flags, 0o644)
         try:

@@ -25,7 +25,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from . import _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
-from ._policies import Policy, PolicySource, load_policies, new_idempotency_key
+from ._policies import (POLICY_KEYS, Policy, PolicySource, check_setting, load_policies,
+                        new_idempotency_key)
 from ._pool import map_with_concurrency as _map_with_concurrency
 from .errors import LLMError, error_from_outcome
 
@@ -156,19 +157,34 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def _text(name: str, value: str) -> str:
+    """``value`` when it can be sent as UTF-8 (no lone surrogate)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # The position, never the text: it could be a key.
+            raise ValueError(f"{name} is not valid text: a lone surrogate at "
+                             f"position {exc.start}") from None
+    return value
+
+
 def _opt_str(name: str, value: Any) -> Optional[str]:
-    if value is None or isinstance(value, str):
+    if value is None:
         return value
+    if isinstance(value, str):
+        return _text(name, value)
     raise TypeError(f"{name} must be a str or None, not {_type_name(value)}")
 
 
 def _str(name: str, value: Any) -> str:
     if isinstance(value, str):
-        return value
+        return _text(name, value)
     raise TypeError(f"{name} must be a str, not {_type_name(value)}")
 
 
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_INT32_MAX = 2 ** 31 - 1
 
 
 def _int(name: str, value: Any, low: int = _INT64_MIN, high: int = _INT64_MAX) -> int:
@@ -186,7 +202,7 @@ def _int(name: str, value: Any, low: int = _INT64_MIN, high: int = _INT64_MAX) -
 
 
 def _int32(name: str, value: Any) -> int:
-    return _int(name, value, -(2 ** 31), 2 ** 31 - 1)
+    return _int(name, value, -(2 ** 31), _INT32_MAX)
 
 
 def _opt_int(name: str, value: Any) -> Optional[int]:
@@ -219,15 +235,20 @@ def _headers(name: str, value: Any) -> Optional[List[str]]:
         raise TypeError(f"{name} must be a dict of str to str or None, "
                         f"not {_type_name(value)}")
     lines = []
-    for key, val in value.items():
+    for i, (key, val) in enumerate(value.items()):
         if not isinstance(key, str):
             raise TypeError(f"{name} keys must be str, not {_type_name(key)}")
+        # An invalid name is not repeated: a whole "Authorization: Bearer sk-..."
+        # line given as a name would put the key in the message.
+        if not key or not _HEADER_NAME_FORBIDDEN.isdisjoint(key):
+            raise ValueError(f"{name}: the name of header #{i} is invalid (a name is "
+                             f"non-empty, without spaces, ':' or control characters)")
+        _text(f"{name}: the name of header #{i}", key)
         if not isinstance(val, str):
             raise TypeError(f"{name}[{key!r}] must be a str, not {_type_name(val)}")
-        if not key or not _HEADER_NAME_FORBIDDEN.isdisjoint(key):
-            raise ValueError(f"{name}: invalid header name {key!r}")
         if "\r" in val or "\n" in val or "\0" in val:
             raise ValueError(f"{name}[{key!r}] must not contain CR, LF or NUL")
+        _text(f"{name}[{key!r}]", val)
         lines.append(f"{key}: {val}")
     return lines
 
@@ -330,16 +351,84 @@ def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
                             "or nested too deeply") from None
         model = body.get("model")
         return payload, model if type(model) is str else None
-    if isinstance(body, bytes):
-        return body, None
     if isinstance(body, str):
         try:
             return body.encode("utf-8"), None
         except UnicodeEncodeError as exc:
             raise TypeError(f"body cannot be sent as UTF-8: {exc.reason}") from None
-    if isinstance(body, (bytearray, memoryview)):
-        return bytes(body), None
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        payload = bytes(body)
+        if not payload.isascii():
+            # JSON is UTF-8; the core checks the syntax, not the encoding.
+            try:
+                payload.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"body is not valid UTF-8 (byte {exc.start}: "
+                                 f"{exc.reason})") from None
+        return payload, None
     raise TypeError(f"body must be a dict, str or bytes, not {_type_name(body)}")
+
+
+def _encode_bodies(bodies: Sequence[Any]) -> List[Tuple[bytes, Optional[str]]]:
+    """Every body of a batch encoded, or the error of the first bad one,
+    naming its index."""
+    out = []
+    for i, body in enumerate(bodies):
+        try:
+            out.append(_encode_body(body))
+        except (TypeError, ValueError) as exc:
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"bodies[{i}]: {exc}") from None
+    return out
+
+
+def _batch_items(bodies: Any) -> Sequence[Any]:
+    """The bodies of a batch as a sequence; TypeError naming ``bodies``."""
+    if isinstance(bodies, (list, tuple)):
+        return bodies
+    # One body instead of a list of them is the likely mistake: iterating it
+    # would send its keys or its characters.
+    if isinstance(bodies, (str, bytes, bytearray, memoryview, Mapping)):
+        raise TypeError(f"bodies must be an iterable of request bodies (e.g. a list "
+                        f"of dicts), not one {_type_name(bodies)}")
+    try:
+        it = iter(bodies)
+    except TypeError:
+        raise TypeError(f"bodies must be an iterable of request bodies, "
+                        f"not {_type_name(bodies)}") from None
+    return list(it)
+
+
+def _check_batch_options(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a batch's shared options before the batch opens its record.
+
+    The core checks the options when the first item is submitted, which is
+    after the failures file was emptied and the progress shown: these are
+    the same rules (the policy loader's, which mirror the core's), run first
+    so that a bad option raises with nothing changed. The core still has
+    the last word.
+    """
+    for name in ("request_id", "idempotency_key"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{name} cannot be shared by the calls of a batch")
+    for key, value in kwargs.items():
+        if key in POLICY_KEYS and key not in ("base_url", "model", "idempotency_key"):
+            check_setting(key, value)
+    for key in ("url", "base_url", "api_key"):
+        value = kwargs.get(key)
+        if value is None:
+            continue
+        if not value and key != "api_key":
+            raise ValueError(f"{key} must not be empty")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError(f"{key} must not contain control characters")
+    # The URL called: a full url, else base_url (else $OPENAI_BASE_URL).
+    key = "url" if kwargs.get("url") is not None else "base_url"
+    value = kwargs.get(key)
+    if value is not None and not value.lower().startswith(("http://", "https://")):
+        raise ValueError(f"{key} must start with http:// or https://")
+    if kwargs.get("ca_file") == "":
+        raise ValueError("ca_file must not be empty")
 
 
 class _Plan:
@@ -687,10 +776,16 @@ class Client:
             raise ValueError(f"deadline_ms must be >= 0 or None (got {batch_deadline})")
         adaptive = _bool("adaptive", adaptive)
         if call_deadline_ms is not DEFAULT:
+            # Checked under its own name: "deadline_ms" is the batch's.
+            if call_deadline_ms is not None:
+                call_deadline_ms = _int("call_deadline_ms", call_deadline_ms)
+                if call_deadline_ms < 0:
+                    raise ValueError(f"call_deadline_ms must be >= 0 or None "
+                                     f"(got {call_deadline_ms})")
             options["deadline_ms"] = call_deadline_ms
-        items = bodies if isinstance(bodies, (list, tuple)) else list(bodies)
+        items = _batch_items(bodies)
         plan, sent = self._batch_plan(policy, options, items)
-        encoded = [_encode_body(body) for body in sent]
+        encoded = _encode_bodies(sent)
         batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
                              progress=progress, on_result=on_result,
                              logger=options.get("logger", self._defaults.get("logger", DEFAULT)),
@@ -703,6 +798,7 @@ class Client:
         model filled in); ValueError for an unknown policy."""
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
+            _check_batch_options(plan.kwargs)
             return plan, items
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
@@ -710,6 +806,7 @@ class Client:
             plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
         if pp.model is not None:
             items = [pp.body(body) for body in items]
+        _check_batch_options(plan.kwargs)
         return plan, items
 
     def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
@@ -753,9 +850,12 @@ class Client:
                 values: List[Any] = [None] * len(to_run)
                 stats: Dict[str, int] = {}
                 try:
+                    # The extension reads limit as a C int: a larger one
+                    # means the same (no batch has 2**31 calls in flight).
                     engine.call_many(
                         [encoded[i][0] for i in to_run], models=[encoded[i][1] for i in to_run],
-                        limit=limit, batch_deadline_ms=deadline_ms, adaptive=adaptive,
+                        limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
+                        adaptive=adaptive,
                         on_result=item_done if each else None, results=values, stats=stats,
                         as_result=True, **extra, **plan.kwargs)
                 finally:

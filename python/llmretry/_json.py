@@ -35,7 +35,13 @@ def extract_json(text: Union[str, bytes]) -> Any:
     """
     if not isinstance(text, (str, bytes)):
         raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
-    return json.loads(_llmretry.extract_json(text))
+    try:
+        found = _llmretry.extract_json(text)
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
+        # Said without the text itself: model output may hold the prompt.
+        raise ValueError(f"text is not valid UTF-8 at position {exc.start}: "
+                         f"{exc.reason}") from None
+    return json.loads(found)
 
 
 def assert_shape(value: T, shape: Any, path: str = "root") -> T:
@@ -58,6 +64,11 @@ def assert_shape(value: T, shape: Any, path: str = "root") -> T:
     """
     if not isinstance(path, str):
         raise TypeError(f"path must be a str, not {type(path).__name__}")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"path is not valid text: a lone surrogate at position "
+                         f"{exc.start}") from None
     value_json = _to_json(value, "value")
     shape_json = _to_json(shape, "shape")
     try:
@@ -70,8 +81,16 @@ def assert_shape(value: T, shape: Any, path: str = "root") -> T:
     return value
 
 
-def _to_json(obj: Any, name: str) -> str:
+def _to_json(obj: Any, name: str) -> bytes:
+    """``obj`` as UTF-8 JSON; TypeError naming ``name`` when it has none."""
     try:
-        return _STRICT.encode(obj)
+        return _STRICT.encode(obj).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Before the core sees it: there it would read as a shape mismatch.
+        raise TypeError(f"{name} cannot be written as JSON: a lone surrogate "
+                        f"(position {exc.start} of its JSON text)") from None
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} cannot be written as JSON: {exc}") from None
+    except RecursionError:
+        raise TypeError(f"{name} cannot be written as JSON: it is nested too "
+                        f"deeply") from None

@@ -15,8 +15,10 @@ A ``logger`` argument takes one of:
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, TextIO, Union
@@ -178,6 +180,14 @@ def jsonl_logger(stream: Optional[TextIO] = None) -> EventSink:
 
         llmretry.call_llm(body, logger=llmretry.jsonl_logger())
     """
+    # Checked now: at event time the error would only be reported, and every
+    # event lost. A path, or a file opened in binary mode, is the likely mistake.
+    if stream is not None and (not callable(getattr(stream, "write", None))
+                               or isinstance(stream, (io.RawIOBase, io.BufferedIOBase))):
+        hint = (" (open the file first)" if isinstance(stream, (str, os.PathLike)) else
+                " (open it in text mode)" if hasattr(stream, "write") else "")
+        raise TypeError(f"stream must be a text stream with write() or None, "
+                        f"not {type(stream).__name__}{hint}")
     lock = threading.Lock()
     encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 

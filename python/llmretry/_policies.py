@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 __all__ = ["Policy", "load_policies", "resolved_settings", "new_idempotency_key",
-           "POLICY_KEYS", "BUILTIN_DEFAULTS"]
+           "check_setting", "POLICY_KEYS", "BUILTIN_DEFAULTS"]
 
 PolicySource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
@@ -87,7 +87,8 @@ def _choice(*allowed: str) -> Callable[[str, Any], Any]:
         if not isinstance(value, str):
             raise _Bad(f"{key} must be a str (got {_type_name(value)})")
         if value not in allowed:
-            raise _Bad(f"{key} must be one of {', '.join(allowed)} (got {value!r})")
+            # The value is not repeated: it could be a key pasted in the wrong place.
+            raise _Bad(f"{key} must be one of {', '.join(allowed)}")
         return value
     return check
 
@@ -122,9 +123,10 @@ def _bool(key: str, value: Any) -> Any:
 
 
 def _idempotency(key: str, value: Any) -> Any:
-    if value != "auto" or not isinstance(value, str):
+    if not isinstance(value, str) or value != "auto":
+        # A fixed key is not repeated in the message: it could be a secret.
         raise _Bad(f"{key} must be \"auto\" (a new key per call; a fixed key "
-                   f"would be shared by every call) (got {value!r})")
+                   f"would be shared by every call)")
     return value
 
 
@@ -145,6 +147,16 @@ _CHECKS: Dict[str, Callable[[str, Any], Any]] = {
     "idempotency_key": _opt(_idempotency),
 }
 assert tuple(_CHECKS) == POLICY_KEYS
+
+
+def check_setting(key: str, value: Any) -> Any:
+    """One call option checked by the policy rules (the core's ranges);
+    ValueError naming ``key``. Used to refuse a batch's options before the
+    batch touches its record."""
+    try:
+        return _CHECKS[key](key, value)
+    except _Bad as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ __all__ = ["map_with_concurrency"]
 T = TypeVar("T")
 R = TypeVar("R")
 
+_INT64_MAX = 2 ** 63 - 1
+
 
 def map_with_concurrency(items: Iterable[T], limit: int,
                          worker: Callable[[T, int], R], *,
@@ -84,8 +86,13 @@ def map_with_concurrency(items: Iterable[T], limit: int,
                             f"not {type(deadline_ms).__name__}") from None
         if deadline_ms < 0:
             raise ValueError(f"deadline_ms must be >= 0 or None (got {deadline_ms})")
+        if deadline_ms > _INT64_MAX:    # the pool reads a C int64
+            raise ValueError(f"deadline_ms is out of range (got {deadline_ms})")
     if not isinstance(adaptive, bool):
         raise TypeError(f"adaptive must be a bool, not {type(adaptive).__name__}")
+    if not isinstance(return_exceptions, bool):
+        raise TypeError(f"return_exceptions must be a bool, "
+                        f"not {type(return_exceptions).__name__}")
     if not isinstance(items, (list, tuple)):
         try:
             items = list(items)
@@ -126,7 +133,7 @@ def map_with_concurrency(items: Iterable[T], limit: int,
 
             stats: Dict[str, int] = {}
             out = _llmretry.run_pool(seq if whole else [seq[i] for i in to_run],
-                                     min(limit, len(to_run)), run, bool(return_exceptions),
+                                     min(limit, len(to_run)), run, return_exceptions,
                                      deadline_ms=deadline_ms, adaptive=adaptive,
                                      on_result=done, stats=stats)
             if broken:

@@ -46,7 +46,8 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, TextIO
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, TextIO,
+                    Tuple)
 
 from . import _batch
 from ._client import Client, Result, _encode_body
@@ -67,34 +68,58 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------
 # Arguments
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
-    return value
+_INT64_MAX = 2 ** 63 - 1
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
-    return value
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in low..high, so that argparse names the
+    flag (the core would name the option, or fail on a number too big)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            # The text is not repeated: it could be a key given to the wrong flag.
+            raise argparse.ArgumentTypeError("not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low} (got {value})")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high} (got {value})")
+        return value
+    return parse
+
+
+_positive = _int_in(1, _INT64_MAX)
+_non_negative = _int_in(0, _INT64_MAX)
+JITTERS = ("additive", "full", "none")
+
+
+def _jitter(text: str) -> str:
+    # Not argparse's choices=: its error repeats the value given.
+    if text not in JITTERS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(JITTERS)}")
+    return text
+
+
+class _NoKeyFlag(argparse.Action):
+    """``--api-key``, refused without repeating its value: the key is read
+    from $OPENAI_API_KEY only (a flag would show in ps)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        parser.error(f"{option_string} is not accepted: the key is read from "
+                     f"$OPENAI_API_KEY only (a flag would show in ps)")
 
 
 def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="the API's base URL (else $OPENAI_BASE_URL, "
                    "else https://api.openai.com/v1); the key is $OPENAI_API_KEY")
     p.add_argument("--timeout-ms", type=_positive, help="per attempt (default 60000)")
-    p.add_argument("--max-retries", type=_non_negative, help="retries per call (default 3)")
+    p.add_argument("--max-retries", type=_int_in(0, 100),
+                   help="retries per call, 0..100 (default 3)")
     p.add_argument("--base-delay-ms", type=_non_negative, help="backoff base (default 800)")
     p.add_argument("--max-delay-ms", type=_non_negative, help="backoff cap (default 30000)")
-    p.add_argument("--jitter", choices=("additive", "full", "none"),
+    p.add_argument("--api-key", "--key", nargs="?", action=_NoKeyFlag, help=argparse.SUPPRESS)
+    p.add_argument("--jitter", type=_jitter, metavar="{additive,full,none}",
                    help="backoff jitter (default additive)")
     p.add_argument("--policies", metavar="FILE",
                    help="named policies (.toml or .json) for --policy")
@@ -251,32 +276,44 @@ def _stderr_line(text: str) -> None:
 # ---------------------------------------------------------------------------
 # batch
 
-def _read_requests(path: str, model: Optional[str]) -> List[Dict[str, Any]]:
+def _read_requests(path: str, model: Optional[str]) -> Tuple[List[Dict[str, Any]], List[int]]:
+    """The request bodies of the input file, and the line number of each."""
     try:
         if path == "-":
-            text = sys.stdin.read()
+            raw = getattr(sys.stdin, "buffer", None)    # None: a text-only stand-in
+            data = (raw.read() if raw is not None
+                    else sys.stdin.read().encode("utf-8", "surrogateescape"))
         else:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            with open(path, "rb") as fh:
+                data = fh.read()
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text: {exc.reason}") from None
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise UsageError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from None
     bodies: List[Dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    linenos: List[int] = []
+    # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085
+    # and others, which JSON strings may hold unescaped.
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             body = json.loads(line)
         except ValueError as exc:
             raise UsageError(f"{path}:{lineno}: not JSON ({exc})") from None
+        except RecursionError:
+            raise UsageError(f"{path}:{lineno}: JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise UsageError(f"{path}:{lineno}: a request must be a JSON object, "
                              f"not {type(body).__name__}")
         if model is not None and "model" not in body:
             body["model"] = model
         bodies.append(body)
-    return bodies
+        linenos.append(lineno)
+    return bodies, linenos
 
 
 _LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -409,7 +446,7 @@ class _CliBatch(_batch.Batch):
 
 def run_batch(args: argparse.Namespace) -> int:
     """``llmretry batch``: returns the exit status."""
-    bodies = _read_requests(args.input, args.model)
+    bodies, linenos = _read_requests(args.input, args.model)
     n = len(bodies)
     output = os.fspath(args.output)
     if args.failures is not None and os.path.abspath(args.failures) == os.path.abspath(output):
@@ -434,7 +471,12 @@ def run_batch(args: argparse.Namespace) -> int:
         if args.call_deadline_ms is not None:
             options["deadline_ms"] = args.call_deadline_ms
         plan, sent = client._batch_plan(args.policy, options, bodies)
-        encoded = [_encode_body(body) for body in sent]
+        encoded = []
+        for body, lineno in zip(sent, linenos):
+            try:    # JSON that Python reads but cannot send: NaN, lone surrogates
+                encoded.append(_encode_body(body))
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"{args.input}:{lineno}: {exc}") from None
         results = _ResultsFile(output, kept)
         batch = _CliBatch(bodies, failures_path=args.failures,
                           resume=args.resume and args.failures is not None,
@@ -484,6 +526,11 @@ def _print_summary(summary: _batch.BatchSummary, output: str, failures: Optional
 
 def run_call(args: argparse.Namespace) -> int:
     """``llmretry call``: returns the exit status."""
+    # Arguments that were not UTF-8 reach Python as lone surrogates.
+    for flag, value in (("the prompt", args.prompt), ("--model", args.model),
+                        ("--system", args.system)):
+        if value is not None and not _is_text(value):
+            raise UsageError(f"{flag} is not valid UTF-8 text")
     messages = []
     if args.system is not None:
         messages.append({"role": "system", "content": args.system})
@@ -511,6 +558,14 @@ def run_call(args: argparse.Namespace) -> int:
         sys.stdout.write(content + ("" if content.endswith("\n") else "\n"))
     sys.stdout.flush()
     return 0
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _reply_text(data: Any) -> Optional[str]:

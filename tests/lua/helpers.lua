@@ -586,6 +586,114 @@ function H.check_outcome_secrets(out)
   end
 end
 
+-- Stricter than check_outcome_secrets: besides the key and the body's
+-- contents, no "SECRET" at all, no Authorization header text and no
+-- fragment of the request body, in tostring(err), any err field or any event.
+H.LEAK_BITS = { "SECRET", H.SECRET_KEY, "sk-test", "Bearer", '"messages"' }
+
+function H.check_no_leak(out)
+  local bits = H.body_secrets(out.body)
+  for _, b in ipairs(H.LEAK_BITS) do bits[#bits + 1] = b end
+  local where = {}
+  if out.err then
+    where[#where + 1] = tostring(out.err)
+    for k, v in pairs(out.err) do where[#where + 1] = tostring(k) .. "=" .. H.dump(v) end
+  end
+  if out.res then where[#where + 1] = H.dump(out.res.meta) end
+  for _, ev in ipairs(out.events.events) do where[#where + 1] = H.dump(ev) end
+  for _, text in ipairs(where) do
+    for _, s in ipairs(bits) do
+      check(not text:find(s, 1, true), "%q leaked into %s", s, text:sub(1, 300))
+    end
+  end
+end
+
+-- A recording server (tests/lua/recording_server.py) as a subprocess:
+-- o.tls: HTTPS with a throw-away self-signed certificate (rec.cert is its
+-- path); o.status / o.body: the answer to every request (default: a
+-- chat.completion). rec:records() is what reached it so far:
+-- {connections=, handshake_failures=, requests={...}}. Returns nil, "no
+-- openssl" when o.tls is asked for and the openssl tool is missing.
+local Recorder = {}
+Recorder.__index = Recorder
+
+function H.start_recorder(o)
+  o = o or {}
+  local records = os.tmpname()
+  os.remove(records)
+  local extra = ""
+  if o.tls then extra = extra .. " --tls" end
+  if o.status then extra = extra .. " --status " .. tostring(o.status) end
+  local body_file
+  if o.body then
+    body_file = os.tmpname()
+    H.write_file(body_file, o.body)
+    extra = extra .. " --body-file " .. q(body_file)
+  end
+  local log = os.tmpname()
+  local cmd = string.format("echo $$ && exec " .. H.CLEAN_ENV
+      .. "timeout -s TERM 600 python3 %s --records %s%s 2>>%s",
+    q(H.REPO .. "/tests/lua/recording_server.py"), q(records), extra, q(log))
+  local p = assert(io.popen(cmd, "r"))
+  local pid = p:read("*l")
+  local port = p:read("*l")
+  if port == "NO-OPENSSL" then
+    p:close()
+    os.remove(log)
+    if body_file then os.remove(body_file) end
+    return nil, "no openssl"
+  end
+  if not (pid and port and tonumber(port)) then
+    p:close()
+    error("the recording server did not start: " .. tostring(H.read_file(log)))
+  end
+  local r = setmetatable({ pipe = p, pid = tonumber(pid), port = tonumber(port),
+    records_file = records, log = log, body_file = body_file }, Recorder)
+  if o.tls then r.cert = p:read("*l") end
+  r.base_url = string.format("%s://127.0.0.1:%d/v1", o.tls and "https" or "http", r.port)
+  return r
+end
+
+function Recorder:records()
+  local f = io.open(self.records_file, "rb")
+  if not f then return { connections = 0, handshake_failures = 0, requests = {} } end
+  local text = f:read("*a")
+  f:close()
+  local doc = json.decode(text)
+  check(type(doc) == "table", "the recorder's records are not JSON: %s", text)
+  return doc
+end
+
+-- Poll records() until pred(records) holds or timeout_ms passes; the last records.
+function Recorder:wait_for(pred, timeout_ms)
+  local deadline = H.now_ms() + (timeout_ms or 3000)
+  while true do
+    local recs = self:records()
+    if pred(recs) or H.now_ms() > deadline then return recs end
+    H.sleep_ms(10)
+  end
+end
+
+function Recorder:stop()
+  if not self.pipe then return end
+  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+  self.pipe:close()
+  self.pipe = nil
+  for _, f in ipairs({ self.records_file, self.records_file .. ".tmp", self.log,
+    self.body_file }) do
+    os.remove(f)
+  end
+end
+
+-- The Lua interpreter running this suite (for child processes).
+function H.interpreter()
+  local i = -1
+  while arg and arg[i - 1] do i = i - 1 end
+  local first = arg and arg[i]
+  if first and first:find("lua", 1, true) then return first end
+  return jit and "luajit" or "lua5.4"
+end
+
 -- A TCP port nothing listens on.
 function H.closed_port()
   local p = assert(io.popen(H.CLEAN_ENV .. "python3 -c 'import socket; s=socket.socket(); "

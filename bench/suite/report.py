@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md and bench/plots/*.png from bench/results/latest.json.
+
+    python3 bench/suite/report.py [--in FILE] [--out BENCHMARKS.md] [--plots DIR]
+
+Every figure is a median of the runs in the file; ratios compare medians at
+the same concurrency. matplotlib is pip-installed when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+CALL_MANY = "llmretry_call_many"
+BARE = "bare_multi"
+
+Row = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------
+# Reading the results
+
+class Results:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.d = data
+        self.clients: list[Row] = data.get("clients", [])
+        self.labels = {c["id"]: c.get("label", c["id"]) for c in self.clients}
+        self.meds: dict[tuple[str, str, int], Row] = {
+            (m["client"], m["endpoint"], m["concurrency"]): m for m in data.get("medians", [])}
+
+    def concs(self, endpoint: str) -> list[int]:
+        return sorted({k[2] for k in self.meds if k[1] == endpoint})
+
+    def get(self, cid: str, endpoint: str, c: int, key: str) -> Optional[float]:
+        m = self.meds.get((cid, endpoint, c))
+        return m.get(key) if m else None
+
+    def measured(self, endpoint: str) -> list[str]:
+        """Client ids with at least one median on this endpoint, in file order."""
+        have = {k[0] for k, m in self.meds.items() if k[1] == endpoint and "rps" in m}
+        return [c["id"] for c in self.clients if c["id"] in have]
+
+    def label(self, cid: str) -> str:
+        return self.labels.get(cid, cid)
+
+
+# ---------------------------------------------------------------------------
+# Formatting
+
+def num(v: Optional[float], digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> str:
+    if a is None or b is None or b == 0:
+        return "—"
+    r = a / b
+    return f"{r:.2f}×" if r < 10 else f"{r:.1f}×"
+
+
+def table(head: list[str], rows: list[list[str]], align: Optional[str] = None) -> str:
+    align = align or "l" + "r" * (len(head) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def figure_tables(r: Results, endpoint: str, key: str, fmt: Callable[[Optional[float]], str],
+                  what: str, ratios: bool = True) -> str:
+    """Values per client × C, then the same as ratios to call_many and bare."""
+    concs = r.concs(endpoint)
+    ids = r.measured(endpoint)
+    head = ["client"] + [f"C={c}" for c in concs]
+    out = [table(head, [[r.label(i)] + [fmt(r.get(i, endpoint, c, key)) for c in concs]
+                        for i in ids])]
+    if ratios:
+        for base, name in ((CALL_MANY, "llmretry `call_many`"), (BARE, "the bare libcurl loop")):
+            if base not in ids:
+                continue
+            out.append(f"\n{what} ÷ {name}'s at the same concurrency:\n")
+            out.append(table(head, [[r.label(i)] + [
+                ratio(r.get(i, endpoint, c, key), r.get(base, endpoint, c, key)) for c in concs]
+                for i in ids]))
+    return "\n".join(out)
+
+
+def spread_note(r: Results, endpoint: str) -> str:
+    """The largest run-to-run spread of req/s, so a reader can judge the noise."""
+    worst = None
+    for (cid, ep, c), m in r.meds.items():
+        runs = m.get("rps_runs") or []
+        if ep != endpoint or len(runs) < 2:
+            continue
+        s = (max(runs) - min(runs)) / m["rps"]
+        if worst is None or s > worst[0]:
+            worst = (s, cid, c)
+    if worst is None:
+        return ""
+    return (f"Largest run-to-run spread (max − min over the median): {worst[0] * 100:.0f} % "
+            f"({r.label(worst[1])}, C={worst[2]}); per-run values are in "
+            "`bench/results/latest.json`.")
+
+
+# ---------------------------------------------------------------------------
+# Sections
+
+def sec_machine(r: Results) -> str:
+    m = r.d.get("machine", {})
+    v = m.get("versions", {})
+    opts = r.d.get("options", {})
+    rows = [
+        ["CPU", f"{m.get('cpu')} × {m.get('cores')} cores ({m.get('virtualization') or 'bare metal'})"],
+        ["RAM", f"{m.get('ram_gib')} GiB"],
+        ["OS / kernel", f"{m.get('os')} ({m.get('debian_version')}), Linux {m.get('kernel')}"],
+        ["llmretry", f"commit {v.get('llmretry')}"],
+        ["Python / Node / Lua / LuaJIT",
+         f"{v.get('python')} / {v.get('node')} / {v.get('lua5.4')} / {v.get('luajit')}"],
+        ["nginx / libcurl / cJSON / wrk",
+         f"{v.get('nginx')} / {v.get('libcurl')} / {v.get('libcjson')} / {v.get('wrk')}"],
+        ["openai / httpx / aiohttp / tenacity",
+         f"{v.get('openai')} / {v.get('httpx')} / {v.get('aiohttp')} / {v.get('tenacity')}"],
+        ["run", f"{r.d.get('started')} → {r.d.get('finished')} ({r.d.get('duration_s', 0) / 60:.1f} min), "
+                f"{opts.get('runs')} run(s) per row, ~{opts.get('target_seconds')} s timed per run"
+                + (" — **--quick**" if opts.get("quick") else "")
+                + (f" — only {', '.join(opts['only'])}" if opts.get("only") else "")],
+        ["load average (1/5/15 min)", f"before {fmt_load(r.d.get('load_before'))}, "
+                                      f"after {fmt_load(r.d.get('load_after'))}"],
+    ]
+    return table(["", ""], rows, "ll")
+
+
+def fmt_load(x: Optional[list[float]]) -> str:
+    return " / ".join(f"{v:.2f}" for v in x) if x else "?"
+
+
+def sec_server(r: Results) -> str:
+    sc = r.d.get("server_check") or {}
+    srv = r.d.get("server", {})
+    lines = [f"nginx {srv.get('nginx')}, one worker, access log off, keep-alive, on loopback "
+             f"(`bench/nginx.conf`): `/v1/chat/completions` answers a canned chat.completion at "
+             f"once, `/slow/v1/chat/completions` after {srv.get('slow_latency_s', 0.05) * 1000:.0f} ms "
+             f"(`echo_sleep`). The server must not be the bottleneck: wrk against the 0 ms "
+             f"endpoint should reach ≥ {sc.get('threshold', 5):.0f}× the fastest other client."]
+    if "ratio" in sc:
+        verdict = "**passed**" if sc["passed"] else "**not met**"
+        lines.append(
+            f"\nwrk's best: {num(sc['wrk_best_rps'])} req/s (C={sc['wrk_best_concurrency']}); "
+            f"fastest other client: {r.label(sc['fastest_client'])}, {num(sc['fastest_rps'])} req/s "
+            f"(C={sc['fastest_concurrency']}): **{sc['ratio']:.2f}×** — {verdict}.")
+        if not sc["passed"]:
+            lines.append(
+                "On this machine the client, nginx and (for wrk) the load generator share "
+                f"{r.d.get('machine', {}).get('cores')} cores, so the fastest client's rate is "
+                "limited by the CPU nginx also needs: its figure is a floor for what that client "
+                "can do, and the figures of slower clients (which leave nginx idle most of the "
+                "time) are not limited by the server. Compare clients with each other, in this run.")
+        rows = [[str(p["concurrency"]), num(p["wrk_rps"]), r.label(p["fastest"]),
+                 num(p["fastest_rps"]), f"{p['ratio']:.2f}×"] for p in sc["per_concurrency"]]
+        lines.append("\n" + table(["C", "wrk req/s", "fastest other client", "its req/s",
+                                   "wrk ÷ it"], rows, "rrlrr"))
+    else:
+        lines.append("\n" + sc.get("note", "The server check did not run."))
+    pre = sc.get("pre_check")
+    if pre and "rps" in pre:
+        lines.append(f"\nA first look before the matrix (wrk, C=64): {num(pre['rps'])} req/s.")
+    return "\n".join(lines)
+
+
+def sec_headline(r: Results) -> str:
+    out = []
+    for c in (64, 1024):
+        cm = r.get(CALL_MANY, "fast", c, "rps")
+        if cm is None:
+            continue
+        parts = []
+        for cid in r.measured("fast"):
+            if cid == CALL_MANY or r.get(cid, "fast", c, "rps") is None:
+                continue
+            parts.append(f"{ratio(cm, r.get(cid, 'fast', c, 'rps'))} {r.label(cid)}")
+        out.append(f"- **0 ms server, C={c}:** `call_many` {num(cm)} req/s = " + "; ".join(parts)
+                   + ".")
+    for c in (64, 256):
+        e = r.get(CALL_MANY, "slow", c, "efficiency")
+        b = r.get(BARE, "slow", c, "efficiency")
+        if e is not None:
+            out.append(f"- **50 ms server, C={c}:** `call_many` {e * 100:.1f} % of the ideal "
+                       f"{c / 0.05:,.0f} req/s" + (f" (bare loop {b * 100:.1f} %)" if b else "") + ".")
+    rss = {x["client"]: x for x in r.d.get("rss_per_call", []) if "kib_per_call" in x}
+    if CALL_MANY in rss:
+        x = rss[CALL_MANY]
+        out.append(f"- **Memory:** `call_many` {x['kib_per_call']:.1f} KiB per call in flight "
+                   f"(peak RSS at C={x['pair'][1]} against C={x['pair'][0]}, same N, 50 ms server)"
+                   + (f"; bare loop {rss[BARE]['kib_per_call']:.1f} KiB" if BARE in rss else "")
+                   + ".")
+    cc = {x["id"]: x for x in (r.d.get("ctrl_c") or {}).get("clients", [])}
+    if cc:
+        out.append("- **Ctrl-C to exit:** " + "; ".join(
+            f"{x['label']} {fmt_ms(x['median_s'])}" for x in cc.values()) + ".")
+    rt = (r.d.get("retry_timer") or {}).get("clients", [])
+    if rt:
+        out.append("- **Retry timer, late by (median / p95):** " + "; ".join(
+            f"{x['label']} {x['late_ms_median']:.1f} / {x['late_ms_p95']:.1f} ms"
+            for x in rt if "late_ms_median" in x) + ".")
+    return "\n".join(out)
+
+
+def fmt_ms(s: Optional[float]) -> str:
+    return "did not exit" if s is None else f"{s * 1000:.0f} ms"
+
+
+def sec_efficiency(r: Results) -> str:
+    concs = r.concs("slow")
+    ids = r.measured("slow")
+    rows = []
+    for i in ids:
+        cells = []
+        for c in concs:
+            e = r.get(i, "slow", c, "efficiency")
+            cells.append("—" if e is None else f"{e * 100:.1f} %")
+        rows.append([r.label(i)] + cells)
+    ceil = sorted({m.get("ceiling") for k, m in r.meds.items() if k[1] == "slow" and m.get("ceiling")})
+    note = ("Every run's N is a whole number of rounds of C requests, so there is no partial "
+            "last round: the ceiling of the test is 100 % less the first round's connection "
+            "set-up and the ~1 ms nginx timer granularity per 50 ms round."
+            if ceil and min(ceil) >= 0.999 else
+            f"Ceiling from the partial last round: {', '.join(f'{x * 100:.1f} %' for x in ceil)}.")
+    return (table(["client"] + [f"C={c} (ideal {c / 0.05:,.0f}/s)" for c in concs], rows)
+            + "\n\n" + note + " wrk runs for a fixed time, not a count.")
+
+
+def sec_rss(r: Results) -> str:
+    rows = []
+    pair = one = None
+    for x in r.d.get("rss_per_call", []):
+        pair, one = x["pair"], x["one"]
+        rss = x["rss_kib"]
+        rows.append([r.label(x["client"])]
+                    + [num(rss.get(str(c)) / 1024 if rss.get(str(c)) else None, 1)
+                       for c in (one, *pair)]
+                    + [num(x.get("kib_per_call"), 1), num(x.get("kib_per_call_vs_1"), 1)])
+    if not rows or pair is None:
+        return "Not measured (needs the 50 ms runs at C=1, 256 and 1024)."
+    lo, hi = pair
+    n = r.d.get("options", {}).get("slow_requests", {})
+    return ("(Peak RSS at C=%d − at C=%d) ÷ %d, both runs with the same N (%s), so the "
+            "difference is the calls in flight; the last column is the same against C=%d "
+            "(N=%s), which also counts the results a client keeps for the larger N "
+            "(`call_many` returns all of them).\n\n" % (hi, lo, hi - lo, n.get(str(hi), "?"),
+                                                        one, n.get(str(one), "?"))
+            + table(["client", f"peak RSS, C={one} (MiB)", f"C={lo} (MiB)", f"C={hi} (MiB)",
+                     f"KiB per call in flight ({hi} vs {lo})", f"({hi} vs {one})"], rows))
+
+
+def sec_ctrlc(r: Results) -> str:
+    cc = r.d.get("ctrl_c")
+    if not cc:
+        return "Not measured in this run."
+    rows = []
+    for x in cc["clients"]:
+        times = [s.get("seconds") for s in x["samples"]]
+        rows.append([x["label"], str(x["in_flight"]), fmt_ms(x["median_s"]),
+                     " / ".join("—" if t is None else f"{t * 1000:.0f}" for t in times),
+                     f"{x['exited']}/{len(x['samples'])}",
+                     (x["samples"][0].get("stderr_first") or "").replace("|", "\\|")[:60]
+                     if x["samples"] else ""])
+    return (f"A fresh process per sample, blocked in a call to an endpoint that never answers "
+            f"(the mock server's `no_headers` stall); SIGINT {cc['settle_s'] * 1000:.0f} ms after the "
+            f"server saw its request(s); time until the process is gone (interpreter teardown "
+            f"included), median of {cc['samples']}; a process still there after "
+            f"{cc['cap_s']:.0f} s is killed and counts as not exited. "
+            "`python3 bench/suite/ctrlc.py` reproduces it.\n\n"
+            + table(["client", "in flight", "median", "samples (ms)", "exited", "stderr says"],
+                    rows, "lrrrrl"))
+
+
+def sec_retry(r: Results) -> str:
+    rt = r.d.get("retry_timer")
+    if not rt:
+        return "Not measured in this run."
+    rows = []
+    for x in rt["clients"]:
+        if "error" in x:
+            rows.append([x["label"], "—", "—", "—", "—", x["error"][:80]])
+            continue
+        rows.append([x["label"], str(x["attempts"]), f"{x['late_ms_median']:.2f}",
+                     f"{x['late_ms_p95']:.2f}", f"{x['late_ms_max']:.2f}",
+                     f"{x['scheduled_source']}: {', '.join(f'{v:g}' for v in x['scheduled_ms_distinct'])} ms"])
+    return (f"One call, {rt['retries']} answers of 429 with `Retry-After: {rt['retry_after']}` "
+            "then a success. Actual wait k = time between the server reading attempt k and "
+            "attempt k+1 (so it includes the 429's way back, the client's handling and the next "
+            "request's way out); late by = actual − scheduled. "
+            "`python3 bench/suite/retry_timer.py` reproduces it.\n\n"
+            + table(["client", "attempts", "late by, median (ms)", "p95 (ms)", "max (ms)",
+                     "scheduled wait"], rows, "lrrrrl"))
+
+
+def sec_commands(r: Results) -> str:
+    srv = r.d.get("server", {})
+    lines = [
+        "Each row is a fresh process, run from the repo root as "
+        "`PYTHONPATH=python CMD --url BASE --concurrency C --requests N --warmup W` "
+        f"(BASE `{srv.get('fast_base', 'http://127.0.0.1:PORT/v1')}` for the 0 ms server, "
+        f"`{srv.get('slow_base', 'http://127.0.0.1:PORT/slow/v1')}` for 50 ms; start the "
+        "server with `bash -c '. bench/nginx.sh; ...'` or let `bench/suite/run.py --only ID` do "
+        "it). N and W of the median run:", ""]
+    rows = []
+    for cl in r.clients:
+        cid = cl["id"]
+        cells = []
+        for ep in ("fast", "slow"):
+            for c in r.concs(ep):
+                m = r.meds.get((cid, ep, c))
+                if m and m.get("command_text"):
+                    argv = m["command_text"].split()
+                    n = argv[argv.index("--requests") + 1]
+                    w = argv[argv.index("--warmup") + 1]
+                    cells.append(f"{'50 ms ' if ep == 'slow' else ''}C={c}: {n}/{w}")
+        rows.append([f"`{cid}`", "`" + " ".join(cl["cmd"]) + "`", "; ".join(cells) or "—"])
+    lines.append(table(["id", "CMD", "N/W per row"], rows, "lll"))
+    return "\n".join(lines)
+
+
+def sec_notes(r: Results) -> str:
+    notes = list(r.d.get("notes", []))
+    for (cid, ep, c), m in sorted(r.meds.items()):
+        if m.get("errors"):
+            notes.append(f"{r.label(cid)}, {'50 ms' if ep == 'slow' else '0 ms'}, C={c}: "
+                         f"{len(m['errors'])} of {m['runs']} run(s) failed: {m['errors'][0][:200]}")
+        if m.get("failed"):
+            notes.append(f"{r.label(cid)}, {'50 ms' if ep == 'slow' else '0 ms'}, C={c}: "
+                         f"{m['failed']} request(s) failed in the counted runs")
+    skipped = [cl for cl in r.clients if cl.get("max_concurrency")]
+    for cl in skipped:
+        notes.append(f"{cl['label']}: runs up to C={cl['max_concurrency']} only (its `max_concurrency`)")
+    if not notes:
+        return "No failed runs, no failed requests, no skipped clients."
+    return "\n".join("- " + n.replace("|", "\\|") for n in notes)
+
+
+# ---------------------------------------------------------------------------
+# Plots
+
+def ensure_matplotlib() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        print("report: pip installing matplotlib", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def style(cid: str, group: str) -> dict[str, Any]:
+    if cid == CALL_MANY:
+        return {"linewidth": 3, "color": "tab:red", "marker": "o"}
+    if cid == BARE:
+        return {"linewidth": 2, "color": "black", "linestyle": "--", "marker": "s"}
+    if group == "wrk":
+        return {"linewidth": 1.5, "color": "grey", "linestyle": ":", "marker": "^"}
+    return {"linewidth": 1.2, "marker": "."}
+
+
+def line_plot(plt: Any, r: Results, endpoint: str, key: str, scale: float, ylabel: str,
+              title: str, path: Path, logy: bool = True,
+              skip: Callable[[Row], bool] = lambda cl: False) -> None:
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for cl in r.clients:
+        if skip(cl):
+            continue
+        pts = [(c, r.get(cl["id"], endpoint, c, key)) for c in r.concs(endpoint)]
+        pts = [(c, v * scale) for c, v in pts if v is not None]
+        if pts:
+            ax.plot(*zip(*pts), label=r.label(cl["id"]), **style(cl["id"], cl.get("group", "")))
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    xs = r.concs(endpoint)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7.5, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bar_plot(plt: Any, labels: list[str], values: list[float], xlabel: str, title: str,
+             path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.5))
+    ax.barh(labels, values, color=["tab:red" if "llmretry" in lb else "tab:blue" for lb in labels])
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def make_plots(r: Results, plots: Path) -> list[tuple[str, Path]]:
+    plt = ensure_matplotlib()
+    plots.mkdir(parents=True, exist_ok=True)
+    out = []
+    p = plots / "rps.png"
+    line_plot(plt, r, "fast", "rps", 1, "requests/s (median)", "Requests per second, 0 ms server", p)
+    out.append(("requests/s vs concurrency", p))
+    p = plots / "cpu.png"
+    line_plot(plt, r, "fast", "cpu_us_per_req", 1, "CPU µs per request (client process)",
+              "CPU per request, 0 ms server", p, skip=lambda cl: cl.get("group") == "wrk")
+    out.append(("CPU µs per request", p))
+    p = plots / "rss.png"
+    line_plot(plt, r, "slow", "max_rss_kib", 1 / 1024, "peak RSS (MiB)",
+              "Peak RSS of the client process, 50 ms server", p)
+    out.append(("peak RSS vs concurrency", p))
+    p = plots / "efficiency.png"
+    line_plot(plt, r, "slow", "efficiency", 100, "% of ideal (C / 50 ms)",
+              "Latency-bound efficiency, 50 ms server", p, logy=False)
+    out.append(("efficiency at 50 ms", p))
+    cc = [x for x in (r.d.get("ctrl_c") or {}).get("clients", []) if x.get("median_s") is not None]
+    if cc:
+        p = plots / "ctrl_c.png"
+        bar_plot(plt, [x["label"] for x in cc], [x["median_s"] * 1000 for x in cc],
+                 "ms from SIGINT to process exit (median)", "Ctrl-C latency", p)
+        out.append(("Ctrl-C latency", p))
+    rt = [x for x in (r.d.get("retry_timer") or {}).get("clients", []) if "late_ms" in x]
+    if rt:
+        p = plots / "retry_timer.png"
+        fig, ax = plt.subplots(figsize=(8, 4))
+        try:
+            ax.boxplot([x["late_ms"] for x in rt], orientation="horizontal", whis=(5, 95))
+        except TypeError:   # matplotlib < 3.10
+            ax.boxplot([x["late_ms"] for x in rt], vert=False, whis=(5, 95))
+        ax.set_yticks(range(1, len(rt) + 1))
+        ax.set_yticklabels([x["label"] for x in rt])
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("actual − scheduled wait (ms); whiskers p5–p95")
+        ax.set_title(f"Retry timer: {r.d['retry_timer']['retries']} retries after Retry-After: "
+                     f"{r.d['retry_timer']['retry_after']}")
+        ax.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        out.append(("retry-timer accuracy", p))
+    return out
+
+
+# ---------------------------------------------------------------------------
+
+def render(r: Results, plots: list[tuple[str, Path]], out_dir: Path) -> str:
+    def img(name: str) -> str:
+        for title, p in plots:
+            if p.name == name:
+                return f"\n![{title}]({p.relative_to(out_dir).as_posix()})\n"
+        return ""
+
+    fast_all = r.concs("fast")
+    parts = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`bench/suite/run.py`, then `bench/suite/report.py`) from "
+        "`bench/results/latest.json`. Every client is a separate program "
+        "(`bench/clients/`, listed in `bench/clients/clients.json`) making the same chat "
+        "completion request against the same local nginx, with its own retries on, in the same "
+        "run; each figure is the median of the runs. Absolute numbers depend on the machine: "
+        "compare the rows with each other.",
+    ]
+    if r.d.get("options", {}).get("quick"):
+        parts.append("\n> **This is a `--quick` run** (one run per row, fewer concurrencies): "
+                     "indicative only.")
+    load = r.d.get("load_before") or [0]
+    if load[0] > 0.5:
+        parts.append(f"\n> The machine was not idle (load average {fmt_load(r.d.get('load_before'))} "
+                     f"before the run, {fmt_load(r.d.get('load_after'))} after): other work "
+                     "shared the cores, so the figures are noisy.")
+    parts += [
+        "\n## Headline\n", sec_headline(r),
+        "\n## Machine\n", sec_machine(r),
+        "\n## How to reproduce\n",
+        "`make bench` (about 15 minutes; installs what is missing with apt-get and pip, then "
+        "writes this file and `bench/plots/`). `python3 bench/suite/run.py --quick` is a "
+        "one-run check; `--only id,id` and `--runs N` narrow it; `python3 bench/suite/report.py` "
+        "re-renders this file. The exact command of each row is under "
+        "[Commands](#commands).",
+        "\n## The server\n", sec_server(r),
+        "\n## Requests per second (0 ms server)\n",
+        "Requests that succeeded ÷ the client's timed section (after start-up and warm-up), "
+        f"at {', '.join(map(str, fast_all))} requests in flight.\n",
+        figure_tables(r, "fast", "rps", num, "req/s"),
+        "\n" + spread_note(r, "fast"),
+        img("rps.png"),
+        "\n## CPU per request (0 ms server)\n",
+        "User + system CPU of the client process (all its threads) during the timed section ÷ "
+        "requests that succeeded, in µs. nginx's CPU is not counted. For wrk this is the load "
+        "generator's own cost.\n",
+        figure_tables(r, "fast", "cpu_us_per_req", lambda v: num(v, 1), "CPU µs per request"),
+        img("cpu.png"),
+        "\n## Memory\n",
+        "Peak RSS of the client process (`ru_maxrss` from `wait4`: the largest of the process "
+        "and the children it waited for), in MiB, against the 50 ms server, where every "
+        "client makes the same number of requests at a given concurrency (N="
+        + ", ".join(f"{v} at C={k}" for k, v in r.d.get("options", {}).get("slow_requests", {}).items())
+        + "):\n",
+        figure_tables(r, "slow", "max_rss_kib", lambda v: num(v / 1024 if v else None, 1),
+                      "Peak RSS"),
+        "\n**RSS per call in flight.** ",
+        sec_rss(r),
+        img("rss.png"),
+        "\n## Latency-bound efficiency (50 ms server)\n",
+        "Achieved req/s ÷ the ideal C ÷ 50 ms.\n",
+        sec_efficiency(r),
+        img("efficiency.png"),
+        "\n## Ctrl-C latency\n", sec_ctrlc(r), img("ctrl_c.png"),
+        "\n## Retry-timer accuracy\n", sec_retry(r), img("retry_timer.png"),
+        "\n## Notes\n", sec_notes(r),
+        "\n## Commands\n", sec_commands(r),
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--in", dest="src", default=str(ROOT / "bench/results/latest.json"))
+    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    ap.add_argument("--plots", default=str(ROOT / "bench/plots"))
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args()
+    r = Results(json.loads(Path(a.src).read_text()))
+    out = Path(a.out).resolve()
+    plots = [] if a.no_plots else make_plots(r, Path(a.plots).resolve())
+    out.write_text(render(r, plots, out.parent))
+    print(f"report: wrote {out}" + (f" and {len(plots)} plots" if plots else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
