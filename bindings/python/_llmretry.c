@@ -12,9 +12,11 @@
 
 #include "llmretry.h"
 #include "pool.h"
+#include "results.h"
 
 #include <cjson/cJSON.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -58,23 +60,6 @@ static int put_k(PyObject *d, PyObject *key, PyObject *v)
     return rc;
 }
 
-static PyObject *usage_dict(const module_state *st, const llmretry_usage *u)
-{
-    if (!u || !u->present)
-        Py_RETURN_NONE;
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    if (put_k(d, st->keys[K_prompt_tokens], PyLong_FromLongLong((long long)u->prompt_tokens)) ||
-        put_k(d, st->keys[K_completion_tokens],
-              PyLong_FromLongLong((long long)u->completion_tokens)) ||
-        put_k(d, st->keys[K_total_tokens], PyLong_FromLongLong((long long)u->total_tokens))) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
 static PyObject *int_or_none(long long v, int present)
 {
     if (!present)
@@ -96,7 +81,7 @@ static PyObject *event_dict(const module_state *st, const llmretry_event *ev)
         switch (f.type) {
         case LLMRETRY_FIELD_INT: v = PyLong_FromLongLong((long long)f.i); break;
         case LLMRETRY_FIELD_STRING: v = str_or_none(f.s); break;
-        case LLMRETRY_FIELD_USAGE: v = usage_dict(st, f.usage); break;
+        case LLMRETRY_FIELD_USAGE: v = lr_usage_dict(st, f.usage); break;
         default: v = Py_None; Py_INCREF(v); break;
         }
         if (put(d, f.name, v) < 0) {
@@ -124,7 +109,7 @@ static PyObject *result_dict(const module_state *st, const llmretry_result *r)
     if (r->ok) {
         rc |= put_k(d, k[K_status], PyLong_FromLong(r->status));
         rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
-        rc |= put_k(d, k[K_usage], usage_dict(st, &r->usage));
+        rc |= put_k(d, k[K_usage], lr_usage_dict(st, &r->usage));
         rc |= put_k(d, k[K_response_model], str_or_none(r->response_model));
         rc |= put_k(d, k[K_system_fingerprint], str_or_none(r->system_fingerprint));
     } else {
@@ -247,6 +232,7 @@ typedef struct {
     int have_body;
     PyObject *headers_fast;
     const char **header_lines;
+    int as_result;                  /* successes as the package's Result (call_value) */
 } call_args;
 
 static void call_args_release(call_args *a)
@@ -337,7 +323,7 @@ static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
         "base_delay_ms", "max_delay_ms", "jitter", "deadline_ms", "retry_mode",
         "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
         "max_response_bytes", "headers", "request_id", "idempotency_key", "policy",
-        "ca_file", "on_event", "validate", "event_mask", NULL,
+        "ca_file", "on_event", "validate", "event_mask", "as_result", NULL,
     };
     llmretry_options *o = &a->o;
     llmretry_options_defaults(o);
@@ -348,12 +334,13 @@ static int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
     const char *jitter = "additive", *retry_mode = "safe";
     PyObject *deadline = Py_None, *statuses = Py_None, *headers = Py_None;
     *on_event = *validate = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|$zzzzLiLLsOsOLpLOzzzzOOI:call", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|$zzzzLiLLsOsOLpLOzzzzOOIp:call", kwlist,
                                      &a->body, &o->model, &o->url, &o->base_url, &o->api_key,
                                      &timeout_ms, &max_retries, &base, &cap, &jitter, &deadline,
                                      &retry_mode, &statuses, &max_ra, &retry_invalid, &max_bytes,
                                      &headers, &o->request_id, &o->idempotency_key, &o->policy,
-                                     &o->ca_file, on_event, validate, &event_mask))
+                                     &o->ca_file, on_event, validate, &event_mask,
+                                     &a->as_result))
         return -1;
     a->have_body = 1;
     o->body = a->body.buf;
@@ -517,14 +504,26 @@ static int check_interrupts(void)
     return 0;
 }
 
-/* Wait for the call, delivering its mail on this thread. Returns the result
- * dict, or NULL with an exception set (the call is then cancelled). */
-static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate)
+/* A finished call's value: with as_result, the package's Result for a
+ * success it can build (no validator: its verdict and parse belong to the
+ * package); else the outcome dict. NULL with an exception set on failure. */
+static PyObject *call_value(const module_state *st, const llmretry_result *r,
+                            PyObject *validate, int as_result)
+{
+    PyObject *v = NULL;
+    int built = as_result && validate == Py_None ? lr_build_result(st, r, &v) : 0;
+    return built == 0 ? result_dict(st, r) : v;
+}
+
+/* Wait for the call, delivering its mail on this thread. Returns its value
+ * (call_value), or NULL with an exception set (the call is then cancelled). */
+static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate,
+                           int as_result)
 {
     for (;;) {
         int rc = drain_mail(c, rt, validate);
         if (rc > 0)
-            return result_dict(rt->st, llmretry_call_result(c));
+            return call_value(rt->st, llmretry_call_result(c), validate, as_result);
         if (rc < 0)
             break;
         Py_BEGIN_ALLOW_THREADS
@@ -566,6 +565,7 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     else
         snprintf(err, sizeof err, "the engine is closed");
     pthread_mutex_unlock(&self->mu);
+    int as_result = a.as_result;
     call_args_release(&a);
     if (st != LLMRETRY_OK) {
         PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError
@@ -575,7 +575,7 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     /* Keep the callables alive while Python code may drop its references. */
     Py_INCREF(on_event);
     Py_INCREF(validate);
-    PyObject *r = wait_call(c, &rt, validate);
+    PyObject *r = wait_call(c, &rt, validate, as_result);
     Py_DECREF(on_event);
     Py_DECREF(validate);
     llmretry_call_free(c);
@@ -611,12 +611,38 @@ static void batch_cancel_all(batch *b)
         }
 }
 
-static PyObject *group_stats_dict(llmretry_group *g)
+/* What a batch adds up as its items finish, for the batch summary. */
+typedef struct {
+    long long attempts, retries, prompt_tokens, completion_tokens, total_tokens;
+} batch_totals;
+
+static void totals_add(batch_totals *t, const llmretry_result *r)
 {
-    llmretry_group_stats st;
-    llmretry_group_stats_get(g, &st);
-    return Py_BuildValue("{sisisi}", "pauses", st.pauses, "halvings", st.halvings,
-                         "window", st.window);
+    t->attempts += r->attempts;
+    t->retries += r->attempts > 1 ? r->attempts - 1 : 0;
+    if (r->ok && r->usage.present) {
+        t->prompt_tokens += r->usage.prompt_tokens;
+        t->completion_tokens += r->usage.completion_tokens;
+        t->total_tokens += r->usage.total_tokens;
+    }
+}
+
+/* Fill the caller's stats dict: the group's pacing and the totals so far. */
+static int put_stats(PyObject *stats, llmretry_group *g, const batch_totals *t)
+{
+    llmretry_group_stats gs = { 0, 0, 0 };
+    if (g)
+        llmretry_group_stats_get(g, &gs);
+    const struct { const char *name; long long v; } f[] = {
+        { "pauses", gs.pauses }, { "halvings", gs.halvings }, { "window", gs.window },
+        { "attempts", t->attempts }, { "retries", t->retries },
+        { "prompt_tokens", t->prompt_tokens }, { "completion_tokens", t->completion_tokens },
+        { "total_tokens", t->total_tokens },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (put(stats, f[i].name, PyLong_FromLongLong(f[i].v)) < 0)
+            return -1;
+    return 0;
 }
 
 /* Check every body before any is sent: a bad one late in a batch must not
@@ -708,7 +734,10 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
     PyObject *deadline_arg = pop_kw(kw, "batch_deadline_ms", Py_None);
     PyObject *adaptive_arg = pop_kw(kw, "adaptive", Py_True);
     PyObject *on_result = pop_kw(kw, "on_result", Py_None);
+    PyObject *results_arg = pop_kw(kw, "results", Py_None);
+    PyObject *stats_arg = pop_kw(kw, "stats", Py_None);
     batch b = { NULL, NULL, NULL, 0, NULL };
+    batch_totals totals = { 0, 0, 0, 0, 0 };
     call_args a;
     memset(&a, 0, sizeof a);
     PyObject *on_event = Py_None, *validate = Py_None, *results = NULL, *out = NULL;
@@ -717,14 +746,25 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
     llmretry_group_options go;
     llmretry_group_options_defaults(&go);
     if (limit_arg) {
-        go.limit = (int)PyLong_AsLong(limit_arg);
-        if (go.limit == -1 && PyErr_Occurred())
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(limit_arg, &overflow);
+        if (v == -1 && PyErr_Occurred())
             goto done;
+        if (overflow || v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "limit must be between 1 and %d", INT_MAX);
+            goto done;
+        }
+        go.limit = (int)v;
     }
     if (deadline_arg != Py_None) {
-        go.deadline_ms = PyLong_AsLongLong(deadline_arg);
+        int overflow = 0;
+        go.deadline_ms = PyLong_AsLongLongAndOverflow(deadline_arg, &overflow);
         if (go.deadline_ms == -1 && PyErr_Occurred())
             goto done;
+        if (overflow) {
+            PyErr_SetString(PyExc_ValueError, "batch_deadline_ms is out of range (at most 2**63-1)");
+            goto done;
+        }
         if (go.deadline_ms < 0) {
             PyErr_Format(PyExc_ValueError, "batch_deadline_ms must be >= 0 or None (got %lld)",
                          (long long)go.deadline_ms);
@@ -734,6 +774,10 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
     go.adaptive = PyObject_IsTrue(adaptive_arg);
     if (on_result != Py_None && !PyCallable_Check(on_result)) {
         PyErr_SetString(PyExc_TypeError, "on_result must be callable or None");
+        goto done;
+    }
+    if (stats_arg != Py_None && !PyDict_Check(stats_arg)) {
+        PyErr_SetString(PyExc_TypeError, "stats must be a dict or None");
         goto done;
     }
     PyObject *empty = Py_BuildValue("(y)", "");
@@ -748,6 +792,18 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
                         ? "request_id cannot be shared by the calls of a batch"
                         : "idempotency_key cannot be shared by the calls of a batch");
         goto done;
+    }
+    {
+        /* The options the calls share, checked once and named as such,
+         * before any call: not as the first body's fault. */
+        llmretry_options shared = a.o;
+        char err[LLMRETRY_ERRBUF] = "";
+        shared.body = "{}";
+        shared.body_len = 2;
+        if (llmretry_options_check(&shared, err, sizeof err) != LLMRETRY_OK) {
+            PyErr_SetString(PyExc_ValueError, err);
+            goto done;
+        }
     }
     if (!(b.bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
         goto done;
@@ -771,9 +827,20 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
     }
     if (batch_check(&b) < 0)
         goto done;
+    if (results_arg != Py_None) {
+        /* The caller's list, filled in place: what finished before a Ctrl-C
+         * stays there for the batch's record. */
+        if (!PyList_Check(results_arg) || PyList_GET_SIZE(results_arg) != b.n) {
+            PyErr_SetString(PyExc_ValueError, "results must be a list as long as bodies");
+            goto done;
+        }
+        results = results_arg;
+        Py_INCREF(results);
+    } else if (!(results = PyList_New(b.n))) {
+        goto done;
+    }
     b.calls = PyMem_Calloc((size_t)(b.n ? b.n : 1), sizeof *b.calls);
-    results = PyList_New(b.n);
-    if (!b.calls || !results) {
+    if (!b.calls) {
         PyErr_NoMemory();
         goto done;
     }
@@ -814,13 +881,17 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
                 goto done;
             if (rc == 0)
                 continue;
-            PyObject *d = result_dict(rt.st, llmretry_call_result(ready[j]));
+            /* A Result, or an outcome dict for the package to turn into
+             * an error (call_value). */
+            const llmretry_result *r = llmretry_call_result(ready[j]);
+            totals_add(&totals, r);
+            PyObject *d = call_value(rt.st, r, validate, a.as_result);
             llmretry_call_free(ready[j]);
             b.calls[i] = NULL;
             finished++;
             if (!d)
                 goto done;
-            PyList_SET_ITEM(results, i, d);
+            PyList_SetItem(results, i, d);      /* the caller's list may hold None */
             if (on_result != Py_None) {
                 PyObject *r = PyObject_CallFunction(on_result, "nO", i, d);
                 if (!r)
@@ -829,8 +900,19 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
             }
         }
     }
-    out = Py_BuildValue("(ON)", results, group_stats_dict(g));
+    out = results;
+    Py_INCREF(out);
 done:
+    if (stats_arg != Py_None && g) {
+        /* Also after Ctrl-C: the summary counts what ran. */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        int bad = put_stats(stats_arg, g, &totals) < 0;
+        if (et)
+            PyErr_Restore(et, ev, tb);          /* the first error wins */
+        else if (bad)
+            Py_CLEAR(out);
+    }
     if (b.calls) {
         batch_cancel_all(&b);
         PyMem_Free(b.calls);
@@ -850,8 +932,8 @@ static PyMethodDef Engine_methods[] = {
       "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
     { "call_many", (PyCFunction)(void (*)(void))Engine_call_many, METH_VARARGS | METH_KEYWORDS,
       "call_many(bodies, *, models=None, limit=8, batch_deadline_ms=None, adaptive=True,\n"
-      "          on_result=None, **options) -> (list of dicts, stats): a batch on the\n"
-      "          engine thread (see _llmretry.pyi)." },
+      "          on_result=None, results=None, stats=None, **options) -> list: a batch\n"
+      "          on the engine thread (see _llmretry.pyi)." },
     { "close", (PyCFunction)Engine_close, METH_NOARGS,
       "close(): cancel calls in flight and stop the I/O thread. Idempotent." },
     { NULL, NULL, 0, NULL },
@@ -951,6 +1033,8 @@ static PyMethodDef module_methods[] = {
       "extract_json(text) -> str: the JSON text inside model output." },
     { "assert_shape_json", (PyCFunction)(void (*)(void))assert_shape_json,
       METH_VARARGS | METH_KEYWORDS, "assert_shape_json(json_text, shape_json, path='root')." },
+    { "_set_result_types", lr_set_result_types, METH_VARARGS,
+      "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
     { "parse_retry_after", parse_retry_after, METH_VARARGS,
       "parse_retry_after(value, now_unix_ms) -> int: ms, or -1 when not usable." },
     { NULL, NULL, 0, NULL },
@@ -1014,7 +1098,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->engine_type);
     Py_VISIT(st->pool_stop);
     Py_VISIT(st->not_started);
-    return 0;
+    return lr_results_traverse(st, visit, arg);
 }
 
 static int module_clear(PyObject *m)
@@ -1023,6 +1107,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->engine_type);
     Py_CLEAR(st->pool_stop);
     Py_CLEAR(st->not_started);
+    lr_results_clear(st);
     for (int i = 0; i < K_COUNT; i++)
         Py_CLEAR(st->keys[i]);
     return 0;

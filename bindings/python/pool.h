@@ -21,11 +21,20 @@
 enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 #undef KEY_ENUM
 
+#define LR_RESULT_FIELDS 2          /* Result: data, meta */
+#define LR_META_FIELDS 10           /* Meta: see results.c */
+
 typedef struct {
     PyTypeObject *engine_type;
     PyObject *pool_stop;            /* the PoolStop exception class */
     PyObject *not_started;          /* the NOT_STARTED sentinel */
     PyObject *keys[K_COUNT];        /* interned outcome keys */
+    /* What lr_build_result needs (results.c); NULL until registered. */
+    PyTypeObject *result_type, *meta_type;
+    PyObject *result_fields[LR_RESULT_FIELDS];  /* Result's slot descriptors */
+    PyObject *meta_fields[LR_META_FIELDS];      /* Meta's, in META_FIELDS order */
+    PyObject *scan_once;            /* json's scanner: (text, index) -> (value, end) */
+    PyObject *parse;                /* the package's parser, for what scan_once refuses */
 } module_state;
 
 typedef struct lr_pool lr_pool;

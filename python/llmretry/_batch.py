@@ -234,6 +234,17 @@ class Accounting:
                 self.completion_tokens += usage.get("completion_tokens") or 0
                 self.total_tokens += usage.get("total_tokens") or 0
 
+    def add_meta(self, meta: Any) -> None:
+        """Count one successful call by its Meta."""
+        usage = meta.usage
+        with self.lock:
+            self.attempts += meta.attempts
+            self.retries += max(meta.attempts - 1, 0)
+            if usage:
+                self.prompt_tokens += usage.get("prompt_tokens") or 0
+                self.completion_tokens += usage.get("completion_tokens") or 0
+                self.total_tokens += usage.get("total_tokens") or 0
+
     def merge(self, other: "Accounting") -> None:
         """Add another batch's totals (a batch run inside a worker)."""
         with self.lock:
@@ -733,6 +744,52 @@ class Batch:
                 self._ok += 1
             if self.progress is not None:
                 self.progress(self._done, len(self.to_run), self._failed)
+
+    def needs_each_item(self) -> bool:
+        """Whether something wants each item as it finishes (a record,
+        progress, on_result, a subclass's item_done); if not, a run may
+        hand over its values at the end (:meth:`record_values`)."""
+        return (self.journal is not None or self.progress is not None
+                or self.on_result is not None or type(self).item_done is not Batch.item_done)
+
+    def record_values(self, values: Sequence[Any],
+                      convert: Callable[[Any], Tuple[Any, bool, bool]]) -> None:
+        """Record a run not watched item by item: ``values[k]`` is item
+        ``to_run[k]``'s value, None when it did not finish: a success, or
+        an outcome dict that ``convert`` turns into (value, failed,
+        not_started)."""
+        results, to_run = self.results, self.to_run
+        ok = failed = not_started = 0
+        for k, value in enumerate(values):
+            if value is None:
+                continue
+            if type(value) is not dict:
+                ok += 1
+            else:
+                value, bad, late = convert(value)
+                if bad:
+                    failed += 1
+                    not_started += late
+                else:
+                    ok += 1
+            results[to_run[k]] = value
+        with self._lock:
+            self._done += ok + failed
+            self._ok += ok
+            self._failed += failed
+            self._not_started += not_started
+
+    def add_totals(self, stats: Mapping[str, int]) -> None:
+        """The engine's numbers for a run: its pacing (pauses, halvings)
+        and what its calls added up to (attempts, retries, tokens)."""
+        self.stats = dict(stats)
+        a = self.acc
+        with a.lock:
+            a.attempts += stats.get("attempts", 0)
+            a.retries += stats.get("retries", 0)
+            a.prompt_tokens += stats.get("prompt_tokens", 0)
+            a.completion_tokens += stats.get("completion_tokens", 0)
+            a.total_tokens += stats.get("total_tokens", 0)
 
     def finish(self, completed: bool) -> BatchSummary:
         """End the run: close the record and progress, emit the summary."""

@@ -332,6 +332,12 @@ def _parse_json(body: bytes) -> Any:
     return value
 
 
+# call_many's successes are made Results by the extension, straight from
+# each body: it needs the classes, the scanner and, for what the scanner
+# refuses, _parse_json (whose ValueError then says why).
+_llmretry._set_result_types(Result, Meta, _scan_once, _parse_json)
+
+
 def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
     """The body as bytes, and its model when it is a dict naming one."""
     if isinstance(body, dict):
@@ -687,9 +693,13 @@ class Client:
         validator = None
         if plan.validate is not None:
             validator = extra["validate"] = _Validator(plan.validate)
-        out = engine.call(payload, **extra, **plan.kwargs)
+        out = engine.call(payload, as_result=True, **extra, **plan.kwargs)
         acc = _batch.current_accounting()
-        if acc is not None:     # a map_with_concurrency worker: count for its batch
+        if type(out) is Result:     # a success the extension parsed and built
+            if acc is not None:     # a map_with_concurrency worker: count for its batch
+                acc.add_meta(out.meta)
+            return out
+        if acc is not None:
             acc.add_outcome(out)
         if not out["ok"]:
             raise error_from_outcome(out)
@@ -824,20 +834,34 @@ class Client:
                 if plan.auto_key:
                     extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
 
-                def item_done(k: int, out: Dict[str, Any]) -> None:
-                    value = _value_of(out, validator)
-                    failed = not isinstance(value, Result)
-                    batch.item_done(to_run[k], value, failed, outcome=out,
-                                    not_started=(failed and out.get("attempts") == 0
-                                                 and out.get("kind") == "deadline_exceeded"))
+                # The engine makes each success a Result; what it hands back
+                # as an outcome dict (a failure, a body Python cannot parse,
+                # a validator's verdict to apply) becomes a value here.
+                def item_done(k: int, value: Any) -> None:
+                    failed = not_started = False
+                    if type(value) is dict:
+                        value, failed, not_started = _batch_value(value, validator)
+                    batch.item_done(to_run[k], value, failed, not_started=not_started)
 
-                # The extension reads limit as a C int: a larger one means
-                # the same (no batch has 2**31 calls in flight).
-                _outs, stats = engine.call_many(
-                    [encoded[i][0] for i in to_run], models=[encoded[i][1] for i in to_run],
-                    limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms, adaptive=adaptive,
-                    on_result=item_done, **extra, **plan.kwargs)
-                batch.stats = stats
+                # Items are watched one by one only when something wants
+                # each one as it finishes (a record, progress, on_result);
+                # otherwise the values are recorded once the run ends.
+                each = batch.needs_each_item()
+                values: List[Any] = [None] * len(to_run)
+                stats: Dict[str, int] = {}
+                try:
+                    # The extension reads limit as a C int: a larger one
+                    # means the same (no batch has 2**31 calls in flight).
+                    engine.call_many(
+                        [encoded[i][0] for i in to_run], models=[encoded[i][1] for i in to_run],
+                        limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
+                        adaptive=adaptive,
+                        on_result=item_done if each else None, results=values, stats=stats,
+                        as_result=True, **extra, **plan.kwargs)
+                finally:
+                    batch.add_totals(stats)
+                    if not each:
+                        batch.record_values(values, lambda out: _batch_value(out, validator))
         return batch.result()
 
     def map_with_concurrency(self, items: Iterable[T], limit: int,
@@ -860,6 +884,15 @@ class Client:
                                      deadline_ms=deadline_ms, failures_path=failures_path,
                                      resume=resume, progress=progress, adaptive=adaptive,
                                      on_result=on_result, logger=logger)
+
+
+def _batch_value(out: Dict[str, Any],
+                 validator: Optional[_Validator]) -> Tuple[Any, bool, bool]:
+    """A call_many outcome dict as (value, failed, not_started)."""
+    value = _value_of(out, validator)
+    failed = not isinstance(value, Result)
+    return value, failed, (failed and out.get("attempts") == 0
+                           and out.get("kind") == "deadline_exceeded")
 
 
 def _value_of(out: Dict[str, Any], validator: Optional[_Validator]) -> Union[Result, LLMError]:

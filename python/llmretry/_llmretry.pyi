@@ -63,7 +63,8 @@ class Engine:
         on_event: Optional[Callable[[dict[str, Any]], Any]] = None,
         validate: Optional[Callable[[bytes], Optional[str]]] = None,
         event_mask: int = EVENTS_ALL,
-    ) -> dict[str, Any]:
+        as_result: bool = False,
+    ) -> Any:
         """Run one call to completion and return its outcome.
 
         ``body`` is the JSON request body (UTF-8). ``model`` names the model
@@ -95,6 +96,12 @@ class Engine:
         deadline_exceeded, cancelled, response_too_large; ``reason`` one of
         retries_exhausted, not_retryable, deadline, retry_after_too_long,
         unsafe_mode, cancelled.
+
+        With ``as_result`` (and no ``validate``), a success whose body
+        Python's json parses is returned as the package's ``Result``
+        (registered with ``_set_result_types``) instead of its dict; its
+        ``Meta`` and the body's all-atomic dicts are not tracked by the
+        cyclic GC. Other outcomes stay dicts.
         """
 
     def call_many(
@@ -106,9 +113,11 @@ class Engine:
         limit: int = 8,
         batch_deadline_ms: Optional[int] = None,
         adaptive: bool = True,
-        on_result: Optional[Callable[[int, dict[str, Any]], Any]] = None,
+        on_result: Optional[Callable[[int, Any], Any]] = None,
+        results: Optional[list[Any]] = None,
+        stats: Optional[dict[str, int]] = None,
         **options: Any,
-    ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    ) -> list[Any]:
         """Run one call per body as one batch on the engine thread.
 
         ``options`` are those of ``call`` (``request_id`` and
@@ -123,7 +132,12 @@ class Engine:
         events and validation requests, and calls ``on_result(index,
         outcome)`` as each item finishes; an exception from it (or Ctrl-C)
         cancels the rest and propagates. Returns the outcomes in input order
-        (the dicts of ``call``) and ``{"pauses", "halvings", "window"}``.
+        (the values of ``call``, ``as_result`` included), in ``results`` when
+        given (a list as long as ``bodies``, filled in place as items
+        finish, so what finished before an exception is kept there). ``stats``,
+        a dict, receives ``{"pauses", "halvings", "window", "attempts",
+        "retries", "prompt_tokens", "completion_tokens", "total_tokens"}``
+        when the batch ends, also when it ends by an exception.
         """
 
 NOT_STARTED: object  # run_pool's slot for an item never started (deadline, stop)
@@ -161,6 +175,12 @@ def extract_json(text: Union[str, bytes]) -> str:
 def assert_shape_json(json_text: Union[str, bytes], shape_json: Union[str, bytes],
                       path: str = "root") -> None:
     """The core's assert_shape on JSON texts; ValueError naming the path."""
+
+def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], Any],
+                      parse: Callable[[bytes], Any]) -> None:
+    """Register the classes ``as_result`` builds (``__slots__`` classes with
+    ``data, meta`` and Meta's ten fields), json's ``scan_once`` and the
+    package's ``parse(bytes)`` for bodies the scanner refuses."""
 
 def parse_retry_after(value: str, now_unix_ms: int) -> int:
     """The core's Retry-After parser: ms > 0, or -1 when not usable."""

@@ -1,0 +1,25 @@
+/* A successful call's outcome as the package's Result, built in C.
+ *
+ * The package registers its Result and Meta classes and its JSON parser
+ * once (_set_result_types); a batch then turns each success into a Result
+ * without a dict in between or a Python function per item. */
+#ifndef LLMRETRY_PY_RESULTS_H
+#define LLMRETRY_PY_RESULTS_H
+
+#include "pool.h"
+
+/* _set_result_types(Result, Meta, scan_once, parse): see results.c. */
+PyObject *lr_set_result_types(PyObject *module, PyObject *args);
+
+/* 1 with *out a new Result, 0 when r is not a success this module can build
+ * (no types registered, or a body Python's JSON parser refuses: the caller
+ * makes the outcome dict and the package says why), -1 on error. */
+int lr_build_result(const module_state *st, const llmretry_result *r, PyObject **out);
+
+/* The result dict's usage value: a dict of the three counts, or None. */
+PyObject *lr_usage_dict(const module_state *st, const llmretry_usage *u);
+
+int lr_results_traverse(const module_state *st, visitproc visit, void *arg);
+void lr_results_clear(module_state *st);
+
+#endif

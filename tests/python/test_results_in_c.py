@@ -1,0 +1,129 @@
+"""Successes built in C (bindings/python/results.c) are the same Results the
+package builds in Python, whichever way a batch is recorded."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+from typing import Any, Dict, List
+
+import pytest
+
+import llmretry
+from conftest import FAST, SECRET_KEY, Scenario, secret_body
+from llmretry import _client
+
+
+def opts(scen: Scenario, **kw: Any) -> Dict[str, Any]:
+    base: Dict[str, Any] = dict(base_url=scen.url, api_key=SECRET_KEY, logger=None, **FAST)
+    base.update(kw)
+    return base
+
+
+def python_built(out: Dict[str, Any]) -> llmretry.Result:
+    """What the package makes of an outcome dict in Python."""
+    value = _client._value_of(out, None)
+    assert isinstance(value, llmretry.Result)
+    return value
+
+
+def test_c_result_equals_the_python_one(scen: Scenario) -> None:
+    scen.script([{"status": 503}, {"content": "héllo ✓", "system_fingerprint": "fp_1",
+                                    "usage": {"prompt_tokens": 7, "completion_tokens": 2,
+                                              "total_tokens": 9}}])
+    engine = _llmretry_engine()
+    try:
+        body = _client._encode_body(secret_body("c-built"))[0]
+        kw = dict(base_url=scen.url, api_key=SECRET_KEY, base_delay_ms=1, jitter="none")
+        built = engine.call(body, as_result=True, **kw)
+        scen.script([{"status": 503}, {"content": "héllo ✓", "system_fingerprint": "fp_1",
+                                        "usage": {"prompt_tokens": 7, "completion_tokens": 2,
+                                                  "total_tokens": 9}}])
+        plain = engine.call(body, **kw)
+    finally:
+        engine.close()
+    assert type(built) is llmretry.Result and type(plain) is dict
+    ref = python_built(plain)
+    assert built.data.pop("id") != ref.data.pop("id")     # the mock numbers its answers
+    assert built.data == ref.data
+    assert built.data["choices"][0]["message"]["content"] == "héllo ✓"
+    m, r = built.meta, ref.meta
+    for name in ("attempt", "attempts", "status", "usage", "model", "response_model",
+                 "system_fingerprint"):
+        assert getattr(m, name) == getattr(r, name), name
+    assert (m.attempt, m.attempts, m.status) == (1, 2, 200)
+    assert m.usage == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert m.system_fingerprint == "fp_1" and isinstance(m.request_id, str)
+    assert m.duration_ms >= 0 and m.total_ms >= m.duration_ms
+    # the same class, so everything a Meta does still works
+    assert type(m) is llmretry.Meta and m == pickle.loads(pickle.dumps(m))
+    assert m.as_dict()["usage"] == m.usage
+    with pytest.raises(AttributeError):
+        m.status = 500  # type: ignore[misc]
+    data, meta = built
+    assert meta is m and "SECRET" not in repr(built)
+
+
+def _llmretry_engine() -> Any:
+    from llmretry import _llmretry
+    return _llmretry.Engine()
+
+
+def test_meta_and_atomic_dicts_are_not_left_to_the_gc(scen: Scenario) -> None:
+    """Meta and the response's all-atomic objects are untracked, as CPython's
+    GC would do itself; what holds containers stays tracked, and a dict that
+    is given a container later is tracked again."""
+    res = llmretry.call_llm(secret_body("gc"), **opts(scen))
+    assert not gc.is_tracked(res.meta)
+    message = res.data["choices"][0]["message"]
+    assert not gc.is_tracked(message) and not gc.is_tracked(res.data["usage"])
+    assert gc.is_tracked(res.data) and gc.is_tracked(res.data["choices"])
+    assert gc.is_tracked(res)
+    message["tools"] = []
+    assert gc.is_tracked(message)
+
+
+def test_whitespace_around_the_body_is_json(scen: Scenario) -> None:
+    doc = ('\n  {"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
+           '"message": {"role": "assistant", "content": "spaced"}, "finish_reason": "stop"}]}'
+           ' \r\n\t')
+    scen.script([{"body": doc}, {"body": doc}])
+    res = llmretry.call_llm(secret_body("ws"), **opts(scen))
+    assert res.data["choices"][0]["message"]["content"] == "spaced"
+    out = llmretry.call_many([secret_body("ws2")], limit=1, **opts(scen))
+    assert out[0].data == res.data
+
+
+# A raw newline inside a JSON string: the core's parser takes it, Python's
+# json (strict) does not, so the item is an error saying so, not a Result.
+UNPARSABLE = ('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
+              '"message": {"role": "assistant", "content": "a\nb"}, "finish_reason": "stop"}]}')
+
+
+def test_a_body_python_cannot_parse_is_an_error(scen: Scenario) -> None:
+    scen.script([{"body": UNPARSABLE}])
+    with pytest.raises(llmretry.InvalidResponseError, match="cannot parse") as info:
+        llmretry.call_llm(secret_body("bad"), **opts(scen))
+    assert info.value.status == 200 and info.value.attempts == 1
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["recorded-at-end", "item-by-item"])
+def test_batch_values_and_summary_either_way(scen: Scenario, watched: bool) -> None:
+    """The same batch, recorded at the end or watched item by item (a
+    progress callable), gives the same values and the same summary."""
+    scen.script([{}, {"status": 503}, {}, {"body": UNPARSABLE}, {"status": 400}, {}])
+    seen: List[Any] = []
+    extra: Dict[str, Any] = {"progress": lambda d, t, f: seen.append((d, f))} if watched else {}
+    out = llmretry.call_many([secret_body(f"w{i}") for i in range(5)], limit=1,
+                             **opts(scen, **extra))
+    kinds = [type(v).__name__ for v in out]
+    assert kinds == ["Result", "Result", "InvalidResponseError", "HTTPStatusError", "Result"]
+    s = out.summary
+    assert (s.items, s.ok, s.failed, s.not_started) == (5, 3, 2, 0)
+    assert (s.attempts, s.retries) == (6, 1)
+    # the mock's usage on each of the three successes (the unparsable
+    # body has none)
+    assert (s.prompt_tokens, s.completion_tokens, s.total_tokens) == (36, 9, 45)
+    assert out[1].meta.attempts == 2
+    if watched:
+        assert seen[-1] == (5, 2) and len(seen) == 5
