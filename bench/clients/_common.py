@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Dict
 
 MODEL = "bench-model"
 API_KEY = "bench-key"
-MESSAGES = [{"role": "user", "content": "Say hi"}]
+PROMPT = "Say hi"
 
 # How many failures a client describes on stderr (the rest are only counted).
 MAX_REPORTED = 5
@@ -48,7 +48,7 @@ def parse_args(description: str) -> Args:
 
 def body() -> Dict[str, Any]:
     """A fresh request body (as application code builds one per call)."""
-    return {"model": MODEL, "messages": MESSAGES}
+    return {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
 
 
 def raise_nofile(need: int) -> None:

@@ -23,7 +23,8 @@ async def amain() -> int:
                                 http_client=http)
 
     async def one() -> Any:
-        completion = await client.chat.completions.create(model=c.MODEL, messages=c.MESSAGES)
+        completion = await client.chat.completions.create(
+            model=c.MODEL, messages=[{"role": "user", "content": c.PROMPT}])
         return completion.choices[0].message.content
 
     async def batch(count: int, tally: c.Tally) -> None:

@@ -23,7 +23,8 @@ def run() -> int:
                            http_client=http)
 
     def one(_i: int) -> Any:
-        completion = client.chat.completions.create(model=c.MODEL, messages=c.MESSAGES)
+        completion = client.chat.completions.create(
+            model=c.MODEL, messages=[{"role": "user", "content": c.PROMPT}])
         return completion.choices[0].message.content
 
     def batch(count: int, tally: c.Tally) -> None:
