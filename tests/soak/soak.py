@@ -434,6 +434,7 @@ def mapper(ctx: Phase) -> None:
     """A map_with_concurrency batch of call_llm workers every 1-3 s."""
     rng = random.Random(ctx.seed * 1000 + 998)
     report = ctx.report
+    pending: Optional[Tuple[str, List[Call]]] = None
     k = 0
     while not ctx.stop.wait(rng.uniform(1.0, 3.0)):
         name = f"{ctx.label}-m{k}"
@@ -462,9 +463,12 @@ def mapper(ctx: Phase) -> None:
             report.violation(f"{name}: map_with_concurrency raised {type(exc).__name__}: {exc}")
         else:
             check_batch(report, name, calls, out)
-        # The calls all ended inside the map: check them a little later.
-        ctx.leave_unchecked(name, calls)
+        if pending is not None:
+            check(ctx, *pending)
+        pending = (name, calls)
         k += 1
+    if pending is not None:
+        ctx.leave_unchecked(*pending)
 
 
 def check_batch(report: Report, name: str, calls: List[Call], out: Any) -> None:
