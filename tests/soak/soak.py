@@ -215,8 +215,8 @@ class Events:
     def __init__(self, report: Report) -> None:
         self.report = report
         self.lock = threading.Lock()
-        self.started: Counter[str] = Counter()
-        self.final: Counter[str] = Counter()
+        self.started: Counter[Optional[str]] = Counter()
+        self.final: Counter[Optional[str]] = Counter()
 
     def __call__(self, event: Dict[str, Any]) -> None:
         text = repr(event)
@@ -256,20 +256,21 @@ def finish(report: Report, call: Call, value: Any) -> None:
     """Record what a call returned (its Result or its exception)."""
     call.outcomes += 1
     call.value = value
+    rid: Optional[str] = None
     if isinstance(value, llmretry.Result):
         call.kind, call.attempts, rid = "ok", value.meta.attempts, value.meta.request_id
         model = value.data.get("model") if isinstance(value.data, dict) else None
         if model != f"soak:{call.marker}":
             report.violation(f"{call.marker}: got the answer for model {model!r}")
     elif isinstance(value, llmretry.LLMError):
-        call.kind, call.attempts, rid = value.kind, value.attempts, value.request_id
+        call.kind, call.attempts, rid = value.kind or "?", value.attempts, value.request_id
         text = f"{value} {value!r} {value.body_preview}"
         if SECRET in text or PROMPT in text:
             report.violation(f"{call.marker}: error text holds the key or the prompt")
         with report.lock:
             report.reasons[f"{value.kind}/{value.reason}"] += 1
     else:
-        call.kind, rid = "untyped", None
+        call.kind = "untyped"
         report.violation(f"{call.marker}: {call.api} gave {type(value).__name__}: "
                          f"{str(value)[:200]}")
     if call.request_id is None:
@@ -377,7 +378,9 @@ def worker(ctx: Phase, wid: int) -> None:
                     body_for(call.marker), client=client, base_url=url, max_retries=retries,
                     deadline_ms=deadline, request_id=call.request_id)
             except Exception as exc:    # LLMError, or anything else: finish() judges
-                value = exc
+                # Without its traceback, whose frames would keep a dropped
+                # throwaway client alive until this call is checked.
+                value = exc.with_traceback(None)
             elapsed_ms = (time.monotonic() - t0) * 1000
             finish(report, call, value)
             if deadline is not None:
@@ -584,8 +587,8 @@ def main() -> int:
           f"{soak_calls / max(elapsed, 1e-9):.0f}/s): "
           + ", ".join(f"{api} {n}" for api, n in sorted(report.calls.items()))
           + f"; {report.throwaway_clients} throwaway clients")
-    print(f"soak: outcomes: " + ", ".join(f"{k} {n}" for k, n in report.outcomes.most_common()))
-    print(f"soak: errors by kind/reason: "
+    print("soak: outcomes: " + ", ".join(f"{k} {n}" for k, n in report.outcomes.most_common()))
+    print("soak: errors by kind/reason: "
           + ", ".join(f"{k} {n}" for k, n in report.reasons.most_common()))
     print(f"soak: attempts {report.attempts}, requests the mock saw {report.requests}; "
           f"worst deadline overshoot {report.max_overshoot_ms:.0f} ms")
