@@ -96,33 +96,36 @@ def main() -> int:
     parser.add_argument("--body-file", type=Path, default=None)
     args = parser.parse_args()
 
-    certdir: Optional[str] = None
-    ctx = None
-    if args.tls:
-        certdir = tempfile.mkdtemp(prefix="llmretry-tls-")
-        try:
-            cert, key = tls_server.make_self_signed(Path(certdir))
-        except FileNotFoundError:
-            shutil.rmtree(certdir, ignore_errors=True)
-            print("NO-OPENSSL", flush=True)
-            return 3
-        ctx = tls_server.tls_context(cert, key)
-
-    # SIGTERM ends the wait below through SystemExit, so `finally` cleans up.
+    # SIGTERM (the test's stop(), or timeout's) raises SystemExit wherever
+    # the main thread is, so the `finally` below always removes the
+    # certificate's directory.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    srv = FileRecordingServer(args.records, ctx)
-    if args.status is not None or args.body_file is not None:
-        body = args.body_file.read_bytes() if args.body_file else json.dumps(
-            tls_server.COMPLETION).encode()
-        srv._httpd.RequestHandlerClass = reply_handler(args.status or 200, body)
+    certdir: Optional[str] = None
+    srv: Optional[FileRecordingServer] = None
     try:
-        srv.start()
+        ctx = None
+        if args.tls:
+            certdir = tempfile.mkdtemp(prefix="llmretry-tls-")
+            try:
+                cert, key = tls_server.make_self_signed(Path(certdir))
+            except FileNotFoundError:
+                print("NO-OPENSSL", flush=True)
+                return 3
+            ctx = tls_server.tls_context(cert, key)
+        server = FileRecordingServer(args.records, ctx)
+        if args.status is not None or args.body_file is not None:
+            body = args.body_file.read_bytes() if args.body_file else json.dumps(
+                tls_server.COMPLETION).encode()
+            server._httpd.RequestHandlerClass = reply_handler(args.status or 200, body)
+        server.start()
+        srv = server  # only a started server can be stopped (shutdown waits for it)
         print(srv.port, flush=True)
         if certdir:
             print(str(Path(certdir) / "cert.pem"), flush=True)
         threading.Event().wait()
     finally:
-        srv.stop()
+        if srv is not None:
+            srv.stop()
         if certdir:
             shutil.rmtree(certdir, ignore_errors=True)
     return 0
