@@ -3,7 +3,7 @@
 # packages with apt-get, Python packages with pip. Safe to run repeatedly.
 set -euo pipefail
 
-debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc)
+debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc openssl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -66,7 +66,8 @@ local function enum_check(values)
       error({ "must be a string, one of " .. want .. " (got " .. typename(v) .. ")" })
     end
     if not set[v] then
-      error({ string.format("must be one of %s (got %q)", want, v) })
+      -- The value is not repeated: a secret pasted here must not reach a log.
+      error({ string.format("must be one of %s (got another string)", want) })
     end
     return v
   end
@@ -120,7 +121,7 @@ local CHECK = {
   idempotency_key = function(v)
     if v ~= "auto" then
       error({ string.format('must be "auto" (a fresh key per call; a fixed key would be shared '
-        .. "by every call) (got %s)", type(v) == "string" and string.format("%q", v)
+        .. "by every call) (got %s)", type(v) == "string" and "another string"
         or typename(v)) })
     end
     return v
