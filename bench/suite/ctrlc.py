@@ -41,17 +41,20 @@ PY_CLIENTS: dict[str, tuple[str, int, str]] = {
     "llmretry_call_llm": ("llmretry Python, call_llm", 1, f"""
 import json, os, llmretry
 body = json.loads({PY_BODY!r})
-llmretry.call_llm(body, base_url=os.environ["BENCH_BASE_URL"], api_key={KEY!r}, logger=None)
+llmretry.call_llm(body, base_url=os.environ["BENCH_BASE_URL"], api_key={KEY!r},
+                  logger=None)
 """),
     "llmretry_call_many": ("llmretry Python, call_many (8 in flight)", 8, f"""
 import json, os, llmretry
 body = json.loads({PY_BODY!r})
-llmretry.call_many([body] * 8, limit=8, base_url=os.environ["BENCH_BASE_URL"], api_key={KEY!r}, logger=None)
+llmretry.call_many([body] * 8, limit=8, base_url=os.environ["BENCH_BASE_URL"],
+                   api_key={KEY!r}, logger=None)
 """),
     "openai_sync": ("openai SDK, sync", 1, f"""
 import json, os, openai
 body = json.loads({PY_BODY!r})
-openai.OpenAI(base_url=os.environ["BENCH_BASE_URL"], api_key={KEY!r}).chat.completions.create(**body)
+client = openai.OpenAI(base_url=os.environ["BENCH_BASE_URL"], api_key={KEY!r})
+client.chat.completions.create(**body)
 """),
     "openai_async": ("openai SDK, AsyncOpenAI (asyncio.run)", 1, f"""
 import asyncio, json, os, openai
@@ -143,6 +146,9 @@ def programs(only: Optional[set[str]]) -> list[tuple[str, str, int, list[str], d
     for cid, (label, expect, code) in LUA_CLIENTS.items():
         if lua is not None:
             out.append((cid, label, expect, ["lua5.4", "-e", code], lua))
+        else:   # shows as a row that never blocked, with the reason
+            out.append((cid, label, expect, ["sh", "-c", "echo 'no Lua 5.4 build of llmretry "
+                                             "(bench/clients/setup.sh)' >&2; exit 1"], {}))
     return [p for p in out if not only or p[0] in only]
 
 

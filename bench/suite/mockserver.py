@@ -84,15 +84,16 @@ class Mock:
 
 
 def lua_env(abi: str = "5.4") -> Optional[dict[str, str]]:
-    """LUA_PATH/LUA_CPATH for the luarocks tree of tools/lua-test.sh (built
-    with `tools/lua-test.sh --build-only` when missing); None if that fails."""
-    tree = ROOT / "build-lua" / abi
-    so = tree / "lib" / "lua" / abi / "llmretry" / "core.so"
-    if not so.exists():
-        res = subprocess.run([str(ROOT / "tools" / "lua-test.sh"), "--build-only"], cwd=ROOT,
-                             stdout=sys.stderr, stderr=sys.stderr)
-        if res.returncode != 0 or not so.exists():
-            return None
+    """LUA_PATH/LUA_CPATH for a luarocks tree of the module: the one
+    bench/clients/setup.sh builds (build-bench/lua/ABI), else the test
+    suite's (build-lua/ABI); None when neither is built."""
+    for tree in (ROOT / "build-bench" / "lua" / abi, ROOT / "build-lua" / abi):
+        if (tree / "lib" / "lua" / abi / "llmretry" / "core.so").exists():
+            break
+    else:
+        print(f"no Lua {abi} build of llmretry (run bench/clients/setup.sh): "
+              "Lua rows skipped", file=sys.stderr)
+        return None
     lpath = f"{tree}/share/lua/{abi}/?.lua;{tree}/share/lua/{abi}/?/init.lua;;"
     cpath = f"{tree}/lib/lua/{abi}/?.so;;"
     env = python_env()

@@ -90,7 +90,8 @@ def one_client(mock: Mock, cid: str, label: str, argv: list[str], env: dict[str,
     mock.script(name, [{"status": 429, "retry_after": RETRY_AFTER}] * retries)
     env = dict(env, BENCH_BASE_URL=mock.base_url(name), BENCH_RETRIES=str(retries))
     row: dict[str, Any] = {"id": cid, "label": label, "retries": retries,
-                           "command": " ".join(argv[:2]) + " <program in bench/suite/retry_timer.py>"}
+                           "command": " ".join(argv[:2])
+                           + " <program in bench/suite/retry_timer.py>"}
     res = subprocess.run(argv, env=env, capture_output=True, text=True,
                          timeout=60 + retries * 2)
     recs = mock.requests(name)
@@ -123,9 +124,12 @@ def measure(retries: int = 100, only: Optional[set[str]] = None) -> dict[str, An
     progs = [(cid, label, [sys.executable, "-c", code], python_env())
              for cid, (label, code) in PY_PROGRAMS.items()]
     lua = lua_env("5.4")
-    if lua is not None:
-        progs += [(cid, label, ["lua5.4", "-e", code], lua)
-                  for cid, (label, code) in LUA_PROGRAMS.items()]
+    for cid, (label, code) in LUA_PROGRAMS.items():
+        if lua is not None:
+            progs.append((cid, label, ["lua5.4", "-e", code], lua))
+        else:   # shows as a row with the reason
+            progs.append((cid, label, ["sh", "-c", "echo 'no Lua 5.4 build of llmretry "
+                                       "(bench/clients/setup.sh)' >&2; exit 1"], {}))
     if only and any(p[0] in only for p in progs):
         progs = [p for p in progs if p[0] in only]
     rows = []
