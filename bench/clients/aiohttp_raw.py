@@ -44,7 +44,8 @@ async def amain() -> int:
                 async with session.post(url, json=c.body()) as resp:
                     if (resp.status == 429 or resp.status >= 500) and not last:
                         await resp.read()
-                        delay = retry_after_s(resp.headers.get("Retry-After")) or delay
+                        named = retry_after_s(resp.headers.get("Retry-After"))
+                        delay = delay if named is None else named
                     else:
                         resp.raise_for_status()
                         data = await resp.json()

@@ -12,7 +12,8 @@ from typing import Any
 import _common as c
 
 import httpx
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (retry, retry_if_exception, stop_after_attempt, wait_exponential,
+                      wait_random)
 
 
 def transient(exc: BaseException) -> bool:
@@ -36,8 +37,10 @@ async def amain() -> int:
                             max_keepalive_connections=args.concurrency),
     )
 
+    # Backoff 0.8 s, 1.6 s, ... (max 30 s) plus up to 0.8 s of jitter: the
+    # tenacity docs' pattern (wait_exponential_jitter's arguments changed in 9.x).
     @retry(retry=retry_if_exception(transient), stop=stop_after_attempt(3),
-           wait=wait_exponential_jitter(initial=0.8, max=30), reraise=True)
+           wait=wait_exponential(multiplier=0.8, max=30) + wait_random(0, 0.8), reraise=True)
     async def one() -> Any:
         response = await client.post("/chat/completions", json=c.body())
         response.raise_for_status()

@@ -1,20 +1,23 @@
 """Run benchmark clients the way the suite's runner does and check the
-contract (bench/clients/README.md). bench/clients/smoke.sh starts nginx and
-calls this; it also serves for quick figures by hand.
+contract (bench/clients/README.md). bench/clients/smoke.sh starts the servers
+and calls this; it also serves for quick figures by hand.
 
     python3 bench/clients/smoke.py --url BASE [--cases 8x200,1024x2000]
-        [--warmup W] [--only ID,ID] [--expect-fail]
+        [--warmup W] [--only ID,ID] [--expect-fail | --status-url URL]
+    python3 bench/clients/smoke.py --retry-mock ROOT [--only ID,ID]
 
 For every client of clients.json and every case CxN it runs
 ``CMD --url BASE --concurrency C --requests N --warmup W`` (cwd = the repo,
 PYTHONPATH=<repo>/python) in a fresh process, takes its peak RSS from GNU
-time (see run_client) and checks: exit 0, a last stdout line that is the contract's
-JSON object, and ok == N, failed == 0 (wrk: ok > 0, failed == 0, as it runs
-for a time). With ``--expect-fail`` (BASE answers 404) the check is the
-other way round: exit 0, ok == 0 and every request failed. With
+time (see run_client) and checks: exit 0, a last stdout line that is the
+contract's JSON object, and ok == N, failed == 0 (wrk: ok > 0, failed == 0,
+as it runs for a time). With ``--expect-fail`` (BASE answers 404) the check
+is the other way round: exit 0, ok == 0 and every request failed. With
 ``--status-url`` (nginx's stub_status, BASE a slow endpoint) it also checks
-that C requests were in flight at once. A client that exits 3 is reported
-as skipped. Prints a table; exits 1 when a check failed.
+that C requests were in flight at once. With ``--retry-mock ROOT`` (the mock
+server of ``llmretry.testing``) it checks instead that every client with
+retries retries: C=1, N=3, each request answered 503 once. A client that
+exits 3 is reported as skipped. Prints a table; exits 1 when a check failed.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SKIPPED = 3
 TIMEOUT_S = 600
+NO_RETRIES = {"bare_multi", "wrk"}   # the ceilings: no policy by design
 GNU_TIME = "/usr/bin/time"      # Debian's package "time" (setup.sh installs it)
 
 
@@ -133,19 +137,44 @@ class InFlight:
         self._thread.join()
 
 
+RETRY_N = 3     # requests of the retry check, each failing once with a 503
+
+
+def script_retries(mock: str, name: str) -> None:
+    """Script the mock's scenario ``name``: one at a time, every request
+    first gets a 503 (Retry-After: 0), then its retry succeeds."""
+    steps = [{"status": 503, "retry_after": "0"}, {}] * RETRY_N
+    req = urllib.request.Request(f"{mock}/_mock/scenarios/{name}", method="PUT",
+                                 data=json.dumps({"steps": steps}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).close()
+
+
+def mock_requests(mock: str, name: str) -> int:
+    with urllib.request.urlopen(f"{mock}/_mock/requests/{name}", timeout=5) as r:
+        return len(json.load(r))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", default="")
     p.add_argument("--cases", default="8x200,1024x2000")
     p.add_argument("--warmup", type=int, default=-1,
                    help="warm-up requests (default: C, so every connection opens)")
     p.add_argument("--only", default="", help="comma-separated client ids")
     p.add_argument("--expect-fail", action="store_true")
+    p.add_argument("--retry-mock", default="",
+                   help="root URL of llmretry.testing's mock server: check instead that "
+                        "each client retries (C=1, N=3, each request failing once)")
     p.add_argument("--status-url", default="",
                    help="nginx stub_status: check that C requests were in flight at once "
                         "(against a slow endpoint); wrk may then complete none")
     a = p.parse_args()
+    if not a.url and not a.retry_mock:
+        p.error("--url or --retry-mock is needed")
+    if a.retry_mock:
+        return retry_check(a.retry_mock, set(filter(None, a.only.split(","))))
     cases = [tuple(int(x) for x in c.split("x")) for c in a.cases.split(",")]
     only = set(filter(None, a.only.split(",")))
     clients = [e for e in load_clients() if not only or e["id"] in only]
@@ -194,6 +223,35 @@ def main() -> int:
             print(f"| {e['id']} | {conc} | {n} | {res['ok'] if res else '?'} | "
                   f"{res['failed'] if res else '?'} | {rps} | {cpu} | {rss / 1024:.1f} | "
                   f"{inflight}{'FAIL' if why else 'ok'} |", flush=True)
+    for line in problems:
+        print("FAILED: " + line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+def retry_check(mock: str, only: set[str]) -> int:
+    """Every client that has retries gets each of its RETRY_N requests
+    through a 503 by retrying: ok == N, and the mock saw 2N requests."""
+    problems = []
+    print("| client | ok | failed | requests the server saw | result |")
+    print("|---|---:|---:|---:|---|")
+    for e in load_clients():
+        if (only and e["id"] not in only) or e["id"] in NO_RETRIES:
+            continue
+        script_retries(mock, e["id"])
+        rc, out, err, _rss = run_client(e, f"{mock}/s/{e['id']}/v1", 1, RETRY_N, 0)
+        if rc == SKIPPED:
+            print(f"| {e['id']} | | | | skipped (exit 3) |", flush=True)
+            continue
+        res = parse_result(out)
+        seen = mock_requests(mock, e["id"])
+        why = check(e, rc, res, RETRY_N, False)
+        if not why and seen != 2 * RETRY_N:
+            why = f"the server saw {seen} requests, not {2 * RETRY_N}"
+        if why:
+            problems.append(f"{e['id']} retries: {why}")
+            sys.stderr.write(f"--- {e['id']}: {why}; its stderr (tail):\n{err[-3000:]}\n")
+        print(f"| {e['id']} | {res['ok'] if res else '?'} | {res['failed'] if res else '?'} | "
+              f"{seen} | {'FAIL' if why else 'ok'} |", flush=True)
     for line in problems:
         print("FAILED: " + line, file=sys.stderr)
     return 1 if problems else 0

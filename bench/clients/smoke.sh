@@ -9,7 +9,10 @@
 # C=1024 against nginx's slow endpoint turned to 10 s, checking with nginx's
 # stub_status that 1,024 requests were in flight at once (no pool limit
 # below C; 10 s because a CPU-heavy client on a busy machine needs seconds
-# to send 1,024). Not part of `make test`; about 7 minutes on 2 cores.
+# to send 1,024). Then, against the project's mock server (llmretry.testing),
+# that every client with retries (all but bare_multi and wrk) retries: each
+# of 3 requests gets a 503 first and must succeed, the server seeing 6.
+# Not part of `make test`; about 8 minutes on 2 cores.
 #
 #   bash bench/clients/smoke.sh
 #
@@ -54,5 +57,16 @@ if [ "$INFLIGHT" -gt 0 ]; then
     --cases "${INFLIGHT}x${INFLIGHT}" --warmup 0 --only "$ONLY" \
     --status-url "http://127.0.0.1:$PORT/status" || status=1
 fi
+
+log "== every client with retries against the mock server: 3 requests, each failing once"
+PYTHONPATH="$ROOT/python" "$PYTHON" -m llmretry.testing --port 0 >"$TMP/mock.port" &
+MOCK_PID=$!
+trap 'kill "$MOCK_PID" 2>/dev/null || true; bench_nginx_stop' EXIT
+for _ in $(seq 100); do [ -s "$TMP/mock.port" ] && break; sleep 0.1; done
+MOCK_PORT=$(head -1 "$TMP/mock.port")
+[ -n "$MOCK_PORT" ] || { log "smoke: the mock server did not start"; exit 1; }
+"$PYTHON" bench/clients/smoke.py --retry-mock "http://127.0.0.1:$MOCK_PORT" --only "$ONLY" ||
+  status=1
+
 if [ "$status" -eq 0 ]; then log "smoke: all clients passed"; else log "smoke: FAILED"; fi
 exit "$status"
