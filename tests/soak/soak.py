@@ -25,17 +25,20 @@ echoes in a success) and is checked:
 * a call_llm with a deadline returned within deadline + 5 s.
 
 Afterwards, with every client closed or dropped: RSS within
-SOAK_RSS_SLACK_MIB (30) of the post-warm-up baseline, open fds within 3 of
-it, and as many threads as before (``threading.enumerate()`` and
+SOAK_RSS_SLACK_MIB (30) of the post-warm-up baseline (it grows by 10-16 MiB,
+freed memory the allocator keeps), malloc's bytes in use within
+SOAK_HEAP_SLACK_MIB (8) of theirs (about +0.5 after 90,000 calls), open fds
+within 3, and as many threads as before (``threading.enumerate()`` and
 ``/proc/self/task``). Prints a summary; exits 1 on any violation.
 
 Env: SOAK_SECONDS, SOAK_THREADS, SOAK_SEED (default: random, printed),
-SOAK_RSS_SLACK_MIB, LLMRETRY_PYTHON_DIR (the llmretry package to test,
-default python/ of this checkout).
+SOAK_RSS_SLACK_MIB, SOAK_HEAP_SLACK_MIB, LLMRETRY_PYTHON_DIR (the llmretry
+package to test, default python/ of this checkout).
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import gc
 import http.client
@@ -177,6 +180,25 @@ def rss_mib(status_path: str = "/proc/self/status") -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use_mib() -> Optional[float]:
+    """What malloc has handed out and not got back (glibc's mallinfo2), or
+    None without it. Unlike RSS it does not count memory that was freed but
+    kept by the allocator (fragmentation), so it shows a leak sooner."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20
 
 
 def open_fds() -> int:
@@ -539,6 +561,7 @@ def main() -> int:
     seconds = float(os.environ.get("SOAK_SECONDS") or 120)
     threads = int(os.environ.get("SOAK_THREADS") or 16)
     rss_slack = float(os.environ.get("SOAK_RSS_SLACK_MIB") or 30)
+    heap_slack = float(os.environ.get("SOAK_HEAP_SLACK_MIB") or 8)
     seed = int(os.environ.get("SOAK_SEED") or random.randrange(1 << 30))
     warmup = min(10.0, max(3.0, seconds / 10))
     # A hang must fail the run, not the CI job's time limit.
@@ -554,14 +577,14 @@ def main() -> int:
         run_phase(Phase("warm", mock, report, events, seed), warmup, threads)
         gc.collect()
         time.sleep(0.5)
-        base_rss = rss_mib()
+        base_rss, base_heap = rss_mib(), heap_in_use_mib()
         base = (open_fds(), threading.active_count(), os_threads())
         warm_calls = sum(report.calls.values())
         t0 = time.monotonic()
         peak = run_phase(Phase("soak", mock, report, events, seed + 1), seconds, threads)
         elapsed = time.monotonic() - t0
         after = settle(base)
-        after_rss = rss_mib()
+        after_rss, after_heap = rss_mib(), heap_in_use_mib()
         mock_rss = mock.rss_mib()
     finally:
         mock.stop()
@@ -570,6 +593,9 @@ def main() -> int:
     if after_rss > base_rss + rss_slack:
         report.violation(f"RSS {after_rss:.1f} MiB after, baseline {base_rss:.1f} MiB "
                          f"(allowed +{rss_slack:.0f})")
+    if base_heap is not None and after_heap is not None and after_heap > base_heap + heap_slack:
+        report.violation(f"malloc heap in use {after_heap:.1f} MiB after, baseline "
+                         f"{base_heap:.1f} MiB (allowed +{heap_slack:.0f})")
     if after[0] > base[0] + FD_SLACK:
         report.violation(f"{after[0]} open fds after, baseline {base[0]}")
     if after[1] != base[1]:
@@ -595,6 +621,9 @@ def main() -> int:
     print(f"soak: RSS MiB: start {start[0]:.1f}, after warm-up {base_rss:.1f}, "
           f"peak {peak:.1f}, after {after_rss:.1f} ({after_rss - base_rss:+.1f}); "
           f"mock server {mock_rss:.1f}")
+    if base_heap is not None and after_heap is not None:
+        print(f"soak: malloc heap in use MiB: after warm-up {base_heap:.1f}, after "
+              f"{after_heap:.1f} ({after_heap - base_heap:+.1f})")
     print(f"soak: fds {base[0]} -> {after[0]}; Python threads {base[1]} -> {after[1]}; "
           f"OS threads {base[2]} -> {after[2]} (start: {start[1]} fds, {start[2]} / "
           f"{start[3]} threads)")
