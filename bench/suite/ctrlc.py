@@ -102,6 +102,16 @@ def _wait_gone(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
+def ended_with(lines: list[str]) -> str:
+    """How the process said it ended: Python's exception, Lua's error."""
+    for line in reversed(lines):
+        if "KeyboardInterrupt" in line:
+            return "KeyboardInterrupt"
+        if "interrupted!" in line:
+            return "error: interrupted!"
+    return lines[-1][-80:] if lines else "(nothing on stderr)"
+
+
 def one_sample(mock: Mock, name: str, argv: list[str], env: dict[str, str],
                expect: int) -> dict[str, Any]:
     mock.script(name, [], after={"fault": "no_headers", "stall_ms": 120000})
@@ -129,9 +139,7 @@ def one_sample(mock: Mock, name: str, argv: list[str], env: dict[str, str],
         lines = err.strip().splitlines()
         return {"seconds": round(took, 4) if gone else None, "exited": gone,
                 "exit_code": proc.returncode,
-                # How it ended, e.g. "KeyboardInterrupt" or "lua5.4: interrupted!"
-                "stderr_first": lines[0][-200:] if lines else "",
-                "stderr_last": lines[-1][-200:] if lines else ""}
+                "ended_with": ended_with(lines)}
     finally:
         if proc.poll() is None:
             proc.kill()

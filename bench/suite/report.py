@@ -297,8 +297,8 @@ def sec_ctrlc(r: Results) -> str:
         rows.append([x["label"], str(x["in_flight"]), fmt_ms(x["median_s"]),
                      " / ".join("—" if t is None else f"{t * 1000:.0f}" for t in times),
                      f"{x['exited']}/{len(x['samples'])}",
-                     (x["samples"][0].get("stderr_first") or "").replace("|", "\\|")[:60]
-                     if x["samples"] else ""])
+                     ", ".join(sorted({str(s.get("ended_with", s.get("error", "")))[:80]
+                                       for s in x["samples"]})).replace("|", "\\|")])
     return (f"A fresh process per sample, blocked in a call to an endpoint that never answers "
             "(the mock server's `no_headers` stall); SIGINT "
             f"{cc['settle_s'] * 1000:.0f} ms after the "
@@ -306,7 +306,7 @@ def sec_ctrlc(r: Results) -> str:
             f"included), median of {cc['samples']}; a process still there after "
             f"{cc['cap_s']:.0f} s is killed and counts as not exited. "
             "`python3 bench/suite/ctrlc.py` reproduces it.\n\n"
-            + table(["client", "in flight", "median", "samples (ms)", "exited", "stderr says"],
+            + table(["client", "in flight", "median", "samples (ms)", "exited", "ended with"],
                     rows, "lrrrrl"))
 
 
@@ -336,11 +336,12 @@ def sec_commands(r: Results) -> str:
     srv = r.d.get("server", {})
     lines = [
         "Each row is a fresh process, run from the repo root as "
-        "`PYTHONPATH=python CMD --url BASE --concurrency C --requests N --warmup W` "
-        f"(BASE `{srv.get('fast_base', 'http://127.0.0.1:PORT/v1')}` for the 0 ms server, "
-        f"`{srv.get('slow_base', 'http://127.0.0.1:PORT/slow/v1')}` for 50 ms; start the "
-        "server with `bash -c '. bench/nginx.sh; ...'` or let `bench/suite/run.py --only ID` do "
-        "it). N and W of the median run:", ""]
+        "`PYTHONPATH=python CMD --url BASE --concurrency C --requests N --warmup W`, "
+        "BASE being `http://127.0.0.1:PORT/v1` for the 0 ms server and "
+        "`http://127.0.0.1:PORT/slow/v1` for 50 ms, with the server started by "
+        "`python3 bench/suite/server.py --port PORT` (stops on Ctrl-C); "
+        "`python3 bench/suite/run.py --only ID` re-runs a client's rows with a server of its "
+        f"own (this run used port {srv.get('port', '?')}). N/W of the median run:", ""]
     rows = []
     for cl in r.clients:
         cid = cl["id"]
@@ -364,9 +365,18 @@ def sec_notes(r: Results) -> str:
         if m.get("errors"):
             notes.append(f"{r.label(cid)}, {'50 ms' if ep == 'slow' else '0 ms'}, C={c}: "
                          f"{len(m['errors'])} of {m['runs']} run(s) failed: {m['errors'][0][:200]}")
+        where = f"{r.label(cid)}, {'50 ms' if ep == 'slow' else '0 ms'}, C={c}"
         if m.get("failed"):
-            notes.append(f"{r.label(cid)}, {'50 ms' if ep == 'slow' else '0 ms'}, C={c}: "
-                         f"{m['failed']} request(s) failed in the counted runs")
+            notes.append(f"{where}: {m['failed']} request(s) failed in the counted runs")
+        for warning in sorted(set(m.get("warnings") or [])):
+            notes.append(f"{where}: {warning}")
+        # Warm-up and timed part together: a client that keeps its connections
+        # opens C of them (connections are counted by nginx's stub_status).
+        conns = [x for x in m.get("nginx_connections") or [] if x is not None]
+        group = next((cl.get("group") for cl in r.clients if cl["id"] == cid), "")
+        if conns and group != "wrk" and max(conns) > c + 1:
+            notes.append(f"{where}: opened {'/'.join(map(str, conns))} connections "
+                         f"(per run) for {c} in flight")
     skipped = [cl for cl in r.clients if cl.get("max_concurrency")]
     for cl in skipped:
         notes.append(f"{cl['label']}: runs up to C={cl['max_concurrency']} only "

@@ -108,8 +108,8 @@ def one_client(mock: Mock, cid: str, label: str, argv: list[str], env: dict[str,
     scheduled = out.get("scheduled_ms") or [SCHEDULED_MS] * retries
     late = [a - s for a, s in zip(actual, scheduled)]
     row.update({
-        "attempts": out.get("attempts"), "scheduled_source": "client events"
-        if out.get("scheduled_ms") else "the header (200 ms)",
+        "attempts": out.get("attempts"),
+        "scheduled_source": "its events" if out.get("scheduled_ms") else "the header",
         "scheduled_ms_distinct": sorted(set(scheduled)),
         "late_ms_median": statistics.median(late), "late_ms_p95": percentile(late, 95),
         "late_ms_max": max(late), "late_ms_min": min(late),

@@ -116,7 +116,12 @@ def run_process(argv: list[str], timeout: float) -> Record:
         proc = subprocess.Popen([GNU_TIME, "-f", "%M", "-o", rss.name, *argv], cwd=ROOT,
                                 env=client_env(), stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        got = wait_child(proc.pid, timeout)
+        try:
+            got = wait_child(proc.pid, timeout)
+        except BaseException:   # Ctrl-C of the runner: the client has its own session
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         timed_out = got is None
         if got is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -189,6 +194,10 @@ def run_client(client: Record, endpoint: str, base: str, c: int, n: int, w: int,
             rec["cpu_us_per_req"] = res["cpu_seconds"] / res["ok"] * 1e6
             if endpoint == "slow":
                 rec["efficiency"] = rec["rps"] / (c / SLOW_LATENCY_S)
+        # wrk runs for a time, not a count; every other client must account
+        # for each of its N requests.
+        if client.get("group") != "wrk" and res["ok"] + res["failed"] != n:
+            rec["warning"] = f"ok + failed = {res['ok'] + res['failed']}, not N = {n}"
     return rec
 
 
@@ -283,6 +292,7 @@ def medians(runs: list[Record]) -> list[Record]:
             row["requests"] = [r["requests"] for r in good]
             row["command_text"] = good[len(good) // 2]["command_text"]
             row["nginx_connections"] = [r["nginx_connections"] for r in good]
+            row["warnings"] = [r["warning"] for r in good if r.get("warning")]
             if endpoint == "slow":
                 n = good[0]["requests"]
                 row["ceiling"] = n / (math.ceil(n / c) * c)
@@ -490,6 +500,8 @@ def main() -> int:
     ap.add_argument("--no-extras", action="store_true", help="no Ctrl-C / retry-timer runs")
     args = ap.parse_args()
 
+    # SIGTERM unwinds like Ctrl-C: nginx and the running client are stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     runs = args.runs or (1 if args.quick else 3)
     target = args.target_seconds or (0.5 if args.quick else 1.0)
     concs = QUICK_CONCURRENCIES if args.quick else CONCURRENCIES

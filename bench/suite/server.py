@@ -8,8 +8,10 @@ may hold 8192 connections (nginx.conf), far above the suite's 1024 in flight.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -131,3 +133,17 @@ class Nginx:
 def version(binary: str) -> str:
     res = subprocess.run([binary, "-v"], capture_output=True, text=True)
     return (res.stderr or res.stdout).strip().rsplit("/", 1)[-1]
+
+
+if __name__ == "__main__":
+    # python3 bench/suite/server.py [--port P]: the suite's nginx, by hand.
+    ap = argparse.ArgumentParser(description="the benchmark nginx, until Ctrl-C")
+    ap.add_argument("--port", type=int, default=0, help="default: a free port")
+    # SIGTERM too ends with nginx stopped (the with block's exit).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with Nginx(ap.parse_args().port or None) as server:
+        print(f"0 ms:  {server.base_fast}\n50 ms: {server.base_slow}", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
