@@ -65,7 +65,14 @@ fi
 # ---- the Python extension ----------------------------------------------------------
 if ! compgen -G "python/llmretry/_llmretry*.so" >/dev/null; then
   log "building the Python extension (make build-python)"
-  make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null
+  build_log=$(mktemp)
+  if ! make --no-print-directory build-python PYTHON="$PYTHON" >"$build_log" 2>&1; then
+    cat "$build_log" >&2
+    rm -f "$build_log"
+    log "make build-python failed"
+    exit 1
+  fi
+  rm -f "$build_log"
 fi
 
 # ---- bare_multi -----------------------------------------------------------------------
