@@ -63,6 +63,8 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
     if a is None or b is None or b == 0:
         return "—"
     r = a / b
+    if r < 0.1:
+        return f"{r:.3f}×"
     return f"{r:.2f}×" if r < 10 else f"{r:.1f}×"
 
 
@@ -564,11 +566,12 @@ def render(r: Results, plots: list[tuple[str, Path]], out_dir: Path) -> str:
         img("cpu.png"),
         "\n## Memory\n",
         "Peak RSS of the client process (`ru_maxrss` from `wait4`: the largest of the process "
-        "and the children it waited for), in MiB, against the 50 ms server, where every "
-        "client makes the same number of requests at a given concurrency (N="
+        "and the children it waited for), in MiB, against the 50 ms server, where the "
+        "clients make the same number of requests at a given concurrency (N="
         + ", ".join(f"{v} at C={k}"
                     for k, v in r.d.get("options", {}).get("slow_requests", {}).items())
-        + "):\n",
+        + "; fewer whole rounds for a client that would need more than 5 s for that: the N "
+        "column below):\n",
         figure_tables(r, "slow", "max_rss_kib", lambda v: num(mib(v), 1),
                       "Peak RSS"),
         "\n**RSS per call in flight.** ",
