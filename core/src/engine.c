@@ -41,7 +41,8 @@ struct llmretry_engine {
     CURL **easy_pool;
     size_t n_easy;
     uint64_t rng;
-    llmretry_call *pend_head;      /* calls with news, published once per loop */
+    llmretry_call *pend_head;      /* calls with news, published once per loop, */
+    llmretry_call *pend_tail;      /* in the order they had it */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -224,7 +225,9 @@ static void easy_put(llmretry_engine *e, CURL *easy)
 
 /* Engine thread: note that a poll-mode call has news. flush_ready publishes
  * all of them once per loop pass, under one lock and with at most one
- * eventfd write, instead of once per event. The list holds a reference. */
+ * eventfd write, instead of once per event, in the order they had news (a
+ * host sees calls finish in the order they did). The list holds a
+ * reference. */
 static void notify_ready(llmretry_call *c)
 {
     if (!c->ready_to || c->pend_notify)
@@ -232,8 +235,12 @@ static void notify_ready(llmretry_call *c)
     llmretry_engine *e = c->engine;
     c->pend_notify = 1;
     lr_call_ref(c);
-    c->pend_next = e->pend_head;
-    e->pend_head = c;
+    c->pend_next = NULL;
+    if (e->pend_tail)
+        e->pend_tail->pend_next = c;
+    else
+        e->pend_head = c;
+    e->pend_tail = c;
 }
 
 static void flush_ready(llmretry_engine *e)
@@ -241,7 +248,7 @@ static void flush_ready(llmretry_engine *e)
     llmretry_call *pend = e->pend_head;
     if (!pend)
         return;
-    e->pend_head = NULL;
+    e->pend_head = e->pend_tail = NULL;
     pthread_mutex_lock(&e->mu);
     for (llmretry_call *c = pend; c; c = c->pend_next) {
         c->pend_notify = 0;
@@ -715,17 +722,20 @@ static void start_queued(llmretry_engine *e)
     }
 }
 
-static void read_finished(llmretry_engine *e)
+/* Hand every finished transfer to the policy; how many there were. */
+static int read_finished(llmretry_engine *e)
 {
     CURLMsg *m;
-    int left;
+    int left, n = 0;
     while ((m = curl_multi_info_read(e->multi, &left))) {
         if (m->msg != CURLMSG_DONE)
             continue;
         llmretry_call *c = NULL;
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&c);
         on_transfer_done(e, c, m->data.result);
+        n++;
     }
+    return n;
 }
 
 static int poll_timeout_ms(const llmretry_engine *e)
@@ -758,11 +768,18 @@ static void *io_main(void *arg)
         if (stopping)
             break;
         fire_timers(e);
-        pump_groups(e);
-        start_queued(e);
-        int running = 0;
-        curl_multi_perform(e->multi, &running);
-        read_finished(e);
+        /* Refill the slots that finished transfers free, and send, before
+         * waking the hosts: with every call of a batch answering at once,
+         * the next requests are on the wire before a host thread takes a
+         * core to read the results (on 2 cores that thread would delay
+         * them by the time it takes). */
+        int running = 0, finished;
+        do {
+            pump_groups(e);
+            start_queued(e);
+            curl_multi_perform(e->multi, &running);
+            finished = read_finished(e);
+        } while (finished > 0);
         flush_ready(e);
         curl_multi_poll(e->multi, NULL, 0, poll_timeout_ms(e), NULL);
     }

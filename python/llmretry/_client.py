@@ -17,6 +17,7 @@ import json
 import operator
 import os
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
@@ -771,6 +772,14 @@ class Client:
             raise TypeError(f"limit must be an int, not {_type_name(limit)}")
         if limit < 1:
             raise ValueError(f"limit must be >= 1 (got {limit})")
+        if limit > self._max_in_flight:
+            # The engine's cap on calls at once (file descriptors, memory)
+            # holds for batches too: say so rather than run fewer silently.
+            warnings.warn(
+                f"call_many(limit={limit}) on a Client whose max_in_flight is "
+                f"{self._max_in_flight}: at most {self._max_in_flight} calls run at once; "
+                f"use Client(max_in_flight={min(limit, _INT32_MAX)}) (and pass client=) for more",
+                RuntimeWarning, stacklevel=2)
         batch_deadline = _opt_int("deadline_ms", deadline_ms)
         if batch_deadline is not None and batch_deadline < 0:
             raise ValueError(f"deadline_ms must be >= 0 or None (got {batch_deadline})")

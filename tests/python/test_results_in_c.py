@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import warnings
 from typing import Any, Dict, List
 
 import pytest
@@ -127,3 +128,16 @@ def test_batch_values_and_summary_either_way(scen: Scenario, watched: bool) -> N
     assert out[1].meta.attempts == 2
     if watched:
         assert seen[-1] == (5, 2) and len(seen) == 5
+
+
+def test_limit_above_the_engines_cap_warns(scen: Scenario) -> None:
+    client = llmretry.Client(max_in_flight=4, **opts(scen))
+    try:
+        with pytest.warns(RuntimeWarning, match=r"max_in_flight is 4.*Client\(max_in_flight=16\)"):
+            out = client.call_many([secret_body("cap")] * 3, limit=16)
+        assert out.summary.ok == 3
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            client.call_many([secret_body("cap")] * 2, limit=4)
+    finally:
+        client.close()
