@@ -538,10 +538,12 @@ def render(r: Results, plots: list[tuple[str, Path]], out_dir: Path) -> str:
                      "indicative only.")
     load = r.d.get("load_before") or [0]
     if load[0] > 0.5:
-        parts.append("\n> The machine was not idle (load average "
-                     f"{fmt_load(r.d.get('load_before'))} "
-                     f"before the run, {fmt_load(r.d.get('load_after'))} after): other work "
-                     "shared the cores, so the figures are noisy.")
+        parts.append("\n> The machine was not idle when the run started (load average "
+                     f"{fmt_load(r.d.get('load_before'))}): other work may have shared the "
+                     "cores, so the figures may be noisy.")
+    parts.append(f"\n> Load average after the run: {fmt_load(r.d.get('load_after'))}. It "
+                 "counts the benchmark's own runnable threads (clients with a thread per "
+                 "request in flight run 1,024 of them), so it is not a sign of other work.")
     parts += [
         "\n## Headline\n", sec_headline(r),
         "\n## Machine\n", sec_machine(r),
