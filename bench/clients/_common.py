@@ -171,3 +171,26 @@ async def gather_bounded(count: int, limit: int, one: Callable[[], Awaitable[Any
         tally.success(content)
 
     await asyncio.gather(*(bounded() for _ in range(count)))
+
+
+async def run_async_openai(name: str, args: Args, http_client: Any) -> int:
+    """The openai SDK's ``AsyncOpenAI`` over ``http_client`` (its httpx or
+    aiohttp transport), a task per request under a semaphore of C, with the
+    SDK's default retries (max_retries=2)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=args.url, api_key=API_KEY, max_retries=2,
+                                http_client=http_client)
+
+    async def one() -> Any:
+        completion = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPT}])
+        return completion.choices[0].message.content
+
+    async def batch(count: int, tally: Tally) -> None:
+        await gather_bounded(count, args.concurrency, one, tally)
+
+    try:
+        return await amain(name, args, batch)
+    finally:
+        await client.close()

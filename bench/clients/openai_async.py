@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
-
 import _common as c
 
 import openai
@@ -19,21 +17,7 @@ async def amain() -> int:
     # The SDK's default pool holds 1,000 connections and keeps 100 alive:
     # size it to C, otherwise C > 100 reconnects and C = 1,024 waits for a slot.
     http = openai.DefaultAsyncHttpxClient(limits=c.sdk_limits(args.concurrency))
-    client = openai.AsyncOpenAI(base_url=args.url, api_key=c.API_KEY, max_retries=2,
-                                http_client=http)
-
-    async def one() -> Any:
-        completion = await client.chat.completions.create(
-            model=c.MODEL, messages=[{"role": "user", "content": c.PROMPT}])
-        return completion.choices[0].message.content
-
-    async def batch(count: int, tally: c.Tally) -> None:
-        await c.gather_bounded(count, args.concurrency, one, tally)
-
-    try:
-        return await c.amain("openai_async", args, batch)
-    finally:
-        await client.close()
+    return await c.run_async_openai("openai_async", args, http)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
-
 import _common as c
 
 import openai
@@ -30,21 +28,7 @@ async def amain() -> int:
     except RuntimeError as exc:     # the SDK's message when aiohttp is missing
         c.warn(f"openai_async_aiohttp: skipped: {exc} (pip install 'openai[aiohttp]')")
         return UNAVAILABLE
-    client = openai.AsyncOpenAI(base_url=args.url, api_key=c.API_KEY, max_retries=2,
-                                http_client=http)
-
-    async def one() -> Any:
-        completion = await client.chat.completions.create(
-            model=c.MODEL, messages=[{"role": "user", "content": c.PROMPT}])
-        return completion.choices[0].message.content
-
-    async def batch(count: int, tally: c.Tally) -> None:
-        await c.gather_bounded(count, args.concurrency, one, tally)
-
-    try:
-        return await c.amain("openai_async_aiohttp", args, batch)
-    finally:
-        await client.close()
+    return await c.run_async_openai("openai_async_aiohttp", args, http)
 
 
 if __name__ == "__main__":
