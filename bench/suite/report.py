@@ -567,8 +567,9 @@ def render(r: Results, plots: list[tuple[str, Path]], out_dir: Path) -> str:
         figure_tables(r, "fast", "cpu_us_per_req", lambda v: num(v, 1), "CPU µs per request"),
         img("cpu.png"),
         "\n## Memory\n",
-        "Peak RSS of the client process (`ru_maxrss` from `wait4`: the largest of the process "
-        "and the children it waited for), in MiB, against the 50 ms server, where the "
+        "Peak RSS of the client process (GNU time's `%M`: its `ru_maxrss`, the largest of the "
+        "process and the children it waited for, measured by a launcher that never held the "
+        "runner's memory), in MiB, against the 50 ms server, where the "
         "clients make the same number of requests at a given concurrency (N="
         + ", ".join(f"{v} at C={k}"
                     for k, v in r.d.get("options", {}).get("slow_requests", {}).items())
