@@ -31,6 +31,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import machine  # noqa: E402
+from mockserver import python_env  # noqa: E402
 from server import SLOW_LATENCY_S, Nginx, apt_install, log, version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +59,6 @@ Record = dict[str, Any]
 
 # ---------------------------------------------------------------------------
 # Running one client process
-
-def client_env() -> dict[str, str]:
-    env = dict(os.environ)
-    py = str(ROOT / "python")
-    env["PYTHONPATH"] = py + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("OPENAI_API_KEY", None)
-    env.pop("OPENAI_BASE_URL", None)
-    return env
-
 
 def command(client: Record, base: str, c: int, n: int, w: int) -> list[str]:
     return list(client["cmd"]) + ["--url", base, "--concurrency", str(c),
@@ -114,7 +106,7 @@ def run_process(argv: list[str], timeout: float) -> Record:
             tempfile.NamedTemporaryFile("r") as rss:
         t0 = time.monotonic()
         proc = subprocess.Popen([GNU_TIME, "-f", "%M", "-o", rss.name, *argv], cwd=ROOT,
-                                env=client_env(), stdout=out, stderr=err,
+                                env=python_env(), stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             got = wait_child(proc.pid, timeout)
@@ -384,7 +376,7 @@ def setup(skip: bool) -> Optional[str]:
     if not Path(GNU_TIME).exists():
         apt_install(["time"])
     probe = subprocess.run([sys.executable, "-c", "import llmretry._llmretry"],
-                           env=client_env(), capture_output=True)
+                           env=python_env(), capture_output=True)
     if probe.returncode != 0:
         log("== the Python extension is missing: make build-python")
         subprocess.run(["make", "--no-print-directory", "build-python"], cwd=ROOT, check=True)
@@ -394,7 +386,7 @@ def setup(skip: bool) -> Optional[str]:
     if not script.exists():
         return "bench/clients/setup.sh is missing: clients were not set up"
     log("== bench/clients/setup.sh")
-    res = subprocess.run(["bash", str(script)], cwd=ROOT, env=client_env())
+    res = subprocess.run(["bash", str(script)], cwd=ROOT, env=python_env())
     if res.returncode != 0:
         note = f"bench/clients/setup.sh exited {res.returncode}; some clients may fail"
         log("WARNING: " + note)
