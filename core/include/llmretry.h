@@ -290,8 +290,9 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
 int llmretry_engine_fd(const llmretry_engine *e);
 
 /* Without blocking, return up to `max` calls that have news; each call is
- * reported once per batch of news, so drain each one's mailbox. Returns the
- * count. The returned pointers are borrowed (the host still owns them). */
+ * reported once per batch of news, so drain each one's mailbox, and never
+ * again once llmretry_call_next has returned its DONE. Returns the count.
+ * The returned pointers are borrowed (the host still owns them). */
 size_t llmretry_engine_poll(llmretry_engine *e, llmretry_call **calls, size_t max);
 
 /* Block until engine_fd is readable or timeout_ms passes (-1 = forever).

@@ -1037,6 +1037,7 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
         m = LLMRETRY_MAIL_VALIDATE;
     } else if (c->done) {
         m = LLMRETRY_MAIL_DONE;
+        atomic_store(&c->done_read, 1);
     }
     pthread_mutex_unlock(&c->mu);
     return m;

@@ -168,6 +168,11 @@ struct llmretry_call {
     char *validate_msg;
     int done;
     int host_freed;
+    /* Set when llmretry_call_next has returned DONE: a later report of the
+     * call (the engine may publish news the host already drained) has
+     * nothing new, so the ready lists drop it. Written by the host, read
+     * under the engine's mutex: atomic. */
+    atomic_int done_read;
     llmretry_result result;
 };
 

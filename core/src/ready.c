@@ -23,7 +23,7 @@ void lr_ready_close(lr_ready *r)
 
 int lr_ready_add(lr_ready *r, llmretry_call *c)
 {
-    if (c->in_ready || c->host_freed)
+    if (c->in_ready || c->host_freed || atomic_load(&c->done_read))
         return 0;
     c->in_ready = 1;
     c->ready_next = NULL;
@@ -47,7 +47,9 @@ size_t lr_ready_take(lr_ready *r, llmretry_call **calls, size_t max)
         r->head = c->ready_next;
         c->in_ready = 0;
         c->ready_next = NULL;
-        calls[n++] = c;
+        /* Published while the host was draining it: its DONE is read. */
+        if (!atomic_load(&c->done_read))
+            calls[n++] = c;
     }
     if (!r->head) {
         r->tail = NULL;
