@@ -32,14 +32,6 @@ static module_state *state_of(PyObject *module)
 
 /* ---- C values to Python ------------------------------------------------ */
 
-static PyObject *str_or_none(const char *s)
-{
-    if (!s)
-        Py_RETURN_NONE;
-    /* Server text may be anything: never fail on bad UTF-8. */
-    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
-}
-
 /* Set d[key] = v, stealing v; -1 (and v released) on failure. */
 static int put(PyObject *d, const char *key, PyObject *v)
 {
@@ -80,7 +72,7 @@ static PyObject *event_dict(const module_state *st, const llmretry_event *ev)
         PyObject *v;
         switch (f.type) {
         case LLMRETRY_FIELD_INT: v = PyLong_FromLongLong((long long)f.i); break;
-        case LLMRETRY_FIELD_STRING: v = str_or_none(f.s); break;
+        case LLMRETRY_FIELD_STRING: v = lr_str_or_none(f.s); break;
         case LLMRETRY_FIELD_USAGE: v = lr_usage_dict(st, f.usage); break;
         default: v = Py_None; Py_INCREF(v); break;
         }
@@ -100,8 +92,8 @@ static PyObject *result_dict(const module_state *st, const llmretry_result *r)
         return NULL;
     int rc = 0;
     rc |= put_k(d, k[K_ok], PyBool_FromLong(r->ok));
-    rc |= put_k(d, k[K_request_id], str_or_none(r->request_id));
-    rc |= put_k(d, k[K_model], str_or_none(r->model));
+    rc |= put_k(d, k[K_request_id], lr_str_or_none(r->request_id));
+    rc |= put_k(d, k[K_model], lr_str_or_none(r->model));
     rc |= put_k(d, k[K_attempt], PyLong_FromLong(r->attempt));
     rc |= put_k(d, k[K_attempts], PyLong_FromLong(r->attempts));
     rc |= put_k(d, k[K_duration_ms], PyLong_FromLongLong((long long)r->duration_ms));
@@ -110,17 +102,17 @@ static PyObject *result_dict(const module_state *st, const llmretry_result *r)
         rc |= put_k(d, k[K_status], PyLong_FromLong(r->status));
         rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
         rc |= put_k(d, k[K_usage], lr_usage_dict(st, &r->usage));
-        rc |= put_k(d, k[K_response_model], str_or_none(r->response_model));
-        rc |= put_k(d, k[K_system_fingerprint], str_or_none(r->system_fingerprint));
+        rc |= put_k(d, k[K_response_model], lr_str_or_none(r->response_model));
+        rc |= put_k(d, k[K_system_fingerprint], lr_str_or_none(r->system_fingerprint));
     } else {
         rc |= put_k(d, k[K_status], int_or_none(r->status, r->status > 0));
-        rc |= put_k(d, k[K_kind], str_or_none(llmretry_error_kind_name(r->kind)));
-        rc |= put_k(d, k[K_reason], str_or_none(llmretry_reason_name(r->reason)));
-        rc |= put_k(d, k[K_message], str_or_none(r->message));
+        rc |= put_k(d, k[K_kind], lr_str_or_none(llmretry_error_kind_name(r->kind)));
+        rc |= put_k(d, k[K_reason], lr_str_or_none(llmretry_reason_name(r->reason)));
+        rc |= put_k(d, k[K_message], lr_str_or_none(r->message));
         rc |= put_k(d, k[K_retry_after_ms], int_or_none((long long)r->retry_after_ms,
                                                          r->retry_after_ms >= 0));
-        rc |= put_k(d, k[K_error_code], str_or_none(r->error_code));
-        rc |= put_k(d, k[K_body_preview], str_or_none(r->body_preview));
+        rc |= put_k(d, k[K_error_code], lr_str_or_none(r->error_code));
+        rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
     }
     if (rc) {
         Py_DECREF(d);

@@ -182,10 +182,11 @@ static int set_slot(PyObject *d, PyObject *obj, PyObject *v)
     return rc;
 }
 
-static PyObject *str_or_none(const char *s)
+PyObject *lr_str_or_none(const char *s)
 {
     if (!s)
         Py_RETURN_NONE;
+    /* Server text may be anything: never fail on bad UTF-8. */
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
 }
 
@@ -202,10 +203,10 @@ static PyObject *new_meta(const module_state *st, const llmretry_result *r)
         set_slot(f[3], m, PyLong_FromLongLong((long long)r->total_ms)) ||
         set_slot(f[4], m, PyLong_FromLong(r->status)) ||
         set_slot(f[5], m, lr_usage_dict(st, &r->usage)) ||
-        set_slot(f[6], m, str_or_none(r->request_id)) ||
-        set_slot(f[7], m, str_or_none(r->model)) ||
-        set_slot(f[8], m, str_or_none(r->response_model)) ||
-        set_slot(f[9], m, str_or_none(r->system_fingerprint))) {
+        set_slot(f[6], m, lr_str_or_none(r->request_id)) ||
+        set_slot(f[7], m, lr_str_or_none(r->model)) ||
+        set_slot(f[8], m, lr_str_or_none(r->response_model)) ||
+        set_slot(f[9], m, lr_str_or_none(r->system_fingerprint))) {
         Py_DECREF(m);
         return NULL;
     }

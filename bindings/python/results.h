@@ -16,6 +16,9 @@ PyObject *lr_set_result_types(PyObject *module, PyObject *args);
  * makes the outcome dict and the package says why), -1 on error. */
 int lr_build_result(const module_state *st, const llmretry_result *r, PyObject **out);
 
+/* A C string from the core as str (bad UTF-8 replaced), or None for NULL. */
+PyObject *lr_str_or_none(const char *s);
+
 /* The result dict's usage value: a dict of the three counts, or None. */
 PyObject *lr_usage_dict(const module_state *st, const llmretry_usage *u);
 

@@ -222,37 +222,34 @@ class Accounting:
         self.completion_tokens = 0
         self.total_tokens = 0
 
+    def add(self, attempts: int, retries: int, usage: Optional[Mapping[str, Any]]) -> None:
+        """Count calls: their attempts, retries and (successes') usage."""
+        with self.lock:
+            self.attempts += attempts
+            self.retries += retries
+            if usage:
+                self.prompt_tokens += usage.get("prompt_tokens") or 0
+                self.completion_tokens += usage.get("completion_tokens") or 0
+                self.total_tokens += usage.get("total_tokens") or 0
+
     def add_outcome(self, out: Mapping[str, Any]) -> None:
         """Count one call outcome of the extension (ok or not)."""
         attempts = out.get("attempts") or 0
-        usage = out.get("usage") if out.get("ok") else None
-        with self.lock:
-            self.attempts += attempts
-            self.retries += max(attempts - 1, 0)
-            if usage:
-                self.prompt_tokens += usage.get("prompt_tokens") or 0
-                self.completion_tokens += usage.get("completion_tokens") or 0
-                self.total_tokens += usage.get("total_tokens") or 0
+        self.add(attempts, max(attempts - 1, 0), out.get("usage") if out.get("ok") else None)
 
     def add_meta(self, meta: Any) -> None:
         """Count one successful call by its Meta."""
-        usage = meta.usage
-        with self.lock:
-            self.attempts += meta.attempts
-            self.retries += max(meta.attempts - 1, 0)
-            if usage:
-                self.prompt_tokens += usage.get("prompt_tokens") or 0
-                self.completion_tokens += usage.get("completion_tokens") or 0
-                self.total_tokens += usage.get("total_tokens") or 0
+        self.add(meta.attempts, max(meta.attempts - 1, 0), meta.usage)
 
     def merge(self, other: "Accounting") -> None:
         """Add another batch's totals (a batch run inside a worker)."""
-        with self.lock:
-            self.attempts += other.attempts
-            self.retries += other.retries
-            self.prompt_tokens += other.prompt_tokens
-            self.completion_tokens += other.completion_tokens
-            self.total_tokens += other.total_tokens
+        self.add(other.attempts, other.retries, other.usage())
+
+    def usage(self) -> Dict[str, int]:
+        """The token counts so far, as a usage dict."""
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}
 
 
 _tls = threading.local()
@@ -783,13 +780,7 @@ class Batch:
         """The engine's numbers for a run: its pacing (pauses, halvings)
         and what its calls added up to (attempts, retries, tokens)."""
         self.stats = dict(stats)
-        a = self.acc
-        with a.lock:
-            a.attempts += stats.get("attempts", 0)
-            a.retries += stats.get("retries", 0)
-            a.prompt_tokens += stats.get("prompt_tokens", 0)
-            a.completion_tokens += stats.get("completion_tokens", 0)
-            a.total_tokens += stats.get("total_tokens", 0)
+        self.acc.add(stats.get("attempts", 0), stats.get("retries", 0), stats)
 
     def finish(self, completed: bool) -> BatchSummary:
         """End the run: close the record and progress, emit the summary."""

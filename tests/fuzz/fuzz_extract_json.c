@@ -18,21 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void fail(const char *what)
-{
-    fprintf(stderr, "invariant broken: %s\n", what);
-    abort();
-}
-
-static char *copy(const uint8_t *data, size_t n)
-{
-    char *p = malloc(n ? n : 1);
-    if (!p)
-        abort();
-    if (n)
-        memcpy(p, data, n);
-    return p;
-}
+#include "fuzz_util.h"
 
 /* err must be NUL-terminated within errlen. */
 static void check_err(const char *err, size_t errlen)

@@ -19,21 +19,7 @@
 
 #include <stdint.h>
 
-static void fail(const char *what)
-{
-    fprintf(stderr, "invariant broken: %s\n", what);
-    abort();
-}
-
-static char *copy(const uint8_t *data, size_t n)
-{
-    char *p = malloc(n ? n : 1);
-    if (!p)
-        abort();
-    if (n)
-        memcpy(p, data, n);
-    return p;
-}
+#include "fuzz_util.h"
 
 /* Hand one header line (with its CRLF) to on_header; 0 = aborted. */
 static int feed_header(llmretry_call *c, const uint8_t *line, size_t n)
