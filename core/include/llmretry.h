@@ -67,6 +67,7 @@ const char *llmretry_jitter_name(llmretry_jitter j);
 const char *llmretry_retry_mode_name(llmretry_retry_mode m);
 
 typedef struct llmretry_group llmretry_group;
+typedef struct llmretry_channel llmretry_channel;
 
 #define LLMRETRY_NO_DEADLINE (-1)
 #define LLMRETRY_EVENTS_ALL 0x3fu
@@ -127,6 +128,10 @@ typedef struct llmretry_options {
     const char *ca_file;
     /* Submit into this batch group (NULL = none): see llmretry_group_new. */
     llmretry_group *group;
+    /* Report this call's news to this channel (NULL = the engine's own for
+     * LLMRETRY_SUBMIT_POLL, or none): see llmretry_channel_new. A group's
+     * calls always report to the group. */
+    llmretry_channel *channel;
     /* The host's own pointer, returned by llmretry_call_user_data. */
     void *user_data;
 } llmretry_options;
@@ -469,6 +474,25 @@ void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out);
 int llmretry_group_fd(const llmretry_group *g);
 size_t llmretry_group_poll(llmretry_group *g, llmretry_call **calls, size_t max);
 llmretry_status llmretry_group_wait(llmretry_group *g, int64_t timeout_ms);
+
+/* ------------------------------------------------------------------ */
+/* Channels: one consumer's view of the engine.                         */
+/* ------------------------------------------------------------------ */
+
+/* A channel is a ready list plus a file descriptor that is readable exactly
+ * while the list is non-empty (an eventfd on Linux, else a pipe). Calls
+ * submitted with options.channel report their news here and nowhere else,
+ * so several consumers of one engine (one per event loop, per dispatcher)
+ * never take each other's calls. fd / poll / wait follow the contract of
+ * llmretry_engine_fd / _poll / _wait. Calls keep their channel alive. */
+llmretry_status llmretry_channel_new(llmretry_engine *e, llmretry_channel **out,
+                                     char *err, size_t errlen);
+void llmretry_channel_free(llmretry_channel *ch);
+int llmretry_channel_fd(const llmretry_channel *ch);
+size_t llmretry_channel_poll(llmretry_channel *ch, llmretry_call **calls, size_t max);
+llmretry_status llmretry_channel_wait(llmretry_channel *ch, int64_t timeout_ms);
+/* "eventfd" or "pipe": the notifier this build uses. */
+const char *llmretry_notifier_kind(void);
 
 /* ------------------------------------------------------------------ */
 /* JSON helpers shared by the bindings.                                */

@@ -138,6 +138,8 @@ static void call_destroy(llmretry_call *c)
     llmretry_engine *e = c->engine;
     if (c->group)
         lr_group_unref(c->group);
+    if (c->channel)
+        lr_channel_unref(c->channel);
     free(c);
     if (e)
         lr_engine_unref(e);

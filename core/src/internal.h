@@ -35,6 +35,7 @@ typedef struct lr_buf {
 } lr_buf;
 
 typedef enum lr_state {
+    LR_NEW,          /* submitted, not yet seen by the engine thread */
     LR_GROUP_QUEUED, /* waiting for its group's pacer */
     LR_QUEUED,       /* waiting for a free in-flight slot */
     LR_RUNNING,      /* an attempt is on the wire */
@@ -43,21 +44,48 @@ typedef enum lr_state {
     LR_DONE
 } lr_state;
 
-/* Calls with news for a poll-mode host, and the eventfd that is readable
- * exactly while the list is non-empty. Guarded by the engine's mutex. One
- * per engine (LLMRETRY_SUBMIT_POLL) and one per group. */
-typedef struct lr_ready {
-    llmretry_call *head, *tail;
-    int efd;
-} lr_ready;
+/* A file descriptor readable exactly while something waits (notifier.c):
+ * an eventfd (rfd == wfd) where there is one, else a pipe. */
+typedef struct lr_notifier {
+    int rfd, wfd;
+} lr_notifier;
 
-int lr_ready_init(lr_ready *r);
-void lr_ready_close(lr_ready *r);
+int lr_notifier_open(lr_notifier *n);
+void lr_notifier_close(lr_notifier *n);
+void lr_notifier_signal(lr_notifier *n);
+void lr_notifier_clear(lr_notifier *n);
+
+/* A channel (channel.c): calls with news for a poll-mode host, and a
+ * notifier readable exactly while the list is non-empty. Guarded by the
+ * engine's mutex. The engine has one (LLMRETRY_SUBMIT_POLL), each group
+ * has one, and hosts make more with llmretry_channel_new. */
+typedef struct lr_channel {
+    llmretry_call *head, *tail;
+    lr_notifier notifier;
+} lr_channel;
+
+int lr_channel_init(lr_channel *r);
+void lr_channel_close(lr_channel *r);
 /* Under the engine mutex: add (engine thread), take, remove. */
-int lr_ready_add(lr_ready *r, llmretry_call *c);
-size_t lr_ready_take(lr_ready *r, llmretry_call **calls, size_t max);
-void lr_ready_remove(lr_ready *r, llmretry_call *c);
-llmretry_status lr_ready_wait(const lr_ready *r, int64_t timeout_ms);
+int lr_channel_add(lr_channel *r, llmretry_call *c);
+size_t lr_channel_take(lr_channel *r, llmretry_call **calls, size_t max);
+void lr_channel_remove(lr_channel *r, llmretry_call *c);
+llmretry_status lr_channel_wait(const lr_channel *r, int64_t timeout_ms);
+/* The list inside a host's channel, and its references. */
+lr_channel *lr_channel_of(llmretry_channel *ch);
+void lr_channel_ref(llmretry_channel *ch);
+void lr_channel_unref(llmretry_channel *ch);
+
+/* a + b for times in ms, saturating instead of overflowing: a server's
+ * INT64_MAX wait or a caller's huge deadline means "never", not the past. */
+static inline int64_t lr_time_add(int64_t a, int64_t b)
+{
+    if (b > 0 && a > INT64_MAX - b)
+        return INT64_MAX;
+    if (b < 0 && a < INT64_MIN - b)
+        return INT64_MIN;
+    return a + b;
+}
 
 /* An intrusive FIFO of calls (through wait_prev/wait_next). */
 typedef struct lr_queue {
@@ -73,7 +101,7 @@ struct llmretry_group {
     int active;                    /* items started and not finished */
     int queued;
     lr_queue queue;                /* items not started yet */
-    lr_ready ready;                /* its calls' news (engine mutex) */
+    lr_channel ready;              /* its calls' news (engine mutex) */
     int listed;                    /* on the engine's list of groups to pump */
     llmretry_group *next_listed;
     /* What llmretry_group_stats_get returns (engine mutex). */
@@ -134,8 +162,9 @@ struct llmretry_call {
     char hdr[LR_H_COUNT][LR_HVAL];
     int hdr_set[LR_H_COUNT];
     char curl_err[CURL_ERROR_SIZE];
-    size_t heap_index;
-    int64_t wake_at;
+    size_t heap_index;             /* in the timer heap, or LR_NO_TIMER */
+    int64_t wake_at;               /* the timer's time (heap key) */
+    int64_t retry_at;              /* LR_WAITING: when the backoff ends */
     llmretry_call *wait_prev, *wait_next;   /* engine waiting queue */
     llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */
     /* What the last failed attempt looked like, for the final error. */
@@ -152,9 +181,11 @@ struct llmretry_call {
     unsigned ops;
     int op_queued;
     llmretry_call *op_next;
-    /* Poll-mode ready list (engine->mu): the group's, else the engine's
-     * for LLMRETRY_SUBMIT_POLL, else none. */
-    lr_ready *ready_to;
+    /* Poll-mode channel (engine->mu): the group's, else options.channel
+     * (holding a reference), else the engine's for LLMRETRY_SUBMIT_POLL,
+     * else none. */
+    lr_channel *ready_to;
+    llmretry_channel *channel;
     int in_ready;
     int pend_notify;               /* engine thread: on e->pend_head */
     llmretry_call *pend_next;
@@ -204,8 +235,7 @@ char *lr_call_preview(const llmretry_call *c);
 /* ---- events.c ---------------------------------------------------------- */
 llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);
 
-/* ---- engine.c: the mailbox, used by the engine thread ------------------ */
-void lr_mail_event(llmretry_call *c, llmretry_event *ev);
+/* ---- engine.c, group.c: references --------------------------------------- */
 void lr_engine_ref(llmretry_engine *e);
 void lr_engine_unref(llmretry_engine *e);
 pthread_mutex_t *lr_engine_mutex(llmretry_engine *e);

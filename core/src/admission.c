@@ -1,0 +1,216 @@
+/* The admission stage: what every attempt passes before it starts, in
+ * order (DESIGN §9):
+ *
+ *   1. its batch's pacer, for a call in a group (new items only: an item
+ *      counts against its batch's window from its first attempt to its
+ *      end, so its retries are not paced again);
+ *   2. the engine's max_in_flight (retries go before fresh calls);
+ *   3. (next) the endpoint's rate budget, retry budget and circuit breaker.
+ *
+ * A call that cannot start waits in the queue of the stage that holds it,
+ * with its deadline as its timer (timers.c), so it fails at its deadline
+ * wherever it waits. Nothing here blocks: the loop calls
+ * lr_admission_pump once per pass and after every finished transfer. */
+#include "engine.h"
+
+#include <stdlib.h>
+
+#define MAX_DUE_MS 1000
+
+/* ---- the intrusive FIFO of waiting calls ------------------------------- */
+
+void lr_queue_push(lr_queue *q, llmretry_call *c, int front)
+{
+    c->wait_prev = c->wait_next = NULL;
+    if (!q->head) {
+        q->head = q->tail = c;
+    } else if (front) {
+        c->wait_next = q->head;
+        q->head->wait_prev = c;
+        q->head = c;
+    } else {
+        c->wait_prev = q->tail;
+        q->tail->wait_next = c;
+        q->tail = c;
+    }
+}
+
+void lr_queue_unlink(lr_queue *q, llmretry_call *c)
+{
+    if (c->wait_prev)
+        c->wait_prev->wait_next = c->wait_next;
+    else
+        q->head = c->wait_next;
+    if (c->wait_next)
+        c->wait_next->wait_prev = c->wait_prev;
+    else
+        q->tail = c->wait_prev;
+    c->wait_prev = c->wait_next = NULL;
+}
+
+/* Park the call in `q` in `state`, its deadline armed. */
+static void wait_in(llmretry_engine *e, llmretry_call *c, lr_queue *q, lr_state state, int front)
+{
+    c->state = state;
+    lr_queue_push(q, c, front);
+    if (lr_timer_update(e, c) != 0) {
+        lr_queue_unlink(q, c);
+        free(c->last_message);
+        c->last_message = lr_strdup("out of memory queueing the call");
+        c->last_kind = LLMRETRY_ERR_NETWORK;
+        lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
+    }
+}
+
+/* ---- stage 2: a slot --------------------------------------------------- */
+
+static void admit_slot(llmretry_engine *e, llmretry_call *c, int front)
+{
+    if (e->in_flight < e->max_in_flight)
+        lr_attempt_start(e, c);
+    else
+        wait_in(e, c, &e->waiting, LR_QUEUED, front);
+}
+
+static void start_queued(llmretry_engine *e)
+{
+    while (e->waiting.head && e->in_flight < e->max_in_flight) {
+        llmretry_call *c = e->waiting.head;
+        lr_queue_unlink(&e->waiting, c);
+        lr_timer_remove(e, c);
+        lr_attempt_start(e, c);
+    }
+}
+
+/* ---- stage 1: the batch's pacer ---------------------------------------- */
+
+/* Publish the group's numbers for llmretry_group_stats_get. */
+static void group_snapshot(llmretry_engine *e, llmretry_group *g)
+{
+    pthread_mutex_lock(&e->mu);
+    g->stats.window = g->pacer.window;
+    g->stats.active = g->active;
+    g->stats.queued = g->queued;
+    g->stats.pauses = g->pacer.pauses;
+    g->stats.halvings = g->pacer.halvings;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void group_enqueue(llmretry_engine *e, llmretry_call *c)
+{
+    llmretry_group *g = c->group;
+    g->queued++;
+    if (!g->listed) {
+        /* The list holds a reference: cancelled items may leave the group
+         * with no other owner while it is still listed. */
+        atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+        g->listed = 1;
+        g->next_listed = e->groups;
+        e->groups = g;
+    }
+    wait_in(e, c, &g->queue, LR_GROUP_QUEUED, 0);
+}
+
+/* Start what the group's pacer allows now. */
+static void pump_group(llmretry_engine *e, llmretry_group *g, int64_t now)
+{
+    while (g->queue.head && g->active < llmretry_pacer_allowed(&g->pacer, now)) {
+        llmretry_call *c = g->queue.head;
+        lr_queue_unlink(&g->queue, c);
+        lr_timer_remove(e, c);
+        g->queued--;
+        g->active++;
+        c->group_active = 1;
+        admit_slot(e, c, 0);
+    }
+    group_snapshot(e, g);
+}
+
+static void pump_groups(llmretry_engine *e)
+{
+    int64_t now = lr_mono_ms();
+    llmretry_group **pp = &e->groups;
+    while (*pp) {
+        llmretry_group *g = *pp;
+        pump_group(e, g, now);
+        if (!g->queue.head) {
+            *pp = g->next_listed;
+            g->listed = 0;
+            lr_group_unref(g);
+        } else {
+            pp = &g->next_listed;
+        }
+    }
+}
+
+/* ---- the stage as a whole ---------------------------------------------- */
+
+void lr_admit_new(llmretry_engine *e, llmretry_call *c)
+{
+    if (c->group)
+        group_enqueue(e, c);
+    else
+        admit_slot(e, c, 0);
+}
+
+void lr_admit_retry(llmretry_engine *e, llmretry_call *c)
+{
+    admit_slot(e, c, 1);
+}
+
+void lr_admission_pump(llmretry_engine *e)
+{
+    pump_groups(e);
+    start_queued(e);
+}
+
+void lr_admission_leave(llmretry_engine *e, llmretry_call *c)
+{
+    switch (c->state) {
+    case LR_QUEUED:
+        lr_queue_unlink(&e->waiting, c);
+        break;
+    case LR_GROUP_QUEUED:
+        lr_queue_unlink(&c->group->queue, c);
+        c->group->queued--;
+        group_snapshot(e, c->group);
+        break;
+    default:
+        break;
+    }
+    lr_timer_remove(e, c);
+}
+
+void lr_admission_finished(llmretry_engine *e, llmretry_call *c)
+{
+    if (!c->group_active)
+        return;
+    c->group_active = 0;
+    c->group->active--;
+    group_snapshot(e, c->group);
+}
+
+int64_t lr_admission_due_in(const llmretry_engine *e, int64_t now, int64_t cap)
+{
+    if (e->waiting.head && e->in_flight < e->max_in_flight)
+        return 0;
+    int64_t due = cap;
+    for (const llmretry_group *g = e->groups; g; g = g->next_listed) {
+        int64_t t = llmretry_pacer_paused_ms(&g->pacer, now);
+        if (t == 0 && g->active < llmretry_pacer_allowed(&g->pacer, now))
+            return 0;
+        if (t > 0 && t < due)
+            due = t;    /* full groups need no wake-up: a finishing item is one */
+    }
+    return due;
+}
+
+void lr_admission_unlist_all(llmretry_engine *e)
+{
+    while (e->groups) {
+        llmretry_group *g = e->groups;
+        e->groups = g->next_listed;
+        g->listed = 0;
+        lr_group_unref(g);
+    }
+}

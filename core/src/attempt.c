@@ -1,0 +1,338 @@
+/* Attempts: putting a call's request on the wire, reading what came back,
+ * and letting the policy (policy.c) decide what happens next: success,
+ * a retry after a wait (a timer, timers.c), or the end of the call. */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define EASY_POOL_MAX 1024
+
+/* ---- easy handles are pooled: creating one per attempt costs ----------- */
+
+static CURL *easy_get(llmretry_engine *e)
+{
+    return e->n_easy > 0 ? e->easy_pool[--e->n_easy] : curl_easy_init();
+}
+
+static void easy_put(llmretry_engine *e, CURL *easy)
+{
+    if (e->n_easy < EASY_POOL_MAX) {
+        if (!e->easy_pool) {
+            e->easy_pool = malloc(EASY_POOL_MAX * sizeof *e->easy_pool);
+            if (!e->easy_pool) {
+                curl_easy_cleanup(easy);
+                return;
+            }
+        }
+        curl_easy_reset(easy);
+        e->easy_pool[e->n_easy++] = easy;
+    } else {
+        curl_easy_cleanup(easy);
+    }
+}
+
+void lr_easy_pool_clear(llmretry_engine *e)
+{
+    while (e->n_easy > 0)
+        curl_easy_cleanup(e->easy_pool[--e->n_easy]);
+}
+
+static void detach_easy(llmretry_engine *e, llmretry_call *c)
+{
+    curl_multi_remove_handle(e->multi, c->easy);
+    easy_put(e, c->easy);
+    c->easy = NULL;
+    e->in_flight--;
+}
+
+/* ---- the end of a call --------------------------------------------------- */
+
+/* Publish the result; the engine's reference to the call ends here. */
+static void finish(llmretry_engine *e, llmretry_call *c)
+{
+    llmretry_result *r = &c->result;
+    r->request_id = c->request_id;
+    r->model = c->model;
+    r->attempts = c->attempts_started;
+    r->attempt = r->attempts > 0 ? r->attempts - 1 : 0;
+    r->total_ms = lr_mono_ms() - c->submitted_at;
+    c->state = LR_DONE;
+    lr_timer_remove(e, c);
+    lr_live_unlink(e, c);
+    lr_admission_finished(e, c);
+    lr_mail_done(c);
+    lr_call_unref(c);
+}
+
+static void succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t duration_ms,
+                    llmretry_usage usage, char *response_model, char *fingerprint)
+{
+    llmretry_result *r = &c->result;
+    if (c->group)
+        llmretry_pacer_on_success(&c->group->pacer);
+    r->ok = 1;
+    r->status = status;
+    r->duration_ms = duration_ms;
+    r->body = c->resp.data;         /* on_body keeps room for the NUL */
+    c->resp.data[c->resp.len] = '\0';
+    r->body_len = c->resp.len;
+    r->usage = usage;
+    r->response_model = response_model;
+    r->system_fingerprint = fingerprint;
+    llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_SUCCEEDED);
+    if (ev) {
+        ev->status = status;
+        ev->duration_ms = duration_ms;
+        ev->usage = usage;
+        ev->response_model = lr_strdup(response_model);
+        ev->system_fingerprint = lr_strdup(fingerprint);
+        lr_post(c, ev);
+    }
+    finish(e, c);
+}
+
+static const char *reason_text(llmretry_giveup_reason r)
+{
+    switch (r) {
+    case LLMRETRY_REASON_RETRIES_EXHAUSTED: return "retries exhausted";
+    case LLMRETRY_REASON_NOT_RETRYABLE: return "not retryable";
+    case LLMRETRY_REASON_DEADLINE: return "the deadline would pass before the next attempt";
+    case LLMRETRY_REASON_RETRY_AFTER_TOO_LONG: return "the server asked to wait longer than max_retry_after_ms";
+    case LLMRETRY_REASON_UNSAFE_MODE: return "retry_mode is unsafe and the request may have reached the server";
+    case LLMRETRY_REASON_CANCELLED: return "cancelled";
+    default: return "failed";
+    }
+}
+
+void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason)
+{
+    llmretry_result *r = &c->result;
+    r->ok = 0;
+    r->reason = reason;
+    r->kind = reason == LLMRETRY_REASON_CANCELLED ? LLMRETRY_ERR_CANCELLED
+            : reason == LLMRETRY_REASON_DEADLINE ? LLMRETRY_ERR_DEADLINE_EXCEEDED
+            : c->last_kind;
+    r->status = c->last_status;
+    r->duration_ms = c->last_duration_ms;
+    r->retry_after_ms = c->last_retry_after_ms;
+    r->error_code = c->last_error_code;
+    r->body_preview = c->last_body_preview;
+    c->last_error_code = c->last_body_preview = NULL;     /* moved */
+    int n = c->attempts_started;
+    char buf[640];
+    if (c->last_message)
+        snprintf(buf, sizeof buf, "%s; gave up after %d attempt%s: %s",
+                 c->last_message, n, n == 1 ? "" : "s", reason_text(reason));
+    else
+        snprintf(buf, sizeof buf, "gave up after %d attempt%s: %s", n, n == 1 ? "" : "s",
+                 reason_text(reason));
+    r->message = lr_strdup(buf);
+    llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_GAVE_UP);
+    if (ev) {
+        ev->attempt = n > 0 ? n - 1 : 0;
+        ev->reason = reason;
+        ev->attempts = n;
+        ev->total_ms = lr_mono_ms() - c->submitted_at;
+        ev->error_kind = r->kind;
+        ev->status = r->status;
+        lr_post(c, ev);
+    }
+    finish(e, c);
+}
+
+void lr_cancel(llmretry_engine *e, llmretry_call *c)
+{
+    switch (c->state) {
+    case LR_DONE:
+        return;
+    case LR_RUNNING:
+        detach_easy(e, c);
+        break;
+    case LR_VALIDATING:
+        /* The host may not have taken the body yet: it must not run the
+         * validator of a call that is over (lr_mail_done withdraws it). */
+        break;
+    default:
+        lr_admission_leave(e, c);
+        break;
+    }
+    lr_give_up(e, c, LLMRETRY_REASON_CANCELLED);
+}
+
+/* ---- attempts ------------------------------------------------------------ */
+
+/* Time left before the call's deadline, never negative: a passed deadline
+ * must not read as LLMRETRY_NO_DEADLINE (-1). */
+static int64_t deadline_left(const llmretry_call *c, int64_t now)
+{
+    if (c->deadline_at < 0)
+        return LLMRETRY_NO_DEADLINE;
+    return c->deadline_at > now ? c->deadline_at - now : 0;
+}
+
+static void fail_to_start(llmretry_engine *e, llmretry_call *c, const char *why)
+{
+    free(c->last_message);
+    c->last_message = lr_strdup(why);
+    c->last_kind = LLMRETRY_ERR_NETWORK;
+    lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
+}
+
+void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
+{
+    int64_t now = lr_mono_ms();
+    int64_t left = deadline_left(c, now);
+    if (left == 0) {
+        lr_give_up(e, c, LLMRETRY_REASON_DEADLINE);
+        return;
+    }
+    CURL *easy = easy_get(e);
+    if (!easy) {
+        fail_to_start(e, c, "out of memory starting an attempt");
+        return;
+    }
+    int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
+    c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE && left < c->o.timeout_ms;
+    lr_call_setup_easy(c, easy, timeout);
+    CURLMcode mrc = curl_multi_add_handle(e->multi, easy);
+    if (mrc != CURLM_OK) {
+        easy_put(e, easy);
+        char why[160];
+        snprintf(why, sizeof why, "could not start an attempt: %s", curl_multi_strerror(mrc));
+        fail_to_start(e, c, why);
+        return;
+    }
+    llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_STARTED);
+    if (ev) {
+        ev->timeout_ms = timeout;
+        ev->deadline_left_ms = left;
+        lr_post(c, ev);
+    }
+    c->easy = easy;
+    c->attempt_started_at = now;
+    c->attempts_started = c->attempt + 1;
+    c->state = LR_RUNNING;
+    e->in_flight++;
+}
+
+/* Record a failed attempt, tell the host, and let the policy decide. */
+static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out)
+{
+    const llmretry_failure *f = &out->f;
+    int http = f->kind == LLMRETRY_ERR_HTTP_STATUS;
+    c->last_kind = f->kind;
+    c->last_status = f->status;     /* any status the server did send */
+    c->last_duration_ms = out->duration_ms;
+    free(c->last_message);
+    c->last_message = out->message;
+    out->message = NULL;
+    free(c->last_error_code);
+    c->last_error_code = lr_strdup(f->error_code);
+    free(c->last_body_preview);
+    c->last_body_preview = http ? lr_call_preview(c) : NULL;
+
+    llmretry_event *ev = lr_event(c, http ? LLMRETRY_EV_REQUEST_FAILED : LLMRETRY_EV_REQUEST_ERROR);
+    if (ev) {
+        ev->duration_ms = out->duration_ms;
+        if (http) {
+            ev->status = f->status;
+            ev->retry_after = lr_strdup(f->retry_after);
+            ev->error_code = lr_strdup(f->error_code);
+            ev->body_preview = lr_strdup(c->last_body_preview);
+        } else {
+            ev->error_kind = f->kind;
+            ev->error_message = lr_strdup(c->last_message);
+        }
+        lr_post(c, ev);
+    }
+
+    int64_t now = lr_mono_ms();
+    int64_t left = deadline_left(c, now);
+    llmretry_decision d = llmretry_decide(&c->o, f, c->attempt, lr_unix_ms(), left,
+                                          lr_rng_next01(&e->rng));
+    c->last_retry_after_ms = d.retry_after_ms;
+    if (c->group && f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
+        /* The server's wait holds for the whole batch, not just this item;
+         * but a wait the call itself refused as too long pauses nothing
+         * (it could stall the batch for years). */
+        int64_t wait = d.retry && d.delay_source != LLMRETRY_DELAY_BACKOFF ? d.delay_ms
+                                                                          : d.retry_after_ms;
+        if (wait > c->o.max_retry_after_ms)
+            wait = 0;
+        llmretry_pacer_on_429(&c->group->pacer, now, wait);
+    }
+    if (!d.retry) {
+        lr_give_up(e, c, d.reason);
+        return;
+    }
+    ev = lr_event(c, LLMRETRY_EV_RETRY_SCHEDULED);
+    if (ev) {
+        ev->delay_ms = d.delay_ms;
+        ev->delay_source = d.delay_source;
+        ev->next_attempt = c->attempt + 1;
+        lr_post(c, ev);
+    }
+    c->attempt++;
+    c->retry_at = lr_time_add(now, d.delay_ms);
+    c->state = LR_WAITING;
+    if (lr_timer_update(e, c) != 0) {
+        free(c->last_message);
+        c->last_message = lr_strdup("out of memory scheduling a retry");
+        lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
+    }
+}
+
+void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
+{
+    lr_outcome out;
+    lr_call_read_outcome(c, rc, &out);
+    detach_easy(e, c);
+    if (!out.success) {
+        handle_failure(e, c, &out);
+    } else if (c->o.validate) {
+        /* The host judges the body; the engine waits for its verdict. */
+        c->state = LR_VALIDATING;
+        c->v_usage = out.usage;
+        c->v_response_model = out.response_model;
+        c->v_fingerprint = out.fingerprint;
+        c->last_status = out.f.status;
+        c->last_duration_ms = out.duration_ms;
+        out.response_model = out.fingerprint = NULL;
+        lr_mail_validate(c);
+    } else {
+        succeed(e, c, out.f.status, out.duration_ms, out.usage, out.response_model, out.fingerprint);
+        out.response_model = out.fingerprint = NULL;
+    }
+    lr_outcome_clear(&out);
+}
+
+void lr_attempt_validated(llmretry_engine *e, llmretry_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int ok = c->validate_ok;
+    char *msg = c->validate_msg;
+    c->validate_msg = NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (ok) {
+        succeed(e, c, c->last_status, c->last_duration_ms, c->v_usage,
+                c->v_response_model, c->v_fingerprint);
+        c->v_response_model = c->v_fingerprint = NULL;
+    } else {
+        lr_outcome out;
+        memset(&out, 0, sizeof out);
+        out.f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
+        out.f.status = c->last_status;
+        out.duration_ms = c->last_duration_ms;
+        char buf[400];
+        snprintf(buf, sizeof buf, "response rejected by validate: %s", msg ? msg : "invalid");
+        out.message = lr_strdup(buf);
+        free(c->v_response_model);
+        free(c->v_fingerprint);
+        c->v_response_model = c->v_fingerprint = NULL;
+        memset(c->hdr_set, 0, sizeof c->hdr_set);
+        handle_failure(e, c, &out);
+        lr_outcome_clear(&out);
+    }
+    free(msg);
+}

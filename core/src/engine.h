@@ -1,0 +1,104 @@
+/* The engine's private parts, shared by the files that make it up:
+ *
+ *   engine.c     the I/O thread's loop, the op queue, the public engine API
+ *   timers.c     one timer per call: its deadline, backoff and not-before
+ *   admission.c  what an attempt passes before it starts (slots, pacers)
+ *   attempt.c    attempts on the wire and what the policy makes of them
+ *   mailbox.c    what the engine publishes to hosts and the host side of it
+ *   channel.c    ready lists with a notifier (eventfd or pipe)
+ *
+ * Everything marked "I/O thread" is touched by that thread only. */
+#ifndef LLMRETRY_ENGINE_H
+#define LLMRETRY_ENGINE_H
+
+#include "internal.h"
+
+#include <stdint.h>
+
+#define LR_NO_TIMER SIZE_MAX        /* heap_index of a call without a timer */
+
+struct llmretry_engine {
+    atomic_int refs;               /* the host's + one per unfreed call */
+    pid_t pid;
+    int max_in_flight;
+
+    pthread_mutex_t mu;            /* guards everything down to `thread` */
+    llmretry_call *ops_head, *ops_tail;
+    lr_channel channel;            /* LLMRETRY_SUBMIT_POLL calls with news */
+    int stopping;
+    int multi_gone;                /* the I/O thread has released `multi` */
+    CURLM *multi;
+    pthread_t thread;
+
+    /* I/O thread only. */
+    llmretry_call **heap;          /* timers, earliest first (timers.c) */
+    size_t heap_len, heap_cap;
+    lr_queue waiting;              /* admitted but no free slot */
+    llmretry_group *groups;        /* groups with items to start */
+    llmretry_call *live_head;      /* every unfinished call */
+    int in_flight;
+    CURL **easy_pool;
+    size_t n_easy;
+    uint64_t rng;
+    llmretry_call *pend_head;      /* calls with news, published once per loop, */
+    llmretry_call *pend_tail;      /* in the order they had it */
+};
+
+/* ---- timers.c ----------------------------------------------------------- */
+/* Place the call's one timer where its state says (a backoff's end, or the
+ * deadline of a call that waits for admission), or remove it. -1 when out
+ * of memory: the caller fails the call (it would wait unseen). */
+int lr_timer_update(llmretry_engine *e, llmretry_call *c);
+void lr_timer_remove(llmretry_engine *e, llmretry_call *c);
+/* The earliest call whose timer is due at `now`, taken off the heap. */
+llmretry_call *lr_timer_take_due(llmretry_engine *e, int64_t now);
+/* Milliseconds until the earliest timer (0 if due), or `cap` if later. */
+int64_t lr_timer_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
+
+/* ---- admission.c ---------------------------------------------------------- */
+/* A new call: its group's pacer first (if it has one), then a slot. */
+void lr_admit_new(llmretry_engine *e, llmretry_call *c);
+/* A retry whose wait is over: a slot (before fresh calls). */
+void lr_admit_retry(llmretry_engine *e, llmretry_call *c);
+/* Start whatever the admission stage now lets through. */
+void lr_admission_pump(llmretry_engine *e);
+/* Take a waiting call out of whatever queue holds it. */
+void lr_admission_leave(llmretry_engine *e, llmretry_call *c);
+/* The call has finished: its group may start another. */
+void lr_admission_finished(llmretry_engine *e, llmretry_call *c);
+/* How soon the admission stage needs the loop again, at most `cap`. */
+int64_t lr_admission_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
+/* Drop every group from the list (shutdown, once nothing is queued). */
+void lr_admission_unlist_all(llmretry_engine *e);
+
+/* ---- attempt.c ------------------------------------------------------------ */
+void lr_attempt_start(llmretry_engine *e, llmretry_call *c);
+void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc);
+void lr_attempt_validated(llmretry_engine *e, llmretry_call *c);
+void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason);
+void lr_cancel(llmretry_engine *e, llmretry_call *c);
+void lr_easy_pool_clear(llmretry_engine *e);
+
+/* ---- mailbox.c (engine side) ---------------------------------------------- */
+/* A fresh event of type t, or NULL when the call did not ask for it. */
+llmretry_event *lr_event(llmretry_call *c, llmretry_event_type t);
+void lr_post(llmretry_call *c, llmretry_event *ev);
+/* The call has news for its channel (published by lr_publish). */
+void lr_notify(llmretry_call *c);
+/* Publish every call with news, once per loop pass. */
+void lr_publish(llmretry_engine *e);
+/* Mark the call done and wake whoever waits for it. */
+void lr_mail_done(llmretry_call *c);
+/* Hand a 2xx body to the host's validator. */
+void lr_mail_validate(llmretry_call *c);
+
+/* ---- engine.c -------------------------------------------------------------- */
+/* Queue an op for the I/O thread; -1 once the engine has shut down. */
+int lr_queue_op(llmretry_call *c, unsigned op);
+void lr_live_unlink(llmretry_engine *e, llmretry_call *c);
+
+/* ---- the intrusive FIFO of waiting calls (admission.c) --------------------- */
+void lr_queue_push(lr_queue *q, llmretry_call *c, int front);
+void lr_queue_unlink(lr_queue *q, llmretry_call *c);
+
+#endif
