@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install demo bench fuzz check soak clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier demo bench fuzz check soak clean
 
 all: build
 
@@ -25,7 +25,7 @@ build-python:
 	$(PYTHON) setup.py -q build_ext --inplace
 
 test: deps build build-asan build-python
-	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install
+	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier
 	@echo "make test: all suites passed"
 
 test-c:
@@ -52,6 +52,11 @@ test-lua:
 # The Lua module in its real hosts: headless Neovim and nginx with the Lua module.
 test-hosts:
 	tools/host-test.sh
+
+# The C, Python and Lua suites again with the pipe notifier (what macOS and
+# the BSDs build), in build-pipe/.
+test-pipe-notifier:
+	tools/pipe-notifier-test.sh
 
 # `pip install .` in a fresh venv, then one call against the mock server.
 test-pip-install:

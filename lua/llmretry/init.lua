@@ -198,6 +198,10 @@ function M.call_llm(opts)
   local pooled = false
   if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
     engine, pooled = pool.engine, true
+    -- The pool's calls pass its group's pacer on the engine thread (the
+    -- admission stage): a 429 naming a wait pauses the pool's new starts,
+    -- as it does call_many's.
+    sub.group = pool.group
   end
   local h
   if engine then h = submit(engine, sub, 2) else h = submit_default(sub, 2) end
@@ -286,7 +290,11 @@ local function map_impl(items, limit, worker, opts, pool_policy)
 
   local owned = opts.engine == nil
   local engine = opts.engine or core.new_engine()
-  local pool = { engine = engine, logger = logger or nil, policy = pool_policy }
+  -- The pool's pacing is the engine's (DESIGN §9): its workers' calls form
+  -- one group, at most `limit` at once, paused by a 429's named wait and
+  -- narrowed by a burst of them, exactly as call_many's items are.
+  local group = engine:group{ limit = limit, adaptive = true }
+  local pool = { engine = engine, group = group, logger = logger or nil, policy = pool_policy }
   local watch = {}          -- handle -> resume function
   local ready = {}          -- coroutines that yielded something else: resume next turn
   local index_of = {}       -- coroutine -> item index
@@ -348,8 +356,9 @@ local function map_impl(items, limit, worker, opts, pool_policy)
     return true
   end
 
-  local ok, perr = pcall(run_loop, engine, watch,
+  local ok, perr = pcall(run_loop, group, watch,
     function() return active == 0 and (stopped or next_i > n) end, turn)
+  group:close()
   if owned then engine:close() end
   if not ok then error(perr, 0) end
 
