@@ -1589,6 +1589,15 @@ static int engine_submit(lua_State *L)
     return 1;
 }
 
+/* engine:forked() -> true in a process forked from the one that made the
+ * engine: it cannot be used there (submit raises); make a new one. */
+static int engine_forked(lua_State *L)
+{
+    lr_engine *eng = check_engine(L);
+    lua_pushboolean(L, eng->e && llmretry_engine_forked(eng->e));
+    return 1;
+}
+
 static int engine_fd(lua_State *L)
 {
     lua_pushinteger(L, llmretry_engine_fd(check_open_engine(L)));
@@ -1772,6 +1781,7 @@ static const luaL_Reg engine_methods[] = {
     { "submit", engine_submit },
     { "group", engine_group },
     { "fd", engine_fd },
+    { "forked", engine_forked },
     { "poll", engine_poll },
     { "wait", engine_wait },
     { "close", engine_close },

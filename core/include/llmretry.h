@@ -281,6 +281,13 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
  * until they are freed. Safe with NULL. */
 void llmretry_engine_free(llmretry_engine *e);
 
+/* 1 when called in a process forked from the one that made the engine.
+ * There every function of the engine, its calls, groups and channels
+ * returns at once without touching them (submit: ESTATE; poll: 0; free:
+ * nothing): the parent's I/O thread does not exist in the child and may
+ * have held their locks at the fork. A host makes a new engine. */
+int llmretry_engine_forked(const llmretry_engine *e);
+
 /* Submit flags. */
 #define LLMRETRY_SUBMIT_POLL 1u  /* report this call via llmretry_engine_poll */
 

@@ -133,7 +133,7 @@ void lr_channel_unref(llmretry_channel *ch)
 
 void llmretry_channel_free(llmretry_channel *ch)
 {
-    if (ch)
+    if (ch && !lr_forked(ch->engine))
         lr_channel_unref(ch);
 }
 
@@ -144,6 +144,8 @@ int llmretry_channel_fd(const llmretry_channel *ch)
 
 size_t llmretry_channel_poll(llmretry_channel *ch, llmretry_call **calls, size_t max)
 {
+    if (lr_forked(ch->engine))
+        return 0;
     pthread_mutex_lock(&ch->engine->mu);
     size_t n = lr_channel_take(&ch->ch, calls, max);
     pthread_mutex_unlock(&ch->engine->mu);

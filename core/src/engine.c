@@ -45,6 +45,16 @@ void lr_engine_unref(llmretry_engine *e)
     free(e);
 }
 
+int lr_forked(const llmretry_engine *e)
+{
+    return getpid() != e->pid;
+}
+
+int llmretry_engine_forked(const llmretry_engine *e)
+{
+    return e && lr_forked(e);
+}
+
 /* ---- the engine's unfinished calls (cancelled at shutdown) ------------- */
 
 static void live_link(llmretry_engine *e, llmretry_call *c)
@@ -285,7 +295,7 @@ void llmretry_engine_free(llmretry_engine *e)
 {
     if (!e)
         return;
-    if (getpid() != e->pid)
+    if (lr_forked(e))
         return;     /* a forked child: the thread and sockets are the parent's */
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
@@ -298,6 +308,8 @@ void llmretry_engine_free(llmretry_engine *e)
 int lr_queue_op(llmretry_call *c, unsigned op)
 {
     llmretry_engine *e = c->engine;
+    if (lr_forked(e))
+        return -1;
     pthread_mutex_lock(&e->mu);
     if (e->multi_gone || (e->stopping && op == LR_OP_SUBMIT)) {
         pthread_mutex_unlock(&e->mu);
@@ -331,7 +343,7 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
         return LLMRETRY_EINVAL;
     }
     *out = NULL;
-    if (getpid() != e->pid) {
+    if (lr_forked(e)) {
         lr_errf(err, errlen, "this engine belongs to another process (used after fork)");
         return LLMRETRY_ESTATE;
     }
@@ -367,6 +379,8 @@ int llmretry_engine_fd(const llmretry_engine *e)
 
 size_t llmretry_engine_poll(llmretry_engine *e, llmretry_call **calls, size_t max)
 {
+    if (lr_forked(e))
+        return 0;
     pthread_mutex_lock(&e->mu);
     size_t n = lr_channel_take(&e->channel, calls, max);
     pthread_mutex_unlock(&e->mu);

@@ -93,6 +93,11 @@ void lr_mail_done(llmretry_call *c);
 void lr_mail_validate(llmretry_call *c);
 
 /* ---- engine.c -------------------------------------------------------------- */
+/* 1 in a process forked from the one that made the engine. Every public
+ * entry point that would lock the engine's or a call's mutex asks first:
+ * the parent's I/O thread may have held it at the fork, and in the child
+ * nobody would ever unlock it. */
+int lr_forked(const llmretry_engine *e);
 /* Queue an op for the I/O thread; -1 once the engine has shut down. */
 int lr_queue_op(llmretry_call *c, unsigned op);
 void lr_live_unlink(llmretry_engine *e, llmretry_call *c);

@@ -1,8 +1,9 @@
 /* Groups: the calls of one batch, paced together. This file holds the
  * group's life cycle; engine.c schedules its calls. */
-#include "internal.h"
+#include "engine.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 void llmretry_group_options_defaults(llmretry_group_options *o)
 {
@@ -62,12 +63,16 @@ void lr_group_unref(llmretry_group *g)
 
 void llmretry_group_free(llmretry_group *g)
 {
-    if (g)
+    if (g && !lr_forked(g->engine))
         lr_group_unref(g);
 }
 
 void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out)
 {
+    if (lr_forked(g->engine)) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
     pthread_mutex_t *mu = lr_engine_mutex(g->engine);
     pthread_mutex_lock(mu);
     *out = g->stats;
@@ -81,6 +86,8 @@ int llmretry_group_fd(const llmretry_group *g)
 
 size_t llmretry_group_poll(llmretry_group *g, llmretry_call **calls, size_t max)
 {
+    if (lr_forked(g->engine))
+        return 0;
     pthread_mutex_t *mu = lr_engine_mutex(g->engine);
     pthread_mutex_lock(mu);
     size_t n = lr_channel_take(&g->ready, calls, max);

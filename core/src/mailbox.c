@@ -113,8 +113,8 @@ void llmretry_call_cancel(llmretry_call *c)
 
 void llmretry_call_free(llmretry_call *c)
 {
-    if (!c)
-        return;
+    if (!c || lr_forked(c->engine))
+        return;     /* in a forked child the call is the parent's: left alone */
     llmretry_engine *e = c->engine;
     pthread_mutex_lock(&e->mu);
     c->host_freed = 1;
@@ -159,6 +159,8 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
 {
     llmretry_mail m = LLMRETRY_MAIL_EMPTY;
     *ev = NULL;
+    if (lr_forked(c->engine))
+        return m;
     pthread_mutex_lock(&c->mu);
     if (c->ev_head) {
         *ev = c->ev_head;
@@ -181,6 +183,8 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
 llmretry_status llmretry_call_wait(llmretry_call *c, int64_t timeout_ms)
 {
     struct timespec until;
+    if (lr_forked(c->engine))
+        return LLMRETRY_ESTATE;
     if (timeout_ms >= 0) {
         clock_gettime(CLOCK_MONOTONIC, &until);
         until.tv_sec += timeout_ms / 1000;
@@ -206,6 +210,8 @@ llmretry_status llmretry_call_wait(llmretry_call *c, int64_t timeout_ms)
 
 llmretry_status llmretry_call_pending_body(llmretry_call *c, const char **body, size_t *len)
 {
+    if (lr_forked(c->engine))
+        return LLMRETRY_ESTATE;
     pthread_mutex_lock(&c->mu);
     int pending = c->validate_pending;
     pthread_mutex_unlock(&c->mu);
@@ -220,6 +226,8 @@ llmretry_status llmretry_call_pending_body(llmretry_call *c, const char **body, 
 
 llmretry_status llmretry_call_validated(llmretry_call *c, int ok, const char *message)
 {
+    if (lr_forked(c->engine))
+        return LLMRETRY_ESTATE;
     pthread_mutex_lock(&c->mu);
     if (!c->validate_pending) {
         pthread_mutex_unlock(&c->mu);
@@ -237,6 +245,8 @@ llmretry_status llmretry_call_validated(llmretry_call *c, int ok, const char *me
 const llmretry_result *llmretry_call_result(const llmretry_call *c)
 {
     llmretry_call *m = (llmretry_call *)c;
+    if (lr_forked(c->engine))
+        return NULL;
     pthread_mutex_lock(&m->mu);
     int done = m->done;
     pthread_mutex_unlock(&m->mu);

@@ -169,11 +169,11 @@ end
 -- parent's engine is left alone (the core's free is a no-op in a child).
 local function submit_default(sub, level)
   local engine = get_default_engine()
-  local ok, h = pcall(engine.submit, engine, sub)
-  if not ok and type(h) == "string" and h:find("after fork", 1, true) then
+  if engine:forked() then
     default_engine = core.new_engine()
-    ok, h = pcall(default_engine.submit, default_engine, sub)
+    engine = default_engine
   end
+  local ok, h = pcall(engine.submit, engine, sub)
   if not ok then
     if type(h) == "string" then error(h, level + 1) end
     error(h, 0)
