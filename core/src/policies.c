@@ -1,0 +1,468 @@
+/* Named policies: sets of call options kept as plain data (a JSON object
+ * of name -> settings), checked once when loaded, and resolved with the
+ * precedence explicit > policy > client defaults > built-in. The Python
+ * and Lua shims turn their host values (and Python's TOML) into this JSON
+ * and call here, so both accept, refuse and word their errors alike.
+ *
+ * The rules of each key are one table (KEYS), in the spirit of curl's
+ * option table: name, type, range; the same table checks a single value
+ * for a shim (llmretry_policy_check_value). */
+#include "internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Integers a JSON number carries exactly (RFC 7493 §2.2). */
+#define EXACT_INT_MAX 9007199254740991.0
+
+typedef enum key_type { K_TEXT, K_INT, K_ENUM, K_BOOL, K_STATUSES, K_AUTO } key_type;
+
+typedef struct key_rule {
+    const char *name;
+    key_type type;
+    int nullable;                  /* JSON null = unset */
+    double min, max;               /* K_INT */
+    const char *range;             /* K_INT: how the range reads */
+    const char *const *choices;    /* K_ENUM, NULL-terminated */
+    const char *builtin;           /* the built-in value as JSON */
+} key_rule;
+
+static const char *const JITTERS[] = { "additive", "full", "none", NULL };
+static const char *const MODES[] = { "safe", "unsafe", NULL };
+
+/* In the order resolved settings list them (tests/policies/resolved.json). */
+static const key_rule KEYS[] = {
+    { "base_url", K_TEXT, 1, 0, 0, NULL, NULL, "null" },
+    { "model", K_TEXT, 1, 0, 0, NULL, NULL, "null" },
+    { "timeout_ms", K_INT, 0, 1, EXACT_INT_MAX, "> 0", NULL, "60000" },
+    { "max_retries", K_INT, 0, 0, 100, "0..100", NULL, "3" },
+    { "base_delay_ms", K_INT, 0, 0, EXACT_INT_MAX, ">= 0", NULL, "800" },
+    { "max_delay_ms", K_INT, 0, 0, EXACT_INT_MAX, ">= 0", NULL, "30000" },
+    { "jitter", K_ENUM, 0, 0, 0, NULL, JITTERS, "\"additive\"" },
+    { "deadline_ms", K_INT, 1, 0, EXACT_INT_MAX, ">= 0", NULL, "null" },
+    { "retry_mode", K_ENUM, 0, 0, 0, NULL, MODES, "\"safe\"" },
+    { "retry_statuses", K_STATUSES, 1, 0, 0, NULL, NULL, "null" },
+    { "max_retry_after_ms", K_INT, 0, 0, EXACT_INT_MAX, ">= 0", NULL, "120000" },
+    { "retry_invalid_response", K_BOOL, 0, 0, 0, NULL, NULL, "true" },
+    { "max_response_bytes", K_INT, 0, 1, EXACT_INT_MAX, "> 0", NULL, "33554432" },
+    { "idempotency_key", K_AUTO, 1, 0, 0, NULL, NULL, "null" },
+};
+#define N_KEYS (sizeof KEYS / sizeof KEYS[0])
+
+struct llmretry_policies {
+    size_t n;
+    char **names;                  /* in the order of the document */
+    cJSON **settings;              /* checked copies: only the keys each sets */
+};
+
+const char *llmretry_policy_key(size_t i)
+{
+    return i < N_KEYS ? KEYS[i].name : NULL;
+}
+
+static const key_rule *rule_of(const char *name)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (strcmp(KEYS[i].name, name) == 0)
+            return &KEYS[i];
+    return NULL;
+}
+
+/* JSON's name for a value's type, as every message says it. */
+static const char *type_name(const cJSON *v)
+{
+    if (cJSON_IsString(v)) return "string";
+    if (cJSON_IsBool(v)) return "boolean";
+    if (cJSON_IsNull(v)) return "null";
+    if (cJSON_IsArray(v)) return "array";
+    if (cJSON_IsObject(v)) return "object";
+    if (cJSON_IsNumber(v)) {
+        double d = v->valuedouble;
+        return d == floor(d) && fabs(d) <= EXACT_INT_MAX ? "integer" : "number";
+    }
+    return "value";
+}
+
+static int is_exact_int(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && strcmp(type_name(v), "integer") == 0;
+}
+
+/* A number as the document wrote it, near enough for a message. */
+static void number_text(const cJSON *v, char *buf, size_t len)
+{
+    double d = v->valuedouble;
+    if (d == floor(d) && fabs(d) < 1e18)
+        snprintf(buf, len, "%.0f", d);
+    else
+        snprintf(buf, len, "%g", d);
+}
+
+__attribute__((format(printf, 3, 4)))
+static int bad(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static int check_text(const key_rule *r, const cJSON *v, char *err, size_t errlen)
+{
+    if (!cJSON_IsString(v))
+        return bad(err, errlen, "%s must be a string (got %s)", r->name, type_name(v));
+    if (!v->valuestring[0])
+        return bad(err, errlen, "%s must not be empty", r->name);
+    for (const unsigned char *p = (const unsigned char *)v->valuestring; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return bad(err, errlen, "%s must not contain control characters", r->name);
+    return 0;
+}
+
+static int check_enum(const key_rule *r, const cJSON *v, char *err, size_t errlen)
+{
+    char list[128] = "";
+    for (const char *const *c = r->choices; *c; c++) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s\"%s\"", used ? ", " : "", *c);
+    }
+    if (!cJSON_IsString(v))
+        return bad(err, errlen, "%s must be one of %s (got %s)", r->name, list, type_name(v));
+    for (const char *const *c = r->choices; *c; c++)
+        if (strcmp(*c, v->valuestring) == 0)
+            return 0;
+    /* The value is not repeated: it could be a secret pasted in the wrong place. */
+    return bad(err, errlen, "%s must be one of %s (got another string)", r->name, list);
+}
+
+static int check_statuses(const key_rule *r, const cJSON *v, char *err, size_t errlen)
+{
+    if (!cJSON_IsArray(v))
+        return bad(err, errlen, "%s must be an array of integers (got %s)", r->name, type_name(v));
+    int i = 0;
+    for (const cJSON *s = v->child; s; s = s->next, i++) {
+        if (!is_exact_int(s))
+            return bad(err, errlen, "%s[%d] must be an integer (got %s)", r->name, i, type_name(s));
+        if (s->valuedouble < 100 || s->valuedouble > 599)
+            return bad(err, errlen, "%s[%d] must be an HTTP status, 100..599 (got %.0f)", r->name,
+                       i, s->valuedouble);
+    }
+    if (i > LLMRETRY_MAX_STATUSES)
+        return bad(err, errlen, "%s must list at most %d statuses (got %d)", r->name,
+                   LLMRETRY_MAX_STATUSES, i);
+    return 0;
+}
+
+static int check_rule(const key_rule *r, const cJSON *v, char *err, size_t errlen)
+{
+    if (r->nullable && cJSON_IsNull(v))
+        return 0;
+    char num[40];
+    switch (r->type) {
+    case K_TEXT:
+        return check_text(r, v, err, errlen);
+    case K_INT:
+        if (!is_exact_int(v))
+            return bad(err, errlen, "%s must be an integer (got %s)", r->name, type_name(v));
+        if (v->valuedouble < r->min || v->valuedouble > r->max) {
+            number_text(v, num, sizeof num);
+            return bad(err, errlen, "%s must be %s (got %s)", r->name, r->range, num);
+        }
+        return 0;
+    case K_ENUM:
+        return check_enum(r, v, err, errlen);
+    case K_BOOL:
+        return cJSON_IsBool(v) ? 0
+             : bad(err, errlen, "%s must be a boolean (got %s)", r->name, type_name(v));
+    case K_STATUSES:
+        return check_statuses(r, v, err, errlen);
+    case K_AUTO:
+        if (cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0)
+            return 0;
+        /* A fixed key is not repeated in the message: it could be a secret. */
+        return bad(err, errlen, "%s must be \"auto\" (a new key per call; a fixed key would be "
+                   "shared by every call)", r->name);
+    }
+    return bad(err, errlen, "%s: unknown rule", r->name);
+}
+
+static void known_keys(char *buf, size_t len)
+{
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, "%s%s", i ? ", " : "", KEYS[i].name);
+    }
+}
+
+/* Check one settings object; on success a copy holding only its keys. */
+static cJSON *check_settings(const cJSON *obj, const char *where, const char *name,
+                             char *err, size_t errlen)
+{
+    char why[LLMRETRY_ERRBUF], keys[400];
+    if (!cJSON_IsObject(obj)) {
+        bad(err, errlen, "%spolicy '%s' must be a table of settings (got %s)", where, name,
+            type_name(obj));
+        return NULL;
+    }
+    for (const cJSON *kv = obj->child; kv; kv = kv->next) {
+        const key_rule *r = rule_of(kv->string);
+        if (!r) {
+            known_keys(keys, sizeof keys);
+            bad(err, errlen, "%spolicy '%s': unknown key '%s' (known: %s)", where, name,
+                kv->string, keys);
+            return NULL;
+        }
+        for (const cJSON *o = obj->child; o != kv; o = o->next)
+            if (strcmp(o->string, kv->string) == 0) {
+                bad(err, errlen, "%spolicy '%s': %s is set twice", where, name, kv->string);
+                return NULL;
+            }
+        if (check_rule(r, kv, why, sizeof why) != 0) {
+            bad(err, errlen, "%spolicy '%s': %s", where, name, why);
+            return NULL;
+        }
+    }
+    return cJSON_Duplicate(obj, 1);
+}
+
+static const cJSON *find(const llmretry_policies *p, const char *name)
+{
+    for (size_t i = 0; p && name && i < p->n; i++)
+        if (strcmp(p->names[i], name) == 0)
+            return p->settings[i];
+    return NULL;
+}
+
+void llmretry_policies_free(llmretry_policies *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++) {
+        free(p->names[i]);
+        cJSON_Delete(p->settings[i]);
+    }
+    free(p->names);
+    free(p->settings);
+    free(p);
+}
+
+/* Line and column of byte `at` in `s`, for "not valid JSON" messages. */
+static void line_col(const char *s, size_t at, int *line, int *col)
+{
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < at; i++) {
+        if (s[i] == '\n') {
+            (*line)++;
+            *col = 1;
+        } else {
+            (*col)++;
+        }
+    }
+}
+
+llmretry_status llmretry_policies_parse(const char *json, size_t len, const char *source,
+                                        llmretry_policies **out, char *err, size_t errlen)
+{
+    char where[300] = "";
+    if (!out || (!json && len)) {
+        bad(err, errlen, "%s must not be NULL", !out ? "out" : "json");
+        return LLMRETRY_EINVAL;
+    }
+    *out = NULL;
+    if (source)
+        snprintf(where, sizeof where, "%s: ", source);
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(json ? json : "", len, &end, 0);
+    size_t stop = end ? (size_t)(end - json) : len;
+    while (doc && stop < len && strchr(" \t\r\n", json[stop]))
+        stop++;
+    if (!doc || stop < len) {
+        const char *at = doc ? json + stop : cJSON_GetErrorPtr();
+        size_t off = at && json && at >= json && at <= json + len ? (size_t)(at - json) : 0;
+        int line, col;
+        line_col(json ? json : "", off, &line, &col);
+        cJSON_Delete(doc);
+        bad(err, errlen, "%snot valid JSON (line %d, column %d)", where, line, col);
+        return LLMRETRY_EINVAL;
+    }
+    if (!cJSON_IsObject(doc)) {
+        bad(err, errlen, "%spolicies must be a table of policies by name (got %s)", where,
+            type_name(doc));
+        cJSON_Delete(doc);
+        return LLMRETRY_EINVAL;
+    }
+    llmretry_policies *p = calloc(1, sizeof *p);
+    size_t n = (size_t)cJSON_GetArraySize(doc);
+    if (p && n) {
+        p->names = calloc(n, sizeof *p->names);
+        p->settings = calloc(n, sizeof *p->settings);
+    }
+    if (!p || (n && (!p->names || !p->settings))) {
+        llmretry_policies_free(p);
+        cJSON_Delete(doc);
+        return LLMRETRY_ENOMEM;
+    }
+    llmretry_status st = LLMRETRY_OK;
+    for (const cJSON *pol = doc->child; pol && st == LLMRETRY_OK; pol = pol->next) {
+        const char *name = pol->string;
+        int blank = 1;
+        for (const char *c = name; *c; c++)
+            blank &= strchr(" \t\r\n", *c) != NULL;
+        if (blank) {
+            bad(err, errlen, "%sa policy name must be a non-empty string (got \"%s\")", where, name);
+            st = LLMRETRY_EINVAL;
+            break;
+        }
+        if (find(p, name)) {
+            bad(err, errlen, "%spolicy '%s' is defined twice", where, name);
+            st = LLMRETRY_EINVAL;
+            break;
+        }
+        cJSON *s = check_settings(pol, where, name, err, errlen);
+        if (!s) {
+            st = LLMRETRY_EINVAL;
+            break;
+        }
+        p->names[p->n] = lr_strdup(name);
+        p->settings[p->n] = s;
+        if (!p->names[p->n]) {
+            cJSON_Delete(s);
+            st = LLMRETRY_ENOMEM;
+            break;
+        }
+        p->n++;
+    }
+    cJSON_Delete(doc);
+    if (st != LLMRETRY_OK) {
+        llmretry_policies_free(p);
+        return st;
+    }
+    *out = p;
+    return LLMRETRY_OK;
+}
+
+size_t llmretry_policies_count(const llmretry_policies *p)
+{
+    return p ? p->n : 0;
+}
+
+const char *llmretry_policies_name(const llmretry_policies *p, size_t i)
+{
+    return p && i < p->n ? p->names[i] : NULL;
+}
+
+char *llmretry_policies_get_json(const llmretry_policies *p, const char *name)
+{
+    const cJSON *s = find(p, name);
+    return s ? cJSON_PrintUnformatted(s) : NULL;
+}
+
+static void unknown_policy(const llmretry_policies *p, const char *name, char *err, size_t errlen)
+{
+    char list[400] = "";
+    for (size_t i = 0; p && i < p->n; i++) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s'%s'", i ? ", " : "", p->names[i]);
+    }
+    bad(err, errlen, "unknown policy '%s' (known: %s)", name, list[0] ? list : "none");
+}
+
+/* Parse a layer of call options (NULL/empty = none): a JSON object. */
+static int parse_layer(const char *json, size_t len, const char *what, cJSON **out,
+                       char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!json || !len)
+        return 0;
+    cJSON *o = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return bad(err, errlen, "%s must be a JSON object", what);
+    }
+    *out = o;
+    return 0;
+}
+
+llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char *name,
+                                          const char *explicit_json, size_t explicit_len,
+                                          const char *defaults_json, size_t defaults_len,
+                                          char **out_json, char *err, size_t errlen)
+{
+    char why[LLMRETRY_ERRBUF];
+    if (!out_json) {
+        bad(err, errlen, "out_json must not be NULL");
+        return LLMRETRY_EINVAL;
+    }
+    *out_json = NULL;
+    const cJSON *pol = NULL;
+    if (name && !(pol = find(p, name))) {
+        unknown_policy(p, name, err, errlen);
+        return LLMRETRY_EINVAL;
+    }
+    cJSON *ex = NULL, *def = NULL;
+    if (parse_layer(explicit_json, explicit_len, "the explicit options", &ex, err, errlen) != 0 ||
+        parse_layer(defaults_json, defaults_len, "the client's defaults", &def, err, errlen) != 0) {
+        cJSON_Delete(ex);
+        return LLMRETRY_EINVAL;
+    }
+    cJSON *out = cJSON_CreateObject();
+    llmretry_status st = out ? LLMRETRY_OK : LLMRETRY_ENOMEM;
+    for (size_t i = 0; i < N_KEYS && st == LLMRETRY_OK; i++) {
+        const key_rule *r = &KEYS[i];
+        /* In a call's or a client's options null means "not given"; in a
+         * policy it means "unset" (no deadline, the default statuses). */
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(ex, r->name);
+        if (!v || cJSON_IsNull(v))
+            v = cJSON_GetObjectItemCaseSensitive(pol, r->name);
+        if (!v) {
+            v = cJSON_GetObjectItemCaseSensitive(def, r->name);
+            if (v && cJSON_IsNull(v))
+                v = NULL;
+        }
+        cJSON *copy = v ? cJSON_Duplicate(v, 1) : cJSON_Parse(r->builtin);
+        if (v && check_rule(r, v, why, sizeof why) != 0) {
+            bad(err, errlen, "%s", why);
+            st = LLMRETRY_EINVAL;
+        } else if (!copy || !cJSON_AddItemToObject(out, r->name, copy)) {
+            st = LLMRETRY_ENOMEM;
+        } else {
+            copy = NULL;
+        }
+        cJSON_Delete(copy);
+    }
+    cJSON_Delete(ex);
+    cJSON_Delete(def);
+    if (st == LLMRETRY_OK && !(*out_json = cJSON_PrintUnformatted(out)))
+        st = LLMRETRY_ENOMEM;
+    cJSON_Delete(out);
+    return st;
+}
+
+llmretry_status llmretry_policy_check_value(const char *key, const char *json, size_t len,
+                                            char *err, size_t errlen)
+{
+    const key_rule *r = key ? rule_of(key) : NULL;
+    if (!r) {
+        char keys[400];
+        known_keys(keys, sizeof keys);
+        bad(err, errlen, "unknown key '%s' (known: %s)", key ? key : "(null)", keys);
+        return LLMRETRY_EINVAL;
+    }
+    cJSON *v = json ? cJSON_ParseWithLength(json, len) : NULL;
+    if (!v) {
+        bad(err, errlen, "%s: the value is not JSON", key);
+        return LLMRETRY_EINVAL;
+    }
+    int rc = check_rule(r, v, err, errlen);
+    cJSON_Delete(v);
+    return rc == 0 ? LLMRETRY_OK : LLMRETRY_EINVAL;
+}
