@@ -45,8 +45,8 @@ def pkg_config(*packages: str) -> list:
 def extension() -> Extension:
     flags = pkg_config("libcurl", "libcjson")
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "core" / "src").glob("*.c"))
-    sources += ["bindings/python/_llmretry.c", "bindings/python/pool.c",
-                "bindings/python/results.c"]
+    sources += ["bindings/python/_llmretry.c", "bindings/python/policies.c",
+                "bindings/python/pool.c", "bindings/python/results.c"]
     return Extension(
         "llmretry._llmretry",
         sources=sources,
@@ -58,7 +58,8 @@ def extension() -> Extension:
         extra_compile_args=["-std=c11", "-O2"]
         + [f for f in flags if f.startswith("-") and f[:2] not in ("-I", "-L", "-l")],
         depends=[str(HEADER.relative_to(ROOT)), "core/src/internal.h",
-                 "bindings/python/pool.h", "bindings/python/results.h"],
+                 "bindings/python/policies.h", "bindings/python/pool.h",
+                 "bindings/python/results.h"],
     )
 
 

@@ -64,6 +64,7 @@ build = {
             "core/src/notifier.c",
             "core/src/options.c",
             "core/src/pacer.c",
+            "core/src/policies.c",
             "core/src/policy.c",
             "core/src/timers.c",
          },

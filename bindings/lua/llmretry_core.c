@@ -1755,6 +1755,82 @@ static int l_new_engine(lua_State *L)
     return 1;
 }
 
+/* ---- named policies: the core checks them (core/src/policies.c) ---------- */
+
+/* core.parse_policies(json_text[, source]) -> names, settings (name -> the
+ * JSON text of the keys it sets), or nil, message: the core's words, so Lua
+ * and Python refuse a policy file alike (llmretry/policies.lua raises). */
+static int l_parse_policies(lua_State *L)
+{
+    size_t len;
+    const char *text = luaL_checklstring(L, 1, &len);
+    const char *source = luaL_optstring(L, 2, NULL);
+    char err[1024] = "";           /* a file's path, the policy, the known keys */
+    llmretry_policies *p = NULL;
+    llmretry_status st = llmretry_policies_parse(text, len, source, &p, err, sizeof err);
+    if (st != LLMRETRY_OK) {
+        lua_pushnil(L);
+        lua_pushstring(L, err[0] ? err : llmretry_status_name(st));
+        return 2;
+    }
+    size_t n = llmretry_policies_count(p);
+    lua_createtable(L, (int)n, 0);
+    lua_createtable(L, 0, (int)n);
+    for (size_t i = 0; i < n; i++) {
+        const char *name = llmretry_policies_name(p, i);
+        char *json = llmretry_policies_get_json(p, name);
+        if (!json) {
+            llmretry_policies_free(p);
+            return lr_fail(L, "out of memory reading policies");
+        }
+        lua_pushstring(L, name);
+        lua_rawseti(L, -3, (int)i + 1);
+        lua_pushstring(L, json);
+        lua_setfield(L, -2, name);
+        llmretry_free(json);
+    }
+    llmretry_policies_free(p);
+    return 2;
+}
+
+/* core.resolve_policy(settings_json|nil, explicit_json|nil, defaults_json|nil)
+ * -> the JSON text of every policy key (explicit > policy > defaults >
+ * built-in), or nil, message. */
+static int l_resolve_policy(lua_State *L)
+{
+    size_t plen = 0, elen = 0, dlen = 0;
+    const char *pol = luaL_optlstring(L, 1, NULL, &plen);
+    const char *ex = luaL_optlstring(L, 2, NULL, &elen);
+    const char *def = luaL_optlstring(L, 3, NULL, &dlen);
+    char err[1024] = "", *out = NULL;
+    llmretry_policies *p = NULL;
+    llmretry_status st = LLMRETRY_OK;
+    if (pol) {
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        luaL_addstring(&b, "{\"p\":");
+        luaL_addlstring(&b, pol, plen);
+        luaL_addstring(&b, "}");
+        luaL_pushresult(&b);
+        size_t len;
+        const char *doc = lua_tolstring(L, -1, &len);
+        st = llmretry_policies_parse(doc, len, NULL, &p, err, sizeof err);
+        lua_pop(L, 1);
+    }
+    if (st == LLMRETRY_OK)
+        st = llmretry_policies_resolve(p, pol ? "p" : NULL, ex, elen, def, dlen, &out, err,
+                                       sizeof err);
+    llmretry_policies_free(p);
+    if (st != LLMRETRY_OK) {
+        lua_pushnil(L);
+        lua_pushstring(L, err[0] ? err : llmretry_status_name(st));
+        return 2;
+    }
+    lua_pushstring(L, out);
+    llmretry_free(out);
+    return 1;
+}
+
 /* ---- the module ------------------------------------------------------------ */
 
 static const luaL_Reg handle_methods[] = {
@@ -1795,6 +1871,8 @@ static const luaL_Reg module_functions[] = {
     { "assert_shape", l_assert_shape },
     { "new_engine", l_new_engine },
     { "check_options", l_check_options },
+    { "parse_policies", l_parse_policies },
+    { "resolve_policy", l_resolve_policy },
     { NULL, NULL },
 };
 
@@ -1875,6 +1953,12 @@ int luaopen_llmretry_core(lua_State *L)
         lua_rawseti(L, -2, t + 1);
     }
     lua_setfield(L, -2, "EVENT_NAMES");
+    lua_newtable(L);
+    for (size_t i = 0; llmretry_policy_key(i); i++) {
+        lua_pushstring(L, llmretry_policy_key(i));
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "POLICY_KEYS");
     lua_pushinteger(L, LLMRETRY_EVENTS_ALL);
     lua_setfield(L, -2, "EVENTS_ALL");
     push_null(L);

@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include "llmretry.h"
+#include "policies.h"
 #include "pool.h"
 #include "results.h"
 
@@ -1029,6 +1030,7 @@ static PyMethodDef module_methods[] = {
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
     { "parse_retry_after", parse_retry_after, METH_VARARGS,
       "parse_retry_after(value, now_unix_ms) -> int: ms, or -1 when not usable." },
+    LR_PY_POLICY_METHODS
     { NULL, NULL, 0, NULL },
 };
 

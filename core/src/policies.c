@@ -80,16 +80,14 @@ static const char *type_name(const cJSON *v)
     if (cJSON_IsNull(v)) return "null";
     if (cJSON_IsArray(v)) return "array";
     if (cJSON_IsObject(v)) return "object";
-    if (cJSON_IsNumber(v)) {
-        double d = v->valuedouble;
-        return d == floor(d) && fabs(d) <= EXACT_INT_MAX ? "integer" : "number";
-    }
+    if (cJSON_IsNumber(v)) return "number";
     return "value";
 }
 
 static int is_exact_int(const cJSON *v)
 {
-    return cJSON_IsNumber(v) && strcmp(type_name(v), "integer") == 0;
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+           fabs(v->valuedouble) <= EXACT_INT_MAX;
 }
 
 /* A number as the document wrote it, near enough for a message. */

@@ -14,7 +14,7 @@ place where Python meets the C core. Conventions:
 * I/O failures are *returned* (``ok`` is False), never raised: the Python
   layer turns them into ``LLMError`` subclasses.
 """
-from typing import Any, Callable, Optional, Sequence, TypedDict, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypedDict, Union
 
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
 EVENT_NAMES: tuple[str, ...]  # event names in the order of their event_mask bits
@@ -184,3 +184,20 @@ def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], 
 
 def parse_retry_after(value: str, now_unix_ms: int) -> int:
     """The core's Retry-After parser: ms > 0, or -1 when not usable."""
+
+def parse_policies(json_text: str, source: Optional[str] = None) -> List[Tuple[str, str]]:
+    """The core's policy loader: [(name, settings_json)], or ValueError."""
+    ...
+
+def resolve_policy(settings_json: Optional[str], explicit_json: Optional[str],
+                   defaults_json: Optional[str]) -> str:
+    """Every policy key's value (JSON): explicit > policy > defaults > built-in."""
+    ...
+
+def check_policy_value(key: str, value_json: str) -> None:
+    """ValueError when the policy rules refuse the value."""
+    ...
+
+def policy_keys() -> Tuple[str, ...]:
+    """The policy keys, in the order resolve_policy lists them."""
+    ...

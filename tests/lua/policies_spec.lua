@@ -80,13 +80,16 @@ describe("policies", function()
     msg = H.raises(llm.load_policies, { fast = { max_retries = 101 } })
     check(msg:find("max_retries must be 0..100", 1, true), msg)
     msg = H.raises(llm.load_policies, { fast = { retry_statuses = { 429, 700 } } })
-    check(msg:find("retry_statuses[2]", 1, true), msg)
+    check(msg:find("retry_statuses[1] must be an HTTP status", 1, true), msg)  -- JSON's index
     msg = H.raises(llm.load_policies, { fast = { retry_invalid_response = "yes" } })
     check(msg:find("retry_invalid_response must be a boolean (got string)", 1, true), msg)
     msg = H.raises(llm.load_policies, { fast = { base_url = 5 } })
     check(msg:find("base_url must be a string (got number)", 1, true), msg)
-    msg = H.raises(llm.load_policies, { fast = { deadline_ms = llm.null } })
-    check(msg:find("deadline_ms must be an integer (got null)", 1, true), msg)
+    msg = H.raises(llm.load_policies, { fast = { timeout_ms = llm.null } })
+    check(msg:find("timeout_ms must be an integer (got null)", 1, true), msg)
+    -- null unsets an optional key (as in Python): no deadline.
+    local unset = llm.load_policies({ fast = { deadline_ms = llm.null } }):resolved()
+    check(unset.fast.deadline_ms == llm.null, "deadline %s", H.dump(unset.fast))
     -- a string in the wrong key is not repeated (it could be a pasted key)
     msg = H.raises(llm.load_policies, { fast = { jitter = "sk-SECRET-jitter" } })
     check(msg:find("jitter must be one of", 1, true) and not msg:find("SECRET", 1, true), msg)
@@ -108,6 +111,28 @@ describe("policies", function()
     check(r.ok.timeout_ms == 1000 and H.is_int(r.ok.timeout_ms), "timeout %s", H.dump(r.ok))
     check(H.list_eq(r.ok.retry_statuses, { 429, 503 }) and r.empty.retry_statuses == llm.null,
       "statuses %s", H.dump(r))
+  end)
+
+  it("refuses tests/policies/errors.json word for word, as C and Python do", function()
+    local doc = load_json(H.REPO .. "/tests/policies/errors.json")
+    check(#doc.cases >= 20, "cases: %d", #doc.cases)
+    for i, case in ipairs(doc.cases) do
+      local path = tmp_json(llm.encode(case.text))
+      local ok, msg = pcall(llm.load_policies, path)
+      os.remove(path)
+      check(not ok and msg == "llmretry: " .. path .. ": " .. case.error,
+        "case %d: %q, want %q", i, tostring(msg), case.error)
+      -- From a table when Lua can hold it (a JSON document, not a Lua value).
+      if not (type(case.text) == "table" and case.text[1] ~= nil) then
+        ok, msg = pcall(llm.load_policies, case.text)
+        check(not ok and msg == "llmretry: " .. case.error, "case %d from a table: %q", i,
+          tostring(msg))
+      end
+    end
+    for i, case in ipairs(doc.accepted) do
+      local ok, err = pcall(llm.load_policies, case.text)
+      check(ok, "accepted case %d (%s): %s", i, case.why, tostring(err))
+    end
   end)
 
   it("refuses a .toml path, saying Lua reads the JSON form", function()

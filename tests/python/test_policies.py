@@ -122,7 +122,42 @@ def test_error_message_format(tmp_path: Path) -> None:
     path.write_text('[fast]\ntimeout_ms = "5000"\n', encoding="utf-8")
     with pytest.raises(ValueError) as info:
         llmretry.load_policies(path)
-    assert str(info.value) == f"{path}: policy 'fast': timeout_ms must be an int (got str)"
+    assert str(info.value) == f"{path}: policy 'fast': timeout_ms must be an integer (got string)"
+
+
+def _shared_errors() -> Dict[str, Any]:
+    with open(ROOT / "tests" / "policies" / "errors.json", encoding="utf-8") as fh:
+        doc: Dict[str, Any] = json.load(fh)
+    return doc
+
+
+@pytest.mark.parametrize("case", _shared_errors()["cases"], ids=lambda c: c["error"][:40])
+def test_shared_error_text(case: Dict[str, Any], tmp_path: Path) -> None:
+    """The same words as the C core and the Lua binding (tests/policies/errors.json)."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(case["text"]), encoding="utf-8")
+    with pytest.raises(ValueError) as info:
+        llmretry.load_policies(path)
+    assert str(info.value) == f"{path}: {case['error']}"
+    if isinstance(case["text"], dict):
+        with pytest.raises(ValueError) as info:
+            llmretry.load_policies(case["text"])
+        assert str(info.value) == case["error"]
+    # TOML reads into the same data, and gets the same words.
+    if isinstance(case["text"], dict) and all(isinstance(v, dict) for v in case["text"].values()) \
+            and not any(v is None for t in case["text"].values() for v in t.values()):
+        toml = tmp_path / "p.toml"
+        toml.write_text("".join(
+            f"[{json.dumps(name)}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items())
+            for name, t in case["text"].items()), encoding="utf-8")
+        with pytest.raises(ValueError) as info:
+            llmretry.load_policies(toml)
+        assert str(info.value) == f"{toml}: {case['error']}"
+
+
+@pytest.mark.parametrize("case", _shared_errors()["accepted"], ids=lambda c: c["why"])
+def test_shared_accepted(case: Dict[str, Any]) -> None:
+    llmretry.load_policies(case["text"])
 
 
 @pytest.mark.parametrize("settings", [
