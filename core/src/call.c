@@ -422,6 +422,13 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, c->curl_err);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075700
+    /* Ending a transfer that is still resolving (timeout, cancel, engine
+     * shutdown) would otherwise join the threaded resolver, stalling the
+     * I/O thread and so every call until getaddrinfo gives up. With this
+     * the resolver thread is left to finish on its own. */
+    curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
+#endif
     curl_easy_setopt(easy, CURLOPT_PRIVATE, c);
     /* Never follow redirects: the key must not reach another host. */
     curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
