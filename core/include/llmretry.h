@@ -345,9 +345,15 @@ llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_option
 /* Policy: pure functions (DESIGN §2), exposed for bindings and tests.  */
 /* ------------------------------------------------------------------ */
 
+/* Server waits longer than this (~31.7 years) saturate at it: a number too
+ * big to represent is "too long" (above any sane max_retry_after_ms), not
+ * unparseable. */
+#define LLMRETRY_MAX_WAIT_MS INT64_C(1000000000000)
+
 /* Parse a Retry-After value: seconds (decimals allowed) or an HTTP-date in
  * any RFC 9110 format, relative to now_unix_ms. Returns the wait in ms
- * (> 0), or -1 when not usable (garbage, <= 0, inf/nan, absurd dates). */
+ * (> 0, at most LLMRETRY_MAX_WAIT_MS), or -1 when not usable (garbage,
+ * <= 0, inf/nan, a date in the past). */
 int64_t llmretry_parse_retry_after(const char *value, int64_t now_unix_ms);
 
 /* Parse retry-after-ms (milliseconds, decimals allowed): > 0 or -1. */

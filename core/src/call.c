@@ -15,6 +15,8 @@
 #define DEFAULT_BASE_URL "https://api.openai.com/v1"
 #define PREVIEW_BYTES 500
 
+static void forget_headers(llmretry_call *c);
+
 static char *build_url(const llmretry_options *o)
 {
     if (o->url)
@@ -121,6 +123,7 @@ static void call_destroy(llmretry_call *c)
         free((void *)c->o.headers);
     }
     curl_slist_free_all(c->headers);
+    forget_headers(c);
     free(c->resp.data);
     free(c->last_message);
     free(c->last_error_code);
@@ -293,20 +296,87 @@ static const char *const captured_names[LR_H_COUNT] = {
     "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
 };
 
+static const char *hdr_value(const llmretry_call *c, int i)
+{
+    return c->hdr_long[i] ? c->hdr_long[i] : c->hdr[i];
+}
+
+static void forget_headers(llmretry_call *c)
+{
+    for (int i = 0; i < LR_H_COUNT; i++) {
+        free(c->hdr_long[i]);
+        c->hdr_long[i] = NULL;
+        c->hdr_set[i] = 0;
+    }
+}
+
+/* The wait a captured header asks for (ms), -1 when none or unusable. */
+static int64_t wait_of(int i, const char *v, int64_t now_unix_ms)
+{
+    switch (i) {
+    case LR_H_RETRY_AFTER: return llmretry_parse_retry_after(v, now_unix_ms);
+    case LR_H_RETRY_AFTER_MS: return llmretry_parse_retry_after_ms(v);
+    case LR_H_RESET_REQUESTS: case LR_H_RESET_TOKENS: return llmretry_parse_reset_duration(v);
+    default: return -1;
+    }
+}
+
+/* Keep header i's whole value: the policy must parse what the server sent,
+ * not a prefix of it ("0.3" and 400 spaces and "garbage" is garbage, not
+ * 300 ms). Short values stay in the call record; long ones, rare, on the
+ * heap. When a wait header comes twice with different values, the longest
+ * usable wait wins: the server asked for at least that. */
+static void capture(llmretry_call *c, int i, const char *v, size_t len)
+{
+    char small[LR_HVAL];
+    char *big = NULL;
+    const char *val = small;
+    if (len < LR_HVAL) {
+        memcpy(small, v, len);
+        small[len] = '\0';
+    } else if ((big = lr_strndup(v, len)) != NULL) {
+        val = big;
+    } else {
+        small[0] = '\0';           /* out of memory: unusable, like garbage */
+    }
+    if (c->hdr_set[i] && i != LR_H_SHOULD_RETRY) {
+        int64_t now = lr_unix_ms();
+        if (wait_of(i, val, now) <= wait_of(i, hdr_value(c, i), now)) {
+            free(big);
+            return;
+        }
+    }
+    free(c->hdr_long[i]);
+    c->hdr_long[i] = big;
+    if (!big)
+        memcpy(c->hdr[i], small, strlen(small) + 1);
+    c->hdr_set[i] = 1;
+}
+
+/* "HTTP/1.1 103 Early Hints" -> 1 for a 1xx status line. */
+static int is_interim(const char *line, size_t n)
+{
+    const char *sp = memchr(line, ' ', n);
+    return sp && (size_t)(sp - line) + 1 < n && sp[1] == '1';
+}
+
 static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
     if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
         /* A new response (after a 100 Continue, say): forget the last. */
-        memset(c->hdr_set, 0, sizeof c->hdr_set);
+        forget_headers(c);
+        c->interim = is_interim(line, n);
         return n;
     }
     const char *colon = memchr(line, ':', n);
     if (!colon)
         return n;
     size_t name_len = (size_t)(colon - line);
-    if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0) {
+    /* A 1xx response has no body: its Content-Length (if any) says nothing
+     * about the final response's size. */
+    if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0 && !c->interim) {
         /* Refuse an announced oversized body before reading any of it.
          * The line is not NUL-terminated: parse a bounded copy. 31 digits
          * still saturate strtoll, so a cut value stays oversized. */
@@ -332,12 +402,7 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
             v++;
         while (end > v && isspace((unsigned char)end[-1]))
             end--;
-        size_t len = (size_t)(end - v);
-        if (len >= LR_HVAL)
-            len = LR_HVAL - 1;      /* longer values are garbage to the policy */
-        memcpy(c->hdr[i], v, len);
-        c->hdr[i][len] = '\0';
-        c->hdr_set[i] = 1;
+        capture(c, i, v, (size_t)(end - v));
     }
     return n;
 }
@@ -404,7 +469,8 @@ void lr_call_reset_response(llmretry_call *c)
     c->resp.len = 0;
     c->too_large = 0;
     c->curl_err[0] = '\0';
-    memset(c->hdr_set, 0, sizeof c->hdr_set);
+    c->interim = 0;
+    forget_headers(c);
 }
 
 void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
@@ -610,7 +676,7 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         &out->f.ratelimit_reset_requests, &out->f.ratelimit_reset_tokens,
     };
     for (int i = 0; i < LR_H_COUNT; i++)
-        *slots[i] = c->hdr_set[i] ? c->hdr[i] : NULL;
+        *slots[i] = c->hdr_set[i] ? hdr_value(c, i) : NULL;
 }
 
 void lr_outcome_clear(lr_outcome *o)

@@ -132,7 +132,9 @@ struct llmretry_call {
     lr_buf resp;
     int too_large;
     char hdr[LR_H_COUNT][LR_HVAL];
+    char *hdr_long[LR_H_COUNT];    /* values too long for hdr (malloc'd) */
     int hdr_set[LR_H_COUNT];
+    int interim;                   /* reading a 1xx response's headers */
     char curl_err[CURL_ERROR_SIZE];
     size_t heap_index;
     int64_t wake_at;
