@@ -527,55 +527,6 @@ static char *preview_of(const char *data, size_t len)
     return lr_strndup(data, len);
 }
 
-/* A number that fits int64_t, else 0 like a missing one: casting a double
- * out of range (1e300, or inf from 1e999) to int64_t is undefined. */
-static int64_t json_int(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v))
-        return 0;
-    double d = v->valuedouble;
-    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
-        return 0;
-    return (int64_t)d;
-}
-
-static char *json_str(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(v) ? lr_strdup(v->valuestring) : NULL;
-}
-
-static void read_success(const cJSON *doc, lr_outcome *out)
-{
-    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(doc, "usage");
-    if (cJSON_IsObject(usage)) {
-        out->usage.present = 1;
-        out->usage.prompt_tokens = json_int(usage, "prompt_tokens");
-        out->usage.completion_tokens = json_int(usage, "completion_tokens");
-        out->usage.total_tokens = json_int(usage, "total_tokens");
-    }
-    out->response_model = json_str(doc, "model");
-    out->fingerprint = json_str(doc, "system_fingerprint");
-}
-
-/* The provider's error code: error.code when it is a string, else error.type. */
-static char *provider_error_code(const char *body, size_t len)
-{
-    cJSON *doc = cJSON_ParseWithLength(body, len);
-    if (!doc)
-        return NULL;
-    char *code = NULL;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(doc, "error");
-    if (cJSON_IsObject(e)) {
-        code = json_str(e, "code");
-        if (!code)
-            code = json_str(e, "type");
-    }
-    cJSON_Delete(doc);
-    return code;
-}
-
 static char *printf_alloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *printf_alloc(const char *fmt, ...)
 {
@@ -653,23 +604,21 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
     if (rc != CURLE_OK) {
         classify_transport(c, rc, out);
     } else if (status >= 200 && status < 300) {
-        cJSON *doc = cJSON_ParseWithLength(c->resp.data ? c->resp.data : "", c->resp.len);
+        /* The body must be UTF-8 JSON, as every host decodes it. */
+        cJSON *doc = lr_parse_body(c->resp.data ? c->resp.data : "", c->resp.len);
         if (doc && cJSON_IsObject(doc)) {
             out->success = 1;
-            read_success(doc, out);
+            lr_read_success(doc, &out->usage, &out->response_model, &out->fingerprint);
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-            out->message = printf_alloc("HTTP %ld with a body that is not a JSON object", status);
+            out->message = printf_alloc("HTTP %ld with a body that is not a UTF-8 JSON object",
+                                        status);
         }
         cJSON_Delete(doc);
     } else {
         out->f.kind = LLMRETRY_ERR_HTTP_STATUS;
-        out->error_code = provider_error_code(c->resp.data ? c->resp.data : "", c->resp.len);
+        out->message = lr_http_error(c, status, &out->error_code);
         out->f.error_code = out->error_code;
-        if (out->error_code)
-            out->message = printf_alloc("HTTP %ld (%s)", status, out->error_code);
-        else
-            out->message = printf_alloc("HTTP %ld", status);
     }
     const char **slots[LR_H_COUNT] = {
         &out->f.retry_after, &out->f.retry_after_ms, &out->f.should_retry,

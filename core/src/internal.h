@@ -203,6 +203,17 @@ void lr_outcome_clear(lr_outcome *o);
 /* The first 500 bytes of the last response body (malloc'd), or NULL. */
 char *lr_call_preview(const llmretry_call *c);
 
+/* ---- response.c: judging what the server sent ------------------------ */
+/* A 2xx body as the hosts will read it: NULL unless it is UTF-8 JSON with
+ * no raw control characters in strings (the caller frees the tree). */
+struct cJSON *lr_parse_body(const char *text, size_t n);
+/* Usage (only sane counts), model and fingerprint of a 2xx document. */
+void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
+                     char **fingerprint);
+/* "HTTP 404 from /v1/chat/completions (code): provider message", escaped
+ * (malloc'd); *error_code gets the provider's code (malloc'd) or NULL. */
+char *lr_http_error(const llmretry_call *c, long status, char **error_code);
+
 /* ---- events.c ---------------------------------------------------------- */
 llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);
 

@@ -672,6 +672,36 @@ static void test_absurd_usage(llmretry_engine *e)
     }
     log_free(&l);
     llmretry_call_free(c);
+
+    /* Counts that are not whole numbers in 0..2^53 are not counts: they
+     * are left out of the usage (0, as when absent) and stay in the body. */
+    if (script("bad_usage", "{\"steps\": [{\"usage\": {\"prompt_tokens\": -5, "
+                            "\"completion_tokens\": 2.5, \"total_tokens\": 1e16}}]}") != 0)
+        return;
+    opts_for(&o, "bad_usage", url, sizeof url);
+    c = run(e, &o, &l, 5000);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok && r->usage.present);
+    if (r && r->ok) {
+        CHECK_INT(r->usage.prompt_tokens, 0);
+        CHECK_INT(r->usage.completion_tokens, 0);
+        CHECK_INT(r->usage.total_tokens, 0);
+        CHECK(r->body && strstr(r->body, "-5") && strstr(r->body, "2.5"));
+    }
+    log_free(&l);
+    llmretry_call_free(c);
+    if (script("edge_usage", "{\"steps\": [{\"usage\": {\"prompt_tokens\": 0, "
+                             "\"completion_tokens\": 9007199254740992, \"total_tokens\": 3.0}}]}") != 0)
+        return;
+    opts_for(&o, "edge_usage", url, sizeof url);
+    c = run(e, &o, &l, 5000);
+    r = c ? llmretry_call_result(c) : NULL;
+    if (r && r->ok) {
+        CHECK_INT(r->usage.completion_tokens, INT64_C(9007199254740992));
+        CHECK_INT(r->usage.total_tokens, 3);
+    }
+    log_free(&l);
+    llmretry_call_free(c);
 }
 
 /* Host-side validation: a rejection is an invalid_response the policy

@@ -119,6 +119,16 @@ static void opts(llmretry_options *o, char *url, size_t len)
     o->base_delay_ms = 10;
 }
 
+static int ev_count[8];
+
+static void count_event(const llmretry_event *ev, void *ud)
+{
+    (void)ud;
+    int t = (int)llmretry_event_type_of(ev);
+    if (t >= 0 && t < 8)
+        ev_count[t]++;
+}
+
 static llmretry_call *run(const llmretry_options *o)
 {
     static llmretry_engine *e;
@@ -131,7 +141,8 @@ static llmretry_call *run(const llmretry_options *o)
         return NULL;
     }
     llmretry_call *c = NULL;
-    llmretry_status st = llmretry_call_blocking(e, o, NULL, NULL, &c, err, sizeof err);
+    memset(ev_count, 0, sizeof ev_count);
+    llmretry_status st = llmretry_call_blocking(e, o, count_event, NULL, &c, err, sizeof err);
     CHECK_MSG(st == LLMRETRY_OK && c, "call: %s (%s)", llmretry_status_name(st), err);
     return c;
 }
@@ -216,6 +227,84 @@ static void test_interim_content_length(void)
     llmretry_call_free(c);
 }
 
+/* The provider's text in an error cannot start a log line of its own, and
+ * the error names the path called, never the query or credentials. */
+static void test_error_message(void)
+{
+    char url[160];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    snprintf(url, sizeof url, "http://user:pw-SECRET@127.0.0.1:%d/v1/chat/completions?key=Q-SECRET",
+             port);
+    o.url = url;
+    o.base_url = NULL;
+    o.api_key = "sk-test-ECHOED";
+    static const char body[] =
+        "{\"error\":{\"message\":\"bad key sk-test-ECHOED\\n2026-12-01 INFO forged\\r\\u001b[31m"
+        "\xff\",\"code\":\"bad\\ncode\"}}";
+    set_response("HTTP/1.1 401 No\r\nContent-Type: application/json\r\n", body, strlen(body));
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    const char *m = r && r->message ? r->message : "";
+    CHECK_MSG(strncmp(m, "HTTP 401 from /v1/chat/completions (bad\\ncode): bad key ", 56) == 0,
+              "message: %s", m);
+    CHECK_MSG(!strpbrk(m, "\r\n\x1b"), "raw control characters in: %s", m);
+    CHECK_MSG(strstr(m, "\\n2026-12-01 INFO forged\\r\\x1b[31m\\xff"), "escapes in: %s", m);
+    CHECK_MSG(!strstr(m, "SECRET") && !strstr(m, "ECHOED") && !strstr(m, "?"),
+              "credentials or query in: %s", m);
+    CHECK_STR(r ? r->error_code : NULL, "bad\ncode");   /* the field stays raw data */
+    llmretry_call_free(c);
+
+    opts(&o, url, sizeof url);
+    static const char rl[] = "{\"error\":{\"message\":\"slow down\",\"code\":\"429\"}}";
+    set_response("HTTP/1.1 429 Slow\r\n", rl, strlen(rl));
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    m = r && r->message ? r->message : "";
+    CHECK_MSG(strncmp(m, "HTTP 429 from /v1/chat/completions: slow down;", 46) == 0,
+              "message: %s", m);
+    llmretry_call_free(c);
+}
+
+/* A 2xx body must be UTF-8 JSON as every host decodes it: anything else is
+ * an invalid response, retried, and no event says it succeeded. */
+static void test_body_must_be_utf8_json(void)
+{
+    static const struct { const char *body; int ok; } t[] = {
+        { "{\"choices\":[],\"x\":\"\xff\"}", 0 },          /* invalid UTF-8 */
+        { "{\"choices\":[],\"x\":\"\xc0\xaf\"}", 0 },       /* overlong */
+        { "{\"choices\":[],\"x\":\"\xed\xa0\x80\"}", 0 },   /* a surrogate */
+        { "{\"choices\":[],\"x\":\"a\x01b\"}", 0 },         /* raw control char */
+        { "{\"choices\":[],\"x\":\"a\nb\"}", 0 },           /* raw newline in a string */
+        { "{\x01\"choices\":[]}", 0 },                       /* control char outside */
+        { "{\"choices\":[],\"x\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}", 1 },
+        { "{\"choices\":[],\"x\":\"a\\u0000b\\\"\\\\\"}", 1 },   /* escapes are fine */
+        { "{\"choices\":[]}\r\n\t ", 1 },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        char url[64];
+        llmretry_options o;
+        opts(&o, url, sizeof url);
+        o.max_retries = 1;
+        set_response("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n", t[i].body,
+                     strlen(t[i].body));
+        llmretry_call *c = run(&o);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        if (t[i].ok) {
+            CHECK_MSG(r && r->ok, "body %zu: not ok (%s)", i, r && r->message ? r->message : "");
+        } else {
+            CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_INVALID_RESPONSE && r->attempts == 2,
+                      "body %zu: ok=%d kind=%s attempts=%d", i, r ? r->ok : -1,
+                      r ? llmretry_error_kind_name(r->kind) : "", r ? r->attempts : -1);
+            CHECK_MSG(ev_count[LLMRETRY_EV_REQUEST_SUCCEEDED] == 0 &&
+                      ev_count[LLMRETRY_EV_REQUEST_ERROR] == 2,
+                      "body %zu: %d succeeded, %d error events", i,
+                      ev_count[LLMRETRY_EV_REQUEST_SUCCEEDED], ev_count[LLMRETRY_EV_REQUEST_ERROR]);
+        }
+        llmretry_call_free(c);
+    }
+}
+
 int main(void)
 {
     if (start_server() != 0) {
@@ -226,6 +315,8 @@ int main(void)
         { "retry_after_whole_value", test_retry_after_whole_value },
         { "duplicate_retry_after", test_duplicate_retry_after },
         { "interim_content_length", test_interim_content_length },
+        { "error_message", test_error_message },
+        { "body_must_be_utf8_json", test_body_must_be_utf8_json },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;
