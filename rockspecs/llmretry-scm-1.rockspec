@@ -61,6 +61,7 @@ build = {
             "core/src/pacer.c",
             "core/src/policy.c",
             "core/src/ready.c",
+            "core/src/response.c",
          },
          incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },
          libdirs = { "$(CURL_LIBDIR)", "$(CJSON_LIBDIR)" },

@@ -72,6 +72,9 @@ typedef struct llmretry_group llmretry_group;
 #define LLMRETRY_EVENTS_ALL 0x3fu
 #define LLMRETRY_MAX_STATUSES 64
 
+/* Longest request_id accepted, in bytes. */
+#define LLMRETRY_REQUEST_ID_MAX 256
+
 typedef struct llmretry_options {
     /* Endpoint. `url` is used as is when set; otherwise base_url (else
      * $OPENAI_BASE_URL, else https://api.openai.com/v1) + "/chat/completions". */
@@ -88,11 +91,20 @@ typedef struct llmretry_options {
     /* Model name for events; NULL = read "model" from the body. */
     const char *model;
 
-    /* Extra request headers, "Name: value" each. */
+    /* Extra request headers, "Name: value" each. HTAB is allowed in values
+     * (RFC 9110 field values); CR, LF, NUL and other controls are EINVAL.
+     * Content-Length, Transfer-Encoding, Host, X-Client-Request-Id and
+     * Idempotency-Key are EINVAL (framing, and the ids have options), as
+     * is Authorization while api_key is set. A caller's Authorization
+     * replaces a key from $OPENAI_API_KEY; a caller's Content-Type, Accept
+     * or User-Agent replaces the default one. A value of only spaces or
+     * tabs sends the header empty. */
     const char *const *headers;
     size_t n_headers;
 
-    /* NULL = a fresh UUID v4. Sent as X-Client-Request-Id. */
+    /* NULL = a fresh UUID v4. Sent as X-Client-Request-Id. Printable
+     * ASCII, at most LLMRETRY_REQUEST_ID_MAX bytes (longer is EINVAL, never
+     * cut: a cut id would not match the caller's records). */
     const char *request_id;
     /* Sent as Idempotency-Key on every attempt when non-NULL. */
     const char *idempotency_key;

@@ -67,10 +67,50 @@ static int append_header(struct curl_slist **list, const char *name, const char 
     return 0;
 }
 
-static int build_headers(llmretry_call *c, const char *api_key)
+/* Did the caller pass a header of this name? */
+static int caller_sets(const llmretry_call *c, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < c->o.n_headers; i++)
+        if (strncasecmp(c->o.headers[i], name, n) == 0 && c->o.headers[i][n] == ':')
+            return 1;
+    return 0;
+}
+
+/* The caller's "Name: value" as libcurl must get it: "Name:" with nothing
+ * but blanks after it would tell libcurl to drop the header (and its own
+ * of that name), "Name;" sends it empty. */
+static int append_caller_header(struct curl_slist **list, const char *line)
+{
+    const char *colon = strchr(line, ':');
+    const char *v = colon + 1;
+    v += strspn(v, " \t");
+    struct curl_slist *l;
+    if (*v == '\0') {
+        char *semi = lr_strndup(line, (size_t)(colon - line) + 1);
+        if (!semi)
+            return -1;
+        semi[colon - line] = ';';
+        l = curl_slist_append(*list, semi);
+        free(semi);
+    } else {
+        l = curl_slist_append(*list, line);
+    }
+    if (!l)
+        return -1;
+    *list = l;
+    return 0;
+}
+
+static int build_headers(llmretry_call *c, const char *api_key, int key_from_env)
 {
     struct curl_slist *h = NULL;
     int rc = 0;
+    /* A key from the environment yields to the caller's own Authorization
+     * (one for another provider, say): never two Authorization lines. An
+     * explicit api_key with one was refused by llmretry_options_check. */
+    if (key_from_env && caller_sets(c, "Authorization"))
+        api_key = NULL;
     if (api_key && *api_key) {
         /* The key lives only in this list (and libcurl's copy of the line). */
         size_t n = strlen(api_key) + 32;
@@ -84,9 +124,12 @@ static int build_headers(llmretry_call *c, const char *api_key)
         if (!h)
             return -1;
     }
-    rc |= append_header(&h, "Content-Type", "application/json");
-    rc |= append_header(&h, "Accept", "application/json");
-    rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
+    if (!caller_sets(c, "Content-Type"))
+        rc |= append_header(&h, "Content-Type", "application/json");
+    if (!caller_sets(c, "Accept"))
+        rc |= append_header(&h, "Accept", "application/json");
+    if (!caller_sets(c, "User-Agent"))
+        rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
     rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
     if (c->o.idempotency_key)
         rc |= append_header(&h, "Idempotency-Key", c->o.idempotency_key);
@@ -96,14 +139,8 @@ static int build_headers(llmretry_call *c, const char *api_key)
         h = l;
     else
         rc = -1;
-    for (size_t i = 0; i < c->o.n_headers; i++) {
-        l = curl_slist_append(h, c->o.headers[i]);
-        if (!l) {
-            rc = -1;
-            break;
-        }
-        h = l;
-    }
+    for (size_t i = 0; i < c->o.n_headers && rc == 0; i++)
+        rc |= append_caller_header(&h, c->o.headers[i]);
     c->headers = h;
     return rc;
 }
@@ -230,9 +267,12 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         c->o.ca_file = c->ca_file;
         c->o.url = c->url;
         const char *key = opts->api_key;
-        if (!key && opts->use_env_api_key)
+        int from_env = 0;
+        if (!key && opts->use_env_api_key) {
             key = getenv("OPENAI_API_KEY");
-        oom |= build_headers(c, key) != 0;
+            from_env = 1;
+        }
+        oom |= build_headers(c, key, from_env) != 0;
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;

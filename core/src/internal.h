@@ -112,7 +112,7 @@ struct llmretry_call {
     /* Immutable after submit; owned copies. */
     llmretry_options o;            /* string fields point at the copies below */
     char *url, *body, *model, *policy, *ca_file;
-    char request_id[64];
+    char request_id[LLMRETRY_REQUEST_ID_MAX + 1];
     struct curl_slist *headers;
     int is_https;
     llmretry_group *group;         /* holds a group reference, or NULL */

@@ -704,6 +704,79 @@ static void test_absurd_usage(llmretry_engine *e)
     llmretry_call_free(c);
 }
 
+/* Header `h` (lower case) of the last request the mock recorded for a
+ * scenario (malloc'd), NULL when absent. */
+static char *last_header(const char *name, const char *h)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+    const cJSON *hs = n > 0 ? cJSON_GetObjectItem(cJSON_GetArrayItem(a, n - 1), "headers") : NULL;
+    const cJSON *v = hs ? cJSON_GetObjectItem(hs, h) : NULL;
+    char *out = cJSON_IsString(v) ? strdup(v->valuestring) : NULL;
+    cJSON_Delete(a);
+    return out;
+}
+
+/* What the caller sends: a request_id of up to 256 bytes whole (it was cut
+ * at 63), never two Authorization or Content-Type lines, and a header of
+ * only blanks sent empty, not dropped (issue 13, items 13 and 14). */
+static void test_sent_headers(llmretry_engine *e)
+{
+    char url[128], id[257], *v;
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("sent_headers", "{\"steps\": []}") != 0)
+        return;
+    memset(id, 'i', 256);
+    id[256] = '\0';
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.request_id = id;
+    llmretry_call *c = run(e, &o, &l, 5000);
+    CHECK(c && strcmp(llmretry_call_request_id(c), id) == 0);
+    CHECK_STR((v = last_header("sent_headers", "x-client-request-id")), id);
+    free(v);
+    log_free(&l);
+    llmretry_call_free(c);
+
+    static const char *const hs[] = {"Authorization: Bearer caller-own", "content-type: text/x-mine",
+                                     "X-Blank: \t "};
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.api_key = NULL;
+    o.use_env_api_key = 1;
+    o.headers = hs;
+    o.n_headers = 3;
+    setenv("OPENAI_API_KEY", "sk-from-env", 1);
+    c = run(e, &o, &l, 5000);
+    unsetenv("OPENAI_API_KEY");
+    CHECK_STR((v = last_header("sent_headers", "authorization")), "Bearer caller-own");
+    free(v);
+    CHECK_STR((v = last_header("sent_headers", "content-type")), "text/x-mine");
+    free(v);
+    CHECK_STR((v = last_header("sent_headers", "x-blank")), "");
+    free(v);
+    log_free(&l);
+    llmretry_call_free(c);
+
+    /* An explicit key and an Authorization header: refused before any I/O. */
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.headers = hs;
+    o.n_headers = 1;
+    char err[LLMRETRY_ERRBUF] = "";
+    c = NULL;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK(strstr(err, "Authorization") && !strstr(err, "caller-own") && !c);
+    id[0] = '\0';
+    char long_id[300];
+    memset(long_id, 'x', 299);
+    long_id[299] = '\0';
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.request_id = long_id;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK(strstr(err, "request_id") != NULL);
+}
+
 /* Host-side validation: a rejection is an invalid_response the policy
  * retries; the second body is accepted. */
 static void test_validation(llmretry_engine *e)
@@ -996,6 +1069,7 @@ int main(void)
             { "blocking", test_blocking },
             { "validation", test_validation },
             { "absurd_usage", test_absurd_usage },
+            { "sent_headers", test_sent_headers },
             { "policy_in_events", test_policy_in_events },
             { "stalls", test_stalls },
             { "never_connected", test_never_connected },
