@@ -17,15 +17,20 @@
 
 static void forget_headers(llmretry_call *c);
 
-static char *build_url(const llmretry_options *o)
+/* The URL to call; *is_default says it is OpenAI's because nothing else
+ * was given (no url, base_url or $OPENAI_BASE_URL). */
+static char *build_url(const llmretry_options *o, int *is_default)
 {
+    *is_default = 0;
     if (o->url)
         return lr_strdup(o->url);
     const char *base = o->base_url;
     if (!base || !*base)
         base = getenv("OPENAI_BASE_URL");
-    if (!base || !*base)
+    if (!base || !*base) {
         base = DEFAULT_BASE_URL;
+        *is_default = 1;
+    }
     size_t n = strlen(base);
     while (n > 0 && base[n - 1] == '/')
         n--;
@@ -238,9 +243,9 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
 
-    int bad_json = 0;
+    int bad_json = 0, no_key = 0, default_url = 0;
     int oom = 0;
-    c->url = build_url(opts);
+    c->url = build_url(opts, &default_url);
     c->body = lr_strndup(opts->body, opts->body_len);
     oom |= !c->url || !c->body;
     if (opts->model)
@@ -273,13 +278,23 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
             from_env = 1;
         }
         oom |= build_headers(c, key, from_env) != 0;
+        /* OpenAI's endpoint without a key can only answer 401 (or, offline,
+         * fail to resolve, retried for seconds): say what is missing now. */
+        no_key = default_url && !(key && *key) && !caller_sets(c, "Authorization");
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;
     c->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
-    if (oom || bad_json || bad_scheme) {
+    if (oom || bad_json || bad_scheme || no_key) {
         c->engine = NULL;
         lr_call_unref(c);
+        if (no_key && !oom) {
+            lr_errf(err, errlen, "%s: %s needs a key (or set base_url for another server)",
+                    opts->use_env_api_key ? "api_key is not set and OPENAI_API_KEY is empty or unset"
+                                          : "api_key is not set (and use_env_api_key is off, so "
+                                            "OPENAI_API_KEY is not read)", DEFAULT_BASE_URL);
+            return LLMRETRY_EINVAL;
+        }
         if (bad_json) {
             lr_errf(err, errlen, "body is not valid JSON");
             return LLMRETRY_EINVAL;

@@ -777,6 +777,40 @@ static void test_sent_headers(llmretry_engine *e)
     CHECK(strstr(err, "request_id") != NULL);
 }
 
+/* OpenAI's endpoint by default and no key: refused at once, naming
+ * OPENAI_API_KEY (it took 4 attempts and 7 s to fail). */
+static void test_default_endpoint_needs_key(llmretry_engine *e)
+{
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_call *c = NULL;
+    opts_for(&o, "default_key", url, sizeof url);
+    o.base_url = NULL;
+    o.api_key = NULL;
+    o.use_env_api_key = 1;
+    unsetenv("OPENAI_BASE_URL");
+    setenv("OPENAI_API_KEY", "", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "OPENAI_API_KEY") && strstr(err, "api_key"), "message: %s", err);
+    CHECK(th_now_ms() - t0 < 1000 && c == NULL);
+    unsetenv("OPENAI_API_KEY");
+    o.use_env_api_key = 0;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "OPENAI_API_KEY") != NULL, "message: %s", err);
+    /* Another server, from the environment, may need no key. */
+    mail_log l = { 0 };
+    if (script("default_key", "{\"steps\": []}") != 0)
+        return;
+    setenv("OPENAI_BASE_URL", url, 1);
+    c = run(e, &o, &l, 5000);
+    unsetenv("OPENAI_BASE_URL");
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok);
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
 /* Host-side validation: a rejection is an invalid_response the policy
  * retries; the second body is accepted. */
 static void test_validation(llmretry_engine *e)
@@ -1070,6 +1104,7 @@ int main(void)
             { "validation", test_validation },
             { "absurd_usage", test_absurd_usage },
             { "sent_headers", test_sent_headers },
+            { "default_endpoint_needs_key", test_default_endpoint_needs_key },
             { "policy_in_events", test_policy_in_events },
             { "stalls", test_stalls },
             { "never_connected", test_never_connected },

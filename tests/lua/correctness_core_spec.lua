@@ -87,3 +87,13 @@ describe("the core's checks, seen from Lua", function()
       tostring(res.data.choices[1].message.content))
   end)
 end)
+
+describe("the default endpoint", function()
+  it("without a key fails at once naming OPENAI_API_KEY", function()
+    -- lua-test.sh unsets OPENAI_API_KEY and OPENAI_BASE_URL.
+    local t0 = H.now_ms()
+    local ok, e = pcall(llm.call_llm, { body = H.secret_body("nokey") })
+    check(not ok and tostring(e):find("OPENAI_API_KEY", 1, true), "got %s", tostring(e))
+    check(H.now_ms() - t0 < 1000, "took %d ms", H.now_ms() - t0)
+  end)
+end)

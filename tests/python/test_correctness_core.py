@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Iterator, List
 
 import pytest
@@ -147,3 +148,13 @@ def test_absurd_usage_counts_are_not_summed(scen: Scenario) -> None:
     assert out.result.meta.usage == {"prompt_tokens": 0, "completion_tokens": 0,
                                      "total_tokens": 0}
     assert out.result.data["usage"]["prompt_tokens"] == -5     # the raw usage stays
+
+
+def test_default_openai_endpoint_without_key_fails_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        llmretry.call_llm(secret_body("nokey"))
+    assert time.monotonic() - t0 < 1.0
