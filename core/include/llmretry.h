@@ -206,7 +206,13 @@ typedef struct llmretry_result {
     int64_t total_ms;              /* of the whole call */
 
     /* ok == 1 */
-    const char *body;              /* the raw response body (JSON) */
+    /* The raw response body. A 2xx body counts as a success only when it
+     * is a JSON object in valid UTF-8 with no raw control characters in
+     * its strings (what every host's decoder accepts); anything else is an
+     * invalid_response, retried like one. Escapes such as \u0000 are
+     * fine. Token counts in usage below are whole numbers 0..2^53 (others
+     * read as 0); the raw usage stays here. */
+    const char *body;
     size_t body_len;
     llmretry_usage usage;
     const char *response_model;
@@ -215,6 +221,11 @@ typedef struct llmretry_result {
     /* ok == 0 */
     llmretry_error_kind kind;
     llmretry_giveup_reason reason;
+    /* One line for people and logs. For an HTTP error: "HTTP 404 from
+     * /v1/chat/completions (code): provider message; gave up after ...",
+     * the URL's path only (no host, query or credentials), the provider's
+     * text cut at 200 bytes with control characters escaped (\n, \xNN)
+     * and the key masked. */
     const char *message;
     int64_t retry_after_ms;        /* server-requested wait, -1 = none */
     const char *error_code;        /* the provider's error code */
