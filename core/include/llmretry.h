@@ -222,10 +222,10 @@ typedef struct llmretry_result {
     llmretry_error_kind kind;
     llmretry_giveup_reason reason;
     /* One line for people and logs. For an HTTP error: "HTTP 404 from
-     * /v1/chat/completions (code): provider message; gave up after ...",
-     * the URL's path only (no host, query or credentials), the provider's
-     * text cut at 200 bytes with control characters escaped (\n, \xNN)
-     * and the key masked. */
+     * /v1/chat/completions (code); gave up after ...": the URL's path only
+     * (no host, query or credentials) and the provider's code with control
+     * characters escaped (\n, \xNN). The provider's message is left out
+     * (servers echo prompts in it); see body_preview. */
     const char *message;
     int64_t retry_after_ms;        /* server-requested wait, -1 = none */
     const char *error_code;        /* the provider's error code */

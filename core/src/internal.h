@@ -210,8 +210,8 @@ struct cJSON *lr_parse_body(const char *text, size_t n);
 /* Usage (only sane counts), model and fingerprint of a 2xx document. */
 void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
                      char **fingerprint);
-/* "HTTP 404 from /v1/chat/completions (code): provider message", escaped
- * (malloc'd); *error_code gets the provider's code (malloc'd) or NULL. */
+/* "HTTP 404 from /v1/chat/completions (code)", escaped (malloc'd);
+ * *error_code gets the provider's code (malloc'd) or NULL. */
 char *lr_http_error(const llmretry_call *c, long status, char **error_code);
 
 /* ---- events.c ---------------------------------------------------------- */

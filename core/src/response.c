@@ -1,16 +1,15 @@
 /* What the server sent, judged once for every host: whether a 2xx body is
  * a valid body (UTF-8 JSON), its token usage, and the text of an HTTP
- * error (the path called, the provider's code and message, escaped so a
- * hostile server cannot forge log lines). Engine thread only. */
+ * error (the path called and the provider's code, escaped so a hostile
+ * server cannot forge log lines). The provider's error.message is not
+ * quoted: servers echo the request in it ("... for <prompt>"), and errors
+ * never show prompts; it stays in body_preview. Engine thread only. */
 #include "internal.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Longest provider message quoted in an error, in bytes of the original. */
-#define PROVIDER_MESSAGE_MAX 200
 
 /* Length of the UTF-8 sequence at s (n bytes left), 0 when invalid:
  * overlong forms, surrogates and code points above U+10FFFF included
@@ -169,29 +168,17 @@ static void url_path(const char *url, const char **p, size_t *n)
     *n = *s == '/' ? strcspn(s, "?#") : 1;
 }
 
-/* "Authorization: Bearer KEY" is the first header when a key is set. */
-static const char *api_key_of(const struct curl_slist *h)
-{
-    static const char pre[] = "Authorization: Bearer ";
-    return h && strncmp(h->data, pre, sizeof pre - 1) == 0 ? h->data + sizeof pre - 1 : NULL;
-}
-
 char *lr_http_error(const llmretry_call *c, long status, char **error_code)
 {
     const char *body = c->resp.data ? c->resp.data : "";
     cJSON *doc = cJSON_ParseWithLength(body, c->resp.len);
     const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
-    const char *msg = NULL;
     *error_code = NULL;
     if (cJSON_IsObject(e)) {
         /* The provider's code: error.code when it is a string, else error.type. */
         *error_code = json_str(e, "code");
         if (!*error_code)
             *error_code = json_str(e, "type");
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
-        msg = cJSON_IsString(m) ? m->valuestring : NULL;
-    } else if (cJSON_IsString(e)) {
-        msg = e->valuestring;
     }
 
     char buf[768];
@@ -207,25 +194,6 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code)
         len = put_escaped(buf, len, sizeof buf, " (", 2);
         len = put_escaped(buf, len, len + 128, *error_code, strlen(*error_code));
         len = put_escaped(buf, len, sizeof buf, ")", 1);
-    }
-    char *quoted = msg && *msg ? lr_strdup(msg) : NULL;
-    if (quoted) {
-        /* A server that echoes the request must not put the key in errors:
-         * masked in the whole text, before it is cut. */
-        const char *key = api_key_of(c->headers);
-        char *hit;
-        while (key && *key && (hit = strstr(quoted, key)) != NULL)
-            memset(hit, '*', strlen(key));
-        size_t mlen = strlen(quoted);
-        if (mlen > PROVIDER_MESSAGE_MAX) {
-            mlen = PROVIDER_MESSAGE_MAX;
-            while (mlen > 0 && ((unsigned char)quoted[mlen] & 0xC0) == 0x80)
-                mlen--;
-        }
-        len = put_escaped(buf, len, sizeof buf, ": ", 2);
-        len = put_escaped(buf, len, sizeof buf, quoted, mlen);
-        explicit_bzero(quoted, strlen(quoted));
-        free(quoted);
     }
     cJSON_Delete(doc);
     return lr_strdup(buf);

@@ -61,7 +61,7 @@ describe("the core's checks, seen from Lua", function()
   end)
 
   it("escapes the provider's text in tostring(err), names the path, not the query", function()
-    local body = '{"error": {"message": "bad\\nINFO forged line\\r", "code": "c\\nd"}}'
+    local body = '{"error": {"message": "echoed SECRET-PROMPT", "code": "c\\nINFO forged\\r"}}'
     local srv = H.start_recorder({ status = 400, body = body })
     finally(function() srv:stop() end)
     local res, err = llm.call_llm({ body = H.secret_body("lua_esc"), max_retries = 0,
@@ -69,10 +69,12 @@ describe("the core's checks, seen from Lua", function()
     check(not res, "a 400 succeeded")
     local text = tostring(err)
     check(not text:find("[\r\n]"), "raw CR/LF in %q", text)
-    check(text:find("HTTP 400 from ", 1, true) and text:find("/chat/completions (c\\nd): bad\\nINFO",
+    check(text:find("HTTP 400 from ", 1, true) and text:find("/chat/completions (c\\nINFO forged\\r);",
       1, true), "message %q", text)
+    check(not text:find("SECRET-PROMPT", 1, true), "the prompt is in %q", text)
     check(not text:find("Q-SECRET", 1, true), "the query string is in %q", text)
-    check(err.error_code == "c\nd", "error_code is data, kept raw: %q", tostring(err.error_code))
+    check(err.error_code == "c\nINFO forged\r", "error_code is data, kept raw: %q",
+      tostring(err.error_code))
   end)
 
   it("keeps a JSON string whole across a \\u0000 escape", function()

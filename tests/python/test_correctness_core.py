@@ -111,8 +111,8 @@ def test_tab_in_a_header_value_is_sent_as_in_lua(scen: Scenario) -> None:
 
 
 def test_error_text_escaped_and_names_the_path(raw: List[RawServer]) -> None:
-    body = (b'{"error": {"message": "bad\\nINFO forged line\\r\\u001b[0m", '
-            b'"code": "c\\nd"}}')
+    body = (b'{"error": {"message": "echoed SECRET-PROMPT", '
+            b'"code": "c\\nINFO forged line\\r\\u001b[0m"}}')
     srv = RawServer(response("400 Bad Request", body))
     raw.append(srv)
     with pytest.raises(llmretry.LLMError) as info:
@@ -120,10 +120,11 @@ def test_error_text_escaped_and_names_the_path(raw: List[RawServer]) -> None:
                           url=f"http://127.0.0.1:{srv.port}/v1/chat/completions?sig=Q-SECRET")
     text = str(info.value)
     assert "\n" not in text and "\r" not in text and "\x1b" not in text
-    assert text.startswith("HTTP 400 from /v1/chat/completions (c\\nd): bad\\nINFO forged "
-                           "line\\r\\x1b[0m;"), text
+    assert text.startswith("HTTP 400 from /v1/chat/completions (c\\nINFO forged "
+                           "line\\r\\x1b[0m); gave up"), text
+    assert "SECRET-PROMPT" not in text
     assert "Q-SECRET" not in text
-    assert info.value.error_code == "c\nd"     # the field is data, kept raw
+    assert info.value.error_code == "c\nINFO forged line\r\x1b[0m"   # data, kept raw
 
 
 def test_invalid_utf8_2xx_is_an_invalid_response(raw: List[RawServer]) -> None:
