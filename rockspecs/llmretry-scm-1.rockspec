@@ -66,6 +66,7 @@ build = {
             "core/src/pacer.c",
             "core/src/policies.c",
             "core/src/policy.c",
+            "core/src/response.c",
             "core/src/timers.c",
          },
          incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },

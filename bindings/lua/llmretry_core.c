@@ -646,11 +646,102 @@ static void push_json_number(lua_State *L, double d)
     lua_pushnumber(L, (lua_Number)d);
 }
 
+/* The JSON text being decoded, for strings cJSON cannot hand over whole:
+ * its strings are NUL-terminated, so a "\u0000" escape would cut one. The
+ * string tokens of the text come in the order push_json meets the tree's
+ * strings (keys before their values, depth first), so each string is
+ * decoded again from the next token, with its length. NULL cursor: the
+ * text has no "\u0000", cJSON's strings are whole. */
+typedef struct jtext {
+    const char *p, *end;
+} jtext;
+
+static unsigned hex4(const char *s)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        v = v * 16 + (unsigned)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    return v;
+}
+
+static size_t put_utf8(char *o, unsigned cp)
+{
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Push the next string token of the text, decoded with its length. The
+ * text parsed already, so every token and escape in it is well formed. */
+static void push_next_string(lua_State *L, jtext *t)
+{
+    const char *q = memchr(t->p, '"', (size_t)(t->end - t->p));
+    const char *s = q ? q + 1 : t->end;
+    size_t cap = (size_t)(t->end - s) + 1;
+    char *out = lua_newuserdata(L, cap); /* collected if anything raises */
+    size_t n = 0;
+    while (s < t->end && *s != '"') {
+        if (*s != '\\') {
+            out[n++] = *s++;
+            continue;
+        }
+        char e = s[1];
+        s += 2;
+        switch (e) {
+        case 'b': out[n++] = '\b'; break;
+        case 'f': out[n++] = '\f'; break;
+        case 'n': out[n++] = '\n'; break;
+        case 'r': out[n++] = '\r'; break;
+        case 't': out[n++] = '\t'; break;
+        case 'u': {
+            unsigned cp = hex4(s);
+            s += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF && s + 6 <= t->end && s[0] == '\\' && s[1] == 'u') {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4(s + 2) - 0xDC00);
+                s += 6;
+            }
+            n += put_utf8(out + n, cp);
+            break;
+        }
+        default: out[n++] = e; break; /* " \ / */
+        }
+    }
+    t->p = s < t->end ? s + 1 : t->end;
+    push_text(L, out, n);
+    lua_remove(L, -2);
+}
+
+static int has_nul_escape(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 6 <= n; i++)
+        if (s[i] == '\\' && memcmp(s + i + 1, "u0000", 5) == 0)
+            return 1;
+    return 0;
+}
+
 /* cJSON caps nesting (CJSON_NESTING_LIMIT), which bounds this recursion.
- * Known limits, both cJSON's: numbers are doubles (integers beyond 2^53
- * lose precision) and strings are NUL-terminated (a decoded "\u0000" ends
- * its string). Invalid UTF-8 in a string becomes U+FFFD (push_text). */
-static void push_json(lua_State *L, const cJSON *v, int array_mt)
+ * Known limit, cJSON's: numbers are doubles (integers beyond 2^53 lose
+ * precision). Invalid UTF-8 in a string becomes U+FFFD (push_text). */
+static void push_json(lua_State *L, const cJSON *v, int array_mt, jtext *t)
 {
     luaL_checkstack(L, 4, "llmretry: JSON nested too deeply");
     if (cJSON_IsFalse(v) || cJSON_IsTrue(v)) {
@@ -658,12 +749,15 @@ static void push_json(lua_State *L, const cJSON *v, int array_mt)
     } else if (cJSON_IsNumber(v)) {
         push_json_number(L, v->valuedouble);
     } else if (cJSON_IsString(v)) {
-        push_text0(L, v->valuestring);
+        if (t)
+            push_next_string(L, t);
+        else
+            push_text0(L, v->valuestring);
     } else if (cJSON_IsArray(v)) {
         lua_createtable(L, cJSON_GetArraySize(v), 0);
         int i = 0;
         for (const cJSON *el = v->child; el; el = el->next) {
-            push_json(L, el, array_mt);
+            push_json(L, el, array_mt, t);
             lua_rawseti(L, -2, ++i);
         }
         lua_pushvalue(L, array_mt);
@@ -671,8 +765,11 @@ static void push_json(lua_State *L, const cJSON *v, int array_mt)
     } else if (cJSON_IsObject(v)) {
         lua_createtable(L, 0, cJSON_GetArraySize(v));
         for (const cJSON *el = v->child; el; el = el->next) {
-            push_text0(L, el->string);
-            push_json(L, el, array_mt);
+            if (t)
+                push_next_string(L, t);
+            else
+                push_text0(L, el->string);
+            push_json(L, el, array_mt, t);
             lua_rawset(L, -3);
         }
     } else {
@@ -716,7 +813,11 @@ static int push_decoded(lua_State *L, const char *s, size_t n, char *err, size_t
         lua_settop(L, base);
         return 0;
     }
-    push_json(L, t->root, base + 1);
+    /* Strings are decoded again from the text only when one may hold a
+     * NUL (a stray "\\u0000" preceded by an escaped backslash costs only
+     * the slow path). */
+    jtext text = { s + b, s + n };
+    push_json(L, t->root, base + 1, has_nul_escape(s + b, n - b) ? &text : NULL);
     cJSON_Delete(t->root);
     t->root = NULL;
     lua_replace(L, base + 1);

@@ -73,6 +73,9 @@ typedef struct llmretry_channel llmretry_channel;
 #define LLMRETRY_EVENTS_ALL 0x3fu
 #define LLMRETRY_MAX_STATUSES 64
 
+/* Longest request_id accepted, in bytes. */
+#define LLMRETRY_REQUEST_ID_MAX 256
+
 typedef struct llmretry_options {
     /* Endpoint. `url` is used as is when set; otherwise base_url (else
      * $OPENAI_BASE_URL, else https://api.openai.com/v1) + "/chat/completions". */
@@ -89,11 +92,20 @@ typedef struct llmretry_options {
     /* Model name for events; NULL = read "model" from the body. */
     const char *model;
 
-    /* Extra request headers, "Name: value" each. */
+    /* Extra request headers, "Name: value" each. HTAB is allowed in values
+     * (RFC 9110 field values); CR, LF, NUL and other controls are EINVAL.
+     * Content-Length, Transfer-Encoding, Host, X-Client-Request-Id and
+     * Idempotency-Key are EINVAL (framing, and the ids have options), as
+     * is Authorization while api_key is set. A caller's Authorization
+     * replaces a key from $OPENAI_API_KEY; a caller's Content-Type, Accept
+     * or User-Agent replaces the default one. A value of only spaces or
+     * tabs sends the header empty. */
     const char *const *headers;
     size_t n_headers;
 
-    /* NULL = a fresh UUID v4. Sent as X-Client-Request-Id. */
+    /* NULL = a fresh UUID v4. Sent as X-Client-Request-Id. Printable
+     * ASCII, at most LLMRETRY_REQUEST_ID_MAX bytes (longer is EINVAL, never
+     * cut: a cut id would not match the caller's records). */
     const char *request_id;
     /* Sent as Idempotency-Key on every attempt when non-NULL. */
     const char *idempotency_key;
@@ -199,7 +211,13 @@ typedef struct llmretry_result {
     int64_t total_ms;              /* of the whole call */
 
     /* ok == 1 */
-    const char *body;              /* the raw response body (JSON) */
+    /* The raw response body. A 2xx body counts as a success only when it
+     * is a JSON object in valid UTF-8 with no raw control characters in
+     * its strings (what every host's decoder accepts); anything else is an
+     * invalid_response, retried like one. Escapes such as \u0000 are
+     * fine. Token counts in usage below are whole numbers 0..2^53 (others
+     * read as 0); the raw usage stays here. */
+    const char *body;
     size_t body_len;
     llmretry_usage usage;
     const char *response_model;
@@ -208,6 +226,11 @@ typedef struct llmretry_result {
     /* ok == 0 */
     llmretry_error_kind kind;
     llmretry_giveup_reason reason;
+    /* One line for people and logs. For an HTTP error: "HTTP 404 from
+     * /v1/chat/completions (code); gave up after ...": the URL's path only
+     * (no host, query or credentials) and the provider's code with control
+     * characters escaped (\n, \xNN). The provider's message is left out
+     * (servers echo prompts in it); see body_preview. */
     const char *message;
     int64_t retry_after_ms;        /* server-requested wait, -1 = none */
     const char *error_code;        /* the provider's error code */
@@ -357,9 +380,15 @@ llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_option
 /* Policy: pure functions (DESIGN §2), exposed for bindings and tests.  */
 /* ------------------------------------------------------------------ */
 
+/* Server waits longer than this (~31.7 years) saturate at it: a number too
+ * big to represent is "too long" (above any sane max_retry_after_ms), not
+ * unparseable. */
+#define LLMRETRY_MAX_WAIT_MS INT64_C(1000000000000)
+
 /* Parse a Retry-After value: seconds (decimals allowed) or an HTTP-date in
  * any RFC 9110 format, relative to now_unix_ms. Returns the wait in ms
- * (> 0), or -1 when not usable (garbage, <= 0, inf/nan, absurd dates). */
+ * (> 0, at most LLMRETRY_MAX_WAIT_MS), or -1 when not usable (garbage,
+ * <= 0, inf/nan, a date in the past). */
 int64_t llmretry_parse_retry_after(const char *value, int64_t now_unix_ms);
 
 /* Parse retry-after-ms (milliseconds, decimals allowed): > 0 or -1. */

@@ -15,15 +15,22 @@
 #define DEFAULT_BASE_URL "https://api.openai.com/v1"
 #define PREVIEW_BYTES 500
 
-static char *build_url(const llmretry_options *o)
+static void forget_headers(llmretry_call *c);
+
+/* The URL to call; *is_default says it is OpenAI's because nothing else
+ * was given (no url, base_url or $OPENAI_BASE_URL). */
+static char *build_url(const llmretry_options *o, int *is_default)
 {
+    *is_default = 0;
     if (o->url)
         return lr_strdup(o->url);
     const char *base = o->base_url;
     if (!base || !*base)
         base = getenv("OPENAI_BASE_URL");
-    if (!base || !*base)
+    if (!base || !*base) {
         base = DEFAULT_BASE_URL;
+        *is_default = 1;
+    }
     size_t n = strlen(base);
     while (n > 0 && base[n - 1] == '/')
         n--;
@@ -65,10 +72,50 @@ static int append_header(struct curl_slist **list, const char *name, const char 
     return 0;
 }
 
-static int build_headers(llmretry_call *c, const char *api_key)
+/* Did the caller pass a header of this name? */
+static int caller_sets(const llmretry_call *c, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < c->o.n_headers; i++)
+        if (strncasecmp(c->o.headers[i], name, n) == 0 && c->o.headers[i][n] == ':')
+            return 1;
+    return 0;
+}
+
+/* The caller's "Name: value" as libcurl must get it: "Name:" with nothing
+ * but blanks after it would tell libcurl to drop the header (and its own
+ * of that name), "Name;" sends it empty. */
+static int append_caller_header(struct curl_slist **list, const char *line)
+{
+    const char *colon = strchr(line, ':');
+    const char *v = colon + 1;
+    v += strspn(v, " \t");
+    struct curl_slist *l;
+    if (*v == '\0') {
+        char *semi = lr_strndup(line, (size_t)(colon - line) + 1);
+        if (!semi)
+            return -1;
+        semi[colon - line] = ';';
+        l = curl_slist_append(*list, semi);
+        free(semi);
+    } else {
+        l = curl_slist_append(*list, line);
+    }
+    if (!l)
+        return -1;
+    *list = l;
+    return 0;
+}
+
+static int build_headers(llmretry_call *c, const char *api_key, int key_from_env)
 {
     struct curl_slist *h = NULL;
     int rc = 0;
+    /* A key from the environment yields to the caller's own Authorization
+     * (one for another provider, say): never two Authorization lines. An
+     * explicit api_key with one was refused by llmretry_options_check. */
+    if (key_from_env && caller_sets(c, "Authorization"))
+        api_key = NULL;
     if (api_key && *api_key) {
         /* The key lives only in this list (and libcurl's copy of the line). */
         size_t n = strlen(api_key) + 32;
@@ -82,9 +129,12 @@ static int build_headers(llmretry_call *c, const char *api_key)
         if (!h)
             return -1;
     }
-    rc |= append_header(&h, "Content-Type", "application/json");
-    rc |= append_header(&h, "Accept", "application/json");
-    rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
+    if (!caller_sets(c, "Content-Type"))
+        rc |= append_header(&h, "Content-Type", "application/json");
+    if (!caller_sets(c, "Accept"))
+        rc |= append_header(&h, "Accept", "application/json");
+    if (!caller_sets(c, "User-Agent"))
+        rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
     rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
     if (c->o.idempotency_key)
         rc |= append_header(&h, "Idempotency-Key", c->o.idempotency_key);
@@ -94,14 +144,8 @@ static int build_headers(llmretry_call *c, const char *api_key)
         h = l;
     else
         rc = -1;
-    for (size_t i = 0; i < c->o.n_headers; i++) {
-        l = curl_slist_append(h, c->o.headers[i]);
-        if (!l) {
-            rc = -1;
-            break;
-        }
-        h = l;
-    }
+    for (size_t i = 0; i < c->o.n_headers && rc == 0; i++)
+        rc |= append_caller_header(&h, c->o.headers[i]);
     c->headers = h;
     return rc;
 }
@@ -121,6 +165,7 @@ static void call_destroy(llmretry_call *c)
         free((void *)c->o.headers);
     }
     curl_slist_free_all(c->headers);
+    forget_headers(c);
     free(c->resp.data);
     free(c->last_message);
     free(c->last_error_code);
@@ -200,9 +245,9 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
 
-    int bad_json = 0;
+    int bad_json = 0, no_key = 0, default_url = 0;
     int oom = 0;
-    c->url = build_url(opts);
+    c->url = build_url(opts, &default_url);
     c->body = lr_strndup(opts->body, opts->body_len);
     oom |= !c->url || !c->body;
     if (opts->model)
@@ -229,16 +274,29 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         c->o.ca_file = c->ca_file;
         c->o.url = c->url;
         const char *key = opts->api_key;
-        if (!key && opts->use_env_api_key)
+        int from_env = 0;
+        if (!key && opts->use_env_api_key) {
             key = getenv("OPENAI_API_KEY");
-        oom |= build_headers(c, key) != 0;
+            from_env = 1;
+        }
+        oom |= build_headers(c, key, from_env) != 0;
+        /* OpenAI's endpoint without a key can only answer 401 (or, offline,
+         * fail to resolve, retried for seconds): say what is missing now. */
+        no_key = default_url && !(key && *key) && !caller_sets(c, "Authorization");
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;
     c->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
-    if (oom || bad_json || bad_scheme) {
+    if (oom || bad_json || bad_scheme || no_key) {
         c->engine = NULL;
         lr_call_unref(c);
+        if (no_key && !oom) {
+            lr_errf(err, errlen, "%s: %s needs a key (or set base_url for another server)",
+                    opts->use_env_api_key ? "api_key is not set and OPENAI_API_KEY is empty or unset"
+                                          : "api_key is not set (and use_env_api_key is off, so "
+                                            "OPENAI_API_KEY is not read)", DEFAULT_BASE_URL);
+            return LLMRETRY_EINVAL;
+        }
         if (bad_json) {
             lr_errf(err, errlen, "body is not valid JSON");
             return LLMRETRY_EINVAL;
@@ -295,20 +353,87 @@ static const char *const captured_names[LR_H_COUNT] = {
     "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
 };
 
+static const char *hdr_value(const llmretry_call *c, int i)
+{
+    return c->hdr_long[i] ? c->hdr_long[i] : c->hdr[i];
+}
+
+static void forget_headers(llmretry_call *c)
+{
+    for (int i = 0; i < LR_H_COUNT; i++) {
+        free(c->hdr_long[i]);
+        c->hdr_long[i] = NULL;
+        c->hdr_set[i] = 0;
+    }
+}
+
+/* The wait a captured header asks for (ms), -1 when none or unusable. */
+static int64_t wait_of(int i, const char *v, int64_t now_unix_ms)
+{
+    switch (i) {
+    case LR_H_RETRY_AFTER: return llmretry_parse_retry_after(v, now_unix_ms);
+    case LR_H_RETRY_AFTER_MS: return llmretry_parse_retry_after_ms(v);
+    case LR_H_RESET_REQUESTS: case LR_H_RESET_TOKENS: return llmretry_parse_reset_duration(v);
+    default: return -1;
+    }
+}
+
+/* Keep header i's whole value: the policy must parse what the server sent,
+ * not a prefix of it ("0.3" and 400 spaces and "garbage" is garbage, not
+ * 300 ms). Short values stay in the call record; long ones, rare, on the
+ * heap. When a wait header comes twice with different values, the longest
+ * usable wait wins: the server asked for at least that. */
+static void capture(llmretry_call *c, int i, const char *v, size_t len)
+{
+    char small[LR_HVAL];
+    char *big = NULL;
+    const char *val = small;
+    if (len < LR_HVAL) {
+        memcpy(small, v, len);
+        small[len] = '\0';
+    } else if ((big = lr_strndup(v, len)) != NULL) {
+        val = big;
+    } else {
+        small[0] = '\0';           /* out of memory: unusable, like garbage */
+    }
+    if (c->hdr_set[i] && i != LR_H_SHOULD_RETRY) {
+        int64_t now = lr_unix_ms();
+        if (wait_of(i, val, now) <= wait_of(i, hdr_value(c, i), now)) {
+            free(big);
+            return;
+        }
+    }
+    free(c->hdr_long[i]);
+    c->hdr_long[i] = big;
+    if (!big)
+        memcpy(c->hdr[i], small, strlen(small) + 1);
+    c->hdr_set[i] = 1;
+}
+
+/* "HTTP/1.1 103 Early Hints" -> 1 for a 1xx status line. */
+static int is_interim(const char *line, size_t n)
+{
+    const char *sp = memchr(line, ' ', n);
+    return sp && (size_t)(sp - line) + 1 < n && sp[1] == '1';
+}
+
 static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
     if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
         /* A new response (after a 100 Continue, say): forget the last. */
-        memset(c->hdr_set, 0, sizeof c->hdr_set);
+        forget_headers(c);
+        c->interim = is_interim(line, n);
         return n;
     }
     const char *colon = memchr(line, ':', n);
     if (!colon)
         return n;
     size_t name_len = (size_t)(colon - line);
-    if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0) {
+    /* A 1xx response has no body: its Content-Length (if any) says nothing
+     * about the final response's size. */
+    if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0 && !c->interim) {
         /* Refuse an announced oversized body before reading any of it.
          * The line is not NUL-terminated: parse a bounded copy. 31 digits
          * still saturate strtoll, so a cut value stays oversized. */
@@ -334,12 +459,7 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
             v++;
         while (end > v && isspace((unsigned char)end[-1]))
             end--;
-        size_t len = (size_t)(end - v);
-        if (len >= LR_HVAL)
-            len = LR_HVAL - 1;      /* longer values are garbage to the policy */
-        memcpy(c->hdr[i], v, len);
-        c->hdr[i][len] = '\0';
-        c->hdr_set[i] = 1;
+        capture(c, i, v, (size_t)(end - v));
     }
     return n;
 }
@@ -406,7 +526,8 @@ void lr_call_reset_response(llmretry_call *c)
     c->resp.len = 0;
     c->too_large = 0;
     c->curl_err[0] = '\0';
-    memset(c->hdr_set, 0, sizeof c->hdr_set);
+    c->interim = 0;
+    forget_headers(c);
 }
 
 void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
@@ -424,6 +545,13 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, c->curl_err);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075700
+    /* Ending a transfer that is still resolving (timeout, cancel, engine
+     * shutdown) would otherwise join the threaded resolver, stalling the
+     * I/O thread and so every call until getaddrinfo gives up. With this
+     * the resolver thread is left to finish on its own. */
+    curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
+#endif
     curl_easy_setopt(easy, CURLOPT_PRIVATE, c);
     /* Never follow redirects: the key must not reach another host. */
     curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
@@ -454,55 +582,6 @@ static char *preview_of(const char *data, size_t len)
             len--;
     }
     return lr_strndup(data, len);
-}
-
-/* A number that fits int64_t, else 0 like a missing one: casting a double
- * out of range (1e300, or inf from 1e999) to int64_t is undefined. */
-static int64_t json_int(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v))
-        return 0;
-    double d = v->valuedouble;
-    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
-        return 0;
-    return (int64_t)d;
-}
-
-static char *json_str(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(v) ? lr_strdup(v->valuestring) : NULL;
-}
-
-static void read_success(const cJSON *doc, lr_outcome *out)
-{
-    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(doc, "usage");
-    if (cJSON_IsObject(usage)) {
-        out->usage.present = 1;
-        out->usage.prompt_tokens = json_int(usage, "prompt_tokens");
-        out->usage.completion_tokens = json_int(usage, "completion_tokens");
-        out->usage.total_tokens = json_int(usage, "total_tokens");
-    }
-    out->response_model = json_str(doc, "model");
-    out->fingerprint = json_str(doc, "system_fingerprint");
-}
-
-/* The provider's error code: error.code when it is a string, else error.type. */
-static char *provider_error_code(const char *body, size_t len)
-{
-    cJSON *doc = cJSON_ParseWithLength(body, len);
-    if (!doc)
-        return NULL;
-    char *code = NULL;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(doc, "error");
-    if (cJSON_IsObject(e)) {
-        code = json_str(e, "code");
-        if (!code)
-            code = json_str(e, "type");
-    }
-    cJSON_Delete(doc);
-    return code;
 }
 
 static char *printf_alloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -582,30 +661,28 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
     if (rc != CURLE_OK) {
         classify_transport(c, rc, out);
     } else if (status >= 200 && status < 300) {
-        cJSON *doc = cJSON_ParseWithLength(c->resp.data ? c->resp.data : "", c->resp.len);
+        /* The body must be UTF-8 JSON, as every host decodes it. */
+        cJSON *doc = lr_parse_body(c->resp.data ? c->resp.data : "", c->resp.len);
         if (doc && cJSON_IsObject(doc)) {
             out->success = 1;
-            read_success(doc, out);
+            lr_read_success(doc, &out->usage, &out->response_model, &out->fingerprint);
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-            out->message = printf_alloc("HTTP %ld with a body that is not a JSON object", status);
+            out->message = printf_alloc("HTTP %ld with a body that is not a UTF-8 JSON object",
+                                        status);
         }
         cJSON_Delete(doc);
     } else {
         out->f.kind = LLMRETRY_ERR_HTTP_STATUS;
-        out->error_code = provider_error_code(c->resp.data ? c->resp.data : "", c->resp.len);
+        out->message = lr_http_error(c, status, &out->error_code);
         out->f.error_code = out->error_code;
-        if (out->error_code)
-            out->message = printf_alloc("HTTP %ld (%s)", status, out->error_code);
-        else
-            out->message = printf_alloc("HTTP %ld", status);
     }
     const char **slots[LR_H_COUNT] = {
         &out->f.retry_after, &out->f.retry_after_ms, &out->f.should_retry,
         &out->f.ratelimit_reset_requests, &out->f.ratelimit_reset_tokens,
     };
     for (int i = 0; i < LR_H_COUNT; i++)
-        *slots[i] = c->hdr_set[i] ? c->hdr[i] : NULL;
+        *slots[i] = c->hdr_set[i] ? hdr_value(c, i) : NULL;
 }
 
 void lr_outcome_clear(lr_outcome *o)

@@ -140,7 +140,7 @@ struct llmretry_call {
     /* Immutable after submit; owned copies. */
     llmretry_options o;            /* string fields point at the copies below */
     char *url, *body, *model, *policy, *ca_file;
-    char request_id[64];
+    char request_id[LLMRETRY_REQUEST_ID_MAX + 1];
     struct curl_slist *headers;
     int is_https;
     llmretry_group *group;         /* holds a group reference, or NULL */
@@ -160,7 +160,9 @@ struct llmretry_call {
     lr_buf resp;
     int too_large;
     char hdr[LR_H_COUNT][LR_HVAL];
+    char *hdr_long[LR_H_COUNT];    /* values too long for hdr (malloc'd) */
     int hdr_set[LR_H_COUNT];
+    int interim;                   /* reading a 1xx response's headers */
     char curl_err[CURL_ERROR_SIZE];
     size_t heap_index;             /* in the timer heap, or LR_NO_TIMER */
     int64_t wake_at;               /* the timer's time (heap key) */
@@ -231,6 +233,17 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out);
 void lr_outcome_clear(lr_outcome *o);
 /* The first 500 bytes of the last response body (malloc'd), or NULL. */
 char *lr_call_preview(const llmretry_call *c);
+
+/* ---- response.c: judging what the server sent ------------------------ */
+/* A 2xx body as the hosts will read it: NULL unless it is UTF-8 JSON with
+ * no raw control characters in strings (the caller frees the tree). */
+struct cJSON *lr_parse_body(const char *text, size_t n);
+/* Usage (only sane counts), model and fingerprint of a 2xx document. */
+void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
+                     char **fingerprint);
+/* "HTTP 404 from /v1/chat/completions (code)", escaped (malloc'd);
+ * *error_code gets the provider's code (malloc'd) or NULL. */
+char *lr_http_error(const llmretry_call *c, long status, char **error_code);
 
 /* ---- events.c ---------------------------------------------------------- */
 llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);

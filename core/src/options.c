@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 /* A typo like 1000 would turn one failing endpoint into hours of retries. */
 #define MAX_RETRIES_LIMIT 100
@@ -78,8 +79,27 @@ static int is_tchar(unsigned char c)
            (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
 }
 
+/* Does header line h ("Name: value") have this name (case-insensitive)? */
+static int header_is(const char *h, const char *name)
+{
+    size_t n = strlen(name);
+    return strncasecmp(h, name, n) == 0 && h[n] == ':';
+}
+
+/* Headers the caller cannot set: libcurl frames the request (a second
+ * Content-Length or Transfer-Encoding smuggles a request past proxies;
+ * Host must match the URL), and the ids have their own options. */
+static const char *const reserved_headers[][2] = {
+    {"Content-Length", "libcurl sets it from the body"},
+    {"Transfer-Encoding", "libcurl frames the body"},
+    {"Host", "it comes from the URL"},
+    {"X-Client-Request-Id", "use request_id"},
+    {"Idempotency-Key", "use idempotency_key"},
+};
+
 /* Header values are never echoed: a caller may pass its own Authorization. */
-static llmretry_status check_header(const char *h, size_t i, char *err, size_t errlen)
+static llmretry_status check_header(const llmretry_options *o, const char *h, size_t i,
+                                    char *err, size_t errlen)
 {
     const char *colon;
     if (!h)
@@ -96,6 +116,15 @@ static llmretry_status check_header(const char *h, size_t i, char *err, size_t e
             return fail(err, errlen, "headers[%zu] has an invalid character in its name", i);
     if (has_ctl(colon + 1))
         return fail(err, errlen, "headers[%zu] must not contain control characters", i);
+    for (size_t k = 0; k < sizeof reserved_headers / sizeof reserved_headers[0]; k++)
+        if (header_is(h, reserved_headers[k][0]))
+            return fail(err, errlen, "headers[%zu] must not set %s (%s)", i,
+                        reserved_headers[k][0], reserved_headers[k][1]);
+    /* Never two Authorization headers. (A key from $OPENAI_API_KEY yields
+     * to the caller's own header instead: see llmretry_options.headers.) */
+    if (o->api_key && *o->api_key && header_is(h, "Authorization"))
+        return fail(err, errlen, "headers[%zu] must not set Authorization when api_key is set",
+                    i);
     return LLMRETRY_OK;
 }
 
@@ -137,10 +166,13 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
     if (o->n_headers > 0 && !o->headers)
         return fail(err, errlen, "headers must not be NULL when n_headers is %zu", o->n_headers);
     for (size_t i = 0; i < o->n_headers; i++)
-        if ((st = check_header(o->headers[i], i, err, errlen)) != LLMRETRY_OK)
+        if ((st = check_header(o, o->headers[i], i, err, errlen)) != LLMRETRY_OK)
             return st;
     if ((st = check_id("request_id", o->request_id, err, errlen)) != LLMRETRY_OK)
         return st;
+    if (o->request_id && strlen(o->request_id) > LLMRETRY_REQUEST_ID_MAX)
+        return fail(err, errlen, "request_id must be at most %d bytes (got %zu)",
+                    LLMRETRY_REQUEST_ID_MAX, strlen(o->request_id));
     if ((st = check_id("idempotency_key", o->idempotency_key, err, errlen)) != LLMRETRY_OK)
         return st;
     if (o->timeout_ms <= 0)

@@ -5,9 +5,11 @@
 
 #include <string.h>
 
-/* A server wait above ~31.7 years is a bug or an attack, not a schedule:
- * treating it as unusable also keeps all arithmetic far from overflow. */
-#define ABSURD_MS INT64_C(1000000000000)
+/* A server wait above ~31.7 years is a bug or an attack, not a schedule.
+ * Such waits saturate here (DESIGN §2 rule 6: a number too big to
+ * represent is "too long", not "unparseable"), which also keeps all
+ * arithmetic far from overflow. */
+#define ABSURD_MS LLMRETRY_MAX_WAIT_MS
 #define ABSURD_NS (ABSURD_MS * 1000000)
 #define MS_PER_DAY INT64_C(86400000)
 
@@ -129,6 +131,8 @@ static int64_t parse_number_ms(const char *value, int64_t ms_per_unit)
     if (!read_decimal(&p, end, &d) || p != end)
         return -1;
     v = scale_decimal(&d, ms_per_unit, ABSURD_MS);
+    if (v < 0)
+        return ABSURD_MS;           /* above the limit: saturate */
     return v > 0 ? v : -1;
 }
 
@@ -262,8 +266,10 @@ int64_t llmretry_parse_retry_after(const char *value, int64_t now_unix_ms)
         return parse_number_ms(value, 1000);
     at = parse_http_date(p, end, now_unix_ms);
     /* at - now cannot overflow once now is known to be within ABSURD of at. */
-    if (at < 0 || now_unix_ms >= at || now_unix_ms < at - ABSURD_MS)
+    if (at < 0 || now_unix_ms >= at)
         return -1;
+    if (now_unix_ms < at - ABSURD_MS)
+        return ABSURD_MS;
     return at - now_unix_ms;
 }
 
@@ -301,9 +307,11 @@ int64_t llmretry_parse_reset_duration(const char *value)
         int64_t unit, v;
         if (!read_decimal(&p, end, &d) || (unit = read_unit(&p, end)) == 0)
             return -1;
-        if ((v = scale_decimal(&d, unit, ABSURD_NS - ns)) < 0)
-            return -1;
-        ns += v;
+        /* Too big to add up: saturated, once the rest is known to parse. */
+        if (ns < ABSURD_NS && (v = scale_decimal(&d, unit, ABSURD_NS - ns)) >= 0)
+            ns += v;
+        else
+            ns = ABSURD_NS;
     }
     /* Sub-millisecond waits round up so "250us" still waits. */
     return ns > 0 ? (ns + 999999) / 1000000 : -1;

@@ -672,6 +672,143 @@ static void test_absurd_usage(llmretry_engine *e)
     }
     log_free(&l);
     llmretry_call_free(c);
+
+    /* Counts that are not whole numbers in 0..2^53 are not counts: they
+     * are left out of the usage (0, as when absent) and stay in the body. */
+    if (script("bad_usage", "{\"steps\": [{\"usage\": {\"prompt_tokens\": -5, "
+                            "\"completion_tokens\": 2.5, \"total_tokens\": 1e16}}]}") != 0)
+        return;
+    opts_for(&o, "bad_usage", url, sizeof url);
+    c = run(e, &o, &l, 5000);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok && r->usage.present);
+    if (r && r->ok) {
+        CHECK_INT(r->usage.prompt_tokens, 0);
+        CHECK_INT(r->usage.completion_tokens, 0);
+        CHECK_INT(r->usage.total_tokens, 0);
+        CHECK(r->body && strstr(r->body, "-5") && strstr(r->body, "2.5"));
+    }
+    log_free(&l);
+    llmretry_call_free(c);
+    if (script("edge_usage", "{\"steps\": [{\"usage\": {\"prompt_tokens\": 0, "
+                             "\"completion_tokens\": 9007199254740992, \"total_tokens\": 3.0}}]}") != 0)
+        return;
+    opts_for(&o, "edge_usage", url, sizeof url);
+    c = run(e, &o, &l, 5000);
+    r = c ? llmretry_call_result(c) : NULL;
+    if (r && r->ok) {
+        CHECK_INT(r->usage.completion_tokens, INT64_C(9007199254740992));
+        CHECK_INT(r->usage.total_tokens, 3);
+    }
+    log_free(&l);
+    llmretry_call_free(c);
+}
+
+/* Header `h` (lower case) of the last request the mock recorded for a
+ * scenario (malloc'd), NULL when absent. */
+static char *last_header(const char *name, const char *h)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+    const cJSON *hs = n > 0 ? cJSON_GetObjectItem(cJSON_GetArrayItem(a, n - 1), "headers") : NULL;
+    const cJSON *v = hs ? cJSON_GetObjectItem(hs, h) : NULL;
+    char *out = cJSON_IsString(v) ? strdup(v->valuestring) : NULL;
+    cJSON_Delete(a);
+    return out;
+}
+
+/* What the caller sends: a request_id of up to 256 bytes whole (it was cut
+ * at 63), never two Authorization or Content-Type lines, and a header of
+ * only blanks sent empty, not dropped (issue 13, items 13 and 14). */
+static void test_sent_headers(llmretry_engine *e)
+{
+    char url[128], id[257], *v;
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("sent_headers", "{\"steps\": []}") != 0)
+        return;
+    memset(id, 'i', 256);
+    id[256] = '\0';
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.request_id = id;
+    llmretry_call *c = run(e, &o, &l, 5000);
+    CHECK(c && strcmp(llmretry_call_request_id(c), id) == 0);
+    CHECK_STR((v = last_header("sent_headers", "x-client-request-id")), id);
+    free(v);
+    log_free(&l);
+    llmretry_call_free(c);
+
+    static const char *const hs[] = {"Authorization: Bearer caller-own", "content-type: text/x-mine",
+                                     "X-Blank: \t "};
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.api_key = NULL;
+    o.use_env_api_key = 1;
+    o.headers = hs;
+    o.n_headers = 3;
+    setenv("OPENAI_API_KEY", "sk-from-env", 1);
+    c = run(e, &o, &l, 5000);
+    unsetenv("OPENAI_API_KEY");
+    CHECK_STR((v = last_header("sent_headers", "authorization")), "Bearer caller-own");
+    free(v);
+    CHECK_STR((v = last_header("sent_headers", "content-type")), "text/x-mine");
+    free(v);
+    CHECK_STR((v = last_header("sent_headers", "x-blank")), "");
+    free(v);
+    log_free(&l);
+    llmretry_call_free(c);
+
+    /* An explicit key and an Authorization header: refused before any I/O. */
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.headers = hs;
+    o.n_headers = 1;
+    char err[LLMRETRY_ERRBUF] = "";
+    c = NULL;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK(strstr(err, "Authorization") && !strstr(err, "caller-own") && !c);
+    id[0] = '\0';
+    char long_id[300];
+    memset(long_id, 'x', 299);
+    long_id[299] = '\0';
+    opts_for(&o, "sent_headers", url, sizeof url);
+    o.request_id = long_id;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK(strstr(err, "request_id") != NULL);
+}
+
+/* OpenAI's endpoint by default and no key: refused at once, naming
+ * OPENAI_API_KEY (it took 4 attempts and 7 s to fail). */
+static void test_default_endpoint_needs_key(llmretry_engine *e)
+{
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_call *c = NULL;
+    opts_for(&o, "default_key", url, sizeof url);
+    o.base_url = NULL;
+    o.api_key = NULL;
+    o.use_env_api_key = 1;
+    unsetenv("OPENAI_BASE_URL");
+    setenv("OPENAI_API_KEY", "", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "OPENAI_API_KEY") && strstr(err, "api_key"), "message: %s", err);
+    CHECK(th_now_ms() - t0 < 1000 && c == NULL);
+    unsetenv("OPENAI_API_KEY");
+    o.use_env_api_key = 0;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "OPENAI_API_KEY") != NULL, "message: %s", err);
+    /* Another server, from the environment, may need no key. */
+    mail_log l = { 0 };
+    if (script("default_key", "{\"steps\": []}") != 0)
+        return;
+    setenv("OPENAI_BASE_URL", url, 1);
+    c = run(e, &o, &l, 5000);
+    unsetenv("OPENAI_BASE_URL");
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok);
+    log_free(&l);
+    llmretry_call_free(c);
 }
 
 /* Host-side validation: a rejection is an invalid_response the policy
@@ -966,6 +1103,8 @@ int main(void)
             { "blocking", test_blocking },
             { "validation", test_validation },
             { "absurd_usage", test_absurd_usage },
+            { "sent_headers", test_sent_headers },
+            { "default_endpoint_needs_key", test_default_endpoint_needs_key },
             { "policy_in_events", test_policy_in_events },
             { "stalls", test_stalls },
             { "never_connected", test_never_connected },

@@ -197,6 +197,22 @@ static void test_strings(void)
     }
 }
 
+/* request_id: up to LLMRETRY_REQUEST_ID_MAX bytes, longer refused (it
+ * was cut silently at 63). */
+static void test_request_id_length(void)
+{
+    char id[LLMRETRY_REQUEST_ID_MAX + 2];
+    memset(id, 'r', sizeof id - 1);
+    id[sizeof id - 1] = '\0';
+    llmretry_options o = valid();
+    char err[LLMRETRY_ERRBUF] = "";
+    o.request_id = id;
+    CHECK_INT(llmretry_options_check(&o, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_STR(err, "request_id must be at most 256 bytes (got 257)");
+    id[LLMRETRY_REQUEST_ID_MAX] = '\0';
+    CHECK_INT(llmretry_options_check(&o, err, sizeof err), LLMRETRY_OK);
+}
+
 static void test_headers(void)
 {
     static const struct { const char *h[3]; size_t n; const char *want; } t[] = {
@@ -215,6 +231,16 @@ static void test_headers(void)
         {{"X(A): v"}, 1, "headers[0] has an invalid character in its name"},
         {{"X-A: a\x01"}, 1, "headers[0] must not contain control characters"},
         {{"X-A: a\x7f"}, 1, "headers[0] must not contain control characters"},
+        {{"X-A: \t"}, 1, NULL},
+        /* framing, and the ids that have their own options (issue 13) */
+        {{"X-A: 1", "Content-Length: 5"}, 2, "headers[1] must not set Content-Length (libcurl sets it from the body)"},
+        {{"content-length:5"}, 1, "headers[0] must not set Content-Length (libcurl sets it from the body)"},
+        {{"TRANSFER-ENCODING: chunked"}, 1, "headers[0] must not set Transfer-Encoding (libcurl frames the body)"},
+        {{"host: evil.example"}, 1, "headers[0] must not set Host (it comes from the URL)"},
+        {{"x-client-request-id: r"}, 1, "headers[0] must not set X-Client-Request-Id (use request_id)"},
+        {{"Idempotency-Key: k"}, 1, "headers[0] must not set Idempotency-Key (use idempotency_key)"},
+        {{"Hostname: x", "Content-Lengths: 1"}, 2, NULL},
+        {{"Authorization: Bearer mine"}, 1, NULL},   /* no api_key here */
     };
     for (size_t i = 0; i < N_OF(t); i++) {
         llmretry_options o = valid();
@@ -229,6 +255,19 @@ static void test_headers(void)
             CHECK_MSG(st == LLMRETRY_EINVAL && strcmp(err, t[i].want) == 0,
                       "headers #%zu: got %s \"%s\", want \"%s\"", i, llmretry_status_name(st),
                       err, t[i].want);
+    }
+    {
+        /* Never two Authorization headers. */
+        static const char *const auth[] = {"X-A: 1", "authorization: Bearer other"};
+        llmretry_options o = valid();
+        char err[LLMRETRY_ERRBUF] = "";
+        o.api_key = "sk-secret-key";
+        o.headers = auth;
+        o.n_headers = 2;
+        CHECK_INT(llmretry_options_check(&o, err, sizeof err), LLMRETRY_EINVAL);
+        CHECK_STR(err, "headers[1] must not set Authorization when api_key is set");
+        o.api_key = "";
+        CHECK_INT(llmretry_options_check(&o, err, sizeof err), LLMRETRY_OK);
     }
     {
         llmretry_options o = valid();
@@ -367,6 +406,7 @@ int main(void)
     test_numbers();
     test_strings();
     test_headers();
+    test_request_id_length();
     test_retry_statuses();
     test_errbuf();
     test_names();

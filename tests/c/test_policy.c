@@ -47,12 +47,14 @@ static void test_retry_after(void)
         {"1.", NOW94, -1},
         {".5", NOW94, -1},
         {"1,5", NOW94, -1},
-        /* absurd: more than 1e12 ms */
-        {"1000000000", NOW94, INT64_C(1000000000000)},
-        {"999999999.9999", NOW94, INT64_C(1000000000000)},
-        {"1000000000.0001", NOW94, -1},
-        {"1000000001", NOW94, -1},
-        {"99999999999999999999999999", NOW94, -1},
+        /* more than 1e12 ms saturates there (DESIGN §2 rule 6: too long, not garbage) */
+        {"1000000000", NOW94, LLMRETRY_MAX_WAIT_MS},
+        {"999999999.9999", NOW94, LLMRETRY_MAX_WAIT_MS},
+        {"1000000000.0001", NOW94, LLMRETRY_MAX_WAIT_MS},
+        {"1000000001", NOW94, LLMRETRY_MAX_WAIT_MS},
+        {"100000000000000000000000000", NOW94, LLMRETRY_MAX_WAIT_MS}, /* 10^26 */
+        {"1000000001.5x", NOW94, -1},
+        {"99999999999999999999999999", NOW94, LLMRETRY_MAX_WAIT_MS},
         /* IMF-fixdate */
         {"Sun, 06 Nov 1994 08:49:37 GMT", NOW94 - 30000, 30000},
         {"Sun, 06 Nov 1994 08:49:37 GMT", NOW94 - 1, 1},
@@ -60,7 +62,7 @@ static void test_retry_after(void)
         {"Sun, 06 Nov 1994 08:49:37 GMT", NOW94 + 1000, -1},
         {"  Sun, 06 Nov 1994 08:49:37 GMT\t", NOW94 - 30000, 30000},
         {"Wed, 06 Nov 2024 08:49:37 GMT", NOW94, INT64_C(946771200000)},
-        {"Sun, 06 Nov 2094 08:49:37 GMT", NOW94, -1},
+        {"Sun, 06 Nov 2094 08:49:37 GMT", NOW94, LLMRETRY_MAX_WAIT_MS}, /* 100 years: saturates */
         {"Thu, 29 Feb 2024 00:00:00 GMT", INT64_C(1709164740000), 60000},
         {"Wed, 29 Feb 2023 00:00:00 GMT", NOW94, -1},
         {"Sun, 31 Nov 1994 08:49:37 GMT", NOW94 - 30000, -1},
@@ -84,8 +86,8 @@ static void test_retry_after(void)
         {"Sunday, 06 Nov 1994 08:49:37 GMT", NOW94 - 30000, -1},
         {"Wed, 31 Dec 1969 23:59:59 GMT", -10000, -1}, /* year < 1970 */
         {"Fri, 31 Dec 9999 23:59:59 GMT", INT64_C(253402300799000) - 5000, 5000},
-        {"Fri, 31 Dec 9999 23:59:59 GMT", NOW24, -1}, /* absurdly far */
-        {"Sun, 06 Nov 1994 08:49:37 GMT", INT64_MIN, -1},
+        {"Fri, 31 Dec 9999 23:59:59 GMT", NOW24, LLMRETRY_MAX_WAIT_MS}, /* saturates */
+        {"Sun, 06 Nov 1994 08:49:37 GMT", INT64_MIN, LLMRETRY_MAX_WAIT_MS},
         {"Sun, 06 Nov 1994 08:49:37 GMT", INT64_MAX, -1},
         /* rfc850-date */
         {"Sunday, 06-Nov-94 08:49:37 GMT", NOW94 - 30000, 30000},
@@ -127,8 +129,9 @@ static void test_retry_after_ms(void)
     static const struct { const char *v; int64_t want; } t[] = {
         {"1500", 1500}, {"1", 1}, {"1.5", 2}, {"0.1", 1}, {" 20 ", 20}, {"0", -1},
         {"0.0", -1}, {"-5", -1}, {"abc", -1}, {"", -1}, {"nan", -1}, {"inf", -1},
-        {"1e3", -1}, {"20ms", -1}, {"1000000000000", INT64_C(1000000000000)},
-        {"1000000000001", -1}, {"99999999999999999999999", -1},
+        {"1e3", -1}, {"20ms", -1}, {"1000000000000", LLMRETRY_MAX_WAIT_MS},
+        {"1000000000001", LLMRETRY_MAX_WAIT_MS}, {"99999999999999999999999", LLMRETRY_MAX_WAIT_MS},
+        {"99999999999999999999999x", -1},
     };
     for (size_t i = 0; i < N_OF(t); i++) {
         int64_t got = llmretry_parse_retry_after_ms(t[i].v);
@@ -147,8 +150,8 @@ static void test_reset_duration(void)
         {"1000000ns", 1}, {"1000000ns1ns", 2}, {"0.0001ms", 1}, {"277777h", INT64_C(999997200000)},
         {"0s", -1}, {"0", -1}, {"0ms0s", -1}, {"5", -1}, {"s", -1}, {"1x", -1}, {"-1s", -1},
         {"+1s", -1}, {"1 s", -1}, {"1S", -1}, {"1.s", -1}, {".5s", -1}, {"1s ms", -1}, {"", -1},
-        {"inf", -1}, {"277778h", -1}, {"9999999999999999999999h", -1},
-        {"277777h1h", -1},
+        {"inf", -1}, {"277778h", LLMRETRY_MAX_WAIT_MS}, {"9999999999999999999999h", LLMRETRY_MAX_WAIT_MS},
+        {"277777h1h", LLMRETRY_MAX_WAIT_MS}, {"277778h1x", -1}, {"9999999999999999999999hh", -1},
     };
     for (size_t i = 0; i < N_OF(t); i++) {
         int64_t got = llmretry_parse_reset_duration(t[i].v);
@@ -370,6 +373,11 @@ static void test_decide(void)
         {"retry-after at max", P_DEF, {HTTP(503), .retry_after = "120"}, 0, NO_DL, 0, RETRY(120000, RETRY_AFTER, 120000)},
         {"retry-after just above max", P_DEF, {HTTP(503), .retry_after = "120.001"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, 120001, RETRY_AFTER, 120001)},
         {"retry-after too long", P_DEF, {HTTP(429), .retry_after = "600"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, 600000, RETRY_AFTER, 600000)},
+        {"retry-after 1000000001 s", P_DEF, {HTTP(503), .retry_after = "1000000001"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, LLMRETRY_MAX_WAIT_MS, RETRY_AFTER, LLMRETRY_MAX_WAIT_MS)},
+        {"retry-after 10^26 s", P_DEF, {HTTP(429), .retry_after = "100000000000000000000000000"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, LLMRETRY_MAX_WAIT_MS, RETRY_AFTER, LLMRETRY_MAX_WAIT_MS)},
+        {"retry-after-ms 10^26", P_DEF, {HTTP(429), .retry_after_ms = "100000000000000000000000000"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, LLMRETRY_MAX_WAIT_MS, RETRY_AFTER, LLMRETRY_MAX_WAIT_MS)},
+        {"reset 10^22 h", P_DEF, {HTTP(429), .ratelimit_reset_requests = "9999999999999999999999h"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, LLMRETRY_MAX_WAIT_MS, RATELIMIT_RESET, -1)},
+        {"retry-after year 9999", P_DEF, {HTTP(503), .retry_after = "Fri, 31 Dec 9999 23:59:59 GMT"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, LLMRETRY_MAX_WAIT_MS, RETRY_AFTER, LLMRETRY_MAX_WAIT_MS)},
         {"max_retry_after 0", P_MAXRA0, {HTTP(429), .retry_after = "1"}, 0, NO_DL, 0, STOP_AT(RETRY_AFTER_TOO_LONG, 1000, RETRY_AFTER, 1000)},
         {"max_retry_after 0 no header", P_MAXRA0, {HTTP(429)}, 0, NO_DL, 0, RETRY(800, BACKOFF, -1)},
         {"reset: larger wins", P_DEF, {HTTP(429), .ratelimit_reset_requests = "1s", .ratelimit_reset_tokens = "6s"}, 0, NO_DL, 0, RETRY(6000, RATELIMIT_RESET, -1)},

@@ -95,17 +95,20 @@ def test_whitespace_around_the_body_is_json(scen: Scenario) -> None:
     assert out[0].data == res.data
 
 
-# A raw newline inside a JSON string: the core's parser takes it, Python's
-# json (strict) does not, so the item is an error saying so, not a Result.
+# A raw newline inside a JSON string: cJSON alone would take it, Python's
+# json (strict) does not. The core judges a 2xx body for every host (it must
+# be UTF-8 JSON), so this is an invalid response, retried like one.
 UNPARSABLE = ('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
               '"message": {"role": "assistant", "content": "a\nb"}, "finish_reason": "stop"}]}')
 
 
 def test_a_body_python_cannot_parse_is_an_error(scen: Scenario) -> None:
     scen.script([{"body": UNPARSABLE}])
-    with pytest.raises(llmretry.InvalidResponseError, match="cannot parse") as info:
-        llmretry.call_llm(secret_body("bad"), **opts(scen))
+    with pytest.raises(llmretry.InvalidResponseError, match="UTF-8 JSON") as info:
+        llmretry.call_llm(secret_body("bad"), **opts(scen, max_retries=0))
     assert info.value.status == 200 and info.value.attempts == 1
+    scen.script([{"body": UNPARSABLE}, {}])
+    assert llmretry.call_llm(secret_body("bad"), **opts(scen)).meta.attempts == 2
 
 
 @pytest.mark.parametrize("watched", [False, True], ids=["recorded-at-end", "item-by-item"])
@@ -115,8 +118,10 @@ def test_batch_values_and_summary_either_way(scen: Scenario, watched: bool) -> N
     scen.script([{}, {"status": 503}, {}, {"body": UNPARSABLE}, {"status": 400}, {}])
     seen: List[Any] = []
     extra: Dict[str, Any] = {"progress": lambda d, t, f: seen.append((d, f))} if watched else {}
+    # retry_invalid_response=False: the unparsable body is not retried, so
+    # each item takes the scripted step meant for it.
     out = llmretry.call_many([secret_body(f"w{i}") for i in range(5)], limit=1,
-                             **opts(scen, **extra))
+                             **opts(scen, retry_invalid_response=False, **extra))
     kinds = [type(v).__name__ for v in out]
     assert kinds == ["Result", "Result", "InvalidResponseError", "HTTPStatusError", "Result"]
     s = out.summary
