@@ -159,8 +159,11 @@ static PyObject *parse_body(const module_state *st, const char *body, size_t len
         }
     }
     Py_DECREF(text);
+    /* A RecursionError too: cJSON accepted up to 1000 levels, the scanner
+     * recurses out earlier; the package's parser says so as a ValueError. */
     if (!value && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_StopIteration) ||
-                   PyErr_ExceptionMatches(PyExc_ValueError))) {
+                   PyErr_ExceptionMatches(PyExc_ValueError) ||
+                   PyErr_ExceptionMatches(PyExc_RecursionError))) {
         PyErr_Clear();
         PyObject *b = PyBytes_FromStringAndSize(body, (Py_ssize_t)len);
         if (b) {

@@ -312,7 +312,7 @@ def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
     for line in _read_lines(path):
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(rec, dict) and type(rec.get("index")) is int:
             out[rec["index"]] = rec
@@ -355,7 +355,7 @@ def _item_json(item: Any) -> Any:
     if isinstance(item, str):
         try:
             return json.loads(item)
-        except ValueError:
+        except (ValueError, RecursionError):
             return item
     return item
 

@@ -322,15 +322,25 @@ _scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _parse_json(body: bytes) -> Any:
-    """Parse a response body (ValueError when it is not UTF-8 JSON)."""
-    text = body.decode("utf-8")
+    """Parse a response body (ValueError when it is not UTF-8 JSON, or when
+    Python's decoder cannot follow its nesting).
+
+    cJSON accepts 1000 levels; Python's decoder recurses and gives up
+    earlier, how much earlier depending on the caller's stack. That is the
+    server's body failing to decode, so it is a ValueError like any other
+    (an invalid response), never a RecursionError escaping a call or a batch.
+    """
     try:
-        value, end = _scan_once(text, 0)
-    except StopIteration:   # leading whitespace, or not JSON: let loads tell
-        return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return value
+        text = body.decode("utf-8")
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:   # leading whitespace, or not JSON: let loads tell
+            return json.loads(text)
+        if end != len(text):
+            return json.loads(text)
+        return value
+    except RecursionError:
+        raise ValueError("the body is nested too deeply for Python's JSON decoder") from None
 
 
 # call_many's successes are made Results by the extension, straight from

@@ -54,7 +54,7 @@ from ._client import Client, Result, _encode_body
 from ._llmretry import VERSION
 from ._logging import jsonl_logger
 from ._policies import load_policies
-from .errors import LLMError
+from .errors import InvalidResponseError, LLMError
 
 __all__ = ["main"]
 
@@ -343,8 +343,8 @@ def _read_results(path: str, n: int) -> Dict[int, str]:
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
-            continue        # a line cut short by a crash
+        except (ValueError, RecursionError):
+            continue        # a line cut short by a crash, or one Python cannot read
         if not isinstance(rec, dict) or type(rec.get("index")) is not int:
             continue
         index = rec["index"]
@@ -385,7 +385,7 @@ class _ResultsFile:
         for line in _batch._read_lines(self.path):
             try:
                 rec = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(rec, dict) and type(rec.get("index")) is int:
                 by_index[rec["index"]] = line
@@ -440,8 +440,32 @@ class _CliBatch(_batch.Batch):
 
     def item_done(self, index: int, value: Any, failed: bool,
                   outcome: Optional[Any] = None, not_started: bool = False) -> None:
+        if not failed and isinstance(value, Result) and not _writable(value):
+            value, failed = _unwritable(value), True
         with self.interrupts.critical():
             super().item_done(index, value, failed, outcome, not_started)
+
+
+def _writable(res: Result) -> bool:
+    """Whether a result's data can be written as a results line: data that
+    Python's decoder just managed to read (near its recursion limit) may be
+    too deep for its encoder, which runs on a deeper stack."""
+    try:
+        _LINE.encode(res.data)
+    except RecursionError:
+        return False
+    return True
+
+
+def _unwritable(res: Result) -> LLMError:
+    """A success the results file cannot hold, as the invalid response it is
+    to this command: a failure, listed as such and run again by --resume."""
+    m = res.meta
+    return InvalidResponseError(
+        f"HTTP {m.status} with a body nested too deeply to be written as a results line",
+        status=m.status, attempt=m.attempt, attempts=m.attempts, request_id=m.request_id,
+        reason="not_retryable", model=m.model, duration_ms=m.duration_ms,
+        total_ms=m.total_ms)
 
 
 def run_batch(args: argparse.Namespace) -> int:

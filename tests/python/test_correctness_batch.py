@@ -1,0 +1,133 @@
+"""Issue 13, the batch side: what a hostile body, a long Retry-After and
+Ctrl-C do to call_llm, call_many and ``llmretry batch``.
+
+A body nested ~990 levels is JSON to cJSON (it allows 1000) but too deep
+for Python's recursive decoder once the caller's stack is not shallow: it
+must be an invalid response, never a RecursionError escaping a call or a
+batch. ``at_depth`` puts each call under a stack such as an application's
+(how deep pytest itself is does not decide whether the test shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, TypeVar
+
+import pytest
+
+import llmretry
+from conftest import FAST, SECRET_KEY, Scenario, child_env, secret_body
+from llmretry import cli
+
+T = TypeVar("T")
+
+LEVELS = 990
+DEEP = '{"a":' + "[" * LEVELS + "]" * LEVELS + "}"
+FAST_ARGS = ["--base-delay-ms", "10", "--max-delay-ms", "50", "--jitter", "none",
+             "--timeout-ms", "5000"]
+
+
+def at_depth(frames: int, fn: Callable[[], T]) -> T:
+    """fn() called under `frames` more Python frames."""
+    return fn() if frames <= 0 else at_depth(frames - 1, fn)
+
+
+def opts(scen: Scenario, **kw: Any) -> Dict[str, Any]:
+    o: Dict[str, Any] = dict(FAST, base_url=scen.url, api_key=SECRET_KEY, logger=None)
+    o.update(kw)
+    return o
+
+
+def write_requests(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": f"SECRET-PROMPT-q{i}"}]}) + "\n" for i in range(n)),
+        encoding="utf-8")
+
+
+def request_index(rec: Dict[str, Any]) -> int:
+    return int(json.loads(rec["body"])["messages"][-1]["content"].rsplit("q", 1)[1])
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+# ---------------------------------------------------------------------------
+# Item 9: a body too deep for Python's decoder
+
+
+def test_deep_body_is_an_invalid_response_of_call_llm(scen: Scenario) -> None:
+    scen.script([{"body": DEEP}])
+    with pytest.raises(llmretry.InvalidResponseError, match="nested too deeply") as info:
+        at_depth(150, lambda: llmretry.call_llm(secret_body("deep"), **opts(scen)))
+    err = info.value
+    assert err.kind == "invalid_response" and err.status == 200
+    assert err.request_id and err.request_id in str(err)
+
+
+def test_deep_body_under_validate_is_rejected_and_retried(scen: Scenario) -> None:
+    """With a validator the parse is the engine's validation step: the
+    rejection goes back to the engine, which retries as for any invalid
+    response."""
+    scen.script([{"body": DEEP}, {}])
+    res = at_depth(150, lambda: llmretry.call_llm(
+        secret_body("deep"), validate=lambda data: True,
+        **opts(scen, retry_invalid_response=True)))
+    assert res.meta.attempts == 2 and res.data["object"] == "chat.completion"
+
+
+def test_deep_body_fails_one_item_of_call_many(scen: Scenario) -> None:
+    scen.script([{}, {"body": DEEP}, {}])
+    out = at_depth(150, lambda: llmretry.call_many(
+        [secret_body(f"m{i}") for i in range(3)], limit=1, **opts(scen)))
+    assert [type(v).__name__ for v in out] == ["Result", "InvalidResponseError", "Result"]
+    assert out[1].request_id and out.summary.failed == 1
+
+
+def test_deep_body_fails_one_item_of_the_cli_batch_then_resume(
+        scen: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY)
+    req, res, fail = tmp_path / "r.jsonl", tmp_path / "out.jsonl", tmp_path / "f.jsonl"
+    write_requests(req, 3)
+    scen.script([{}, {"body": DEEP}, {}])
+    args = ["batch", str(req), "-o", str(res), "--failures", str(fail), "--limit", "1",
+            "--base-url", scen.url, "--no-progress", *FAST_ARGS]
+    code = at_depth(150, lambda: cli.main(args))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    lines = read_jsonl(res)
+    assert [rec["ok"] for rec in lines] == [True, False, True]
+    assert lines[1]["error"]["kind"] == "invalid_response"
+    assert lines[1]["error"]["request_id"]
+    assert [rec["index"] for rec in read_jsonl(fail)] == [1]
+    done = Path(f"{fail}.done").read_text(encoding="ascii").splitlines()[1:]
+    assert sorted(int(x) for x in done) == [0, 2]
+    code = at_depth(150, lambda: cli.main(args + ["--resume"]))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert [request_index(r) for r in scen.requests()[3:]] == [1]
+    assert [rec["ok"] for rec in read_jsonl(res)] == [True, True, True]
+
+
+def test_resume_reruns_a_results_line_too_deep_to_read(
+        scen: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY)
+    """A results line Python cannot read back (written by a run whose stack
+    let it through) is not done: resume runs it again instead of failing."""
+    req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
+    write_requests(req, 2)
+    res.write_text('{"index":0,"ok":true,"data":' + DEEP + "}\n"
+                   '{"index":1,"ok":true,"data":{}}\n', encoding="utf-8")
+    args = ["batch", str(req), "-o", str(res), "--resume", "--base-url", scen.url,
+            "--no-progress", *FAST_ARGS]
+    code = at_depth(150, lambda: cli.main(args))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert [request_index(r) for r in scen.requests()] == [0]
+    assert [rec["ok"] for rec in read_jsonl(res)] == [True, True]
