@@ -131,3 +131,70 @@ def test_resume_reruns_a_results_line_too_deep_to_read(
     assert code == 0, err
     assert [request_index(r) for r in scen.requests()] == [0]
     assert [rec["ok"] for rec in read_jsonl(res)] == [True, True]
+
+
+# ---------------------------------------------------------------------------
+# Item 3: a Retry-After above max_retry_after_ms never pauses a batch.
+#
+# The call that got it gives up (retry_after_too_long); the other items must
+# finish in well under the server's wait. The tests marked ENGINE-DEPENDENT
+# fail until the engine's batch pause (core/src/engine.c, handle_failure's
+# llmretry_pacer_on_429) ignores a wait the call itself refused.
+
+LONG_429 = {"status": 429, "headers": {"Retry-After": "100000"}}
+N_ITEMS = 6
+
+
+def check_one_gave_up(values: List[Any]) -> None:
+    gave_up = [v for v in values if isinstance(v, llmretry.LLMError)]
+    assert len(gave_up) == 1, [repr(v) for v in values]
+    assert gave_up[0].reason == "retry_after_too_long"
+    assert sum(isinstance(v, llmretry.Result) for v in values) == len(values) - 1
+
+
+def test_long_retry_after_does_not_pause_call_many(scen: Scenario) -> None:
+    """ENGINE-DEPENDENT."""
+    scen.script([LONG_429], after={"delay_ms": 5})
+    t0 = time.monotonic()
+    out = llmretry.call_many([secret_body(f"r{i}") for i in range(N_ITEMS)], limit=2,
+                             deadline_ms=6000, **opts(scen, max_retry_after_ms=1000))
+    wall = time.monotonic() - t0
+    check_one_gave_up(list(out))
+    assert wall < 5.0, f"the batch took {wall:.1f} s: paused for the server's wait"
+
+
+def test_long_retry_after_does_not_pause_map_with_concurrency(scen: Scenario) -> None:
+    """The thread pool's own pause (bindings/python/pool.c) follows only a
+    scheduled retry, so a refused wait does not pause it either."""
+    scen.script([LONG_429], after={"delay_ms": 5})
+    o = opts(scen, max_retry_after_ms=1000)
+    del o["logger"]
+    with llmretry.Client(**o) as client:
+        t0 = time.monotonic()
+        out = client.map_with_concurrency(
+            range(N_ITEMS), 2, lambda i, _k: client.call_llm(secret_body(f"p{i}")),
+            return_exceptions=True, deadline_ms=6000, logger=None)
+        wall = time.monotonic() - t0
+    check_one_gave_up(list(out))
+    assert wall < 5.0, f"the pool took {wall:.1f} s: paused for the server's wait"
+
+
+def test_long_retry_after_does_not_pause_the_cli_batch(scen: Scenario, tmp_path: Path) -> None:
+    """ENGINE-DEPENDENT."""
+    req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
+    write_requests(req, N_ITEMS)
+    scen.script([LONG_429], after={"delay_ms": 5})
+    env = child_env()
+    env["OPENAI_API_KEY"] = SECRET_KEY
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "llmretry", "batch", str(req), "-o", str(res),
+                        "--limit", "2", "--deadline-ms", "6000", "--base-url", scen.url,
+                        "--no-progress", *FAST_ARGS],
+                       capture_output=True, text=True, env=env, timeout=60)
+    wall = time.monotonic() - t0
+    assert p.returncode == 1, p.stderr
+    lines = read_jsonl(res)
+    failed = [rec for rec in lines if not rec["ok"]]
+    assert len(lines) == N_ITEMS and len(failed) == 1, p.stderr
+    assert failed[0]["error"]["reason"] == "retry_after_too_long"
+    assert wall < 5.0, f"the batch took {wall:.1f} s: paused for the server's wait"
