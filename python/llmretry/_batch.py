@@ -194,6 +194,53 @@ class BatchResult(List[Any]):
                 f"skipped={s.skipped})")
 
 
+class BatchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a notebook's interrupt) during ``call_many`` or
+    ``map_with_concurrency``: a ``KeyboardInterrupt`` that keeps what
+    finished before it.
+
+    ``partial`` (also ``result``) is the batch's :class:`BatchResult`: each
+    item that finished holds its value or its exception, as in a complete
+    run; the items that had not finished hold None (:data:`SKIPPED` those
+    a resumed run did not run). Its summary has ``completed=False``.
+    The calls in flight were cancelled; the failures file, when there is
+    one, records every item that finished, so ``resume`` runs the rest.
+
+    Example::
+
+        try:
+            out = llmretry.call_many(bodies, limit=4)
+        except llmretry.BatchInterrupted as stop:
+            out = stop.partial      # keep what is done
+    """
+
+    __module__ = "llmretry"     # its public name, in tracebacks too
+
+    def __init__(self, partial: BatchResult) -> None:
+        s = partial.summary
+        super().__init__(f"batch interrupted: {s.ok} ok, {s.failed} failed, "
+                         f"{s.items - s.ok - s.failed - s.skipped} unfinished "
+                         f"of {s.items} items")
+        self.partial = partial
+
+    @property
+    def result(self) -> BatchResult:
+        """The same as :attr:`partial`."""
+        return self.partial
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (BatchInterrupted, (self.partial,))
+
+
+def interrupted(batch: "Batch", exc: KeyboardInterrupt) -> KeyboardInterrupt:
+    """What to raise for a KeyboardInterrupt that ended ``batch`` (already
+    finished): a BatchInterrupted with its partial result, unless ``exc``
+    already is one (a nested batch's: it carries that batch's items)."""
+    if isinstance(exc, BatchInterrupted):
+        return exc
+    return BatchInterrupted(batch.result()).with_traceback(exc.__traceback__)
+
+
 def not_started_error(deadline_ms: Optional[int]) -> LLMError:
     """The DeadlineExceededError of an item the batch deadline kept from starting."""
     when = f" ({deadline_ms} ms)" if deadline_ms is not None else ""

@@ -836,7 +836,18 @@ class Client:
         Every request runs on the engine thread; this thread only waits,
         delivers events and builds the results, item by item, for the
         batch's record (``already_ok``: indices not to run, as Batch.open).
+        Ctrl-C raises BatchInterrupted, holding what finished.
         """
+        try:
+            return self._run_batch_inner(batch, encoded, plan, limit, deadline_ms, adaptive,
+                                         already_ok)
+        except KeyboardInterrupt as exc:
+            raise _batch.interrupted(batch, exc) from None
+
+    def _run_batch_inner(self, batch: "_batch.Batch",
+                         encoded: Sequence[Tuple[bytes, Optional[str]]], plan: _Plan,
+                         limit: int, deadline_ms: Optional[int], adaptive: bool,
+                         already_ok: Optional[Any]) -> BatchResult:
         with batch:
             batch.open(already_ok)
             to_run = batch.to_run
@@ -1097,8 +1108,9 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     The summary (items ok and failed, attempts, retries, tokens, elapsed)
     is ``result.summary`` and is emitted as an ``llm_batch_summary`` event
     to ``logger``. Ctrl-C cancels the calls in flight and raises
-    ``KeyboardInterrupt``; the failures file then lists every item that
-    failed before it, and ``resume`` runs the rest.
+    :class:`BatchInterrupted` (a ``KeyboardInterrupt``) whose ``partial``
+    is the BatchResult of what finished; the failures file then lists every
+    item that failed before it, and ``resume`` runs the rest.
 
     Example::
 

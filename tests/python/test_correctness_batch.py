@@ -11,6 +11,7 @@ batch. ``at_depth`` puts each call under a stack such as an application's
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -198,3 +199,65 @@ def test_long_retry_after_does_not_pause_the_cli_batch(scen: Scenario, tmp_path:
     assert len(lines) == N_ITEMS and len(failed) == 1, p.stderr
     assert failed[0]["error"]["reason"] == "retry_after_too_long"
     assert wall < 5.0, f"the batch took {wall:.1f} s: paused for the server's wait"
+
+
+# ---------------------------------------------------------------------------
+# Item 17: Ctrl-C in a batch gives back what finished.
+
+INTERRUPT_CHILD = r"""
+import json, pickle, sys, llmretry
+base_url, mode = sys.argv[1], sys.argv[2]
+bodies = [{"model": "m", "messages": [{"role": "user", "content": "SECRET-PROMPT-%d" % i}]}
+          for i in range(4)]
+opts = dict(base_url=base_url, api_key="k", timeout_ms=60000, max_retries=0, logger=None)
+seen = []
+print("READY", flush=True)
+try:
+    if mode == "call_many":
+        llmretry.call_many(bodies, limit=4, **opts)
+    elif mode == "call_many_watched":
+        llmretry.call_many(bodies, limit=4, on_result=lambda i, v: seen.append(i), **opts)
+    else:
+        with llmretry.Client(**opts) as client:
+            llmretry.map_with_concurrency(bodies, 4, lambda b, i: client.call_llm(b),
+                                          return_exceptions=True, logger=None)
+except llmretry.BatchInterrupted as stop:
+    assert isinstance(stop, KeyboardInterrupt) and stop.result is stop.partial
+    again = pickle.loads(pickle.dumps(stop))
+    print("PARTIAL " + json.dumps({
+        "types": [type(v).__name__ for v in stop.partial],
+        "ok": stop.partial.summary.ok, "completed": stop.partial.summary.completed,
+        "pickled": [type(v).__name__ for v in again.partial],
+        "text": str(stop) + repr(stop)}), flush=True)
+    sys.exit(130)
+print("RETURNED", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["call_many", "call_many_watched", "map"])
+def test_sigint_in_a_batch_raises_batch_interrupted_with_what_finished(
+        scen: Scenario, mode: str) -> None:
+    # Two answers at once, two that would take 30 s.
+    scen.script([{}, {}, {"delay_ms": 30000}, {"delay_ms": 30000}])
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_CHILD, scen.url, mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env())
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        assert len(scen.wait_requests(4)) == 4
+        time.sleep(0.5)     # the two quick answers are in
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert proc.returncode == 130, err
+    line = [x for x in out.splitlines() if x.startswith("PARTIAL ")]
+    assert line, f"no BatchInterrupted:\n{out}\n{err}"
+    got = json.loads(line[0][len("PARTIAL "):])
+    assert sorted(got["types"]) == ["NoneType", "NoneType", "Result", "Result"], got
+    assert got["ok"] == 2 and got["completed"] is False
+    assert got["pickled"] == got["types"]
+    assert "2 ok" in got["text"] and "SECRET-PROMPT" not in got["text"]
