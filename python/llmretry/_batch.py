@@ -484,6 +484,9 @@ class Journal:
         if self.parse_items:
             item = _item_json(item)
         rec: Dict[str, Any] = {"index": index, "item": item, "error": error_record(exc)}
+        line = getattr(exc, "input_line", None)     # the CLI's bad input lines
+        if line is not None:
+            rec["line"] = line
         try:
             line = _LINE.encode(rec)
         except (TypeError, ValueError, RecursionError):
@@ -725,6 +728,8 @@ class Batch:
                         if path is not None else None)
         self.results: List[Any] = [SKIPPED] * self.n
         self.to_run: List[int] = list(range(self.n))
+        # to_run less the items failed before the run (open's `invalid`).
+        self.runnable: List[int] = self.to_run
         self.acc = Accounting()
         self.stats: Dict[str, int] = {}
         self.summary: Optional[BatchSummary] = None
@@ -738,18 +743,31 @@ class Batch:
 
     # -- the run ---------------------------------------------------------------
 
-    def open(self, already_ok: Optional[Set[int]] = None) -> "Batch":
-        """Read the record (resume) and decide what runs: :attr:`to_run`."""
+    def open(self, already_ok: Optional[Set[int]] = None,
+             invalid: Optional[Mapping[int, BaseException]] = None) -> "Batch":
+        """Read the record (resume) and decide what runs: :attr:`to_run`.
+
+        ``invalid``: items that cannot be sent (the CLI's bad input lines
+        under --skip-invalid), by index; each one that is to run is
+        recorded at once as failed with its exception, and is left out of
+        :attr:`runnable`, the items the run submits.
+        """
         ok: Set[int] = set(already_ok) if already_ok is not None else set()
         if self.journal is not None:
             ok = self.journal.open(self.resume, already_ok)
         if ok:
             self.to_run = [i for i in range(self.n) if i not in ok]
+        self.runnable = self.to_run
         for i in self.to_run:
             self.results[i] = None
         self._t0 = time.monotonic()
         if isinstance(self.progress, ProgressBar):
             self.progress.start(len(self.to_run))
+        if invalid:
+            self.runnable = [i for i in self.to_run if i not in invalid]
+            for i in self.to_run:
+                if i in invalid:
+                    self.item_done(i, invalid[i], True)
         return self
 
     def __enter__(self) -> "Batch":
@@ -799,10 +817,10 @@ class Batch:
     def record_values(self, values: Sequence[Any],
                       convert: Callable[[Any], Tuple[Any, bool, bool]]) -> None:
         """Record a run not watched item by item: ``values[k]`` is item
-        ``to_run[k]``'s value, None when it did not finish: a success, or
+        ``runnable[k]``'s value, None when it did not finish: a success, or
         an outcome dict that ``convert`` turns into (value, failed,
         not_started)."""
-        results, to_run = self.results, self.to_run
+        results, to_run = self.results, self.runnable
         ok = failed = not_started = 0
         for k, value in enumerate(values):
             if value is None:

@@ -830,27 +830,30 @@ class Client:
 
     def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
                    plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
-                   already_ok: Optional[Any] = None) -> BatchResult:
+                   already_ok: Optional[Any] = None,
+                   invalid: Optional[Mapping[int, BaseException]] = None) -> BatchResult:
         """Run ``batch`` (its bodies already encoded) as one engine group.
 
         Every request runs on the engine thread; this thread only waits,
         delivers events and builds the results, item by item, for the
-        batch's record (``already_ok``: indices not to run, as Batch.open).
+        batch's record (``already_ok``: indices not to run, ``invalid``:
+        items failed without being sent, both as Batch.open).
         Ctrl-C raises BatchInterrupted, holding what finished.
         """
         try:
             return self._run_batch_inner(batch, encoded, plan, limit, deadline_ms, adaptive,
-                                         already_ok)
+                                         already_ok, invalid)
         except KeyboardInterrupt as exc:
             raise _batch.interrupted(batch, exc) from None
 
     def _run_batch_inner(self, batch: "_batch.Batch",
                          encoded: Sequence[Tuple[bytes, Optional[str]]], plan: _Plan,
                          limit: int, deadline_ms: Optional[int], adaptive: bool,
-                         already_ok: Optional[Any]) -> BatchResult:
+                         already_ok: Optional[Any],
+                         invalid: Optional[Mapping[int, BaseException]]) -> BatchResult:
         with batch:
-            batch.open(already_ok)
-            to_run = batch.to_run
+            batch.open(already_ok, invalid)
+            to_run = batch.runnable
             if to_run:
                 engine = self._engine
                 if engine is None:

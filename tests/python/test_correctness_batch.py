@@ -261,3 +261,87 @@ def test_sigint_in_a_batch_raises_batch_interrupted_with_what_finished(
     assert got["ok"] == 2 and got["completed"] is False
     assert got["pickled"] == got["types"]
     assert "2 ok" in got["text"] and "SECRET-PROMPT" not in got["text"]
+
+
+# ---------------------------------------------------------------------------
+# Item 16: every bad input line in one run; --skip-invalid runs the others.
+
+GOOD = json.dumps({"model": "m", "messages": [{"role": "user", "content": "SECRET-PROMPT-g"}]})
+
+
+def mixed_input(path: Path, n_bad: int) -> List[int]:
+    """Good and bad lines alternating (a blank one too); the bad lines' numbers."""
+    kinds = [b'{"oops', b"[1, 2]", b'{"x": NaN}', b'{"m": "SECRET-PROMPT-\xff"}', b"null"]
+    lines: List[bytes] = [b"   "]
+    bad_lines: List[int] = []
+    for i in range(n_bad):
+        lines.append(GOOD.encode())
+        lines.append(kinds[i % len(kinds)])
+        bad_lines.append(len(lines))
+    lines.append(GOOD.encode())
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return bad_lines
+
+
+def test_cli_batch_lists_every_bad_line(scen: Scenario, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.jsonl"
+    bad_lines = mixed_input(req, 5)
+    code = cli.main(["batch", str(req), "-o", str(tmp_path / "o.jsonl"),
+                     "--base-url", scen.url])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    for lineno in bad_lines:
+        assert f"{req}:{lineno}: " in err, err
+    assert "5 bad lines" in err and "--skip-invalid" in err
+    assert "SECRET-PROMPT" not in err
+    assert scen.requests() == []
+
+
+def test_cli_batch_lists_at_most_20_bad_lines(scen: Scenario, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.jsonl"
+    bad_lines = mixed_input(req, 25)
+    code = cli.main(["batch", str(req), "-o", str(tmp_path / "o.jsonl"),
+                     "--base-url", scen.url])
+    err = capsys.readouterr().err
+    assert code == 2
+    listed = [n for n in bad_lines if f"{req}:{n}: " in err]
+    assert listed == bad_lines[:20], err
+    assert "25 bad lines" in err and "and 5 more" in err
+
+
+def test_cli_batch_skip_invalid_runs_the_good_lines(
+        scen: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY)
+    req, res, fail = tmp_path / "r.jsonl", tmp_path / "o.jsonl", tmp_path / "f.jsonl"
+    bad_lines = mixed_input(req, 5)
+    args = ["batch", str(req), "-o", str(res), "--failures", str(fail), "--skip-invalid",
+            "--base-url", scen.url, "--no-progress", *FAST_ARGS]
+    code = cli.main(args)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert len(scen.requests()) == 6, "the six good lines run"
+    lines = read_jsonl(res)
+    assert [rec["ok"] for rec in lines] == [True, False] * 5 + [True]
+    assert [rec["line"] for rec in lines if not rec["ok"]] == bad_lines
+    assert all(rec["error"]["kind"] == "invalid_input" for rec in lines if not rec["ok"])
+    failures = read_jsonl(fail)
+    assert [(rec["index"], rec["line"]) for rec in failures] == \
+        [(2 * k + 1, n) for k, n in enumerate(bad_lines)]
+    assert all(rec["item"] is None for rec in failures)
+    for lineno in bad_lines:
+        assert f"{req}:{lineno}: " in err
+    assert "11 items: 6 ok, 5 failed" in err, err
+    text = err + res.read_text(encoding="utf-8") + fail.read_text(encoding="utf-8")
+    assert "SECRET-PROMPT-\ufffd" not in text and "\\udcff" not in text
+
+    # Fix the bad lines and resume: same indices, only they run.
+    req.write_text("\n".join([GOOD] * 11) + "\n", encoding="utf-8")
+    before = len(scen.requests())
+    code = cli.main(args + ["--resume"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert len(scen.requests()) - before == 5
+    assert [rec["ok"] for rec in read_jsonl(res)] == [True] * 11
