@@ -516,12 +516,17 @@ class ProgressBar:
 
     On a terminal the plain line is redrawn in place (``\r``) at most ten
     times a second; elsewhere (a log file, a pipe) a new line is printed at
-    most once a second, and once at the end. :meth:`write` prints a line
+    most every ten seconds (a long batch must not fill a CI log), and once
+    at the end. :meth:`write` prints a line
     above the bar (``tqdm.write``, or clearing the plain line first), so
     that logs and the bar do not mix.
     """
 
+    TTY_INTERVAL_S = 0.1    # redraws in place on a terminal
+    LOG_INTERVAL_S = 10.0   # new lines elsewhere
+
     def __init__(self, desc: str = "llmretry", stream: Optional[TextIO] = None) -> None:
+        self._clock: Callable[[], float] = time.monotonic   # a test's fake clock
         self.desc = desc
         self._stream = stream
         self._bar: Any = None
@@ -531,7 +536,7 @@ class ProgressBar:
         self._done = 0
         self._failed = 0
         self._total = 0
-        self._t0 = time.monotonic()
+        self._t0 = self._clock()
         self._last_draw = 0.0
         self._last_text = ""
         self._drawn = 0     # length of the plain line on screen; 0: none
@@ -546,7 +551,7 @@ class ProgressBar:
         """Show the bar for ``total`` items."""
         with self._lock:
             self._total = total
-            self._t0 = time.monotonic()
+            self._t0 = self._clock()
             try:    # optional: not a dependency
                 tqdm: Any = importlib.import_module("tqdm").tqdm
             except ImportError:
@@ -588,8 +593,9 @@ class ProgressBar:
         return f"{self.desc}: {self._done}/{self._total} ({pct}%), {self._failed} failed"
 
     def _draw(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_draw < (0.1 if self._tty else 1.0):
+        now = self._clock()
+        if not force and now - self._last_draw < (self.TTY_INTERVAL_S if self._tty
+                                                  else self.LOG_INTERVAL_S):
             return
         line = self._line()
         if line == self._last_text and (force or not self._tty):

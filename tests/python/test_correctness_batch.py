@@ -10,6 +10,7 @@ batch. ``at_depth`` puts each call under a stack such as an application's
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 
 import llmretry
 from conftest import FAST, SECRET_KEY, Scenario, child_env, secret_body
-from llmretry import cli
+from llmretry import _batch, cli
 
 T = TypeVar("T")
 
@@ -345,3 +346,49 @@ def test_cli_batch_skip_invalid_runs_the_good_lines(
     assert code == 0, err
     assert len(scen.requests()) - before == 5
     assert [rec["ok"] for rec in read_jsonl(res)] == [True] * 11
+
+
+# ---------------------------------------------------------------------------
+# Item 18: the plain progress line (no tqdm).
+
+
+class FakeStream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def run_plain_bar(monkeypatch: pytest.MonkeyPatch, tty: bool, updates: int,
+                  step_s: float) -> str:
+    """A plain bar fed `updates` items, one every `step_s` seconds of a fake clock."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)     # import tqdm raises ImportError
+    stream = FakeStream(tty)
+    bar = _batch.ProgressBar(desc="llmretry", stream=stream)
+    now = [1000.0]
+    bar._clock = lambda: now[0]
+    bar.start(updates)
+    for done in range(1, updates + 1):
+        now[0] += step_s
+        bar.update(done, updates, 0)
+    bar.close()
+    return stream.getvalue()
+
+
+def test_plain_progress_rewrites_itself_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = run_plain_bar(monkeypatch, tty=True, updates=30, step_s=0.5)
+    assert text.count("\n") == 1 and text.endswith("\n"), repr(text)
+    assert text.count("\r") >= 30, "each draw rewrites the line in place"
+    assert "llmretry: 30/30 (100%), 0 failed" in text
+
+
+def test_plain_progress_elsewhere_prints_at_most_every_10_s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 60 items over 30 s of the fake clock: the first line, one each 10 s, the last.
+    text = run_plain_bar(monkeypatch, tty=False, updates=60, step_s=0.5)
+    lines = text.splitlines()
+    assert "\r" not in text
+    assert lines[0].startswith("llmretry: 0/60 (0%)") and "60/60 (100%)" in lines[-1]
+    assert len(lines) <= 5, lines
