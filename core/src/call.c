@@ -6,11 +6,13 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #define DEFAULT_BASE_URL "https://api.openai.com/v1"
 #define PREVIEW_BYTES 500
@@ -233,8 +235,10 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;
+    /* Before any I/O: else each attempt fails as a TLS verification error. */
+    int ca_errno = c->ca_file && access(c->ca_file, R_OK) != 0 ? errno : 0;
     c->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
-    if (oom || bad_json || bad_scheme) {
+    if (oom || bad_json || bad_scheme || ca_errno) {
         c->engine = NULL;
         lr_call_unref(c);
         if (bad_json) {
@@ -244,6 +248,11 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         if (bad_scheme) {
             lr_errf(err, errlen, "%s must start with http:// or https://",
                     opts->url ? "url" : opts->base_url ? "base_url" : "OPENAI_BASE_URL");
+            return LLMRETRY_EINVAL;
+        }
+        if (ca_errno) {
+            lr_errf(err, errlen, "ca_file cannot be read: %s: %s", opts->ca_file,
+                    strerror(ca_errno));
             return LLMRETRY_EINVAL;
         }
         return LLMRETRY_ENOMEM;
@@ -532,6 +541,19 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         f->never_connected = 1;
         out->message = printf_alloc("could not connect: %s", detail);
         break;
+    case CURLE_SSL_CONNECT_ERROR:
+        if (strstr(detail, "wrong version number")) {
+            /* TLS to a port that answers in plain text: retrying cannot help. */
+            f->kind = LLMRETRY_ERR_NETWORK;
+            f->fatal = 1;
+            out->message = printf_alloc("TLS handshake failed (not retried): the server does "
+                                        "not speak TLS on this port (an http:// URL?): %s",
+                                        detail);
+        } else {
+            f->kind = LLMRETRY_ERR_NETWORK;
+            out->message = printf_alloc("network error: %s", detail);
+        }
+        break;
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CERTPROBLEM:
@@ -593,7 +615,10 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->f.kind = LLMRETRY_ERR_HTTP_STATUS;
         out->error_code = provider_error_code(c->resp.data ? c->resp.data : "", c->resp.len);
         out->f.error_code = out->error_code;
-        if (out->error_code)
+        char status_text[24];
+        snprintf(status_text, sizeof status_text, "%ld", status);
+        /* A code that only repeats the status (LiteLLM's "429") adds nothing. */
+        if (out->error_code && strcmp(out->error_code, status_text) != 0)
             out->message = printf_alloc("HTTP %ld (%s)", status, out->error_code);
         else
             out->message = printf_alloc("HTTP %ld", status);

@@ -392,3 +392,32 @@ def test_plain_progress_elsewhere_prints_at_most_every_10_s(
     assert "\r" not in text
     assert lines[0].startswith("llmretry: 0/60 (0%)") and "60/60 (100%)" in lines[-1]
     assert len(lines) <= 5, lines
+
+
+# ---------------------------------------------------------------------------
+# Item 18: messages and a transport failure that is not retried (the core's,
+# seen through the binding).
+
+
+def test_an_error_code_repeating_the_status_is_not_repeated(scen: Scenario) -> None:
+    scen.script([{"status": 429, "error_code": "429"}])
+    with pytest.raises(llmretry.HTTPStatusError) as info:
+        llmretry.call_llm(secret_body("c"), **opts(scen, max_retries=0))
+    assert info.value.message.startswith("HTTP 429") and "(429)" not in info.value.message
+
+
+def test_a_missing_ca_file_is_refused_before_any_io(scen: Scenario) -> None:
+    with pytest.raises(ValueError, match="ca_file cannot be read: /nonexistent/ca.pem"):
+        llmretry.call_llm(secret_body("ca"), **opts(scen, ca_file="/nonexistent/ca.pem"))
+    assert scen.requests() == []
+
+
+def test_tls_to_a_plain_http_port_is_not_retried(scen: Scenario) -> None:
+    url = "https://" + scen.url[len("http://"):]
+    t0 = time.monotonic()
+    with pytest.raises(llmretry.NetworkError) as info:
+        llmretry.call_llm(secret_body("tls"), **opts(scen, base_url=url, max_retries=3))
+    assert time.monotonic() - t0 < 2.0
+    err = info.value
+    assert err.attempts == 1 and err.reason == "not_retryable", repr(err)
+    assert "does not speak TLS" in err.message
