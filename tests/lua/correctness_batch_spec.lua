@@ -44,6 +44,27 @@ describe("correctness (batch)", function()
     check(not llm.is_error(outs[1]) and not llm.is_error(outs[3]), "the others failed")
   end)
 
+  -- Item 18 (the core's, through the binding) --------------------------------
+
+  it("refuses a ca_file that cannot be read, before any I/O", function()
+    local scen = mock:scen("cafile")
+    local ok, why = pcall(llm.call_llm, H.merge(H.FAST, { body = H.secret_body("ca"),
+      base_url = scen.url, api_key = H.SECRET_KEY, ca_file = "/nonexistent/ca.pem" }))
+    check(not ok and tostring(why):find("ca_file cannot be read", 1, true),
+      "expected an error naming ca_file, got %s", tostring(why))
+    check(#scen.requests() == 0, "a request went out")
+  end)
+
+  it("does not retry https:// to a plain-HTTP port", function()
+    local scen = mock:scen("plain")
+    local url = "https://" .. scen.url:sub(#"http://" + 1)
+    local res, err = llm.call_llm(H.merge(H.FAST, { body = H.secret_body("tls"),
+      base_url = url, api_key = H.SECRET_KEY, max_retries = 3 }))
+    check(res == nil and llm.is_error(err), "expected nil, err")
+    check(err.attempts == 1 and err.reason == "not_retryable", "%d attempts, %s: %s",
+      err.attempts, tostring(err.reason), tostring(err))
+  end)
+
   -- Item 3 --------------------------------------------------------------------
   -- ENGINE-DEPENDENT (core/src/engine.c handle_failure / llmretry_pacer_on_429):
   -- fails until the batch pause ignores a Retry-After above max_retry_after_ms.
