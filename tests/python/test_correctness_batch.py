@@ -421,3 +421,35 @@ def test_tls_to_a_plain_http_port_is_not_retried(scen: Scenario) -> None:
     err = info.value
     assert err.attempts == 1 and err.reason == "not_retryable", repr(err)
     assert "does not speak TLS" in err.message
+
+
+# ---------------------------------------------------------------------------
+# Item 19: make check (tools/check.sh) installs what it needs itself.
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_check_installs_what_it_needs(tmp_path: Path) -> None:
+    """On a machine without the packages (dpkg-query finds none), check.sh
+    asks apt-get for the Lua toolchain (busted, luarocks, both interpreters)
+    and the build's packages, as make test's scripts do."""
+    stubs, log = tmp_path / "bin", tmp_path / "apt.log"
+    stubs.mkdir()
+    for name, body in {
+        "dpkg-query": "exit 1",                     # nothing is installed
+        "apt-get": f'echo "$*" >> "{log}"',         # record, install nothing
+        "sudo": 'exec "$@"',
+    }.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = child_env()
+    env["PATH"] = f"{stubs}:{env['PATH']}"
+    for name in ("LD_PRELOAD", "ASAN_OPTIONS"):     # under make check: plain tools
+        env.pop(name, None)
+    p = subprocess.run(["bash", str(ROOT / "tools" / "check.sh"), "deps"], cwd=ROOT,
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    asked = log.read_text().split()
+    for pkg in ("lua-busted", "luarocks", "lua5.4", "luajit2", "libcurl4-openssl-dev",
+                "libcjson-dev"):
+        assert pkg in asked, f"{pkg} not installed: {asked}"
