@@ -10,6 +10,7 @@ batch. ``at_depth`` puts each call under a stack such as an application's
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import signal
@@ -453,3 +454,44 @@ def test_check_installs_what_it_needs(tmp_path: Path) -> None:
     for pkg in ("lua-busted", "luarocks", "lua5.4", "luajit2", "libcurl4-openssl-dev",
                 "libcjson-dev"):
         assert pkg in asked, f"{pkg} not installed: {asked}"
+
+
+# ---------------------------------------------------------------------------
+# Item 8: the thread pool's workers run in the pool's own interpreter.
+
+SUBINTERPRETER_CHILD = r"""
+import sys, _xxsubinterpreters as interpreters
+
+def ident(cur):
+    return int(cur[0]) if isinstance(cur, tuple) else int(cur)
+
+code = '''
+import sys
+sys.path[:0] = %r
+import llmretry, _xxsubinterpreters as i
+def ident(cur):
+    return int(cur[0]) if isinstance(cur, tuple) else int(cur)
+def worker(item, index):
+    import _xxsubinterpreters as j     # an import, in the worker's interpreter
+    return ident(j.get_current()), "llmretry" in sys.modules
+out = llmretry.map_with_concurrency(range(6), 3, worker, logger=None)
+with open(%r, "w") as fh:
+    fh.write(repr((ident(i.get_current()), list(out))))
+''' % (sys.path, sys.argv[1])
+interp = interpreters.create()
+interpreters.run_string(interp, code)
+interpreters.destroy(interp)
+print("MAIN", ident(interpreters.get_current()), "llmretry" in sys.modules)
+"""
+
+
+def test_pool_workers_run_in_the_pools_interpreter(tmp_path: Path) -> None:
+    pytest.importorskip("_xxsubinterpreters")
+    out = tmp_path / "sub.out"
+    p = subprocess.run([sys.executable, "-c", SUBINTERPRETER_CHILD, str(out)],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["MAIN", "0", "False"], p.stdout
+    sub_id, values = ast.literal_eval(out.read_text())
+    assert sub_id != 0
+    assert values == [(sub_id, True)] * 6, values
