@@ -155,6 +155,7 @@ def check_one_gave_up(values: List[Any]) -> None:
     assert sum(isinstance(v, llmretry.Result) for v in values) == len(values) - 1
 
 
+@pytest.mark.engine_pause
 def test_long_retry_after_does_not_pause_call_many(scen: Scenario) -> None:
     """ENGINE-DEPENDENT."""
     scen.script([LONG_429], after={"delay_ms": 5})
@@ -182,6 +183,7 @@ def test_long_retry_after_does_not_pause_map_with_concurrency(scen: Scenario) ->
     assert wall < 5.0, f"the pool took {wall:.1f} s: paused for the server's wait"
 
 
+@pytest.mark.engine_pause
 def test_long_retry_after_does_not_pause_the_cli_batch(scen: Scenario, tmp_path: Path) -> None:
     """ENGINE-DEPENDENT."""
     req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
