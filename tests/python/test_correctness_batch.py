@@ -497,3 +497,26 @@ def test_pool_workers_run_in_the_pools_interpreter(tmp_path: Path) -> None:
     sub_id, values = ast.literal_eval(out.read_text())
     assert sub_id != 0
     assert values == [(sub_id, True)] * 6, values
+
+
+def test_cli_records_a_result_too_deep_to_write_as_a_failure(tmp_path: Path) -> None:
+    """Data Python decoded but cannot encode again (its encoder runs on a
+    deeper stack) fails its item as an invalid response instead of killing
+    the batch when its results line is written."""
+    data: List[Any] = []
+    for _ in range(5000):       # built without recursion
+        data = [data]
+    meta = llmretry.Meta(attempt=0, attempts=1, duration_ms=1, total_ms=1, status=200,
+                         usage=None, request_id="rid-1", model="m", response_model=None,
+                         system_fingerprint=None)
+    seen: List[Any] = []
+    batch = cli._CliBatch([{"model": "m"}], failures_path=str(tmp_path / "f.jsonl"),
+                          on_result=lambda i, v: seen.append(v), logger=None)
+    batch.interrupts = cli._Interrupts()
+    with batch:
+        batch.open()
+        batch.item_done(0, llmretry.Result(data, meta), False)
+    assert len(seen) == 1 and isinstance(seen[0], llmretry.InvalidResponseError)
+    assert seen[0].request_id == "rid-1" and seen[0].status == 200
+    assert batch.summary is not None and batch.summary.failed == 1
+    assert [rec["index"] for rec in read_jsonl(tmp_path / "f.jsonl")] == [0]
