@@ -69,7 +69,7 @@ describe("correctness (batch)", function()
   -- ENGINE-DEPENDENT (core/src/engine.c handle_failure / llmretry_pacer_on_429):
   -- fails until the batch pause ignores a Retry-After above max_retry_after_ms.
 
-  it("a Retry-After above max_retry_after_ms never pauses call_many", function()
+  it("a Retry-After above max_retry_after_ms never pauses call_many #engine_pause", function()
     local scen = mock:scen("long_ra")
     scen.script({ { status = 429, headers = { ["Retry-After"] = "100000" } } },
       { delay_ms = 5 })
