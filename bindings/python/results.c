@@ -228,7 +228,9 @@ int lr_build_result(const module_state *st, const llmretry_result *r, PyObject *
         return 0;
     PyObject *data = parse_body(st, r->body, r->body_len);
     if (!data) {
-        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+        /* RecursionError: the parser itself could not be called this deep. */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) &&
+            !PyErr_ExceptionMatches(PyExc_RecursionError))
             return -1;
         PyErr_Clear();          /* the package makes the error, from the outcome dict */
         return 0;

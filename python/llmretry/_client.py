@@ -112,7 +112,7 @@ class Result:
                 f"request_id={m.request_id!r}, model={m.model!r})")
 
 
-def _unparsable(out: Dict[str, Any], exc: ValueError) -> LLMError:
+def _unparsable(out: Dict[str, Any], exc: Exception) -> LLMError:
     """The error for a 2xx body the core accepted but Python cannot parse."""
     fields = dict(out, kind="invalid_response", reason="not_retryable",
                   message=f"HTTP {out['status']} with a body Python cannot parse: {exc}",
@@ -550,8 +550,8 @@ class _Validator:
     def __call__(self, body: bytes) -> Optional[str]:
         try:
             data = _parse_json(body)
-        except ValueError:
-            return "the body is not valid JSON"
+        except (ValueError, RecursionError) as exc:
+            return f"the body is not JSON that Python can decode: {exc}"
         try:
             verdict = self.check(data)
         except Exception as exc:    # a rejection; BaseException cancels the call
@@ -717,7 +717,7 @@ class Client:
         try:
             data = (validator.data_for(out["body"]) if validator is not None
                     else _parse_json(out["body"]))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise _unparsable(out, exc) from None
         return Result(data, _meta_of(out))
 
@@ -935,7 +935,7 @@ def _value_of(out: Dict[str, Any], validator: Optional[_Validator]) -> Union[Res
     try:
         data = (validator.data_for(out["body"]) if validator is not None
                 else _parse_json(out["body"]))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return _unparsable(out, exc)
     return Result(data, _meta_of(out))
 
