@@ -17,11 +17,13 @@
 # design); on for lua5.4 and luajit, which close their state and pass clean.
 # UBSan halts on the first error; ASan aborts.
 #
-# Prerequisites: what `make test` needs (tools/ensure-deps.sh, tools/lua-test.sh
-# install them); run `make test` once first, or at least `make build-python`
-# (the Lua suite's mock server imports python/llmretry).
+# Prerequisites are installed first, by the same scripts as `make test`
+# (tools/ensure-deps.sh; tools/lua-test.sh --deps-only for the Lua part, which
+# also builds the Python extension the Lua suite's mock server imports), so
+# it runs on a fresh clone.
 #
-# tools/check.sh [python|lua]...   (default: both). Fails when any part fails.
+# tools/check.sh [python|lua|deps]...   (default: python lua; deps: only the
+# installs). Fails when any part fails.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -30,8 +32,21 @@ cd "$repo"
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(python lua)
 for p in "${parts[@]}"; do
-  case "$p" in python|lua) ;; *) echo "usage: tools/check.sh [python|lua]..." >&2; exit 2 ;; esac
+  case "$p" in
+    python|lua|deps) ;;
+    *) echo "usage: tools/check.sh [python|lua|deps]..." >&2; exit 2 ;;
+  esac
 done
+
+# What the parts need (gcc's libasan, pytest, lua, luajit, luarocks, busted):
+# the installs of make test, run here so that a fresh clone passes.
+tools/ensure-deps.sh
+for p in "${parts[@]}"; do
+  case "$p" in lua|deps) tools/lua-test.sh --deps-only; break ;; esac
+done
+only_deps=1
+for p in "${parts[@]}"; do [ "$p" = deps ] || only_deps=0; done
+if [ "$only_deps" -eq 1 ]; then echo "check: dependencies in place"; exit 0; fi
 
 out="$repo/build-check"
 mkdir -p "$out"
@@ -131,6 +146,7 @@ check_lua() {
 }
 
 for p in "${parts[@]}"; do
+  [ "$p" = deps ] && continue
   "check_$p" || failed+=("$p")
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -11,13 +11,17 @@
 #
 # tools/lua-test.sh --build-only: the same installs and builds, no busted run
 # (tools/host-test.sh uses it for the LuaJIT build that Neovim and nginx load).
+# tools/lua-test.sh --deps-only: just the installs (and the Python extension
+# the mock server needs); tools/check.sh uses it before its own builds.
 set -euo pipefail
 
 build_only=0
+deps_only=0
 case "${1:-}" in
   --build-only) build_only=1 ;;
+  --deps-only) deps_only=1 ;;
   "") ;;
-  *) echo "usage: tools/lua-test.sh [--build-only]" >&2; exit 2 ;;
+  *) echo "usage: tools/lua-test.sh [--build-only|--deps-only]" >&2; exit 2 ;;
 esac
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,6 +52,7 @@ if ! PYTHONPATH="$repo/python" python3 -c "import llmretry.testing" 2>/dev/null;
   echo "lua-test: building the Python extension for the mock server"
   make --no-print-directory build-python
 fi
+if [ "$deps_only" -eq 1 ]; then exit 0; fi
 
 # luarocks' builtin build leaves objects next to the sources and the module
 # under ./llmretry/: clean them so they cannot be picked up by anything else.

@@ -24,6 +24,8 @@ struct lr_pool {
     int running;                    /* pool threads alive */
     int active;                     /* items started and not finished */
     llmretry_pacer pacer;
+    /* The interpreter run_pool was called in: its workers run there. */
+    PyInterpreterState *interp;
 };
 
 /* Per thread, set only by the pool's own threads while they run. */
@@ -218,7 +220,22 @@ static void pool_report(lr_pool *p, Py_ssize_t i, PyObject *value, int failed)
 static void *pool_thread(void *arg)
 {
     lr_pool *p = arg;
-    PyGILState_STATE g = PyGILState_Ensure();
+    /* A thread state of the pool's own interpreter, not PyGILState_Ensure:
+     * that one always attaches to the main interpreter, so a pool started
+     * in a subinterpreter would run its workers (their imports, their
+     * sys.modules) in the wrong one, and under a per-interpreter GIL
+     * without the lock that guards the pool's objects. run_pool joins
+     * every pool thread before it returns, so the interpreter outlives it. */
+    PyThreadState *ts = PyThreadState_New(p->interp);
+    if (!ts) {
+        pthread_mutex_lock(&p->mu);
+        p->running--;
+        atomic_store(&p->stop, 1);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
+    PyEval_RestoreThread(ts);
     tls_pool = p;
     Py_ssize_t i;
     while ((i = pool_claim(p)) >= 0) {
@@ -249,7 +266,8 @@ static void *pool_thread(void *arg)
     p->running--;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    PyGILState_Release(g);
+    PyThreadState_Clear(ts);
+    PyThreadState_DeleteCurrent();     /* releases the GIL */
     return NULL;
 }
 
@@ -375,6 +393,7 @@ PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
         Py_INCREF(st->not_started);
         PyList_SET_ITEM(p.results, i, st->not_started);
     }
+    p.interp = PyThreadState_GetInterpreter(PyThreadState_Get());
     p.worker = worker;
     p.on_result = on_result;
     p.stop_type = st->pool_stop;

@@ -159,8 +159,11 @@ static PyObject *parse_body(const module_state *st, const char *body, size_t len
         }
     }
     Py_DECREF(text);
+    /* A RecursionError too: cJSON accepted up to 1000 levels, the scanner
+     * recurses out earlier; the package's parser says so as a ValueError. */
     if (!value && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_StopIteration) ||
-                   PyErr_ExceptionMatches(PyExc_ValueError))) {
+                   PyErr_ExceptionMatches(PyExc_ValueError) ||
+                   PyErr_ExceptionMatches(PyExc_RecursionError))) {
         PyErr_Clear();
         PyObject *b = PyBytes_FromStringAndSize(body, (Py_ssize_t)len);
         if (b) {
@@ -225,7 +228,9 @@ int lr_build_result(const module_state *st, const llmretry_result *r, PyObject *
         return 0;
     PyObject *data = parse_body(st, r->body, r->body_len);
     if (!data) {
-        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+        /* RecursionError: the parser itself could not be called this deep. */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) &&
+            !PyErr_ExceptionMatches(PyExc_RecursionError))
             return -1;
         PyErr_Clear();          /* the package makes the error, from the outcome dict */
         return 0;

@@ -6,11 +6,13 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #define DEFAULT_BASE_URL "https://api.openai.com/v1"
 #define PREVIEW_BYTES 500
@@ -286,8 +288,10 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;
+    /* Before any I/O: else each attempt fails as a TLS verification error. */
+    int ca_errno = c->ca_file && access(c->ca_file, R_OK) != 0 ? errno : 0;
     c->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
-    if (oom || bad_json || bad_scheme || no_key) {
+    if (oom || bad_json || bad_scheme || no_key || ca_errno) {
         c->engine = NULL;
         lr_call_unref(c);
         if (no_key && !oom) {
@@ -304,6 +308,11 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         if (bad_scheme) {
             lr_errf(err, errlen, "%s must start with http:// or https://",
                     opts->url ? "url" : opts->base_url ? "base_url" : "OPENAI_BASE_URL");
+            return LLMRETRY_EINVAL;
+        }
+        if (ca_errno) {
+            lr_errf(err, errlen, "ca_file cannot be read: %s: %s", opts->ca_file,
+                    strerror(ca_errno));
             return LLMRETRY_EINVAL;
         }
         return LLMRETRY_ENOMEM;
@@ -612,6 +621,19 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         f->kind = LLMRETRY_ERR_NETWORK;
         f->never_connected = 1;
         out->message = printf_alloc("could not connect: %s", detail);
+        break;
+    case CURLE_SSL_CONNECT_ERROR:
+        if (strstr(detail, "wrong version number")) {
+            /* TLS to a port that answers in plain text: retrying cannot help. */
+            f->kind = LLMRETRY_ERR_NETWORK;
+            f->fatal = 1;
+            out->message = printf_alloc("TLS handshake failed (not retried): the server does "
+                                        "not speak TLS on this port (an http:// URL?): %s",
+                                        detail);
+        } else {
+            f->kind = LLMRETRY_ERR_NETWORK;
+            out->message = printf_alloc("network error: %s", detail);
+        }
         break;
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:

@@ -37,10 +37,13 @@ void llmretry_pacer_on_429(llmretry_pacer *p, int64_t now_ms, int64_t wait_ms)
      * the window to 1 on a single overload. */
     if (p->adaptive && (p->last_halving_ms < 0 ||
                         now_ms - p->last_halving_ms >= LLMRETRY_PACER_COOLDOWN_MS)) {
-        p->window = p->window > 1 ? p->window / 2 : 1;
+        /* A window already at 1 does not shrink: not a halving. */
+        if (p->window > 1) {
+            p->window /= 2;
+            p->halvings++;
+        }
         p->credit = 0;
         p->last_halving_ms = now_ms;
-        p->halvings++;
     }
 }
 

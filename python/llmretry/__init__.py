@@ -43,7 +43,7 @@ the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
 import logging as _logging_module
 
 from . import _llmretry
-from ._batch import SKIPPED, BatchResult, BatchSummary
+from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
 from ._client import (Client, Meta, Result, call_llm, call_llm_with_deadline,
                       call_many)
 from ._json import assert_shape, extract_json
@@ -70,6 +70,7 @@ __all__ = [
     "load_policies",
     "BatchResult",
     "BatchSummary",
+    "BatchInterrupted",
     "SKIPPED",
     "extract_json",
     "assert_shape",

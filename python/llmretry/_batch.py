@@ -194,6 +194,53 @@ class BatchResult(List[Any]):
                 f"skipped={s.skipped})")
 
 
+class BatchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a notebook's interrupt) during ``call_many`` or
+    ``map_with_concurrency``: a ``KeyboardInterrupt`` that keeps what
+    finished before it.
+
+    ``partial`` (also ``result``) is the batch's :class:`BatchResult`: each
+    item that finished holds its value or its exception, as in a complete
+    run; the items that had not finished hold None (:data:`SKIPPED` those
+    a resumed run did not run). Its summary has ``completed=False``.
+    The calls in flight were cancelled; the failures file, when there is
+    one, records every item that finished, so ``resume`` runs the rest.
+
+    Example::
+
+        try:
+            out = llmretry.call_many(bodies, limit=4)
+        except llmretry.BatchInterrupted as stop:
+            out = stop.partial      # keep what is done
+    """
+
+    __module__ = "llmretry"     # its public name, in tracebacks too
+
+    def __init__(self, partial: BatchResult) -> None:
+        s = partial.summary
+        super().__init__(f"batch interrupted: {s.ok} ok, {s.failed} failed, "
+                         f"{s.items - s.ok - s.failed - s.skipped} unfinished "
+                         f"of {s.items} items")
+        self.partial = partial
+
+    @property
+    def result(self) -> BatchResult:
+        """The same as :attr:`partial`."""
+        return self.partial
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (BatchInterrupted, (self.partial,))
+
+
+def interrupted(batch: "Batch", exc: KeyboardInterrupt) -> KeyboardInterrupt:
+    """What to raise for a KeyboardInterrupt that ended ``batch`` (already
+    finished): a BatchInterrupted with its partial result, unless ``exc``
+    already is one (a nested batch's: it carries that batch's items)."""
+    if isinstance(exc, BatchInterrupted):
+        return exc
+    return BatchInterrupted(batch.result()).with_traceback(exc.__traceback__)
+
+
 def not_started_error(deadline_ms: Optional[int]) -> LLMError:
     """The DeadlineExceededError of an item the batch deadline kept from starting."""
     when = f" ({deadline_ms} ms)" if deadline_ms is not None else ""
@@ -312,7 +359,7 @@ def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
     for line in _read_lines(path):
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(rec, dict) and type(rec.get("index")) is int:
             out[rec["index"]] = rec
@@ -355,7 +402,7 @@ def _item_json(item: Any) -> Any:
     if isinstance(item, str):
         try:
             return json.loads(item)
-        except ValueError:
+        except (ValueError, RecursionError):
             return item
     return item
 
@@ -437,6 +484,9 @@ class Journal:
         if self.parse_items:
             item = _item_json(item)
         rec: Dict[str, Any] = {"index": index, "item": item, "error": error_record(exc)}
+        line = getattr(exc, "input_line", None)     # the CLI's bad input lines
+        if line is not None:
+            rec["line"] = line
         try:
             line = _LINE.encode(rec)
         except (TypeError, ValueError, RecursionError):
@@ -466,12 +516,17 @@ class ProgressBar:
 
     On a terminal the plain line is redrawn in place (``\r``) at most ten
     times a second; elsewhere (a log file, a pipe) a new line is printed at
-    most once a second, and once at the end. :meth:`write` prints a line
+    most every ten seconds (a long batch must not fill a CI log), and once
+    at the end. :meth:`write` prints a line
     above the bar (``tqdm.write``, or clearing the plain line first), so
     that logs and the bar do not mix.
     """
 
+    TTY_INTERVAL_S = 0.1    # redraws in place on a terminal
+    LOG_INTERVAL_S = 10.0   # new lines elsewhere
+
     def __init__(self, desc: str = "llmretry", stream: Optional[TextIO] = None) -> None:
+        self._clock: Callable[[], float] = time.monotonic   # a test's fake clock
         self.desc = desc
         self._stream = stream
         self._bar: Any = None
@@ -481,7 +536,7 @@ class ProgressBar:
         self._done = 0
         self._failed = 0
         self._total = 0
-        self._t0 = time.monotonic()
+        self._t0 = self._clock()
         self._last_draw = 0.0
         self._last_text = ""
         self._drawn = 0     # length of the plain line on screen; 0: none
@@ -496,7 +551,7 @@ class ProgressBar:
         """Show the bar for ``total`` items."""
         with self._lock:
             self._total = total
-            self._t0 = time.monotonic()
+            self._t0 = self._clock()
             try:    # optional: not a dependency
                 tqdm: Any = importlib.import_module("tqdm").tqdm
             except ImportError:
@@ -538,8 +593,9 @@ class ProgressBar:
         return f"{self.desc}: {self._done}/{self._total} ({pct}%), {self._failed} failed"
 
     def _draw(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_draw < (0.1 if self._tty else 1.0):
+        now = self._clock()
+        if not force and now - self._last_draw < (self.TTY_INTERVAL_S if self._tty
+                                                  else self.LOG_INTERVAL_S):
             return
         line = self._line()
         if line == self._last_text and (force or not self._tty):
@@ -678,6 +734,8 @@ class Batch:
                         if path is not None else None)
         self.results: List[Any] = [SKIPPED] * self.n
         self.to_run: List[int] = list(range(self.n))
+        # to_run less the items failed before the run (open's `invalid`).
+        self.runnable: List[int] = self.to_run
         self.acc = Accounting()
         self.stats: Dict[str, int] = {}
         self.summary: Optional[BatchSummary] = None
@@ -691,18 +749,31 @@ class Batch:
 
     # -- the run ---------------------------------------------------------------
 
-    def open(self, already_ok: Optional[Set[int]] = None) -> "Batch":
-        """Read the record (resume) and decide what runs: :attr:`to_run`."""
+    def open(self, already_ok: Optional[Set[int]] = None,
+             invalid: Optional[Mapping[int, BaseException]] = None) -> "Batch":
+        """Read the record (resume) and decide what runs: :attr:`to_run`.
+
+        ``invalid``: items that cannot be sent (the CLI's bad input lines
+        under --skip-invalid), by index; each one that is to run is
+        recorded at once as failed with its exception, and is left out of
+        :attr:`runnable`, the items the run submits.
+        """
         ok: Set[int] = set(already_ok) if already_ok is not None else set()
         if self.journal is not None:
             ok = self.journal.open(self.resume, already_ok)
         if ok:
             self.to_run = [i for i in range(self.n) if i not in ok]
+        self.runnable = self.to_run
         for i in self.to_run:
             self.results[i] = None
         self._t0 = time.monotonic()
         if isinstance(self.progress, ProgressBar):
             self.progress.start(len(self.to_run))
+        if invalid:
+            self.runnable = [i for i in self.to_run if i not in invalid]
+            for i in self.to_run:
+                if i in invalid:
+                    self.item_done(i, invalid[i], True)
         return self
 
     def __enter__(self) -> "Batch":
@@ -752,10 +823,10 @@ class Batch:
     def record_values(self, values: Sequence[Any],
                       convert: Callable[[Any], Tuple[Any, bool, bool]]) -> None:
         """Record a run not watched item by item: ``values[k]`` is item
-        ``to_run[k]``'s value, None when it did not finish: a success, or
+        ``runnable[k]``'s value, None when it did not finish: a success, or
         an outcome dict that ``convert`` turns into (value, failed,
         not_started)."""
-        results, to_run = self.results, self.to_run
+        results, to_run = self.results, self.runnable
         ok = failed = not_started = 0
         for k, value in enumerate(values):
             if value is None:

@@ -112,7 +112,7 @@ class Result:
                 f"request_id={m.request_id!r}, model={m.model!r})")
 
 
-def _unparsable(out: Dict[str, Any], exc: ValueError) -> LLMError:
+def _unparsable(out: Dict[str, Any], exc: Exception) -> LLMError:
     """The error for a 2xx body the core accepted but Python cannot parse."""
     fields = dict(out, kind="invalid_response", reason="not_retryable",
                   message=f"HTTP {out['status']} with a body Python cannot parse: {exc}",
@@ -322,15 +322,25 @@ _scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _parse_json(body: bytes) -> Any:
-    """Parse a response body (ValueError when it is not UTF-8 JSON)."""
-    text = body.decode("utf-8")
+    """Parse a response body (ValueError when it is not UTF-8 JSON, or when
+    Python's decoder cannot follow its nesting).
+
+    cJSON accepts 1000 levels; Python's decoder recurses and gives up
+    earlier, how much earlier depending on the caller's stack. That is the
+    server's body failing to decode, so it is a ValueError like any other
+    (an invalid response), never a RecursionError escaping a call or a batch.
+    """
     try:
-        value, end = _scan_once(text, 0)
-    except StopIteration:   # leading whitespace, or not JSON: let loads tell
-        return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return value
+        text = body.decode("utf-8")
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:   # leading whitespace, or not JSON: let loads tell
+            return json.loads(text)
+        if end != len(text):
+            return json.loads(text)
+        return value
+    except RecursionError:
+        raise ValueError("the body is nested too deeply for Python's JSON decoder") from None
 
 
 # call_many's successes are made Results by the extension, straight from
@@ -540,8 +550,8 @@ class _Validator:
     def __call__(self, body: bytes) -> Optional[str]:
         try:
             data = _parse_json(body)
-        except ValueError:
-            return "the body is not valid JSON"
+        except (ValueError, RecursionError) as exc:
+            return f"the body is not JSON that Python can decode: {exc}"
         try:
             verdict = self.check(data)
         except Exception as exc:    # a rejection; BaseException cancels the call
@@ -707,7 +717,7 @@ class Client:
         try:
             data = (validator.data_for(out["body"]) if validator is not None
                     else _parse_json(out["body"]))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise _unparsable(out, exc) from None
         return Result(data, _meta_of(out))
 
@@ -820,16 +830,30 @@ class Client:
 
     def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
                    plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
-                   already_ok: Optional[Any] = None) -> BatchResult:
+                   already_ok: Optional[Any] = None,
+                   invalid: Optional[Mapping[int, BaseException]] = None) -> BatchResult:
         """Run ``batch`` (its bodies already encoded) as one engine group.
 
         Every request runs on the engine thread; this thread only waits,
         delivers events and builds the results, item by item, for the
-        batch's record (``already_ok``: indices not to run, as Batch.open).
+        batch's record (``already_ok``: indices not to run, ``invalid``:
+        items failed without being sent, both as Batch.open).
+        Ctrl-C raises BatchInterrupted, holding what finished.
         """
+        try:
+            return self._run_batch_inner(batch, encoded, plan, limit, deadline_ms, adaptive,
+                                         already_ok, invalid)
+        except KeyboardInterrupt as exc:
+            raise _batch.interrupted(batch, exc) from None
+
+    def _run_batch_inner(self, batch: "_batch.Batch",
+                         encoded: Sequence[Tuple[bytes, Optional[str]]], plan: _Plan,
+                         limit: int, deadline_ms: Optional[int], adaptive: bool,
+                         already_ok: Optional[Any],
+                         invalid: Optional[Mapping[int, BaseException]]) -> BatchResult:
         with batch:
-            batch.open(already_ok)
-            to_run = batch.to_run
+            batch.open(already_ok, invalid)
+            to_run = batch.runnable
             if to_run:
                 engine = self._engine
                 if engine is None:
@@ -911,7 +935,7 @@ def _value_of(out: Dict[str, Any], validator: Optional[_Validator]) -> Union[Res
     try:
         data = (validator.data_for(out["body"]) if validator is not None
                 else _parse_json(out["body"]))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return _unparsable(out, exc)
     return Result(data, _meta_of(out))
 
@@ -1087,8 +1111,9 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     The summary (items ok and failed, attempts, retries, tokens, elapsed)
     is ``result.summary`` and is emitted as an ``llm_batch_summary`` event
     to ``logger``. Ctrl-C cancels the calls in flight and raises
-    ``KeyboardInterrupt``; the failures file then lists every item that
-    failed before it, and ``resume`` runs the rest.
+    :class:`BatchInterrupted` (a ``KeyboardInterrupt``) whose ``partial``
+    is the BatchResult of what finished; the failures file then lists every
+    item that failed before it, and ``resume`` runs the rest.
 
     Example::
 

@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar, Union
 
 from . import _llmretry
-from ._batch import Batch, BatchResult, not_started_error, set_accounting
+from ._batch import Batch, BatchResult, interrupted, not_started_error, set_accounting
 from ._logging import DEFAULT
 from .errors import LLMError
 
@@ -39,7 +39,9 @@ def map_with_concurrency(items: Iterable[T], limit: int,
     With ``return_exceptions=False`` the first exception stops new items from
     starting, lets the running ones finish, and is raised. With True, each
     failed item's exception is returned in its place. Ctrl-C cancels the
-    calls in flight and raises ``KeyboardInterrupt`` once the workers return.
+    calls in flight and, once the workers return, raises
+    :class:`~llmretry.BatchInterrupted` (a ``KeyboardInterrupt``) whose
+    ``partial`` holds what finished.
 
     The batch policy of :func:`llmretry.call_many` applies to the calls the
     workers make (``call_llm`` and friends):
@@ -101,6 +103,14 @@ def map_with_concurrency(items: Iterable[T], limit: int,
     seq: List[Any] = items if isinstance(items, list) else list(items)
     batch = Batch(seq, failures_path=failures_path, resume=resume, progress=progress,
                   on_result=on_result, logger=logger)
+    try:
+        return _run(batch, seq, limit, worker, return_exceptions, deadline_ms, adaptive)
+    except KeyboardInterrupt as exc:
+        raise interrupted(batch, exc) from None
+
+
+def _run(batch: Batch, seq: List[Any], limit: int, worker: Callable[[Any, int], Any],
+         return_exceptions: bool, deadline_ms: Optional[int], adaptive: bool) -> BatchResult:
     first_not_started: Optional[LLMError] = None
     with batch:
         batch.open()

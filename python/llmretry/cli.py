@@ -18,7 +18,13 @@
     record (see :mod:`llmretry._batch`), and requests completed earlier whose
     results are not at hand are written as ``{"index", "ok": true,
     "skipped": true}``. ``--failures`` keeps the failures file of
-    :func:`llmretry.call_many`. The summary goes to stderr at the end. Exit
+    :func:`llmretry.call_many`. Bad input lines (not UTF-8, not JSON, not an
+    object, not sendable) are a usage error that lists them (the first 20,
+    with line numbers) before anything runs; with ``--skip-invalid`` the
+    other lines run and each bad one fails in place, as ``{"index", "ok":
+    false, "line": N, "error": {"kind": "invalid_input", ...}}`` in the
+    results and with its ``"line"`` in the failures file (fix it and
+    ``--resume``: the indices stay the same). The summary goes to stderr at the end. Exit
     status: 0 when every request succeeded, 1 when some failed, 2 for a
     usage error, 130 on Ctrl-C.
 
@@ -46,15 +52,15 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, TextIO,
-                    Tuple)
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set,
+                    TextIO, Tuple)
 
 from . import _batch
 from ._client import Client, Result, _encode_body
 from ._llmretry import VERSION
 from ._logging import jsonl_logger
 from ._policies import load_policies
-from .errors import LLMError
+from .errors import InvalidResponseError, LLMError
 
 __all__ = ["main"]
 
@@ -156,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--call-deadline-ms", type=_non_negative,
                    help="budget for each call, all attempts included")
     b.add_argument("--model", help="the model of requests that name none")
+    b.add_argument("--skip-invalid", action="store_true",
+                   help="run the good lines of an input with bad ones (each bad line "
+                   "fails, with its line number, in -o and --failures); without it "
+                   "bad lines are a usage error and nothing runs")
     b.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="keep the number in flight at --limit even under 429s")
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -276,8 +286,31 @@ def _stderr_line(text: str) -> None:
 # ---------------------------------------------------------------------------
 # batch
 
-def _read_requests(path: str, model: Optional[str]) -> Tuple[List[Dict[str, Any]], List[int]]:
-    """The request bodies of the input file, and the line number of each."""
+# How many bad input lines one run reports (the rest are counted).
+MAX_BAD_LINES = 20
+
+
+class InvalidInputError(LLMError):
+    """A line of the input file that is not a request that can be sent: its
+    item fails without any I/O (``--skip-invalid``), recorded with its line
+    number (``input_line``, 1-based)."""
+
+    kind = "invalid_input"
+
+    def __init__(self, message: str, input_line: int) -> None:
+        super().__init__(message, kind="invalid_input", reason="not_retryable")
+        self.input_line = input_line
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (InvalidInputError, (self.message, self.input_line))
+
+
+def _read_requests(path: str, model: Optional[str]
+                   ) -> Tuple[List[Optional[Dict[str, Any]]], List[int], Dict[int, str]]:
+    """The requests of the input file: the body of each non-blank line (None
+    for a bad one), the line number of each, and what is wrong with each bad
+    one (by index: "PATH:LINE: why"). A bad line keeps its index, so that
+    fixing it and resuming is the same batch."""
     try:
         if path == "-":
             raw = getattr(sys.stdin, "buffer", None)    # None: a text-only stand-in
@@ -288,32 +321,53 @@ def _read_requests(path: str, model: Optional[str]) -> Tuple[List[Dict[str, Any]
                 data = fh.read()
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        lineno = data.count(b"\n", 0, exc.start) + 1
-        raise UsageError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from None
-    bodies: List[Dict[str, Any]] = []
+    bodies: List[Optional[Dict[str, Any]]] = []
     linenos: List[int] = []
+    bad: Dict[int, str] = {}
     # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085
     # and others, which JSON strings may hold unescaped.
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
+    for lineno, raw_line in enumerate(data.split(b"\n"), 1):
+        if not raw_line.strip():
             continue
-        try:
-            body = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{path}:{lineno}: not JSON ({exc})") from None
-        except RecursionError:
-            raise UsageError(f"{path}:{lineno}: JSON nested too deeply") from None
-        if not isinstance(body, dict):
-            raise UsageError(f"{path}:{lineno}: a request must be a JSON object, "
-                             f"not {type(body).__name__}")
-        if model is not None and "model" not in body:
+        why, body = _parse_request(raw_line)
+        if why is None and model is not None and "model" not in body:
             body["model"] = model
-        bodies.append(body)
+        if why is not None:
+            bad[len(bodies)] = f"{path}:{lineno}: {why}"
+        bodies.append(body if why is None else None)
         linenos.append(lineno)
-    return bodies, linenos
+    return bodies, linenos, bad
+
+
+def _parse_request(raw_line: bytes) -> Tuple[Optional[str], Any]:
+    """(None, the body) for a line that is a JSON object, else (why, None);
+    never quotes the line (it may hold a prompt)."""
+    try:
+        line = raw_line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text ({exc.reason})", None
+    try:
+        body = json.loads(line)
+    except ValueError as exc:
+        return f"not JSON ({exc})", None
+    except RecursionError:
+        return "JSON nested too deeply", None
+    if not isinstance(body, dict):
+        return f"a request must be a JSON object, not {type(body).__name__}", None
+    return None, body
+
+
+def _bad_lines_error(path: str, bad: Mapping[int, str]) -> UsageError:
+    """One usage error listing the first MAX_BAD_LINES bad lines."""
+    shown = [bad[i] for i in sorted(bad)[:MAX_BAD_LINES]]
+    if len(bad) == 1:
+        return UsageError(shown[0])
+    more = len(bad) - len(shown)
+    lines = [f"{path}: {len(bad)} bad lines, nothing was run "
+             f"(--skip-invalid runs the others):", *("  " + x for x in shown)]
+    if more:
+        lines.append(f"  ... and {more} more")
+    return UsageError("\n".join(lines))
 
 
 _LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -325,6 +379,8 @@ def _result_line(index: int, value: Any) -> str:
                                "meta": value.meta.as_dict()}
     elif isinstance(value, LLMError):
         rec = {"index": index, "ok": False, "error": value.as_dict()}
+        if isinstance(value, InvalidInputError):
+            rec["line"] = value.input_line
     else:
         rec = {"index": index, "ok": False,
                "error": {"kind": "exception", "message": str(value)}}
@@ -343,8 +399,8 @@ def _read_results(path: str, n: int) -> Dict[int, str]:
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
-            continue        # a line cut short by a crash
+        except (ValueError, RecursionError):
+            continue        # a line cut short by a crash, or one Python cannot read
         if not isinstance(rec, dict) or type(rec.get("index")) is not int:
             continue
         index = rec["index"]
@@ -385,7 +441,7 @@ class _ResultsFile:
         for line in _batch._read_lines(self.path):
             try:
                 rec = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(rec, dict) and type(rec.get("index")) is int:
                 by_index[rec["index"]] = line
@@ -440,13 +496,37 @@ class _CliBatch(_batch.Batch):
 
     def item_done(self, index: int, value: Any, failed: bool,
                   outcome: Optional[Any] = None, not_started: bool = False) -> None:
+        if not failed and isinstance(value, Result) and not _writable(value):
+            value, failed = _unwritable(value), True
         with self.interrupts.critical():
             super().item_done(index, value, failed, outcome, not_started)
 
 
+def _writable(res: Result) -> bool:
+    """Whether a result's data can be written as a results line: data that
+    Python's decoder just managed to read (near its recursion limit) may be
+    too deep for its encoder, which runs on a deeper stack."""
+    try:
+        _LINE.encode(res.data)
+    except RecursionError:
+        return False
+    return True
+
+
+def _unwritable(res: Result) -> LLMError:
+    """A success the results file cannot hold, as the invalid response it is
+    to this command: a failure, listed as such and run again by --resume."""
+    m = res.meta
+    return InvalidResponseError(
+        f"HTTP {m.status} with a body nested too deeply to be written as a results line",
+        status=m.status, attempt=m.attempt, attempts=m.attempts, request_id=m.request_id,
+        reason="not_retryable", model=m.model, duration_ms=m.duration_ms,
+        total_ms=m.total_ms)
+
+
 def run_batch(args: argparse.Namespace) -> int:
     """``llmretry batch``: returns the exit status."""
-    bodies, linenos = _read_requests(args.input, args.model)
+    bodies, linenos, bad = _read_requests(args.input, args.model)
     n = len(bodies)
     output = os.fspath(args.output)
     if args.failures is not None and os.path.abspath(args.failures) == os.path.abspath(output):
@@ -470,13 +550,26 @@ def run_batch(args: argparse.Namespace) -> int:
         options = _client_defaults(args)
         if args.call_deadline_ms is not None:
             options["deadline_ms"] = args.call_deadline_ms
-        plan, sent = client._batch_plan(args.policy, options, bodies)
-        encoded = []
-        for body, lineno in zip(sent, linenos):
+        plan, sent = client._batch_plan(args.policy, options,
+                                        [b if b is not None else {} for b in bodies])
+        encoded: List[Tuple[bytes, Optional[str]]] = []
+        for k, (body, lineno) in enumerate(zip(sent, linenos)):
+            if k in bad:
+                encoded.append((b"", None))
+                continue
             try:    # JSON that Python reads but cannot send: NaN, lone surrogates
                 encoded.append(_encode_body(body))
             except (TypeError, ValueError) as exc:
-                raise UsageError(f"{args.input}:{lineno}: {exc}") from None
+                bad[k] = f"{args.input}:{lineno}: {exc}"
+                bodies[k] = None    # not echoed in the failures file
+                encoded.append((b"", None))
+        if bad and not args.skip_invalid:
+            raise _bad_lines_error(args.input, bad)
+        invalid = {k: InvalidInputError(why, linenos[k]) for k, why in bad.items()}
+        for k in sorted(bad)[:MAX_BAD_LINES]:
+            write(f"{PROG}: skipped: {bad[k]}")
+        if len(bad) > MAX_BAD_LINES:
+            write(f"{PROG}: skipped {len(bad) - MAX_BAD_LINES} more bad lines")
         results = _ResultsFile(output, kept)
         batch = _CliBatch(bodies, failures_path=args.failures,
                           resume=args.resume and args.failures is not None,
@@ -486,7 +579,7 @@ def run_batch(args: argparse.Namespace) -> int:
         try:
             with interrupts.installed():
                 client._run_batch(batch, encoded, plan, args.limit, args.deadline_ms,
-                                  args.adaptive, already_ok=already_ok)
+                                  args.adaptive, already_ok=already_ok, invalid=invalid)
         except KeyboardInterrupt:
             results.close()
             if batch.summary is not None:

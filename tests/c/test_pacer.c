@@ -55,6 +55,13 @@ static void test_halving_once_per_burst(void)
     for (int k = 0; k < 10; k++)
         llmretry_pacer_on_429(&p, 12000 + k * 1000, -1);
     CHECK_INT(llmretry_pacer_allowed(&p, 30000), 1);   /* never below 1 */
+    /* 64 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1: six halvings; the 429s that found
+     * the window already at 1 shrank nothing and are not counted. */
+    CHECK_INT(p.halvings, 6);
+    llmretry_pacer_init(&p, 1, 1);
+    llmretry_pacer_on_429(&p, 0, -1);
+    CHECK_INT(llmretry_pacer_allowed(&p, 0), 1);
+    CHECK_INT(p.halvings, 0);
 }
 
 static void test_additive_recovery(void)

@@ -198,18 +198,20 @@ describe("transport faults", function()
       end
     end)
 
-    it("a ca_file that cannot be read fails without retry, naming it, sending nothing",
-      function()
-        local srv = tls_recorder()
-        if not srv then return end
-        local before = srv:records()
-        local missing = "/nonexistent/llmretry-ca.pem"
-        local out = H.run_call(target(srv.base_url), nil, { ca_file = missing })
-        H.check_error(out.err, "network", { reason = "not_retryable", attempts = 1 })
-        check(out.err.message:find(missing, 1, true), "message %q", out.err.message)
-        finish(out, 1)
-        check(#since(srv, before).requests == 0, "a request reached the server")
-      end)
+    -- Refused before any I/O, as a wrong argument (issue 13, item 18): it used
+    -- to cost one attempt and read "TLS verification failed".
+    it("a ca_file that cannot be read raises, naming it, sending nothing", function()
+      local srv = tls_recorder()
+      if not srv then return end
+      local before = srv:records()
+      local missing = "/nonexistent/llmretry-ca.pem"
+      local ok, why = pcall(H.run_call, target(srv.base_url), nil, { ca_file = missing })
+      check(not ok, "expected an error")
+      why = tostring(why)
+      check(why:find("ca_file cannot be read: " .. missing, 1, true), "message %q", why)
+      check(not why:find(H.SECRET_KEY, 1, true), "the key in %q", why)
+      check(#since(srv, before).requests == 0, "a request reached the server")
+    end)
   end)
 
   -- 4. Proxy variables --------------------------------------------------------

@@ -77,6 +77,9 @@ def error_class(kind: str) -> type:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: takes seconds (run by default; deselect with -m 'not slow')")
+    config.addinivalue_line(
+        "markers", "engine_pause: needs the engine's batch pause to ignore a Retry-After "
+        "above max_retry_after_ms (core/src/engine.c, issue 13 item 3)")
 
 
 @pytest.fixture(autouse=True)

@@ -107,10 +107,12 @@ class Child:
         return self.seen
 
 
-def check_interrupted(child: Child, took: float) -> None:
+def check_interrupted(child: Child, took: float, batch: bool = False) -> None:
     err = child.stderr()
     out = child.rest_of_stdout()
-    assert "KeyboardInterrupt" in err, f"no KeyboardInterrupt in stderr:\n{err}"
+    # A batch's KeyboardInterrupt is a BatchInterrupted (with what finished).
+    want = "llmretry.BatchInterrupted: batch interrupted" if batch else "KeyboardInterrupt"
+    assert want in err, f"no {want} in stderr:\n{err}"
     assert "RETURNED" not in out
     assert child.proc.returncode != 0
     assert took < PROMPT_S, f"exited {took:.2f} s after SIGINT"
@@ -151,7 +153,7 @@ def test_sigint_in_map_with_concurrency(scen: Scenario) -> None:
         # three are sent at once is test_pool's concern, not this test's).
         assert len(scen.wait_requests(1)) >= 1, "no call reached the server"
         took = child.interrupt()
-        check_interrupted(child, took)
+        check_interrupted(child, took, batch=True)
     finally:
         child.kill()
     assert len(scen.requests()) <= 4, "no new item may start after Ctrl-C"
