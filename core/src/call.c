@@ -373,6 +373,51 @@ static int connection_is_stale(llmretry_call *c, int local_port, int remote_port
     return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* The number after `key` in a line of libcurl's text, or 0. */
+static unsigned long text_number(const char *data, size_t size, const char *key)
+{
+    size_t kl = strlen(key);
+    const char *p = memmem(data, size, key, kl);
+    if (!p)
+        return 0;
+    unsigned long n = 0;
+    for (p += kl; p < data + size && *p >= '0' && *p <= '9'; p++)
+        n = n * 10 + (unsigned long)(*p - '0');
+    return n;
+}
+
+/* libcurl tells what makes an HTTP/2 re-send free only in its informational
+ * text (7.88 and 8.x): "REFUSED_STREAM", the stream id it uses ("Using
+ * Stream ID: N") and a GOAWAY's last-stream-id ("GOAWAY, error=E,
+ * last_stream=N"), which holds for the connection the frame came on: the
+ * one this call's request went out on. Nothing of the text is kept. */
+static int on_debug(CURL *easy, curl_infotype type, char *data, size_t size, void *ud)
+{
+    llmretry_call *c = ud;
+    (void)easy;
+    if (type != CURLINFO_TEXT)
+        return 0;
+    static const char refused[] = "REFUSED_STREAM";
+    if (memmem(data, size, refused, sizeof refused - 1))
+        c->saw_refused = 1;
+    unsigned long id = text_number(data, size, "Using Stream ID: ");
+    if (id)
+        c->h2_stream = id;
+    if (memmem(data, size, "GOAWAY", 6) && memmem(data, size, "last_stream=", 12))
+        lr_goaway_note(c->engine, c->conn_lport, c->conn_rport,
+                       text_number(data, size, "last_stream="));
+    return 0;
+}
+
+/* A re-send after the connection of the request died: was the request's
+ * stream above the last one a GOAWAY on that connection let through? */
+static int refused_by_goaway(llmretry_call *c)
+{
+    unsigned long last;
+    return c->h2_stream && lr_goaway_find(c->engine, c->conn_lport, c->conn_rport, &last) &&
+           c->h2_stream > last;
+}
+
 /* libcurl calls this before each request it begins, after the connection
  * is chosen. (With POSTFIELDS a small body leaves with the headers.) */
 static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port)
@@ -381,14 +426,23 @@ static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_por
     (void)primary_ip;
     (void)local_ip;
     if (c->prereq_calls++ > 0) {
+        /* Judged on the last request's connection and stream, below. */
         /* libcurl's own re-send: it re-sends only what got no byte back. */
-        lr_resend_why why = c->saw_refused ? LR_RESEND_REFUSED : LR_RESEND_REUSED_DIED;
+        lr_resend_why why = c->saw_refused || refused_by_goaway(c) ? LR_RESEND_REFUSED
+                                                                    : LR_RESEND_REUSED_DIED;
         if (!lr_resend_allowed(c, why)) {
             c->resend_refused = why;
             return CURL_PREREQFUNC_ABORT;
         }
     }
     c->saw_refused = 0;
+    c->h2_stream = 0;
+    c->conn_lport = local_port;
+    c->conn_rport = primary_port;
+    long new_connections = 0;
+    if (curl_easy_getinfo(c->easy, CURLINFO_NUM_CONNECTS, &new_connections) == CURLE_OK &&
+        new_connections > 0)
+        lr_goaway_forget(c->engine, local_port, primary_port);   /* ports reused */
     if (connection_is_stale(c, local_port, primary_port)) {
         /* Abort before sending (libcurl closes a connection whose transfer
          * a callback aborted); attempt.c re-sends on a fresh one. */
@@ -398,23 +452,11 @@ static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_por
     return CURL_PREREQFUNC_OK;
 }
 
-/* libcurl tells of a refused HTTP/2 stream only in its informational text
- * ("REFUSED_STREAM, retrying a fresh connect", 7.88 and 8.x): the flag
- * tells on_prereq that the re-send that follows is of a stream the server
- * never processed. Nothing of the text is kept. */
-static int on_debug(CURL *easy, curl_infotype type, char *data, size_t size, void *ud)
-{
-    (void)easy;
-    static const char mark[] = "REFUSED_STREAM";
-    if (type == CURLINFO_TEXT && memmem(data, size, mark, sizeof mark - 1))
-        ((llmretry_call *)ud)->saw_refused = 1;
-    return 0;
-}
-
 static void set_body(llmretry_call *c, CURL *easy)
 {
     c->prereq_calls = 0;
     c->saw_refused = 0;
+    c->h2_stream = 0;
     c->resend_pending = c->resend_refused = LR_RESEND_NONE;
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
     curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, on_prereq);

@@ -24,9 +24,17 @@ typedef struct lr_sock {
     int lport, rport;              /* 0 until known */
 } lr_sock;
 
+#define LR_GOAWAYS 16
+typedef struct lr_goaway {
+    int lport, rport;              /* 0 = free slot */
+    unsigned long last_stream;
+} lr_goaway;
+
 typedef struct lr_socktab {
     lr_sock *socks;
     size_t len, cap;
+    lr_goaway goaways[LR_GOAWAYS]; /* the latest, oldest overwritten */
+    unsigned next_goaway;
 } lr_socktab;
 
 /* Make the easy handle open and close its sockets through the table. */

@@ -157,6 +157,8 @@ struct llmretry_call {
     int cut_by_deadline;           /* this attempt's timeout is the deadline's */
     int prereq_calls;              /* requests libcurl began this attempt */
     int saw_refused;               /* libcurl said REFUSED_STREAM since the last */
+    unsigned long h2_stream;       /* the request's HTTP/2 stream id, 0 = none */
+    int conn_lport, conn_rport;    /* ports of the request's connection */
     int resend_pending;            /* lr_resend_why: on_prereq aborted to re-send */
     int resend_refused;            /* lr_resend_why: a re-send the policy refused */
     int attempt_resends;           /* free re-sends within this attempt */
@@ -232,6 +234,12 @@ typedef enum lr_resend_why {
 /* At most this many free re-sends per attempt: a server that refuses every
  * stream must not loop the engine. Past it the attempt fails. */
 #define LR_MAX_RESENDS 3
+
+/* GOAWAY frames seen lately, by the ports of their connection (sockets.c):
+ * a connection is gone by the time libcurl re-sends its refused streams. */
+void lr_goaway_note(llmretry_engine *e, int lport, int rport, unsigned long last_stream);
+int lr_goaway_find(llmretry_engine *e, int lport, int rport, unsigned long *last_stream);
+void lr_goaway_forget(llmretry_engine *e, int lport, int rport);
 
 /* May the call re-send now for `why`? Counts the re-send when it may. */
 int lr_resend_allowed(llmretry_call *c, lr_resend_why why);

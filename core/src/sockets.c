@@ -5,7 +5,8 @@
  * (CURLINFO_ACTIVESOCKET is -1 until the transfer is done). It does say
  * the connection's ports, so the engine opens and closes its sockets
  * itself (CURLOPT_OPENSOCKETFUNCTION / CLOSESOCKETFUNCTION) and finds one
- * by its ports. I/O thread only. */
+ * by its ports. The same ports name the connection a GOAWAY came on.
+ * I/O thread only. */
 #include "engine.h"
 
 #include <arpa/inet.h>
@@ -92,4 +93,40 @@ void lr_socktab_free(lr_socktab *t)
     free(t->socks);
     t->socks = NULL;
     t->len = t->cap = 0;
+}
+
+/* ---- GOAWAYs by connection ------------------------------------------------ */
+
+static lr_goaway *goaway_slot(lr_socktab *t, int lport, int rport)
+{
+    for (unsigned i = 0; i < LR_GOAWAYS; i++)
+        if (t->goaways[i].lport == lport && t->goaways[i].rport == rport)
+            return &t->goaways[i];
+    return NULL;
+}
+
+void lr_goaway_note(llmretry_engine *e, int lport, int rport, unsigned long last_stream)
+{
+    if (lport == 0)
+        return;
+    lr_socktab *t = &e->socks;
+    lr_goaway *g = goaway_slot(t, lport, rport);
+    if (!g)
+        g = &t->goaways[t->next_goaway++ % LR_GOAWAYS];
+    *g = (lr_goaway){ lport, rport, last_stream };
+}
+
+int lr_goaway_find(llmretry_engine *e, int lport, int rport, unsigned long *last_stream)
+{
+    lr_goaway *g = lport ? goaway_slot(&e->socks, lport, rport) : NULL;
+    if (g)
+        *last_stream = g->last_stream;
+    return g != NULL;
+}
+
+void lr_goaway_forget(llmretry_engine *e, int lport, int rport)
+{
+    lr_goaway *g = lport ? goaway_slot(&e->socks, lport, rport) : NULL;
+    if (g)
+        g->lport = g->rport = 0;
 }
