@@ -65,6 +65,7 @@ build = {
             "core/src/options.c",
             "core/src/pacer.c",
             "core/src/policy.c",
+            "core/src/sockets.c",
             "core/src/timers.c",
          },
          incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },
