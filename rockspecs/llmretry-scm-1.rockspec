@@ -67,6 +67,7 @@ build = {
             "core/src/policies.c",
             "core/src/policy.c",
             "core/src/response.c",
+            "core/src/sockets.c",
             "core/src/timers.c",
          },
          incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },

@@ -3,7 +3,8 @@
 # packages with apt-get, Python packages with pip. Safe to run repeatedly.
 set -euo pipefail
 
-debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc openssl)
+# nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2).
+debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc openssl nginx libnginx-mod-http-echo)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

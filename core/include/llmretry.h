@@ -207,6 +207,11 @@ typedef struct llmretry_result {
     int status;                    /* last HTTP status, 0 = none */
     int attempt;                   /* 0-based index of the last attempt */
     int attempts;                  /* attempts made */
+    /* Requests sent again at once, within an attempt, because they provably
+     * never reached the server (a refused HTTP/2 stream, a keep-alive
+     * connection with unread bytes) or, in safe mode, a reused connection
+     * closed before any byte of a response. Not attempts: no backoff. */
+    int resends;
     int64_t duration_ms;           /* of the last attempt */
     int64_t total_ms;              /* of the whole call */
 

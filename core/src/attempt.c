@@ -211,6 +211,7 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
     }
     c->easy = easy;
     c->attempt_started_at = now;
+    c->attempt_resends = 0;
     c->attempts_started = c->attempt + 1;
     c->state = LR_RUNNING;
     e->in_flight++;
@@ -283,8 +284,63 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
 }
 
+/* ---- free re-sends --------------------------------------------------------
+ * A request that provably never reached the server is sent again at once,
+ * in the same attempt: no event, no backoff, no attempt counted (the
+ * result's `resends` counts them). So is, in safe mode only, one on a
+ * reused connection that closed before any byte of a response: libcurl's
+ * own re-send, what every HTTP client does when a server drops an idle
+ * keep-alive connection just as the request goes out (uvicorn after 5 s).
+ * In unsafe mode that one fails: the server may have read the request and
+ * acted on it, and nothing tells the two cases apart. At most
+ * LR_MAX_RESENDS per attempt, so a server that refuses every stream
+ * fails the attempt instead of looping. */
+
+int lr_resend_allowed(llmretry_call *c, lr_resend_why why)
+{
+    if (why == LR_RESEND_REUSED_DIED && c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
+        return 0;
+    if (c->attempt_resends >= LR_MAX_RESENDS)
+        return 0;
+    c->attempt_resends++;
+    c->result.resends++;
+    return 1;
+}
+
+/* on_prereq aborted the transfer before sending (a stale connection):
+ * send the request again on a fresh connection, within what is left of
+ * the attempt's timeout. 0 when it is on its way. */
+static int resend(llmretry_engine *e, llmretry_call *c)
+{
+    int64_t now = lr_mono_ms();
+    int64_t left = deadline_left(c, now);
+    int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
+    int64_t spent = now - c->attempt_started_at;
+    timeout = timeout - spent > 0 ? timeout - spent : 1;
+    curl_multi_remove_handle(e->multi, c->easy);
+    lr_call_setup_resend(c, timeout);
+    if (curl_multi_add_handle(e->multi, c->easy) != CURLM_OK) {
+        easy_put(e, c->easy);
+        c->easy = NULL;
+        e->in_flight--;
+        return -1;
+    }
+    return 0;
+}
+
 void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
 {
+    if (rc == CURLE_ABORTED_BY_CALLBACK && c->resend_pending) {
+        lr_resend_why why = (lr_resend_why)c->resend_pending;
+        c->resend_pending = LR_RESEND_NONE;
+        if (lr_resend_allowed(c, why)) {
+            if (resend(e, c) == 0)
+                return;
+            fail_to_start(e, c, "could not re-send the request on a new connection");
+            return;
+        }
+        c->resend_refused = why;    /* past the bound: a failed attempt */
+    }
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
     detach_easy(e, c);

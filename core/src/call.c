@@ -2,7 +2,7 @@
  * within max_response_bytes, and turning a finished transfer into an
  * outcome the policy can judge. Runs on the host thread (lr_call_new) and
  * on the engine thread (everything else). */
-#include "internal.h"
+#include "engine.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define DEFAULT_BASE_URL "https://api.openai.com/v1"
@@ -473,30 +474,129 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* One attempt must be one request. When a reused keep-alive connection
- * dies under a request, libcurl silently re-sends it on a new connection:
- * a request the policy never counted, and a duplicate an unsafe call must
- * never make. We turn that re-send into a failed attempt the policy sees. */
+/* One attempt must be one request, with few exceptions: re-sends of a
+ * request that provably never reached the server, or (safe mode only) of
+ * one on a reused connection that died before any byte came back. libcurl
+ * re-sends the latter kinds on its own; on_prereq sees each request it
+ * begins and lets attempt.c (lr_resend_allowed) decide: allowed, it is a
+ * free re-send (no attempt, no backoff); refused, the transfer aborts and
+ * the policy sees a failed attempt. */
 #if LIBCURL_VERSION_NUM >= 0x075000
-/* libcurl calls this before each request it starts; a second call within
- * one attempt is the silent re-send. (With POSTFIELDS a small body leaves
- * with the headers in one write.) */
+/* Bytes waiting (or EOF) on the idle HTTP/1.1 connection libcurl is about
+ * to send on: an answer to nothing, which libcurl 7.88 would read as this
+ * request's response (and every later answer would be one off). Only for
+ * plain http, which this engine speaks as HTTP/1.1 only: over TLS the
+ * socket's bytes may be OpenSSL's or an HTTP/2 connection's frames. */
+static int connection_is_stale(llmretry_call *c, int local_port, int remote_port)
+{
+    long new_connections = 1;
+    if (c->is_https || curl_easy_getinfo(c->easy, CURLINFO_NUM_CONNECTS, &new_connections) != CURLE_OK
+        || new_connections != 0)
+        return 0;               /* a new connection has had no time to go stale */
+    curl_socket_t fd = lr_socktab_find(&c->engine->socks, local_port, remote_port);
+    if (fd == CURL_SOCKET_BAD)
+        return 0;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The number after `key` in a line of libcurl's text, or 0. */
+static unsigned long text_number(const char *data, size_t size, const char *key)
+{
+    size_t kl = strlen(key);
+    const char *p = memmem(data, size, key, kl);
+    if (!p)
+        return 0;
+    unsigned long n = 0;
+    for (p += kl; p < data + size && *p >= '0' && *p <= '9'; p++)
+        n = n * 10 + (unsigned long)(*p - '0');
+    return n;
+}
+
+/* libcurl tells what makes an HTTP/2 re-send free only in its informational
+ * text (7.88 and 8.x): "REFUSED_STREAM", the stream id it uses ("Using
+ * Stream ID: N") and a GOAWAY's last-stream-id ("GOAWAY, error=E,
+ * last_stream=N"), which holds for the connection the frame came on: the
+ * one this call's request went out on. Nothing of the text is kept. */
+static int on_debug(CURL *easy, curl_infotype type, char *data, size_t size, void *ud)
+{
+    llmretry_call *c = ud;
+    (void)easy;
+    if (type != CURLINFO_TEXT)
+        return 0;
+    static const char refused[] = "REFUSED_STREAM";
+    if (memmem(data, size, refused, sizeof refused - 1))
+        c->saw_refused = 1;
+    unsigned long id = text_number(data, size, "Using Stream ID: ");
+    if (id)
+        c->h2_stream = id;
+    if (memmem(data, size, "GOAWAY", 6) && memmem(data, size, "last_stream=", 12))
+        lr_goaway_note(c->engine, c->conn_lport, c->conn_rport,
+                       text_number(data, size, "last_stream="));
+    return 0;
+}
+
+/* A re-send after the connection of the request died: was the request's
+ * stream above the last one a GOAWAY on that connection let through? */
+static int refused_by_goaway(llmretry_call *c)
+{
+    unsigned long last;
+    return c->h2_stream && lr_goaway_find(c->engine, c->conn_lport, c->conn_rport, &last) &&
+           c->h2_stream > last;
+}
+
+/* libcurl calls this before each request it begins, after the connection
+ * is chosen. (With POSTFIELDS a small body leaves with the headers.) */
 static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port)
 {
     llmretry_call *c = ud;
     (void)primary_ip;
     (void)local_ip;
-    (void)primary_port;
-    (void)local_port;
-    return ++c->prereq_calls > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+    if (c->prereq_calls++ > 0) {
+        /* Judged on the last request's connection and stream, below. */
+        /* libcurl's own re-send: it re-sends only what got no byte back. */
+        lr_resend_why why = c->saw_refused || refused_by_goaway(c) ? LR_RESEND_REFUSED
+                                                                    : LR_RESEND_REUSED_DIED;
+        if (!lr_resend_allowed(c, why)) {
+            c->resend_refused = why;
+            return CURL_PREREQFUNC_ABORT;
+        }
+    }
+    c->saw_refused = 0;
+    c->h2_stream = 0;
+    c->conn_lport = local_port;
+    c->conn_rport = primary_port;
+    long new_connections = 0;
+    if (curl_easy_getinfo(c->easy, CURLINFO_NUM_CONNECTS, &new_connections) == CURLE_OK &&
+        new_connections > 0)
+        lr_goaway_forget(c->engine, local_port, primary_port);   /* ports reused */
+    if (connection_is_stale(c, local_port, primary_port)) {
+        /* Abort before sending (libcurl closes a connection whose transfer
+         * a callback aborted); attempt.c re-sends on a fresh one. */
+        c->resend_pending = LR_RESEND_STALE;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
 }
 
 static void set_body(llmretry_call *c, CURL *easy)
 {
     c->prereq_calls = 0;
+    c->saw_refused = 0;
+    c->h2_stream = 0;
+    c->resend_pending = c->resend_refused = LR_RESEND_NONE;
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
     curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(easy, CURLOPT_PREREQDATA, c);
+    if (!c->is_https) {
+        lr_socktab_attach(&c->engine->socks, easy);
+    } else {
+        /* HTTP/2 only happens over TLS here. */
+        curl_easy_setopt(easy, CURLOPT_DEBUGFUNCTION, on_debug);
+        curl_easy_setopt(easy, CURLOPT_DEBUGDATA, c);
+        curl_easy_setopt(easy, CURLOPT_VERBOSE, 1L);
+    }
 }
 #else
 /* Older libcurl: send through a read callback that cannot rewind, so the
@@ -529,6 +629,14 @@ static void set_body(llmretry_call *c, CURL *easy)
     curl_easy_setopt(easy, CURLOPT_SEEKDATA, c);
 }
 #endif
+
+void lr_call_setup_resend(llmretry_call *c, int64_t timeout_ms)
+{
+    lr_call_reset_response(c);
+    set_body(c, c->easy);
+    curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(c->easy, CURLOPT_FRESH_CONNECT, 1L);
+}
 
 void lr_call_reset_response(llmretry_call *c)
 {
@@ -651,11 +759,25 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->message = printf_alloc("bad URL (not retried): %s", detail);
         break;
     case CURLE_ABORTED_BY_CALLBACK:
-        /* Only our prereq guard aborts: a reused connection died under the
-         * request, and it may have reached the server. */
+        /* Only on_prereq aborts, before a re-send lr_resend_allowed refused. */
         f->kind = LLMRETRY_ERR_NETWORK;
-        out->message = printf_alloc("connection lost before a response (the request may "
-                                    "have reached the server)");
+        if (c->resend_refused == LR_RESEND_REUSED_DIED && c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
+            out->message = printf_alloc("connection closed before a response (the server may "
+                                        "have read the request: retry_mode=unsafe does not "
+                                        "send it again)");
+        else if (c->resend_refused == LR_RESEND_REUSED_DIED)
+            out->message = printf_alloc("connection lost before a response (the request may "
+                                        "have reached the server)");
+        else {
+            /* Refused streams or stale connections, past LR_MAX_RESENDS:
+             * the request never reached the server. */
+            f->never_connected = 1;
+            out->message = printf_alloc(c->resend_refused == LR_RESEND_STALE
+                                        ? "every idle connection had unread bytes (%d tries); "
+                                          "the request was not sent"
+                                        : "the server refused the request %d times without "
+                                          "processing it", LR_MAX_RESENDS + 1);
+        }
         break;
     case CURLE_WRITE_ERROR:
         if (c->too_large) {

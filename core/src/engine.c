@@ -200,6 +200,7 @@ static void *io_main(void *arg)
     lr_easy_pool_clear(e);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
+    lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
     return NULL;
 }
 

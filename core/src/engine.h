@@ -6,6 +6,7 @@
  *   attempt.c    attempts on the wire and what the policy makes of them
  *   mailbox.c    what the engine publishes to hosts and the host side of it
  *   channel.c    ready lists with a notifier (eventfd or pipe)
+ *   sockets.c    the engine's open sockets, found by their ports
  *
  * Everything marked "I/O thread" is touched by that thread only. */
 #ifndef LLMRETRY_ENGINE_H
@@ -16,6 +17,32 @@
 #include <stdint.h>
 
 #define LR_NO_TIMER SIZE_MAX        /* heap_index of a call without a timer */
+
+/* ---- sockets.c ------------------------------------------------------------ */
+typedef struct lr_sock {
+    curl_socket_t fd;
+    int lport, rport;              /* 0 until known */
+} lr_sock;
+
+#define LR_GOAWAYS 16
+typedef struct lr_goaway {
+    int lport, rport;              /* 0 = free slot */
+    unsigned long last_stream;
+} lr_goaway;
+
+typedef struct lr_socktab {
+    lr_sock *socks;
+    size_t len, cap;
+    lr_goaway goaways[LR_GOAWAYS]; /* the latest, oldest overwritten */
+    unsigned next_goaway;
+} lr_socktab;
+
+/* Make the easy handle open and close its sockets through the table. */
+void lr_socktab_attach(lr_socktab *t, CURL *easy);
+/* The open socket with these ports, or CURL_SOCKET_BAD. */
+curl_socket_t lr_socktab_find(lr_socktab *t, int local_port, int remote_port);
+/* After curl_multi_cleanup: libcurl closes sockets through the table. */
+void lr_socktab_free(lr_socktab *t);
 
 struct llmretry_engine {
     atomic_int refs;               /* the host's + one per unfreed call */
@@ -39,6 +66,7 @@ struct llmretry_engine {
     int in_flight;
     CURL **easy_pool;
     size_t n_easy;
+    lr_socktab socks;              /* sockets of plain-http connections */
     uint64_t rng;
     llmretry_call *pend_head;      /* calls with news, published once per loop, */
     llmretry_call *pend_tail;      /* in the order they had it */

@@ -156,6 +156,12 @@ struct llmretry_call {
     int64_t attempt_started_at;
     int cut_by_deadline;           /* this attempt's timeout is the deadline's */
     int prereq_calls;              /* requests libcurl began this attempt */
+    int saw_refused;               /* libcurl said REFUSED_STREAM since the last */
+    unsigned long h2_stream;       /* the request's HTTP/2 stream id, 0 = none */
+    int conn_lport, conn_rport;    /* ports of the request's connection */
+    int resend_pending;            /* lr_resend_why: on_prereq aborted to re-send */
+    int resend_refused;            /* lr_resend_why: a re-send the policy refused */
+    int attempt_resends;           /* free re-sends within this attempt */
     size_t send_pos;               /* bytes of the body handed to libcurl */
     lr_buf resp;
     int too_large;
@@ -209,6 +215,37 @@ struct llmretry_call {
     llmretry_result result;
 };
 
+/* ---- free re-sends (attempt.c decides, call.c detects) ----------------- */
+/* Why a request is sent again within one attempt, without a backoff and
+ * without counting an attempt. */
+typedef enum lr_resend_why {
+    LR_RESEND_NONE = 0,
+    /* The server refused the HTTP/2 stream (REFUSED_STREAM, or a GOAWAY whose
+     * last-stream-id is below ours): it never processed it. Both modes. */
+    LR_RESEND_REFUSED,
+    /* The idle keep-alive connection libcurl picked has unread bytes (or
+     * was closed): its bytes would be taken as this request's answer. We
+     * abort before sending, so it never left. Both modes. */
+    LR_RESEND_STALE,
+    /* A reused connection closed before any byte of a response (libcurl
+     * re-sends that on its own). The server may have read the request:
+     * safe mode only. */
+    LR_RESEND_REUSED_DIED,
+} lr_resend_why;
+
+/* At most this many free re-sends per attempt: a server that refuses every
+ * stream must not loop the engine. Past it the attempt fails. */
+#define LR_MAX_RESENDS 3
+
+/* GOAWAY frames seen lately, by the ports of their connection (sockets.c):
+ * a connection is gone by the time libcurl re-sends its refused streams. */
+void lr_goaway_note(llmretry_engine *e, int lport, int rport, unsigned long last_stream);
+int lr_goaway_find(llmretry_engine *e, int lport, int rport, unsigned long *last_stream);
+void lr_goaway_forget(llmretry_engine *e, int lport, int rport);
+
+/* May the call re-send now for `why`? Counts the re-send when it may. */
+int lr_resend_allowed(llmretry_call *c, lr_resend_why why);
+
 /* ---- call.c: building requests and reading responses ----------------- */
 /* Build the call record from options (host thread). EINVAL names a field. */
 llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
@@ -217,6 +254,9 @@ void lr_call_ref(llmretry_call *c);
 void lr_call_unref(llmretry_call *c);
 /* Set up an easy handle for the call's next attempt. */
 void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms);
+/* The call's easy handle, off the multi handle, made ready to send the
+ * same request again on a new connection within `timeout_ms`. */
+void lr_call_setup_resend(llmretry_call *c, int64_t timeout_ms);
 void lr_call_reset_response(llmretry_call *c);
 
 /* The outcome of a finished transfer, before the policy sees it. */

@@ -553,9 +553,15 @@ static void check_requests(th_mock *m, const char *name, const cJSON *exp,
            cJSON_GetArraySize(recs), want);
     /* One attempt is one request: a request sent behind the engine's back
      * (e.g. libcurl re-sending on a dead reused connection) breaks the
-     * attempt count and, in unsafe mode, the promise never to re-send. */
-    VCHECK(cJSON_GetArraySize(recs) == res->attempts,
-           "server saw %d requests for %d attempts", cJSON_GetArraySize(recs), res->attempts);
+     * attempt count and, in unsafe mode, the promise never to re-send;
+     * the engine's own free re-sends are counted in result.resends. */
+    VCHECK(cJSON_GetArraySize(recs) == res->attempts + res->resends,
+           "server saw %d requests for %d attempts and %d free re-sends",
+           cJSON_GetArraySize(recs), res->attempts, res->resends);
+    const cJSON *resends = cJSON_GetObjectItemCaseSensitive(exp, "resends");
+    VCHECK(res->resends == (cJSON_IsNumber(resends) ? resends->valueint : 0),
+           "free re-sends: got %d, expected %d", res->resends,
+           cJSON_IsNumber(resends) ? resends->valueint : 0);
     cJSON_ArrayForEach(rec, recs) {
         const char *ua = rec_header(rec, "user-agent");
         const char *ct = rec_header(rec, "content-type");

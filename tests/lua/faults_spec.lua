@@ -373,7 +373,9 @@ describe("fault matrix", function()
   for _, fault in ipairs({ "reset", "close", "truncate" }) do
     it("retries a broken connection (" .. fault .. ")", function()
       local scen = mock:scen("broken_" .. fault)
-      local out = H.run_call(scen, { { fault = fault } })
+      local fresh = llm.new_engine()    -- see "gives up on broken connections"
+      local out = H.run_call(scen, { { fault = fault } }, { engine = fresh })
+      fresh:close()
       ok_result(out)
       H.common(out, scen, 2)
       names_are(out, ERROR_FLOW)
@@ -382,7 +384,12 @@ describe("fault matrix", function()
 
     it("gives up on broken connections (" .. fault .. ")", function()
       local scen = mock:scen("broken_all_" .. fault)
-      local out = H.run_call(scen, {}, { _after = { fault = fault }, max_retries = 2 })
+      -- A fresh engine: the same fault on a reused keep-alive connection is
+      -- a free re-send (tests/c/test_resend.c), not a failed attempt.
+      local fresh = llm.new_engine()
+      local out = H.run_call(scen, {}, { _after = { fault = fault }, max_retries = 2,
+        engine = fresh })
+      fresh:close()
       local o = { reason = "retries_exhausted", attempts = 3 }
       if fault ~= "truncate" then o.status = false end -- no status line was read
       H.check_error(out.err, "network", o)

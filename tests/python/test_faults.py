@@ -361,7 +361,11 @@ def test_trickle_is_a_timeout(scen: Scenario) -> None:
 
 @pytest.mark.parametrize("fault", ["reset", "close", "truncate"])
 def test_broken_connection_then_ok(scen: Scenario, fault: str) -> None:
-    out = run_call(scen, [{"fault": fault}])
+    # A fresh engine: the same fault on a reused keep-alive connection is a
+    # free re-send (tests/c/test_resend.c), not a failed attempt.
+    fresh = llmretry.Client()
+    out = run_call(scen, [{"fault": fault}], client=fresh)
+    fresh.close()
     ok_result(out)
     common(out, scen, 2)
     assert out.events.names == ERROR_FLOW
@@ -370,7 +374,9 @@ def test_broken_connection_then_ok(scen: Scenario, fault: str) -> None:
 
 @pytest.mark.parametrize("fault", ["reset", "close", "truncate"])
 def test_broken_connection_exhausted(scen: Scenario, fault: str) -> None:
-    out = run_call(scen, [], after={"fault": fault}, max_retries=2)
+    fresh = llmretry.Client()       # see test_broken_connection_then_ok
+    out = run_call(scen, [], after={"fault": fault}, max_retries=2, client=fresh)
+    fresh.close()
     check_error(out.error, "network", reason="retries_exhausted", attempts=3)
     assert isinstance(out.error, ConnectionError)
     assert isinstance(out.error, llmretry.NetworkError)

@@ -1,0 +1,276 @@
+/* Re-sends the engine makes at once, without counting an attempt, because
+ * the request provably never reached the server (or, in safe mode, could
+ * not have been answered): a keep-alive connection with unread bytes, and
+ * a reused connection that dies before any byte of a response.
+ *
+ * The server here is a raw socket in a thread, so it can misbehave in
+ * ways the mock server (and any sane HTTP library) will not: answer a
+ * request nobody sent, or read a request and hang up on it. */
+#include "harness.h"
+#include "llmretry.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+
+typedef enum {
+    MODE_UNSOLICITED,   /* after each answer, an answer to nothing */
+    MODE_HANGUP_REUSED, /* the second request of a connection: read, then close */
+} srv_mode;
+
+typedef struct srv {
+    int lfd, port;
+    srv_mode mode;
+    atomic_int requests;        /* requests read, all connections */
+    atomic_int connections;
+    atomic_int stop;
+    pthread_t thread;
+} srv;
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* Read one request (headers and a Content-Length body); 0 at EOF. */
+static int read_request(int fd)
+{
+    char buf[8192];
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (n <= 0)
+            return 0;
+        len += (size_t)n;
+        buf[len] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (!end)
+            continue;
+        const char *cl = strcasestr(buf, "content-length:");
+        size_t want = (size_t)(end + 4 - buf) + (cl ? (size_t)atol(cl + 15) : 0);
+        while (len < want) {
+            n = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+            if (n <= 0)
+                return 0;
+            len += (size_t)n;
+        }
+        return 1;
+    }
+}
+
+static void answer(int fd, const char *content)
+{
+    char body[256], msg[512];
+    int bl = snprintf(body, sizeof body,
+                      "{\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":"
+                      "{\"role\":\"assistant\",\"content\":\"%s\"}}]}", content);
+    int ml = snprintf(msg, sizeof msg,
+                      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %d\r\n\r\n%s", bl, body);
+    (void)!send(fd, msg, (size_t)ml, MSG_NOSIGNAL);
+}
+
+static void serve(srv *s, int fd)
+{
+    atomic_fetch_add(&s->connections, 1);
+    for (int on_conn = 1; !atomic_load(&s->stop); on_conn++) {
+        if (!read_request(fd))
+            break;
+        int n = atomic_fetch_add(&s->requests, 1) + 1;
+        if (s->mode == MODE_HANGUP_REUSED && on_conn == 2)
+            break;              /* read it, never answer: FIN */
+        char content[32];
+        snprintf(content, sizeof content, "request %d", n);
+        answer(fd, content);
+        if (s->mode == MODE_UNSOLICITED) {
+            sleep_ms(20);
+            answer(fd, "unsolicited");
+        }
+    }
+    close(fd);
+}
+
+/* One connection at a time is all these tests need. */
+static void *srv_main(void *ud)
+{
+    srv *s = ud;
+    while (!atomic_load(&s->stop)) {
+        struct pollfd p = { s->lfd, POLLIN, 0 };
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        int fd = accept(s->lfd, NULL, NULL);
+        if (fd >= 0)
+            serve(s, fd);
+    }
+    return NULL;
+}
+
+static int srv_start(srv *s, srv_mode mode)
+{
+    memset(s, 0, sizeof *s);
+    s->mode = mode;
+    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof a;
+    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(s->lfd, 16) != 0 || getsockname(s->lfd, (struct sockaddr *)&a, &al) != 0)
+        return -1;
+    s->port = ntohs(a.sin_port);
+    return pthread_create(&s->thread, NULL, srv_main, s) == 0 ? 0 : -1;
+}
+
+static void srv_stop(srv *s)
+{
+    atomic_store(&s->stop, 1);
+    pthread_join(s->thread, NULL);
+    close(s->lfd);
+}
+
+static void opts_for(llmretry_options *o, const srv *s, char *url, size_t len)
+{
+    llmretry_options_defaults(o);
+    snprintf(url, len, "http://127.0.0.1:%d/v1", s->port);
+    o->base_url = url;
+    o->use_env_api_key = 0;
+    o->body = BODY;
+    o->body_len = strlen(BODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 3000;      /* a backoff would show in total_ms */
+    o->timeout_ms = 5000;
+}
+
+static llmretry_call *run(llmretry_engine *e, const llmretry_options *o)
+{
+    llmretry_call *c = NULL;
+    char err[256] = "";
+    llmretry_status st = llmretry_call_blocking(e, o, NULL, NULL, &c, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK, "call_blocking: %s", err);
+    return c;
+}
+
+static int says(const llmretry_result *r, const char *content)
+{
+    return r && r->ok && r->body && strstr(r->body, content) != NULL;
+}
+
+/* Each call gets its own answer, though the server put an answer to
+ * nothing on every idle connection: a connection with unread bytes is
+ * never reused (its bytes would be read as the next call's answer). */
+static void test_unsolicited_response(void)
+{
+    srv s;
+    if (srv_start(&s, MODE_UNSOLICITED) != 0) {
+        CHECK_MSG(0, "could not start the raw server");
+        return;
+    }
+    llmretry_engine *e = NULL;
+    char err[256], url[64];
+    CHECK(llmretry_engine_new(NULL, &e, err, sizeof err) == LLMRETRY_OK);
+    llmretry_options o;
+    opts_for(&o, &s, url, sizeof url);
+    for (int i = 1; e && i <= 3; i++) {
+        llmretry_call *c = run(e, &o);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        char want[32];
+        snprintf(want, sizeof want, "\"request %d\"", i);
+        CHECK_MSG(says(r, want), "call %d got %.*s, expected %s", i,
+                  r && r->body ? (int)r->body_len : 6, r && r->body ? r->body : "(none)", want);
+        CHECK_MSG(r && r->attempts == 1, "call %d took %d attempts", i, r ? r->attempts : -1);
+        if (i > 1)
+            CHECK_MSG(r && r->resends == 1, "call %d: %d free re-sends, expected 1", i,
+                      r ? r->resends : -1);
+        llmretry_call_free(c);
+        sleep_ms(100);          /* let the unsolicited answer arrive */
+    }
+    CHECK_INT(atomic_load(&s.requests), 3);
+    CHECK_INT(atomic_load(&s.connections), 3);
+    llmretry_engine_free(e);
+    srv_stop(&s);
+}
+
+/* Safe mode: a request on a reused keep-alive connection that the server
+ * hung up on without a byte is sent again at once, on a new connection,
+ * as part of the same attempt (no backoff, no second attempt). */
+static void test_hangup_on_reused_safe(void)
+{
+    srv s;
+    if (srv_start(&s, MODE_HANGUP_REUSED) != 0) {
+        CHECK_MSG(0, "could not start the raw server");
+        return;
+    }
+    llmretry_engine *e = NULL;
+    char err[256], url[64];
+    CHECK(llmretry_engine_new(NULL, &e, err, sizeof err) == LLMRETRY_OK);
+    llmretry_options o;
+    opts_for(&o, &s, url, sizeof url);
+    llmretry_call *c = e ? run(e, &o) : NULL;     /* warms the connection */
+    CHECK(c && says(llmretry_call_result(c), "\"request 1\""));
+    llmretry_call_free(c);
+    c = e ? run(e, &o) : NULL;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(says(r, "\"request 3\""), "second call: ok=%d %s", r ? r->ok : -1,
+              r && r->message ? r->message : "");
+    CHECK_MSG(r && r->attempts == 1, "second call took %d attempts", r ? r->attempts : -1);
+    CHECK_MSG(r && r->resends == 1, "second call: %d free re-sends", r ? r->resends : -1);
+    CHECK_MSG(r && r->total_ms < 2000, "second call took %lld ms (a backoff?)",
+              r ? (long long)r->total_ms : -1LL);
+    llmretry_call_free(c);
+    CHECK_INT(atomic_load(&s.requests), 3);
+    llmretry_engine_free(e);
+    srv_stop(&s);
+}
+
+/* Unsafe mode keeps refusing that re-send: the server read the request,
+ * so it may have acted on it. */
+static void test_hangup_on_reused_unsafe(void)
+{
+    srv s;
+    if (srv_start(&s, MODE_HANGUP_REUSED) != 0) {
+        CHECK_MSG(0, "could not start the raw server");
+        return;
+    }
+    llmretry_engine *e = NULL;
+    char err[256], url[64];
+    CHECK(llmretry_engine_new(NULL, &e, err, sizeof err) == LLMRETRY_OK);
+    llmretry_options o;
+    opts_for(&o, &s, url, sizeof url);
+    o.retry_mode = LLMRETRY_RETRY_UNSAFE;
+    llmretry_call *c = e ? run(e, &o) : NULL;
+    llmretry_call_free(c);
+    c = e ? run(e, &o) : NULL;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->resends == 0,
+              "unsafe call on a hung-up reused connection: ok=%d resends=%d",
+              r ? r->ok : -1, r ? r->resends : -1);
+    llmretry_call_free(c);
+    CHECK_INT(atomic_load(&s.requests), 2);
+    llmretry_engine_free(e);
+    srv_stop(&s);
+}
+
+int main(void)
+{
+    struct { const char *name; void (*fn)(void); } tests[] = {
+        { "unsolicited_response", test_unsolicited_response },
+        { "hangup_on_reused_safe", test_hangup_on_reused_safe },
+        { "hangup_on_reused_unsafe", test_hangup_on_reused_unsafe },
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
+        int before = th_failed;
+        int64_t t0 = th_now_ms();
+        tests[i].fn();
+        fprintf(stderr, "%-28s %s (%lld ms)\n", tests[i].name,
+                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
+    }
+    return th_summary("test_resend");
+}
