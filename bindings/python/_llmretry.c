@@ -97,6 +97,7 @@ static PyObject *result_dict(const module_state *st, const llmretry_result *r)
     rc |= put_k(d, k[K_model], lr_str_or_none(r->model));
     rc |= put_k(d, k[K_attempt], PyLong_FromLong(r->attempt));
     rc |= put_k(d, k[K_attempts], PyLong_FromLong(r->attempts));
+    rc |= put_k(d, k[K_resends], PyLong_FromLong(r->resends));
     rc |= put_k(d, k[K_duration_ms], PyLong_FromLongLong((long long)r->duration_ms));
     rc |= put_k(d, k[K_total_ms], PyLong_FromLongLong((long long)r->total_ms));
     if (r->ok) {
@@ -606,13 +607,14 @@ static void batch_cancel_all(batch *b)
 
 /* What a batch adds up as its items finish, for the batch summary. */
 typedef struct {
-    long long attempts, retries, prompt_tokens, completion_tokens, total_tokens;
+    long long attempts, retries, resends, prompt_tokens, completion_tokens, total_tokens;
 } batch_totals;
 
 static void totals_add(batch_totals *t, const llmretry_result *r)
 {
     t->attempts += r->attempts;
     t->retries += r->attempts > 1 ? r->attempts - 1 : 0;
+    t->resends += r->resends;
     if (r->ok && r->usage.present) {
         t->prompt_tokens += r->usage.prompt_tokens;
         t->completion_tokens += r->usage.completion_tokens;
@@ -628,7 +630,7 @@ static int put_stats(PyObject *stats, llmretry_group *g, const batch_totals *t)
         llmretry_group_stats_get(g, &gs);
     const struct { const char *name; long long v; } f[] = {
         { "pauses", gs.pauses }, { "halvings", gs.halvings }, { "window", gs.window },
-        { "attempts", t->attempts }, { "retries", t->retries },
+        { "attempts", t->attempts }, { "retries", t->retries }, { "resends", t->resends },
         { "prompt_tokens", t->prompt_tokens }, { "completion_tokens", t->completion_tokens },
         { "total_tokens", t->total_tokens },
     };

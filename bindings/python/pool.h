@@ -13,7 +13,7 @@
 
 /* The keys of the outcome dicts, made once: building a dict per call from
  * C strings would create and hash every key string again each time. */
-#define OUTCOME_KEYS(X) X(ok) X(request_id) X(model) X(attempt) X(attempts) \
+#define OUTCOME_KEYS(X) X(ok) X(request_id) X(model) X(attempt) X(attempts) X(resends) \
     X(duration_ms) X(total_ms) X(status) X(body) X(usage) X(response_model) \
     X(system_fingerprint) X(kind) X(reason) X(message) X(retry_after_ms) \
     X(error_code) X(body_preview) X(prompt_tokens) X(completion_tokens) X(total_tokens)

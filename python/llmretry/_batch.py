@@ -121,6 +121,11 @@ class BatchSummary:
             (``resume``).
         attempts: HTTP attempts made, retries included.
         retries: attempts beyond each call's first.
+        resends: requests sent again at once, not counted as attempts: a
+            stream the server refused, a kept-alive connection that had
+            died (safe mode) or held stray bytes. The server saw
+            ``attempts + resends`` requests at most. Counted for
+            ``call_many``; ``map_with_concurrency`` counts 0.
         prompt_tokens, completion_tokens, total_tokens: usage summed over
             the successful responses.
         elapsed_ms: the batch's wall time.
@@ -146,6 +151,7 @@ class BatchSummary:
     pauses: int
     halvings: int
     completed: bool
+    resends: int = 0
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict."""
@@ -159,7 +165,8 @@ class BatchSummary:
                  + (f", {self.skipped} done earlier" if self.skipped else "")
                  + ("" if self.completed else
                     f", {self.items - self.ok - self.failed - self.skipped} not run"),
-                 f"{self.attempts} attempts ({self.retries} retries), "
+                 f"{self.attempts} attempts ({self.retries} retries"
+                 + (f", {self.resends} free re-sends" if self.resends else "") + "), "
                  f"{self.elapsed_ms / 1000:.1f} s"
                  + (f", {self.pauses} pool-wide pause(s) on Retry-After"
                     if self.pauses else "")
@@ -258,22 +265,25 @@ def not_started_error(deadline_ms: Optional[int]) -> LLMError:
 class Accounting:
     """Attempts and token usage summed over the calls of a batch."""
 
-    __slots__ = ("lock", "attempts", "retries", "prompt_tokens", "completion_tokens",
-                 "total_tokens")
+    __slots__ = ("lock", "attempts", "retries", "resends", "prompt_tokens",
+                 "completion_tokens", "total_tokens")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.attempts = 0
         self.retries = 0
+        self.resends = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.total_tokens = 0
 
-    def add(self, attempts: int, retries: int, usage: Optional[Mapping[str, Any]]) -> None:
-        """Count calls: their attempts, retries and (successes') usage."""
+    def add(self, attempts: int, retries: int, usage: Optional[Mapping[str, Any]],
+            resends: int = 0) -> None:
+        """Count calls: their attempts, retries, re-sends and (successes') usage."""
         with self.lock:
             self.attempts += attempts
             self.retries += retries
+            self.resends += resends
             if usage:
                 self.prompt_tokens += usage.get("prompt_tokens") or 0
                 self.completion_tokens += usage.get("completion_tokens") or 0
@@ -282,7 +292,8 @@ class Accounting:
     def add_outcome(self, out: Mapping[str, Any]) -> None:
         """Count one call outcome of the extension (ok or not)."""
         attempts = out.get("attempts") or 0
-        self.add(attempts, max(attempts - 1, 0), out.get("usage") if out.get("ok") else None)
+        self.add(attempts, max(attempts - 1, 0), out.get("usage") if out.get("ok") else None,
+                 out.get("resends") or 0)
 
     def add_meta(self, meta: Any) -> None:
         """Count one successful call by its Meta."""
@@ -290,7 +301,7 @@ class Accounting:
 
     def merge(self, other: "Accounting") -> None:
         """Add another batch's totals (a batch run inside a worker)."""
-        self.add(other.attempts, other.retries, other.usage())
+        self.add(other.attempts, other.retries, other.usage(), other.resends)
 
     def usage(self) -> Dict[str, int]:
         """The token counts so far, as a usage dict."""
@@ -851,7 +862,8 @@ class Batch:
         """The engine's numbers for a run: its pacing (pauses, halvings)
         and what its calls added up to (attempts, retries, tokens)."""
         self.stats = dict(stats)
-        self.acc.add(stats.get("attempts", 0), stats.get("retries", 0), stats)
+        self.acc.add(stats.get("attempts", 0), stats.get("retries", 0), stats,
+                     stats.get("resends", 0))
 
     def finish(self, completed: bool) -> BatchSummary:
         """End the run: close the record and progress, emit the summary."""
@@ -874,7 +886,7 @@ class Batch:
             total_tokens=a.total_tokens,
             elapsed_ms=int((time.monotonic() - self._t0) * 1000),
             pauses=self.stats.get("pauses", 0), halvings=self.stats.get("halvings", 0),
-            completed=completed and self._done == len(self.to_run))
+            completed=completed and self._done == len(self.to_run), resends=a.resends)
         emit_summary(self.logger, self.summary)
         return self.summary
 

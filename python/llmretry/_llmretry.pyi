@@ -80,14 +80,14 @@ class Engine:
         Returns, on success::
 
             {"ok": True, "body": bytes, "status": int, "attempt": int,
-             "attempts": int, "duration_ms": int, "total_ms": int,
+             "attempts": int, "resends": int, "duration_ms": int, "total_ms": int,
              "usage": Usage | None, "request_id": str, "model": str | None,
              "response_model": str | None, "system_fingerprint": str | None}
 
         and on failure::
 
             {"ok": False, "kind": str, "reason": str, "message": str,
-             "status": int | None, "attempt": int, "attempts": int,
+             "status": int | None, "attempt": int, "attempts": int, "resends": int,
              "duration_ms": int, "total_ms": int, "request_id": str,
              "model": str | None, "retry_after_ms": int | None,
              "error_code": str | None, "body_preview": str | None}
@@ -136,7 +136,7 @@ class Engine:
         given (a list as long as ``bodies``, filled in place as items
         finish, so what finished before an exception is kept there). ``stats``,
         a dict, receives ``{"pauses", "halvings", "window", "attempts",
-        "retries", "prompt_tokens", "completion_tokens", "total_tokens"}``
+        "retries", "resends", "prompt_tokens", "completion_tokens", "total_tokens"}``
         when the batch ends, also when it ends by an exception.
         """
 
