@@ -44,7 +44,7 @@ llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_opti
     atomic_init(&g->refs, 1);
     g->engine = e;
     lr_engine_ref(e);
-    g->deadline_at = o->deadline_ms == LLMRETRY_NO_DEADLINE ? -1 : lr_mono_ms() + o->deadline_ms;
+    g->deadline_at = o->deadline_ms == LLMRETRY_NO_DEADLINE ? -1 : lr_time_add(lr_mono_ms(), o->deadline_ms);
     llmretry_pacer_init(&g->pacer, o->limit, o->adaptive);
     g->stats.window = o->limit;
     *out = g;

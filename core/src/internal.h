@@ -258,6 +258,10 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms);
  * same request again on a new connection within `timeout_ms`. */
 void lr_call_setup_resend(llmretry_call *c, int64_t timeout_ms);
 void lr_call_reset_response(llmretry_call *c);
+/* transfer.c: drop the captured response headers; one captured header's
+ * value (the policy's slots, LR_H_*). */
+void lr_call_forget_headers(llmretry_call *c);
+const char *lr_call_header(const llmretry_call *c, int i);
 
 /* The outcome of a finished transfer, before the policy sees it. */
 typedef struct lr_outcome {

@@ -27,11 +27,13 @@ int64_t llmretry_pacer_paused_ms(const llmretry_pacer *p, int64_t now_ms)
 
 void llmretry_pacer_on_429(llmretry_pacer *p, int64_t now_ms, int64_t wait_ms)
 {
-    if (wait_ms > 0 && now_ms + wait_ms > p->paused_until_ms) {
+    /* A wait too long to add to the clock pauses "for ever" (saturated). */
+    int64_t until = wait_ms > INT64_MAX - now_ms ? INT64_MAX : now_ms + wait_ms;
+    if (wait_ms > 0 && until > p->paused_until_ms) {
         /* A pause only grows: an earlier, longer wait still stands. */
         if (now_ms >= p->paused_until_ms)
             p->pauses++;
-        p->paused_until_ms = now_ms + wait_ms;
+        p->paused_until_ms = until;
     }
     /* 429s from one burst arrive together; halving for each would drop
      * the window to 1 on a single overload. */

@@ -7,6 +7,7 @@
 #include "llmretry.h"
 
 #include <poll.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
@@ -228,6 +229,58 @@ static void test_too_long_retry_after_pauses_nothing(void)
     llmretry_engine_free(e);
 }
 
+/* Times that cannot be added to the clock saturate (issue 13 item 7): a
+ * deadline of INT64_MAX ms and a backoff of INT64_MAX ms mean "never", and
+ * the suite runs under UBSan (make test-c-asan), which stops at a signed
+ * overflow. The calls wait; a cancel ends them. */
+static void test_huge_times_saturate(void)
+{
+    char url[128], err[LLMRETRY_ERRBUF];
+    llmretry_options o;
+    llmretry_engine *e = engine_with(8);
+    llmretry_group *g = NULL;
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    go.deadline_ms = INT64_MAX;
+    if (!e || llmretry_group_new(e, &go, &g, err, sizeof err) != LLMRETRY_OK ||
+        th_mock_script(&mock, "huge_times", "{\"steps\": [], \"after\": {\"status\": 503}}") != 0) {
+        llmretry_group_free(g);
+        llmretry_engine_free(e);
+        return;
+    }
+    opts_for(&o, "huge_times", url, sizeof url);
+    o.max_retries = 1;
+    o.base_delay_ms = INT64_MAX;
+    o.max_delay_ms = INT64_MAX;
+    llmretry_call *c[3];
+    c[0] = submit(e, &o);               /* no deadline: the retry waits "for ever" */
+    o.deadline_ms = INT64_MAX;
+    o.base_delay_ms = 10;
+    c[1] = submit(e, &o);               /* a deadline at the end of time */
+    o.deadline_ms = LLMRETRY_NO_DEADLINE;
+    o.group = g;
+    o.base_delay_ms = INT64_MAX / 4;
+    c[2] = submit(e, &o);               /* in a batch with an endless deadline */
+    const llmretry_result *r1 = wait_done(c[1], 5000);
+    CHECK_MSG(r1 && !r1->ok && r1->attempts == 2 && r1->status == 503,
+              "deadline INT64_MAX: %d attempts, kind %s", r1 ? r1->attempts : -1, kind(r1));
+    struct pollfd none;
+    poll(&none, 0, 300);
+    CHECK_MSG(llmretry_call_result(c[0]) == NULL, "a backoff of INT64_MAX ms ended");
+    CHECK_MSG(llmretry_call_result(c[2]) == NULL, "a batch item's long backoff ended");
+    llmretry_call_cancel(c[0]);
+    llmretry_call_cancel(c[2]);
+    for (int i = 0; i < 3; i += 2) {
+        const llmretry_result *r = wait_done(c[i], 5000);
+        CHECK_MSG(r && r->kind == LLMRETRY_ERR_CANCELLED && r->attempts == 1,
+                  "call %d: kind %s after a cancel", i, kind(r));
+    }
+    for (int i = 0; i < 3; i++)
+        llmretry_call_free(c[i]);
+    llmretry_group_free(g);
+    llmretry_engine_free(e);
+}
+
 static int readable(int fd)
 {
     struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -316,6 +369,7 @@ int main(void)
         { "group_queued_deadline", test_group_queued_fails_at_deadline },
         { "too_long_retry_after", test_too_long_retry_after_pauses_nothing },
         { "channels", test_channels_keep_consumers_apart },
+        { "huge_times_saturate", test_huge_times_saturate },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;

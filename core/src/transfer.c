@@ -1,0 +1,371 @@
+/* An attempt on the wire: setting up the easy handle, capturing the
+ * response (body within max_response_bytes, the headers the policy reads),
+ * sending the body, and telling libcurl's own re-sends apart: a refused
+ * stream or a stale kept-alive connection is re-sent at once, for free
+ * (attempt.c decides), anything else ends the attempt. Engine thread. */
+#include "engine.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* ---- response capture ------------------------------------------------- */
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
+{
+    llmretry_call *c = ud;
+    size_t n = size * nmemb;
+    if ((int64_t)(c->resp.len + n) > c->o.max_response_bytes) {
+        c->too_large = 1;
+        return 0;                   /* aborts the transfer: CURLE_WRITE_ERROR */
+    }
+    if (c->resp.len + n + 1 > c->resp.cap) {
+        size_t cap = c->resp.cap ? c->resp.cap : 1024;
+        while (cap < c->resp.len + n + 1)
+            cap *= 2;
+        char *p = realloc(c->resp.data, cap);
+        if (!p)
+            return 0;
+        c->resp.data = p;
+        c->resp.cap = cap;
+    }
+    memcpy(c->resp.data + c->resp.len, data, n);
+    c->resp.len += n;
+    return n;
+}
+
+static const char *const captured_names[LR_H_COUNT] = {
+    "retry-after", "retry-after-ms", "x-should-retry",
+    "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
+};
+
+const char *lr_call_header(const llmretry_call *c, int i)
+{
+    return c->hdr_long[i] ? c->hdr_long[i] : c->hdr[i];
+}
+
+void lr_call_forget_headers(llmretry_call *c)
+{
+    for (int i = 0; i < LR_H_COUNT; i++) {
+        free(c->hdr_long[i]);
+        c->hdr_long[i] = NULL;
+        c->hdr_set[i] = 0;
+    }
+}
+
+/* The wait a captured header asks for (ms), -1 when none or unusable. */
+static int64_t wait_of(int i, const char *v, int64_t now_unix_ms)
+{
+    switch (i) {
+    case LR_H_RETRY_AFTER: return llmretry_parse_retry_after(v, now_unix_ms);
+    case LR_H_RETRY_AFTER_MS: return llmretry_parse_retry_after_ms(v);
+    case LR_H_RESET_REQUESTS: case LR_H_RESET_TOKENS: return llmretry_parse_reset_duration(v);
+    default: return -1;
+    }
+}
+
+/* Keep header i's whole value: the policy must parse what the server sent,
+ * not a prefix of it ("0.3" and 400 spaces and "garbage" is garbage, not
+ * 300 ms). Short values stay in the call record; long ones, rare, on the
+ * heap. When a wait header comes twice with different values, the longest
+ * usable wait wins: the server asked for at least that. */
+static void capture(llmretry_call *c, int i, const char *v, size_t len)
+{
+    char small[LR_HVAL];
+    char *big = NULL;
+    const char *val = small;
+    if (len < LR_HVAL) {
+        memcpy(small, v, len);
+        small[len] = '\0';
+    } else if ((big = lr_strndup(v, len)) != NULL) {
+        val = big;
+    } else {
+        small[0] = '\0';           /* out of memory: unusable, like garbage */
+    }
+    if (c->hdr_set[i] && i != LR_H_SHOULD_RETRY) {
+        int64_t now = lr_unix_ms();
+        if (wait_of(i, val, now) <= wait_of(i, lr_call_header(c, i), now)) {
+            free(big);
+            return;
+        }
+    }
+    free(c->hdr_long[i]);
+    c->hdr_long[i] = big;
+    if (!big)
+        memcpy(c->hdr[i], small, strlen(small) + 1);
+    c->hdr_set[i] = 1;
+}
+
+/* "HTTP/1.1 103 Early Hints" -> 1 for a 1xx status line. */
+static int is_interim(const char *line, size_t n)
+{
+    const char *sp = memchr(line, ' ', n);
+    return sp && (size_t)(sp - line) + 1 < n && sp[1] == '1';
+}
+
+static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
+{
+    llmretry_call *c = ud;
+    size_t n = size * nmemb;
+    if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+        /* A new response (after a 100 Continue, say): forget the last. */
+        lr_call_forget_headers(c);
+        c->interim = is_interim(line, n);
+        return n;
+    }
+    const char *colon = memchr(line, ':', n);
+    if (!colon)
+        return n;
+    size_t name_len = (size_t)(colon - line);
+    /* A 1xx response has no body: its Content-Length (if any) says nothing
+     * about the final response's size. */
+    if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0 && !c->interim) {
+        /* Refuse an announced oversized body before reading any of it.
+         * The line is not NUL-terminated: parse a bounded copy. 31 digits
+         * still saturate strtoll, so a cut value stays oversized. */
+        const char *v = colon + 1, *end = line + n;
+        char num[32];
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        size_t len = (size_t)(end - v) < sizeof num - 1 ? (size_t)(end - v) : sizeof num - 1;
+        memcpy(num, v, len);
+        num[len] = '\0';
+        long long cl = strtoll(num, NULL, 10);
+        if (cl > c->o.max_response_bytes) {
+            c->too_large = 1;
+            return 0;
+        }
+        return n;
+    }
+    for (int i = 0; i < LR_H_COUNT; i++) {
+        if (strlen(captured_names[i]) != name_len || strncasecmp(line, captured_names[i], name_len) != 0)
+            continue;
+        const char *v = colon + 1, *end = line + n;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        while (end > v && isspace((unsigned char)end[-1]))
+            end--;
+        capture(c, i, v, (size_t)(end - v));
+    }
+    return n;
+}
+
+/* One attempt must be one request, with few exceptions: re-sends of a
+ * request that provably never reached the server, or (safe mode only) of
+ * one on a reused connection that died before any byte came back. libcurl
+ * re-sends the latter kinds on its own; on_prereq sees each request it
+ * begins and lets attempt.c (lr_resend_allowed) decide: allowed, it is a
+ * free re-send (no attempt, no backoff); refused, the transfer aborts and
+ * the policy sees a failed attempt. */
+#if LIBCURL_VERSION_NUM >= 0x075000
+/* Bytes waiting (or EOF) on the idle HTTP/1.1 connection libcurl is about
+ * to send on: an answer to nothing, which libcurl 7.88 would read as this
+ * request's response (and every later answer would be one off). Only for
+ * plain http, which this engine speaks as HTTP/1.1 only: over TLS the
+ * socket's bytes may be OpenSSL's or an HTTP/2 connection's frames. */
+static int connection_is_stale(llmretry_call *c, int local_port, int remote_port)
+{
+    long new_connections = 1;
+    if (c->is_https || curl_easy_getinfo(c->easy, CURLINFO_NUM_CONNECTS, &new_connections) != CURLE_OK
+        || new_connections != 0)
+        return 0;               /* a new connection has had no time to go stale */
+    curl_socket_t fd = lr_socktab_find(&c->engine->socks, local_port, remote_port);
+    if (fd == CURL_SOCKET_BAD)
+        return 0;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The number after `key` in a line of libcurl's text, or 0. */
+static unsigned long text_number(const char *data, size_t size, const char *key)
+{
+    size_t kl = strlen(key);
+    const char *p = memmem(data, size, key, kl);
+    if (!p)
+        return 0;
+    unsigned long n = 0;
+    for (p += kl; p < data + size && *p >= '0' && *p <= '9'; p++)
+        n = n * 10 + (unsigned long)(*p - '0');
+    return n;
+}
+
+/* libcurl tells what makes an HTTP/2 re-send free only in its informational
+ * text (7.88 and 8.x): "REFUSED_STREAM", the stream id it uses ("Using
+ * Stream ID: N") and a GOAWAY's last-stream-id ("GOAWAY, error=E,
+ * last_stream=N"), which holds for the connection the frame came on: the
+ * one this call's request went out on. Nothing of the text is kept. */
+static int on_debug(CURL *easy, curl_infotype type, char *data, size_t size, void *ud)
+{
+    llmretry_call *c = ud;
+    (void)easy;
+    if (type != CURLINFO_TEXT)
+        return 0;
+    static const char refused[] = "REFUSED_STREAM";
+    if (memmem(data, size, refused, sizeof refused - 1))
+        c->saw_refused = 1;
+    unsigned long id = text_number(data, size, "Using Stream ID: ");
+    if (id)
+        c->h2_stream = id;
+    if (memmem(data, size, "GOAWAY", 6) && memmem(data, size, "last_stream=", 12))
+        lr_goaway_note(c->engine, c->conn_lport, c->conn_rport,
+                       text_number(data, size, "last_stream="));
+    return 0;
+}
+
+/* A re-send after the connection of the request died: was the request's
+ * stream above the last one a GOAWAY on that connection let through? */
+static int refused_by_goaway(llmretry_call *c)
+{
+    unsigned long last;
+    return c->h2_stream && lr_goaway_find(c->engine, c->conn_lport, c->conn_rport, &last) &&
+           c->h2_stream > last;
+}
+
+/* libcurl calls this before each request it begins, after the connection
+ * is chosen. (With POSTFIELDS a small body leaves with the headers.) */
+static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port)
+{
+    llmretry_call *c = ud;
+    (void)primary_ip;
+    (void)local_ip;
+    if (c->prereq_calls++ > 0) {
+        /* Judged on the last request's connection and stream, below. */
+        /* libcurl's own re-send: it re-sends only what got no byte back. */
+        lr_resend_why why = c->saw_refused || refused_by_goaway(c) ? LR_RESEND_REFUSED
+                                                                    : LR_RESEND_REUSED_DIED;
+        if (!lr_resend_allowed(c, why)) {
+            c->resend_refused = why;
+            return CURL_PREREQFUNC_ABORT;
+        }
+    }
+    c->saw_refused = 0;
+    c->h2_stream = 0;
+    c->conn_lport = local_port;
+    c->conn_rport = primary_port;
+    long new_connections = 0;
+    if (curl_easy_getinfo(c->easy, CURLINFO_NUM_CONNECTS, &new_connections) == CURLE_OK &&
+        new_connections > 0)
+        lr_goaway_forget(c->engine, local_port, primary_port);   /* ports reused */
+    if (connection_is_stale(c, local_port, primary_port)) {
+        /* Abort before sending (libcurl closes a connection whose transfer
+         * a callback aborted); attempt.c re-sends on a fresh one. */
+        c->resend_pending = LR_RESEND_STALE;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+}
+
+static void set_body(llmretry_call *c, CURL *easy)
+{
+    c->prereq_calls = 0;
+    c->saw_refused = 0;
+    c->h2_stream = 0;
+    c->resend_pending = c->resend_refused = LR_RESEND_NONE;
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
+    curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(easy, CURLOPT_PREREQDATA, c);
+    if (!c->is_https) {
+        lr_socktab_attach(&c->engine->socks, easy);
+    } else {
+        /* HTTP/2 only happens over TLS here. */
+        curl_easy_setopt(easy, CURLOPT_DEBUGFUNCTION, on_debug);
+        curl_easy_setopt(easy, CURLOPT_DEBUGDATA, c);
+        curl_easy_setopt(easy, CURLOPT_VERBOSE, 1L);
+    }
+}
+#else
+/* Older libcurl: send through a read callback that cannot rewind, so the
+ * re-send fails with CURLE_SEND_FAIL_REWIND instead. */
+static size_t on_send(char *buf, size_t size, size_t nitems, void *ud)
+{
+    llmretry_call *c = ud;
+    size_t n = size * nitems, left = c->o.body_len - c->send_pos;
+    if (n > left)
+        n = left;
+    memcpy(buf, c->body + c->send_pos, n);
+    c->send_pos += n;
+    return n;
+}
+
+static int refuse_rewind(void *ud, curl_off_t offset, int origin)
+{
+    (void)ud;
+    (void)offset;
+    (void)origin;
+    return CURL_SEEKFUNC_CANTSEEK;
+}
+
+static void set_body(llmretry_call *c, CURL *easy)
+{
+    c->send_pos = 0;
+    curl_easy_setopt(easy, CURLOPT_READFUNCTION, on_send);
+    curl_easy_setopt(easy, CURLOPT_READDATA, c);
+    curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, refuse_rewind);
+    curl_easy_setopt(easy, CURLOPT_SEEKDATA, c);
+}
+#endif
+
+void lr_call_setup_resend(llmretry_call *c, int64_t timeout_ms)
+{
+    lr_call_reset_response(c);
+    set_body(c, c->easy);
+    curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(c->easy, CURLOPT_FRESH_CONNECT, 1L);
+}
+
+void lr_call_reset_response(llmretry_call *c)
+{
+    c->resp.len = 0;
+    c->too_large = 0;
+    c->curl_err[0] = '\0';
+    c->interim = 0;
+    lr_call_forget_headers(c);
+}
+
+void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
+{
+    lr_call_reset_response(c);
+    curl_easy_setopt(easy, CURLOPT_URL, c->url);
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->o.body_len);
+    set_body(c, easy);
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, c->curl_err);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075700
+    /* Ending a transfer that is still resolving (timeout, cancel, engine
+     * shutdown) would otherwise join the threaded resolver, stalling the
+     * I/O thread and so every call until getaddrinfo gives up. With this
+     * the resolver thread is left to finish on its own. */
+    curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
+#endif
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, c);
+    /* Never follow redirects: the key must not reach another host. */
+    curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+    /* Over TLS, waiting for the first connection's ALPN lets calls share
+     * one HTTP/2 connection. Plain http is HTTP/1.1 only, where waiting
+     * would queue every call behind the first response. */
+    if (c->is_https)
+        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    if (c->ca_file)
+        curl_easy_setopt(easy, CURLOPT_CAINFO, c->ca_file);
+}
+
