@@ -72,6 +72,10 @@ typedef struct llmretry_channel llmretry_channel;
 #define LLMRETRY_NO_DEADLINE (-1)
 #define LLMRETRY_EVENTS_ALL 0x3fu
 #define LLMRETRY_MAX_STATUSES 64
+/* Deepest nesting of arrays and objects in a 2xx body that counts as a
+ * success: real responses nest a handful of levels; Python's decoder gives
+ * up somewhere below cJSON's 1000, depending on its caller's stack. */
+#define LLMRETRY_MAX_BODY_DEPTH 256
 
 /* Longest request_id accepted, in bytes. */
 #define LLMRETRY_REQUEST_ID_MAX 256
@@ -218,8 +222,9 @@ typedef struct llmretry_result {
     /* ok == 1 */
     /* The raw response body. A 2xx body counts as a success only when it
      * is a JSON object in valid UTF-8 with no raw control characters in
-     * its strings (what every host's decoder accepts); anything else is an
-     * invalid_response, retried like one. Escapes such as \u0000 are
+     * its strings, nested at most LLMRETRY_MAX_BODY_DEPTH deep (what every
+     * host's decoder accepts); anything else is an invalid_response,
+     * retried like one. Escapes such as \u0000 are
      * fine. Token counts in usage below are whole numbers 0..2^53 (others
      * read as 0); the raw usage stays here. */
     const char *body;

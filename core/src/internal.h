@@ -281,7 +281,11 @@ char *lr_call_preview(const llmretry_call *c);
 /* ---- response.c: judging what the server sent ------------------------ */
 /* A 2xx body as the hosts will read it: NULL unless it is UTF-8 JSON with
  * no raw control characters in strings (the caller frees the tree). */
-struct cJSON *lr_parse_body(const char *text, size_t n);
+/* The body as JSON, or NULL with *why saying what is wrong (the doc may be
+ * returned with *why set when it is not an object). */
+struct cJSON *lr_parse_body(const char *text, size_t n, const char **why);
+#define LR_XSTR(x) #x
+#define LR_STR(x) LR_XSTR(x)
 /* Usage (only sane counts), model and fingerprint of a 2xx document. */
 void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
                      char **fingerprint);

@@ -137,14 +137,15 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         classify_transport(c, rc, out);
     } else if (status >= 200 && status < 300) {
         /* The body must be UTF-8 JSON, as every host decodes it. */
-        cJSON *doc = lr_parse_body(c->resp.data ? c->resp.data : "", c->resp.len);
-        if (doc && cJSON_IsObject(doc)) {
+        const char *why = NULL;
+        cJSON *doc = lr_parse_body(c->resp.data ? c->resp.data : "", c->resp.len, &why);
+        if (doc && !why) {
             out->success = 1;
             lr_read_success(doc, &out->usage, &out->response_model, &out->fingerprint);
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-            out->message = printf_alloc("HTTP %ld with a body that is not a UTF-8 JSON object",
-                                        status);
+            out->message = printf_alloc("HTTP %ld with a body that %s (a body must be a UTF-8 "
+                                        "JSON object)", status, why);
         }
         cJSON_Delete(doc);
     } else {

@@ -47,44 +47,58 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 }
 
 /* The rules cJSON does not check but every host's decoder does: the text
- * is UTF-8, strings hold no raw control characters, and outside strings
- * only JSON whitespace (cJSON skips any byte <= 0x20). Run before cJSON,
- * so a body Python or Lua could not decode is never called a success. */
-static int json_text_ok(const char *text, size_t n)
+ * is UTF-8, strings hold no raw control characters, outside strings only
+ * JSON whitespace (cJSON skips any byte <= 0x20), and arrays and objects
+ * nest at most LLMRETRY_MAX_BODY_DEPTH deep (cJSON allows 1000; Python's
+ * decoder recurses out earlier, by how deep the caller's stack already
+ * is). Run before cJSON, so a body a host could not decode is never
+ * called a success. Returns what is wrong, or NULL. */
+static const char *json_text_problem(const char *text, size_t n)
 {
     const unsigned char *s = (const unsigned char *)text;
-    int in_string = 0;
+    int in_string = 0, depth = 0;
     for (size_t i = 0; i < n;) {
         unsigned char c = s[i];
         if (c >= 0x80) {
             size_t len = utf8_seq(s + i, n - i);
             if (len == 0)
-                return 0;
+                return "is not UTF-8";
             i += len;
             continue;
         }
         if (in_string) {
             if (c < 0x20)
-                return 0;
+                return "has a raw control character in a string";
             if (c == '"')
                 in_string = 0;
             else if (c == '\\' && i + 1 < n && s[i + 1] < 0x80)
                 i++;                /* the escaped byte cannot end the string */
         } else if (c == '"') {
             in_string = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > LLMRETRY_MAX_BODY_DEPTH)
+                return "nests deeper than " LR_STR(LLMRETRY_MAX_BODY_DEPTH) " levels";
+        } else if (c == ']' || c == '}') {
+            depth--;
         } else if (c < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-            return 0;
+            return "has a control character outside strings";
         }
         i++;
     }
-    return 1;
+    return NULL;
 }
 
-cJSON *lr_parse_body(const char *text, size_t n)
+cJSON *lr_parse_body(const char *text, size_t n, const char **why)
 {
-    if (!json_text_ok(text, n))
+    *why = json_text_problem(text, n);
+    if (*why)
         return NULL;
-    return cJSON_ParseWithLength(text, n);
+    cJSON *doc = cJSON_ParseWithLength(text, n);
+    if (!doc)
+        *why = "is not JSON";
+    else if (!cJSON_IsObject(doc))
+        *why = "is not a JSON object";
+    return doc;
 }
 
 /* A token count the server reports: a whole number in 0..2^53 (exact in a

@@ -17,20 +17,21 @@ describe("correctness (batch)", function()
 
   -- Item 9 --------------------------------------------------------------------
 
-  it("returns a body nested ~990 levels as data, or nil, err; never raises", function()
+  -- The core refuses a 2xx body nested deeper than 256 levels
+  -- (LLMRETRY_MAX_BODY_DEPTH), in Lua as in Python: an invalid response,
+  -- retried like any other.
+  it("takes a body nested ~990 levels as an invalid response, retried; never raises", function()
     local scen = mock:scen("deep")
-    local ok, out = pcall(H.run_call, scen, { { body = DEEP } })
+    local ok, out = pcall(H.run_call, scen, {}, { _after = { body = DEEP } })
     check(ok, "call_llm raised: %s", tostring(out))
-    if out.res then
-      -- Lua decodes what cJSON accepted: the nesting is all there.
-      local v, depth = out.res.data.a, 1
-      while type(v) == "table" and v[1] ~= nil do v, depth = v[1], depth + 1 end
-      check(depth == LEVELS, "depth %d", depth)
-    else
-      check(llm.is_error(out.err) and out.err.kind == "invalid_response",
-        "error %s", tostring(out.err))
-      check(out.err.request_id ~= nil, "no request id")
-    end
+    check(not out.res and llm.is_error(out.err) and out.err.kind == "invalid_response",
+      "error %s", tostring(out.err))
+    check(out.err.attempts == 1 + H.FAST.max_retries, "attempts %s", tostring(out.err.attempts))
+    check(tostring(out.err):find("nests deeper than 256 levels", 1, true), tostring(out.err))
+    check(out.err.request_id ~= nil, "no request id")
+    ok, out = pcall(H.run_call, mock:scen("deep_once"), { { body = DEEP }, {} })
+    check(ok and out.res and out.res.meta.attempts == 2, "deep then ok: %s",
+      tostring(ok and (out.err or out.res.meta.attempts) or out))
   end)
 
   it("call_many with a deep body: the other items still succeed", function()
@@ -38,10 +39,13 @@ describe("correctness (batch)", function()
     scen.script({ {}, { body = DEEP }, {} })
     local ok, outs = pcall(llm.call_many,
       { H.secret_body("d1"), H.secret_body("d2"), H.secret_body("d3") },
-      H.merge(H.FAST, { limit = 1, base_url = scen.url, api_key = H.SECRET_KEY }))
+      H.merge(H.FAST, { limit = 1, base_url = scen.url, api_key = H.SECRET_KEY,
+        max_retries = 0 }))
     check(ok, "call_many raised: %s", tostring(outs))
     check(outs.n == 3, "n %s", tostring(outs.n))
     check(not llm.is_error(outs[1]) and not llm.is_error(outs[3]), "the others failed")
+    check(llm.is_error(outs[2]) and outs[2].kind == "invalid_response", "item 2: %s",
+      tostring(outs[2]))
   end)
 
   -- Item 18 (the core's, through the binding) --------------------------------

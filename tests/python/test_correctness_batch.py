@@ -4,7 +4,10 @@ Ctrl-C do to call_llm, call_many and ``llmretry batch``.
 A body nested ~990 levels is JSON to cJSON (it allows 1000) but too deep
 for Python's recursive decoder once the caller's stack is not shallow: it
 must be an invalid response, never a RecursionError escaping a call or a
-batch. ``at_depth`` puts each call under a stack such as an application's
+batch. The core refuses a 2xx body nested deeper than 256 levels
+(LLMRETRY_MAX_BODY_DEPTH), so it is retried like any invalid response, in
+every binding; the Python side still turns a decoder's RecursionError into
+the same error, for a stack deeper than any test makes. ``at_depth`` puts each call under a stack such as an application's
 (how deep pytest itself is does not decide whether the test shows it).
 """
 
@@ -64,12 +67,19 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
 
 
 def test_deep_body_is_an_invalid_response_of_call_llm(scen: Scenario) -> None:
-    scen.script([{"body": DEEP}])
-    with pytest.raises(llmretry.InvalidResponseError, match="nested too deeply") as info:
+    scen.script([], after={"body": DEEP})
+    with pytest.raises(llmretry.InvalidResponseError, match="nests deeper than 256") as info:
         at_depth(150, lambda: llmretry.call_llm(secret_body("deep"), **opts(scen)))
     err = info.value
     assert err.kind == "invalid_response" and err.status == 200
+    assert err.attempts == 1 + FAST.get("max_retries", 3), "retried like any invalid response"
     assert err.request_id and err.request_id in str(err)
+
+
+def test_deep_body_is_retried_without_validate(scen: Scenario) -> None:
+    scen.script([{"body": DEEP}, {}])
+    res = at_depth(150, lambda: llmretry.call_llm(secret_body("deep"), **opts(scen)))
+    assert res.meta.attempts == 2 and res.data["object"] == "chat.completion"
 
 
 def test_deep_body_under_validate_is_rejected_and_retried(scen: Scenario) -> None:
@@ -86,7 +96,7 @@ def test_deep_body_under_validate_is_rejected_and_retried(scen: Scenario) -> Non
 def test_deep_body_fails_one_item_of_call_many(scen: Scenario) -> None:
     scen.script([{}, {"body": DEEP}, {}])
     out = at_depth(150, lambda: llmretry.call_many(
-        [secret_body(f"m{i}") for i in range(3)], limit=1, **opts(scen)))
+        [secret_body(f"m{i}") for i in range(3)], limit=1, **opts(scen, max_retries=0)))
     assert [type(v).__name__ for v in out] == ["Result", "InvalidResponseError", "Result"]
     assert out[1].request_id and out.summary.failed == 1
 
@@ -99,7 +109,7 @@ def test_deep_body_fails_one_item_of_the_cli_batch_then_resume(
     write_requests(req, 3)
     scen.script([{}, {"body": DEEP}, {}])
     args = ["batch", str(req), "-o", str(res), "--failures", str(fail), "--limit", "1",
-            "--base-url", scen.url, "--no-progress", *FAST_ARGS]
+            "--base-url", scen.url, "--no-progress", "--max-retries", "0", *FAST_ARGS]
     code = at_depth(150, lambda: cli.main(args))
     err = capsys.readouterr().err
     assert code == 1, err
