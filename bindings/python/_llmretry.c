@@ -439,21 +439,17 @@ static int deliver_validation(llmretry_call *c, PyObject *validate)
     return rc;
 }
 
-/* Who gets a call's events: the host's on_event for the events it asked
- * for, and the pool the call runs in (if any) for its pacer. */
+/* Who gets a call's events: the host's on_event, for the events it asked
+ * for (the engine paces pools itself: nothing here watches for 429s). */
 typedef struct {
     PyObject *on_event;
     unsigned mask;                  /* the events on_event asked for */
-    lr_pool *pool;
-    int last_status;                /* of the last llm_request_failed */
     const module_state *st;
 } event_route;
 
 static int route_event(event_route *rt, llmretry_event *ev)
 {
     llmretry_event_type t = llmretry_event_type_of(ev);
-    if (rt->pool)
-        lr_pool_observe(rt->pool, ev, &rt->last_status);
     if (rt->on_event == Py_None || !(rt->mask & (1u << t))) {
         llmretry_event_free(ev);
         return 0;
@@ -540,24 +536,27 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
-    event_route rt = { on_event, a.o.events, lr_pool_current(), 0, mst };
-    if (rt.pool) {
-        /* In a batch pool: no call outlives the batch's deadline, and the
-         * pool's pacer must see 429s and successes whatever the logger. */
-        int64_t left = lr_pool_deadline_left(rt.pool);
+    event_route rt = { on_event, a.o.events, mst };
+    lr_pool *pool = lr_pool_current();
+    if (pool) {
+        /* In a batch pool: no call outlives the batch's deadline. */
+        int64_t left = lr_pool_deadline_left(pool);
         if (left != LLMRETRY_NO_DEADLINE &&
             (a.o.deadline_ms == LLMRETRY_NO_DEADLINE || a.o.deadline_ms > left))
             a.o.deadline_ms = left;
-        a.o.events |= LR_POOL_EVENTS;
     }
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_call *c = NULL;
     llmretry_status st = LLMRETRY_ESTATE;
     pthread_mutex_lock(&self->mu);
-    if (self->engine)
+    if (self->engine) {
+        /* A pool's calls pass its group's pacer on the engine thread. */
+        if (pool)
+            a.o.group = lr_pool_group(pool, self->engine);
         st = llmretry_engine_submit(self->engine, &a.o, 0, &c, err, sizeof err);
-    else
+    } else {
         snprintf(err, sizeof err, "the engine is closed");
+    }
     pthread_mutex_unlock(&self->mu);
     int as_result = a.as_result;
     call_args_release(&a);
@@ -850,7 +849,7 @@ static PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *
         goto done;
     }
     a.o.group = g;
-    event_route rt = { on_event, a.o.events, NULL, 0, state_of(PyType_GetModule(Py_TYPE(self))) };
+    event_route rt = { on_event, a.o.events, state_of(PyType_GetModule(Py_TYPE(self))) };
 
     /* Keep the engine's queue ahead of the pacer without holding every
      * call record of a huge batch at once. */

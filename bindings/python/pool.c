@@ -1,8 +1,10 @@
 /* run_pool: worker(item, index) on min(limit, len(items)) C threads that
- * take the GIL in turn, with the batch policy of DESIGN §2: a pacer (a 429
- * that names a wait pauses every new start; the window adapts) and a
- * deadline for the whole batch. Calls made by workers find their pool
- * through a thread-local and report 429s and successes to it. */
+ * take the GIL in turn, with a deadline for the whole batch. The pacing is
+ * the engine's (DESIGN §9, one admission stage): calls made by workers find
+ * their pool through a thread-local and are submitted into the pool's group
+ * on their engine, so a 429 naming a wait pauses the pool's new calls and a
+ * burst of them narrows its window, exactly as for call_many and for Lua's
+ * map_with_concurrency. */
 #include "pool.h"
 
 #include <pthread.h>
@@ -22,8 +24,10 @@ struct lr_pool {
     pthread_mutex_t mu;             /* guards everything below and the above */
     pthread_cond_t cv;
     int running;                    /* pool threads alive */
-    int active;                     /* items started and not finished */
-    llmretry_pacer pacer;
+    int limit, adaptive;            /* of each group below */
+    /* One group per engine the workers' calls use (usually one). */
+    struct pool_group { llmretry_engine *engine; llmretry_group *group; } *groups;
+    int n_groups;
     /* The interpreter run_pool was called in: its workers run there. */
     PyInterpreterState *interp;
 };
@@ -74,97 +78,48 @@ int64_t lr_pool_deadline_left(lr_pool *p)
     return left > 0 ? left : 0;
 }
 
-static int64_t field_int(const llmretry_event *ev, const char *name)
+llmretry_group *lr_pool_group(lr_pool *p, llmretry_engine *e)
 {
-    size_t n = llmretry_event_field_count(ev);
-    for (size_t i = 0; i < n; i++) {
-        llmretry_field f;
-        llmretry_event_field(ev, i, &f);
-        if (strcmp(f.name, name) == 0)
-            return f.type == LLMRETRY_FIELD_INT ? f.i : -1;
-    }
-    return -1;
-}
-
-static const char *field_str(const llmretry_event *ev, const char *name)
-{
-    size_t n = llmretry_event_field_count(ev);
-    for (size_t i = 0; i < n; i++) {
-        llmretry_field f;
-        llmretry_event_field(ev, i, &f);
-        if (strcmp(f.name, name) == 0)
-            return f.type == LLMRETRY_FIELD_STRING ? f.s : NULL;
-    }
-    return NULL;
-}
-
-void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int *last_status)
-{
-    llmretry_event_type t = llmretry_event_type_of(ev);
-    int64_t now = mono_ms();
+    llmretry_group *g = NULL;
     pthread_mutex_lock(&p->mu);
-    if (t == LLMRETRY_EV_REQUEST_SUCCEEDED) {
-        llmretry_pacer_on_success(&p->pacer);
-    } else if (t == LLMRETRY_EV_RETRY_SCHEDULED) {
-        /* A retry after a 429 with a server-named wait pauses the pool (the
-         * 429 itself was counted by its llm_request_failed). */
-        const char *src = field_str(ev, "delay_source");
-        if (*last_status == 429 && src && strcmp(src, "backoff") != 0)
-            llmretry_pacer_on_429(&p->pacer, now, field_int(ev, "delay_ms"));
-    } else if (t == LLMRETRY_EV_REQUEST_FAILED) {
-        *last_status = (int)field_int(ev, "status");
-        if (*last_status == 429)
-            llmretry_pacer_on_429(&p->pacer, now, -1);
+    for (int i = 0; i < p->n_groups && !g; i++)
+        if (p->groups[i].engine == e)
+            g = p->groups[i].group;
+    if (!g) {
+        struct pool_group *more = realloc(p->groups, (size_t)(p->n_groups + 1) * sizeof *more);
+        llmretry_group_options go;
+        llmretry_group_options_defaults(&go);
+        go.limit = p->limit;
+        go.adaptive = p->adaptive;
+        go.poll = 0;                /* each worker waits on its own call */
+        if (more) {
+            p->groups = more;
+            if (llmretry_group_new(e, &go, &g, NULL, 0) == LLMRETRY_OK) {
+                p->groups[p->n_groups].engine = e;
+                p->groups[p->n_groups].group = g;
+                p->n_groups++;
+            }
+        }
     }
-    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    return g;                       /* NULL when out of memory: unpaced */
 }
 
-/* Claim the next index (GIL held on entry and exit), or -1 when the pool
- * is done or stopping. Waits, GIL released, while the pacer says no. */
+/* Claim the next index, or -1 when the pool is done or stopping. Each
+ * pool thread runs one item at a time, so at most `limit` run at once; the
+ * engine paces their calls (lr_pool_group). */
 static Py_ssize_t pool_claim(lr_pool *p)
 {
-    for (;;) {
-        int64_t now = mono_ms(), wait_ms = WAKE_MS;
-        pthread_mutex_lock(&p->mu);
-        if (atomic_load(&p->stop) || p->next >= p->n) {
-            pthread_mutex_unlock(&p->mu);
-            return -1;
-        }
-        if (p->deadline_at >= 0 && now >= p->deadline_at) {
-            /* Too late to start anything: the rest is NOT_STARTED (the
-             * slots already hold it). */
-            p->next = p->n;
-            pthread_mutex_unlock(&p->mu);
-            return -1;
-        }
-        if (p->active < llmretry_pacer_allowed(&p->pacer, now)) {
-            p->active++;
-            Py_ssize_t i = p->next++;
-            pthread_mutex_unlock(&p->mu);
-            return i;
-        }
-        int64_t paused = llmretry_pacer_paused_ms(&p->pacer, now);
-        if (paused > 0 && paused < wait_ms)
-            wait_ms = paused;
-        if (p->deadline_at >= 0 && p->deadline_at - now < wait_ms)
-            wait_ms = p->deadline_at - now;
-        pthread_mutex_unlock(&p->mu);
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec until = mono_after(wait_ms > 0 ? wait_ms : 1);
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_timedwait(&p->cv, &p->mu, &until);
-        pthread_mutex_unlock(&p->mu);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static void pool_item_done(lr_pool *p)
-{
+    Py_ssize_t i = -1;
     pthread_mutex_lock(&p->mu);
-    p->active--;
-    pthread_cond_broadcast(&p->cv);
+    if (!atomic_load(&p->stop) && p->next < p->n) {
+        if (p->deadline_at >= 0 && mono_ms() >= p->deadline_at)
+            p->next = p->n;         /* too late to start: the rest stays NOT_STARTED */
+        else
+            i = p->next++;
+    }
     pthread_mutex_unlock(&p->mu);
+    return i;
 }
 
 /* Remember the first failure (or keep it in place); the exception is the
@@ -250,12 +205,10 @@ static void *pool_thread(void *arg)
             PyList_SET_ITEM(p->results, i, r);
             pthread_mutex_unlock(&p->mu);
             Py_DECREF(old);
-            pool_item_done(p);
             pool_report(p, i, r, 0);
         } else {
             int stopping = atomic_load(&p->stop);
             PyObject *exc = pool_record_failure(p, i, 0);
-            pool_item_done(p);
             if (!stopping)
                 pool_report(p, i, exc, 1);
             Py_XDECREF(exc);
@@ -329,12 +282,22 @@ static int start_threads(lr_pool *p, pthread_t *threads, int n_threads)
     return started;
 }
 
+/* The pacing the engine did for the pool's calls, summed over its groups. */
 static int fill_stats(PyObject *stats, lr_pool *p)
 {
     if (stats == Py_None)
         return 0;
-    PyObject *v = Py_BuildValue("{sisisi}", "pauses", p->pacer.pauses, "halvings",
-                                p->pacer.halvings, "window", p->pacer.window);
+    int pauses = 0, halvings = 0, window = p->limit;
+    for (int i = 0; i < p->n_groups; i++) {
+        llmretry_group_stats gs;
+        llmretry_group_stats_get(p->groups[i].group, &gs);
+        pauses += gs.pauses;
+        halvings += gs.halvings;
+        if (gs.window < window)
+            window = gs.window;
+    }
+    PyObject *v = Py_BuildValue("{sisisi}", "pauses", pauses, "halvings", halvings,
+                                "window", window);
     if (!v)
         return -1;
     int rc = PyDict_Update(stats, v);
@@ -400,7 +363,8 @@ PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
     p.not_started = st->not_started;
     p.return_exceptions = return_exceptions;
     p.deadline_at = deadline_ms < 0 ? -1 : mono_ms() + deadline_ms;
-    llmretry_pacer_init(&p.pacer, limit > 1000000 ? 1000000 : (int)limit, adaptive);
+    p.limit = limit > 1000000 ? 1000000 : (int)limit;
+    p.adaptive = adaptive;
     atomic_init(&p.stop, 0);
     pthread_mutex_init(&p.mu, NULL);
     pthread_condattr_t ca;
@@ -438,6 +402,10 @@ PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
     Py_XDECREF(p.exc_tb);
     Py_XDECREF(p.results);
     Py_DECREF(p.items);
+    /* Calls still in a group keep it alive; the pool's references end. */
+    for (int i = 0; i < p.n_groups; i++)
+        llmretry_group_free(p.groups[i].group);
+    free(p.groups);
     pthread_mutex_destroy(&p.mu);
     pthread_cond_destroy(&p.cv);
     return out;

@@ -45,14 +45,9 @@ int lr_pool_stopping(lr_pool *p);
 PyObject *lr_pool_stop_type(lr_pool *p);
 /* Time left before the pool's deadline (LLMRETRY_NO_DEADLINE when none). */
 int64_t lr_pool_deadline_left(lr_pool *p);
-/* The events a call must produce for the pool to see 429s and successes. */
-#define LR_POOL_EVENTS ((1u << LLMRETRY_EV_REQUEST_FAILED) | \
-                        (1u << LLMRETRY_EV_RETRY_SCHEDULED) | \
-                        (1u << LLMRETRY_EV_REQUEST_SUCCEEDED) | \
-                        (1u << LLMRETRY_EV_REQUEST_GAVE_UP))
-/* Tell the pool's pacer about an event of a call made in a worker;
- * *last_status keeps, per call, the status of its last llm_request_failed. */
-void lr_pool_observe(lr_pool *p, const llmretry_event *ev, int *last_status);
+/* The pool's group on engine `e`, made on first use: a worker's call is
+ * submitted into it, so the engine paces the pool (NULL: out of memory). */
+llmretry_group *lr_pool_group(lr_pool *p, llmretry_engine *e);
 
 PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw);
 

@@ -496,6 +496,10 @@ typedef struct llmretry_group_options {
     int limit;                     /* 8, >= 1 */
     int64_t deadline_ms;           /* LLMRETRY_NO_DEADLINE, else >= 0 (from group_new) */
     int adaptive;                  /* 1 */
+    /* 1: the group's calls report to llmretry_group_fd / _poll (a batch
+     * read by one host thread). 0: to no channel; each call's own host
+     * thread waits on it (a pool of host threads paced as one batch). */
+    int poll;                      /* 1 */
 } llmretry_group_options;
 
 typedef struct llmretry_group_stats {

@@ -352,8 +352,10 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
     llmretry_status st = lr_call_new(e, opts, flags, &c, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
-    if (c->group) {
+    if (c->group && c->group->poll) {
         c->ready_to = &c->group->ready;
+    } else if (c->group) {
+        c->ready_to = NULL;             /* its host waits on the call itself */
     } else if (opts->channel) {
         c->channel = opts->channel;     /* released with the call */
         lr_channel_ref(c->channel);

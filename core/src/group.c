@@ -10,6 +10,7 @@ void llmretry_group_options_defaults(llmretry_group_options *o)
     o->limit = 8;
     o->deadline_ms = LLMRETRY_NO_DEADLINE;
     o->adaptive = 1;
+    o->poll = 1;
 }
 
 llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_options *o,
@@ -45,6 +46,7 @@ llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_opti
     g->engine = e;
     lr_engine_ref(e);
     g->deadline_at = o->deadline_ms == LLMRETRY_NO_DEADLINE ? -1 : lr_time_add(lr_mono_ms(), o->deadline_ms);
+    g->poll = o->poll != 0;
     llmretry_pacer_init(&g->pacer, o->limit, o->adaptive);
     g->stats.window = o->limit;
     *out = g;

@@ -96,6 +96,7 @@ struct llmretry_group {
     atomic_int refs;               /* the host's + one per call in the group */
     llmretry_engine *engine;       /* holds an engine reference */
     int64_t deadline_at;           /* monotonic ms, -1 = none */
+    int poll;                      /* its calls report to `ready` */
     /* Engine thread only. */
     llmretry_pacer pacer;
     int active;                    /* items started and not finished */
