@@ -45,6 +45,9 @@ def pkg_config(*packages: str) -> list:
 def extension() -> Extension:
     flags = pkg_config("libcurl", "libcjson")
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "core" / "src").glob("*.c"))
+    # The public header's parts, one per concern (core/include/llmretry/).
+    parts_dir = ROOT / "core" / "include" / "llmretry"
+    parts = sorted(str(p.relative_to(ROOT)) for p in parts_dir.glob("*.h"))
     sources += ["bindings/python/_llmretry.c", "bindings/python/policies.c",
                 "bindings/python/pool.c", "bindings/python/results.c"]
     return Extension(
@@ -57,8 +60,8 @@ def extension() -> Extension:
         define_macros=[("_GNU_SOURCE", None)],
         extra_compile_args=["-std=c11", "-O2"]
         + [f for f in flags if f.startswith("-") and f[:2] not in ("-I", "-L", "-l")],
-        depends=[str(HEADER.relative_to(ROOT)), "core/src/internal.h",
-                 "bindings/python/policies.h", "bindings/python/pool.h",
+        depends=[str(HEADER.relative_to(ROOT)), *parts, "core/src/internal.h",
+                 "core/src/engine.h", "bindings/python/policies.h", "bindings/python/pool.h",
                  "bindings/python/results.h"],
     )
 

@@ -9,8 +9,8 @@
  *   sockets.c    the engine's open sockets, found by their ports
  *
  * Everything marked "I/O thread" is touched by that thread only. */
-#ifndef LLMRETRY_ENGINE_H
-#define LLMRETRY_ENGINE_H
+#ifndef LR_ENGINE_PRIVATE_H
+#define LR_ENGINE_PRIVATE_H
 
 #include "internal.h"
 

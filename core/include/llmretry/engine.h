@@ -1,0 +1,115 @@
+/* llmretry/engine.h — engines and calls: submitting, the mailbox, event-loop integration.
+ * Part of the public API: include <llmretry.h>, which includes every part. */
+#ifndef LLMRETRY_ENGINE_H
+#define LLMRETRY_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "llmretry/options.h"
+#include "llmretry/result.h"
+#include "llmretry/events.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Engine and calls.                                                   */
+/* ------------------------------------------------------------------ */
+typedef struct llmretry_engine llmretry_engine;
+typedef struct llmretry_call llmretry_call;
+
+typedef struct llmretry_engine_options {
+    /* Most HTTP attempts in flight at once; more calls queue. 256. */
+    int max_in_flight;
+    /* Most connections kept open per host (0 = libcurl's default). */
+    int max_host_connections;
+} llmretry_engine_options;
+
+void llmretry_engine_options_defaults(llmretry_engine_options *o);
+
+/* Start an engine and its I/O thread. `opts` may be NULL. */
+llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
+                                    llmretry_engine **out, char *err, size_t errlen);
+
+/* Cancel every call in flight, join the I/O thread and drop the caller's
+ * reference. Calls still held by the host stay valid (finished, cancelled)
+ * until they are freed. Safe with NULL. */
+void llmretry_engine_free(llmretry_engine *e);
+
+/* 1 when called in a process forked from the one that made the engine.
+ * There every function of the engine, its calls, groups and channels
+ * returns at once without touching them (submit: ESTATE; poll: 0; free:
+ * nothing): the parent's I/O thread does not exist in the child and may
+ * have held their locks at the fork. A host makes a new engine. */
+int llmretry_engine_forked(const llmretry_engine *e);
+
+/* Submit flags. */
+#define LLMRETRY_SUBMIT_POLL 1u  /* report this call via llmretry_engine_poll */
+
+/* Submit a call. Options are checked and copied (the caller may free them
+ * on return); EINVAL names the field, before any I/O. */
+llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_options *opts,
+                                       unsigned flags, llmretry_call **out,
+                                       char *err, size_t errlen);
+
+/* Event-loop integration: a file descriptor that is readable when a call
+ * submitted with LLMRETRY_SUBMIT_POLL has news (events or its result). */
+int llmretry_engine_fd(const llmretry_engine *e);
+
+/* Without blocking, return up to `max` calls that have news; each call is
+ * reported once per batch of news, so drain each one's mailbox, and never
+ * again once llmretry_call_next has returned its DONE. Returns the count.
+ * The returned pointers are borrowed (the host still owns them). */
+size_t llmretry_engine_poll(llmretry_engine *e, llmretry_call **calls, size_t max);
+
+/* Block until engine_fd is readable or timeout_ms passes (-1 = forever).
+ * OK or ETIMEDOUT. */
+llmretry_status llmretry_engine_wait(llmretry_engine *e, int64_t timeout_ms);
+
+/* Cancel a call at any moment (attempt in flight or backoff wait). The
+ * result becomes `cancelled` promptly. Harmless on a finished call. */
+void llmretry_call_cancel(llmretry_call *c);
+
+/* Free a call; an unfinished call is cancelled first. */
+void llmretry_call_free(llmretry_call *c);
+
+const char *llmretry_call_request_id(const llmretry_call *c);
+void *llmretry_call_user_data(const llmretry_call *c);
+
+/* The mailbox. llmretry_call_next takes the next item without blocking. */
+typedef enum llmretry_mail {
+    LLMRETRY_MAIL_EMPTY = 0,   /* nothing now */
+    LLMRETRY_MAIL_EVENT,       /* *ev is set; free it with llmretry_event_free */
+    LLMRETRY_MAIL_VALIDATE,    /* the host must call llmretry_call_validated */
+    LLMRETRY_MAIL_DONE         /* the result is ready (repeats once reached) */
+} llmretry_mail;
+
+llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev);
+
+/* Block until the mailbox has an item or timeout_ms passes (-1 = forever).
+ * OK when an item is waiting, ETIMEDOUT otherwise. */
+llmretry_status llmretry_call_wait(llmretry_call *c, int64_t timeout_ms);
+
+/* While LLMRETRY_MAIL_VALIDATE is pending: the 2xx body to validate. */
+llmretry_status llmretry_call_pending_body(llmretry_call *c, const char **body, size_t *len);
+
+/* Answer a validation request: ok != 0 accepts the response; otherwise it
+ * fails as invalid_response with `message` and the policy decides. */
+llmretry_status llmretry_call_validated(llmretry_call *c, int ok, const char *message);
+
+/* The result once the mailbox said DONE (NULL before). */
+const llmretry_result *llmretry_call_result(const llmretry_call *c);
+
+/* Blocking convenience: submit, deliver each event to `on_event` (may be
+ * NULL) on this thread, and return the finished call. A call with
+ * opts->validate set is rejected (EINVAL): validation needs the mailbox. */
+typedef void (*llmretry_event_fn)(const llmretry_event *ev, void *ud);
+llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_options *opts,
+                                       llmretry_event_fn on_event, void *ud,
+                                       llmretry_call **out, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LLMRETRY_ENGINE_H */

@@ -1,0 +1,60 @@
+/* llmretry/events.h — events (DESIGN §3): typed, read field by field or as JSON.
+ * Part of the public API: include <llmretry.h>, which includes every part. */
+#ifndef LLMRETRY_EVENTS_H
+#define LLMRETRY_EVENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "llmretry/result.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Events (DESIGN §3).                                                 */
+/* ------------------------------------------------------------------ */
+typedef enum llmretry_event_type {
+    LLMRETRY_EV_REQUEST_STARTED = 0,
+    LLMRETRY_EV_REQUEST_FAILED,    /* a non-2xx HTTP response */
+    LLMRETRY_EV_REQUEST_ERROR,     /* timeout, network, invalid response... */
+    LLMRETRY_EV_RETRY_SCHEDULED,
+    LLMRETRY_EV_REQUEST_SUCCEEDED,
+    LLMRETRY_EV_REQUEST_GAVE_UP
+} llmretry_event_type;
+
+const char *llmretry_event_name(llmretry_event_type t);
+
+typedef struct llmretry_event llmretry_event;
+
+/* One field of an event, for bindings that build host maps generically:
+ * the schema of each event lives in the core alone. */
+typedef enum llmretry_field_type {
+    LLMRETRY_FIELD_NULL = 0,
+    LLMRETRY_FIELD_INT,
+    LLMRETRY_FIELD_STRING,
+    LLMRETRY_FIELD_USAGE           /* an object of the three token counts */
+} llmretry_field_type;
+
+typedef struct llmretry_field {
+    const char *name;
+    llmretry_field_type type;
+    int64_t i;
+    const char *s;
+    const llmretry_usage *usage;
+} llmretry_field;
+
+llmretry_event_type llmretry_event_type_of(const llmretry_event *ev);
+size_t llmretry_event_field_count(const llmretry_event *ev);
+/* Fill `out` with field `index` (0 = "event"); 0 on success, -1 past the end. */
+int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field *out);
+/* The event as one line of JSON (malloc'd; free with llmretry_free). */
+char *llmretry_event_to_json(const llmretry_event *ev);
+void llmretry_event_free(llmretry_event *ev);
+
+void llmretry_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LLMRETRY_EVENTS_H */

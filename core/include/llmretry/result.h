@@ -1,0 +1,106 @@
+/* llmretry/result.h — error kinds, give-up reasons, token usage and a call's result (DESIGN §4).
+ * Part of the public API: include <llmretry.h>, which includes every part. */
+#ifndef LLMRETRY_RESULT_H
+#define LLMRETRY_RESULT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "llmretry/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Errors, usage and results (DESIGN §4).                              */
+/* ------------------------------------------------------------------ */
+typedef enum llmretry_error_kind {
+    LLMRETRY_ERR_NONE = 0,
+    LLMRETRY_ERR_HTTP_STATUS,
+    LLMRETRY_ERR_TIMEOUT,
+    LLMRETRY_ERR_NETWORK,
+    LLMRETRY_ERR_INVALID_RESPONSE,
+    LLMRETRY_ERR_DEADLINE_EXCEEDED,
+    LLMRETRY_ERR_CANCELLED,
+    LLMRETRY_ERR_RESPONSE_TOO_LARGE
+} llmretry_error_kind;
+
+/* "http_status", "timeout", ... ; NULL for NONE. */
+const char *llmretry_error_kind_name(llmretry_error_kind k);
+
+typedef enum llmretry_giveup_reason {
+    LLMRETRY_REASON_NONE = 0,
+    LLMRETRY_REASON_RETRIES_EXHAUSTED,
+    LLMRETRY_REASON_NOT_RETRYABLE,
+    LLMRETRY_REASON_DEADLINE,
+    LLMRETRY_REASON_RETRY_AFTER_TOO_LONG,
+    LLMRETRY_REASON_UNSAFE_MODE,
+    LLMRETRY_REASON_CANCELLED
+} llmretry_giveup_reason;
+
+const char *llmretry_reason_name(llmretry_giveup_reason r);
+
+typedef enum llmretry_delay_source {
+    LLMRETRY_DELAY_BACKOFF = 0,
+    LLMRETRY_DELAY_RETRY_AFTER,
+    LLMRETRY_DELAY_RATELIMIT_RESET
+} llmretry_delay_source;
+
+const char *llmretry_delay_source_name(llmretry_delay_source s);
+
+typedef struct llmretry_usage {
+    int present;                   /* 0 = the response had no usage */
+    int64_t prompt_tokens;
+    int64_t completion_tokens;
+    int64_t total_tokens;
+} llmretry_usage;
+
+/* The final outcome of a call. Owned by the call; valid until
+ * llmretry_call_free. Strings are NUL-terminated or NULL. */
+typedef struct llmretry_result {
+    int ok;
+    const char *request_id;
+    const char *model;             /* from the request */
+    int status;                    /* last HTTP status, 0 = none */
+    int attempt;                   /* 0-based index of the last attempt */
+    int attempts;                  /* attempts made */
+    /* Requests sent again at once, within an attempt, because they provably
+     * never reached the server (a refused HTTP/2 stream, a keep-alive
+     * connection with unread bytes) or, in safe mode, a reused connection
+     * closed before any byte of a response. Not attempts: no backoff. */
+    int resends;
+    int64_t duration_ms;           /* of the last attempt */
+    int64_t total_ms;              /* of the whole call */
+
+    /* ok == 1 */
+    /* The raw response body. A 2xx body counts as a success only when it
+     * is a JSON object in valid UTF-8 with no raw control characters in
+     * its strings, nested at most LLMRETRY_MAX_BODY_DEPTH deep (what every
+     * host's decoder accepts); anything else is an invalid_response,
+     * retried like one. Escapes such as \u0000 are
+     * fine. Token counts in usage below are whole numbers 0..2^53 (others
+     * read as 0); the raw usage stays here. */
+    const char *body;
+    size_t body_len;
+    llmretry_usage usage;
+    const char *response_model;
+    const char *system_fingerprint;
+
+    /* ok == 0 */
+    llmretry_error_kind kind;
+    llmretry_giveup_reason reason;
+    /* One line for people and logs. For an HTTP error: "HTTP 404 from
+     * /v1/chat/completions (code); gave up after ...": the URL's path only
+     * (no host, query or credentials) and the provider's code with control
+     * characters escaped (\n, \xNN). The provider's message is left out
+     * (servers echo prompts in it); see body_preview. */
+    const char *message;
+    int64_t retry_after_ms;        /* server-requested wait, -1 = none */
+    const char *error_code;        /* the provider's error code */
+    const char *body_preview;      /* first 500 bytes of the response body */
+} llmretry_result;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LLMRETRY_RESULT_H */
