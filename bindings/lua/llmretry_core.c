@@ -1932,6 +1932,16 @@ static int l_resolve_policy(lua_State *L)
     return 1;
 }
 
+/* core.uuid4() -> a fresh UUID v4 from the system's CSPRNG (the core's). */
+static int l_uuid4(lua_State *L)
+{
+    char id[37];
+    if (llmretry_uuid4(id) != LLMRETRY_OK)
+        return lr_fail(L, "could not read the system's random source");
+    lua_pushstring(L, id);
+    return 1;
+}
+
 /* ---- the module ------------------------------------------------------------ */
 
 static const luaL_Reg handle_methods[] = {
@@ -1973,6 +1983,7 @@ static const luaL_Reg module_functions[] = {
     { "new_engine", l_new_engine },
     { "check_options", l_check_options },
     { "parse_policies", l_parse_policies },
+    { "uuid4", l_uuid4 },
     { "resolve_policy", l_resolve_policy },
     { NULL, NULL },
 };

@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
+#include <unistd.h>
+#if defined(__APPLE__)
+#include <sys/random.h>    /* getentropy */
+#endif
 #include <time.h>
 
 int64_t lr_mono_ms(void)
@@ -22,17 +25,24 @@ int64_t lr_unix_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* getentropy: the kernel's CSPRNG on Linux (glibc 2.25+), macOS and the
+ * BSDs alike, at most 256 bytes a call. */
 static int fill_random(void *buf, size_t len)
 {
     unsigned char *p = buf;
     while (len > 0) {
-        ssize_t n = getrandom(p, len, 0);
-        if (n < 0)
-            return -1;      /* EINTR included: callers fall back, never block */
+        size_t n = len < 256 ? len : 256;
+        if (getentropy(p, n) != 0)
+            return -1;      /* callers fall back, never block */
         p += n;
-        len -= (size_t)n;
+        len -= n;
     }
     return 0;
+}
+
+llmretry_status llmretry_uuid4(char out[37])
+{
+    return out && lr_uuid4(out) == 0 ? LLMRETRY_OK : LLMRETRY_EINTERNAL;
 }
 
 int lr_uuid4(char out[37])

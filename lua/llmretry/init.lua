@@ -22,7 +22,7 @@ local core = require("llmretry.core")
 
 local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
 local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
-local string, table, math, io = string, table, math, io
+local string, table, io = string, table, io
 local co_create, co_resume, co_yield, co_status, co_running =
     coroutine.create, coroutine.resume, coroutine.yield, coroutine.status, coroutine.running
 local co_isyieldable = coroutine.isyieldable
@@ -527,39 +527,8 @@ function M.load_policies(source)
   return p
 end
 
--- A fresh random idempotency key (a UUID v4): /dev/urandom when there is
--- one, else math.random seeded once from the clock and an address.
-local urandom_ok = true
-local seeded = false
-local function random_bytes(n)
-  if urandom_ok then
-    local f = io.open("/dev/urandom", "rb")
-    if f then
-      local b = f:read(n)
-      f:close()
-      if b and #b == n then return b end
-    end
-    urandom_ok = false
-  end
-  if not seeded then
-    seeded = true
-    math.randomseed(os.time() + (tonumber(tostring({}):match("0x(%x+)") or "0", 16) or 0) % 1e9)
-  end
-  local t = {}
-  for i = 1, n do t[i] = string.char(math.random(0, 255)) end
-  return table.concat(t)
-end
-
-local function new_idempotency_key()
-  local b = { random_bytes(16):byte(1, 16) }
-  b[7] = b[7] % 16 + 64   -- version 4
-  b[9] = b[9] % 64 + 128  -- RFC 4122 variant
-  local hex = {}
-  for i = 1, 16 do hex[i] = string.format("%02x", b[i]) end
-  local h = table.concat(hex)
-  return h:sub(1, 8) .. "-" .. h:sub(9, 12) .. "-" .. h:sub(13, 16) .. "-" .. h:sub(17, 20)
-    .. "-" .. h:sub(21, 32)
-end
+-- A fresh idempotency key: a UUID v4 from the core (the system's CSPRNG).
+local new_idempotency_key = core.uuid4
 M._new_idempotency_key = new_idempotency_key
 
 local Client = {}

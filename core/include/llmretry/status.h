@@ -27,6 +27,10 @@ const char *llmretry_status_name(llmretry_status s);
 /* Size of the message buffers the API writes argument errors into. */
 #define LLMRETRY_ERRBUF 256
 
+/* A fresh UUID v4 (36 characters and a NUL) from the system's CSPRNG: the
+ * ids the engine makes, for hosts that need one (an idempotency key). */
+llmretry_status llmretry_uuid4(char out[37]);
+
 #ifdef __cplusplus
 }
 #endif
