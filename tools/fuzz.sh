@@ -81,8 +81,8 @@ for t in $TARGETS; do
     src=tests/fuzz/$t.c
     [ -f "$src" ] || { echo "fuzz.sh: no such target: $t" >&2; status=2; continue; }
     if [ "$t" = fuzz_response ]; then
-        # It includes call.c itself, to reach its static functions.
-        core=$(ls core/src/*.c | grep -v '/call\.c$')
+        # It includes transfer.c itself, to reach its static functions.
+        core=$(ls core/src/*.c | grep -v '/transfer\.c$')
     else
         core=$(ls core/src/*.c)
     fi

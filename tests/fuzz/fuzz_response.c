@@ -1,11 +1,12 @@
-/* libFuzzer target: the response handling of call.c on arbitrary server
- * data — header capture (on_header, including the Content-Length limit),
- * body capture within max_response_bytes (on_body), the success fields
- * (read_success: usage, model, system_fingerprint), the provider error
- * code (provider_error_code via lr_call_read_outcome) and the preview.
+/* libFuzzer target: the response handling of the core on arbitrary server
+ * data — header capture (transfer.c's on_header, including the
+ * Content-Length limit and values too long for the inline buffer), body
+ * capture within max_response_bytes (on_body), the success fields
+ * (lr_read_success: usage, model, system_fingerprint), the HTTP error text
+ * (lr_http_error via lr_call_read_outcome) and the preview.
  *
- * Those are static functions, so this file includes call.c itself (and is
- * linked with the other core sources, not call.c). No network: the call
+ * on_header and on_body are static, so this file includes transfer.c
+ * itself (and is linked with the other core sources, not transfer.c). No network: the call
  * record is built by hand and lr_call_read_outcome runs with no easy
  * handle (HTTP status 0, i.e. the error-body path).
  *
@@ -15,11 +16,13 @@
  * body chunk is handed over in its own exact-size, non-NUL-terminated
  * buffer, as libcurl documents ("do not assume that the header line is
  * null-terminated"), so over-reads are caught by ASan. Build: tools/fuzz.sh. */
-#include "../../core/src/call.c"
+#include "../../core/src/transfer.c"
 
 #include <stdint.h>
 
 #include "fuzz_util.h"
+
+#define PREVIEW_BYTES 500           /* outcome.c's */
 
 /* Hand one header line (with its CRLF) to on_header; 0 = aborted. */
 static int feed_header(llmretry_call *c, const uint8_t *line, size_t n)
@@ -47,6 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!c)
         abort();
     c->o.max_response_bytes = limits[ctl & 3];
+    c->url = (char *)"http://fuzz.invalid/v1/chat/completions"; /* HTTP errors name it */
     size_t chunk = (size_t)1 << ((ctl >> 2) & 7); /* 1..128 bytes */
     if ((ctl >> 5) & 1)
         chunk = SIZE_MAX; /* the whole body at once */
@@ -74,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     for (int h = 0; h < LR_H_COUNT; h++)
-        if (c->hdr_set[h] && memchr(c->hdr[h], '\0', LR_HVAL) == NULL)
+        if (c->hdr_set[h] && !c->hdr_long[h] && memchr(c->hdr[h], '\0', LR_HVAL) == NULL)
             fail("captured header value not NUL-terminated");
 
     /* The body, chunk by chunk, within max_response_bytes. */
@@ -121,14 +125,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (doc && cJSON_IsObject(doc)) {
             lr_outcome ok;
             memset(&ok, 0, sizeof ok);
-            read_success(doc, &ok);
+            lr_read_success(doc, &ok.usage, &ok.response_model, &ok.fingerprint);
             /* json_int casts a double to int64_t: UBSan checks the cast. */
             if (!ok.usage.present && (ok.usage.prompt_tokens || ok.usage.total_tokens))
                 fail("token counts without usage");
             lr_outcome_clear(&ok);
         }
         cJSON_Delete(doc);
-        char *code = provider_error_code(c->resp.data ? c->resp.data : "", c->resp.len);
+        char *code = NULL, *msg = lr_http_error(c, 500, &code);
+        if (!msg || strstr(msg, "\n") || strstr(msg, "\r"))
+            fail("an HTTP error text with a raw line break");
+        free(msg);
         free(code);
     }
 
@@ -142,6 +149,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(pv);
     }
 
+    lr_call_forget_headers(c);
     free(c->resp.data);
     free(c);
     return 0;
