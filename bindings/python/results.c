@@ -14,7 +14,7 @@
 /* Meta's fields, in the order of lr_build_result's values. */
 static const char *const META_FIELDS[LR_META_FIELDS] = {
     "attempt", "attempts", "duration_ms", "total_ms", "status", "usage",
-    "request_id", "model", "response_model", "system_fingerprint",
+    "request_id", "model", "response_model", "system_fingerprint", "resends",
 };
 static const char *const RESULT_FIELDS[LR_RESULT_FIELDS] = { "data", "meta" };
 
@@ -209,7 +209,8 @@ static PyObject *new_meta(const module_state *st, const llmretry_result *r)
         set_slot(f[6], m, lr_str_or_none(r->request_id)) ||
         set_slot(f[7], m, lr_str_or_none(r->model)) ||
         set_slot(f[8], m, lr_str_or_none(r->response_model)) ||
-        set_slot(f[9], m, lr_str_or_none(r->system_fingerprint))) {
+        set_slot(f[9], m, lr_str_or_none(r->system_fingerprint)) ||
+        set_slot(f[10], m, PyLong_FromLong(r->resends))) {
         Py_DECREF(m);
         return NULL;
     }

@@ -44,7 +44,7 @@ Validate = Callable[[Any], Any]
 # Results
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=True, init=False)
 class Meta:
     """What happened during a successful call.
 
@@ -60,11 +60,14 @@ class Meta:
         model: the model named in the request body.
         response_model: the model the server says answered.
         system_fingerprint: the server's ``system_fingerprint``.
+        resends: requests sent again at once, not counted as attempts (a
+            refused stream, a dead or stale kept-alive connection): the
+            server saw at most ``attempts + resends`` requests.
     """
 
     __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
                  "usage", "request_id", "model", "response_model",
-                 "system_fingerprint")
+                 "system_fingerprint", "resends")
 
     attempt: int
     attempts: int
@@ -76,6 +79,18 @@ class Meta:
     model: Optional[str]
     response_model: Optional[str]
     system_fingerprint: Optional[str]
+    resends: int
+
+    def __init__(self, attempt: int, attempts: int, duration_ms: int, total_ms: int,
+                 status: int, usage: Optional[Dict[str, int]], request_id: str,
+                 model: Optional[str], response_model: Optional[str],
+                 system_fingerprint: Optional[str], resends: int = 0) -> None:
+        # Written out (not the dataclass's) for resends' default: a field
+        # added later must not break code that builds a Meta.
+        for name, value in zip(self.__slots__, (attempt, attempts, duration_ms, total_ms,
+                                                status, usage, request_id, model,
+                                                response_model, system_fingerprint, resends)):
+            object.__setattr__(self, name, value)
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict (``usage`` copied)."""
@@ -132,6 +147,7 @@ _set_status, _set_usage = _SETTERS["status"], _SETTERS["usage"]
 _set_request_id, _set_model = _SETTERS["request_id"], _SETTERS["model"]
 _set_response_model = _SETTERS["response_model"]
 _set_system_fingerprint = _SETTERS["system_fingerprint"]
+_set_resends = _SETTERS["resends"]
 _new_object = object.__new__
 
 
@@ -147,6 +163,7 @@ def _meta_of(out: Dict[str, Any]) -> Meta:
     _set_model(m, out["model"])
     _set_response_model(m, out["response_model"])
     _set_system_fingerprint(m, out["system_fingerprint"])
+    _set_resends(m, out.get("resends", 0))
     return m
 
 

@@ -42,7 +42,7 @@ __all__ = [
 # of importance; also the keys read from the extension's failure outcome.
 _FIELDS: Tuple[str, ...] = (
     "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms",
-    "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms",
+    "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms", "resends",
 )
 
 
@@ -67,6 +67,9 @@ class LLMError(Exception):
         model: the model named in the request body.
         duration_ms: how long the last attempt took.
         total_ms: how long the whole call took.
+        resends: requests sent again at once, not counted as attempts (a
+            refused stream, a dead or stale kept-alive connection): the
+            server saw at most ``attempts + resends`` requests.
     """
 
     kind: str = "error"
@@ -78,7 +81,7 @@ class LLMError(Exception):
                  error_code: Optional[str] = None,
                  body_preview: Optional[str] = None,
                  reason: Optional[str] = None, model: Optional[str] = None,
-                 duration_ms: int = 0, total_ms: int = 0) -> None:
+                 duration_ms: int = 0, total_ms: int = 0, resends: int = 0) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind if kind is not None else type(self).kind
@@ -93,6 +96,7 @@ class LLMError(Exception):
         self.model = model
         self.duration_ms = duration_ms
         self.total_ms = total_ms
+        self.resends = resends
 
     def __str__(self) -> str:
         if self.request_id:
@@ -189,5 +193,5 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
         retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
         body_preview=get("body_preview"), reason=get("reason"),
         model=get("model"), duration_ms=get("duration_ms", 0),
-        total_ms=get("total_ms", 0),
+        total_ms=get("total_ms", 0), resends=get("resends", 0),
     )

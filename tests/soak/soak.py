@@ -18,8 +18,10 @@ echoes in a success) and is checked:
 * it returned exactly one Result or one LLMError (nothing lost, nothing
   duplicated, nothing untyped), a success carries its own marker back;
 * the mock saw at most 1 + max_retries requests for it, no more than the
-  attempts the call reports, all with the call's request id; no request
-  arrived for a call that was never made;
+  attempts the call reports, all with the call's request id, but for free
+  re-sends (a kept-alive connection that died under a request is re-sent at
+  once, not counted as an attempt: the call reports them as ``resends``,
+  at most 3 per attempt); no request arrived for a call never made;
 * its events: one ``llm_request_started`` per attempt, exactly one final
   event; no event or error text holds the API key or the prompt;
 * a call_llm with a deadline returned within deadline + 5 s.
@@ -219,6 +221,7 @@ class Report:
         self.outcomes: Counter[str] = Counter()   # "ok" or error kind
         self.reasons: Counter[str] = Counter()    # kind/reason of errors
         self.attempts = 0
+        self.resends = 0
         self.requests = 0                          # what the mock saw
         self.throwaway_clients = 0
         self.max_overshoot_ms = 0.0
@@ -268,6 +271,7 @@ class Call:
     value: Any = None
     kind: str = ""
     attempts: int = 0
+    resends: int = 0
 
 
 def body_for(marker: str) -> Dict[str, Any]:
@@ -281,11 +285,13 @@ def finish(report: Report, call: Call, value: Any) -> None:
     rid: Optional[str] = None
     if isinstance(value, llmretry.Result):
         call.kind, call.attempts, rid = "ok", value.meta.attempts, value.meta.request_id
+        call.resends = value.meta.resends
         model = value.data.get("model") if isinstance(value.data, dict) else None
         if model != f"soak:{call.marker}":
             report.violation(f"{call.marker}: got the answer for model {model!r}")
     elif isinstance(value, llmretry.LLMError):
         call.kind, call.attempts, rid = value.kind or "?", value.attempts, value.request_id
+        call.resends = value.resends
         text = f"{value} {value!r} {value.body_preview}"
         if SECRET in text or PROMPT in text:
             report.violation(f"{call.marker}: error text holds the key or the prompt")
@@ -305,6 +311,7 @@ def finish(report: Report, call: Call, value: Any) -> None:
         report.calls[call.api] += 1
         report.outcomes[call.kind] += 1
         report.attempts += call.attempts
+        report.resends += call.resends
 
 
 def check(ctx: "Phase", name: str, calls: List[Call]) -> None:
@@ -333,12 +340,14 @@ def check(ctx: "Phase", name: str, calls: List[Call]) -> None:
         if c.outcomes != 1:
             report.violation(f"{c.marker}: {c.outcomes} outcomes ({c.api})")
             continue
-        if n > c.max_attempts:
+        if c.resends > 3 * max(c.attempts, 1):
+            report.violation(f"{c.marker}: {c.resends} free re-sends for {c.attempts} attempts")
+        if n > c.max_attempts + c.resends:
             report.violation(f"{c.marker}: the mock saw {n} requests, "
-                             f"{c.max_attempts} attempts allowed")
-        if n > c.attempts:
-            report.violation(f"{c.marker}: the mock saw {n} requests, "
-                             f"the call reports {c.attempts} attempts")
+                             f"{c.max_attempts} attempts allowed (+{c.resends} re-sends)")
+        if n > c.attempts + c.resends:
+            report.violation(f"{c.marker}: the mock saw {n} requests, the call reports "
+                             f"{c.attempts} attempts and {c.resends} re-sends")
         if c.kind == "ok" and n == 0:
             report.violation(f"{c.marker}: a success the mock never served")
         if rids.get(c.marker, {c.request_id}) != {c.request_id}:
@@ -616,7 +625,8 @@ def main() -> int:
     print("soak: outcomes: " + ", ".join(f"{k} {n}" for k, n in report.outcomes.most_common()))
     print("soak: errors by kind/reason: "
           + ", ".join(f"{k} {n}" for k, n in report.reasons.most_common()))
-    print(f"soak: attempts {report.attempts}, requests the mock saw {report.requests}; "
+    print(f"soak: attempts {report.attempts} (+{report.resends} free re-sends), "
+          f"requests the mock saw {report.requests}; "
           f"worst deadline overshoot {report.max_overshoot_ms:.0f} ms")
     print(f"soak: RSS MiB: start {start[0]:.1f}, after warm-up {base_rss:.1f}, "
           f"peak {peak:.1f}, after {after_rss:.1f} ({after_rss - base_rss:+.1f}); "
