@@ -63,6 +63,7 @@ build = {
             "core/src/mailbox.c",
             "core/src/notifier.c",
             "core/src/options.c",
+            "core/src/origins.c",
             "core/src/outcome.c",
             "core/src/pacer.c",
             "core/src/policies.c",

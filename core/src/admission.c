@@ -5,7 +5,9 @@
  *      counts against its batch's window from its first attempt to its
  *      end, so its retries are not paced again);
  *   2. the engine's max_in_flight (retries go before fresh calls);
- *   3. (next) the endpoint's rate budget, retry budget and circuit breaker.
+ *   3. for an HTTPS origin that may multiplex, its connection gate: one
+ *      attempt at a time waits for a new connection (origins.c);
+ *   4. (next) the endpoint's rate budget, retry budget and circuit breaker.
  *
  * A call that cannot start waits in the queue of the stage that holds it,
  * with its deadline as its timer (timers.c), so it fails at its deadline
@@ -64,10 +66,19 @@ static void wait_in(llmretry_engine *e, llmretry_call *c, lr_queue *q, lr_state 
 
 /* ---- stage 2: a slot --------------------------------------------------- */
 
+/* A call with a slot: its origin's gate, then the wire. */
+static void admit_origin(llmretry_engine *e, llmretry_call *c, int front)
+{
+    if (lr_origin_admits(e, c))
+        lr_attempt_start(e, c);
+    else
+        wait_in(e, c, lr_origin_queue(c), LR_HELD, front);
+}
+
 static void admit_slot(llmretry_engine *e, llmretry_call *c, int front)
 {
     if (e->in_flight < e->max_in_flight)
-        lr_attempt_start(e, c);
+        admit_origin(e, c, front);
     else
         wait_in(e, c, &e->waiting, LR_QUEUED, front);
 }
@@ -78,7 +89,7 @@ static void start_queued(llmretry_engine *e)
         llmretry_call *c = e->waiting.head;
         lr_queue_unlink(&e->waiting, c);
         lr_timer_remove(e, c);
-        lr_attempt_start(e, c);
+        admit_origin(e, c, 0);
     }
 }
 
@@ -161,6 +172,7 @@ void lr_admit_retry(llmretry_engine *e, llmretry_call *c)
 void lr_admission_pump(llmretry_engine *e)
 {
     pump_groups(e);
+    lr_origins_pump(e);             /* held calls go before newly admitted ones */
     start_queued(e);
 }
 
@@ -169,6 +181,9 @@ void lr_admission_leave(llmretry_engine *e, llmretry_call *c)
     switch (c->state) {
     case LR_QUEUED:
         lr_queue_unlink(&e->waiting, c);
+        break;
+    case LR_HELD:
+        lr_queue_unlink(lr_origin_queue(c), c);
         break;
     case LR_GROUP_QUEUED:
         lr_queue_unlink(&c->group->queue, c);
@@ -194,7 +209,7 @@ int64_t lr_admission_due_in(const llmretry_engine *e, int64_t now, int64_t cap)
 {
     if (e->waiting.head && e->in_flight < e->max_in_flight)
         return 0;
-    int64_t due = cap;
+    int64_t due = lr_origins_due_in(e, now, cap);
     for (const llmretry_group *g = e->groups; g; g = g->next_listed) {
         int64_t t = llmretry_pacer_paused_ms(&g->pacer, now);
         if (t == 0 && g->active < llmretry_pacer_allowed(&g->pacer, now))

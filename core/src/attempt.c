@@ -40,6 +40,7 @@ void lr_easy_pool_clear(llmretry_engine *e)
 
 static void detach_easy(llmretry_engine *e, llmretry_call *c)
 {
+    lr_origin_connected(c);         /* a connect that failed frees the gate too */
     curl_multi_remove_handle(e->multi, c->easy);
     easy_put(e, c->easy);
     c->easy = NULL;
@@ -210,6 +211,7 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
         lr_post(c, ev);
     }
     c->easy = easy;
+    lr_origin_connecting(e, c);
     c->attempt_started_at = now;
     c->attempt_resends = 0;
     c->attempts_started = c->attempt + 1;

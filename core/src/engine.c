@@ -114,6 +114,8 @@ static void fire_timers(llmretry_engine *e)
                 c->last_message = lr_strdup(
                     c->state == LR_GROUP_QUEUED
                         ? "the deadline passed while the call waited for its batch's window"
+                    : c->state == LR_HELD
+                        ? "the deadline passed while the call waited for a connection to its server"
                         : "the deadline passed while the call waited for a free slot (max_in_flight)");
             lr_admission_leave(e, c);
             lr_give_up(e, c, LLMRETRY_REASON_DEADLINE);
@@ -198,6 +200,7 @@ static void *io_main(void *arg)
     process_ops(e, late);           /* only cancels of finished calls remain */
     lr_publish(e);
     lr_easy_pool_clear(e);
+    lr_origins_free(e);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
@@ -268,6 +271,10 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
      * whenever the host is slow to resubmit. */
     CURLMcode mrc = curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS,
                                       (long)(opts->max_in_flight > 16 ? opts->max_in_flight : 16));
+    /* Streams per HTTP/2 connection: the server's own limit (nginx: 128),
+     * not libcurl's default cap of 100, so fewer connections carry them. */
+    if (mrc == CURLM_OK)
+        mrc = curl_multi_setopt(e->multi, CURLMOPT_MAX_CONCURRENT_STREAMS, 1000L);
     if (mrc == CURLM_OK && opts->max_host_connections > 0)
         mrc = curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS,
                                 (long)opts->max_host_connections);

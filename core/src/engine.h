@@ -67,6 +67,8 @@ struct llmretry_engine {
     CURL **easy_pool;
     size_t n_easy;
     lr_socktab socks;              /* sockets of plain-http connections */
+    struct lr_origin **origins;    /* https origins seen (origins.c) */
+    size_t n_origins;
     uint64_t rng;
     llmretry_call *pend_head;      /* calls with news, published once per loop, */
     llmretry_call *pend_tail;      /* in the order they had it */
@@ -98,6 +100,25 @@ void lr_admission_finished(llmretry_engine *e, llmretry_call *c);
 int64_t lr_admission_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
 /* Drop every group from the list (shutdown, once nothing is queued). */
 void lr_admission_unlist_all(llmretry_engine *e);
+
+/* ---- origins.c: the connection gate of HTTPS origins ------------------------ */
+typedef struct lr_origin lr_origin;
+/* The call's https origin (made on first use), or NULL: not gated. */
+lr_origin *lr_origin_of(llmretry_engine *e, llmretry_call *c);
+/* May an attempt of this call start now as far as its origin goes? */
+int lr_origin_admits(llmretry_engine *e, llmretry_call *c);
+/* The queue of calls held for the call's origin (lr_origin_of is set). */
+lr_queue *lr_origin_queue(llmretry_call *c);
+/* An attempt was added / its connection is ready (or it ended). */
+void lr_origin_connecting(llmretry_engine *e, llmretry_call *c);
+void lr_origin_connected(llmretry_call *c);
+/* The TLS handshake's ALPN answer: 1 = HTTP/2, 0 = HTTP/1.x. */
+void lr_origin_learned(llmretry_call *c, int multiplexed);
+/* Start the held calls whose origin now admits them; how soon one may
+ * start (0: now), at most `cap`. */
+void lr_origins_pump(llmretry_engine *e);
+int64_t lr_origins_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
+void lr_origins_free(llmretry_engine *e);
 
 /* ---- attempt.c ------------------------------------------------------------ */
 void lr_attempt_start(llmretry_engine *e, llmretry_call *c);

@@ -38,6 +38,7 @@ typedef enum lr_state {
     LR_NEW,          /* submitted, not yet seen by the engine thread */
     LR_GROUP_QUEUED, /* waiting for its group's pacer */
     LR_QUEUED,       /* waiting for a free in-flight slot */
+    LR_HELD,         /* waiting for its origin's connection (origins.c) */
     LR_RUNNING,      /* an attempt is on the wire */
     LR_WAITING,      /* backoff timer */
     LR_VALIDATING,   /* host is validating a 2xx body */
@@ -175,6 +176,9 @@ struct llmretry_call {
     int64_t wake_at;               /* the timer's time (heap key) */
     int64_t retry_at;              /* LR_WAITING: when the backoff ends */
     llmretry_call *wait_prev, *wait_next;   /* engine waiting queue */
+    struct lr_origin *origin;      /* engine thread: its https origin, or NULL */
+    int origin_known;              /* origin looked up */
+    int connecting;                /* counted in origin->connecting */
     llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */
     /* What the last failed attempt looked like, for the final error. */
     int last_status;

@@ -83,6 +83,7 @@ static int64_t due_at(const llmretry_call *c)
                                                                    : c->retry_at;
     case LR_GROUP_QUEUED:
     case LR_QUEUED:
+    case LR_HELD:
         return c->deadline_at;
     default:
         return -1;

@@ -214,6 +214,11 @@ static int on_debug(CURL *easy, curl_infotype type, char *data, size_t size, voi
     unsigned long id = text_number(data, size, "Using Stream ID: ");
     if (id)
         c->h2_stream = id;
+    /* The TLS handshake's ALPN answer (libcurl 7.88 and 8.x word it so):
+     * whether the origin's calls can share a connection (origins.c). */
+    static const char alpn[] = "ALPN: server ";
+    if (size > sizeof alpn && memcmp(data, alpn, sizeof alpn - 1) == 0)
+        lr_origin_learned(c, memmem(data, size, "accepted h2", 11) != NULL);
     if (memmem(data, size, "GOAWAY", 6) && memmem(data, size, "last_stream=", 12))
         lr_goaway_note(c->engine, c->conn_lport, c->conn_rport,
                        text_number(data, size, "last_stream="));
@@ -236,6 +241,7 @@ static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_por
     llmretry_call *c = ud;
     (void)primary_ip;
     (void)local_ip;
+    lr_origin_connected(c);         /* the next call to its origin may start */
     if (c->prereq_calls++ > 0) {
         /* Judged on the last request's connection and stream, below. */
         /* libcurl's own re-send: it re-sends only what got no byte back. */

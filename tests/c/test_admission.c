@@ -6,9 +6,13 @@
 #include "harness.h"
 #include "llmretry.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
 
@@ -281,6 +285,47 @@ static void test_huge_times_saturate(void)
     llmretry_engine_free(e);
 }
 
+/* A TLS server that never answers (a socket that listens, never accepts):
+ * the origin gate of core/src/origins.c holds calls back while one
+ * connection is being set up, but only for a grace period, so calls to a
+ * dead server do not connect one after the other (6 calls of 1.5 s in
+ * series would take 9 s). */
+static void test_dead_tls_server_not_serialized(void)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t alen = sizeof a;
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) != 0 || listen(ls, 64) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &alen) != 0) {
+        CHECK_MSG(0, "could not listen");
+        if (ls >= 0)
+            close(ls);
+        return;
+    }
+    char url[96], unused[128];
+    snprintf(url, sizeof url, "https://127.0.0.1:%d/v1", ntohs(a.sin_port));
+    llmretry_engine *e = engine_with(64);
+    llmretry_options o;
+    opts_for(&o, "unused", unused, sizeof unused);
+    o.base_url = url;
+    o.max_retries = 0;
+    o.timeout_ms = 1500;
+    llmretry_call *c[6];
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < 6; i++)
+        c[i] = submit(e, &o);
+    for (int i = 0; i < 6; i++) {
+        const llmretry_result *r = wait_done(c[i], 15000);
+        CHECK_MSG(r && r->kind == LLMRETRY_ERR_TIMEOUT, "call %d: kind %s", i, kind(r));
+    }
+    int64_t took = th_now_ms() - t0;
+    CHECK_MSG(took < 5000, "6 calls of 1.5 s to a dead TLS server took %lld ms", (long long)took);
+    for (int i = 0; i < 6; i++)
+        llmretry_call_free(c[i]);
+    llmretry_engine_free(e);
+    close(ls);
+}
+
 static int readable(int fd)
 {
     struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -370,6 +415,7 @@ int main(void)
         { "too_long_retry_after", test_too_long_retry_after_pauses_nothing },
         { "channels", test_channels_keep_consumers_apart },
         { "huge_times_saturate", test_huge_times_saturate },
+        { "dead_tls_server", test_dead_tls_server_not_serialized },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;
