@@ -7,7 +7,7 @@
  *   core.null, core.array_mt, core.empty_array
  *   core.extract_json(s), core.assert_shape(v, shape [, path])
  *   core.check_options(opts)              raise as engine:submit would
- *   core.new_engine([max_in_flight]) -> engine
+ *   core.new_engine([max_in_flight[, max_host_connections]]) -> engine
  *     engine:submit(opts) -> handle        every call in poll mode
  *     engine:fd(), engine:poll([max]), engine:wait(ms), engine:close()
  *     engine:group{limit=, deadline_ms=, adaptive=} -> group: a batch paced
@@ -1835,6 +1835,8 @@ static int l_new_engine(lua_State *L)
     llmretry_engine_options_defaults(&eo);
     if (!lua_isnoneornil(L, 1))
         eo.max_in_flight = check_int(L, 1, "max_in_flight", 1, INT_MAX);
+    if (!lua_isnoneornil(L, 2))
+        eo.max_host_connections = check_int(L, 2, "max_host_connections", 0, INT_MAX);
 
     lr_engine *eng = lr_newuserdata(L, sizeof *eng);
     eng->e = NULL;

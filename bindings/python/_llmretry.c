@@ -136,9 +136,10 @@ typedef struct {
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "max_in_flight", NULL };
-    int max_in_flight = 256;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|i:Engine", kwlist, &max_in_flight))
+    static char *kwlist[] = { "max_in_flight", "max_host_connections", NULL };
+    int max_in_flight = 256, max_host_connections = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ii:Engine", kwlist, &max_in_flight,
+                                     &max_host_connections))
         return -1;
     if (self->engine) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
@@ -147,6 +148,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     llmretry_engine_options eo;
     llmretry_engine_options_defaults(&eo);
     eo.max_in_flight = max_in_flight;
+    eo.max_host_connections = max_host_connections;
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_engine *e = NULL;
     llmretry_status st = llmretry_engine_new(&eo, &e, err, sizeof err);
@@ -944,7 +946,8 @@ static PyType_Slot Engine_slots[] = {
     { Py_tp_dealloc, Engine_dealloc },
     { Py_tp_methods, Engine_methods },
     { Py_tp_getset, Engine_getset },
-    { Py_tp_doc, "Engine(max_in_flight=256): an I/O thread and its connection cache." },
+    { Py_tp_doc, "Engine(max_in_flight=256, max_host_connections=0): an I/O thread and its "
+                 "connection cache." },
     { 0, NULL },
 };
 

@@ -601,7 +601,10 @@ class Client:
     ``defaults`` are any :func:`call_llm` keywords except ``body`` and
     ``client``; they are converted and checked here, once (an unknown name or
     a wrong type raises TypeError; value ranges are checked at the first
-    call). ``max_in_flight`` caps the calls the engine runs at once.
+    call). ``max_in_flight`` caps the calls the engine runs at once;
+    ``max_host_connections`` (0: no cap) the connections it opens to one
+    host (calls past it wait for one: an HTTP/1.1 server needs one per call
+    in flight, an HTTP/2 one shares each among many).
 
     ``policies`` are named policies (a mapping ``{name: {key: value}}`` or
     a ``.toml``/``.json`` file, see :func:`llmretry.load_policies`), checked
@@ -620,11 +623,12 @@ class Client:
             data, meta = client.call_llm(body)
     """
 
-    def __init__(self, *, max_in_flight: int = 256,
+    def __init__(self, *, max_in_flight: int = 256, max_host_connections: int = 0,
                  policies: Optional[PolicySource] = None, **defaults: Any) -> None:
         _check_option_names(defaults, "Client()")
         max_in_flight = _int32("max_in_flight", max_in_flight)
         self._max_in_flight = max_in_flight
+        self._max_host_connections = _int32("max_host_connections", max_host_connections)
         self._defaults = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
         loaded = load_policies(policies) if policies is not None else {}
@@ -632,7 +636,7 @@ class Client:
             name: _PolicyPlan(pol, self._plan) for name, pol in loaded.items()}
         self._lock = threading.Lock()
         self._closed = False
-        self._engine: Any = _llmretry.Engine(max_in_flight)
+        self._engine: Any = _llmretry.Engine(max_in_flight, self._max_host_connections)
         _live_clients.add(self)
 
     @classmethod
@@ -683,7 +687,8 @@ class Client:
             if self._closed:
                 raise RuntimeError("this llmretry Client is closed")
             if self._engine is None:
-                self._engine = _llmretry.Engine(self._max_in_flight)
+                self._engine = _llmretry.Engine(self._max_in_flight,
+                                                self._max_host_connections)
             return self._engine
 
     def _forget_engine_after_fork(self) -> None:

@@ -61,4 +61,35 @@ describe("admission", function()
     check(results[2].ms < 1000, "queued call with deadline 200 ms ended after %.0f ms",
       results[2].ms)
   end)
+
+  it("caps connections per host with new_engine(max_in_flight, max_host_connections)", function()
+    local scen = mock:scen("host_cap")
+    scen.script({}, { delay_ms = 300 })
+    local function accepted()
+      local code, text = mock:http("GET", "/_mock/connections")
+      check(code == 200, "connections: HTTP %s", tostring(code))
+      return H.json.decode(text).accepted
+    end
+    local before = accepted()
+    local engine = llm.new_engine(64, 2)
+    local t0 = H.now_ms()
+    local results, errors = llm.map_with_concurrency({ 1, 2, 3, 4, 5, 6 }, 6, function(_, i)
+      local res, err = llm.call_llm({ body = H.secret_body("h" .. i), base_url = scen.url,
+        api_key = H.SECRET_KEY, timeout_ms = 5000 })
+      check(res, "call %d: %s", i, tostring(err))
+      return true
+    end, { engine = engine })
+    local wall = H.now_ms() - t0
+    engine:close()
+    check(next(errors) == nil and results.n == 6, "errors %s", H.dump(errors))
+    local conns = {}
+    for _, r in ipairs(scen.requests()) do conns[r.connection] = (conns[r.connection] or 0) + 1 end
+    local n = 0
+    for _ in pairs(conns) do n = n + 1 end
+    check(n <= 2, "the 6 calls came over %d connections for a cap of 2 (%s; %d accepted)", n,
+      H.dump(conns), accepted() - before)
+    check(wall >= 850, "6 calls of 300 ms over 2 connections took %.0f ms", wall)
+    local ok, msg = pcall(llm.new_engine, 64, -1)
+    check(not ok and tostring(msg):find("max_host_connections", 1, true), tostring(msg))
+  end)
 end)

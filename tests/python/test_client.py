@@ -271,3 +271,23 @@ def test_default_client_after_fork(scen: Scenario) -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
     llmretry.call_llm(body, base_url=scen.url, api_key=SECRET_KEY, logger=None)
     assert len(scen.requests()) == 3
+
+
+def test_max_host_connections_caps_connections(scen: Scenario) -> None:
+    """Client(max_host_connections=2): six 300 ms calls at once to one
+    HTTP/1.1 server use two connections, so they run two at a time."""
+    scen.script([], after={"delay_ms": 300})
+    before = scen.server.connections_accepted
+    with llmretry.Client(max_host_connections=2, base_url=scen.url, api_key="k",
+                         logger=None) as client:
+        t0 = time.monotonic()
+        out = client.call_many([{"model": "m", "messages": []}] * 6, limit=6)
+        wall = time.monotonic() - t0
+    assert out.summary.ok == 6
+    assert scen.server.connections_accepted - before <= 2
+    assert wall >= 0.85, f"6 calls over 2 connections took {wall:.2f} s (3 rounds of 0.3 s)"
+
+
+def test_max_host_connections_refused_when_negative() -> None:
+    with pytest.raises(ValueError, match="max_host_connections"):
+        llmretry.Client(max_host_connections=-1)
