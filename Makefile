@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier demo bench fuzz check soak clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop demo bench fuzz check soak clean
 
 all: build
 
@@ -57,6 +57,11 @@ test-hosts:
 # the BSDs build), in build-pipe/.
 test-pipe-notifier:
 	tools/pipe-notifier-test.sh
+
+# Against servers nobody here wrote (LiteLLM's proxy; installs it into
+# build-interop/, minutes the first time). Not part of make test.
+interop: build-python
+	tools/interop.sh
 
 # `pip install .` in a fresh venv, then one call against the mock server.
 test-pip-install:
