@@ -50,7 +50,13 @@ build = {
    modules = {
       ["llmretry.core"] = {
          sources = {
+            "bindings/lua/calls.c",
+            "bindings/lua/encode.c",
+            "bindings/lua/engine.c",
+            "bindings/lua/json.c",
             "bindings/lua/llmretry_core.c",
+            "bindings/lua/options.c",
+            "bindings/lua/policies.c",
             "core/src/admission.c",
             "core/src/attempt.c",
             "core/src/call.c",

@@ -43,7 +43,7 @@ fi
 # The rockspec lists the core's sources one by one: catch a new core/src/*.c
 # that it does not build (it would only show as an undefined symbol at load).
 rockspec=rockspecs/llmretry-scm-1.rockspec
-for src in core/src/*.c; do
+for src in core/src/*.c bindings/lua/*.c; do
   grep -q "\"$src\"" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec" >&2; exit 1; }
 done
 

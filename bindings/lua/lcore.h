@@ -1,0 +1,124 @@
+/* The Lua binding's private header: what its files share. See
+ * llmretry_core.c for the module's API and its rules (no global mutable
+ * state, C resources always owned by a userdata). One file per concern:
+ *   llmretry_core.c  errors, argument checks, the module's registration
+ *   json.c           decode, the JSON helpers, UTF-8 checks
+ *   encode.c         encode (Lua value -> JSON text)
+ *   calls.c          error tables, events, results, handles
+ *   options.c        a Lua table of options -> llmretry_options
+ *   engine.c         engines and groups
+ *   policies.c       named policies and ids, checked by the core */
+#ifndef LLMRETRY_LUA_LCORE_H
+#define LLMRETRY_LUA_LCORE_H
+
+#include "compat.h"
+
+#include "llmretry.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENGINE_MT "llmretry.engine"
+#define GROUP_MT "llmretry.group"
+#define HANDLE_MT "llmretry.handle"
+#define ERROR_MT "llmretry.error"
+#define ARRAY_MT "llmretry.array_mt"
+#define WEAKV_MT "llmretry.weak_values"
+#define SBUF_MT "llmretry.encode_buffer"
+#define JTREE_MT "llmretry.decode_tree"
+
+/* Deeper Lua values are almost surely cycles or mistakes; a chat body is a
+ * few levels deep. */
+#define ENCODE_MAX_DEPTH 100
+/* engine:poll takes calls from the core in batches of this many. */
+#define POLL_BATCH 64
+
+/* Only its address matters: core.empty_array, a sentinel like cjson's
+ * (defined once, in llmretry_core.c). */
+extern const char lrl_empty_array_tag;
+#define EMPTY_ARRAY ((void *)&lrl_empty_array_tag)
+
+#if defined(__GNUC__)
+#define LR_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define LR_PRINTF(f, a)
+#endif
+
+typedef struct lr_handle {
+    llmretry_call *call;        /* NULL only while submit is failing */
+    /* An event taken from the mailbox but not yet handed to Lua: if
+     * building its table raises, the next call to next() retries it and
+     * __gc frees it. Same idea for a validation request. */
+    llmretry_event *parked;
+    int validate_parked;
+} lr_handle;
+
+typedef struct lr_group {
+    llmretry_group *g;
+} lr_group;
+
+int lr_fail(lua_State *L, const char *fmt, ...) LR_PRINTF(2, 3);
+
+/* llmretry_core.c: errors, argument checks, the module */
+int check_int(lua_State *L, int idx, const char *name, int lo, int hi);
+int64_t check_int64(lua_State *L, int idx, const char *name);
+const char *got(lua_State *L, int idx, char *buf, size_t n);
+void push_null(lua_State *L);
+void push_ptr_key(lua_State *L, const void *p);
+int to_int64(lua_State *L, int idx, int64_t *out);
+
+/* json.c, encode.c: JSON in lua-cjson's conventions */
+size_t utf8_invalid_at(const char *s, size_t n);
+int jtree_gc(lua_State *L);
+int l_assert_shape(lua_State *L);
+int l_decode(lua_State *L);
+int l_encode(lua_State *L);
+int l_extract_json(lua_State *L);
+int push_decoded(lua_State *L, const char *s, size_t n, char *err, size_t errlen);
+void push_encoded(lua_State *L, int idx, const char *root);
+void push_text0(lua_State *L, const char *s);
+int sbuf_gc(lua_State *L);
+
+/* calls.c: error tables, events, results and handles */
+int64_t check_timeout(lua_State *L, int idx);
+int err_tostring(lua_State *L);
+int handle_cancel(lua_State *L);
+int handle_done(lua_State *L);
+int handle_gc(lua_State *L);
+int handle_next(lua_State *L);
+int handle_request_id(lua_State *L);
+int handle_result(lua_State *L);
+int handle_tostring(lua_State *L);
+int handle_validated(lua_State *L);
+int handle_wait(lua_State *L);
+void set_int(lua_State *L, const char *key, int64_t v);
+
+/* options.c: submit options (Lua table -> llmretry_options) */
+void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body);
+void rename_header_error(const llmretry_options *o, char *err, size_t errlen);
+
+/* engine.c: engines and groups */
+int engine_close(lua_State *L);
+int engine_fd(lua_State *L);
+int engine_forked(lua_State *L);
+int engine_gc(lua_State *L);
+int engine_group(lua_State *L);
+int engine_poll(lua_State *L);
+int engine_submit(lua_State *L);
+int engine_tostring(lua_State *L);
+int engine_wait(lua_State *L);
+int group_close(lua_State *L);
+int group_fd(lua_State *L);
+int group_poll(lua_State *L);
+int group_stats(lua_State *L);
+int group_tostring(lua_State *L);
+int group_wait(lua_State *L);
+int l_check_options(lua_State *L);
+int l_new_engine(lua_State *L);
+
+/* policies.c: named policies and ids (the core's) */
+int l_parse_policies(lua_State *L);
+int l_resolve_policy(lua_State *L);
+int l_uuid4(lua_State *L);
+
+#endif
