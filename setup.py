@@ -48,8 +48,10 @@ def extension() -> Extension:
     # The public header's parts, one per concern (core/include/llmretry/).
     parts_dir = ROOT / "core" / "include" / "llmretry"
     parts = sorted(str(p.relative_to(ROOT)) for p in parts_dir.glob("*.h"))
-    sources += ["bindings/python/_llmretry.c", "bindings/python/policies.c",
-                "bindings/python/pool.c", "bindings/python/results.c"]
+    sources += ["bindings/python/_llmretry.c", "bindings/python/arguments.c",
+                "bindings/python/batch.c", "bindings/python/engine_type.c",
+                "bindings/python/policies.c", "bindings/python/pool.c",
+                "bindings/python/results.c"]
     return Extension(
         "llmretry._llmretry",
         sources=sources,
@@ -61,7 +63,7 @@ def extension() -> Extension:
         extra_compile_args=["-std=c11", "-O2"]
         + [f for f in flags if f.startswith("-") and f[:2] not in ("-I", "-L", "-l")],
         depends=[str(HEADER.relative_to(ROOT)), *parts, "core/src/internal.h",
-                 "core/src/engine.h", "bindings/python/policies.h", "bindings/python/pool.h",
+                 "core/src/engine.h", "bindings/python/binding.h", "bindings/python/policies.h", "bindings/python/pool.h",
                  "bindings/python/results.h"],
     )
 

@@ -1,0 +1,360 @@
+/* Engine.call_many: a batch on the engine thread, one group, results filled
+ * in place as items finish, totals summed in C. */
+#include "binding.h"
+#include "results.h"
+
+#include <cjson/cJSON.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- call_many: a batch on the engine thread ------------------------------ */
+
+/* Pop a keyword from kw (a dict we own), or return dflt (borrowed). */
+static PyObject *pop_kw(PyObject *kw, const char *name, PyObject *dflt)
+{
+    PyObject *v = kw ? PyDict_GetItemString(kw, name) : NULL;
+    if (!v)
+        return dflt;
+    Py_INCREF(v);
+    PyDict_DelItemString(kw, name);
+    Py_DECREF(v);                   /* the caller's dict still holds it */
+    return v;
+}
+
+typedef struct {
+    PyObject *bodies, *models, *keys; /* sequences (PySequence_Fast); models, keys optional */
+    Py_ssize_t n;
+    llmretry_call **calls;          /* by index; NULL when not submitted or freed */
+} batch;
+
+static void batch_cancel_all(batch *b)
+{
+    for (Py_ssize_t i = 0; i < b->n; i++)
+        if (b->calls[i]) {
+            llmretry_call_free(b->calls[i]);       /* cancels when unfinished */
+            b->calls[i] = NULL;
+        }
+}
+
+/* What a batch adds up as its items finish, for the batch summary. */
+typedef struct {
+    long long attempts, retries, resends, prompt_tokens, completion_tokens, total_tokens;
+} batch_totals;
+
+static void totals_add(batch_totals *t, const llmretry_result *r)
+{
+    t->attempts += r->attempts;
+    t->retries += r->attempts > 1 ? r->attempts - 1 : 0;
+    t->resends += r->resends;
+    if (r->ok && r->usage.present) {
+        t->prompt_tokens += r->usage.prompt_tokens;
+        t->completion_tokens += r->usage.completion_tokens;
+        t->total_tokens += r->usage.total_tokens;
+    }
+}
+
+/* Fill the caller's stats dict: the group's pacing and the totals so far. */
+static int put_stats(PyObject *stats, llmretry_group *g, const batch_totals *t)
+{
+    llmretry_group_stats gs = { 0 };
+    if (g)
+        llmretry_group_stats_get(g, &gs);
+    const struct { const char *name; long long v; } f[] = {
+        { "pauses", gs.pauses }, { "halvings", gs.halvings }, { "window", gs.window },
+        { "attempts", t->attempts }, { "retries", t->retries }, { "resends", t->resends },
+        { "prompt_tokens", t->prompt_tokens }, { "completion_tokens", t->completion_tokens },
+        { "total_tokens", t->total_tokens },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (put(stats, f[i].name, PyLong_FromLongLong(f[i].v)) < 0)
+            return -1;
+    return 0;
+}
+
+/* Check every body before any is sent: a bad one late in a batch must not
+ * raise after earlier calls have run. Bodies whose model the host gave
+ * were built as JSON by the host; the others the core would parse anyway. */
+static int batch_check(batch *b)
+{
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);
+        if (!PyBytes_Check(body)) {
+            PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", i,
+                         Py_TYPE(body)->tp_name);
+            return -1;
+        }
+        if (b->keys) {
+            PyObject *key = PySequence_Fast_GET_ITEM(b->keys, i);
+            if (key != Py_None && !PyUnicode_Check(key)) {
+                PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", i);
+                return -1;
+            }
+        }
+        if (b->models) {
+            PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
+            if (m != Py_None) {
+                if (!PyUnicode_Check(m)) {
+                    PyErr_Format(PyExc_TypeError, "models[%zd] must be a str or None", i);
+                    return -1;
+                }
+                continue;
+            }
+        }
+        cJSON *doc = cJSON_ParseWithLength(PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body));
+        if (!doc) {
+            PyErr_Format(PyExc_ValueError, "bodies[%zd]: body is not valid JSON", i);
+            return -1;
+        }
+        cJSON_Delete(doc);
+    }
+    return 0;
+}
+
+/* Submit item i of the batch; 0, or -1 with a Python error set. */
+static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t i)
+{
+    PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);   /* bytes: batch_check */
+    o->body = PyBytes_AS_STRING(body);
+    o->body_len = (size_t)PyBytes_GET_SIZE(body);
+    o->model = NULL;
+    if (b->models) {
+        PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
+        if (m != Py_None && !(o->model = PyUnicode_AsUTF8(m)))
+            return -1;
+    }
+    o->idempotency_key = NULL;
+    if (b->keys) {
+        PyObject *key = PySequence_Fast_GET_ITEM(b->keys, i);
+        if (key != Py_None && !(o->idempotency_key = PyUnicode_AsUTF8(key)))
+            return -1;
+    }
+    o->user_data = (void *)(intptr_t)i;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = LLMRETRY_ESTATE;
+    pthread_mutex_lock(&self->mu);
+    if (self->engine)
+        st = llmretry_engine_submit(self->engine, o, 0, &b->calls[i], err, sizeof err);
+    else
+        snprintf(err, sizeof err, "the engine is closed");
+    pthread_mutex_unlock(&self->mu);
+    if (st == LLMRETRY_OK)
+        return 0;
+    if (st == LLMRETRY_EINVAL)
+        PyErr_Format(PyExc_ValueError, "bodies[%zd]: %s", i, err);
+    else
+        PyErr_SetString(st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
+    return -1;
+}
+
+PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
+{
+    PyObject *bodies_arg;
+    if (!PyArg_ParseTuple(args, "O:call_many", &bodies_arg))
+        return NULL;
+    PyObject *kw = kw_in ? PyDict_Copy(kw_in) : PyDict_New();
+    if (!kw)
+        return NULL;
+    PyObject *models_arg = pop_kw(kw, "models", Py_None);
+    PyObject *keys_arg = pop_kw(kw, "idempotency_keys", Py_None);
+    PyObject *limit_arg = pop_kw(kw, "limit", NULL);
+    PyObject *deadline_arg = pop_kw(kw, "batch_deadline_ms", Py_None);
+    PyObject *adaptive_arg = pop_kw(kw, "adaptive", Py_True);
+    PyObject *on_result = pop_kw(kw, "on_result", Py_None);
+    PyObject *results_arg = pop_kw(kw, "results", Py_None);
+    PyObject *stats_arg = pop_kw(kw, "stats", Py_None);
+    batch b = { NULL, NULL, NULL, 0, NULL };
+    batch_totals totals = { 0 };
+    call_args a;
+    memset(&a, 0, sizeof a);
+    PyObject *on_event = Py_None, *validate = Py_None, *results = NULL, *out = NULL;
+    llmretry_group *g = NULL;
+
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    if (limit_arg) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(limit_arg, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        if (overflow || v < 1 || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "limit must be between 1 and %d", INT_MAX);
+            goto done;
+        }
+        go.limit = (int)v;
+    }
+    if (deadline_arg != Py_None) {
+        int overflow = 0;
+        go.deadline_ms = PyLong_AsLongLongAndOverflow(deadline_arg, &overflow);
+        if (go.deadline_ms == -1 && PyErr_Occurred())
+            goto done;
+        if (overflow) {
+            PyErr_SetString(PyExc_ValueError, "batch_deadline_ms is out of range (at most 2**63-1)");
+            goto done;
+        }
+        if (go.deadline_ms < 0) {
+            PyErr_Format(PyExc_ValueError, "batch_deadline_ms must be >= 0 or None (got %lld)",
+                         (long long)go.deadline_ms);
+            goto done;
+        }
+    }
+    go.adaptive = PyObject_IsTrue(adaptive_arg);
+    if (on_result != Py_None && !PyCallable_Check(on_result)) {
+        PyErr_SetString(PyExc_TypeError, "on_result must be callable or None");
+        goto done;
+    }
+    if (stats_arg != Py_None && !PyDict_Check(stats_arg)) {
+        PyErr_SetString(PyExc_TypeError, "stats must be a dict or None");
+        goto done;
+    }
+    PyObject *empty = Py_BuildValue("(y)", "");
+    if (!empty)
+        goto done;
+    int bad = parse_call_args(empty, kw, &a, &on_event, &validate);
+    Py_DECREF(empty);
+    if (bad < 0)
+        goto done;
+    if (a.o.request_id || a.o.idempotency_key) {
+        PyErr_SetString(PyExc_ValueError, a.o.request_id
+                        ? "request_id cannot be shared by the calls of a batch"
+                        : "idempotency_key cannot be shared by the calls of a batch");
+        goto done;
+    }
+    {
+        /* The options the calls share, checked once and named as such,
+         * before any call: not as the first body's fault. */
+        llmretry_options shared = a.o;
+        char err[LLMRETRY_ERRBUF] = "";
+        shared.body = "{}";
+        shared.body_len = 2;
+        if (llmretry_options_check(&shared, err, sizeof err) != LLMRETRY_OK) {
+            PyErr_SetString(PyExc_ValueError, err);
+            goto done;
+        }
+    }
+    if (!(b.bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
+        goto done;
+    b.n = PySequence_Fast_GET_SIZE(b.bodies);
+    if (models_arg != Py_None) {
+        if (!(b.models = PySequence_Fast(models_arg, "models must be a sequence")))
+            goto done;
+        if (PySequence_Fast_GET_SIZE(b.models) != b.n) {
+            PyErr_SetString(PyExc_ValueError, "models must be as long as bodies");
+            goto done;
+        }
+    }
+    if (keys_arg != Py_None) {
+        /* One key per item: each item is its own call (all its attempts). */
+        if (!(b.keys = PySequence_Fast(keys_arg, "idempotency_keys must be a sequence")))
+            goto done;
+        if (PySequence_Fast_GET_SIZE(b.keys) != b.n) {
+            PyErr_SetString(PyExc_ValueError, "idempotency_keys must be as long as bodies");
+            goto done;
+        }
+    }
+    if (batch_check(&b) < 0)
+        goto done;
+    if (results_arg != Py_None) {
+        /* The caller's list, filled in place: what finished before a Ctrl-C
+         * stays there for the batch's record. */
+        if (!PyList_Check(results_arg) || PyList_GET_SIZE(results_arg) != b.n) {
+            PyErr_SetString(PyExc_ValueError, "results must be a list as long as bodies");
+            goto done;
+        }
+        results = results_arg;
+        Py_INCREF(results);
+    } else if (!(results = PyList_New(b.n))) {
+        goto done;
+    }
+    b.calls = PyMem_Calloc((size_t)(b.n ? b.n : 1), sizeof *b.calls);
+    if (!b.calls) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char err[LLMRETRY_ERRBUF] = "";
+    pthread_mutex_lock(&self->mu);
+    llmretry_status st = self->engine ? llmretry_group_new(self->engine, &go, &g, err, sizeof err)
+                                      : LLMRETRY_ESTATE;
+    pthread_mutex_unlock(&self->mu);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError : PyExc_RuntimeError,
+                        st == LLMRETRY_ESTATE ? "the engine is closed" : err);
+        goto done;
+    }
+    a.o.group = g;
+    event_route rt = { on_event, a.o.events, state_of(PyType_GetModule(Py_TYPE(self))) };
+
+    /* Keep the engine's queue ahead of the pacer without holding every
+     * call record of a huge batch at once. */
+    Py_ssize_t ahead = 4 * (Py_ssize_t)go.limit + 64, next = 0, finished = 0;
+    while (finished < b.n) {
+        while (next < b.n && next - finished < ahead)
+            if (batch_submit(self, &b, &a.o, next++) < 0)
+                goto done;
+        llmretry_call *ready[64];
+        size_t k = llmretry_group_poll(g, ready, 64);
+        if (k == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            llmretry_group_wait(g, WAKE_MS);
+            Py_END_ALLOW_THREADS
+            if (check_interrupts() < 0)
+                goto done;
+            continue;
+        }
+        for (size_t j = 0; j < k; j++) {
+            Py_ssize_t i = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
+            int rc = drain_mail(ready[j], &rt, validate);
+            if (rc < 0)
+                goto done;
+            if (rc == 0)
+                continue;
+            /* A Result, or an outcome dict for the package to turn into
+             * an error (call_value). */
+            const llmretry_result *r = llmretry_call_result(ready[j]);
+            totals_add(&totals, r);
+            PyObject *d = call_value(rt.st, r, validate, a.as_result);
+            llmretry_call_free(ready[j]);
+            b.calls[i] = NULL;
+            finished++;
+            if (!d)
+                goto done;
+            PyList_SetItem(results, i, d);      /* the caller's list may hold None */
+            if (on_result != Py_None) {
+                PyObject *r = PyObject_CallFunction(on_result, "nO", i, d);
+                if (!r)
+                    goto done;
+                Py_DECREF(r);
+            }
+        }
+    }
+    out = results;
+    Py_INCREF(out);
+done:
+    if (stats_arg != Py_None && g) {
+        /* Also after Ctrl-C: the summary counts what ran. */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        int bad = put_stats(stats_arg, g, &totals) < 0;
+        if (et)
+            PyErr_Restore(et, ev, tb);          /* the first error wins */
+        else if (bad)
+            Py_CLEAR(out);
+    }
+    if (b.calls) {
+        batch_cancel_all(&b);
+        PyMem_Free(b.calls);
+    }
+    llmretry_group_free(g);
+    call_args_release(&a);
+    Py_XDECREF(results);
+    Py_XDECREF(b.bodies);
+    Py_XDECREF(b.models);
+    Py_XDECREF(b.keys);
+    Py_DECREF(kw);
+    return out;
+}

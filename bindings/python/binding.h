@@ -1,0 +1,63 @@
+/* The CPython binding's private header: what its files share.
+ *   _llmretry.c     the module: C values to Python, the JSON helpers, setup
+ *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
+ *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
+ *   batch.c         call_many: a batch on the engine thread
+ *   pool.c          run_pool (threads), results.c (Result in C), policies.c */
+#ifndef LLMRETRY_PY_BINDING_H
+#define LLMRETRY_PY_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "llmretry.h"
+#include "pool.h"
+
+#include <pthread.h>
+#include <sys/types.h>
+
+typedef struct {
+    PyObject_HEAD
+    /* The lock keeps close() from freeing the engine under a submit; it is
+     * never held while waiting. */
+    pthread_mutex_t mu;
+    llmretry_engine *engine;
+    pid_t pid;                      /* the process that made the engine */
+} EngineObject;
+
+/* Arguments converted for the core; Python objects they borrow from are
+ * kept alive here until the call is submitted (the core copies them). */
+typedef struct {
+    llmretry_options o;
+    Py_buffer body;
+    int have_body;
+    PyObject *headers_fast;
+    const char **header_lines;
+    int as_result;                  /* successes as the package's Result (call_value) */
+} call_args;
+
+/* Who gets a call's events: the host's on_event, for the events it asked
+ * for (the engine paces pools itself: nothing here watches for 429s). */
+typedef struct {
+    PyObject *on_event;
+    unsigned mask;                  /* the events on_event asked for */
+    const module_state *st;
+} event_route;
+
+/* The Engine type (engine_type.c). */
+extern PyType_Spec Engine_spec;
+
+PyObject *event_dict(const module_state *st, const llmretry_event *ev);
+int put(PyObject *d, const char *key, PyObject *v);
+PyObject *result_dict(const module_state *st, const llmretry_result *r);
+module_state *state_of(PyObject *module);
+void call_args_release(call_args *a);
+int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
+                           PyObject **on_event, PyObject **validate);
+PyObject *call_value(const module_state *st, const llmretry_result *r,
+                            PyObject *validate, int as_result);
+int check_interrupts(void);
+int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate);
+PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in);
+
+#endif

@@ -1,0 +1,322 @@
+/* The Engine type: an engine of the core, one call run to completion with
+ * its mailbox (events, validation) delivered on the calling thread, the GIL
+ * released while it waits (Ctrl-C within 50 ms). */
+#include "binding.h"
+#include "results.h"
+
+#include <cjson/cJSON.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Engine -------------------------------------------------------------- */
+
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "max_in_flight", "max_host_connections", NULL };
+    int max_in_flight = 256, max_host_connections = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ii:Engine", kwlist, &max_in_flight,
+                                     &max_host_connections))
+        return -1;
+    if (self->engine) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
+        return -1;
+    }
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    eo.max_in_flight = max_in_flight;
+    eo.max_host_connections = max_host_connections;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_engine *e = NULL;
+    llmretry_status st = llmretry_engine_new(&eo, &e, err, sizeof err);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError : PyExc_RuntimeError, err);
+        return -1;
+    }
+    pthread_mutex_lock(&self->mu);
+    self->engine = e;
+    self->pid = getpid();
+    pthread_mutex_unlock(&self->mu);
+    return 0;
+}
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+    if (self) {
+        pthread_mutex_init(&self->mu, NULL);
+        self->engine = NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void engine_close(EngineObject *self)
+{
+    if (self->engine && getpid() != self->pid) {
+        /* A forked child: the engine, its thread and even the state of our
+         * lock are the parent's. Forget it; never touch it. */
+        self->engine = NULL;
+        return;
+    }
+    pthread_mutex_lock(&self->mu);
+    llmretry_engine *e = self->engine;
+    self->engine = NULL;
+    pthread_mutex_unlock(&self->mu);
+    if (e) {
+        /* Joining the I/O thread can take a moment: let others run. */
+        Py_BEGIN_ALLOW_THREADS
+        llmretry_engine_free(e);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    engine_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_closed(EngineObject *self, void *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&self->mu);
+    int closed = self->engine == NULL;
+    pthread_mutex_unlock(&self->mu);
+    return PyBool_FromLong(closed);
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    engine_close(self);
+    pthread_mutex_destroy(&self->mu);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Deliver one event; 0 to go on, -1 to stop with the Python error set. An
+ * Exception from the logger must not lose the call: it is reported and the
+ * call goes on. Anything else (KeyboardInterrupt, SystemExit) stops it. */
+static int deliver_event(const module_state *st, PyObject *on_event, llmretry_event *ev)
+{
+    PyObject *d = event_dict(st, ev);
+    llmretry_event_free(ev);
+    if (!d)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(on_event, d);
+    Py_DECREF(d);
+    if (r) {
+        Py_DECREF(r);
+        return 0;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyErr_WriteUnraisable(on_event);
+    return 0;
+}
+
+static int deliver_validation(llmretry_call *c, PyObject *validate)
+{
+    const char *body;
+    size_t len;
+    if (llmretry_call_pending_body(c, &body, &len) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_RuntimeError, "validation requested without a pending body");
+        return -1;
+    }
+    PyObject *b = PyBytes_FromStringAndSize(body, (Py_ssize_t)len);
+    if (!b)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(validate, b);
+    Py_DECREF(b);
+    if (!r)
+        return -1;
+    int rc = 0;
+    if (r == Py_None) {
+        llmretry_call_validated(c, 1, NULL);
+    } else if (PyUnicode_Check(r)) {
+        const char *msg = PyUnicode_AsUTF8(r);
+        if (msg)
+            llmretry_call_validated(c, 0, msg);
+        else
+            rc = -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "validate must return None or a reason str, not %.100s",
+                     Py_TYPE(r)->tp_name);
+        rc = -1;
+    }
+    Py_DECREF(r);
+    return rc;
+}
+
+
+static int route_event(event_route *rt, llmretry_event *ev)
+{
+    llmretry_event_type t = llmretry_event_type_of(ev);
+    if (rt->on_event == Py_None || !(rt->mask & (1u << t))) {
+        llmretry_event_free(ev);
+        return 0;
+    }
+    return deliver_event(rt->st, rt->on_event, ev);
+}
+
+/* Deliver every item in the call's mailbox on this thread. 1 when the call
+ * is done, 0 when the mailbox is empty, -1 with a Python error set. */
+int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate)
+{
+    for (;;) {
+        llmretry_event *ev;
+        switch (llmretry_call_next(c, &ev)) {
+        case LLMRETRY_MAIL_EVENT:
+            if (route_event(rt, ev) < 0)
+                return -1;
+            break;
+        case LLMRETRY_MAIL_VALIDATE:
+            if (deliver_validation(c, validate) < 0)
+                return -1;
+            break;
+        case LLMRETRY_MAIL_DONE:
+            return 1;
+        case LLMRETRY_MAIL_EMPTY:
+            return 0;
+        }
+    }
+}
+
+/* After a wait: 0 to go on, -1 when Ctrl-C (or a stopping pool) must end
+ * the wait, with the Python error set. */
+int check_interrupts(void)
+{
+    if (PyErr_CheckSignals() < 0)
+        return -1;
+    lr_pool *pool = lr_pool_current();
+    if (pool && lr_pool_stopping(pool)) {
+        PyErr_SetString(lr_pool_stop_type(pool), "the pool is stopping");
+        return -1;
+    }
+    return 0;
+}
+
+/* A finished call's value: with as_result, the package's Result for a
+ * success it can build (no validator: its verdict and parse belong to the
+ * package); else the outcome dict. NULL with an exception set on failure. */
+PyObject *call_value(const module_state *st, const llmretry_result *r,
+                            PyObject *validate, int as_result)
+{
+    PyObject *v = NULL;
+    int built = as_result && validate == Py_None ? lr_build_result(st, r, &v) : 0;
+    return built == 0 ? result_dict(st, r) : v;
+}
+
+/* Wait for the call, delivering its mail on this thread. Returns its value
+ * (call_value), or NULL with an exception set (the call is then cancelled). */
+static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate,
+                           int as_result)
+{
+    for (;;) {
+        int rc = drain_mail(c, rt, validate);
+        if (rc > 0)
+            return call_value(rt->st, llmretry_call_result(c), validate, as_result);
+        if (rc < 0)
+            break;
+        Py_BEGIN_ALLOW_THREADS
+        llmretry_call_wait(c, WAKE_MS);
+        Py_END_ALLOW_THREADS
+        if (check_interrupts() < 0)
+            break;
+    }
+    llmretry_call_cancel(c);
+    return NULL;
+}
+
+static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    call_args a;
+    memset(&a, 0, sizeof a);
+    PyObject *on_event, *validate;
+    if (parse_call_args(args, kw, &a, &on_event, &validate) < 0) {
+        call_args_release(&a);
+        return NULL;
+    }
+    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
+    event_route rt = { on_event, a.o.events, mst };
+    lr_pool *pool = lr_pool_current();
+    if (pool) {
+        /* In a batch pool: no call outlives the batch's deadline. */
+        int64_t left = lr_pool_deadline_left(pool);
+        if (left != LLMRETRY_NO_DEADLINE &&
+            (a.o.deadline_ms == LLMRETRY_NO_DEADLINE || a.o.deadline_ms > left))
+            a.o.deadline_ms = left;
+    }
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_call *c = NULL;
+    llmretry_status st = LLMRETRY_ESTATE;
+    pthread_mutex_lock(&self->mu);
+    if (self->engine) {
+        /* A pool's calls pass its group's pacer on the engine thread. */
+        if (pool)
+            a.o.group = lr_pool_group(pool, self->engine);
+        st = llmretry_engine_submit(self->engine, &a.o, 0, &c, err, sizeof err);
+    } else {
+        snprintf(err, sizeof err, "the engine is closed");
+    }
+    pthread_mutex_unlock(&self->mu);
+    int as_result = a.as_result;
+    call_args_release(&a);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError
+                        : st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
+        return NULL;
+    }
+    /* Keep the callables alive while Python code may drop its references. */
+    Py_INCREF(on_event);
+    Py_INCREF(validate);
+    PyObject *r = wait_call(c, &rt, validate, as_result);
+    Py_DECREF(on_event);
+    Py_DECREF(validate);
+    llmretry_call_free(c);
+    return r;
+}
+
+static PyMethodDef Engine_methods[] = {
+    { "call", (PyCFunction)(void (*)(void))Engine_call, METH_VARARGS | METH_KEYWORDS,
+      "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
+    { "call_many", (PyCFunction)(void (*)(void))Engine_call_many, METH_VARARGS | METH_KEYWORDS,
+      "call_many(bodies, *, models=None, limit=8, batch_deadline_ms=None, adaptive=True,\n"
+      "          on_result=None, results=None, stats=None, **options) -> list: a batch\n"
+      "          on the engine thread (see _llmretry.pyi)." },
+    { "close", (PyCFunction)Engine_close, METH_NOARGS,
+      "close(): cancel calls in flight and stop the I/O thread. Idempotent." },
+    { NULL, NULL, 0, NULL },
+};
+
+static PyGetSetDef Engine_getset[] = {
+    { "closed", (getter)Engine_closed, NULL, "True once close() has run.", NULL },
+    { NULL, NULL, NULL, NULL, NULL },
+};
+
+static PyType_Slot Engine_slots[] = {
+    { Py_tp_new, Engine_new },
+    { Py_tp_init, Engine_init },
+    { Py_tp_dealloc, Engine_dealloc },
+    { Py_tp_methods, Engine_methods },
+    { Py_tp_getset, Engine_getset },
+    { Py_tp_doc, "Engine(max_in_flight=256, max_host_connections=0): an I/O thread and its "
+                 "connection cache." },
+    { 0, NULL },
+};
+
+PyType_Spec Engine_spec = {
+    .name = "llmretry._llmretry.Engine",
+    .basicsize = sizeof(EngineObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Engine_slots,
+};
