@@ -128,10 +128,8 @@ static int deliver_validation(llmretry_call *c, PyObject *validate)
 {
     const char *body;
     size_t len;
-    if (llmretry_call_pending_body(c, &body, &len) != LLMRETRY_OK) {
-        PyErr_SetString(PyExc_RuntimeError, "validation requested without a pending body");
-        return -1;
-    }
+    if (llmretry_call_pending_body(c, &body, &len) != LLMRETRY_OK)
+        return 0;   /* withdrawn: the call was cancelled meanwhile; its DONE follows */
     PyObject *b = PyBytes_FromStringAndSize(body, (Py_ssize_t)len);
     if (!b)
         return -1;

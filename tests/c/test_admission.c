@@ -326,6 +326,39 @@ static void test_dead_tls_server_not_serialized(void)
     close(ls);
 }
 
+/* A call cancelled while its 2xx body waits for the host's validator: the
+ * mailbox withdraws the request, so the host never runs the validator of a
+ * call that is over (issue 13 item 7): its next item is DONE, cancelled. */
+static void test_cancel_withdraws_validation(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_with(8);
+    if (!e)
+        return;
+    opts_for(&o, "validate_cancel", url, sizeof url);
+    o.validate = 1;
+    llmretry_call *c = submit(e, &o);
+    /* Wait for the validation request without taking it. */
+    CHECK_INT(llmretry_call_wait(c, 5000), LLMRETRY_OK);
+    llmretry_call_cancel(c);
+    int64_t until = th_now_ms() + 5000;
+    while (!llmretry_call_result(c) && th_now_ms() < until)
+        llmretry_call_wait(c, 10);
+    llmretry_event *ev = NULL;
+    llmretry_mail m = llmretry_call_next(c, &ev);
+    CHECK_MSG(m == LLMRETRY_MAIL_DONE, "after the cancel the mailbox gave %s, not DONE",
+              m == LLMRETRY_MAIL_VALIDATE ? "VALIDATE" : m == LLMRETRY_MAIL_EVENT ? "EVENT" : "nothing");
+    const char *body;
+    size_t len;
+    CHECK_INT(llmretry_call_pending_body(c, &body, &len), LLMRETRY_ESTATE);
+    const llmretry_result *r = llmretry_call_result(c);
+    CHECK_MSG(r && r->kind == LLMRETRY_ERR_CANCELLED, "kind %s", kind(r));
+    llmretry_event_free(ev);
+    llmretry_call_free(c);
+    llmretry_engine_free(e);
+}
+
 static int readable(int fd)
 {
     struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -416,6 +449,7 @@ int main(void)
         { "channels", test_channels_keep_consumers_apart },
         { "huge_times_saturate", test_huge_times_saturate },
         { "dead_tls_server", test_dead_tls_server_not_serialized },
+        { "cancel_withdraws_validation", test_cancel_withdraws_validation },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;
