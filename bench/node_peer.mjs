@@ -1,8 +1,8 @@
 // The seed's Node client as a peer of the Python benchmark (bench/bench_python.py),
 // measured the same way: a warm-up, then N calls, wall time and the process's
 // CPU (process.cpuUsage(): user + system of every thread, libuv's and V8's too).
-// The client is imported by path from shared/peers/seed-node (not copied):
-// $LLMRETRY_SEED_NODE, else ../../shared/peers/seed-node from this file.
+// The client is imported by path from $LLMRETRY_SEED_NODE (not copied into
+// this repository; the run scripts skip these rows when it is not set).
 //
 //   node bench/node_peer.mjs seq|conc N CONC WARMUP BASE_URL [RUN]
 //
@@ -14,7 +14,11 @@ import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const seedDir = process.env.LLMRETRY_SEED_NODE ?? path.join(here, "..", "..", "shared", "peers", "seed-node");
+const seedDir = process.env.LLMRETRY_SEED_NODE;
+if (!seedDir) {
+  console.error("node_peer: LLMRETRY_SEED_NODE is not set (the folder of the seed Node client)");
+  process.exit(2);
+}
 const { callLLMWithDeadline, mapWithConcurrency } = await import(
   pathToFileURL(path.join(seedDir, "client.mjs")).href);
 

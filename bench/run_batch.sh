@@ -6,7 +6,7 @@
 #
 # Knobs (environment): N=20000 LIMIT=64 RUNS=3 SLOW_N=2000 NODE_WARMUP=10000
 # PY_WARMUP=0 LLMRETRY_BENCH_PORT=18089 BUILD_DIR=build-bench PYTHON=python3
-# LLMRETRY_SEED_NODE=<repo>/../shared/peers/seed-node
+# LLMRETRY_SEED_NODE=<folder of the seed Node client, client.mjs; not in this repo>
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,7 +20,7 @@ PY_WARMUP=${PY_WARMUP:-0}
 PORT=${LLMRETRY_BENCH_PORT:-18089}
 BUILD_DIR=${BUILD_DIR:-build-bench}
 PYTHON=${PYTHON:-python3}
-export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-$(cd "$ROOT/.." && pwd)/shared/peers/seed-node}
+export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-}
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 log() { printf '%s\n' "$*" >&2; }
@@ -44,7 +44,7 @@ gcc -O2 -Wall -Wextra -o "$BUILD_DIR/bare_multi" bench/bare_multi.c $DEPS -lpthr
 NODE_OK=1
 if ! command -v node >/dev/null 2>&1; then
   log "WARNING: node not found: the seed Node client rows are skipped"; NODE_OK=0
-elif [ ! -f "$LLMRETRY_SEED_NODE/client.mjs" ]; then
+elif [ -z "$LLMRETRY_SEED_NODE" ] || [ ! -f "$LLMRETRY_SEED_NODE/client.mjs" ]; then
   log "WARNING: no $LLMRETRY_SEED_NODE/client.mjs: the seed Node client rows are skipped"; NODE_OK=0
 fi
 

@@ -5,7 +5,7 @@
 #   bash bench/run_python.sh
 #
 # Knobs (environment): N=2000 CONC=32 WARMUP=1000 RUNS=3 LLMRETRY_BENCH_PORT=18089
-# PYTHON=python3 LLMRETRY_SEED_NODE=<repo>/../shared/peers/seed-node NODE_RAW=1
+# PYTHON=python3 LLMRETRY_SEED_NODE=<folder of the seed Node client, client.mjs; not in this repo> NODE_RAW=1
 # (0 = skip the row of the seed's batch.mjs run as shipped)
 set -euo pipefail
 
@@ -18,7 +18,7 @@ RUNS=${RUNS:-3}
 PORT=${LLMRETRY_BENCH_PORT:-18089}
 PYTHON=${PYTHON:-python3}
 NODE_RAW=${NODE_RAW:-1}
-export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-$(cd "$ROOT/.." && pwd)/shared/peers/seed-node}
+export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-}
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 log() { printf '%s\n' "$*" >&2; }
@@ -36,7 +36,7 @@ make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null 2>&1 || {
 NODE_OK=1
 if ! command -v node >/dev/null 2>&1; then
   log "WARNING: node not found: the seed Node client rows are skipped"; NODE_OK=0
-elif [ ! -f "$LLMRETRY_SEED_NODE/client.mjs" ]; then
+elif [ -z "$LLMRETRY_SEED_NODE" ] || [ ! -f "$LLMRETRY_SEED_NODE/client.mjs" ]; then
   log "WARNING: no $LLMRETRY_SEED_NODE/client.mjs: the seed Node client rows are skipped"; NODE_OK=0
 fi
 

@@ -19,7 +19,7 @@ cd "$repo"
 
 # libnginx-mod-http-lua pulls libluajit2-5.1-2 (OpenResty's LuaJIT), which
 # coexists with the luajit2 / libluajit2-5.1-dev that tools/lua-test.sh
-# installs (see shared/NOTES.md); Neovim runs on either LuaJIT library.
+# installs (Debian's nginx Lua module pulls in libluajit2); Neovim runs on either LuaJIT library.
 debs=(neovim nginx libnginx-mod-http-lua curl python3)
 missing=()
 for p in "${debs[@]}"; do

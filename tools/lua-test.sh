@@ -5,7 +5,7 @@
 #
 # Installs what is missing with apt-get (as root, else sudo). LuaJIT comes
 # from luajit2 / libluajit2-5.1-dev, not luajit / libluajit-5.1-dev: those
-# conflict with Debian's nginx Lua module (see shared/NOTES.md). The mock
+# conflict with Debian's nginx Lua module (libnginx-mod-http-lua replaces libluajit-5.1-2). The mock
 # server is the Python package's llmretry.testing, so the Python extension
 # must be built (`make build-python`; done here when it is missing).
 #

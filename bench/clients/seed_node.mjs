@@ -1,8 +1,8 @@
 // Benchmark client: the seed's Node client (callLLMWithDeadline, its default
 // retries: 3, backoff 800 ms, Retry-After) driven the way its batch.mjs does,
 // mapWithConcurrency(items, C, ...). The client is imported by path from
-// shared/peers/seed-node (not copied): $LLMRETRY_SEED_NODE, else
-// ../shared/peers/seed-node next to the repository. See README.md.
+// $LLMRETRY_SEED_NODE (not copied into this repository; not set: the
+// client exits 2 and the suite skips it). See README.md.
 //
 //   node bench/clients/seed_node.mjs --url BASE --concurrency C --requests N --warmup W
 //
@@ -14,11 +14,11 @@ import { parseArgs } from "node:util";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const seedDir = process.env.LLMRETRY_SEED_NODE ??
-  path.join(here, "..", "..", "..", "shared", "peers", "seed-node");
-const clientPath = path.join(seedDir, "client.mjs");
-if (!fs.existsSync(clientPath)) {
-  console.error(`seed_node: no ${clientPath} (set LLMRETRY_SEED_NODE)`);
+const seedDir = process.env.LLMRETRY_SEED_NODE;
+const clientPath = seedDir ? path.join(seedDir, "client.mjs") : "";
+if (!seedDir || !fs.existsSync(clientPath)) {
+  console.error(`seed_node: ${seedDir ? `no ${clientPath}` : "LLMRETRY_SEED_NODE is not set"} ` +
+                "(the folder of the seed Node client, client.mjs; it is not in this repository)");
   process.exit(2);
 }
 const { callLLMWithDeadline, mapWithConcurrency } = await import(pathToFileURL(clientPath).href);
