@@ -11,7 +11,6 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,17 +99,8 @@ static void number_text(const cJSON *v, char *buf, size_t len)
         snprintf(buf, len, "%g", d);
 }
 
-__attribute__((format(printf, 3, 4)))
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
+/* Write the message (lr_errf) and return -1, for `return bad(...)`. */
+#define bad(err, errlen, ...) (lr_errf((err), (errlen), __VA_ARGS__), -1)
 
 static int check_text(const key_rule *r, const cJSON *v, char *err, size_t errlen)
 {
@@ -206,7 +196,7 @@ static cJSON *check_settings(const cJSON *obj, const char *where, const char *na
 {
     char why[LLMRETRY_ERRBUF], keys[400];
     if (!cJSON_IsObject(obj)) {
-        bad(err, errlen, "%spolicy '%s' must be a table of settings (got %s)", where, name,
+        lr_errf(err, errlen, "%spolicy '%s' must be a table of settings (got %s)", where, name,
             type_name(obj));
         return NULL;
     }
@@ -214,17 +204,17 @@ static cJSON *check_settings(const cJSON *obj, const char *where, const char *na
         const key_rule *r = rule_of(kv->string);
         if (!r) {
             known_keys(keys, sizeof keys);
-            bad(err, errlen, "%spolicy '%s': unknown key '%s' (known: %s)", where, name,
+            lr_errf(err, errlen, "%spolicy '%s': unknown key '%s' (known: %s)", where, name,
                 kv->string, keys);
             return NULL;
         }
         for (const cJSON *o = obj->child; o != kv; o = o->next)
             if (strcmp(o->string, kv->string) == 0) {
-                bad(err, errlen, "%spolicy '%s': %s is set twice", where, name, kv->string);
+                lr_errf(err, errlen, "%spolicy '%s': %s is set twice", where, name, kv->string);
                 return NULL;
             }
         if (check_rule(r, kv, why, sizeof why) != 0) {
-            bad(err, errlen, "%spolicy '%s': %s", where, name, why);
+            lr_errf(err, errlen, "%spolicy '%s': %s", where, name, why);
             return NULL;
         }
     }
@@ -272,7 +262,7 @@ llmretry_status llmretry_policies_parse(const char *json, size_t len, const char
 {
     char where[300] = "";
     if (!out || (!json && len)) {
-        bad(err, errlen, "%s must not be NULL", !out ? "out" : "json");
+        lr_errf(err, errlen, "%s must not be NULL", !out ? "out" : "json");
         return LLMRETRY_EINVAL;
     }
     *out = NULL;
@@ -289,11 +279,11 @@ llmretry_status llmretry_policies_parse(const char *json, size_t len, const char
         int line, col;
         line_col(json ? json : "", off, &line, &col);
         cJSON_Delete(doc);
-        bad(err, errlen, "%snot valid JSON (line %d, column %d)", where, line, col);
+        lr_errf(err, errlen, "%snot valid JSON (line %d, column %d)", where, line, col);
         return LLMRETRY_EINVAL;
     }
     if (!cJSON_IsObject(doc)) {
-        bad(err, errlen, "%spolicies must be a table of policies by name (got %s)", where,
+        lr_errf(err, errlen, "%spolicies must be a table of policies by name (got %s)", where,
             type_name(doc));
         cJSON_Delete(doc);
         return LLMRETRY_EINVAL;
@@ -316,12 +306,12 @@ llmretry_status llmretry_policies_parse(const char *json, size_t len, const char
         for (const char *c = name; *c; c++)
             blank &= strchr(" \t\r\n", *c) != NULL;
         if (blank) {
-            bad(err, errlen, "%sa policy name must be a non-empty string (got \"%s\")", where, name);
+            lr_errf(err, errlen, "%sa policy name must be a non-empty string (got \"%s\")", where, name);
             st = LLMRETRY_EINVAL;
             break;
         }
         if (find(p, name)) {
-            bad(err, errlen, "%spolicy '%s' is defined twice", where, name);
+            lr_errf(err, errlen, "%spolicy '%s' is defined twice", where, name);
             st = LLMRETRY_EINVAL;
             break;
         }
@@ -371,7 +361,7 @@ static void unknown_policy(const llmretry_policies *p, const char *name, char *e
         size_t used = strlen(list);
         snprintf(list + used, sizeof list - used, "%s'%s'", i ? ", " : "", p->names[i]);
     }
-    bad(err, errlen, "unknown policy '%s' (known: %s)", name, list[0] ? list : "none");
+    lr_errf(err, errlen, "unknown policy '%s' (known: %s)", name, list[0] ? list : "none");
 }
 
 /* Parse a layer of call options (NULL/empty = none): a JSON object. */
@@ -397,7 +387,7 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
 {
     char why[LLMRETRY_ERRBUF];
     if (!out_json) {
-        bad(err, errlen, "out_json must not be NULL");
+        lr_errf(err, errlen, "out_json must not be NULL");
         return LLMRETRY_EINVAL;
     }
     *out_json = NULL;
@@ -428,7 +418,7 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
         }
         cJSON *copy = v ? cJSON_Duplicate(v, 1) : cJSON_Parse(r->builtin);
         if (v && check_rule(r, v, why, sizeof why) != 0) {
-            bad(err, errlen, "%s", why);
+            lr_errf(err, errlen, "%s", why);
             st = LLMRETRY_EINVAL;
         } else if (!copy || !cJSON_AddItemToObject(out, r->name, copy)) {
             st = LLMRETRY_ENOMEM;
@@ -452,12 +442,12 @@ llmretry_status llmretry_policy_check_value(const char *key, const char *json, s
     if (!r) {
         char keys[400];
         known_keys(keys, sizeof keys);
-        bad(err, errlen, "unknown key '%s' (known: %s)", key ? key : "(null)", keys);
+        lr_errf(err, errlen, "unknown key '%s' (known: %s)", key ? key : "(null)", keys);
         return LLMRETRY_EINVAL;
     }
     cJSON *v = json ? cJSON_ParseWithLength(json, len) : NULL;
     if (!v) {
-        bad(err, errlen, "%s: the value is not JSON", key);
+        lr_errf(err, errlen, "%s: the value is not JSON", key);
         return LLMRETRY_EINVAL;
     }
     int rc = check_rule(r, v, err, errlen);
