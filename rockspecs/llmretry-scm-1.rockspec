@@ -68,6 +68,7 @@ build = {
             "core/src/json.c",
             "core/src/mailbox.c",
             "core/src/notifier.c",
+            "core/src/option_table.c",
             "core/src/options.c",
             "core/src/origins.c",
             "core/src/outcome.c",

@@ -15,52 +15,16 @@
 
 /* ---- submit options ---------------------------------------------------------- */
 
-typedef enum opt_kind {
-    O_BODY, O_STR, O_I64, O_INT, O_BOOL, O_JITTER, O_MODE, O_STATUSES, O_HEADERS,
-    O_DEADLINE, O_EVENTS, O_GROUP
-} opt_kind;
+/* Keys of this binding that are not options of the core's table (the
+ * core's option table names the others, with their types and ranges). */
+static const char *const HOST_KEYS[] = { "body", "validate", "group", NULL };
 
-typedef struct opt_spec {
-    const char *name;
-    opt_kind kind;
-    size_t off;                 /* into llmretry_options */
-} opt_spec;
-
-#define OFF(f) offsetof(llmretry_options, f)
-static const opt_spec OPTS[] = {
-    { "body", O_BODY, 0 },
-    { "model", O_STR, OFF(model) },
-    { "url", O_STR, OFF(url) },
-    { "base_url", O_STR, OFF(base_url) },
-    { "api_key", O_STR, OFF(api_key) },
-    { "timeout_ms", O_I64, OFF(timeout_ms) },
-    { "max_retries", O_INT, OFF(max_retries) },
-    { "base_delay_ms", O_I64, OFF(base_delay_ms) },
-    { "max_delay_ms", O_I64, OFF(max_delay_ms) },
-    { "jitter", O_JITTER, OFF(jitter) },
-    { "deadline_ms", O_DEADLINE, OFF(deadline_ms) },
-    { "retry_mode", O_MODE, OFF(retry_mode) },
-    { "retry_statuses", O_STATUSES, 0 },
-    { "max_retry_after_ms", O_I64, OFF(max_retry_after_ms) },
-    { "retry_invalid_response", O_BOOL, OFF(retry_invalid_response) },
-    { "max_response_bytes", O_I64, OFF(max_response_bytes) },
-    { "headers", O_HEADERS, 0 },
-    { "request_id", O_STR, OFF(request_id) },
-    { "idempotency_key", O_STR, OFF(idempotency_key) },
-    { "policy", O_STR, OFF(policy) },
-    { "ca_file", O_STR, OFF(ca_file) },
-    { "event_mask", O_EVENTS, OFF(events) },
-    { "validate", O_BOOL, OFF(validate) },
-    { "group", O_GROUP, OFF(group) },
-};
-#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
-
-static const opt_spec *find_opt(const char *name)
+static int known_key(const char *name)
 {
-    for (size_t i = 0; i < N_OPTS; i++)
-        if (strcmp(OPTS[i].name, name) == 0)
-            return &OPTS[i];
-    return NULL;
+    for (const char *const *k = HOST_KEYS; *k; k++)
+        if (strcmp(*k, name) == 0)
+            return 1;
+    return llmretry_option_find(name) != NULL;
 }
 
 /* Every key must be a known option: a typo (timeout instead of timeout_ms)
@@ -76,7 +40,7 @@ static void check_opt_names(lua_State *L, int t)
         if (lua_type(L, -1) != LUA_TSTRING)
             lr_fail(L, "option names must be strings (got %s)", got(L, -1, buf, sizeof buf));
         const char *k = lua_tostring(L, -1);
-        if (!find_opt(k)) {
+        if (!known_key(k)) {
             size_t len = strlen(unknown);
             snprintf(unknown + len, sizeof unknown - len, "%s'%.40s'", n_unknown ? ", " : "", k);
             n_unknown++;
@@ -100,7 +64,8 @@ static const char *opt_string(lua_State *L, int idx, const char *name)
 
 static void opt_statuses(lua_State *L, int idx, llmretry_options *o)
 {
-    char buf[64];
+    char buf[64], err[LLMRETRY_ERRBUF];
+    int v[LLMRETRY_MAX_STATUSES + 1];
     if (lua_type(L, idx) != LUA_TTABLE)
         lr_fail(L, "retry_statuses must be an array of integers (got %s)",
                 got(L, idx, buf, sizeof buf));
@@ -112,21 +77,25 @@ static void opt_statuses(lua_State *L, int idx, llmretry_options *o)
     }
     if (count != n)
         lr_fail(L, "retry_statuses must be an array of integers (it has non-array keys)");
-    if (n == 0)
-        lr_fail(L, "retry_statuses must not be empty (use max_retries = 0 to never retry)");
-    if (n > LLMRETRY_MAX_STATUSES)
-        lr_fail(L, "retry_statuses holds at most %d statuses (got %zu)", LLMRETRY_MAX_STATUSES,
-                n);
-    for (size_t i = 0; i < n; i++) {
+    /* The core says how many may be listed; only so many are read here. */
+    size_t read = n < LLMRETRY_MAX_STATUSES ? n : LLMRETRY_MAX_STATUSES + 1;
+    for (size_t i = 0; i < read && i < n; i++) {
         lua_rawgeti(L, idx, (int)i + 1);
-        int64_t v;
-        if (!to_int64(L, -1, &v) || v < 100 || v > 599)
-            lr_fail(L, "retry_statuses[%zu] must be an integer in 100..599 (got %s)", i + 1,
+        int64_t x;
+        if (!to_int64(L, -1, &x))
+            lr_fail(L, "retry_statuses[%zu] must be an integer (got %s)", i + 1,
                     got(L, -1, buf, sizeof buf));
-        o->retry_statuses[i] = (int)v;
+        v[i] = x > INT_MAX ? INT_MAX : x < INT_MIN ? INT_MIN : (int)x;
         lua_pop(L, 1);
     }
-    o->n_retry_statuses = n;
+    if (llmretry_options_set_statuses(o, v, n, err, sizeof err) != LLMRETRY_OK) {
+        /* The core counts from 0; a Lua array from 1. */
+        size_t i;
+        int used;
+        if (sscanf(err, "retry_statuses[%zu]%n", &i, &used) == 1)
+            lr_fail(L, "retry_statuses[%zu]%s", i + 1, err + used);
+        lr_fail(L, "%s", err);
+    }
 }
 
 /* RFC 9110 token characters: anything else cannot be a header name. */
@@ -185,63 +154,61 @@ static void opt_headers(lua_State *L, int idx, llmretry_options *o)
     o->n_headers = (size_t)n;
 }
 
-static void opt_one(lua_State *L, int idx, const opt_spec *s, llmretry_options *o)
+/* One option by the core's table: the conversion follows its type, the
+ * range and the message are the core's. */
+static void opt_one(lua_State *L, int idx, const llmretry_option_info *opt, llmretry_options *o)
 {
-    char buf[64];
-    char *field = (char *)o + s->off;
-    switch (s->kind) {
-    case O_BODY:
-        break;                              /* read first, by parse_opts */
-    case O_STR:
-        *(const char **)field = opt_string(L, idx, s->name);
+    char buf[64], err[LLMRETRY_ERRBUF];
+    llmretry_status st = LLMRETRY_OK;
+    switch (opt->type) {
+    case LLMRETRY_OPTTYPE_TEXT:
+    case LLMRETRY_OPTTYPE_ENUM:
+        st = llmretry_options_set_text(o, opt->name, opt_string(L, idx, opt->name), err,
+                                       sizeof err);
         break;
-    case O_I64:
-        *(int64_t *)field = check_int64(L, idx, s->name);
+    case LLMRETRY_OPTTYPE_INT:
+        st = llmretry_options_set_int(o, opt->name, check_int64(L, idx, opt->name), err,
+                                      sizeof err);
         break;
-    case O_INT:
-        *(int *)field = check_int(L, idx, s->name, INT_MIN, INT_MAX);
-        break;
-    case O_BOOL:
+    case LLMRETRY_OPTTYPE_BOOL:
         if (lua_type(L, idx) != LUA_TBOOLEAN)
-            lr_fail(L, "%s must be a boolean (got %s)", s->name, got(L, idx, buf, sizeof buf));
-        *(int *)field = lua_toboolean(L, idx);
+            lr_fail(L, "%s must be a boolean (got %s)", opt->name, got(L, idx, buf, sizeof buf));
+        st = llmretry_options_set_bool(o, opt->name, lua_toboolean(L, idx), err, sizeof err);
         break;
-    case O_JITTER:
-        if (llmretry_jitter_parse(opt_string(L, idx, s->name), &o->jitter) != LLMRETRY_OK)
-            lr_fail(L, "jitter must be \"additive\", \"full\" or \"none\"");
-        break;
-    case O_MODE:
-        if (llmretry_retry_mode_parse(opt_string(L, idx, s->name), &o->retry_mode) != LLMRETRY_OK)
-            lr_fail(L, "retry_mode must be \"safe\" or \"unsafe\"");
-        break;
-    case O_STATUSES:
+    case LLMRETRY_OPTTYPE_STATUSES:
         opt_statuses(L, idx, o);
         break;
-    case O_HEADERS:
+    case LLMRETRY_OPTTYPE_HEADERS:
         opt_headers(L, idx, o);
         break;
-    case O_DEADLINE: {
-        /* The core reads -1 as "no deadline": never let -1 mean that here. */
-        int64_t d = check_int64(L, idx, s->name);
-        if (d < 0)
-            lr_fail(L, "deadline_ms must be >= 0 (got %lld)", (long long)d);
-        o->deadline_ms = d;
-        break;
     }
-    case O_EVENTS:
-        o->events = (unsigned)check_int(L, idx, "event_mask", 0, (int)LLMRETRY_EVENTS_ALL);
-        break;
-    case O_GROUP: {
-        lr_group *gr = lr_testudata(L, idx, GROUP_MT);
+    if (st != LLMRETRY_OK)
+        lr_fail(L, "%s", err);
+}
+
+/* The keys of this binding's own: validate (a flag here: the function is
+ * the Lua side's) and group. */
+static void host_opts(lua_State *L, int t, llmretry_options *o)
+{
+    char buf[64];
+    lua_getfield(L, t, "validate");
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TBOOLEAN)
+            lr_fail(L, "validate must be a boolean (got %s)", got(L, -1, buf, sizeof buf));
+        o->validate = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "group");
+    if (!lua_isnil(L, -1)) {
+        lr_group *gr = lr_testudata(L, -1, GROUP_MT);
         if (!gr)
             lr_fail(L, "group must be a group from engine:group() (got %s)",
-                    got(L, idx, buf, sizeof buf));
+                    got(L, -1, buf, sizeof buf));
         if (!gr->g)
             lr_fail(L, "group is closed");
         o->group = gr->g;
-        break;
     }
-    }
+    lua_pop(L, 1);
 }
 
 /* Fill `o` from the options table at t. Strings are borrowed from values
@@ -253,7 +220,7 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
     char buf[64];
     if (lua_type(L, t) != LUA_TTABLE)
         lr_fail(L, "opts must be a table (got %s)", got(L, t, buf, sizeof buf));
-    luaL_checkstack(L, 2 * (int)N_OPTS + 10, "llmretry: out of stack space");
+    luaL_checkstack(L, 2 * (int)llmretry_option_count() + 10, "llmretry: out of stack space");
     check_opt_names(L, t);
     llmretry_options_defaults(o);
 
@@ -272,16 +239,16 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
     if (n == 0)
         lr_fail(L, "body must not be empty");
 
-    for (size_t i = 0; i < N_OPTS; i++) {
-        if (OPTS[i].kind == O_BODY)
-            continue;
-        lua_getfield(L, t, OPTS[i].name);
+    const llmretry_option_info *opt;
+    for (size_t i = 0; (opt = llmretry_option_at(i)); i++) {
+        lua_getfield(L, t, opt->name);
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
             continue;
         }
-        opt_one(L, lua_gettop(L), &OPTS[i], o);
+        opt_one(L, lua_gettop(L), opt, o);
     }
+    host_opts(L, t, o);
 }
 
 /* The core counts headers from 0 in its own order: name the header. */

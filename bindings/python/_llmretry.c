@@ -195,6 +195,11 @@ static PyMethodDef module_methods[] = {
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
     { "parse_retry_after", parse_retry_after, METH_VARARGS,
       "parse_retry_after(value, now_unix_ms) -> int: ms, or -1 when not usable." },
+    { "check_options", (PyCFunction)(void (*)(void))lr_py_check_options,
+      METH_VARARGS | METH_KEYWORDS,
+      "check_options(**keywords): ValueError/TypeError unless a batch's calls can share them." },
+    { "options", lr_py_options, METH_NOARGS,
+      "options() -> ((name, type, flags), ...): the core's call options." },
     LR_PY_POLICY_METHODS
     { NULL, NULL, 0, NULL },
 };

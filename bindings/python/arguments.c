@@ -23,22 +23,15 @@ void call_args_release(call_args *a)
 
 static int parse_statuses(PyObject *seq, llmretry_options *o)
 {
+    char err[LLMRETRY_ERRBUF];
     if (seq == Py_None)
-        return 0;
+        return llmretry_options_unset(o, "retry_statuses", err, sizeof err) == LLMRETRY_OK ? 0 : -1;
     PyObject *fast = PySequence_Fast(seq, "retry_statuses must be a sequence of ints");
     if (!fast)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    int rc = 0;
-    if (n == 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "retry_statuses must not be empty (use max_retries=0 to never retry)");
-        rc = -1;
-    } else if (n > LLMRETRY_MAX_STATUSES) {
-        PyErr_Format(PyExc_ValueError, "retry_statuses holds at most %d statuses (got %zd)",
-                     LLMRETRY_MAX_STATUSES, n);
-        rc = -1;
-    }
+    int *v = PyMem_Calloc((size_t)(n ? n : 1), sizeof *v);
+    int rc = v ? 0 : (PyErr_NoMemory(), -1);
     for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
         if (!PyLong_Check(item) || PyBool_Check(item)) {
@@ -47,13 +40,18 @@ static int parse_statuses(PyObject *seq, llmretry_options *o)
             rc = -1;
             break;
         }
-        long v = PyLong_AsLong(item);
-        if (v == -1 && PyErr_Occurred())
+        int overflow;
+        long x = PyLong_AsLongAndOverflow(item, &overflow);
+        if (x == -1 && PyErr_Occurred())
             rc = -1;
-        o->retry_statuses[i] = v < 0 || v > 100000 ? -1 : (int)v;   /* checked by the core */
+        /* Out of int's range is out of the statuses' too: the core says so. */
+        v[i] = overflow || x > INT_MAX || x < INT_MIN ? INT_MIN : (int)x;
     }
-    if (rc == 0)
-        o->n_retry_statuses = (size_t)n;
+    if (rc == 0 && llmretry_options_set_statuses(o, v, (size_t)n, err, sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        rc = -1;
+    }
+    PyMem_Free(v);
     Py_DECREF(fast);
     return rc;
 }
@@ -93,67 +91,136 @@ static int parse_headers(PyObject *seq, call_args *a)
     return 0;
 }
 
+/* A value of a TEXT or ENUM option: a str without NUL, or None (unset). */
+static int set_text(llmretry_options *o, const llmretry_option_info *opt, PyObject *v)
+{
+    char err[LLMRETRY_ERRBUF];
+    const char *text = NULL;
+    if (v != Py_None) {
+        Py_ssize_t len;
+        if (!PyUnicode_Check(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must be a str or None, not %.100s", opt->name,
+                         Py_TYPE(v)->tp_name);
+            return -1;
+        }
+        if (!(text = PyUnicode_AsUTF8AndSize(v, &len)))
+            return -1;
+        if ((size_t)len != strlen(text)) {
+            PyErr_Format(PyExc_ValueError, "%s must not contain NUL", opt->name);
+            return -1;
+        }
+    }
+    if (llmretry_options_set_text(o, opt->name, text, err, sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return -1;
+    }
+    return 0;
+}
+
+static int set_int(llmretry_options *o, const llmretry_option_info *opt, PyObject *v)
+{
+    char err[LLMRETRY_ERRBUF];
+    if (v == Py_None && (opt->flags & LLMRETRY_OPTFLAG_NULLABLE))
+        return llmretry_options_unset(o, opt->name, err, sizeof err) == LLMRETRY_OK ? 0 : -1;
+    if (!PyLong_Check(v) || PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int%s, not %.100s", opt->name,
+                     opt->flags & LLMRETRY_OPTFLAG_NULLABLE ? " or None" : "",
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s (got %S)", opt->name, opt->range, v);
+        return -1;
+    }
+    if (llmretry_options_set_int(o, opt->name, n, err, sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* One keyword by the core's option table: the conversion follows the type. */
+static int set_option(call_args *a, const llmretry_option_info *opt, PyObject *v)
+{
+    switch (opt->type) {
+    case LLMRETRY_OPTTYPE_TEXT:
+    case LLMRETRY_OPTTYPE_ENUM:
+        return set_text(&a->o, opt, v);
+    case LLMRETRY_OPTTYPE_INT:
+        return set_int(&a->o, opt, v);
+    case LLMRETRY_OPTTYPE_BOOL: {
+        char err[LLMRETRY_ERRBUF];
+        int t = PyObject_IsTrue(v);
+        if (t < 0)
+            return -1;
+        if (llmretry_options_set_bool(&a->o, opt->name, t, err, sizeof err) != LLMRETRY_OK) {
+            PyErr_SetString(PyExc_ValueError, err);
+            return -1;
+        }
+        return 0;
+    }
+    case LLMRETRY_OPTTYPE_STATUSES:
+        return parse_statuses(v, &a->o);
+    case LLMRETRY_OPTTYPE_HEADERS:
+        return parse_headers(v, a);
+    }
+    PyErr_Format(PyExc_SystemError, "option %s has an unknown type", opt->name);
+    return -1;
+}
+
+/* Keywords of this binding, not options of the core. */
+static int host_keyword(const char *name, PyObject *v, call_args *a, PyObject **on_event,
+                        PyObject **validate)
+{
+    if (strcmp(name, "on_event") == 0) {
+        *on_event = v;
+    } else if (strcmp(name, "validate") == 0) {
+        *validate = v;
+    } else if (strcmp(name, "as_result") == 0) {
+        int t = PyObject_IsTrue(v);
+        if (t < 0)
+            return -1;
+        a->as_result = t;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
                            PyObject **on_event, PyObject **validate)
 {
-    static char *kwlist[] = {
-        "body", "model", "url", "base_url", "api_key", "timeout_ms", "max_retries",
-        "base_delay_ms", "max_delay_ms", "jitter", "deadline_ms", "retry_mode",
-        "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
-        "max_response_bytes", "headers", "request_id", "idempotency_key", "policy",
-        "ca_file", "on_event", "validate", "event_mask", "as_result", NULL,
-    };
     llmretry_options *o = &a->o;
     llmretry_options_defaults(o);
-    long long timeout_ms = o->timeout_ms, base = o->base_delay_ms, cap = o->max_delay_ms;
-    long long max_ra = o->max_retry_after_ms, max_bytes = o->max_response_bytes;
-    int max_retries = o->max_retries, retry_invalid = 1;
-    unsigned int event_mask = LLMRETRY_EVENTS_ALL;
-    const char *jitter = "additive", *retry_mode = "safe";
-    PyObject *deadline = Py_None, *statuses = Py_None, *headers = Py_None;
     *on_event = *validate = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|$zzzzLiLLsOsOLpLOzzzzOOIp:call", kwlist,
-                                     &a->body, &o->model, &o->url, &o->base_url, &o->api_key,
-                                     &timeout_ms, &max_retries, &base, &cap, &jitter, &deadline,
-                                     &retry_mode, &statuses, &max_ra, &retry_invalid, &max_bytes,
-                                     &headers, &o->request_id, &o->idempotency_key, &o->policy,
-                                     &o->ca_file, on_event, validate, &event_mask,
-                                     &a->as_result))
+    if (!PyArg_ParseTuple(args, "y*:call", &a->body))
         return -1;
     a->have_body = 1;
     o->body = a->body.buf;
     o->body_len = (size_t)a->body.len;
-    o->timeout_ms = timeout_ms;
-    o->max_retries = max_retries;
-    o->base_delay_ms = base;
-    o->max_delay_ms = cap;
-    o->max_retry_after_ms = max_ra;
-    o->max_response_bytes = max_bytes;
-    o->retry_invalid_response = retry_invalid;
-    if (llmretry_jitter_parse(jitter, &o->jitter) != LLMRETRY_OK) {
-        /* The value is not repeated: a secret pasted into the wrong
-         * argument must not reach a traceback. */
-        PyErr_SetString(PyExc_ValueError, "jitter must be one of additive, full, none");
-        return -1;
-    }
-    if (llmretry_retry_mode_parse(retry_mode, &o->retry_mode) != LLMRETRY_OK) {
-        PyErr_SetString(PyExc_ValueError, "retry_mode must be safe or unsafe");
-        return -1;
-    }
-    if (deadline != Py_None) {
-        if (!PyLong_Check(deadline) || PyBool_Check(deadline)) {
-            PyErr_Format(PyExc_TypeError, "deadline_ms must be an int or None, not %.100s",
-                         Py_TYPE(deadline)->tp_name);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (kw && PyDict_Next(kw, &pos, &key, &value)) {
+        const char *name = PyUnicode_AsUTF8(key);
+        if (!name)
+            return -1;
+        int host = host_keyword(name, value, a, on_event, validate);
+        if (host < 0)
+            return -1;
+        if (host)
+            continue;
+        const llmretry_option_info *opt = llmretry_option_find(name);
+        if (!opt) {
+            PyErr_Format(PyExc_TypeError, "call() got an unexpected keyword argument '%s'",
+                         name);
             return -1;
         }
-        long long d = PyLong_AsLongLong(deadline);
-        if (d == -1 && PyErr_Occurred())
+        if (set_option(a, opt, value) < 0)
             return -1;
-        if (d < 0) {
-            PyErr_Format(PyExc_ValueError, "deadline_ms must be >= 0 or None (got %lld)", d);
-            return -1;
-        }
-        o->deadline_ms = d;
     }
     for (PyObject **cb = on_event; cb; cb = cb == on_event ? validate : NULL) {
         if (*cb != Py_None && !PyCallable_Check(*cb)) {
@@ -162,9 +229,78 @@ int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
             return -1;
         }
     }
-    o->events = *on_event != Py_None ? event_mask : 0;
+    /* event_mask says which of on_event's events to make. */
+    if (*on_event == Py_None)
+        o->events = 0;
     o->validate = *validate != Py_None;
-    if (parse_statuses(statuses, o) < 0 || parse_headers(headers, a) < 0)
-        return -1;
     return 0;
+}
+
+int check_shared_args(const call_args *a)
+{
+    /* The options the calls of a batch share, checked once and named as
+     * such, before any call: not as the first body's fault. */
+    const llmretry_option_info *opt;
+    for (size_t i = 0; (opt = llmretry_option_at(i)); i++) {
+        const char *v = NULL;
+        if (!(opt->flags & LLMRETRY_OPTFLAG_PER_CALL) || opt->type != LLMRETRY_OPTTYPE_TEXT)
+            continue;
+        memcpy(&v, (const char *)&a->o + opt->offset, sizeof v);
+        if (v) {
+            PyErr_Format(PyExc_ValueError, "%s cannot be shared by the calls of a batch",
+                         opt->name);
+            return -1;
+        }
+    }
+    llmretry_options shared = a->o;
+    char err[LLMRETRY_ERRBUF] = "";
+    shared.body = "{}";
+    shared.body_len = 2;
+    if (llmretry_options_check(&shared, err, sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *lr_py_check_options(PyObject *module, PyObject *args, PyObject *kw)
+{
+    (void)module;
+    call_args a;
+    memset(&a, 0, sizeof a);
+    PyObject *on_event, *validate;
+    if (PyTuple_GET_SIZE(args)) {
+        PyErr_SetString(PyExc_TypeError, "check_options() takes keyword arguments only");
+        return NULL;
+    }
+    PyObject *empty = Py_BuildValue("(y)", "");
+    if (!empty)
+        return NULL;
+    int rc = parse_call_args(empty, kw, &a, &on_event, &validate);
+    Py_DECREF(empty);
+    if (rc == 0)
+        rc = check_shared_args(&a);
+    call_args_release(&a);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyObject *lr_py_options(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    static const char *const types[] = { "", "text", "int", "bool", "enum", "statuses", "headers" };
+    size_t n = llmretry_option_count();
+    PyObject *out = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        const llmretry_option_info *opt = llmretry_option_at(i);
+        PyObject *row = Py_BuildValue("(ssI)", opt->name, types[opt->type], opt->flags);
+        if (!row) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, (Py_ssize_t)i, row);
+    }
+    return out;
 }

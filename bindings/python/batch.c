@@ -219,24 +219,8 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
     Py_DECREF(empty);
     if (bad < 0)
         goto done;
-    if (a.o.request_id || a.o.idempotency_key) {
-        PyErr_SetString(PyExc_ValueError, a.o.request_id
-                        ? "request_id cannot be shared by the calls of a batch"
-                        : "idempotency_key cannot be shared by the calls of a batch");
+    if (check_shared_args(&a) < 0)
         goto done;
-    }
-    {
-        /* The options the calls share, checked once and named as such,
-         * before any call: not as the first body's fault. */
-        llmretry_options shared = a.o;
-        char err[LLMRETRY_ERRBUF] = "";
-        shared.body = "{}";
-        shared.body_len = 2;
-        if (llmretry_options_check(&shared, err, sizeof err) != LLMRETRY_OK) {
-            PyErr_SetString(PyExc_ValueError, err);
-            goto done;
-        }
-    }
     if (!(b.bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
         goto done;
     b.n = PySequence_Fast_GET_SIZE(b.bodies);

@@ -54,6 +54,12 @@ module_state *state_of(PyObject *module);
 void call_args_release(call_args *a);
 int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
                            PyObject **on_event, PyObject **validate);
+/* ValueError unless the options can be shared by the calls of a batch. */
+int check_shared_args(const call_args *a);
+/* check_options(**keywords): the batch check, for the package to run first. */
+PyObject *lr_py_check_options(PyObject *module, PyObject *args, PyObject *kw);
+/* options() -> ((name, type, flags), ...): the core's option table. */
+PyObject *lr_py_options(PyObject *module, PyObject *unused);
 PyObject *call_value(const module_state *st, const llmretry_result *r,
                             PyObject *validate, int as_result);
 int check_interrupts(void);

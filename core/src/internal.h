@@ -22,6 +22,18 @@ char *lr_strndup(const char *s, size_t n);
 void lr_errf(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---- option_table.c --------------------------------------------------- */
+/* "<name> must be <range> (got v)" unless v is in the option's range. */
+llmretry_status lr_option_check_int(const llmretry_option_info *opt, int64_t v, char *err,
+                                    size_t errlen);
+/* The choices of an ENUM option as "\"a\", \"b\"" into buf. */
+void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len);
+/* A list of n statuses is 1..LLMRETRY_MAX_STATUSES long (empty would read as
+ * "the default set", which the caller did not ask for). */
+llmretry_status lr_option_check_statuses(size_t n, char *err, size_t errlen);
+/* Every INT and ENUM field of `o` against its range. */
+llmretry_status lr_options_check_table(const llmretry_options *o, char *err, size_t errlen);
+
 /* ---- the per-call record ---------------------------------------------- */
 
 /* Response headers the policy reads, captured without allocating. */

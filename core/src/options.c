@@ -1,35 +1,14 @@
-/* Options of one call: defaults, checking, and the names of the enums.
+/* Checking the options of one call as a whole (texts, headers, ids and
+ * what the option table's ranges cannot say), and the names of the enums.
  * Everything here is pure; a bad field is reported by name so the host
  * binding can raise a precise TypeError/ValueError before any I/O. */
-#include "llmretry.h"
+#include "internal.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
-
-/* A typo like 1000 would turn one failing endpoint into hours of retries. */
-#define MAX_RETRIES_LIMIT 100
-
-void llmretry_options_defaults(llmretry_options *o)
-{
-    if (!o)
-        return;
-    memset(o, 0, sizeof *o);
-    o->use_env_api_key = 1;
-    o->timeout_ms = 60000;
-    o->max_retries = 3;
-    o->base_delay_ms = 800;
-    o->max_delay_ms = 30000;
-    o->jitter = LLMRETRY_JITTER_ADDITIVE;
-    o->deadline_ms = LLMRETRY_NO_DEADLINE;
-    o->retry_mode = LLMRETRY_RETRY_SAFE;
-    o->max_retry_after_ms = 120000;
-    o->retry_invalid_response = 1;
-    o->max_response_bytes = (int64_t)32 * 1024 * 1024;
-    o->events = LLMRETRY_EVENTS_ALL;
-}
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
@@ -156,6 +135,11 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
         return fail(err, errlen, "base_url must not be empty");
     if (o->base_url && has_ctl(o->base_url))
         return fail(err, errlen, "base_url must not contain control characters");
+    /* The URL called: url, else base_url (else $OPENAI_BASE_URL, at submit). */
+    const char *called = o->url ? o->url : o->base_url;
+    if (called && strncasecmp(called, "http://", 7) != 0 && strncasecmp(called, "https://", 8) != 0)
+        return fail(err, errlen, "%s must start with http:// or https://",
+                    o->url ? "url" : "base_url");
     /* The key goes into a header; the message must never show it. */
     if (o->api_key && has_ctl(o->api_key))
         return fail(err, errlen, "api_key must not contain control characters");
@@ -175,45 +159,16 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
                     LLMRETRY_REQUEST_ID_MAX, strlen(o->request_id));
     if ((st = check_id("idempotency_key", o->idempotency_key, err, errlen)) != LLMRETRY_OK)
         return st;
-    if (o->timeout_ms <= 0)
-        return fail(err, errlen, "timeout_ms must be > 0 (got %" PRId64 ")", o->timeout_ms);
-    if (o->max_retries < 0)
-        return fail(err, errlen, "max_retries must be >= 0 (got %d)", o->max_retries);
-    if (o->max_retries > MAX_RETRIES_LIMIT)
-        return fail(err, errlen, "max_retries must be <= %d (got %d)", MAX_RETRIES_LIMIT,
-                    o->max_retries);
-    if (o->base_delay_ms < 0)
-        return fail(err, errlen, "base_delay_ms must be >= 0 (got %" PRId64 ")", o->base_delay_ms);
-    if (o->max_delay_ms < 0)
-        return fail(err, errlen, "max_delay_ms must be >= 0 (got %" PRId64 ")", o->max_delay_ms);
-    switch (o->jitter) {
-    case LLMRETRY_JITTER_ADDITIVE: case LLMRETRY_JITTER_FULL: case LLMRETRY_JITTER_NONE:
-        break;
-    default:
-        return fail(err, errlen, "jitter must be additive, full or none (got %d)", (int)o->jitter);
-    }
-    if (o->deadline_ms < LLMRETRY_NO_DEADLINE)
-        return fail(err, errlen, "deadline_ms must be >= 0 or LLMRETRY_NO_DEADLINE (got %" PRId64 ")",
-                    o->deadline_ms);
-    switch (o->retry_mode) {
-    case LLMRETRY_RETRY_SAFE: case LLMRETRY_RETRY_UNSAFE:
-        break;
-    default:
-        return fail(err, errlen, "retry_mode must be safe or unsafe (got %d)", (int)o->retry_mode);
-    }
+    /* Integers and enums: by the option table's ranges. */
+    if ((st = lr_options_check_table(o, err, errlen)) != LLMRETRY_OK)
+        return st;
     if (o->n_retry_statuses > LLMRETRY_MAX_STATUSES)
         return fail(err, errlen, "n_retry_statuses must be <= %d (got %zu)", LLMRETRY_MAX_STATUSES,
                     o->n_retry_statuses);
     for (size_t i = 0; i < o->n_retry_statuses; i++)
         if (o->retry_statuses[i] < 100 || o->retry_statuses[i] > 599)
-            return fail(err, errlen, "retry_statuses[%zu] must be in 100..599 (got %d)", i,
+            return fail(err, errlen, "retry_statuses[%zu] must be an HTTP status, 100..599 (got %d)", i,
                         o->retry_statuses[i]);
-    if (o->max_retry_after_ms < 0)
-        return fail(err, errlen, "max_retry_after_ms must be >= 0 (got %" PRId64 ")",
-                    o->max_retry_after_ms);
-    if (o->max_response_bytes <= 0)
-        return fail(err, errlen, "max_response_bytes must be > 0 (got %" PRId64 ")",
-                    o->max_response_bytes);
     if (o->events & ~LLMRETRY_EVENTS_ALL)
         return fail(err, errlen, "events has unknown bits (got 0x%x)", o->events);
     if (o->ca_file && !*o->ca_file)

@@ -4,9 +4,9 @@
  * and Lua shims turn their host values (and Python's TOML) into this JSON
  * and call here, so both accept, refuse and word their errors alike.
  *
- * The rules of each key are one table (KEYS), in the spirit of curl's
- * option table: name, type, range; the same table checks a single value
- * for a shim (llmretry_policy_check_value). */
+ * The rules of each key are those of the option table (option_table.c):
+ * name, type, range; the same rules check a single value for a shim
+ * (llmretry_policy_check_value). */
 #include "internal.h"
 
 #include <cjson/cJSON.h>
@@ -18,39 +18,8 @@
 /* Integers a JSON number carries exactly (RFC 7493 §2.2). */
 #define EXACT_INT_MAX 9007199254740991.0
 
-typedef enum key_type { K_TEXT, K_INT, K_ENUM, K_BOOL, K_STATUSES, K_AUTO } key_type;
-
-typedef struct key_rule {
-    const char *name;
-    key_type type;
-    int nullable;                  /* JSON null = unset */
-    double min, max;               /* K_INT */
-    const char *range;             /* K_INT: how the range reads */
-    const char *const *choices;    /* K_ENUM, NULL-terminated */
-    const char *builtin;           /* the built-in value as JSON */
-} key_rule;
-
-static const char *const JITTERS[] = { "additive", "full", "none", NULL };
-static const char *const MODES[] = { "safe", "unsafe", NULL };
-
-/* In the order resolved settings list them (tests/policies/resolved.json). */
-static const key_rule KEYS[] = {
-    { "base_url", K_TEXT, 1, 0, 0, NULL, NULL, "null" },
-    { "model", K_TEXT, 1, 0, 0, NULL, NULL, "null" },
-    { "timeout_ms", K_INT, 0, 1, EXACT_INT_MAX, "> 0", NULL, "60000" },
-    { "max_retries", K_INT, 0, 0, 100, "0..100", NULL, "3" },
-    { "base_delay_ms", K_INT, 0, 0, EXACT_INT_MAX, ">= 0", NULL, "800" },
-    { "max_delay_ms", K_INT, 0, 0, EXACT_INT_MAX, ">= 0", NULL, "30000" },
-    { "jitter", K_ENUM, 0, 0, 0, NULL, JITTERS, "\"additive\"" },
-    { "deadline_ms", K_INT, 1, 0, EXACT_INT_MAX, ">= 0", NULL, "null" },
-    { "retry_mode", K_ENUM, 0, 0, 0, NULL, MODES, "\"safe\"" },
-    { "retry_statuses", K_STATUSES, 1, 0, 0, NULL, NULL, "null" },
-    { "max_retry_after_ms", K_INT, 0, 0, EXACT_INT_MAX, ">= 0", NULL, "120000" },
-    { "retry_invalid_response", K_BOOL, 0, 0, 0, NULL, NULL, "true" },
-    { "max_response_bytes", K_INT, 0, 1, EXACT_INT_MAX, "> 0", NULL, "33554432" },
-    { "idempotency_key", K_AUTO, 1, 0, 0, NULL, NULL, "null" },
-};
-#define N_KEYS (sizeof KEYS / sizeof KEYS[0])
+/* A policy key is an option of the table (option_table.c) marked POLICY. */
+typedef llmretry_option_info key_rule;
 
 struct llmretry_policies {
     size_t n;
@@ -58,17 +27,26 @@ struct llmretry_policies {
     cJSON **settings;              /* checked copies: only the keys each sets */
 };
 
+/* The i-th policy key of the option table, or NULL. */
+static const key_rule *key_at(size_t i)
+{
+    const llmretry_option_info *opt;
+    for (size_t k = 0; (opt = llmretry_option_at(k)); k++)
+        if ((opt->flags & LLMRETRY_OPTFLAG_POLICY) && i-- == 0)
+            return opt;
+    return NULL;
+}
+
 const char *llmretry_policy_key(size_t i)
 {
-    return i < N_KEYS ? KEYS[i].name : NULL;
+    const key_rule *r = key_at(i);
+    return r ? r->name : NULL;
 }
 
 static const key_rule *rule_of(const char *name)
 {
-    for (size_t i = 0; i < N_KEYS; i++)
-        if (strcmp(KEYS[i].name, name) == 0)
-            return &KEYS[i];
-    return NULL;
+    const llmretry_option_info *opt = llmretry_option_find(name);
+    return opt && (opt->flags & LLMRETRY_OPTFLAG_POLICY) ? opt : NULL;
 }
 
 /* JSON's name for a value's type, as every message says it. */
@@ -116,11 +94,8 @@ static int check_text(const key_rule *r, const cJSON *v, char *err, size_t errle
 
 static int check_enum(const key_rule *r, const cJSON *v, char *err, size_t errlen)
 {
-    char list[128] = "";
-    for (const char *const *c = r->choices; *c; c++) {
-        size_t used = strlen(list);
-        snprintf(list + used, sizeof list - used, "%s\"%s\"", used ? ", " : "", *c);
-    }
+    char list[128];
+    lr_option_choices(r, list, sizeof list);
     if (!cJSON_IsString(v))
         return bad(err, errlen, "%s must be one of %s (got %s)", r->name, list, type_name(v));
     for (const char *const *c = r->choices; *c; c++)
@@ -138,45 +113,45 @@ static int check_statuses(const key_rule *r, const cJSON *v, char *err, size_t e
     for (const cJSON *s = v->child; s; s = s->next, i++) {
         if (!is_exact_int(s))
             return bad(err, errlen, "%s[%d] must be an integer (got %s)", r->name, i, type_name(s));
-        if (s->valuedouble < 100 || s->valuedouble > 599)
-            return bad(err, errlen, "%s[%d] must be an HTTP status, 100..599 (got %.0f)", r->name,
-                       i, s->valuedouble);
+        if (s->valuedouble < (double)r->min || s->valuedouble > (double)r->max)
+            return bad(err, errlen, "%s[%d] must be an HTTP status, %s (got %.0f)", r->name,
+                       i, r->range, s->valuedouble);
     }
-    if (i > LLMRETRY_MAX_STATUSES)
-        return bad(err, errlen, "%s must list at most %d statuses (got %d)", r->name,
-                   LLMRETRY_MAX_STATUSES, i);
-    return 0;
+    return lr_option_check_statuses((size_t)i, err, errlen) == LLMRETRY_OK ? 0 : -1;
 }
 
 static int check_rule(const key_rule *r, const cJSON *v, char *err, size_t errlen)
 {
-    if (r->nullable && cJSON_IsNull(v))
+    if ((r->flags & LLMRETRY_OPTFLAG_NULLABLE) && cJSON_IsNull(v))
         return 0;
     char num[40];
-    switch (r->type) {
-    case K_TEXT:
-        return check_text(r, v, err, errlen);
-    case K_INT:
-        if (!is_exact_int(v))
-            return bad(err, errlen, "%s must be an integer (got %s)", r->name, type_name(v));
-        if (v->valuedouble < r->min || v->valuedouble > r->max) {
-            number_text(v, num, sizeof num);
-            return bad(err, errlen, "%s must be %s (got %s)", r->name, r->range, num);
-        }
-        return 0;
-    case K_ENUM:
-        return check_enum(r, v, err, errlen);
-    case K_BOOL:
-        return cJSON_IsBool(v) ? 0
-             : bad(err, errlen, "%s must be a boolean (got %s)", r->name, type_name(v));
-    case K_STATUSES:
-        return check_statuses(r, v, err, errlen);
-    case K_AUTO:
+    if (r->flags & LLMRETRY_OPTFLAG_POLICY_AUTO) {
         if (cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0)
             return 0;
         /* A fixed key is not repeated in the message: it could be a secret. */
         return bad(err, errlen, "%s must be \"auto\" (a new key per call; a fixed key would be "
                    "shared by every call)", r->name);
+    }
+    switch (r->type) {
+    case LLMRETRY_OPTTYPE_TEXT:
+        return check_text(r, v, err, errlen);
+    case LLMRETRY_OPTTYPE_INT:
+        if (!is_exact_int(v))
+            return bad(err, errlen, "%s must be an integer (got %s)", r->name, type_name(v));
+        if (v->valuedouble < (double)r->min || v->valuedouble > (double)r->max) {
+            number_text(v, num, sizeof num);
+            return bad(err, errlen, "%s must be %s (got %s)", r->name, r->range, num);
+        }
+        return 0;
+    case LLMRETRY_OPTTYPE_ENUM:
+        return check_enum(r, v, err, errlen);
+    case LLMRETRY_OPTTYPE_BOOL:
+        return cJSON_IsBool(v) ? 0
+             : bad(err, errlen, "%s must be a boolean (got %s)", r->name, type_name(v));
+    case LLMRETRY_OPTTYPE_STATUSES:
+        return check_statuses(r, v, err, errlen);
+    case LLMRETRY_OPTTYPE_HEADERS:
+        break;
     }
     return bad(err, errlen, "%s: unknown rule", r->name);
 }
@@ -184,9 +159,10 @@ static int check_rule(const key_rule *r, const cJSON *v, char *err, size_t errle
 static void known_keys(char *buf, size_t len)
 {
     buf[0] = '\0';
-    for (size_t i = 0; i < N_KEYS; i++) {
+    const key_rule *r;
+    for (size_t i = 0; (r = key_at(i)); i++) {
         size_t used = strlen(buf);
-        snprintf(buf + used, len - used, "%s%s", i ? ", " : "", KEYS[i].name);
+        snprintf(buf + used, len - used, "%s%s", i ? ", " : "", r->name);
     }
 }
 
@@ -404,8 +380,8 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
     }
     cJSON *out = cJSON_CreateObject();
     llmretry_status st = out ? LLMRETRY_OK : LLMRETRY_ENOMEM;
-    for (size_t i = 0; i < N_KEYS && st == LLMRETRY_OK; i++) {
-        const key_rule *r = &KEYS[i];
+    const key_rule *r;
+    for (size_t i = 0; st == LLMRETRY_OK && (r = key_at(i)); i++) {
         /* In a call's or a client's options null means "not given"; in a
          * policy it means "unset" (no deadline, the default statuses). */
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(ex, r->name);

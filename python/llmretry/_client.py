@@ -26,7 +26,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from . import _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
-from ._policies import (POLICY_KEYS, Policy, PolicySource, check_setting, load_policies,
+from ._policies import (Policy, PolicySource, load_policies,
                         new_idempotency_key)
 from ._pool import map_with_concurrency as _map_with_concurrency
 from .errors import LLMError, error_from_outcome
@@ -271,31 +271,30 @@ def _headers(name: str, value: Any) -> Optional[List[str]]:
     return lines
 
 
-# Keywords of Engine.call and how a Python value becomes one.
-_ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
-    "base_url": _opt_str,
-    "api_key": _opt_str,
-    "url": _opt_str,
-    "timeout_ms": _int,
-    "max_retries": _int32,
-    "base_delay_ms": _int,
-    "max_delay_ms": _int,
-    "jitter": _str,
-    "deadline_ms": _opt_int,
-    "retry_mode": _str,
-    "retry_statuses": _statuses,
-    "max_retry_after_ms": _int,
-    "retry_invalid_response": _bool,
-    "max_response_bytes": _int,
-    "headers": _headers,
-    "request_id": _opt_str,
-    "idempotency_key": _opt_str,
-    "ca_file": _opt_str,
+# How a Python value becomes a core option of each type (the core's option
+# table: _llmretry.options()), by (type, nullable).
+_CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
+    ("text", True): _opt_str, ("text", False): _str, ("enum", False): _str,
+    ("int", True): _opt_int, ("int", False): _int, ("bool", False): _bool,
+    ("statuses", True): _statuses, ("headers", True): _headers,
 }
+_NULLABLE = 1   # LLMRETRY_OPTFLAG_NULLABLE
 
-# Every call keyword but body and client, in the order call_llm's values
-# tuple lists them.
-_CALL_OPTIONS: Tuple[str, ...] = tuple(_ENGINE_OPTIONS) + ("validate", "logger")
+# Every call keyword but body, client and policy, in the order of
+# call_llm's signature (its values tuple): the core's options, then the
+# two that are Python's own.
+_CALL_OPTIONS: Tuple[str, ...] = (
+    "base_url", "api_key", "url", "timeout_ms", "max_retries", "base_delay_ms",
+    "max_delay_ms", "jitter", "deadline_ms", "retry_mode", "retry_statuses",
+    "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
+    "request_id", "idempotency_key", "ca_file", "validate", "logger")
+
+# Keywords of Engine.call and how a Python value becomes one: the types
+# come from the core's table, so no rule about an option lives here.
+_ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
+    name: _CONVERTERS[kind, bool(flags & _NULLABLE)]
+    for name, kind, flags in _llmretry.options() if name in _CALL_OPTIONS}
+assert set(_ENGINE_OPTIONS) == set(_CALL_OPTIONS[:-2]), "call_llm's keywords are core options"
 _ALL_DEFAULT: Tuple[Any, ...] = (DEFAULT,) * len(_CALL_OPTIONS)
 _IDEMPOTENCY_INDEX = _CALL_OPTIONS.index("idempotency_key")
 
@@ -431,32 +430,11 @@ def _check_batch_options(kwargs: Mapping[str, Any]) -> None:
     """Refuse a batch's shared options before the batch opens its record.
 
     The core checks the options when the first item is submitted, which is
-    after the failures file was emptied and the progress shown: these are
-    the same rules (the policy loader's, which mirror the core's), run first
-    so that a bad option raises with nothing changed. The core still has
-    the last word.
+    after the failures file was emptied and the progress shown: this runs
+    the core's same check first, so that a bad option raises with nothing
+    changed.
     """
-    for name in ("request_id", "idempotency_key"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"{name} cannot be shared by the calls of a batch")
-    for key, value in kwargs.items():
-        if key in POLICY_KEYS and key not in ("base_url", "model", "idempotency_key"):
-            check_setting(key, value)
-    for key in ("url", "base_url", "api_key"):
-        value = kwargs.get(key)
-        if value is None:
-            continue
-        if not value and key != "api_key":
-            raise ValueError(f"{key} must not be empty")
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-            raise ValueError(f"{key} must not contain control characters")
-    # The URL called: a full url, else base_url (else $OPENAI_BASE_URL).
-    key = "url" if kwargs.get("url") is not None else "base_url"
-    value = kwargs.get(key)
-    if value is not None and not value.lower().startswith(("http://", "https://")):
-        raise ValueError(f"{key} must start with http:// or https://")
-    if kwargs.get("ca_file") == "":
-        raise ValueError("ca_file must not be empty")
+    _llmretry.check_options(**kwargs)
 
 
 class _Plan:

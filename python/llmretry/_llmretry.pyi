@@ -198,6 +198,14 @@ def check_policy_value(key: str, value_json: str) -> None:
     """ValueError when the policy rules refuse the value."""
     ...
 
+def options() -> Tuple[Tuple[str, str, int], ...]:
+    """The core's call options: (name, type, flags) with type one of "text",
+    "int", "bool", "enum", "statuses", "headers" and flags LLMRETRY_OPTFLAG_*."""
+    ...
+def check_options(**keywords: Any) -> None:
+    """TypeError/ValueError (the core's message) unless the calls of a batch
+    can share these Engine.call keywords."""
+    ...
 def policy_keys() -> Tuple[str, ...]:
     """The policy keys, in the order resolve_policy lists them."""
     ...

@@ -43,6 +43,10 @@ typedef struct llmretry_channel llmretry_channel;
  * up somewhere below cJSON's 1000, depending on its caller's stack. */
 #define LLMRETRY_MAX_BODY_DEPTH 256
 
+/* Most retries one call may make: a typo like 1000 would turn one failing
+ * endpoint into hours of retries. */
+#define LLMRETRY_MAX_RETRIES 100
+
 /* Longest request_id accepted, in bytes. */
 #define LLMRETRY_REQUEST_ID_MAX 256
 
@@ -123,6 +127,64 @@ void llmretry_options_defaults(llmretry_options *o);
 
 /* Check every field; EINVAL with a message naming the field. */
 llmretry_status llmretry_options_check(const llmretry_options *o, char *err, size_t errlen);
+
+/* ------------------------------------------------------------------ */
+/* The option table: every call option a host sets by name.            */
+/* ------------------------------------------------------------------ */
+/* Bindings look options up here and set them with the typed setters
+ * below, so they keep no list of options and no rule of their own. The
+ * host-only fields (body, group, channel, user_data, validate,
+ * use_env_api_key) are not in the table. */
+typedef enum llmretry_option_type {
+    LLMRETRY_OPTTYPE_TEXT = 1,     /* const char *; NULL = unset */
+    LLMRETRY_OPTTYPE_INT,          /* an int or int64_t field, in min..max */
+    LLMRETRY_OPTTYPE_BOOL,         /* an int, 0 or 1 */
+    LLMRETRY_OPTTYPE_ENUM,         /* set by the name of one of `choices` */
+    LLMRETRY_OPTTYPE_STATUSES,     /* retry_statuses/n_retry_statuses, each min..max */
+    LLMRETRY_OPTTYPE_HEADERS       /* headers/n_headers, "Name: value" lines */
+} llmretry_option_type;
+
+#define LLMRETRY_OPTFLAG_NULLABLE 1u    /* may be unset (null, None, nil) */
+#define LLMRETRY_OPTFLAG_POLICY 2u      /* a named policy may set it */
+#define LLMRETRY_OPTFLAG_SECRET 4u      /* its value never appears anywhere */
+#define LLMRETRY_OPTFLAG_PER_CALL 8u    /* the calls of a batch cannot share it */
+#define LLMRETRY_OPTFLAG_POLICY_AUTO 16u/* in a policy only "auto": a new value per call */
+
+typedef struct llmretry_option_info {
+    const char *name;
+    llmretry_option_type type;
+    unsigned flags;                /* LLMRETRY_OPTFLAG_* */
+    size_t offset, size;           /* the field in llmretry_options */
+    int64_t min, max;              /* INT, and each of STATUSES */
+    const char *range;             /* INT: how min..max reads in messages ("> 0") */
+    const char *const *choices;    /* ENUM: names, NULL-terminated; value = index */
+    const char *builtin;           /* the built-in value as JSON text ("null" = unset) */
+} llmretry_option_info;
+
+/* The options in a fixed order; NULL past the end / for an unknown name. */
+size_t llmretry_option_count(void);
+const llmretry_option_info *llmretry_option_at(size_t i);
+const llmretry_option_info *llmretry_option_find(const char *name);
+/* What a value of the option is, for messages: "an integer", "a string"... */
+const char *llmretry_option_expects(const llmretry_option_info *opt);
+
+/* Set option `name` of `o`: EINVAL (message naming the option, never
+ * repeating a text value) for an unknown name, the wrong setter for its
+ * type, or a value out of range; `o` is unchanged then. set_text sets TEXT
+ * and ENUM options and borrows `v` (it must outlive the submit, which
+ * copies it); set_text(NULL) is unset. unset returns a NULLABLE option to
+ * "not set" (no deadline, the default statuses, no headers). */
+llmretry_status llmretry_options_set_int(llmretry_options *o, const char *name, int64_t v,
+                                         char *err, size_t errlen);
+llmretry_status llmretry_options_set_bool(llmretry_options *o, const char *name, int v,
+                                          char *err, size_t errlen);
+llmretry_status llmretry_options_set_text(llmretry_options *o, const char *name, const char *v,
+                                          char *err, size_t errlen);
+llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, char *err,
+                                       size_t errlen);
+/* retry_statuses: 1..LLMRETRY_MAX_STATUSES statuses, each 100..599 (copied). */
+llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *statuses, size_t n,
+                                              char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,321 @@
+/* The call options as one table, in the spirit of curl's option table:
+ * name, type, where the field lives, its built-in value and its range.
+ * The table drives the defaults (llmretry_options_defaults), the range
+ * checks and their messages (llmretry_options_check), the named-policy
+ * keys (policies.c) and the shims: Python and Lua look options up here by
+ * name and set them through the typed setters, so no binding keeps a list
+ * of options or a rule of its own. */
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An enum's value is the index of its name here. */
+static const char *const JITTERS[] = { "additive", "full", "none", NULL };
+static const char *const MODES[] = { "safe", "unsafe", NULL };
+_Static_assert(LLMRETRY_JITTER_ADDITIVE == 0 && LLMRETRY_JITTER_FULL == 1 &&
+               LLMRETRY_JITTER_NONE == 2, "JITTERS follows llmretry_jitter");
+_Static_assert(LLMRETRY_RETRY_SAFE == 0 && LLMRETRY_RETRY_UNSAFE == 1,
+               "MODES follows llmretry_retry_mode");
+
+#define OFF(f) offsetof(llmretry_options, f), sizeof(((llmretry_options *)0)->f)
+#define NUL LLMRETRY_OPTFLAG_NULLABLE
+#define POL LLMRETRY_OPTFLAG_POLICY
+#define ONE LLMRETRY_OPTFLAG_PER_CALL
+
+/* The policy keys come in the order resolved settings list them
+ * (tests/policies/resolved.json); the others may go anywhere. */
+static const llmretry_option_info TABLE[] = {
+    { "url", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(url), 0, 0, NULL, NULL, "null" },
+    { "base_url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(base_url), 0, 0, NULL, NULL, "null" },
+    { "api_key", LLMRETRY_OPTTYPE_TEXT, NUL | LLMRETRY_OPTFLAG_SECRET, OFF(api_key), 0, 0,
+      NULL, NULL, "null" },
+    { "model", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(model), 0, 0, NULL, NULL, "null" },
+    { "timeout_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(timeout_ms), 1, INT64_MAX, "> 0", NULL,
+      "60000" },
+    { "max_retries", LLMRETRY_OPTTYPE_INT, POL, OFF(max_retries), 0, LLMRETRY_MAX_RETRIES,
+      "0..100", NULL, "3" },
+    { "base_delay_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(base_delay_ms), 0, INT64_MAX, ">= 0",
+      NULL, "800" },
+    { "max_delay_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(max_delay_ms), 0, INT64_MAX, ">= 0", NULL,
+      "30000" },
+    { "jitter", LLMRETRY_OPTTYPE_ENUM, POL, OFF(jitter), 0, 0, NULL, JITTERS, "\"additive\"" },
+    /* Unset is LLMRETRY_NO_DEADLINE (-1), never a value a caller passes. */
+    { "deadline_ms", LLMRETRY_OPTTYPE_INT, NUL | POL, OFF(deadline_ms), 0, INT64_MAX, ">= 0",
+      NULL, "null" },
+    { "retry_mode", LLMRETRY_OPTTYPE_ENUM, POL, OFF(retry_mode), 0, 0, NULL, MODES,
+      "\"safe\"" },
+    /* Unset is the default set of statuses (n_retry_statuses == 0). */
+    { "retry_statuses", LLMRETRY_OPTTYPE_STATUSES, NUL | POL, OFF(retry_statuses), 100, 599,
+      "100..599", NULL, "null" },
+    { "max_retry_after_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(max_retry_after_ms), 0, INT64_MAX,
+      ">= 0", NULL, "120000" },
+    { "retry_invalid_response", LLMRETRY_OPTTYPE_BOOL, POL, OFF(retry_invalid_response), 0, 1,
+      NULL, NULL, "true" },
+    { "max_response_bytes", LLMRETRY_OPTTYPE_INT, POL, OFF(max_response_bytes), 1, INT64_MAX,
+      "> 0", NULL, "33554432" },
+    /* In a policy only "auto" (a new key per call): a fixed key would be
+     * shared by every call made under the policy. */
+    { "idempotency_key", LLMRETRY_OPTTYPE_TEXT, NUL | POL | ONE | LLMRETRY_OPTFLAG_POLICY_AUTO,
+      OFF(idempotency_key), 0, 0, NULL, NULL, "null" },
+    { "request_id", LLMRETRY_OPTTYPE_TEXT, NUL | ONE, OFF(request_id), 0, 0, NULL, NULL,
+      "null" },
+    { "headers", LLMRETRY_OPTTYPE_HEADERS, NUL, OFF(headers), 0, 0, NULL, NULL, "null" },
+    { "policy", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(policy), 0, 0, NULL, NULL, "null" },
+    { "ca_file", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(ca_file), 0, 0, NULL, NULL, "null" },
+    { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..63", NULL,
+      "63" },
+};
+#define N_TABLE (sizeof TABLE / sizeof TABLE[0])
+
+size_t llmretry_option_count(void)
+{
+    return N_TABLE;
+}
+
+const llmretry_option_info *llmretry_option_at(size_t i)
+{
+    return i < N_TABLE ? &TABLE[i] : NULL;
+}
+
+const llmretry_option_info *llmretry_option_find(const char *name)
+{
+    for (size_t i = 0; name && i < N_TABLE; i++)
+        if (strcmp(TABLE[i].name, name) == 0)
+            return &TABLE[i];
+    return NULL;
+}
+
+const char *llmretry_option_expects(const llmretry_option_info *opt)
+{
+    switch (opt ? opt->type : 0) {
+    case LLMRETRY_OPTTYPE_TEXT: return "a string";
+    case LLMRETRY_OPTTYPE_INT: return "an integer";
+    case LLMRETRY_OPTTYPE_BOOL: return "a boolean";
+    case LLMRETRY_OPTTYPE_ENUM: return "a string";
+    case LLMRETRY_OPTTYPE_STATUSES: return "an array of integers";
+    case LLMRETRY_OPTTYPE_HEADERS: return "a table of header names to values";
+    }
+    return "a value";
+}
+
+void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    for (const char *const *c = opt->choices; c && *c; c++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, "%s\"%s\"", used ? ", " : "", *c);
+    }
+}
+
+/* Fields are int (or unsigned, or an enum) or int64_t: the table knows which. */
+static int64_t get_int(const llmretry_options *o, const llmretry_option_info *opt)
+{
+    const char *p = (const char *)o + opt->offset;
+    if (opt->size == sizeof(int64_t)) {
+        int64_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    int v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void put_int(llmretry_options *o, const llmretry_option_info *opt, int64_t v)
+{
+    char *p = (char *)o + opt->offset;
+    if (opt->size == sizeof(int64_t)) {
+        memcpy(p, &v, sizeof v);
+    } else {
+        int i = (int)v;          /* in range: checked against min/max first */
+        memcpy(p, &i, sizeof i);
+    }
+}
+
+llmretry_status lr_option_check_int(const llmretry_option_info *opt, int64_t v, char *err,
+                                    size_t errlen)
+{
+    if (v < opt->min || v > opt->max) {
+        lr_errf(err, errlen, "%s must be %s (got %" PRId64 ")", opt->name, opt->range, v);
+        return LLMRETRY_EINVAL;
+    }
+    return LLMRETRY_OK;
+}
+
+void llmretry_options_defaults(llmretry_options *o)
+{
+    if (!o)
+        return;
+    memset(o, 0, sizeof *o);
+    for (size_t i = 0; i < N_TABLE; i++) {
+        const llmretry_option_info *opt = &TABLE[i];
+        if (opt->type == LLMRETRY_OPTTYPE_INT && opt->builtin[0] != 'n')
+            put_int(o, opt, strtoll(opt->builtin, NULL, 10));
+        else if (opt->type == LLMRETRY_OPTTYPE_BOOL)
+            put_int(o, opt, opt->builtin[0] == 't');
+        /* Enums: the first choice is the default and is 0; texts are NULL. */
+    }
+    o->deadline_ms = LLMRETRY_NO_DEADLINE;
+    o->use_env_api_key = 1;
+}
+
+static const llmretry_option_info *settable(const char *name, llmretry_option_type want,
+                                            char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = llmretry_option_find(name);
+    if (!opt) {
+        lr_errf(err, errlen, "unknown option '%s'", name ? name : "(null)");
+        return NULL;
+    }
+    int ok = opt->type == want ||
+             (want == LLMRETRY_OPTTYPE_TEXT && opt->type == LLMRETRY_OPTTYPE_ENUM);
+    if (!ok) {
+        lr_errf(err, errlen, "%s must be %s", opt->name, llmretry_option_expects(opt));
+        return NULL;
+    }
+    return opt;
+}
+
+llmretry_status llmretry_options_set_int(llmretry_options *o, const char *name, int64_t v,
+                                         char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = settable(name, LLMRETRY_OPTTYPE_INT, err, errlen);
+    if (!o || !opt)
+        return LLMRETRY_EINVAL;
+    llmretry_status st = lr_option_check_int(opt, v, err, errlen);
+    if (st == LLMRETRY_OK)
+        put_int(o, opt, v);
+    return st;
+}
+
+llmretry_status llmretry_options_set_bool(llmretry_options *o, const char *name, int v,
+                                          char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = settable(name, LLMRETRY_OPTTYPE_BOOL, err, errlen);
+    if (!o || !opt)
+        return LLMRETRY_EINVAL;
+    put_int(o, opt, v != 0);
+    return LLMRETRY_OK;
+}
+
+llmretry_status llmretry_options_set_text(llmretry_options *o, const char *name, const char *v,
+                                          char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = settable(name, LLMRETRY_OPTTYPE_TEXT, err, errlen);
+    if (!o || !opt)
+        return LLMRETRY_EINVAL;
+    if (!v)
+        return llmretry_options_unset(o, name, err, errlen);
+    if (opt->type == LLMRETRY_OPTTYPE_TEXT) {
+        memcpy((char *)o + opt->offset, &v, sizeof v);   /* borrowed: see the header */
+        return LLMRETRY_OK;
+    }
+    for (int i = 0; opt->choices[i]; i++)
+        if (strcmp(opt->choices[i], v) == 0) {
+            put_int(o, opt, i);
+            return LLMRETRY_OK;
+        }
+    char list[128];
+    lr_option_choices(opt, list, sizeof list);
+    /* The value is not repeated: it could be a secret pasted in the wrong place. */
+    lr_errf(err, errlen, "%s must be one of %s (got another string)", opt->name, list);
+    return LLMRETRY_EINVAL;
+}
+
+llmretry_status lr_option_check_statuses(size_t n, char *err, size_t errlen)
+{
+    if (n == 0) {
+        lr_errf(err, errlen, "retry_statuses must not be empty (use max_retries = 0 to never "
+                "retry)");
+        return LLMRETRY_EINVAL;
+    }
+    if (n > LLMRETRY_MAX_STATUSES) {
+        lr_errf(err, errlen, "retry_statuses must list at most %d statuses (got %zu)",
+                LLMRETRY_MAX_STATUSES, n);
+        return LLMRETRY_EINVAL;
+    }
+    return LLMRETRY_OK;
+}
+
+llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *v, size_t n,
+                                              char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = llmretry_option_find("retry_statuses");
+    if (!o || (n && !v)) {
+        lr_errf(err, errlen, "%s must not be NULL", !o ? "options" : "retry_statuses");
+        return LLMRETRY_EINVAL;
+    }
+    if (lr_option_check_statuses(n, err, errlen) != LLMRETRY_OK)
+        return LLMRETRY_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] < opt->min || v[i] > opt->max) {
+            lr_errf(err, errlen, "retry_statuses[%zu] must be an HTTP status, %s (got %d)", i,
+                    opt->range, v[i]);
+            return LLMRETRY_EINVAL;
+        }
+    memcpy(o->retry_statuses, v, n * sizeof *v);
+    o->n_retry_statuses = n;
+    return LLMRETRY_OK;
+}
+
+llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, char *err,
+                                       size_t errlen)
+{
+    const llmretry_option_info *opt = llmretry_option_find(name);
+    if (!o || !opt) {
+        lr_errf(err, errlen, "unknown option '%s'", name ? name : "(null)");
+        return LLMRETRY_EINVAL;
+    }
+    if (!(opt->flags & LLMRETRY_OPTFLAG_NULLABLE)) {
+        lr_errf(err, errlen, "%s must be %s (got null)", opt->name, llmretry_option_expects(opt));
+        return LLMRETRY_EINVAL;
+    }
+    switch (opt->type) {
+    case LLMRETRY_OPTTYPE_TEXT:
+        memset((char *)o + opt->offset, 0, sizeof(const char *));
+        break;
+    case LLMRETRY_OPTTYPE_INT:
+        o->deadline_ms = LLMRETRY_NO_DEADLINE;   /* the one nullable integer */
+        break;
+    case LLMRETRY_OPTTYPE_STATUSES:
+        o->n_retry_statuses = 0;
+        break;
+    case LLMRETRY_OPTTYPE_HEADERS:
+        o->headers = NULL;
+        o->n_headers = 0;
+        break;
+    default:
+        break;
+    }
+    return LLMRETRY_OK;
+}
+
+llmretry_status lr_options_check_table(const llmretry_options *o, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < N_TABLE; i++) {
+        const llmretry_option_info *opt = &TABLE[i];
+        if (opt->type != LLMRETRY_OPTTYPE_INT && opt->type != LLMRETRY_OPTTYPE_ENUM)
+            continue;
+        int64_t v = get_int(o, opt);
+        if (opt->type == LLMRETRY_OPTTYPE_ENUM) {
+            int n = 0;
+            while (opt->choices[n])
+                n++;
+            if (v < 0 || v >= n) {
+                char list[128];
+                lr_option_choices(opt, list, sizeof list);
+                lr_errf(err, errlen, "%s must be one of %s (got %" PRId64 ")", opt->name, list,
+                        v);
+                return LLMRETRY_EINVAL;
+            }
+        } else if (!(opt->flags & LLMRETRY_OPTFLAG_NULLABLE && v == LLMRETRY_NO_DEADLINE) &&
+                   lr_option_check_int(opt, v, err, errlen) != LLMRETRY_OK) {
+            return LLMRETRY_EINVAL;
+        }
+    }
+    return LLMRETRY_OK;
+}
