@@ -91,5 +91,6 @@ build = {
       ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",
+      ["llmretry.scheduler"] = "lua/llmretry/scheduler.lua",
    },
 }

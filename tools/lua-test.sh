@@ -46,6 +46,14 @@ rockspec=rockspecs/llmretry-scm-1.rockspec
 for src in core/src/*.c bindings/lua/*.c; do
   grep -q "\"$src\"" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec" >&2; exit 1; }
 done
+# Likewise each pure-Lua module, under the name require() finds it by: the
+# suite runs the installed tree, so an unlisted one would only fail there
+# (the host tests read lua/ directly and would not notice).
+for src in lua/llmretry/*.lua; do
+  mod="$(basename "$src" .lua)"
+  if [ "$mod" = init ]; then entry="llmretry = \"$src\""; else entry="[\"llmretry.$mod\"] = \"$src\""; fi
+  grep -qF "$entry" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec as: $entry" >&2; exit 1; }
+done
 
 # The mock server needs the Python package importable, extension included.
 if ! PYTHONPATH="$repo/python" python3 -c "import llmretry.testing" 2>/dev/null; then

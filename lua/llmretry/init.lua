@@ -11,8 +11,9 @@
 --   * outside a pool, call_llm blocks: it waits on the handle in 50 ms slices;
 --   * inside a map_with_concurrency worker, call_llm submits to the pool's
 --     engine and yields the worker's coroutine (in Lua, never across C); the
---     pool's scheduler waits on the engine's fd for all workers at once and
---     resumes a worker when its call has news.
+--     pool (llmretry.scheduler, with its blocking driver) waits on the
+--     group's fd for all workers at once and resumes a worker when its call
+--     has news.
 --
 -- The module keeps no global mutable state: the default engine and the
 -- registry of running pools live in upvalues of this chunk, so each Lua state
@@ -23,9 +24,8 @@ local core = require("llmretry.core")
 local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
 local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
 local string, table, io = string, table, io
-local co_create, co_resume, co_yield, co_status, co_running =
-    coroutine.create, coroutine.resume, coroutine.yield, coroutine.status, coroutine.running
 local co_isyieldable = coroutine.isyieldable
+local scheduler = require("llmretry.scheduler")
 
 local M = {}
 
@@ -181,19 +181,16 @@ local function submit_default(sub, level)
   return h
 end
 
--- Running pools, by the coroutine of each worker (weak: a worker coroutine
--- dropped by a pool that raised is collected).
-local pool_of = setmetatable({}, { __mode = "k" })
-
--- A unique value a worker yields to say "resume me when this handle has news".
-local WAIT = setmetatable({}, { __tostring = function() return "llmretry.WAIT" end })
+-- This module's pools: sched.current() is the context of the pool whose
+-- worker is running ({ engine, group, logger, policy }), and a worker waits
+-- for a handle's news with sched.wait(h).
+local sched = scheduler.new("llmretry")
 
 -- ---------------------------------------------------------------------------
 -- call_llm
 
 function M.call_llm(opts)
-  local co = co_running()
-  local pool = co and pool_of[co] or nil
+  local pool = sched.current()
   local sub, ctx, engine = split_options(opts, 2, pool)
   local pooled = false
   if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
@@ -206,42 +203,11 @@ function M.call_llm(opts)
   local h
   if engine then h = submit(engine, sub, 2) else h = submit_default(sub, 2) end
   if pooled then
-    while not drain(h, ctx) do co_yield(WAIT, h) end
+    while not drain(h, ctx) do sched.wait(h) end
   else
     while not drain(h, ctx) do h:wait(50) end
   end
   return h:result()
-end
-
--- ---------------------------------------------------------------------------
--- The scheduler: wait on one engine's fd for many handles at once.
-
--- Run until `finished()` is true. `watch` maps a handle to the function that
--- takes its news; the engine reports each handle with news once per batch.
--- `step` (optional) runs first on every turn and says whether it did work.
--- `source` is an engine or a group: whatever reports the watched calls' news.
-local function run_loop(source, watch, finished, step)
-  while not finished() do
-    local progressed = step and step() or false
-    if finished() then break end
-    local hs = source:poll()
-    for i = 1, #hs do
-      local h = hs[i]
-      local fn = watch[h]
-      if fn then fn(h) end
-    end
-    if #hs == 0 and not progressed and not finished() and not source:wait(100) then
-      -- Nothing for 100 ms (or the engine was closed under us, which
-      -- cancels its calls): look at every watched handle, so that no call
-      -- can wait forever on a wakeup that never comes.
-      local list = {}
-      for h in pairs(watch) do list[#list + 1] = h end
-      for i = 1, #list do
-        local fn = watch[list[i]]
-        if fn then fn(list[i]) end
-      end
-    end
-  end
 end
 
 -- ---------------------------------------------------------------------------
@@ -285,8 +251,7 @@ local function map_impl(items, limit, worker, opts, pool_policy)
   end
 
   local n = #items
-  local results, errors = { n = n }, {}
-  if n == 0 then return results, errors end
+  if n == 0 then return { n = 0 }, {} end
 
   local owned = opts.engine == nil
   local engine = opts.engine or core.new_engine()
@@ -294,74 +259,20 @@ local function map_impl(items, limit, worker, opts, pool_policy)
   -- one group, at most `limit` at once, paused by a 429's named wait and
   -- narrowed by a burst of them, exactly as call_many's items are.
   local group = engine:group{ limit = limit, adaptive = true }
-  local pool = { engine = engine, group = group, logger = logger or nil, policy = pool_policy }
-  local watch = {}          -- handle -> resume function
-  local ready = {}          -- coroutines that yielded something else: resume next turn
-  local index_of = {}       -- coroutine -> item index
-  local active, next_i, stopped = 0, 1, false
-  local first_failure = nil
+  local driver = scheduler.blocking(group)
+  local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
+    return_errors = return_errors,
+    context = { engine = engine, group = group, logger = logger or nil, policy = pool_policy } }
 
-  local function finish(co, i, ok, value)
-    active = active - 1
-    index_of[co] = nil
-    pool_of[co] = nil
-    if ok then
-      results[i] = value
-    else
-      errors[i] = value
-      if not return_errors and not first_failure then
-        first_failure = i
-        stopped = true
-      end
-    end
-  end
-
-  -- Resume `co` until it waits for a call, yields, or ends.
-  local function step(co, ...)
-    local i = index_of[co]
-    local ok, a, b = co_resume(co, ...)
-    if co_status(co) == "dead" then
-      finish(co, i, ok, a)
-    elseif a == WAIT then
-      watch[b] = function(h)
-        watch[h] = nil
-        step(co)
-      end
-    else
-      -- The worker yielded on its own: give the others a turn first.
-      ready[#ready + 1] = co
-    end
-  end
-
-  local function fill()
-    while not stopped and active < limit and next_i <= n do
-      local i = next_i
-      next_i = i + 1
-      local item = items[i]
-      local co = co_create(function() return (worker(item, i)) end)
-      index_of[co] = i
-      pool_of[co] = pool
-      active = active + 1
-      step(co)
-    end
-  end
-
-  local function turn()
-    fill()
-    if #ready == 0 then return false end
-    local now = ready
-    ready = {}
-    for _, co in ipairs(now) do step(co) end
-    fill()
-    return true
-  end
-
-  local ok, perr = pcall(run_loop, group, watch,
-    function() return active == 0 and (stopped or next_i > n) end, turn)
+  local ok, perr = pcall(function()
+    pool.start()
+    driver.run(pool.finished)
+  end)
   group:close()
   if owned then engine:close() end
   if not ok then error(perr, 0) end
 
+  local results, errors, first_failure = pool.results, pool.errors, pool.first_failure
   if first_failure then
     error(setmetatable({ index = first_failure, error = errors[first_failure],
       results = results, errors = errors }, pool_error_mt), 2)
@@ -489,7 +400,7 @@ local function call_many_impl(bodies, opts, new_key)
 
   local ok, perr = pcall(function()
     start()
-    run_loop(group, watch, function() return active == 0 and next_i > n end,
+    scheduler.run_loop(group, watch, function() return active == 0 and next_i > n end,
       function() start() return false end)
   end)
   outs.stats = group:stats()
@@ -635,8 +546,7 @@ function Client:call_llm(opts)
   if getmetatable(self) ~= Client then
     error("llmretry: call client:call_llm(opts) with a colon", 2)
   end
-  local co = co_running()
-  local pool = co and pool_of[co] or nil
+  local pool = sched.current()
   local o, auto, model = resolve(self, opts, 2, false, pool and pool.policy or nil)
   if auto then o.idempotency_key = new_idempotency_key() end
   o.body = with_model(o.body, model)

@@ -40,9 +40,9 @@ local core = require("llmretry.core")
 
 local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
 local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
-local string, math = string, math
-local co_create, co_resume, co_yield, co_status, co_running =
-  coroutine.create, coroutine.resume, coroutine.yield, coroutine.status, coroutine.running
+local string = string
+local co_running = coroutine.running
+local scheduler = require("llmretry.scheduler")
 
 local vim = vim
 local uv = vim.uv or vim.loop
@@ -71,10 +71,17 @@ local watching = false
 local pending = {}          -- core handle -> call record, until its "done" is taken
 local npending = 0
 local live = setmetatable({}, { __mode = "k" })   -- core handles not yet collected (stats)
-local pool_of = setmetatable({}, { __mode = "k" }) -- worker coroutine -> its pool
 
--- What a waiting coroutine yields (a pool resumes it when its call is done).
-local AWAIT = setmetatable({}, { __tostring = function() return "llmretry.nvim.AWAIT" end })
+-- This module's pools (llmretry.scheduler): sched.current() is the context
+-- of the pool whose worker is running ({ calls, cancelled, logger }). Their
+-- driver is the main loop: a worker waiting on a call record is woken by the
+-- record's completion (delivered by vim.schedule, below), and one that
+-- yields on its own is resumed by vim.schedule.
+local sched = scheduler.new("llmretry.nvim")
+local driver = {
+  wait = function(rec, wake) rec.wake = wake end,
+  later = function(fn) vim.schedule(fn) end,
+}
 
 local function notify(msg, level)
   vim.schedule(function()
@@ -256,15 +263,13 @@ local function cancel_rec(rec)
   if rec.h then rec.h:cancel() end
 end
 
--- Resume a coroutine waiting for its call, on the main loop.
-local function resume(co, res, err)
-  local pool = pool_of[co]
-  if pool then return pool.step(co, res, err) end
-  local ok, e = co_resume(co, res, err)
-  if not ok then
-    error(debug.traceback(co, "llmretry.nvim: a coroutine waiting for a call raised: "
-      .. tostring(e)), 0)
-  end
+-- On the main loop, the call of a waiting coroutine is done: its pool
+-- resumes it (rec.wake), or, in no pool, it is resumed here.
+local function resume(rec, co, res, err)
+  local wake = rec.wake
+  if wake then return wake(res, err) end
+  scheduler.resume_detached(co, "llmretry.nvim: a coroutine waiting for a call raised: ",
+    res, err)
 end
 
 -- ---------------------------------------------------------------------------
@@ -282,18 +287,18 @@ function M.call_llm(opts, callback)
       error("llmretry: callback must be a function (got nil); call without one only from a "
         .. "coroutine (a map_with_concurrency worker)", 2)
     end
-    local pool = pool_of[co]
+    local pool = sched.current()
     local rec
     rec = start(opts, function(res, err)
       if pool then pool.calls[rec] = nil end
-      resume(co, res, err)
+      resume(rec, co, res, err)
     end, 2, pool)
     if pool then
       pool.calls[rec] = true
       -- A cancelled pool's later calls end at once, as cancelled.
       if pool.cancelled then cancel_rec(rec) end
     end
-    return co_yield(AWAIT, rec)
+    return sched.wait(rec)
   end
   if not is_callable(callback) then argerror(2, "callback", "a function", callback) end
   local rec = start(opts, callback, 2)
@@ -333,74 +338,27 @@ function M.map_with_concurrency(items, limit, worker, on_done, opts)
     argerror(2, "opts.logger", "a function, false or nil", logger)
   end
 
-  local n = #items
-  local results, errors, nerrors = { n = n }, {}, 0
-  local pool = { calls = {}, cancelled = false, logger = logger or nil }
-  local index_of = {}
-  local active, next_i, stopped, finished = 0, 1, false, false
-  local fill
-
-  local function maybe_finish()
-    if not finished and active == 0 and (stopped or next_i > n) then
-      finished = true
-      vim.schedule(function() on_done(results, nerrors > 0 and errors or nil) end)
-    end
-  end
-
-  -- Resume `co` until it waits for a call, yields, or ends.
-  local function step(co, ...)
-    local i = index_of[co]
-    local ok, a = co_resume(co, ...)
-    if co_status(co) == "dead" then
-      active = active - 1
-      index_of[co] = nil
-      pool_of[co] = nil
-      if ok then
-        results[i] = a
-      else
-        errors[i] = a
-        nerrors = nerrors + 1
-        if not return_errors then stopped = true end
-      end
-      fill()
-      maybe_finish()
-    elseif a ~= AWAIT then
-      -- The worker yielded on its own: resume it on a later turn of the loop.
-      vim.schedule(function() step(co) end)
-    end
-  end
-  pool.step = step
-
-  fill = function()
-    while not stopped and active < limit and next_i <= n do
-      local i = next_i
-      next_i = i + 1
-      local item = items[i]
-      local co = co_create(function() return (worker(item, i)) end)
-      index_of[co] = i
-      pool_of[co] = pool
-      active = active + 1
-      step(co)
-    end
-  end
+  local ctx = { calls = {}, cancelled = false, logger = logger or nil }
+  local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
+    return_errors = return_errors, context = ctx,
+    on_finish = function(p)
+      vim.schedule(function() on_done(p.results, p.nerrors > 0 and p.errors or nil) end)
+    end }
 
   -- Workers start on the main loop, after this returns.
-  vim.schedule(function()
-    fill()
-    maybe_finish()
-  end)
+  vim.schedule(pool.start)
 
   local handle = {}
   -- Stop new starts and cancel the calls in flight; the workers see
   -- cancelled errors, and on_done still runs once they have finished.
   function handle.cancel()
-    stopped = true
-    pool.cancelled = true
+    pool.stop()
+    ctx.cancelled = true
     local recs = {}
-    for rec in pairs(pool.calls) do recs[#recs + 1] = rec end
+    for rec in pairs(ctx.calls) do recs[#recs + 1] = rec end
     for _, rec in ipairs(recs) do cancel_rec(rec) end
   end
-  function handle.done() return finished end
+  function handle.done() return pool.done end
   return handle
 end
 
