@@ -356,6 +356,14 @@ static int parse_layer(const char *json, size_t len, const char *what, cJSON **o
     return 0;
 }
 
+/* Does this layer name an endpoint (a url or base_url that is not null)? */
+static int has_endpoint(const cJSON *layer)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(layer, "url");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(layer, "base_url");
+    return (u && !cJSON_IsNull(u)) || (b && !cJSON_IsNull(b));
+}
+
 llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char *name,
                                           const char *explicit_json, size_t explicit_len,
                                           const char *defaults_json, size_t defaults_len,
@@ -378,19 +386,31 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
         cJSON_Delete(ex);
         return LLMRETRY_EINVAL;
     }
+    /* The endpoint is one setting made of two keys: the highest layer that
+     * names one (url or base_url) gives both, so a policy's base_url beats
+     * a client's default url and a call's url beats a policy's base_url. */
+    const cJSON *endpoint = has_endpoint(ex) ? ex : has_endpoint(pol) ? pol
+                          : has_endpoint(def) ? def : NULL;
     cJSON *out = cJSON_CreateObject();
     llmretry_status st = out ? LLMRETRY_OK : LLMRETRY_ENOMEM;
     const key_rule *r;
     for (size_t i = 0; st == LLMRETRY_OK && (r = key_at(i)); i++) {
         /* In a call's or a client's options null means "not given"; in a
          * policy it means "unset" (no deadline, the default statuses). */
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(ex, r->name);
-        if (!v || cJSON_IsNull(v))
-            v = cJSON_GetObjectItemCaseSensitive(pol, r->name);
-        if (!v) {
-            v = cJSON_GetObjectItemCaseSensitive(def, r->name);
+        const cJSON *v;
+        if (strcmp(r->name, "base_url") == 0) {
+            v = endpoint ? cJSON_GetObjectItemCaseSensitive(endpoint, "base_url") : NULL;
             if (v && cJSON_IsNull(v))
                 v = NULL;
+        } else {
+            v = cJSON_GetObjectItemCaseSensitive(ex, r->name);
+            if (!v || cJSON_IsNull(v))
+                v = cJSON_GetObjectItemCaseSensitive(pol, r->name);
+            if (!v) {
+                v = cJSON_GetObjectItemCaseSensitive(def, r->name);
+                if (v && cJSON_IsNull(v))
+                    v = NULL;
+            }
         }
         cJSON *copy = v ? cJSON_Duplicate(v, 1) : cJSON_Parse(r->builtin);
         if (v && check_rule(r, v, why, sizeof why) != 0) {
@@ -402,6 +422,16 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
             copy = NULL;
         }
         cJSON_Delete(copy);
+    }
+    /* url is not a policy key: listed only when the endpoint's layer set it. */
+    const cJSON *url = endpoint ? cJSON_GetObjectItemCaseSensitive(endpoint, "url") : NULL;
+    if (st == LLMRETRY_OK && cJSON_IsString(url)) {
+        if (check_text(llmretry_option_find("url"), url, why, sizeof why) != 0) {
+            lr_errf(err, errlen, "%s", why);
+            st = LLMRETRY_EINVAL;
+        } else if (!cJSON_AddStringToObject(out, "url", url->valuestring)) {
+            st = LLMRETRY_ENOMEM;
+        }
     }
     cJSON_Delete(ex);
     cJSON_Delete(def);

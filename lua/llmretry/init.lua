@@ -503,20 +503,25 @@ local function resolve(self, opts, level, many, pool_policy)
     out.call_deadline_ms, out.deadline_ms = out.deadline_ms, nil
   end
   local explicit_url = opts.url ~= nil or opts.base_url ~= nil
-  local model
+  local model, auto
   if p then
-    for k, v in pairs(p) do
+    -- The policy over the client's defaults, as the core resolves it.
+    local layer = self.policies:layer(name, self.defaults)
+    for k, v in pairs(layer) do
+      if v == core.null then v = nil end
       if k == "model" then
         model = v
       elseif k == "idempotency_key" then
-        -- "auto": a fresh key per call, below
-      elseif k == "base_url" then
-        if not explicit_url then out.url = nil; out.base_url = v end
-      elseif k == "deadline_ms" and many then
-        out.call_deadline_ms = v
+        auto = v == "auto"       -- a fresh key per call, by the caller
       else
         out[k] = v
       end
+    end
+    out.url = layer.url
+    if many then
+      -- A client's or a policy's deadline_ms is per call; call_many's own
+      -- is the whole batch's.
+      out.call_deadline_ms, out.deadline_ms = out.deadline_ms, nil
     end
     out.policy = name
   end
@@ -524,11 +529,11 @@ local function resolve(self, opts, level, many, pool_policy)
     if k ~= "policy" then out[k] = v end
   end
   if explicit_url then
+    -- The endpoint is one setting: the caller's url or base_url replaces both.
     if opts.url == nil then out.url = nil end
     if opts.base_url == nil then out.base_url = nil end
   end
-  local auto = p ~= nil and p.idempotency_key == "auto" and opts.idempotency_key == nil
-  return out, auto, model
+  return out, auto and opts.idempotency_key == nil, model
 end
 
 -- A body with `model` filled in when it is a table without one.

@@ -96,6 +96,27 @@ function Policies:unknown(name)
     #list > 0 and table.concat(list, ", ") or "none")
 end
 
+-- The options policy `name` gives over `defaults` (a client's call
+-- options), as the core resolves them: every policy key (llm.null = unset)
+-- and `url` when the endpoint's layer set one (the endpoint is one setting:
+-- a policy's base_url beats a client's url). Cached per policy: a client's
+-- defaults never change.
+function Policies:layer(name, defaults)
+  local cache = self._layers
+  if not cache then cache = setmetatable({}, { __mode = "k" }); self._layers = cache end
+  local by_name = cache[defaults]
+  if not by_name then by_name = {}; cache[defaults] = by_name end
+  if by_name[name] then return by_name[name] end
+  local d = {}
+  for k, v in pairs(defaults or {}) do
+    if IS_KEY[k] or k == "url" then d[k] = v end
+  end
+  local json, err = core.resolve_policy(self._json[name], nil, core.encode(setmetatable(d, nil)))
+  if not json then error("llmretry: " .. err, 3) end
+  by_name[name] = core.decode(json)
+  return by_name[name]
+end
+
 -- name -> the 14 keys of each policy: its own settings over `defaults` (a
 -- table of call options, optional: a client's) over the built-in defaults;
 -- llm.null = unset. The precedence is the core's.

@@ -26,7 +26,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from . import _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
-from ._policies import (Policy, PolicySource, load_policies,
+from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json, load_policies,
                         new_idempotency_key)
 from ._pool import map_with_concurrency as _map_with_concurrency
 from .errors import LLMError, error_from_outcome
@@ -279,6 +279,7 @@ _CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
     ("statuses", True): _statuses, ("headers", True): _headers,
 }
 _NULLABLE = 1   # LLMRETRY_OPTFLAG_NULLABLE
+_ENDPOINT = ("url", "base_url")
 
 # Every call keyword but body, client and policy, in the order of
 # call_llm's signature (its values tuple): the core's options, then the
@@ -458,10 +459,17 @@ class _Plan:
         self.auto_key = auto_key
 
     def with_options(self, options: Iterable[Tuple[str, Any]]) -> "_Plan":
-        """A new plan: this one with ``options`` (public names) applied."""
+        """A new plan: this one with ``options`` (public names) applied, as a
+        higher layer (explicit over client defaults over built-in)."""
         kwargs = dict(self.kwargs)
         validate = self.validate
         event_mask = self.event_mask
+        options = list(options)
+        if any(name in _ENDPOINT for name, _ in options):
+            # The endpoint is one setting of two keys: a layer naming url or
+            # base_url replaces both (the core's rule: llmretry/policies.h).
+            for name in _ENDPOINT:
+                kwargs.pop(name, None)
         for name, value in options:
             if name == "logger":
                 sink = event_sink(value)
@@ -504,17 +512,23 @@ class _PolicyPlan:
 
     def __init__(self, policy: Policy, client_plan: _Plan) -> None:
         self.policy = policy
-        settings = policy.settings
-        options = [(k, v) for k, v in settings.items()
-                   if k not in ("model", "idempotency_key")]
-        plan = client_plan.with_options(options)
-        if settings.get("base_url") is not None:
-            plan.kwargs.pop("url", None)    # the policy's base_url beats a default url
+        # The core resolves the policy over the client's defaults (policies.h:
+        # policy > client defaults > built-in, the endpoint as one setting);
+        # explicit keywords go over this plan per call.
+        layer = {k: v for k, v in client_plan.kwargs.items()
+                 if k in POLICY_KEYS or k in _ENDPOINT}
+        resolved = json.loads(_llmretry.resolve_policy(
+            _to_json(dict(policy.settings)), None, _to_json(layer)))
+        model, auto = resolved.pop("model"), resolved.pop("idempotency_key")
+        resolved.setdefault("url", None)
+        # Built-in values the client did not override are the engine's own.
+        plan = client_plan.with_options(
+            (k, v) for k, v in resolved.items()
+            if k in client_plan.kwargs or v != BUILTIN_DEFAULTS.get(k))
         plan.kwargs["policy"] = policy.name
         self.plan = plan
-        model = settings.get("model")
         self.model: Optional[str] = model if isinstance(model, str) else None
-        self.auto_key = settings.get("idempotency_key") == "auto"
+        self.auto_key = auto == "auto"
 
     def body(self, body: Any) -> Any:
         """The body with the policy's model when it is a dict naming none."""

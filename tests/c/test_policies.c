@@ -179,6 +179,59 @@ static void test_precedence(void)
     llmretry_policies_free(p);
 }
 
+/* The endpoint's two keys come from one layer: the highest that names one. */
+static char *endpoint_of(const llmretry_policies *p, const char *name, const char *ex,
+                         const char *def)
+{
+    char err[LLMRETRY_ERRBUF] = "", *got = NULL, *out = NULL;
+    CHECK_INT(llmretry_policies_resolve(p, name, ex, ex ? strlen(ex) : 0, def,
+                                        def ? strlen(def) : 0, &got, err, sizeof err),
+              LLMRETRY_OK);
+    cJSON *g = got ? cJSON_Parse(got) : NULL;
+    const cJSON *u = cJSON_GetObjectItem(g, "url"), *b = cJSON_GetObjectItem(g, "base_url");
+    char buf[300];
+    snprintf(buf, sizeof buf, "url=%s base_url=%s", cJSON_IsString(u) ? u->valuestring : "-",
+             cJSON_IsString(b) ? b->valuestring : "-");
+    out = strdup(buf);
+    cJSON_Delete(g);
+    llmretry_free(got);
+    return out;
+}
+
+static void test_endpoint(void)
+{
+    char err[LLMRETRY_ERRBUF] = "";
+    const char *doc = "{\"p\": {\"base_url\": \"http://policy/v1\"}, \"q\": {\"timeout_ms\": 5}}";
+    llmretry_policies *p = NULL;
+    CHECK_INT(llmretry_policies_parse(doc, strlen(doc), NULL, &p, err, sizeof err), LLMRETRY_OK);
+    const char *def_both = "{\"url\": \"http://default/x\", \"base_url\": \"http://d/v1\"}";
+    static const struct { const char *pol, *ex, *def, *want; } t[] = {
+        { "p", NULL, NULL, "url=- base_url=http://policy/v1" },
+        /* The policy's base_url beats a client's url. */
+        { "p", NULL, "{\"url\": \"http://default/x\"}", "url=- base_url=http://policy/v1" },
+        /* A call's url or base_url beats the policy's. */
+        { "p", "{\"url\": \"http://call/x\"}", NULL, "url=http://call/x base_url=-" },
+        { "p", "{\"base_url\": \"http://call/v1\"}", NULL, "url=- base_url=http://call/v1" },
+        /* A call's base_url beats a client's url (not just the policy's). */
+        { "q", "{\"base_url\": \"http://call/v1\"}", "{\"url\": \"http://default/x\"}",
+          "url=- base_url=http://call/v1" },
+        { NULL, "{\"base_url\": \"http://call/v1\"}", "{\"url\": \"http://default/x\"}",
+          "url=- base_url=http://call/v1" },
+        /* A policy without one leaves the client's; null is "not given". */
+        { "q", "{\"url\": null}", "{\"url\": \"http://default/x\"}", "url=http://default/x base_url=-" },
+        { NULL, NULL, NULL, "url=- base_url=-" },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        char *got = endpoint_of(p, t[i].pol, t[i].ex, t[i].def);
+        CHECK_MSG(got && strcmp(got, t[i].want) == 0, "case %zu: %s, want %s", i, got, t[i].want);
+        free(got);
+    }
+    char *got = endpoint_of(p, "q", NULL, def_both);
+    CHECK_STR(got, "url=http://default/x base_url=http://d/v1");
+    free(got);
+    llmretry_policies_free(p);
+}
+
 static void test_check_value(void)
 {
     char err[LLMRETRY_ERRBUF];
@@ -200,6 +253,7 @@ int main(void)
     test_text_errors();
     test_resolved();
     test_precedence();
+    test_endpoint();
     test_check_value();
     return th_summary("test_policies");
 }

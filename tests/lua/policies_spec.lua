@@ -226,6 +226,23 @@ describe("policies", function()
       check(#scen.requests() == 1 and #other.requests() == 1, "explicit base_url not used")
     end)
 
+    it("the endpoint is one setting: a policy's base_url beats a client's url", function()
+      local scen, other, third = mock:scen("ep"), mock:scen("ep_other"), mock:scen("ep_third")
+      local c = llm.client{ policies = { p = { base_url = third.url }, q = { timeout_ms = 5000 } },
+        url = other.url .. "/chat/completions", api_key = H.SECRET_KEY, max_retries = 0 }
+      local body = H.secret_body(scen.name)
+      check(c:call_llm{ body = body, policy = "p", logger = false } ~= nil, "policy p failed")
+      check(#third.requests() == 1 and #other.requests() == 0, "policy base_url lost to url")
+      check(c:call_llm{ body = body, policy = "q", logger = false } ~= nil, "policy q failed")
+      check(#other.requests() == 1, "client url not used under a policy without an endpoint")
+      check(c:call_llm{ body = body, policy = "q", base_url = scen.url, logger = false } ~= nil,
+        "explicit base_url failed")
+      check(#scen.requests() == 1, "explicit base_url lost to the client's url")
+      check(c:call_llm{ body = body, policy = "p", url = scen.url .. "/chat/completions",
+        logger = false } ~= nil, "explicit url failed")
+      check(#scen.requests() == 2 and #third.requests() == 1, "explicit url lost to the policy")
+    end)
+
     it("idempotency_key auto: the same key on every attempt, a new one per call", function()
       local scen = mock:scen("idem")
       scen.script({ { status = 503 }, {}, { status = 503 }, {} })

@@ -229,6 +229,30 @@ def test_model_and_base_url_from_policy(scen: Scenario) -> None:
         assert len(other.requests()) == 2
 
 
+def test_an_explicit_base_url_replaces_a_default_url(scen: Scenario) -> None:
+    """The endpoint is one setting: a layer naming url or base_url replaces
+    both of the lower layer's (a client's url lost to a call's base_url only
+    under a policy before; without one the client's url won)."""
+    other, third = scen.sub("other"), scen.sub("third")
+    pols = {"q": {"timeout_ms": 5000}, "p": {"base_url": third.url}}
+    with llmretry.Client(policies=pols, url=other.url + "/chat/completions",
+                         api_key=SECRET_KEY) as c:
+        body = {"model": "m", "messages": []}
+        c.call_llm(body, base_url=scen.url, logger=None)
+        c.call_llm(body, base_url=scen.url, policy="q", logger=None)
+        assert len(scen.requests()) == 2 and not other.requests()
+        # A policy without an endpoint leaves the client's url.
+        c.call_llm(body, policy="q", logger=None)
+        assert len(other.requests()) == 1
+        # A policy's base_url beats the client's url; a call's url beats it.
+        c.call_llm(body, policy="p", logger=None)
+        assert len(third.requests()) == 1
+        c.call_llm(body, policy="p", url=scen.url + "/chat/completions", logger=None)
+        assert len(scen.requests()) == 3 and len(third.requests()) == 1
+        res = c.call_many([body], policy="q", base_url=third.url, logger=None)
+        assert not res.errors() and len(third.requests()) == 2
+
+
 def test_auto_idempotency_key(scen: Scenario) -> None:
     with llmretry.Client.from_file(EXAMPLES / "policies.toml", api_key=SECRET_KEY,
                                    base_url=scen.url, **QUICK) as c:

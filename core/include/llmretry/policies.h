@@ -41,7 +41,10 @@ char *llmretry_policies_get_json(const llmretry_policies *p, const char *name);
  * explicit_json and defaults_json are JSON objects of call options (NULL or
  * empty = none; keys that are not policy keys are ignored; null = not
  * given); their policy keys are checked by the same rules. EINVAL for an
- * unknown policy ("unknown policy 'x' (known: 'a', 'b')") or a bad value. */
+ * unknown policy ("unknown policy 'x' (known: 'a', 'b')") or a bad value.
+ * The endpoint is one setting of two keys: the highest layer naming url or
+ * base_url gives both (a policy's base_url beats a default url); the output
+ * has "url" only when that layer set it. */
 llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char *name,
                                           const char *explicit_json, size_t explicit_len,
                                           const char *defaults_json, size_t defaults_len,

@@ -1,0 +1,26 @@
+#include "assembly.h"
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+/* Input: chunks separated by newlines, each parsed as JSON. */
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)
+{
+    lr_asm *a = lr_asm_new();
+    size_t i = 0;
+    while (i < n) {
+        const uint8_t *e = memchr(d + i, '\n', n - i);
+        size_t l = e ? (size_t)(e - (d + i)) : n - i;
+        cJSON *c = cJSON_ParseWithLength((const char *)d + i, l);
+        lr_asm_add(a, c);
+        cJSON_Delete(c);
+        i += l + 1;
+    }
+    cJSON *r = lr_asm_result(a);
+    char *t = lr_asm_result_text(a, NULL);
+    char *t2 = r ? cJSON_PrintUnformatted(r) : NULL;
+    if (t && t2 && strcmp(t, t2) != 0) abort();   /* both forms agree */
+    free(t); free(t2); cJSON_Delete(r);
+    lr_asm_free(a);
+    return 0;
+}
