@@ -153,9 +153,13 @@ typedef struct lr_sse_payload {
     lr_sse_kind kind;
     /* CHUNK: some choice has a non-null finish_reason / some has none yet. */
     int has_finish_reason, has_open_choice;
-    /* ERROR: the provider's code (error.code as text, else error.type, else
-     * error.status; malloc'd, NULL = none; never the message, which may
-     * echo the prompt), its class and the HTTP status it stands for. */
+    /* ERROR: the provider's code (error.code if a string, else error.type,
+     * else error.status, else a numeric error.code as text: the order
+     * lr_http_error uses; "insufficient_quota" for QUOTA; malloc'd, NULL =
+     * none; never the message, which may echo the prompt), its class and
+     * the HTTP status it stands for: a 400..599 code or status the
+     * provider gave, else 429 (RATE_LIMIT, QUOTA), 503 (overloaded,
+     * unavailable), 500 (other SERVER), 400 (OTHER). */
     char *code;
     lr_sse_err_class err_class;
     int status;
@@ -164,8 +168,9 @@ typedef struct lr_sse_payload {
 } lr_sse_payload;
 
 /* Classify one event. event may be NULL ("message"). With doc non-NULL,
- * *doc gets the parsed object (the caller's, to cJSON_Delete) unless the
- * kind is INVALID, so the engine parses each chunk once. Returns 0, or
+ * *doc gets the parsed object (the caller's, to cJSON_Delete), so the
+ * engine parses each chunk once; NULL when the data is not a JSON object
+ * (INVALID, or an event: error whose data is not JSON). Returns 0, or
  * LR_SSE_NOMEM when the code could not be copied (p->code is then NULL). */
 int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payload *p,
                     struct cJSON **doc);
