@@ -77,6 +77,8 @@ build = {
             "core/src/policy.c",
             "core/src/response.c",
             "core/src/sockets.c",
+            "core/src/sse.c",
+            "core/src/sse_payload.c",
             "core/src/timers.c",
             "core/src/transfer.c",
          },

@@ -1,0 +1,213 @@
+/* sse_payload.c — what one SSE event's data says (DESIGN §10, "Errors
+ * inside the stream"): a chunk, and whether it finishes its choices; an
+ * error, judged by its code the way an HTTP status would be; or data no
+ * host could decode. The text is checked and parsed by lr_parse_body
+ * (response.c), the same gate a 2xx body goes through: UTF-8, no raw
+ * control characters, at most LLMRETRY_MAX_BODY_DEPTH deep, an object.
+ *
+ * Shapes seen in the wild, all handled:
+ *   OpenAI, LiteLLM, vLLM: data: {"error": {"message", "type", "code", "param"}}
+ *   Anthropic:             event: error / data: {"type": "error", "error": {"type": ...}}
+ *   llama.cpp server:      error: {"code": 500, "message": ..., "type": "server_error"}
+ *                          (the reader types it "error"; the object is the error)
+ *   Gemini (OpenAI compat): {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED"}}
+ * The message is never kept: providers echo the request in it. */
+#include "sse.h"
+#include "internal.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Codes and types by what a retry would make of them, compared without
+ * case (Google's statuses are upper case). */
+static const char *const quota_names[] = {"insufficient_quota", NULL};
+static const char *const rate_names[] = {"rate_limit_exceeded", "rate_limit_error",
+                                         "too_many_requests", "resource_exhausted", NULL};
+static const char *const busy_names[] = {"overloaded", "overloaded_error",
+                                         "service_unavailable", "unavailable", NULL};
+static const char *const internal_names[] = {"server_error", "api_error", "internal_error",
+                                             "internal", NULL};
+
+static int ieq(const char *a, const char *b)
+{
+    for (; *a && *b; a++, b++) {
+        char c = *a >= 'A' && *a <= 'Z' ? (char)(*a - 'A' + 'a') : *a;
+        if (c != *b)
+            return 0;
+    }
+    return *a == *b;
+}
+
+static int in_list(const char *s, const char *const *names)
+{
+    for (; s && *names; names++)
+        if (ieq(s, *names))
+            return 1;
+    return 0;
+}
+
+static const cJSON *item(const cJSON *obj, const char *key)
+{
+    return obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+}
+
+/* A non-empty string member, or NULL. */
+static const char *str_item(const cJSON *obj, const char *key)
+{
+    const cJSON *v = item(obj, key);
+    return cJSON_IsString(v) && v->valuestring[0] ? v->valuestring : NULL;
+}
+
+/* An HTTP error status carried by a value: a whole number, or a string of
+ * three digits, in 400..599. 0 otherwise. */
+static int http_status(const cJSON *v)
+{
+    if (cJSON_IsNumber(v)) {
+        double d = v->valuedouble;
+        if (d >= 400 && d <= 599 && d == (double)(int)d)
+            return (int)d;
+    } else if (cJSON_IsString(v)) {
+        const char *s = v->valuestring;
+        if (strlen(s) == 3 && s[0] >= '4' && s[0] <= '5' && s[1] >= '0' && s[1] <= '9' &&
+            s[2] >= '0' && s[2] <= '9')
+            return (s[0] - '0') * 100 + (s[1] - '0') * 10 + (s[2] - '0');
+    }
+    return 0;
+}
+
+/* The provider's code as text: code, else type, else status (the order
+ * lr_http_error uses for an HTTP error body, so both paths name an error
+ * alike), else a numeric code. *nomem set when a copy failed. */
+static char *code_text(const cJSON *e, int *nomem)
+{
+    const char *s = str_item(e, "code");
+    char num[32];
+    if (!s)
+        s = str_item(e, "type");
+    if (!s)
+        s = str_item(e, "status");
+    if (!s) {
+        const cJSON *c = item(e, "code");
+        if (!cJSON_IsNumber(c) || !(c->valuedouble >= -1e15 && c->valuedouble <= 1e15) ||
+            c->valuedouble != (double)(long long)c->valuedouble)
+            return NULL;            /* not a whole number: no code */
+        snprintf(num, sizeof num, "%lld", (long long)c->valuedouble);
+        s = num;
+    }
+    char *copy = lr_strdup(s);
+    *nomem = copy == NULL;
+    return copy;
+}
+
+/* Fill the error fields from the error object e (NULL: an error with
+ * nothing known about it). */
+static int classify_error(const cJSON *e, lr_sse_payload *p)
+{
+    const char *names[3] = {str_item(e, "code"), str_item(e, "type"), str_item(e, "status")};
+    int nomem = 0;
+    int status = http_status(item(e, "code"));
+    if (!status)
+        status = http_status(item(e, "status"));
+    p->kind = LR_SSE_ERROR;
+    p->err_class = LR_SSE_ERR_OTHER;
+    for (int i = 0; i < 3 && p->err_class == LR_SSE_ERR_OTHER; i++) {
+        if (in_list(names[i], quota_names))
+            p->err_class = LR_SSE_ERR_QUOTA;
+        else if (in_list(names[i], rate_names))
+            p->err_class = LR_SSE_ERR_RATE_LIMIT;
+        else if (in_list(names[i], busy_names) || in_list(names[i], internal_names))
+            p->err_class = LR_SSE_ERR_SERVER;
+    }
+    /* The quota check of the policy (rule 3) looks for this exact code on a
+     * 429, whatever field or case the provider used. */
+    p->code = p->err_class == LR_SSE_ERR_QUOTA ? lr_strdup("insufficient_quota")
+                                               : code_text(e, &nomem);
+    if (p->err_class == LR_SSE_ERR_QUOTA && !p->code)
+        nomem = 1;
+    /* A status the provider gave is the truth; else the class's own. */
+    if (!status) {
+        int busy = 0;
+        for (int i = 0; i < 3; i++)
+            busy = busy || in_list(names[i], busy_names);
+        status = p->err_class == LR_SSE_ERR_RATE_LIMIT || p->err_class == LR_SSE_ERR_QUOTA ? 429
+               : p->err_class == LR_SSE_ERR_SERVER ? (busy ? 503 : 500)
+               : 400;
+    } else if (p->err_class == LR_SSE_ERR_OTHER && llmretry_status_retryable(NULL, status)) {
+        p->err_class = status == 429 ? LR_SSE_ERR_RATE_LIMIT : LR_SSE_ERR_SERVER;
+    }
+    p->status = status;
+    return nomem ? LR_SSE_NOMEM : 0;
+}
+
+/* Which choices a chunk finishes: a finish_reason that is neither null
+ * nor "" ends its choice. */
+static void classify_chunk(const cJSON *doc, lr_sse_payload *p)
+{
+    const cJSON *choices = item(doc, "choices"), *ch;
+    p->kind = LR_SSE_CHUNK;
+    if (!cJSON_IsArray(choices))
+        return;
+    cJSON_ArrayForEach(ch, choices) {
+        if (!cJSON_IsObject(ch))
+            continue;
+        const cJSON *fr = item(ch, "finish_reason");
+        if (fr && !cJSON_IsNull(fr) && !(cJSON_IsString(fr) && fr->valuestring[0] == '\0'))
+            p->has_finish_reason = 1;
+        else
+            p->has_open_choice = 1;
+    }
+}
+
+int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payload *p,
+                    cJSON **doc_out)
+{
+    const char *why;
+    int rc = 0;
+    int error_event = event && strcmp(event, "error") == 0;
+    memset(p, 0, sizeof *p);
+    if (doc_out)
+        *doc_out = NULL;
+    cJSON *doc = lr_parse_body(data ? data : "", data ? len : 0, &why);
+    if (!doc || !cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        if (error_event)
+            return classify_error(NULL, p);     /* an error, nothing known about it */
+        p->kind = LR_SSE_INVALID;
+        p->why = why;
+        return 0;
+    }
+    const cJSON *e = item(doc, "error");
+    if (cJSON_IsObject(e))
+        rc = classify_error(e, p);
+    else if (cJSON_IsString(e))
+        rc = classify_error(NULL, p);           /* {"error": "text"}: no code */
+    else if (error_event)
+        rc = classify_error(e ? NULL : doc, p); /* llama.cpp: the object is the error */
+    else
+        classify_chunk(doc, p);
+    if (doc_out)
+        *doc_out = doc;
+    else
+        cJSON_Delete(doc);
+    return rc;
+}
+
+void lr_sse_payload_clear(lr_sse_payload *p)
+{
+    free(p->code);
+    memset(p, 0, sizeof *p);
+}
+
+void lr_sse_payload_failure(const lr_sse_payload *p, llmretry_failure *f)
+{
+    memset(f, 0, sizeof *f);
+    if (p->kind == LR_SSE_ERROR) {
+        f->kind = LLMRETRY_ERR_HTTP_STATUS;
+        f->status = p->status;
+        f->error_code = p->code;
+    } else if (p->kind == LR_SSE_INVALID) {
+        f->kind = LLMRETRY_ERR_INVALID_RESPONSE;
+    }
+}
