@@ -58,6 +58,7 @@ build = {
             "bindings/lua/options.c",
             "bindings/lua/policies.c",
             "core/src/admission.c",
+            "core/src/assembly.c",
             "core/src/attempt.c",
             "core/src/call.c",
             "core/src/channel.c",

@@ -1,9 +1,11 @@
+/* libFuzzer target for the stream assembler (core/src/assembly.c): any
+ * sequence of chunks, one JSON text per line, must assemble without a
+ * crash or a leak, and its two result forms (tree, text) must agree. */
 #include "assembly.h"
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-/* Input: chunks separated by newlines, each parsed as JSON. */
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)
 {
     lr_asm *a = lr_asm_new();
