@@ -62,9 +62,10 @@ def extension() -> Extension:
         define_macros=[("_GNU_SOURCE", None)],
         extra_compile_args=["-std=c11", "-O2"]
         + [f for f in flags if f.startswith("-") and f[:2] not in ("-I", "-L", "-l")],
-        depends=[str(HEADER.relative_to(ROOT)), *parts, "core/src/internal.h",
-                 "core/src/engine.h", "bindings/python/binding.h", "bindings/python/policies.h", "bindings/python/pool.h",
-                 "bindings/python/results.h"],
+        # Every private header: a change to any rebuilds the extension.
+        depends=[str(HEADER.relative_to(ROOT)), *parts,
+                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "core" / "src").glob("*.h")),
+                 *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bindings" / "python").glob("*.h"))],
     )
 
 

@@ -6,6 +6,7 @@
  * burst of them narrows its window, exactly as for call_many and for Lua's
  * map_with_concurrency. */
 #include "pool.h"
+#include "condvar.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -37,22 +38,7 @@ static _Thread_local lr_pool *tls_pool;
 
 static int64_t mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timespec mono_after(int64_t ms)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += (ms % 1000) * 1000000L;
-    if (t.tv_nsec >= 1000000000L) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000L;
-    }
-    return t;
+    return lr_cond_now_ms();
 }
 
 lr_pool *lr_pool_current(void)
@@ -232,10 +218,10 @@ static int pool_wait(lr_pool *p, pthread_t *threads, int n_threads)
     for (;;) {
         int running;
         Py_BEGIN_ALLOW_THREADS
-        struct timespec until = mono_after(WAKE_MS);
+        int64_t until = mono_ms() + WAKE_MS;
         pthread_mutex_lock(&p->mu);
         if (p->running > 0)
-            pthread_cond_timedwait(&p->cv, &p->mu, &until);
+            lr_cond_wait_until(&p->cv, &p->mu, until);
         running = p->running;
         pthread_mutex_unlock(&p->mu);
         Py_END_ALLOW_THREADS
@@ -367,11 +353,7 @@ PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
     p.adaptive = adaptive;
     atomic_init(&p.stop, 0);
     pthread_mutex_init(&p.mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p.cv, &ca);
-    pthread_condattr_destroy(&ca);
+    lr_cond_init(&p.cv);
 
     int n_threads = (int)(limit < p.n ? limit : p.n);
     pthread_t *threads = PyMem_Calloc((size_t)(n_threads ? n_threads : 1), sizeof *threads);

@@ -3,6 +3,7 @@
  * engine does with it is in transfer.c (an attempt on the wire) and
  * outcome.c (what a finished attempt means). */
 #include "engine.h"
+#include "condvar.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -230,11 +231,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     if (!c)
         return LLMRETRY_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    lr_cond_init(&c->cv);
     atomic_init(&c->refs, 1);
     c->engine = e;                  /* the engine reference is taken by the caller */
     c->flags = flags;

@@ -5,6 +5,7 @@
  * call's mailbox, wakes a thread blocked on it, and lists the call on its
  * channel for a host that polls. */
 #include "engine.h"
+#include "condvar.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -182,24 +183,15 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
 
 llmretry_status llmretry_call_wait(llmretry_call *c, int64_t timeout_ms)
 {
-    struct timespec until;
     if (lr_forked(c->engine))
         return LLMRETRY_ESTATE;
-    if (timeout_ms >= 0) {
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (timeout_ms % 1000) * 1000000;
-        if (until.tv_nsec >= 1000000000) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000;
-        }
-    }
+    int64_t until = timeout_ms >= 0 ? lr_time_add(lr_cond_now_ms(), timeout_ms) : -1;
     llmretry_status st = LLMRETRY_OK;
     pthread_mutex_lock(&c->mu);
     while (!has_mail(c)) {
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->cv, &c->mu);
-        } else if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT) {
+        } else if (lr_cond_wait_until(&c->cv, &c->mu, until) == ETIMEDOUT) {
             st = has_mail(c) ? LLMRETRY_OK : LLMRETRY_ETIMEDOUT;
             break;
         }
