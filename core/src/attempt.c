@@ -2,6 +2,7 @@
  * and letting the policy (policy.c) decide what happens next: success,
  * a retry after a wait (a timer, timers.c), or the end of the call. */
 #include "engine.h"
+#include "stream.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,17 @@ static void detach_easy(llmretry_engine *e, llmretry_call *c)
     easy_put(e, c->easy);
     c->easy = NULL;
     e->in_flight--;
+    lr_timer_remove(e, c);          /* a stream's: the attempt is over */
+}
+
+/* What succeeded / gave_up events say of a streaming call. */
+static void stream_fields(const llmretry_call *c, llmretry_event *ev)
+{
+    const llmretry_result *r = &c->result;
+    ev->stream = r->stream;
+    ev->chunks = r->chunks;
+    ev->ttft_ms = r->ttft_ms;
+    ev->stream_reason = r->stream_reason;
 }
 
 /* ---- the end of a call --------------------------------------------------- */
@@ -58,6 +70,8 @@ static void finish(llmretry_engine *e, llmretry_call *c)
     r->attempts = c->attempts_started;
     r->attempt = r->attempts > 0 ? r->attempts - 1 : 0;
     r->total_ms = lr_mono_ms() - c->submitted_at;
+    if (!r->stream)
+        r->ttft_ms = -1;
     c->state = LR_DONE;
     lr_timer_remove(e, c);
     lr_live_unlink(e, c);
@@ -81,8 +95,11 @@ static void succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t du
     r->usage = usage;
     r->response_model = response_model;
     r->system_fingerprint = fingerprint;
+    if (c->stream_req || c->st)
+        lr_stream_result(c, 0);
     llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_SUCCEEDED);
     if (ev) {
+        stream_fields(c, ev);
         ev->status = status;
         ev->duration_ms = duration_ms;
         ev->usage = usage;
@@ -102,6 +119,7 @@ static const char *reason_text(llmretry_giveup_reason r)
     case LLMRETRY_REASON_RETRY_AFTER_TOO_LONG: return "the server asked to wait longer than max_retry_after_ms";
     case LLMRETRY_REASON_UNSAFE_MODE: return "retry_mode is unsafe and the request may have reached the server";
     case LLMRETRY_REASON_CANCELLED: return "cancelled";
+    case LLMRETRY_REASON_STREAM_INTERRUPTED: return "the stream broke after chunks were delivered (not retried: they would repeat)";
     default: return "failed";
     }
 }
@@ -112,8 +130,16 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
     r->ok = 0;
     r->reason = reason;
     r->kind = reason == LLMRETRY_REASON_CANCELLED ? LLMRETRY_ERR_CANCELLED
+            : reason == LLMRETRY_REASON_STREAM_INTERRUPTED ? LLMRETRY_ERR_STREAM_INTERRUPTED
             : reason == LLMRETRY_REASON_DEADLINE ? LLMRETRY_ERR_DEADLINE_EXCEEDED
             : c->last_kind;
+    if (reason == LLMRETRY_REASON_CANCELLED && c->st) {
+        /* A stream the host was reading, stopped by the host. */
+        pthread_mutex_lock(&c->mu);
+        if (c->st->committed)
+            r->stream_reason = LLMRETRY_STREAM_CANCELLED;
+        pthread_mutex_unlock(&c->mu);
+    }
     r->status = c->last_status;
     r->duration_ms = c->last_duration_ms;
     r->retry_after_ms = c->last_retry_after_ms;
@@ -129,8 +155,11 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
         snprintf(buf, sizeof buf, "gave up after %d attempt%s: %s", n, n == 1 ? "" : "s",
                  reason_text(reason));
     r->message = lr_strdup(buf);
+    if (c->stream_req || c->st)
+        lr_stream_result(c, r->stream_reason != LLMRETRY_STREAM_NONE);
     llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_GAVE_UP);
     if (ev) {
+        stream_fields(c, ev);
         ev->attempt = n > 0 ? n - 1 : 0;
         ev->reason = reason;
         ev->attempts = n;
@@ -195,7 +224,14 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
     }
     int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
     c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE && left < c->o.timeout_ms;
-    lr_call_setup_easy(c, easy, timeout);
+    int64_t curl_timeout = timeout;
+    if (c->stream_req) {
+        /* timeout_ms bounds a stream up to its first chunk (the engine's
+         * timer, stream.c); libcurl's bound is the deadline, or none. */
+        curl_timeout = left == LLMRETRY_NO_DEADLINE ? 0 : left;
+        c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE;
+    }
+    lr_call_setup_easy(c, easy, curl_timeout);
     CURLMcode mrc = curl_multi_add_handle(e->multi, easy);
     if (mrc != CURLM_OK) {
         easy_put(e, easy);
@@ -217,6 +253,10 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
     c->attempts_started = c->attempt + 1;
     c->state = LR_RUNNING;
     e->in_flight++;
+    if (c->stream_req && lr_timer_update(e, c) != 0) {
+        lr_attempt_finished(e, c, CURLE_OUT_OF_MEMORY);   /* no timer: it could hang */
+        return;
+    }
 }
 
 /* Record a failed attempt, tell the host, and let the policy decide. */
@@ -250,6 +290,13 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
         lr_post(c, ev);
     }
 
+    if (lr_stream_attempt_failed(c)) {
+        /* The host has read chunks of this attempt: another would repeat
+         * them. The call ends, with what was assembled so far. */
+        c->result.stream_reason = lr_stream_reason_of(c, f->kind);
+        lr_give_up(e, c, LLMRETRY_REASON_STREAM_INTERRUPTED);
+        return;
+    }
     int64_t now = lr_mono_ms();
     int64_t left = deadline_left(c, now);
     llmretry_decision d = llmretry_decide(&c->o, f, c->attempt, lr_unix_ms(), left,
@@ -319,6 +366,8 @@ static int resend(llmretry_engine *e, llmretry_call *c)
     int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
     int64_t spent = now - c->attempt_started_at;
     timeout = timeout - spent > 0 ? timeout - spent : 1;
+    if (c->stream_req)
+        timeout = left == LLMRETRY_NO_DEADLINE ? 0 : left > 0 ? left : 1;   /* as at the start */
     curl_multi_remove_handle(e->multi, c->easy);
     lr_call_setup_resend(c, timeout);
     if (curl_multi_add_handle(e->multi, c->easy) != CURLM_OK) {

@@ -4,6 +4,7 @@
  * outcome.c (what a finished attempt means). */
 #include "engine.h"
 #include "condvar.h"
+#include "stream.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -154,6 +155,7 @@ static int build_headers(llmretry_call *c, const char *api_key, int key_from_env
 static void call_destroy(llmretry_call *c)
 {
     /* The mailbox is empty here: each queued event held a reference. */
+    lr_stream_free(c);
     free(c->url);
     free(c->body);
     free(c->model);
@@ -264,8 +266,16 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         oom = 1;
 
     if (!oom && !bad_json) {
+        size_t body_len = opts->body_len;
+        char *with_usage = NULL;
+        c->stream_req = lr_stream_request(c->body, body_len, opts->stream_usage, &with_usage,
+                                          &body_len);
+        if (with_usage) {
+            free(c->body);
+            c->body = with_usage;
+        }
         c->o.body = c->body;
-        c->o.body_len = opts->body_len;
+        c->o.body_len = body_len;
         c->o.model = c->model;
         c->o.policy = c->policy;
         c->o.ca_file = c->ca_file;

@@ -5,6 +5,7 @@
  * from the I/O thread. This file holds the loop, the op queue and the
  * engine's life cycle; see engine.h for the other parts. */
 #include "engine.h"
+#include "stream.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -95,6 +96,8 @@ static void process_ops(llmretry_engine *e, llmretry_call *c)
         }
         if ((ops & LR_OP_VALIDATED) && c->state == LR_VALIDATING)
             lr_attempt_validated(e, c);
+        if ((ops & LR_OP_RESUME) && c->state == LR_RUNNING)
+            lr_stream_resume(e, c);
         if (ops & LR_OP_CANCEL)
             lr_cancel(e, c);
         lr_call_unref(c);           /* the reference the op queue held */
@@ -109,7 +112,9 @@ static void fire_timers(llmretry_engine *e)
     int64_t now = lr_mono_ms();
     llmretry_call *c;
     while ((c = lr_timer_take_due(e, now))) {
-        if (c->deadline_at >= 0 && now >= c->deadline_at) {
+        if (c->state == LR_RUNNING) {
+            lr_stream_timer(e, c, now);     /* the only running calls with a timer */
+        } else if (c->deadline_at >= 0 && now >= c->deadline_at) {
             if (!c->last_message)
                 c->last_message = lr_strdup(
                     c->state == LR_GROUP_QUEUED

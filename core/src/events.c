@@ -10,6 +10,7 @@
 static const char *const event_names[] = {
     "llm_request_started", "llm_request_failed", "llm_request_error",
     "llm_retry_scheduled", "llm_request_succeeded", "llm_request_gave_up",
+    "llm_stream_chunk",
 };
 
 const char *llmretry_event_name(llmretry_event_type t)
@@ -40,6 +41,7 @@ void llmretry_event_free(llmretry_event *ev)
     free(ev->error_message);
     free(ev->response_model);
     free(ev->system_fingerprint);
+    free(ev->chunk);
     llmretry_call *c = ev->call;
     free(ev);
     lr_call_unref(c);
@@ -55,7 +57,8 @@ enum { F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY,
        F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_STATUS, F_DURATION_MS, F_RETRY_AFTER,
        F_ERROR_CODE, F_BODY_PREVIEW, F_ERROR_KIND, F_ERROR_MESSAGE, F_DELAY_MS,
        F_DELAY_SOURCE, F_NEXT_ATTEMPT, F_USAGE, F_RESPONSE_MODEL,
-       F_SYSTEM_FINGERPRINT, F_REASON, F_ATTEMPTS, F_TOTAL_MS, F_END = -1 };
+       F_SYSTEM_FINGERPRINT, F_REASON, F_ATTEMPTS, F_TOTAL_MS, F_STREAM, F_TTFT_MS,
+       F_CHUNKS, F_STREAM_REASON, F_END = -1 };
 
 #define COMMON F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY
 static const int fields_started[] = { COMMON, F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_END };
@@ -67,8 +70,13 @@ static const int fields_succeeded[] = { COMMON, F_STATUS, F_DURATION_MS, F_USAGE
                                         F_RESPONSE_MODEL, F_SYSTEM_FINGERPRINT, F_END };
 static const int fields_gave_up[] = { COMMON, F_REASON, F_ATTEMPTS, F_TOTAL_MS,
                                       F_ERROR_KIND, F_STATUS, F_END };
+static const int fields_chunk[] = { F_END };
+/* Only for calls that stream: what follows a succeeded / gave_up event's own
+ * fields (never the text of a chunk). */
+static const int fields_stream[] = { F_STREAM, F_TTFT_MS, F_CHUNKS, F_END };
 static const int *const field_tables[] = {
     fields_started, fields_failed, fields_error, fields_retry, fields_succeeded, fields_gave_up,
+    fields_chunk,
 };
 
 static const char *const field_names[] = {
@@ -76,14 +84,31 @@ static const char *const field_names[] = {
     "status", "duration_ms", "retry_after", "error_code", "body_preview",
     "error_kind", "error_message", "delay_ms", "delay_source", "next_attempt",
     "usage", "response_model", "system_fingerprint", "reason", "attempts", "total_ms",
+    "stream", "ttft_ms", "chunks", "stream_reason",
 };
 
-size_t llmretry_event_field_count(const llmretry_event *ev)
+static size_t own_count(const llmretry_event *ev)
 {
     size_t n = 0;
     for (const int *f = field_tables[ev->type]; *f != F_END; f++)
         n++;
     return n;
+}
+
+/* Streaming calls' succeeded and gave_up events carry the stream fields
+ * (gave_up: and stream_reason, when the stream broke). */
+static size_t stream_count(const llmretry_event *ev)
+{
+    if (!ev->stream || (ev->type != LLMRETRY_EV_REQUEST_SUCCEEDED &&
+                        ev->type != LLMRETRY_EV_REQUEST_GAVE_UP))
+        return 0;
+    return 3 + (ev->type == LLMRETRY_EV_REQUEST_GAVE_UP &&
+                ev->stream_reason != LLMRETRY_STREAM_NONE);
+}
+
+size_t llmretry_event_field_count(const llmretry_event *ev)
+{
+    return own_count(ev) + stream_count(ev);
 }
 
 static void set_int(llmretry_field *out, int64_t v)
@@ -102,7 +127,9 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
 {
     if (index >= llmretry_event_field_count(ev))
         return -1;
-    int f = field_tables[ev->type][index];
+    size_t own = own_count(ev);
+    int f = index < own ? field_tables[ev->type][index]
+          : index - own < 3 ? fields_stream[index - own] : F_STREAM_REASON;
     const llmretry_call *c = ev->call;
     *out = (llmretry_field){ .name = field_names[f], .type = LLMRETRY_FIELD_NULL };
     switch (f) {
@@ -140,6 +167,16 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
     case F_REASON: set_str(out, llmretry_reason_name(ev->reason)); break;
     case F_ATTEMPTS: set_int(out, ev->attempts); break;
     case F_TOTAL_MS: set_int(out, ev->total_ms); break;
+    case F_STREAM:
+        out->type = LLMRETRY_FIELD_BOOL;
+        out->i = ev->stream != 0;
+        break;
+    case F_TTFT_MS:
+        if (ev->ttft_ms >= 0)
+            set_int(out, ev->ttft_ms);
+        break;
+    case F_CHUNKS: set_int(out, ev->chunks); break;
+    case F_STREAM_REASON: set_str(out, llmretry_stream_reason_name(ev->stream_reason)); break;
     }
     return 0;
 }
@@ -157,6 +194,7 @@ char *llmretry_event_to_json(const llmretry_event *ev)
         switch (fl.type) {
         case LLMRETRY_FIELD_NULL: v = cJSON_CreateNull(); break;
         case LLMRETRY_FIELD_INT: v = cJSON_CreateNumber((double)fl.i); break;
+        case LLMRETRY_FIELD_BOOL: v = cJSON_CreateBool(fl.i != 0); break;
         case LLMRETRY_FIELD_STRING: v = cJSON_CreateString(fl.s); break;
         case LLMRETRY_FIELD_USAGE:
             v = cJSON_CreateObject();
@@ -176,4 +214,13 @@ char *llmretry_event_to_json(const llmretry_event *ev)
     char *s = cJSON_PrintUnformatted(obj);
     cJSON_Delete(obj);
     return s;
+}
+
+const char *llmretry_chunk_data(const llmretry_event *item, size_t *len)
+{
+    if (!item || item->type != LLMRETRY_EV_CHUNK)
+        return NULL;
+    if (len)
+        *len = item->chunk_len;
+    return item->chunk;
 }

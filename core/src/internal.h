@@ -123,7 +123,7 @@ struct llmretry_group {
 };
 
 /* Host-to-engine requests, OR-ed into call->ops. */
-enum { LR_OP_SUBMIT = 1, LR_OP_CANCEL = 2, LR_OP_VALIDATED = 4 };
+enum { LR_OP_SUBMIT = 1, LR_OP_CANCEL = 2, LR_OP_VALIDATED = 4, LR_OP_RESUME = 8 };
 
 struct llmretry_event {
     llmretry_event_type type;
@@ -144,6 +144,13 @@ struct llmretry_event {
     llmretry_giveup_reason reason;
     int attempts;
     int64_t total_ms;
+    /* succeeded / gave_up of a streaming call */
+    int stream, chunks;
+    int64_t ttft_ms;
+    llmretry_stream_reason stream_reason;
+    /* LLMRETRY_EV_CHUNK items: the payload (malloc'd) */
+    char *chunk;
+    size_t chunk_len;
 };
 
 struct llmretry_call {
@@ -183,6 +190,9 @@ struct llmretry_call {
     char *hdr_long[LR_H_COUNT];    /* values too long for hdr (malloc'd) */
     int hdr_set[LR_H_COUNT];
     int interim;                   /* reading a 1xx response's headers */
+    int sse;                       /* this response says text/event-stream */
+    int stream_req;                /* the body asks to stream ("stream": true) */
+    struct lr_stream *st;          /* streaming state (stream.c), or NULL */
     char curl_err[CURL_ERROR_SIZE];
     size_t heap_index;             /* in the timer heap, or LR_NO_TIMER */
     int64_t wake_at;               /* the timer's time (heap key) */

@@ -1,11 +1,13 @@
 /* The mailbox: what the engine publishes to the host that owns a call, and
  * the host's side of it. Items come out typed (DESIGN §9): EVENT, VALIDATE
  * and DONE; reading an item with llmretry_call_next is what "delivered to
- * the caller" means. The engine never calls host code: it appends to the
+ * the caller" means; CHUNK items are stream chunks (stream.c). The
+ * engine never calls host code: it appends to the
  * call's mailbox, wakes a thread blocked on it, and lists the call on its
  * channel for a host that polls. */
 #include "engine.h"
 #include "condvar.h"
+#include "stream.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -159,6 +161,7 @@ static int has_mail(const llmretry_call *c)
 llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
 {
     llmretry_mail m = LLMRETRY_MAIL_EMPTY;
+    int resume = 0;
     *ev = NULL;
     if (lr_forked(c->engine))
         return m;
@@ -170,6 +173,11 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
             c->ev_tail = NULL;
         (*ev)->next = NULL;
         m = LLMRETRY_MAIL_EVENT;
+        if ((*ev)->type == LLMRETRY_EV_CHUNK) {
+            /* Delivered: the commit point (stream.h). */
+            m = LLMRETRY_MAIL_CHUNK;
+            resume = lr_stream_delivered(c, (*ev)->chunk_len);
+        }
     } else if (c->validate_pending && !c->validate_seen) {
         c->validate_seen = 1;
         m = LLMRETRY_MAIL_VALIDATE;
@@ -178,6 +186,8 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
         atomic_store(&c->done_read, 1);
     }
     pthread_mutex_unlock(&c->mu);
+    if (resume)
+        lr_queue_op(c, LR_OP_RESUME);   /* the transfer paused on a full mailbox */
     return m;
 }
 
@@ -261,8 +271,8 @@ llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_option
         llmretry_mail m = llmretry_call_next(*out, &ev);
         if (m == LLMRETRY_MAIL_DONE)
             return LLMRETRY_OK;
-        if (m == LLMRETRY_MAIL_EVENT) {
-            if (on_event)
+        if (m == LLMRETRY_MAIL_EVENT || m == LLMRETRY_MAIL_CHUNK) {
+            if (on_event && m == LLMRETRY_MAIL_EVENT)
                 on_event(ev, ud);
             llmretry_event_free(ev);
         } else {

@@ -66,6 +66,10 @@ static const llmretry_option_info TABLE[] = {
     { "headers", LLMRETRY_OPTTYPE_HEADERS, NUL, OFF(headers), 0, 0, NULL, NULL, "null" },
     { "policy", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(policy), 0, 0, NULL, NULL, "null" },
     { "ca_file", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(ca_file), 0, 0, NULL, NULL, "null" },
+    { "idle_timeout_ms", LLMRETRY_OPTTYPE_INT, 0, OFF(idle_timeout_ms), 1, INT64_MAX, "> 0",
+      NULL, "30000" },
+    { "stream_buffer_bytes", LLMRETRY_OPTTYPE_INT, 0, OFF(stream_buffer_bytes), 1, INT64_MAX,
+      "> 0", NULL, "1048576" },
     { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..63", NULL,
       "63" },
 };

@@ -248,6 +248,7 @@ const char *llmretry_error_kind_name(llmretry_error_kind k)
     case LLMRETRY_ERR_DEADLINE_EXCEEDED: return "deadline_exceeded";
     case LLMRETRY_ERR_CANCELLED: return "cancelled";
     case LLMRETRY_ERR_RESPONSE_TOO_LARGE: return "response_too_large";
+    case LLMRETRY_ERR_STREAM_INTERRUPTED: return "stream_interrupted";
     }
     return NULL;
 }
@@ -262,6 +263,23 @@ const char *llmretry_reason_name(llmretry_giveup_reason r)
     case LLMRETRY_REASON_RETRY_AFTER_TOO_LONG: return "retry_after_too_long";
     case LLMRETRY_REASON_UNSAFE_MODE: return "unsafe_mode";
     case LLMRETRY_REASON_CANCELLED: return "cancelled";
+    case LLMRETRY_REASON_STREAM_INTERRUPTED: return "stream_interrupted";
+    }
+    return NULL;
+}
+
+const char *llmretry_stream_reason_name(llmretry_stream_reason r)
+{
+    switch (r) {
+    case LLMRETRY_STREAM_NONE: return NULL;
+    case LLMRETRY_STREAM_NETWORK: return "network";
+    case LLMRETRY_STREAM_IDLE_TIMEOUT: return "idle_timeout";
+    case LLMRETRY_STREAM_ERROR_EVENT: return "error_event";
+    case LLMRETRY_STREAM_TRUNCATED: return "truncated";
+    case LLMRETRY_STREAM_DEADLINE: return "deadline";
+    case LLMRETRY_STREAM_CANCELLED: return "cancelled";
+    case LLMRETRY_STREAM_INVALID_CHUNK: return "invalid_chunk";
+    case LLMRETRY_STREAM_TOO_LARGE: return "too_large";
     }
     return NULL;
 }

@@ -3,6 +3,7 @@
  * with the provider's code, or a 2xx whose body must be UTF-8 JSON; and
  * the preview of a response body for events and errors. Engine thread. */
 #include "engine.h"
+#include "stream.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -133,7 +134,11 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
     long status = 0;
     curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
     out->f.status = (int)status;
-    if (rc != CURLE_OK) {
+    if (lr_stream_owns_outcome(c)) {
+        lr_stream_outcome(c, rc, out);
+        if (out->f.kind == LLMRETRY_ERR_NONE && !out->success)
+            classify_transport(c, rc, out);
+    } else if (rc != CURLE_OK) {
         classify_transport(c, rc, out);
     } else if (status >= 200 && status < 300) {
         /* The body must be UTF-8 JSON, as every host decodes it. */

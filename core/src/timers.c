@@ -2,10 +2,12 @@
  * timer heap, and where it sits follows from the call's state. A call in
  * backoff wakes when its wait ends; a call waiting for admission (a free
  * slot, its batch's pacer, later a rate budget) wakes at its deadline, so a
- * deadline ends the call wherever it waits. Running and validating calls
- * need none: libcurl's timeout is already cut to the deadline, and a
- * validator is the host's. */
+ * deadline ends the call wherever it waits. A running stream wakes for
+ * its first chunk, its idle gaps and its deadline (stream.c). Other running
+ * and validating calls need none: libcurl's timeout is already cut to the
+ * deadline, and a validator is the host's. */
 #include "engine.h"
+#include "stream.h"
 
 #include <stdlib.h>
 
@@ -73,9 +75,13 @@ void lr_timer_remove(llmretry_engine *e, llmretry_call *c)
 }
 
 /* When the call's state needs the loop, or -1 for never. */
-static int64_t due_at(const llmretry_call *c)
+static int64_t due_at(llmretry_call *c)
 {
     switch (c->state) {
+    case LR_RUNNING:
+        /* A streaming request's first chunk, its gaps and its deadline
+         * (stream.c); other attempts have libcurl's timeout. */
+        return c->stream_req || c->st ? lr_stream_due_at(c) : -1;
     case LR_WAITING:
         /* The policy never schedules a retry past the deadline, but a
          * deadline is a deadline: whichever comes first. */

@@ -4,6 +4,7 @@
  * stream or a stale kept-alive connection is re-sent at once, for free
  * (attempt.c decides), anything else ends the attempt. Engine thread. */
 #include "engine.h"
+#include "stream.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -18,10 +19,27 @@
 
 /* ---- response capture ------------------------------------------------- */
 
+/* A 2xx text/event-stream answer is read as a stream (stream.c). */
+static int streams_now(llmretry_call *c)
+{
+    if (c->st && c->st->active)
+        return 1;
+    if (!c->sse)
+        return 0;
+    long status = 0;
+    curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+    return status >= 200 && status < 300 ? 1 : 0;
+}
+
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
+    if (streams_now(c)) {
+        if (!(c->st && c->st->active) && lr_stream_begin(c) != 0)
+            return 0;               /* out of memory: a network-ish failure */
+        return lr_stream_write(c, data, n);
+    }
     if ((int64_t)(c->resp.len + n) > c->o.max_response_bytes) {
         c->too_large = 1;
         return 0;                   /* aborts the transfer: CURLE_WRITE_ERROR */
@@ -117,6 +135,7 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
     if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
         /* A new response (after a 100 Continue, say): forget the last. */
         lr_call_forget_headers(c);
+        c->sse = 0;
         c->interim = is_interim(line, n);
         return n;
     }
@@ -124,6 +143,13 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
     if (!colon)
         return n;
     size_t name_len = (size_t)(colon - line);
+    if (name_len == 12 && strncasecmp(line, "content-type", 12) == 0 && !c->interim) {
+        const char *v = colon + 1, *end = line + n;
+        while (v < end && (*v == ' ' || *v == '\t'))
+            v++;
+        c->sse = (size_t)(end - v) >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+        return n;
+    }
     /* A 1xx response has no body: its Content-Length (if any) says nothing
      * about the final response's size. */
     if (name_len == 14 && strncasecmp(line, "content-length", 14) == 0 && !c->interim) {
@@ -333,7 +359,9 @@ void lr_call_reset_response(llmretry_call *c)
     c->too_large = 0;
     c->curl_err[0] = '\0';
     c->interim = 0;
+    c->sse = 0;
     lr_call_forget_headers(c);
+    lr_stream_reset(c);
 }
 
 void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
@@ -349,7 +377,7 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, c->curl_err);
-    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);   /* 0 = none */
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 #if LIBCURL_VERSION_NUM >= 0x075700
     /* Ending a transfer that is still resolving (timeout, cancel, engine

@@ -82,7 +82,10 @@ typedef enum llmretry_mail {
     LLMRETRY_MAIL_EMPTY = 0,   /* nothing now */
     LLMRETRY_MAIL_EVENT,       /* *ev is set; free it with llmretry_event_free */
     LLMRETRY_MAIL_VALIDATE,    /* the host must call llmretry_call_validated */
-    LLMRETRY_MAIL_DONE         /* the result is ready (repeats once reached) */
+    LLMRETRY_MAIL_DONE,        /* the result is ready (repeats once reached) */
+    /* *ev is a stream chunk (llmretry_chunk_data; free it with
+     * llmretry_event_free). Taking the first one is the commit point. */
+    LLMRETRY_MAIL_CHUNK
 } llmretry_mail;
 
 llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev);

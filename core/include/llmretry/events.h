@@ -20,7 +20,10 @@ typedef enum llmretry_event_type {
     LLMRETRY_EV_REQUEST_ERROR,     /* timeout, network, invalid response... */
     LLMRETRY_EV_RETRY_SCHEDULED,
     LLMRETRY_EV_REQUEST_SUCCEEDED,
-    LLMRETRY_EV_REQUEST_GAVE_UP
+    LLMRETRY_EV_REQUEST_GAVE_UP,
+    /* Not an event: the type of a mailbox item holding one stream chunk
+     * (LLMRETRY_MAIL_CHUNK; read it with llmretry_chunk_data). */
+    LLMRETRY_EV_CHUNK
 } llmretry_event_type;
 
 const char *llmretry_event_name(llmretry_event_type t);
@@ -33,7 +36,8 @@ typedef enum llmretry_field_type {
     LLMRETRY_FIELD_NULL = 0,
     LLMRETRY_FIELD_INT,
     LLMRETRY_FIELD_STRING,
-    LLMRETRY_FIELD_USAGE           /* an object of the three token counts */
+    LLMRETRY_FIELD_USAGE,          /* an object of the three token counts */
+    LLMRETRY_FIELD_BOOL            /* i is 0 or 1 */
 } llmretry_field_type;
 
 typedef struct llmretry_field {
@@ -51,6 +55,10 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
 /* The event as one line of JSON (malloc'd; free with llmretry_free). */
 char *llmretry_event_to_json(const llmretry_event *ev);
 void llmretry_event_free(llmretry_event *ev);
+
+/* The JSON text of a LLMRETRY_EV_CHUNK item (one `data:` payload, as the
+ * server sent it; NUL-terminated), or NULL for any other item. */
+const char *llmretry_chunk_data(const llmretry_event *item, size_t *len);
 
 void llmretry_free(void *p);
 

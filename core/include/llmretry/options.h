@@ -102,6 +102,27 @@ typedef struct llmretry_options {
     int retry_invalid_response;    /* 1 */
     int64_t max_response_bytes;    /* 32 MiB, > 0 */
 
+    /* Streaming (DESIGN §10): a call streams when its body says
+     * "stream": true; a text/event-stream response is read as SSE whatever
+     * the body said. For a streaming request timeout_ms bounds the attempt
+     * up to its first chunk, idle_timeout_ms (30000, > 0) each gap between
+     * two (keep-alive comments count), deadline_ms everything. */
+    int64_t idle_timeout_ms;
+    /* At most this many bytes of unread chunks per call (1 MiB, > 0); past
+     * it the transfer pauses until the host reads (stream_chunks only). */
+    int64_t stream_buffer_bytes;
+    /* 1 = hand each chunk to the host (LLMRETRY_MAIL_CHUNK). Reading the
+     * first one is the commit point: until then a failure is retried and
+     * unread chunks are dropped with their attempt; after it nothing is
+     * retried and a failure ends the call as stream_interrupted. 0 = the
+     * engine only assembles: the result is one chat.completion, the whole
+     * call retryable. */
+    int stream_chunks;
+    /* 1 = add "stream_options": {"include_usage": true} to a streaming body
+     * (a JSON object with "stream": true) that sets no stream_options, so
+     * the stream reports its usage. Hosts set it for bodies they encoded. */
+    int stream_usage;
+
     /* 1 = each 2xx JSON response waits for llmretry_call_validated()
      * from the host before the call succeeds (DESIGN §1). */
     int validate;

@@ -22,7 +22,10 @@ typedef enum llmretry_error_kind {
     LLMRETRY_ERR_INVALID_RESPONSE,
     LLMRETRY_ERR_DEADLINE_EXCEEDED,
     LLMRETRY_ERR_CANCELLED,
-    LLMRETRY_ERR_RESPONSE_TOO_LARGE
+    LLMRETRY_ERR_RESPONSE_TOO_LARGE,
+    /* A stream failed after the host had read a chunk: not retried (its
+     * output would repeat); result.stream_reason says how. */
+    LLMRETRY_ERR_STREAM_INTERRUPTED
 } llmretry_error_kind;
 
 /* "http_status", "timeout", ... ; NULL for NONE. */
@@ -35,10 +38,27 @@ typedef enum llmretry_giveup_reason {
     LLMRETRY_REASON_DEADLINE,
     LLMRETRY_REASON_RETRY_AFTER_TOO_LONG,
     LLMRETRY_REASON_UNSAFE_MODE,
-    LLMRETRY_REASON_CANCELLED
+    LLMRETRY_REASON_CANCELLED,
+    LLMRETRY_REASON_STREAM_INTERRUPTED
 } llmretry_giveup_reason;
 
 const char *llmretry_reason_name(llmretry_giveup_reason r);
+
+/* How a stream failed (result.stream_reason; NONE when it did not). */
+typedef enum llmretry_stream_reason {
+    LLMRETRY_STREAM_NONE = 0,
+    LLMRETRY_STREAM_NETWORK,       /* the connection failed */
+    LLMRETRY_STREAM_IDLE_TIMEOUT,  /* no chunk within timeout_ms / idle_timeout_ms */
+    LLMRETRY_STREAM_ERROR_EVENT,   /* the server sent an error inside the stream */
+    LLMRETRY_STREAM_TRUNCATED,     /* it ended without [DONE] or a finish_reason */
+    LLMRETRY_STREAM_DEADLINE,      /* deadline_ms passed */
+    LLMRETRY_STREAM_CANCELLED,     /* the host cancelled it */
+    LLMRETRY_STREAM_INVALID_CHUNK, /* a chunk that is not a JSON object */
+    LLMRETRY_STREAM_TOO_LARGE      /* above max_response_bytes */
+} llmretry_stream_reason;
+
+/* "network", "idle_timeout", ...; NULL for NONE. */
+const char *llmretry_stream_reason_name(llmretry_stream_reason r);
 
 typedef enum llmretry_delay_source {
     LLMRETRY_DELAY_BACKOFF = 0,
@@ -71,6 +91,17 @@ typedef struct llmretry_result {
     int resends;
     int64_t duration_ms;           /* of the last attempt */
     int64_t total_ms;              /* of the whole call */
+
+    /* Streams: stream is 1 when the request asked to stream or the answer
+     * was SSE; chunks the last attempt received, chunks_delivered those the
+     * host read (LLMRETRY_MAIL_CHUNK), ttft_ms from the call's submit to the
+     * last attempt's first chunk (-1 = none). A stream_interrupted failure
+     * keeps the partial assembled chat.completion in body/body_len. */
+    int stream;
+    int chunks;
+    int chunks_delivered;
+    int64_t ttft_ms;
+    llmretry_stream_reason stream_reason;
 
     /* ok == 1 */
     /* The raw response body. A 2xx body counts as a success only when it
