@@ -79,6 +79,7 @@ build = {
             "core/src/response.c",
             "core/src/sockets.c",
             "core/src/sse.c",
+            "core/src/stream.c",
             "core/src/sse_payload.c",
             "core/src/timers.c",
             "core/src/transfer.c",

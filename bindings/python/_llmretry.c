@@ -69,6 +69,7 @@ PyObject *event_dict(const module_state *st, const llmretry_event *ev)
         PyObject *v;
         switch (f.type) {
         case LLMRETRY_FIELD_INT: v = PyLong_FromLongLong((long long)f.i); break;
+        case LLMRETRY_FIELD_BOOL: v = PyBool_FromLong(f.i != 0); break;
         case LLMRETRY_FIELD_STRING: v = lr_str_or_none(f.s); break;
         case LLMRETRY_FIELD_USAGE: v = lr_usage_dict(st, f.usage); break;
         default: v = Py_None; Py_INCREF(v); break;
@@ -111,6 +112,17 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
                                                          r->retry_after_ms >= 0));
         rc |= put_k(d, k[K_error_code], lr_str_or_none(r->error_code));
         rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
+    }
+    if (!rc && r->stream) {
+        /* A streamed call: what its stream did, and a broken one's partial
+         * chat.completion (body). */
+        rc |= put(d, "stream", PyBool_FromLong(1));
+        rc |= put(d, "chunks", PyLong_FromLong(r->chunks));
+        rc |= put(d, "chunks_delivered", PyLong_FromLong(r->chunks_delivered));
+        rc |= put(d, "ttft_ms", int_or_none((long long)r->ttft_ms, r->ttft_ms >= 0));
+        rc |= put(d, "stream_reason", lr_str_or_none(llmretry_stream_reason_name(r->stream_reason)));
+        if (!r->ok && r->body)
+            rc |= put(d, "body", PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
     }
     if (rc) {
         Py_DECREF(d);

@@ -180,6 +180,11 @@ static int host_keyword(const char *name, PyObject *v, call_args *a, PyObject **
         *on_event = v;
     } else if (strcmp(name, "validate") == 0) {
         *validate = v;
+    } else if (strcmp(name, "stream_usage") == 0 || strcmp(name, "stream_chunks") == 0) {
+        int t = PyObject_IsTrue(v);
+        if (t < 0)
+            return -1;
+        *(name[7] == 'u' ? &a->o.stream_usage : &a->o.stream_chunks) = t;
     } else if (strcmp(name, "as_result") == 0) {
         int t = PyObject_IsTrue(v);
         if (t < 0)

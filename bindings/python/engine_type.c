@@ -177,6 +177,9 @@ int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate)
             if (route_event(rt, ev) < 0)
                 return -1;
             break;
+        case LLMRETRY_MAIL_CHUNK:
+            llmretry_event_free(ev);    /* not asked for (stream_chunks is 0) */
+            break;
         case LLMRETRY_MAIL_VALIDATE:
             if (deliver_validation(c, validate) < 0)
                 return -1;

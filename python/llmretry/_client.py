@@ -63,11 +63,16 @@ class Meta:
         resends: requests sent again at once, not counted as attempts (a
             refused stream, a dead or stale kept-alive connection): the
             server saw at most ``attempts + resends`` requests.
+        stream: True when the call streamed (its body asked to, or the
+            server answered with an event stream).
+        ttft_ms: for a stream, the time from the call's start to the first
+            chunk of the attempt that succeeded (None otherwise).
+        chunks: the chunks that attempt received (0 when not streamed).
     """
 
     __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
                  "usage", "request_id", "model", "response_model",
-                 "system_fingerprint", "resends")
+                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks")
 
     attempt: int
     attempts: int
@@ -80,16 +85,22 @@ class Meta:
     response_model: Optional[str]
     system_fingerprint: Optional[str]
     resends: int
+    stream: bool
+    ttft_ms: Optional[int]
+    chunks: int
 
     def __init__(self, attempt: int, attempts: int, duration_ms: int, total_ms: int,
                  status: int, usage: Optional[Dict[str, int]], request_id: str,
                  model: Optional[str], response_model: Optional[str],
-                 system_fingerprint: Optional[str], resends: int = 0) -> None:
-        # Written out (not the dataclass's) for resends' default: a field
-        # added later must not break code that builds a Meta.
+                 system_fingerprint: Optional[str], resends: int = 0,
+                 stream: bool = False, ttft_ms: Optional[int] = None,
+                 chunks: int = 0) -> None:
+        # Written out (not the dataclass's) for the defaults: a field added
+        # later must not break code that builds a Meta.
         for name, value in zip(self.__slots__, (attempt, attempts, duration_ms, total_ms,
                                                 status, usage, request_id, model,
-                                                response_model, system_fingerprint, resends)):
+                                                response_model, system_fingerprint, resends,
+                                                stream, ttft_ms, chunks)):
             object.__setattr__(self, name, value)
 
     def as_dict(self) -> Dict[str, Any]:
@@ -148,6 +159,7 @@ _set_request_id, _set_model = _SETTERS["request_id"], _SETTERS["model"]
 _set_response_model = _SETTERS["response_model"]
 _set_system_fingerprint = _SETTERS["system_fingerprint"]
 _set_resends = _SETTERS["resends"]
+_set_stream, _set_ttft_ms, _set_chunks = _SETTERS["stream"], _SETTERS["ttft_ms"], _SETTERS["chunks"]
 _new_object = object.__new__
 
 
@@ -164,6 +176,9 @@ def _meta_of(out: Dict[str, Any]) -> Meta:
     _set_response_model(m, out["response_model"])
     _set_system_fingerprint(m, out["system_fingerprint"])
     _set_resends(m, out.get("resends", 0))
+    _set_stream(m, out.get("stream", False))
+    _set_ttft_ms(m, out.get("ttft_ms"))
+    _set_chunks(m, out.get("chunks", 0))
     return m
 
 
@@ -703,6 +718,11 @@ class Client:
     def _run(self, body: Any, plan: _Plan) -> Result:
         """One call with a converted plan: the Result, or raise LLMError."""
         payload, model = _encode_body(body)
+        if type(body) is dict and body.get("stream") is True:
+            # A dict that streams: ask for its usage (the core adds
+            # stream_options unless the body sets them) and assemble.
+            plan = _Plan(dict(plan.kwargs, stream_usage=True), plan.validate,
+                         plan.event_mask, plan.auto_key)
         return self._run_encoded(payload, model, plan)
 
     def _run_encoded(self, payload: bytes, model: Optional[str], plan: _Plan) -> Result:
