@@ -788,7 +788,7 @@ def test_split_writes(mock: MockServer, line_end: str) -> None:
 
 def test_split_writes_arrive_in_separate_reads(mock: MockServer) -> None:
     mock.script("sr", [{"stream": {"chunks": 1, "split_writes": True,
-                                   "split_delay_ms": 200}}])
+                                   "split_delay_ms": 1000}}])
     raw = Raw(mock)
     raw.post("sr")
     raw.head()
