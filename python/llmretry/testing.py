@@ -3,7 +3,8 @@
 It ships in the package so that the project's C, Python and Lua test suites,
 and users testing their own code, can script a server's behaviour request by
 request: statuses, every ``Retry-After`` form, delays, resets, truncated or
-invalid bodies, huge bodies, stalls and trickled responses.
+invalid bodies, huge bodies, stalls, trickled responses and SSE streams
+with every stream fault (``stream``, below).
 
 Python use::
 
@@ -70,7 +71,9 @@ Control API (JSON in and out)
     ``", "``. ``body`` is the body decoded as UTF-8 (invalid bytes replaced).
     ``connection`` is the server-assigned id of the TCP connection (1-based,
     in accept order), so keep-alive reuse is visible. ``step`` is the index of
-    the step used, -1 for ``after``.
+    the step used, -1 for ``after``. The record of a streamed response also
+    has ``"events_sent": int`` and ``"client_gone": bool``, updated as the
+    stream goes (see ``stream``).
 ``DELETE /_mock/requests/<name>`` -> 204 (clears the records).
 ``GET /_mock/connections`` -> ``{"accepted": N}``, TCP connections accepted
     since start.
@@ -154,6 +157,18 @@ Step fields (all optional; unknown fields are ignored)
         every ``interval_ms`` (default 1000); the first byte goes at once.
         The connection stays usable afterwards.
 
+``stream``
+    ``true`` or an object: answer with an SSE stream of
+    ``chat.completion.chunk`` events (``Content-Type: text/event-stream``,
+    chunked), with the stream's faults: chunks and delays, ``end`` one of
+    ``done``, ``no_done``, ``drop``, ``reset``, ``stall``, ``error_event``
+    after ``after`` events, CR/CRLF line ends, keep-alive comments, a BOM,
+    split writes, the usage chunk, tool calls. ``false``: never stream. A
+    request body with ``"stream": true`` gets the default stream from a 2xx
+    step without ``stream``, ``body`` or ``fault``; a non-2xx step answers it
+    with its JSON error. The fields and the records' ``events_sent`` and
+    ``client_gone`` are described in ``llmretry._mock_sse``.
+
 Stalls, delays and trickles wait on an event that ``stop()`` sets, and
 ``stop()`` also shuts down the sockets of open connections, so it returns
 promptly (well under a second) even while threads are stalled.
@@ -187,9 +202,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import (Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple,
-                    Type)
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Set, Tuple, Type)
 from urllib.parse import quote, unquote, urlsplit
+
+from . import _mock_sse
 
 __all__ = ["MockServer", "ScriptError", "main"]
 
@@ -263,6 +280,10 @@ def _check_step(step: Any, where: str) -> Step:
     if fault is not None and fault not in FAULTS:
         raise ScriptError(
             f"{where}: unknown fault {fault!r} (one of {sorted(FAULTS)})")
+    try:
+        _mock_sse.check_stream(step, where)
+    except _mock_sse.BadStream as exc:
+        raise ScriptError(str(exc)) from None
     return step
 
 
@@ -410,8 +431,12 @@ class _State:
         with self.lock:
             self.scenarios[name] = _Scenario(checked, checked_after)
 
-    def consume(self, name: str, record: Record) -> Tuple[Step, int]:
-        """Record a request and return (step, ordinal n) for it."""
+    def consume(self, name: str, record: Record,
+                fields: Callable[[Step], Record]) -> Tuple[Step, int]:
+        """Record a request and return (step, ordinal n) for it.
+
+        ``fields(step)`` gives more fields for the record of that step.
+        """
         with self.lock:
             scenario = self.scenarios.get(name)
             if scenario is None:
@@ -424,9 +449,15 @@ class _State:
                 step, step_index = scenario.after or {}, -1
             record["index"] = index
             record["step"] = step_index
+            record.update(fields(step))
             scenario.records.append(record)
             self.chat_count += 1
             return step, self.chat_count
+
+    def update(self, record: Record, **fields: Any) -> None:
+        """Change fields of a (recorded) record under the lock."""
+        with self.lock:
+            record.update(fields)
 
     def records(self, name: str) -> List[Record]:
         with self.lock:
@@ -782,15 +813,23 @@ class _Handler(BaseHTTPRequestHandler):
             "client_port": int(self.client_address[1]),
             "connection": self.conn_id, "step": 0,
         }
-        step, n = self.server.state.consume(name, record)
-
         request_model: Optional[str] = None
+        doc: Any = None
         try:
             doc = json.loads(body)
             if isinstance(doc, dict) and isinstance(doc.get("model"), str):
                 request_model = doc["model"]
         except ValueError:
             pass
+
+        def stream_fields(chosen: Step) -> Record:
+            # A streamed response's record has its live fields from the
+            # start, so a test may read them during the step's delay.
+            if _mock_sse.stream_options(chosen, doc) is None:
+                return {}
+            return {"events_sent": 0, "client_gone": False}
+
+        step, n = self.server.state.consume(name, record, stream_fields)
 
         self._wait(step.get("delay_ms", 0) / 1000.0)
         fault = step.get("fault")
@@ -807,6 +846,11 @@ class _Handler(BaseHTTPRequestHandler):
 
         status = step.get("status", 200)
         extra = _step_headers(step)
+        stream = _mock_sse.stream_options(step, doc)
+        if stream is not None:
+            self._send_stream(step, stream, status, extra, n, request_model,
+                              doc, record)
+            return
         if fault == "huge":
             self._send_huge(step, status, extra, n, request_model)
             return
@@ -832,6 +876,36 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write(payload[i:i + 1])
             return
         self._write(payload)
+
+    def _send_stream(self, step: Step, opts: Dict[str, Any], status: int,
+                     extra: Sequence[Tuple[str, str]], n: int,
+                     request_model: Optional[str], request: Any,
+                     record: Record) -> None:
+        """An SSE response (see llmretry._mock_sse for the protocol)."""
+        state = self.server.state
+        plan = _mock_sse.Plan(
+            step, opts, n, step.get("model", request_model or "mock-model"),
+            step.get("usage", copy.deepcopy(DEFAULT_USAGE)),
+            _mock_sse.include_usage(request))
+        # HTTP/1.0 has no chunked coding: the body ends with the connection.
+        chunked = opts.get("framing", "chunked") == "chunked" \
+            and self.request_version != "HTTP/1.0"
+        if not chunked:
+            self.close_connection = True
+        headers = _merge_headers(_mock_sse.head_headers(chunked), extra)
+        sender = _mock_sse.Sender(
+            plan, opts, step, self.connection, self.server.stop_event,
+            self._write, self._reset,
+            lambda sent: state.update(record, events_sent=sent), chunked)
+        try:
+            reusable = sender.run(self._head(status, headers, None))
+        except _mock_sse.ClientGone:
+            state.update(record, client_gone=True)
+            reusable = False
+        except _mock_sse.Stopped:
+            reusable = False
+        if not reusable:
+            self.close_connection = True
 
     def _send_huge(self, step: Step, status: int,
                    extra: Sequence[Tuple[str, str]], n: int,

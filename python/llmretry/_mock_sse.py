@@ -1,0 +1,602 @@
+"""Streaming (SSE) responses of the mock chat server (``llmretry.testing``).
+
+A step streams when it has a ``stream`` field that is ``true`` or an object,
+or when the request body is a JSON object with ``"stream": true`` and the
+step has no ``stream``, no ``body`` and no ``fault``, and its status is 2xx
+(other than 204): a real server streams what the client asked to stream. A
+non-2xx step answers a streaming request with its usual JSON error, as real
+servers do before any stream starts; ``"stream": false`` forces the JSON
+body whatever the request says.
+
+The response is ``Content-Type: text/event-stream`` (the step's ``headers``
+may override it) with ``Cache-Control: no-cache``, framed with HTTP/1.1
+chunked transfer coding (every write below is one HTTP chunk), or, with
+``framing: "close"`` or for an HTTP/1.0 request, with no length at all: the
+body ends when the server closes the connection. The step's ``delay_ms``
+delays the headers as usual.
+
+Events
+------
+Every chunk is one event ``data: <chunk JSON>`` followed by a blank line
+(JSON compact, UTF-8 unescaped); a chunk is OpenAI's::
+
+    {"id": "chatcmpl-mock-<n>", "object": "chat.completion.chunk",
+     "created": <int>, "model": <model>, "system_fingerprint": <fp>,
+     "choices": [{"index": 0, "delta": {"role": "assistant",
+                  "content": "..."}, "finish_reason": null}]}
+
+with ``<n>``, ``model`` and ``system_fingerprint`` as for the JSON body. The
+first generated chunk carries ``"role": "assistant"`` in its delta, the
+others only their content. The events, in order:
+
+1. the body chunks: the content deltas (from ``chunks``), then the tool-call
+   chunks (from ``tool_calls``);
+2. the finish chunk: ``"delta": {}``, ``"finish_reason": <finish_reason>``;
+3. the usage chunk ``{..., "choices": [], "usage": <usage>}`` (``usage`` is
+   the step's, default as for the JSON body) when the request body has
+   ``"stream_options": {"include_usage": true}`` or ``usage_chunk`` is true
+   (never when it is false); when it is sent every other generated chunk has
+   ``"usage": null``, as OpenAI does;
+4. ``data: [DONE]``, by ``end``.
+
+``stream`` fields (all optional; ``"stream": true`` is ``{}``)
+--------------------------------------------------------------
+``chunks``
+    an int N >= 1: the content (the step's ``content``, default ``"ok"``)
+    split into N pieces of nearly equal length (code points; some are empty
+    when N exceeds the length); or a list whose items are a string (one
+    content delta), an object ``{"raw": "<text>"}`` (exactly that key: the
+    text written to the body verbatim as one event, e.g. ``"data: not
+    json\\n\\n"`` or ``"event: x\\nid: 3\\ndata: a\\ndata: b\\n\\n"``; with
+    ``line_end`` other than lf each ``\\n`` becomes that line end), or any
+    other object (a chunk object sent as is, never altered). Default: one
+    piece per code point of the content (one empty piece for ""). A content
+    that is not a string is sent as the value of a single delta.
+``tool_calls``
+    a list of ``{"id": str, "name": str, "arguments": str, "chunks": int}``
+    (defaults ``"call_mock_<i>"``, ``"tool"``, ``"{}"``, 2): per tool call one
+    chunk with ``{"index": i, "id", "type": "function", "function": {"name",
+    "arguments": ""}}`` then the arguments in ``chunks`` pieces, each
+    ``{"index": i, "function": {"arguments": piece}}``. With tool calls and
+    neither a step ``content`` nor a ``chunks`` list there are no content
+    deltas, and the first chunk's delta is ``{"role": "assistant", "content":
+    null, "tool_calls": [...]}``.
+``finish_reason``
+    the finish chunk's (default ``"tool_calls"`` with tool calls, else
+    ``"stop"``); null sends no finish chunk.
+``usage_chunk``
+    true: always send the usage chunk; false: never; absent/null: when the
+    request asks (``stream_options.include_usage``).
+``first_delay_ms``, ``delay_ms``
+    wait before the first event, and before each later event (body chunks,
+    finish, usage chunks and the error event); ``[DONE]`` follows the last
+    chunk at once. An ``end`` fault (drop, reset, stall, error_event) counts
+    as the next event: it waits too.
+``end``
+    ``"done"`` (default): all the events then ``data: [DONE]``, then the end
+    of the body (the connection stays usable).
+    ``"no_done"``: all the events, no ``[DONE]``, then the end of the body.
+    ``"error_event"``: after ``after`` events, an error event
+    ``data: {"error": {"message": <error_message>, "type": <error_type>,
+    "code": <error_code>}}`` (defaults ``"mock stream error"``, the code,
+    ``"server_error"``; ``error_style: "event"`` puts ``event: error`` before
+    the data line, ``"data"`` is the default), then the end of the body (no
+    finish chunk, no ``[DONE]``).
+    ``"drop"``: after ``after`` events close the connection (FIN) with no
+    terminating 0-length chunk, so a chunked body is truncated; with
+    ``framing: "close"`` the HTTP body ends cleanly, only the SSE stream is
+    cut.
+    ``"reset"``: after ``after`` events abort the connection with a TCP RST.
+    ``"stall"``: after ``after`` events send nothing more (but keep-alive
+    comments) for ``stall_ms`` (default the step's ``stall_ms``, else 30000)
+    or until the client closes, then close as ``"drop"`` does.
+``after``
+    int >= 0, for the ``end`` faults: how many of the events of 1.-3. are
+    sent first; default the number of body chunks (the fault comes where the
+    finish chunk would); more than the events there are means all of them.
+``line_end``
+    ``"lf"`` (default), ``"crlf"`` or ``"cr"``: every line end of the stream.
+``keepalive_ms``
+    while waiting (``first_delay_ms``, ``delay_ms``, a stall) send a comment
+    ``: keep-alive`` and a blank line every that many ms; 0/null: never.
+``bom``
+    true: the body starts with a UTF-8 BOM (EF BB BF).
+``split_writes``
+    true: write every event (comments and ``[DONE]`` too) in two writes (two
+    HTTP chunks), split inside its first line, with CRLF line ends between
+    the CR and the LF; an int k >= 1: split after k bytes (at most len-1).
+    ``split_delay_ms`` (default 10) is waited between the two writes so that
+    they reach the client in separate reads.
+``framing``
+    ``"chunked"`` (default) or ``"close"`` (see above).
+
+Records
+-------
+The record of a streamed request has two more fields, there from the moment
+it is recorded and updated as the stream goes: ``"events_sent"`` (data events fully written, ``[DONE]`` and the error
+event included, comments not) and ``"client_gone"`` (false; true once the
+server notices the client closed the connection mid-stream: a failed write,
+or an end of file seen while waiting). Records of non-streamed requests have
+neither.
+
+Validation
+----------
+A ``stream`` that is neither a boolean nor an object, a field of the wrong
+type, an unknown ``end``/``line_end``/``error_style``/``framing``, or a
+streaming step with ``body``, with a body fault (``stall_body``,
+``truncate``, ``invalid_json``, ``huge``, ``trickle``) or with status 1xx,
+204 or 304 is a malformed script. ``reset``, ``close`` and ``no_headers``
+never respond, so ``stream`` does nothing with them.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+Step = Dict[str, Any]
+
+END_MODES = frozenset({"done", "no_done", "drop", "reset", "stall",
+                       "error_event"})
+LINE_ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+ERROR_STYLES = frozenset({"data", "event"})
+FRAMINGS = frozenset({"chunked", "close"})
+# Faults that never respond: a stream is allowed but never sent.
+NO_RESPONSE_FAULTS = frozenset({"reset", "close", "no_headers"})
+# Faults that shape the JSON body: they have no meaning for a stream.
+BODY_FAULTS = frozenset({"stall_body", "truncate", "invalid_json", "huge",
+                         "trickle"})
+DEFAULT_STALL_MS = 30000
+DEFAULT_SPLIT_DELAY_MS = 10
+BOM = b"\xef\xbb\xbf"
+# The longest a wait sleeps before looking at the stop flag again; stop()
+# also shuts the sockets down, which wakes the poll at once.
+_POLL_SLICE = 0.1
+
+
+class BadStream(ValueError):
+    """A malformed ``stream`` (testing turns it into its ScriptError)."""
+
+
+class ClientGone(Exception):
+    """The client closed the connection mid-stream."""
+
+
+class Stopped(Exception):
+    """The server is stopping: write nothing more."""
+
+
+# --------------------------------------------------------------------------
+# Validation and the decision to stream
+# --------------------------------------------------------------------------
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_stream(step: Step, where: str) -> None:
+    """Validate a step's ``stream`` (if any); raise BadStream."""
+    if "stream" not in step:
+        return
+    opts = step["stream"]
+    if isinstance(opts, bool):
+        if not opts:
+            return
+        opts = {}
+    if not isinstance(opts, dict):
+        raise BadStream(f"{where}: stream must be a boolean or an object")
+    where = f"{where}: stream"
+    if "body" in step:
+        raise BadStream(f"{where} and body cannot be combined")
+    if step.get("fault") in BODY_FAULTS:
+        raise BadStream(f"{where} and fault {step['fault']!r} cannot be "
+                        "combined")
+    status = step.get("status", 200)
+    if _is_int(status) and (status < 200 or status in (204, 304)):
+        raise BadStream(f"{where}: status {status} has no body")
+    _check_fields(opts, where)
+
+
+def _check_fields(opts: Dict[str, Any], where: str) -> None:
+    for key in ("delay_ms", "first_delay_ms", "stall_ms", "split_delay_ms"):
+        if key in opts and (not _is_number(opts[key]) or opts[key] < 0):
+            raise BadStream(f"{where}.{key} must be a number >= 0")
+    keepalive = opts.get("keepalive_ms")
+    if keepalive is not None and (not _is_number(keepalive) or keepalive < 0):
+        raise BadStream(f"{where}.keepalive_ms must be a number >= 0")
+    for key, allowed in (("end", END_MODES), ("line_end", set(LINE_ENDS)),
+                         ("error_style", ERROR_STYLES),
+                         ("framing", FRAMINGS)):
+        if key in opts and opts[key] not in allowed:
+            raise BadStream(f"{where}.{key} must be one of "
+                            f"{sorted(allowed)}")
+    if "after" in opts and (not _is_int(opts["after"]) or opts["after"] < 0):
+        raise BadStream(f"{where}.after must be an integer >= 0")
+    if "bom" in opts and not isinstance(opts["bom"], bool):
+        raise BadStream(f"{where}.bom must be a boolean")
+    if opts.get("usage_chunk") is not None \
+            and not isinstance(opts["usage_chunk"], bool):
+        raise BadStream(f"{where}.usage_chunk must be a boolean or null")
+    split = opts.get("split_writes", False)
+    if not isinstance(split, bool) and not (_is_int(split) and split >= 1):
+        raise BadStream(f"{where}.split_writes must be a boolean or an "
+                        "integer >= 1")
+    finish = opts.get("finish_reason", "stop")
+    if finish is not None and not isinstance(finish, str):
+        raise BadStream(f"{where}.finish_reason must be a string or null")
+    for key in ("error_message", "error_type", "error_code"):
+        value = opts.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadStream(f"{where}.{key} must be a string or null")
+    _check_chunks(opts.get("chunks"), f"{where}.chunks")
+    _check_tool_calls(opts.get("tool_calls"), f"{where}.tool_calls")
+
+
+def _check_chunks(chunks: Any, where: str) -> None:
+    if chunks is None:
+        return
+    if _is_int(chunks):
+        if chunks < 1:
+            raise BadStream(f"{where} must be >= 1")
+        return
+    if not isinstance(chunks, list):
+        raise BadStream(f"{where} must be an integer or an array")
+    for i, item in enumerate(chunks):
+        if isinstance(item, dict) and "raw" in item and len(item) == 1:
+            if not isinstance(item["raw"], str):
+                raise BadStream(f"{where}[{i}].raw must be a string")
+        elif not isinstance(item, (str, dict)):
+            raise BadStream(f"{where}[{i}] must be a string or an object")
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise BadStream(f"{where} must be an array")
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise BadStream(f"{where}[{i}] must be an object")
+        for key in ("id", "name", "arguments"):
+            if key in call and not isinstance(call[key], str):
+                raise BadStream(f"{where}[{i}].{key} must be a string")
+        pieces = call.get("chunks", 2)
+        if not _is_int(pieces) or pieces < 1:
+            raise BadStream(f"{where}[{i}].chunks must be an integer >= 1")
+
+
+def stream_options(step: Step, request: Any) -> Optional[Dict[str, Any]]:
+    """The stream options of a (validated) step, or None for a JSON body.
+
+    ``request`` is the decoded request body (any JSON value, or None).
+    """
+    opts = {} if step.get("stream") is True else step.get("stream")
+    if step.get("fault") in NO_RESPONSE_FAULTS:
+        return None
+    if isinstance(opts, dict):
+        return opts
+    if "stream" in step or "body" in step or step.get("fault") is not None:
+        return None
+    status = step.get("status", 200)
+    if not 200 <= status < 300 or status == 204:
+        return None
+    if isinstance(request, dict) and request.get("stream") is True:
+        return {}
+    return None
+
+
+def include_usage(request: Any) -> bool:
+    """Whether the request body asks for the usage chunk (OpenAI's way)."""
+    if not isinstance(request, dict):
+        return False
+    options = request.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+# --------------------------------------------------------------------------
+# The events of a stream
+# --------------------------------------------------------------------------
+
+def _pieces(text: str, count: int) -> List[str]:
+    size = len(text)
+    return [text[i * size // count:(i + 1) * size // count]
+            for i in range(count)]
+
+
+class _Chunks:
+    """Builds the generated chunk objects of one stream."""
+
+    def __init__(self, step: Step, n: int, model: str,
+                 with_usage_field: bool) -> None:
+        self.base: Dict[str, Any] = {
+            "id": f"chatcmpl-mock-{n}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model,
+            "system_fingerprint": step.get("system_fingerprint", "fp_mock")}
+        self.with_usage_field = with_usage_field
+        self.first = True
+
+    def chunk(self, delta: Dict[str, Any],
+              finish_reason: Optional[str] = None) -> Dict[str, Any]:
+        if self.first:
+            self.first = False
+            delta = {"role": "assistant", **delta}
+        doc = dict(self.base)
+        doc["choices"] = [{"index": 0, "delta": delta,
+                           "finish_reason": finish_reason}]
+        if self.with_usage_field:
+            doc["usage"] = None
+        return doc
+
+    def usage(self, usage: Any) -> Dict[str, Any]:
+        doc = dict(self.base)
+        doc["choices"] = []
+        doc["usage"] = usage
+        return doc
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8")
+
+
+def _body_chunks(step: Step, opts: Dict[str, Any],
+                 chunks: _Chunks) -> List[Any]:
+    """The body chunks: dicts (JSON objects) or bytes (raw events)."""
+    out: List[Any] = []
+    calls = opts.get("tool_calls") or []
+    spec = opts.get("chunks")
+    if isinstance(spec, list):
+        for item in spec:
+            if isinstance(item, str):
+                out.append(chunks.chunk({"content": item}))
+            elif "raw" in item and len(item) == 1:
+                out.append(item["raw"].encode("utf-8"))
+            else:
+                out.append(item)
+    elif not calls or "content" in step:
+        content = step.get("content", "ok")
+        if not isinstance(content, str):
+            out.append(chunks.chunk({"content": content}))
+        else:
+            count = spec if spec is not None else max(1, len(content))
+            out.extend(chunks.chunk({"content": piece})
+                       for piece in _pieces(content, count))
+    for i, call in enumerate(calls):
+        head = {"index": i, "id": call.get("id", f"call_mock_{i}"),
+                "type": "function",
+                "function": {"name": call.get("name", "tool"),
+                             "arguments": ""}}
+        delta: Dict[str, Any] = {"tool_calls": [head]}
+        if chunks.first:
+            delta = {"content": None, **delta}
+        out.append(chunks.chunk(delta))
+        for piece in _pieces(call.get("arguments", "{}"),
+                             call.get("chunks", 2)):
+            out.append(chunks.chunk({"tool_calls": [
+                {"index": i, "function": {"arguments": piece}}]}))
+    return out
+
+
+class Plan:
+    """Everything a stream sends, as wire bytes (before HTTP framing)."""
+
+    def __init__(self, step: Step, opts: Dict[str, Any], n: int, model: str,
+                 usage: Any, usage_requested: bool) -> None:
+        self.le = LINE_ENDS[opts.get("line_end", "lf")]
+        send_usage = opts.get("usage_chunk")
+        if send_usage is None:
+            send_usage = usage_requested
+        chunks = _Chunks(step, n, model, bool(send_usage))
+        docs = _body_chunks(step, opts, chunks)
+        self.body_count = len(docs)
+        default_finish = "tool_calls" if opts.get("tool_calls") else "stop"
+        finish = opts.get("finish_reason", default_finish)
+        if finish is not None:
+            docs.append(chunks.chunk({}, finish))
+        if send_usage:
+            docs.append(chunks.usage(usage))
+        self.events = [self._raw(d) if isinstance(d, bytes)
+                       else self._data(_dumps(d)) for d in docs]
+        self.end = opts.get("end", "done")
+        after = opts.get("after", self.body_count)
+        self.after = min(after, len(self.events))
+        code = opts.get("error_code") or "server_error"
+        error = {"error": {
+            "message": opts.get("error_message") or "mock stream error",
+            "type": opts.get("error_type") or code, "code": code}}
+        self.error_event = self._data(_dumps(error))
+        if opts.get("error_style") == "event":
+            self.error_event = b"event: error" + self.le + self.error_event
+        self.done = self._data(b"[DONE]")
+        self.comment = b": keep-alive" + self.le + self.le
+
+    def _data(self, payload: bytes) -> bytes:
+        return b"data: " + payload + self.le + self.le
+
+    def _raw(self, text: bytes) -> bytes:
+        return text if self.le == b"\n" else text.replace(b"\n", self.le)
+
+
+def split_point(data: bytes, le: bytes, split: Any) -> int:
+    """Where an event is cut in two writes (0: not cut)."""
+    if len(data) < 2 or split is False:
+        return 0
+    if split is True:
+        if le == b"\r\n":
+            at = data.find(b"\r\n")
+            return at + 1 if at >= 0 else len(data) // 2
+        end = data.find(le)
+        return max(1, (end if end > 0 else len(data)) // 2)
+    return min(max(int(split), 1), len(data) - 1)
+
+
+# --------------------------------------------------------------------------
+# Sending
+# --------------------------------------------------------------------------
+
+class Sender:
+    """Writes one planned stream on a connection.
+
+    ``write`` sends bytes (raising on a dead connection); ``reset`` aborts
+    the connection with an RST; ``progress(events_sent)`` is told each
+    time a data event has been written. Raises ClientGone or Stopped; any
+    other outcome returns ``True`` when the connection may be reused.
+    """
+
+    def __init__(self, plan: Plan, opts: Dict[str, Any], step: Step,
+                 sock: socket.socket, stop_event: threading.Event,
+                 write: Callable[[bytes], None], reset: Callable[[], None],
+                 progress: Callable[[int], None], chunked: bool) -> None:
+        self.plan = plan
+        self.sock = sock
+        self.stop_event = stop_event
+        self._write_raw = write
+        self._reset = reset
+        self._progress = progress
+        self.chunked = chunked
+        self.delay = opts.get("delay_ms", 0) / 1000.0
+        self.first_delay = opts.get("first_delay_ms", 0) / 1000.0
+        self.keepalive = (opts.get("keepalive_ms") or 0) / 1000.0
+        self.stall = opts.get("stall_ms", step.get(
+            "stall_ms", DEFAULT_STALL_MS)) / 1000.0
+        self.split = opts.get("split_writes", False)
+        self.split_delay = opts.get(
+            "split_delay_ms", DEFAULT_SPLIT_DELAY_MS) / 1000.0
+        self.pending_bom = BOM if opts.get("bom") else b""
+        self.sent = 0
+        self._watch = True
+        self._poller: Optional[Any] = None
+        if hasattr(select, "poll"):  # select() cannot take fds >= 1024
+            self._poller = select.poll()
+            self._poller.register(sock, select.POLLIN)
+
+    def run(self, head: bytes) -> bool:
+        """Send the response head, then the stream."""
+        self._send(head)
+        plan = self.plan
+        count = len(plan.events) if plan.end in ("done", "no_done") \
+            else plan.after
+        for event in plan.events[:count]:
+            self._pause_before_event()
+            self._event(event)
+        if plan.end == "done":
+            self._event(plan.done)
+        elif plan.end == "error_event":
+            self._pause_before_event()
+            self._event(plan.error_event)
+        elif plan.end == "reset":
+            self._pause_before_event()
+            self._reset()
+            return False
+        elif plan.end in ("drop", "stall"):
+            self._pause_before_event()
+            if plan.end == "stall":
+                self._pause(self.stall, self.keepalive)
+            return False
+        if self.chunked:
+            self._send(b"0\r\n\r\n")
+            return True
+        return False
+
+    # -- writing ----------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._write_raw(data)
+        except Exception as exc:  # the handler's own "connection dead"
+            if self.stop_event.is_set():
+                raise Stopped() from exc
+            raise ClientGone() from exc
+
+    def _piece(self, data: bytes) -> None:
+        if self.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        self._send(data)
+
+    def _emit(self, data: bytes) -> None:
+        """One event or comment, split in two writes if asked."""
+        data = self.pending_bom + data
+        self.pending_bom = b""
+        at = split_point(data, self.plan.le, self.split)
+        if at:
+            self._piece(data[:at])
+            self._pause(self.split_delay, 0)
+            data = data[at:]
+        self._piece(data)
+
+    def _event(self, data: bytes) -> None:
+        self._emit(data)
+        self.sent += 1
+        self._progress(self.sent)
+
+    # -- waiting ----------------------------------------------------------
+
+    def _pause_before_event(self) -> None:
+        self._pause(self.delay if self.sent else self.first_delay,
+                    self.keepalive)
+
+    def _pause(self, seconds: float, keepalive: float) -> None:
+        """Wait, sending comments every ``keepalive`` s, watching the peer."""
+        now = time.monotonic()
+        deadline = now + seconds
+        next_comment = now + keepalive if keepalive > 0 else float("inf")
+        while True:
+            if self.stop_event.is_set():
+                raise Stopped()
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            if now >= next_comment:
+                self._emit(self.plan.comment)
+                next_comment += keepalive
+                continue
+            timeout = min(deadline, next_comment, now + _POLL_SLICE) - now
+            if self._watch:
+                self._watch_peer(timeout)
+            else:
+                self.stop_event.wait(timeout)
+
+    def _watch_peer(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` s; raise ClientGone on the peer's EOF."""
+        try:
+            if self._poller is not None:
+                readable = bool(self._poller.poll(max(1, int(timeout * 1000))))
+            else:
+                readable = bool(select.select([self.sock], [], [], timeout)[0])
+        except (OSError, ValueError):  # a descriptor select cannot take
+            self._watch = False
+            return
+        if not readable:
+            return
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if self.stop_event.is_set():
+                raise Stopped() from exc
+            raise ClientGone() from exc
+        if self.stop_event.is_set():
+            raise Stopped()
+        if not data:
+            raise ClientGone()
+        # The client sent more (a pipelined request): its bytes stay unread,
+        # so the socket stays readable; stop watching rather than spin.
+        self._watch = False
+
+
+def head_headers(chunked: bool) -> List[Tuple[str, str]]:
+    """The stream's own response headers (the step's may override them)."""
+    out = [("Content-Type", "text/event-stream"),
+           ("Cache-Control", "no-cache")]
+    if chunked:
+        out.append(("Transfer-Encoding", "chunked"))
+    return out
