@@ -173,6 +173,13 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
     if (s->chunks++ == 0) {
         s->first_chunk_at = lr_mono_ms();
         s->ttft_ms = s->first_chunk_at - c->submitted_at;
+        /* The timer now watches gaps, usually sooner than the first chunk's
+         * bound: move it. Later activity only moves it later, which the
+         * timer finds out when it fires (lr_stream_timer). */
+        if (lr_timer_update(c->engine, c) != 0) {
+            s->fail = LR_SF_NOMEM;
+            return -1;
+        }
     }
     if (c->o.stream_chunks && mail_chunk(c, ev->data, ev->data_len) != 0) {
         s->fail = LR_SF_NOMEM;

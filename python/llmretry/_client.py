@@ -303,7 +303,7 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "base_url", "api_key", "url", "timeout_ms", "max_retries", "base_delay_ms",
     "max_delay_ms", "jitter", "deadline_ms", "retry_mode", "retry_statuses",
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
-    "request_id", "idempotency_key", "ca_file", "validate", "logger")
+    "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "validate", "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
@@ -774,6 +774,7 @@ class Client:
                  request_id: Optional[str] = DEFAULT,
                  idempotency_key: Optional[str] = DEFAULT,
                  ca_file: Optional[str] = DEFAULT,
+                 idle_timeout_ms: int = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
                  policy: Optional[str] = None) -> Result:
@@ -781,7 +782,7 @@ class Client:
         values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
                   max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
-                  headers, request_id, idempotency_key, ca_file, validate, logger)
+                  headers, request_id, idempotency_key, ca_file, idle_timeout_ms, validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1016,6 +1017,7 @@ def call_llm(body: Body, *,
              request_id: Optional[str] = DEFAULT,
              idempotency_key: Optional[str] = DEFAULT,
              ca_file: Optional[str] = DEFAULT,
+             idle_timeout_ms: int = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None,
@@ -1052,6 +1054,9 @@ def call_llm(body: Body, *,
     * ``ca_file``: the CA bundle to verify servers with instead of
       libcurl's default bundle (TLS is always verified; a verification
       failure is not retried).
+    * ``idle_timeout_ms=30000``: for a streaming body (``"stream": True``),
+      the longest gap between two chunks; ``timeout_ms`` then bounds the
+      wait for the first one. The result is the assembled chat.completion.
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -1077,7 +1082,7 @@ def call_llm(body: Body, *,
     values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
               max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
-              headers, request_id, idempotency_key, ca_file, validate, logger)
+              headers, request_id, idempotency_key, ca_file, idle_timeout_ms, validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)
