@@ -92,6 +92,7 @@ static void push_event(lua_State *L, const llmretry_event *ev)
             break;
         switch (f.type) {
         case LLMRETRY_FIELD_INT: lr_pushint(L, f.i); break;
+        case LLMRETRY_FIELD_BOOL: lua_pushboolean(L, f.i != 0); break;
         case LLMRETRY_FIELD_STRING:
             if (f.s)
                 push_text0(L, f.s);
@@ -105,6 +106,22 @@ static void push_event(lua_State *L, const llmretry_event *ev)
         default: push_null(L); break;
         }
         lua_setfield(L, -2, f.name);
+    }
+}
+
+/* What a streamed call's stream did (nothing for other calls). */
+static void push_stream_fields(lua_State *L, const llmretry_result *r)
+{
+    if (!r->stream)
+        return;
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "stream");
+    set_int(L, "chunks", r->chunks);
+    if (r->ttft_ms >= 0)
+        set_int(L, "ttft_ms", r->ttft_ms);
+    if (!r->ok) {
+        set_int(L, "chunks_delivered", r->chunks_delivered);
+        set_str(L, "stream_reason", llmretry_stream_reason_name(r->stream_reason));
     }
 }
 
@@ -122,6 +139,8 @@ static void push_meta(lua_State *L, const llmretry_result *r)
     set_str(L, "model", r->model);
     set_str(L, "response_model", r->response_model);
     set_str(L, "system_fingerprint", r->system_fingerprint);
+    set_int(L, "resends", r->resends);
+    push_stream_fields(L, r);
 }
 
 /* The err table of DESIGN §4 (absent values are nil). `message` and
@@ -147,6 +166,8 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
     set_str(L, "model", r->model);
     set_int(L, "duration_ms", r->duration_ms);
     set_int(L, "total_ms", r->total_ms);
+    set_int(L, "resends", r->resends);
+    push_stream_fields(L, r);
     luaL_getmetatable(L, ERROR_MT);
     lua_setmetatable(L, -2);
 }
@@ -241,6 +262,15 @@ int handle_next(lua_State *L)
         h->parked = NULL;
         llmretry_event_free(ev);
         return 2;
+    case LLMRETRY_MAIL_CHUNK: {
+        /* A stream chunk's JSON text (handles made with stream_chunks). */
+        size_t len = 0;
+        const char *data = llmretry_chunk_data(ev, &len);
+        lua_pushliteral(L, "chunk");
+        lua_pushlstring(L, data ? data : "", len);
+        llmretry_event_free(ev);
+        return 2;
+    }
     case LLMRETRY_MAIL_VALIDATE:
         return push_validate(L, h);
     case LLMRETRY_MAIL_DONE:

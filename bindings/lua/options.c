@@ -229,8 +229,11 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
         lua_pop(L, 1);
         lua_pushliteral(L, "{}");
     }
-    if (lua_type(L, -1) == LUA_TTABLE)
+    if (lua_type(L, -1) == LUA_TTABLE) {
         push_encoded(L, -1, "body");
+        /* A table the binding encoded: a stream of it reports its usage. */
+        o->stream_usage = 1;
+    }
     else if (lua_type(L, -1) != LUA_TSTRING)
         lr_fail(L, "body must be a JSON string or a table (got %s)", got(L, -1, buf, sizeof buf));
     size_t n;

@@ -77,6 +77,9 @@ typedef struct vec_call {
     llmretry_options o;
     char url[256];
     char *body;
+    /* What the server must see: the body, with stream_options added to a
+     * streaming one without them (DESIGN §10). */
+    char sent_body[4096];
     char *headers[MAX_HEADERS];
     const char *header_ptrs[MAX_HEADERS];
 } vec_call;
@@ -107,6 +110,8 @@ static int apply_option(vec_call *vc, const cJSON *v)
         return int_opt(v, &o->max_retry_after_ms);
     if (strcmp(k, "max_response_bytes") == 0)
         return int_opt(v, &o->max_response_bytes);
+    if (strcmp(k, "idle_timeout_ms") == 0)
+        return int_opt(v, &o->idle_timeout_ms);
     if (strcmp(k, "max_retries") == 0) {
         if (int_opt(v, &i) != 0)
             return -1;
@@ -178,6 +183,17 @@ static int build_call(vec_call *vc, const cJSON *vec, const th_mock *m, const ch
         return -1;
     vc->o.body = vc->body;
     vc->o.body_len = strlen(vc->body);
+    /* The body is the vector's JSON object, encoded here, as Python encodes a dict
+     * and Lua a table: a stream of it asks for its usage, in all three. */
+    vc->o.stream_usage = 1;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(vec, "body");
+    size_t blen = strlen(vc->body);
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "stream")) &&
+        !cJSON_GetObjectItemCaseSensitive(b, "stream_options") && blen > 0)
+        snprintf(vc->sent_body, sizeof vc->sent_body, "%.*s,\"stream_options\":{\"include_usage\":true}}",
+                 (int)blen - 1, vc->body);
+    else
+        snprintf(vc->sent_body, sizeof vc->sent_body, "%s", vc->body);
     const cJSON *opt;
     cJSON_ArrayForEach(opt, cJSON_GetObjectItemCaseSensitive(vec, "options")) {
         if (apply_option(vc, opt) != 0) {
@@ -410,8 +426,18 @@ static void check_result(const cJSON *exp, const run_out *r, const llmretry_resu
         if (res->body) {
             cJSON *b = cJSON_ParseWithLength(res->body, res->body_len);
             VCHECK(b != NULL, "ok result body is not JSON");
+            if (opt_str(exp, "content")) {
+                const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0);
+                const cJSON *msg = cJSON_GetObjectItem(ch, "message");
+                check_str_eq("content", cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content")),
+                             opt_str(exp, "content"));
+            }
             cJSON_Delete(b);
         }
+        if ((v = cJSON_GetObjectItemCaseSensitive(exp, "chunks")))
+            VCHECK(res->stream && res->chunks == (int)v->valuedouble,
+                   "chunks: got %d (stream %d), expected %d", res->chunks, res->stream,
+                   (int)v->valuedouble);
         VCHECK(res->kind == LLMRETRY_ERR_NONE && res->reason == LLMRETRY_REASON_NONE,
                "ok result with kind %d reason %d", (int)res->kind, (int)res->reason);
         if ((v = cJSON_GetObjectItemCaseSensitive(exp, "usage")))
@@ -573,7 +599,7 @@ static void check_requests(th_mock *m, const char *name, const cJSON *exp,
         check_str_eq("accept", rec_header(rec, "accept"), "application/json");
         VCHECK(ua && strncmp(ua, "llmretry/", 9) == 0, "user-agent %s", ua ? ua : "(none)");
         check_str_eq("method", opt_str(rec, "method"), "POST");
-        check_str_eq("request body", opt_str(rec, "body"), vc->body);
+        check_str_eq("request body", opt_str(rec, "body"), vc->sent_body);
         const cJSON *h;
         cJSON_ArrayForEach(h, extra)
             check_str_eq(h->string, rec_header(rec, h->string), h->valuestring);

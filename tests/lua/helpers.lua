@@ -320,9 +320,10 @@ H.EVENT_FIELDS = {
   llm_request_gave_up = fields({ "reason", "attempts", "total_ms", "error_kind", "status" }),
 }
 H.KINDS = { http_status = true, timeout = true, network = true, invalid_response = true,
-  deadline_exceeded = true, cancelled = true, response_too_large = true }
+  deadline_exceeded = true, cancelled = true, response_too_large = true,
+  stream_interrupted = true }
 H.REASONS = { retries_exhausted = true, not_retryable = true, deadline = true,
-  retry_after_too_long = true, unsafe_mode = true, cancelled = true }
+  retry_after_too_long = true, unsafe_mode = true, cancelled = true, stream_interrupted = true }
 H.DELAY_SOURCES = { retry_after = true, ratelimit_reset = true, backoff = true }
 
 local function is_str_or_null(v) return type(v) == "string" or v == llm.null end
@@ -334,6 +335,18 @@ function H.check_event_shape(ev)
   local name = ev.event
   local want = H.EVENT_FIELDS[name]
   check(want ~= nil, "unknown event %s", H.dump(ev))
+  if ev.stream ~= nil and (name == "llm_request_succeeded" or name == "llm_request_gave_up") then
+    -- A streamed call's end says what its stream did (never its text).
+    local w = {}
+    for k in pairs(want) do w[k] = true end
+    w.stream, w.ttft_ms, w.chunks = true, true, true
+    if name == "llm_request_gave_up" and ev.stream_reason ~= nil then w.stream_reason = true end
+    want = w
+    check(ev.stream == true, "stream %s", H.dump(ev.stream))
+    check(H.is_int(ev.chunks) and ev.chunks >= 0, "chunks %s", H.dump(ev.chunks))
+    check(ev.ttft_ms == llm.null or (H.is_int(ev.ttft_ms) and ev.ttft_ms >= 0), "ttft_ms %s",
+      H.dump(ev.ttft_ms))
+  end
   for k in pairs(ev) do
     check(want[k], "%s has an extra field %s: %s", name, tostring(k), H.dump(ev))
   end

@@ -15,7 +15,7 @@ local OPTION_NAMES = {
   timeout_ms = true, max_retries = true, base_delay_ms = true, max_delay_ms = true,
   jitter = true, deadline_ms = true, retry_mode = true, retry_statuses = true,
   max_retry_after_ms = true, retry_invalid_response = true, max_response_bytes = true,
-  idempotency_key = true, request_id = true, headers = true,
+  idempotency_key = true, request_id = true, headers = true, idle_timeout_ms = true,
 }
 
 local files = {}
@@ -115,6 +115,15 @@ describe("shared vectors", function()
           "res.body is not the raw body")
         check(H.is_int(res.meta.status) and res.meta.status >= 200 and res.meta.status < 300,
           "meta.status %s", H.dump(res.meta.status))
+        if exp.content then
+          local msg = res.data.choices[1].message
+          check(msg.content == exp.content, "content %s, expected %s", H.dump(msg.content),
+            H.dump(exp.content))
+        end
+        if exp.chunks then
+          check(res.meta.stream == true and res.meta.chunks == exp.chunks, "chunks %s",
+            H.dump(res.meta.chunks))
+        end
         if exp.usage then
           check(H.same(res.meta.usage, exp.usage), "usage %s, expected %s", H.dump(res.meta.usage),
             H.dump(exp.usage))
@@ -187,7 +196,15 @@ describe("shared vectors", function()
       check(#recs == exp.requests, "server saw %d requests, expected %d", #recs, exp.requests)
       -- One attempt is one request, but for the engine's free re-sends.
       check(#recs == got.attempts + (exp.resends or 0), "one attempt must be one request")
-      H.check_requests(recs, got.request_id, llm.encode(body), body)
+      -- Sent as encoded, but a streaming table asks for its usage (DESIGN §10).
+      local sent_text, sent = llm.encode(body), body
+      if body.stream == true and body.stream_options == nil then
+        sent_text = sent_text:sub(1, -2) .. ',"stream_options":{"include_usage":true}}'
+        sent = {}
+        for k, v in pairs(body) do sent[k] = v end
+        sent.stream_options = { include_usage = true }
+      end
+      H.check_requests(recs, got.request_id, sent_text, sent)
       for _, r in ipairs(recs) do
         for hname, value in pairs(exp.request_headers or {}) do
           check(r.headers[hname] == value, "header %s: %s", hname, H.dump(r.headers[hname]))

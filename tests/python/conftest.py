@@ -54,10 +54,11 @@ EVENT_FIELDS: Dict[str, set] = {
     "llm_request_gave_up": COMMON_FIELDS | {"reason", "attempts", "total_ms",
                                             "error_kind", "status"},
 }
+STREAM_FIELDS = {"stream", "ttft_ms", "chunks"}
 KINDS = ("http_status", "timeout", "network", "invalid_response", "deadline_exceeded",
-         "cancelled", "response_too_large")
+         "cancelled", "response_too_large", "stream_interrupted")
 REASONS = ("retries_exhausted", "not_retryable", "deadline", "retry_after_too_long",
-           "unsafe_mode", "cancelled")
+           "unsafe_mode", "cancelled", "stream_interrupted")
 DELAY_SOURCES = ("retry_after", "ratelimit_reset", "backoff")
 
 
@@ -275,8 +276,16 @@ def check_event_shape(ev: Dict[str, Any]) -> None:
     """One event: exactly its DESIGN §3 fields, with sane types."""
     name = ev.get("event")
     assert name in EVENT_FIELDS, f"unknown event {ev!r}"
-    assert set(ev) == EVENT_FIELDS[name], (
-        f"{name}: fields {sorted(ev)}, expected {sorted(EVENT_FIELDS[name])}")
+    want = EVENT_FIELDS[name]
+    if "stream" in ev and name in ("llm_request_succeeded", "llm_request_gave_up"):
+        # A streamed call's end says what its stream did (never its text).
+        want = want | STREAM_FIELDS
+        if name == "llm_request_gave_up" and "stream_reason" in ev:
+            want = want | {"stream_reason"}
+        assert ev["stream"] is True
+        assert isinstance(ev["chunks"], int) and ev["chunks"] >= 0
+        assert ev["ttft_ms"] is None or (isinstance(ev["ttft_ms"], int) and ev["ttft_ms"] >= 0)
+    assert set(ev) == want, f"{name}: fields {sorted(ev)}, expected {sorted(want)}"
     assert isinstance(ev["request_id"], str) and ev["request_id"]
     assert isinstance(ev["attempt"], int) and not isinstance(ev["attempt"], bool)
     assert ev["attempt"] >= 0

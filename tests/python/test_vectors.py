@@ -22,7 +22,7 @@ from conftest import (SECRET_KEY, VECTOR_DIR, Events, body_secrets, check_event_
 OPTION_NAMES = {
     "timeout_ms", "max_retries", "base_delay_ms", "max_delay_ms", "jitter", "deadline_ms",
     "retry_mode", "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
-    "max_response_bytes", "idempotency_key", "request_id", "headers",
+    "max_response_bytes", "idempotency_key", "request_id", "headers", "idle_timeout_ms",
 }
 VECTOR_FILES = sorted(VECTOR_DIR.glob("*.json"))
 
@@ -93,6 +93,10 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
         assert data is res.data and meta is res.meta
         if "usage" in exp:
             assert res.meta.usage == exp["usage"]
+        if "content" in exp:
+            assert res.data["choices"][0]["message"]["content"] == exp["content"]
+        if "chunks" in exp:
+            assert res.meta.stream and res.meta.chunks == exp["chunks"]
         if "response_model" in exp:
             assert res.meta.response_model == exp["response_model"]
         if "system_fingerprint" in exp:
@@ -146,7 +150,11 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
     assert len(recs) == exp["requests"], f"server saw {len(recs)} requests"
     # One attempt is one request, but for the engine's free re-sends.
     assert len(recs) == got.attempts + exp.get("resends", 0), "one attempt must be one request"
-    want_body = serialised(body)
+    # Sent as serialised, but a streaming dict asks for its usage (DESIGN §10).
+    sent = body
+    if body.get("stream") is True and "stream_options" not in body:
+        sent = dict(body, stream_options={"include_usage": True})
+    want_body = serialised(sent)
     for rec in recs:
         h = rec["headers"]
         assert h.get("authorization") == f"Bearer {SECRET_KEY}"
@@ -156,7 +164,7 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
         assert h.get("user-agent", "").startswith("llmretry/")
         assert rec["method"] == "POST"
         assert rec["body"] == want_body
-        assert json.loads(rec["body"]) == body
+        assert json.loads(rec["body"]) == sent
         for hname, value in exp.get("request_headers", {}).items():
             assert h.get(hname) == value, f"header {hname}: {h.get(hname)!r}"
         if "idempotency_key" not in options:
