@@ -224,6 +224,9 @@ static int module_exec(PyObject *m)
     st->engine_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
     if (!st->engine_type || PyModule_AddType(m, st->engine_type) < 0)
         return -1;
+    st->stream_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Stream_spec, NULL);
+    if (!st->stream_type || PyModule_AddType(m, st->stream_type) < 0)
+        return -1;
     st->pool_stop = PyErr_NewExceptionWithDoc(
         "llmretry._llmretry.PoolStop",
         "Raised inside a run_pool worker whose pool is stopping (Ctrl-C).",
@@ -272,6 +275,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
     module_state *st = state_of(m);
     Py_VISIT(st->engine_type);
+    Py_VISIT(st->stream_type);
     Py_VISIT(st->pool_stop);
     Py_VISIT(st->not_started);
     return lr_results_traverse(st, visit, arg);
@@ -281,6 +285,7 @@ static int module_clear(PyObject *m)
 {
     module_state *st = state_of(m);
     Py_CLEAR(st->engine_type);
+    Py_CLEAR(st->stream_type);
     Py_CLEAR(st->pool_stop);
     Py_CLEAR(st->not_started);
     lr_results_clear(st);

@@ -63,6 +63,14 @@ PyObject *lr_py_options(PyObject *module, PyObject *unused);
 PyObject *call_value(const module_state *st, const llmretry_result *r,
                             PyObject *validate, int as_result);
 int check_interrupts(void);
+/* engine_type.c: submit converted arguments (NULL with the error set); hand
+ * one event to its route; answer a validation request on this thread. */
+llmretry_call *engine_submit(EngineObject *self, call_args *a);
+int route_event(event_route *rt, llmretry_event *ev);
+int deliver_validation(llmretry_call *c, PyObject *validate);
+/* stream_type.c: Engine.stream and its Stream type. */
+extern PyType_Spec Stream_spec;
+PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw);
 int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate);
 PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in);
 

@@ -124,7 +124,7 @@ static int deliver_event(const module_state *st, PyObject *on_event, llmretry_ev
     return 0;
 }
 
-static int deliver_validation(llmretry_call *c, PyObject *validate)
+int deliver_validation(llmretry_call *c, PyObject *validate)
 {
     const char *body;
     size_t len;
@@ -156,7 +156,7 @@ static int deliver_validation(llmretry_call *c, PyObject *validate)
 }
 
 
-static int route_event(event_route *rt, llmretry_event *ev)
+int route_event(event_route *rt, llmretry_event *ev)
 {
     llmretry_event_type t = llmretry_event_type_of(ev);
     if (rt->on_event == Py_None || !(rt->mask & (1u << t))) {
@@ -238,6 +238,39 @@ static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate
     return NULL;
 }
 
+/* Submit converted arguments on this engine (inside a batch pool: under
+ * its deadline and pacer). The call, or NULL with the Python error set. */
+llmretry_call *engine_submit(EngineObject *self, call_args *a)
+{
+    lr_pool *pool = lr_pool_current();
+    if (pool) {
+        /* In a batch pool: no call outlives the batch's deadline. */
+        int64_t left = lr_pool_deadline_left(pool);
+        if (left != LLMRETRY_NO_DEADLINE &&
+            (a->o.deadline_ms == LLMRETRY_NO_DEADLINE || a->o.deadline_ms > left))
+            a->o.deadline_ms = left;
+    }
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_call *c = NULL;
+    llmretry_status st = LLMRETRY_ESTATE;
+    pthread_mutex_lock(&self->mu);
+    if (self->engine) {
+        /* A pool's calls pass its group's pacer on the engine thread. */
+        if (pool)
+            a->o.group = lr_pool_group(pool, self->engine);
+        st = llmretry_engine_submit(self->engine, &a->o, 0, &c, err, sizeof err);
+    } else {
+        snprintf(err, sizeof err, "the engine is closed");
+    }
+    pthread_mutex_unlock(&self->mu);
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError
+                        : st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
+        return NULL;
+    }
+    return c;
+}
+
 static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
 {
     call_args a;
@@ -249,34 +282,11 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     }
     const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
     event_route rt = { on_event, a.o.events, mst };
-    lr_pool *pool = lr_pool_current();
-    if (pool) {
-        /* In a batch pool: no call outlives the batch's deadline. */
-        int64_t left = lr_pool_deadline_left(pool);
-        if (left != LLMRETRY_NO_DEADLINE &&
-            (a.o.deadline_ms == LLMRETRY_NO_DEADLINE || a.o.deadline_ms > left))
-            a.o.deadline_ms = left;
-    }
-    char err[LLMRETRY_ERRBUF] = "";
-    llmretry_call *c = NULL;
-    llmretry_status st = LLMRETRY_ESTATE;
-    pthread_mutex_lock(&self->mu);
-    if (self->engine) {
-        /* A pool's calls pass its group's pacer on the engine thread. */
-        if (pool)
-            a.o.group = lr_pool_group(pool, self->engine);
-        st = llmretry_engine_submit(self->engine, &a.o, 0, &c, err, sizeof err);
-    } else {
-        snprintf(err, sizeof err, "the engine is closed");
-    }
-    pthread_mutex_unlock(&self->mu);
+    llmretry_call *c = engine_submit(self, &a);
     int as_result = a.as_result;
     call_args_release(&a);
-    if (st != LLMRETRY_OK) {
-        PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError
-                        : st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
+    if (!c)
         return NULL;
-    }
     /* Keep the callables alive while Python code may drop its references. */
     Py_INCREF(on_event);
     Py_INCREF(validate);
@@ -288,6 +298,8 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
 }
 
 static PyMethodDef Engine_methods[] = {
+    { "stream", (PyCFunction)(void (*)(void))lr_engine_stream, METH_VARARGS | METH_KEYWORDS,
+      "stream(body, **options) -> Stream: start a streaming call (see _llmretry.pyi)." },
     { "call", (PyCFunction)(void (*)(void))Engine_call, METH_VARARGS | METH_KEYWORDS,
       "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
     { "call_many", (PyCFunction)(void (*)(void))Engine_call_many, METH_VARARGS | METH_KEYWORDS,

@@ -26,6 +26,7 @@ enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 
 typedef struct {
     PyTypeObject *engine_type;
+    PyTypeObject *stream_type;      /* stream_type.c */
     PyObject *pool_stop;            /* the PoolStop exception class */
     PyObject *not_started;          /* the NOT_STARTED sentinel */
     PyObject *keys[K_COUNT];        /* interned outcome keys */

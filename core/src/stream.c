@@ -78,7 +78,7 @@ void lr_stream_reset(llmretry_call *c)
     lr_asm_free(s->assembler);
     s->assembler = NULL;
     lr_sse_payload_clear(&s->payload);
-    s->active = s->chunks = s->done = 0;
+    s->active = s->chunks = s->done = s->broken = 0;
     s->raw_bytes = 0;
     s->fail = LR_SF_NONE;
     s->first_chunk_at = -1;
@@ -295,8 +295,10 @@ void lr_stream_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
     case LR_SF_NONE:
         break;
     }
-    if (rc != CURLE_OK && !s->done)
+    if (rc != CURLE_OK && !s->done) {
+        s->broken = 1;
         return;                     /* the transport's failure, classified by the caller */
+    }
     end = lr_sse_finish(&s->reader);
     if (end == LR_SSE_END_DONE || end == LR_SSE_END_AFTER_FINISH) {
         if (take_assembled(c) != 0) {
@@ -357,9 +359,10 @@ llmretry_stream_reason lr_stream_reason_of(const llmretry_call *c, llmretry_erro
     case LLMRETRY_ERR_CANCELLED: return LLMRETRY_STREAM_CANCELLED;
     case LLMRETRY_ERR_INVALID_RESPONSE: return LLMRETRY_STREAM_INVALID_CHUNK;
     case LLMRETRY_ERR_NETWORK:
-        /* A clean end of the connection before [DONE] is a truncation. */
-        return c->st && c->st->active && c->st->fail == LR_SF_NONE &&
-               !c->st->done ? LLMRETRY_STREAM_TRUNCATED : LLMRETRY_STREAM_NETWORK;
+        /* A clean end of the transfer before [DONE] is a truncation; a
+         * connection that failed is the network's. */
+        return c->st && c->st->active && !c->st->broken ? LLMRETRY_STREAM_TRUNCATED
+                                                        : LLMRETRY_STREAM_NETWORK;
     default: return LLMRETRY_STREAM_NETWORK;
     }
 }
@@ -373,9 +376,8 @@ void lr_stream_result(llmretry_call *c, int partial)
         return;
     r->chunks = c->st->chunks;
     r->ttft_ms = c->st->ttft_ms;
-    pthread_mutex_lock(&c->mu);
-    r->chunks_delivered = c->st->delivered;
-    pthread_mutex_unlock(&c->mu);
+    /* chunks_delivered is the host's count, set as it reads DONE (mailbox.c):
+     * chunks still unread now come before DONE and count once read. */
     if (partial && c->st->assembler && take_assembled(c) == 0) {
         c->resp.data[c->resp.len] = '\0';
         r->body = c->resp.data;

@@ -45,14 +45,16 @@ import logging as _logging_module
 from . import _llmretry
 from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
 from ._client import (Client, Meta, Result, call_llm, call_llm_with_deadline,
-                      call_many)
+                      call_many, stream_llm)
 from ._json import assert_shape, extract_json
 from ._logging import DEFAULT, jsonl_logger, log_usage
 from ._policies import Policy, load_policies
 from ._pool import map_with_concurrency
+from ._stream import Stream
 from .errors import (CallCancelledError, DeadlineExceededError, HTTPStatusError,
                      InvalidResponseError, LLMError, NetworkError,
-                     RequestTimeoutError, ResponseTooLargeError, ShapeError)
+                     RequestTimeoutError, ResponseTooLargeError, ShapeError,
+                     StreamInterruptedError)
 
 __version__: str = _llmretry.VERSION
 
@@ -65,6 +67,8 @@ __all__ = [
     "call_llm",
     "call_llm_with_deadline",
     "call_many",
+    "stream_llm",
+    "Stream",
     "map_with_concurrency",
     "Policy",
     "load_policies",
@@ -84,6 +88,7 @@ __all__ = [
     "DeadlineExceededError",
     "ResponseTooLargeError",
     "CallCancelledError",
+    "StreamInterruptedError",
     "ShapeError",
 ]
 

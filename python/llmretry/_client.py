@@ -29,7 +29,8 @@ from ._logging import DEFAULT, event_mask_of, event_sink
 from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json, load_policies,
                         new_idempotency_key)
 from ._pool import map_with_concurrency as _map_with_concurrency
-from .errors import LLMError, error_from_outcome
+from ._stream import Stream
+from .errors import LLMError, StreamInterruptedError, error_from_outcome
 
 __all__ = ["Client", "Result", "Meta", "call_llm", "call_llm_with_deadline",
            "call_many"]
@@ -136,6 +137,36 @@ class Result:
         m = self.meta
         return (f"Result(status={m.status}, attempts={m.attempts}, "
                 f"request_id={m.request_id!r}, model={m.model!r})")
+
+
+def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
+    """A finished call's value (Engine.call's or Stream.outcome's) as a
+    Result, or raise its LLMError; counted for the batch of a worker."""
+    acc = _batch.current_accounting()
+    if type(out) is Result:     # a success the extension parsed and built
+        if acc is not None:     # a map_with_concurrency worker: count for its batch
+            acc.add_meta(out.meta)
+        return out
+    if acc is not None:
+        acc.add_outcome(out)
+    if not out["ok"]:
+        err = error_from_outcome(out)
+        if isinstance(err, StreamInterruptedError) and out.get("body"):
+            # What arrived before the stream broke, assembled.
+            try:
+                fields = {"usage": None, "response_model": None, "system_fingerprint": None}
+                fields.update(out)
+                fields["status"] = 200
+                err.partial = Result(_parse_json(out["body"]), _meta_of(fields))
+            except (ValueError, RecursionError):
+                err.partial = None
+        raise err
+    try:
+        data = (validator.data_for(out["body"]) if validator is not None
+                else _parse_json(out["body"]))
+    except (ValueError, RecursionError) as exc:
+        raise _unparsable(out, exc) from None
+    return Result(data, _meta_of(out))
 
 
 def _unparsable(out: Dict[str, Any], exc: Exception) -> LLMError:
@@ -739,21 +770,7 @@ class Client:
         if plan.validate is not None:
             validator = extra["validate"] = _Validator(plan.validate)
         out = engine.call(payload, as_result=True, **extra, **plan.kwargs)
-        acc = _batch.current_accounting()
-        if type(out) is Result:     # a success the extension parsed and built
-            if acc is not None:     # a map_with_concurrency worker: count for its batch
-                acc.add_meta(out.meta)
-            return out
-        if acc is not None:
-            acc.add_outcome(out)
-        if not out["ok"]:
-            raise error_from_outcome(out)
-        try:
-            data = (validator.data_for(out["body"]) if validator is not None
-                    else _parse_json(out["body"]))
-        except (ValueError, RecursionError) as exc:
-            raise _unparsable(out, exc) from None
-        return Result(data, _meta_of(out))
+        return _result_of(out, validator)
 
     def call_llm(self, body: Body, *,
                  base_url: Optional[str] = DEFAULT,
@@ -795,6 +812,11 @@ class Client:
         if pp.auto_key and values[_IDEMPOTENCY_INDEX] is DEFAULT:
             plan = _with_auto_key(plan)
         return self._run(pp.body(body), plan)
+
+    def stream_llm(self, body: Body, *, policy: Optional[str] = None,
+                   stream_buffer_bytes: int = DEFAULT, **options: Any) -> Stream:
+        """:func:`llmretry.stream_llm` with this client's engine and defaults."""
+        return _client_stream(self, body, policy, stream_buffer_bytes, options)
 
     def call_llm_with_deadline(self, body: Body, deadline_ms: int = 180000,
                                **options: Any) -> Result:
@@ -1191,3 +1213,75 @@ def _close_all_at_exit() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
+
+
+# ---------------------------------------------------------------------------
+# Streaming
+
+def _stream_body(body: Any) -> Any:
+    """A dict body with ``"stream": True`` (a copy when it said otherwise);
+    str and bytes bodies are sent as they are."""
+    if isinstance(body, dict) and body.get("stream") is not True:
+        return dict(body, stream=True)
+    return body
+
+
+def _start_stream(client: "Client", body: Any, plan: _Plan,
+                  stream_buffer_bytes: Any) -> Stream:
+    engine = client._engine
+    if engine is None:
+        engine = client._reopen()
+    body = _stream_body(body)
+    payload, model = _encode_body(body)
+    extra: Dict[str, Any] = {}
+    if model is not None:
+        extra["model"] = model
+    if isinstance(body, dict):
+        extra["stream_usage"] = True    # a dict: the core asks for its usage
+    if stream_buffer_bytes is not DEFAULT:
+        extra["stream_buffer_bytes"] = _int("stream_buffer_bytes", stream_buffer_bytes)
+    if plan.event_mask is not None:
+        extra["event_mask"] = plan.event_mask()
+    validator = None
+    if plan.validate is not None:
+        validator = extra["validate"] = _Validator(plan.validate)
+    raw = engine.stream(payload, as_result=True, **extra, **plan.kwargs)
+    return Stream(raw, lambda out: _result_of(out, validator), _parse_json)
+
+
+def _client_stream(client: "Client", body: Any, policy: Optional[str],
+                   stream_buffer_bytes: Any, options: Dict[str, Any]) -> Stream:
+    _check_option_names(options, "stream_llm()")
+    if policy is None:
+        plan = client._plan.with_options(options.items()) if options else client._plan
+    else:
+        pp = client._policy_plan(policy)
+        plan = pp.plan.with_options(options.items()) if options else pp.plan
+        if pp.auto_key and "idempotency_key" not in options:
+            plan = _with_auto_key(plan)
+        body = pp.body(body)
+    return _start_stream(client, body, plan, stream_buffer_bytes)
+
+
+def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
+               stream_buffer_bytes: int = DEFAULT, **options: Any) -> Stream:
+    """Start a streaming call and return its :class:`Stream` (a context
+    manager; the call runs from here on, chunks waiting for you to read).
+
+    ``body`` as for :func:`call_llm`; a dict gets ``"stream": True`` (and
+    the core asks for ``stream_options.include_usage`` unless it sets
+    ``stream_options``). ``options`` are :func:`call_llm`'s keywords;
+    ``timeout_ms`` bounds the wait for the first chunk, ``idle_timeout_ms``
+    (default 30000) each gap between two, ``deadline_ms`` the whole call;
+    ``stream_buffer_bytes`` (default 1 MiB) of unread chunks pause the
+    transfer until you read.
+
+    Example::
+
+        with llmretry.stream_llm(body, deadline_ms=120000) as s:
+            for text in s.text_deltas():
+                print(text, end="", flush=True)
+            data, meta = s.result()     # the assembled chat.completion
+    """
+    return _client_stream(_client_or_default(client), body, policy, stream_buffer_bytes,
+                          options)

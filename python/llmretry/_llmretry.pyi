@@ -104,6 +104,11 @@ class Engine:
         cyclic GC. Other outcomes stay dicts.
         """
 
+    def stream(self, body: bytes, **options: Any) -> "Stream":
+        """Start a streaming call (Engine.call's keywords, plus
+        ``stream_usage`` and ``stream_buffer_bytes``); read it with
+        ``Stream.next_chunk``."""
+        ...
     def call_many(
         self,
         bodies: Sequence[bytes],
@@ -141,6 +146,21 @@ class Engine:
         """
 
 NOT_STARTED: object  # run_pool's slot for an item never started (deadline, stop)
+
+class Stream:
+    """One streaming call started by Engine.stream. Taking the first chunk is
+    the commit point: before it the engine retries, after it a failure ends
+    the call as ``stream_interrupted``."""
+    request_id: str
+    done: bool
+    def next_chunk(self) -> Optional[bytes]:
+        """The next chunk's JSON text (events and validation are delivered
+        on this thread meanwhile); None once the call has ended."""
+        ...
+    def outcome(self) -> Any:
+        """The finished call's value, as Engine.call returns it."""
+        ...
+    def cancel(self) -> None: ...
 
 def run_pool(items: Sequence[Any], limit: int,
              worker: Callable[[Any, int], Any], return_exceptions: bool = False, *,

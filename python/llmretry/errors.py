@@ -13,6 +13,7 @@ kind                   exception
 ``deadline_exceeded``  :class:`DeadlineExceededError` (also a ``TimeoutError``)
 ``response_too_large`` :class:`ResponseTooLargeError`
 ``cancelled``          :class:`CallCancelledError`
+``stream_interrupted`` :class:`StreamInterruptedError`
 =====================  ==========================================================
 
 Every one carries the same attributes (see :class:`LLMError`), and none of
@@ -34,6 +35,7 @@ __all__ = [
     "DeadlineExceededError",
     "ResponseTooLargeError",
     "CallCancelledError",
+    "StreamInterruptedError",
     "ShapeError",
     "error_from_outcome",
 ]
@@ -166,6 +168,24 @@ class CallCancelledError(LLMError):
     kind = "cancelled"
 
 
+class StreamInterruptedError(LLMError):
+    """A stream failed after you had read a chunk of it: not retried, as the
+    output would repeat.
+
+    Attributes (besides :class:`LLMError`'s):
+        reason: how it broke: ``network``, ``idle_timeout``, ``error_event``,
+            ``truncated``, ``deadline``, ``invalid_chunk`` or ``too_large``.
+        chunks_delivered: the chunks you had read.
+        partial: the :class:`~llmretry.Result` assembled from what arrived
+            (its ``data`` a chat.completion with the text so far), or None.
+        error_code: for ``error_event``, the provider's code.
+    """
+
+    kind = "stream_interrupted"
+    chunks_delivered: int = 0
+    partial: Any = None
+
+
 class ShapeError(ValueError):
     """A value does not match the shape given to :func:`llmretry.assert_shape`.
 
@@ -178,7 +198,7 @@ _ERROR_BY_KIND: Dict[str, Type[LLMError]] = {
     cls.kind: cls
     for cls in (HTTPStatusError, RequestTimeoutError, NetworkError,
                 InvalidResponseError, DeadlineExceededError,
-                ResponseTooLargeError, CallCancelledError)
+                ResponseTooLargeError, CallCancelledError, StreamInterruptedError)
 }
 
 
@@ -186,6 +206,16 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
     """The exception for a failed call outcome of ``_llmretry.Engine.call``."""
     cls = _ERROR_BY_KIND.get(outcome.get("kind"), LLMError)  # type: ignore[arg-type]
     get = outcome.get
+    if cls is StreamInterruptedError:
+        err = cls(get("message") or "the stream was interrupted",
+                  kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
+                  attempts=get("attempts", 0), request_id=get("request_id"),
+                  retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
+                  body_preview=get("body_preview"), reason=get("stream_reason"),
+                  model=get("model"), duration_ms=get("duration_ms", 0),
+                  total_ms=get("total_ms", 0), resends=get("resends", 0))
+        err.chunks_delivered = get("chunks_delivered", 0)
+        return err
     return cls(
         get("message") or "LLM call failed",
         kind=get("kind"), status=get("status"), attempt=get("attempt", 0),

@@ -1,6 +1,6 @@
 """Ctrl-C: a child process gets SIGINT while a call waits, and exits promptly
 with KeyboardInterrupt (DESIGN §5), in a backoff wait, during an attempt in
-flight, and inside map_with_concurrency."""
+flight, inside map_with_concurrency and while a stream waits for a chunk."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ elif mode == "map":
     def worker(item, index):
         return llmretry.call_llm(body, logger=logger, **opts)
     llmretry.map_with_concurrency(range(4), 4, worker)
+elif mode == "stream":
+    with llmretry.stream_llm(body, logger=logger, **opts) as s:
+        for text in s.text_deltas():
+            print("CHUNK", flush=True)
 print("RETURNED", flush=True)
 """ % SECRET_KEY
 
@@ -157,3 +161,20 @@ def test_sigint_in_map_with_concurrency(scen: Scenario) -> None:
     finally:
         child.kill()
     assert len(scen.requests()) <= 4, "no new item may start after Ctrl-C"
+
+
+def test_sigint_while_a_stream_waits(scen: Scenario) -> None:
+    """Ctrl-C while a stream waits for its next chunk: KeyboardInterrupt
+    promptly, and leaving the block cancels the call with its last event
+    (gave_up, cancelled) delivered before the process ends."""
+    scen.script([{"stream": {"chunks": ["a", "b"], "end": "stall", "after": 1,
+                             "stall_ms": 30000}}])
+    child = Child(scen.url, "stream")
+    try:
+        child.wait_line("CHUNK")
+        took = child.interrupt()
+        check_interrupted(child, took)
+    finally:
+        child.kill()
+    assert "EVENT llm_request_gave_up" in child.seen
+    assert len(scen.requests()) == 1

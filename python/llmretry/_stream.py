@@ -1,0 +1,126 @@
+"""Streaming calls: chunks as they arrive, retried only before you see one.
+
+``with llmretry.stream_llm(body) as s:`` starts the call; iterating ``s``
+yields each chunk (the parsed JSON of one ``data:`` event), ``s.text_deltas()``
+only the content strings, ``s.result()`` the assembled :class:`Result` once
+the stream has ended. Until the first chunk has been handed to you, every
+failure (status, network, stall, an error event, a truncated stream) is
+retried under the policy, and chunks of the failed attempt that you had not
+read are dropped with it. Once you have one, nothing is retried (the output
+would repeat): a failure then raises :class:`~llmretry.StreamInterruptedError`
+with ``reason``, ``chunks_delivered`` and the ``partial`` result. Leaving the
+``with`` block early cancels the call and waits for its end, so its last
+event (``llm_request_gave_up``, reason ``cancelled``) is delivered before the
+block returns. The waiting thread releases the GIL; Ctrl-C interrupts it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from .errors import LLMError, error_from_outcome
+
+__all__ = ["Stream"]
+
+
+class Stream:
+    """One streaming call (see :func:`llmretry.stream_llm`).
+
+    Attributes:
+        request_id: the call's request id (sent as ``X-Client-Request-Id``).
+        chunks_read: how many chunks you have read so far.
+    """
+
+    __slots__ = ("_raw", "_finish", "_parse", "_outcome", "_error", "chunks_read",
+                 "_closed")
+
+    def __init__(self, raw: Any, finish: Callable[[Dict[str, Any]], Any],
+                 parse: Callable[[bytes], Any]) -> None:
+        self._raw = raw
+        self._finish = finish       # outcome dict/Result -> Result, or raises LLMError
+        self._parse = parse
+        self._outcome: Any = None
+        self._error: Optional[LLMError] = None
+        self.chunks_read = 0
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return str(self._raw.request_id)
+
+    @property
+    def done(self) -> bool:
+        """True once the call has ended (successfully or not)."""
+        return bool(self._raw.done)
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        """Each chunk as it arrives; at the end, raise the call's error if it
+        failed (a ``StreamInterruptedError`` after a chunk was read)."""
+        raw = self._raw
+        while True:
+            data = raw.next_chunk()
+            if data is None:
+                break
+            self.chunks_read += 1
+            # The core judged it a UTF-8 JSON object; Python's decoder may
+            # still give up on deep nesting: that chunk is skipped, not raised.
+            try:
+                chunk = self._parse(data)
+            except ValueError:
+                continue
+            yield chunk
+        self._end()
+
+    def text_deltas(self) -> Iterator[str]:
+        """Only the content strings of choice 0, as they arrive."""
+        for chunk in self:
+            choices = chunk.get("choices") if isinstance(chunk, dict) else None
+            for choice in choices or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta")
+                content = delta.get("content") if isinstance(delta, dict) else None
+                if isinstance(content, str) and content:
+                    yield content
+
+    def result(self) -> Any:
+        """Wait for the end (reading what is left) and return the assembled
+        :class:`Result`, or raise the call's :class:`LLMError`."""
+        for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+    def close(self) -> None:
+        """Cancel the call if it is still running, and wait for its end (its
+        last event is delivered here). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._raw.done:
+            self._raw.cancel()
+            while self._raw.next_chunk() is not None:
+                pass            # chunks after the cancel: dropped
+
+    def _end(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._outcome is not None:
+            return
+        try:
+            self._outcome = self._finish(self._raw.outcome())
+        except LLMError as exc:
+            self._error = exc
+            raise
+
+    def __repr__(self) -> str:
+        state = "done" if self._raw.done else "running"
+        return (f"Stream(request_id={self.request_id!r}, {state}, "
+                f"chunks_read={self.chunks_read})")
