@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", required=True)
     c.add_argument("--system", help="a system message before the prompt")
     c.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    c.add_argument("--stream", action="store_true",
+                   help="stream the reply: print its text as it arrives")
+    c.add_argument("--idle-timeout-ms", type=_positive,
+                   help="with --stream: the longest gap between two chunks (default 30000)")
     c.add_argument("--deadline-ms", type=_non_negative,
                    help="budget for the call, all attempts included")
     _add_call_options(c)
@@ -635,9 +639,15 @@ def run_call(args: argparse.Namespace) -> int:
         options = _client_defaults(args)
         if args.deadline_ms is not None:
             options["deadline_ms"] = args.deadline_ms
+        if args.idle_timeout_ms is not None:
+            options["idle_timeout_ms"] = args.idle_timeout_ms
         with _make_client(args, logger) as client:
             try:
-                data, _meta = client.call_llm(body, policy=args.policy, **options)
+                if args.stream and not args.json:
+                    return _print_stream(client, body, args.policy, options)
+                data, _meta = client.call_llm(
+                    dict(body, stream=True) if args.stream else body, policy=args.policy,
+                    **options)
             except LLMError as exc:
                 sys.stderr.write(f"{PROG}: {exc.kind}: {exc}\n")
                 return 1
@@ -649,6 +659,24 @@ def run_call(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     else:
         sys.stdout.write(content + ("" if content.endswith("\n") else "\n"))
+    sys.stdout.flush()
+    return 0
+
+
+def _print_stream(client: Client, body: Dict[str, Any], policy: Optional[str],
+                  options: Dict[str, Any]) -> int:
+    """``call --stream``: the reply's text as it arrives, then a newline.
+    Raises LLMError (the caller reports it) when the stream fails; what was
+    printed stays printed."""
+    ends_with_newline = True
+    with client.stream_llm(body, policy=policy, **options) as s:
+        for text in s.text_deltas():
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            ends_with_newline = text.endswith("\n")
+        s.result()
+    if not ends_with_newline:
+        sys.stdout.write("\n")
     sys.stdout.flush()
     return 0
 

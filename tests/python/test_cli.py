@@ -302,6 +302,28 @@ def test_call_json_and_failure(scen: Scenario, capsys: pytest.CaptureFixture[str
     assert err.startswith("llmretry: http_status: HTTP 401")
 
 
+def test_call_stream_prints_text_as_it_arrives(scen: Scenario,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    scen.script([{"status": 503}, {"stream": {"chunks": ["Hel", "lo", "!"]}}])
+    code, out, err = run_main(["call", "SECRET-PROMPT-s", "--model", "m", "--stream",
+                               "--base-url", scen.url, "-v", *FAST_ARGS], capsys)
+    assert code == 0 and out == "Hello!\n"
+    assert "SECRET-PROMPT" not in err
+    assert json.loads(scen.requests()[-1]["body"])["stream"] is True
+    # --json with --stream: the assembled chat.completion.
+    scen.script([{"stream": {"chunks": ["a", "b"]}}])
+    code, out, _ = run_main(["call", "hi", "--model", "m", "--stream", "--json",
+                             "--base-url", scen.url, *FAST_ARGS], capsys)
+    assert code == 0 and json.loads(out)["choices"][0]["message"]["content"] == "ab"
+    # A stream that breaks after text was printed: the text stays, the error says why.
+    scen.script([{"stream": {"chunks": ["a", "b", "c"], "end": "drop", "after": 2,
+                             "delay_ms": 150}}])
+    code, out, err = run_main(["call", "hi", "--model", "m", "--stream",
+                               "--base-url", scen.url, *FAST_ARGS], capsys)
+    assert code == 1 and out.startswith("a")
+    assert "stream_interrupted" in err
+
+
 def test_module_entry_point_and_version() -> None:
     p = run_module(["--version"], key=False)
     assert p.returncode == 0 and p.stdout.strip() == f"llmretry {llmretry.__version__}"
