@@ -51,7 +51,8 @@ PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)s;
 }
 
-/* next_chunk() -> bytes, or None once the call is done. Blocks (the GIL
+/* next_chunk() -> (event, bytes), or None once the call is done: event is
+ * None for plain `data:` chunks, else the SSE event's name. Blocks (the GIL
  * released, waking for Ctrl-C) until a chunk or the end comes. */
 static PyObject *Stream_next_chunk(StreamObject *s, PyObject *unused)
 {
@@ -63,9 +64,11 @@ static PyObject *Stream_next_chunk(StreamObject *s, PyObject *unused)
         case LLMRETRY_MAIL_CHUNK: {
             size_t len = 0;
             const char *data = llmretry_chunk_data(ev, &len);
-            PyObject *b = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+            const char *name = llmretry_chunk_event(ev);
+            PyObject *out = Py_BuildValue("(zy#)", strcmp(name, "message") ? name : NULL, data,
+                                          (Py_ssize_t)len);
             llmretry_event_free(ev);
-            return b;
+            return out;
         }
         case LLMRETRY_MAIL_EVENT:
             if (route_event(&rt, ev) < 0)
@@ -152,7 +155,7 @@ static int Stream_clear(StreamObject *s)
 
 static PyMethodDef Stream_methods[] = {
     { "next_chunk", (PyCFunction)Stream_next_chunk, METH_NOARGS,
-      "next_chunk() -> bytes | None: the next chunk's JSON text; None at the end." },
+      "next_chunk() -> (event | None, bytes) | None: the next chunk; None at the end." },
     { "outcome", (PyCFunction)Stream_outcome, METH_NOARGS,
       "outcome() -> dict | Result: the finished call's value, as Engine.call's." },
     { "cancel", (PyCFunction)Stream_cancel, METH_NOARGS,

@@ -42,6 +42,7 @@ void llmretry_event_free(llmretry_event *ev)
     free(ev->response_model);
     free(ev->system_fingerprint);
     free(ev->chunk);
+    free(ev->chunk_event);
     llmretry_call *c = ev->call;
     free(ev);
     lr_call_unref(c);
@@ -223,4 +224,11 @@ const char *llmretry_chunk_data(const llmretry_event *item, size_t *len)
     if (len)
         *len = item->chunk_len;
     return item->chunk;
+}
+
+const char *llmretry_chunk_event(const llmretry_event *item)
+{
+    if (!item || item->type != LLMRETRY_EV_CHUNK)
+        return NULL;
+    return item->chunk_event ? item->chunk_event : "message";
 }

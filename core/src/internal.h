@@ -151,6 +151,7 @@ struct llmretry_event {
     /* LLMRETRY_EV_CHUNK items: the payload (malloc'd) */
     char *chunk;
     size_t chunk_len;
+    char *chunk_event;             /* a typed event's name, NULL = "message" */
 };
 
 struct llmretry_call {

@@ -179,7 +179,11 @@ int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payl
         return 0;
     }
     const cJSON *e = item(doc, "error");
-    if (cJSON_IsObject(e))
+    if (event && strcmp(event, "response.failed") == 0) {
+        /* The Responses API: the failed response carries its error. */
+        const cJSON *re = item(item(doc, "response"), "error");
+        rc = classify_error(cJSON_IsObject(re) ? re : NULL, p);
+    } else if (cJSON_IsObject(e))
         rc = classify_error(e, p);
     else if (cJSON_IsString(e))
         rc = classify_error(NULL, p);           /* {"error": "text"}: no code */

@@ -78,6 +78,8 @@ void lr_stream_reset(llmretry_call *c)
     lr_asm_free(s->assembler);
     s->assembler = NULL;
     lr_sse_payload_clear(&s->payload);
+    free(s->final_body);
+    s->final_body = NULL;
     s->active = s->chunks = s->done = s->broken = 0;
     s->raw_bytes = 0;
     s->fail = LR_SF_NONE;
@@ -92,16 +94,19 @@ void lr_stream_free(llmretry_call *c)
     lr_sse_free(&c->st->reader);
     lr_asm_free(c->st->assembler);
     lr_sse_payload_clear(&c->st->payload);
+    free(c->st->final_body);
     free(c->st);
     c->st = NULL;
 }
 
 /* ---- chunks into the mailbox ------------------------------------------------ */
 
-static int mail_chunk(llmretry_call *c, const char *data, size_t len)
+static int mail_chunk(llmretry_call *c, const char *data, size_t len, const char *event)
 {
     llmretry_event *ev = lr_event_new(c, LLMRETRY_EV_CHUNK);
-    if (!ev || !(ev->chunk = lr_strndup(data, len))) {
+    int typed = event && strcmp(event, "message") != 0;
+    if (!ev || !(ev->chunk = lr_strndup(data, len)) ||
+        (typed && !(ev->chunk_event = lr_strdup(event)))) {
         llmretry_event_free(ev);
         return -1;
     }
@@ -165,6 +170,16 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
         return -1;
     }
     llmretry_status st = lr_asm_add(s->assembler, doc);
+    if (st == LLMRETRY_OK && ev->event && strcmp(ev->event, "response.completed") == 0) {
+        /* The Responses API's last event: its response is the result; no
+         * [DONE] follows. */
+        const cJSON *resp = cJSON_GetObjectItemCaseSensitive(doc, "response");
+        free(s->final_body);
+        s->final_body = cJSON_IsObject(resp) ? cJSON_PrintUnformatted(resp) : NULL;
+        if (!s->final_body)
+            st = LLMRETRY_ENOMEM;
+        s->done = 1;
+    }
     cJSON_Delete(doc);
     if (st != LLMRETRY_OK) {
         s->fail = LR_SF_NOMEM;
@@ -181,7 +196,7 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
             return -1;
         }
     }
-    if (c->o.stream_chunks && mail_chunk(c, ev->data, ev->data_len) != 0) {
+    if (c->o.stream_chunks && mail_chunk(c, ev->data, ev->data_len, ev->event) != 0) {
         s->fail = LR_SF_NOMEM;
         return -1;
     }
@@ -238,7 +253,14 @@ static char *text(const char *fmt, long long v)
 static int take_assembled(llmretry_call *c)
 {
     size_t len = 0;
-    char *body = lr_asm_result_text(c->st->assembler, &len);
+    char *body;
+    if (c->st->final_body) {
+        body = c->st->final_body;
+        c->st->final_body = NULL;
+        len = strlen(body);
+    } else {
+        body = lr_asm_result_text(c->st->assembler, &len);
+    }
     if (!body)
         return -1;
     free(c->resp.data);
@@ -299,7 +321,7 @@ void lr_stream_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         s->broken = 1;
         return;                     /* the transport's failure, classified by the caller */
     }
-    end = lr_sse_finish(&s->reader);
+    end = s->done ? LR_SSE_END_DONE : lr_sse_finish(&s->reader);
     if (end == LR_SSE_END_DONE || end == LR_SSE_END_AFTER_FINISH) {
         if (take_assembled(c) != 0) {
             f->kind = LLMRETRY_ERR_NETWORK;

@@ -43,6 +43,9 @@ typedef struct lr_stream {
     int chunks;                    /* this attempt's */
     int done;                      /* [DONE] seen */
     int broken;                    /* the transfer failed before the stream's end */
+    /* A typed stream's final object (the Responses API's response.completed
+     * "response"): the result's body instead of the assembled chunks. */
+    char *final_body;
     int64_t raw_bytes;             /* against max_response_bytes */
     lr_stream_fail fail;           /* why the attempt was cut short */
     lr_sse_payload payload;        /* of ERROR_EVENT / INVALID_CHUNK */

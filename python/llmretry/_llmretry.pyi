@@ -153,9 +153,10 @@ class Stream:
     the call as ``stream_interrupted``."""
     request_id: str
     done: bool
-    def next_chunk(self) -> Optional[bytes]:
-        """The next chunk's JSON text (events and validation are delivered
-        on this thread meanwhile); None once the call has ended."""
+    def next_chunk(self) -> Optional[Tuple[Optional[str], bytes]]:
+        """The next chunk: its SSE event name (None for plain data) and JSON
+        text (events and validation are delivered on this thread meanwhile);
+        None once the call has ended."""
         ...
     def outcome(self) -> Any:
         """The finished call's value, as Engine.call returns it."""

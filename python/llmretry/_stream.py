@@ -16,7 +16,7 @@ block returns. The waiting thread releases the GIL; Ctrl-C interrupts it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from .errors import LLMError, error_from_outcome
 
@@ -62,19 +62,28 @@ class Stream:
     def __iter__(self) -> Iterator[Any]:
         """Each chunk as it arrives; at the end, raise the call's error if it
         failed (a ``StreamInterruptedError`` after a chunk was read)."""
+        for _event, chunk in self.events():
+            yield chunk
+
+    def events(self) -> Iterator[Tuple[str, Any]]:
+        """Each chunk with its SSE event name: ``"message"`` for chat
+        completions; typed streams (the Responses API) name theirs
+        (``"response.output_text.delta"``, ...). There ``result()`` is the
+        final ``response.completed`` event's response."""
         raw = self._raw
         while True:
-            data = raw.next_chunk()
-            if data is None:
+            item = raw.next_chunk()
+            if item is None:
                 break
             self.chunks_read += 1
+            event, data = item
             # The core judged it a UTF-8 JSON object; Python's decoder may
             # still give up on deep nesting: that chunk is skipped, not raised.
             try:
                 chunk = self._parse(data)
             except ValueError:
                 continue
-            yield chunk
+            yield event or "message", chunk
         self._end()
 
     def text_deltas(self) -> Iterator[str]:

@@ -231,3 +231,49 @@ def test_policies_apply_to_streams(scen: Scenario) -> None:
             assert "".join(s.text_deltas()) == "p"
             assert s.result().meta.attempts == 2
     assert json.loads(scen.requests()[1]["body"])["model"] == "policy-model"
+
+
+def _typed(event: str, data: Dict[str, Any]) -> Dict[str, str]:
+    return {"raw": f"event: {event}\ndata: {json.dumps(data)}\n\n"}
+
+
+def test_a_typed_stream_responses_api(scen: Scenario) -> None:
+    """The Responses API's typed events come chunk by chunk with their names,
+    with no [DONE]; result() is the response.completed event's response."""
+    final = {"id": "resp_1", "object": "response", "status": "completed",
+             "output": [{"type": "message", "content": [{"type": "output_text",
+                                                          "text": "Hi!"}]}]}
+    items = [_typed("response.created", {"type": "response.created",
+                                         "response": {"id": "resp_1", "status": "in_progress"}}),
+             _typed("response.output_text.delta", {"type": "response.output_text.delta",
+                                                   "delta": "Hi"}),
+             _typed("response.output_text.delta", {"type": "response.output_text.delta",
+                                                   "delta": "!"}),
+             _typed("response.completed", {"type": "response.completed", "response": final})]
+    scen.script([{"stream": {"chunks": items, "end": "no_done", "finish_reason": None}}])
+    # The mock serves any stream on its chat path.
+    url = scen.url + "/chat/completions"
+    with llmretry.stream_llm({"model": "m", "input": "SECRET-PROMPT"}, url=url,
+                             logger=None, **FAST) as s:
+        got = list(s.events())
+        res = s.result()
+    assert [e for e, _ in got] == ["response.created", "response.output_text.delta",
+                                   "response.output_text.delta", "response.completed"]
+    assert "".join(c["delta"] for e, c in got if e == "response.output_text.delta") == "Hi!"
+    assert res.data == final
+
+
+def test_a_typed_stream_that_fails(scen: Scenario) -> None:
+    """response.failed (before any read) is an error classified by its code:
+    server_error is retried."""
+    failed = _typed("response.failed", {"type": "response.failed", "response": {
+        "status": "failed", "error": {"code": "server_error", "message": "SECRET"}}})
+    done = _typed("response.completed", {"type": "response.completed",
+                                         "response": {"id": "r2", "status": "completed"}})
+    scen.script([{"stream": {"chunks": [failed], "end": "no_done", "finish_reason": None}},
+                 {"stream": {"chunks": [done], "end": "no_done", "finish_reason": None}}])
+    with llmretry.stream_llm({"model": "m", "input": "x"}, url=scen.url + "/chat/completions",
+                             logger=None, **FAST) as s:
+        time.sleep(0.2)
+        res = s.result()
+    assert res.data == {"id": "r2", "status": "completed"} and res.meta.attempts == 2

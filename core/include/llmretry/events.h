@@ -59,6 +59,9 @@ void llmretry_event_free(llmretry_event *ev);
 /* The JSON text of a LLMRETRY_EV_CHUNK item (one `data:` payload, as the
  * server sent it; NUL-terminated), or NULL for any other item. */
 const char *llmretry_chunk_data(const llmretry_event *item, size_t *len);
+/* Its SSE event name: "message" unless the stream typed its events (the
+ * Responses API's "response.output_text.delta", ...); NULL for other items. */
+const char *llmretry_chunk_event(const llmretry_event *item);
 
 void llmretry_free(void *p);
 
