@@ -26,8 +26,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from . import _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
-from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json, load_policies,
-                        new_idempotency_key)
+from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json,
+                        load_policies, new_idempotency_key)
 from ._pool import map_with_concurrency as _map_with_concurrency
 from ._stream import Stream
 from .errors import LLMError, StreamInterruptedError, error_from_outcome
