@@ -874,15 +874,19 @@ class Client:
         model filled in); ValueError for an unknown policy."""
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
-            _check_batch_options(plan.kwargs)
-            return plan, items
-        pp = self._policy_plan(policy)
-        plan = pp.plan.with_options(options.items()) if options else pp.plan
-        if pp.auto_key and "idempotency_key" not in options:
-            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
-        if pp.model is not None:
-            items = [pp.body(body) for body in items]
+        else:
+            pp = self._policy_plan(policy)
+            plan = pp.plan.with_options(options.items()) if options else pp.plan
+            if pp.auto_key and "idempotency_key" not in options:
+                plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
+            if pp.model is not None:
+                items = [pp.body(body) for body in items]
         _check_batch_options(plan.kwargs)
+        if any(type(b) is dict and b.get("stream") is True for b in items):
+            # Dicts that stream ask for their usage (the core adds
+            # stream_options to streaming bodies that set none).
+            plan = _Plan(dict(plan.kwargs, stream_usage=True), plan.validate,
+                         plan.event_mask, plan.auto_key)
         return plan, items
 
     def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],

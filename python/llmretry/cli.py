@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--call-deadline-ms", type=_non_negative,
                    help="budget for each call, all attempts included")
     b.add_argument("--model", help="the model of requests that name none")
+    b.add_argument("--stream", action="store_true",
+                   help="send each request as a stream (store the assembled result)")
     b.add_argument("--skip-invalid", action="store_true",
                    help="run the good lines of an input with bad ones (each bad line "
                    "fails, with its line number, in -o and --failures); without it "
@@ -554,6 +556,9 @@ def run_batch(args: argparse.Namespace) -> int:
         options = _client_defaults(args)
         if args.call_deadline_ms is not None:
             options["deadline_ms"] = args.call_deadline_ms
+        if args.stream:
+            # Each request as a stream; the result stored is the assembled one.
+            bodies = [dict(b, stream=True) if isinstance(b, dict) else b for b in bodies]
         plan, sent = client._batch_plan(args.policy, options,
                                         [b if b is not None else {} for b in bodies])
         encoded: List[Tuple[bytes, Optional[str]]] = []

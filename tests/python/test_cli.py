@@ -115,6 +115,30 @@ def test_batch_end_to_end_then_resume(scen: Scenario, tmp_path: Path) -> None:
     assert "27 done earlier" in p.stderr and "30 items: 3 ok, 0 failed" in p.stderr
 
 
+def test_batch_stream_stores_the_assembled_results(scen: Scenario, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """batch --stream: every request goes as a stream (with usage asked for),
+    a stream that breaks before any result is retried, and each stored
+    result is the assembled chat.completion."""
+    req, res = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    write_requests(req, 6)
+    scen.script([{"stream": {"chunks": ["a"], "end": "drop", "after": 1}}],
+                after={"stream": {"chunks": ["o", "k"]}})
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--limit", "2", "--model", "m",
+                             "--stream", "--base-url", scen.url, "--no-progress", *FAST_ARGS],
+                            capsys)
+    assert code == 0, err
+    lines = read_results(res)
+    assert [rec["index"] for rec in lines] == list(range(6))
+    for rec in lines:
+        assert rec["ok"] and rec["data"]["choices"][0]["message"]["content"] == "ok"
+        assert rec["data"]["usage"]["total_tokens"] == 15
+    sent = [json.loads(r["body"]) for r in scen.requests()]
+    assert len(sent) == 7
+    assert all(b["stream"] is True and b["stream_options"] == {"include_usage": True}
+               for b in sent)
+
+
 def test_batch_resume_from_the_results_file_alone(scen: Scenario, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
