@@ -277,3 +277,19 @@ def test_a_typed_stream_that_fails(scen: Scenario) -> None:
         time.sleep(0.2)
         res = s.result()
     assert res.data == {"id": "r2", "status": "completed"} and res.meta.attempts == 2
+
+
+@pytest.mark.slow
+def test_a_thousand_streams_open_at_once(scen: Scenario) -> None:
+    """1,000 streams open on one client from one thread: each waits in its
+    own mailbox until read; all end whole."""
+    scen.script([], after={"stream": {"chunks": ["a", "b", "c"], "delay_ms": 100}})
+    with llmretry.Client(base_url=scen.url, max_in_flight=1000, **FAST) as c:
+        streams = [c.stream_llm(BODY, logger=None) for _ in range(1000)]
+        try:
+            texts = ["".join(s.text_deltas()) for s in streams]
+        finally:
+            for s in streams:
+                s.close()
+    assert texts == ["abc"] * 1000
+    assert len(scen.requests()) == 1000
