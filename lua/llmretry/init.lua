@@ -52,6 +52,7 @@ M.errors = {
   DEADLINE_EXCEEDED = "deadline_exceeded",
   CANCELLED = "cancelled",
   RESPONSE_TOO_LARGE = "response_too_large",
+  STREAM_INTERRUPTED = "stream_interrupted",
 }
 
 -- Is `v` an error table returned by a call (nil, err)?
