@@ -132,6 +132,9 @@ void lr_easy_pool_clear(llmretry_engine *e);
 /* A fresh event of type t, or NULL when the call did not ask for it. */
 llmretry_event *lr_event(llmretry_call *c, llmretry_event_type t);
 void lr_post(llmretry_call *c, llmretry_event *ev);
+/* Append an item (an event, or a stream chunk) to the call's mailbox and
+ * wake its reader; dropped when the host has freed the call. */
+void lr_mail_event(llmretry_call *c, llmretry_event *ev);
 /* The call has news for its channel (published by lr_publish). */
 void lr_notify(llmretry_call *c);
 /* Publish every call with news, once per loop pass. */

@@ -63,6 +63,8 @@ void lr_mail_event(llmretry_call *c, llmretry_event *ev)
         llmretry_event_free(ev);
         return;
     }
+    if (ev->type == LLMRETRY_EV_CHUNK)
+        c->st->unread_bytes += (int64_t)ev->chunk_len;  /* backpressure (stream.c) */
     if (c->ev_tail)
         c->ev_tail->next = ev;
     else

@@ -111,21 +111,7 @@ static int mail_chunk(llmretry_call *c, const char *data, size_t len, const char
         return -1;
     }
     ev->chunk_len = len;
-    pthread_mutex_lock(&c->mu);
-    if (c->host_freed) {
-        pthread_mutex_unlock(&c->mu);
-        llmretry_event_free(ev);
-        return 0;
-    }
-    c->st->unread_bytes += (int64_t)len;
-    if (c->ev_tail)
-        c->ev_tail->next = ev;
-    else
-        c->ev_head = ev;
-    c->ev_tail = ev;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    lr_notify(c);
+    lr_mail_event(c, ev);
     return 0;
 }
 

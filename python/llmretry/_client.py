@@ -139,6 +139,21 @@ class Result:
                 f"request_id={m.request_id!r}, model={m.model!r})")
 
 
+def _call_extra(plan: "_Plan", model: Optional[str]) -> Tuple[Dict[str, Any],
+                                                             Optional["_Validator"]]:
+    """Engine keywords of one call besides the plan's: its model, the events
+    the logger keeps at its current level, the validator (also returned)."""
+    extra: Dict[str, Any] = {}
+    if model is not None:
+        extra["model"] = model
+    if plan.event_mask is not None:
+        extra["event_mask"] = plan.event_mask()
+    validator = None
+    if plan.validate is not None:
+        validator = extra["validate"] = _Validator(plan.validate)
+    return extra, validator
+
+
 def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
     """A finished call's value (Engine.call's or Stream.outcome's) as a
     Result, or raise its LLMError; counted for the batch of a worker."""
@@ -760,15 +775,7 @@ class Client:
         engine = self._engine
         if engine is None:
             engine = self._reopen()
-        extra: Dict[str, Any] = {}
-        if model is not None:
-            extra["model"] = model
-        if plan.event_mask is not None:
-            # Only the events the logger keeps at its current level.
-            extra["event_mask"] = plan.event_mask()
-        validator = None
-        if plan.validate is not None:
-            validator = extra["validate"] = _Validator(plan.validate)
+        extra, validator = _call_extra(plan, model)
         out = engine.call(payload, as_result=True, **extra, **plan.kwargs)
         return _result_of(out, validator)
 
@@ -1237,18 +1244,11 @@ def _start_stream(client: "Client", body: Any, plan: _Plan,
         engine = client._reopen()
     body = _stream_body(body)
     payload, model = _encode_body(body)
-    extra: Dict[str, Any] = {}
-    if model is not None:
-        extra["model"] = model
+    extra, validator = _call_extra(plan, model)
     if isinstance(body, dict):
         extra["stream_usage"] = True    # a dict: the core asks for its usage
     if stream_buffer_bytes is not DEFAULT:
         extra["stream_buffer_bytes"] = _int("stream_buffer_bytes", stream_buffer_bytes)
-    if plan.event_mask is not None:
-        extra["event_mask"] = plan.event_mask()
-    validator = None
-    if plan.validate is not None:
-        validator = extra["validate"] = _Validator(plan.validate)
     raw = engine.stream(payload, as_result=True, **extra, **plan.kwargs)
     return Stream(raw, lambda out: _result_of(out, validator), _parse_json)
 
