@@ -162,7 +162,10 @@ int engine_submit(lua_State *L)
     }
     /* engine:poll (group:poll for a group's calls) finds the handle of a
      * call through this weak table. */
-    if (o.group) {
+    lua_getfield(L, 2, "group");
+    lr_group *gr = o.group ? lua_touserdata(L, -1) : NULL;
+    lua_pop(L, 1);
+    if (gr && gr->poll) {
         lua_getfield(L, 2, "group");
         lr_getuservalue(L, -1);
     } else {
@@ -260,8 +263,10 @@ int engine_group(lua_State *L)
         while (lua_next(L, 2)) {
             lua_pop(L, 1);
             const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-            if (strcmp(k, "limit") && strcmp(k, "deadline_ms") && strcmp(k, "adaptive"))
-                lr_fail(L, "unknown group option '%.40s' (limit, deadline_ms, adaptive)", k);
+            if (strcmp(k, "limit") && strcmp(k, "deadline_ms") && strcmp(k, "adaptive") &&
+                strcmp(k, "poll"))
+                lr_fail(L, "unknown group option '%.40s' (limit, deadline_ms, adaptive, poll)",
+                        k);
         }
         lua_getfield(L, 2, "limit");
         if (!lua_isnil(L, -1))
@@ -278,9 +283,18 @@ int engine_group(lua_State *L)
                 lr_fail(L, "adaptive must be a boolean (got %s)", got(L, -1, buf, sizeof buf));
             go.adaptive = lua_toboolean(L, -1);
         }
+        /* poll = false: the group only paces; its calls report to
+         * engine:poll like any other (one fd for a host watching several). */
+        lua_getfield(L, 2, "poll");
+        if (!lua_isnil(L, -1)) {
+            if (lua_type(L, -1) != LUA_TBOOLEAN)
+                lr_fail(L, "poll must be a boolean (got %s)", got(L, -1, buf, sizeof buf));
+            go.poll = lua_toboolean(L, -1);
+        }
     }
     lr_group *gr = lr_newuserdata(L, sizeof *gr);
     gr->g = NULL;
+    gr->poll = go.poll;
     int idx = lua_gettop(L);
     luaL_getmetatable(L, GROUP_MT);
     lua_setmetatable(L, idx);

@@ -55,6 +55,7 @@ typedef struct lr_handle {
 
 typedef struct lr_group {
     llmretry_group *g;
+    int poll;                      /* its calls report to group:poll (else engine:poll) */
 } lr_group;
 
 int lr_fail(lua_State *L, const char *fmt, ...) LR_PRINTF(2, 3);

@@ -366,9 +366,10 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
         return st;
     if (c->group && c->group->poll) {
         c->ready_to = &c->group->ready;
-    } else if (c->group) {
-        c->ready_to = NULL;             /* its host waits on the call itself */
     } else if (opts->channel) {
+        /* A group without a channel of its own paces its calls; they report
+         * where they would without it (a channel, the engine's, or none: the
+         * host waits on the call itself). */
         c->channel = opts->channel;     /* released with the call */
         lr_channel_ref(c->channel);
         c->ready_to = lr_channel_of(c->channel);

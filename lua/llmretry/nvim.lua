@@ -288,6 +288,14 @@ function M.call_llm(opts, callback)
         .. "coroutine (a map_with_concurrency worker)", 2)
     end
     local pool = sched.current()
+    if pool and pool.group and opts.group == nil then
+      -- The pool's group paces its calls on the engine thread: a 429
+      -- naming a wait pauses the pool's new starts, as in llmretry's.
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.group = pool.group
+      opts = o
+    end
     local rec
     rec = start(opts, function(res, err)
       if pool then pool.calls[rec] = nil end
@@ -338,10 +346,14 @@ function M.map_with_concurrency(items, limit, worker, on_done, opts)
     argerror(2, "opts.logger", "a function, false or nil", logger)
   end
 
-  local ctx = { calls = {}, cancelled = false, logger = logger or nil }
+  -- One engine group paces the pool (its calls still report to the one
+  -- engine fd the session watches: poll = false).
+  local group = get_engine():group{ limit = limit, adaptive = true, poll = false }
+  local ctx = { calls = {}, cancelled = false, logger = logger or nil, group = group }
   local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
     return_errors = return_errors, context = ctx,
     on_finish = function(p)
+      group:close()
       vim.schedule(function() on_done(p.results, p.nerrors > 0 and p.errors or nil) end)
     end }
 

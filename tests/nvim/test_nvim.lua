@@ -217,6 +217,42 @@ test("map_with_concurrency: at most `limit` calls at once, results in order, loo
   check(ticks >= 20, "only %d timer ticks while the pool ran %.0f ms", ticks, wall)
 end)
 
+test("map_with_concurrency: a 429's Retry-After pauses new starts (shared vector)", function()
+  -- tests/vectors/batches/pool_pause_on_retry_after.json, as C, Python and
+  -- Lua run it: the engine group pacing the pool holds new starts for the
+  -- server's second (before it, the Neovim pool did not pause at all).
+  local here = vim.fn.fnamemodify(debug.getinfo(1, "S").source:sub(2), ":h")
+  local path = here .. "/../vectors/batches/pool_pause_on_retry_after.json"
+  local vec = vim.fn.json_decode(table.concat(vim.fn.readfile(path), "\n"))
+  local name = "nvim_" .. vec.name
+  T.script(name, vec.script.steps, vec.script.after)
+  local done, results, errors
+  nv.map_with_concurrency(vec.items, vec.limit, function(_, i)
+    local res, err = nv.call_llm(T.opts(name, vim.tbl_extend("force", vec.options,
+      { body = T.body(name .. i) })))
+    if not res then error(err) end
+    return true
+  end, function(r, e) done, results, errors = true, r, e end)
+  check(T.wait_until(function() return done end, 10000), "on_done did not run within 10 s")
+  check(errors == nil, "errors %s", vim.inspect(errors))
+  check(results.n == #vec.items, "results.n %s", tostring(results.n))
+  local recs = T.requests(name)
+  check(#recs == vec.expect.requests, "%d requests, expected %d", #recs, vec.expect.requests)
+  local quiet = vec.expect.quiet_after_429_ms
+  local t429
+  for _, r in ipairs(recs) do
+    if r.step == 0 and not t429 then t429 = r.time end
+  end
+  check(t429 ~= nil, "no request got the 429")
+  local early = 0
+  for _, r in ipairs(recs) do
+    if r.time > t429 + quiet[1] / 1000 and r.time < t429 + quiet[2] / 1000 then
+      early = early + 1
+    end
+  end
+  check(early == 0, "%d requests arrived during the server's wait", early)
+end)
+
 test("map_with_concurrency: a raising worker; return_errors runs every item", function()
   T.script("pool_err", {})
   local done, results, errors

@@ -29,8 +29,11 @@ typedef struct llmretry_group_options {
     int64_t deadline_ms;           /* LLMRETRY_NO_DEADLINE, else >= 0 (from group_new) */
     int adaptive;                  /* 1 */
     /* 1: the group's calls report to llmretry_group_fd / _poll (a batch
-     * read by one host thread). 0: to no channel; each call's own host
-     * thread waits on it (a pool of host threads paced as one batch). */
+     * read by one host thread). 0: the group only paces its calls, which
+     * report where they would without it (options.channel, the engine's
+     * for LLMRETRY_SUBMIT_POLL, else none: each call's own host thread
+     * waits on it): a pool of host threads, or an event loop's pool that
+     * watches one fd, paced as one batch. */
     int poll;                      /* 1 */
 } llmretry_group_options;
 
