@@ -78,7 +78,7 @@ void lr_stream_reset(llmretry_call *c)
     lr_asm_free(s->assembler);
     s->assembler = NULL;
     lr_sse_payload_clear(&s->payload);
-    s->active = s->chunks = s->done = 0;
+    s->active = s->chunks = s->done = s->truncated = 0;
     s->raw_bytes = 0;
     s->fail = LR_SF_NONE;
     s->first_chunk_at = -1;
@@ -295,9 +295,16 @@ void lr_stream_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
     case LR_SF_NONE:
         break;
     }
-    if (rc != CURLE_OK && !s->done)
-        return;                     /* the transport's failure, classified by the caller */
+    if (rc != CURLE_OK && !s->done) {
+        /* The transport's failure, classified by the caller. A connection
+         * the server closed (FIN) inside a chunked body is still the
+         * server ending the stream early; a reset or a read error is the
+         * connection failing (lr_stream_reason_of). */
+        s->truncated = rc == CURLE_PARTIAL_FILE;
+        return;
+    }
     end = lr_sse_finish(&s->reader);
+    s->truncated = end == LR_SSE_END_TRUNCATED;
     if (end == LR_SSE_END_DONE || end == LR_SSE_END_AFTER_FINISH) {
         if (take_assembled(c) != 0) {
             f->kind = LLMRETRY_ERR_NETWORK;
@@ -357,9 +364,10 @@ llmretry_stream_reason lr_stream_reason_of(const llmretry_call *c, llmretry_erro
     case LLMRETRY_ERR_CANCELLED: return LLMRETRY_STREAM_CANCELLED;
     case LLMRETRY_ERR_INVALID_RESPONSE: return LLMRETRY_STREAM_INVALID_CHUNK;
     case LLMRETRY_ERR_NETWORK:
-        /* A clean end of the connection before [DONE] is a truncation. */
-        return c->st && c->st->active && c->st->fail == LR_SF_NONE &&
-               !c->st->done ? LLMRETRY_STREAM_TRUNCATED : LLMRETRY_STREAM_NETWORK;
+        /* A clean end of the connection before [DONE] is a truncation; a
+         * reset is not (it read as one while this looked only at whether
+         * the stream was active: every transport error was "truncated"). */
+        return c->st && c->st->truncated ? LLMRETRY_STREAM_TRUNCATED : LLMRETRY_STREAM_NETWORK;
     default: return LLMRETRY_STREAM_NETWORK;
     }
 }
@@ -374,7 +382,7 @@ void lr_stream_result(llmretry_call *c, int partial)
     r->chunks = c->st->chunks;
     r->ttft_ms = c->st->ttft_ms;
     pthread_mutex_lock(&c->mu);
-    r->chunks_delivered = c->st->delivered;
+    r->chunks_delivered = c->st->delivered;     /* and on, as the host reads (below) */
     pthread_mutex_unlock(&c->mu);
     if (partial && c->st->assembler && take_assembled(c) == 0) {
         c->resp.data[c->resp.len] = '\0';
@@ -428,6 +436,13 @@ int lr_stream_delivered(llmretry_call *c, size_t len)
     lr_stream *s = c->st;
     s->committed = 1;
     s->delivered++;
+    /* The host reads the last chunks after the engine has published the
+     * result (the result is there before the mailbox's DONE): counting at
+     * the finish alone left chunks_delivered short of what the host read,
+     * 0 for a host that reads only once the call is over. The result is
+     * the host's once done; before, lr_stream_result writes it, also
+     * under c->mu. */
+    c->result.chunks_delivered = s->delivered;
     s->unread_bytes -= (int64_t)len;
     if (s->paused && !s->resume_asked && s->unread_bytes <= c->o.stream_buffer_bytes) {
         s->resume_asked = 1;

@@ -42,6 +42,7 @@ typedef struct lr_stream {
     int active;                    /* this attempt's answer is being read as SSE */
     int chunks;                    /* this attempt's */
     int done;                      /* [DONE] seen */
+    int truncated;                 /* the server ended it (FIN) before the end of the stream */
     int64_t raw_bytes;             /* against max_response_bytes */
     lr_stream_fail fail;           /* why the attempt was cut short */
     lr_sse_payload payload;        /* of ERROR_EVENT / INVALID_CHUNK */
