@@ -186,9 +186,6 @@ llmretry_mail llmretry_call_next(llmretry_call *c, llmretry_event **ev)
     } else if (c->done) {
         m = LLMRETRY_MAIL_DONE;
         atomic_store(&c->done_read, 1);
-        /* Every chunk is read before DONE; the engine is done with the result. */
-        if (c->st)
-            c->result.chunks_delivered = c->st->delivered;
     }
     pthread_mutex_unlock(&c->mu);
     if (resume)

@@ -80,7 +80,7 @@ void lr_stream_reset(llmretry_call *c)
     lr_sse_payload_clear(&s->payload);
     free(s->final_body);
     s->final_body = NULL;
-    s->active = s->chunks = s->done = s->broken = 0;
+    s->active = s->chunks = s->done = s->truncated = 0;
     s->raw_bytes = 0;
     s->fail = LR_SF_NONE;
     s->first_chunk_at = -1;
@@ -304,10 +304,15 @@ void lr_stream_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         break;
     }
     if (rc != CURLE_OK && !s->done) {
-        s->broken = 1;
-        return;                     /* the transport's failure, classified by the caller */
+        /* The transport's failure, classified by the caller. A connection
+         * the server closed (FIN) inside a chunked body is still the
+         * server ending the stream early; a reset or a read error is the
+         * connection failing (lr_stream_reason_of). */
+        s->truncated = rc == CURLE_PARTIAL_FILE;
+        return;
     }
     end = s->done ? LR_SSE_END_DONE : lr_sse_finish(&s->reader);
+    s->truncated = end == LR_SSE_END_TRUNCATED;
     if (end == LR_SSE_END_DONE || end == LR_SSE_END_AFTER_FINISH) {
         if (take_assembled(c) != 0) {
             f->kind = LLMRETRY_ERR_NETWORK;
@@ -367,10 +372,10 @@ llmretry_stream_reason lr_stream_reason_of(const llmretry_call *c, llmretry_erro
     case LLMRETRY_ERR_CANCELLED: return LLMRETRY_STREAM_CANCELLED;
     case LLMRETRY_ERR_INVALID_RESPONSE: return LLMRETRY_STREAM_INVALID_CHUNK;
     case LLMRETRY_ERR_NETWORK:
-        /* A clean end of the transfer before [DONE] is a truncation; a
-         * connection that failed is the network's. */
-        return c->st && c->st->active && !c->st->broken ? LLMRETRY_STREAM_TRUNCATED
-                                                        : LLMRETRY_STREAM_NETWORK;
+        /* A clean end of the connection before [DONE] is a truncation; a
+         * reset is not (it read as one while this looked only at whether
+         * the stream was active: every transport error was "truncated"). */
+        return c->st && c->st->truncated ? LLMRETRY_STREAM_TRUNCATED : LLMRETRY_STREAM_NETWORK;
     default: return LLMRETRY_STREAM_NETWORK;
     }
 }
@@ -384,8 +389,8 @@ void lr_stream_result(llmretry_call *c, int partial)
         return;
     r->chunks = c->st->chunks;
     r->ttft_ms = c->st->ttft_ms;
-    /* chunks_delivered is the host's count, set as it reads DONE (mailbox.c):
-     * chunks still unread now come before DONE and count once read. */
+    /* chunks_delivered is the host's count, kept as it reads chunks
+     * (lr_stream_delivered): the engine never writes it. */
     if (partial && c->st->assembler && take_assembled(c) == 0) {
         c->resp.data[c->resp.len] = '\0';
         r->body = c->resp.data;
@@ -438,6 +443,12 @@ int lr_stream_delivered(llmretry_call *c, size_t len)
     lr_stream *s = c->st;
     s->committed = 1;
     s->delivered++;
+    /* The host reads the last chunks after the engine has published the
+     * result (the result is there before the mailbox's DONE): counting at
+     * the finish alone left chunks_delivered short of what the host read,
+     * 0 for a host that reads only once the call is over. Only the host
+     * writes this field, under c->mu. */
+    c->result.chunks_delivered = s->delivered;
     s->unread_bytes -= (int64_t)len;
     if (s->paused && !s->resume_asked && s->unread_bytes <= c->o.stream_buffer_bytes) {
         s->resume_asked = 1;

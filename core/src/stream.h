@@ -42,7 +42,7 @@ typedef struct lr_stream {
     int active;                    /* this attempt's answer is being read as SSE */
     int chunks;                    /* this attempt's */
     int done;                      /* [DONE] seen */
-    int broken;                    /* the transfer failed before the stream's end */
+    int truncated;                 /* the server ended it (FIN) before the end of the stream */
     /* A typed stream's final object (the Responses API's response.completed
      * "response"): the result's body instead of the assembled chunks. */
     char *final_body;

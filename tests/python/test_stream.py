@@ -76,8 +76,9 @@ def test_failures_before_the_first_read_are_retried(scen: Scenario) -> None:
 
 
 @pytest.mark.parametrize("end, reason", [
-    ({"end": "drop"}, "network"),
-    ({"end": "drop", "framing": "close"}, "truncated"),
+    ({"end": "drop"}, "truncated"),                      # FIN inside the chunked body
+    ({"end": "drop", "framing": "close"}, "truncated"),  # a clean end before [DONE]
+    ({"end": "reset"}, "network"),
     ({"end": "error_event", "error_code": "server_error"}, "error_event"),
     ({"end": "stall", "stall_ms": 5000}, "idle_timeout"),
 ])

@@ -1,0 +1,638 @@
+/* Integration tests of streaming calls that hand their chunks to the host
+ * (options.stream_chunks) through the mailbox, against the mock's SSE
+ * server: chunk order, the commit point (retried before it, not after),
+ * failures after it, cancel, backpressure, keep-alives, a JSON answer to a
+ * streaming request, and engine shutdown with streams in flight.
+ * Whole-result streaming (stream_chunks = 0) is in tests/vectors/stream_*.
+ * Each test names the rule of the core it guards. */
+#include "harness.h"
+#include "llmretry.h"
+
+#include <cJSON.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define SBODY "{\"model\":\"gpt-test\",\"stream\":true," \
+              "\"messages\":[{\"role\":\"user\",\"content\":\"SECRET-PROMPT\"}]}"
+#define MAX_EV 32
+
+static th_mock mock;
+static llmretry_engine *eng;     /* tests 1-7 share one */
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
+{
+    llmretry_options_defaults(o);
+    o->base_url = th_mock_scenario_url(&mock, name, url, urllen);
+    o->api_key = "sk-test";
+    o->use_env_api_key = 0;
+    o->body = SBODY;
+    o->body_len = strlen(SBODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 10;
+    o->max_retries = 2;
+    o->timeout_ms = 5000;
+    o->stream_chunks = 1;
+    o->stream_usage = 1;
+}
+
+static int script(const char *name, const char *json)
+{
+    int rc = th_mock_script(&mock, name, json);
+    CHECK_MSG(rc == 0, "could not script %s", name);
+    return rc;
+}
+
+static llmretry_engine *new_engine(void)
+{
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = llmretry_engine_new(NULL, &e, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK && e, "engine_new: %s", err);
+    return e;
+}
+
+static llmretry_call *submit(llmretry_engine *e, const llmretry_options *o)
+{
+    llmretry_call *c = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    llmretry_status st = llmretry_engine_submit(e, o, 0, &c, err, sizeof err);
+    CHECK_MSG(st == LLMRETRY_OK && c, "submit: %s", err);
+    return st == LLMRETRY_OK ? c : NULL;
+}
+
+/* A field of the scenario's last record (`client_gone` 1/0, `events_sent`),
+ * or with field NULL the number of records; -1 when there is none. */
+static int record_int(const char *name, const char *fld)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL, *f;
+    int v = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
+    if (fld) {
+        f = cJSON_GetObjectItem(cJSON_GetArrayItem(a, v - 1), fld);
+        v = cJSON_IsBool(f) ? cJSON_IsTrue(f) : cJSON_IsNumber(f) ? f->valueint : -1;
+    }
+    free(t);
+    cJSON_Delete(a);
+    return v;
+}
+
+/* ---- reading the mailbox ---------------------------------------------------- */
+
+/* Everything one call's mailbox gave: the chunks in order (label()), and
+ * the events with how many chunks came before each. */
+typedef struct reader {
+    char **chunk;
+    int n, cap;
+    llmretry_event *ev[MAX_EV];
+    int ev_after[MAX_EV];
+    int n_ev;
+} reader;
+
+static char *label(const char *chunk);
+
+static void reader_free(reader *rd)
+{
+    for (int i = 0; i < rd->n; i++)
+        free(rd->chunk[i]);
+    free(rd->chunk);
+    for (int i = 0; i < rd->n_ev; i++)
+        llmretry_event_free(rd->ev[i]);
+    memset(rd, 0, sizeof *rd);
+}
+
+/* Take mail until DONE, or until `want` chunks were read in all (-1: no
+ * such goal), or timeout_ms. Sleeps 1 ms every `slow` chunks (0: never).
+ * 1 when the goal was reached. */
+static int read_mail(llmretry_call *c, reader *rd, int want, int slow, int64_t timeout_ms)
+{
+    int64_t end = th_now_ms() + timeout_ms;
+    for (;;) {
+        if (want >= 0 && rd->n >= want)
+            return 1;
+        llmretry_event *ev = NULL;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_DONE)
+            return want < 0;
+        if (m == LLMRETRY_MAIL_CHUNK) {
+            size_t len = 0;
+            const char *d = llmretry_chunk_data(ev, &len);
+            CHECK_MSG(d && strlen(d) == len, "chunk text and length");
+            if (rd->n == rd->cap) {
+                rd->cap = rd->cap ? rd->cap * 2 : 64;
+                rd->chunk = realloc(rd->chunk, (size_t)rd->cap * sizeof *rd->chunk);
+            }
+            rd->chunk[rd->n++] = label(d ? d : "");
+            llmretry_event_free(ev);
+            if (slow && rd->n % slow == 0)
+                sleep_ms(1);
+            continue;
+        }
+        if (m == LLMRETRY_MAIL_EVENT) {
+            CHECK(llmretry_chunk_data(ev, NULL) == NULL);
+            if (rd->n_ev == MAX_EV) {
+                llmretry_event_free(ev);
+                continue;
+            }
+            rd->ev_after[rd->n_ev] = rd->n;
+            rd->ev[rd->n_ev++] = ev;
+            continue;
+        }
+        int64_t left = end - th_now_ms();
+        if (left <= 0)
+            return 0;
+        llmretry_call_wait(c, left);
+    }
+}
+
+static const llmretry_event *find_event(const reader *rd, llmretry_event_type t, int *at)
+{
+    for (int i = 0; i < rd->n_ev; i++)
+        if (llmretry_event_type_of(rd->ev[i]) == t) {
+            if (at)
+                *at = rd->ev_after[i];
+            return rd->ev[i];
+        }
+    return NULL;
+}
+
+/* Does the event's JSON line hold `text`? */
+static int event_has(const llmretry_event *ev, const char *text)
+{
+    char *j = ev ? llmretry_event_to_json(ev) : NULL;
+    int yes = j && strstr(j, text) != NULL;
+    llmretry_free(j);
+    return yes;
+}
+
+/* ---- chunk and body contents ------------------------------------------------- */
+
+/* What a chunk is, as the reader keeps it (malloc'd): its delta's content,
+ * or "<finish:REASON>", "<usage>" (no choices, a usage object), "<?>". */
+static char *label(const char *chunk)
+{
+    cJSON *doc = cJSON_Parse(chunk), *u = cJSON_GetObjectItem(doc, "usage");
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
+    cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content");
+    cJSON *fin = cJSON_GetObjectItem(ch, "finish_reason");
+    char buf[64] = "<?>";
+    char *out = NULL;
+    if (cJSON_IsString(content))
+        out = strdup(content->valuestring);
+    else if (cJSON_IsString(fin))
+        snprintf(buf, sizeof buf, "<finish:%s>", fin->valuestring);
+    else if (!ch && cJSON_IsNumber(cJSON_GetObjectItem(u, "total_tokens")))
+        strcpy(buf, "<usage>");
+    cJSON_Delete(doc);
+    return out ? out : strdup(buf);
+}
+
+/* The content of the assembled chat.completion in a result's body (malloc'd). */
+static char *body_content(const llmretry_result *r)
+{
+    cJSON *doc = r && r->body ? cJSON_Parse(r->body) : NULL;
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
+    cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content");
+    char *out = cJSON_IsString(v) ? strdup(v->valuestring) : NULL;
+    cJSON_Delete(doc);
+    return out;
+}
+
+/* The chunks read, joined (malloc'd): their labels with '|' between, or
+ * (contents_only) just the contents. */
+static char *joined(const reader *rd, int contents_only)
+{
+    size_t total = 1;
+    for (int i = 0; i < rd->n; i++)
+        total += strlen(rd->chunk[i]) + 1;
+    char *out = calloc(1, total);
+    for (int i = 0; i < rd->n; i++) {
+        if (contents_only && rd->chunk[i][0] == '<')
+            continue;
+        if (!contents_only && i > 0)
+            strcat(out, "|");
+        strcat(out, rd->chunk[i]);
+    }
+    return out;
+}
+
+/* Script `name`, submit `o` on the shared engine and read until `want`
+ * chunks (-1: until DONE, 0: nothing). */
+static llmretry_call *start(const char *name, const char *json, const llmretry_options *o,
+                            reader *rd, int want)
+{
+    memset(rd, 0, sizeof *rd);
+    llmretry_call *c = script(name, json) == 0 ? submit(eng, o) : NULL;
+    CHECK_MSG(c && read_mail(c, rd, want, 0, 10000), "%s: no %s", name,
+              want < 0 ? "DONE" : "chunk");
+    return c;
+}
+
+/* The finished call's result; a zeroed one (and a failure) when it has none. */
+static const llmretry_result *result_of(llmretry_call *c)
+{
+    static const llmretry_result none;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r != NULL, "the call has no result");
+    return r ? r : &none;
+}
+
+/* The result, once the engine has published it (without reading mail). */
+static const llmretry_result *wait_result(llmretry_call *c, int64_t ms)
+{
+    for (int64_t end = th_now_ms() + ms; c && !llmretry_call_result(c) && th_now_ms() < end;)
+        sleep_ms(10);
+    return result_of(c);
+}
+
+/* CHECK_STR of a malloc'd string, freed. */
+#define CHECK_OWN_STR(expr, want) do { char *s_ = (expr); CHECK_STR(s_, want); free(s_); } while (0)
+
+static const char *why(const llmretry_result *r)
+{
+    const char *s = r ? llmretry_stream_reason_name(r->stream_reason) : NULL;
+    return s ? s : "none";
+}
+
+/* ==== 1. Chunks in order, then DONE; the assembled result; the events. ====== */
+
+/* Guards stream.c take_event -> mail_chunk (one CHUNK per SSE chunk, in
+ * order), lr_stream_request (stream_options added), lr_stream_result and
+ * attempt.c stream_fields (the result's and the succeeded event's stream
+ * fields), and lr_stream_delivered (chunks_delivered counts the last
+ * chunks, read after the engine finished: it used to fall short). */
+static void test_chunks_in_order(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_order", url, sizeof url);
+    llmretry_call *c = start("s_order", "{\"steps\":[{\"stream\":{\"chunks\":[\"SECRET-A\","
+                             "\"SECRET-B\",\" SECRET-C\",\"SECRET-D\"],\"delay_ms\":5}}]}",
+                             &o, &rd, -1);
+    CHECK_OWN_STR(joined(&rd, 0), "SECRET-A|SECRET-B| SECRET-C|SECRET-D|<finish:stop>|<usage>");
+    const llmretry_result *r = result_of(c);
+    CHECK(r->ok);
+    CHECK_OWN_STR(body_content(r), "SECRET-ASECRET-B SECRET-CSECRET-D");
+    CHECK(r->body && strstr(r->body, "\"chat.completion\"") && r->usage.present);
+    CHECK_INT(r->stream, 1);
+    CHECK_INT(r->chunks, 6);
+    CHECK_INT(r->chunks_delivered, r->chunks);
+    CHECK(r->ttft_ms >= 0);
+    CHECK_INT(r->stream_reason, LLMRETRY_STREAM_NONE);
+    int at = -1;
+    const llmretry_event *ok = find_event(&rd, LLMRETRY_EV_REQUEST_SUCCEEDED, &at);
+    CHECK_INT(at, 6);                    /* after the last chunk */
+    char ttft[64];
+    snprintf(ttft, sizeof ttft, "\"ttft_ms\":%lld,", (long long)result_of(c)->ttft_ms);
+    CHECK(event_has(ok, "\"stream\":true") && event_has(ok, "\"chunks\":6"));
+    CHECK(event_has(ok, ttft) && !event_has(ok, "stream_reason"));    /* only when broken */
+    for (int i = 0; i < rd.n_ev; i++)    /* chunk text never in an event */
+        CHECK_MSG(!event_has(rd.ev[i], "SECRET"), "event %d carries chunk text", i);
+    char *recs = th_mock_requests(&mock, "s_order");    /* the body sent asked for usage */
+    CHECK(recs && strstr(recs, "\\\"include_usage\\\":true"));
+    free(recs);
+    reader_free(&rd);
+    llmretry_call_free(c);
+}
+
+/* ==== 2. Before the commit point: retried, unread chunks dropped. =========== */
+
+/* Guards stream.c lr_stream_attempt_failed / unlink_chunks (attempt 1's
+ * unread chunks leave the mailbox, its events stay) and attempt.c
+ * handle_failure (an uncommitted stream goes to the policy). */
+static void test_retry_before_commit(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_precommit", url, sizeof url);
+    llmretry_call *c = start("s_precommit", "{\"steps\":[{\"stream\":{\"chunks\":[\"A1\","
+                             "\"A2\",\"A3\"],\"end\":\"drop\",\"after\":2}},"
+                             "{\"stream\":{\"chunks\":[\"B1\",\"B2\"]}}]}", &o, &rd, 0);
+    const llmretry_result *r = wait_result(c, 10000);  /* not a chunk read till then */
+    CHECK(c && read_mail(c, &rd, -1, 0, 1000));
+    CHECK_OWN_STR(joined(&rd, 0), "B1|B2|<finish:stop>|<usage>");  /* nothing of attempt 1 */
+    CHECK(find_event(&rd, LLMRETRY_EV_REQUEST_ERROR, NULL) != NULL);
+    CHECK(find_event(&rd, LLMRETRY_EV_RETRY_SCHEDULED, NULL) != NULL);
+    CHECK(r->ok);
+    CHECK_INT(r->attempts, 2);
+    CHECK_INT(r->chunks, 4);
+    CHECK_INT(r->chunks_delivered, 4);   /* read after the engine finished */
+    CHECK_OWN_STR(body_content(r), "B1B2");
+    CHECK_INT(record_int("s_precommit", NULL), 2);
+    reader_free(&rd);
+    llmretry_call_free(c);
+}
+
+/* ==== 3. After the commit point: no retry, stream_interrupted, partial. ===== */
+
+#define P123 "{\"stream\":{\"chunks\":[\"p1\",\"p2\",\"p3\"],\"delay_ms\":300,\"after\":2,"
+
+/* Guards attempt.c handle_failure (a committed stream gives up as
+ * stream_interrupted, never retried), stream.c lr_stream_reason_of (the
+ * stream_reason of each failure: a reset read as "truncated" before),
+ * lr_stream_timer (idle and deadline after the first chunk) and
+ * lr_stream_result(partial) (the partial body). */
+static void test_fail_after_commit(void)
+{
+    static const struct {
+        const char *name, *step, *reason, *partial;
+        int64_t idle_ms, deadline_ms;
+    } cases[] = {
+        { "s_post_drop", P123 "\"end\":\"drop\"}}", "truncated", "p1p2", 30000, -1 },
+        { "s_post_close", P123 "\"end\":\"drop\",\"framing\":\"close\"}}", "truncated", "p1p2",
+          30000, -1 },
+        { "s_post_reset", P123 "\"end\":\"reset\"}}", "network", "p1p2", 30000, -1 },
+        { "s_post_error", P123 "\"end\":\"error_event\"}}", "error_event", "p1p2", 30000, -1 },
+        { "s_post_stall", P123 "\"end\":\"stall\"}}", "idle_timeout", "p1p2", 1000, -1 },
+        { "s_post_deadline", "{\"content\":\"abcdefghij\",\"stream\":{\"chunks\":10,"
+          "\"delay_ms\":500}}", "deadline", NULL, 30000, 1500 },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char url[256], json[512];
+        llmretry_options o;
+        reader rd;
+        opts_for(&o, cases[k].name, url, sizeof url);
+        o.idle_timeout_ms = cases[k].idle_ms;
+        o.deadline_ms = cases[k].deadline_ms;
+        /* A retry would get a clean stream: it must not be asked for. */
+        snprintf(json, sizeof json, "{\"steps\":[%s],\"after\":{\"stream\":{\"chunks\":"
+                 "[\"retried\"]}}}", cases[k].step);
+        llmretry_call *c = start(cases[k].name, json, &o, &rd, 1);     /* the commit point */
+        int64_t t0 = th_now_ms();
+        CHECK(c && read_mail(c, &rd, -1, 0, 5000));
+        CHECK_MSG(th_now_ms() - t0 < 4000, "%s: DONE took %lld ms", cases[k].name,
+                  (long long)(th_now_ms() - t0));
+        const llmretry_result *r = result_of(c);
+        CHECK(!r->ok);
+        CHECK_INT(r->kind, LLMRETRY_ERR_STREAM_INTERRUPTED);
+        CHECK_INT(r->reason, LLMRETRY_REASON_STREAM_INTERRUPTED);
+        CHECK_MSG(strcmp(why(r), cases[k].reason) == 0, "%s: stream_reason %s, expected "
+                  "%s", cases[k].name, why(r), cases[k].reason);
+        CHECK_INT(r->attempts, 1);
+        CHECK(r->chunks_delivered >= 1);
+        CHECK_INT(r->chunks_delivered, rd.n);
+        CHECK_INT(r->chunks, rd.n);
+        char *content = body_content(r), *read = joined(&rd, 1);
+        CHECK_MSG(content && strcmp(content, read) == 0, "%s: partial body \"%s\", "
+                  "chunks read \"%s\"", cases[k].name, content ? content : "(null)", read);
+        if (cases[k].partial)
+            CHECK_STR(content, cases[k].partial);
+        else            /* the deadline: some of the stream, not all of it */
+            CHECK(content && content[0] == 'a' && strlen(content) < 10);
+        free(content);
+        free(read);
+        snprintf(json, sizeof json, "\"stream_reason\":\"%s\"", why(r));
+        CHECK(event_has(find_event(&rd, LLMRETRY_EV_REQUEST_GAVE_UP, NULL), json));
+        CHECK_MSG(record_int(cases[k].name, NULL) == 1, "%s: retried after the commit point",
+                  cases[k].name);
+        reader_free(&rd);
+        llmretry_call_free(c);
+    }
+}
+
+/* ==== 4. Cancel mid-stream. ================================================= */
+
+/* Guards attempt.c lr_give_up (stream_reason cancelled only once
+ * committed) and lr_cancel -> detach_easy (the connection is closed: the
+ * server sees the client go). */
+static void test_cancel_mid_stream(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_cancel", url, sizeof url);
+    const char *json = "{\"steps\":[],\"after\":{\"content\":\"abcdefghijklmnopqrst\","
+                       "\"stream\":{\"chunks\":20,\"delay_ms\":100}}}";
+    llmretry_call *c = start("s_cancel", json, &o, &rd, 1);
+    llmretry_call_cancel(c);
+    CHECK(c && read_mail(c, &rd, -1, 0, 2000));
+    const llmretry_result *r = result_of(c);
+    CHECK(!r->ok);
+    CHECK_INT(r->kind, LLMRETRY_ERR_CANCELLED);
+    CHECK_INT(r->reason, LLMRETRY_REASON_CANCELLED);
+    CHECK_INT(r->stream_reason, LLMRETRY_STREAM_CANCELLED);
+    char *content = body_content(r);
+    CHECK(content && content[0] == 'a' && strlen(content) < 20);
+    free(content);
+    int gone = 0;
+    for (int64_t end = th_now_ms() + 3000; !gone && th_now_ms() < end; sleep_ms(20))
+        gone = record_int("s_cancel", "client_gone") == 1;
+    CHECK_MSG(gone, "the mock never saw the cancelled stream's client go");
+    reader_free(&rd);
+    llmretry_call_free(c);
+
+    /* Cancelled with chunks in the mailbox but none read: not committed. */
+    c = start("s_cancel", json, &o, &rd, 0);
+    for (int64_t end = th_now_ms() + 5000;
+         record_int("s_cancel", "events_sent") < 2 && th_now_ms() < end;)
+        sleep_ms(10);
+    sleep_ms(50);
+    llmretry_call_cancel(c);
+    r = wait_result(c, 2000);
+    CHECK_INT(r->kind, LLMRETRY_ERR_CANCELLED);
+    CHECK_INT(r->stream_reason, LLMRETRY_STREAM_NONE);
+    llmretry_call_free(c);
+}
+
+/* ==== 5. Backpressure. ====================================================== */
+
+#define PIECE 50
+#define PIECES 3000
+
+/* Piece i of a long content: "[0042]xxxx...", PIECE code points. */
+static void piece(int i, char *out)
+{
+    snprintf(out, PIECE + 1, "[%04d]%.*s", i, PIECE - 6,
+             "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+}
+
+/* A scenario of one stream of PIECES chunks of ~200 bytes. */
+static char *pieces_json(void)
+{
+    char *json = malloc((size_t)PIECES * PIECE + 128), *p = json;
+    p += sprintf(p, "{\"steps\":[{\"stream\":{\"chunks\":%d},\"content\":\"", PIECES);
+    for (int i = 0; i < PIECES; i++, p += PIECE)
+        piece(i, p);
+    strcpy(p, "\"}]}");
+    return json;
+}
+
+/* All the pieces, in order, then finish and usage; the result whole. */
+static void check_pieces(const reader *rd, const llmretry_result *r)
+{
+    char want[PIECE + 1];
+    int bad = 0;
+    CHECK_INT(rd->n, PIECES + 2);
+    for (int i = 0; i < PIECES && i < rd->n && !bad; i++) {
+        piece(i, want);
+        bad = strcmp(rd->chunk[i], want) != 0;
+        CHECK_MSG(!bad, "chunk %d is \"%s\", expected \"%s\"", i, rd->chunk[i], want);
+    }
+    CHECK(rd->n == PIECES + 2 && strcmp(rd->chunk[PIECES], "<finish:stop>") == 0 &&
+          strcmp(rd->chunk[PIECES + 1], "<usage>") == 0);
+    CHECK_MSG(r->ok, "the stream failed: %s", why(r));
+    CHECK_INT(r->attempts, 1);
+    CHECK_INT(r->chunks_delivered, PIECES + 2);
+    char *content = body_content(r);
+    CHECK(content && strlen(content) == (size_t)PIECES * PIECE);
+    free(content);
+}
+
+/* Guards stream.c lr_stream_write (CURL_WRITEFUNC_PAUSE past
+ * stream_buffer_bytes, the paused bytes handed again, none lost),
+ * lr_stream_delivered + lr_stream_resume (the host's reads resume it) and
+ * lr_stream_due_at (a paused stream has no idle timer). */
+static void test_backpressure(void)
+{
+    char url[256], *json = pieces_json();
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_slow", url, sizeof url);
+    o.stream_buffer_bytes = 8192;
+    llmretry_call *c = start("s_slow", json, &o, &rd, 0);
+    CHECK(c && read_mail(c, &rd, -1, 20, 60000));     /* a slow reader */
+    check_pieces(&rd, result_of(c));
+    reader_free(&rd);
+    llmretry_call_free(c);
+
+    /* A reader away for 1 s, three idle timeouts: paused, not idle. */
+    o.idle_timeout_ms = 300;
+    c = start("s_slow", json, &o, &rd, 1);
+    sleep_ms(1000);
+    /* Paused on a full mailbox, it cannot have read to [DONE]. */
+    CHECK_MSG(c && !llmretry_call_result(c), "the stream did not pause");
+    CHECK(c && read_mail(c, &rd, -1, 0, 60000));
+    check_pieces(&rd, result_of(c));
+    reader_free(&rd);
+    llmretry_call_free(c);
+    free(json);
+}
+
+/* ==== 6. Keep-alives; 7. a JSON answer to a streaming request. ============== */
+
+/* Guards stream.c lr_stream_write (a comment is activity) and
+ * lr_stream_timer (a timer due before the last activity is set again). */
+static void test_keepalives(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_keepalive", url, sizeof url);
+    o.idle_timeout_ms = 300;
+    llmretry_call *c = start("s_keepalive", "{\"steps\":[{\"stream\":{\"chunks\":[\"k1\","
+                             "\"k2\",\"k3\"],\"delay_ms\":600,\"keepalive_ms\":50}}]}",
+                             &o, &rd, -1);
+    const llmretry_result *r = result_of(c);
+    CHECK_MSG(r->ok, "keep-alives did not keep the stream: %s", why(r));
+    CHECK_OWN_STR(joined(&rd, 0), "k1|k2|k3|<finish:stop>|<usage>");
+    CHECK_OWN_STR(body_content(r), "k1k2k3");
+    CHECK_INT(record_int("s_keepalive", NULL), 1);
+    reader_free(&rd);
+    llmretry_call_free(c);
+}
+
+/* Guards transfer.c streams_now (only a text/event-stream answer is read
+ * as a stream) and lr_stream_result (a streaming request's result says
+ * stream, with no chunks and no ttft). */
+static void test_json_answer(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_json", url, sizeof url);
+    llmretry_call *c = start("s_json", "{\"steps\":[{\"stream\":false,\"content\":\"plain\"}]}",
+                             &o, &rd, -1);
+    CHECK_INT(rd.n, 0);
+    const llmretry_result *r = result_of(c);
+    CHECK(r->ok);
+    CHECK_OWN_STR(body_content(r), "plain");
+    CHECK_INT(r->stream, 1);
+    CHECK_INT(r->chunks, 0);
+    CHECK_INT(r->chunks_delivered, 0);
+    CHECK_INT(r->ttft_ms, -1);
+    reader_free(&rd);
+    llmretry_call_free(c);
+}
+
+/* ==== 8. Engines freed with streams in flight. ============================== */
+
+/* Guards engine shutdown with running streams (committed, uncommitted,
+ * paused, and freed by the host with unread chunks): no hang, no leak
+ * (ASan, valgrind), every call still held ends. */
+static void test_engine_free_mid_stream(void)
+{
+    enum { N = 20 };
+    char url[256];
+    if (script("s_life", "{\"steps\":[],\"after\":{\"content\":\"abcdefghijklmnopqrstuvwxyz\","
+               "\"stream\":{\"chunks\":26,\"delay_ms\":20}}}") != 0)
+        return;
+    for (int round = 0; round < 3; round++) {
+        llmretry_options o;
+        opts_for(&o, "s_life", url, sizeof url);
+        o.stream_buffer_bytes = 300;     /* some pause */
+        llmretry_engine *e = new_engine();
+        llmretry_call *calls[N] = { 0 };
+        for (int i = 0; i < N; i++)
+            calls[i] = submit(e, &o);
+        sleep_ms(50 + 50 * round);
+        reader rd = { 0 };
+        for (int i = 0; i < N; i++) {
+            if (i % 3 == 0 && calls[i])
+                read_mail(calls[i], &rd, rd.n + 1, 0, 2000);    /* committed */
+            if (i % 3 == 1) {
+                llmretry_call_free(calls[i]);                   /* unread chunks */
+                calls[i] = NULL;
+            }
+        }
+        llmretry_engine_free(e);
+        for (int i = 0; i < N; i++) {
+            if (!calls[i])
+                continue;
+            reader r2 = { 0 };
+            CHECK_MSG(read_mail(calls[i], &r2, -1, 0, 3000), "round %d call %d never ended",
+                      round, i);
+            const llmretry_result *r = llmretry_call_result(calls[i]);
+            CHECK(r && (r->ok || r->kind == LLMRETRY_ERR_CANCELLED));
+            reader_free(&r2);
+            llmretry_call_free(calls[i]);
+        }
+        reader_free(&rd);
+    }
+}
+
+int main(void)
+{
+    if (th_mock_start(&mock) != 0) {
+        CHECK_MSG(0, "mock server did not start");
+        return th_summary("test_stream");
+    }
+    eng = new_engine();
+    struct { const char *name; void (*fn)(void); } tests[] = {
+        { "chunks_in_order", test_chunks_in_order },
+        { "retry_before_commit", test_retry_before_commit },
+        { "fail_after_commit", test_fail_after_commit },
+        { "cancel_mid_stream", test_cancel_mid_stream },
+        { "backpressure", test_backpressure },
+        { "keepalives", test_keepalives },
+        { "json_answer", test_json_answer },
+        { "engine_free_mid_stream", test_engine_free_mid_stream },
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
+        int before = th_failed;
+        int64_t t0 = th_now_ms();
+        tests[i].fn();
+        fprintf(stderr, "%-24s %s (%lld ms)\n", tests[i].name,
+                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
+    }
+    llmretry_engine_free(eng);
+    th_mock_stop(&mock);
+    return th_summary("test_stream");
+}
