@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 from . import _llmretry as _core
 
 __all__ = ["Policy", "load_policies", "resolved_settings", "new_idempotency_key",
-           "check_setting", "POLICY_KEYS", "BUILTIN_DEFAULTS"]
+           "POLICY_KEYS", "BUILTIN_DEFAULTS"]
 
 PolicySource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
@@ -60,14 +60,6 @@ def _to_json(value: Any) -> str:
         return json.dumps(value, default=_not_json, allow_nan=False)
     except ValueError:      # NaN or infinity: a number no policy allows
         return "1e999999"
-
-
-def check_setting(key: str, value: Any) -> Any:
-    """One call option checked by the policy rules (the core's ranges);
-    ValueError naming ``key``. Used to refuse a batch's options before the
-    batch touches its record."""
-    _core.check_policy_value(key, _to_json(value))
-    return value
 
 
 @dataclass(frozen=True)
