@@ -204,7 +204,10 @@ size_t lr_stream_write(llmretry_call *c, const char *data, size_t n)
             return CURL_WRITEFUNC_PAUSE;   /* libcurl hands these bytes again on resume */
     }
     s->raw_bytes += (int64_t)n;
-    if (s->raw_bytes > c->o.max_response_bytes) {
+    /* A whole result (assembled only) is bounded like any response body; a
+     * stream the host reads as it goes keeps only its unread chunks (at most
+     * stream_buffer_bytes) and the assembled text, so its length is free. */
+    if (!c->o.stream_chunks && s->raw_bytes > c->o.max_response_bytes) {
         s->fail = LR_SF_TOO_LARGE;
         return 0;
     }

@@ -294,3 +294,54 @@ def test_a_thousand_streams_open_at_once(scen: Scenario) -> None:
                 s.close()
     assert texts == ["abc"] * 1000
     assert len(scen.requests()) == 1000
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.slow
+def test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat(tmp_path: Any) -> None:
+    """A 50 MB stream of LLM-sized chunks (260,000 deltas of 4 characters)
+    read slower than the server sends: the process grows by far less than
+    the stream (the transfer pauses at stream_buffer_bytes; what is kept is
+    the assembled text). The mock runs in its own process, so only the
+    client is measured. Also: no max_response_bytes on a stream read as it
+    goes (50 MB is past its 32 MiB default)."""
+    import subprocess
+    import sys
+    import urllib.request
+    from conftest import child_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "llmretry.testing", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())      # the mock prints its port first
+        base = f"http://127.0.0.1:{port}"
+        n, size = 260_000, 4     # about 200 bytes on the wire per chunk: 50 MB
+        script = {"steps": [{"content": "x" * (n * size), "stream": {"chunks": n}}]}
+        req = urllib.request.Request(f"{base}/_mock/scenarios/big", method="PUT",
+                                     data=json.dumps(script).encode(),
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=60).read()
+        before = _rss_kib()
+        peak, got = before, 0
+        with llmretry.stream_llm(BODY, base_url=f"{base}/s/big/v1", logger=None, **FAST) as s:
+            for i, text in enumerate(s.text_deltas()):
+                got += len(text)
+                if i % 5000 == 0:
+                    time.sleep(0.02)        # slower than the server
+                    peak = max(peak, _rss_kib())
+        assert got == n * size
+        assert s.result().meta.chunks >= n
+        growth_mib = (peak - before) / 1024
+        assert growth_mib < 16, f"RSS grew {growth_mib:.1f} MiB reading a 50 MB stream"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+

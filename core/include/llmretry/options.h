@@ -100,7 +100,10 @@ typedef struct llmretry_options {
     size_t n_retry_statuses;
     int64_t max_retry_after_ms;    /* 120000, >= 0 */
     int retry_invalid_response;    /* 1 */
-    int64_t max_response_bytes;    /* 32 MiB, > 0 */
+    /* 32 MiB, > 0. For a stream read as a whole (stream_chunks 0), the
+     * bytes of the stream; a stream whose chunks the host reads is not
+     * bounded by length (its unread chunks are: stream_buffer_bytes). */
+    int64_t max_response_bytes;
 
     /* Streaming (DESIGN §10): a call streams when its body says
      * "stream": true; a text/event-stream response is read as SSE whatever
