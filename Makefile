@@ -58,8 +58,10 @@ test-hosts:
 test-pipe-notifier:
 	tools/pipe-notifier-test.sh
 
-# Against servers nobody here wrote (LiteLLM's proxy; installs it into
-# build-interop/, minutes the first time). Not part of make test.
+# Against servers nobody here wrote (LiteLLM's proxy, llama-cpp-python's
+# server; installs them into build-interop/, minutes the first time: the
+# llama.cpp build ~12 minutes, skipped with a message if it fails, or with
+# LLMRETRY_INTEROP_LLAMA=0). Not part of make test.
 interop: build-python
 	tools/interop.sh
 

@@ -1,33 +1,105 @@
 #!/usr/bin/env bash
-# Interop with a server nobody here wrote: LiteLLM's proxy with canned
-# answers (tests/interop/litellm_proxy.yaml), then tests/interop/check_litellm.py
-# against it. Not part of make test (installing LiteLLM takes minutes): run
-# `make interop` before resolving a protocol feature.
+# Interop with servers nobody here wrote. Not part of make test (installing
+# them takes minutes): run `make interop` before resolving a protocol feature.
 #
-# LiteLLM goes into its own venv under build-interop/ (plain `litellm[proxy]`
-# backtracks for ever on some mirrors: the version is pinned).
+# 1. LiteLLM's proxy with canned answers (tests/interop/litellm_proxy.yaml),
+#    then tests/interop/check_litellm.py and check_streaming.py against it
+#    (the latter also serves, as the up-* models' api_base, a recording
+#    upstream on the port given in LLMRETRY_INTEROP_UPSTREAM).
+# 2. llama-cpp-python's server on a tiny random-weight model
+#    (tools/interop_tiny_gguf.py), then tests/interop/check_llama.py. Its
+#    install compiles llama.cpp (~12 minutes on 2 cores, once); when it
+#    fails the llama checks are skipped with a message, and not tried again
+#    until build-interop/llama-build-failed is removed.
+#    LLMRETRY_INTEROP_LLAMA=0 skips them.
+#
+# Each server goes into its own venv under build-interop/ (plain
+# `litellm[proxy]` backtracks for ever on some mirrors: versions are pinned).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 out="$repo/build-interop"
-venv="$out/litellm-venv"
 mkdir -p "$out"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# wait_up URL PID LOG NAME: until URL answers, or the server dies.
+wait_up() {
+  for _ in $(seq 240); do
+    curl -s -o /dev/null "$1" && return 0
+    kill -0 "$2" 2>/dev/null || { tail -30 "$3" >&2; echo "interop: $4 died" >&2; return 1; }
+    sleep 0.5
+  done
+  echo "interop: $4 did not answer $1" >&2
+  return 1
+}
+
+make --no-print-directory build-python >/dev/null
+export PYTHONPATH="$repo/python"
+status=0
+
+# -- 1. LiteLLM ---------------------------------------------------------------
+venv="$out/litellm-venv"
 if [ ! -x "$venv/bin/litellm" ]; then
   echo "interop: installing litellm[proxy]==1.74.9 into $venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q 'litellm[proxy]==1.74.9' > "$out/pip.log" 2>&1 \
     || { tail -20 "$out/pip.log" >&2; echo "interop: pip install failed" >&2; exit 1; }
 fi
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$venv/bin/litellm" --config tests/interop/litellm_proxy.yaml --host 127.0.0.1 --port "$port" \
+port=$(free_port)
+uport=$(free_port)
+LLMRETRY_INTEROP_UPSTREAM="http://127.0.0.1:$uport/v1" \
+  "$venv/bin/litellm" --config tests/interop/litellm_proxy.yaml --host 127.0.0.1 --port "$port" \
   --num_workers 1 > "$out/litellm.log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
-for _ in $(seq 120); do
-  curl -s -o /dev/null "http://127.0.0.1:$port/health/liveliness" && break
-  kill -0 $pid 2>/dev/null || { tail -30 "$out/litellm.log" >&2; echo "interop: litellm died" >&2; exit 1; }
-  sleep 0.5
-done
-make --no-print-directory build-python >/dev/null
-PYTHONPATH="$repo/python" python3 tests/interop/check_litellm.py "http://127.0.0.1:$port/v1"
+pids+=($!)
+wait_up "http://127.0.0.1:$port/health/liveliness" "${pids[-1]}" "$out/litellm.log" litellm
+python3 tests/interop/check_litellm.py "http://127.0.0.1:$port/v1" || status=1
+python3 tests/interop/check_streaming.py "http://127.0.0.1:$port/v1" "$out/litellm.log" "$uport" \
+  || status=1
+cleanup
+pids=()
+
+# -- 2. llama-cpp-python's server ----------------------------------------------
+lvenv="$out/llama-venv"
+failed_mark="$out/llama-build-failed"
+skip=""
+if [ "${LLMRETRY_INTEROP_LLAMA:-1}" = 0 ]; then
+  skip="LLMRETRY_INTEROP_LLAMA=0"
+elif ! "$lvenv/bin/python" -c 'import llama_cpp.server, gguf' 2>/dev/null; then
+  if [ -e "$failed_mark" ]; then
+    skip="an earlier install failed (see $out/llama-pip.log; remove $failed_mark to try again)"
+  else
+    echo "interop: installing llama-cpp-python[server]==0.3.36 into $lvenv" \
+         "(compiles llama.cpp: ~12 minutes on 2 cores; log in $out/llama-pip.log)"
+    rm -rf "$lvenv"
+    if python3 -m venv "$lvenv" && CMAKE_BUILD_PARALLEL_LEVEL=2 "$lvenv/bin/pip" install \
+         'llama-cpp-python[server]==0.3.36' 'gguf==0.19.0' > "$out/llama-pip.log" 2>&1; then
+      :
+    else
+      touch "$failed_mark"
+      tail -20 "$out/llama-pip.log" >&2
+      skip="pip install llama-cpp-python[server] failed (see $out/llama-pip.log)"
+    fi
+  fi
+fi
+if [ -n "$skip" ]; then
+  echo "interop (llama.cpp): SKIPPED: $skip"
+else
+  "$lvenv/bin/python" tools/interop_tiny_gguf.py "$out/tiny.gguf"
+  lport=$(free_port)
+  # n_ctx 512 (the model's own): a prompt over it is easy to send.
+  "$lvenv/bin/python" -m llama_cpp.server --model "$out/tiny.gguf" --model_alias tiny \
+    --n_ctx 512 --host 127.0.0.1 --port "$lport" > "$out/llama-server.log" 2>&1 &
+  pids+=($!)
+  wait_up "http://127.0.0.1:$lport/v1/models" "${pids[-1]}" "$out/llama-server.log" \
+    "llama-cpp-python's server"
+  python3 tests/interop/check_llama.py "http://127.0.0.1:$lport/v1" "$out/llama-server.log" \
+    || status=1
+fi
+exit $status

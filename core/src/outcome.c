@@ -134,7 +134,17 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
     long status = 0;
     curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
     out->f.status = (int)status;
-    if (lr_stream_owns_outcome(c)) {
+    /* A stream begins at its first body bytes (transfer.c): a 2xx event
+     * stream with an empty body never began. It is still a stream, one that
+     * ended before any event (truncated), not a JSON body that is not JSON:
+     * llama-cpp-python's server answers so when generation fails before
+     * the first token. */
+    int empty_stream = rc == CURLE_OK && c->sse && status >= 200 && status < 300 &&
+                       !lr_stream_owns_outcome(c);
+    if (empty_stream && lr_stream_begin(c) != 0) {
+        out->f.kind = LLMRETRY_ERR_NETWORK;
+        out->message = lr_strdup("out of memory reading the stream");
+    } else if (lr_stream_owns_outcome(c)) {
         lr_stream_outcome(c, rc, out);
         if (out->f.kind == LLMRETRY_ERR_NONE && !out->success)
             classify_transport(c, rc, out);

@@ -878,23 +878,20 @@ class Client:
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
         """The plan of a batch's calls and the bodies to send (the policy's
-        model filled in); ValueError for an unknown policy."""
+        model filled in, streaming dicts asking for usage); ValueError for an
+        unknown policy."""
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
-        else:
-            pp = self._policy_plan(policy)
-            plan = pp.plan.with_options(options.items()) if options else pp.plan
-            if pp.auto_key and "idempotency_key" not in options:
-                plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
-            if pp.model is not None:
-                items = [pp.body(body) for body in items]
+            _check_batch_options(plan.kwargs)
+            return plan, _with_stream_usage(items)
+        pp = self._policy_plan(policy)
+        plan = pp.plan.with_options(options.items()) if options else pp.plan
+        if pp.auto_key and "idempotency_key" not in options:
+            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
+        if pp.model is not None:
+            items = [pp.body(body) for body in items]
         _check_batch_options(plan.kwargs)
-        if any(type(b) is dict and b.get("stream") is True for b in items):
-            # Dicts that stream ask for their usage (the core adds
-            # stream_options to streaming bodies that set none).
-            plan = _Plan(dict(plan.kwargs, stream_usage=True), plan.validate,
-                         plan.event_mask, plan.auto_key)
-        return plan, items
+        return plan, _with_stream_usage(items)
 
     def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
                    plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
@@ -985,6 +982,24 @@ class Client:
                                      deadline_ms=deadline_ms, failures_path=failures_path,
                                      resume=resume, progress=progress, adaptive=adaptive,
                                      on_result=on_result, logger=logger)
+
+
+def _asks_stream_usage(body: Any) -> bool:
+    return (type(body) is dict and body.get("stream") is True
+            and "stream_options" not in body)
+
+
+def _with_stream_usage(items: Sequence[Any]) -> Sequence[Any]:
+    """The batch's bodies, each dict that streams asking for its usage.
+
+    One call does it with the core's stream_usage (_run); a batch's options
+    are shared by all its items, and its str/bytes bodies are the caller's
+    own text, so here it is done per item, in the dict: the same bytes the
+    core would insert. The caller's dicts are not changed (copies)."""
+    if not any(_asks_stream_usage(b) for b in items):
+        return items
+    return [dict(b, stream_options={"include_usage": True}) if _asks_stream_usage(b) else b
+            for b in items]
 
 
 def _batch_value(out: Dict[str, Any],

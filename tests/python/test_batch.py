@@ -102,6 +102,26 @@ def test_call_many_summary_and_event(scen: Scenario) -> None:
     assert back.summary == s and len(back) == 4
 
 
+def test_call_many_streams_ask_for_usage(scen: Scenario) -> None:
+    """A batch's streaming dicts ask for their usage as one call's do (it was
+    missing: LiteLLM's proxy answered them with no usage chunk); a dict that
+    sets stream_options and a str body are sent as given."""
+    bodies: List[Any] = [secret_body("s0", stream=True), secret_body("s1", stream=True),
+                         secret_body("s2", stream=True,
+                                     stream_options={"include_usage": False}),
+                         json.dumps(secret_body("s3", stream=True))]
+    before = json.dumps(bodies)
+    out = llmretry.call_many(bodies, limit=1, **opts(scen))
+    assert [type(v).__name__ for v in out] == ["Result"] * 4
+    assert all(v.meta.stream for v in out)
+    assert [v.meta.usage is not None for v in out] == [True, True, False, False]
+    assert out.summary.total_tokens == 2 * out[0].meta.usage["total_tokens"] > 0
+    assert json.dumps(bodies) == before, "the caller's bodies were changed"
+    sent = [json.loads(rec["body"]) for rec in scen.server.requests(scen.name)]
+    assert [b.get("stream_options") for b in sent] == [
+        {"include_usage": True}, {"include_usage": True}, {"include_usage": False}, None]
+
+
 def test_call_many_empty_is_a_batch(scen: Scenario) -> None:
     out = llmretry.call_many([], **opts(scen))
     assert out == [] and out.summary.items == 0 and out.summary.completed

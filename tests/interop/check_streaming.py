@@ -1,0 +1,232 @@
+"""Streamed calls against LiteLLM's proxy (a server nobody here wrote).
+
+Run by tools/interop.sh (``make interop``) after check_litellm.py, against
+the same proxy. Two counts say how many requests a call cost, from outside
+the engine:
+
+* the proxy's access log (uvicorn writes one ``"POST /v1/chat/completions
+  HTTP/1.1" <status>`` line per request it received): what llmretry sent;
+* a recording upstream, started here, that LiteLLM calls for the ``up-*``
+  models (litellm_proxy.yaml): what LiteLLM sent on, and a way to make
+  LiteLLM's stream fail mid-way, which its mock_response cannot.
+
+Each check prints one line; the script exits 1 when any fails.
+Usage: check_streaming.py BASE_URL ACCESS_LOG UPSTREAM_PORT
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List
+
+import llmretry
+from interop_util import AccessLog, Checks
+
+KEY = "sk-1234"
+MOCK_TEXT = "hello from litellm"     # fake-ok's mock_response
+checks = Checks()
+check = checks.check
+
+
+def body(model: str, text: str = "hi") -> Dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "stream": True}
+
+
+def content(res: llmretry.Result) -> str:
+    return res.data["choices"][0]["message"]["content"]
+
+
+# ---------------------------------------------------------------------------
+# The recording upstream behind the up-* models
+
+def chunk(model: str, delta: Dict[str, Any], finish: Any = None) -> Dict[str, Any]:
+    return {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 1,
+            "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+class Upstream(BaseHTTPRequestHandler):
+    """An OpenAI-style streaming server, one behaviour per model name:
+    up-ok streams "one two three" with usage; up-error sends two chunks
+    then an error object; up-cut sends two chunks then closes the
+    connection; up-429 answers 429 before any stream."""
+
+    protocol_version = "HTTP/1.1"
+    seen: List[Dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def event(self, doc: Any) -> None:
+        self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+        self.wfile.flush()
+
+    def do_POST(self) -> None:  # noqa: N802
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        model = req.get("model")
+        with self.lock:
+            self.seen.append(req)
+        if model == "up-429":
+            data = json.dumps({"error": {"message": "slow down", "type": "requests",
+                                         "code": "rate_limit_exceeded"}}).encode()
+            self.send_response(429)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.close_connection = True    # the stream ends with the connection
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.event(chunk(model, {"role": "assistant", "content": "one "}))
+        self.event(chunk(model, {"content": "two "}))
+        if model == "up-error":
+            self.event({"error": {"message": "upstream overloaded", "type": "server_error",
+                                  "code": "server_error"}})
+            return
+        if model == "up-cut":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.event(chunk(model, {"content": "three"}, "stop"))
+        if (req.get("stream_options") or {}).get("include_usage"):
+            self.event({"id": "chatcmpl-upstream", "object": "chat.completion.chunk",
+                        "created": 1, "model": model, "choices": [],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 3,
+                                  "total_tokens": 6}})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    @classmethod
+    def requests_for(cls, model: str) -> List[Dict[str, Any]]:
+        with cls.lock:
+            return [r for r in cls.seen if r.get("model") == model]
+
+
+# ---------------------------------------------------------------------------
+
+def main(base_url: str, access_log: str, upstream_port: int) -> int:
+    log = AccessLog(access_log)
+    upstream = ThreadingHTTPServer(("127.0.0.1", upstream_port), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    client = llmretry.Client(base_url=base_url, api_key=KEY, logger=None,
+                             base_delay_ms=200, max_delay_ms=2000)
+
+    def one_stream() -> str:
+        mark = log.mark()
+        res = client.call_llm(body("fake-ok"))
+        m = res.meta
+        assert content(res) == MOCK_TEXT, repr(content(res))
+        assert res.data["object"] == "chat.completion", res.data.get("object")
+        assert res.data["choices"][0]["finish_reason"] == "stop", res.data["choices"][0]
+        assert m.stream is True and m.chunks > 1, m
+        assert m.attempts == 1 and m.resends == 0, m
+        # LiteLLM honours include_usage (the engine asked for it).
+        assert m.usage is not None and m.usage["completion_tokens"] > 0, m.usage
+        sent = log.since(mark, 1)
+        assert sent == [200], f"the proxy received {sent}"
+        return (f"{m.chunks} chunks, ttft {m.ttft_ms} ms, usage {m.usage}, "
+                f"1 request to the proxy")
+
+    def batch_of_streams() -> str:
+        mark = log.mark()
+        out = client.call_many([body("fake-ok", f"q{i}") for i in range(4)], limit=4)
+        assert [type(v).__name__ for v in out] == ["Result"] * 4, out
+        assert all(content(v) == MOCK_TEXT for v in out)
+        assert all(v.meta.stream and v.meta.chunks > 1 for v in out)
+        assert all(v.meta.usage is not None for v in out), [v.meta.usage for v in out]
+        s = out.summary
+        assert (s.ok, s.attempts) == (4, 4) and s.total_tokens > 0, s
+        sent = log.since(mark, 4)
+        assert sent == [200] * 4, f"the proxy received {sent}"
+        return f"4 ok, 4 requests to the proxy, {s.total_tokens} tokens"
+
+    def mock_500_stream() -> str:
+        # LiteLLM raises the mock error before it starts the stream: a JSON
+        # 500, retried like any 500, never read as a broken stream.
+        mark = log.mark()
+        try:
+            client.call_llm(body("fake-500"), max_retries=2)
+        except llmretry.HTTPStatusError as exc:
+            assert (exc.kind, exc.status, exc.attempts) == ("http_status", 500, 3), repr(exc)
+            assert exc.reason == "retries_exhausted", repr(exc)
+            sent = log.since(mark, 3)
+            assert sent == [500] * 3, f"the proxy received {sent}"
+            return f"{exc.attempts} attempts, 3 requests to the proxy, {str(exc)[:70]}..."
+        raise AssertionError("no error")
+
+    def upstream_stream() -> str:
+        mark = log.mark()
+        res = client.call_llm(body("up-ok"))
+        assert content(res) == "one two three", repr(content(res))
+        assert res.meta.usage is not None, res.meta
+        seen = Upstream.requests_for("up-ok")
+        assert len(seen) == 1, f"upstream saw {len(seen)} requests"
+        assert seen[0].get("stream") is True, seen[0]
+        sent = log.since(mark, 1)
+        assert sent == [200], f"the proxy received {sent}"
+        return (f"{res.meta.chunks} chunks, usage {res.meta.usage}; LiteLLM sent on "
+                f"stream_options={seen[0].get('stream_options')}")
+
+    def error_mid_stream() -> str:
+        # LiteLLM relays an upstream error after two chunks as
+        # data: {"error": {..., "code": "500"}} and ends the stream: a 500,
+        # retried (nothing was handed to the caller yet).
+        mark = log.mark()
+        try:
+            client.call_llm(body("up-error"), max_retries=2)
+        except llmretry.HTTPStatusError as exc:
+            assert (exc.kind, exc.status, exc.attempts) == ("http_status", 500, 3), repr(exc)
+            seen = len(Upstream.requests_for("up-error"))
+            sent = log.since(mark, 3)
+            assert sent == [200] * 3, f"the proxy received {sent}"
+            assert seen == 3, f"upstream saw {seen} requests"
+            assert "upstream overloaded" not in str(exc), "the provider's message leaked"
+            return (f"{exc.attempts} attempts (3 to the proxy, 3 upstream), "
+                    f"error_code {exc.error_code!r}")
+        raise AssertionError("no error")
+
+    def rate_limited_before_stream() -> str:
+        mark = log.mark()
+        try:
+            client.call_llm(body("up-429"), max_retries=1)
+        except llmretry.HTTPStatusError as exc:
+            assert (exc.status, exc.attempts) == (429, 2), repr(exc)
+            sent = log.since(mark, 2)
+            assert sent == [429] * 2, f"the proxy received {sent}"
+            seen = len(Upstream.requests_for("up-429"))
+            return (f"{exc.attempts} attempts, {seen} upstream, "
+                    f"error_code {exc.error_code!r}")
+        raise AssertionError("no error")
+
+    def cut_upstream() -> str:
+        # Not the engine's to see: LiteLLM ends a stream whose upstream was
+        # cut with a finish_reason "stop", its own usage and [DONE], so the
+        # caller gets the partial text as a complete answer. Checked so that
+        # a LiteLLM that starts reporting the cut is noticed.
+        mark = log.mark()
+        res = client.call_llm(body("up-cut"), max_retries=2)
+        assert content(res) == "one two ", repr(content(res))
+        assert res.data["choices"][0]["finish_reason"] == "stop", res.data["choices"][0]
+        assert res.meta.attempts == 1, res.meta
+        sent = log.since(mark, 1)
+        assert sent == [200], f"the proxy received {sent}"
+        return "LiteLLM reports it as finished (finish_reason stop, [DONE]): 1 attempt"
+
+    check("a streamed call: the assembled answer, usage, one request", one_stream)
+    check("call_many of 4 streams: 4 requests", batch_of_streams)
+    check("a mock 500 with stream: true is retried as a 500", mock_500_stream)
+    check("a stream LiteLLM relays from an upstream", upstream_stream)
+    check("an upstream error mid-stream is retried as a 500", error_mid_stream)
+    check("an upstream 429 before the stream is retried as a 429", rate_limited_before_stream)
+    check("an upstream cut mid-stream", cut_upstream)
+    client.close()
+    upstream.shutdown()
+    return checks.summary("litellm streaming")
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))

@@ -1,0 +1,61 @@
+"""What the interop checks share: one line per check, and counting the
+requests a server received from its uvicorn access log."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Callable, List, Tuple
+
+
+class Checks:
+    """Runs checks, prints one line each, and a closing count."""
+
+    def __init__(self) -> None:
+        self.results: List[Tuple[str, bool, str]] = []
+
+    def check(self, name: str, fn: Callable[[], str]) -> None:
+        try:
+            detail = fn()
+            self.results.append((name, True, detail))
+        except AssertionError as exc:
+            self.results.append((name, False, str(exc)))
+        except Exception as exc:  # a foreign exception is a failure too
+            self.results.append((name, False, f"{type(exc).__name__}: {exc}"))
+        ok, what = self.results[-1][1], self.results[-1][2]
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {what}", flush=True)
+
+    def summary(self, label: str) -> int:
+        """Print 'interop (label): N passed, N failed'; the exit status."""
+        failed = [name for name, ok, _ in self.results if not ok]
+        print(f"interop ({label}): {len(self.results) - len(failed)} passed, "
+              f"{len(failed)} failed")
+        return 1 if failed else 0
+
+
+class AccessLog:
+    """A server's chat requests, counted from its uvicorn access log (one
+    ``"POST /v1/chat/completions HTTP/1.1" <status>`` line per request)."""
+
+    LINE = re.compile(r'"POST /v1/chat/completions HTTP/1\.1" (\d{3})')
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def statuses(self) -> List[int]:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            return [int(m.group(1)) for m in self.LINE.finditer(f.read())]
+
+    def mark(self) -> int:
+        return len(self.statuses())
+
+    def since(self, mark: int, want: int) -> List[int]:
+        """The statuses logged after ``mark`` (from mark()). uvicorn logs a
+        request when it starts the response, before the call that sent it
+        returns; the wait is for the log file only, and a request too many
+        would still be counted: the count is read again after it."""
+        until = time.monotonic() + 3.0
+        while len(self.statuses()) - mark < want and time.monotonic() < until:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        return self.statuses()[mark:]
