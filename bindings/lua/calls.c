@@ -161,7 +161,20 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
     if (!r->ok) {
         set_str(L, "error_code", r->error_code);
         set_str(L, "body_preview", r->body_preview);
-        set_str(L, "reason", llmretry_reason_name(r->reason));
+        /* A broken stream's reason is how it broke (as in Python). */
+        set_str(L, "reason", r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED
+                                 ? llmretry_stream_reason_name(r->stream_reason)
+                                 : llmretry_reason_name(r->reason));
+        char why[160];
+        if (r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED && r->body) {
+            if (push_decoded(L, r->body, r->body_len, why, sizeof why)) {
+                /* What arrived before it broke, assembled: err.partial.data. */
+                lua_createtable(L, 0, 1);
+                lua_insert(L, -2);
+                lua_setfield(L, -2, "data");
+                lua_setfield(L, -2, "partial");
+            }   /* not decodable: no partial (push_decoded pushed nothing) */
+        }
     }
     set_str(L, "model", r->model);
     set_int(L, "duration_ms", r->duration_ms);

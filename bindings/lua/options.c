@@ -17,7 +17,7 @@
 
 /* Keys of this binding that are not options of the core's table (the
  * core's option table names the others, with their types and ranges). */
-static const char *const HOST_KEYS[] = { "body", "validate", "group", NULL };
+static const char *const HOST_KEYS[] = { "body", "validate", "group", "stream_chunks", NULL };
 
 static int known_key(const char *name)
 {
@@ -187,17 +187,22 @@ static void opt_one(lua_State *L, int idx, const llmretry_option_info *opt, llmr
 }
 
 /* The keys of this binding's own: validate (a flag here: the function is
- * the Lua side's) and group. */
+ * the Lua side's), stream_chunks (handle:next() gives "chunk" items:
+ * llm.stream_llm) and group. */
 static void host_opts(lua_State *L, int t, llmretry_options *o)
 {
     char buf[64];
-    lua_getfield(L, t, "validate");
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TBOOLEAN)
-            lr_fail(L, "validate must be a boolean (got %s)", got(L, -1, buf, sizeof buf));
-        o->validate = lua_toboolean(L, -1);
+    static const char *const flags[] = { "validate", "stream_chunks" };
+    int *fields[] = { &o->validate, &o->stream_chunks };
+    for (int i = 0; i < 2; i++) {
+        lua_getfield(L, t, flags[i]);
+        if (!lua_isnil(L, -1)) {
+            if (lua_type(L, -1) != LUA_TBOOLEAN)
+                lr_fail(L, "%s must be a boolean (got %s)", flags[i], got(L, -1, buf, sizeof buf));
+            *fields[i] = lua_toboolean(L, -1);
+        }
+        lua_pop(L, 1);
     }
-    lua_pop(L, 1);
     lua_getfield(L, t, "group");
     if (!lua_isnil(L, -1)) {
         lr_group *gr = lr_testudata(L, -1, GROUP_MT);

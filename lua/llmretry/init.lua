@@ -129,6 +129,8 @@ end
 
 local verdict_of = require("llmretry.verdict").of
 
+local decode = core.decode
+
 -- Take every item now in h's mailbox. True once the call is done.
 local function drain(h, ctx)
   while true do
@@ -142,6 +144,18 @@ local function drain(h, ctx)
       if logger then
         local ok, e = pcall(logger, value)
         if not ok then report_logger_error(value, e, ctx) end
+      end
+    elseif kind == "chunk" then
+      -- A stream's chunk (llm.stream_llm): decoded, to the caller's on_chunk.
+      -- The first one read is the commit point: no retry after it.
+      local chunk = decode(value)
+      if chunk ~= nil and ctx.on_chunk and not ctx.chunk_error then
+        local ok, e = pcall(ctx.on_chunk, chunk)
+        if not ok then
+          -- The caller's own bug: stop the stream, raise once it has ended.
+          ctx.chunk_error = e
+          h:cancel()
+        end
       end
     elseif kind == "validate" then
       if ctx.validate then
@@ -208,6 +222,51 @@ function M.call_llm(opts)
   else
     while not drain(h, ctx) do h:wait(50) end
   end
+  return h:result()
+end
+
+-- ---------------------------------------------------------------------------
+-- stream_llm
+
+-- stream_llm(opts, on_chunk) -> res, or nil, err: call_llm, streamed.
+-- on_chunk(chunk) gets each decoded chunk as it arrives (on this thread;
+-- inside a map_with_concurrency worker the worker yields between chunks).
+-- res is the assembled chat.completion (res.data, res.meta.usage...). Until
+-- the first chunk has reached on_chunk every failure is retried; after it,
+-- nothing is (the text would repeat): err.kind == "stream_interrupted",
+-- err.stream_reason says how, err.chunks_delivered how many were given.
+-- A table body gets stream = true (and asks for usage). An on_chunk that
+-- raises cancels the stream; the error is raised once the call has ended.
+function M.stream_llm(opts, on_chunk)
+  if not is_callable(on_chunk) then argerror(2, "on_chunk", "a function", on_chunk) end
+  if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  if type(o.body) == "table" and o.body.stream ~= true then
+    local b = {}
+    for k, v in pairs(o.body) do b[k] = v end
+    local mt = getmetatable(o.body)
+    if mt then setmetatable(b, mt) end
+    b.stream = true
+    o.body = b
+  end
+  o.stream_chunks = true
+  local pool = sched.current()
+  local sub, ctx, engine = split_options(o, 2, pool)
+  ctx.on_chunk = on_chunk
+  local pooled = false
+  if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
+    engine, pooled = pool.engine, true
+    sub.group = pool.group
+  end
+  local h
+  if engine then h = submit(engine, sub, 2) else h = submit_default(sub, 2) end
+  if pooled then
+    while not drain(h, ctx) do sched.wait(h) end
+  else
+    while not drain(h, ctx) do h:wait(50) end
+  end
+  if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end
   return h:result()
 end
 
@@ -557,6 +616,17 @@ function Client:call_llm(opts)
   if auto then o.idempotency_key = new_idempotency_key() end
   o.body = with_model(o.body, model)
   return M.call_llm(o)
+end
+
+function Client:stream_llm(opts, on_chunk)
+  if getmetatable(self) ~= Client then
+    error("llmretry: call client:stream_llm(opts, on_chunk) with a colon", 2)
+  end
+  local pool = sched.current()
+  local o, auto, model = resolve(self, opts, 2, false, pool and pool.policy or nil)
+  if auto then o.idempotency_key = new_idempotency_key() end
+  o.body = with_model(o.body, model)
+  return M.stream_llm(o, on_chunk)
 end
 
 function Client:call_many(bodies, opts)

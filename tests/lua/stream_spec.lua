@@ -1,0 +1,127 @@
+-- llm.stream_llm under lua5.4 and luajit against the mock's SSE scenarios
+-- (DESIGN §10): chunks to on_chunk as they arrive, the assembled result, the
+-- commit point, interrupted streams, streams inside map_with_concurrency.
+-- The Python twin is tests/python/test_stream.py.
+
+local H = require("helpers")
+local llm = require("llmretry")
+local check = H.check
+
+local function content_of(chunks)
+  local out = {}
+  for _, ch in ipairs(chunks) do
+    for _, choice in ipairs(ch.choices or {}) do
+      local d = choice.delta
+      if type(d) == "table" and type(d.content) == "string" then out[#out + 1] = d.content end
+    end
+  end
+  return table.concat(out)
+end
+
+describe("stream_llm", function()
+  local mock
+
+  setup(function() mock = H.start_mock() end)
+  teardown(function() if mock then mock:stop() end end)
+
+  local function opts(scen, extra)
+    return H.merge({ body = H.secret_body(scen.name), base_url = scen.url,
+      api_key = H.SECRET_KEY, base_delay_ms = 10, jitter = "none", timeout_ms = 5000 }, extra)
+  end
+
+  it("gives each chunk to on_chunk, then the assembled result", function()
+    local scen = mock:scen("lua_stream_ok")
+    scen.script({ { stream = { chunks = { "Hel", "lo" } } } })
+    local chunks = {}
+    local rec = H.recorder()
+    local res, err = llm.stream_llm(opts(scen, { logger = rec.fn }), function(ch)
+      chunks[#chunks + 1] = ch
+    end)
+    check(res, "failed: %s", tostring(err))
+    check(content_of(chunks) == "Hello", "chunks say %q", content_of(chunks))
+    check(#chunks == 4, "%d chunks (2 deltas, finish, usage)", #chunks)
+    check(res.data.choices[1].message.content == "Hello", "assembled %s",
+      H.dump(res.data.choices[1].message))
+    check(res.meta.stream == true and res.meta.chunks == 4, "meta %s", H.dump(res.meta))
+    check(res.meta.usage and res.meta.usage.total_tokens == 15, "usage %s", H.dump(res.meta.usage))
+    local sent = H.json.decode(scen.requests()[1].body)
+    check(sent.stream == true and sent.stream_options.include_usage == true, "sent %s",
+      scen.requests()[1].body)
+    local last = rec.events[#rec.events]
+    H.check_event_shape(last)
+    check(last.event == "llm_request_succeeded" and last.stream == true, "last event %s",
+      H.dump(last))
+  end)
+
+  it("retries a failure before the first chunk reached on_chunk", function()
+    local scen = mock:scen("lua_stream_retry")
+    scen.script({ { status = 503 }, { stream = { chunks = { "x", "y" } } } })
+    local chunks = {}
+    local res, err = llm.stream_llm(opts(scen), function(ch) chunks[#chunks + 1] = ch end)
+    check(res, "failed: %s", tostring(err))
+    check(content_of(chunks) == "xy" and res.meta.attempts == 2, "got %q in %s attempts",
+      content_of(chunks), tostring(res.meta.attempts))
+  end)
+
+  it("does not retry once a chunk was delivered: stream_interrupted", function()
+    local scen = mock:scen("lua_stream_broken")
+    scen.script({ { stream = { chunks = { "a", "b", "c" }, ["end"] = "error_event", after = 2,
+      delay_ms = 100, error_code = "server_error" } } })
+    local chunks = {}
+    local res, err = llm.stream_llm(opts(scen), function(ch) chunks[#chunks + 1] = ch end)
+    check(res == nil and err, "no error")
+    H.check_error(err, "stream_interrupted")
+    check(err.reason == "error_event" and err.stream_reason == "error_event", "reason %s",
+      tostring(err.reason))
+    check(err.chunks_delivered == #chunks and #chunks >= 1, "chunks_delivered %s of %d",
+      tostring(err.chunks_delivered), #chunks)
+    check(err.error_code == "server_error", "error_code %s", tostring(err.error_code))
+    check(err.partial and err.partial.data.choices[1].message.content == content_of(chunks),
+      "partial %s", H.dump(err.partial))
+    check(#scen.requests() == 1, "a delivered stream was retried")
+  end)
+
+  it("an on_chunk that raises stops the stream and the error is raised", function()
+    local scen = mock:scen("lua_stream_raise")
+    scen.script({ { stream = { chunks = 20, delay_ms = 20 } } })
+    local ok, e = pcall(llm.stream_llm, opts(scen), function() error("boom", 0) end)
+    check(not ok and e == "boom", "raised %s", tostring(e))
+  end)
+
+  it("refuses a missing on_chunk at once, before any I/O", function()
+    local scen = mock:scen("lua_stream_args")
+    local ok, e = pcall(llm.stream_llm, opts(scen))
+    check(not ok and tostring(e):find("on_chunk", 1, true), "error %s", tostring(e))
+    check(#scen.requests() == 0, "a request was sent")
+  end)
+
+  it("streams inside map_with_concurrency workers, several at once", function()
+    local scen = mock:scen("lua_stream_pool")
+    scen.script({}, { stream = { chunks = { "p", "q" }, delay_ms = 100 } })
+    local t0 = H.now_ms()
+    local results = llm.map_with_concurrency({ 1, 2, 3, 4 }, 4, function(i)
+      local seen = {}
+      local res, err = llm.stream_llm(opts(scen), function(ch) seen[#seen + 1] = ch end)
+      assert(res, tostring(err))
+      return content_of(seen)
+    end)
+    local wall = H.now_ms() - t0
+    for i = 1, 4 do check(results[i] == "pq", "results[%d] = %s", i, tostring(results[i])) end
+    -- 4 streams of ~300 ms side by side, not one after another.
+    check(wall < 1000, "4 streams took %.0f ms", wall)
+  end)
+
+  it("a client's stream_llm applies its policy", function()
+    local scen = mock:scen("lua_stream_client")
+    scen.script({ { stream = { chunks = { "c" } } } })
+    local c = llm.client{ policies = { s = { model = "policy-model", max_retries = 1 } },
+      base_url = scen.url, api_key = H.SECRET_KEY }
+    local body = H.secret_body(scen.name)
+    body.model = nil
+    local n = 0
+    local res, err = c:stream_llm({ body = body, policy = "s" }, function() n = n + 1 end)
+    check(res, "failed: %s", tostring(err))
+    check(n >= 1 and H.json.decode(scen.requests()[1].body).model == "policy-model",
+      "model not filled")
+  end)
+end)
