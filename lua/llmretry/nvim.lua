@@ -33,6 +33,10 @@
 -- As in llmretry.map_with_concurrency, the first raise stops new starts
 -- (the running items finish) unless opts.return_errors is true.
 --
+-- stream_llm(opts, { on_chunk = fn, on_done = fn }) streams: on_chunk gets
+-- a table of the chunks that came within one loop turn (coalesced), on_done
+-- the assembled result; inside a worker stream_llm(opts, on_chunk) waits.
+--
 -- Any coroutine that nothing else resumes may wait the same way:
 --   coroutine.wrap(function() local res, err = llm.call_llm(opts) ... end)()
 
@@ -139,32 +143,65 @@ end
 
 local verdict_of = require("llmretry.verdict").of
 
+-- The chunks of one batch, decoded, to the stream's on_chunk in one call:
+-- what arrived within one loop turn is one call, so thousands of chunks a
+-- second never flood the editor with scheduled callbacks.
+local function deliver_chunks(rec, texts)
+  local chunks = {}
+  for _, text in ipairs(texts) do
+    local chunk = core.decode(text)
+    if chunk ~= nil then chunks[#chunks + 1] = chunk end
+  end
+  if #chunks == 0 or not rec.on_chunk or rec.chunk_error then return end
+  local ok, e = pcall(rec.on_chunk, chunks)
+  if not ok then
+    -- The plugin's bug: stop the stream; on_done gets the error.
+    rec.chunk_error = e
+    if rec.h then rec.h:cancel() end
+  end
+end
+
 -- Runs in a scheduled callback: items in the order the engine produced them.
 local function deliver(rec, batch)
+  local texts = nil
   for _, item in ipairs(batch) do
     local kind = item[1]
-    if kind == "event" then
-      if rec.logger then
-        local ok, e = pcall(rec.logger, item[2])
-        if not ok and not rec.reported then
-          rec.reported = true
-          notify(string.format("llmretry: the logger raised on %s (request_id=%s): %s; the call "
-            .. "goes on (later logger errors of this call are not reported)",
-            tostring(item[2].event), tostring(item[2].request_id), tostring(e)))
+    if kind == "chunk" then
+      texts = texts or {}
+      texts[#texts + 1] = item[2]
+    else
+      if texts then
+        deliver_chunks(rec, texts)
+        texts = nil
+      end
+      if kind == "event" then
+        if rec.logger then
+          local ok, e = pcall(rec.logger, item[2])
+          if not ok and not rec.reported then
+            rec.reported = true
+            notify(string.format("llmretry: the logger raised on %s (request_id=%s): %s; the call "
+              .. "goes on (later logger errors of this call are not reported)",
+              tostring(item[2].event), tostring(item[2].request_id), tostring(e)))
+          end
+        end
+      elseif kind == "validate" then
+        local ok, msg = true, nil
+        if rec.validate then ok, msg = verdict_of(rec.validate, item[2]) end
+        -- A call cancelled meanwhile no longer waits for the verdict.
+        if rec.h then pcall(rec.h.validated, rec.h, ok, msg) end
+      elseif kind == "done" then
+        -- Our last reference to the core handle: once collected, the call is freed.
+        rec.h = nil
+        rec.finished = true
+        if rec.chunk_error ~= nil then
+          rec.complete(nil, rec.chunk_error)
+        else
+          rec.complete(item[2], item[3])
         end
       end
-    elseif kind == "validate" then
-      local ok, msg = true, nil
-      if rec.validate then ok, msg = verdict_of(rec.validate, item[2]) end
-      -- A call cancelled meanwhile no longer waits for the verdict.
-      if rec.h then pcall(rec.h.validated, rec.h, ok, msg) end
-    elseif kind == "done" then
-      -- Our last reference to the core handle: once collected, the call is freed.
-      rec.h = nil
-      rec.finished = true
-      rec.complete(item[2], item[3])
     end
   end
+  if texts then deliver_chunks(rec, texts) end
 end
 
 -- In the poll callback (a fast context): take every item now in the
@@ -218,7 +255,7 @@ end
 -- Starting a call.
 
 -- Options of ours, not the engine's.
-local LUA_OPTIONS = { logger = true, validate = true }
+local LUA_OPTIONS = { logger = true, validate = true, on_chunk = true }
 
 -- Submit opts; `complete(res, err)` runs on the main loop once it is done.
 -- `level`: the stack level of the user's call, for argument errors.
@@ -251,7 +288,7 @@ local function start(opts, complete, level, defaults)
     error(h, 0)
   end
   local rec = { h = h, logger = logger or nil, validate = validate or nil, complete = complete,
-    finished = false, reported = false, request_id = h:request_id() }
+    finished = false, reported = false, request_id = h:request_id(), on_chunk = opts.on_chunk }
   pending[h] = rec
   npending = npending + 1
   live[h] = true
@@ -314,6 +351,56 @@ function M.call_llm(opts, callback)
   function handle.cancel() cancel_rec(rec) end
   function handle.done() return rec.finished end
   return handle
+end
+
+-- ---------------------------------------------------------------------------
+-- stream_llm
+
+-- The options of a streamed call: the body with stream = true (a table body
+-- asks for usage too), chunks asked of the engine, on_chunk for deliver.
+local function stream_opts(opts, on_chunk)
+  if type(opts) ~= "table" then argerror(3, "opts", "a table", opts) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  if type(o.body) == "table" and o.body.stream ~= true then
+    local b = {}
+    for k, v in pairs(o.body) do b[k] = v end
+    local mt = getmetatable(o.body)
+    if mt then setmetatable(b, mt) end
+    b.stream = true
+    o.body = b
+  end
+  o.stream_chunks = true
+  o.on_chunk = on_chunk
+  return o
+end
+
+-- stream_llm(opts, { on_chunk = fn, on_done = fn }) -> handle, at once.
+-- on_chunk(chunks) runs on the main loop with a table (array) of the
+-- decoded chunks that arrived since the last call: one call per loop turn,
+-- however many chunks came (so a fast stream never freezes the editor).
+-- on_done(res, err) runs once: res the assembled result (res.data...), or
+-- nil, err; after a chunk was delivered nothing is retried and err.kind is
+-- "stream_interrupted" (err.reason says how). handle.cancel() stops it at
+-- once (on_done then gets err.kind "cancelled"); VimLeavePre does too.
+-- Inside a map_with_concurrency worker (or any coroutine),
+-- stream_llm(opts, on_chunk) waits like call_llm and returns res or nil, err,
+-- calling on_chunk(chunk) for each chunk.
+function M.stream_llm(opts, callbacks)
+  if is_callable(callbacks) then
+    local each = callbacks
+    return M.call_llm(stream_opts(opts, function(chunks)
+      for _, ch in ipairs(chunks) do each(ch) end
+    end))
+  end
+  if type(callbacks) ~= "table" then
+    argerror(2, "callbacks", "{ on_chunk = fn, on_done = fn } (or, in a coroutine, a function)",
+      callbacks)
+  end
+  local on_chunk, on_done = callbacks.on_chunk, callbacks.on_done
+  if not is_callable(on_chunk) then argerror(2, "callbacks.on_chunk", "a function", on_chunk) end
+  if not is_callable(on_done) then argerror(2, "callbacks.on_done", "a function", on_done) end
+  return M.call_llm(stream_opts(opts, on_chunk), on_done)
 end
 
 -- ---------------------------------------------------------------------------

@@ -301,6 +301,110 @@ test("cancelling a pool cancels its calls; on_done still runs", function()
   check(#T.requests("pool_cancel") == 2, "the server saw %d requests", #T.requests("pool_cancel"))
 end)
 
+local function stream_text(chunks, into)
+  for _, ch in ipairs(chunks) do
+    for _, choice in ipairs(ch.choices or {}) do
+      if type(choice.delta) == "table" and type(choice.delta.content) == "string" then
+        into[#into + 1] = choice.delta.content
+      end
+    end
+  end
+end
+
+test("stream_llm: 40 chunks over 1 s arrive in pieces on the main loop; the loop keeps ticking",
+  function()
+  local words = {}
+  for i = 1, 40 do words[i] = "w" .. i .. " " end
+  T.script("nv_stream", { { stream = { chunks = words, delay_ms = 25 } } })
+  local ticker = T.ticker(10)
+  local calls, pieces, fast_seen = 0, {}, false
+  local done, res, err
+  local t0 = T.now_ms()
+  local h = nv.stream_llm(T.opts("nv_stream"), {
+    on_chunk = function(chunks)
+      calls = calls + 1
+      if vim.in_fast_event() then fast_seen = true end
+      stream_text(chunks, pieces)
+      vim.api.nvim_buf_set_lines(0, 0, -1, false, { table.concat(pieces) })
+    end,
+    on_done = function(r, e) done, res, err = true, r, e end })
+  local returned_ms = T.now_ms() - t0
+  check(T.wait_until(function() return done end, 5000), "on_done did not run within 5 s")
+  local t1 = T.now_ms()
+  ticker.stop()
+  check(res, "failed: %s", tostring(err))
+  check(table.concat(pieces) == table.concat(words), "text %q", table.concat(pieces))
+  check(res.data.choices[1].message.content == table.concat(words), "assembled %s",
+    tostring(res.data.choices[1].message.content))
+  check(vim.api.nvim_buf_get_lines(0, 0, 1, false)[1] == table.concat(words), "buffer")
+  check(calls >= 10, "only %d on_chunk calls for a 1 s stream (pieces expected)", calls)
+  check(not fast_seen, "on_chunk ran in a fast event")
+  check(returned_ms < 100, "stream_llm took %.0f ms to return", returned_ms)
+  local ticks = ticker.between(t0, t1)
+  check(ticks >= 50, "only %d timer ticks during the stream", ticks)
+  figures.stream_on_chunk_calls, figures.stream_ticks = calls, ticks
+  check(type(h.cancel) == "function" and h.done(), "handle")
+end)
+
+test("stream_llm: 3,000 chunks sent at once arrive whole, coalesced, the editor responsive",
+  function()
+  T.script("nv_burst", { { stream = { chunks = 3000 }, content = string.rep("ab", 3000) } })
+  local ticker = T.ticker(10)
+  local calls, pieces, done, res, err = 0, {}, false, nil, nil
+  local t0 = T.now_ms()
+  nv.stream_llm(T.opts("nv_burst"), {
+    on_chunk = function(chunks) calls = calls + 1; stream_text(chunks, pieces) end,
+    on_done = function(r, e) done, res, err = true, r, e end })
+  check(T.wait_until(function() return done end, 10000), "on_done did not run within 10 s")
+  local t1 = T.now_ms()
+  ticker.stop()
+  check(res, "failed: %s", tostring(err))
+  check(table.concat(pieces) == string.rep("ab", 3000), "the text arrived changed (%d bytes)",
+    #table.concat(pieces))
+  check(calls < 3000, "%d on_chunk calls: the chunks were not coalesced", calls)
+  figures.burst_on_chunk_calls, figures.burst_ms = calls, t1 - t0
+  -- Responsive: the 10 ms timer was not starved while 3,000 chunks came in.
+  local ticks = ticker.between(t0, t1)
+  check(ticks >= math.floor((t1 - t0) / 10 / 3), "%d ticks in %.0f ms", ticks, t1 - t0)
+end)
+
+test("stream_llm: cancel mid-stream ends it at once and frees it", function()
+  T.script("nv_cancel", { { stream = { chunks = 100, delay_ms = 30 } } })
+  local got, done, res, err = 0, false, nil, nil
+  local h
+  h = nv.stream_llm(T.opts("nv_cancel"), {
+    on_chunk = function(chunks)
+      got = got + #chunks
+      if got >= 3 then h.cancel() end
+    end,
+    on_done = function(r, e) done, res, err = true, r, e end })
+  check(T.wait_until(function() return done end, 3000), "on_done did not run after cancel")
+  check(res == nil and err and err.kind == "cancelled", "err %s", tostring(err))
+  check(got < 100, "all %d chunks arrived despite the cancel", got)
+  check(T.wait_until(function()
+    local recs = T.requests("nv_cancel")
+    return recs[1] and recs[1].client_gone == true
+  end, 2000), "the server never saw the stream closed")
+  collectgarbage()
+  collectgarbage()
+  check(T.wait_until(function() return nv.stats().pending == 0 end, 1000), "still pending")
+end)
+
+test("stream_llm inside a map_with_concurrency worker waits like call_llm", function()
+  T.script("nv_stream_pool", {}, { stream = { chunks = { "x", "y" }, delay_ms = 50 } })
+  local done, results, errors
+  nv.map_with_concurrency({ 1, 2, 3 }, 3, function(i)
+    local seen = {}
+    local res, err = nv.stream_llm(T.opts("nv_stream_pool", { body = T.body("p" .. i) }),
+      function(ch) stream_text({ ch }, seen) end)
+    if not res then error(err) end
+    return table.concat(seen) .. "/" .. res.data.choices[1].message.content
+  end, function(r, e) done, results, errors = true, r, e end)
+  check(T.wait_until(function() return done end, 5000), "on_done did not run")
+  check(errors == nil, "errors %s", vim.inspect(errors))
+  for i = 1, 3 do check(results[i] == "xy/xy", "results[%d] = %s", i, tostring(results[i])) end
+end)
+
 test("a coroutine can wait for a call; misuse raises at once, before any I/O", function()
   T.script("co_wait", {})
   local got
@@ -359,7 +463,7 @@ end)
 T.on_finish(function()
   local parts = {}
   for _, k in ipairs({ "call_ms", "ticks", "max_gap_ms", "blocking_ticks", "cancel_ms",
-    "pool_ms" }) do
+    "pool_ms", "stream_on_chunk_calls", "stream_ticks", "burst_on_chunk_calls", "burst_ms" }) do
     if figures[k] then parts[#parts + 1] = string.format("%s=%.0f", k, figures[k]) end
   end
   T.out("nvim figures: %s", table.concat(parts, ", "))
