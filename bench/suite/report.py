@@ -607,6 +607,11 @@ FOCUSED = [
      "bash bench/run_batch.sh",
      "The batch issue's benchmark: 20,000 requests at 64 in flight and 2,000 against the "
      "50 ms endpoint (bench/README.md, \"Batch benchmark\")."),
+    ("stream.md", "Streaming: stream_llm against the openai SDK and a bare libcurl SSE loop",
+     "bash bench/run_stream.sh",
+     "CPU per chunk, delay from the server's write to the iterator, memory per open stream "
+     "at 1,000 streams and a slow consumer on a 50 MiB stream, against a local SSE server "
+     "(bench/README.md, \"Streaming benchmark\")."),
 ]
 
 
