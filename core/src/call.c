@@ -45,16 +45,25 @@ static char *build_url(const llmretry_options *o, int *is_default)
     return url;
 }
 
-/* "model" from the request body, or NULL; *bad_json says the body is not
- * JSON at all (a programming error, reported before any I/O). */
-static char *model_from_body(const char *body, size_t len, int *bad_json)
+/* What the request body says, read with one parse and only when needed:
+ * its "model" (when want_model; NULL if none), whether it streams and sets
+ * stream_options. *bad_json: not JSON at all (a programming error, reported
+ * before any I/O). Most bodies never mention "stream": those the caller
+ * named the model of are not parsed at all. */
+static char *read_body(const char *body, size_t len, int want_model, int *bad_json,
+                       int *streams, int *has_stream_options)
 {
+    *bad_json = *streams = *has_stream_options = 0;
+    if (!want_model && !memmem(body, len, "\"stream\"", 8))
+        return NULL;
     cJSON *doc = cJSON_ParseWithLength(body, len);
-    *bad_json = doc == NULL;
+    *bad_json = doc == NULL && want_model;
     if (!doc)
         return NULL;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(doc, "model");
-    char *model = cJSON_IsString(m) ? lr_strdup(m->valuestring) : NULL;
+    char *model = want_model && cJSON_IsString(m) ? lr_strdup(m->valuestring) : NULL;
+    *streams = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "stream"));
+    *has_stream_options = cJSON_GetObjectItemCaseSensitive(doc, "stream_options") != NULL;
     cJSON_Delete(doc);
     return model;
 }
@@ -244,15 +253,19 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
 
-    int bad_json = 0, no_key = 0, default_url = 0;
+    int bad_json = 0, no_key = 0, default_url = 0, has_stream_options = 0;
     int oom = 0;
     c->url = build_url(opts, &default_url);
     c->body = lr_strndup(opts->body, opts->body_len);
     oom |= !c->url || !c->body;
     if (opts->model)
         oom |= !(c->model = lr_strdup(opts->model));
-    else if (!oom)
-        c->model = model_from_body(opts->body, opts->body_len, &bad_json);
+    if (!oom) {
+        char *model = read_body(opts->body, opts->body_len, !opts->model, &bad_json,
+                                &c->stream_req, &has_stream_options);
+        if (!opts->model)
+            c->model = model;
+    }
     if (opts->policy)
         oom |= !(c->policy = lr_strdup(opts->policy));
     if (opts->ca_file)
@@ -267,9 +280,8 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
 
     if (!oom && !bad_json) {
         size_t body_len = opts->body_len;
-        char *with_usage = NULL;
-        c->stream_req = lr_stream_request(c->body, body_len, opts->stream_usage, &with_usage,
-                                          &body_len);
+        char *with_usage = c->stream_req && opts->stream_usage && !has_stream_options
+                         ? lr_stream_with_usage(c->body, &body_len) : NULL;
         if (with_usage) {
             free(c->body);
             c->body = with_usage;

@@ -10,37 +10,25 @@
 
 /* ---- the request ----------------------------------------------------------- */
 
-int lr_stream_request(const char *body, size_t len, int add_usage, char **rewritten,
-                      size_t *rewritten_len)
+char *lr_stream_with_usage(const char *body, size_t *len)
 {
     static const char usage[] = ",\"stream_options\":{\"include_usage\":true}";
-    *rewritten = NULL;
-    /* Most bodies never mention it: no parse for them. */
-    if (!memmem(body, len, "\"stream\"", 8))
-        return 0;
-    cJSON *doc = cJSON_ParseWithLength(body, len);
-    int streams = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "stream"));
-    int has_options = cJSON_GetObjectItemCaseSensitive(doc, "stream_options") != NULL;
-    cJSON_Delete(doc);
-    if (streams && add_usage && !has_options) {
-        /* A JSON object ends with '}' (and maybe spaces): insert before it,
-         * leaving the caller's text, numbers included, as it was. */
-        size_t end = len;
-        while (end > 0 && strchr(" \t\r\n", body[end - 1]))
-            end--;
-        if (end > 0 && body[end - 1] == '}') {
-            char *out = malloc(len + sizeof usage);
-            if (out) {
-                memcpy(out, body, end - 1);
-                memcpy(out + end - 1, usage, sizeof usage - 1);
-                memcpy(out + end - 1 + sizeof usage - 1, body + end - 1, len - (end - 1));
-                *rewritten_len = len + sizeof usage - 1;
-                out[*rewritten_len] = '\0';
-                *rewritten = out;
-            }
-        }
-    }
-    return streams;
+    /* A JSON object ends with '}' (and maybe spaces): insert before it,
+     * leaving the caller's text, numbers included, as it was. */
+    size_t n = *len, end = n;
+    while (end > 0 && strchr(" \t\r\n", body[end - 1]))
+        end--;
+    if (end == 0 || body[end - 1] != '}')
+        return NULL;
+    char *out = malloc(n + sizeof usage);
+    if (!out)
+        return NULL;
+    memcpy(out, body, end - 1);
+    memcpy(out + end - 1, usage, sizeof usage - 1);
+    memcpy(out + end - 1 + sizeof usage - 1, body + end - 1, n - (end - 1));
+    *len = n + sizeof usage - 1;
+    out[*len] = '\0';
+    return out;
 }
 
 /* ---- per response ---------------------------------------------------------- */

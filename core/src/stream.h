@@ -62,10 +62,9 @@ typedef struct lr_stream {
     int resume_asked;              /* an LR_OP_RESUME is on its way */
 } lr_stream;
 
-/* At submit: does the body ask to stream, and (when options.stream_usage)
- * the body with stream_options added (malloc'd; NULL: keep the body). */
-int lr_stream_request(const char *body, size_t len, int add_usage, char **rewritten,
-                      size_t *rewritten_len);
+/* A streaming body (a JSON object) with "stream_options":{"include_usage":
+ * true} appended: malloc'd, *len updated; NULL to keep the body as it is. */
+char *lr_stream_with_usage(const char *body, size_t *len);
 
 /* The response's headers said text/event-stream (on_header) and the status
  * is 2xx: read it as a stream. 0, or -1 when out of memory. */

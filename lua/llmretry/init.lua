@@ -204,9 +204,12 @@ local sched = scheduler.new("llmretry")
 -- ---------------------------------------------------------------------------
 -- call_llm
 
-function M.call_llm(opts)
+-- One call, waited for on this thread (or, in a pool's worker, by yielding
+-- it): its mail delivered here, and on_chunk (stream_llm's) given each chunk.
+local function run(opts, level, on_chunk)
   local pool = sched.current()
-  local sub, ctx, engine = split_options(opts, 2, pool)
+  local sub, ctx, engine = split_options(opts, level + 1, pool)
+  ctx.on_chunk = on_chunk
   local pooled = false
   if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
     engine, pooled = pool.engine, true
@@ -216,13 +219,20 @@ function M.call_llm(opts)
     sub.group = pool.group
   end
   local h
-  if engine then h = submit(engine, sub, 2) else h = submit_default(sub, 2) end
+  if engine then h = submit(engine, sub, level + 1) else h = submit_default(sub, level + 1) end
   if pooled then
     while not drain(h, ctx) do sched.wait(h) end
   else
     while not drain(h, ctx) do h:wait(50) end
   end
+  if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end
   return h:result()
+end
+
+-- Not tail calls: the error levels count run's caller's frame.
+function M.call_llm(opts)
+  local res, err = run(opts, 2)
+  return res, err
 end
 
 -- ---------------------------------------------------------------------------
@@ -234,40 +244,14 @@ end
 -- res is the assembled chat.completion (res.data, res.meta.usage...). Until
 -- the first chunk has reached on_chunk every failure is retried; after it,
 -- nothing is (the text would repeat): err.kind == "stream_interrupted",
--- err.stream_reason says how, err.chunks_delivered how many were given.
+-- err.reason says how it broke, err.chunks_delivered how many were given.
 -- A table body gets stream = true (and asks for usage). An on_chunk that
 -- raises cancels the stream; the error is raised once the call has ended.
 function M.stream_llm(opts, on_chunk)
   if not is_callable(on_chunk) then argerror(2, "on_chunk", "a function", on_chunk) end
   if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
-  local o = {}
-  for k, v in pairs(opts) do o[k] = v end
-  if type(o.body) == "table" and o.body.stream ~= true then
-    local b = {}
-    for k, v in pairs(o.body) do b[k] = v end
-    local mt = getmetatable(o.body)
-    if mt then setmetatable(b, mt) end
-    b.stream = true
-    o.body = b
-  end
-  o.stream_chunks = true
-  local pool = sched.current()
-  local sub, ctx, engine = split_options(o, 2, pool)
-  ctx.on_chunk = on_chunk
-  local pooled = false
-  if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
-    engine, pooled = pool.engine, true
-    sub.group = pool.group
-  end
-  local h
-  if engine then h = submit(engine, sub, 2) else h = submit_default(sub, 2) end
-  if pooled then
-    while not drain(h, ctx) do sched.wait(h) end
-  else
-    while not drain(h, ctx) do h:wait(50) end
-  end
-  if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end
-  return h:result()
+  local res, err = run(args.stream_options(opts), 2, on_chunk)
+  return res, err
 end
 
 -- ---------------------------------------------------------------------------

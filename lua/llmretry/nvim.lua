@@ -356,21 +356,11 @@ end
 -- ---------------------------------------------------------------------------
 -- stream_llm
 
--- The options of a streamed call: the body with stream = true (a table body
--- asks for usage too), chunks asked of the engine, on_chunk for deliver.
+-- The options of a streamed call (args.stream_options), with on_chunk for
+-- deliver.
 local function stream_opts(opts, on_chunk)
   if type(opts) ~= "table" then argerror(3, "opts", "a table", opts) end
-  local o = {}
-  for k, v in pairs(opts) do o[k] = v end
-  if type(o.body) == "table" and o.body.stream ~= true then
-    local b = {}
-    for k, v in pairs(o.body) do b[k] = v end
-    local mt = getmetatable(o.body)
-    if mt then setmetatable(b, mt) end
-    b.stream = true
-    o.body = b
-  end
-  o.stream_chunks = true
+  local o = args.stream_options(opts)
   o.on_chunk = on_chunk
   return o
 end
