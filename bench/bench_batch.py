@@ -54,14 +54,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+# LLMRETRY_BENCH_TREE: another checkout's python/ folder (run_batch.sh's
+# BASELINE row measures an older commit's llmretry in the same rounds).
+sys.path.insert(0, os.environ.get("LLMRETRY_BENCH_TREE") or
+                os.path.join(os.path.dirname(HERE), "python"))
 
 import peers_python  # noqa: E402  (body_for, API_KEY; imports no peer library)
 
 EXPECTED_TOKENS = 13      # usage.total_tokens of nginx's canned answer
-SEED_NODE = os.environ.get(
-    "LLMRETRY_SEED_NODE",
-    os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "peers", "seed-node"))
+SEED_NODE = os.environ.get("LLMRETRY_SEED_NODE", "")   # not in this repository
 IDEAL_LATENCY_S = 0.05    # the slow endpoint's echo_sleep
 
 
@@ -149,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tokens = batch(bodies, True)
         ok = sum(1 for t in tokens if t == EXPECTED_TOKENS)
         failed += n - ok
-        print(f"RESULT client={args.client} endpoint={args.endpoint} run={args.run} n={n} "
+        print(f"RESULT client={args.client}{args.tag} endpoint={args.endpoint} run={args.run} n={n} "
               f"limit={args.limit} ok={ok} secs={marks['secs']:.4f} "
               f"rps={n / marks['secs']:.0f} cpu_us={marks['cpu'] * 1e6 / n:.2f} "
               f"main_us={marks['main'] * 1e6 / n:.2f} gc_us={marks['gc'] * 1e6 / n:.2f}"
@@ -181,6 +182,7 @@ def cmd_node_raw(args: argparse.Namespace) -> int:
 LABELS = {
     "bare": "bare libcurl multi loop + cJSON (C, `bare_multi.c`)",
     "callmany-nolog": "llmretry `call_many` (`logger=None`)",
+    "callmany-nolog@baseline": "llmretry `call_many` (`logger=None`) at the baseline commit",
     "callmany": "llmretry `call_many` (default logger)",
     "map": "llmretry `map_with_concurrency` → `call_llm` (default logger; for scale)",
     "node": "seed Node client, `node_peer.mjs conc` (`mapWithConcurrency`), warm",
@@ -301,6 +303,18 @@ def cmd_report(args: argparse.Namespace) -> int:
                     f"**{'met' if m >= 15 else 'NOT met'}** ({m:.1f}×, per run "
                     f"{'/'.join(f'{x:.1f}' for x in pr)}).")
 
+        base_rows = by.get(("fast", "callmany-nolog@baseline"))
+        now_rows = by.get(("fast", "callmany-nolog"))
+        if base_rows and now_rows:
+            pr = _ratios(now_rows, base_rows)
+            m = statistics.median(pr)
+            verdicts.append(
+                f"- {LABELS['callmany-nolog']} does not regress against the baseline commit "
+                f"(≥ 0.95× its throughput in the same rounds): "
+                f"**{'met' if m >= 0.95 else 'NOT met'}** ({m:.3f}×, per run "
+                f"{'/'.join(f'{x:.2f}' for x in pr)}; CPU per request "
+                f"{med(now_rows, 'cpu_us'):.1f} vs {med(base_rows, 'cpu_us'):.1f} µs).")
+
     # ---- (2) 50 ms endpoint
     clients = [c for c in ORDER if ("slow", c) in by]
     if clients:
@@ -375,6 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                         "callmany-nolog-gcoff"])
     run.add_argument("--warmup", type=int, default=0)
     run.add_argument("--reps", type=int, default=1)
+    run.add_argument("--tag", default="", help="appended to the client's name (@baseline)")
     for p in (run, sub.add_parser("node-raw")):
         p.add_argument("--base-url", required=True)
         p.add_argument("--n", type=int, default=20000)

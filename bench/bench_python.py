@@ -46,9 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 import peers_python  # noqa: E402
 
 EXPECTED_TOKENS = 13      # usage.total_tokens of nginx's canned answer
-SEED_NODE = os.environ.get(
-    "LLMRETRY_SEED_NODE",
-    os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "peers", "seed-node"))
+SEED_NODE = os.environ.get("LLMRETRY_SEED_NODE", "")   # not in this repository
 
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,10 @@
 #
 # Knobs (environment): N=20000 LIMIT=64 RUNS=3 SLOW_N=2000 NODE_WARMUP=10000
 # PY_WARMUP=0 LLMRETRY_BENCH_PORT=18089 BUILD_DIR=build-bench PYTHON=python3
+# BASELINE=<commit>: also measure that commit's call_many (logger=None) in the
+# same rounds (built from `git archive` into the run's temp folder), for a
+# "does not regress" verdict that this machine's noise cannot fake
+#   (e.g. BASELINE=d3301c9, the last commit before the engine restructure)
 # LLMRETRY_SEED_NODE=<folder of the seed Node client, client.mjs; not in this repo>
 set -euo pipefail
 
@@ -20,6 +24,7 @@ PY_WARMUP=${PY_WARMUP:-0}
 PORT=${LLMRETRY_BENCH_PORT:-18089}
 BUILD_DIR=${BUILD_DIR:-build-bench}
 PYTHON=${PYTHON:-python3}
+BASELINE=${BASELINE:-}
 export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-}
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -58,6 +63,14 @@ if awk -v l="${LOAD0%% *}" 'BEGIN {exit !(l > 0.5)}'; then
   log "WARNING: load average $LOAD0 before the run: other work shares these cores, figures will be noisy"
 fi
 
+if [ -n "$BASELINE" ]; then
+  log "== building the baseline $BASELINE's extension"
+  mkdir -p "$TMP/baseline"
+  git -C "$ROOT" archive "$BASELINE" | tar -x -C "$TMP/baseline"
+  (cd "$TMP/baseline" && "$PYTHON" setup.py -q build_ext --inplace >/dev/null 2>&1) || {
+    log "the baseline $BASELINE does not build"; exit 1; }
+fi
+
 RESULTS="$TMP/results.txt"
 : >"$RESULTS"
 accepts() { curl -fsS "http://127.0.0.1:$PORT/status" | sed -n '3p' | awk '{print $1}'; }
@@ -82,6 +95,10 @@ one() {   # one CLIENT ENDPOINT RUN
       run "endpoint=$2 run=$3" "$BUILD_DIR/bare_multi" "$full" "$n" "$LIMIT" ;;
     node)    # the seed client warmed up (node_peer.mjs: NODE_WARMUP items first)
       run "endpoint=$2" node "$ROOT/bench/node_peer.mjs" conc "$n" "$LIMIT" "$NODE_WARMUP" "$url" "$3" ;;
+    baseline)
+      run "" env LLMRETRY_BENCH_TREE="$TMP/baseline/python" "$PYTHON" "$ROOT/bench/bench_batch.py" \
+        run callmany-nolog --tag @baseline --base-url "$url" --n "$n" --limit "$LIMIT" \
+        --warmup "$PY_WARMUP" --run "$3" --endpoint "$2" ;;
     node-batch-mjs)
       run "" "$PYTHON" "$ROOT/bench/bench_batch.py" node-raw --base-url "$url" --n "$n" \
         --limit "$LIMIT" --run "$3" --endpoint "$2" ;;
@@ -93,6 +110,7 @@ one() {   # one CLIENT ENDPOINT RUN
 
 # ---- 3. interleaved runs, each client in a fresh process ------------------------
 FASTC=(bare callmany-nolog callmany map callmany-nolog-gcoff)
+[ -z "$BASELINE" ] || FASTC+=(baseline)
 SLOWC=(bare callmany-nolog callmany)
 NODEC=()
 if [ "$NODE_OK" = 1 ]; then NODEC=(node node-batch-mjs); SLOWC+=(node-batch-mjs); fi
@@ -115,4 +133,4 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 # ---- 4. the tables -------------------------------------------------------------
 echo
 "$PYTHON" "$ROOT/bench/bench_batch.py" report "$RESULTS" --limit "$LIMIT" --title \
-  "llmretry batch benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), Python $("$PYTHON" -c 'import platform; print(platform.python_version())'), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?'), nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') (1 worker), node $( { node --version 2>/dev/null || echo '?'; } | sed 's/^v//'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'). Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; 1-min load at the start of each round: $(IFS=/; echo "${LOADS[*]}")."
+  "llmretry batch benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), Python $("$PYTHON" -c 'import platform; print(platform.python_version())'), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?'), nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') (1 worker), node $( { node --version 2>/dev/null || echo '?'; } | sed 's/^v//'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')${BASELINE:+ (baseline $BASELINE)}. Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; 1-min load at the start of each round: $(IFS=/; echo "${LOADS[*]}")."
