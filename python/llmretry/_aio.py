@@ -78,22 +78,38 @@ class _LoopChannel:
         if not self.waiting:
             self.close()
 
-    def drain_then_forget(self, raw: Any) -> None:
+    def drain_then_forget(self, raw: Any,
+                          end: Optional["asyncio.Future[None]"] = None) -> None:
         """Read a cancelled call's mail to its end (its last events reach
-        the logger), then let it go."""
+        the logger), then let it go; ``end`` is set then."""
         def on_news() -> None:
+            item: Any = False
             try:
                 while True:
                     item = raw.try_chunk()
                     if item is None or item is False:
                         break
-            except Exception:       # a logger that raises loses nothing else
+            except Exception:       # a failing logger loses nothing else
                 item = None
-            finally:
-                if raw.done or item is None:
-                    self.waiting.pop(raw, None)
+            if raw.done or item is None:
+                self.waiting.pop(raw, None)
+                if end is not None and not end.done():
+                    end.set_result(None)
         self.waiting[raw] = on_news
         on_news()
+
+    async def cancel_and_wait(self, raw: Any) -> None:
+        """Cancel a call whose awaiting task is being cancelled, and wait the
+        moment its end takes, so its last event (gave_up, cancelled)
+        reaches the logger before the cancellation goes on (asyncio.run
+        closes the loop right after)."""
+        raw.cancel()
+        end: "asyncio.Future[None]" = self.loop.create_future()
+        self.drain_then_forget(raw, end)
+        try:
+            await end
+        except asyncio.CancelledError:
+            pass                    # cancelled again: the call ends all the same
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -230,7 +246,11 @@ async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, 
     lc.waiting[raw] = on_news
     try:
         out = await fut
-    except BaseException:
+    except asyncio.CancelledError:
+        if not raw.done:
+            await lc.cancel_and_wait(raw)
+        raise
+    except BaseException:           # GeneratorExit (the loop is going): no waiting
         if not raw.done:
             raw.cancel()
             lc.drain_then_forget(raw)
@@ -305,7 +325,13 @@ class AsyncStream:
             self._waiter = self._lc.loop.create_future()
             try:
                 await self._waiter
-            except BaseException:
+            except asyncio.CancelledError:
+                self._waiter = None
+                if not raw.done:
+                    self._closed = True
+                    await self._lc.cancel_and_wait(raw)
+                raise
+            except BaseException:       # GeneratorExit: no waiting
                 self._waiter = None
                 if not raw.done:
                     raw.cancel()
@@ -342,14 +368,14 @@ class AsyncStream:
             for text in content_deltas(chunk):
                 yield text
 
-    async def result(self) -> Any:
+    async def result(self) -> "Result":
         """Wait for the end (reading what is left) and return the assembled
         :class:`Result`, or raise the call's :class:`LLMError`."""
         async for _ in self._chunks():
             pass
         if self._error is not None:
             raise self._error
-        return self._outcome
+        return self._outcome  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         """Cancel the call if it is still running and wait for its end (its

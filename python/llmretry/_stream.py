@@ -16,9 +16,12 @@ block returns. The waiting thread releases the GIL; Ctrl-C interrupts it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
 
 from .errors import LLMError, error_from_outcome
+
+if TYPE_CHECKING:
+    from ._client import Result
 
 __all__ = ["Stream", "content_deltas"]
 
@@ -103,14 +106,14 @@ class Stream:
         for chunk in self:
             yield from content_deltas(chunk)
 
-    def result(self) -> Any:
+    def result(self) -> "Result":
         """Wait for the end (reading what is left) and return the assembled
         :class:`Result`, or raise the call's :class:`LLMError`."""
         for _ in self:
             pass
         if self._error is not None:
             raise self._error
-        return self._outcome
+        return self._outcome  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Cancel the call if it is still running, and wait for its end (its

@@ -1,6 +1,8 @@
 """Ctrl-C: a child process gets SIGINT while a call waits, and exits promptly
 with KeyboardInterrupt (DESIGN §5), in a backoff wait, during an attempt in
-flight, inside map_with_concurrency and while a stream waits for a chunk."""
+flight, inside map_with_concurrency and while a stream waits for a chunk;
+and the same under asyncio.run (its SIGINT handler cancels the main task,
+which cancels the call on the engine)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,19 @@ elif mode == "stream":
     with llmretry.stream_llm(body, logger=logger, **opts) as s:
         for text in s.text_deltas():
             print("CHUNK", flush=True)
+elif mode == "acall":
+    import asyncio
+    asyncio.run(llmretry.acall_llm(body, logger=logger, **opts))
+elif mode == "amany":
+    import asyncio
+    asyncio.run(llmretry.acall_many([body] * 4, limit=4, logger=logger, **opts))
+elif mode == "astream":
+    import asyncio
+    async def main():
+        async with llmretry.astream_llm(body, logger=logger, **opts) as s:
+            async for text in s.text_deltas():
+                print("CHUNK", flush=True)
+    asyncio.run(main())
 print("RETURNED", flush=True)
 """ % SECRET_KEY
 
@@ -170,6 +185,39 @@ def test_sigint_while_a_stream_waits(scen: Scenario) -> None:
     scen.script([{"stream": {"chunks": ["a", "b"], "end": "stall", "after": 1,
                              "stall_ms": 30000}}])
     child = Child(scen.url, "stream")
+    try:
+        child.wait_line("CHUNK")
+        took = child.interrupt()
+        check_interrupted(child, took)
+    finally:
+        child.kill()
+    assert "EVENT llm_request_gave_up" in child.seen
+    assert len(scen.requests()) == 1
+
+
+@pytest.mark.parametrize("mode", ["acall", "amany"])
+def test_sigint_under_asyncio_run_cancels_the_calls(scen: Scenario, mode: str) -> None:
+    scen.script([], after={"delay_ms": 30000})
+    child = Child(scen.url, mode)
+    try:
+        want = 4 if mode == "amany" else 1
+        child.wait_line("EVENT llm_request_started", want)
+        end = time.monotonic() + 10         # the requests are at the server
+        while len(scen.requests()) < want and time.monotonic() < end:
+            time.sleep(0.01)
+        took = child.interrupt()
+        check_interrupted(child, took)
+    finally:
+        child.kill()
+    if mode == "acall":     # its last event still reached the logger
+        assert "EVENT llm_request_gave_up" in child.seen
+    assert len(scen.requests()) == want    # and no retry after the Ctrl-C
+
+
+def test_sigint_under_asyncio_run_while_a_stream_waits(scen: Scenario) -> None:
+    scen.script([{"stream": {"chunks": ["a", "b"], "end": "stall", "after": 1,
+                             "stall_ms": 30000}}])
+    child = Child(scen.url, "astream")
     try:
         child.wait_line("CHUNK")
         took = child.interrupt()
