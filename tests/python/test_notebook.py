@@ -13,6 +13,7 @@ the notebook also runs as is in Jupyter with llmretry installed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, List
 
@@ -23,6 +24,7 @@ from conftest import PYTHON_DIR, child_env
 try:
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
     import ipykernel  # noqa: F401  (the kernel the notebook runs in)
 except ImportError as exc:  # make test installs them (tools/ensure-deps.sh)
     pytest.skip(f"nbclient/ipykernel not importable ({exc}); "
@@ -113,7 +115,11 @@ def test_async_api_in_a_jupyter_kernel(tmp_path: Path) -> None:
                             resources={"metadata": {"path": str(tmp_path)}})
     # Raises CellExecutionError (with the cell's traceback) if a cell raises;
     # the keywords go to the kernel manager's start_kernel.
-    client.execute(env=env)
+    try:
+        client.execute(env=env)
+    except CellExecutionError as exc:
+        # The kernel's traceback, without its terminal colours.
+        pytest.fail(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)), pytrace=False)
 
     outputs: List[Any] = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     errors = [o for o in outputs if o.output_type == "error"]
