@@ -20,10 +20,10 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, Sequence, Tuple, TypeVar, Union)
 
-from . import _batch, _llmretry
+from . import _aio, _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
 from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json,
@@ -169,7 +169,8 @@ def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
         if isinstance(err, StreamInterruptedError) and out.get("body"):
             # What arrived before the stream broke, assembled.
             try:
-                fields = {"usage": None, "response_model": None, "system_fingerprint": None}
+                fields: Dict[str, Any] = {"usage": None, "response_model": None,
+                                          "system_fingerprint": None}
                 fields.update(out)
                 fields["status"] = 200
                 err.partial = Result(_parse_json(out["body"]), _meta_of(fields))
@@ -954,6 +955,72 @@ class Client:
                     job.finish()
         return batch.result()
 
+    # -- asyncio (see llmretry._aio) --------------------------------------------
+
+    async def acall_llm(self, body: Body, *, policy: Optional[str] = None,
+                        **options: Any) -> Result:
+        """:func:`llmretry.acall_llm` with this client's engine and defaults."""
+        body, plan = self._plan_of(body, policy, options, "acall_llm()")
+        engine, payload, extra, validator = self._prepare(body, plan)
+        return await _aio.acall(self, engine, payload, extra, plan.kwargs,
+                                lambda out: _result_of(out, validator))
+
+    def astream_llm(self, body: Body, *, policy: Optional[str] = None,
+                    stream_buffer_bytes: int = DEFAULT, **options: Any) -> "_aio.AsyncStream":
+        """:func:`llmretry.astream_llm` with this client's engine and defaults."""
+        body, plan = self._plan_of(body, policy, options, "astream_llm()")
+        engine, payload, extra, validator = _stream_call(self, body, plan, stream_buffer_bytes)
+        return _aio.astream(self, engine, payload, extra, plan.kwargs,
+                            lambda out: _result_of(out, validator), _parse_json)
+
+    async def acall_many(self, bodies: Iterable[Body], limit: int = 8, *,
+                         deadline_ms: Optional[int] = None,
+                         call_deadline_ms: Optional[int] = DEFAULT,
+                         failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                         resume: bool = False,
+                         progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                         adaptive: bool = True,
+                         on_result: Optional[Callable[[int, Any], Any]] = None,
+                         policy: Optional[str] = None,
+                         **options: Any) -> BatchResult:
+        """:func:`llmretry.acall_many` with this client's engine and defaults."""
+        batch, encoded, plan, limit, batch_deadline, adaptive = self._many(
+            bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume, progress,
+            adaptive, on_result, policy, options, "acall_many()")
+        try:
+            with batch:
+                batch.open()
+                if batch.runnable:
+                    job = _EngineBatch(self, batch, encoded, plan, limit, batch_deadline,
+                                       adaptive)
+                    try:
+                        await _aio.amany(job)
+                    finally:
+                        job.finish()
+            result: BatchResult = batch.result()
+            return result
+        except KeyboardInterrupt as exc:
+            raise _batch.interrupted(batch, exc) from None
+
+    async def amap_with_concurrency(self, items: Iterable[T], limit: int,
+                                    worker: Callable[[T, int], Awaitable[R]], *,
+                                    return_exceptions: bool = False,
+                                    deadline_ms: Optional[int] = None,
+                                    failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                                    resume: bool = False,
+                                    progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                                    adaptive: bool = True,
+                                    on_result: Optional[Callable[[int, Any], Any]] = None,
+                                    logger: Any = DEFAULT) -> BatchResult:
+        """:func:`llmretry.amap_with_concurrency`; the batch summary goes to
+        this client's default logger unless ``logger`` says otherwise."""
+        if logger is DEFAULT:
+            logger = self._defaults.get("logger", DEFAULT)
+        return await _aio.amap_with_concurrency(
+            items, limit, worker, return_exceptions=return_exceptions, deadline_ms=deadline_ms,
+            failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
+            on_result=on_result, logger=logger)
+
     def map_with_concurrency(self, items: Iterable[T], limit: int,
                              worker: Callable[[T, int], R], *,
                              return_exceptions: bool = False,
@@ -1352,3 +1419,71 @@ def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[
     """
     return _client_stream(_client_or_default(client), body, policy, stream_buffer_bytes,
                           options)
+
+
+# ---------------------------------------------------------------------------
+# asyncio, module level (the default client, or client=)
+
+async def acall_llm(body: Body, *, client: Optional[Client] = None,
+                    policy: Optional[str] = None, **options: Any) -> Result:
+    """:func:`call_llm` for asyncio: ``await`` it on a running event loop.
+
+    The same keywords, rules, Result and errors as :func:`call_llm`; no
+    thread waits for it (the engine's I/O thread does the requests, this
+    loop's thread reads their news through ``loop.add_reader``), so
+    thousands can be awaited at once (``Client(max_in_flight=...)`` caps
+    how many run). Loggers and validators run on the loop's thread.
+    Cancelling the task (``task.cancel()``, ``asyncio.timeout``) cancels the
+    call at once and raises ``CancelledError``.
+
+    Example::
+
+        async with asyncio.timeout(30):
+            data, meta = await llmretry.acall_llm(body, max_retries=3)
+    """
+    return await _client_or_default(client).acall_llm(body, policy=policy, **options)
+
+
+def astream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
+                stream_buffer_bytes: int = DEFAULT, **options: Any) -> "_aio.AsyncStream":
+    """:func:`stream_llm` for asyncio: an :class:`AsyncStream` to ``async
+    with``, whose chunks come with ``async for`` (call it on a running loop).
+
+    Example::
+
+        async with llmretry.astream_llm(body) as s:
+            async for text in s.text_deltas():
+                print(text, end="", flush=True)
+            data, meta = await s.result()
+    """
+    return _client_or_default(client).astream_llm(
+        body, policy=policy, stream_buffer_bytes=stream_buffer_bytes, **options)
+
+
+async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
+                     client: Optional[Client] = None,
+                     deadline_ms: Optional[int] = None,
+                     call_deadline_ms: Optional[int] = DEFAULT,
+                     failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                     resume: bool = False,
+                     progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                     adaptive: bool = True,
+                     on_result: Optional[Callable[[int, Any], Any]] = None,
+                     policy: Optional[str] = None,
+                     **options: Any) -> BatchResult:
+    """:func:`call_many` for asyncio: the batch runs on the engine thread
+    while the loop keeps running; ``on_result``, ``progress`` and the
+    failures file are handled on the loop's thread as items finish.
+    Cancelling the task cancels the calls in flight (the failures file then
+    holds what finished; ``resume=True`` runs the rest).
+
+    Example::
+
+        out = await llmretry.acall_many(bodies, limit=16, progress=True,
+                                        failures_path="failed.jsonl")
+        print(out.summary.ok, "ok")
+    """
+    return await _client_or_default(client).acall_many(
+        bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+        failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
+        on_result=on_result, policy=policy, **options)
