@@ -1,11 +1,10 @@
 """The typed surface as a user's type checker sees it (issue 17).
 
 ``mypy --strict`` on the async examples (examples/async_*.py), with the
-package found on MYPYPATH the way an installed copy is (py.typed, the inline
-annotations and the extension's _llmretry.pyi). The package's own modules are
-followed for their types but their errors are not reported
-(``--follow-imports=silent``), as mypy does for an installed package: this
-checks what users' code sees, not the package's internals.
+package found on MYPYPATH (its inline annotations, py.typed and the
+extension's _llmretry.pyi). Any error fails, the package's own modules that
+the examples import included (an installed copy's errors would be silenced
+for users; here they count).
 
 A second check proves the types are real rather than Any: misused results of
 the async API must be errors.
@@ -35,7 +34,7 @@ def mypy(tmp_path: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     # preloaded ASan runtime.
     env.pop("LD_PRELOAD", None)
     # A cache of its own: no .mypy_cache left in the work tree.
-    cmd = [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+    cmd = [sys.executable, "-m", "mypy", "--strict",
            "--cache-dir", str(tmp_path / "mypy-cache"), "--no-color-output",
            "--show-error-codes", *map(str, files)]
     return subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True,
@@ -59,24 +58,34 @@ async def misuse() -> None:
     async with llmretry.astream_llm(body) as s:
         async for t in s.text_deltas():
             c: int = t  # ERR str
-        d: str = await s.result()  # ERR Result
     client = llmretry.Client()
     e: str = await client.acall_llm(body)  # ERR Result
 '''
 
+# The assembled result of a stream, on its own: annotated Any, it would let
+# any use of it (res.meta.usage["total_tokens"], ...) through unchecked.
+MISUSE_STREAM_RESULT = '''\
+import llmretry
 
-def test_async_api_types_are_not_any(tmp_path: Path) -> None:
-    src = tmp_path / "misuse.py"
-    src.write_text(MISUSE, encoding="utf-8")
-    proc = mypy(tmp_path, src)
-    want: List[int] = [i for i, line in enumerate(MISUSE.splitlines(), 1) if "# ERR" in line]
+async def misuse() -> None:
+    async with llmretry.astream_llm({"model": "m", "messages": []}) as s:
+        d: str = await s.result()  # ERR Result
+'''
+
+
+@pytest.mark.parametrize("src", [MISUSE, MISUSE_STREAM_RESULT], ids=["calls", "stream_result"])
+def test_async_api_types_are_not_any(tmp_path: Path, src: str) -> None:
+    path = tmp_path / "misuse.py"
+    path.write_text(src, encoding="utf-8")
+    proc = mypy(tmp_path, path)
+    lines = src.splitlines()
+    want: List[int] = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
     got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
                                                           proc.stdout)})
-    # Every misuse is an error ("assignment"), and nothing else is.
+    # Every misuse is an error, and nothing else is.
     assert got == want, f"errors on lines {got}, expected {want}:\n{proc.stdout}{proc.stderr}"
     for n in want:
-        line = MISUSE.splitlines()[n - 1]
-        expect = line.rsplit("# ERR ", 1)[1]
+        expect = lines[n - 1].rsplit("# ERR ", 1)[1]
         # e.g. 'Incompatible types in assignment (expression has type "Result", ...'
         assert re.search(rf'misuse\.py:{n}: error: .*type "{expect}"', proc.stdout), \
             (n, proc.stdout)
