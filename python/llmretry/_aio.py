@@ -49,15 +49,18 @@ _INT32_MAX = 2 ** 31 - 1
 class _LoopChannel:
     """A loop's channel on one engine: who waits for which call's news."""
 
-    __slots__ = ("engine", "channel", "loop", "waiting", "__weakref__")
+    __slots__ = ("engine", "channel", "_loop", "waiting", "_closing", "__weakref__")
 
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.channel = engine.channel()
-        self.loop = loop
+        # Weak: the registry's entry (keyed by the loop) must not keep its
+        # own key alive, or every asyncio.run would leave a channel open.
+        self._loop = weakref.ref(loop)
         # The call (a raw Stream) -> what to do on the loop when it has news.
         # The entry keeps the call alive until its end has been read.
         self.waiting: Dict[Any, Callable[[], None]] = {}
+        self._closing = False
         loop.add_reader(self.channel.fileno(), self._readable)
 
     def _readable(self) -> None:
@@ -65,6 +68,15 @@ class _LoopChannel:
             on_news = self.waiting.get(raw)
             if on_news is not None:
                 on_news()
+        if self._closing and not self.waiting:
+            self.close()
+
+    def close_when_idle(self) -> None:
+        """Close once every call still awaited has delivered its end (the
+        client's engine was closed: they all end, cancelled, right away)."""
+        self._closing = True
+        if not self.waiting:
+            self.close()
 
     def drain_then_forget(self, raw: Any) -> None:
         """Read a cancelled call's mail to its end (its last events reach
@@ -83,10 +95,21 @@ class _LoopChannel:
         self.waiting[raw] = on_news
         on_news()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop()
+        if loop is None:        # only reachable from the loop itself
+            raise RuntimeError("the event loop of this channel is gone")
+        return loop
+
     def close(self) -> None:
-        if not self.loop.is_closed():
-            self.loop.remove_reader(self.channel.fileno())
-        self.channel.close()
+        """Stop watching (the loop may be closed already) and close the
+        channel; calls still running on it keep going, unheard."""
+        loop = self._loop()
+        if not self.channel.closed:
+            if loop is not None and not loop.is_closed():
+                loop.remove_reader(self.channel.fileno())
+            self.channel.close()
 
 
 _registry_lock = threading.Lock()
@@ -106,8 +129,31 @@ def _loop_channel(client: "Client", engine: Any) -> _LoopChannel:
             return lc
         if lc is not None:          # the client re-made its engine (fork, reopen)
             lc.close()
+        # A new loop: first let go of the channels of loops that have closed
+        # since (asyncio.run makes one per run), so their descriptors close now.
+        for old_loop, old in list(per_loop.items()):
+            if old_loop.is_closed():
+                old.close()
+                del per_loop[old_loop]
         lc = per_loop[loop] = _LoopChannel(engine, loop)
         return lc
+
+
+def forget(client: "Client") -> None:
+    """Close the channels of a client being closed, on each loop's own
+    thread once the calls awaited there have delivered their (cancelled)
+    end."""
+    with _registry_lock:
+        per_loop = _channels.pop(client, None)
+    for lc in list(per_loop.values()) if per_loop else ():
+        loop = lc._loop()
+        if loop is None or loop.is_closed():
+            lc.close()
+        else:
+            try:
+                loop.call_soon_threadsafe(lc.close_when_idle)
+            except RuntimeError:    # closed meanwhile
+                lc.close()
 
 
 # ---------------------------------------------------------------------------

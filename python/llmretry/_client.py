@@ -728,6 +728,7 @@ class Client:
             engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
+        _aio.forget(self)           # the channels of its event loops
 
     def __enter__(self) -> "Client":
         return self

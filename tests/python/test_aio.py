@@ -530,3 +530,40 @@ def test_amap_deadline_fails_items_not_started_and_bounds_calls(scen: Any) -> No
     kinds = [type(v).__name__ for v in out]
     assert kinds[0] == "Meta"
     assert all(k == "DeadlineExceededError" for k in kinds[1:]), kinds
+
+
+# ---------------------------------------------------------------------------
+# Lifecycle
+
+def test_each_asyncio_run_leaves_no_descriptor_open(scen: Any) -> None:
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=scen.url)
+    try:
+        run(client.acall_llm(BODY))
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(60):
+            run(client.acall_llm(BODY))     # a new loop each time: a new channel
+        assert len(os.listdir("/proc/self/fd")) - before <= 2
+    finally:
+        client.close()
+    assert len(os.listdir("/proc/self/fd")) < before
+
+
+def test_closing_the_client_ends_the_calls_awaited_on_a_loop() -> None:
+    hang = HangingServer()
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, timeout_ms=30000,
+                             max_retries=0)
+
+    async def main() -> float:
+        task = asyncio.ensure_future(client.acall_llm(BODY, base_url=hang.url))
+        while hang.accepted < 1:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        client.close()
+        with pytest.raises(llmretry.CallCancelledError):
+            await asyncio.wait_for(task, 5)
+        return time.monotonic() - t0
+
+    try:
+        assert run(main()) < 1.0
+    finally:
+        hang.close()
