@@ -17,8 +17,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 
+# Python packages of the test suite, as "import-name pip-spec" (loose pins):
+# nbclient + ipykernel run a notebook in a real Jupyter kernel
+# (tests/python/test_notebook.py), uvloop is the other event loop of the
+# asyncio API (test_aio_uvloop.py: uvloop.run needs 0.18), mypy checks the
+# async examples' types (test_typing.py).
+py_pkgs=("pytest pytest" "nbclient nbclient>=0.8" "ipykernel ipykernel>=6.20"
+         "uvloop uvloop>=0.18" "mypy mypy>=1.8")
 py_missing=()
-python3 -c "import pytest" 2>/dev/null || py_missing+=(pytest)
+for entry in "${py_pkgs[@]}"; do
+  read -r mod spec <<<"$entry"
+  python3 -c "import $mod" 2>/dev/null || py_missing+=("$spec")
+done
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "ensure-deps: pip installing ${py_missing[*]}"
   python3 -m pip install -q "${py_missing[@]}"

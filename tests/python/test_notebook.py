@@ -1,0 +1,128 @@
+"""llmretry's asyncio API in a real Jupyter kernel (issue 17).
+
+A notebook cell runs on the kernel's own, already running event loop, so
+``await llmretry.acall_many(...)`` at the top level of a cell is the way a
+notebook user calls the package (``asyncio.run`` fails there). The test builds
+a notebook, runs it in an ipykernel through nbclient (what ``jupyter nbconvert
+--execute`` does), and fails if any cell raised.
+
+The kernel is a separate process: it gets this repository's package through
+PYTHONPATH (conftest.child_env), and starts its own mock server in a cell, so
+the notebook also runs as is in Jupyter with llmretry installed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from conftest import PYTHON_DIR, child_env
+
+try:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    import ipykernel  # noqa: F401  (the kernel the notebook runs in)
+except ImportError as exc:  # make test installs them (tools/ensure-deps.sh)
+    pytest.skip(f"nbclient/ipykernel not importable ({exc}); "
+                "tools/ensure-deps.sh installs them", allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # a kernel starts: a few seconds
+
+# Each cell is a plain string; the kernel's IPython runs top-level awaits on
+# its loop (autoawait).
+SETUP = """\
+import asyncio, os, time
+import llmretry
+from llmretry.testing import MockServer
+
+# The llmretry under test, not another one installed in the kernel's Python.
+assert os.path.realpath(llmretry.__file__).startswith(os.environ["LLMRETRY_EXPECT_DIR"]), \
+    llmretry.__file__
+mock = MockServer().start()
+mock.script("slow", [{"delay_ms": 500, "content": "slow answer"}])
+url = mock.base_url
+"""
+
+# The machinery itself (kernel, PYTHONPATH, mock) with the blocking API.
+SYNC_CALL = """\
+res = llmretry.call_llm({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                        base_url=url, api_key="k", logger=None)
+assert res.data["choices"][0]["message"]["content"] == "ok", res.data
+"""
+
+BATCH = """\
+bodies = [{"model": "m", "messages": [{"role": "user", "content": f"item {i}"}]}
+          for i in range(200)]
+out = await llmretry.acall_many(bodies, limit=16, base_url=url, api_key="k", logger=None)
+assert out.summary.ok == 200, out.summary
+assert len(out) == 200
+assert all(r.data["choices"][0]["message"]["content"] == "ok" for r in out)
+assert len(mock.requests("default")) == 201  # the 200, and SYNC_CALL's
+"""
+
+# A ticker task on the kernel's loop: during the slow call it must keep
+# ticking every ~10 ms. A call that blocked the loop for its 0.5 s would leave
+# one gap of >= 0.5 s between ticks.
+TICKER = """\
+ticks = []
+async def ticker():
+    while True:
+        ticks.append(time.monotonic())
+        await asyncio.sleep(0.01)
+task = asyncio.create_task(ticker())
+await asyncio.sleep(0.05)
+t0 = time.monotonic()
+res = await llmretry.acall_llm({"model": "m", "messages": [{"role": "user", "content": "s"}]},
+                               base_url=mock.scenario_url("slow"), api_key="k", logger=None)
+t1 = time.monotonic()
+task.cancel()
+assert res.data["choices"][0]["message"]["content"] == "slow answer"
+assert t1 - t0 >= 0.45, t1 - t0
+during = [t for t in ticks if t0 <= t <= t1]
+gaps = [b - a for a, b in zip(ticks, ticks[1:]) if b >= t0 and a <= t1]
+assert len(during) >= 10, (len(during), t1 - t0)
+assert max(gaps) < 0.25, f"the loop stalled {max(gaps):.3f} s during acall_llm"
+"""
+
+TEARDOWN = """\
+mock.stop()
+print("NOTEBOOK-DONE", out.summary.ok, len(during))
+"""
+
+
+def build_notebook() -> Any:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# llmretry asyncio in a kernel")]
+    nb.cells += [nbformat.v4.new_code_cell(src)
+                 for src in (SETUP, SYNC_CALL, BATCH, TICKER, TEARDOWN)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    return nb
+
+
+def test_async_api_in_a_jupyter_kernel(tmp_path: Path) -> None:
+    nb = build_notebook()
+    env = child_env()
+    env["LLMRETRY_EXPECT_DIR"] = str(PYTHON_DIR.resolve())
+    # Keep the kernel away from the user's IPython/Jupyter config and state.
+    env["IPYTHONDIR"] = str(tmp_path / "ipython")
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    client = NotebookClient(nb, kernel_name="python3", timeout=120,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    # Raises CellExecutionError (with the cell's traceback) if a cell raises;
+    # the keywords go to the kernel manager's start_kernel.
+    try:
+        client.execute(env=env)
+    except CellExecutionError as exc:
+        # The kernel's traceback, without its terminal colours.
+        pytest.fail(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)), pytrace=False)
+
+    outputs: List[Any] = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, errors
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "NOTEBOOK-DONE 200" in text, text  # every cell ran, to the last

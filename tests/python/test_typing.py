@@ -1,0 +1,91 @@
+"""The typed surface as a user's type checker sees it (issue 17).
+
+``mypy --strict`` on the async examples (examples/async_*.py), with the
+package found on MYPYPATH (its inline annotations, py.typed and the
+extension's _llmretry.pyi). Any error fails, the package's own modules that
+the examples import included (an installed copy's errors would be silenced
+for users; here they count).
+
+A second check proves the types are real rather than Any: misused results of
+the async API must be errors.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from conftest import PYTHON_DIR, ROOT, child_env
+
+pytest.importorskip("mypy", reason="mypy not installed (tools/ensure-deps.sh installs it)")
+
+EXAMPLES = sorted((ROOT / "examples").glob("async_*.py"))
+
+
+def mypy(tmp_path: Path, *files: Path) -> subprocess.CompletedProcess[str]:
+    env = child_env()
+    env["MYPYPATH"] = str(PYTHON_DIR)
+    # mypy only reads the sources: no need to run it under tools/check.sh's
+    # preloaded ASan runtime.
+    env.pop("LD_PRELOAD", None)
+    # A cache of its own: no .mypy_cache left in the work tree.
+    cmd = [sys.executable, "-m", "mypy", "--strict",
+           "--cache-dir", str(tmp_path / "mypy-cache"), "--no-color-output",
+           "--show-error-codes", *map(str, files)]
+    return subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_async_examples_pass_mypy_strict(tmp_path: Path) -> None:
+    assert len(EXAMPLES) >= 3, EXAMPLES
+    proc = mypy(tmp_path, *EXAMPLES)
+    assert proc.returncode == 0, f"mypy --strict:\n{proc.stdout}{proc.stderr}"
+    assert "Success: no issues found in" in proc.stdout, proc.stdout
+
+
+MISUSE = '''\
+import llmretry
+
+async def misuse() -> None:
+    body = {"model": "m", "messages": []}
+    a: str = await llmretry.acall_llm(body)  # ERR Result
+    b: str = await llmretry.acall_many([body])  # ERR BatchResult
+    async with llmretry.astream_llm(body) as s:
+        async for t in s.text_deltas():
+            c: int = t  # ERR str
+    client = llmretry.Client()
+    e: str = await client.acall_llm(body)  # ERR Result
+'''
+
+# The assembled result of a stream, on its own: annotated Any, it would let
+# any use of it (res.meta.usage["total_tokens"], ...) through unchecked.
+MISUSE_STREAM_RESULT = '''\
+import llmretry
+
+async def misuse() -> None:
+    async with llmretry.astream_llm({"model": "m", "messages": []}) as s:
+        d: str = await s.result()  # ERR Result
+'''
+
+
+@pytest.mark.parametrize("src", [MISUSE, MISUSE_STREAM_RESULT], ids=["calls", "stream_result"])
+def test_async_api_types_are_not_any(tmp_path: Path, src: str) -> None:
+    path = tmp_path / "misuse.py"
+    path.write_text(src, encoding="utf-8")
+    proc = mypy(tmp_path, path)
+    lines = src.splitlines()
+    want: List[int] = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
+    got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
+                                                          proc.stdout)})
+    # Every misuse is an error, and nothing else is.
+    assert got == want, f"errors on lines {got}, expected {want}:\n{proc.stdout}{proc.stderr}"
+    for n in want:
+        expect = lines[n - 1].rsplit("# ERR ", 1)[1]
+        # e.g. 'Incompatible types in assignment (expression has type "Result", ...'
+        assert re.search(rf'misuse\.py:{n}: error: .*type "{expect}"', proc.stdout), \
+            (n, proc.stdout)
