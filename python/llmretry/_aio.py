@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
+import signal
 import threading
 import time
 import weakref
@@ -173,6 +174,81 @@ def forget(client: "Client") -> None:
 
 
 # ---------------------------------------------------------------------------
+# Ctrl-C while a loop in the main thread awaits llmretry
+
+class _SigintCancels:
+    """Cancel the tasks awaiting llmretry when SIGINT comes, then run the
+    handler that was there.
+
+    asyncio.run's own handler cancels its main task, which cancels the
+    call; but a Jupyter kernel's handler does not reach a cell's awaits
+    (ipykernel issue 881: an awaiting cell runs on to its end), so a
+    notebook's interrupt would leave the call running. While some task of
+    the main thread awaits a call, this handler chains in front of the
+    host's: each waiting task is cancelled (CancelledError propagates, the
+    call is cancelled on the engine), unless the host's handler already
+    cancels it (asyncio.run: one cancellation, so it still ends in
+    KeyboardInterrupt). Outside such awaits the host's handler is left
+    alone."""
+
+    def __init__(self) -> None:
+        self.tasks: Dict["asyncio.Task[Any]", int] = {}
+        self.prev: Any = None
+
+    def add(self, task: "asyncio.Task[Any]") -> None:
+        n = self.tasks.get(task, 0)
+        self.tasks[task] = n + 1
+        if len(self.tasks) == 1 and n == 0:
+            prev = signal.getsignal(signal.SIGINT)
+            if callable(prev) and prev != self.handler:
+                self.prev = prev
+                signal.signal(signal.SIGINT, self.handler)
+
+    def discard(self, task: "asyncio.Task[Any]") -> None:
+        n = self.tasks.pop(task, 0) - 1
+        if n > 0:
+            self.tasks[task] = n
+        elif not self.tasks and self.prev is not None:
+            prev, self.prev = self.prev, None
+            if signal.getsignal(signal.SIGINT) == self.handler:
+                signal.signal(signal.SIGINT, prev)
+
+    def handler(self, signum: int, frame: Any) -> None:
+        by_loop: Dict[Any, List["asyncio.Task[Any]"]] = {}
+        for task in self.tasks:
+            by_loop.setdefault(task.get_loop(), []).append(task)
+        for loop, tasks in by_loop.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_cancel_waiting, tasks)
+        prev = self.prev
+        if callable(prev):
+            prev(signum, frame)     # asyncio.run's, a kernel's, or KeyboardInterrupt
+
+
+def _cancel_waiting(tasks: List["asyncio.Task[Any]"]) -> None:
+    for task in tasks:
+        # Already being cancelled (asyncio.run's handler ran first): once is
+        # enough, and asyncio.run counts on it being once.
+        cancelling = getattr(task, "cancelling", None)     # Python 3.11+
+        if not task.done() and not (cancelling is not None and cancelling()):
+            task.cancel()
+
+
+_sigint = _SigintCancels()
+_main_thread = threading.main_thread()
+
+
+def _waiting_task() -> Optional["asyncio.Task[Any]"]:
+    """The current task when Ctrl-C should reach it (main thread), else None."""
+    if threading.current_thread() is not _main_thread:
+        return None
+    task = asyncio.current_task()
+    if task is not None:
+        _sigint.add(task)
+    return task
+
+
+# ---------------------------------------------------------------------------
 # Pacing of amap_with_concurrency's workers: the batch's group per engine
 
 class _APool:
@@ -244,6 +320,7 @@ async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, 
             raise
 
     lc.waiting[raw] = on_news
+    task = _waiting_task()
     try:
         out = await fut
     except asyncio.CancelledError:
@@ -255,6 +332,9 @@ async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, 
             raw.cancel()
             lc.drain_then_forget(raw)
         raise
+    finally:
+        if task is not None:
+            _sigint.discard(task)
     return finish(out)
 
 
@@ -323,6 +403,7 @@ class AsyncStream:
                     self._lc.waiting.pop(raw, None)
                 return item  # type: ignore[no-any-return]
             self._waiter = self._lc.loop.create_future()
+            task = _waiting_task()
             try:
                 await self._waiter
             except asyncio.CancelledError:
@@ -338,6 +419,9 @@ class AsyncStream:
                     self._closed = True
                     self._lc.drain_then_forget(raw)
                 raise
+            finally:
+                if task is not None:
+                    _sigint.discard(task)
             self._waiter = None
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -438,10 +522,13 @@ async def amany(job: Any) -> None:
 
     fd = run.fileno()
     loop.add_reader(fd, step)
+    task = _waiting_task()
     try:
         step()                      # the first submissions
         await fut
     finally:
+        if task is not None:
+            _sigint.discard(task)
         if not loop.is_closed():
             loop.remove_reader(fd)
         run.close()                 # the totals; cancels what is unfinished

@@ -14,6 +14,7 @@ the notebook also runs as is in Jupyter with llmretry installed.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any, List
 
@@ -126,3 +127,71 @@ def test_async_api_in_a_jupyter_kernel(tmp_path: Path) -> None:
     assert not errors, errors
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "NOTEBOOK-DONE 200" in text, text  # every cell ran, to the last
+
+
+def test_a_kernel_interrupt_cancels_the_awaited_call(tmp_path: Path) -> None:
+    """Interrupting the kernel (the notebook's stop button: SIGINT) while a
+    cell awaits acall_llm ends the cell at once, closes the call's
+    connection (the server sees it) and leaves the kernel usable."""
+    from jupyter_client.manager import start_new_kernel
+    from test_aio import HangingServer
+
+    env = child_env()
+    env["IPYTHONDIR"] = str(tmp_path / "ipython")
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    hang = HangingServer()
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env=env)
+
+    def run_cell(code: str, timeout: float = 30) -> List[Any]:
+        """Execute code; its iopub messages until the kernel is idle again."""
+        msg_id = kc.execute(code)
+        msgs: List[Any] = []
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except Exception:       # queue.Empty
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            msgs.append(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return msgs
+        pytest.fail(f"cell did not finish: {code!r}")
+
+    try:
+        run_cell("import llmretry")
+        msg_id = kc.execute(
+            "await llmretry.acall_llm({'model': 'm', 'messages': []}, "
+            f"base_url={hang.url!r}, api_key='k', logger=None, timeout_ms=60000, "
+            "max_retries=0)")
+        end = time.monotonic() + 20
+        while hang.accepted < 1 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert hang.accepted == 1
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        km.interrupt_kernel()
+        assert hang.wait_closed(1, 5.0), "the interrupt did not close the connection"
+        assert hang.closed_at[0] - t0 < 2.0
+        errors: List[str] = []
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except Exception:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "error":
+                errors.append(msg["content"]["ename"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        assert errors and errors[0] in ("KeyboardInterrupt", "CancelledError"), errors
+        out = run_cell("print('still-alive', 6 * 7)")
+        text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+        assert "still-alive 42" in text
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        hang.close()
