@@ -224,9 +224,15 @@ static int module_exec(PyObject *m)
     st->engine_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
     if (!st->engine_type || PyModule_AddType(m, st->engine_type) < 0)
         return -1;
-    st->stream_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Stream_spec, NULL);
-    if (!st->stream_type || PyModule_AddType(m, st->stream_type) < 0)
-        return -1;
+    struct { PyTypeObject **slot; PyType_Spec *spec; } types[] = {
+        { &st->stream_type, &Stream_spec }, { &st->channel_type, &Channel_spec },
+        { &st->group_type, &Group_spec }, { &st->batch_run_type, &BatchRun_spec },
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, types[i].spec, NULL);
+        if (!*types[i].slot || PyModule_AddType(m, *types[i].slot) < 0)
+            return -1;
+    }
     st->pool_stop = PyErr_NewExceptionWithDoc(
         "llmretry._llmretry.PoolStop",
         "Raised inside a run_pool worker whose pool is stopping (Ctrl-C).",
@@ -276,6 +282,9 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     module_state *st = state_of(m);
     Py_VISIT(st->engine_type);
     Py_VISIT(st->stream_type);
+    Py_VISIT(st->channel_type);
+    Py_VISIT(st->group_type);
+    Py_VISIT(st->batch_run_type);
     Py_VISIT(st->pool_stop);
     Py_VISIT(st->not_started);
     return lr_results_traverse(st, visit, arg);
@@ -286,6 +295,9 @@ static int module_clear(PyObject *m)
     module_state *st = state_of(m);
     Py_CLEAR(st->engine_type);
     Py_CLEAR(st->stream_type);
+    Py_CLEAR(st->channel_type);
+    Py_CLEAR(st->group_type);
+    Py_CLEAR(st->batch_run_type);
     Py_CLEAR(st->pool_stop);
     Py_CLEAR(st->not_started);
     lr_results_clear(st);

@@ -152,14 +152,94 @@ static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ss
     return -1;
 }
 
-PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
+/* ---- BatchRun: one batch, stepped by its host ------------------------------ */
+
+/* A batch in progress: its items, its group (one reader: group poll 1), the
+ * results filled in place and the totals. step() does what can be done now
+ * without waiting: Engine.call_many loops over it, waiting on fileno() with
+ * the GIL released; an event loop calls it when fileno() is readable. */
+typedef struct {
+    PyObject_HEAD
+    EngineObject *engine;           /* strong */
+    PyObject *kw;                   /* our copy: what call_args borrows from */
+    batch b;
+    batch_totals totals;
+    call_args a;
+    event_route rt;
+    PyObject *on_event, *validate;  /* borrowed from kw */
+    PyObject *on_result, *results, *stats;  /* strong (Py_None when not given) */
+    llmretry_group *g;
+    Py_ssize_t ahead, next, finished;
+    int closed;
+} BatchRunObject;
+
+/* The totals into stats, the unfinished calls cancelled, the group freed.
+ * Idempotent; keeps a pending exception (the first error wins). */
+static int batch_run_close(BatchRunObject *r)
+{
+    if (r->closed)
+        return 0;
+    r->closed = 1;
+    int bad = 0;
+    if (r->stats != Py_None && r->g) {
+        /* Also after Ctrl-C: the summary counts what ran. */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        bad = put_stats(r->stats, r->g, &r->totals) < 0;
+        if (et) {
+            PyErr_Restore(et, ev, tb);
+            bad = 0;
+        }
+    }
+    if (r->b.calls) {
+        batch_cancel_all(&r->b);
+        PyMem_Free(r->b.calls);
+        r->b.calls = NULL;
+    }
+    llmretry_group_free(r->g);
+    r->g = NULL;
+    call_args_release(&r->a);
+    return bad ? -1 : 0;
+}
+
+static void BatchRun_dealloc(BatchRunObject *r)
+{
+    PyTypeObject *tp = Py_TYPE(r);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (batch_run_close(r) < 0)
+        PyErr_WriteUnraisable((PyObject *)r);
+    PyErr_Restore(et, ev, tb);
+    Py_XDECREF(r->b.bodies);
+    Py_XDECREF(r->b.models);
+    Py_XDECREF(r->b.keys);
+    Py_XDECREF(r->results);
+    Py_XDECREF(r->on_result);
+    Py_XDECREF(r->stats);
+    Py_XDECREF(r->kw);
+    Py_XDECREF(r->engine);
+    tp->tp_free((PyObject *)r);
+    Py_DECREF(tp);
+}
+
+/* Parse call_many's arguments into a new BatchRun (nothing submitted yet). */
+static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObject *kw_in)
 {
     PyObject *bodies_arg;
     if (!PyArg_ParseTuple(args, "O:call_many", &bodies_arg))
         return NULL;
-    PyObject *kw = kw_in ? PyDict_Copy(kw_in) : PyDict_New();
-    if (!kw)
+    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
+    PyTypeObject *type = mst->batch_run_type;
+    BatchRunObject *r = (BatchRunObject *)type->tp_alloc(type, 0);
+    if (!r)
         return NULL;
+    r->engine = (EngineObject *)Py_NewRef(self);
+    r->on_event = r->validate = Py_None;
+    r->on_result = Py_NewRef(Py_None);
+    r->stats = Py_NewRef(Py_None);
+    PyObject *kw = r->kw = kw_in ? PyDict_Copy(kw_in) : PyDict_New();
+    if (!kw)
+        goto fail;
     PyObject *models_arg = pop_kw(kw, "models", Py_None);
     PyObject *keys_arg = pop_kw(kw, "idempotency_keys", Py_None);
     PyObject *limit_arg = pop_kw(kw, "limit", NULL);
@@ -168,12 +248,10 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
     PyObject *on_result = pop_kw(kw, "on_result", Py_None);
     PyObject *results_arg = pop_kw(kw, "results", Py_None);
     PyObject *stats_arg = pop_kw(kw, "stats", Py_None);
-    batch b = { NULL, NULL, NULL, 0, NULL };
-    batch_totals totals = { 0 };
-    call_args a;
-    memset(&a, 0, sizeof a);
-    PyObject *on_event = Py_None, *validate = Py_None, *results = NULL, *out = NULL;
-    llmretry_group *g = NULL;
+    /* pop_kw hands back borrowed values the caller's dict still holds: own
+     * the ones kept past this call. */
+    Py_SETREF(r->on_result, Py_NewRef(on_result));
+    Py_SETREF(r->stats, Py_NewRef(stats_arg));
 
     llmretry_group_options go;
     llmretry_group_options_defaults(&go);
@@ -181,10 +259,10 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(limit_arg, &overflow);
         if (v == -1 && PyErr_Occurred())
-            goto done;
+            goto fail;
         if (overflow || v < 1 || v > INT_MAX) {
             PyErr_Format(PyExc_ValueError, "limit must be between 1 and %d", INT_MAX);
-            goto done;
+            goto fail;
         }
         go.limit = (int)v;
     }
@@ -192,153 +270,230 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in)
         int overflow = 0;
         go.deadline_ms = PyLong_AsLongLongAndOverflow(deadline_arg, &overflow);
         if (go.deadline_ms == -1 && PyErr_Occurred())
-            goto done;
+            goto fail;
         if (overflow) {
             PyErr_SetString(PyExc_ValueError, "batch_deadline_ms is out of range (at most 2**63-1)");
-            goto done;
+            goto fail;
         }
         if (go.deadline_ms < 0) {
             PyErr_Format(PyExc_ValueError, "batch_deadline_ms must be >= 0 or None (got %lld)",
                          (long long)go.deadline_ms);
-            goto done;
+            goto fail;
         }
     }
     go.adaptive = PyObject_IsTrue(adaptive_arg);
     if (on_result != Py_None && !PyCallable_Check(on_result)) {
         PyErr_SetString(PyExc_TypeError, "on_result must be callable or None");
-        goto done;
+        goto fail;
     }
     if (stats_arg != Py_None && !PyDict_Check(stats_arg)) {
         PyErr_SetString(PyExc_TypeError, "stats must be a dict or None");
-        goto done;
+        goto fail;
     }
     PyObject *empty = Py_BuildValue("(y)", "");
     if (!empty)
-        goto done;
-    int bad = parse_call_args(empty, kw, &a, &on_event, &validate);
+        goto fail;
+    int bad = parse_call_args(empty, kw, &r->a, &r->on_event, &r->validate);
     Py_DECREF(empty);
     if (bad < 0)
-        goto done;
-    if (check_shared_args(&a) < 0)
-        goto done;
-    if (!(b.bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
-        goto done;
-    b.n = PySequence_Fast_GET_SIZE(b.bodies);
+        goto fail;
+    if (check_shared_args(&r->a) < 0)
+        goto fail;
+    batch *b = &r->b;
+    if (!(b->bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
+        goto fail;
+    b->n = PySequence_Fast_GET_SIZE(b->bodies);
     if (models_arg != Py_None) {
-        if (!(b.models = PySequence_Fast(models_arg, "models must be a sequence")))
-            goto done;
-        if (PySequence_Fast_GET_SIZE(b.models) != b.n) {
+        if (!(b->models = PySequence_Fast(models_arg, "models must be a sequence")))
+            goto fail;
+        if (PySequence_Fast_GET_SIZE(b->models) != b->n) {
             PyErr_SetString(PyExc_ValueError, "models must be as long as bodies");
-            goto done;
+            goto fail;
         }
     }
     if (keys_arg != Py_None) {
         /* One key per item: each item is its own call (all its attempts). */
-        if (!(b.keys = PySequence_Fast(keys_arg, "idempotency_keys must be a sequence")))
-            goto done;
-        if (PySequence_Fast_GET_SIZE(b.keys) != b.n) {
+        if (!(b->keys = PySequence_Fast(keys_arg, "idempotency_keys must be a sequence")))
+            goto fail;
+        if (PySequence_Fast_GET_SIZE(b->keys) != b->n) {
             PyErr_SetString(PyExc_ValueError, "idempotency_keys must be as long as bodies");
-            goto done;
+            goto fail;
         }
     }
-    if (batch_check(&b) < 0)
-        goto done;
+    if (batch_check(b) < 0)
+        goto fail;
     if (results_arg != Py_None) {
         /* The caller's list, filled in place: what finished before a Ctrl-C
          * stays there for the batch's record. */
-        if (!PyList_Check(results_arg) || PyList_GET_SIZE(results_arg) != b.n) {
+        if (!PyList_Check(results_arg) || PyList_GET_SIZE(results_arg) != b->n) {
             PyErr_SetString(PyExc_ValueError, "results must be a list as long as bodies");
-            goto done;
+            goto fail;
         }
-        results = results_arg;
-        Py_INCREF(results);
-    } else if (!(results = PyList_New(b.n))) {
-        goto done;
+        r->results = Py_NewRef(results_arg);
+    } else if (!(r->results = PyList_New(b->n))) {
+        goto fail;
     }
-    b.calls = PyMem_Calloc((size_t)(b.n ? b.n : 1), sizeof *b.calls);
-    if (!b.calls) {
+    b->calls = PyMem_Calloc((size_t)(b->n ? b->n : 1), sizeof *b->calls);
+    if (!b->calls) {
         PyErr_NoMemory();
-        goto done;
+        goto fail;
     }
     char err[LLMRETRY_ERRBUF] = "";
     pthread_mutex_lock(&self->mu);
-    llmretry_status st = self->engine ? llmretry_group_new(self->engine, &go, &g, err, sizeof err)
+    llmretry_status st = self->engine ? llmretry_group_new(self->engine, &go, &r->g, err, sizeof err)
                                       : LLMRETRY_ESTATE;
     pthread_mutex_unlock(&self->mu);
     if (st != LLMRETRY_OK) {
         PyErr_SetString(st == LLMRETRY_EINVAL ? PyExc_ValueError : PyExc_RuntimeError,
                         st == LLMRETRY_ESTATE ? "the engine is closed" : err);
-        goto done;
+        goto fail;
     }
-    a.o.group = g;
-    event_route rt = { on_event, a.o.events, state_of(PyType_GetModule(Py_TYPE(self))) };
-
+    r->a.o.group = r->g;
+    r->rt = (event_route){ r->on_event, r->a.o.events, mst };
     /* Keep the engine's queue ahead of the pacer without holding every
      * call record of a huge batch at once. */
-    Py_ssize_t ahead = 4 * (Py_ssize_t)go.limit + 64, next = 0, finished = 0;
-    while (finished < b.n) {
-        while (next < b.n && next - finished < ahead)
-            if (batch_submit(self, &b, &a.o, next++) < 0)
-                goto done;
+    r->ahead = 4 * (Py_ssize_t)go.limit + 64;
+    return r;
+fail:
+    Py_DECREF(r);
+    return NULL;
+}
+
+/* Do what can be done now: submit ahead of the pacer, take the items that
+ * finished. 1 when every item has finished, 0 to wait for fileno(), -1 with
+ * the Python error set (an item's value, on_result, a validator). */
+static int batch_run_step(BatchRunObject *r)
+{
+    batch *b = &r->b;
+    if (r->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the batch is closed");
+        return -1;
+    }
+    while (r->finished < b->n) {
+        while (r->next < b->n && r->next - r->finished < r->ahead)
+            if (batch_submit(r->engine, b, &r->a.o, r->next++) < 0)
+                return -1;
         llmretry_call *ready[64];
-        size_t k = llmretry_group_poll(g, ready, 64);
-        if (k == 0) {
-            Py_BEGIN_ALLOW_THREADS
-            llmretry_group_wait(g, WAKE_MS);
-            Py_END_ALLOW_THREADS
-            if (check_interrupts() < 0)
-                goto done;
-            continue;
-        }
+        size_t k = llmretry_group_poll(r->g, ready, 64);
+        if (k == 0)
+            return 0;
         for (size_t j = 0; j < k; j++) {
             Py_ssize_t i = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
-            int rc = drain_mail(ready[j], &rt, validate);
+            int rc = drain_mail(ready[j], &r->rt, r->validate);
             if (rc < 0)
-                goto done;
+                return -1;
             if (rc == 0)
                 continue;
             /* A Result, or an outcome dict for the package to turn into
              * an error (call_value). */
-            const llmretry_result *r = llmretry_call_result(ready[j]);
-            totals_add(&totals, r);
-            PyObject *d = call_value(rt.st, r, validate, a.as_result);
+            const llmretry_result *res = llmretry_call_result(ready[j]);
+            totals_add(&r->totals, res);
+            PyObject *d = call_value(r->rt.st, res, r->validate, r->a.as_result);
             llmretry_call_free(ready[j]);
-            b.calls[i] = NULL;
-            finished++;
+            b->calls[i] = NULL;
+            r->finished++;
             if (!d)
-                goto done;
-            PyList_SetItem(results, i, d);      /* the caller's list may hold None */
-            if (on_result != Py_None) {
-                PyObject *r = PyObject_CallFunction(on_result, "nO", i, d);
-                if (!r)
-                    goto done;
-                Py_DECREF(r);
+                return -1;
+            PyList_SetItem(r->results, i, d);      /* the caller's list may hold None */
+            if (r->on_result != Py_None) {
+                PyObject *cr = PyObject_CallFunction(r->on_result, "nO", i, d);
+                if (!cr)
+                    return -1;
+                Py_DECREF(cr);
             }
         }
     }
-    out = results;
-    Py_INCREF(out);
-done:
-    if (stats_arg != Py_None && g) {
-        /* Also after Ctrl-C: the summary counts what ran. */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        int bad = put_stats(stats_arg, g, &totals) < 0;
-        if (et)
-            PyErr_Restore(et, ev, tb);          /* the first error wins */
-        else if (bad)
-            Py_CLEAR(out);
+    return 1;
+}
+
+static PyObject *BatchRun_step(BatchRunObject *r, PyObject *unused)
+{
+    (void)unused;
+    int rc = batch_run_step(r);
+    return rc < 0 ? NULL : PyBool_FromLong(rc);
+}
+
+static PyObject *BatchRun_fileno(BatchRunObject *r, PyObject *unused)
+{
+    (void)unused;
+    if (!r->g) {
+        PyErr_SetString(PyExc_RuntimeError, "the batch is closed");
+        return NULL;
     }
-    if (b.calls) {
-        batch_cancel_all(&b);
-        PyMem_Free(b.calls);
+    return PyLong_FromLong(llmretry_group_fd(r->g));
+}
+
+static PyObject *BatchRun_close(BatchRunObject *r, PyObject *unused)
+{
+    (void)unused;
+    if (batch_run_close(r) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *BatchRun_results(BatchRunObject *r, void *unused)
+{
+    (void)unused;
+    return Py_NewRef(r->results ? r->results : Py_None);
+}
+
+static PyMethodDef BatchRun_methods[] = {
+    { "step", (PyCFunction)BatchRun_step, METH_NOARGS,
+      "step() -> bool: submit and collect what can be done now; True once every item\n"
+      "has finished (wait for fileno() to be readable otherwise)." },
+    { "fileno", (PyCFunction)BatchRun_fileno, METH_NOARGS,
+      "fileno() -> int: readable while some item has news." },
+    { "close", (PyCFunction)BatchRun_close, METH_NOARGS,
+      "close(): fill stats, cancel what is unfinished. Idempotent." },
+    { NULL, NULL, 0, NULL },
+};
+
+static PyGetSetDef BatchRun_getset[] = {
+    { "results", (getter)BatchRun_results, NULL, "The values, filled in place.", NULL },
+    { NULL, NULL, NULL, NULL, NULL },
+};
+
+static PyType_Slot BatchRun_slots[] = {
+    { Py_tp_dealloc, BatchRun_dealloc },
+    { Py_tp_methods, BatchRun_methods },
+    { Py_tp_getset, BatchRun_getset },
+    { Py_tp_doc, "A batch in progress (Engine.batch(), as call_many without the wait)." },
+    { 0, NULL },
+};
+
+PyType_Spec BatchRun_spec = {
+    .name = "llmretry._llmretry.BatchRun",
+    .basicsize = sizeof(BatchRunObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = BatchRun_slots,
+};
+
+PyObject *Engine_batch(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    return (PyObject *)batch_run_new(self, args, kw);
+}
+
+/* call_many: a BatchRun stepped to its end on this thread, waiting with the
+ * GIL released (Ctrl-C within WAKE_MS). */
+PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    BatchRunObject *r = batch_run_new(self, args, kw);
+    if (!r)
+        return NULL;
+    int rc;
+    while ((rc = batch_run_step(r)) == 0) {
+        llmretry_group *g = r->g;
+        Py_BEGIN_ALLOW_THREADS
+        llmretry_group_wait(g, WAKE_MS);
+        Py_END_ALLOW_THREADS
+        if (check_interrupts() < 0) {
+            rc = -1;
+            break;
+        }
     }
-    llmretry_group_free(g);
-    call_args_release(&a);
-    Py_XDECREF(results);
-    Py_XDECREF(b.bodies);
-    Py_XDECREF(b.models);
-    Py_XDECREF(b.keys);
-    Py_DECREF(kw);
+    PyObject *out = rc > 0 ? Py_NewRef(r->results) : NULL;
+    if (batch_run_close(r) < 0)
+        Py_CLEAR(out);
+    Py_DECREF(r);
     return out;
 }

@@ -3,7 +3,9 @@
  *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
  *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
  *   batch.c         call_many: a batch on the engine thread
- *   pool.c          run_pool (threads), results.c (Result in C), policies.c */
+ *   pool.c          run_pool (threads), results.c (Result in C), policies.c
+ *   stream_type.c   Stream: one call's mailbox read by the host (streams, loops)
+ *   channel_type.c  Channel and Group: an event loop's view of the engine */
 #ifndef LLMRETRY_PY_BINDING_H
 #define LLMRETRY_PY_BINDING_H
 
@@ -71,7 +73,16 @@ int deliver_validation(llmretry_call *c, PyObject *validate);
 /* stream_type.c: Engine.stream and its Stream type. */
 extern PyType_Spec Stream_spec;
 PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *lr_start_call(EngineObject *eng, PyObject *args, PyObject *kw, int stream,
+                        llmretry_channel *ch, llmretry_group *g);
+/* channel_type.c: Engine.channel() and Engine.group(), for event loops. */
+extern PyType_Spec Channel_spec, Group_spec;
+PyObject *lr_engine_channel(PyObject *self, PyObject *unused);
+PyObject *lr_engine_group(PyObject *self, PyObject *args, PyObject *kw);
 int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate);
-PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw_in);
+PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw);
+/* batch.c: Engine.batch, the BatchRun that call_many steps to its end. */
+extern PyType_Spec BatchRun_spec;
+PyObject *Engine_batch(EngineObject *self, PyObject *args, PyObject *kw);
 
 #endif

@@ -306,6 +306,14 @@ static PyMethodDef Engine_methods[] = {
       "call_many(bodies, *, models=None, limit=8, batch_deadline_ms=None, adaptive=True,\n"
       "          on_result=None, results=None, stats=None, **options) -> list: a batch\n"
       "          on the engine thread (see _llmretry.pyi)." },
+    { "batch", (PyCFunction)(void (*)(void))Engine_batch, METH_VARARGS | METH_KEYWORDS,
+      "batch(bodies, **call_many's keywords) -> BatchRun: call_many without the wait,\n"
+      "for an event loop (step() when fileno() is readable)." },
+    { "channel", (PyCFunction)lr_engine_channel, METH_NOARGS,
+      "channel() -> Channel: one event loop's view of this engine." },
+    { "group", (PyCFunction)(void (*)(void))lr_engine_group, METH_VARARGS | METH_KEYWORDS,
+      "group(limit, deadline_ms=None, adaptive=True) -> Group: a batch pacer for\n"
+      "Channel.call(..., group=)." },
     { "close", (PyCFunction)Engine_close, METH_NOARGS,
       "close(): cancel calls in flight and stop the I/O thread. Idempotent." },
     { NULL, NULL, 0, NULL },

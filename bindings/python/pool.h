@@ -27,6 +27,8 @@ enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 typedef struct {
     PyTypeObject *engine_type;
     PyTypeObject *stream_type;      /* stream_type.c */
+    PyTypeObject *channel_type, *group_type;   /* channel_type.c */
+    PyTypeObject *batch_run_type;   /* batch.c */
     PyObject *pool_stop;            /* the PoolStop exception class */
     PyObject *not_started;          /* the NOT_STARTED sentinel */
     PyObject *keys[K_COUNT];        /* interned outcome keys */

@@ -20,7 +20,13 @@ typedef struct {
     int done;                       /* the mailbox said DONE */
 } StreamObject;
 
-PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw)
+/* Start a call whose mailbox the host reads through a Stream object: with
+ * `stream`, chunk by chunk (options.stream_chunks); reporting to channel
+ * `ch` when not NULL (an event loop's), inside group `g` when not NULL (a
+ * pool's pacer). The call's user_data is the object (borrowed: freeing the
+ * object frees the call, which takes it off its channel first). */
+PyObject *lr_start_call(EngineObject *eng, PyObject *args, PyObject *kw, int stream,
+                        llmretry_channel *ch, llmretry_group *g)
 {
     call_args a;
     memset(&a, 0, sizeof a);
@@ -29,8 +35,10 @@ PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw)
         call_args_release(&a);
         return NULL;
     }
-    a.o.stream_chunks = 1;
-    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
+    a.o.stream_chunks = stream;
+    a.o.channel = ch;
+    a.o.group = g;
+    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(eng)));
     PyTypeObject *type = mst->stream_type;
     StreamObject *s = (StreamObject *)type->tp_alloc(type, 0);
     if (!s) {
@@ -42,7 +50,8 @@ PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw)
     s->as_result = a.as_result;
     s->on_event = Py_NewRef(on_event);
     s->validate = Py_NewRef(validate);
-    s->call = engine_submit((EngineObject *)self, &a);
+    a.o.user_data = s;
+    s->call = engine_submit(eng, &a);
     call_args_release(&a);
     if (!s->call) {
         Py_DECREF(s);
@@ -51,12 +60,19 @@ PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)s;
 }
 
-/* next_chunk() -> (event, bytes), or None once the call is done: event is
- * None for plain `data:` chunks, else the SSE event's name. Blocks (the GIL
- * released, waking for Ctrl-C) until a chunk or the end comes. */
-static PyObject *Stream_next_chunk(StreamObject *s, PyObject *unused)
+PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)unused;
+    return lr_start_call((EngineObject *)self, args, kw, 1, NULL, NULL);
+}
+
+/* The next chunk as (event, bytes), None once the call is done, or (only
+ * when !block) False while the mailbox is empty: event is None for plain
+ * `data:` chunks, else the SSE event's name. Events and validation requests
+ * met on the way are delivered here; a call that does not stream only ever
+ * gives None or False (its mail pumped). Blocking waits release the GIL and
+ * wake for Ctrl-C. */
+static PyObject *stream_step(StreamObject *s, int block)
+{
     event_route rt = { s->on_event, s->mask, s->st };
     while (!s->done) {
         llmretry_event *ev;
@@ -82,6 +98,8 @@ static PyObject *Stream_next_chunk(StreamObject *s, PyObject *unused)
             s->done = 1;
             break;
         case LLMRETRY_MAIL_EMPTY:
+            if (!block)
+                Py_RETURN_FALSE;
             Py_BEGIN_ALLOW_THREADS
             llmretry_call_wait(s->call, WAKE_MS);
             Py_END_ALLOW_THREADS
@@ -91,6 +109,21 @@ static PyObject *Stream_next_chunk(StreamObject *s, PyObject *unused)
         }
     }
     Py_RETURN_NONE;
+}
+
+/* next_chunk() -> (event, bytes), or None once the call is done. Blocks. */
+static PyObject *Stream_next_chunk(StreamObject *s, PyObject *unused)
+{
+    (void)unused;
+    return stream_step(s, 1);
+}
+
+/* try_chunk() -> (event, bytes) | None | False: next_chunk without waiting
+ * (False: nothing now). For an event loop, after its channel named the call. */
+static PyObject *Stream_try_chunk(StreamObject *s, PyObject *unused)
+{
+    (void)unused;
+    return stream_step(s, 0);
 }
 
 /* outcome() -> the call's value (Engine.call's), once next_chunk said None. */
@@ -156,6 +189,9 @@ static int Stream_clear(StreamObject *s)
 static PyMethodDef Stream_methods[] = {
     { "next_chunk", (PyCFunction)Stream_next_chunk, METH_NOARGS,
       "next_chunk() -> (event | None, bytes) | None: the next chunk; None at the end." },
+    { "try_chunk", (PyCFunction)Stream_try_chunk, METH_NOARGS,
+      "try_chunk() -> (event | None, bytes) | None | False: next_chunk() without waiting\n"
+      "(False: nothing yet). A call that does not stream gives only None or False." },
     { "outcome", (PyCFunction)Stream_outcome, METH_NOARGS,
       "outcome() -> dict | Result: the finished call's value, as Engine.call's." },
     { "cancel", (PyCFunction)Stream_cancel, METH_NOARGS,

@@ -43,9 +43,10 @@ the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
 import logging as _logging_module
 
 from . import _llmretry
+from ._aio import AsyncStream, amap_with_concurrency
 from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
-from ._client import (Client, Meta, Result, call_llm, call_llm_with_deadline,
-                      call_many, stream_llm)
+from ._client import (Client, Meta, Result, acall_llm, acall_many, astream_llm, call_llm,
+                      call_llm_with_deadline, call_many, stream_llm)
 from ._json import assert_shape, extract_json
 from ._logging import DEFAULT, jsonl_logger, log_usage
 from ._policies import Policy, load_policies
@@ -69,6 +70,11 @@ __all__ = [
     "call_many",
     "stream_llm",
     "Stream",
+    "acall_llm",
+    "astream_llm",
+    "acall_many",
+    "amap_with_concurrency",
+    "AsyncStream",
     "map_with_concurrency",
     "Policy",
     "load_policies",

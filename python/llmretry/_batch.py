@@ -57,6 +57,7 @@ between the two runs the item again rather than losing its result).
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import importlib
 import json
@@ -259,8 +260,8 @@ def not_started_error(deadline_ms: Optional[int]) -> LLMError:
 
 # ---------------------------------------------------------------------------
 # Usage accounting. Calls made inside a map_with_concurrency worker report to
-# the batch through a thread-local (the pool's threads are C threads that
-# run the workers one item at a time).
+# the batch through a context variable (the pool's threads are C threads that
+# run the workers one item at a time; amap_with_concurrency's are tasks).
 
 class Accounting:
     """Attempts and token usage summed over the calls of a batch."""
@@ -310,19 +311,23 @@ class Accounting:
                 "total_tokens": self.total_tokens}
 
 
-_tls = threading.local()
+# A context variable, not a thread-local: each thread has its own context,
+# and so does each asyncio task (amap_with_concurrency's workers share one
+# thread but not their batch).
+_accounting: "contextvars.ContextVar[Optional[Accounting]]" = contextvars.ContextVar(
+    "llmretry_batch_accounting", default=None)
 
 
 def current_accounting() -> Optional[Accounting]:
-    """The accounting of the batch whose worker runs on this thread, if any."""
-    acc: Optional[Accounting] = getattr(_tls, "acc", None)
-    return acc
+    """The accounting of the batch whose worker runs here (this thread, this
+    asyncio task), if any."""
+    return _accounting.get()
 
 
 def set_accounting(acc: Optional[Accounting]) -> Optional[Accounting]:
-    """Make ``acc`` this thread's batch accounting; returns the previous one."""
-    prev = getattr(_tls, "acc", None)
-    _tls.acc = acc
+    """Make ``acc`` the batch accounting here; returns the previous one."""
+    prev = _accounting.get()
+    _accounting.set(acc)
     return prev
 
 

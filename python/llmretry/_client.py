@@ -20,10 +20,10 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, Sequence, Tuple, TypeVar, Union)
 
-from . import _batch, _llmretry
+from . import _aio, _batch, _llmretry
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
 from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json,
@@ -763,21 +763,39 @@ class Client:
 
     def _run(self, body: Any, plan: _Plan) -> Result:
         """One call with a converted plan: the Result, or raise LLMError."""
-        payload, model = _encode_body(body)
-        if type(body) is dict and body.get("stream") is True:
-            # A dict that streams: ask for its usage (the core adds
-            # stream_options unless the body sets them) and assemble.
-            plan = _Plan(dict(plan.kwargs, stream_usage=True), plan.validate,
-                         plan.event_mask, plan.auto_key)
-        return self._run_encoded(payload, model, plan)
+        engine, payload, extra, validator = self._prepare(body, plan)
+        out = engine.call(payload, as_result=True, **extra, **plan.kwargs)
+        return _result_of(out, validator)
 
-    def _run_encoded(self, payload: bytes, model: Optional[str], plan: _Plan) -> Result:
+    def _prepare(self, body: Any, plan: _Plan) -> Tuple[Any, bytes, Dict[str, Any],
+                                                        Optional["_Validator"]]:
+        """What one call hands the engine: the engine, the encoded body, the
+        keywords besides plan.kwargs (stream_usage for a dict that streams)
+        and the validator."""
+        payload, model = _encode_body(body)
         engine = self._engine
         if engine is None:
             engine = self._reopen()
         extra, validator = _call_extra(plan, model)
-        out = engine.call(payload, as_result=True, **extra, **plan.kwargs)
-        return _result_of(out, validator)
+        if type(body) is dict and body.get("stream") is True:
+            # A dict that streams: ask for its usage (the core adds
+            # stream_options unless the body sets them) and assemble.
+            extra["stream_usage"] = True
+        return engine, payload, extra, validator
+
+    def _plan_of(self, body: Any, policy: Optional[str], options: Dict[str, Any],
+                 where: str) -> Tuple[Any, _Plan]:
+        """The body to send and the plan of a call given as keywords (the
+        stream and asyncio functions): the named policy's settings under
+        the explicit ones. ValueError/TypeError before any I/O."""
+        _check_option_names(options, where)
+        if policy is None:
+            return body, self._plan.with_options(options.items()) if options else self._plan
+        pp = self._policy_plan(policy)
+        plan = pp.plan.with_options(options.items()) if options else pp.plan
+        if pp.auto_key and "idempotency_key" not in options:
+            plan = _with_auto_key(plan)
+        return pp.body(body), plan
 
     def call_llm(self, body: Body, *,
                  base_url: Optional[str] = DEFAULT,
@@ -841,7 +859,17 @@ class Client:
                   policy: Optional[str] = None,
                   **options: Any) -> BatchResult:
         """:func:`llmretry.call_many` with this client's engine and defaults."""
-        _check_option_names(options, "call_many()")
+        job = self._many(bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume,
+                         progress, adaptive, on_result, policy, options, "call_many()")
+        return self._run_batch(*job)
+
+    def _many(self, bodies: Iterable[Body], limit: int, deadline_ms: Optional[int],
+              call_deadline_ms: Optional[int], failures_path: Any, resume: bool,
+              progress: Any, adaptive: bool, on_result: Any, policy: Optional[str],
+              options: Dict[str, Any], where: str) -> Tuple[Any, ...]:
+        """call_many's arguments checked and converted (before any I/O): the
+        arguments of _run_batch."""
+        _check_option_names(options, where)
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int, not {_type_name(limit)}")
         if limit < 1:
@@ -850,10 +878,10 @@ class Client:
             # The engine's cap on calls at once (file descriptors, memory)
             # holds for batches too: say so rather than run fewer silently.
             warnings.warn(
-                f"call_many(limit={limit}) on a Client whose max_in_flight is "
+                f"{where[:-2]}(limit={limit}) on a Client whose max_in_flight is "
                 f"{self._max_in_flight}: at most {self._max_in_flight} calls run at once; "
                 f"use Client(max_in_flight={min(limit, _INT32_MAX)}) (and pass client=) for more",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning, stacklevel=3)
         batch_deadline = _opt_int("deadline_ms", deadline_ms)
         if batch_deadline is not None and batch_deadline < 0:
             raise ValueError(f"deadline_ms must be >= 0 or None (got {batch_deadline})")
@@ -873,7 +901,7 @@ class Client:
                              progress=progress, on_result=on_result,
                              logger=options.get("logger", self._defaults.get("logger", DEFAULT)),
                              parse_items=True)
-        return self._run_batch(batch, encoded, plan, limit, batch_deadline, adaptive)
+        return batch, encoded, plan, limit, batch_deadline, adaptive
 
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
@@ -918,49 +946,78 @@ class Client:
                          invalid: Optional[Mapping[int, BaseException]]) -> BatchResult:
         with batch:
             batch.open(already_ok, invalid)
-            to_run = batch.runnable
-            if to_run:
-                engine = self._engine
-                if engine is None:
-                    engine = self._reopen()
-                extra: Dict[str, Any] = {}
-                if plan.event_mask is not None:
-                    extra["event_mask"] = plan.event_mask()
-                validator = None
-                if plan.validate is not None:
-                    validator = extra["validate"] = _Validator(plan.validate)
-                if plan.auto_key:
-                    extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
-
-                # The engine makes each success a Result; what it hands back
-                # as an outcome dict (a failure, a body Python cannot parse,
-                # a validator's verdict to apply) becomes a value here.
-                def item_done(k: int, value: Any) -> None:
-                    failed = not_started = False
-                    if type(value) is dict:
-                        value, failed, not_started = _batch_value(value, validator)
-                    batch.item_done(to_run[k], value, failed, not_started=not_started)
-
-                # Items are watched one by one only when something wants
-                # each one as it finishes (a record, progress, on_result);
-                # otherwise the values are recorded once the run ends.
-                each = batch.needs_each_item()
-                values: List[Any] = [None] * len(to_run)
-                stats: Dict[str, int] = {}
+            if batch.runnable:
+                job = _EngineBatch(self, batch, encoded, plan, limit, deadline_ms, adaptive)
                 try:
-                    # The extension reads limit as a C int: a larger one
-                    # means the same (no batch has 2**31 calls in flight).
-                    engine.call_many(
-                        [encoded[i][0] for i in to_run], models=[encoded[i][1] for i in to_run],
-                        limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
-                        adaptive=adaptive,
-                        on_result=item_done if each else None, results=values, stats=stats,
-                        as_result=True, **extra, **plan.kwargs)
+                    job.engine.call_many(*job.args, **job.kwargs)
                 finally:
-                    batch.add_totals(stats)
-                    if not each:
-                        batch.record_values(values, lambda out: _batch_value(out, validator))
+                    job.finish()
         return batch.result()
+
+    # -- asyncio (see llmretry._aio) --------------------------------------------
+
+    async def acall_llm(self, body: Body, *, policy: Optional[str] = None,
+                        **options: Any) -> Result:
+        """:func:`llmretry.acall_llm` with this client's engine and defaults."""
+        body, plan = self._plan_of(body, policy, options, "acall_llm()")
+        engine, payload, extra, validator = self._prepare(body, plan)
+        return await _aio.acall(self, engine, payload, extra, plan.kwargs,
+                                lambda out: _result_of(out, validator))
+
+    def astream_llm(self, body: Body, *, policy: Optional[str] = None,
+                    stream_buffer_bytes: int = DEFAULT, **options: Any) -> "_aio.AsyncStream":
+        """:func:`llmretry.astream_llm` with this client's engine and defaults."""
+        body, plan = self._plan_of(body, policy, options, "astream_llm()")
+        engine, payload, extra, validator = _stream_call(self, body, plan, stream_buffer_bytes)
+        return _aio.astream(self, engine, payload, extra, plan.kwargs,
+                            lambda out: _result_of(out, validator), _parse_json)
+
+    async def acall_many(self, bodies: Iterable[Body], limit: int = 8, *,
+                         deadline_ms: Optional[int] = None,
+                         call_deadline_ms: Optional[int] = DEFAULT,
+                         failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                         resume: bool = False,
+                         progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                         adaptive: bool = True,
+                         on_result: Optional[Callable[[int, Any], Any]] = None,
+                         policy: Optional[str] = None,
+                         **options: Any) -> BatchResult:
+        """:func:`llmretry.acall_many` with this client's engine and defaults."""
+        batch, encoded, plan, limit, batch_deadline, adaptive = self._many(
+            bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume, progress,
+            adaptive, on_result, policy, options, "acall_many()")
+        try:
+            with batch:
+                batch.open()
+                if batch.runnable:
+                    job = _EngineBatch(self, batch, encoded, plan, limit, batch_deadline,
+                                       adaptive)
+                    try:
+                        await _aio.amany(job)
+                    finally:
+                        job.finish()
+            return batch.result()
+        except KeyboardInterrupt as exc:
+            raise _batch.interrupted(batch, exc) from None
+
+    async def amap_with_concurrency(self, items: Iterable[T], limit: int,
+                                    worker: Callable[[T, int], Awaitable[R]], *,
+                                    return_exceptions: bool = False,
+                                    deadline_ms: Optional[int] = None,
+                                    failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                                    resume: bool = False,
+                                    progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                                    adaptive: bool = True,
+                                    on_result: Optional[Callable[[int, Any], Any]] = None,
+                                    logger: Any = DEFAULT) -> BatchResult:
+        """:func:`llmretry.amap_with_concurrency`; the batch summary goes to
+        this client's default logger unless ``logger`` says otherwise."""
+        if logger is DEFAULT:
+            logger = self._defaults.get("logger", DEFAULT)
+        return await _aio.amap_with_concurrency(
+            items, limit, worker, return_exceptions=return_exceptions, deadline_ms=deadline_ms,
+            failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
+            on_result=on_result, logger=logger)
 
     def map_with_concurrency(self, items: Iterable[T], limit: int,
                              worker: Callable[[T, int], R], *,
@@ -982,6 +1039,67 @@ class Client:
                                      deadline_ms=deadline_ms, failures_path=failures_path,
                                      resume=resume, progress=progress, adaptive=adaptive,
                                      on_result=on_result, logger=logger)
+
+
+class _EngineBatch:
+    """One batch's run on the engine: the arguments of Engine.call_many (or
+    Engine.batch, its asyncio form) for the items still to run, and the
+    batch record's side of each item as it finishes.
+
+    Every request runs on the engine thread; the host thread only waits,
+    delivers events and builds the results, item by item, for the batch's
+    record."""
+
+    __slots__ = ("engine", "args", "kwargs", "batch", "_each", "_values", "_stats",
+                 "_validator")
+
+    def __init__(self, client: "Client", batch: "_batch.Batch",
+                 encoded: Sequence[Tuple[bytes, Optional[str]]], plan: _Plan,
+                 limit: int, deadline_ms: Optional[int], adaptive: bool) -> None:
+        to_run = batch.runnable
+        self.engine = client._engine if client._engine is not None else client._reopen()
+        self.batch = batch
+        extra: Dict[str, Any] = {}
+        if plan.event_mask is not None:
+            extra["event_mask"] = plan.event_mask()
+        validator = None
+        if plan.validate is not None:
+            validator = extra["validate"] = _Validator(plan.validate)
+        if plan.auto_key:
+            extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
+        self._validator = validator
+
+        # The engine makes each success a Result; what it hands back as an
+        # outcome dict (a failure, a body Python cannot parse, a validator's
+        # verdict to apply) becomes a value here.
+        def item_done(k: int, value: Any) -> None:
+            failed = not_started = False
+            if type(value) is dict:
+                value, failed, not_started = _batch_value(value, validator)
+            batch.item_done(to_run[k], value, failed, not_started=not_started)
+
+        # Items are watched one by one only when something wants each one
+        # as it finishes (a record, progress, on_result); otherwise the
+        # values are recorded once the run ends.
+        self._each = batch.needs_each_item()
+        self._values: List[Any] = [None] * len(to_run)
+        self._stats: Dict[str, int] = {}
+        self.args = ([encoded[i][0] for i in to_run],)
+        # The extension reads limit as a C int: a larger one means the same
+        # (no batch has 2**31 calls in flight).
+        self.kwargs = dict(models=[encoded[i][1] for i in to_run],
+                           limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
+                           adaptive=adaptive, on_result=item_done if self._each else None,
+                           results=self._values, stats=self._stats, as_result=True,
+                           **extra, **plan.kwargs)
+
+    def finish(self) -> None:
+        """After the run (also when it raised): the totals and, unless each
+        item was recorded as it finished, every value."""
+        self.batch.add_totals(self._stats)
+        if not self._each:
+            validator = self._validator
+            self.batch.record_values(self._values, lambda out: _batch_value(out, validator))
 
 
 def _asks_stream_usage(body: Any) -> bool:
@@ -1252,33 +1370,28 @@ def _stream_body(body: Any) -> Any:
     return body
 
 
-def _start_stream(client: "Client", body: Any, plan: _Plan,
-                  stream_buffer_bytes: Any) -> Stream:
-    engine = client._engine
-    if engine is None:
-        engine = client._reopen()
+def _stream_call(client: "Client", body: Any, plan: _Plan, stream_buffer_bytes: Any
+                 ) -> Tuple[Any, bytes, Dict[str, Any], Optional["_Validator"]]:
+    """Client._prepare for a stream: the body made to stream, its buffer."""
     body = _stream_body(body)
-    payload, model = _encode_body(body)
-    extra, validator = _call_extra(plan, model)
+    engine, payload, extra, validator = client._prepare(body, plan)
     if isinstance(body, dict):
         extra["stream_usage"] = True    # a dict: the core asks for its usage
     if stream_buffer_bytes is not DEFAULT:
         extra["stream_buffer_bytes"] = _int("stream_buffer_bytes", stream_buffer_bytes)
+    return engine, payload, extra, validator
+
+
+def _start_stream(client: "Client", body: Any, plan: _Plan,
+                  stream_buffer_bytes: Any) -> Stream:
+    engine, payload, extra, validator = _stream_call(client, body, plan, stream_buffer_bytes)
     raw = engine.stream(payload, as_result=True, **extra, **plan.kwargs)
     return Stream(raw, lambda out: _result_of(out, validator), _parse_json)
 
 
 def _client_stream(client: "Client", body: Any, policy: Optional[str],
                    stream_buffer_bytes: Any, options: Dict[str, Any]) -> Stream:
-    _check_option_names(options, "stream_llm()")
-    if policy is None:
-        plan = client._plan.with_options(options.items()) if options else client._plan
-    else:
-        pp = client._policy_plan(policy)
-        plan = pp.plan.with_options(options.items()) if options else pp.plan
-        if pp.auto_key and "idempotency_key" not in options:
-            plan = _with_auto_key(plan)
-        body = pp.body(body)
+    body, plan = client._plan_of(body, policy, options, "stream_llm()")
     return _start_stream(client, body, plan, stream_buffer_bytes)
 
 
@@ -1304,3 +1417,71 @@ def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[
     """
     return _client_stream(_client_or_default(client), body, policy, stream_buffer_bytes,
                           options)
+
+
+# ---------------------------------------------------------------------------
+# asyncio, module level (the default client, or client=)
+
+async def acall_llm(body: Body, *, client: Optional[Client] = None,
+                    policy: Optional[str] = None, **options: Any) -> Result:
+    """:func:`call_llm` for asyncio: ``await`` it on a running event loop.
+
+    The same keywords, rules, Result and errors as :func:`call_llm`; no
+    thread waits for it (the engine's I/O thread does the requests, this
+    loop's thread reads their news through ``loop.add_reader``), so
+    thousands can be awaited at once (``Client(max_in_flight=...)`` caps
+    how many run). Loggers and validators run on the loop's thread.
+    Cancelling the task (``task.cancel()``, ``asyncio.timeout``) cancels the
+    call at once and raises ``CancelledError``.
+
+    Example::
+
+        async with asyncio.timeout(30):
+            data, meta = await llmretry.acall_llm(body, max_retries=3)
+    """
+    return await _client_or_default(client).acall_llm(body, policy=policy, **options)
+
+
+def astream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
+                stream_buffer_bytes: int = DEFAULT, **options: Any) -> "_aio.AsyncStream":
+    """:func:`stream_llm` for asyncio: an :class:`AsyncStream` to ``async
+    with``, whose chunks come with ``async for`` (call it on a running loop).
+
+    Example::
+
+        async with llmretry.astream_llm(body) as s:
+            async for text in s.text_deltas():
+                print(text, end="", flush=True)
+            data, meta = await s.result()
+    """
+    return _client_or_default(client).astream_llm(
+        body, policy=policy, stream_buffer_bytes=stream_buffer_bytes, **options)
+
+
+async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
+                     client: Optional[Client] = None,
+                     deadline_ms: Optional[int] = None,
+                     call_deadline_ms: Optional[int] = DEFAULT,
+                     failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                     resume: bool = False,
+                     progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                     adaptive: bool = True,
+                     on_result: Optional[Callable[[int, Any], Any]] = None,
+                     policy: Optional[str] = None,
+                     **options: Any) -> BatchResult:
+    """:func:`call_many` for asyncio: the batch runs on the engine thread
+    while the loop keeps running; ``on_result``, ``progress`` and the
+    failures file are handled on the loop's thread as items finish.
+    Cancelling the task cancels the calls in flight (the failures file then
+    holds what finished; ``resume=True`` runs the rest).
+
+    Example::
+
+        out = await llmretry.acall_many(bodies, limit=16, progress=True,
+                                        failures_path="failed.jsonl")
+        print(out.summary.ok, "ok")
+    """
+    return await _client_or_default(client).acall_many(
+        bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+        failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
+        on_result=on_result, policy=policy, **options)

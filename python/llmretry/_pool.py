@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from . import _llmretry
 from ._batch import Batch, BatchResult, interrupted, not_started_error, set_accounting
 from ._logging import DEFAULT
 from .errors import LLMError
 
-__all__ = ["map_with_concurrency"]
+__all__ = ["map_with_concurrency", "check_map_args"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -68,39 +68,8 @@ def map_with_concurrency(items: Iterable[T], limit: int,
             prompts, 4, lambda prompt, i: llmretry.call_llm(body_for(prompt)).data,
             return_exceptions=True, failures_path="failed.jsonl")
     """
-    if isinstance(limit, bool):
-        raise TypeError("limit must be an int, not bool")
-    try:
-        limit = operator.index(limit)
-    except TypeError:
-        raise TypeError(f"limit must be an int, not {type(limit).__name__}") from None
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1 (got {limit})")
-    if not callable(worker):
-        raise TypeError(f"worker must be callable, not {type(worker).__name__}")
-    if deadline_ms is not None:
-        if isinstance(deadline_ms, bool):
-            raise TypeError("deadline_ms must be an int or None, not bool")
-        try:
-            deadline_ms = operator.index(deadline_ms)
-        except TypeError:
-            raise TypeError(f"deadline_ms must be an int or None, "
-                            f"not {type(deadline_ms).__name__}") from None
-        if deadline_ms < 0:
-            raise ValueError(f"deadline_ms must be >= 0 or None (got {deadline_ms})")
-        if deadline_ms > _INT64_MAX:    # the pool reads a C int64
-            raise ValueError(f"deadline_ms is out of range (got {deadline_ms})")
-    if not isinstance(adaptive, bool):
-        raise TypeError(f"adaptive must be a bool, not {type(adaptive).__name__}")
-    if not isinstance(return_exceptions, bool):
-        raise TypeError(f"return_exceptions must be a bool, "
-                        f"not {type(return_exceptions).__name__}")
-    if not isinstance(items, (list, tuple)):
-        try:
-            items = list(items)
-        except TypeError:
-            raise TypeError(f"items must be iterable, not {type(items).__name__}") from None
-    seq: List[Any] = items if isinstance(items, list) else list(items)
+    seq, limit, deadline_ms = check_map_args(items, limit, worker, return_exceptions,
+                                             deadline_ms, adaptive)
     batch = Batch(seq, failures_path=failures_path, resume=resume, progress=progress,
                   on_result=on_result, logger=logger)
     try:
@@ -159,3 +128,43 @@ def _run(batch: Batch, seq: List[Any], limit: int, worker: Callable[[Any, int], 
     if first_not_started is not None and not return_exceptions:
         raise first_not_started
     return result
+
+
+def check_map_args(items: Iterable[Any], limit: Any, worker: Any, return_exceptions: Any,
+                   deadline_ms: Any, adaptive: Any) -> Tuple[List[Any], int, Optional[int]]:
+    """map_with_concurrency's arguments checked (also amap_with_concurrency's):
+    the items as a list, the limit and the deadline as ints."""
+    if isinstance(limit, bool):
+        raise TypeError("limit must be an int, not bool")
+    try:
+        limit = operator.index(limit)
+    except TypeError:
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}") from None
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1 (got {limit})")
+    if not callable(worker):
+        raise TypeError(f"worker must be callable, not {type(worker).__name__}")
+    if deadline_ms is not None:
+        if isinstance(deadline_ms, bool):
+            raise TypeError("deadline_ms must be an int or None, not bool")
+        try:
+            deadline_ms = operator.index(deadline_ms)
+        except TypeError:
+            raise TypeError(f"deadline_ms must be an int or None, "
+                            f"not {type(deadline_ms).__name__}") from None
+        if deadline_ms < 0:
+            raise ValueError(f"deadline_ms must be >= 0 or None (got {deadline_ms})")
+        if deadline_ms > _INT64_MAX:    # the pool reads a C int64
+            raise ValueError(f"deadline_ms is out of range (got {deadline_ms})")
+    if not isinstance(adaptive, bool):
+        raise TypeError(f"adaptive must be a bool, not {type(adaptive).__name__}")
+    if not isinstance(return_exceptions, bool):
+        raise TypeError(f"return_exceptions must be a bool, "
+                        f"not {type(return_exceptions).__name__}")
+    if not isinstance(items, (list, tuple)):
+        try:
+            items = list(items)
+        except TypeError:
+            raise TypeError(f"items must be iterable, not {type(items).__name__}") from None
+    seq: List[Any] = items if isinstance(items, list) else list(items)
+    return seq, limit, deadline_ms

@@ -20,7 +20,19 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from .errors import LLMError, error_from_outcome
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "content_deltas"]
+
+
+def content_deltas(chunk: Any) -> Iterator[str]:
+    """The content strings of choice 0 in one chat.completion.chunk."""
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    for choice in choices or ():
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        delta = choice.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(content, str) and content:
+            yield content
 
 
 class Stream:
@@ -89,14 +101,7 @@ class Stream:
     def text_deltas(self) -> Iterator[str]:
         """Only the content strings of choice 0, as they arrive."""
         for chunk in self:
-            choices = chunk.get("choices") if isinstance(chunk, dict) else None
-            for choice in choices or ():
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta")
-                content = delta.get("content") if isinstance(delta, dict) else None
-                if isinstance(content, str) and content:
-                    yield content
+            yield from content_deltas(chunk)
 
     def result(self) -> Any:
         """Wait for the end (reading what is left) and return the assembled

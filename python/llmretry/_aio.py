@@ -1,0 +1,480 @@
+"""asyncio: await calls, streams and batches on the client's engine.
+
+There is no thread per call and no executor. Each running event loop gets
+its own channel on the client's engine (a file descriptor watched with
+``loop.add_reader``; uvloop's loops too): the engine's I/O thread does every
+request, and the loop's thread, when the channel is readable, reads the
+mailboxes of its calls, so loggers and validators run on the loop's thread
+and a loop never sees another loop's calls. A batch (``acall_many``) is
+watched the same way through its own descriptor.
+
+Cancelling the awaiting task (``task.cancel()``, ``asyncio.timeout``,
+``asyncio.wait_for``, a notebook's interrupt) cancels the call on the engine
+at once (the server sees the connection closed) and ``CancelledError``
+propagates; the call's last event (``llm_request_gave_up``, reason
+``cancelled``) is still delivered on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+import time
+import weakref
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Dict, List,
+                    Optional, Sequence, Tuple, TypeVar, Union)
+
+from ._batch import Batch, BatchResult, interrupted, not_started_error, set_accounting
+from ._logging import DEFAULT
+from ._pool import check_map_args
+from ._stream import content_deltas
+from .errors import LLMError
+
+if TYPE_CHECKING:
+    from ._client import Client, Result, _Validator
+
+__all__ = ["AsyncStream", "acall", "astream", "amany", "amap_with_concurrency"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+# ---------------------------------------------------------------------------
+# One channel per (client engine, running loop)
+
+class _LoopChannel:
+    """A loop's channel on one engine: who waits for which call's news."""
+
+    __slots__ = ("engine", "channel", "loop", "waiting", "__weakref__")
+
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.channel = engine.channel()
+        self.loop = loop
+        # The call (a raw Stream) -> what to do on the loop when it has news.
+        # The entry keeps the call alive until its end has been read.
+        self.waiting: Dict[Any, Callable[[], None]] = {}
+        loop.add_reader(self.channel.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        for raw in self.channel.ready():
+            on_news = self.waiting.get(raw)
+            if on_news is not None:
+                on_news()
+
+    def drain_then_forget(self, raw: Any) -> None:
+        """Read a cancelled call's mail to its end (its last events reach
+        the logger), then let it go."""
+        def on_news() -> None:
+            try:
+                while True:
+                    item = raw.try_chunk()
+                    if item is None or item is False:
+                        break
+            except Exception:       # a logger that raises loses nothing else
+                item = None
+            finally:
+                if raw.done or item is None:
+                    self.waiting.pop(raw, None)
+        self.waiting[raw] = on_news
+        on_news()
+
+    def close(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.channel.fileno())
+        self.channel.close()
+
+
+_registry_lock = threading.Lock()
+# client -> {loop: _LoopChannel}; both weak, so neither outlives its user.
+_channels: "weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, _LoopChannel]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _loop_channel(client: "Client", engine: Any) -> _LoopChannel:
+    loop = asyncio.get_running_loop()
+    with _registry_lock:
+        per_loop = _channels.get(client)
+        if per_loop is None:
+            per_loop = _channels[client] = weakref.WeakKeyDictionary()
+        lc = per_loop.get(loop)
+        if lc is not None and lc.engine is engine and not lc.channel.closed:
+            return lc
+        if lc is not None:          # the client re-made its engine (fork, reopen)
+            lc.close()
+        lc = per_loop[loop] = _LoopChannel(engine, loop)
+        return lc
+
+
+# ---------------------------------------------------------------------------
+# Pacing of amap_with_concurrency's workers: the batch's group per engine
+
+class _APool:
+    """An amap_with_concurrency batch, for the calls its workers make: one
+    engine group (limit, 429 pauses, deadline) per engine they use."""
+
+    __slots__ = ("limit", "adaptive", "deadline_at", "_groups")
+
+    def __init__(self, limit: int, deadline_ms: Optional[int], adaptive: bool) -> None:
+        self.limit = min(limit, _INT32_MAX)
+        self.adaptive = adaptive
+        self.deadline_at = None if deadline_ms is None else time.monotonic() + deadline_ms / 1000
+        self._groups: Dict[int, Tuple[Any, Any]] = {}
+
+    def left_ms(self) -> Optional[int]:
+        if self.deadline_at is None:
+            return None
+        return max(0, int((self.deadline_at - time.monotonic()) * 1000))
+
+    def group_for(self, engine: Any) -> Any:
+        entry = self._groups.get(id(engine))
+        if entry is None or entry[0] is not engine:
+            group = engine.group(self.limit, deadline_ms=self.left_ms(), adaptive=self.adaptive)
+            entry = self._groups[id(engine)] = (engine, group)
+        return entry[1]
+
+    def stats(self) -> Dict[str, int]:
+        out: Dict[str, int] = {"pauses": 0, "halvings": 0}
+        for _engine, group in self._groups.values():
+            gs = group.stats()
+            out["pauses"] += gs["pauses"]
+            out["halvings"] += gs["halvings"]
+        return out
+
+
+_current_pool: "contextvars.ContextVar[Optional[_APool]]" = contextvars.ContextVar(
+    "llmretry_async_pool", default=None)
+
+
+def _group_kw(engine: Any) -> Dict[str, Any]:
+    pool = _current_pool.get()
+    return {} if pool is None else {"group": pool.group_for(engine)}
+
+
+# ---------------------------------------------------------------------------
+# One call
+
+async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, Any],
+                kwargs: Dict[str, Any], finish: Callable[[Any], "Result"]) -> "Result":
+    """Run one prepared call on this loop's channel; its Result (finish)."""
+    lc = _loop_channel(client, engine)
+    raw = lc.channel.call(payload, as_result=True, **_group_kw(engine), **extra, **kwargs)
+    fut: "asyncio.Future[Any]" = lc.loop.create_future()
+
+    def on_news() -> None:
+        try:
+            if raw.try_chunk() is None:         # the call's end (its mail delivered)
+                lc.waiting.pop(raw, None)
+                if not fut.done():
+                    fut.set_result(raw.outcome())
+        except Exception as exc:                # a validator or a value that failed
+            lc.waiting.pop(raw, None)
+            raw.cancel()
+            if not fut.done():
+                fut.set_exception(exc)
+        except BaseException:                   # KeyboardInterrupt, SystemExit: the loop's
+            lc.waiting.pop(raw, None)
+            raw.cancel()
+            raise
+
+    lc.waiting[raw] = on_news
+    try:
+        out = await fut
+    except BaseException:
+        if not raw.done:
+            raw.cancel()
+            lc.drain_then_forget(raw)
+        raise
+    return finish(out)
+
+
+# ---------------------------------------------------------------------------
+# Streams
+
+class AsyncStream:
+    """One streaming call on the event loop (see :func:`llmretry.astream_llm`).
+
+    ``async with`` it; ``async for chunk in s`` yields each chunk as it
+    arrives (the parsed JSON of one event), ``s.text_deltas()`` only the
+    content strings, ``await s.result()`` the assembled :class:`Result`.
+    The rules are :class:`~llmretry.Stream`'s: until you have read a chunk,
+    a failed attempt is retried; after that a failure raises
+    :class:`~llmretry.StreamInterruptedError`. Leaving the block early
+    cancels the call (its last event is delivered before the block ends).
+
+    Attributes:
+        request_id: the call's request id (sent as ``X-Client-Request-Id``).
+        chunks_read: how many chunks you have read so far.
+    """
+
+    __slots__ = ("_raw", "_lc", "_finish", "_parse", "_outcome", "_error", "_waiter",
+                 "chunks_read", "_closed")
+
+    def __init__(self, raw: Any, lc: _LoopChannel, finish: Callable[[Any], Any],
+                 parse: Callable[[bytes], Any]) -> None:
+        self._raw = raw
+        self._lc = lc
+        self._finish = finish
+        self._parse = parse
+        self._outcome: Any = None
+        self._error: Optional[LLMError] = None
+        self._waiter: Optional["asyncio.Future[None]"] = None
+        self.chunks_read = 0
+        self._closed = False
+        lc.waiting[raw] = self._on_news
+
+    def _on_news(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    @property
+    def request_id(self) -> str:
+        return str(self._raw.request_id)
+
+    @property
+    def done(self) -> bool:
+        """True once the call has ended (successfully or not)."""
+        return bool(self._raw.done)
+
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def _next(self) -> Optional[Tuple[Optional[str], bytes]]:
+        """The next raw chunk, None at the end; waits on the loop."""
+        raw = self._raw
+        while True:
+            item = raw.try_chunk()              # delivers events, validation on the way
+            if item is not False:
+                if item is None:
+                    self._lc.waiting.pop(raw, None)
+                return item  # type: ignore[no-any-return]
+            self._waiter = self._lc.loop.create_future()
+            try:
+                await self._waiter
+            except BaseException:
+                self._waiter = None
+                if not raw.done:
+                    raw.cancel()
+                    self._closed = True
+                    self._lc.drain_then_forget(raw)
+                raise
+            self._waiter = None
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[Any]:
+        async for _event, chunk in self.events():
+            yield chunk
+
+    async def events(self) -> AsyncIterator[Tuple[str, Any]]:
+        """Each chunk with its SSE event name (see :meth:`Stream.events`)."""
+        while True:
+            item = await self._next()
+            if item is None:
+                break
+            self.chunks_read += 1
+            event, data = item
+            try:
+                chunk = self._parse(data)
+            except ValueError:      # deep nesting Python's decoder refuses: skipped
+                continue
+            yield event or "message", chunk
+        self._end()
+
+    async def text_deltas(self) -> AsyncIterator[str]:
+        """Only the content strings of choice 0, as they arrive."""
+        async for chunk in self._chunks():
+            for text in content_deltas(chunk):
+                yield text
+
+    async def result(self) -> Any:
+        """Wait for the end (reading what is left) and return the assembled
+        :class:`Result`, or raise the call's :class:`LLMError`."""
+        async for _ in self._chunks():
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+    async def aclose(self) -> None:
+        """Cancel the call if it is still running and wait for its end (its
+        last event is delivered here). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._raw.done:
+            self._raw.cancel()
+            while await self._next() is not None:
+                pass                # chunks after the cancel: dropped
+
+    def _end(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._outcome is not None:
+            return
+        try:
+            self._outcome = self._finish(self._raw.outcome())
+        except LLMError as exc:
+            self._error = exc
+            raise
+
+    def __repr__(self) -> str:
+        state = "done" if self._raw.done else "running"
+        return (f"AsyncStream(request_id={self.request_id!r}, {state}, "
+                f"chunks_read={self.chunks_read})")
+
+
+def astream(client: "Client", engine: Any, payload: bytes, extra: Dict[str, Any],
+            kwargs: Dict[str, Any], finish: Callable[[Any], Any],
+            parse: Callable[[bytes], Any]) -> AsyncStream:
+    """Start a prepared streaming call on this loop's channel."""
+    lc = _loop_channel(client, engine)
+    raw = lc.channel.stream(payload, as_result=True, **_group_kw(engine), **extra, **kwargs)
+    return AsyncStream(raw, lc, finish, parse)
+
+
+# ---------------------------------------------------------------------------
+# Batches
+
+async def amany(job: Any) -> None:
+    """Run an _EngineBatch on this loop: its BatchRun stepped whenever its
+    descriptor is readable. Cancelling cancels what has not finished."""
+    loop = asyncio.get_running_loop()
+    run = job.engine.batch(*job.args, **job.kwargs)
+    fut: "asyncio.Future[None]" = loop.create_future()
+
+    def step() -> None:
+        if fut.done():
+            return
+        try:
+            if run.step():
+                fut.set_result(None)
+        except Exception as exc:
+            fut.set_exception(exc)
+        except BaseException:
+            fut.cancel()
+            raise
+
+    fd = run.fileno()
+    loop.add_reader(fd, step)
+    try:
+        step()                      # the first submissions
+        await fut
+    finally:
+        if not loop.is_closed():
+            loop.remove_reader(fd)
+        run.close()                 # the totals; cancels what is unfinished
+
+
+async def amap_with_concurrency(items: Sequence[T], limit: int,
+                                worker: Callable[[T, int], Awaitable[R]], *,
+                                return_exceptions: bool = False,
+                                deadline_ms: Optional[int] = None,
+                                failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+                                resume: bool = False,
+                                progress: Union[bool, Callable[[int, int, int], Any]] = False,
+                                adaptive: bool = True,
+                                on_result: Optional[Callable[[int, Any], Any]] = None,
+                                logger: Any = DEFAULT) -> BatchResult:
+    """Await ``worker(item, index)`` for every item, at most ``limit`` at
+    once, on this event loop; results in input order as a
+    :class:`~llmretry.BatchResult`.
+
+    :func:`llmretry.map_with_concurrency` for coroutines: the same batch
+    policy applies to the calls the workers make (``acall_llm``,
+    ``astream_llm``): a 429 naming a wait pauses every new call's start,
+    ``adaptive`` halves the window on a burst of 429s, ``deadline_ms``
+    bounds the whole batch (items not started in time fail with
+    :class:`~llmretry.DeadlineExceededError`); ``failures_path``,
+    ``resume``, ``progress``, ``on_result`` and the summary event to
+    ``logger`` as there. With ``return_exceptions=False`` the first
+    exception stops new items, lets the running ones finish and is raised.
+    Cancelling the awaiting task cancels every worker.
+
+    Example::
+
+        async def summarize(doc: str, i: int) -> str:
+            res = await llmretry.acall_llm(body_for(doc))
+            return res.data["choices"][0]["message"]["content"]
+
+        out = await llmretry.amap_with_concurrency(docs, 16, summarize,
+                                                   return_exceptions=True)
+    """
+    seq, limit, deadline_ms = check_map_args(items, limit, worker, return_exceptions,
+                                             deadline_ms, adaptive)
+    batch = Batch(seq, failures_path=failures_path, resume=resume, progress=progress,
+                  on_result=on_result, logger=logger)
+    try:
+        return await _amap_run(batch, seq, limit, worker, return_exceptions, deadline_ms,
+                               adaptive)
+    except KeyboardInterrupt as exc:
+        raise interrupted(batch, exc) from None
+
+
+async def _amap_run(batch: Batch, seq: List[Any], limit: int, worker: Any,
+                    return_exceptions: bool, deadline_ms: Optional[int],
+                    adaptive: bool) -> BatchResult:
+    first_error: List[BaseException] = []
+    first_not_started: List[LLMError] = []
+    with batch:
+        batch.open()
+        to_run = list(batch.to_run)
+        pool = _APool(limit, deadline_ms, adaptive)
+        acc = batch.acc
+        pending = iter(to_run)
+
+        async def runner() -> None:
+            # This task's context: its calls count for the batch and go
+            # through its group (context variables, copied by each task).
+            _current_pool.set(pool)
+            set_accounting(acc)
+            for i in pending:
+                if first_error:
+                    return
+                left = pool.left_ms()
+                if left is not None and left <= 0:
+                    err = not_started_error(deadline_ms)
+                    batch.item_done(i, err, True, not_started=True)
+                    if not first_not_started:
+                        first_not_started.append(err)
+                    continue
+                try:
+                    value: Any = await worker(seq[i], i)
+                    failed = False
+                except Exception as exc:
+                    value, failed = exc, True
+                    if not return_exceptions and not first_error:
+                        first_error.append(exc)
+                try:
+                    batch.item_done(i, value, failed)
+                except BaseException as exc:    # recording it failed: stop the batch
+                    if not first_error:
+                        first_error.append(exc)
+                    raise
+
+        tasks = [asyncio.ensure_future(runner()) for _ in range(min(limit, len(to_run)))]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if not first_error:
+                raise
+        finally:
+            batch.stats = pool.stats()
+        if first_error:
+            raise first_error[0]
+    result = batch.result()
+    if first_not_started and not return_exceptions:
+        raise first_not_started[0]
+    return result
