@@ -23,8 +23,8 @@ import os
 import threading
 import time
 import weakref
-from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Dict, List,
-                    Optional, Sequence, Tuple, TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Dict, Iterable,
+                    List, Optional, Tuple, TypeVar, Union)
 
 from ._batch import Batch, BatchResult, interrupted, not_started_error, set_accounting
 from ._logging import DEFAULT
@@ -375,7 +375,7 @@ async def amany(job: Any) -> None:
         run.close()                 # the totals; cancels what is unfinished
 
 
-async def amap_with_concurrency(items: Sequence[T], limit: int,
+async def amap_with_concurrency(items: Iterable[T], limit: int,
                                 worker: Callable[[T, int], Awaitable[R]], *,
                                 return_exceptions: bool = False,
                                 deadline_ms: Optional[int] = None,

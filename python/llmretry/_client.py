@@ -169,7 +169,8 @@ def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
         if isinstance(err, StreamInterruptedError) and out.get("body"):
             # What arrived before the stream broke, assembled.
             try:
-                fields = {"usage": None, "response_model": None, "system_fingerprint": None}
+                fields: Dict[str, Any] = {"usage": None, "response_model": None,
+                                          "system_fingerprint": None}
                 fields.update(out)
                 fields["status"] = 200
                 err.partial = Result(_parse_json(out["body"]), _meta_of(fields))
@@ -996,7 +997,8 @@ class Client:
                         await _aio.amany(job)
                     finally:
                         job.finish()
-            return batch.result()
+            result: BatchResult = batch.result()
+            return result
         except KeyboardInterrupt as exc:
             raise _batch.interrupted(batch, exc) from None
 

@@ -14,7 +14,7 @@ place where Python meets the C core. Conventions:
 * I/O failures are *returned* (``ok`` is False), never raised: the Python
   layer turns them into ``LLMError`` subclasses.
 """
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypedDict, Union
+from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, TypedDict, Union
 
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
 EVENT_NAMES: tuple[str, ...]  # event names in the order of their event_mask bits
@@ -104,6 +104,18 @@ class Engine:
         cyclic GC. Other outcomes stay dicts.
         """
 
+    def channel(self) -> "Channel":
+        """One event loop's view of this engine: calls started on it report
+        to its file descriptor and nowhere else."""
+        ...
+    def group(self, limit: int, deadline_ms: Optional[int] = None,
+              adaptive: bool = True) -> "Group":
+        """A batch pacer for Channel.call(..., group=) (its calls report to
+        their channel)."""
+        ...
+    def batch(self, bodies: Sequence[bytes], **options: Any) -> "BatchRun":
+        """call_many's arguments; nothing runs until the first step()."""
+        ...
     def stream(self, body: bytes, **options: Any) -> "Stream":
         """Start a streaming call (Engine.call's keywords, plus
         ``stream_usage`` and ``stream_buffer_bytes``); read it with
@@ -161,7 +173,38 @@ class Stream:
     def outcome(self) -> Any:
         """The finished call's value, as Engine.call returns it."""
         ...
+    def try_chunk(self) -> Union[Tuple[Optional[str], bytes], None, Literal[False]]:
+        """next_chunk without waiting: False while nothing is there. A call
+        that does not stream (Channel.call) only gives None (its end: its
+        events and validation delivered) or False."""
+        ...
     def cancel(self) -> None: ...
+
+class Channel:
+    """An event loop's view of an engine (Engine.channel())."""
+    closed: bool
+    def call(self, body: bytes, *, group: Optional["Group"] = None,
+             **options: Any) -> Stream: ...
+    def stream(self, body: bytes, *, group: Optional["Group"] = None,
+               **options: Any) -> Stream: ...
+    def ready(self) -> list[Stream]:
+        """The calls with news since the last ready()."""
+        ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+class Group:
+    """A batch pacer (Engine.group())."""
+    def stats(self) -> dict[str, int]: ...
+
+class BatchRun:
+    """A batch in progress (Engine.batch()): call_many without the wait."""
+    results: list[Any]
+    def step(self) -> bool:
+        """Submit and collect what can be done now; True once all finished."""
+        ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
 
 def run_pool(items: Sequence[Any], limit: int,
              worker: Callable[[Any, int], Any], return_exceptions: bool = False, *,
