@@ -81,13 +81,14 @@ check:
 # against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
 # minutes; installs what it needs (apt-get, pip); not part of make test.
 # The suite (every client × concurrency), then the focused benchmarks of the
-# core, the Python API, batches and streaming, then the report: BENCHMARKS.md + plots.
+# core, the Python API, batches, streaming and asyncio, then the report: BENCHMARKS.md + plots.
 bench: deps
 	$(PYTHON) bench/suite/run.py
 	bash bench/run_core.sh > bench/results/core.md
 	bash bench/run_python.sh > bench/results/python.md
 	bash bench/run_batch.sh > bench/results/batch.md
 	bash bench/run_stream.sh > bench/results/stream.md
+	bash bench/run_async.sh > bench/results/async.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

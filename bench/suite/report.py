@@ -612,6 +612,11 @@ FOCUSED = [
      "CPU per chunk, delay from the server's write to the iterator, memory per open stream "
      "at 1,000 streams and a slow consumer on a 50 MiB stream, against a local SSE server "
      "(bench/README.md, \"Streaming benchmark\")."),
+    ("async.md", "asyncio: acall_llm and acall_many against AsyncOpenAI, httpx and aiohttp",
+     "bash bench/run_async.sh",
+     "`acall_llm` per item and `acall_many` at 64, 256 and 1,024 in flight against "
+     "`AsyncOpenAI` (httpx2 and aiohttp transports), raw httpx, httpx2 and aiohttp, and "
+     "the sync `call_many` (bench/README.md, \"asyncio benchmark\")."),
 ]
 
 
