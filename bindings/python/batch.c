@@ -33,9 +33,13 @@ typedef struct {
     llmretry_call **calls;          /* by index; NULL when not submitted or freed */
 } batch;
 
+/* Last item first: the items still queued in the group (the later ones) are
+ * cancelled before a running item's cancel frees a slot that the pacer
+ * would give to one of them (the server would see a new request after a
+ * Ctrl-C or a cancelled acall_many). */
 static void batch_cancel_all(batch *b)
 {
-    for (Py_ssize_t i = 0; i < b->n; i++)
+    for (Py_ssize_t i = b->n - 1; i >= 0; i--)
         if (b->calls[i]) {
             llmretry_call_free(b->calls[i]);       /* cancels when unfinished */
             b->calls[i] = NULL;

@@ -853,8 +853,17 @@ def test_call_many_failures_file_has_no_secret(scen: Scenario, tmp_path: Path,
     events = Events()
     auth: Dict[str, Any] = ({"api_key": SECRET_KEY} if key_via == "api_key" else
                             {"headers": {"Authorization": f"Bearer {SECRET_KEY}"}})
-    out = llmretry.call_many(bodies, limit=1, failures_path=path, base_url=scen.url,
-                             logger=events, validate=accept, **auth, **FAULT_OPTS)
+    # A client of its own: fault_script counts on which connection is reused
+    # (a reused one reset before any byte is re-sent for free, taking a
+    # step), and the default client's cache holds whatever earlier tests
+    # left in it (after test_stream, idle connections this test then reused).
+    own = llmretry.Client()
+    try:
+        out = llmretry.call_many(bodies, limit=1, failures_path=path, base_url=scen.url,
+                                 logger=events, validate=accept, client=own, **auth,
+                                 **FAULT_OPTS)
+    finally:
+        own.close()
     recs = scen.requests()
     assert all(r["headers"].get("authorization") == f"Bearer {SECRET_KEY}" for r in recs)
     expected = {i: kind for i, (_, kind) in enumerate(FAULTS)}
