@@ -156,6 +156,29 @@ def main(base_url: str, access_log: str) -> int:
     checks.check("a prompt over n_ctx: a 400, not retried", over_context_plain)
     checks.check("a prompt over n_ctx with stream: true: an empty stream", over_context_streamed)
     checks.check("a stream after the 5 s keep-alive timeout", idle_keepalive)
+
+    def asyncio_calls() -> str:
+        # The asyncio surface against a real model server: a stream read on
+        # the loop, its text equal to the plain call's at temperature 0.
+        import asyncio
+
+        async def run() -> str:
+            mark = log.mark()
+            async with client.astream_llm(body()) as s:
+                texts = [t async for t in s.text_deltas()]
+                res = await s.result()
+            if plain.get("same"):
+                assert "".join(texts) == plain["text"], (texts, plain["text"])
+            assert content(res) == "".join(texts), res.data
+            many = await asyncio.gather(*(client.acall_llm(body()) for _ in range(3)))
+            if plain.get("same"):
+                assert all(content(r) == plain["text"] for r in many)
+            sent = log.since(mark, 4)
+            assert sent == [200] * 4, f"the server received {sent}"
+            return f"astream {len(texts)} deltas, 3 gathered acall_llm, 4 requests"
+        return asyncio.run(run())
+
+    checks.check("astream_llm and acall_llm under asyncio", asyncio_calls)
     client.close()
     return checks.summary("llama.cpp")
 

@@ -224,6 +224,31 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
     check("an upstream error mid-stream is retried as a 500", error_mid_stream)
     check("an upstream 429 before the stream is retried as a 429", rate_limited_before_stream)
     check("an upstream cut mid-stream", cut_upstream)
+
+    def asyncio_streams() -> str:
+        # The asyncio surface (issue 17) through the same proxy: a stream
+        # read chunk by chunk on the loop, and calls gathered at once.
+        import asyncio
+
+        async def run() -> str:
+            mark = log.mark()
+            async with client.astream_llm(body("fake-ok")) as s:
+                texts = [t async for t in s.text_deltas()]
+                res = await s.result()
+            assert "".join(texts) == MOCK_TEXT, repr(texts)
+            assert res.meta.stream and res.meta.usage is not None, res.meta
+            many = await asyncio.gather(*(client.acall_llm(body("fake-ok", f"a{i}"))
+                                          for i in range(8)))
+            assert all(content(r) == MOCK_TEXT for r in many)
+            out = await client.acall_many([body("fake-ok", f"m{i}") for i in range(8)],
+                                          limit=4)
+            assert out.summary.ok == 8, out.summary
+            sent = log.since(mark, 17)
+            assert sent == [200] * 17, f"the proxy received {sent}"
+            return f"astream {len(texts)} deltas; 8 gathered acall_llm; acall_many 8 ok"
+        return asyncio.run(run())
+
+    check("astream_llm, gathered acall_llm and acall_many under asyncio", asyncio_streams)
     client.close()
     upstream.shutdown()
     return checks.summary("litellm streaming")
