@@ -76,6 +76,7 @@ build = {
             "core/src/pacer.c",
             "core/src/policies.c",
             "core/src/policy.c",
+            "core/src/ratelimit.c",
             "core/src/response.c",
             "core/src/sockets.c",
             "core/src/sse.c",

@@ -4,10 +4,12 @@
  *   1. its batch's pacer, for a call in a group (new items only: an item
  *      counts against its batch's window from its first attempt to its
  *      end, so its retries are not paced again);
- *   2. the engine's max_in_flight (retries go before fresh calls);
- *   3. for an HTTPS origin that may multiplex, its connection gate: one
+ *   2. its endpoint's rate budget (ratelimit.c: rpm, tpm, what the
+ *      server's rate-limit headers say, a 429's pause), for every attempt;
+ *   3. the engine's max_in_flight (retries go before fresh calls);
+ *   4. for an HTTPS origin that may multiplex, its connection gate: one
  *      attempt at a time waits for a new connection (origins.c);
- *   4. (next) the endpoint's rate budget, retry budget and circuit breaker.
+ *   (next: the retry budget and circuit breaker, with the rate budget.)
  *
  * A call that cannot start waits in the queue of the stage that holds it,
  * with its deadline as its timer (timers.c), so it fails at its deadline
@@ -64,7 +66,7 @@ static void wait_in(llmretry_engine *e, llmretry_call *c, lr_queue *q, lr_state 
     }
 }
 
-/* ---- stage 2: a slot --------------------------------------------------- */
+/* ---- stage 3: a slot --------------------------------------------------- */
 
 /* A call with a slot: its origin's gate, then the wire. */
 static void admit_origin(llmretry_engine *e, llmretry_call *c, int front)
@@ -81,6 +83,21 @@ static void admit_slot(llmretry_engine *e, llmretry_call *c, int front)
         admit_origin(e, c, front);
     else
         wait_in(e, c, &e->waiting, LR_QUEUED, front);
+}
+
+/* ---- stage 2: the endpoint's rate budget ----------------------------------- */
+
+static void admit_budget(llmretry_engine *e, llmretry_call *c, int front)
+{
+    if (lr_budget_admits(e, c, lr_mono_ms()) == 0)
+        admit_slot(e, c, front);
+    else
+        wait_in(e, c, lr_budget_queue(c), LR_BUDGET, front);
+}
+
+static void admit_slot_next(llmretry_engine *e, llmretry_call *c)
+{
+    admit_slot(e, c, 0);
 }
 
 static void start_queued(llmretry_engine *e)
@@ -132,7 +149,7 @@ static void pump_group(llmretry_engine *e, llmretry_group *g, int64_t now)
         g->queued--;
         g->active++;
         c->group_active = 1;
-        admit_slot(e, c, 0);
+        admit_budget(e, c, 0);
     }
     group_snapshot(e, g);
 }
@@ -161,17 +178,18 @@ void lr_admit_new(llmretry_engine *e, llmretry_call *c)
     if (c->group)
         group_enqueue(e, c);
     else
-        admit_slot(e, c, 0);
+        admit_budget(e, c, 0);
 }
 
 void lr_admit_retry(llmretry_engine *e, llmretry_call *c)
 {
-    admit_slot(e, c, 1);
+    admit_budget(e, c, 1);
 }
 
 void lr_admission_pump(llmretry_engine *e)
 {
     pump_groups(e);
+    lr_budget_pump(e, admit_slot_next);
     lr_origins_pump(e);             /* held calls go before newly admitted ones */
     start_queued(e);
 }
@@ -185,6 +203,9 @@ void lr_admission_leave(llmretry_engine *e, llmretry_call *c)
     case LR_HELD:
         lr_queue_unlink(lr_origin_queue(c), c);
         break;
+    case LR_BUDGET:
+        lr_queue_unlink(lr_budget_queue(c), c);
+        break;
     case LR_GROUP_QUEUED:
         lr_queue_unlink(&c->group->queue, c);
         c->group->queued--;
@@ -193,6 +214,7 @@ void lr_admission_leave(llmretry_engine *e, llmretry_call *c)
     default:
         break;
     }
+    lr_budget_detached(c);          /* admitted by the budget, never sent */
     lr_timer_remove(e, c);
 }
 
@@ -210,6 +232,7 @@ int64_t lr_admission_due_in(const llmretry_engine *e, int64_t now, int64_t cap)
     if (e->waiting.head && e->in_flight < e->max_in_flight)
         return 0;
     int64_t due = lr_origins_due_in(e, now, cap);
+    due = lr_budget_due_in(e, now, due);
     for (const llmretry_group *g = e->groups; g; g = g->next_listed) {
         int64_t t = llmretry_pacer_paused_ms(&g->pacer, now);
         if (t == 0 && g->active < llmretry_pacer_allowed(&g->pacer, now))

@@ -42,6 +42,7 @@ void lr_easy_pool_clear(llmretry_engine *e)
 static void detach_easy(llmretry_engine *e, llmretry_call *c)
 {
     lr_origin_connected(c);         /* a connect that failed frees the gate too */
+    lr_budget_detached(c);          /* no response (cancelled): nothing learned */
     curl_multi_remove_handle(e->multi, c->easy);
     easy_put(e, c->easy);
     c->easy = NULL;
@@ -302,15 +303,21 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     llmretry_decision d = llmretry_decide(&c->o, f, c->attempt, lr_unix_ms(), left,
                                           lr_rng_next01(&e->rng));
     c->last_retry_after_ms = d.retry_after_ms;
-    if (c->group && f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
-        /* The server's wait holds for the whole batch, not just this item;
-         * but a wait the call itself refused as too long pauses nothing
-         * (it could stall the batch for years). */
+    if (f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
+        /* The server's wait holds for the whole batch and every call to the
+         * endpoint, not just this item; but a wait the call itself refused
+         * as too long pauses nothing (it could stall them for years). */
         int64_t wait = d.retry && d.delay_source != LLMRETRY_DELAY_BACKOFF ? d.delay_ms
                                                                           : d.retry_after_ms;
         if (wait > c->o.max_retry_after_ms)
             wait = 0;
-        llmretry_pacer_on_429(&c->group->pacer, now, wait);
+        if (c->group)
+            llmretry_pacer_on_429(&c->group->pacer, now, wait);
+        /* Only a wait the server named pauses the endpoint (a backoff of
+         * ours is this call's own business). */
+        int named = d.retry ? d.delay_source != LLMRETRY_DELAY_BACKOFF : d.retry_after_ms > 0;
+        if (named && wait > 0)
+            lr_budget_pause(e, c, lr_time_add(now, wait));
     }
     if (!d.retry) {
         lr_give_up(e, c, d.reason);
@@ -394,6 +401,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
     }
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
+    lr_budget_attempt_ended(e, c, &out.usage);  /* its headers and usage teach the budget */
     detach_easy(e, c);
     if (!out.success) {
         handle_failure(e, c, &out);

@@ -83,6 +83,20 @@ static int append_header(struct curl_slist **list, const char *name, const char 
     return 0;
 }
 
+/* The endpoint's key for its rate budget (ratelimit.c): a hash of the
+ * Authorization header sent, so the key itself is kept nowhere else. */
+static uint64_t key_hash_of(const struct curl_slist *h)
+{
+    for (; h; h = h->next)
+        if (strncasecmp(h->data, "Authorization:", 14) == 0) {
+            uint64_t x = 1469598103934665603ull;         /* FNV-1a */
+            for (const unsigned char *p = (const unsigned char *)h->data; *p; p++)
+                x = (x ^ *p) * 1099511628211ull;
+            return x;
+        }
+    return 0;
+}
+
 /* Did the caller pass a header of this name? */
 static int caller_sets(const llmretry_call *c, const char *name)
 {
@@ -252,6 +266,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->o.n_headers = opts->n_headers;
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
+    c->est_tokens = c->completion_limit = -1;
 
     int bad_json = 0, no_key = 0, default_url = 0, has_stream_options = 0;
     int oom = 0;
@@ -299,6 +314,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
             from_env = 1;
         }
         oom |= build_headers(c, key, from_env) != 0;
+        c->key_hash = key_hash_of(c->headers);
         /* OpenAI's endpoint without a key can only answer 401 (or, offline,
          * fail to resolve, retried for seconds): say what is missing now. */
         no_key = default_url && !(key && *key) && !caller_sets(c, "Authorization");

@@ -121,6 +121,9 @@ static void fire_timers(llmretry_engine *e)
                         ? "the deadline passed while the call waited for its batch's window"
                     : c->state == LR_HELD
                         ? "the deadline passed while the call waited for a connection to its server"
+                    : c->state == LR_BUDGET
+                        ? "the deadline passed while the call waited for its endpoint's rate "
+                          "budget (rpm, tpm, or the server's rate-limit headers)"
                         : "the deadline passed while the call waited for a free slot (max_in_flight)");
             lr_admission_leave(e, c);
             lr_give_up(e, c, LLMRETRY_REASON_DEADLINE);
@@ -206,6 +209,7 @@ static void *io_main(void *arg)
     lr_publish(e);
     lr_easy_pool_clear(e);
     lr_origins_free(e);
+    lr_endpoints_free(e);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */

@@ -69,6 +69,8 @@ struct llmretry_engine {
     lr_socktab socks;              /* sockets of plain-http connections */
     struct lr_origin **origins;    /* https origins seen (origins.c) */
     size_t n_origins;
+    struct lr_endpoint **endpoints;  /* rate budgets (ratelimit.c) */
+    size_t n_endpoints;
     uint64_t rng;
     llmretry_call *pend_head;      /* calls with news, published once per loop, */
     llmretry_call *pend_tail;      /* in the order they had it */
@@ -119,6 +121,24 @@ void lr_origin_learned(llmretry_call *c, int multiplexed);
 void lr_origins_pump(llmretry_engine *e);
 int64_t lr_origins_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
 void lr_origins_free(llmretry_engine *e);
+
+/* ---- ratelimit.c: the rate budget of each endpoint (URL + API key) ---------- */
+typedef struct lr_endpoint lr_endpoint;
+/* The call's endpoint (made on first use; NULL when out of memory). */
+lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c);
+/* 0 when an attempt of c may start now (its request and tokens are taken),
+ * else the milliseconds to wait: c then waits in lr_budget_queue(c). */
+int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now);
+lr_queue *lr_budget_queue(llmretry_call *c);
+/* Pass the waiting calls the budgets now admit on to `admit`. */
+void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretry_call *));
+int64_t lr_budget_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
+/* An attempt ended with a response (its headers, its usage), or without
+ * one (detached: cancelled); a 429's wait pauses the endpoint. */
+void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_usage *usage);
+void lr_budget_detached(llmretry_call *c);
+void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until);
+void lr_endpoints_free(llmretry_engine *e);
 
 /* ---- attempt.c ------------------------------------------------------------ */
 void lr_attempt_start(llmretry_engine *e, llmretry_call *c);

@@ -37,8 +37,12 @@ llmretry_status lr_options_check_table(const llmretry_options *o, char *err, siz
 /* ---- the per-call record ---------------------------------------------- */
 
 /* Response headers the policy reads, captured without allocating. */
+/* Response headers a call keeps: the policy's (up to LR_H_POLICY_COUNT),
+ * then what the endpoint's rate budget learns from (ratelimit.c). */
 enum { LR_H_RETRY_AFTER, LR_H_RETRY_AFTER_MS, LR_H_SHOULD_RETRY,
-       LR_H_RESET_REQUESTS, LR_H_RESET_TOKENS, LR_H_COUNT };
+       LR_H_RESET_REQUESTS, LR_H_RESET_TOKENS, LR_H_POLICY_COUNT,
+       LR_H_LIMIT_REQUESTS = LR_H_POLICY_COUNT, LR_H_LIMIT_TOKENS,
+       LR_H_REMAINING_REQUESTS, LR_H_REMAINING_TOKENS, LR_H_COUNT };
 #define LR_HVAL 96
 
 typedef struct lr_buf {
@@ -51,6 +55,7 @@ typedef enum lr_state {
     LR_GROUP_QUEUED, /* waiting for its group's pacer */
     LR_QUEUED,       /* waiting for a free in-flight slot */
     LR_HELD,         /* waiting for its origin's connection (origins.c) */
+    LR_BUDGET,       /* waiting for its endpoint's rate budget (ratelimit.c) */
     LR_RUNNING,      /* an attempt is on the wire */
     LR_WAITING,      /* backoff timer */
     LR_VALIDATING,   /* host is validating a 2xx body */
@@ -200,6 +205,11 @@ struct llmretry_call {
     int64_t retry_at;              /* LR_WAITING: when the backoff ends */
     llmretry_call *wait_prev, *wait_next;   /* engine waiting queue */
     struct lr_origin *origin;      /* engine thread: its https origin, or NULL */
+    struct lr_endpoint *endpoint;  /* engine thread: its rate budget (ratelimit.c) */
+    uint64_t key_hash;             /* of its API key: endpoints are base URL + key */
+    int64_t est_tokens;            /* tokens it is charged, -1 = not estimated yet */
+    int64_t completion_limit;      /* the body's max_tokens (or alike), -1 = none */
+    int on_budget;                 /* an attempt counted in endpoint->in_flight */
     int origin_known;              /* origin looked up */
     int connecting;                /* counted in origin->connecting */
     llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */

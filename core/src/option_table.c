@@ -61,6 +61,10 @@ static const llmretry_option_info TABLE[] = {
      * shared by every call made under the policy. */
     { "idempotency_key", LLMRETRY_OPTTYPE_TEXT, NUL | POL | ONE | LLMRETRY_OPTFLAG_POLICY_AUTO,
       OFF(idempotency_key), 0, 0, NULL, NULL, "null" },
+    { "rpm", LLMRETRY_OPTTYPE_INT, POL, OFF(rpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0" },
+    { "tpm", LLMRETRY_OPTTYPE_INT, POL, OFF(tpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0" },
+    { "estimated_tokens", LLMRETRY_OPTTYPE_INT, ONE, OFF(estimated_tokens), 0, INT64_MAX,
+      ">= 0 (0: estimated)", NULL, "0" },
     { "request_id", LLMRETRY_OPTTYPE_TEXT, NUL | ONE, OFF(request_id), 0, 0, NULL, NULL,
       "null" },
     { "headers", LLMRETRY_OPTTYPE_HEADERS, NUL, OFF(headers), 0, 0, NULL, NULL, "null" },

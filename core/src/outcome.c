@@ -168,11 +168,11 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->message = lr_http_error(c, status, &out->error_code);
         out->f.error_code = out->error_code;
     }
-    const char **slots[LR_H_COUNT] = {
+    const char **slots[LR_H_POLICY_COUNT] = {
         &out->f.retry_after, &out->f.retry_after_ms, &out->f.should_retry,
         &out->f.ratelimit_reset_requests, &out->f.ratelimit_reset_tokens,
     };
-    for (int i = 0; i < LR_H_COUNT; i++)
+    for (int i = 0; i < LR_H_POLICY_COUNT; i++)
         *slots[i] = c->hdr_set[i] ? lr_call_header(c, i) : NULL;
 }
 

@@ -90,6 +90,7 @@ static int64_t due_at(llmretry_call *c)
     case LR_GROUP_QUEUED:
     case LR_QUEUED:
     case LR_HELD:
+    case LR_BUDGET:
         return c->deadline_at;
     default:
         return -1;

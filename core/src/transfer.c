@@ -62,6 +62,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 static const char *const captured_names[LR_H_COUNT] = {
     "retry-after", "retry-after-ms", "x-should-retry",
     "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
+    "x-ratelimit-limit-requests", "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens",
 };
 
 const char *lr_call_header(const llmretry_call *c, int i)

@@ -165,7 +165,7 @@ static void test_policy_keys(void)
     static const char *const want[] = {
         "base_url", "model", "timeout_ms", "max_retries", "base_delay_ms", "max_delay_ms",
         "jitter", "deadline_ms", "retry_mode", "retry_statuses", "max_retry_after_ms",
-        "retry_invalid_response", "max_response_bytes", "idempotency_key",
+        "retry_invalid_response", "max_response_bytes", "idempotency_key", "rpm", "tpm",
     };
     for (size_t i = 0; i < N_OF(want); i++)
         CHECK_STR(llmretry_policy_key(i), want[i]);

@@ -105,6 +105,17 @@ typedef struct llmretry_options {
      * bounded by length (its unread chunks are: stream_buffer_bytes). */
     int64_t max_response_bytes;
 
+    /* Client-side rate limits (DESIGN §12), per endpoint (URL + API key),
+     * shared by every call of the engine: at most rpm requests and tpm
+     * tokens a minute, paced evenly (a second's worth at most at once).
+     * 0 = none configured (the server's x-ratelimit-* headers still pace). */
+    int64_t rpm;
+    int64_t tpm;
+    /* The tokens this call is charged against tpm; 0 = the engine's
+     * estimate (prompt characters / 4 plus max_tokens, else 256),
+     * corrected by the response's usage. A host with a tokenizer sets it. */
+    int64_t estimated_tokens;
+
     /* Streaming (DESIGN §10): a call streams when its body says
      * "stream": true; a text/event-stream response is read as SSE whatever
      * the body said. For a streaming request timeout_ms bounds the attempt

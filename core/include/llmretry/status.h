@@ -25,7 +25,7 @@ typedef enum llmretry_status {
 const char *llmretry_status_name(llmretry_status s);
 
 /* Size of the message buffers the API writes argument errors into. */
-#define LLMRETRY_ERRBUF 256
+#define LLMRETRY_ERRBUF 512
 
 /* A fresh UUID v4 (36 characters and a NUL) from the system's CSPRNG: the
  * ids the engine makes, for hosts that need one (an idempotency key). */

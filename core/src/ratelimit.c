@@ -1,0 +1,362 @@
+/* Client-side rate limits (DESIGN §12): one budget per endpoint (its URL
+ * and API key), shared by every call of the engine, that admission asks
+ * before each attempt starts.
+ *
+ * - Configured limits (options rpm, tpm) are token buckets paced evenly:
+ *   a bucket holds at most one second's worth (rpm / 60 requests, tpm / 60
+ *   tokens), because providers enforce a per-minute limit in shorter slices.
+ *   A call whose tokens exceed what the bucket holds goes once the bucket
+ *   is full, leaving it in debt: it is never starved.
+ * - Learned limits: every response's x-ratelimit-limit-* stand in for rpm /
+ *   tpm when none is configured, and x-ratelimit-remaining-* with -reset-*
+ *   hold new attempts once the server says nothing is left, until its reset.
+ * - A 429 naming a wait pauses the endpoint for every call of the engine.
+ * - A call is charged its estimated tokens (prompt characters / 4, plus
+ *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS;
+ *   or the host's estimated_tokens) and the charge is corrected by the
+ *   response's usage the way providers count: the prompt's real tokens plus
+ *   the completion's limit when the body set one, else its real tokens.
+ *
+ * An endpoint with none of these costs one lookup per call. Calls waiting
+ * for budget wait in the endpoint's queue, first come first served, with
+ * their deadline armed (they fail at it). I/O thread only. */
+#include "engine.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* More endpoints than this are not tracked (their calls are not limited). */
+#define MAX_ENDPOINTS 256
+/* A completion's tokens when the body does not bound them. */
+#define DEFAULT_COMPLETION_TOKENS 256
+
+struct lr_endpoint {
+    char *url;
+    uint64_t key_hash;
+    int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
+    int64_t learned_rpm, learned_tpm;  /* x-ratelimit-limit-*, 0 = not seen */
+    double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
+    int64_t refilled_at;               /* -1: the buckets start full */
+    int64_t remaining_req, remaining_tok;   /* -1 = not known */
+    int64_t reset_req_at, reset_tok_at;
+    int64_t paused_until;              /* a 429's named wait */
+    int in_flight;                     /* attempts admitted and not ended */
+    lr_queue queue;                    /* calls waiting for budget */
+};
+
+static int64_t rate_rpm(const lr_endpoint *ep)
+{
+    return ep->rpm > 0 ? ep->rpm : ep->learned_rpm;
+}
+
+static int64_t rate_tpm(const lr_endpoint *ep)
+{
+    return ep->tpm > 0 ? ep->tpm : ep->learned_tpm;
+}
+
+/* Nothing to pace by: no limit configured or learned, no pause, no
+ * "nothing remaining" from the server. */
+static int unlimited(const lr_endpoint *ep, int64_t now)
+{
+    return rate_rpm(ep) == 0 && rate_tpm(ep) == 0 && now >= ep->paused_until &&
+           ep->remaining_req < 0 && ep->remaining_tok < 0;
+}
+
+static double cap_of(int64_t per_minute)
+{
+    double cap = (double)per_minute / 60.0;
+    return cap < 1.0 ? 1.0 : cap;
+}
+
+static void refill(lr_endpoint *ep, int64_t now)
+{
+    int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
+    if (ep->refilled_at < 0) {
+        ep->req_level = cap_of(rpm);
+        ep->tok_level = cap_of(tpm);
+    } else if (now > ep->refilled_at) {
+        double dt = (double)(now - ep->refilled_at);
+        ep->req_level = fmin(cap_of(rpm), ep->req_level + dt * (double)rpm / 60000.0);
+        ep->tok_level = fmin(cap_of(tpm), ep->tok_level + dt * (double)tpm / 60000.0);
+    }
+    ep->refilled_at = now;
+}
+
+/* ---- a call's tokens ------------------------------------------------------- */
+
+static size_t text_chars(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return strlen(v->valuestring);
+    size_t n = 0;
+    if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        /* content parts ({"type": "text", "text": ...}), messages, inputs */
+        const cJSON *item;
+        cJSON_ArrayForEach(item, v) {
+            if (cJSON_IsString(item) && item->string &&
+                strcmp(item->string, "text") != 0 && strcmp(item->string, "content") != 0)
+                continue;           /* "role", "type", "name": not the prompt */
+            n += text_chars(item);
+        }
+    }
+    return n;
+}
+
+static int64_t completion_limit(const cJSON *doc)
+{
+    static const char *const names[] = { "max_completion_tokens", "max_tokens",
+                                         "max_output_tokens" };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, names[i]);
+        if (cJSON_IsNumber(v) && v->valuedouble >= 0)
+            return v->valuedouble > 1e12 ? (int64_t)1e12 : (int64_t)v->valuedouble;
+    }
+    return -1;
+}
+
+/* Prompt characters / 4 and the completion's bound; parsed only for calls
+ * that meet a token limit. */
+static int64_t estimate(llmretry_call *c)
+{
+    if (c->est_tokens >= 0)
+        return c->est_tokens;
+    if (c->o.estimated_tokens > 0)
+        return c->est_tokens = c->o.estimated_tokens;
+    cJSON *doc = cJSON_ParseWithLength(c->body, c->o.body_len);
+    size_t chars = 0;
+    int64_t limit = -1;
+    if (doc) {
+        static const char *const prompt_keys[] = { "messages", "input", "prompt" };
+        for (size_t i = 0; i < sizeof prompt_keys / sizeof prompt_keys[0]; i++)
+            chars += text_chars(cJSON_GetObjectItemCaseSensitive(doc, prompt_keys[i]));
+        limit = completion_limit(doc);
+        cJSON_Delete(doc);
+    } else {
+        chars = c->o.body_len;
+    }
+    c->completion_limit = limit;
+    return c->est_tokens = (int64_t)((chars + 3) / 4) +
+                           (limit >= 0 ? limit : DEFAULT_COMPLETION_TOKENS);
+}
+
+/* ---- endpoints --------------------------------------------------------------- */
+
+lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
+{
+    lr_endpoint *ep = c->endpoint;
+    if (!ep) {
+        for (size_t i = 0; i < e->n_endpoints && !ep; i++) {
+            lr_endpoint *x = e->endpoints[i];
+            if (x->key_hash == c->key_hash && strcmp(x->url, c->url) == 0)
+                ep = x;
+        }
+        if (!ep && e->n_endpoints < MAX_ENDPOINTS) {
+            lr_endpoint **more = realloc(e->endpoints, (e->n_endpoints + 1) * sizeof *more);
+            if (more)
+                e->endpoints = more;
+            ep = more ? calloc(1, sizeof *ep) : NULL;
+            if (ep && !(ep->url = lr_strdup(c->url))) {
+                free(ep);
+                ep = NULL;
+            }
+            if (!ep)
+                return NULL;        /* out of memory: this call is not limited */
+            ep->key_hash = c->key_hash;
+            ep->refilled_at = -1;
+            ep->remaining_req = ep->remaining_tok = -1;
+            e->endpoints[e->n_endpoints++] = ep;
+        }
+        c->endpoint = ep;
+    }
+    /* The latest call's configured limits hold for the endpoint. */
+    if (ep && c->o.rpm > 0 && c->o.rpm != ep->rpm) {
+        ep->rpm = c->o.rpm;
+        ep->req_level = fmin(ep->req_level, cap_of(ep->rpm));
+    }
+    if (ep && c->o.tpm > 0 && c->o.tpm != ep->tpm) {
+        ep->tpm = c->o.tpm;
+        ep->tok_level = fmin(ep->tok_level, cap_of(ep->tpm));
+    }
+    return ep;
+}
+
+/* Milliseconds until the endpoint admits c (0: now). */
+static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
+{
+    if (unlimited(ep, now))
+        return 0;
+    int64_t wait = ep->paused_until > now ? ep->paused_until - now : 0;
+    /* The server said nothing is left until its reset. */
+    if (ep->remaining_req == 0 && ep->reset_req_at > now && ep->reset_req_at - now > wait)
+        wait = ep->reset_req_at - now;
+    refill(ep, now);
+    int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
+    if (rpm > 0 && ep->req_level < 1.0) {
+        int64_t w = (int64_t)ceil((1.0 - ep->req_level) * 60000.0 / (double)rpm);
+        if (w > wait)
+            wait = w;
+    }
+    if (tpm > 0 || ep->remaining_tok >= 0) {
+        double need = (double)estimate(c);
+        if (ep->remaining_tok >= 0 && need > (double)ep->remaining_tok && ep->reset_tok_at > now &&
+            ep->reset_tok_at - now > wait)
+            wait = ep->reset_tok_at - now;
+        if (tpm > 0) {
+            need = fmin(need, cap_of(tpm));         /* the rest is debt */
+            if (ep->tok_level < need) {
+                int64_t w = (int64_t)ceil((need - ep->tok_level) * 60000.0 / (double)tpm);
+                if (w > wait)
+                    wait = w;
+            }
+        }
+    }
+    return wait;
+}
+
+static void take(lr_endpoint *ep, llmretry_call *c)
+{
+    ep->in_flight++;
+    c->on_budget = 1;
+    if (rate_rpm(ep) > 0)
+        ep->req_level -= 1.0;
+    if (ep->remaining_req > 0)
+        ep->remaining_req--;
+    if (rate_tpm(ep) > 0 || ep->remaining_tok >= 0) {
+        int64_t t = estimate(c);
+        if (rate_tpm(ep) > 0)
+            ep->tok_level -= (double)t;
+        if (ep->remaining_tok >= 0)
+            ep->remaining_tok = ep->remaining_tok > t ? ep->remaining_tok - t : 0;
+    }
+}
+
+int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now)
+{
+    lr_endpoint *ep = lr_endpoint_of(e, c);
+    if (!ep)
+        return 0;
+    /* First come, first served: nobody passes a call already waiting. */
+    int64_t wait = ep->queue.head && ep->queue.head != c ? 1 : wait_for(ep, c, now);
+    if (wait == 0)
+        take(ep, c);
+    return wait;
+}
+
+lr_queue *lr_budget_queue(llmretry_call *c)
+{
+    return &c->endpoint->queue;
+}
+
+void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretry_call *))
+{
+    int64_t now = lr_mono_ms();
+    for (size_t i = 0; i < e->n_endpoints; i++) {
+        lr_endpoint *ep = e->endpoints[i];
+        while (ep->queue.head && wait_for(ep, ep->queue.head, now) == 0) {
+            llmretry_call *c = ep->queue.head;
+            lr_queue_unlink(&ep->queue, c);
+            lr_timer_remove(e, c);
+            take(ep, c);
+            admit(e, c);
+        }
+    }
+}
+
+int64_t lr_budget_due_in(const llmretry_engine *e, int64_t now, int64_t cap)
+{
+    int64_t due = cap;
+    for (size_t i = 0; i < e->n_endpoints; i++) {
+        lr_endpoint *ep = e->endpoints[i];
+        if (!ep->queue.head)
+            continue;
+        int64_t w = wait_for(ep, ep->queue.head, now);
+        if (w < due)
+            due = w;
+    }
+    return due;
+}
+
+/* ---- what responses teach ------------------------------------------------------ */
+
+static int64_t header_int(const llmretry_call *c, int h)
+{
+    if (!c->hdr_set[h])
+        return -1;
+    const char *v = lr_call_header(c, h);
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    return end != v && n >= 0 ? (int64_t)n : -1;
+}
+
+void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_usage *usage)
+{
+    lr_endpoint *ep = c->endpoint;
+    if (!ep || !c->on_budget)
+        return;
+    (void)e;
+    c->on_budget = 0;
+    ep->in_flight--;
+    int64_t now = lr_mono_ms();
+    int64_t v;
+    if ((v = header_int(c, LR_H_LIMIT_REQUESTS)) > 0)
+        ep->learned_rpm = v;
+    if ((v = header_int(c, LR_H_LIMIT_TOKENS)) > 0)
+        ep->learned_tpm = v;
+    /* The server's count leaves out our other requests still on their way:
+     * take them off what it says remains. */
+    if ((v = header_int(c, LR_H_REMAINING_REQUESTS)) >= 0) {
+        int64_t reset = c->hdr_set[LR_H_RESET_REQUESTS]
+                      ? llmretry_parse_reset_duration(lr_call_header(c, LR_H_RESET_REQUESTS)) : -1;
+        ep->remaining_req = v > ep->in_flight ? v - ep->in_flight : 0;
+        ep->reset_req_at = reset >= 0 ? lr_time_add(now, reset) : -1;
+        if (ep->reset_req_at < 0)
+            ep->remaining_req = -1;     /* no reset time: nothing to wait for */
+    }
+    if ((v = header_int(c, LR_H_REMAINING_TOKENS)) >= 0) {
+        int64_t reset = c->hdr_set[LR_H_RESET_TOKENS]
+                      ? llmretry_parse_reset_duration(lr_call_header(c, LR_H_RESET_TOKENS)) : -1;
+        ep->remaining_tok = v;
+        ep->reset_tok_at = reset >= 0 ? lr_time_add(now, reset) : -1;
+        if (ep->reset_tok_at < 0)
+            ep->remaining_tok = -1;
+    }
+    /* The charge, as a provider counts it: the prompt's real tokens, plus
+     * the completion's bound when the body set one, else its real tokens. */
+    if (usage && usage->present && c->est_tokens >= 0 && rate_tpm(ep) > 0 &&
+        c->o.estimated_tokens <= 0) {
+        int64_t real = usage->prompt_tokens +
+                       (c->completion_limit >= 0 ? c->completion_limit : usage->completion_tokens);
+        ep->tok_level += (double)(c->est_tokens - real);
+        if (ep->tok_level > cap_of(rate_tpm(ep)))
+            ep->tok_level = cap_of(rate_tpm(ep));
+        c->est_tokens = real;       /* its retries are charged what it really costs */
+    }
+}
+
+void lr_budget_detached(llmretry_call *c)
+{
+    if (c->endpoint && c->on_budget) {
+        c->on_budget = 0;
+        c->endpoint->in_flight--;
+    }
+}
+
+void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until)
+{
+    lr_endpoint *ep = lr_endpoint_of(e, c);
+    if (ep && until > ep->paused_until)
+        ep->paused_until = until;
+}
+
+void lr_endpoints_free(llmretry_engine *e)
+{
+    for (size_t i = 0; i < e->n_endpoints; i++) {
+        free(e->endpoints[i]->url);
+        free(e->endpoints[i]);
+    }
+    free(e->endpoints);
+    e->endpoints = NULL;
+    e->n_endpoints = 0;
+}

@@ -1,0 +1,338 @@
+/* Client-side rate limits (core/src/ratelimit.c, DESIGN §12) against the
+ * mock server: configured rpm and tpm pace attempts evenly, a call larger
+ * than the token bucket is not starved, limits learned from the server's
+ * x-ratelimit-* headers hold new attempts, a 429's named wait pauses the
+ * whole endpoint, a call waiting for budget fails at its deadline, and two
+ * API keys are two endpoints. Times come from the mock's records. */
+#include "harness.h"
+#include "llmretry.h"
+
+#include <cJSON.h>
+#include <stdlib.h>
+
+#define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+#define BODY_400 "{\"model\":\"gpt-test\",\"max_tokens\":400," \
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+#define MAX_CALLS 40
+
+static th_mock mock;
+
+static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
+{
+    llmretry_options_defaults(o);
+    o->base_url = th_mock_scenario_url(&mock, name, url, urllen);
+    o->api_key = "sk-test";
+    o->use_env_api_key = 0;
+    o->body = BODY;
+    o->body_len = strlen(BODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 10;
+    o->timeout_ms = 10000;
+    o->events = 0;
+}
+
+static llmretry_engine *engine_new(void)
+{
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF];
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
+    return e;
+}
+
+static llmretry_call *submit(llmretry_engine *e, const llmretry_options *o)
+{
+    llmretry_call *c = NULL;
+    char err[LLMRETRY_ERRBUF];
+    CHECK_MSG(llmretry_engine_submit(e, o, 0, &c, err, sizeof err) == LLMRETRY_OK, "submit: %s", err);
+    return c;
+}
+
+static const llmretry_result *wait_done(llmretry_call *c, int64_t max_ms)
+{
+    int64_t until = th_now_ms() + max_ms;
+    while (c && th_now_ms() < until) {
+        llmretry_event *ev;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_DONE)
+            return llmretry_call_result(c);
+        if (m == LLMRETRY_MAIL_EVENT)
+            llmretry_event_free(ev);
+        else
+            llmretry_call_wait(c, 50);
+    }
+    return NULL;
+}
+
+/* The arrival times (ms, from the first) of the scenario's requests. */
+static int arrivals(const char *name, double *ms, int max)
+{
+    char *text = th_mock_requests(&mock, name);
+    cJSON *a = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = 0;
+    double t0 = 0;
+    cJSON *rec;
+    cJSON_ArrayForEach(rec, a) {
+        double t = cJSON_GetObjectItem(rec, "time")->valuedouble * 1000.0;
+        if (n == 0)
+            t0 = t;
+        if (n < max)
+            ms[n++] = t - t0;
+    }
+    cJSON_Delete(a);
+    return n;
+}
+
+/* Run n calls at once with these options; 1 when every one succeeded. */
+static int run_all(llmretry_engine *e, const llmretry_options *o, int n)
+{
+    llmretry_call *calls[MAX_CALLS];
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        calls[i] = submit(e, o);
+    for (int i = 0; i < n; i++) {
+        const llmretry_result *r = wait_done(calls[i], 20000);
+        ok &= r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    return ok;
+}
+
+/* rpm = 600: at most 10 at once (a second's worth), then one per 100 ms. */
+static void test_rpm_paces_evenly(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "rpm600", "{\"steps\": []}") != 0)
+        goto out;
+    opts_for(&o, "rpm600", url, sizeof url);
+    o.rpm = 600;
+    CHECK_MSG(run_all(e, &o, 30), "every paced call succeeds");
+    double t[MAX_CALLS];
+    int n = arrivals("rpm600", t, MAX_CALLS);
+    CHECK_INT(n, 30);
+    /* Request k (from 0) may not arrive before (k - 9) * 100 ms. */
+    for (int k = 10; k < n; k++)
+        CHECK_MSG(t[k] >= (k - 9) * 100.0 - 40.0, "request %d at %.0f ms: before %d ms", k, t[k],
+                  (k - 9) * 100);
+    CHECK_MSG(n == 30 && t[29] < 4000, "the last of 30 at %.0f ms (paced: about 2000)",
+              n ? t[n - 1] : -1.0);
+    CHECK_MSG(n == 30 && t[9] < 300, "the first 10 go at once (the 10th at %.0f ms)", t[9]);
+out:
+    llmretry_engine_free(e);
+}
+
+/* tpm = 60000 (1000 a second, the bucket's size), 401 tokens a call
+ * (max_tokens 400 + "hi"): two at once, then call k (from 0) once the
+ * bucket has refilled to (k + 1) * 401 tokens: at (k + 1) * 401 - 1000 ms. */
+static void test_tpm_paces_by_tokens(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "tpm", "{\"steps\": []}") != 0)
+        goto out;
+    opts_for(&o, "tpm", url, sizeof url);
+    o.body = BODY_400;
+    o.body_len = strlen(BODY_400);
+    o.tpm = 60000;
+    CHECK_MSG(run_all(e, &o, 6), "every paced call succeeds");
+    double t[MAX_CALLS];
+    int n = arrivals("tpm", t, MAX_CALLS);
+    CHECK_INT(n, 6);
+    CHECK_MSG(n == 6 && t[1] < 200, "two fit the bucket at once (the 2nd at %.0f ms)", t[1]);
+    for (int k = 2; k < n; k++)
+        CHECK_MSG(t[k] >= (k + 1) * 401.0 - 1000.0 - 60.0, "request %d at %.0f ms: before %d ms",
+                  k, t[k], (k + 1) * 401 - 1000);
+    /* The usage the mock answers with (prompt 12) corrects the charge a
+     * little; the pacing stays about 400 ms a call. */
+    CHECK_MSG(n == 6 && t[5] < 3000, "the 6th at %.0f ms (paced: about 1400)",
+              n ? t[n - 1] : -1.0);
+out:
+    llmretry_engine_free(e);
+}
+
+/* A call larger than the bucket (5,001 tokens against tpm 6000: 100 a
+ * second) goes once the bucket is full, in debt: it is not starved. */
+static void test_big_call_is_not_starved(void)
+{
+    static const char big[] = "{\"model\":\"gpt-test\",\"max_tokens\":5000,"
+                              "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "big", "{\"steps\": []}") != 0)
+        goto out;
+    opts_for(&o, "big", url, sizeof url);
+    o.body = big;
+    o.body_len = strlen(big);
+    o.tpm = 6000;
+    int64_t t0 = th_now_ms();
+    llmretry_call *c = submit(e, &o);
+    const llmretry_result *r = wait_done(c, 5000);
+    CHECK_MSG(r && r->ok, "the big call succeeds");
+    CHECK_MSG(th_now_ms() - t0 < 1000, "at once (%lld ms)", (long long)(th_now_ms() - t0));
+    llmretry_call_free(c);
+out:
+    llmretry_engine_free(e);
+}
+
+/* Nothing configured: the first answer says no request remains until
+ * 800 ms from now; the next call waits for that reset. */
+static void test_learned_remaining_holds_until_reset(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "remaining",
+                             "{\"steps\": [{\"headers\": {\"x-ratelimit-remaining-requests\": \"0\","
+                             " \"x-ratelimit-reset-requests\": \"800ms\"}}]}") != 0)
+        goto out;
+    opts_for(&o, "remaining", url, sizeof url);
+    CHECK_MSG(run_all(e, &o, 1), "the first call");
+    CHECK_MSG(run_all(e, &o, 1), "the second call");
+    double t[4];
+    int n = arrivals("remaining", t, 4);
+    CHECK_MSG(n == 2 && t[1] >= 700, "the second request waited for the reset (%.0f ms)",
+              n == 2 ? t[1] : -1.0);
+out:
+    llmretry_engine_free(e);
+}
+
+/* Nothing configured: x-ratelimit-limit-requests 120 (2 a second) paces
+ * what follows as rpm = 120 would. */
+static void test_learned_limit_paces(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "limit120", "{\"steps\": [], \"after\": {\"headers\":"
+                             " {\"x-ratelimit-limit-requests\": \"120\"}}}") != 0)
+        goto out;
+    opts_for(&o, "limit120", url, sizeof url);
+    CHECK_MSG(run_all(e, &o, 1), "the first call teaches the limit");
+    CHECK_MSG(run_all(e, &o, 5), "then five at once");
+    double t[8];
+    int n = arrivals("limit120", t, 8);
+    CHECK_INT(n, 6);
+    /* The bucket holds 2 (one used by the first call): the last of the
+     * five goes about 2 s after the first. */
+    CHECK_MSG(n == 6 && t[5] - t[1] >= 1300, "five calls took %.0f ms (paced at 2 a second)",
+              n == 6 ? t[5] - t[1] : -1.0);
+out:
+    llmretry_engine_free(e);
+}
+
+/* A 429 with Retry-After: 1 pauses the endpoint: a call submitted after
+ * it waits too, though it never saw the 429. */
+static void test_429_pauses_the_endpoint(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "pause429",
+                             "{\"steps\": [{\"status\": 429, \"retry_after\": \"1\"}]}") != 0)
+        goto out;
+    opts_for(&o, "pause429", url, sizeof url);
+    llmretry_call *a = submit(e, &o);
+    /* Once the 429 has come back, another call to the same endpoint. */
+    int64_t until = th_now_ms() + 3000;
+    double t[4];
+    while (arrivals("pause429", t, 4) < 1 && th_now_ms() < until)
+        llmretry_call_wait(a, 10);
+    llmretry_call_wait(a, 100);
+    llmretry_call *b = submit(e, &o);
+    const llmretry_result *ra = wait_done(a, 5000), *rb = wait_done(b, 5000);
+    CHECK_MSG(ra && ra->ok && ra->attempts == 2, "the 429 call succeeds on its retry");
+    CHECK_MSG(rb && rb->ok && rb->attempts == 1, "the other call succeeds");
+    int n = arrivals("pause429", t, 4);
+    CHECK_INT(n, 3);
+    CHECK_MSG(n == 3 && t[1] >= 900 && t[2] >= 900,
+              "both waited for the named second (%.0f, %.0f ms)", n == 3 ? t[1] : -1.0,
+              n == 3 ? t[2] : -1.0);
+    llmretry_call_free(a);
+    llmretry_call_free(b);
+out:
+    llmretry_engine_free(e);
+}
+
+/* rpm = 60 (one a second): the second call, with a 300 ms deadline, fails
+ * at its deadline while it waits for budget, never sent. */
+static void test_deadline_while_waiting_for_budget(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "rpm60", "{\"steps\": []}") != 0)
+        goto out;
+    opts_for(&o, "rpm60", url, sizeof url);
+    o.rpm = 60;
+    CHECK_MSG(run_all(e, &o, 1), "the first call");
+    o.deadline_ms = 300;
+    int64_t t0 = th_now_ms();
+    llmretry_call *c = submit(e, &o);
+    const llmretry_result *r = wait_done(c, 5000);
+    int64_t took = th_now_ms() - t0;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED && r->attempts == 0,
+              "deadline_exceeded with no attempt (kind %s)",
+              r ? llmretry_error_kind_name(r->kind) : "-");
+    CHECK_MSG(took >= 250 && took < 900, "at its deadline (%lld ms)", (long long)took);
+    CHECK_MSG(r && r->message && strstr(r->message, "rate budget"), "the message says why: %s",
+              r && r->message ? r->message : "(null)");
+    double t[4];
+    CHECK_INT(arrivals("rpm60", t, 4), 1);
+    llmretry_call_free(c);
+out:
+    llmretry_engine_free(e);
+}
+
+/* Endpoints are URL + key: rpm = 60 for two keys lets one call of each
+ * go at once. */
+static void test_keys_are_separate_endpoints(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = engine_new();
+    if (!e || th_mock_script(&mock, "twokeys", "{\"steps\": []}") != 0)
+        goto out;
+    opts_for(&o, "twokeys", url, sizeof url);
+    o.rpm = 60;
+    CHECK_MSG(run_all(e, &o, 1), "key A");
+    o.api_key = "sk-other";
+    int64_t t0 = th_now_ms();
+    CHECK_MSG(run_all(e, &o, 1), "key B");
+    CHECK_MSG(th_now_ms() - t0 < 500, "key B did not wait for key A's budget (%lld ms)",
+              (long long)(th_now_ms() - t0));
+out:
+    llmretry_engine_free(e);
+}
+
+int main(void)
+{
+    if (th_mock_start(&mock) != 0) {
+        CHECK_MSG(0, "mock server did not start");
+        return th_summary("test_ratelimit");
+    }
+    struct { const char *name; void (*fn)(void); } tests[] = {
+        { "rpm_paces_evenly", test_rpm_paces_evenly },
+        { "tpm_paces_by_tokens", test_tpm_paces_by_tokens },
+        { "big_call_not_starved", test_big_call_is_not_starved },
+        { "learned_remaining", test_learned_remaining_holds_until_reset },
+        { "learned_limit", test_learned_limit_paces },
+        { "429_pauses_endpoint", test_429_pauses_the_endpoint },
+        { "deadline_waiting_budget", test_deadline_while_waiting_for_budget },
+        { "keys_separate", test_keys_are_separate_endpoints },
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
+        int before = th_failed;
+        int64_t t0 = th_now_ms();
+        tests[i].fn();
+        fprintf(stderr, "%-28s %s (%lld ms)\n", tests[i].name,
+                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
+    }
+    th_mock_stop(&mock);
+    return th_summary("test_ratelimit");
+}
