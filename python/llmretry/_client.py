@@ -350,7 +350,8 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "base_url", "api_key", "url", "timeout_ms", "max_retries", "base_delay_ms",
     "max_delay_ms", "jitter", "deadline_ms", "retry_mode", "retry_statuses",
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
-    "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "validate", "logger")
+    "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm", "validate",
+    "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
@@ -819,6 +820,8 @@ class Client:
                  idempotency_key: Optional[str] = DEFAULT,
                  ca_file: Optional[str] = DEFAULT,
                  idle_timeout_ms: int = DEFAULT,
+                 rpm: int = DEFAULT,
+                 tpm: int = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
                  policy: Optional[str] = None) -> Result:
@@ -826,7 +829,8 @@ class Client:
         values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
                   max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
-                  headers, request_id, idempotency_key, ca_file, idle_timeout_ms, validate, logger)
+                  headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
+                  validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1187,6 +1191,8 @@ def call_llm(body: Body, *,
              idempotency_key: Optional[str] = DEFAULT,
              ca_file: Optional[str] = DEFAULT,
              idle_timeout_ms: int = DEFAULT,
+             rpm: int = DEFAULT,
+             tpm: int = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None,
@@ -1226,6 +1232,14 @@ def call_llm(body: Body, *,
     * ``idle_timeout_ms=30000``: for a streaming body (``"stream": True``),
       the longest gap between two chunks; ``timeout_ms`` then bounds the
       wait for the first one. The result is the assembled chat.completion.
+    * ``rpm`` and ``tpm`` (0: none): client-side rate limits of the
+      endpoint (``base_url`` + key), shared by every call, batch and loop
+      of the client: at most that many requests and tokens a minute, paced
+      evenly; a call's tokens are estimated from its body (prompt
+      characters / 4 plus ``max_tokens``) and corrected by the usage.
+      Without them the server's ``x-ratelimit-*`` headers pace, and a 429
+      naming a wait pauses every call to the endpoint. A call waiting for
+      budget still fails at its deadline.
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -1251,7 +1265,8 @@ def call_llm(body: Body, *,
     values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
               max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
-              headers, request_id, idempotency_key, ca_file, idle_timeout_ms, validate, logger)
+              headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
+                  validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)

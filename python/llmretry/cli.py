@@ -127,6 +127,12 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", "--key", nargs="?", action=_NoKeyFlag, help=argparse.SUPPRESS)
     p.add_argument("--jitter", type=_jitter, metavar="{additive,full,none}",
                    help="backoff jitter (default additive)")
+    p.add_argument("--rpm", type=_non_negative,
+                   help="at most this many requests a minute to the endpoint, paced evenly "
+                   "(default: none; the server's rate-limit headers still pace)")
+    p.add_argument("--tpm", type=_non_negative,
+                   help="at most this many tokens a minute (estimated from each request, "
+                   "corrected by its usage; default: none)")
     p.add_argument("--policies", metavar="FILE",
                    help="named policies (.toml or .json) for --policy")
     p.add_argument("--policy", metavar="NAME",
@@ -224,7 +230,7 @@ def _client_defaults(args: argparse.Namespace) -> Dict[str, Any]:
     """The call flags given, as call options (they override a policy)."""
     out: Dict[str, Any] = {}
     for name in ("base_url", "timeout_ms", "max_retries", "base_delay_ms",
-                 "max_delay_ms", "jitter"):
+                 "max_delay_ms", "jitter", "rpm", "tpm"):
         value = getattr(args, name, None)
         if value is not None:
             out[name] = value

@@ -1,0 +1,173 @@
+"""Client-side rate limits (issue 18): rpm/tpm paced by the engine, one
+budget per endpoint shared by every call, batch, pool and loop of a client;
+times come from the mock's records of when each request arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, List
+
+import pytest
+
+import llmretry
+from conftest import FAST, SECRET_KEY, child_env
+
+BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def arrivals(scen: Any) -> List[float]:
+    """Each request's arrival, in ms after the first."""
+    times = [r["time"] for r in scen.requests()]
+    return [(t - times[0]) * 1000 for t in times]
+
+
+def assert_paced(t: List[float], per_second: int, burst: int) -> None:
+    """Request k (from 0) came no earlier than the bucket allows: `burst`
+    at once, then one each 1000 / per_second ms (40 ms of slack)."""
+    gap = 1000 / per_second
+    for k in range(burst, len(t)):
+        assert t[k] >= (k - burst + 1) * gap - 40, (k, t[k], t)
+
+
+def test_rpm_paces_a_batch(scen: Any) -> None:
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, rpm=600, **FAST)
+    try:
+        out = client.call_many([BODY] * 25, limit=25, base_url=scen.url)
+    finally:
+        client.close()
+    assert out.summary.ok == 25
+    t = arrivals(scen)
+    assert len(t) == 25
+    assert t[9] < 300                       # a second's worth at once
+    assert_paced(t, 10, 10)
+    assert t[-1] < 4000
+
+
+def test_one_budget_for_batches_threads_and_loops(scen: Any) -> None:
+    """Two batches in two threads, a thread pool and an event loop on one
+    client: 40 requests in all, paced together at 10 a second."""
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, rpm=600, base_url=scen.url,
+                             **FAST)
+    errors: List[BaseException] = []
+
+    def batch() -> None:
+        try:
+            assert client.call_many([BODY] * 10, limit=10).summary.ok == 10
+        except BaseException as exc:   # reported below
+            errors.append(exc)
+
+    def pool() -> None:
+        try:
+            out = llmretry.map_with_concurrency(
+                range(10), 5, lambda i, k: client.call_llm(BODY).meta.status)
+            assert list(out) == [200] * 10
+        except BaseException as exc:
+            errors.append(exc)
+
+    def loop() -> None:
+        async def main() -> None:
+            rs = await asyncio.gather(*(client.acall_llm(BODY) for _ in range(10)))
+            assert all(r.meta.status == 200 for r in rs)
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f) for f in (batch, batch, pool, loop)]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+    finally:
+        client.close()
+    assert not errors, errors
+    t = arrivals(scen)
+    assert len(t) == 40
+    assert_paced(t, 10, 10)
+
+
+def test_tpm_paces_by_estimated_tokens(scen: Any) -> None:
+    body = dict(BODY, max_tokens=400)       # 401 tokens each against 1000 a second
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, tpm=60000, **FAST)
+    try:
+        out = client.call_many([body] * 5, limit=5, base_url=scen.url)
+    finally:
+        client.close()
+    assert out.summary.ok == 5
+    t = arrivals(scen)
+    # Two fit the bucket; call k then waits for (k + 1) * 401 tokens.
+    assert t[1] < 200
+    for k in range(2, 5):
+        assert t[k] >= (k + 1) * 401 - 1000 - 60, (k, t)
+
+
+def test_a_call_waiting_for_budget_fails_at_its_deadline(scen: Any) -> None:
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, rpm=60, base_url=scen.url,
+                             **FAST)
+    try:
+        client.call_llm(BODY)
+        with pytest.raises(llmretry.DeadlineExceededError) as ei:
+            client.call_llm(BODY, deadline_ms=300)
+    finally:
+        client.close()
+    assert ei.value.attempts == 0 and "rate budget" in str(ei.value)
+    assert len(scen.requests()) == 1
+
+
+def test_a_429_in_a_batch_pauses_a_plain_call(scen: Any) -> None:
+    """The named wait holds for every call to the endpoint."""
+    scen.script([{"status": 429, "retry_after": "1"}])
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=scen.url, **FAST)
+    got: List[Any] = []
+    try:
+        th = threading.Thread(target=lambda: got.append(client.call_many([BODY], limit=1)))
+        th.start()
+        while not scen.requests():
+            time.sleep(0.01)
+        time.sleep(0.1)
+        res = client.call_llm(BODY)
+        th.join(10)
+    finally:
+        client.close()
+    assert res.meta.attempts == 1 and got[0].summary.ok == 1
+    t = arrivals(scen)
+    assert len(t) == 3 and min(t[1:]) >= 900, t
+
+
+def test_rate_options_are_checked_and_named() -> None:
+    with pytest.raises(ValueError, match=r"rpm must be >= 0 \(0: none\) \(got -1\)"):
+        llmretry.call_llm(BODY, base_url="http://127.0.0.1:9/v1", api_key="k", rpm=-1)
+    with pytest.raises(TypeError, match="tpm"):
+        llmretry.Client(tpm="100")  # type: ignore[arg-type]
+
+
+def test_a_policy_sets_rpm(scen: Any, tmp_path: Any) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"paced": {"rpm": 300}}))
+    client = llmretry.Client.from_file(path, api_key=SECRET_KEY, logger=None, **FAST)
+    try:
+        assert client.policies["paced"]
+        out = client.call_many([BODY] * 8, limit=8, base_url=scen.url, policy="paced")
+    finally:
+        client.close()
+    assert out.summary.ok == 8
+    assert_paced(arrivals(scen), 5, 5)
+
+
+def test_cli_rpm(scen: Any, tmp_path: Any) -> None:
+    req = tmp_path / "in.jsonl"
+    req.write_text("".join(json.dumps(BODY) + "\n" for _ in range(8)))
+    env = child_env()
+    env["OPENAI_API_KEY"] = SECRET_KEY
+    proc = subprocess.run([sys.executable, "-m", "llmretry", "batch", str(req), "-o",
+                           str(tmp_path / "out.jsonl"), "--limit", "8", "--rpm", "240",
+                           "--base-url", scen.url], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert_paced(arrivals(scen), 4, 4)
