@@ -23,8 +23,8 @@ Command line (this is how the C and Lua suites start it)::
 
 prints the port alone on the first line of stdout (flushed), then serves until
 SIGTERM or SIGINT and exits with status 0. ``--scenarios`` loads
-``{name: {"steps": [...], "after": step}}`` before serving. Nothing else is
-written to stdout; requests are not logged.
+``{name: {"steps": [...], "after": step, "limits": {...}}}`` before serving.
+Nothing else is written to stdout; requests are not logged.
 
 The server is an ``http.server.ThreadingHTTPServer`` speaking HTTP/1.1 with
 keep-alive (one daemon thread per connection). ``Expect: 100-continue`` is
@@ -49,12 +49,14 @@ the record of a request the server is still stalling.
 
 Control API (JSON in and out)
 -----------------------------
-``PUT /_mock/scenarios/<name>`` with ``{"steps": [step, ...], "after": step?}``
-    -> 204. Replaces the script, resets its cursor and clears its records.
-    A missing ``steps`` means ``[]``; a missing or null ``after`` means the
-    plain success. A malformed script (not JSON, a step that is not an object,
-    an unknown ``fault``, a field of the wrong type) -> 400 JSON error, and the
-    previous script is kept.
+``PUT /_mock/scenarios/<name>`` with ``{"steps": [step, ...], "after": step?,
+    "limits": {...}?}`` -> 204. Replaces the script, resets its cursor and
+    clears its records (and its rate-limit windows and totals). A missing
+    ``steps`` means ``[]``; a missing or null ``after`` means the plain
+    success; a missing or null ``limits`` means no rate limits (see "Rate
+    limits"). A malformed script (not JSON, a step that is not an object, an
+    unknown ``fault``, a field of the wrong type, bad ``limits``) -> 400 JSON
+    error, and the previous script is kept.
 ``GET /_mock/requests/<name>``
     -> 200, a JSON array of records in arrival order::
 
@@ -65,16 +67,23 @@ Control API (JSON in and out)
 
     ``index`` is the 0-based ordinal of the request among those the scenario
     received since it was last scripted (so it equals ``step`` while steps
-    remain); ``DELETE`` clears records but does not reset it. ``time`` is taken
-    when the request has been fully read. ``path`` is the request target as
+    remain and no request was refused by limits); ``DELETE`` clears records
+    but does not reset it. ``time`` is taken when the request has been fully
+    read. ``path`` is the request target as
     sent (query included). A header sent more than once is joined with
     ``", "``. ``body`` is the body decoded as UTF-8 (invalid bytes replaced).
     ``connection`` is the server-assigned id of the TCP connection (1-based,
     in accept order), so keep-alive reuse is visible. ``step`` is the index of
     the step used, -1 for ``after``. The record of a streamed response also
     has ``"events_sent": int`` and ``"client_gone": bool``, updated as the
-    stream goes (see ``stream``).
+    stream goes (see ``stream``). The records of a scenario with limits also
+    have ``"rate_limited"`` and ``"tokens_charged"``, and a refused request's
+    ``step`` is null (see "Rate limits").
 ``DELETE /_mock/requests/<name>`` -> 204 (clears the records).
+``GET /_mock/limits/<name>`` -> ``{"admitted": n, "refused": n, "tokens": n}``,
+    the totals of a scenario with limits since it was scripted (``tokens``:
+    tokens charged to admitted requests); 404 JSON error for a scenario
+    without limits.
 ``GET /_mock/connections`` -> ``{"accepted": N}``, TCP connections accepted
     since start.
 ``GET /_mock/health`` -> ``{"ok": true}``.
@@ -169,6 +178,76 @@ Step fields (all optional; unknown fields are ignored)
     with its JSON error. The fields and the records' ``events_sent`` and
     ``client_gone`` are described in ``llmretry._mock_sse``.
 
+Rate limits
+-----------
+A script's ``limits`` (all fields optional; unknown fields are an error)::
+
+    {"rpm": N, "tpm": M, "window_ms": 60000, "retry_after": true,
+     "rate_headers": true}
+
+make the scenario enforce provider-like limits: ``rpm`` requests and ``tpm``
+tokens per sliding window of ``window_ms`` ms (integers >= 1; absent or null:
+that dimension is not limited; ``window_ms`` any number > 0). ``{}`` limits
+nothing but still counts (records, totals).
+
+* Charge. A request costs ``ceil(C / 4) + B`` tokens, computed when it is
+  admitted, as OpenAI estimates: ``C`` is the number of characters (code
+  points) of every message's ``content`` string (for a content list, its
+  strings and its parts' ``text`` strings) plus the body's ``input`` and
+  ``prompt`` (same rules); ``B`` is the body's ``max_completion_tokens``, else
+  its ``max_tokens`` (integers >= 0), else the ``completion_tokens`` of the
+  ``usage`` of the step the request would get (default 3). A body that is not
+  a JSON object costs just that usage's completion tokens.
+* Admission. The window holds the requests admitted in the last
+  ``window_ms`` (one admitted at ``t`` counts while ``now < t + window``). A
+  request is admitted when (requests in the window) < ``rpm`` and (tokens in
+  the window) + its cost <= ``tpm``; it is then charged and consumes its step
+  as usual. Otherwise it is refused at once (no step consumed, no delay,
+  nothing charged, JSON even for ``"stream": true``) with 429 and
+  ``{"error": {"message": "Rate limit reached for <type> ...", "type":
+  <type>, "code": "rate_limit_exceeded"}}``, ``<type>`` ``"requests"`` when
+  the request limit is hit, else ``"tokens"``. A request costing more than
+  ``tpm`` is always refused. Admission is decided and charged under the
+  server's lock, so concurrent requests never overshoot. Streamed steps are
+  limited the same way (charged at admission, like any other).
+* Headers (``rate_headers``, default true), on every response of the
+  scenario, admitted or refused (before the step's shortcuts and
+  ``headers``, which may override them), for each limited dimension only,
+  describing the window just after the decision (an admitted request
+  included)::
+
+      x-ratelimit-limit-requests      rpm
+      x-ratelimit-remaining-requests  rpm - requests in the window
+      x-ratelimit-reset-requests      time until one more request fits the
+                                      request limit: 0s while remaining > 0,
+                                      else until the oldest request leaves
+      x-ratelimit-limit-tokens        tpm
+      x-ratelimit-remaining-tokens    tpm - tokens in the window (>= 0)
+      x-ratelimit-reset-tokens        time until every token in the window
+                                      has left (remaining == tpm again):
+                                      until the newest charged request
+                                      leaves; 0s when none is charged
+
+  Times are rounded up to the millisecond and written as OpenAI does (Go's
+  duration format): ``0s``, ``250ms``, ``1s``, ``1.5s``, ``6m0s``,
+  ``1m30.5s``, ``1h0m0s``. They are taken at admission, before the step's
+  ``delay_ms``. Faults that send no response (``reset``, ``close``,
+  ``no_headers``) send no headers either.
+* ``Retry-After``. A 429 also has ``Retry-After`` (integer seconds, rounded
+  up, at least 1) and ``retry-after-ms`` (integer ms, rounded up, at least 1)
+  when ``retry_after`` is true (the default): the wait until this same
+  request would be admitted if nothing else arrived (the later of the
+  request wait and the wait until enough tokens leave the window; for a
+  request larger than ``tpm``, which never fits, ``window_ms``).
+  ``retry_after: false``
+  sends neither (as LiteLLM's router does), only the rate headers.
+* Records get ``"rate_limited": bool`` and ``"tokens_charged": int`` (the
+  request's cost; for a refused request the cost it was refused for, which
+  was not charged); a refused request's record has ``"step": null`` and an
+  ``index`` of its own (``index`` counts every request received, ``step``
+  only admitted ones). ``DELETE /_mock/requests/<name>`` does not reset the
+  windows or totals; a new script does.
+
 Stalls, delays and trickles wait on an event that ``stop()`` sets, and
 ``stop()`` also shuts down the sockets of open connections, so it returns
 promptly (well under a second) even while threads are stalled.
@@ -179,8 +258,10 @@ Python API
 ``.stop()``, context manager (starts on enter, stops on exit); ``.port``,
 ``.base_url`` (``"http://127.0.0.1:PORT/v1"``), ``.scenario_url(name)`` (the
 scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
-``.script(name, steps, after=None)`` (validated like the PUT),
-``.load_scenarios({name: {"steps": ..., "after": ...}})``,
+``.script(name, steps, after=None, limits=None)`` (validated like the PUT),
+``.load_scenarios({name: {"steps": ..., "after": ..., "limits": ...}})``,
+``.limit_stats(name)`` (the ``/_mock/limits`` totals; ``KeyError`` without
+limits),
 ``.requests(name)`` (a copy of the records), ``.clear(name)``,
 ``.connections_accepted``. A stopped server cannot be restarted.
 """
@@ -192,6 +273,7 @@ import copy
 import email.utils
 import http
 import json
+import math
 import os
 import signal
 import socket
@@ -200,10 +282,11 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Set, Tuple, Type)
+from typing import (Any, Callable, Deque, Dict, List, Mapping, Optional,
+                    Sequence, Set, Tuple, Type)
 from urllib.parse import quote, unquote, urlsplit
 
 from . import _mock_sse
@@ -302,6 +385,113 @@ def _check_script(steps: Any, after: Any) -> Tuple[List[Step], Optional[Step]]:
     if after is not None:
         after = _check_step(after, "after")
     return copy.deepcopy(checked), copy.deepcopy(after)
+
+
+LIMIT_KEYS = frozenset({"rpm", "tpm", "window_ms", "retry_after",
+                        "rate_headers"})
+DEFAULT_WINDOW_MS = 60000
+DEFAULT_COMPLETION_TOKENS = DEFAULT_USAGE["completion_tokens"]
+
+
+def _check_limits(limits: Any) -> Optional[Dict[str, Any]]:
+    """Validate a script's ``limits``; return it with defaults filled in.
+
+    Unknown keys are errors (unlike a step's): a misspelt ``rmp`` would
+    otherwise silently leave the scenario unlimited.
+    """
+    if limits is None:
+        return None
+    if not isinstance(limits, dict):
+        raise ScriptError("limits must be an object")
+    unknown = sorted(set(limits) - LIMIT_KEYS)
+    if unknown:
+        raise ScriptError(f"limits: unknown field(s) {unknown} "
+                          f"(known: {sorted(LIMIT_KEYS)})")
+    for key in ("rpm", "tpm"):
+        value = limits.get(key)
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, int) or value < 1):
+            raise ScriptError(f"limits: {key} must be an integer >= 1 or null")
+    window = limits.get("window_ms", DEFAULT_WINDOW_MS)
+    if not _is_number(window) or not 0 < window < float("inf"):
+        raise ScriptError("limits: window_ms must be a number > 0")
+    for key in ("retry_after", "rate_headers"):
+        if key in limits and not isinstance(limits[key], bool):
+            raise ScriptError(f"limits: {key} must be a boolean")
+    return {"rpm": limits.get("rpm"), "tpm": limits.get("tpm"),
+            "window_ms": window,
+            "retry_after": limits.get("retry_after", True),
+            "rate_headers": limits.get("rate_headers", True)}
+
+
+def _text_length(value: Any) -> int:
+    """Characters of a content/input/prompt value: a string, or a list of
+    strings and content parts (``{"type": "text", "text": ...}``)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        total = 0
+        for item in value:
+            if isinstance(item, str):
+                total += len(item)
+            elif isinstance(item, dict) and isinstance(item.get("text"), str):
+                total += len(item["text"])
+        return total
+    return 0
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) \
+        and value >= 0
+
+
+def _token_charge(request: Any, step: Step) -> int:
+    """Tokens a request is charged at admission (OpenAI's estimate).
+
+    ceil(prompt characters / 4) plus the completion budget: the body's
+    ``max_completion_tokens`` or ``max_tokens``, else the completion_tokens
+    of the usage the step would answer with.
+    """
+    chars = 0
+    budget: Optional[int] = None
+    if isinstance(request, dict):
+        messages = request.get("messages")
+        if isinstance(messages, list):
+            for message in messages:
+                if isinstance(message, dict):
+                    chars += _text_length(message.get("content"))
+        chars += _text_length(request.get("input"))
+        chars += _text_length(request.get("prompt"))
+        for key in ("max_completion_tokens", "max_tokens"):
+            if _is_count(request.get(key)):
+                budget = request[key]
+                break
+    if budget is None:
+        usage = step.get("usage")
+        budget = DEFAULT_COMPLETION_TOKENS
+        if isinstance(usage, dict) \
+                and _is_count(usage.get("completion_tokens")):
+            budget = usage["completion_tokens"]
+    return (chars + 3) // 4 + budget
+
+
+def _duration(seconds: float) -> str:
+    """A wait in OpenAI's (Go's time.Duration) format, rounded up to a
+    millisecond: "0s", "250ms", "1s", "1.5s", "6m0s", "1m30.5s", "1h0m0s"."""
+    ms = math.ceil(seconds * 1000) if seconds > 0 else 0
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3600000)
+    minutes, rest = divmod(rest, 60000)
+    secs, frac = divmod(rest, 1000)
+    text = str(secs) + (f".{frac:03d}".rstrip("0") if frac else "") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    if minutes:
+        return f"{minutes}m{text}"
+    return text
 
 
 def _header_text(value: Any) -> str:
@@ -404,17 +594,154 @@ def _huge_parts(step: Step, n: int,
 # Scenario state
 # --------------------------------------------------------------------------
 
-class _Scenario:
-    """A script, its cursor and its records (guarded by the state's lock)."""
+class _Limiter:
+    """A scenario's rate limits: sliding windows of admitted requests.
 
-    __slots__ = ("steps", "after", "count", "records")
+    Guarded by the state's lock. ``admit`` decides and charges at once, so
+    concurrent requests cannot both take the last slot.
+    """
+
+    def __init__(self, config: Dict[str, Any]) -> None:
+        self.rpm: Optional[int] = config["rpm"]
+        self.tpm: Optional[int] = config["tpm"]
+        self.window: float = float(config["window_ms"]) / 1000.0
+        self.retry_after: bool = config["retry_after"]
+        self.rate_headers: bool = config["rate_headers"]
+        # (monotonic admission time, tokens charged), oldest first.
+        self.entries: Deque[Tuple[float, int]] = deque()
+        self.window_tokens = 0
+        self.admitted = 0
+        self.refused = 0
+        self.tokens = 0
+
+    def _prune(self, now: float) -> None:
+        # An entry admitted at t counts while now < t + window.
+        while self.entries and self.entries[0][0] + self.window <= now:
+            self.window_tokens -= self.entries.popleft()[1]
+
+    def _request_wait(self, now: float, extra: int) -> float:
+        """Seconds until ``extra`` more requests fit (0: they fit now)."""
+        if self.rpm is None:
+            return 0.0
+        over = len(self.entries) + extra - self.rpm
+        if over <= 0:
+            return 0.0
+        if over > len(self.entries):   # cannot happen for extra <= rpm
+            return self.window
+        return self.entries[over - 1][0] + self.window - now
+
+    def _token_wait(self, now: float, cost: int) -> float:
+        """Seconds until ``cost`` more tokens fit (0: they fit now); for a
+        cost above tpm (it never fits), a whole window."""
+        if self.tpm is None or self.window_tokens + cost <= self.tpm:
+            return 0.0
+        if cost > self.tpm:
+            return self.window
+        left = self.window_tokens
+        for at, tokens in self.entries:      # oldest leave first
+            left -= tokens
+            if left + cost <= self.tpm:
+                return at + self.window - now
+        return self.window                   # not reached: all leave
+
+    def _tokens_reset(self, now: float) -> float:
+        """Seconds until every token charged in the window has expired."""
+        for at, tokens in reversed(self.entries):
+            if tokens:
+                return at + self.window - now
+        return 0.0
+
+    def headers(self, now: float) -> List[Tuple[str, str]]:
+        """The x-ratelimit-* headers for the window as it is now."""
+        if not self.rate_headers:
+            return []
+        out: List[Tuple[str, str]] = []
+        if self.rpm is not None:
+            out += [("x-ratelimit-limit-requests", str(self.rpm)),
+                    ("x-ratelimit-remaining-requests",
+                     str(max(0, self.rpm - len(self.entries)))),
+                    ("x-ratelimit-reset-requests",
+                     _duration(self._request_wait(now, 1)))]
+        if self.tpm is not None:
+            out += [("x-ratelimit-limit-tokens", str(self.tpm)),
+                    ("x-ratelimit-remaining-tokens",
+                     str(max(0, self.tpm - self.window_tokens))),
+                    ("x-ratelimit-reset-tokens",
+                     _duration(self._tokens_reset(now)))]
+        return out
+
+    def admit(self, cost: int, name: str
+              ) -> Tuple[List[Tuple[str, str]], Optional[bytes]]:
+        """Admit (and charge) or refuse one request costing ``cost`` tokens.
+
+        Returns (headers, None) when admitted, else (headers, 429 body).
+        """
+        now = time.monotonic()
+        self._prune(now)
+        request_wait = self._request_wait(now, 1)
+        token_wait = self._token_wait(now, cost)
+        if request_wait <= 0 and token_wait <= 0:
+            self.entries.append((now, cost))
+            self.window_tokens += cost
+            self.admitted += 1
+            self.tokens += cost
+            return self.headers(now), None
+        self.refused += 1
+        wait = max(request_wait, token_wait)
+        if request_wait > 0:
+            kind, limit, used, asked = "requests", self.rpm, \
+                len(self.entries), 1
+        else:
+            kind, limit, used, asked = "tokens", self.tpm, \
+                self.window_tokens, cost
+        message = (f"Rate limit reached for {kind} in scenario {name!r}: "
+                   f"Limit {limit}, Used {used}, Requested {asked}. ")
+        if kind == "tokens" and cost > (self.tpm or 0):
+            message += "The request is larger than the limit and never fits."
+        else:
+            message += f"Please try again in {_duration(wait)}."
+        body = json.dumps({"error": {"message": message, "type": kind,
+                                     "code": "rate_limit_exceeded"}})
+        headers = self.headers(now)
+        if self.retry_after:
+            headers += [("Retry-After", str(max(1, math.ceil(wait)))),
+                        ("retry-after-ms",
+                         str(max(1, math.ceil(wait * 1000))))]
+        return headers, body.encode("utf-8")
+
+    def stats(self) -> Dict[str, int]:
+        return {"admitted": self.admitted, "refused": self.refused,
+                "tokens": self.tokens}
+
+
+class _Scenario:
+    """A script, its cursor, its records and its limiter (guarded by the
+    state's lock)."""
+
+    __slots__ = ("steps", "after", "count", "received", "records", "limiter")
 
     def __init__(self, steps: Optional[List[Step]] = None,
-                 after: Optional[Step] = None) -> None:
+                 after: Optional[Step] = None,
+                 limits: Optional[Dict[str, Any]] = None) -> None:
         self.steps: List[Step] = steps or []
         self.after: Optional[Step] = after
-        self.count = 0
+        self.count = 0        # steps consumed (the cursor)
+        self.received = 0     # requests received, refused ones included
         self.records: List[Record] = []
+        self.limiter = _Limiter(limits) if limits is not None else None
+
+
+class _Admission:
+    """What ``_State.consume`` decided for one chat request."""
+
+    __slots__ = ("step", "n", "headers", "refusal")
+
+    def __init__(self, step: Step, n: int, headers: List[Tuple[str, str]],
+                 refusal: Optional[bytes]) -> None:
+        self.step = step            # the step to run ({} when refused)
+        self.n = n                  # server-wide chat ordinal
+        self.headers = headers      # x-ratelimit-* (and Retry-After) headers
+        self.refusal = refusal      # the 429 body, None when admitted
 
 
 class _State:
@@ -426,33 +753,58 @@ class _State:
         self.chat_count = 0
         self.accepted = 0
 
-    def script(self, name: str, steps: Any, after: Any) -> None:
+    def script(self, name: str, steps: Any, after: Any,
+               limits: Any = None) -> None:
         checked, checked_after = _check_script(steps, after)
+        checked_limits = _check_limits(limits)
         with self.lock:
-            self.scenarios[name] = _Scenario(checked, checked_after)
+            self.scenarios[name] = _Scenario(checked, checked_after,
+                                             checked_limits)
 
     def consume(self, name: str, record: Record,
-                fields: Callable[[Step], Record]) -> Tuple[Step, int]:
-        """Record a request and return (step, ordinal n) for it.
+                fields: Callable[[Step], Record],
+                request: Any = None) -> _Admission:
+        """Record a request, admit or refuse it, and say what to answer.
 
-        ``fields(step)`` gives more fields for the record of that step.
+        ``fields(step)`` gives more fields for the record of that step;
+        ``request`` is the parsed body (for the token charge). A refused
+        request consumes no step.
         """
         with self.lock:
             scenario = self.scenarios.get(name)
             if scenario is None:
                 scenario = self.scenarios[name] = _Scenario()
             index = scenario.count
-            scenario.count += 1
             if index < len(scenario.steps):
                 step, step_index = scenario.steps[index], index
             else:
                 step, step_index = scenario.after or {}, -1
-            record["index"] = index
-            record["step"] = step_index
-            record.update(fields(step))
+            headers: List[Tuple[str, str]] = []
+            refusal: Optional[bytes] = None
+            if scenario.limiter is not None:
+                cost = _token_charge(request, step)
+                headers, refusal = scenario.limiter.admit(cost, name)
+                record["rate_limited"] = refusal is not None
+                record["tokens_charged"] = cost
+            record["index"] = scenario.received
+            scenario.received += 1
+            if refusal is None:
+                scenario.count += 1
+                record["step"] = step_index
+                record.update(fields(step))
+            else:
+                step, record["step"] = {}, None
             scenario.records.append(record)
             self.chat_count += 1
-            return step, self.chat_count
+            return _Admission(step, self.chat_count, headers, refusal)
+
+    def limit_stats(self, name: str) -> Optional[Dict[str, int]]:
+        """A limited scenario's totals, None for one without limits."""
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            if scenario is None or scenario.limiter is None:
+                return None
+            return scenario.limiter.stats()
 
     def update(self, record: Record, **fields: Any) -> None:
         """Change fields of a (recorded) record under the lock."""
@@ -764,7 +1116,8 @@ class _Handler(BaseHTTPRequestHandler):
                     doc = json.loads(body.decode("utf-8") or "{}")
                     if not isinstance(doc, dict):
                         raise ScriptError("the script must be a JSON object")
-                    state.script(name, doc.get("steps"), doc.get("after"))
+                    state.script(name, doc.get("steps"), doc.get("after"),
+                                 doc.get("limits"))
                 except (ValueError, UnicodeDecodeError) as exc:
                     self._send_error_json(400, f"bad script: {exc}")
                     return
@@ -779,6 +1132,17 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "DELETE":
                 state.clear(name)
                 self._send(204, None)
+                return
+        elif path.startswith("/_mock/limits/") and len(path) > 14:
+            allowed = ("GET",)
+            if method == "GET":
+                name = unquote(path[len("/_mock/limits/"):])
+                stats = state.limit_stats(name)
+                if stats is None:
+                    self._send_error_json(
+                        404, f"scenario {name!r} has no limits")
+                else:
+                    self._send_json(200, stats)
                 return
         elif path == "/_mock/connections":
             allowed = ("GET",)
@@ -829,7 +1193,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return {}
             return {"events_sent": 0, "client_gone": False}
 
-        step, n = self.server.state.consume(name, record, stream_fields)
+        admission = self.server.state.consume(name, record, stream_fields,
+                                              doc)
+        if admission.refusal is not None:
+            # Refused at once, like a provider: no step, no delay, no stream.
+            self._send(429, admission.refusal, admission.headers)
+            return
+        step, n = admission.step, admission.n
 
         self._wait(step.get("delay_ms", 0) / 1000.0)
         fault = step.get("fault")
@@ -845,7 +1215,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
 
         status = step.get("status", 200)
-        extra = _step_headers(step)
+        # The step's own headers come last, so a step may override (or
+        # garble) a rate-limit header.
+        extra = _merge_headers(admission.headers, _step_headers(step))
         stream = _mock_sse.stream_options(step, doc)
         if stream is not None:
             self._send_stream(step, stream, status, extra, n, request_model,
@@ -1014,21 +1386,35 @@ class MockServer:
     # -- scripting and records ------------------------------------------
 
     def script(self, name: str, steps: Sequence[Step],
-               after: Optional[Step] = None) -> None:
-        """Replace scenario ``name``'s script, reset its cursor and records.
+               after: Optional[Step] = None,
+               limits: Optional[Mapping[str, Any]] = None) -> None:
+        """Replace scenario ``name``'s script, reset its cursor and records
+        (and, with ``limits``, enforce rate limits: see the module doc).
 
         Raises ``ValueError`` (``ScriptError``) for a malformed script.
         """
-        self._state.script(name, list(steps), after)
+        self._state.script(name, list(steps), after,
+                           dict(limits) if isinstance(limits, Mapping)
+                           else limits)
+
+    def limit_stats(self, name: str) -> Dict[str, int]:
+        """``{"admitted": n, "refused": n, "tokens": n}`` of a scenario
+        scripted with limits; ``KeyError`` for one without."""
+        stats = self._state.limit_stats(name)
+        if stats is None:
+            raise KeyError(f"scenario {name!r} has no limits")
+        return stats
 
     def load_scenarios(self, scenarios: Mapping[str, Any]) -> None:
-        """Script scenarios: ``{name: {"steps": [...], "after": step}}``."""
+        """Script scenarios: ``{name: {"steps": [...], "after": step,
+        "limits": {...}}}``."""
         if not isinstance(scenarios, Mapping):
             raise ScriptError("scenarios must be an object of name -> script")
         for name, doc in scenarios.items():
             if not isinstance(doc, Mapping):
                 raise ScriptError(f"scenario {name!r}: must be an object")
-            self._state.script(str(name), doc.get("steps"), doc.get("after"))
+            self._state.script(str(name), doc.get("steps"), doc.get("after"),
+                               doc.get("limits"))
 
     def requests(self, name: str) -> List[Record]:
         """A copy of scenario ``name``'s records, in arrival order."""
@@ -1058,7 +1444,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--scenarios", metavar="FILE.json",
                         help='scripts to load: {name: {"steps": [...], '
-                             '"after": step}}')
+                             '"after": step, "limits": {...}}}')
     args = parser.parse_args(argv)
 
     server = MockServer(args.host, args.port)
