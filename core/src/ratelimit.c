@@ -2,11 +2,14 @@
  * and API key), shared by every call of the engine, that admission asks
  * before each attempt starts.
  *
- * - Configured limits (options rpm, tpm) are token buckets paced evenly:
- *   a bucket holds at most one second's worth (rpm / 60 requests, tpm / 60
- *   tokens), because providers enforce a per-minute limit in shorter slices.
- *   A call whose tokens exceed what the bucket holds goes once the bucket
- *   is full, leaving it in debt: it is never starved.
+ * - Configured limits (options rpm, tpm) are buckets paced evenly, that
+ *   hold one request's worth: a request each 60000 / rpm ms, and a call of
+ *   T tokens T * 60000 / tpm ms after the tokens before it. Providers
+ *   enforce a per-minute limit in shorter slices (a 600/min limit may
+ *   refuse the 11th request of a second); a bucket of one second's worth
+ *   (DESIGN §12) would send two seconds' worth in the first second and
+ *   have those refused, where even spacing stays under any slice. So no
+ *   call is starved either: it waits for its own tokens, never more.
  * - Learned limits: every response's x-ratelimit-limit-* stand in for rpm /
  *   tpm when none is configured, and x-ratelimit-remaining-* with -reset-*
  *   hold new attempts once the server says nothing is left, until its reset.
@@ -38,6 +41,7 @@ struct lr_endpoint {
     int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
     int64_t learned_rpm, learned_tpm;  /* x-ratelimit-limit-*, 0 = not seen */
     double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
+    double tok_cap;                    /* the token bucket's size: its next call's */
     int64_t refilled_at;               /* -1: the buckets start full */
     int64_t remaining_req, remaining_tok;   /* -1 = not known */
     int64_t reset_req_at, reset_tok_at;
@@ -64,22 +68,19 @@ static int unlimited(const lr_endpoint *ep, int64_t now)
            ep->remaining_req < 0 && ep->remaining_tok < 0;
 }
 
-static double cap_of(int64_t per_minute)
-{
-    double cap = (double)per_minute / 60.0;
-    return cap < 1.0 ? 1.0 : cap;
-}
-
-static void refill(lr_endpoint *ep, int64_t now)
+/* Refill both buckets up to now; the token bucket holds `tok_cap` (the
+ * tokens of the call that is next), the request bucket one request. */
+static void refill(lr_endpoint *ep, int64_t now, double tok_cap)
 {
     int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
+    ep->tok_cap = tok_cap < 1.0 ? 1.0 : tok_cap;
     if (ep->refilled_at < 0) {
-        ep->req_level = cap_of(rpm);
-        ep->tok_level = cap_of(tpm);
+        ep->req_level = 1.0;
+        ep->tok_level = ep->tok_cap;
     } else if (now > ep->refilled_at) {
         double dt = (double)(now - ep->refilled_at);
-        ep->req_level = fmin(cap_of(rpm), ep->req_level + dt * (double)rpm / 60000.0);
-        ep->tok_level = fmin(cap_of(tpm), ep->tok_level + dt * (double)tpm / 60000.0);
+        ep->req_level = fmin(1.0, ep->req_level + dt * (double)rpm / 60000.0);
+        ep->tok_level = fmin(ep->tok_cap, ep->tok_level + dt * (double)tpm / 60000.0);
     }
     ep->refilled_at = now;
 }
@@ -171,14 +172,10 @@ lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
         c->endpoint = ep;
     }
     /* The latest call's configured limits hold for the endpoint. */
-    if (ep && c->o.rpm > 0 && c->o.rpm != ep->rpm) {
+    if (ep && c->o.rpm > 0)
         ep->rpm = c->o.rpm;
-        ep->req_level = fmin(ep->req_level, cap_of(ep->rpm));
-    }
-    if (ep && c->o.tpm > 0 && c->o.tpm != ep->tpm) {
+    if (ep && c->o.tpm > 0)
         ep->tpm = c->o.tpm;
-        ep->tok_level = fmin(ep->tok_level, cap_of(ep->tpm));
-    }
     return ep;
 }
 
@@ -191,26 +188,21 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     /* The server said nothing is left until its reset. */
     if (ep->remaining_req == 0 && ep->reset_req_at > now && ep->reset_req_at - now > wait)
         wait = ep->reset_req_at - now;
-    refill(ep, now);
     int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
+    double need = tpm > 0 || ep->remaining_tok >= 0 ? (double)estimate(c) : 0.0;
+    refill(ep, now, need);
     if (rpm > 0 && ep->req_level < 1.0) {
         int64_t w = (int64_t)ceil((1.0 - ep->req_level) * 60000.0 / (double)rpm);
         if (w > wait)
             wait = w;
     }
-    if (tpm > 0 || ep->remaining_tok >= 0) {
-        double need = (double)estimate(c);
-        if (ep->remaining_tok >= 0 && need > (double)ep->remaining_tok && ep->reset_tok_at > now &&
-            ep->reset_tok_at - now > wait)
-            wait = ep->reset_tok_at - now;
-        if (tpm > 0) {
-            need = fmin(need, cap_of(tpm));         /* the rest is debt */
-            if (ep->tok_level < need) {
-                int64_t w = (int64_t)ceil((need - ep->tok_level) * 60000.0 / (double)tpm);
-                if (w > wait)
-                    wait = w;
-            }
-        }
+    if (ep->remaining_tok >= 0 && need > (double)ep->remaining_tok && ep->reset_tok_at > now &&
+        ep->reset_tok_at - now > wait)
+        wait = ep->reset_tok_at - now;
+    if (tpm > 0 && ep->tok_level < need) {
+        int64_t w = (int64_t)ceil((need - ep->tok_level) * 60000.0 / (double)tpm);
+        if (w > wait)
+            wait = w;
     }
     return wait;
 }
@@ -328,9 +320,7 @@ void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretr
         c->o.estimated_tokens <= 0) {
         int64_t real = usage->prompt_tokens +
                        (c->completion_limit >= 0 ? c->completion_limit : usage->completion_tokens);
-        ep->tok_level += (double)(c->est_tokens - real);
-        if (ep->tok_level > cap_of(rate_tpm(ep)))
-            ep->tok_level = cap_of(rate_tpm(ep));
+        ep->tok_level = fmin(ep->tok_cap, ep->tok_level + (double)(c->est_tokens - real));
         c->est_tokens = real;       /* its retries are charged what it really costs */
     }
 }

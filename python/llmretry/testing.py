@@ -216,12 +216,14 @@ nothing but still counts (records, totals).
   describing the window just after the decision (an admitted request
   included)::
 
-      x-ratelimit-limit-requests      rpm
+      x-ratelimit-limit-requests      rpm per minute: rpm x 60000 / window_ms
+                                      (a provider's per-minute limit that it
+                                      enforces in window_ms slices)
       x-ratelimit-remaining-requests  rpm - requests in the window
       x-ratelimit-reset-requests      time until one more request fits the
                                       request limit: 0s while remaining > 0,
                                       else until the oldest request leaves
-      x-ratelimit-limit-tokens        tpm
+      x-ratelimit-limit-tokens        tpm per minute, likewise
       x-ratelimit-remaining-tokens    tpm - tokens in the window (>= 0)
       x-ratelimit-reset-tokens        time until every token in the window
                                       has left (remaining == tpm again):
@@ -651,19 +653,25 @@ class _Limiter:
                 return at + self.window - now
         return 0.0
 
+    def _per_minute(self, per_window: int) -> int:
+        """A limit as the headers state it: per minute, as OpenAI's (a limit
+        of 10 per 1 s window is a 600-a-minute limit enforced per second,
+        the way providers slice theirs)."""
+        return max(1, round(per_window * 60.0 / self.window))
+
     def headers(self, now: float) -> List[Tuple[str, str]]:
         """The x-ratelimit-* headers for the window as it is now."""
         if not self.rate_headers:
             return []
         out: List[Tuple[str, str]] = []
         if self.rpm is not None:
-            out += [("x-ratelimit-limit-requests", str(self.rpm)),
+            out += [("x-ratelimit-limit-requests", str(self._per_minute(self.rpm))),
                     ("x-ratelimit-remaining-requests",
                      str(max(0, self.rpm - len(self.entries)))),
                     ("x-ratelimit-reset-requests",
                      _duration(self._request_wait(now, 1)))]
         if self.tpm is not None:
-            out += [("x-ratelimit-limit-tokens", str(self.tpm)),
+            out += [("x-ratelimit-limit-tokens", str(self._per_minute(self.tpm))),
                     ("x-ratelimit-remaining-tokens",
                      str(max(0, self.tpm - self.window_tokens))),
                     ("x-ratelimit-reset-tokens",

@@ -82,7 +82,8 @@ def test_rpm_refusal_headers_and_retry_after(mock: MockServer) -> None:
     status, h1, _ = chat(mock, "r")
     assert status == 200
     # No tpm: no -tokens headers.
-    assert rate(h1) == {"x-ratelimit-limit-requests": "2",
+    # The limit is stated per minute: 2 per 1 s window is 120 a minute.
+    assert rate(h1) == {"x-ratelimit-limit-requests": "120",
                         "x-ratelimit-remaining-requests": "1",
                         "x-ratelimit-reset-requests": "0s"}
     assert "retry-after" not in h1
@@ -99,7 +100,7 @@ def test_rpm_refusal_headers_and_retry_after(mock: MockServer) -> None:
     assert body["error"]["code"] == "rate_limit_exceeded"
     assert body["error"]["message"].startswith(
         "Rate limit reached for requests")
-    assert h3["x-ratelimit-limit-requests"] == "2"
+    assert h3["x-ratelimit-limit-requests"] == "120"
     assert h3["x-ratelimit-remaining-requests"] == "0"
     wait = int(h3["retry-after-ms"])
     assert 500 <= wait <= 1000
@@ -177,8 +178,8 @@ def test_remaining_counts_decrease(mock: MockServer) -> None:
     for content in ("a" * 8, "b" * 40, "c" * 1):
         status, headers, _ = chat(mock, "count", content)
         assert status == 200
-        assert headers["x-ratelimit-limit-requests"] == "5"
-        assert headers["x-ratelimit-limit-tokens"] == "1000"
+        assert headers["x-ratelimit-limit-requests"] == "60"        # 5 per 5 s
+        assert headers["x-ratelimit-limit-tokens"] == "12000"
         seen.append((headers["x-ratelimit-remaining-requests"],
                      headers["x-ratelimit-remaining-tokens"]))
         # Tokens are in the window: back to the limit ~5 s after the last.
