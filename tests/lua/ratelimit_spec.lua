@@ -1,0 +1,78 @@
+-- Client-side rate limits seen from Lua (issue 18): the engine's budget
+-- per endpoint paces call_many's items and map_with_concurrency's calls
+-- alike, under a provider's limit the mock enforces (10 a second, as
+-- 600 a minute counted per second).
+
+local H = require("helpers")
+local llm = require("llmretry")
+local json = require("dkjson")
+local check = H.check
+
+describe("rate limits", function()
+  local mock
+
+  setup(function() mock = H.start_mock() end)
+  teardown(function() if mock then mock:stop() end end)
+
+  local function limited(hint, limits)
+    local scen = mock:scen(hint)
+    local doc = H.obj({ steps = setmetatable({}, { __jsontype = "array" }),
+                        limits = H.obj(limits) })
+    local code, text = mock:http("PUT", "/_mock/scenarios/" .. scen.name, json.encode(doc))
+    check(code == 204, "PUT limits: HTTP %s %s", tostring(code), text)
+    return scen
+  end
+
+  local function refused(scen)
+    local n = 0
+    for _, r in ipairs(scen.requests()) do
+      if r.rate_limited then n = n + 1 end
+    end
+    return n
+  end
+
+  local function arrivals(scen)
+    local recs, t = scen.requests(), {}
+    for i, r in ipairs(recs) do t[i] = (r.time - recs[1].time) * 1000 end
+    return t
+  end
+
+  it("paces call_many at rpm, under the provider's limit", function()
+    local scen = limited("lua_rpm", { rpm = 10, window_ms = 1000 })
+    local bodies = {}
+    for i = 1, 25 do bodies[i] = H.secret_body("r" .. i) end
+    local outs = llm.call_many(bodies, { limit = 16, base_url = scen.url,
+      api_key = H.SECRET_KEY, rpm = 600, timeout_ms = 5000, base_delay_ms = 20,
+      jitter = "none" })
+    for i = 1, 25 do
+      check(outs[i] and not llm.is_error(outs[i]), "item %d: %s", i, H.dump(outs[i]))
+    end
+    check(refused(scen) <= 1, "%d refusals", refused(scen))
+    local t = arrivals(scen)
+    for k = 2, #t do
+      check(t[k] >= (k - 1) * 100 - 40, "request %d at %.0f ms", k, t[k])
+    end
+  end)
+
+  it("shares one budget between map_with_concurrency's calls", function()
+    local scen = limited("lua_pool", { rpm = 5, window_ms = 1000 })
+    local items = {}
+    for i = 1, 10 do items[i] = i end
+    local results, errors = llm.map_with_concurrency(items, 5, function(_, i)
+      local res, err = llm.call_llm({ body = H.secret_body("p" .. i), base_url = scen.url,
+        api_key = H.SECRET_KEY, rpm = 300, timeout_ms = 5000, base_delay_ms = 20,
+        jitter = "none" })
+      check(res, "call %d: %s", i, tostring(err))
+      return res and res.meta.attempts
+    end)
+    check(next(errors) == nil, "errors %s", H.dump(errors))
+    check(results.n == 10, "results.n %s", tostring(results.n))
+    check(refused(scen) <= 1, "%d refusals", refused(scen))
+  end)
+
+  it("refuses a bad rpm, naming it", function()
+    local ok, err = pcall(llm.call_llm, { body = H.secret_body("x"), base_url = "http://127.0.0.1:9/v1",
+      api_key = "k", rpm = -1 })
+    check(not ok and tostring(err):find("rpm must be >= 0", 1, true), "error: %s", tostring(err))
+  end)
+end)
