@@ -30,6 +30,7 @@ from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to
                         load_policies, new_idempotency_key)
 from ._pool import map_with_concurrency as _map_with_concurrency
 from ._stream import Stream
+from ._tokens import estimate_tokens
 from .errors import LLMError, StreamInterruptedError, error_from_outcome
 
 __all__ = ["Client", "Result", "Meta", "call_llm", "call_llm_with_deadline",
@@ -784,6 +785,11 @@ class Client:
             # A dict that streams: ask for its usage (the core adds
             # stream_options unless the body sets them) and assemble.
             extra["stream_usage"] = True
+        if plan.kwargs.get("tpm"):
+            # Under a token budget, tiktoken's count when the host has it.
+            tokens = estimate_tokens(body)
+            if tokens:
+                extra["estimated_tokens"] = tokens
         return engine, payload, extra, validator
 
     def _plan_of(self, body: Any, policy: Optional[str], options: Dict[str, Any],

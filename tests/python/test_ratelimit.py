@@ -235,3 +235,40 @@ def test_tpm_stays_under_a_token_limit(scen: Any) -> None:
         client.close()
     assert out.summary.ok == 15
     assert refused(scen) <= 1, refused(scen)
+
+
+def test_tiktoken_counts_when_the_host_has_it(scen: Any, monkeypatch: Any) -> None:
+    """With tiktoken importable, its count is the call's charge: here a fake
+    encoding of one token per character (4 times the core's estimate) paces
+    100-character prompts at 100 ms a call under 1000 tokens a second."""
+    import types
+    from llmretry import _tokens
+
+    fake = types.ModuleType("tiktoken")
+    fake.get_encoding = lambda name: types.SimpleNamespace(  # type: ignore[attr-defined]
+        encode=lambda text: [0] * len(text))
+    monkeypatch.setitem(sys.modules, "tiktoken", fake)
+    monkeypatch.setattr(_tokens, "_tried", False)
+    monkeypatch.setattr(_tokens, "_encode", None)
+    body = {"model": "gpt-test", "max_tokens": 0,
+            "messages": [{"role": "user", "content": "x" * 100}]}
+    assert _tokens.estimate_tokens(body) == 100
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, tpm=60000, base_url=scen.url,
+                             **FAST)
+    try:
+        for _ in range(6):
+            client.call_llm(body)
+    finally:
+        client.close()
+    # The core alone would charge 25 (100 characters / 4), then what the
+    # usage says (12): 12 ms apart.
+    assert_paced(arrivals(scen), 10)
+
+
+def test_without_tiktoken_the_core_estimates(monkeypatch: Any) -> None:
+    from llmretry import _tokens
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)     # import fails
+    monkeypatch.setattr(_tokens, "_tried", False)
+    monkeypatch.setattr(_tokens, "_encode", None)
+    assert _tokens.estimate_tokens({"messages": [{"content": "hi"}]}) == 0
