@@ -6,6 +6,7 @@ only for the core's own estimate."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -24,7 +25,9 @@ def _encoder() -> Optional[Callable[[str], List[int]]]:
     with _lock:
         if not _tried:
             try:
-                import tiktoken
+                # Imported by name: an optional dependency, unknown to the
+                # type checker where it is not installed.
+                tiktoken = importlib.import_module("tiktoken")
                 _encode = tiktoken.get_encoding("o200k_base").encode
             except Exception:       # not installed, no encoding files, offline
                 _encode = None
