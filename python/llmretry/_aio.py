@@ -30,7 +30,7 @@ from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Dict
 from ._batch import Batch, BatchResult, interrupted, not_started_error, set_accounting
 from ._logging import DEFAULT
 from ._pool import check_map_args
-from ._stream import content_deltas
+from ._stream import StreamBase, content_deltas
 from .errors import LLMError
 
 if TYPE_CHECKING:
@@ -341,7 +341,7 @@ async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, 
 # ---------------------------------------------------------------------------
 # Streams
 
-class AsyncStream:
+class AsyncStream(StreamBase):
     """One streaming call on the event loop (see :func:`llmretry.astream_llm`).
 
     ``async with`` it; ``async for chunk in s`` yields each chunk as it
@@ -357,35 +357,19 @@ class AsyncStream:
         chunks_read: how many chunks you have read so far.
     """
 
-    __slots__ = ("_raw", "_lc", "_finish", "_parse", "_outcome", "_error", "_waiter",
-                 "chunks_read", "_closed")
+    __slots__ = ("_lc", "_waiter")
 
     def __init__(self, raw: Any, lc: _LoopChannel, finish: Callable[[Any], Any],
                  parse: Callable[[bytes], Any]) -> None:
-        self._raw = raw
+        super().__init__(raw, finish, parse)
         self._lc = lc
-        self._finish = finish
-        self._parse = parse
-        self._outcome: Any = None
-        self._error: Optional[LLMError] = None
         self._waiter: Optional["asyncio.Future[None]"] = None
-        self.chunks_read = 0
-        self._closed = False
         lc.waiting[raw] = self._on_news
 
     def _on_news(self) -> None:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
-
-    @property
-    def request_id(self) -> str:
-        return str(self._raw.request_id)
-
-    @property
-    def done(self) -> bool:
-        """True once the call has ended (successfully or not)."""
-        return bool(self._raw.done)
 
     async def __aenter__(self) -> "AsyncStream":
         return self
@@ -437,13 +421,9 @@ class AsyncStream:
             item = await self._next()
             if item is None:
                 break
-            self.chunks_read += 1
-            event, data = item
-            try:
-                chunk = self._parse(data)
-            except ValueError:      # deep nesting Python's decoder refuses: skipped
-                continue
-            yield event or "message", chunk
+            got = self._chunk(item)
+            if got is not None:
+                yield got
         self._end()
 
     async def text_deltas(self) -> AsyncIterator[str]:
@@ -471,22 +451,6 @@ class AsyncStream:
             self._raw.cancel()
             while await self._next() is not None:
                 pass                # chunks after the cancel: dropped
-
-    def _end(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._outcome is not None:
-            return
-        try:
-            self._outcome = self._finish(self._raw.outcome())
-        except LLMError as exc:
-            self._error = exc
-            raise
-
-    def __repr__(self) -> str:
-        state = "done" if self._raw.done else "running"
-        return (f"AsyncStream(request_id={self.request_id!r}, {state}, "
-                f"chunks_read={self.chunks_read})")
 
 
 def astream(client: "Client", engine: Any, payload: bytes, extra: Dict[str, Any],

@@ -23,7 +23,7 @@ from .errors import LLMError, error_from_outcome
 if TYPE_CHECKING:
     from ._client import Result
 
-__all__ = ["Stream", "content_deltas"]
+__all__ = ["Stream", "StreamBase", "content_deltas"]
 
 
 def content_deltas(chunk: Any) -> Iterator[str]:
@@ -38,13 +38,10 @@ def content_deltas(chunk: Any) -> Iterator[str]:
             yield content
 
 
-class Stream:
-    """One streaming call (see :func:`llmretry.stream_llm`).
-
-    Attributes:
-        request_id: the call's request id (sent as ``X-Client-Request-Id``).
-        chunks_read: how many chunks you have read so far.
-    """
+class StreamBase:
+    """What a stream is whether read by a thread (:class:`Stream`) or on
+    an event loop (:class:`~llmretry.AsyncStream`): its raw call, its
+    parse of each chunk, its end."""
 
     __slots__ = ("_raw", "_finish", "_parse", "_outcome", "_error", "chunks_read",
                  "_closed")
@@ -68,6 +65,45 @@ class Stream:
         """True once the call has ended (successfully or not)."""
         return bool(self._raw.done)
 
+    def _chunk(self, item: Tuple[Optional[str], bytes]) -> Optional[Tuple[str, Any]]:
+        """A raw chunk as (event name, parsed JSON), counted; None to skip:
+        the core judged it a UTF-8 JSON object, but Python's decoder may
+        still give up on deep nesting (that chunk is skipped, not raised)."""
+        self.chunks_read += 1
+        event, data = item
+        try:
+            return event or "message", self._parse(data)
+        except ValueError:
+            return None
+
+    def _end(self) -> None:
+        """At the end of the chunks: the Result, or raise the call's error."""
+        if self._error is not None:
+            raise self._error
+        if self._outcome is not None:
+            return
+        try:
+            self._outcome = self._finish(self._raw.outcome())
+        except LLMError as exc:
+            self._error = exc
+            raise
+
+    def __repr__(self) -> str:
+        state = "done" if self._raw.done else "running"
+        return (f"{type(self).__name__}(request_id={self.request_id!r}, {state}, "
+                f"chunks_read={self.chunks_read})")
+
+
+class Stream(StreamBase):
+    """One streaming call (see :func:`llmretry.stream_llm`).
+
+    Attributes:
+        request_id: the call's request id (sent as ``X-Client-Request-Id``).
+        chunks_read: how many chunks you have read so far.
+    """
+
+    __slots__ = ()
+
     def __enter__(self) -> "Stream":
         return self
 
@@ -90,15 +126,9 @@ class Stream:
             item = raw.next_chunk()
             if item is None:
                 break
-            self.chunks_read += 1
-            event, data = item
-            # The core judged it a UTF-8 JSON object; Python's decoder may
-            # still give up on deep nesting: that chunk is skipped, not raised.
-            try:
-                chunk = self._parse(data)
-            except ValueError:
-                continue
-            yield event or "message", chunk
+            got = self._chunk(item)
+            if got is not None:
+                yield got
         self._end()
 
     def text_deltas(self) -> Iterator[str]:
@@ -125,19 +155,3 @@ class Stream:
             self._raw.cancel()
             while self._raw.next_chunk() is not None:
                 pass            # chunks after the cancel: dropped
-
-    def _end(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._outcome is not None:
-            return
-        try:
-            self._outcome = self._finish(self._raw.outcome())
-        except LLMError as exc:
-            self._error = exc
-            raise
-
-    def __repr__(self) -> str:
-        state = "done" if self._raw.done else "running"
-        return (f"Stream(request_id={self.request_id!r}, {state}, "
-                f"chunks_read={self.chunks_read})")
