@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List
+from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(os.path.dirname(HERE), "python")
@@ -47,7 +47,7 @@ def write_input(path: str, n: int) -> None:
         fh.write("".join(block))
 
 
-def child_env() -> dict:
+def child_env() -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = PYTHON_DIR + (os.pathsep + env["PYTHONPATH"]
                                       if env.get("PYTHONPATH") else "")

@@ -25,7 +25,8 @@ log() { printf '%s\n' "$*" >&2; }
 bench_nginx_install
 log "== building the extension (make build-python)"
 make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null 2>&1 || {
-  log "make build-python failed:"; make --no-print-directory build-python PYTHON="$PYTHON" >&2; exit 1; }
+  log "make build-python failed:"
+  make --no-print-directory build-python PYTHON="$PYTHON" >&2; exit 1; }
 bench_nginx_start "$PORT"     # sets TMP (removed on exit)
 BASE="http://127.0.0.1:$PORT/v1"
 

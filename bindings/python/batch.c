@@ -544,8 +544,9 @@ static int batch_run_step(BatchRunObject *r)
             slot_release(b, s);
             if (!d)
                 return -1;
+            /* The caller's list may hold None (SetItem drops it). */
             if (r->results != Py_None)
-                PyList_SetItem(r->results, i, Py_NewRef(d));   /* the caller's list may hold None */
+                PyList_SetItem(r->results, i, Py_NewRef(d));
             if (r->on_result != Py_None) {
                 PyObject *cr = PyObject_CallFunction(r->on_result, "nO", i, d);
                 if (!cr) {

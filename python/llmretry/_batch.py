@@ -86,7 +86,8 @@ __all__ = ["SKIPPED", "BatchSummary", "BatchResult", "Batch", "ProgressBar",
            "read_failures", "read_done", "done_path_for", "current_accounting",
            "not_started_error"]
 
-ProgressCallback = Callable[[int, int, int], Any]
+# (done, total, failed); total None: a lazy batch of unknown length.
+ProgressCallback = Callable[[int, Optional[int], int], Any]
 OnResult = Callable[[int, Any], Any]
 
 # ---------------------------------------------------------------------------
@@ -738,7 +739,7 @@ class ProgressBar:
             self._bar = tqdm(total=total, desc=self.desc, unit="item", file=self.stream,
                              dynamic_ncols=True)
 
-    def __call__(self, done: int, total: int, failed: int) -> None:
+    def __call__(self, done: int, total: Optional[int], failed: int) -> None:
         self.update(done, total, failed)
 
     def update(self, done: int, total: Optional[int], failed: int) -> None:

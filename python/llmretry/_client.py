@@ -483,7 +483,8 @@ def _batch_items(bodies: Any) -> Union[Sequence[Any], Iterator[Any]]:
         raise TypeError(f"bodies must be an iterable of request bodies (e.g. a list "
                         f"of dicts), not one {_type_name(bodies)}")
     try:
-        return iter(bodies)
+        it: Iterator[Any] = iter(bodies)
+        return it
     except TypeError:
         raise TypeError(f"bodies must be an iterable of request bodies, "
                         f"not {_type_name(bodies)}") from None
@@ -920,8 +921,8 @@ class Client:
             options["deadline_ms"] = call_deadline_ms
         items = _batch_items(bodies)
         logger = options.get("logger", self._defaults.get("logger", DEFAULT))
-        if isinstance(items, (list, tuple)):
-            # A sequence: every body encoded and checked before any call.
+        if not isinstance(items, Iterator):
+            # A list or tuple: every body encoded and checked before any call.
             plan, sent = self._batch_plan(policy, options, items)
             encoded: Any = _encode_bodies(sent)
             batch = _batch.Batch(items, failures_path=failures_path, resume=resume,

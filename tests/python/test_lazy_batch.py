@@ -221,3 +221,18 @@ def test_cli_peak_rss_does_not_grow_with_the_lines(scen: Scenario, tmp_path: Pat
             subprocess.run([shutil.which("nginx") or "/usr/sbin/nginx", "-p", f"{web}/",
                             "-e", str(web / "error.log"), "-c", str(web / "nginx.conf"),
                             "-s", "stop"], capture_output=True)
+
+
+def test_index_set() -> None:
+    from llmretry._batch import IndexSet
+    s = IndexSet([3, 0, 17, 3], limit=20)
+    assert list(s) == [0, 3, 17] and len(s) == 3 and 17 in s and 4 not in s
+    s.discard(3)
+    s.discard(5)
+    assert list(s) == [0, 17] and s.count(10) == 1 and s.count(20) == 2
+    with pytest.raises(ValueError, match="20"):
+        s.add(20)
+    c = IndexSet([1, 2], limit=5, complement=True)
+    assert [i for i in range(5) if i in c] == [0, 3, 4] and c.count(5) == 3
+    with pytest.raises(TypeError):
+        len(c)
