@@ -1,5 +1,6 @@
 /* Engine.call_many: a batch on the engine thread, one group, results filled
- * in place as items finish, totals summed in C. */
+ * in place as items finish (or handed to on_result only), totals summed in
+ * C. The items come from sequences or, read lazily, from an iterator. */
 #include "binding.h"
 #include "results.h"
 
@@ -27,11 +28,37 @@ static PyObject *pop_kw(PyObject *kw, const char *name, PyObject *dflt)
     return v;
 }
 
+/* A submitted, unfinished call: its item's index (what on_result gets) and
+ * its place in the submission order (batch_cancel_all). */
+typedef struct {
+    llmretry_call *call;            /* NULL: a free slot */
+    Py_ssize_t index;
+    unsigned long long seq;
+} batch_slot;
+
+/* A batch's items come from sequences (a list or tuple of bodies, checked
+ * whole before anything is sent: the fast path) or from an iterator that
+ * hands over one (index, body bytes, model, key) tuple at a time, as the
+ * pacer wants more (an iterable read lazily: only what is in flight is
+ * held). Either way only the calls in flight have a slot: at most `ahead`,
+ * whatever the batch's length. */
 typedef struct {
     PyObject *bodies, *models, *keys; /* sequences (PySequence_Fast); models, keys optional */
-    Py_ssize_t n;
-    llmretry_call **calls;          /* by index; NULL when not submitted or freed */
+    PyObject *iter;                 /* or: the iterator of tuples */
+    Py_ssize_t n;                   /* sequences: their length */
+    Py_ssize_t next;                /* sequences: the next to submit */
+    int exhausted;                  /* nothing more to submit */
+    batch_slot *slots;              /* cap of them; user_data = the slot's number */
+    Py_ssize_t *free;               /* the free slots' numbers (a stack) */
+    Py_ssize_t cap, nfree, in_flight;
+    unsigned long long seq;
 } batch;
+
+static int slot_later_first(const void *x, const void *y)
+{
+    const batch_slot *a = *(batch_slot *const *)x, *b = *(batch_slot *const *)y;
+    return a->seq < b->seq ? 1 : a->seq > b->seq ? -1 : 0;
+}
 
 /* Last item first: the items still queued in the group (the later ones) are
  * cancelled before a running item's cancel frees a slot that the pacer
@@ -39,11 +66,60 @@ typedef struct {
  * Ctrl-C or a cancelled acall_many). */
 static void batch_cancel_all(batch *b)
 {
-    for (Py_ssize_t i = b->n - 1; i >= 0; i--)
-        if (b->calls[i]) {
-            llmretry_call_free(b->calls[i]);       /* cancels when unfinished */
-            b->calls[i] = NULL;
+    batch_slot **live = PyMem_Malloc((size_t)(b->cap ? b->cap : 1) * sizeof *live);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < b->cap; i++)
+        if (b->slots[i].call) {
+            if (live)
+                live[k++] = &b->slots[i];
+            else {                  /* no memory to sort: cancel in slot order */
+                llmretry_call_free(b->slots[i].call);
+                b->slots[i].call = NULL;
+            }
         }
+    if (!live)
+        return;
+    qsort(live, (size_t)k, sizeof *live, slot_later_first);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        llmretry_call_free(live[i]->call);     /* cancels when unfinished */
+        live[i]->call = NULL;
+    }
+    PyMem_Free(live);
+    b->in_flight = 0;
+}
+
+/* A free slot's number, growing the slots (doubling, up to `ahead`); -1
+ * with MemoryError set. */
+static Py_ssize_t slot_take(batch *b)
+{
+    if (b->nfree == 0) {
+        Py_ssize_t cap = b->cap ? 2 * b->cap : 64;
+        batch_slot *s = PyMem_Realloc(b->slots, (size_t)cap * sizeof *s);
+        if (!s) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->slots = s;
+        Py_ssize_t *f = PyMem_Realloc(b->free, (size_t)cap * sizeof *f);
+        if (!f) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->free = f;
+        for (Py_ssize_t i = cap - 1; i >= b->cap; i--) {
+            s[i].call = NULL;
+            f[b->nfree++] = i;
+        }
+        b->cap = cap;
+    }
+    return b->free[--b->nfree];
+}
+
+static void slot_release(batch *b, Py_ssize_t s)
+{
+    b->slots[s].call = NULL;
+    b->free[b->nfree++] = s;
+    b->in_flight--;
 }
 
 /* What a batch adds up as its items finish, for the batch summary. */
@@ -120,40 +196,86 @@ static int batch_check(batch *b)
     return 0;
 }
 
-/* Submit item i of the batch; 0, or -1 with a Python error set. */
-static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t i)
+/* Submit one item (index: what on_result will get; what: how errors name
+ * it); 0, or -1 with a Python error set. The core copies what it keeps. */
+static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t index,
+                        PyObject *body, PyObject *model, PyObject *key)
 {
-    PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);   /* bytes: batch_check */
     o->body = PyBytes_AS_STRING(body);
     o->body_len = (size_t)PyBytes_GET_SIZE(body);
     o->model = NULL;
-    if (b->models) {
-        PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
-        if (m != Py_None && !(o->model = PyUnicode_AsUTF8(m)))
-            return -1;
-    }
+    if (model && model != Py_None && !(o->model = PyUnicode_AsUTF8(model)))
+        return -1;
     o->idempotency_key = NULL;
-    if (b->keys) {
-        PyObject *key = PySequence_Fast_GET_ITEM(b->keys, i);
-        if (key != Py_None && !(o->idempotency_key = PyUnicode_AsUTF8(key)))
-            return -1;
-    }
-    o->user_data = (void *)(intptr_t)i;
+    if (key && key != Py_None && !(o->idempotency_key = PyUnicode_AsUTF8(key)))
+        return -1;
+    Py_ssize_t s = slot_take(b);
+    if (s < 0)
+        return -1;
+    o->user_data = (void *)(intptr_t)s;
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_status st = LLMRETRY_ESTATE;
+    llmretry_call *call = NULL;
     pthread_mutex_lock(&self->mu);
     if (self->engine)
-        st = llmretry_engine_submit(self->engine, o, 0, &b->calls[i], err, sizeof err);
+        st = llmretry_engine_submit(self->engine, o, 0, &call, err, sizeof err);
     else
         snprintf(err, sizeof err, "the engine is closed");
     pthread_mutex_unlock(&self->mu);
-    if (st == LLMRETRY_OK)
+    if (st == LLMRETRY_OK) {
+        b->slots[s] = (batch_slot){ call, index, b->seq++ };
+        b->in_flight++;
         return 0;
+    }
+    b->free[b->nfree++] = s;
     if (st == LLMRETRY_EINVAL)
-        PyErr_Format(PyExc_ValueError, "bodies[%zd]: %s", i, err);
+        PyErr_Format(PyExc_ValueError, "bodies[%zd]: %s", index, err);
     else
         PyErr_SetString(st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
     return -1;
+}
+
+/* Submit the next item: 0 (also when there is none left: exhausted set),
+ * or -1 with a Python error set (the iterator's own, a bad tuple). */
+static int batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
+{
+    if (!b->iter) {
+        Py_ssize_t i = b->next++;
+        if (b->next >= b->n)
+            b->exhausted = 1;
+        return batch_submit(self, b, o, i, PySequence_Fast_GET_ITEM(b->bodies, i),
+                            b->models ? PySequence_Fast_GET_ITEM(b->models, i) : NULL,
+                            b->keys ? PySequence_Fast_GET_ITEM(b->keys, i) : NULL);
+    }
+    PyObject *t = PyIter_Next(b->iter);
+    if (!t) {
+        if (PyErr_Occurred())
+            return -1;
+        b->exhausted = 1;
+        return 0;
+    }
+    int rc = -1;
+    Py_ssize_t index;
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "a batch iterator yields (index, body bytes, model, key) tuples");
+    } else if ((index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0))) == -1 && PyErr_Occurred()) {
+        /* the error set */
+    } else {
+        PyObject *body = PyTuple_GET_ITEM(t, 1), *model = PyTuple_GET_ITEM(t, 2),
+                 *key = PyTuple_GET_ITEM(t, 3);
+        if (!PyBytes_Check(body))
+            PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", index,
+                         Py_TYPE(body)->tp_name);
+        else if (model != Py_None && !PyUnicode_Check(model))
+            PyErr_Format(PyExc_TypeError, "models[%zd] must be a str or None", index);
+        else if (key != Py_None && !PyUnicode_Check(key))
+            PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", index);
+        else
+            rc = batch_submit(self, b, o, index, body, model, key);
+    }
+    Py_DECREF(t);                   /* the body is the core's copy now */
+    return rc;
 }
 
 /* ---- BatchRun: one batch, stepped by its host ------------------------------ */
@@ -171,9 +293,10 @@ typedef struct {
     call_args a;
     event_route rt;
     PyObject *on_event, *validate;  /* borrowed from kw */
-    PyObject *on_result, *results, *stats;  /* strong (Py_None when not given) */
+    PyObject *on_result, *stats;    /* strong (Py_None when not given) */
+    PyObject *results;              /* strong; Py_None: values go to on_result only */
     llmretry_group *g;
-    Py_ssize_t ahead, next, finished;
+    Py_ssize_t ahead;
     int closed;
 } BatchRunObject;
 
@@ -195,11 +318,14 @@ static int batch_run_close(BatchRunObject *r)
             bad = 0;
         }
     }
-    if (r->b.calls) {
+    if (r->b.slots) {
         batch_cancel_all(&r->b);
-        PyMem_Free(r->b.calls);
-        r->b.calls = NULL;
+        PyMem_Free(r->b.slots);
+        r->b.slots = NULL;
     }
+    PyMem_Free(r->b.free);
+    r->b.free = NULL;
+    r->b.cap = r->b.nfree = 0;
     llmretry_group_free(r->g);
     r->g = NULL;
     call_args_release(&r->a);
@@ -217,6 +343,7 @@ static void BatchRun_dealloc(BatchRunObject *r)
     Py_XDECREF(r->b.bodies);
     Py_XDECREF(r->b.models);
     Py_XDECREF(r->b.keys);
+    Py_XDECREF(r->b.iter);
     Py_XDECREF(r->results);
     Py_XDECREF(r->on_result);
     Py_XDECREF(r->stats);
@@ -252,6 +379,7 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     PyObject *on_result = pop_kw(kw, "on_result", Py_None);
     PyObject *results_arg = pop_kw(kw, "results", Py_None);
     PyObject *stats_arg = pop_kw(kw, "stats", Py_None);
+    PyObject *keep_arg = pop_kw(kw, "keep_results", Py_True);
     /* pop_kw hands back borrowed values the caller's dict still holds: own
      * the ones kept past this call. */
     Py_SETREF(r->on_result, Py_NewRef(on_result));
@@ -303,44 +431,58 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
         goto fail;
     if (check_shared_args(&r->a) < 0)
         goto fail;
+    int keep = PyObject_IsTrue(keep_arg);
+    if (keep < 0)
+        goto fail;
     batch *b = &r->b;
-    if (!(b->bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
-        goto fail;
-    b->n = PySequence_Fast_GET_SIZE(b->bodies);
-    if (models_arg != Py_None) {
-        if (!(b->models = PySequence_Fast(models_arg, "models must be a sequence")))
-            goto fail;
-        if (PySequence_Fast_GET_SIZE(b->models) != b->n) {
-            PyErr_SetString(PyExc_ValueError, "models must be as long as bodies");
+    if (!PyList_Check(bodies_arg) && !PyTuple_Check(bodies_arg)) {
+        /* An iterator of (index, body, model, key): read as the pacer
+         * wants more; each item checked as it comes. */
+        if (models_arg != Py_None || keys_arg != Py_None || results_arg != Py_None || keep) {
+            PyErr_SetString(PyExc_TypeError, "a batch from an iterator takes no models, "
+                            "idempotency_keys or results, and needs keep_results=False");
             goto fail;
         }
-    }
-    if (keys_arg != Py_None) {
-        /* One key per item: each item is its own call (all its attempts). */
-        if (!(b->keys = PySequence_Fast(keys_arg, "idempotency_keys must be a sequence")))
+        if (!(b->iter = PyObject_GetIter(bodies_arg)))
             goto fail;
-        if (PySequence_Fast_GET_SIZE(b->keys) != b->n) {
-            PyErr_SetString(PyExc_ValueError, "idempotency_keys must be as long as bodies");
+        r->results = Py_NewRef(Py_None);
+    } else {
+        if (!(b->bodies = PySequence_Fast(bodies_arg, "bodies must be a sequence of bytes")))
+            goto fail;
+        b->n = PySequence_Fast_GET_SIZE(b->bodies);
+        b->exhausted = b->n == 0;
+        if (models_arg != Py_None) {
+            if (!(b->models = PySequence_Fast(models_arg, "models must be a sequence")))
+                goto fail;
+            if (PySequence_Fast_GET_SIZE(b->models) != b->n) {
+                PyErr_SetString(PyExc_ValueError, "models must be as long as bodies");
+                goto fail;
+            }
+        }
+        if (keys_arg != Py_None) {
+            /* One key per item: each item is its own call (all its attempts). */
+            if (!(b->keys = PySequence_Fast(keys_arg, "idempotency_keys must be a sequence")))
+                goto fail;
+            if (PySequence_Fast_GET_SIZE(b->keys) != b->n) {
+                PyErr_SetString(PyExc_ValueError, "idempotency_keys must be as long as bodies");
+                goto fail;
+            }
+        }
+        if (batch_check(b) < 0)
+            goto fail;
+        if (results_arg != Py_None) {
+            /* The caller's list, filled in place: what finished before a Ctrl-C
+             * stays there for the batch's record. */
+            if (!PyList_Check(results_arg) || PyList_GET_SIZE(results_arg) != b->n) {
+                PyErr_SetString(PyExc_ValueError, "results must be a list as long as bodies");
+                goto fail;
+            }
+            r->results = Py_NewRef(results_arg);
+        } else if (!keep) {
+            r->results = Py_NewRef(Py_None);
+        } else if (!(r->results = PyList_New(b->n))) {
             goto fail;
         }
-    }
-    if (batch_check(b) < 0)
-        goto fail;
-    if (results_arg != Py_None) {
-        /* The caller's list, filled in place: what finished before a Ctrl-C
-         * stays there for the batch's record. */
-        if (!PyList_Check(results_arg) || PyList_GET_SIZE(results_arg) != b->n) {
-            PyErr_SetString(PyExc_ValueError, "results must be a list as long as bodies");
-            goto fail;
-        }
-        r->results = Py_NewRef(results_arg);
-    } else if (!(r->results = PyList_New(b->n))) {
-        goto fail;
-    }
-    b->calls = PyMem_Calloc((size_t)(b->n ? b->n : 1), sizeof *b->calls);
-    if (!b->calls) {
-        PyErr_NoMemory();
-        goto fail;
     }
     char err[LLMRETRY_ERRBUF] = "";
     pthread_mutex_lock(&self->mu);
@@ -357,6 +499,8 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     /* Keep the engine's queue ahead of the pacer without holding every
      * call record of a huge batch at once. */
     r->ahead = 4 * (Py_ssize_t)go.limit + 64;
+    if (r->ahead > (Py_ssize_t)1 << 24)
+        r->ahead = (Py_ssize_t)1 << 24;     /* a limit beyond any engine's max_in_flight */
     return r;
 fail:
     Py_DECREF(r);
@@ -373,16 +517,19 @@ static int batch_run_step(BatchRunObject *r)
         PyErr_SetString(PyExc_RuntimeError, "the batch is closed");
         return -1;
     }
-    while (r->finished < b->n) {
-        while (r->next < b->n && r->next - r->finished < r->ahead)
-            if (batch_submit(r->engine, b, &r->a.o, r->next++) < 0)
+    for (;;) {
+        while (!b->exhausted && b->in_flight < r->ahead)
+            if (batch_submit_next(r->engine, b, &r->a.o) < 0)
                 return -1;
+        if (b->exhausted && b->in_flight == 0)
+            return 1;
         llmretry_call *ready[64];
         size_t k = llmretry_group_poll(r->g, ready, 64);
         if (k == 0)
             return 0;
         for (size_t j = 0; j < k; j++) {
-            Py_ssize_t i = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
+            Py_ssize_t s = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
+            Py_ssize_t i = b->slots[s].index;
             int rc = drain_mail(ready[j], &r->rt, r->validate);
             if (rc < 0)
                 return -1;
@@ -394,20 +541,23 @@ static int batch_run_step(BatchRunObject *r)
             totals_add(&r->totals, res);
             PyObject *d = call_value(r->rt.st, res, r->validate, r->a.as_result);
             llmretry_call_free(ready[j]);
-            b->calls[i] = NULL;
-            r->finished++;
+            slot_release(b, s);
             if (!d)
                 return -1;
-            PyList_SetItem(r->results, i, d);      /* the caller's list may hold None */
+            /* The caller's list may hold None (SetItem drops it). */
+            if (r->results != Py_None)
+                PyList_SetItem(r->results, i, Py_NewRef(d));
             if (r->on_result != Py_None) {
                 PyObject *cr = PyObject_CallFunction(r->on_result, "nO", i, d);
-                if (!cr)
+                if (!cr) {
+                    Py_DECREF(d);
                     return -1;
+                }
                 Py_DECREF(cr);
             }
+            Py_DECREF(d);
         }
     }
-    return 1;
 }
 
 static PyObject *BatchRun_step(BatchRunObject *r, PyObject *unused)
@@ -438,7 +588,7 @@ static PyObject *BatchRun_close(BatchRunObject *r, PyObject *unused)
 static PyObject *BatchRun_results(BatchRunObject *r, void *unused)
 {
     (void)unused;
-    return Py_NewRef(r->results ? r->results : Py_None);
+    return Py_NewRef(r->results ? r->results : Py_None);   /* None: not kept */
 }
 
 static PyMethodDef BatchRun_methods[] = {

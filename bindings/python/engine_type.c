@@ -304,8 +304,8 @@ static PyMethodDef Engine_methods[] = {
       "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
     { "call_many", (PyCFunction)(void (*)(void))Engine_call_many, METH_VARARGS | METH_KEYWORDS,
       "call_many(bodies, *, models=None, limit=8, batch_deadline_ms=None, adaptive=True,\n"
-      "          on_result=None, results=None, stats=None, **options) -> list: a batch\n"
-      "          on the engine thread (see _llmretry.pyi)." },
+      "          on_result=None, results=None, keep_results=True, stats=None, **options)\n"
+      "          -> list | None: a batch on the engine thread (see _llmretry.pyi)." },
     { "batch", (PyCFunction)(void (*)(void))Engine_batch, METH_VARARGS | METH_KEYWORDS,
       "batch(bodies, **call_many's keywords) -> BatchRun: call_many without the wait,\n"
       "for an event loop (step() when fileno() is readable)." },

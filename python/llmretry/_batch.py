@@ -28,7 +28,8 @@ crash or Ctrl-C leaves them consistent:
 
 ``P + ".done"`` (the progress file)
     A header line ``{"llmretry_done": 1, "items": N}``, then the index of
-    every item that succeeded, one per line.
+    every item that succeeded, one per line. ``N`` is null for an iterable
+    of unknown length read lazily (then no length is checked on resume).
 
 At every moment each item is in exactly one of three states: *ok* (its index
 is in the progress file), *failed* (in the failures file, and not ok), or
@@ -50,6 +51,13 @@ file, then appends as items finish, as any run does: the state stays
 consistent whenever the run stops. Without ``resume`` a run starts both
 files afresh.
 
+A lazy batch (``call_many`` over an iterable that is not a list or tuple)
+reads its items again from the start on resume and skips the ok ones as
+they come; the record is read into a bitmap (an :class:`IndexSet`), so a
+million-item batch costs 125 KB, and a failing item is held only while it
+is in flight. Resuming one from a failures file alone (no progress file)
+needs its length, and raises ValueError without it.
+
 The record only says *which* items succeeded: keep their results yourself
 (``on_result`` is called for each item before it is marked ok, so a crash
 between the two runs the item again rather than losing its result).
@@ -68,8 +76,8 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Set, TextIO, Tuple, Union)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, Set, TextIO, Tuple, Union)
 
 from ._logging import DEFAULT, LOGGER_NAME, event_sink
 from .errors import LLMError, error_from_outcome
@@ -78,7 +86,8 @@ __all__ = ["SKIPPED", "BatchSummary", "BatchResult", "Batch", "ProgressBar",
            "read_failures", "read_done", "done_path_for", "current_accounting",
            "not_started_error"]
 
-ProgressCallback = Callable[[int, int, int], Any]
+# (done, total, failed); total None: a lazy batch of unknown length.
+ProgressCallback = Callable[[int, Optional[int], int], Any]
 OnResult = Callable[[int, Any], Any]
 
 # ---------------------------------------------------------------------------
@@ -358,11 +367,90 @@ def _path_arg(value: Any) -> str:
 
 def _read_lines(path: str) -> List[str]:
     """A file's lines; a torn last line (no newline) is dropped."""
+    return list(iter_lines(path))
+
+
+def iter_lines(path: str) -> Iterator[str]:
+    """A file's non-blank lines, read one at a time (a record of a million
+    items is never in memory whole); a torn last line (no newline) is
+    dropped."""
     with open(path, "rb") as fh:
-        data = fh.read()
-    lines = data.split(b"\n")
-    lines.pop()     # after the last newline: empty, or a line cut short
-    return [line.decode("utf-8", "replace") for line in lines if line.strip()]
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                return      # a line cut short
+            if raw.strip():
+                yield raw[:-1].decode("utf-8", "replace")
+
+
+# The most items a record may name when the batch's length is not known
+# (an iterable read lazily): a bigger index is a file from something else
+# (and its bitmap would take 2**28 / 8 bytes = 32 MB at most).
+MAX_UNSIZED_INDEX = 2 ** 28
+
+
+class IndexSet:
+    """A set of item indices as a bitmap: the record of a million-item batch
+    in 125 KB, where a set of ints takes some 60 MB. Indices are from 0 to
+    ``limit - 1``; ``complement=True`` makes it the set of every index *not*
+    added (what a failures file alone says is ok)."""
+
+    __slots__ = ("_bits", "_count", "limit", "complement")
+
+    def __init__(self, indices: Iterable[int] = (), limit: int = MAX_UNSIZED_INDEX,
+                 complement: bool = False) -> None:
+        self._bits = bytearray()
+        self._count = 0
+        self.limit = limit
+        self.complement = complement
+        for i in indices:
+            self.add(i)
+
+    def add(self, i: int) -> None:
+        """Add ``i`` (ValueError naming it when it is not below ``limit``)."""
+        if not 0 <= i < self.limit:
+            raise ValueError(f"index {i} is out of range (the batch has {self.limit} items)")
+        byte, bit = i >> 3, 1 << (i & 7)
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+        if not self._bits[byte] & bit:
+            self._bits[byte] |= bit
+            self._count += 1
+
+    def discard(self, i: int) -> None:
+        """Remove ``i`` if it is there."""
+        if self._has(i):
+            self._bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+            self._count -= 1
+
+    def _has(self, i: int) -> bool:
+        byte = i >> 3
+        return 0 <= i and byte < len(self._bits) and bool(self._bits[byte] & (1 << (i & 7)))
+
+    def __contains__(self, i: object) -> bool:
+        return isinstance(i, int) and self._has(i) != self.complement
+
+    def count(self, n: int) -> int:
+        """How many of the indices 0 .. n-1 are in the set."""
+        added = self._count if n >= self.limit else sum(1 for i in self._added() if i < n)
+        return n - added if self.complement else added
+
+    def _added(self) -> Iterator[int]:
+        for byte, v in enumerate(self._bits):
+            if v:
+                for bit in range(8):
+                    if v & (1 << bit):
+                        yield byte * 8 + bit
+
+    def __iter__(self) -> Iterator[int]:
+        """The indices in increasing order (not for a complement)."""
+        if self.complement:
+            raise TypeError("a complement IndexSet has no end")
+        return self._added()
+
+    def __len__(self) -> int:
+        if self.complement:
+            raise TypeError("a complement IndexSet has no length")
+        return self._count
 
 
 def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
@@ -372,7 +460,7 @@ def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
     cut short by a crash) are ignored.
     """
     out: Dict[int, Dict[str, Any]] = {}
-    for line in _read_lines(path):
+    for line in iter_lines(path):
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):
@@ -384,22 +472,59 @@ def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
 
 def read_done(path: str) -> Tuple[Optional[int], Set[int]]:
     """A progress file's item count (None if its header is missing) and indices."""
+    items, done = _read_done(path, None)
+    return items, set(done)
+
+
+def _check_items(path: str, items: Optional[int], n: Optional[int]) -> None:
+    if items is not None and n is not None and items != n:
+        raise ValueError(f"{path} records a batch of {items} items, "
+                         f"not {n}: is this the same batch?")
+
+
+def _out_of_range(path: str, index: int, n: Optional[int]) -> ValueError:
+    size = f"{n} items" if n is not None else f"fewer than {MAX_UNSIZED_INDEX} items"
+    return ValueError(f"the record of {path} names item {index}, "
+                      f"but the batch has {size}: is this the same batch?")
+
+
+def _read_done(path: str, n: Optional[int]) -> Tuple[Optional[int], IndexSet]:
+    """read_done as an IndexSet, read line by line: a batch of ``n`` items
+    (None: not known) refuses a header for another length, and indices
+    outside it."""
     items: Optional[int] = None
-    done: Set[int] = set()
-    for n, line in enumerate(_read_lines(path)):
-        if n == 0 and line.startswith("{"):
+    done = IndexSet(limit=MAX_UNSIZED_INDEX if n is None else n)
+    for k, line in enumerate(iter_lines(path)):
+        if k == 0 and line.startswith("{"):
             try:
                 header = json.loads(line)
             except ValueError:
                 continue
             if isinstance(header, dict) and type(header.get("items")) is int:
                 items = header["items"]
+                _check_items(path, items, n)
             continue
         try:
-            done.add(int(line))
+            i = int(line)
         except ValueError:
             continue
+        try:
+            done.add(i)
+        except ValueError:
+            raise _out_of_range(path, i, n) from None
     return items, done
+
+
+def _failed_indices(path: str) -> Iterator[int]:
+    """The indices a failures file lists, read line by line (each line
+    parsed, then dropped: the items in it are not kept)."""
+    for line in iter_lines(path):
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(rec, dict) and type(rec.get("index")) is int:
+            yield rec["index"]
 
 
 def error_record(exc: BaseException) -> Dict[str, Any]:
@@ -443,45 +568,54 @@ def _write_atomically(path: str, data: bytes) -> None:
 class Journal:
     """The failures file and its progress file (see the module docstring)."""
 
-    def __init__(self, path: str, items: Sequence[Any], *, parse_items: bool) -> None:
+    def __init__(self, path: str, items: Optional[Sequence[Any]], *, parse_items: bool,
+                 n: Optional[int] = None) -> None:
         self.path = path
         self.done_path = done_path_for(path)
+        # None: items read lazily, each failure's item given to record_failure.
         self.items = items
+        self.n = len(items) if items is not None else n
         self.parse_items = parse_items  # call_many bodies: texts become JSON
         self._fail_fd = -1
         self._done_fd = -1
 
-    def open(self, resume: bool, already_ok: Optional[Set[int]] = None) -> Set[int]:
+    def open(self, resume: bool, already_ok: Optional[Iterable[int]] = None) -> IndexSet:
         """Start a run; returns the indices already ok (not to be run).
 
         ``already_ok``, when given, overrides what the files say (the CLI
-        knows it from its results file).
+        knows it from its results file). The batch's length may be unknown
+        (None: an iterable read lazily); then the progress file's header
+        says ``"items": null`` and no length is checked.
         """
-        n = len(self.items)
-        ok: Set[int] = set()
+        n = self.n
+        limit = MAX_UNSIZED_INDEX if n is None else n
+        ok = IndexSet(limit=limit)
         if already_ok is not None:
-            ok = set(already_ok)
+            try:
+                ok = already_ok if isinstance(already_ok, IndexSet) else IndexSet(
+                    already_ok, limit=limit)
+            except ValueError:
+                raise _out_of_range(self.path, max(already_ok), n) from None
         elif resume and os.path.exists(self.done_path):
-            items, ok = read_done(self.done_path)
-            if items is not None and items != n:
-                raise ValueError(f"{self.done_path} records a batch of {items} items, "
-                                 f"not {n}: is this the same batch?")
+            _, ok = _read_done(self.done_path, n)
         elif resume and os.path.exists(self.path):
-            failed = set(read_failures(self.path))
-            ok = set(range(n)).difference(failed)
-            ok.update(i for i in failed if not 0 <= i < n)  # refused just below
-        bad = [i for i in ok if not 0 <= i < n]
-        if bad:
-            raise ValueError(f"the record of {self.path} names item {min(bad)}, "
-                             f"but the batch has {n} items: is this the same batch?")
+            if n is None:
+                # "Every item it does not list" has no end to write down.
+                raise ValueError(f"resume from {self.path} without its progress file "
+                                 f"{self.done_path} needs the batch's length: give the "
+                                 f"bodies as a list (or a sized iterable)")
+            ok = IndexSet(limit=limit, complement=True)
+            for i in _failed_indices(self.path):
+                try:
+                    ok.add(i)
+                except ValueError:
+                    raise _out_of_range(self.path, i, n) from None
         if os.path.isdir(self.path):     # before anything is written next to it
             raise IsADirectoryError(errno.EISDIR, "failures_path is a directory", self.path)
         # The progress file first: a stop between the two leaves the old
         # failures listed, and they are not ok, so they still run.
-        header = _LINE.encode({"llmretry_done": 1, "items": n}) + "\n"
         try:
-            _write_atomically(self.done_path, (header + "".join(
-                f"{i}\n" for i in sorted(ok))).encode("ascii"))
+            self._write_done(n, ok)
         except OSError as exc:
             # Name the progress file, not its temporary copy.
             raise type(exc)(exc.errno, exc.strerror, self.done_path) from None
@@ -495,9 +629,33 @@ class Journal:
             raise
         return ok
 
-    def record_failure(self, index: int, exc: BaseException) -> None:
-        item = self.items[index]
-        if self.parse_items:
+    def _write_done(self, n: Optional[int], ok: IndexSet) -> None:
+        """The progress file afresh (atomically): its header and ``ok``,
+        written a block at a time."""
+        tmp = f"{self.done_path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write((_LINE.encode({"llmretry_done": 1, "items": n}) + "\n").encode("ascii"))
+            if ok.complement:   # a failures file alone: every index it does not list
+                assert n is not None
+                indices: Iterable[int] = (i for i in range(n) if i in ok)
+            else:
+                indices = ok
+            block: List[str] = []
+            for i in indices:
+                block.append(f"{i}\n")
+                if len(block) >= 65536:
+                    fh.write("".join(block).encode("ascii"))
+                    block.clear()
+            fh.write("".join(block).encode("ascii"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.done_path)
+
+    def record_failure(self, index: int, exc: BaseException, item: Any = None) -> None:
+        """Append item ``index``'s failure (``item``: the item, when the
+        batch is read lazily)."""
+        if self.items is not None:
+            item = self.items[index]
             item = _item_json(item)
         rec: Dict[str, Any] = {"index": index, "item": item, "error": error_record(exc)}
         line = getattr(exc, "input_line", None)     # the CLI's bad input lines
@@ -506,7 +664,7 @@ class Journal:
         try:
             line = _LINE.encode(rec)
         except (TypeError, ValueError, RecursionError):
-            rec = {"index": index, "item": None, "item_repr": repr(self.items[index]),
+            rec = {"index": index, "item": None, "item_repr": repr(item),
                    "error": rec["error"]}
             line = _LINE_LOOSE.encode(rec)
         _write_all(self._fail_fd, (line + "\n").encode("utf-8"))
@@ -551,7 +709,7 @@ class ProgressBar:
         self._tty = False
         self._done = 0
         self._failed = 0
-        self._total = 0
+        self._total: Optional[int] = 0
         self._t0 = self._clock()
         self._last_draw = 0.0
         self._last_text = ""
@@ -563,8 +721,8 @@ class ProgressBar:
     def stream(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stderr
 
-    def start(self, total: int) -> None:
-        """Show the bar for ``total`` items."""
+    def start(self, total: Optional[int]) -> None:
+        """Show the bar for ``total`` items (None: not known, a lazy batch)."""
         with self._lock:
             self._total = total
             self._t0 = self._clock()
@@ -581,10 +739,10 @@ class ProgressBar:
             self._bar = tqdm(total=total, desc=self.desc, unit="item", file=self.stream,
                              dynamic_ncols=True)
 
-    def __call__(self, done: int, total: int, failed: int) -> None:
+    def __call__(self, done: int, total: Optional[int], failed: int) -> None:
         self.update(done, total, failed)
 
-    def update(self, done: int, total: int, failed: int) -> None:
+    def update(self, done: int, total: Optional[int], failed: int) -> None:
         """A progress callback: ``done`` of ``total`` finished, ``failed`` failed."""
         with self._lock:
             if self._use_tqdm is None:
@@ -602,9 +760,11 @@ class ProgressBar:
                 elif changed_failed:
                     self._bar.refresh()
             else:
-                self._draw(force=done >= total)
+                self._draw(force=total is not None and done >= total)
 
     def _line(self) -> str:
+        if self._total is None:
+            return f"{self.desc}: {self._done} done, {self._failed} failed"
         pct = 100 * self._done // self._total if self._total else 100
         return f"{self.desc}: {self._done}/{self._total} ({pct}%), {self._failed} failed"
 
@@ -727,10 +887,11 @@ class Batch:
     when an exception (Ctrl-C) ends the run.
     """
 
-    def __init__(self, items: Sequence[Any], *, failures_path: Any = None,
+    def __init__(self, items: Optional[Sequence[Any]], *, failures_path: Any = None,
                  resume: bool = False, progress: Any = False,
                  on_result: Optional[OnResult] = None, logger: Any = DEFAULT,
-                 parse_items: bool = False) -> None:
+                 parse_items: bool = False, keep_results: bool = True,
+                 n: Optional[int] = None) -> None:
         if not isinstance(resume, bool):
             raise TypeError(f"resume must be a bool, not {type(resume).__name__}")
         path = None if failures_path is None else _path_arg(failures_path)
@@ -739,19 +900,32 @@ class Batch:
         if on_result is not None and not callable(on_result):
             raise TypeError(f"on_result must be callable or None, "
                             f"not {type(on_result).__name__}")
+        if not isinstance(keep_results, bool):
+            raise TypeError(f"keep_results must be a bool, not {type(keep_results).__name__}")
         check_logger(logger)
         self.items = items
-        self.n = len(items)
+        # items None: a lazy batch (see wants()), of n items when known.
+        self.lazy = items is None
+        self.n: Optional[int] = len(items) if items is not None else n
         self.resume = resume
         self.progress = _progress_arg(progress)
         self.on_result = on_result
         self.logger = logger
-        self.journal = (Journal(path, items, parse_items=parse_items)
+        self.keep_results = keep_results
+        self.journal = (Journal(path, items, parse_items=parse_items, n=self.n)
                         if path is not None else None)
-        self.results: List[Any] = [SKIPPED] * self.n
-        self.to_run: List[int] = list(range(self.n))
+        # The values by index; None when not kept (keep_results=False). A
+        # lazy batch grows it as items are read (wants()).
+        self.results: Optional[List[Any]] = (
+            None if not keep_results else [] if self.lazy else [SKIPPED] * len(items or ()))
+        self.to_run: List[int] = [] if self.lazy else list(range(len(items or ())))
         # to_run less the items failed before the run (open's `invalid`).
         self.runnable: List[int] = self.to_run
+        # A lazy batch: the indices not to run, how many items were read and
+        # how many of those run.
+        self.ok = IndexSet()
+        self._read = 0
+        self._wanted = 0
         self.acc = Accounting()
         self.stats: Dict[str, int] = {}
         self.summary: Optional[BatchSummary] = None
@@ -774,14 +948,25 @@ class Batch:
         recorded at once as failed with its exception, and is left out of
         :attr:`runnable`, the items the run submits.
         """
-        ok: Set[int] = set(already_ok) if already_ok is not None else set()
         if self.journal is not None:
             ok = self.journal.open(self.resume, already_ok)
-        if ok:
-            self.to_run = [i for i in range(self.n) if i not in ok]
+        else:
+            ok = IndexSet(() if already_ok is None else already_ok,
+                          limit=MAX_UNSIZED_INDEX if self.n is None else self.n)
+        self.ok = ok
+        if self.lazy:
+            # What runs is decided item by item as they are read (wants()).
+            self._t0 = time.monotonic()
+            if isinstance(self.progress, ProgressBar):
+                self.progress.start(self._total())
+            return self
+        n = len(self.to_run)
+        if ok.complement or len(ok):
+            self.to_run = [i for i in range(n) if i not in ok]
         self.runnable = self.to_run
-        for i in self.to_run:
-            self.results[i] = None
+        if self.results is not None:
+            for i in self.to_run:
+                self.results[i] = None
         self._t0 = time.monotonic()
         if isinstance(self.progress, ProgressBar):
             self.progress.start(len(self.to_run))
@@ -792,6 +977,25 @@ class Batch:
                     self.item_done(i, invalid[i], True)
         return self
 
+    def _total(self) -> Optional[int]:
+        """How many items this run runs: None while a lazy batch of unknown
+        length is still being read."""
+        if not self.lazy:
+            return len(self.to_run)
+        if self.n is not None:
+            return self.n - self.ok.count(self.n)
+        return None
+
+    def wants(self, index: int) -> bool:
+        """A lazy batch reads item ``index`` (in order, from 0): whether it
+        is to run (False: an earlier run completed it)."""
+        run = index not in self.ok
+        self._read = index + 1
+        self._wanted += run
+        if self.results is not None:
+            self.results.append(None if run else SKIPPED)
+        return run
+
     def __enter__(self) -> "Batch":
         return self
 
@@ -800,23 +1004,25 @@ class Batch:
 
     def item_done(self, index: int, value: Any, failed: bool,
                   outcome: Optional[Mapping[str, Any]] = None,
-                  not_started: bool = False) -> None:
+                  not_started: bool = False, item: Any = None) -> None:
         """Item ``index`` finished with ``value`` (its exception when ``failed``).
 
         ``outcome`` (call_many) is the extension's outcome dict, counted for
-        attempts and usage. Calls the user's ``on_result`` first, then
-        records the item and reports progress; one item at a time, whatever
-        thread it finished on.
+        attempts and usage. ``item``: the item, for the failures file of a
+        lazy batch (which keeps no items). Calls the user's ``on_result``
+        first, then records the item and reports progress; one item at a
+        time, whatever thread it finished on.
         """
         if outcome is not None:
             self.acc.add_outcome(outcome)
-        self.results[index] = value
+        if self.results is not None:
+            self.results[index] = value
         with self._lock:
             if self.on_result is not None:
                 self.on_result(index, value)
             if self.journal is not None:
                 if failed:
-                    self.journal.record_failure(index, value)
+                    self.journal.record_failure(index, value, item)
                 else:
                     self.journal.record_ok(index)
             self._done += 1
@@ -827,14 +1033,15 @@ class Batch:
             else:
                 self._ok += 1
             if self.progress is not None:
-                self.progress(self._done, len(self.to_run), self._failed)
+                self.progress(self._done, self._total(), self._failed)
 
     def needs_each_item(self) -> bool:
         """Whether something wants each item as it finishes (a record,
         progress, on_result, a subclass's item_done); if not, a run may
         hand over its values at the end (:meth:`record_values`)."""
         return (self.journal is not None or self.progress is not None
-                or self.on_result is not None or type(self).item_done is not Batch.item_done)
+                or self.on_result is not None or self.results is None
+                or type(self).item_done is not Batch.item_done)
 
     def record_values(self, values: Sequence[Any],
                       convert: Callable[[Any], Tuple[Any, bool, bool]]) -> None:
@@ -843,6 +1050,7 @@ class Batch:
         an outcome dict that ``convert`` turns into (value, failed,
         not_started)."""
         results, to_run = self.results, self.runnable
+        assert results is not None      # needs_each_item() when not kept
         ok = failed = not_started = 0
         for k, value in enumerate(values):
             if value is None:
@@ -884,18 +1092,26 @@ class Batch:
         if outer is not None and outer is not self.acc:
             outer.merge(self.acc)
         a = self.acc
+        if self.lazy:
+            # Unknown length: the items read (a stopped run: so far).
+            items = self.n if self.n is not None else self._read
+            total = self._total()
+            to_run = total if total is not None else self._wanted
+        else:
+            items, to_run = len(self.items or ()), len(self.to_run)
         self.summary = BatchSummary(
-            items=self.n, ok=self._ok, failed=self._failed, not_started=self._not_started,
-            skipped=self.n - len(self.to_run), attempts=a.attempts, retries=a.retries,
+            items=items, ok=self._ok, failed=self._failed, not_started=self._not_started,
+            skipped=items - to_run, attempts=a.attempts, retries=a.retries,
             prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens,
             total_tokens=a.total_tokens,
             elapsed_ms=int((time.monotonic() - self._t0) * 1000),
             pauses=self.stats.get("pauses", 0), halvings=self.stats.get("halvings", 0),
-            completed=completed and self._done == len(self.to_run), resends=a.resends)
+            completed=completed and self._done == to_run, resends=a.resends)
         emit_summary(self.logger, self.summary)
         return self.summary
 
     def result(self) -> BatchResult:
-        """The results in input order, with the summary (after :meth:`finish`)."""
+        """The results in input order, with the summary (after :meth:`finish`);
+        an empty one when they were not kept (keep_results=False)."""
         summary = self.summary if self.summary is not None else self.finish(True)
-        return BatchResult(self.results, summary)
+        return BatchResult(self.results if self.results is not None else (), summary)

@@ -21,7 +21,7 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, Sequence, Tuple, TypeVar, Union)
+                    Optional, Sequence, Sized, Tuple, TypeVar, Union)
 
 from . import _aio, _batch, _llmretry
 from ._batch import BatchResult
@@ -474,8 +474,9 @@ def _encode_bodies(bodies: Sequence[Any]) -> List[Tuple[bytes, Optional[str]]]:
     return out
 
 
-def _batch_items(bodies: Any) -> Sequence[Any]:
-    """The bodies of a batch as a sequence; TypeError naming ``bodies``."""
+def _batch_items(bodies: Any) -> Union[Sequence[Any], Iterator[Any]]:
+    """The bodies of a batch: a list or tuple as it is, any other iterable
+    as an iterator (read lazily); TypeError naming ``bodies``."""
     if isinstance(bodies, (list, tuple)):
         return bodies
     # One body instead of a list of them is the likely mistake: iterating it
@@ -484,11 +485,30 @@ def _batch_items(bodies: Any) -> Sequence[Any]:
         raise TypeError(f"bodies must be an iterable of request bodies (e.g. a list "
                         f"of dicts), not one {_type_name(bodies)}")
     try:
-        it = iter(bodies)
+        it: Iterator[Any] = iter(bodies)
+        return it
     except TypeError:
         raise TypeError(f"bodies must be an iterable of request bodies, "
                         f"not {_type_name(bodies)}") from None
-    return list(it)
+
+
+class _LazyBodies:
+    """The bodies of a batch read lazily: the iterator, what makes each
+    item the body sent (``prep``: the policy's model, stream usage), and
+    the items that fail without being sent (the CLI's bad lines)."""
+
+    __slots__ = ("items", "prep", "invalid")
+
+    def __init__(self, items: Iterator[Any], prep: Callable[[Any], Any],
+                 invalid: Optional[Mapping[int, BaseException]] = None) -> None:
+        self.items = items
+        self.prep = prep
+        self.invalid = invalid
+
+
+def _with_stream_usage_one(body: Any) -> Any:
+    """_with_stream_usage for one body."""
+    return dict(body, stream_options={"include_usage": True}) if _asks_stream_usage(body) else body
 
 
 def _check_batch_options(kwargs: Mapping[str, Any]) -> None:
@@ -869,16 +889,19 @@ class Client:
                   adaptive: bool = True,
                   on_result: Optional[Callable[[int, Any], Any]] = None,
                   policy: Optional[str] = None,
+                  keep_results: bool = True,
                   **options: Any) -> BatchResult:
         """:func:`llmretry.call_many` with this client's engine and defaults."""
         job = self._many(bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume,
-                         progress, adaptive, on_result, policy, options, "call_many()")
+                         progress, adaptive, on_result, policy, options, "call_many()",
+                         keep_results)
         return self._run_batch(*job)
 
     def _many(self, bodies: Iterable[Body], limit: int, deadline_ms: Optional[int],
               call_deadline_ms: Optional[int], failures_path: Any, resume: bool,
               progress: Any, adaptive: bool, on_result: Any, policy: Optional[str],
-              options: Dict[str, Any], where: str) -> Tuple[Any, ...]:
+              options: Dict[str, Any], where: str,
+              keep_results: bool = True) -> Tuple[Any, ...]:
         """call_many's arguments checked and converted (before any I/O): the
         arguments of _run_batch."""
         _check_option_names(options, where)
@@ -907,13 +930,41 @@ class Client:
                                      f"(got {call_deadline_ms})")
             options["deadline_ms"] = call_deadline_ms
         items = _batch_items(bodies)
-        plan, sent = self._batch_plan(policy, options, items)
-        encoded = _encode_bodies(sent)
-        batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
-                             progress=progress, on_result=on_result,
-                             logger=options.get("logger", self._defaults.get("logger", DEFAULT)),
-                             parse_items=True)
+        logger = options.get("logger", self._defaults.get("logger", DEFAULT))
+        if not isinstance(items, Iterator):
+            # A list or tuple: every body encoded and checked before any call.
+            plan, sent = self._batch_plan(policy, options, items)
+            encoded: Any = _encode_bodies(sent)
+            batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
+                                 progress=progress, on_result=on_result, logger=logger,
+                                 parse_items=True, keep_results=keep_results)
+        else:
+            # Any other iterable: each item read, encoded and checked just
+            # before it is submitted (_LazyEngineBatch).
+            plan, prep = self._batch_prep(policy, options)
+            encoded = _LazyBodies(items, prep)
+            batch = _batch.Batch(None, failures_path=failures_path, resume=resume,
+                                 progress=progress, on_result=on_result, logger=logger,
+                                 parse_items=True, keep_results=keep_results,
+                                 n=len(bodies) if isinstance(bodies, Sized) else None)
         return batch, encoded, plan, limit, batch_deadline, adaptive
+
+    def _batch_prep(self, policy: Any,
+                    options: Dict[str, Any]) -> Tuple[_Plan, Callable[[Any], Any]]:
+        """_batch_plan for a batch read lazily: the plan, and what makes
+        each item the body sent."""
+        if policy is None:
+            plan = self._plan.with_options(options.items()) if options else self._plan
+            _check_batch_options(plan.kwargs)
+            return plan, _with_stream_usage_one
+        pp = self._policy_plan(policy)
+        plan = pp.plan.with_options(options.items()) if options else pp.plan
+        if pp.auto_key and "idempotency_key" not in options:
+            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
+        _check_batch_options(plan.kwargs)
+        if pp.model is None:
+            return plan, _with_stream_usage_one
+        return plan, lambda body: _with_stream_usage_one(pp.body(body))
 
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
@@ -933,7 +984,8 @@ class Client:
         _check_batch_options(plan.kwargs)
         return plan, _with_stream_usage(items)
 
-    def _run_batch(self, batch: "_batch.Batch", encoded: Sequence[Tuple[bytes, Optional[str]]],
+    def _run_batch(self, batch: "_batch.Batch",
+                   encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
                    plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
                    already_ok: Optional[Any] = None,
                    invalid: Optional[Mapping[int, BaseException]] = None) -> BatchResult:
@@ -943,7 +995,8 @@ class Client:
         delivers events and builds the results, item by item, for the
         batch's record (``already_ok``: indices not to run, ``invalid``:
         items failed without being sent, both as Batch.open).
-        Ctrl-C raises BatchInterrupted, holding what finished.
+        Ctrl-C raises BatchInterrupted, holding what finished. ``encoded``
+        is a _LazyBodies for a lazy batch (``invalid`` then goes there).
         """
         try:
             return self._run_batch_inner(batch, encoded, plan, limit, deadline_ms, adaptive,
@@ -952,14 +1005,17 @@ class Client:
             raise _batch.interrupted(batch, exc) from None
 
     def _run_batch_inner(self, batch: "_batch.Batch",
-                         encoded: Sequence[Tuple[bytes, Optional[str]]], plan: _Plan,
-                         limit: int, deadline_ms: Optional[int], adaptive: bool,
+                         encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
+                         plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
                          already_ok: Optional[Any],
                          invalid: Optional[Mapping[int, BaseException]]) -> BatchResult:
         with batch:
+            if isinstance(encoded, _LazyBodies):
+                encoded.invalid = invalid
+                invalid = None
             batch.open(already_ok, invalid)
-            if batch.runnable:
-                job = _EngineBatch(self, batch, encoded, plan, limit, deadline_ms, adaptive)
+            if batch.lazy or batch.runnable:
+                job = _engine_job(self, batch, encoded, plan, limit, deadline_ms, adaptive)
                 try:
                     job.engine.call_many(*job.args, **job.kwargs)
                 finally:
@@ -993,17 +1049,18 @@ class Client:
                          adaptive: bool = True,
                          on_result: Optional[Callable[[int, Any], Any]] = None,
                          policy: Optional[str] = None,
+                         keep_results: bool = True,
                          **options: Any) -> BatchResult:
         """:func:`llmretry.acall_many` with this client's engine and defaults."""
         batch, encoded, plan, limit, batch_deadline, adaptive = self._many(
             bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume, progress,
-            adaptive, on_result, policy, options, "acall_many()")
+            adaptive, on_result, policy, options, "acall_many()", keep_results)
         try:
             with batch:
                 batch.open()
-                if batch.runnable:
-                    job = _EngineBatch(self, batch, encoded, plan, limit, batch_deadline,
-                                       adaptive)
+                if batch.lazy or batch.runnable:
+                    job = _engine_job(self, batch, encoded, plan, limit, batch_deadline,
+                                      adaptive)
                     try:
                         await _aio.amany(job)
                     finally:
@@ -1070,6 +1127,7 @@ class _EngineBatch:
                  encoded: Sequence[Tuple[bytes, Optional[str]]], plan: _Plan,
                  limit: int, deadline_ms: Optional[int], adaptive: bool) -> None:
         to_run = batch.runnable
+        keep = batch.results is not None
         self.engine = client._engine if client._engine is not None else client._reopen()
         self.batch = batch
         extra: Dict[str, Any] = {}
@@ -1095,7 +1153,7 @@ class _EngineBatch:
         # as it finishes (a record, progress, on_result); otherwise the
         # values are recorded once the run ends.
         self._each = batch.needs_each_item()
-        self._values: List[Any] = [None] * len(to_run)
+        self._values: Optional[List[Any]] = [None] * len(to_run) if keep else None
         self._stats: Dict[str, int] = {}
         self.args = ([encoded[i][0] for i in to_run],)
         # The extension reads limit as a C int: a larger one means the same
@@ -1103,16 +1161,85 @@ class _EngineBatch:
         self.kwargs = dict(models=[encoded[i][1] for i in to_run],
                            limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
                            adaptive=adaptive, on_result=item_done if self._each else None,
-                           results=self._values, stats=self._stats, as_result=True,
-                           **extra, **plan.kwargs)
+                           results=self._values, keep_results=keep, stats=self._stats,
+                           as_result=True, **extra, **plan.kwargs)
 
     def finish(self) -> None:
         """After the run (also when it raised): the totals and, unless each
         item was recorded as it finished, every value."""
         self.batch.add_totals(self._stats)
         if not self._each:
+            assert self._values is not None
             validator = self._validator
             self.batch.record_values(self._values, lambda out: _batch_value(out, validator))
+
+
+class _LazyEngineBatch:
+    """_EngineBatch for a batch read lazily: the engine pulls (index, body,
+    model, key) from a generator as its pacer wants more (at most its
+    submit-ahead window, 4 * limit + 64, unfinished at once), each item
+    encoded just then; an item is held (for the failures file) only while
+    it is in flight."""
+
+    __slots__ = ("engine", "args", "kwargs", "batch", "_stats")
+
+    def __init__(self, client: "Client", batch: "_batch.Batch", source: _LazyBodies,
+                 plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool) -> None:
+        self.engine = client._engine if client._engine is not None else client._reopen()
+        self.batch = batch
+        extra: Dict[str, Any] = {}
+        if plan.event_mask is not None:
+            extra["event_mask"] = plan.event_mask()
+        validator = None
+        if plan.validate is not None:
+            validator = extra["validate"] = _Validator(plan.validate)
+        auto_key, prep, invalid = plan.auto_key, source.prep, source.invalid
+        # index -> item while in flight, for its failures-file line.
+        in_flight: Dict[int, Any] = {}
+        keep_items = batch.journal is not None
+
+        def feed() -> Iterator[Tuple[int, bytes, Optional[str], Optional[str]]]:
+            for i, item in enumerate(source.items):
+                if not batch.wants(i):
+                    continue
+                if invalid and i in invalid:
+                    batch.item_done(i, invalid[i], True, item=item)
+                    continue
+                try:
+                    payload, model = _encode_body(prep(item))
+                except (TypeError, ValueError) as exc:
+                    kind = TypeError if isinstance(exc, TypeError) else ValueError
+                    raise kind(f"bodies[{i}]: {exc}") from None
+                if keep_items:
+                    in_flight[i] = item
+                yield i, payload, model, new_idempotency_key() if auto_key else None
+
+        def item_done(i: int, value: Any) -> None:
+            failed = not_started = False
+            if type(value) is dict:
+                value, failed, not_started = _batch_value(value, validator)
+            batch.item_done(i, value, failed, not_started=not_started,
+                            item=in_flight.pop(i, None))
+
+        self._stats: Dict[str, int] = {}
+        self.args = (feed(),)
+        self.kwargs = dict(limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
+                           adaptive=adaptive, on_result=item_done, keep_results=False,
+                           stats=self._stats, as_result=True, **extra, **plan.kwargs)
+
+    def finish(self) -> None:
+        """After the run (also when it raised): the totals."""
+        self.batch.add_totals(self._stats)
+
+
+def _engine_job(client: "Client", batch: "_batch.Batch",
+                encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
+                plan: _Plan, limit: int, deadline_ms: Optional[int],
+                adaptive: bool) -> Union[_EngineBatch, _LazyEngineBatch]:
+    """The engine run of a batch, lazy or not."""
+    if isinstance(encoded, _LazyBodies):
+        return _LazyEngineBatch(client, batch, encoded, plan, limit, deadline_ms, adaptive)
+    return _EngineBatch(client, batch, encoded, plan, limit, deadline_ms, adaptive)
 
 
 def _asks_stream_usage(body: Any) -> bool:
@@ -1295,6 +1422,7 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
               on_result: Optional[Callable[[int, Any], Any]] = None,
               client: Optional[Client] = None,
               policy: Optional[str] = None,
+              keep_results: bool = True,
               **options: Any) -> BatchResult:
     """One call per body, as one batch on the engine thread; in input order.
 
@@ -1303,7 +1431,22 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     :class:`~llmretry.BatchResult`: a list holding, for each body, its
     :class:`Result` or, when it failed, its :class:`~llmretry.LLMError`
     (failures are returned in place, never raised), with ``.summary``.
-    Wrong arguments, bodies included, raise before any call starts.
+    Wrong arguments raise before any call starts; so do bad bodies when
+    ``bodies`` is a list or tuple (every body is encoded first).
+
+    ``bodies`` may be any iterable: anything but a list or tuple (a
+    generator over a file) is read lazily, each item encoded just before it
+    is submitted, so only the items in flight are held (at most
+    ``4 * limit + 64`` read and not finished); a body that cannot be sent
+    then raises TypeError or ValueError naming ``bodies[i]`` when it is
+    reached, the items before it having run (and being in the failures
+    file: fix it and ``resume``). ``keep_results=False`` keeps no values:
+    each goes only to ``on_result`` (and the failures file), and the
+    BatchResult returned (or a BatchInterrupted's ``partial``) is an empty
+    list with its ``.summary``. A generator with ``on_result`` and
+    ``keep_results=False`` runs in memory that does not grow with the
+    batch. ``resume`` reads the same iterable again from its start: the
+    items an earlier run completed are skipped as they are read.
 
     ``options`` are :func:`call_llm` keywords, applied to every call
     (except ``request_id`` and ``idempotency_key``); ``policy`` names one of
@@ -1332,7 +1475,8 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
       results yourself (``on_result``); the record says which items
       succeeded, not what they returned.
     * ``progress``: True shows a bar on stderr (tqdm when installed, else a
-      plain line); a callable gets ``(done, total, failed)`` after each item.
+      plain line); a callable gets ``(done, total, failed)`` after each item
+      (``total`` None for an iterable of unknown length read lazily).
     * ``on_result(index, value)`` is called on this thread as each item
       finishes (value: its Result or its exception), before it is recorded;
       an exception from it stops the batch and propagates.
@@ -1357,7 +1501,7 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     return _client_or_default(client).call_many(
         bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
         failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
-        on_result=on_result, policy=policy, **options)
+        on_result=on_result, policy=policy, keep_results=keep_results, **options)
 
 
 # ---------------------------------------------------------------------------
@@ -1492,6 +1636,7 @@ async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
                      adaptive: bool = True,
                      on_result: Optional[Callable[[int, Any], Any]] = None,
                      policy: Optional[str] = None,
+                     keep_results: bool = True,
                      **options: Any) -> BatchResult:
     """:func:`call_many` for asyncio: the batch runs on the engine thread
     while the loop keeps running; ``on_result``, ``progress`` and the
@@ -1508,4 +1653,4 @@ async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
     return await _client_or_default(client).acall_many(
         bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
         failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
-        on_result=on_result, policy=policy, **options)
+        on_result=on_result, policy=policy, keep_results=keep_results, **options)

@@ -14,7 +14,8 @@ place where Python meets the C core. Conventions:
 * I/O failures are *returned* (``ok`` is False), never raised: the Python
   layer turns them into ``LLMError`` subclasses.
 """
-from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, TypedDict, Union
+from typing import (Any, Callable, Iterator, List, Literal, Optional, Sequence, Tuple, TypedDict,
+                    Union)
 
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
 EVENT_NAMES: tuple[str, ...]  # event names in the order of their event_mask bits
@@ -113,7 +114,9 @@ class Engine:
         """A batch pacer for Channel.call(..., group=) (its calls report to
         their channel)."""
         ...
-    def batch(self, bodies: Sequence[bytes], **options: Any) -> "BatchRun":
+    def batch(self, bodies: Union[Sequence[bytes],
+                                  Iterator[Tuple[int, bytes, Optional[str], Optional[str]]]],
+              **options: Any) -> "BatchRun":
         """call_many's arguments; nothing runs until the first step()."""
         ...
     def stream(self, body: bytes, **options: Any) -> "Stream":
@@ -123,7 +126,8 @@ class Engine:
         ...
     def call_many(
         self,
-        bodies: Sequence[bytes],
+        bodies: Union[Sequence[bytes],
+                      Iterator[Tuple[int, bytes, Optional[str], Optional[str]]]],
         *,
         models: Optional[Sequence[Optional[str]]] = None,
         idempotency_keys: Optional[Sequence[Optional[str]]] = None,
@@ -132,9 +136,10 @@ class Engine:
         adaptive: bool = True,
         on_result: Optional[Callable[[int, Any], Any]] = None,
         results: Optional[list[Any]] = None,
+        keep_results: bool = True,
         stats: Optional[dict[str, int]] = None,
         **options: Any,
-    ) -> list[Any]:
+    ) -> Optional[list[Any]]:
         """Run one call per body as one batch on the engine thread.
 
         ``options`` are those of ``call`` (``request_id`` and
@@ -155,6 +160,16 @@ class Engine:
         a dict, receives ``{"pauses", "halvings", "window", "attempts",
         "retries", "resends", "prompt_tokens", "completion_tokens", "total_tokens"}``
         when the batch ends, also when it ends by an exception.
+
+        ``keep_results=False``: no list is kept (returns None), each
+        outcome goes to ``on_result`` only. ``bodies`` may instead be an
+        iterator of ``(index, body bytes, model or None, key or None)``
+        tuples (then ``keep_results=False``, and no ``models``,
+        ``idempotency_keys`` or ``results``): it is read only as the pacer
+        wants more (at most ``4 * limit + 64`` items submitted and not
+        finished), each item checked as it comes, and ``on_result`` gets the
+        tuple's index. An exception from the iterator ends the batch as one
+        from ``on_result`` does.
         """
 
 NOT_STARTED: object  # run_pool's slot for an item never started (deadline, stop)
@@ -199,7 +214,7 @@ class Group:
 
 class BatchRun:
     """A batch in progress (Engine.batch()): call_many without the wait."""
-    results: list[Any]
+    results: Optional[list[Any]]   # None: keep_results=False
     def step(self) -> bool:
         """Submit and collect what can be done now; True once all finished."""
         ...

@@ -12,7 +12,11 @@
 
     While the batch runs, lines are appended (flushed) as items finish, so an
     interrupted run (Ctrl-C, a crash) leaves every finished item in it, in
-    the order they finished. ``--resume`` keeps the ok lines of the results
+    the order they finished; at the end an external merge sort puts them in
+    input order. The input is read a line at a time, twice (a first pass
+    checks every line; standard input is copied to a temporary file), and
+    no result is kept in memory: memory does not grow with the number of
+    lines, resume included. ``--resume`` keeps the ok lines of the results
     file and runs every other request (the failed ones and those never
     run); without a results file it falls back to the failures file's
     record (see :mod:`llmretry._batch`), and requests completed earlier whose
@@ -48,15 +52,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set,
-                    TextIO, Tuple)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, TextIO, Tuple)
 
 from . import _batch
-from ._client import Client, Result, _encode_body
+from ._client import Client, Result, _encode_body, _LazyBodies
 from ._llmretry import VERSION
 from ._logging import jsonl_logger
 from ._policies import load_policies
@@ -317,38 +322,100 @@ class InvalidInputError(LLMError):
         return (InvalidInputError, (self.message, self.input_line))
 
 
-def _read_requests(path: str, model: Optional[str]
-                   ) -> Tuple[List[Optional[Dict[str, Any]]], List[int], Dict[int, str]]:
-    """The requests of the input file: the body of each non-blank line (None
-    for a bad one), the line number of each, and what is wrong with each bad
-    one (by index: "PATH:LINE: why"). A bad line keeps its index, so that
-    fixing it and resuming is the same batch."""
-    try:
+class _Input:
+    """The input file, read twice and a line at a time (never whole): a
+    first pass checks every line and counts the requests (bad lines are a
+    usage error before anything runs), the second feeds the batch. Standard
+    input is copied to a temporary file first, to be read twice."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._spool: Optional[Any] = None
         if path == "-":
+            import tempfile
+            spool = tempfile.TemporaryFile()
             raw = getattr(sys.stdin, "buffer", None)    # None: a text-only stand-in
-            data = (raw.read() if raw is not None
-                    else sys.stdin.read().encode("utf-8", "surrogateescape"))
-        else:
-            with open(path, "rb") as fh:
-                data = fh.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    bodies: List[Optional[Dict[str, Any]]] = []
-    linenos: List[int] = []
-    bad: Dict[int, str] = {}
-    # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085
-    # and others, which JSON strings may hold unescaped.
-    for lineno, raw_line in enumerate(data.split(b"\n"), 1):
-        if not raw_line.strip():
-            continue
-        why, body = _parse_request(raw_line)
-        if why is None and model is not None and "model" not in body:
+            if raw is not None:
+                while True:
+                    block = raw.read(1 << 20)
+                    if not block:
+                        break
+                    spool.write(block)
+            else:
+                spool.write(sys.stdin.read().encode("utf-8", "surrogateescape"))
+            self._spool = spool
+
+    def lines(self) -> Iterator[Tuple[int, bytes]]:
+        """(line number, line) of every non-blank line, from the start."""
+        try:
+            if self._spool is not None:
+                self._spool.seek(0)
+                fh: Any = self._spool
+                close = False
+            else:
+                fh = open(self.path, "rb")
+                close = True
+        except OSError as exc:
+            raise UsageError(f"cannot read {self.path}: {exc.strerror}") from None
+        try:
+            # Lines end at "\n" only (binary iteration): str.splitlines would
+            # also cut at U+2028, U+0085 and others, which JSON strings may
+            # hold unescaped.
+            for lineno, raw_line in enumerate(fh, 1):
+                if raw_line.strip():
+                    yield lineno, raw_line.rstrip(b"\n")
+        except OSError as exc:
+            raise UsageError(f"cannot read {self.path}: {exc.strerror}") from None
+        finally:
+            if close:
+                fh.close()
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+
+
+def _request_of(raw_line: bytes, model: Optional[str], stream: bool) -> Tuple[Optional[str], Any]:
+    """A line as the request to send: (None, body), or (why, None) for a bad one."""
+    why, body = _parse_request(raw_line)
+    if why is None:
+        if model is not None and "model" not in body:
             body["model"] = model
+        if stream:
+            body["stream"] = True   # each request as a stream; the result stored is assembled
+    return why, body
+
+
+def _scan_requests(inp: _Input, model: Optional[str], stream: bool
+                   ) -> Tuple[int, Dict[int, str], Dict[int, int]]:
+    """The first pass: how many requests, and what is wrong with each bad
+    one (by index: "PATH:LINE: why") and its line number. A bad line keeps
+    its index, so that fixing it and resuming is the same batch. Each body
+    is parsed and encoded, then dropped."""
+    n = 0
+    bad: Dict[int, str] = {}
+    linenos: Dict[int, int] = {}
+    for lineno, raw_line in inp.lines():
+        why, body = _request_of(raw_line, model, stream)
+        if why is None:
+            try:    # JSON that Python reads but cannot send: NaN, lone surrogates
+                _encode_body(body)
+            except (TypeError, ValueError) as exc:
+                why = str(exc)
         if why is not None:
-            bad[len(bodies)] = f"{path}:{lineno}: {why}"
-        bodies.append(body if why is None else None)
-        linenos.append(lineno)
-    return bodies, linenos, bad
+            bad[n] = f"{inp.path}:{lineno}: {why}"
+            linenos[n] = lineno
+        n += 1
+    return n, bad, linenos
+
+
+def _requests(inp: _Input, model: Optional[str], stream: bool,
+              bad: Mapping[int, str]) -> Iterator[Optional[Dict[str, Any]]]:
+    """The second pass: each request's body (None for a bad line: it is not
+    echoed in the failures file), read as the batch wants the next."""
+    for k, (_lineno, raw_line) in enumerate(inp.lines()):
+        yield None if k in bad else _request_of(raw_line, model, stream)[1]
 
 
 def _parse_request(raw_line: bytes) -> Tuple[Optional[str], Any]:
@@ -399,41 +466,74 @@ def _result_line(index: int, value: Any) -> str:
     return _LINE.encode(rec)
 
 
-def _read_results(path: str, n: int) -> Dict[int, str]:
-    """The ok lines of an earlier results file, by index (the last one wins)."""
-    kept: Dict[int, str] = {}
+# Our own results lines start so: the final sort reads their index without
+# parsing the whole line (a million of them are read at the end of a run).
+_INDEX_PREFIX = re.compile(r'\{"index":(\d+),"ok":(true|false)[,}]')
+
+
+def _line_index(line: str, strict: bool = True) -> Tuple[Optional[int], bool]:
+    """A results line's index (None: not a results line) and whether it is
+    ok. ``strict``: only a line Python can read back counts (an earlier
+    run's line; one too deep to read is not done, and runs again)."""
+    m = None if strict else _INDEX_PREFIX.match(line)
+    if m is not None and line.endswith("}"):
+        return int(m.group(1)), m.group(2) == "true"
     try:
-        lines = _batch._read_lines(path)
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return None, False  # a line cut short by a crash, or one Python cannot read
+    if not isinstance(rec, dict) or type(rec.get("index")) is not int:
+        return None, False
+    return rec["index"], rec.get("ok") is True
+
+
+def _read_results(path: str, n: int) -> Optional[_batch.IndexSet]:
+    """The requests an earlier results file has ok (the last line of each
+    wins), read line by line; None when there is no such file."""
+    kept = _batch.IndexSet(limit=max(n, 1))
+    try:
+        for line in _batch.iter_lines(path):
+            index, ok = _line_index(line)
+            if index is None:
+                continue
+            if not 0 <= index < n:
+                raise UsageError(f"{path} has a result for request {index}, but the input "
+                                 f"has {n} requests: is it the same batch?")
+            if ok:
+                kept.add(index)
+            else:
+                kept.discard(index)
     except FileNotFoundError:
-        return kept
+        return None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            continue        # a line cut short by a crash, or one Python cannot read
-        if not isinstance(rec, dict) or type(rec.get("index")) is not int:
-            continue
-        index = rec["index"]
-        if not 0 <= index < n:
-            raise UsageError(f"{path} has a result for request {index}, but the input "
-                             f"has {n} requests: is it the same batch?")
-        if rec.get("ok") is True:
-            kept[index] = line
-        else:
-            kept.pop(index, None)
     return kept
 
 
 class _ResultsFile:
-    """The results file: appended as items finish, sorted at the end."""
+    """The results file: appended as items finish (so a crash or Ctrl-C
+    leaves every finished item in it, in the order they finished), sorted
+    into input order at the end by an external merge sort (runs of at most
+    SORT_RUN_BYTES in memory), so that memory does not grow with the batch."""
 
-    def __init__(self, path: str, kept: Dict[int, str]) -> None:
+    SORT_RUN_BYTES = 4 << 20
+    SORT_RUN_LINES = 10000
+
+    def __init__(self, path: str, kept: Optional[_batch.IndexSet]) -> None:
         self.path = path
-        data = "".join(kept[i] + "\n" for i in sorted(kept))
+        self.fd = -1
+        tmp = f"{path}.tmp{os.getpid()}"
         try:
-            _batch._write_atomically(path, data.encode("utf-8"))
+            with open(tmp, "wb") as out:
+                if kept is not None and len(kept):
+                    # The earlier run's ok lines (the last of each wins at the end).
+                    for line in _batch.iter_lines(path):
+                        index, ok = _line_index(line)
+                        if ok and index in kept:
+                            out.write(line.encode("utf-8") + b"\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
             self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             raise UsageError(f"cannot write {path}: {exc.strerror}") from None
@@ -447,21 +547,90 @@ class _ResultsFile:
             self.fd = -1
 
     def finish(self, n: int) -> None:
-        """Rewrite the file in input order, one line per request."""
+        """Rewrite the file in input order, one line per request (the last
+        line of each index wins; a missing one was completed by an earlier
+        run whose result is gone)."""
         self.close()
-        by_index: Dict[int, str] = {}
-        for line in _batch._read_lines(self.path):
-            try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(rec, dict) and type(rec.get("index")) is int:
-                by_index[rec["index"]] = line
-        for i in range(n):
-            if i not in by_index:   # completed by an earlier run whose result is gone
-                by_index[i] = _LINE.encode({"index": i, "ok": True, "skipped": True})
-        _batch._write_atomically(
-            self.path, "".join(by_index[i] + "\n" for i in range(n)).encode("utf-8"))
+        import heapq
+        import tempfile
+        folder = tempfile.mkdtemp(prefix=".llmretry-sort-",
+                                  dir=os.path.dirname(os.path.abspath(self.path)))
+        try:
+            runs: List[Any] = []
+            chunk: List[Tuple[int, str]] = []
+            size = 0
+
+            def spill() -> None:
+                chunk.sort(key=lambda kv: kv[0])    # stable: later lines stay later
+                fh = tempfile.TemporaryFile(dir=folder)
+                fh.write("".join(f"{i} {line}\n" for i, line in chunk).encode("utf-8"))
+                fh.seek(0)
+                runs.append(fh)
+                chunk.clear()
+
+            for line in _batch.iter_lines(self.path):
+                index, _ok = _line_index(line, strict=False)   # this run's, or checked
+                if index is None or not 0 <= index < n:
+                    continue
+                chunk.append((index, line))
+                size += len(line)
+                if size >= self.SORT_RUN_BYTES or len(chunk) >= self.SORT_RUN_LINES:
+                    spill()
+                    size = 0
+            if runs:
+                spill()
+                merged: Iterable[Tuple[int, str]] = heapq.merge(
+                    *(_run_lines(fh) for fh in runs), key=lambda kv: kv[0])
+            else:
+                chunk.sort(key=lambda kv: kv[0])
+                merged = chunk
+            tmp = f"{self.path}.tmp{os.getpid()}"
+            with open(tmp, "wb") as out:
+                nxt = 0         # the next index to write
+                held: Optional[str] = None
+                block: List[str] = []
+
+                def put(text: str) -> None:
+                    block.append(text)
+                    if len(block) >= 4096:
+                        out.write("".join(block).encode("utf-8"))
+                        block.clear()
+
+                for index, line in merged:
+                    if held is not None and index != nxt:
+                        put(held + "\n")
+                        held = None
+                        nxt += 1
+                    while nxt < index:
+                        put(_skipped_line(nxt))
+                        nxt += 1
+                    held = line     # a later line of the same index replaces it
+                if held is not None:
+                    put(held + "\n")
+                    nxt += 1
+                while nxt < n:
+                    put(_skipped_line(nxt))
+                    nxt += 1
+                out.write("".join(block).encode("utf-8"))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            import shutil
+            for fh in locals().get("runs", []):
+                fh.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_lines(fh: Any) -> Iterator[Tuple[int, str]]:
+    """A sorted run's (index, line) pairs, as spilled by _ResultsFile.finish."""
+    for raw in fh:
+        index, _, line = raw.decode("utf-8").rstrip("\n").partition(" ")
+        yield int(index), line
+
+
+def _skipped_line(index: int) -> str:
+    return _LINE.encode({"index": index, "ok": True, "skipped": True}) + "\n"
 
 
 class _Interrupts:
@@ -507,11 +676,12 @@ class _CliBatch(_batch.Batch):
     interrupts: _Interrupts
 
     def item_done(self, index: int, value: Any, failed: bool,
-                  outcome: Optional[Any] = None, not_started: bool = False) -> None:
+                  outcome: Optional[Any] = None, not_started: bool = False,
+                  item: Any = None) -> None:
         if not failed and isinstance(value, Result) and not _writable(value):
             value, failed = _unwritable(value), True
         with self.interrupts.critical():
-            super().item_done(index, value, failed, outcome, not_started)
+            super().item_done(index, value, failed, outcome, not_started, item)
 
 
 def _writable(res: Result) -> bool:
@@ -537,18 +707,29 @@ def _unwritable(res: Result) -> LLMError:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    """``llmretry batch``: returns the exit status."""
-    bodies, linenos, bad = _read_requests(args.input, args.model)
-    n = len(bodies)
+    """``llmretry batch``: returns the exit status.
+
+    The input is read twice, a line at a time, and results are written as
+    items finish: memory does not grow with the number of lines (the batch
+    keeps no results, its record is a bitmap)."""
+    inp = _Input(args.input)
+    try:
+        return _run_batch(args, inp)
+    finally:
+        inp.close()
+
+
+def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
+    n, bad, linenos = _scan_requests(inp, args.model, args.stream)
     output = os.fspath(args.output)
     if args.failures is not None and os.path.abspath(args.failures) == os.path.abspath(output):
         raise UsageError("--failures and -o must be different files")
-    kept: Dict[int, str] = _read_results(output, n) if args.resume else {}
-    already_ok: Optional[Set[int]] = None
-    if args.resume and (kept or os.path.exists(output)):
-        already_ok = set(kept)
+    kept = _read_results(output, n) if args.resume else None
+    already_ok: Optional[_batch.IndexSet] = None
+    if kept is not None:
+        already_ok = kept
     elif args.resume and args.failures is None:
-        already_ok = set()      # nothing to resume from: a first run
+        already_ok = _batch.IndexSet(limit=max(n, 1))   # nothing to resume from: a first run
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     bar = _batch.ProgressBar(desc=PROG) if show_progress else None
     write = bar.write if bar is not None else _stderr_line
@@ -562,22 +743,7 @@ def run_batch(args: argparse.Namespace) -> int:
         options = _client_defaults(args)
         if args.call_deadline_ms is not None:
             options["deadline_ms"] = args.call_deadline_ms
-        if args.stream:
-            # Each request as a stream; the result stored is the assembled one.
-            bodies = [dict(b, stream=True) if isinstance(b, dict) else b for b in bodies]
-        plan, sent = client._batch_plan(args.policy, options,
-                                        [b if b is not None else {} for b in bodies])
-        encoded: List[Tuple[bytes, Optional[str]]] = []
-        for k, (body, lineno) in enumerate(zip(sent, linenos)):
-            if k in bad:
-                encoded.append((b"", None))
-                continue
-            try:    # JSON that Python reads but cannot send: NaN, lone surrogates
-                encoded.append(_encode_body(body))
-            except (TypeError, ValueError) as exc:
-                bad[k] = f"{args.input}:{lineno}: {exc}"
-                bodies[k] = None    # not echoed in the failures file
-                encoded.append((b"", None))
+        plan, prep = client._batch_prep(args.policy, options)
         if bad and not args.skip_invalid:
             raise _bad_lines_error(args.input, bad)
         invalid = {k: InvalidInputError(why, linenos[k]) for k, why in bad.items()}
@@ -586,14 +752,16 @@ def run_batch(args: argparse.Namespace) -> int:
         if len(bad) > MAX_BAD_LINES:
             write(f"{PROG}: skipped {len(bad) - MAX_BAD_LINES} more bad lines")
         results = _ResultsFile(output, kept)
-        batch = _CliBatch(bodies, failures_path=args.failures,
+        batch = _CliBatch(None, n=n, failures_path=args.failures,
                           resume=args.resume and args.failures is not None,
                           progress=bar if bar is not None else False,
-                          on_result=results.append, logger=logger, parse_items=True)
+                          on_result=results.append, logger=logger, parse_items=True,
+                          keep_results=False)
         batch.interrupts = interrupts
+        source = _LazyBodies(_requests(inp, args.model, args.stream, bad), prep)
         try:
             with interrupts.installed():
-                client._run_batch(batch, encoded, plan, args.limit, args.deadline_ms,
+                client._run_batch(batch, source, plan, args.limit, args.deadline_ms,
                                   args.adaptive, already_ok=already_ok, invalid=invalid)
         except KeyboardInterrupt:
             results.close()
