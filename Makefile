@@ -81,7 +81,8 @@ check:
 # against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
 # minutes; installs what it needs (apt-get, pip); not part of make test.
 # The suite (every client × concurrency), then the focused benchmarks of the
-# core, the Python API, batches, streaming and asyncio, then the report: BENCHMARKS.md + plots.
+# core, the Python API, batches, streaming, asyncio and rate limits, then the report:
+# BENCHMARKS.md + plots.
 bench: deps
 	$(PYTHON) bench/suite/run.py
 	bash bench/run_core.sh > bench/results/core.md
@@ -89,6 +90,7 @@ bench: deps
 	bash bench/run_batch.sh > bench/results/batch.md
 	bash bench/run_stream.sh > bench/results/stream.md
 	bash bench/run_async.sh > bench/results/async.md
+	bash bench/run_rate.sh > bench/results/rate.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

@@ -617,6 +617,12 @@ FOCUSED = [
      "`acall_llm` per item and `acall_many` at 64, 256 and 1,024 in flight against "
      "`AsyncOpenAI` (httpx2 and aiohttp transports), raw httpx, httpx2 and aiohttp, and "
      "the sync `call_many` (bench/README.md, \"asyncio benchmark\")."),
+    ("rate.md", "Rate limits: call_many under a provider's request and token limits",
+     "bash bench/run_rate.sh",
+     "A batch of 3,000 against the mock enforcing 6,000 requests and 1,000,000 tokens a "
+     "minute per one-second window: `call_many` with `rpm`/`tpm` and with the limits "
+     "learned from the headers, the openai SDK's retries in 64 threads and a "
+     "cookbook-style asyncio processor (bench/README.md, \"Rate-limit benchmark\")."),
 ]
 
 
