@@ -30,6 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Pace at this share of a limit: at exactly the limit, a call that comes a
+ * little early (a timer, the network) lands in the window of the one a
+ * limit ago and is refused; 2 % leaves that room. */
+#define PACE 0.98
+
 /* More endpoints than this are not tracked (their calls are not limited). */
 #define MAX_ENDPOINTS 256
 /* A completion's tokens when the body does not bound them. */
@@ -43,7 +48,10 @@ struct lr_endpoint {
     double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
     double tok_cap;                    /* the token bucket's size: its next call's */
     int64_t refilled_at;               /* -1: the buckets start full */
-    int64_t remaining_req, remaining_tok;   /* -1 = not known */
+    /* What the server last said is left (-1 = not known), less what we
+     * sent since, as of remaining_*_at; and when its window is full again. */
+    int64_t remaining_req, remaining_tok;
+    int64_t remaining_req_at, remaining_tok_at;
     int64_t reset_req_at, reset_tok_at;
     int64_t paused_until;              /* a 429's named wait */
     int in_flight;                     /* attempts admitted and not ended */
@@ -68,6 +76,26 @@ static int unlimited(const lr_endpoint *ep, int64_t now)
            ep->remaining_req < 0 && ep->remaining_tok < 0;
 }
 
+/* A per-minute request limit as a paced rate per millisecond. */
+static double per_ms(int64_t per_minute)
+{
+    return (double)per_minute * PACE / 60000.0;
+}
+
+/* The token rate for calls of `need` tokens: a provider counting a second's
+ * worth (tpm / 60) per second admits floor(L / need) such calls in any
+ * second, so they go (L - need) / s apart (at least half the rate, for calls
+ * near a second's worth): evenly spaced at the full rate, one call more than
+ * fits would land in some second (measured: ~1 % refused). */
+static double tokens_per_ms(int64_t per_minute, double need)
+{
+    double second = (double)per_minute / 60.0;
+    double rate = second - need;
+    if (rate < second / 2)
+        rate = second / 2;
+    return rate / 1000.0;
+}
+
 /* Refill both buckets up to now; the token bucket holds `tok_cap` (the
  * tokens of the call that is next), the request bucket one request. */
 static void refill(lr_endpoint *ep, int64_t now, double tok_cap)
@@ -79,8 +107,8 @@ static void refill(lr_endpoint *ep, int64_t now, double tok_cap)
         ep->tok_level = ep->tok_cap;
     } else if (now > ep->refilled_at) {
         double dt = (double)(now - ep->refilled_at);
-        ep->req_level = fmin(1.0, ep->req_level + dt * (double)rpm / 60000.0);
-        ep->tok_level = fmin(ep->tok_cap, ep->tok_level + dt * (double)tpm / 60000.0);
+        ep->req_level = fmin(1.0, ep->req_level + dt * per_ms(rpm));
+        ep->tok_level = fmin(ep->tok_cap, ep->tok_level + dt * tokens_per_ms(tpm, tok_cap));
     }
     ep->refilled_at = now;
 }
@@ -179,28 +207,56 @@ lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
     return ep;
 }
 
+/* How long until `need` fits what the server said remains (`remaining` as of
+ * `at`): with a known rate, the time the rate takes to bring the missing
+ * part back, at most until the reset; without one, until the reset (the
+ * moment its window is full again: longer than one call needs, but all
+ * that is known). 0 when it fits or the reset has passed. */
+static int64_t hold(double need, int64_t remaining, int64_t at, double rate_per_ms,
+                    int64_t reset_at, int64_t now)
+{
+    if (reset_at <= now)
+        return 0;
+    double left = (double)remaining + (double)(now - at) * rate_per_ms;
+    if (left >= need)
+        return 0;
+    int64_t until_reset = reset_at - now;
+    if (rate_per_ms <= 0)
+        return until_reset;
+    int64_t w = (int64_t)ceil((need - left) / rate_per_ms);
+    return w < until_reset ? w : until_reset;
+}
+
 /* Milliseconds until the endpoint admits c (0: now). */
 static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
 {
     if (unlimited(ep, now))
         return 0;
     int64_t wait = ep->paused_until > now ? ep->paused_until - now : 0;
-    /* The server said nothing is left until its reset. */
-    if (ep->remaining_req == 0 && ep->reset_req_at > now && ep->reset_req_at - now > wait)
-        wait = ep->reset_req_at - now;
     int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
     double need = tpm > 0 || ep->remaining_tok >= 0 ? (double)estimate(c) : 0.0;
-    refill(ep, now, need);
-    if (rpm > 0 && ep->req_level < 1.0) {
-        int64_t w = (int64_t)ceil((1.0 - ep->req_level) * 60000.0 / (double)rpm);
+    /* The server says too little is left: one more request, this call's
+     * tokens. */
+    if (ep->remaining_req >= 0) {
+        int64_t w = hold(1.0, ep->remaining_req, ep->remaining_req_at, per_ms(rpm),
+                         ep->reset_req_at, now);
         if (w > wait)
             wait = w;
     }
-    if (ep->remaining_tok >= 0 && need > (double)ep->remaining_tok && ep->reset_tok_at > now &&
-        ep->reset_tok_at - now > wait)
-        wait = ep->reset_tok_at - now;
+    if (ep->remaining_tok >= 0) {
+        int64_t w = hold(need, ep->remaining_tok, ep->remaining_tok_at,
+                         tpm > 0 ? tokens_per_ms(tpm, need) : 0.0, ep->reset_tok_at, now);
+        if (w > wait)
+            wait = w;
+    }
+    refill(ep, now, need);
+    if (rpm > 0 && ep->req_level < 1.0) {
+        int64_t w = (int64_t)ceil((1.0 - ep->req_level) / per_ms(rpm));
+        if (w > wait)
+            wait = w;
+    }
     if (tpm > 0 && ep->tok_level < need) {
-        int64_t w = (int64_t)ceil((need - ep->tok_level) * 60000.0 / (double)tpm);
+        int64_t w = (int64_t)ceil((need - ep->tok_level) / tokens_per_ms(tpm, need));
         if (w > wait)
             wait = w;
     }
@@ -302,6 +358,7 @@ void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretr
         int64_t reset = c->hdr_set[LR_H_RESET_REQUESTS]
                       ? llmretry_parse_reset_duration(lr_call_header(c, LR_H_RESET_REQUESTS)) : -1;
         ep->remaining_req = v > ep->in_flight ? v - ep->in_flight : 0;
+        ep->remaining_req_at = now;
         ep->reset_req_at = reset >= 0 ? lr_time_add(now, reset) : -1;
         if (ep->reset_req_at < 0)
             ep->remaining_req = -1;     /* no reset time: nothing to wait for */
@@ -310,6 +367,7 @@ void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretr
         int64_t reset = c->hdr_set[LR_H_RESET_TOKENS]
                       ? llmretry_parse_reset_duration(lr_call_header(c, LR_H_RESET_TOKENS)) : -1;
         ep->remaining_tok = v;
+        ep->remaining_tok_at = now;
         ep->reset_tok_at = reset >= 0 ? lr_time_add(now, reset) : -1;
         if (ep->reset_tok_at < 0)
             ep->remaining_tok = -1;
