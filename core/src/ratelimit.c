@@ -2,17 +2,19 @@
  * and API key), shared by every call of the engine, that admission asks
  * before each attempt starts.
  *
- * - Configured limits (options rpm, tpm) are buckets paced evenly, that
- *   hold one request's worth: a request each 60000 / rpm ms, and a call of
- *   T tokens T * 60000 / tpm ms after the tokens before it. Providers
- *   enforce a per-minute limit in shorter slices (a 600/min limit may
- *   refuse the 11th request of a second); a bucket of one second's worth
- *   (DESIGN §12) would send two seconds' worth in the first second and
- *   have those refused, where even spacing stays under any slice. So no
- *   call is starved either: it waits for its own tokens, never more.
+ * - Configured limits (options rpm, tpm) are buckets paced evenly that
+ *   hold one call's worth: a request each 60000 / rpm ms (at 98 %: PACE),
+ *   and a call of T tokens T / (L - T) s after the tokens before it, L
+ *   being a second's worth (tpm / 60). Providers enforce a per-minute
+ *   limit in shorter slices (a 600/min limit may refuse the 11th request
+ *   of a second): a bucket of one second's worth (DESIGN §12) would send
+ *   two seconds' worth in the first second and have them refused, and
+ *   even spacing at exactly the limit lets one call more than fits land in
+ *   some second. No call is starved: it waits for its own tokens only.
  * - Learned limits: every response's x-ratelimit-limit-* stand in for rpm /
- *   tpm when none is configured, and x-ratelimit-remaining-* with -reset-*
- *   hold new attempts once the server says nothing is left, until its reset.
+ *   tpm when none is configured, and x-ratelimit-remaining-* hold a call
+ *   that does not fit what is left for as long as the rate takes to bring
+ *   the rest back, at most until -reset-* (when the window is full again).
  * - A 429 naming a wait pauses the endpoint for every call of the engine.
  * - A call is charged its estimated tokens (prompt characters / 4, plus
  *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS;
