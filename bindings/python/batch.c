@@ -44,6 +44,7 @@ typedef struct {
  * whatever the batch's length. */
 typedef struct {
     PyObject *bodies, *models, *keys; /* sequences (PySequence_Fast); models, keys optional */
+    PyObject *tokens;               /* estimated_tokens per item (ints), optional */
     PyObject *iter;                 /* or: the iterator of tuples */
     Py_ssize_t n;                   /* sequences: their length */
     Py_ssize_t next;                /* sequences: the next to submit */
@@ -199,8 +200,17 @@ static int batch_check(batch *b)
 /* Submit one item (index: what on_result will get; what: how errors name
  * it); 0, or -1 with a Python error set. The core copies what it keeps. */
 static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t index,
-                        PyObject *body, PyObject *model, PyObject *key)
+                        PyObject *body, PyObject *model, PyObject *key, PyObject *tokens)
 {
+    /* The host's count of the item's tokens for the tpm budget (0: the
+     * core estimates): tiktoken's, when the host has it. */
+    o->estimated_tokens = 0;
+    if (tokens && tokens != Py_None) {
+        long long t = PyLong_AsLongLong(tokens);
+        if (t == -1 && PyErr_Occurred())
+            return -1;
+        o->estimated_tokens = t > 0 ? t : 0;
+    }
     o->body = PyBytes_AS_STRING(body);
     o->body_len = (size_t)PyBytes_GET_SIZE(body);
     o->model = NULL;
@@ -245,7 +255,8 @@ static int batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
             b->exhausted = 1;
         return batch_submit(self, b, o, i, PySequence_Fast_GET_ITEM(b->bodies, i),
                             b->models ? PySequence_Fast_GET_ITEM(b->models, i) : NULL,
-                            b->keys ? PySequence_Fast_GET_ITEM(b->keys, i) : NULL);
+                            b->keys ? PySequence_Fast_GET_ITEM(b->keys, i) : NULL,
+                            b->tokens ? PySequence_Fast_GET_ITEM(b->tokens, i) : NULL);
     }
     PyObject *t = PyIter_Next(b->iter);
     if (!t) {
@@ -256,9 +267,10 @@ static int batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
     }
     int rc = -1;
     Py_ssize_t index;
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
-        PyErr_SetString(PyExc_TypeError,
-                        "a batch iterator yields (index, body bytes, model, key) tuples");
+    Py_ssize_t nt = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
+    if (nt != 4 && nt != 5) {
+        PyErr_SetString(PyExc_TypeError, "a batch iterator yields (index, body bytes, model, "
+                        "key[, estimated tokens]) tuples");
     } else if ((index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0))) == -1 && PyErr_Occurred()) {
         /* the error set */
     } else {
@@ -272,7 +284,8 @@ static int batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
         else if (key != Py_None && !PyUnicode_Check(key))
             PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", index);
         else
-            rc = batch_submit(self, b, o, index, body, model, key);
+            rc = batch_submit(self, b, o, index, body, model, key,
+                              nt == 5 ? PyTuple_GET_ITEM(t, 4) : NULL);
     }
     Py_DECREF(t);                   /* the body is the core's copy now */
     return rc;
@@ -343,6 +356,7 @@ static void BatchRun_dealloc(BatchRunObject *r)
     Py_XDECREF(r->b.bodies);
     Py_XDECREF(r->b.models);
     Py_XDECREF(r->b.keys);
+    Py_XDECREF(r->b.tokens);
     Py_XDECREF(r->b.iter);
     Py_XDECREF(r->results);
     Py_XDECREF(r->on_result);
@@ -373,6 +387,7 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
         goto fail;
     PyObject *models_arg = pop_kw(kw, "models", Py_None);
     PyObject *keys_arg = pop_kw(kw, "idempotency_keys", Py_None);
+    PyObject *tokens_arg = pop_kw(kw, "estimated_tokens", Py_None);
     PyObject *limit_arg = pop_kw(kw, "limit", NULL);
     PyObject *deadline_arg = pop_kw(kw, "batch_deadline_ms", Py_None);
     PyObject *adaptive_arg = pop_kw(kw, "adaptive", Py_True);
@@ -438,9 +453,11 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     if (!PyList_Check(bodies_arg) && !PyTuple_Check(bodies_arg)) {
         /* An iterator of (index, body, model, key): read as the pacer
          * wants more; each item checked as it comes. */
-        if (models_arg != Py_None || keys_arg != Py_None || results_arg != Py_None || keep) {
+        if (models_arg != Py_None || keys_arg != Py_None || tokens_arg != Py_None ||
+            results_arg != Py_None || keep) {
             PyErr_SetString(PyExc_TypeError, "a batch from an iterator takes no models, "
-                            "idempotency_keys or results, and needs keep_results=False");
+                            "idempotency_keys, estimated_tokens or results, and needs "
+                            "keep_results=False");
             goto fail;
         }
         if (!(b->iter = PyObject_GetIter(bodies_arg)))
@@ -465,6 +482,14 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
                 goto fail;
             if (PySequence_Fast_GET_SIZE(b->keys) != b->n) {
                 PyErr_SetString(PyExc_ValueError, "idempotency_keys must be as long as bodies");
+                goto fail;
+            }
+        }
+        if (tokens_arg != Py_None) {
+            if (!(b->tokens = PySequence_Fast(tokens_arg, "estimated_tokens must be a sequence")))
+                goto fail;
+            if (PySequence_Fast_GET_SIZE(b->tokens) != b->n) {
+                PyErr_SetString(PyExc_ValueError, "estimated_tokens must be as long as bodies");
                 goto fail;
             }
         }

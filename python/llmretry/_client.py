@@ -1138,6 +1138,13 @@ class _EngineBatch:
             validator = extra["validate"] = _Validator(plan.validate)
         if plan.auto_key:
             extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
+        items = batch.items
+        if plan.kwargs.get("tpm") and items is not None:
+            # Under a token budget, tiktoken's count per item when the host
+            # has it (0: the core estimates).
+            tokens = [estimate_tokens(items[i]) for i in to_run]
+            if any(tokens):
+                extra["estimated_tokens"] = tokens
         self._validator = validator
 
         # The engine makes each success a Result; what it hands back as an
@@ -1198,7 +1205,9 @@ class _LazyEngineBatch:
         in_flight: Dict[int, Any] = {}
         keep_items = batch.journal is not None
 
-        def feed() -> Iterator[Tuple[int, bytes, Optional[str], Optional[str]]]:
+        count_tokens = bool(plan.kwargs.get("tpm"))
+
+        def feed() -> Iterator[Tuple[int, bytes, Optional[str], Optional[str], int]]:
             for i, item in enumerate(source.items):
                 if not batch.wants(i):
                     continue
@@ -1206,13 +1215,15 @@ class _LazyEngineBatch:
                     batch.item_done(i, invalid[i], True, item=item)
                     continue
                 try:
-                    payload, model = _encode_body(prep(item))
+                    body = prep(item)
+                    payload, model = _encode_body(body)
                 except (TypeError, ValueError) as exc:
                     kind = TypeError if isinstance(exc, TypeError) else ValueError
                     raise kind(f"bodies[{i}]: {exc}") from None
                 if keep_items:
                     in_flight[i] = item
-                yield i, payload, model, new_idempotency_key() if auto_key else None
+                yield (i, payload, model, new_idempotency_key() if auto_key else None,
+                       estimate_tokens(body) if count_tokens else 0)
 
         def item_done(i: int, value: Any) -> None:
             failed = not_started = False

@@ -272,3 +272,33 @@ def test_without_tiktoken_the_core_estimates(monkeypatch: Any) -> None:
     monkeypatch.setattr(_tokens, "_tried", False)
     monkeypatch.setattr(_tokens, "_encode", None)
     assert _tokens.estimate_tokens({"messages": [{"content": "hi"}]}) == 0
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_tiktoken_counts_each_item_of_a_batch(scen: Any, monkeypatch: Any, lazy: bool) -> None:
+    """call_many under tpm charges each item tiktoken's count, from a list
+    and from a generator alike (the stand-in encoding: a token a character)."""
+    import types
+    from llmretry import _tokens
+
+    fake = types.ModuleType("tiktoken")
+    fake.get_encoding = lambda name: types.SimpleNamespace(  # type: ignore[attr-defined]
+        encode=lambda text: [0] * len(text))
+    monkeypatch.setitem(sys.modules, "tiktoken", fake)
+    monkeypatch.setattr(_tokens, "_tried", False)
+    monkeypatch.setattr(_tokens, "_encode", None)
+    body = {"model": "gpt-test", "max_tokens": 0,
+            "messages": [{"role": "user", "content": "x" * 100}]}
+    bodies: Any = (body for _ in range(6)) if lazy else [body] * 6
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, tpm=60000, base_url=scen.url,
+                             **FAST)
+    try:
+        got: List[int] = []
+        out = client.call_many(bodies, limit=6, on_result=lambda i, v: got.append(i),
+                               keep_results=not lazy)
+    finally:
+        client.close()
+    assert sorted(got) == list(range(6)) and out.summary.ok == 6
+    # 100 tokens against 1000 a second, less the call's own: 111 ms apart
+    # (the core's own estimate, 25, then the usage's 12, would be ~13 ms).
+    assert_paced(arrivals(scen), 10)
