@@ -401,7 +401,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
     }
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
-    lr_budget_attempt_ended(e, c, &out.usage);  /* its headers and usage teach the budget */
+    lr_budget_attempt_ended(c, &out.usage);  /* its headers and usage teach the budget */
     detach_easy(e, c);
     if (!out.success) {
         handle_failure(e, c, &out);

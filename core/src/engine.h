@@ -135,7 +135,7 @@ void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretr
 int64_t lr_budget_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
 /* An attempt ended with a response (its headers, its usage), or without
  * one (detached: cancelled); a 429's wait pauses the endpoint. */
-void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_usage *usage);
+void lr_budget_attempt_ended(llmretry_call *c, const llmretry_usage *usage);
 void lr_budget_detached(llmretry_call *c);
 void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until);
 void lr_endpoints_free(llmretry_engine *e);

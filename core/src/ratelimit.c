@@ -349,12 +349,11 @@ static int64_t header_int(const llmretry_call *c, int h)
     return end != v && n >= 0 ? (int64_t)n : -1;
 }
 
-void lr_budget_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_usage *usage)
+void lr_budget_attempt_ended(llmretry_call *c, const llmretry_usage *usage)
 {
     lr_endpoint *ep = c->endpoint;
     if (!ep || !c->on_budget)
         return;
-    (void)e;
     c->on_budget = 0;
     ep->in_flight--;
     int64_t now = lr_mono_ms();

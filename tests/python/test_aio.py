@@ -454,7 +454,8 @@ def test_acall_many_keeps_order_failures_in_place_and_a_failures_file(
     assert len(ticks) > 5                   # the loop ran meanwhile
 
 
-def test_cancelling_acall_many_cancels_its_calls_and_keeps_the_record(tmp_path: Any) -> None:
+def test_cancelling_acall_many_cancels_its_calls_and_keeps_the_record(
+        scen: Any, tmp_path: Any) -> None:
     hang = HangingServer()
     path = tmp_path / "failed.jsonl"
 
@@ -474,6 +475,11 @@ def test_cancelling_acall_many_cancels_its_calls_and_keeps_the_record(tmp_path: 
         assert hang.accepted == 3           # the rest never started
     finally:
         hang.close()
+    # The record says nothing finished: resuming runs all ten.
+    again = run(llmretry.acall_many([BODY] * 10, limit=3, base_url=scen.url,
+                                    api_key=SECRET_KEY, logger=None, failures_path=str(path),
+                                    resume=True, **FAST))
+    assert again.summary.ok == 10 and len(scen.requests()) == 10
 
 
 def test_amap_pauses_new_calls_on_a_429_with_retry_after(scen: Any) -> None:
