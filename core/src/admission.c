@@ -8,8 +8,10 @@
  *      server's rate-limit headers say, a 429's pause), for every attempt;
  *   3. the engine's max_in_flight (retries go before fresh calls);
  *   4. for an HTTPS origin that may multiplex, its connection gate: one
- *      attempt at a time waits for a new connection (origins.c);
- *   (next: the retry budget and circuit breaker, with the rate budget.)
+ *      attempt at a time waits for a new connection (origins.c).
+ * Stage 2 first asks the endpoint's circuit breaker (health.c): while it
+ * is open, attempts fail at once as circuit_open. (The retry budget is
+ * asked earlier, when a failed attempt decides to retry: attempt.c.)
  *
  * A call that cannot start waits in the queue of the stage that holds it,
  * with its deadline as its timer (timers.c), so it fails at its deadline
@@ -89,7 +91,18 @@ static void admit_slot(llmretry_engine *e, llmretry_call *c, int front)
 
 static void admit_budget(llmretry_engine *e, llmretry_call *c, int front)
 {
-    if (lr_budget_admits(e, c, lr_mono_ms()) == 0)
+    int64_t now = lr_mono_ms();
+    char why[160];
+    if (!lr_health_admits(e, c, now, why, sizeof why)) {
+        /* The endpoint's breaker is open: fail at once, nothing sent (a
+         * call with a fallback moves on to it, attempt.c). */
+        free(c->last_message);
+        c->last_message = lr_strdup(why);
+        c->last_kind = LLMRETRY_ERR_CIRCUIT_OPEN;
+        lr_give_up(e, c, LLMRETRY_REASON_CIRCUIT_OPEN);
+        return;
+    }
+    if (lr_budget_admits(e, c, now) == 0)
         admit_slot(e, c, front);
     else
         wait_in(e, c, lr_budget_queue(c), LR_BUDGET, front);

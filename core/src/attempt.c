@@ -43,6 +43,7 @@ static void detach_easy(llmretry_engine *e, llmretry_call *c)
 {
     lr_origin_connected(c);         /* a connect that failed frees the gate too */
     lr_budget_detached(c);          /* no response (cancelled): nothing learned */
+    lr_health_detached(c);
     curl_multi_remove_handle(e->multi, c->easy);
     easy_put(e, c->easy);
     c->easy = NULL;
@@ -73,6 +74,13 @@ static void finish(llmretry_engine *e, llmretry_call *c)
     r->total_ms = lr_mono_ms() - c->submitted_at;
     if (!r->stream)
         r->ttft_ms = -1;
+    r->target = c->target;
+    r->n_targets = c->n_targets;
+    lr_target *t = &c->targets[c->target];
+    t->attempts = c->attempts_started - c->target_first_attempt;
+    t->status = r->status;
+    t->kind = r->ok ? LLMRETRY_ERR_NONE : r->kind;
+    t->reason = r->ok ? LLMRETRY_REASON_NONE : r->reason;
     c->state = LR_DONE;
     lr_timer_remove(e, c);
     lr_live_unlink(e, c);
@@ -121,12 +129,74 @@ static const char *reason_text(llmretry_giveup_reason r)
     case LLMRETRY_REASON_UNSAFE_MODE: return "retry_mode is unsafe and the request may have reached the server";
     case LLMRETRY_REASON_CANCELLED: return "cancelled";
     case LLMRETRY_REASON_STREAM_INTERRUPTED: return "the stream broke after chunks were delivered (not retried: they would repeat)";
+    case LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED: return "the endpoint's retry budget is spent (retry_budget_ratio, retry_budget_min)";
+    case LLMRETRY_REASON_CIRCUIT_OPEN: return "the endpoint's circuit breaker is open";
     default: return "failed";
     }
 }
 
+/* ---- fallbacks (DESIGN §13) ---------------------------------------------- */
+
+/* Does this give-up move the call on to its next target? Not after a
+ * cancel, a passed deadline, an unsafe-mode stop (the request may have
+ * acted), a stream the host has read, or a 400/422: the request itself is
+ * wrong, and would be everywhere. */
+static int falls_back(const llmretry_call *c, llmretry_giveup_reason reason)
+{
+    if (c->target + 1 >= c->n_targets)
+        return 0;
+    switch (reason) {
+    case LLMRETRY_REASON_CANCELLED:
+    case LLMRETRY_REASON_DEADLINE:
+    case LLMRETRY_REASON_UNSAFE_MODE:
+    case LLMRETRY_REASON_STREAM_INTERRUPTED:
+        return 0;
+    default:
+        break;
+    }
+    if (c->last_kind == LLMRETRY_ERR_HTTP_STATUS &&
+        (c->last_status == 400 || c->last_status == 422))
+        return 0;
+    return c->deadline_at < 0 || lr_mono_ms() < c->deadline_at;
+}
+
+/* Record what the current target came to, switch to the next and admit
+ * its first attempt (at once: another endpoint owes no backoff). 0, or -1
+ * when the switch failed (out of memory): the call then gives up. */
+static int fall_back(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason)
+{
+    lr_target *t = &c->targets[c->target];
+    t->attempts = c->attempts_started - c->target_first_attempt;
+    t->status = c->last_status;
+    t->kind = c->last_kind;
+    t->reason = reason;
+    if (lr_target_next(c) != 0)
+        return -1;
+    lr_timer_remove(e, c);
+    c->endpoint = NULL;             /* the new target's are looked up afresh */
+    c->origin = NULL;
+    c->origin_known = 0;
+    c->est_tokens = c->completion_limit = -1;
+    c->last_status = 0;
+    c->attempt = c->attempts_started;
+    c->target_first_attempt = c->attempt;
+    llmretry_event *ev = lr_event(c, LLMRETRY_EV_RETRY_SCHEDULED);
+    if (ev) {
+        ev->attempt = c->attempts_started > 0 ? c->attempts_started - 1 : 0;
+        ev->delay_ms = 0;
+        ev->delay_source = LLMRETRY_DELAY_FALLBACK;
+        ev->next_attempt = c->attempt;
+        lr_post(c, ev);
+    }
+    c->state = LR_WAITING;
+    lr_admit_retry(e, c);
+    return 0;
+}
+
 void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason)
 {
+    if (falls_back(c, reason) && fall_back(e, c, reason) == 0)
+        return;
     llmretry_result *r = &c->result;
     r->ok = 0;
     r->reason = reason;
@@ -148,13 +218,15 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
     r->body_preview = c->last_body_preview;
     c->last_error_code = c->last_body_preview = NULL;     /* moved */
     int n = c->attempts_started;
-    char buf[640];
+    char buf[640], on[40] = "";
+    if (c->target > 0)
+        snprintf(on, sizeof on, " on %d targets", c->target + 1);
     if (c->last_message)
-        snprintf(buf, sizeof buf, "%s; gave up after %d attempt%s: %s",
-                 c->last_message, n, n == 1 ? "" : "s", reason_text(reason));
+        snprintf(buf, sizeof buf, "%s; gave up after %d attempt%s%s: %s",
+                 c->last_message, n, n == 1 ? "" : "s", on, reason_text(reason));
     else
-        snprintf(buf, sizeof buf, "gave up after %d attempt%s: %s", n, n == 1 ? "" : "s",
-                 reason_text(reason));
+        snprintf(buf, sizeof buf, "gave up after %d attempt%s%s: %s", n, n == 1 ? "" : "s",
+                 on, reason_text(reason));
     r->message = lr_strdup(buf);
     if (c->stream_req || c->st)
         lr_stream_result(c, r->stream_reason != LLMRETRY_STREAM_NONE);
@@ -254,6 +326,7 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
     c->attempts_started = c->attempt + 1;
     c->state = LR_RUNNING;
     e->in_flight++;
+    lr_health_attempt_started(e, c);
     if (c->stream_req && lr_timer_update(e, c) != 0) {
         lr_attempt_finished(e, c, CURLE_OUT_OF_MEMORY);   /* no timer: it could hang */
         return;
@@ -300,8 +373,9 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
     int64_t now = lr_mono_ms();
     int64_t left = deadline_left(c, now);
-    llmretry_decision d = llmretry_decide(&c->o, f, c->attempt, lr_unix_ms(), left,
-                                          lr_rng_next01(&e->rng));
+    /* Each target has its own max_retries and backoff: count from its first. */
+    llmretry_decision d = llmretry_decide(&c->o, f, c->attempt - c->target_first_attempt,
+                                          lr_unix_ms(), left, lr_rng_next01(&e->rng));
     c->last_retry_after_ms = d.retry_after_ms;
     if (f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
         /* The server's wait holds for the whole batch and every call to the
@@ -321,6 +395,12 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
     if (!d.retry) {
         lr_give_up(e, c, d.reason);
+        return;
+    }
+    /* A retry of our own timing spends the endpoint's retry budget; one
+     * the server timed does not (it asked for it). */
+    if (d.delay_source == LLMRETRY_DELAY_BACKOFF && !lr_health_retry_allowed(e, c, now)) {
+        lr_give_up(e, c, LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED);
         return;
     }
     ev = lr_event(c, LLMRETRY_EV_RETRY_SCHEDULED);
@@ -402,6 +482,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
     lr_budget_attempt_ended(c, &out.usage);  /* its headers and usage teach the budget */
+    lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
     detach_easy(e, c);
     if (!out.success) {
         handle_failure(e, c, &out);

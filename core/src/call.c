@@ -20,29 +20,31 @@
 #define DEFAULT_BASE_URL "https://api.openai.com/v1"
 
 /* The URL to call; *is_default says it is OpenAI's because nothing else
- * was given (no url, base_url or $OPENAI_BASE_URL). */
-static char *build_url(const llmretry_options *o, int *is_default)
+ * was given (no url, base_url or $OPENAI_BASE_URL). A fallback's (no
+ * is_default) never reads the environment: it names its own. */
+char *lr_call_url(const char *url, const char *base, int *is_default)
 {
-    *is_default = 0;
-    if (o->url)
-        return lr_strdup(o->url);
-    const char *base = o->base_url;
-    if (!base || !*base)
+    if (is_default)
+        *is_default = 0;
+    if (url)
+        return lr_strdup(url);
+    if ((!base || !*base) && is_default)
         base = getenv("OPENAI_BASE_URL");
     if (!base || !*base) {
         base = DEFAULT_BASE_URL;
-        *is_default = 1;
+        if (is_default)
+            *is_default = 1;
     }
     size_t n = strlen(base);
     while (n > 0 && base[n - 1] == '/')
         n--;
     static const char path[] = "/chat/completions";
-    char *url = malloc(n + sizeof path);
-    if (url) {
-        memcpy(url, base, n);
-        memcpy(url + n, path, sizeof path);
+    char *full = malloc(n + sizeof path);
+    if (full) {
+        memcpy(full, base, n);
+        memcpy(full + n, path, sizeof path);
     }
-    return url;
+    return full;
 }
 
 /* What the request body says, read with one parse and only when needed:
@@ -85,7 +87,7 @@ static int append_header(struct curl_slist **list, const char *name, const char 
 
 /* The endpoint's key for its rate budget (ratelimit.c): a hash of the
  * Authorization header sent, so the key itself is kept nowhere else. */
-static uint64_t key_hash_of(const struct curl_slist *h)
+uint64_t lr_call_key_hash(const struct curl_slist *h)
 {
     for (; h; h = h->next)
         if (strncasecmp(h->data, "Authorization:", 14) == 0) {
@@ -97,12 +99,12 @@ static uint64_t key_hash_of(const struct curl_slist *h)
     return 0;
 }
 
-/* Did the caller pass a header of this name? */
-static int caller_sets(const llmretry_call *c, const char *name)
+/* Is there a header line of this name? */
+static int caller_sets(const char *const *lines, size_t n_lines, const char *name)
 {
     size_t n = strlen(name);
-    for (size_t i = 0; i < c->o.n_headers; i++)
-        if (strncasecmp(c->o.headers[i], name, n) == 0 && c->o.headers[i][n] == ':')
+    for (size_t i = 0; i < n_lines; i++)
+        if (strncasecmp(lines[i], name, n) == 0 && lines[i][n] == ':')
             return 1;
     return 0;
 }
@@ -132,14 +134,16 @@ static int append_caller_header(struct curl_slist **list, const char *line)
     return 0;
 }
 
-static int build_headers(llmretry_call *c, const char *api_key, int key_from_env)
+int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n_lines,
+                    const char *api_key, int key_from_env, struct curl_slist **out)
 {
     struct curl_slist *h = NULL;
     int rc = 0;
+    *out = NULL;
     /* A key from the environment yields to the caller's own Authorization
      * (one for another provider, say): never two Authorization lines. An
      * explicit api_key with one was refused by llmretry_options_check. */
-    if (key_from_env && caller_sets(c, "Authorization"))
+    if (key_from_env && caller_sets(lines, n_lines, "Authorization"))
         api_key = NULL;
     if (api_key && *api_key) {
         /* The key lives only in this list (and libcurl's copy of the line). */
@@ -154,11 +158,11 @@ static int build_headers(llmretry_call *c, const char *api_key, int key_from_env
         if (!h)
             return -1;
     }
-    if (!caller_sets(c, "Content-Type"))
+    if (!caller_sets(lines, n_lines, "Content-Type"))
         rc |= append_header(&h, "Content-Type", "application/json");
-    if (!caller_sets(c, "Accept"))
+    if (!caller_sets(lines, n_lines, "Accept"))
         rc |= append_header(&h, "Accept", "application/json");
-    if (!caller_sets(c, "User-Agent"))
+    if (!caller_sets(lines, n_lines, "User-Agent"))
         rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
     rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
     if (c->o.idempotency_key)
@@ -169,9 +173,9 @@ static int build_headers(llmretry_call *c, const char *api_key, int key_from_env
         h = l;
     else
         rc = -1;
-    for (size_t i = 0; i < c->o.n_headers && rc == 0; i++)
-        rc |= append_caller_header(&h, c->o.headers[i]);
-    c->headers = h;
+    for (size_t i = 0; i < n_lines && rc == 0; i++)
+        rc |= append_caller_header(&h, lines[i]);
+    *out = h;
     return rc;
 }
 
@@ -179,9 +183,7 @@ static void call_destroy(llmretry_call *c)
 {
     /* The mailbox is empty here: each queued event held a reference. */
     lr_stream_free(c);
-    free(c->url);
-    free(c->body);
-    free(c->model);
+    lr_targets_free(c);
     free(c->policy);
     free(c->ca_file);
     free((void *)c->o.idempotency_key);
@@ -190,7 +192,6 @@ static void call_destroy(llmretry_call *c)
             free((void *)c->o.headers[i]);
         free((void *)c->o.headers);
     }
-    curl_slist_free_all(c->headers);
     lr_call_forget_headers(c);
     free(c->resp.data);
     free(c->last_message);
@@ -263,6 +264,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->o = *opts;
     c->o.url = c->o.base_url = c->o.api_key = c->o.body = c->o.model = NULL;
     c->o.request_id = c->o.idempotency_key = c->o.policy = c->o.ca_file = NULL;
+    c->o.fallbacks = NULL;          /* built into the targets below */
     c->o.n_headers = opts->n_headers;
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
@@ -270,16 +272,27 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
 
     int bad_json = 0, no_key = 0, default_url = 0, has_stream_options = 0;
     int oom = 0;
-    c->url = build_url(opts, &default_url);
-    c->body = lr_strndup(opts->body, opts->body_len);
+    /* Target 0 owns the caller's URL, body, model and headers; c->url and
+     * the rest point at the current target's. */
+    int n_targets = 1 + lr_targets_count(opts->fallbacks);
+    c->targets = calloc((size_t)n_targets, sizeof *c->targets);
+    if (!c->targets) {
+        free(c);
+        return LLMRETRY_ENOMEM;
+    }
+    c->n_targets = 1;
+    lr_target *t0 = &c->targets[0];
+    t0->owns = ~0u;
+    c->url = t0->url = lr_call_url(opts->url, opts->base_url, &default_url);
+    c->body = t0->body = lr_strndup(opts->body, opts->body_len);
     oom |= !c->url || !c->body;
     if (opts->model)
-        oom |= !(c->model = lr_strdup(opts->model));
+        oom |= !(c->model = t0->model = lr_strdup(opts->model));
     if (!oom) {
         char *model = read_body(opts->body, opts->body_len, !opts->model, &bad_json,
                                 &c->stream_req, &has_stream_options);
         if (!opts->model)
-            c->model = model;
+            c->model = t0->model = model;
     }
     if (opts->policy)
         oom |= !(c->policy = lr_strdup(opts->policy));
@@ -299,8 +312,9 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
                          ? lr_stream_with_usage(c->body, &body_len) : NULL;
         if (with_usage) {
             free(c->body);
-            c->body = with_usage;
+            c->body = t0->body = with_usage;
         }
+        t0->body_len = body_len;
         c->o.body = c->body;
         c->o.body_len = body_len;
         c->o.model = c->model;
@@ -313,17 +327,21 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
             key = getenv("OPENAI_API_KEY");
             from_env = 1;
         }
-        oom |= build_headers(c, key, from_env) != 0;
-        c->key_hash = key_hash_of(c->headers);
+        oom |= lr_call_headers(c, c->o.headers, c->o.n_headers, key, from_env, &t0->headers) != 0;
+        c->headers = t0->headers;
+        c->key_hash = t0->key_hash = lr_call_key_hash(c->headers);
         /* OpenAI's endpoint without a key can only answer 401 (or, offline,
          * fail to resolve, retried for seconds): say what is missing now. */
-        no_key = default_url && !(key && *key) && !caller_sets(c, "Authorization");
+        no_key = default_url && !(key && *key) &&
+                 !caller_sets(c->o.headers, c->o.n_headers, "Authorization");
     }
     int bad_scheme = c->url && strncasecmp(c->url, "http://", 7) != 0
                      && strncasecmp(c->url, "https://", 8) != 0;
     /* Before any I/O: else each attempt fails as a TLS verification error. */
     int ca_errno = c->ca_file && access(c->ca_file, R_OK) != 0 ? errno : 0;
-    c->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
+    c->is_https = t0->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
+    if (!oom && !bad_json && lr_targets_build(c, opts->fallbacks) != 0)
+        oom = 1;
     if (oom || bad_json || bad_scheme || no_key || ca_errno) {
         c->engine = NULL;
         lr_call_unref(c);

@@ -140,6 +140,18 @@ void lr_budget_detached(llmretry_call *c);
 void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until);
 void lr_endpoints_free(llmretry_engine *e);
 
+/* ---- health.c: the retry budget and circuit breaker of each endpoint -------- */
+/* May an attempt of c start as far as its endpoint's breaker goes? 0 with
+ * `why` (a message for the result) when the breaker is open. */
+int lr_health_admits(llmretry_engine *e, llmretry_call *c, int64_t now, char *why, size_t len);
+void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c);
+/* May c retry now as far as the retry budget goes? Counts the retry. */
+int lr_health_retry_allowed(llmretry_engine *e, llmretry_call *c, int64_t now);
+/* An attempt came back: with a response (f NULL for a 2xx) or a failure. */
+void lr_health_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f);
+/* The attempt was taken off the wire without a verdict (cancelled). */
+void lr_health_detached(llmretry_call *c);
+
 /* ---- attempt.c ------------------------------------------------------------ */
 void lr_attempt_start(llmretry_engine *e, llmretry_call *c);
 void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc);

@@ -26,6 +26,8 @@ llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t)
     ev->type = t;
     ev->call = c;
     ev->attempt = c->attempt;
+    ev->target = c->target;
+    ev->model = c->model;
     ev->deadline_left_ms = LLMRETRY_NO_DEADLINE;
     lr_call_ref(c);
     return ev;
@@ -59,7 +61,7 @@ enum { F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY,
        F_ERROR_CODE, F_BODY_PREVIEW, F_ERROR_KIND, F_ERROR_MESSAGE, F_DELAY_MS,
        F_DELAY_SOURCE, F_NEXT_ATTEMPT, F_USAGE, F_RESPONSE_MODEL,
        F_SYSTEM_FINGERPRINT, F_REASON, F_ATTEMPTS, F_TOTAL_MS, F_STREAM, F_TTFT_MS,
-       F_CHUNKS, F_STREAM_REASON, F_END = -1 };
+       F_CHUNKS, F_STREAM_REASON, F_TARGET, F_END = -1 };
 
 #define COMMON F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY
 static const int fields_started[] = { COMMON, F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_END };
@@ -85,8 +87,15 @@ static const char *const field_names[] = {
     "status", "duration_ms", "retry_after", "error_code", "body_preview",
     "error_kind", "error_message", "delay_ms", "delay_source", "next_attempt",
     "usage", "response_model", "system_fingerprint", "reason", "attempts", "total_ms",
-    "stream", "ttft_ms", "chunks", "stream_reason",
+    "stream", "ttft_ms", "chunks", "stream_reason", "target",
 };
+
+/* Calls with fallbacks: every event says which target it is about, right
+ * after the common fields (calls without keep their events as they were). */
+static int has_target(const llmretry_event *ev)
+{
+    return ev->type != LLMRETRY_EV_CHUNK && ev->call->n_targets > 1;
+}
 
 static size_t own_count(const llmretry_event *ev)
 {
@@ -109,8 +118,10 @@ static size_t stream_count(const llmretry_event *ev)
 
 size_t llmretry_event_field_count(const llmretry_event *ev)
 {
-    return own_count(ev) + stream_count(ev);
+    return own_count(ev) + stream_count(ev) + (size_t)has_target(ev);
 }
+
+#define N_COMMON 5
 
 static void set_int(llmretry_field *out, int64_t v)
 {
@@ -128,16 +139,24 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
 {
     if (index >= llmretry_event_field_count(ev))
         return -1;
-    size_t own = own_count(ev);
-    int f = index < own ? field_tables[ev->type][index]
+    int f;
+    if (has_target(ev) && index == N_COMMON) {
+        f = F_TARGET;
+    } else {
+        if (has_target(ev) && index > N_COMMON)
+            index--;
+        size_t own = own_count(ev);
+        f = index < own ? field_tables[ev->type][index]
           : index - own < 3 ? fields_stream[index - own] : F_STREAM_REASON;
+    }
     const llmretry_call *c = ev->call;
     *out = (llmretry_field){ .name = field_names[f], .type = LLMRETRY_FIELD_NULL };
     switch (f) {
     case F_EVENT: set_str(out, llmretry_event_name(ev->type)); break;
     case F_REQUEST_ID: set_str(out, c->request_id); break;
     case F_ATTEMPT: set_int(out, ev->attempt); break;
-    case F_MODEL: set_str(out, c->model); break;
+    case F_MODEL: set_str(out, ev->model); break;
+    case F_TARGET: set_int(out, ev->target); break;
     case F_POLICY: set_str(out, c->policy); break;   /* null when none */
     case F_TIMEOUT_MS: set_int(out, ev->timeout_ms); break;
     case F_DEADLINE_LEFT_MS:

@@ -26,6 +26,8 @@ void lr_errf(char *err, size_t errlen, const char *fmt, ...)
 /* "<name> must be <range> (got v)" unless v is in the option's range. */
 llmretry_status lr_option_check_int(const llmretry_option_info *opt, int64_t v, char *err,
                                     size_t errlen);
+llmretry_status lr_option_check_number(const llmretry_option_info *opt, double v, char *err,
+                                       size_t errlen);
 /* The choices of an ENUM option as "\"a\", \"b\"" into buf. */
 void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len);
 /* A list of n statuses is 1..LLMRETRY_MAX_STATUSES long (empty would read as
@@ -35,6 +37,23 @@ llmretry_status lr_option_check_statuses(size_t n, char *err, size_t errlen);
 llmretry_status lr_options_check_table(const llmretry_options *o, char *err, size_t errlen);
 
 /* ---- the per-call record ---------------------------------------------- */
+
+/* Where a call sends its request (targets.c): the caller's (target 0) and
+ * each fallback's. What a target does not own it borrows from target 0. */
+typedef struct lr_target {
+    char *url;
+    struct curl_slist *headers;
+    char *model;                   /* for events and results; NULL = none */
+    char *body;
+    size_t body_len;
+    uint64_t key_hash;
+    int is_https;
+    unsigned owns;                 /* which of the above it frees */
+    /* What it came to (engine thread), for the final result. */
+    int attempts, status;
+    llmretry_error_kind kind;
+    llmretry_giveup_reason reason;
+} lr_target;
 
 /* Response headers the policy reads, captured without allocating. */
 /* Response headers a call keeps: the policy's (up to LR_H_POLICY_COUNT),
@@ -135,6 +154,8 @@ struct llmretry_event {
     llmretry_event *next;          /* mailbox link */
     llmretry_call *call;           /* holds a reference: borrowed strings below */
     int attempt;
+    int target;                    /* the call's target when it was made */
+    const char *model;             /* that target's (borrowed from the call) */
     int64_t timeout_ms, deadline_left_ms;
     int status;
     int64_t duration_ms;
@@ -166,8 +187,14 @@ struct llmretry_call {
 
     /* Immutable after submit; owned copies. */
     llmretry_options o;            /* string fields point at the copies below */
-    char *url, *body, *model, *policy, *ca_file;
+    char *policy, *ca_file;
     char request_id[LLMRETRY_REQUEST_ID_MAX + 1];
+    /* The targets (targets.c) and the current one's request, borrowed
+     * from it: the engine switches target on a fallback. */
+    lr_target *targets;
+    int n_targets, target;
+    int target_first_attempt;      /* the attempt index its first attempt had */
+    char *url, *body, *model;
     struct curl_slist *headers;
     int is_https;
     llmretry_group *group;         /* holds a group reference, or NULL */
@@ -315,6 +342,33 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out);
 void lr_outcome_clear(lr_outcome *o);
 /* The first 500 bytes of the last response body (malloc'd), or NULL. */
 char *lr_call_preview(const llmretry_call *c);
+
+/* ---- building a request (call.c, targets.c) ----------------------------- */
+/* url as is, else base_url + "/chat/completions" (else $OPENAI_BASE_URL,
+ * else OpenAI's, when is_default is non-NULL: it is set when that is
+ * used). malloc'd; NULL when out of memory. */
+char *lr_call_url(const char *url, const char *base_url, int *is_default);
+/* The request's header list: the key (if any), the defaults the caller's
+ * lines do not replace, the ids of c, then the caller's lines. */
+int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n,
+                    const char *api_key, int key_from_env, struct curl_slist **out);
+uint64_t lr_call_key_hash(const struct curl_slist *headers);
+/* options.c: one "name: value" header as headers[] would be checked. */
+llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,
+                                      int has_key, char *err, size_t errlen);
+
+/* targets.c */
+struct cJSON;
+int lr_targets_check(const struct cJSON *doc, const char *name, int in_policy, char *err,
+                     size_t errlen);
+int lr_targets_check_json(const char *json, const char *name, char *err, size_t errlen);
+int lr_targets_count(const char *fallbacks);
+int lr_targets_build(llmretry_call *c, const char *fallbacks);
+void lr_targets_free(llmretry_call *c);
+/* Make target i the call's current one. */
+void lr_target_use(llmretry_call *c, int i);
+/* Switch to the next target: 0, or -1 when there is none (or no memory). */
+int lr_target_next(llmretry_call *c);
 
 /* ---- response.c: judging what the server sent ------------------------ */
 /* A 2xx body as the hosts will read it: NULL unless it is UTF-8 JSON with

@@ -8,6 +8,7 @@
 #include "internal.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,17 @@ static const llmretry_option_info TABLE[] = {
       OFF(idempotency_key), 0, 0, NULL, NULL, "null" },
     { "rpm", LLMRETRY_OPTTYPE_INT, POL, OFF(rpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0" },
     { "tpm", LLMRETRY_OPTTYPE_INT, POL, OFF(tpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0" },
+    { "retry_budget_ratio", LLMRETRY_OPTTYPE_NUMBER, POL, OFF(retry_budget_ratio), 0, 1000000,
+      ">= 0", NULL, "0.2" },
+    { "retry_budget_min", LLMRETRY_OPTTYPE_INT, POL, OFF(retry_budget_min), 0, 1000000000,
+      ">= 0", NULL, "10" },
+    { "breaker_failures", LLMRETRY_OPTTYPE_INT, POL, OFF(breaker_failures), 0, 1000000000,
+      ">= 0 (0: off)", NULL, "0" },
+    { "breaker_cooldown_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(breaker_cooldown_ms), 1, INT64_MAX,
+      "> 0", NULL, "30000" },
+    /* Its api_key fields are secrets: the whole value is never repeated. */
+    { "fallbacks", LLMRETRY_OPTTYPE_TARGETS, NUL | POL | LLMRETRY_OPTFLAG_SECRET, OFF(fallbacks),
+      0, 0, NULL, NULL, "null" },
     { "estimated_tokens", LLMRETRY_OPTTYPE_INT, ONE, OFF(estimated_tokens), 0, INT64_MAX,
       ">= 0 (0: estimated)", NULL, "0" },
     { "request_id", LLMRETRY_OPTTYPE_TEXT, NUL | ONE, OFF(request_id), 0, 0, NULL, NULL,
@@ -106,6 +118,8 @@ const char *llmretry_option_expects(const llmretry_option_info *opt)
     case LLMRETRY_OPTTYPE_ENUM: return "a string";
     case LLMRETRY_OPTTYPE_STATUSES: return "an array of integers";
     case LLMRETRY_OPTTYPE_HEADERS: return "a table of header names to values";
+    case LLMRETRY_OPTTYPE_NUMBER: return "a number";
+    case LLMRETRY_OPTTYPE_TARGETS: return "a list of targets";
     }
     return "a value";
 }
@@ -144,6 +158,28 @@ static void put_int(llmretry_options *o, const llmretry_option_info *opt, int64_
     }
 }
 
+static double get_number(const llmretry_options *o, const llmretry_option_info *opt)
+{
+    double v;
+    memcpy(&v, (const char *)o + opt->offset, sizeof v);
+    return v;
+}
+
+static void put_number(llmretry_options *o, const llmretry_option_info *opt, double v)
+{
+    memcpy((char *)o + opt->offset, &v, sizeof v);
+}
+
+llmretry_status lr_option_check_number(const llmretry_option_info *opt, double v, char *err,
+                                       size_t errlen)
+{
+    if (!isfinite(v) || v < (double)opt->min || v > (double)opt->max) {
+        lr_errf(err, errlen, "%s must be %s (got %g)", opt->name, opt->range, v);
+        return LLMRETRY_EINVAL;
+    }
+    return LLMRETRY_OK;
+}
+
 llmretry_status lr_option_check_int(const llmretry_option_info *opt, int64_t v, char *err,
                                     size_t errlen)
 {
@@ -165,6 +201,8 @@ void llmretry_options_defaults(llmretry_options *o)
             put_int(o, opt, strtoll(opt->builtin, NULL, 10));
         else if (opt->type == LLMRETRY_OPTTYPE_BOOL)
             put_int(o, opt, opt->builtin[0] == 't');
+        else if (opt->type == LLMRETRY_OPTTYPE_NUMBER)
+            put_number(o, opt, strtod(opt->builtin, NULL));
         /* Enums: the first choice is the default and is 0; texts are NULL. */
     }
     o->deadline_ms = LLMRETRY_NO_DEADLINE;
@@ -180,7 +218,9 @@ static const llmretry_option_info *settable(const char *name, llmretry_option_ty
         return NULL;
     }
     int ok = opt->type == want ||
-             (want == LLMRETRY_OPTTYPE_TEXT && opt->type == LLMRETRY_OPTTYPE_ENUM);
+             (want == LLMRETRY_OPTTYPE_TEXT && opt->type == LLMRETRY_OPTTYPE_ENUM) ||
+             /* an integer is a number too */
+             (want == LLMRETRY_OPTTYPE_INT && opt->type == LLMRETRY_OPTTYPE_NUMBER);
     if (!ok) {
         lr_errf(err, errlen, "%s must be %s", opt->name, llmretry_option_expects(opt));
         return NULL;
@@ -194,10 +234,38 @@ llmretry_status llmretry_options_set_int(llmretry_options *o, const char *name, 
     const llmretry_option_info *opt = settable(name, LLMRETRY_OPTTYPE_INT, err, errlen);
     if (!o || !opt)
         return LLMRETRY_EINVAL;
+    if (opt->type == LLMRETRY_OPTTYPE_NUMBER)
+        return llmretry_options_set_number(o, name, (double)v, err, errlen);
     llmretry_status st = lr_option_check_int(opt, v, err, errlen);
     if (st == LLMRETRY_OK)
         put_int(o, opt, v);
     return st;
+}
+
+llmretry_status llmretry_options_set_number(llmretry_options *o, const char *name, double v,
+                                            char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = settable(name, LLMRETRY_OPTTYPE_NUMBER, err, errlen);
+    if (!o || !opt)
+        return LLMRETRY_EINVAL;
+    llmretry_status st = lr_option_check_number(opt, v, err, errlen);
+    if (st == LLMRETRY_OK)
+        put_number(o, opt, v);
+    return st;
+}
+
+llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name, const char *json,
+                                          char *err, size_t errlen)
+{
+    const llmretry_option_info *opt = settable(name, LLMRETRY_OPTTYPE_TARGETS, err, errlen);
+    if (!o || !opt)
+        return LLMRETRY_EINVAL;
+    if (!json)
+        return llmretry_options_unset(o, name, err, errlen);
+    if (lr_targets_check_json(json, opt->name, err, errlen) != 0)
+        return LLMRETRY_EINVAL;
+    memcpy((char *)o + opt->offset, &json, sizeof json);   /* borrowed, like set_text */
+    return LLMRETRY_OK;
 }
 
 llmretry_status llmretry_options_set_bool(llmretry_options *o, const char *name, int v,
@@ -284,6 +352,7 @@ llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, ch
     }
     switch (opt->type) {
     case LLMRETRY_OPTTYPE_TEXT:
+    case LLMRETRY_OPTTYPE_TARGETS:
         memset((char *)o + opt->offset, 0, sizeof(const char *));
         break;
     case LLMRETRY_OPTTYPE_INT:
@@ -306,6 +375,11 @@ llmretry_status lr_options_check_table(const llmretry_options *o, char *err, siz
 {
     for (size_t i = 0; i < N_TABLE; i++) {
         const llmretry_option_info *opt = &TABLE[i];
+        if (opt->type == LLMRETRY_OPTTYPE_NUMBER) {
+            if (lr_option_check_number(opt, get_number(o, opt), err, errlen) != LLMRETRY_OK)
+                return LLMRETRY_EINVAL;
+            continue;
+        }
         if (opt->type != LLMRETRY_OPTTYPE_INT && opt->type != LLMRETRY_OPTTYPE_ENUM)
             continue;
         int64_t v = get_int(o, opt);

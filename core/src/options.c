@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -76,35 +77,60 @@ static const char *const reserved_headers[][2] = {
     {"Idempotency-Key", "use idempotency_key"},
 };
 
-/* Header values are never echoed: a caller may pass its own Authorization. */
-static llmretry_status check_header(const llmretry_options *o, const char *h, size_t i,
-                                    char *err, size_t errlen)
+/* Header values are never echoed: a caller may pass its own Authorization.
+ * `label` names the line in messages ("headers[2]"). */
+static llmretry_status check_line(const char *h, const char *label, int has_key, char *err,
+                                  size_t errlen)
 {
     const char *colon;
     if (!h)
-        return fail(err, errlen, "headers[%zu] must not be NULL", i);
+        return fail(err, errlen, "%s must not be NULL", label);
     if (has_crlf(h))
-        return fail(err, errlen, "headers[%zu] must not contain CR or LF", i);
+        return fail(err, errlen, "%s must not contain CR or LF", label);
     colon = strchr(h, ':');
     if (!colon)
-        return fail(err, errlen, "headers[%zu] must look like \"Name: value\" (no ':')", i);
+        return fail(err, errlen, "%s must look like \"Name: value\" (no ':')", label);
     if (colon == h)
-        return fail(err, errlen, "headers[%zu] has an empty name", i);
+        return fail(err, errlen, "%s has an empty name", label);
     for (const char *p = h; p < colon; p++)
         if (!is_tchar((unsigned char)*p))
-            return fail(err, errlen, "headers[%zu] has an invalid character in its name", i);
+            return fail(err, errlen, "%s has an invalid character in its name", label);
     if (has_ctl(colon + 1))
-        return fail(err, errlen, "headers[%zu] must not contain control characters", i);
+        return fail(err, errlen, "%s must not contain control characters", label);
     for (size_t k = 0; k < sizeof reserved_headers / sizeof reserved_headers[0]; k++)
         if (header_is(h, reserved_headers[k][0]))
-            return fail(err, errlen, "headers[%zu] must not set %s (%s)", i,
+            return fail(err, errlen, "%s must not set %s (%s)", label,
                         reserved_headers[k][0], reserved_headers[k][1]);
     /* Never two Authorization headers. (A key from $OPENAI_API_KEY yields
      * to the caller's own header instead: see llmretry_options.headers.) */
-    if (o->api_key && *o->api_key && header_is(h, "Authorization"))
-        return fail(err, errlen, "headers[%zu] must not set Authorization when api_key is set",
-                    i);
+    if (has_key && header_is(h, "Authorization"))
+        return fail(err, errlen, "%s must not set Authorization when api_key is set", label);
     return LLMRETRY_OK;
+}
+
+static llmretry_status check_header(const llmretry_options *o, const char *h, size_t i,
+                                    char *err, size_t errlen)
+{
+    char label[40];
+    snprintf(label, sizeof label, "headers[%zu]", i);
+    return check_line(h, label, o->api_key && *o->api_key, err, errlen);
+}
+
+llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,
+                                      int has_key, char *err, size_t errlen)
+{
+    if (!*name || strchr(name, ':'))
+        return fail(err, errlen, "%s has a header with an empty name or a ':' in it", label);
+    size_t n = strlen(name) + strlen(value) + 3;
+    char *line = malloc(n);
+    if (!line)
+        return fail(err, errlen, "out of memory");
+    snprintf(line, n, "%s: %s", name, value);
+    char where[160];
+    snprintf(where, sizeof where, "%s[\"%.60s\"]", label, name);
+    llmretry_status st = check_line(line, where, has_key, err, errlen);
+    free(line);
+    return st;
 }
 
 static llmretry_status check_id(const char *name, const char *v, char *err, size_t errlen)
@@ -173,6 +199,8 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
         return fail(err, errlen, "events has unknown bits (got 0x%x)", o->events);
     if (o->ca_file && !*o->ca_file)
         return fail(err, errlen, "ca_file must not be empty");
+    if (o->fallbacks && lr_targets_check_json(o->fallbacks, "fallbacks", err, errlen) != 0)
+        return LLMRETRY_EINVAL;
     return LLMRETRY_OK;
 }
 
@@ -249,6 +277,7 @@ const char *llmretry_error_kind_name(llmretry_error_kind k)
     case LLMRETRY_ERR_CANCELLED: return "cancelled";
     case LLMRETRY_ERR_RESPONSE_TOO_LARGE: return "response_too_large";
     case LLMRETRY_ERR_STREAM_INTERRUPTED: return "stream_interrupted";
+    case LLMRETRY_ERR_CIRCUIT_OPEN: return "circuit_open";
     }
     return NULL;
 }
@@ -264,6 +293,8 @@ const char *llmretry_reason_name(llmretry_giveup_reason r)
     case LLMRETRY_REASON_UNSAFE_MODE: return "unsafe_mode";
     case LLMRETRY_REASON_CANCELLED: return "cancelled";
     case LLMRETRY_REASON_STREAM_INTERRUPTED: return "stream_interrupted";
+    case LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED: return "retry_budget_exhausted";
+    case LLMRETRY_REASON_CIRCUIT_OPEN: return "circuit_open";
     }
     return NULL;
 }
@@ -290,6 +321,7 @@ const char *llmretry_delay_source_name(llmretry_delay_source s)
     case LLMRETRY_DELAY_BACKOFF: return "backoff";
     case LLMRETRY_DELAY_RETRY_AFTER: return "retry_after";
     case LLMRETRY_DELAY_RATELIMIT_RESET: return "ratelimit_reset";
+    case LLMRETRY_DELAY_FALLBACK: return "fallback";
     }
     return NULL;
 }

@@ -120,7 +120,8 @@ static int check_statuses(const key_rule *r, const cJSON *v, char *err, size_t e
     return lr_option_check_statuses((size_t)i, err, errlen) == LLMRETRY_OK ? 0 : -1;
 }
 
-static int check_rule(const key_rule *r, const cJSON *v, char *err, size_t errlen)
+/* in_policy: the value is a policy file's (which may hold no secrets). */
+static int check_rule(const key_rule *r, const cJSON *v, int in_policy, char *err, size_t errlen)
 {
     if ((r->flags & LLMRETRY_OPTFLAG_NULLABLE) && cJSON_IsNull(v))
         return 0;
@@ -150,6 +151,17 @@ static int check_rule(const key_rule *r, const cJSON *v, char *err, size_t errle
              : bad(err, errlen, "%s must be a boolean (got %s)", r->name, type_name(v));
     case LLMRETRY_OPTTYPE_STATUSES:
         return check_statuses(r, v, err, errlen);
+    case LLMRETRY_OPTTYPE_NUMBER:
+        if (!cJSON_IsNumber(v))
+            return bad(err, errlen, "%s must be a number (got %s)", r->name, type_name(v));
+        if (!isfinite(v->valuedouble) || v->valuedouble < (double)r->min ||
+            v->valuedouble > (double)r->max) {
+            number_text(v, num, sizeof num);
+            return bad(err, errlen, "%s must be %s (got %s)", r->name, r->range, num);
+        }
+        return 0;
+    case LLMRETRY_OPTTYPE_TARGETS:
+        return lr_targets_check(v, r->name, in_policy, err, errlen);
     case LLMRETRY_OPTTYPE_HEADERS:
         break;
     }
@@ -170,7 +182,7 @@ static void known_keys(char *buf, size_t len)
 static cJSON *check_settings(const cJSON *obj, const char *where, const char *name,
                              char *err, size_t errlen)
 {
-    char why[LLMRETRY_ERRBUF], keys[400];
+    char why[LLMRETRY_ERRBUF], keys[800];
     if (!cJSON_IsObject(obj)) {
         lr_errf(err, errlen, "%spolicy '%s' must be a table of settings (got %s)", where, name,
             type_name(obj));
@@ -189,7 +201,7 @@ static cJSON *check_settings(const cJSON *obj, const char *where, const char *na
                 lr_errf(err, errlen, "%spolicy '%s': %s is set twice", where, name, kv->string);
                 return NULL;
             }
-        if (check_rule(r, kv, why, sizeof why) != 0) {
+        if (check_rule(r, kv, 1, why, sizeof why) != 0) {
             lr_errf(err, errlen, "%spolicy '%s': %s", where, name, why);
             return NULL;
         }
@@ -413,7 +425,7 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
             }
         }
         cJSON *copy = v ? cJSON_Duplicate(v, 1) : cJSON_Parse(r->builtin);
-        if (v && check_rule(r, v, why, sizeof why) != 0) {
+        if (v && check_rule(r, v, 0, why, sizeof why) != 0) {
             lr_errf(err, errlen, "%s", why);
             st = LLMRETRY_EINVAL;
         } else if (!copy || !cJSON_AddItemToObject(out, r->name, copy)) {
@@ -446,7 +458,7 @@ llmretry_status llmretry_policy_check_value(const char *key, const char *json, s
 {
     const key_rule *r = key ? rule_of(key) : NULL;
     if (!r) {
-        char keys[400];
+        char keys[800];
         known_keys(keys, sizeof keys);
         lr_errf(err, errlen, "unknown key '%s' (known: %s)", key ? key : "(null)", keys);
         return LLMRETRY_EINVAL;
@@ -456,7 +468,7 @@ llmretry_status llmretry_policy_check_value(const char *key, const char *json, s
         lr_errf(err, errlen, "%s: the value is not JSON", key);
         return LLMRETRY_EINVAL;
     }
-    int rc = check_rule(r, v, err, errlen);
+    int rc = check_rule(r, v, 0, err, errlen);
     cJSON_Delete(v);
     return rc == 0 ? LLMRETRY_OK : LLMRETRY_EINVAL;
 }

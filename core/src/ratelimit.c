@@ -25,7 +25,7 @@
  * An endpoint with none of these costs one lookup per call. Calls waiting
  * for budget wait in the endpoint's queue, first come first served, with
  * their deadline armed (they fail at it). I/O thread only. */
-#include "engine.h"
+#include "endpoint.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -37,28 +37,8 @@
  * limit ago and is refused; 2 % leaves that room. */
 #define PACE 0.98
 
-/* More endpoints than this are not tracked (their calls are not limited). */
-#define MAX_ENDPOINTS 256
 /* A completion's tokens when the body does not bound them. */
 #define DEFAULT_COMPLETION_TOKENS 256
-
-struct lr_endpoint {
-    char *url;
-    uint64_t key_hash;
-    int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
-    int64_t learned_rpm, learned_tpm;  /* x-ratelimit-limit-*, 0 = not seen */
-    double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
-    double tok_cap;                    /* the token bucket's size: its next call's */
-    int64_t refilled_at;               /* -1: the buckets start full */
-    /* What the server last said is left (-1 = not known), less what we
-     * sent since, as of remaining_*_at; and when its window is full again. */
-    int64_t remaining_req, remaining_tok;
-    int64_t remaining_req_at, remaining_tok_at;
-    int64_t reset_req_at, reset_tok_at;
-    int64_t paused_until;              /* a 429's named wait */
-    int in_flight;                     /* attempts admitted and not ended */
-    lr_queue queue;                    /* calls waiting for budget */
-};
 
 static int64_t rate_rpm(const lr_endpoint *ep)
 {
@@ -175,43 +155,6 @@ static int64_t estimate(llmretry_call *c)
     c->completion_limit = limit;
     return c->est_tokens = (int64_t)((chars + 3) / 4) +
                            (limit >= 0 ? limit : DEFAULT_COMPLETION_TOKENS);
-}
-
-/* ---- endpoints --------------------------------------------------------------- */
-
-lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
-{
-    lr_endpoint *ep = c->endpoint;
-    if (!ep) {
-        for (size_t i = 0; i < e->n_endpoints && !ep; i++) {
-            lr_endpoint *x = e->endpoints[i];
-            if (x->key_hash == c->key_hash && strcmp(x->url, c->url) == 0)
-                ep = x;
-        }
-        if (!ep && e->n_endpoints < MAX_ENDPOINTS) {
-            lr_endpoint **more = realloc(e->endpoints, (e->n_endpoints + 1) * sizeof *more);
-            if (more)
-                e->endpoints = more;
-            ep = more ? calloc(1, sizeof *ep) : NULL;
-            if (ep && !(ep->url = lr_strdup(c->url))) {
-                free(ep);
-                ep = NULL;
-            }
-            if (!ep)
-                return NULL;        /* out of memory: this call is not limited */
-            ep->key_hash = c->key_hash;
-            ep->refilled_at = -1;
-            ep->remaining_req = ep->remaining_tok = -1;
-            e->endpoints[e->n_endpoints++] = ep;
-        }
-        c->endpoint = ep;
-    }
-    /* The latest call's configured limits hold for the endpoint. */
-    if (ep && c->o.rpm > 0)
-        ep->rpm = c->o.rpm;
-    if (ep && c->o.tpm > 0)
-        ep->tpm = c->o.tpm;
-    return ep;
 }
 
 /* How long until `need` fits what the server said remains (`remaining` as of
@@ -408,13 +351,3 @@ void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until)
         ep->paused_until = until;
 }
 
-void lr_endpoints_free(llmretry_engine *e)
-{
-    for (size_t i = 0; i < e->n_endpoints; i++) {
-        free(e->endpoints[i]->url);
-        free(e->endpoints[i]);
-    }
-    free(e->endpoints);
-    e->endpoints = NULL;
-    e->n_endpoints = 0;
-}

@@ -70,10 +70,17 @@ static void test_defaults_are_the_builtins(void)
             CHECK_STR(want, b);
             break;
         }
-        case LLMRETRY_OPTTYPE_TEXT: {
+        case LLMRETRY_OPTTYPE_TEXT:
+        case LLMRETRY_OPTTYPE_TARGETS: {
             const char *v;
             memcpy(&v, (const char *)&o + opt->offset, sizeof v);
             CHECK_MSG(v == NULL && strcmp(b, "null") == 0, "%s", opt->name);
+            break;
+        }
+        case LLMRETRY_OPTTYPE_NUMBER: {
+            double v;
+            memcpy(&v, (const char *)&o + opt->offset, sizeof v);
+            CHECK_MSG(v == strtod(b, NULL), "%s: %g, builtin %s", opt->name, v, b);
             break;
         }
         case LLMRETRY_OPTTYPE_STATUSES:
@@ -166,6 +173,8 @@ static void test_policy_keys(void)
         "base_url", "model", "timeout_ms", "max_retries", "base_delay_ms", "max_delay_ms",
         "jitter", "deadline_ms", "retry_mode", "retry_statuses", "max_retry_after_ms",
         "retry_invalid_response", "max_response_bytes", "idempotency_key", "rpm", "tpm",
+        "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
+        "fallbacks",
     };
     for (size_t i = 0; i < N_OF(want); i++)
         CHECK_STR(llmretry_policy_key(i), want[i]);

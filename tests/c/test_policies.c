@@ -243,7 +243,7 @@ static void test_check_value(void)
     size_t n = 0;
     while (llmretry_policy_key(n))
         n++;
-    CHECK_INT(n, 16);
+    CHECK_INT(n, 21);
 }
 
 int main(void)

@@ -112,6 +112,46 @@ llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_option
                                        llmretry_event_fn on_event, void *ud,
                                        llmretry_call **out, char *err, size_t errlen);
 
+/* What one target of a call came to (fallbacks, DESIGN §13): target 0 is
+ * the caller's request. kind is NONE for the target that succeeded and
+ * for targets never tried. Strings are the call's (valid until freed). */
+typedef struct llmretry_target_report {
+    const char *model;
+    int attempts;                  /* 0 = never tried */
+    int status;                    /* its last HTTP status, 0 = none */
+    llmretry_error_kind kind;
+    llmretry_giveup_reason reason;
+} llmretry_target_report;
+
+/* Report i (0..result.n_targets-1) of a finished call; EINVAL past the end
+ * or before the call is done. */
+llmretry_status llmretry_call_target_report(const llmretry_call *c, size_t i,
+                                            llmretry_target_report *out);
+
+/* What the engine knows of one endpoint (a URL and the key sent to it):
+ * its retry budget, circuit breaker and rate budget. */
+typedef struct llmretry_endpoint_stats {
+    const char *url;               /* valid until llmretry_engine_free */
+    int has_key;                   /* its calls send an Authorization header */
+    int64_t requests;              /* first attempts sent, ever */
+    int64_t retries;               /* retries sent, ever */
+    int64_t window_requests;       /* over the retry budget's rolling 10 s */
+    int64_t window_retries;
+    int64_t retries_refused;       /* retry_budget_exhausted, ever */
+    const char *breaker;           /* "closed", "open", "half_open" ("closed" when off) */
+    int consecutive_failures;
+    int64_t breaker_opened;        /* times it opened, ever */
+    int64_t short_circuited;       /* attempts failed at once as circuit_open */
+    int64_t open_ms_left;          /* while open: until a probe may go */
+    int64_t rpm, tpm;              /* in force: configured, else learned; 0 = none */
+    int in_flight;
+} llmretry_endpoint_stats;
+
+/* Up to `max` endpoints' stats (in the order first used) into out; returns
+ * how many endpoints there are (may exceed max). Any thread. */
+size_t llmretry_engine_endpoint_stats(llmretry_engine *e, llmretry_endpoint_stats *out,
+                                      size_t max);
+
 #ifdef __cplusplus
 }
 #endif

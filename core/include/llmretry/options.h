@@ -50,6 +50,9 @@ typedef struct llmretry_channel llmretry_channel;
 /* Longest request_id accepted, in bytes. */
 #define LLMRETRY_REQUEST_ID_MAX 256
 
+/* Most fallback targets one call may have. */
+#define LLMRETRY_MAX_FALLBACKS 8
+
 typedef struct llmretry_options {
     /* Endpoint. `url` is used as is when set; otherwise base_url (else
      * $OPENAI_BASE_URL, else https://api.openai.com/v1) + "/chat/completions". */
@@ -116,6 +119,37 @@ typedef struct llmretry_options {
      * corrected by the response's usage. A host with a tokenizer sets it. */
     int64_t estimated_tokens;
 
+    /* Endpoint health (DESIGN §13), per endpoint like rpm and tpm (the
+     * latest call's values hold for it), shared by every call of the
+     * engine. Retry budget: over a rolling 10 s, an endpoint's retries may
+     * be at most retry_budget_ratio (0.2, >= 0) x its requests (first
+     * attempts) + retry_budget_min (10, >= 0); past it a call gives up at
+     * once (reason retry_budget_exhausted). Retries the server timed
+     * (Retry-After, x-ratelimit-reset) are not counted: it asked for them.
+     * Circuit breaker: breaker_failures (0 = off) consecutive transient
+     * failures (timeout, network, 408, 429, 5xx) open it for
+     * breaker_cooldown_ms (30000, > 0); meanwhile attempts fail at once
+     * (kind circuit_open, no request sent); then one probe goes through and
+     * its success closes it (its failure opens it again). */
+    double retry_budget_ratio;
+    int retry_budget_min;
+    int breaker_failures;
+    int64_t breaker_cooldown_ms;
+
+    /* Fallback targets (DESIGN §13): JSON text of an array of objects
+     * {"model", "base_url" | "url", "api_key" | "api_key_env", "headers":
+     * {name: value}} (NULL = none; at most LLMRETRY_MAX_FALLBACKS). When
+     * the current target gives up for any reason but a cancel, a passed
+     * deadline, an unsafe-mode stop, a broken stream or a 400/422 (the
+     * request itself is wrong), the next one is tried within the same
+     * deadline, its retries counted afresh. A target's body is the
+     * caller's with "model" replaced when it names one. A target with no
+     * URL of its own is the caller's endpoint and sends the caller's key
+     * and headers; one with its own URL sends only its own (a key never
+     * goes to a host it was not given for). Set with
+     * llmretry_options_set_json; never appears in messages. */
+    const char *fallbacks;
+
     /* Streaming (DESIGN §10): a call streams when its body says
      * "stream": true; a text/event-stream response is read as SSE whatever
      * the body said. For a streaming request timeout_ms bounds the attempt
@@ -176,7 +210,9 @@ typedef enum llmretry_option_type {
     LLMRETRY_OPTTYPE_BOOL,         /* an int, 0 or 1 */
     LLMRETRY_OPTTYPE_ENUM,         /* set by the name of one of `choices` */
     LLMRETRY_OPTTYPE_STATUSES,     /* retry_statuses/n_retry_statuses, each min..max */
-    LLMRETRY_OPTTYPE_HEADERS       /* headers/n_headers, "Name: value" lines */
+    LLMRETRY_OPTTYPE_HEADERS,      /* headers/n_headers, "Name: value" lines */
+    LLMRETRY_OPTTYPE_NUMBER,       /* a double, min..max, finite */
+    LLMRETRY_OPTTYPE_TARGETS       /* JSON text of a list of targets (fallbacks) */
 } llmretry_option_type;
 
 #define LLMRETRY_OPTFLAG_NULLABLE 1u    /* may be unset (null, None, nil) */
@@ -217,6 +253,13 @@ llmretry_status llmretry_options_set_text(llmretry_options *o, const char *name,
                                           char *err, size_t errlen);
 llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, char *err,
                                        size_t errlen);
+llmretry_status llmretry_options_set_number(llmretry_options *o, const char *name, double v,
+                                            char *err, size_t errlen);
+/* A TARGETS option from JSON text (borrowed, like set_text; NULL =
+ * unset): checked now, so a mistake is reported naming the field
+ * ("fallbacks[1].base_url must start with http:// or https://"). */
+llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name, const char *json,
+                                          char *err, size_t errlen);
 /* retry_statuses: 1..LLMRETRY_MAX_STATUSES statuses, each 100..599 (copied). */
 llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *statuses, size_t n,
                                               char *err, size_t errlen);

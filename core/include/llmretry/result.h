@@ -25,7 +25,9 @@ typedef enum llmretry_error_kind {
     LLMRETRY_ERR_RESPONSE_TOO_LARGE,
     /* A stream failed after the host had read a chunk: not retried (its
      * output would repeat); result.stream_reason says how. */
-    LLMRETRY_ERR_STREAM_INTERRUPTED
+    LLMRETRY_ERR_STREAM_INTERRUPTED,
+    /* The endpoint's circuit breaker is open: no request was sent. */
+    LLMRETRY_ERR_CIRCUIT_OPEN
 } llmretry_error_kind;
 
 /* "http_status", "timeout", ... ; NULL for NONE. */
@@ -39,7 +41,11 @@ typedef enum llmretry_giveup_reason {
     LLMRETRY_REASON_RETRY_AFTER_TOO_LONG,
     LLMRETRY_REASON_UNSAFE_MODE,
     LLMRETRY_REASON_CANCELLED,
-    LLMRETRY_REASON_STREAM_INTERRUPTED
+    LLMRETRY_REASON_STREAM_INTERRUPTED,
+    /* The endpoint's retry budget is spent (DESIGN §13). */
+    LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED,
+    /* The endpoint's circuit breaker is open. */
+    LLMRETRY_REASON_CIRCUIT_OPEN
 } llmretry_giveup_reason;
 
 const char *llmretry_reason_name(llmretry_giveup_reason r);
@@ -63,7 +69,9 @@ const char *llmretry_stream_reason_name(llmretry_stream_reason r);
 typedef enum llmretry_delay_source {
     LLMRETRY_DELAY_BACKOFF = 0,
     LLMRETRY_DELAY_RETRY_AFTER,
-    LLMRETRY_DELAY_RATELIMIT_RESET
+    LLMRETRY_DELAY_RATELIMIT_RESET,
+    /* Not a wait: the next attempt goes to the next fallback target. */
+    LLMRETRY_DELAY_FALLBACK
 } llmretry_delay_source;
 
 const char *llmretry_delay_source_name(llmretry_delay_source s);
@@ -91,6 +99,11 @@ typedef struct llmretry_result {
     int resends;
     int64_t duration_ms;           /* of the last attempt */
     int64_t total_ms;              /* of the whole call */
+    /* Fallbacks: the target of the last attempt (0 = the caller's) and how
+     * many the call had (1 = none); llmretry_call_target_report says what
+     * each came to. */
+    int target;
+    int n_targets;
 
     /* Streams: stream is 1 when the request asked to stream or the answer
      * was SSE; chunks the last attempt received, chunks_delivered those the

@@ -1,0 +1,126 @@
+/* The engine's endpoints (endpoint.h): found or made for a call's current
+ * target, and what hosts may read of them. */
+#include "endpoint.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* More endpoints than this are not tracked (their calls are neither
+ * limited nor guarded). */
+#define MAX_ENDPOINTS 256
+
+static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
+{
+    lr_endpoint *ep = calloc(1, sizeof *ep);
+    if (!ep)
+        return NULL;
+    if (!(ep->url = lr_strdup(c->url))) {
+        free(ep);
+        return NULL;
+    }
+    ep->key_hash = c->key_hash;
+    ep->refilled_at = -1;
+    ep->remaining_req = ep->remaining_tok = -1;
+    lr_retry_budget_init(&ep->budget);
+    ep->stats.url = ep->url;
+    ep->stats.has_key = c->key_hash != 0;
+    ep->stats.breaker = "closed";
+    /* Hosts read the array under the mutex: grow it under it. */
+    pthread_mutex_lock(&e->mu);
+    lr_endpoint **more = realloc(e->endpoints, (e->n_endpoints + 1) * sizeof *more);
+    if (more) {
+        e->endpoints = more;
+        e->endpoints[e->n_endpoints++] = ep;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!more) {
+        free(ep->url);
+        free(ep);
+        return NULL;
+    }
+    return ep;
+}
+
+lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
+{
+    lr_endpoint *ep = c->endpoint;
+    if (!ep) {
+        for (size_t i = 0; i < e->n_endpoints && !ep; i++) {
+            lr_endpoint *x = e->endpoints[i];
+            if (x->key_hash == c->key_hash && strcmp(x->url, c->url) == 0)
+                ep = x;
+        }
+        if (!ep && e->n_endpoints < MAX_ENDPOINTS)
+            ep = endpoint_new(e, c);
+        if (!ep)
+            return NULL;            /* out of memory: this call is not limited */
+        c->endpoint = ep;
+    }
+    /* The latest call's configured limits and health options hold for the
+     * endpoint. */
+    if (c->o.rpm > 0)
+        ep->rpm = c->o.rpm;
+    if (c->o.tpm > 0)
+        ep->tpm = c->o.tpm;
+    ep->budget.ratio = c->o.retry_budget_ratio;
+    ep->budget.min = c->o.retry_budget_min;
+    ep->breaker.threshold = c->o.breaker_failures;
+    ep->breaker.cooldown_ms = c->o.breaker_cooldown_ms;
+    return ep;
+}
+
+static const char *breaker_name(lr_breaker_state s)
+{
+    switch (s) {
+    case LR_BREAKER_OPEN: return "open";
+    case LR_BREAKER_HALF_OPEN: return "half_open";
+    default: return "closed";
+    }
+}
+
+void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
+{
+    int64_t now = lr_mono_ms(), wreq, wret;
+    lr_retry_budget_window(&ep->budget, now, &wreq, &wret);
+    pthread_mutex_lock(&e->mu);
+    llmretry_endpoint_stats *s = &ep->stats;
+    s->window_requests = wreq;
+    s->window_retries = wret;
+    s->breaker = breaker_name(ep->breaker.state);
+    s->consecutive_failures = ep->breaker.failures;
+    s->open_ms_left = ep->breaker.state == LR_BREAKER_OPEN && ep->breaker.open_until > now
+                    ? ep->breaker.open_until - now : 0;
+    s->rpm = ep->rpm > 0 ? ep->rpm : ep->learned_rpm;
+    s->tpm = ep->tpm > 0 ? ep->tpm : ep->learned_tpm;
+    s->in_flight = ep->in_flight;
+    pthread_mutex_unlock(&e->mu);
+}
+
+size_t llmretry_engine_endpoint_stats(llmretry_engine *e, llmretry_endpoint_stats *out,
+                                      size_t max)
+{
+    if (!e || lr_forked(e))
+        return 0;
+    pthread_mutex_lock(&e->mu);
+    size_t n = e->n_endpoints;
+    for (size_t i = 0; i < n && i < max && out; i++)
+        out[i] = e->endpoints[i]->stats;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void lr_endpoints_free(llmretry_engine *e)
+{
+    /* Hosts may still ask for stats: they see none from here on. */
+    pthread_mutex_lock(&e->mu);
+    lr_endpoint **eps = e->endpoints;
+    size_t n = e->n_endpoints;
+    e->endpoints = NULL;
+    e->n_endpoints = 0;
+    pthread_mutex_unlock(&e->mu);
+    for (size_t i = 0; i < n; i++) {
+        free(eps[i]->url);
+        free(eps[i]);
+    }
+    free(eps);
+}

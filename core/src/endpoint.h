@@ -1,0 +1,78 @@
+/* An endpoint: a URL and the API key sent to it (as a hash of the
+ * Authorization header). Everything the engine learns and decides per
+ * endpoint lives here, shared by every call of the engine:
+ *
+ *   endpoint.c   the table of endpoints and what hosts may read of them
+ *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause
+ *   health.c     the retry budget and the circuit breaker (DESIGN §13)
+ *
+ * I/O thread only, except `stats`, which the engine publishes under the
+ * engine's mutex for llmretry_engine_endpoint_stats. */
+#ifndef LR_ENDPOINT_H
+#define LR_ENDPOINT_H
+
+#include "engine.h"
+
+/* The retry budget's rolling window: this many one-second slots. */
+#define LR_BUDGET_SLOTS 10
+
+typedef struct lr_retry_budget {
+    int64_t second[LR_BUDGET_SLOTS];   /* the second each slot counts (-1: none) */
+    int64_t requests[LR_BUDGET_SLOTS]; /* first attempts sent */
+    int64_t retries[LR_BUDGET_SLOTS];  /* retries let through */
+    double ratio;                      /* the latest call's options */
+    int64_t min;
+} lr_retry_budget;
+
+typedef enum lr_breaker_state {
+    LR_BREAKER_CLOSED = 0,
+    LR_BREAKER_OPEN,                   /* failing calls at once until open_until */
+    LR_BREAKER_HALF_OPEN               /* one probe may go; the rest fail */
+} lr_breaker_state;
+
+typedef struct lr_breaker {
+    lr_breaker_state state;
+    int failures;                      /* consecutive transient failures */
+    int threshold;                     /* breaker_failures: 0 = off */
+    int64_t cooldown_ms;
+    int64_t open_until;
+    llmretry_call *probe;              /* the half-open probe in flight, or NULL */
+} lr_breaker;
+
+struct lr_endpoint {
+    char *url;
+    uint64_t key_hash;
+    /* The rate budget (ratelimit.c). */
+    int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
+    int64_t learned_rpm, learned_tpm;  /* x-ratelimit-limit-*, 0 = not seen */
+    double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
+    double tok_cap;                    /* the token bucket's size: its next call's */
+    int64_t refilled_at;               /* -1: the buckets start full */
+    /* What the server last said is left (-1 = not known), less what we
+     * sent since, as of remaining_*_at; and when its window is full again. */
+    int64_t remaining_req, remaining_tok;
+    int64_t remaining_req_at, remaining_tok_at;
+    int64_t reset_req_at, reset_tok_at;
+    int64_t paused_until;              /* a 429's named wait */
+    int in_flight;                     /* attempts admitted and not ended */
+    lr_queue queue;                    /* calls waiting for budget */
+    /* Health (health.c). */
+    lr_retry_budget budget;
+    lr_breaker breaker;
+    /* Published for hosts (engine mutex). */
+    llmretry_endpoint_stats stats;
+};
+
+/* endpoint.c: publish the endpoint's numbers for hosts (takes the engine's
+ * mutex); call after a change worth seeing. */
+void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep);
+
+/* health.c, pure parts (on the caller's clock; tests drive them). */
+void lr_retry_budget_init(lr_retry_budget *b);
+void lr_retry_budget_request(lr_retry_budget *b, int64_t now_ms);
+/* 1 and the retry counted when the window allows one more, else 0. */
+int lr_retry_budget_take(lr_retry_budget *b, int64_t now_ms);
+void lr_retry_budget_window(const lr_retry_budget *b, int64_t now_ms, int64_t *requests,
+                            int64_t *retries);
+
+#endif
