@@ -125,6 +125,27 @@ static void push_stream_fields(lua_State *L, const llmretry_result *r)
     }
 }
 
+/* target (0: the call's own), and with fallbacks what each came to. */
+static void push_target_fields(lua_State *L, const llmretry_result *r)
+{
+    set_int(L, "target", r->target);
+    if (!r->targets)
+        return;
+    lua_createtable(L, r->n_targets, 0);
+    for (int i = 0; i < r->n_targets; i++) {
+        const llmretry_target_report *t = &r->targets[i];
+        lua_createtable(L, 0, 5);
+        set_str(L, "model", t->model);
+        set_int(L, "attempts", t->attempts);
+        if (t->status > 0)
+            set_int(L, "status", t->status);
+        set_str(L, "kind", llmretry_error_kind_name(t->kind));
+        set_str(L, "reason", llmretry_reason_name(t->reason));
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "targets");
+}
+
 static void push_meta(lua_State *L, const llmretry_result *r)
 {
     lua_createtable(L, 0, 10);
@@ -141,6 +162,7 @@ static void push_meta(lua_State *L, const llmretry_result *r)
     set_str(L, "system_fingerprint", r->system_fingerprint);
     set_int(L, "resends", r->resends);
     push_stream_fields(L, r);
+    set_int(L, "target", r->target);
 }
 
 /* The err table of DESIGN §4 (absent values are nil). `message` and
@@ -181,6 +203,7 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
     set_int(L, "total_ms", r->total_ms);
     set_int(L, "resends", r->resends);
     push_stream_fields(L, r);
+    push_target_fields(L, r);
     luaL_getmetatable(L, ERROR_MT);
     lua_setmetatable(L, -2);
 }

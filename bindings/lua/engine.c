@@ -100,6 +100,42 @@ static llmretry_engine *check_open_engine(lua_State *L)
     return eng->e;
 }
 
+/* engine:endpoint_stats(): a list of what the engine knows of each
+ * endpoint (retry budget, breaker, rate limits); {} once closed. */
+int engine_endpoint_stats(lua_State *L)
+{
+    lr_engine *eng = check_engine(L);
+    llmretry_endpoint_stats st[256];
+    size_t n = eng->e ? llmretry_engine_endpoint_stats(eng->e, st, 256) : 0;
+    if (n > 256)
+        n = 256;
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        const llmretry_endpoint_stats *s = &st[i];
+        lua_createtable(L, 0, 16);
+        lua_pushstring(L, s->url);
+        lua_setfield(L, -2, "url");
+        lua_pushboolean(L, s->has_key);
+        lua_setfield(L, -2, "has_key");
+        set_int(L, "requests", s->requests);
+        set_int(L, "retries", s->retries);
+        set_int(L, "window_requests", s->window_requests);
+        set_int(L, "window_retries", s->window_retries);
+        set_int(L, "retries_refused", s->retries_refused);
+        lua_pushstring(L, s->breaker);
+        lua_setfield(L, -2, "breaker");
+        set_int(L, "consecutive_failures", s->consecutive_failures);
+        set_int(L, "breaker_opened", s->breaker_opened);
+        set_int(L, "short_circuited", s->short_circuited);
+        set_int(L, "open_ms_left", s->open_ms_left);
+        set_int(L, "rpm", s->rpm);
+        set_int(L, "tpm", s->tpm);
+        set_int(L, "in_flight", s->in_flight);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    return 1;
+}
+
 /* Cancels the calls in flight and joins the I/O thread; handles stay
  * valid (their calls read as cancelled). */
 int engine_close(lua_State *L)

@@ -101,6 +101,7 @@ void rename_header_error(const llmretry_options *o, char *err, size_t errlen);
 /* engine.c: engines and groups */
 int engine_close(lua_State *L);
 int engine_fd(lua_State *L);
+int engine_endpoint_stats(lua_State *L);
 int engine_forked(lua_State *L);
 int engine_gc(lua_State *L);
 int engine_group(lua_State *L);

@@ -171,6 +171,7 @@ static const luaL_Reg engine_methods[] = {
     { "forked", engine_forked },
     { "poll", engine_poll },
     { "wait", engine_wait },
+    { "endpoint_stats", engine_endpoint_stats },
     { "close", engine_close },
     { NULL, NULL },
 };

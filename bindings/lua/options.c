@@ -181,6 +181,25 @@ static void opt_one(lua_State *L, int idx, const llmretry_option_info *opt, llmr
     case LLMRETRY_OPTTYPE_HEADERS:
         opt_headers(L, idx, o);
         break;
+    case LLMRETRY_OPTTYPE_NUMBER:
+        if (lua_type(L, idx) != LUA_TNUMBER)
+            lr_fail(L, "%s must be a number (got %s)", opt->name, got(L, idx, buf, sizeof buf));
+        st = llmretry_options_set_number(o, opt->name, (double)lua_tonumber(L, idx), err,
+                                         sizeof err);
+        break;
+    case LLMRETRY_OPTTYPE_TARGETS:
+        /* A list of target tables, encoded as the JSON the core checks;
+         * the text stays on the stack until the submit copies it. */
+        if (lua_type(L, idx) != LUA_TTABLE)
+            lr_fail(L, "%s must be a list of targets (tables) (got %s)", opt->name,
+                    got(L, idx, buf, sizeof buf));
+        lua_pushnil(L);
+        if (!lua_next(L, idx))
+            break;                  /* {}: no fallbacks */
+        lua_pop(L, 2);
+        push_encoded(L, idx, opt->name);
+        st = llmretry_options_set_json(o, opt->name, lua_tostring(L, -1), err, sizeof err);
+        break;
     }
     if (st != LLMRETRY_OK)
         lr_fail(L, "%s", err);

@@ -113,6 +113,23 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
         rc |= put_k(d, k[K_error_code], lr_str_or_none(r->error_code));
         rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
     }
+    if (!rc && r->n_targets > 1) {
+        /* A call with fallbacks: which target ended it and what each came to. */
+        rc |= put(d, "target", PyLong_FromLong(r->target));
+        PyObject *list = PyList_New(0);
+        for (int i = 0; list && r->targets && i < r->n_targets; i++) {
+            const llmretry_target_report *t = &r->targets[i];
+            PyObject *td = Py_BuildValue("{s:N,s:i,s:N,s:N,s:N}",
+                "model", lr_str_or_none(t->model), "attempts", t->attempts,
+                "status", int_or_none(t->status, t->status > 0),
+                "kind", lr_str_or_none(llmretry_error_kind_name(t->kind)),
+                "reason", lr_str_or_none(llmretry_reason_name(t->reason)));
+            if (!td || PyList_Append(list, td) < 0)
+                Py_CLEAR(list);
+            Py_XDECREF(td);
+        }
+        rc |= put(d, "targets", list);
+    }
     if (!rc && r->stream) {
         /* A streamed call: what its stream did, and a broken one's partial
          * chat.completion (body). */

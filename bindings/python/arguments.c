@@ -167,6 +167,30 @@ static int set_option(call_args *a, const llmretry_option_info *opt, PyObject *v
         return parse_statuses(v, &a->o);
     case LLMRETRY_OPTTYPE_HEADERS:
         return parse_headers(v, a);
+    case LLMRETRY_OPTTYPE_NUMBER: {
+        char err[LLMRETRY_ERRBUF];
+        double d = PyFloat_AsDouble(v);
+        if (d == -1.0 && PyErr_Occurred())
+            return -1;
+        if (llmretry_options_set_number(&a->o, opt->name, d, err, sizeof err) != LLMRETRY_OK) {
+            PyErr_SetString(PyExc_ValueError, err);
+            return -1;
+        }
+        return 0;
+    }
+    case LLMRETRY_OPTTYPE_TARGETS: {
+        /* The client encoded the list (_client._targets): JSON text, which
+         * the kwargs keep alive until the submit copies it. */
+        char err[LLMRETRY_ERRBUF];
+        const char *json = NULL;
+        if (v != Py_None && !(json = PyUnicode_AsUTF8(v)))
+            return -1;
+        if (llmretry_options_set_json(&a->o, opt->name, json, err, sizeof err) != LLMRETRY_OK) {
+            PyErr_SetString(PyExc_ValueError, err);
+            return -1;
+        }
+        return 0;
+    }
     }
     PyErr_Format(PyExc_SystemError, "option %s has an unknown type", opt->name);
     return -1;
@@ -295,7 +319,8 @@ PyObject *lr_py_options(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    static const char *const types[] = { "", "text", "int", "bool", "enum", "statuses", "headers" };
+    static const char *const types[] = { "", "text", "int", "bool", "enum", "statuses", "headers",
+                                         "number", "targets" };
     size_t n = llmretry_option_count();
     PyObject *out = PyTuple_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {

@@ -81,6 +81,7 @@ static void finish(llmretry_engine *e, llmretry_call *c)
     t->status = r->status;
     t->kind = r->ok ? LLMRETRY_ERR_NONE : r->kind;
     t->reason = r->ok ? LLMRETRY_REASON_NONE : r->reason;
+    lr_targets_report(c);
     c->state = LR_DONE;
     lr_timer_remove(e, c);
     lr_live_unlink(e, c);

@@ -205,6 +205,7 @@ static void call_destroy(llmretry_call *c)
     free((void *)c->result.body_preview);
     free((void *)c->result.response_model);
     free((void *)c->result.system_fingerprint);
+    free((void *)c->result.targets);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     llmretry_engine *e = c->engine;

@@ -365,6 +365,8 @@ int lr_targets_check_json(const char *json, const char *name, char *err, size_t 
 int lr_targets_count(const char *fallbacks);
 int lr_targets_build(llmretry_call *c, const char *fallbacks);
 void lr_targets_free(llmretry_call *c);
+/* Fill result.targets from what each target came to (at the end). */
+void lr_targets_report(llmretry_call *c);
 /* Make target i the call's current one. */
 void lr_target_use(llmretry_call *c, int i);
 /* Switch to the next target: 0, or -1 when there is none (or no memory). */

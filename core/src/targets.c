@@ -323,13 +323,28 @@ int lr_target_next(llmretry_call *c)
     return 0;
 }
 
+void lr_targets_report(llmretry_call *c)
+{
+    if (c->n_targets < 2)
+        return;
+    llmretry_target_report *out = calloc((size_t)c->n_targets, sizeof *out);
+    if (!out)
+        return;                     /* out of memory: target and n_targets still say */
+    for (int i = 0; i < c->n_targets; i++) {
+        const lr_target *t = &c->targets[i];
+        out[i] = (llmretry_target_report){ .model = t->model, .attempts = t->attempts,
+                                           .status = t->status, .kind = t->kind,
+                                           .reason = t->reason };
+    }
+    c->result.targets = out;
+}
+
 llmretry_status llmretry_call_target_report(const llmretry_call *c, size_t i,
                                             llmretry_target_report *out)
 {
-    if (!c || !out || !llmretry_call_result(c) || i >= (size_t)c->n_targets)
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    if (!r || !out || !r->targets || i >= (size_t)r->n_targets)
         return LLMRETRY_EINVAL;
-    const lr_target *t = &c->targets[i];
-    *out = (llmretry_target_report){ .model = t->model, .attempts = t->attempts,
-                                     .status = t->status, .kind = t->kind, .reason = t->reason };
+    *out = r->targets[i];
     return LLMRETRY_OK;
 }

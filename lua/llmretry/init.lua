@@ -53,6 +53,8 @@ M.errors = {
   CANCELLED = "cancelled",
   RESPONSE_TOO_LARGE = "response_too_large",
   STREAM_INTERRUPTED = "stream_interrupted",
+  -- The endpoint's circuit breaker is open (breaker_failures): nothing sent.
+  CIRCUIT_OPEN = "circuit_open",
 }
 
 -- Is `v` an error table returned by a call (nil, err)?
@@ -227,6 +229,18 @@ local function run(opts, level, on_chunk)
   end
   if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end
   return h:result()
+end
+
+-- What an engine (default: the module's own) knows of each endpoint it has
+-- called, a list of tables: url, has_key, requests, retries, the retry
+-- budget's window_requests / window_retries / retries_refused, the breaker
+-- ("closed", "open", "half_open"), consecutive_failures, breaker_opened,
+-- short_circuited, open_ms_left, the rpm / tpm in force and in_flight.
+function M.endpoint_stats(engine)
+  if engine ~= nil and not is_engine(engine) then
+    argerror(2, "engine", "an engine (llmretry.new_engine()) or nil", engine)
+  end
+  return (engine or get_default_engine()):endpoint_stats()
 end
 
 -- Not tail calls: the error levels count run's caller's frame.
@@ -517,6 +531,11 @@ function M.client(opts)
     self.default_policy = opts.policy
   end
   return self
+end
+
+-- The endpoints of the client's engine (M.endpoint_stats).
+function Client:endpoint_stats()
+  return M.endpoint_stats(self.defaults.engine)
 end
 
 -- The settings of the policy `name` (nil: none), or raise naming it.

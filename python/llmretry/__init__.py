@@ -52,7 +52,8 @@ from ._logging import DEFAULT, jsonl_logger, log_usage
 from ._policies import Policy, load_policies
 from ._pool import map_with_concurrency
 from ._stream import Stream
-from .errors import (CallCancelledError, DeadlineExceededError, HTTPStatusError,
+from .errors import (CallCancelledError, CircuitOpenError, DeadlineExceededError,
+                     HTTPStatusError,
                      InvalidResponseError, LLMError, NetworkError,
                      RequestTimeoutError, ResponseTooLargeError, ShapeError,
                      StreamInterruptedError)
@@ -95,6 +96,7 @@ __all__ = [
     "ResponseTooLargeError",
     "CallCancelledError",
     "StreamInterruptedError",
+    "CircuitOpenError",
     "ShapeError",
 ]
 

@@ -70,11 +70,13 @@ class Meta:
         ttft_ms: for a stream, the time from the call's start to the first
             chunk of the attempt that succeeded (None otherwise).
         chunks: the chunks that attempt received (0 when not streamed).
+        target: which target answered: 0 for the call's own, 1 for its
+            first ``fallbacks`` entry, and so on.
     """
 
     __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
                  "usage", "request_id", "model", "response_model",
-                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks")
+                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks", "target")
 
     attempt: int
     attempts: int
@@ -90,19 +92,20 @@ class Meta:
     stream: bool
     ttft_ms: Optional[int]
     chunks: int
+    target: int
 
     def __init__(self, attempt: int, attempts: int, duration_ms: int, total_ms: int,
                  status: int, usage: Optional[Dict[str, int]], request_id: str,
                  model: Optional[str], response_model: Optional[str],
                  system_fingerprint: Optional[str], resends: int = 0,
                  stream: bool = False, ttft_ms: Optional[int] = None,
-                 chunks: int = 0) -> None:
+                 chunks: int = 0, target: int = 0) -> None:
         # Written out (not the dataclass's) for the defaults: a field added
         # later must not break code that builds a Meta.
         for name, value in zip(self.__slots__, (attempt, attempts, duration_ms, total_ms,
                                                 status, usage, request_id, model,
                                                 response_model, system_fingerprint, resends,
-                                                stream, ttft_ms, chunks)):
+                                                stream, ttft_ms, chunks, target)):
             object.__setattr__(self, name, value)
 
     def as_dict(self) -> Dict[str, Any]:
@@ -208,6 +211,7 @@ _set_response_model = _SETTERS["response_model"]
 _set_system_fingerprint = _SETTERS["system_fingerprint"]
 _set_resends = _SETTERS["resends"]
 _set_stream, _set_ttft_ms, _set_chunks = _SETTERS["stream"], _SETTERS["ttft_ms"], _SETTERS["chunks"]
+_set_target = _SETTERS["target"]
 _new_object = object.__new__
 
 
@@ -227,6 +231,7 @@ def _meta_of(out: Dict[str, Any]) -> Meta:
     _set_stream(m, out.get("stream", False))
     _set_ttft_ms(m, out.get("ttft_ms"))
     _set_chunks(m, out.get("chunks", 0))
+    _set_target(m, out.get("target", 0))
     return m
 
 
@@ -334,12 +339,48 @@ def _headers(name: str, value: Any) -> Optional[List[str]]:
     return lines
 
 
+def _number(name: str, value: Any) -> float:
+    """A real number (int or float, not bool); the core checks the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {_type_name(value)}")
+    return float(value)
+
+
+def _targets(name: str, value: Any) -> Optional[str]:
+    """A list of target dicts as the JSON text the core checks and reads."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list of dicts (targets) or None, "
+                        f"not {_type_name(value)}")
+    targets = []
+    for i, target in enumerate(value):
+        if not isinstance(target, Mapping):
+            raise TypeError(f"{name}[{i}] must be a dict, not {_type_name(target)}")
+        for key, val in target.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{name}[{i}] keys must be str, not {_type_name(key)}")
+            if key == "headers" and val is not None:
+                if not isinstance(val, Mapping):
+                    raise TypeError(f"{name}[{i}].headers must be a dict of str to str, "
+                                    f"not {_type_name(val)}")
+                continue
+            if val is not None and not isinstance(val, str):
+                raise TypeError(f"{name}[{i}].{key} must be a str, not {_type_name(val)}")
+        targets.append(dict(target))
+    try:
+        return json.dumps(targets, separators=(",", ":"))
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: header names and values must be str") from None
+
+
 # How a Python value becomes a core option of each type (the core's option
 # table: _llmretry.options()), by (type, nullable).
 _CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
     ("text", True): _opt_str, ("text", False): _str, ("enum", False): _str,
     ("int", True): _opt_int, ("int", False): _int, ("bool", False): _bool,
     ("statuses", True): _statuses, ("headers", True): _headers,
+    ("number", False): _number, ("targets", True): _targets,
 }
 _NULLABLE = 1   # LLMRETRY_OPTFLAG_NULLABLE
 _ENDPOINT = ("url", "base_url")
@@ -351,8 +392,9 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "base_url", "api_key", "url", "timeout_ms", "max_retries", "base_delay_ms",
     "max_delay_ms", "jitter", "deadline_ms", "retry_mode", "retry_statuses",
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
-    "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm", "validate",
-    "logger")
+    "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm",
+    "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
+    "fallbacks", "validate", "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
@@ -736,6 +778,22 @@ class Client:
             raise ValueError(f"unknown policy {name!r} (known policies: {known})")
         return pp
 
+    def endpoint_stats(self) -> List[Dict[str, Any]]:
+        """What the client's engine knows of each endpoint it has called
+        (a URL and the key sent to it, never the key itself), one dict each:
+
+        ``url``, ``has_key``; ``requests`` and ``retries`` sent so far;
+        ``window_requests``, ``window_retries`` over the retry budget's
+        rolling 10 s and ``retries_refused`` (calls that gave up as
+        ``retry_budget_exhausted``); ``breaker`` (``"closed"``, ``"open"``,
+        ``"half_open"``), ``consecutive_failures``, ``breaker_opened``
+        (times), ``short_circuited`` (attempts failed as ``circuit_open``),
+        ``open_ms_left``; ``rpm``, ``tpm`` in force (configured, else
+        learned; 0: none) and ``in_flight``.
+        """
+        engine = self._engine
+        return engine.endpoint_stats() if engine is not None else []
+
     # -- lifecycle ------------------------------------------------------------
 
     @property
@@ -848,6 +906,11 @@ class Client:
                  idle_timeout_ms: int = DEFAULT,
                  rpm: int = DEFAULT,
                  tpm: int = DEFAULT,
+                 retry_budget_ratio: float = DEFAULT,
+                 retry_budget_min: int = DEFAULT,
+                 breaker_failures: int = DEFAULT,
+                 breaker_cooldown_ms: int = DEFAULT,
+                 fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
                  policy: Optional[str] = None) -> Result:
@@ -856,7 +919,8 @@ class Client:
                   max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
                   headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
-                  validate, logger)
+                  retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
+                  fallbacks, validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1337,6 +1401,11 @@ def call_llm(body: Body, *,
              idle_timeout_ms: int = DEFAULT,
              rpm: int = DEFAULT,
              tpm: int = DEFAULT,
+             retry_budget_ratio: float = DEFAULT,
+             retry_budget_min: int = DEFAULT,
+             breaker_failures: int = DEFAULT,
+             breaker_cooldown_ms: int = DEFAULT,
+             fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None,
@@ -1384,6 +1453,21 @@ def call_llm(body: Body, *,
       Without them the server's ``x-ratelimit-*`` headers pace, and a 429
       naming a wait pauses every call to the endpoint. A call waiting for
       budget still fails at its deadline.
+    * ``retry_budget_ratio=0.2``, ``retry_budget_min=10``: the endpoint's
+      retry budget: over a rolling 10 s its retries may be at most ratio x
+      its requests + min (retries the server timed with Retry-After are
+      free); past it a call gives up at once (``retry_budget_exhausted``).
+    * ``breaker_failures=0`` (off), ``breaker_cooldown_ms=30000``: the
+      endpoint's circuit breaker: that many transient failures in a row
+      open it; meanwhile calls fail at once with
+      :class:`~llmretry.CircuitOpenError` (nothing sent) or go to their
+      fallback; after the cooldown one probe goes, and its success closes it.
+    * ``fallbacks``: a list of targets ``{"model", "base_url" or "url",
+      "api_key" or "api_key_env", "headers"}`` tried in order when the
+      current one gives up (not after a cancel, the deadline, or a 400/422),
+      within the same ``deadline_ms``. A target without a URL is the same
+      endpoint with another model; one with a URL sends only its own key
+      and headers. ``meta.target`` says which answered (0: the primary).
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -1410,7 +1494,8 @@ def call_llm(body: Body, *,
               max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
               headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
-                  validate, logger)
+                  retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
+                  fallbacks, validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)

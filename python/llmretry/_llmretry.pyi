@@ -14,8 +14,8 @@ place where Python meets the C core. Conventions:
 * I/O failures are *returned* (``ok`` is False), never raised: the Python
   layer turns them into ``LLMError`` subclasses.
 """
-from typing import (Any, Callable, Iterator, List, Literal, Optional, Sequence, Tuple, TypedDict,
-                    Union)
+from typing import (Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple,
+                    TypedDict, Union)
 
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
 EVENT_NAMES: tuple[str, ...]  # event names in the order of their event_mask bits
@@ -105,6 +105,7 @@ class Engine:
         cyclic GC. Other outcomes stay dicts.
         """
 
+    def endpoint_stats(self) -> List[Dict[str, Any]]: ...
     def channel(self) -> "Channel":
         """One event loop's view of this engine: calls started on it report
         to its file descriptor and nowhere else."""

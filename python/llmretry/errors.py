@@ -14,6 +14,7 @@ kind                   exception
 ``response_too_large`` :class:`ResponseTooLargeError`
 ``cancelled``          :class:`CallCancelledError`
 ``stream_interrupted`` :class:`StreamInterruptedError`
+``circuit_open``       :class:`CircuitOpenError`
 =====================  ==========================================================
 
 Every one carries the same attributes (see :class:`LLMError`), and none of
@@ -24,7 +25,7 @@ them ever holds the API key or the prompt. Wrong arguments are not
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 __all__ = [
     "LLMError",
@@ -36,6 +37,7 @@ __all__ = [
     "ResponseTooLargeError",
     "CallCancelledError",
     "StreamInterruptedError",
+    "CircuitOpenError",
     "ShapeError",
     "error_from_outcome",
 ]
@@ -45,6 +47,7 @@ __all__ = [
 _FIELDS: Tuple[str, ...] = (
     "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms",
     "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms", "resends",
+    "target", "targets",
 )
 
 
@@ -65,13 +68,19 @@ class LLMError(Exception):
         body_preview: the first 500 bytes of the last response body.
         reason: why the policy stopped: ``retries_exhausted``,
             ``not_retryable``, ``deadline``, ``retry_after_too_long``,
-            ``unsafe_mode`` or ``cancelled``.
+            ``unsafe_mode``, ``cancelled``, ``retry_budget_exhausted`` (the
+            endpoint's retry budget was spent) or ``circuit_open``.
         model: the model named in the request body.
         duration_ms: how long the last attempt took.
         total_ms: how long the whole call took.
         resends: requests sent again at once, not counted as attempts (a
             refused stream, a dead or stale kept-alive connection): the
             server saw at most ``attempts + resends`` requests.
+        target: with ``fallbacks``, the target the last attempt went to (0:
+            the call's own); the error is that target's.
+        targets: with ``fallbacks``, what each target came to, in order: a
+            list of ``{"model", "attempts", "status", "kind", "reason"}``
+            (``attempts`` 0: never tried); None without fallbacks.
     """
 
     kind: str = "error"
@@ -83,7 +92,8 @@ class LLMError(Exception):
                  error_code: Optional[str] = None,
                  body_preview: Optional[str] = None,
                  reason: Optional[str] = None, model: Optional[str] = None,
-                 duration_ms: int = 0, total_ms: int = 0, resends: int = 0) -> None:
+                 duration_ms: int = 0, total_ms: int = 0, resends: int = 0,
+                 target: int = 0, targets: Optional[List[Dict[str, Any]]] = None) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind if kind is not None else type(self).kind
@@ -99,6 +109,8 @@ class LLMError(Exception):
         self.duration_ms = duration_ms
         self.total_ms = total_ms
         self.resends = resends
+        self.target = target
+        self.targets = targets
 
     def __str__(self) -> str:
         if self.request_id:
@@ -186,6 +198,14 @@ class StreamInterruptedError(LLMError):
     partial: Any = None
 
 
+class CircuitOpenError(LLMError):
+    """The endpoint's circuit breaker was open (``breaker_failures``): no
+    request was sent. It closes after ``breaker_cooldown_ms`` once a probe
+    call succeeds; give the call ``fallbacks`` to go elsewhere meanwhile."""
+
+    kind = "circuit_open"
+
+
 class ShapeError(ValueError):
     """A value does not match the shape given to :func:`llmretry.assert_shape`.
 
@@ -198,7 +218,8 @@ _ERROR_BY_KIND: Dict[str, Type[LLMError]] = {
     cls.kind: cls
     for cls in (HTTPStatusError, RequestTimeoutError, NetworkError,
                 InvalidResponseError, DeadlineExceededError,
-                ResponseTooLargeError, CallCancelledError, StreamInterruptedError)
+                ResponseTooLargeError, CallCancelledError, StreamInterruptedError,
+                CircuitOpenError)
 }
 
 
@@ -213,7 +234,8 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
                   retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
                   body_preview=get("body_preview"), reason=get("stream_reason"),
                   model=get("model"), duration_ms=get("duration_ms", 0),
-                  total_ms=get("total_ms", 0), resends=get("resends", 0))
+                  total_ms=get("total_ms", 0), resends=get("resends", 0),
+                  target=get("target", 0), targets=get("targets"))
         err.chunks_delivered = get("chunks_delivered", 0)
         return err
     return cls(
@@ -224,4 +246,5 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
         body_preview=get("body_preview"), reason=get("reason"),
         model=get("model"), duration_ms=get("duration_ms", 0),
         total_ms=get("total_ms", 0), resends=get("resends", 0),
+        target=get("target", 0), targets=get("targets"),
     )

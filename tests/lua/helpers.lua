@@ -321,12 +321,13 @@ H.EVENT_FIELDS = {
 }
 H.KINDS = { http_status = true, timeout = true, network = true, invalid_response = true,
   deadline_exceeded = true, cancelled = true, response_too_large = true,
-  stream_interrupted = true }
+  stream_interrupted = true, circuit_open = true }
 H.REASONS = { retries_exhausted = true, not_retryable = true, deadline = true,
-  retry_after_too_long = true, unsafe_mode = true, cancelled = true, stream_interrupted = true }
+  retry_after_too_long = true, unsafe_mode = true, cancelled = true, stream_interrupted = true,
+  retry_budget_exhausted = true, circuit_open = true }
 H.STREAM_REASONS = { network = true, idle_timeout = true, error_event = true, truncated = true,
   deadline = true, cancelled = true, invalid_chunk = true, too_large = true }
-H.DELAY_SOURCES = { retry_after = true, ratelimit_reset = true, backoff = true }
+H.DELAY_SOURCES = { retry_after = true, ratelimit_reset = true, backoff = true, fallback = true }
 
 local function is_str_or_null(v) return type(v) == "string" or v == llm.null end
 local function is_int_or_null(v) return H.is_int(v) or v == llm.null end
@@ -348,6 +349,14 @@ function H.check_event_shape(ev)
     check(H.is_int(ev.chunks) and ev.chunks >= 0, "chunks %s", H.dump(ev.chunks))
     check(ev.ttft_ms == llm.null or (H.is_int(ev.ttft_ms) and ev.ttft_ms >= 0), "ttft_ms %s",
       H.dump(ev.ttft_ms))
+  end
+  if ev.target ~= nil then
+    -- A call with fallbacks: every event names its target.
+    local w = {}
+    for k in pairs(want) do w[k] = true end
+    w.target = true
+    want = w
+    check(H.is_int(ev.target) and ev.target >= 0, "target %s", H.dump(ev.target))
   end
   for k in pairs(ev) do
     check(want[k], "%s has an extra field %s: %s", name, tostring(k), H.dump(ev))
@@ -382,8 +391,15 @@ function H.check_event_shape(ev)
       H.dump(ev.error_message))
   elseif name == "llm_retry_scheduled" then
     check(H.DELAY_SOURCES[ev.delay_source], "delay_source %s", H.dump(ev.delay_source))
-    check(ev.next_attempt == ev.attempt + 1, "next_attempt %s after attempt %s",
-      H.dump(ev.next_attempt), H.dump(ev.attempt))
+    if ev.delay_source == "fallback" then
+      -- To the next target at once; an attempt the open breaker refused
+      -- was never made, so its index comes again.
+      check(ev.next_attempt == ev.attempt + 1 or ev.next_attempt == ev.attempt,
+        "fallback next_attempt %s after attempt %s", H.dump(ev.next_attempt), H.dump(ev.attempt))
+    else
+      check(ev.next_attempt == ev.attempt + 1, "next_attempt %s after attempt %s",
+        H.dump(ev.next_attempt), H.dump(ev.attempt))
+    end
   elseif name == "llm_request_succeeded" then
     check(H.is_int(ev.status) and ev.status >= 200 and ev.status < 300, "succeeded.status %s",
       H.dump(ev.status))

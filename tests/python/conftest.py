@@ -56,10 +56,11 @@ EVENT_FIELDS: Dict[str, set] = {
 }
 STREAM_FIELDS = {"stream", "ttft_ms", "chunks"}
 KINDS = ("http_status", "timeout", "network", "invalid_response", "deadline_exceeded",
-         "cancelled", "response_too_large", "stream_interrupted")
+         "cancelled", "response_too_large", "stream_interrupted", "circuit_open")
 REASONS = ("retries_exhausted", "not_retryable", "deadline", "retry_after_too_long",
-           "unsafe_mode", "cancelled", "stream_interrupted")
-DELAY_SOURCES = ("retry_after", "ratelimit_reset", "backoff")
+           "unsafe_mode", "cancelled", "stream_interrupted", "retry_budget_exhausted",
+           "circuit_open")
+DELAY_SOURCES = ("retry_after", "ratelimit_reset", "backoff", "fallback")
 
 
 def error_class(kind: str) -> type:
@@ -285,6 +286,10 @@ def check_event_shape(ev: Dict[str, Any]) -> None:
         assert ev["stream"] is True
         assert isinstance(ev["chunks"], int) and ev["chunks"] >= 0
         assert ev["ttft_ms"] is None or (isinstance(ev["ttft_ms"], int) and ev["ttft_ms"] >= 0)
+    if "target" in ev:
+        # A call with fallbacks: every event names its target.
+        want = want | {"target"}
+        assert isinstance(ev["target"], int) and ev["target"] >= 0
     assert set(ev) == want, f"{name}: fields {sorted(ev)}, expected {sorted(want)}"
     assert isinstance(ev["request_id"], str) and ev["request_id"]
     assert isinstance(ev["attempt"], int) and not isinstance(ev["attempt"], bool)
@@ -308,7 +313,13 @@ def check_event_shape(ev: Dict[str, Any]) -> None:
         assert isinstance(ev["error_message"], str) and ev["error_message"]
     if name == "llm_retry_scheduled":
         assert ev["delay_source"] in DELAY_SOURCES
-        assert ev["next_attempt"] == ev["attempt"] + 1
+        if ev["delay_source"] == "fallback":
+            # To the next target at once; an attempt the open breaker
+            # refused was never made, so its index comes again.
+            assert ev["next_attempt"] in (ev["attempt"], ev["attempt"] + 1)
+            assert ev["delay_ms"] == 0
+        else:
+            assert ev["next_attempt"] == ev["attempt"] + 1
     if name == "llm_request_succeeded":
         assert isinstance(ev["status"], int) and 200 <= ev["status"] < 300
         if ev["usage"] is not None:

@@ -112,17 +112,6 @@ llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_option
                                        llmretry_event_fn on_event, void *ud,
                                        llmretry_call **out, char *err, size_t errlen);
 
-/* What one target of a call came to (fallbacks, DESIGN §13): target 0 is
- * the caller's request. kind is NONE for the target that succeeded and
- * for targets never tried. Strings are the call's (valid until freed). */
-typedef struct llmretry_target_report {
-    const char *model;
-    int attempts;                  /* 0 = never tried */
-    int status;                    /* its last HTTP status, 0 = none */
-    llmretry_error_kind kind;
-    llmretry_giveup_reason reason;
-} llmretry_target_report;
-
 /* Report i (0..result.n_targets-1) of a finished call; EINVAL past the end
  * or before the call is done. */
 llmretry_status llmretry_call_target_report(const llmretry_call *c, size_t i,

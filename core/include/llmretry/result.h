@@ -83,6 +83,17 @@ typedef struct llmretry_usage {
     int64_t total_tokens;
 } llmretry_usage;
 
+/* What one target of a call came to (fallbacks, DESIGN §13): target 0 is
+ * the caller's request. kind is NONE for the target that succeeded and
+ * for targets never tried. Strings are the call's (valid until freed). */
+typedef struct llmretry_target_report {
+    const char *model;
+    int attempts;                  /* 0 = never tried */
+    int status;                    /* its last HTTP status, 0 = none */
+    llmretry_error_kind kind;
+    llmretry_giveup_reason reason;
+} llmretry_target_report;
+
 /* The final outcome of a call. Owned by the call; valid until
  * llmretry_call_free. Strings are NUL-terminated or NULL. */
 typedef struct llmretry_result {
@@ -104,6 +115,7 @@ typedef struct llmretry_result {
      * each came to. */
     int target;
     int n_targets;
+    const llmretry_target_report *targets;   /* n_targets of them; NULL when 1 */
 
     /* Streams: stream is 1 when the request asked to stream or the answer
      * was SSE; chunks the last attempt received, chunks_delivered those the
