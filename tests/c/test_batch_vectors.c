@@ -36,6 +36,10 @@ static int apply_options(const cJSON *obj, llmretry_options *o, const char *vec)
         else if (strcmp(k, "max_delay_ms") == 0) o->max_delay_ms = v;
         else if (strcmp(k, "deadline_ms") == 0) o->deadline_ms = v;
         else if (strcmp(k, "max_retry_after_ms") == 0) o->max_retry_after_ms = v;
+        else if (strcmp(k, "retry_budget_ratio") == 0) o->retry_budget_ratio = kv->valuedouble;
+        else if (strcmp(k, "retry_budget_min") == 0) o->retry_budget_min = (int)v;
+        else if (strcmp(k, "breaker_failures") == 0) o->breaker_failures = (int)v;
+        else if (strcmp(k, "breaker_cooldown_ms") == 0) o->breaker_cooldown_ms = v;
         else if (strcmp(k, "jitter") == 0 && cJSON_IsString(kv))
             llmretry_jitter_parse(kv->valuestring, &o->jitter);
         else {

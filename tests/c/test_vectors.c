@@ -112,6 +112,20 @@ static int apply_option(vec_call *vc, const cJSON *v)
         return int_opt(v, &o->max_response_bytes);
     if (strcmp(k, "idle_timeout_ms") == 0)
         return int_opt(v, &o->idle_timeout_ms);
+    if (strcmp(k, "breaker_cooldown_ms") == 0)
+        return int_opt(v, &o->breaker_cooldown_ms);
+    if (strcmp(k, "retry_budget_ratio") == 0) {
+        if (!cJSON_IsNumber(v))
+            return -1;
+        o->retry_budget_ratio = v->valuedouble;
+        return 0;
+    }
+    if (strcmp(k, "retry_budget_min") == 0 || strcmp(k, "breaker_failures") == 0) {
+        if (int_opt(v, &i) != 0)
+            return -1;
+        *(k[0] == 'r' ? &o->retry_budget_min : &o->breaker_failures) = (int)i;
+        return 0;
+    }
     if (strcmp(k, "max_retries") == 0) {
         if (int_opt(v, &i) != 0)
             return -1;

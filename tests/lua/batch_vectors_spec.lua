@@ -14,6 +14,8 @@ local check = H.check
 local OPTION_NAMES = {
   timeout_ms = true, max_retries = true, base_delay_ms = true, max_delay_ms = true,
   jitter = true, deadline_ms = true, max_retry_after_ms = true,
+  retry_budget_ratio = true, retry_budget_min = true, breaker_failures = true,
+  breaker_cooldown_ms = true,
 }
 local DIR = H.VECTOR_DIR .. "/batches"
 

@@ -19,7 +19,8 @@ import llmretry
 from conftest import SECRET_KEY, VECTOR_DIR
 
 OPTION_NAMES = {"timeout_ms", "max_retries", "base_delay_ms", "max_delay_ms", "jitter",
-                "deadline_ms", "max_retry_after_ms"}
+                "deadline_ms", "max_retry_after_ms", "retry_budget_ratio", "retry_budget_min",
+                "breaker_failures", "breaker_cooldown_ms"}
 BATCH_FILES = sorted((VECTOR_DIR / "batches").glob("*.json"))
 BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "SECRET"}]}
 

@@ -23,6 +23,7 @@ OPTION_NAMES = {
     "timeout_ms", "max_retries", "base_delay_ms", "max_delay_ms", "jitter", "deadline_ms",
     "retry_mode", "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
     "max_response_bytes", "idempotency_key", "request_id", "headers", "idle_timeout_ms",
+    "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
 }
 VECTOR_FILES = sorted(VECTOR_DIR.glob("*.json"))
 
