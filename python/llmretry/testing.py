@@ -3,8 +3,8 @@
 It ships in the package so that the project's C, Python and Lua test suites,
 and users testing their own code, can script a server's behaviour request by
 request: statuses, every ``Retry-After`` form, delays, resets, truncated or
-invalid bodies, huge bodies, stalls, trickled responses and SSE streams
-with every stream fault (``stream``, below).
+invalid bodies, huge bodies, stalls, trickled responses, SSE streams
+with every stream fault (``stream``, below), rate limits and outages.
 
 Python use::
 
@@ -23,7 +23,8 @@ Command line (this is how the C and Lua suites start it)::
 
 prints the port alone on the first line of stdout (flushed), then serves until
 SIGTERM or SIGINT and exits with status 0. ``--scenarios`` loads
-``{name: {"steps": [...], "after": step, "limits": {...}}}`` before serving.
+``{name: {"steps": [...], "after": step, "limits": {...}, "outage": {...}}}``
+before serving.
 Nothing else is written to stdout; requests are not logged.
 
 The server is an ``http.server.ThreadingHTTPServer`` speaking HTTP/1.1 with
@@ -50,20 +51,22 @@ the record of a request the server is still stalling.
 Control API (JSON in and out)
 -----------------------------
 ``PUT /_mock/scenarios/<name>`` with ``{"steps": [step, ...], "after": step?,
-    "limits": {...}?}`` -> 204. Replaces the script, resets its cursor and
-    clears its records (and its rate-limit windows and totals). A missing
-    ``steps`` means ``[]``; a missing or null ``after`` means the plain
-    success; a missing or null ``limits`` means no rate limits (see "Rate
-    limits"). A malformed script (not JSON, a step that is not an object, an
-    unknown ``fault``, a field of the wrong type, bad ``limits``) -> 400 JSON
-    error, and the previous script is kept.
+    "limits": {...}?, "outage": {...}?}`` -> 204. Replaces the script, resets
+    its cursor and clears its records (and its rate-limit windows and totals,
+    its outage counts, and a ``PUT /_mock/outage``). A missing ``steps`` means
+    ``[]``; a missing or null ``after`` means the plain success; a missing or
+    null ``limits`` means no rate limits (see "Rate limits"); a missing or
+    null ``outage`` means no scripted outage (see "Outages"). A malformed
+    script (not JSON, a step that is not an object, an unknown ``fault``, a
+    field of the wrong type, bad ``limits`` or ``outage``) -> 400 JSON error,
+    and the previous script is kept.
 ``GET /_mock/requests/<name>``
     -> 200, a JSON array of records in arrival order::
 
         {"index": n, "time": unix_seconds_float, "method": "POST",
          "path": "...", "headers": {lower-case-name: value},
          "body": "<request body text>", "client_port": int,
-         "connection": int, "step": int}
+         "connection": int, "step": int, "outage": bool}
 
     ``index`` is the 0-based ordinal of the request among those the scenario
     received since it was last scripted (so it equals ``step`` while steps
@@ -78,12 +81,14 @@ Control API (JSON in and out)
     has ``"events_sent": int`` and ``"client_gone": bool``, updated as the
     stream goes (see ``stream``). The records of a scenario with limits also
     have ``"rate_limited"`` and ``"tokens_charged"``, and a refused request's
-    ``step`` is null (see "Rate limits").
+    ``step`` is null (see "Rate limits"). ``outage`` is true for a request
+    that met an outage (see "Outages").
 ``DELETE /_mock/requests/<name>`` -> 204 (clears the records).
 ``GET /_mock/limits/<name>`` -> ``{"admitted": n, "refused": n, "tokens": n}``,
     the totals of a scenario with limits since it was scripted (``tokens``:
     tokens charged to admitted requests); 404 JSON error for a scenario
     without limits.
+``PUT``, ``DELETE``, ``GET /_mock/outage/<name>``: see "Outages".
 ``GET /_mock/connections`` -> ``{"accepted": N}``, TCP connections accepted
     since start.
 ``GET /_mock/health`` -> ``{"ok": true}``.
@@ -250,6 +255,43 @@ nothing but still counts (records, totals).
   only admitted ones). ``DELETE /_mock/requests/<name>`` does not reset the
   windows or totals; a new script does.
 
+Outages
+-------
+A scenario can be down, as a provider in an outage, and come back while
+calls run. Modes: ``"503"`` (every request gets 503 and ``{"error":
+{"message": "mock outage: the service is unavailable", "type":
+"server_error", "code": null}}``, JSON even for a stream request, the
+connection kept), ``"reset"`` (a TCP RST, no answer), ``"close"`` (a FIN, no
+answer), ``"hang"`` (no answer until the client closes the connection or the
+server stops; a hung request stays unanswered when the outage ends).
+
+While down nothing past the outage runs: no step is consumed (the script
+resumes where it was), no delay, no limiter (nothing admitted, refused or
+charged). Requests are recorded as usual with ``"outage": true`` and
+``"step": null`` (with limits also ``"rate_limited": false,
+"tokens_charged": 0``); a hang's record has ``"client_gone"``, true once the
+server noticed the client left.
+
+``PUT /_mock/outage/<name>`` with ``{"mode": "503", "for_ms": N}`` (both
+    optional: ``mode`` default ``"503"``; ``for_ms`` a number > 0, null or
+    absent: until DELETE) -> 204: down from now, for ``for_ms`` ms, replacing
+    an earlier PUT; a new script of the scenario ends it. A bad mode, field
+    or ``for_ms`` -> 400 JSON error.
+``DELETE /_mock/outage/<name>`` -> 204: ends the PUT outage (a scripted
+    window is not affected).
+A script's ``"outage": {"mode": "503", "from_ms": 0, "to_ms": null}``
+    (defaults shown; unknown fields, ``from_ms`` < 0 or ``to_ms`` <=
+    ``from_ms`` are errors): requests at ``from_ms <= t < to_ms`` meet the
+    outage (``to_ms`` null: from ``from_ms`` on), ``t`` counted from the
+    scenario's first request after the script (that request is at 0), not
+    from the PUT, so a client's start-up does not shift the window. A PUT
+    outage, while on, wins over it.
+``GET /_mock/outage/<name>`` -> ``{"down": bool, "mode": str or null,
+    "during": n, "outside": n}``: whether a request arriving now would meet
+    an outage (before the first request the window's clock reads 0), its
+    mode, and the scenario's requests since the script that met one or did
+    not (``DELETE /_mock/requests`` keeps the counts).
+
 Stalls, delays and trickles wait on an event that ``stop()`` sets, and
 ``stop()`` also shuts down the sockets of open connections, so it returns
 promptly (well under a second) even while threads are stalled.
@@ -260,10 +302,12 @@ Python API
 ``.stop()``, context manager (starts on enter, stops on exit); ``.port``,
 ``.base_url`` (``"http://127.0.0.1:PORT/v1"``), ``.scenario_url(name)`` (the
 scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
-``.script(name, steps, after=None, limits=None)`` (validated like the PUT),
-``.load_scenarios({name: {"steps": ..., "after": ..., "limits": ...}})``,
-``.limit_stats(name)`` (the ``/_mock/limits`` totals; ``KeyError`` without
-limits),
+``.script(name, steps, after=None, limits=None, outage=None)`` (validated
+like the PUT), ``.load_scenarios({name: {"steps": ..., "after": ...,
+"limits": ..., "outage": ...}})``, ``.limit_stats(name)`` (the
+``/_mock/limits`` totals; ``KeyError`` without limits),
+``.outage(name, mode="503", for_ms=None)``, ``.end_outage(name)``,
+``.outage_stats(name)`` (PUT, DELETE and GET of ``/_mock/outage``),
 ``.requests(name)`` (a copy of the records), ``.clear(name)``,
 ``.connections_accepted``. A stopped server cannot be restarted.
 """
@@ -277,6 +321,7 @@ import http
 import json
 import math
 import os
+import selectors
 import signal
 import socket
 import socketserver
@@ -424,6 +469,45 @@ def _check_limits(limits: Any) -> Optional[Dict[str, Any]]:
             "window_ms": window,
             "retry_after": limits.get("retry_after", True),
             "rate_headers": limits.get("rate_headers", True)}
+
+
+OUTAGE_MODES = frozenset({"503", "reset", "close", "hang"})
+OUTAGE_KEYS = frozenset({"mode", "from_ms", "to_ms"})
+OUTAGE_BODY = json.dumps({"error": {
+    "message": "mock outage: the service is unavailable",
+    "type": "server_error", "code": None}}).encode("utf-8")
+_HANG_POLL = 0.05
+
+
+def _check_outage_mode(mode: Any, where: str) -> str:
+    if mode not in OUTAGE_MODES:
+        raise ScriptError(f"{where}: unknown outage mode {mode!r} "
+                          f"(one of {sorted(OUTAGE_MODES)})")
+    return str(mode)
+
+
+def _check_outage(outage: Any) -> Optional[Dict[str, Any]]:
+    """Validate a script's ``outage`` window; return it with defaults.
+
+    Unknown keys are errors, as in ``limits``: a misspelt ``to`` would
+    otherwise leave the scenario down for good.
+    """
+    if outage is None:
+        return None
+    if not isinstance(outage, dict):
+        raise ScriptError("outage must be an object")
+    unknown = sorted(set(outage) - OUTAGE_KEYS)
+    if unknown:
+        raise ScriptError(f"outage: unknown field(s) {unknown} "
+                          f"(known: {sorted(OUTAGE_KEYS)})")
+    mode = _check_outage_mode(outage.get("mode", "503"), "outage")
+    start = outage.get("from_ms", 0)
+    if not _is_number(start) or not 0 <= start < float("inf"):
+        raise ScriptError("outage: from_ms must be a number >= 0")
+    end = outage.get("to_ms")
+    if end is not None and (not _is_number(end) or not end > start):
+        raise ScriptError("outage: to_ms must be a number > from_ms, or null")
+    return {"mode": mode, "from_ms": start, "to_ms": end}
 
 
 def _text_length(value: Any) -> int:
@@ -726,30 +810,59 @@ class _Scenario:
     """A script, its cursor, its records and its limiter (guarded by the
     state's lock)."""
 
-    __slots__ = ("steps", "after", "count", "received", "records", "limiter")
+    __slots__ = ("steps", "after", "count", "received", "records", "limiter",
+                 "window", "manual", "first", "during")
 
     def __init__(self, steps: Optional[List[Step]] = None,
                  after: Optional[Step] = None,
-                 limits: Optional[Dict[str, Any]] = None) -> None:
+                 limits: Optional[Dict[str, Any]] = None,
+                 outage: Optional[Dict[str, Any]] = None) -> None:
         self.steps: List[Step] = steps or []
         self.after: Optional[Step] = after
         self.count = 0        # steps consumed (the cursor)
         self.received = 0     # requests received, refused ones included
         self.records: List[Record] = []
         self.limiter = _Limiter(limits) if limits is not None else None
+        self.window = outage  # the scripted outage window, or None
+        # PUT /_mock/outage: (mode, monotonic end or None for "until DELETE").
+        self.manual: Optional[Tuple[str, Optional[float]]] = None
+        self.first: Optional[float] = None   # monotonic time of 1st request
+        self.during = 0       # requests that met the outage
+
+    def outage_mode(self, now: float) -> Optional[str]:
+        """The outage mode a request arriving at ``now`` meets, or None.
+
+        A manual outage wins over the scripted window. Before the first
+        request the window's clock reads 0 (that request starts it).
+        """
+        if self.manual is not None:
+            mode, until = self.manual
+            if until is None or now < until:
+                return mode
+            self.manual = None
+        if self.window is not None:
+            elapsed = 0.0 if self.first is None \
+                else (now - self.first) * 1000.0
+            end = self.window["to_ms"]
+            if self.window["from_ms"] <= elapsed \
+                    and (end is None or elapsed < end):
+                return str(self.window["mode"])
+        return None
 
 
 class _Admission:
     """What ``_State.consume`` decided for one chat request."""
 
-    __slots__ = ("step", "n", "headers", "refusal")
+    __slots__ = ("step", "n", "headers", "refusal", "outage")
 
     def __init__(self, step: Step, n: int, headers: List[Tuple[str, str]],
-                 refusal: Optional[bytes]) -> None:
+                 refusal: Optional[bytes], outage: Optional[str] = None
+                 ) -> None:
         self.step = step            # the step to run ({} when refused)
         self.n = n                  # server-wide chat ordinal
         self.headers = headers      # x-ratelimit-* (and Retry-After) headers
         self.refusal = refusal      # the 429 body, None when admitted
+        self.outage = outage        # the outage mode met, None when up
 
 
 class _State:
@@ -762,12 +875,52 @@ class _State:
         self.accepted = 0
 
     def script(self, name: str, steps: Any, after: Any,
-               limits: Any = None) -> None:
+               limits: Any = None, outage: Any = None) -> None:
         checked, checked_after = _check_script(steps, after)
         checked_limits = _check_limits(limits)
+        checked_outage = _check_outage(outage)
         with self.lock:
             self.scenarios[name] = _Scenario(checked, checked_after,
-                                             checked_limits)
+                                             checked_limits, checked_outage)
+
+    def _scenario(self, name: str) -> _Scenario:
+        """Scenario ``name``, created empty if unknown (lock held)."""
+        scenario = self.scenarios.get(name)
+        if scenario is None:
+            scenario = self.scenarios[name] = _Scenario()
+        return scenario
+
+    def start_outage(self, name: str, mode: Any, for_ms: Any) -> None:
+        """Take scenario ``name`` down now, until ``end_outage`` or for
+        ``for_ms`` ms (replacing a previous manual outage)."""
+        mode = _check_outage_mode(mode, "outage")
+        if for_ms is not None and (not _is_number(for_ms)
+                                   or not 0 < for_ms < float("inf")):
+            raise ScriptError("outage: for_ms must be a number > 0, or null")
+        with self.lock:
+            until = None if for_ms is None \
+                else time.monotonic() + for_ms / 1000.0
+            self._scenario(name).manual = (mode, until)
+
+    def end_outage(self, name: str) -> None:
+        """End scenario ``name``'s manual outage (its window is kept)."""
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            if scenario is not None:
+                scenario.manual = None
+
+    def outage_stats(self, name: str) -> Dict[str, Any]:
+        """Whether the scenario is down now, in which mode, and how many
+        requests met the outage (``during``) or not (``outside``)."""
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            if scenario is None:
+                return {"down": False, "mode": None, "during": 0,
+                        "outside": 0}
+            mode = scenario.outage_mode(time.monotonic())
+            return {"down": mode is not None, "mode": mode,
+                    "during": scenario.during,
+                    "outside": scenario.received - scenario.during}
 
     def consume(self, name: str, record: Record,
                 fields: Callable[[Step], Record],
@@ -779,9 +932,27 @@ class _State:
         request consumes no step.
         """
         with self.lock:
-            scenario = self.scenarios.get(name)
-            if scenario is None:
-                scenario = self.scenarios[name] = _Scenario()
+            scenario = self._scenario(name)
+            now = time.monotonic()
+            if scenario.first is None:
+                scenario.first = now
+            outage = scenario.outage_mode(now)
+            record["outage"] = outage is not None
+            if outage is not None:
+                # The provider is down: nothing past it runs (no step, no
+                # limiter), but the request is seen and counted.
+                record["index"] = scenario.received
+                scenario.received += 1
+                scenario.during += 1
+                record["step"] = None
+                if scenario.limiter is not None:
+                    record["rate_limited"] = False
+                    record["tokens_charged"] = 0
+                if outage == "hang":
+                    record["client_gone"] = False
+                scenario.records.append(record)
+                self.chat_count += 1
+                return _Admission({}, self.chat_count, [], None, outage)
             index = scenario.count
             if index < len(scenario.steps):
                 step, step_index = scenario.steps[index], index
@@ -1125,7 +1296,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if not isinstance(doc, dict):
                         raise ScriptError("the script must be a JSON object")
                     state.script(name, doc.get("steps"), doc.get("after"),
-                                 doc.get("limits"))
+                                 doc.get("limits"), doc.get("outage"))
                 except (ValueError, UnicodeDecodeError) as exc:
                     self._send_error_json(400, f"bad script: {exc}")
                     return
@@ -1151,6 +1322,32 @@ class _Handler(BaseHTTPRequestHandler):
                         404, f"scenario {name!r} has no limits")
                 else:
                     self._send_json(200, stats)
+                return
+        elif path.startswith("/_mock/outage/") and len(path) > 14:
+            allowed = ("PUT", "DELETE", "GET")
+            name = unquote(path[len("/_mock/outage/"):])
+            if method == "PUT":
+                try:
+                    doc = json.loads(body.decode("utf-8") or "{}")
+                    if not isinstance(doc, dict):
+                        raise ScriptError("the outage must be a JSON object")
+                    unknown = sorted(set(doc) - {"mode", "for_ms"})
+                    if unknown:
+                        raise ScriptError(f"outage: unknown field(s) "
+                                          f"{unknown} (known: for_ms, mode)")
+                    state.start_outage(name, doc.get("mode", "503"),
+                                       doc.get("for_ms"))
+                except (ValueError, UnicodeDecodeError) as exc:
+                    self._send_error_json(400, f"bad outage: {exc}")
+                    return
+                self._send(204, None)
+                return
+            if method == "DELETE":
+                state.end_outage(name)
+                self._send(204, None)
+                return
+            if method == "GET":
+                self._send_json(200, state.outage_stats(name))
                 return
         elif path == "/_mock/connections":
             allowed = ("GET",)
@@ -1203,6 +1400,9 @@ class _Handler(BaseHTTPRequestHandler):
 
         admission = self.server.state.consume(name, record, stream_fields,
                                               doc)
+        if admission.outage is not None:
+            self._outage(admission.outage, record)
+            return
         if admission.refusal is not None:
             # Refused at once, like a provider: no step, no delay, no stream.
             self._send(429, admission.refusal, admission.headers)
@@ -1256,6 +1456,44 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write(payload[i:i + 1])
             return
         self._write(payload)
+
+    def _outage(self, mode: str, record: Record) -> None:
+        """Answer (or not) a request that met an outage."""
+        if mode == "503":
+            self._send(503, OUTAGE_BODY)
+        elif mode == "reset":
+            self._reset()
+        elif mode == "close":
+            self.close_connection = True
+        else:  # "hang"
+            self.close_connection = True
+            self._hang()
+            self.server.state.update(record, client_gone=True)
+
+    def _hang(self) -> None:
+        """Answer nothing until the client closes the connection; raise
+        _Abort when the server stops."""
+        stop = self.server.stop_event
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.connection, selectors.EVENT_READ)
+            while not stop.is_set():
+                if not selector.select(_HANG_POLL):
+                    continue
+                try:
+                    data = self.connection.recv(
+                        1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""      # reset by the client: gone too
+                if not data:
+                    break
+                # Pipelined bytes stay unread, so the socket stays readable:
+                # stop watching rather than spin, and hold until stop().
+                selector.unregister(self.connection)
+                stop.wait()
+        if stop.is_set():    # stop() shuts the socket down: not the client
+            raise _Abort()
 
     def _send_stream(self, step: Step, opts: Dict[str, Any], status: int,
                      extra: Sequence[Tuple[str, str]], n: int,
@@ -1395,15 +1633,37 @@ class MockServer:
 
     def script(self, name: str, steps: Sequence[Step],
                after: Optional[Step] = None,
-               limits: Optional[Mapping[str, Any]] = None) -> None:
+               limits: Optional[Mapping[str, Any]] = None,
+               outage: Optional[Mapping[str, Any]] = None) -> None:
         """Replace scenario ``name``'s script, reset its cursor and records
-        (and, with ``limits``, enforce rate limits: see the module doc).
+        (and, with ``limits``, enforce rate limits; with ``outage``, be down
+        in that window: see the module doc).
 
         Raises ``ValueError`` (``ScriptError``) for a malformed script.
         """
         self._state.script(name, list(steps), after,
                            dict(limits) if isinstance(limits, Mapping)
-                           else limits)
+                           else limits,
+                           dict(outage) if isinstance(outage, Mapping)
+                           else outage)
+
+    def outage(self, name: str, mode: str = "503",
+               for_ms: Optional[float] = None) -> None:
+        """Take scenario ``name`` down now (``"503"``, ``"reset"``,
+        ``"close"`` or ``"hang"``) until ``end_outage``, or for ``for_ms``
+        ms. Raises ``ScriptError`` for a bad mode or ``for_ms``."""
+        self._state.start_outage(name, mode, for_ms)
+
+    def end_outage(self, name: str) -> None:
+        """End scenario ``name``'s outage started by ``outage`` (no-op if
+        none; a scripted window is not affected)."""
+        self._state.end_outage(name)
+
+    def outage_stats(self, name: str) -> Dict[str, Any]:
+        """``{"down": bool, "mode": str or None, "during": n,
+        "outside": n}``: the scenario's outage now, and its requests since
+        it was scripted that met an outage or did not."""
+        return self._state.outage_stats(name)
 
     def limit_stats(self, name: str) -> Dict[str, int]:
         """``{"admitted": n, "refused": n, "tokens": n}`` of a scenario
@@ -1415,14 +1675,14 @@ class MockServer:
 
     def load_scenarios(self, scenarios: Mapping[str, Any]) -> None:
         """Script scenarios: ``{name: {"steps": [...], "after": step,
-        "limits": {...}}}``."""
+        "limits": {...}, "outage": {...}}}``."""
         if not isinstance(scenarios, Mapping):
             raise ScriptError("scenarios must be an object of name -> script")
         for name, doc in scenarios.items():
             if not isinstance(doc, Mapping):
                 raise ScriptError(f"scenario {name!r}: must be an object")
             self._state.script(str(name), doc.get("steps"), doc.get("after"),
-                               doc.get("limits"))
+                               doc.get("limits"), doc.get("outage"))
 
     def requests(self, name: str) -> List[Record]:
         """A copy of scenario ``name``'s records, in arrival order."""

@@ -246,7 +246,7 @@ def test_record_fields(mock: MockServer) -> None:
     after = time.time()
     (rec,) = mock.requests("rec")
     assert set(rec) == {"index", "time", "method", "path", "headers", "body",
-                        "client_port", "connection", "step"}
+                        "client_port", "connection", "step", "outage"}
     assert rec["index"] == 0 and rec["step"] == -1
     assert before - 1 <= rec["time"] <= after + 1
     assert rec["method"] == "POST"
