@@ -84,6 +84,7 @@ build = {
             "core/src/sse_payload.c",
             "core/src/timers.c",
             "core/src/transfer.c",
+            "core/src/version.c",
          },
          incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },
          libdirs = { "$(CURL_LIBDIR)", "$(CJSON_LIBDIR)" },
