@@ -60,6 +60,7 @@ build = {
             "core/src/admission.c",
             "core/src/assembly.c",
             "core/src/attempt.c",
+            "core/src/ca_bundle.c",
             "core/src/call.c",
             "core/src/channel.c",
             "core/src/engine.c",
