@@ -65,9 +65,22 @@ test-pipe-notifier:
 interop: build-python
 	tools/interop.sh
 
-# `pip install .` in a fresh venv, then one call against the mock server.
+# The sdist, a wheel built from it and repaired to manylinux, installed in a
+# fresh venv with no compiler on PATH, then one call against the mock server;
+# the source rock built and loaded (about 30 s).
 test-pip-install:
 	tools/check-pip-install.sh
+
+.PHONY: wheel rock
+# dist/: the sdist and a manylinux wheel with libcurl and cJSON bundled
+# (tools/build-wheel.sh: python -m build, then auditwheel repair).
+wheel: deps
+	tools/build-wheel.sh dist
+
+# dist/: llmretry-V-1.rockspec made from rockspecs/llmretry-scm-1.rockspec
+# and its source rock, llmretry-V-1.src.rock (tools/make-rock.sh).
+rock:
+	tools/make-rock.sh dist
 
 demo: deps build build-python
 	tools/demo.sh $(BUILD)

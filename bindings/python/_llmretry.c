@@ -291,6 +291,11 @@ static int module_exec(PyObject *m)
     }
     if (PyModule_AddIntConstant(m, "EVENTS_ALL", LLMRETRY_EVENTS_ALL) < 0)
         return -1;
+    /* VERSION is the header this module was compiled with; CORE_VERSION and
+     * LIBCURL_VERSION what the linked core and the loaded libcurl say. */
+    if (PyModule_AddStringConstant(m, "CORE_VERSION", llmretry_version()) < 0
+        || PyModule_AddStringConstant(m, "LIBCURL_VERSION", llmretry_libcurl_version()) < 0)
+        return -1;
     return PyModule_AddStringConstant(m, "VERSION", LLMRETRY_VERSION);
 }
 

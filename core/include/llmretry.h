@@ -28,6 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The project's one version number: setup.py, CMake and `make rock` read
+ * it from this line, the Python package and the Lua module report it, and
+ * tests/python/test_version.py checks that CHANGELOG.md agrees. */
 #define LLMRETRY_VERSION "0.1.0"
 
 #include "llmretry/status.h"
@@ -40,5 +43,13 @@
 #include "llmretry/policies.h"
 #include "llmretry/channel.h"
 #include "llmretry/json.h"
+
+/* The version this library was compiled as (LLMRETRY_VERSION then): tells a
+ * program which core it runs against, whatever headers it was built with. */
+const char *llmretry_version(void);
+
+/* The version of the libcurl loaded at run time ("7.88.1"): a wheel bundles
+ * its own copy, so the system's curl says nothing about it. */
+const char *llmretry_libcurl_version(void);
 
 #endif /* LLMRETRY_H */

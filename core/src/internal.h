@@ -390,6 +390,11 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code);
 /* ---- events.c ---------------------------------------------------------- */
 llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);
 
+/* ---- ca_bundle.c --------------------------------------------------------- */
+/* The CA bundle for a call without ca_file when libcurl's built-in one is
+ * missing (a wheel's libcurl on another distribution), else NULL. */
+const char *lr_default_ca_file(void);
+
 /* ---- engine.c, group.c: references --------------------------------------- */
 void lr_engine_ref(llmretry_engine *e);
 void lr_engine_unref(llmretry_engine *e);

@@ -403,5 +403,7 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
 #endif
     if (c->ca_file)
         curl_easy_setopt(easy, CURLOPT_CAINFO, c->ca_file);
+    else if (lr_default_ca_file())
+        curl_easy_setopt(easy, CURLOPT_CAINFO, lr_default_ca_file());
 }
 

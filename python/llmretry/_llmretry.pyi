@@ -18,6 +18,8 @@ from typing import (Any, Callable, Dict, Iterator, List, Literal, Optional, Sequ
                     TypedDict, Union)
 
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
+CORE_VERSION: str  # llmretry_version(): what the linked core was compiled as
+LIBCURL_VERSION: str  # the loaded libcurl's version (the bundled copy in a wheel)
 EVENT_NAMES: tuple[str, ...]  # event names in the order of their event_mask bits
 EVENTS_ALL: int  # the event_mask with every event
 

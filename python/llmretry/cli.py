@@ -62,7 +62,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 
 from . import _batch
 from ._client import Client, Result, _encode_body, _LazyBodies
-from ._llmretry import VERSION
+from ._llmretry import CORE_VERSION, LIBCURL_VERSION, VERSION
 from ._logging import jsonl_logger
 from ._policies import load_policies
 from .errors import InvalidResponseError, LLMError
@@ -153,7 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``llmretry`` command."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Production retries around OpenAI-compatible chat calls.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {VERSION}")
+    # The package and the core it runs (they differ only in a broken build),
+    # and the libcurl loaded (a wheel's own copy, not the system's).
+    parser.add_argument("--version", action="version",
+                        version=f"{PROG} {VERSION} (core {CORE_VERSION}, "
+                                f"libcurl {LIBCURL_VERSION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

@@ -350,7 +350,10 @@ def test_call_stream_prints_text_as_it_arrives(scen: Scenario,
 
 def test_module_entry_point_and_version() -> None:
     p = run_module(["--version"], key=False)
-    assert p.returncode == 0 and p.stdout.strip() == f"llmretry {llmretry.__version__}"
+    assert p.returncode == 0, p.stderr
+    core = llmretry._llmretry.CORE_VERSION
+    curl = llmretry._llmretry.LIBCURL_VERSION
+    assert p.stdout.strip() == f"llmretry {llmretry.__version__} (core {core}, libcurl {curl})"
     # `pip install .` builds through pyproject.toml, whose [project] table makes
     # setuptools ignore setup.py's entry_points: the script must be declared there.
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()

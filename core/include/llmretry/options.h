@@ -179,7 +179,8 @@ typedef struct llmretry_options {
      * result). Hosts whose logger drops some levels ask only for the rest. */
     unsigned events;
     /* CA bundle to verify servers with, instead of libcurl's default bundle
-     * (CURLOPT_CAINFO; NULL = the default). */
+     * (CURLOPT_CAINFO; NULL = the default, or where libcurl's built-in path
+     * is missing, the system's bundle at a distribution's usual place). */
     const char *ca_file;
     /* Submit into this batch group (NULL = none): see llmretry_group_new. */
     llmretry_group *group;
