@@ -14,8 +14,8 @@ local q = H.shell_quote
 local FAKE_KEY = "sk-doc-test-not-a-real-key"
 
 local function list_examples()
-  local p = assert(io.popen(H.CLEAN_ENV .. "python3 " .. q(H.REPO .. "/tests/python/doc_examples.py")
-    .. " lua"))
+  local script = q(H.REPO .. "/tests/python/doc_examples.py")
+  local p = assert(io.popen(H.CLEAN_ENV .. "python3 " .. script .. " lua"))
   local text = p:read("*a")
   local ok = p:close()
   assert(ok, "tests/python/doc_examples.py failed")
@@ -52,10 +52,9 @@ describe("doc examples (Lua)", function()
         local file = os.tmpname()
         H.write_file(file, ex.code)
         local out = os.tmpname()
-        local cmd = string.format(
-          "cd %s && LLMRETRY_MOCK=%s OPENAI_BASE_URL=%s OPENAI_API_KEY=%s timeout 20 %s %s >%s 2>&1",
-          q(H.REPO), q(mock.root), q(mock.base_url), q(FAKE_KEY), q(H.interpreter()), q(file),
-          q(out))
+        local cmd = string.format("cd %s && LLMRETRY_MOCK=%s OPENAI_BASE_URL=%s "
+          .. "OPENAI_API_KEY=%s timeout 20 %s %s >%s 2>&1", q(H.REPO), q(mock.root),
+          q(mock.base_url), q(FAKE_KEY), q(H.interpreter()), q(file), q(out))
         local ok, _, code = os.execute(cmd)
         local text = H.read_file(out)
         os.remove(file)

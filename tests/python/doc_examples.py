@@ -7,9 +7,6 @@ HTML comment on the line right before its fence:
 ``<!-- doc-test: skip (REASON) -->``
     not run (it needs a real endpoint, a host such as Neovim or nginx, root,
     minutes...); the test reports it as skipped with REASON.
-``<!-- doc-test: continues -->``
-    runs after the example before it in the same file and language (which
-    defines what this one uses), as one program.
 ``<!-- doc-test: mock-scenarios -->``
     (before a ``json`` block) the mock server's scenarios for the examples
     after it in the same file, as ``python -m llmretry.testing --scenarios``
@@ -29,7 +26,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 LANGS = {"python": "python", "lua": "lua", "sh": "sh", "bash": "sh"}
@@ -44,7 +41,7 @@ class Example:
     path: str                 # relative to the repository root
     line: int                 # the fence's line, 1-based
     lang: str                 # python, lua or sh
-    code: str                 # the program to run (continued examples included)
+    code: str                 # the program, as the block holds it
     skip: Optional[str]       # why it is not run, or None
     scenarios: Optional[Dict[str, Any]]   # the mock's scenarios, or None
 
@@ -61,7 +58,7 @@ def doc_files() -> List[Path]:
     return [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 
 
-def _blocks(text: str):
+def _blocks(text: str) -> Iterator[Tuple[int, str, str, Optional[str]]]:
     """(fence line, language, code, directive or None) of each fenced block."""
     lines = text.split("\n")
     i = 0
@@ -87,7 +84,6 @@ def _blocks(text: str):
 def extract(path: Path) -> List[Example]:
     rel = path.relative_to(ROOT).as_posix()
     out: List[Example] = []
-    last: Dict[str, Example] = {}
     scenarios: Optional[Dict[str, Any]] = None
     for line, lang, code, directive in _blocks(path.read_text(encoding="utf-8")):
         where = f"{rel}:{line}"
@@ -104,20 +100,10 @@ def extract(path: Path) -> List[Example]:
         skip = None
         if directive is not None:
             m = _SKIP.match(directive)
-            if m:
-                skip = m.group(1)
-            elif directive == "continues":
-                before = last.get(lang)
-                if before is None:
-                    raise DocError(f"{where}: continues, but no {lang} example is before it")
-                if before.skip is not None:
-                    raise DocError(f"{where}: continues a skipped example")
-                code = before.code + "\n" + code
-            else:
+            if not m:
                 raise DocError(f"{where}: unknown doc-test marker {directive!r}")
-        ex = Example(rel, line, lang, code, skip, scenarios)
-        out.append(ex)
-        last[lang] = ex
+            skip = m.group(1)
+        out.append(Example(rel, line, lang, code, skip, scenarios))
     return out
 
 

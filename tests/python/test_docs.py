@@ -42,7 +42,8 @@ def mock(ex: Example) -> Iterator[MockServer]:
 
 @pytest.fixture
 def ex(request: pytest.FixtureRequest) -> Example:
-    return request.param
+    param: Example = request.param
+    return param
 
 
 def example_env(mock: MockServer, tmp: Path) -> Dict[str, str]:
@@ -59,7 +60,7 @@ def example_env(mock: MockServer, tmp: Path) -> Dict[str, str]:
     return env
 
 
-def run_example(ex: Example, mock: MockServer, tmp: Path) -> subprocess.CompletedProcess:
+def run_example(ex: Example, mock: MockServer, tmp: Path) -> "subprocess.CompletedProcess[str]":
     work = tmp / "work"
     work.mkdir()
     (work / "examples").symlink_to(ROOT / "examples")
