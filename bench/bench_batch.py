@@ -1,11 +1,9 @@
 """The batch benchmark: ``llmretry.call_many`` next to the bare libcurl multi
-loop and the seed's Node client, all against the same local nginx. See
-bench/README.md ("Batch benchmark"); bench/run_batch.sh drives it.
+loop, both against the same local nginx. See bench/README.md ("Batch
+benchmark"); bench/run_batch.sh drives it.
 
     python3 bench/bench_batch.py run CLIENT --base-url URL [--n 20000]
         [--limit 64] [--warmup 0] [--run I] [--endpoint fast|slow] [--reps 1]
-    python3 bench/bench_batch.py node-raw --base-url URL [--n 20000] [--limit 64]
-        [--run I] [--endpoint fast|slow]
     python3 bench/bench_batch.py report RESULTS [--title TEXT] [--limit 64]
 
 ``run`` measures one llmretry client in this (fresh) process and prints one
@@ -19,7 +17,7 @@ rps=... cpu_us=...``. CLIENT is
 - ``callmany-nolog-gcoff``: ``callmany-nolog`` with the cyclic GC disabled
   (``gc.disable()``) for the window: a what-if for the CPU split table.
 
-The bodies (``peers_python.body_for(i)``: the Node driver's request) are
+The bodies (``peers_python.body_for(i)``, the other benchmarks' request) are
 built before the window; encoding them is part of ``call_many`` and is
 counted. The client (its engine and I/O thread) is made before the window.
 With ``--warmup W`` a batch of W items runs first (default 0: the measured
@@ -32,22 +30,19 @@ Every result is checked (``usage.total_tokens`` of the canned answer, 13);
 a run with a failed item exits non-zero. ``--reps R`` measures the same batch
 R times in the process, one RESULT line each (bench/profile_batch.sh).
 
-``node-raw`` runs the seed's ``batch.mjs`` unchanged (cold: Node's start-up
-and JIT warm-up included) with ``N LIMIT BASE_URL``; its CPU comes from
-``getrusage(RUSAGE_CHILDREN)``. ``report`` turns the RESULT lines of every
-client (these, ``bare_multi``'s and ``node_peer.mjs``'s, tagged by
-run_batch.sh) into the markdown tables and the verdicts.
+``report`` turns the RESULT lines of every client (these and
+``bare_multi``'s, tagged by run_batch.sh) into the markdown tables and the
+verdicts. (The seed's Node client, measured here until issue 21, is not part
+of this repository: see bench/README.md.)
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -62,7 +57,6 @@ sys.path.insert(0, os.environ.get("LLMRETRY_BENCH_TREE") or
 import peers_python  # noqa: E402  (body_for, API_KEY; imports no peer library)
 
 EXPECTED_TOKENS = 13      # usage.total_tokens of nginx's canned answer
-SEED_NODE = os.environ.get("LLMRETRY_SEED_NODE", "")   # not in this repository
 IDEAL_LATENCY_S = 0.05    # the slow endpoint's echo_sleep
 
 
@@ -162,20 +156,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
-def cmd_node_raw(args: argparse.Namespace) -> int:
-    """The seed's batch.mjs as shipped: cold, its CPU from RUSAGE_CHILDREN."""
-    script = os.path.join(SEED_NODE, "batch.mjs")
-    cpu0 = cpu_seconds(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(["node", script, str(args.n), str(args.limit), args.base_url],
-                         check=True, capture_output=True, text=True).stdout
-    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0
-    res = json.loads(out.strip().splitlines()[-1])
-    print(f"RESULT client=node-batch-mjs endpoint={args.endpoint} run={args.run} n={args.n} "
-          f"limit={args.limit} ok={res['ok']} secs={res['seconds']:.4f} "
-          f"rps={res['rps']:.0f} cpu_us={cpu * 1e6 / args.n:.2f}", flush=True)
-    return 0 if res["ok"] == args.n else 1
-
-
 # ---------------------------------------------------------------------------
 # The report
 
@@ -185,8 +165,6 @@ LABELS = {
     "callmany-nolog@baseline": "llmretry `call_many` (`logger=None`) at the baseline commit",
     "callmany": "llmretry `call_many` (default logger)",
     "map": "llmretry `map_with_concurrency` → `call_llm` (default logger; for scale)",
-    "node": "seed Node client, `node_peer.mjs conc` (`mapWithConcurrency`), warm",
-    "node-batch-mjs": "seed `batch.mjs` as shipped (cold: JIT warm-up in its window)",
 }
 ORDER = list(LABELS)
 SPLIT_LABELS = {
@@ -253,8 +231,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     clients = [c for c in ORDER if ("fast", c) in by]
     if clients:
         bare = by.get(("fast", "bare"), {})
-        raw = by.get(("fast", "node-batch-mjs"), {})
-        warm = by.get(("fast", "node"), {})
         any_row = next(iter(by[("fast", clients[0])].values()))
         runs = max(len(by[("fast", c)]) for c in clients)
         print(f"**(1) Batch of {any_row['n']:,} requests, {args.limit} in flight, 0 ms "
@@ -262,20 +238,18 @@ def cmd_report(args: argparse.Namespace) -> int:
               f"a ratio *per run* pairs run *i* with the other client's run *i* of the "
               f"same round)")
         print()
-        print("| client | req/s | runs | × bare (per run) | × Node as shipped (per run) "
-              "| × Node warm (per run) | CPU µs/req | runs | nginx conns |")
-        print("|---|---:|---|---|---|---|---:|---|---:|")
+        print("| client | req/s | runs | × bare (per run) | CPU µs/req | runs | nginx conns |")
+        print("|---|---:|---|---|---:|---|---:|")
         for c in clients:
             rr = by[("fast", c)]
             rps = med(rr, "rps")
             cpu = med(rr, "cpu_us")
             conns = [r["conns"] for r in rr.values() if r["conns"] is not None]
-            cells = [_ratio_cell(_ratios(rr, base)) if base and c != bc else
-                     ("1.00×" if c == bc else "—")
-                     for bc, base in (("bare", bare), ("node-batch-mjs", raw), ("node", warm))]
+            cell = ("1.00×" if c == "bare" else
+                    _ratio_cell(_ratios(rr, bare)) if bare else "—")
             print(f"| {LABELS[c]} | {_fmt(rps)} | "
                   f"{'/'.join(_fmt(rr[r]['rps']) for r in sorted(rr))} | "
-                  f"{' | '.join(cells)} | {_fmt(cpu, 1)} | "
+                  f"{cell} | {_fmt(cpu, 1)} | "
                   f"{'/'.join(_fmt(rr[r]['cpu_us'], 1) for r in sorted(rr))} | "
                   f"{_fmt_conns(conns)} |")
         print()
@@ -291,17 +265,6 @@ def cmd_report(args: argparse.Namespace) -> int:
                     f"({m:.3f}×, median of per-run ratios {'/'.join(f'{x:.2f}' for x in pr)}; "
                     f"ratio of medians {med(rr, 'rps') / med(bare, 'rps'):.2f}×; CPU per "
                     f"request {med(rr, 'cpu_us') / med(bare, 'cpu_us'):.2f}× the bare loop's).")
-            for nc, what in (("node-batch-mjs", "as shipped, the figure the target was set "
-                              "from"), ("node", "warm")):
-                nb = by.get(("fast", nc))
-                if not nb:
-                    continue
-                pr = _ratios(rr, nb)
-                m = statistics.median(pr)
-                verdicts.append(
-                    f"- {LABELS[c]} ≥ 15× the seed Node client ({what}): "
-                    f"**{'met' if m >= 15 else 'NOT met'}** ({m:.1f}×, per run "
-                    f"{'/'.join(f'{x:.1f}' for x in pr)}).")
 
         base_rows = by.get(("fast", "callmany-nolog@baseline"))
         now_rows = by.get(("fast", "callmany-nolog"))
@@ -338,7 +301,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             rps = med(rr, "rps")
             pct = [rr[r]["rps"] / ideal * 100 for r in sorted(rr)]
             conns = [r["conns"] for r in rr.values() if r["conns"] is not None]
-            print(f"| {LABELS[c].replace(', warm', '')} | {_fmt(rps)} | "
+            print(f"| {LABELS[c]} | {_fmt(rps)} | "
                   f"{'/'.join(_fmt(rr[r]['rps']) for r in sorted(rr))} | "
                   f"{statistics.median(pct):.1f} % ({'/'.join(f'{x:.1f}' for x in pct)}) | "
                   f"{_fmt(med(rr, 'cpu_us'), 1)} | "
@@ -390,12 +353,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     run.add_argument("--warmup", type=int, default=0)
     run.add_argument("--reps", type=int, default=1)
     run.add_argument("--tag", default="", help="appended to the client's name (@baseline)")
-    for p in (run, sub.add_parser("node-raw")):
-        p.add_argument("--base-url", required=True)
-        p.add_argument("--n", type=int, default=20000)
-        p.add_argument("--limit", type=int, default=64)
-        p.add_argument("--run", type=int, default=1)
-        p.add_argument("--endpoint", choices=["fast", "slow"], default="fast")
+    run.add_argument("--base-url", required=True)
+    run.add_argument("--n", type=int, default=20000)
+    run.add_argument("--limit", type=int, default=64)
+    run.add_argument("--run", type=int, default=1)
+    run.add_argument("--endpoint", choices=["fast", "slow"], default="fast")
     rep = sub.add_parser("report")
     rep.add_argument("results")
     rep.add_argument("--title", default="")
@@ -403,8 +365,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "run":
         return cmd_run(args)
-    if args.cmd == "node-raw":
-        return cmd_node_raw(args)
     return cmd_report(args)
 
 

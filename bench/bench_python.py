@@ -1,10 +1,9 @@
-"""The Python benchmark: llmretry against the openai SDK, httpx + tenacity and
-the seed's Node client, all against the same local nginx. See bench/README.md;
-bench/run_python.sh drives it.
+"""The Python benchmark: llmretry against the openai SDK and httpx + tenacity,
+all against the same local nginx. See bench/README.md; bench/run_python.sh
+drives it.
 
     python3 bench/bench_python.py run CLIENT MODE --base-url URL [--n 2000]
         [--conc 32] [--warmup 1000] [--run I]
-    python3 bench/bench_python.py node-raw --base-url URL [--n 2000] [--conc 32] [--run I]
     python3 bench/bench_python.py report RESULTS [--title TEXT]
 
 ``run`` measures one client in this (fresh) process and prints one line
@@ -19,20 +18,17 @@ process, so llmretry's I/O thread and every pool thread are counted; nginx
 is not. ``conns`` is how many connections nginx accepted during the window
 (its ``stub_status``), to see keep-alive at work.
 
-``node-raw`` runs the seed's ``batch.mjs`` unchanged in a child process
-(cold: no warm-up, Node's start-up included) and takes its CPU from
-``getrusage(RUSAGE_CHILDREN)``. ``report`` turns RESULT lines into the
-markdown tables.
+``report`` turns RESULT lines into the markdown tables. (The seed's Node
+client, measured here until issue 21, is not part of this repository: see
+bench/README.md.)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -46,7 +42,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 import peers_python  # noqa: E402
 
 EXPECTED_TOKENS = 13      # usage.total_tokens of nginx's canned answer
-SEED_NODE = os.environ.get("LLMRETRY_SEED_NODE", "")   # not in this repository
 
 
 # ---------------------------------------------------------------------------
@@ -137,22 +132,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if ok == args.n else 1
 
 
-def cmd_node_raw(args: argparse.Namespace) -> int:
-    """The seed's batch.mjs as shipped: cold, its CPU from RUSAGE_CHILDREN."""
-    script = os.path.join(SEED_NODE, "batch.mjs")
-    conns0 = nginx_accepts(args.base_url)
-    cpu0 = cpu_seconds(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(["node", script, str(args.n), str(args.conc), args.base_url],
-                         check=True, capture_output=True, text=True).stdout
-    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0
-    conns = nginx_accepts(args.base_url) - conns0 - 1
-    res = json.loads(out.strip().splitlines()[-1])
-    print(f"RESULT client=node-batch-mjs mode=conc run={args.run} n={args.n} "
-          f"conc={args.conc} ok={res['ok']} secs={res['seconds']:.4f} "
-          f"rps={res['rps']:.0f} cpu_us={cpu * 1e6 / args.n:.1f} conns={conns}", flush=True)
-    return 0 if res["ok"] == args.n else 1
-
-
 # ---------------------------------------------------------------------------
 # The report
 
@@ -162,15 +141,12 @@ LABELS = {
     "llmretry-callmany": "llmretry `Client.call_many` (extra, for scale)",
     "openai": "openai SDK {openai} (`max_retries=2`)",
     "httpx-tenacity": "httpx {httpx} + tenacity {tenacity}",
-    "node": "seed Node client (`client.mjs`, node {node})",
-    "node-batch-mjs": "seed `batch.mjs` as shipped (cold, incl. start-up)",
 }
 CONC_LABELS = {
     "llmretry": "llmretry `map_with_concurrency` → `call_llm` (default logger)",
     "llmretry-nolog": "llmretry `map_with_concurrency` → `call_llm` (`logger=None`)",
     "openai": "openai SDK {openai}, `ThreadPoolExecutor({conc})`",
     "httpx-tenacity": "httpx + tenacity, `ThreadPoolExecutor({conc})`, 1 shared Client",
-    "node": "seed Node client, `mapWithConcurrency` ({conc}), warm",
 }
 
 
@@ -201,8 +177,6 @@ def _per_run(rows: Dict[int, Dict[str, Any]], base: Dict[int, Dict[str, Any]],
 def cmd_report(args: argparse.Namespace) -> int:
     rows = parse_results(args.results)
     vers = dict(peers_python.versions())
-    vers["node"] = subprocess.run(["node", "--version"], capture_output=True,
-                                  text=True).stdout.strip().lstrip("v") or "?"
     by: Dict[Tuple[str, str], Dict[int, Dict[str, Any]]] = {}
     for row in rows:
         by.setdefault((row["mode"], row["client"]), {})[row["run"]] = row
@@ -286,11 +260,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     run.add_argument("client", choices=["llmretry", "llmretry-nolog", "llmretry-callmany",
                                         *peers_python.PEERS])
     run.add_argument("mode", choices=["seq", "conc"])
-    for p in (run, sub.add_parser("node-raw")):
-        p.add_argument("--base-url", required=True)
-        p.add_argument("--n", type=int, default=2000)
-        p.add_argument("--conc", type=int, default=32)
-        p.add_argument("--run", type=int, default=1)
+    run.add_argument("--base-url", required=True)
+    run.add_argument("--n", type=int, default=2000)
+    run.add_argument("--conc", type=int, default=32)
+    run.add_argument("--run", type=int, default=1)
     run.add_argument("--warmup", type=int, default=1000)
     rep = sub.add_parser("report")
     rep.add_argument("results")
@@ -298,8 +271,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "run":
         return cmd_run(args)
-    if args.cmd == "node-raw":
-        return cmd_node_raw(args)
     return cmd_report(args)
 
 

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # The batch benchmark (issue 6): llmretry.call_many against the bare libcurl
-# multi loop and the seed's Node client, all talking to one local nginx,
-# then call_many against the 50 ms endpoint. See bench/README.md ("Batch
+# multi loop, both talking to one local nginx, then call_many against the
+# 50 ms endpoint. See bench/README.md ("Batch
 # benchmark"). Usage (from anywhere):  bash bench/run_batch.sh
 #
-# Knobs (environment): N=20000 LIMIT=64 RUNS=3 SLOW_N=2000 NODE_WARMUP=10000
+# Knobs (environment): N=20000 LIMIT=64 RUNS=3 SLOW_N=2000
 # PY_WARMUP=0 LLMRETRY_BENCH_PORT=18089 BUILD_DIR=build-bench PYTHON=python3
 # BASELINE=<commit>: also measure that commit's call_many (logger=None) in the
 # same rounds (built from `git archive` into the run's temp folder), for a
 # "does not regress" verdict that this machine's noise cannot fake
 #   (e.g. BASELINE=d3301c9, the last commit before the engine restructure)
-# LLMRETRY_SEED_NODE=<folder of the seed Node client, client.mjs; not in this repo>
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,13 +18,11 @@ N=${N:-20000}
 LIMIT=${LIMIT:-64}
 RUNS=${RUNS:-3}
 SLOW_N=${SLOW_N:-2000}
-NODE_WARMUP=${NODE_WARMUP:-10000}
 PY_WARMUP=${PY_WARMUP:-0}
 PORT=${LLMRETRY_BENCH_PORT:-18089}
 BUILD_DIR=${BUILD_DIR:-build-bench}
 PYTHON=${PYTHON:-python3}
 BASELINE=${BASELINE:-}
-export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-}
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 log() { printf '%s\n' "$*" >&2; }
@@ -45,13 +42,6 @@ mkdir -p "$BUILD_DIR"
 DEPS=$(pkg-config --cflags --libs libcurl libcjson)
 # shellcheck disable=SC2086
 gcc -O2 -Wall -Wextra -o "$BUILD_DIR/bare_multi" bench/bare_multi.c $DEPS -lpthread
-
-NODE_OK=1
-if ! command -v node >/dev/null 2>&1; then
-  log "WARNING: node not found: the seed Node client rows are skipped"; NODE_OK=0
-elif [ -z "$LLMRETRY_SEED_NODE" ] || [ ! -f "$LLMRETRY_SEED_NODE/client.mjs" ]; then
-  log "WARNING: no $LLMRETRY_SEED_NODE/client.mjs: the seed Node client rows are skipped"; NODE_OK=0
-fi
 
 # ---- 2. nginx on loopback (bench/nginx.sh: start, stop on exit) ---------------
 bench_nginx_start "$PORT"     # sets TMP, FAST, SLOW
@@ -93,15 +83,10 @@ one() {   # one CLIENT ENDPOINT RUN
       local full=$FAST
       [ "$2" = fast ] || full=$SLOW
       run "endpoint=$2 run=$3" "$BUILD_DIR/bare_multi" "$full" "$n" "$LIMIT" ;;
-    node)    # the seed client warmed up (node_peer.mjs: NODE_WARMUP items first)
-      run "endpoint=$2" node "$ROOT/bench/node_peer.mjs" conc "$n" "$LIMIT" "$NODE_WARMUP" "$url" "$3" ;;
     baseline)
       run "" env LLMRETRY_BENCH_TREE="$TMP/baseline/python" "$PYTHON" "$ROOT/bench/bench_batch.py" \
         run callmany-nolog --tag @baseline --base-url "$url" --n "$n" --limit "$LIMIT" \
         --warmup "$PY_WARMUP" --run "$3" --endpoint "$2" ;;
-    node-batch-mjs)
-      run "" "$PYTHON" "$ROOT/bench/bench_batch.py" node-raw --base-url "$url" --n "$n" \
-        --limit "$LIMIT" --run "$3" --endpoint "$2" ;;
     *)
       run "" "$PYTHON" "$ROOT/bench/bench_batch.py" run "$1" --base-url "$url" --n "$n" \
         --limit "$LIMIT" --warmup "$PY_WARMUP" --run "$3" --endpoint "$2" ;;
@@ -112,18 +97,15 @@ one() {   # one CLIENT ENDPOINT RUN
 FASTC=(bare callmany-nolog callmany map callmany-nolog-gcoff)
 [ -z "$BASELINE" ] || FASTC+=(baseline)
 SLOWC=(bare callmany-nolog callmany)
-NODEC=()
-if [ "$NODE_OK" = 1 ]; then NODEC=(node node-batch-mjs); SLOWC+=(node-batch-mjs); fi
 log "== warming nginx (2,000 requests of the bare loop, not counted)"
 "$BUILD_DIR/bare_multi" "$FAST" 2000 "$LIMIT" >/dev/null
 LOADS=()
 for r in $(seq "$RUNS"); do
   LOADS+=("$(cut -d' ' -f1 /proc/loadavg)")
   log "== round $r of $RUNS (load average ${LOADS[-1]}): $N requests, $LIMIT in flight, 0 ms server"
-  # the order rotates from round to round, so no client always runs first;
-  # the Node runs (long) come after the others, keeping bare and call_many close
+  # the order rotates from round to round, so no client always runs first
   k=$(( (r - 1) % ${#FASTC[@]} ))
-  for c in "${FASTC[@]:k}" "${FASTC[@]:0:k}" "${NODEC[@]}"; do one "$c" fast "$r"; done
+  for c in "${FASTC[@]:k}" "${FASTC[@]:0:k}"; do one "$c" fast "$r"; done
   log "== round $r: $SLOW_N requests, $LIMIT in flight, 50 ms server"
   k=$(( (r - 1) % ${#SLOWC[@]} ))
   for c in "${SLOWC[@]:k}" "${SLOWC[@]:0:k}"; do one "$c" slow "$r"; done
@@ -133,4 +115,4 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 # ---- 4. the tables -------------------------------------------------------------
 echo
 "$PYTHON" "$ROOT/bench/bench_batch.py" report "$RESULTS" --limit "$LIMIT" --title \
-  "llmretry batch benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), Python $("$PYTHON" -c 'import platform; print(platform.python_version())'), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?'), nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') (1 worker), node $( { node --version 2>/dev/null || echo '?'; } | sed 's/^v//'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')${BASELINE:+ (baseline $BASELINE)}. Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; 1-min load at the start of each round: $(IFS=/; echo "${LOADS[*]}")."
+  "llmretry batch benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), Python $("$PYTHON" -c 'import platform; print(platform.python_version())'), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?'), nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') (1 worker), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')${BASELINE:+ (baseline $BASELINE)}. Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; 1-min load at the start of each round: $(IFS=/; echo "${LOADS[*]}")."

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The Python benchmark: llmretry (call_llm, map_with_concurrency) against the
-# openai SDK, httpx + tenacity and the seed's Node client, all talking to one
-# local nginx (0 ms endpoint). See bench/README.md. Usage (from anywhere):
+# openai SDK and httpx + tenacity, all talking to one local nginx (0 ms
+# endpoint). See bench/README.md. Usage (from anywhere):
 #   bash bench/run_python.sh
 #
 # Knobs (environment): N=2000 CONC=32 WARMUP=1000 RUNS=3 LLMRETRY_BENCH_PORT=18089
-# PYTHON=python3 LLMRETRY_SEED_NODE=<folder of the seed Node client, client.mjs; not in this repo> NODE_RAW=1
-# (0 = skip the row of the seed's batch.mjs run as shipped)
+# PYTHON=python3
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,8 +16,6 @@ WARMUP=${WARMUP:-1000}
 RUNS=${RUNS:-3}
 PORT=${LLMRETRY_BENCH_PORT:-18089}
 PYTHON=${PYTHON:-python3}
-NODE_RAW=${NODE_RAW:-1}
-export LLMRETRY_SEED_NODE=${LLMRETRY_SEED_NODE:-}
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 log() { printf '%s\n' "$*" >&2; }
@@ -32,13 +29,6 @@ log "== building the extension (make build-python)"
 make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null 2>&1 || {
   log "make build-python failed:"; make --no-print-directory build-python PYTHON="$PYTHON" >&2; exit 1; }
 "$PYTHON" -c 'import llmretry' || { log "llmretry does not import"; exit 1; }
-
-NODE_OK=1
-if ! command -v node >/dev/null 2>&1; then
-  log "WARNING: node not found: the seed Node client rows are skipped"; NODE_OK=0
-elif [ -z "$LLMRETRY_SEED_NODE" ] || [ ! -f "$LLMRETRY_SEED_NODE/client.mjs" ]; then
-  log "WARNING: no $LLMRETRY_SEED_NODE/client.mjs: the seed Node client rows are skipped"; NODE_OK=0
-fi
 
 # ---- 2. nginx on loopback (bench/nginx.sh: install, start, stop on exit) ----
 # shellcheck source=bench/nginx.sh
@@ -62,18 +52,13 @@ run() {   # run COMMAND...: keep its RESULT line
   printf '%s\n' "$out" | grep '^RESULT' | tee -a "$RESULTS" >&2
 }
 one() {   # one CLIENT MODE RUN
-  if [ "$1" = node ]; then
-    run node "$ROOT/bench/node_peer.mjs" "$2" "$N" "$CONC" "$WARMUP" "$BASE" "$3"
-  else
-    run "$PYTHON" "$ROOT/bench/bench_python.py" run "$1" "$2" --base-url "$BASE" \
-      --n "$N" --conc "$CONC" --warmup "$WARMUP" --run "$3"
-  fi
+  run "$PYTHON" "$ROOT/bench/bench_python.py" run "$1" "$2" --base-url "$BASE" \
+    --n "$N" --conc "$CONC" --warmup "$WARMUP" --run "$3"
 }
 
 # ---- 3. interleaved runs, each client in a fresh process ---------------------
 SEQ=(llmretry llmretry-nolog openai httpx-tenacity)
 CON=(llmretry llmretry-nolog llmretry-callmany openai httpx-tenacity)
-if [ "$NODE_OK" = 1 ]; then SEQ+=(node); CON+=(node); fi
 log "== $RUNS runs: $N sequential calls, then $N items at concurrency $CONC, each after $WARMUP warm-up items"
 for r in $(seq "$RUNS"); do
   # the order rotates from run to run, so no client always runs first
@@ -81,10 +66,6 @@ for r in $(seq "$RUNS"); do
   for c in "${SEQ[@]:k}" "${SEQ[@]:0:k}"; do one "$c" seq "$r"; done
   k=$(( (r - 1) % ${#CON[@]} ))
   for c in "${CON[@]:k}" "${CON[@]:0:k}"; do one "$c" conc "$r"; done
-  if [ "$NODE_OK" = 1 ] && [ "$NODE_RAW" = 1 ]; then
-    run "$PYTHON" "$ROOT/bench/bench_python.py" node-raw --base-url "$BASE" --n "$N" \
-      --conc "$CONC" --run "$r"
-  fi
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -6,8 +6,7 @@
 #
 # - Debian packages, when missing: wrk, Lua 5.4 and LuaJIT with headers and
 #   luarocks (luajit2 / libluajit2-5.1-dev, not luajit: see tools/lua-test.sh),
-#   the C toolchain and libcurl/cJSON headers, nodejs when there is no `node`,
-#   GNU time (smoke.py takes each client's peak RSS from it).
+#   the C toolchain and libcurl/cJSON headers, GNU time (smoke.py takes each client's peak RSS from it).
 # - Python packages, when missing: openai with its aiohttp extra, httpx,
 #   tenacity, aiohttp (pip, as tools/ensure-deps.sh does).
 # - The Python extension (make build-python) when it is not built.
@@ -32,7 +31,6 @@ SUDO=""
 # ---- Debian packages -----------------------------------------------------------
 debs=(gcc make pkg-config libcurl4-openssl-dev libcjson-dev wrk lua5.4 liblua5.4-dev
       luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks time)
-command -v node >/dev/null 2>&1 || debs+=(nodejs)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -128,4 +126,3 @@ for lua in lua5.4 luajit; do
   command -v "$lua" >/dev/null || { log "$lua not found after the installs"; exit 1; }
 done
 command -v wrk >/dev/null || { log "wrk not found after the installs"; exit 1; }
-command -v node >/dev/null || { log "node not found after the installs"; exit 1; }

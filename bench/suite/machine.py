@@ -58,7 +58,6 @@ def _first_match(text: Optional[str], pattern: str) -> Optional[str]:
 def tool_versions() -> dict[str, Optional[str]]:
     out: dict[str, Optional[str]] = {
         "python": platform.python_version(),
-        "node": _cmd(["node", "--version"]),
         "lua5.4": _first_match(_cmd(["lua5.4", "-v"]), r"Lua (\S+)"),
         "luajit": _first_match(_cmd(["luajit", "-v"]), r"LuaJIT (\S+)"),
         "nginx": _first_match(_cmd(["nginx", "-v"]), r"nginx/(\S+)"),

@@ -125,8 +125,8 @@ def sec_machine(r: Results) -> str:
         ["RAM", f"{m.get('ram_gib')} GiB"],
         ["OS / kernel", f"{m.get('os')} ({m.get('debian_version')}), Linux {m.get('kernel')}"],
         ["llmretry", f"commit {v.get('llmretry')}"],
-        ["Python / Node / Lua / LuaJIT",
-         f"{v.get('python')} / {v.get('node')} / {v.get('lua5.4')} / {v.get('luajit')}"],
+        ["Python / Lua / LuaJIT",
+         f"{v.get('python')} / {v.get('lua5.4')} / {v.get('luajit')}"],
         ["nginx / libcurl / cJSON / wrk",
          f"{v.get('nginx')} / {v.get('libcurl')} / {v.get('libcjson')} / {v.get('wrk')}"],
         ["openai / httpx / aiohttp / tenacity",
@@ -188,7 +188,6 @@ PEERS: list[tuple[str, Callable[[Row], bool]]] = [
     ("the bare libcurl loop", lambda cl: cl["id"] == BARE),
     ("the fastest non-llmretry Python client", lambda cl: cl.get("group") == "python"),
     ("the openai SDK (fastest variant)", lambda cl: cl["id"].startswith("openai")),
-    ("the seed Node client", lambda cl: cl.get("group") == "node"),
     ("llmretry `map_with_concurrency` (Python)", lambda cl: cl["id"] == "llmretry_map"),
 ]
 
@@ -205,7 +204,7 @@ def sec_headline(r: Results) -> str:
                      if pick(cl) and (v := r.get(cl["id"], "fast", c, "rps"))]
             if rates:
                 v, cid = max(rates)
-                name = what if what.startswith(("the bare", "the seed", "llmretry")) \
+                name = what if what.startswith(("the bare", "llmretry")) \
                     else f"{what}: {r.label(cid)}"
                 parts.append(f"**{ratio(cm, v)}** {name} ({num(v)})")
         out.append(f"- **0 ms server, C={c}:** `call_many` {num(cm)} req/s = "
@@ -403,7 +402,7 @@ def ensure_matplotlib() -> Any:
     return plt
 
 
-GROUP_LINES = {"llmretry-python": "-", "lua": "-.", "python": ":", "node": "--", "c": "--"}
+GROUP_LINES = {"llmretry-python": "-", "lua": "-.", "python": ":", "c": "--"}
 # Colours for the rows without a fixed style: tab10 without red, grey and black.
 PALETTE = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
            "tab:olive", "tab:cyan", "navy", "darkgoldenrod", "teal", "magenta", "lime"]
@@ -601,9 +600,9 @@ FOCUSED = [
      "call in flight (bench/README.md, \"C core benchmark\")."),
     ("python.md", "Python: sequential CPU per call and a 32-thread pool",
      "bash bench/run_python.sh",
-     "`call_llm` one at a time and `map_with_concurrency` at 32 against the openai SDK, "
-     "httpx + tenacity and the seed Node client (bench/README.md, \"Python benchmark\")."),
-    ("batch.md", "Batches: call_many of 20,000 against the bare loop and the seed Node client",
+     "`call_llm` one at a time and `map_with_concurrency` at 32 against the openai SDK "
+     "and httpx + tenacity (bench/README.md, \"Python benchmark\")."),
+    ("batch.md", "Batches: call_many of 20,000 against the bare loop",
      "bash bench/run_batch.sh",
      "The batch issue's benchmark: 20,000 requests at 64 in flight and 2,000 against the "
      "50 ms endpoint (bench/README.md, \"Batch benchmark\")."),
