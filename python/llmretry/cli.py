@@ -138,6 +138,25 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpm", type=_non_negative,
                    help="at most this many tokens a minute (estimated from each request, "
                    "corrected by its usage; default: none)")
+    p.add_argument("--retry-budget-ratio", type=_ratio, metavar="R",
+                   help="retries to the endpoint over a rolling 10 s may be at most "
+                   "R x its requests + --retry-budget-min (default 0.2)")
+    p.add_argument("--retry-budget-min", type=_non_negative, metavar="N",
+                   help="retries the budget always allows in 10 s (default 10)")
+    p.add_argument("--breaker-failures", type=_non_negative, metavar="N",
+                   help="open the endpoint's circuit breaker after N transient failures "
+                   "in a row: calls then fail at once, or go to their fallback "
+                   "(default 0: off)")
+    p.add_argument("--breaker-cooldown-ms", type=_positive, metavar="MS",
+                   help="how long the breaker stays open before one probe (default 30000)")
+    p.add_argument("--fallback-model", action="append", metavar="MODEL",
+                   help="a fallback target's model, tried when a call gives up (repeat "
+                   "for more targets; the n-th pairs with the n-th --fallback-base-url)")
+    p.add_argument("--fallback-base-url", action="append", metavar="URL",
+                   help="a fallback target's base URL (it gets no key of the primary's: "
+                   "see --fallback-api-key-env)")
+    p.add_argument("--fallback-api-key-env", action="append", metavar="NAME",
+                   help="the variable holding the n-th fallback's key")
     p.add_argument("--policies", metavar="FILE",
                    help="named policies (.toml or .json) for --policy")
     p.add_argument("--policy", metavar="NAME",
@@ -239,11 +258,35 @@ def _client_defaults(args: argparse.Namespace) -> Dict[str, Any]:
     """The call flags given, as call options (they override a policy)."""
     out: Dict[str, Any] = {}
     for name in ("base_url", "timeout_ms", "max_retries", "base_delay_ms",
-                 "max_delay_ms", "jitter", "rpm", "tpm"):
+                 "max_delay_ms", "jitter", "rpm", "tpm", "retry_budget_ratio",
+                 "retry_budget_min", "breaker_failures", "breaker_cooldown_ms"):
         value = getattr(args, name, None)
         if value is not None:
             out[name] = value
+    fallbacks = _fallbacks(args)
+    if fallbacks:
+        out["fallbacks"] = fallbacks
     return out
+
+
+def _fallbacks(args: argparse.Namespace) -> List[Dict[str, str]]:
+    """The --fallback-* flags as targets: the n-th of each flag make the n-th."""
+    columns = (("model", getattr(args, "fallback_model", None) or []),
+               ("base_url", getattr(args, "fallback_base_url", None) or []),
+               ("api_key_env", getattr(args, "fallback_api_key_env", None) or []))
+    n = max(len(values) for _, values in columns)
+    return [{key: values[i] for key, values in columns if i < len(values)} for i in range(n)]
+
+
+def _ratio(text: str) -> float:
+    """A ratio flag: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (got {value})")
+    return value
 
 
 # ---------------------------------------------------------------------------

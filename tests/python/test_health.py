@@ -258,3 +258,29 @@ def test_policies_carry_fallbacks_without_secrets(scen: Any) -> None:
     with pytest.raises(ValueError, match="api_key cannot be in a policy"):
         llmretry.Client(policies={"p": {"fallbacks": [{"base_url": "http://x",
                                                        "api_key": "sk-SECRET-Y"}]}})
+
+
+def test_cli_fallback_and_breaker_flags(scen: Any, tmp_path: Any) -> None:
+    """llmretry batch --fallback-model/--fallback-base-url: a dead primary's
+    items are answered by the backup (no primary key sent there); the
+    breaker flags open the primary's breaker so most items never reach it."""
+    from test_cli import read_results, run_module, write_requests
+    backup = scen.sub("backup")
+    scen.script([], after=DEAD)
+    req, res = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    write_requests(req, 10)
+    p = run_module(["batch", str(req), "-o", str(res), "--limit", "1", "--no-progress",
+                    "--base-url", scen.url, "--max-retries", "0", "--base-delay-ms", "10",
+                    "--breaker-failures", "2", "--breaker-cooldown-ms", "60000",
+                    "--fallback-model", "backup-model", "--fallback-base-url", backup.url])
+    assert p.returncode == 0, p.stderr
+    lines = read_results(res)
+    assert len(lines) == 10 and all(rec["ok"] for rec in lines)
+    assert {rec["meta"]["target"] for rec in lines} == {1}
+    assert len(scen.requests()) == 2            # then the breaker sent them to the backup
+    recs = backup.requests()
+    assert len(recs) == 10
+    assert all(json.loads(r["body"])["model"] == "backup-model" for r in recs)
+    assert all("authorization" not in r["headers"] for r in recs)
+    bad = run_module(["batch", str(req), "-o", str(res), "--retry-budget-ratio", "-1"])
+    assert bad.returncode == 2 and "--retry-budget-ratio" in bad.stderr

@@ -26,6 +26,11 @@ echoes in a success) and is checked:
   event; no event or error text holds the API key or the prompt;
 * a call_llm with a deadline returned within deadline + 5 s.
 
+Meanwhile one more endpoint goes down (503s, then connection resets) and
+comes back every few seconds, called by 4 threads under a circuit breaker,
+half of them with a fallback: every call comes back once, every call with a
+fallback succeeds, the breaker opens and is closed once the endpoint is back.
+
 Afterwards, with every client closed or dropped: RSS within
 SOAK_RSS_SLACK_MIB (30) of the post-warm-up baseline (it grows by 10-16 MiB,
 freed memory the allocator keeps), malloc's bytes in use within
@@ -156,6 +161,17 @@ class Mock:
     def requests(self, name: str) -> List[Dict[str, Any]]:
         return self._request("GET", f"/_mock/requests/{quote(name, safe='')}")
 
+    def outage(self, name: str, mode: Optional[str]) -> None:
+        """Take scenario ``name`` down (``mode``), or bring it back (None)."""
+        path = f"/_mock/outage/{quote(name, safe='')}"
+        if mode is None:
+            self._request("DELETE", path)
+        else:
+            self._request("PUT", path, {"mode": mode})
+
+    def outage_counts(self, name: str) -> Dict[str, Any]:
+        return self._request("GET", f"/_mock/outage/{quote(name, safe='')}")
+
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/s/{quote(name, safe='')}/v1"
 
@@ -225,6 +241,7 @@ class Report:
         self.requests = 0                          # what the mock saw
         self.throwaway_clients = 0
         self.max_overshoot_ms = 0.0
+        self.outage_lines: List[str] = []
 
     def violation(self, message: str) -> None:
         with self.lock:
@@ -522,6 +539,87 @@ def check_batch(report: Report, name: str, calls: List[Call], out: Any) -> None:
                          f"{s.attempts} attempts; counted {ok} ok, {attempts} attempts")
 
 
+OUTAGE_CALLERS = 4          # threads calling the endpoint that goes down and up
+OUTAGE_UP_S, OUTAGE_DOWN_S = 1.5, 1.5
+
+
+def outage(ctx: Phase) -> None:
+    """An endpoint that goes down (503, then connection resets) and comes
+    back, over and over, under a circuit breaker: half the callers have a
+    fallback to an endpoint that stays up. Every call must come back once;
+    every call with a fallback must succeed; the breaker must have opened and
+    be closed again once the endpoint is back."""
+    flappy, backup = f"{ctx.label}-flappy", f"{ctx.label}-backup"
+    ctx.mock.script(flappy, [])
+    ctx.mock.script(backup, [])
+    opts: Dict[str, Any] = dict(base_url=ctx.mock.url(flappy), max_retries=1, timeout_ms=1000,
+                                breaker_failures=3, breaker_cooldown_ms=300)
+    fallbacks = [{"model": "soak-backup", "base_url": ctx.mock.url(backup)}]
+    client = llmretry.Client(logger=None, **DEFAULTS)
+    made = Counter[str]()
+    came_back = Counter[str]()
+    lock = threading.Lock()
+
+    def caller(i: int) -> None:
+        extra = {"fallbacks": fallbacks} if i % 2 else {}
+        while not ctx.stop.is_set():
+            with lock:
+                made["calls"] += 1
+            try:
+                _, meta = client.call_llm(body_for(f"outage-{i}"), **opts, **extra)
+                outcome = f"ok target {meta.target}"
+            except llmretry.LLMError as exc:
+                outcome = f"{exc.kind}/{exc.reason}"
+                if extra:
+                    ctx.report.violation(f"outage: a call with a fallback failed: {outcome}")
+                elif exc.kind not in ("http_status", "network", "circuit_open"):
+                    ctx.report.violation(f"outage: unexpected failure {outcome}")
+            except BaseException as exc:   # anything untyped is a violation
+                outcome = f"untyped {type(exc).__name__}"
+                ctx.report.violation(f"outage: {outcome}: {exc}")
+            with lock:
+                came_back["calls"] += 1
+                came_back[outcome] += 1
+            ctx.stop.wait(0.01)     # a failing-fast caller must not spin a core
+
+    callers = [threading.Thread(target=caller, args=(i,), name=f"soak-outage{i}")
+               for i in range(OUTAGE_CALLERS)]
+    for t in callers:
+        t.start()
+    cycles = 0
+    modes = ("503", "reset")
+    while not ctx.stop.wait(OUTAGE_UP_S):
+        ctx.mock.outage(flappy, modes[cycles % 2])
+        cycles += 1
+        ctx.stop.wait(OUTAGE_DOWN_S)
+        ctx.mock.outage(flappy, None)
+    for t in callers:
+        t.join(timeout=JOIN_TIMEOUT_S)
+    # Back up for good: after a cooldown the next call probes and closes it.
+    time.sleep(0.4)
+    try:
+        client.call_llm(body_for("outage-last"), **opts)
+    except llmretry.LLMError as exc:
+        ctx.report.violation(f"outage: the endpoint is back but a call failed: {exc!r}")
+    [stats] = [st for st in client.endpoint_stats() if f"/s/{flappy}/" in st["url"]]
+    client.close()
+    counts = ctx.mock.outage_counts(flappy)
+    if made["calls"] != came_back["calls"]:
+        ctx.report.violation(f"outage: {made['calls']} calls made, {came_back['calls']} came back")
+    if cycles and stats["breaker_opened"] < 1:
+        ctx.report.violation(f"outage: the breaker never opened in {cycles} outages: {stats}")
+    if stats["breaker"] != "closed":
+        ctx.report.violation(f"outage: the breaker is {stats['breaker']} with the endpoint back")
+    with ctx.report.lock:
+        ctx.report.outage_lines.append(
+            f"{ctx.label}: {cycles} outages, {came_back['calls']} calls ("
+            + ", ".join(f"{k} {n}" for k, n in sorted(came_back.items()) if k != "calls")
+            + f"); breaker opened {stats['breaker_opened']} times, "
+            f"{stats['short_circuited']} attempts failed fast, {counts['during']} requests "
+            f"reached the endpoint while down, {stats['retries_refused']} retries refused "
+            "by the budget")
+
+
 def run_phase(ctx: Phase, seconds: float, threads: int) -> float:
     """Run the load for ``seconds``; return the peak RSS (MiB) seen."""
     ctx.client = llmretry.Client(logger=ctx.events, **DEFAULTS)
@@ -529,6 +627,7 @@ def run_phase(ctx: Phase, seconds: float, threads: int) -> float:
             for i in range(threads)]
     pool.append(threading.Thread(target=batcher, args=(ctx,), name="soak-call_many"))
     pool.append(threading.Thread(target=mapper, args=(ctx,), name="soak-map"))
+    pool.append(threading.Thread(target=outage, args=(ctx,), name="soak-outage"))
     for t in pool:
         t.start()
     peak = rss_mib()
@@ -628,6 +727,8 @@ def main() -> int:
     print(f"soak: attempts {report.attempts} (+{report.resends} free re-sends), "
           f"requests the mock saw {report.requests}; "
           f"worst deadline overshoot {report.max_overshoot_ms:.0f} ms")
+    for line in report.outage_lines:
+        print(f"soak: outage {line}")
     print(f"soak: RSS MiB: start {start[0]:.1f}, after warm-up {base_rss:.1f}, "
           f"peak {peak:.1f}, after {after_rss:.1f} ({after_rss - base_rss:+.1f}); "
           f"mock server {mock_rss:.1f}")
