@@ -37,7 +37,7 @@ test-c-asan:
 
 # The integration suites once under valgrind: no errors, no definite leaks.
 test-c-valgrind:
-	for t in test_engine test_vectors test_group test_stream test_ratelimit; do \
+	for t in test_engine test_vectors test_group test_stream test_ratelimit test_health; do \
 	  valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
 	    --show-leak-kinds=definite $(BUILD)/$$t || exit 1; \
 	done
