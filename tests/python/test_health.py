@@ -284,3 +284,26 @@ def test_cli_fallback_and_breaker_flags(scen: Any, tmp_path: Any) -> None:
     assert all("authorization" not in r["headers"] for r in recs)
     bad = run_module(["batch", str(req), "-o", str(res), "--retry-budget-ratio", "-1"])
     assert bad.returncode == 2 and "--retry-budget-ratio" in bad.stderr
+
+
+def test_a_stream_falls_back_before_its_first_chunk_not_after(scen: Any) -> None:
+    backup = scen.sub("backup")
+    backup.script([{"stream": {"chunks": 5}}])
+    scen.script([], after=DEAD)
+    body = dict(BODY, stream=True)
+    fallbacks = [{"model": "mb", "base_url": backup.url}]
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, **FAST) as client:
+        with client.stream_llm(body, base_url=scen.url, max_retries=0,
+                               fallbacks=fallbacks) as s:
+            text = "".join(s.text_deltas())
+            res = s.result()
+        assert text and res.meta.target == 1 and res.meta.model == "mb"
+        assert json.loads(backup.requests()[0]["body"])["model"] == "mb"
+        # Chunks read, then the stream breaks: no fallback (they would repeat).
+        scen.script([{"stream": {"end": "drop", "after": 2, "chunks": 5}}])
+        with pytest.raises(llmretry.StreamInterruptedError):
+            with client.stream_llm(body, base_url=scen.url, max_retries=0,
+                                   fallbacks=fallbacks) as s:
+                for _ in s:
+                    pass
+    assert len(backup.requests()) == 1
