@@ -80,6 +80,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: takes seconds (run by default; deselect with -m 'not slow')")
     config.addinivalue_line(
+        "markers", "pure_python: runs no C code of the project beyond the import (the mock "
+        "server, mypy): the ASan and pipe-notifier passes skip it")
+    config.addinivalue_line(
         "markers", "engine_pause: needs the engine's batch pause to ignore a Retry-After "
         "above max_retry_after_ms (core/src/engine.c, issue 13 item 3)")
 
