@@ -307,3 +307,25 @@ def test_a_stream_falls_back_before_its_first_chunk_not_after(scen: Any) -> None
                 for _ in s:
                     pass
     assert len(backup.requests()) == 1
+
+
+def test_a_429_falls_back_a_cancel_does_not(scen: Any) -> None:
+    backup = scen.sub("backup")
+    fallbacks = [{"base_url": backup.url}]
+    scen.script([{"status": 429}])
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, **FAST) as client:
+        _, meta = client.call_llm(BODY, base_url=scen.url, max_retries=0, fallbacks=fallbacks)
+        assert meta.target == 1
+        scen.script([], after={"delay_ms": 3000})
+
+        async def cancelled() -> None:
+            task = asyncio.ensure_future(
+                client.acall_llm(BODY, base_url=scen.url, fallbacks=fallbacks))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled())
+    time.sleep(0.2)
+    assert len(backup.requests()) == 1          # only the 429's fallback
