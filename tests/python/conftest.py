@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import re
+import signal
 import sys
 import threading
 import time
@@ -77,6 +78,12 @@ def error_class(kind: str) -> type:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A runner that starts the suite in the background from a shell without
+    # job control leaves SIGINT ignored, and an ignored signal stays ignored
+    # in every child: the Ctrl-C tests' children would never see theirs.
+    # A handled one is reset to the default at exec.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers", "slow: takes seconds (run by default; deselect with -m 'not slow')")
     config.addinivalue_line(

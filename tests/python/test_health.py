@@ -300,7 +300,8 @@ def test_a_stream_falls_back_before_its_first_chunk_not_after(scen: Any) -> None
         assert text and res.meta.target == 1 and res.meta.model == "mb"
         assert json.loads(backup.requests()[0]["body"])["model"] == "mb"
         # Chunks read, then the stream breaks: no fallback (they would repeat).
-        scen.script([{"stream": {"end": "drop", "after": 2, "chunks": 5}}])
+        # (chunks 100 ms apart: the first is read, the commit point, before the drop)
+        scen.script([{"stream": {"end": "drop", "after": 2, "chunks": 5, "delay_ms": 100}}])
         with pytest.raises(llmretry.StreamInterruptedError):
             with client.stream_llm(body, base_url=scen.url, max_retries=0,
                                    fallbacks=fallbacks) as s:
