@@ -1,4 +1,4 @@
-/* Endpoint health and fallbacks (core/src/health.c, targets.c; DESIGN §13)
+/* Endpoint health and fallbacks (core/src/health.c, targets.c; docs/reliability.md)
  * against the mock server: the retry budget bounds a retry storm and does
  * not count server-timed retries; the circuit breaker opens after N
  * transient failures, fails calls at once (nothing sent), lets one probe

@@ -1,4 +1,4 @@
-/* Client-side rate limits (core/src/ratelimit.c, DESIGN §12) against the
+/* Client-side rate limits (core/src/ratelimit.c, docs/policies.md) against the
  * mock server: configured rpm and tpm pace attempts evenly, a call larger
  * than the token bucket is not starved, limits learned from the server's
  * x-ratelimit-* headers hold new attempts, a 429's named wait pauses the

@@ -1,4 +1,4 @@
-"""Fallbacks, retry budgets and circuit breakers (issue 19, DESIGN §13)
+"""Fallbacks, retry budgets and circuit breakers (issue 19, docs/reliability.md)
 through the Python surface: the rules live in the core (tests/c/test_health.c
 has the same cases); here each is shown to reach Python users intact: the
 options, the error class and its fields, meta.target, the events, and
