@@ -70,6 +70,7 @@ build = {
             "core/src/json.c",
             "core/src/mailbox.c",
             "core/src/notifier.c",
+            "core/src/notifier_socket.c",
             "core/src/option_table.c",
             "core/src/options.c",
             "core/src/origins.c",
