@@ -51,6 +51,7 @@ build = {
       ["llmretry.core"] = {
          sources = {
             "bindings/lua/calls.c",
+            "bindings/lua/channel.c",
             "bindings/lua/encode.c",
             "bindings/lua/engine.c",
             "bindings/lua/json.c",
