@@ -99,6 +99,7 @@ build = {
       },
       llmretry = "lua/llmretry/init.lua",
       ["llmretry.args"] = "lua/llmretry/args.lua",
+      ["llmretry.mailbox"] = "lua/llmretry/mailbox.lua",
       ["llmretry.verdict"] = "lua/llmretry/verdict.lua",
       ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
