@@ -320,6 +320,34 @@ def test_validate(ngx, mock):
     check(len(mock.requests("validate")) == 2, "not 2 requests")
 
 
+def test_misuse(ngx, mock):
+    """Misuse raises at once naming the mistake; a raising logger is logged once, the call goes on."""
+    mock.script("misuse", [])
+    status, text, _ = http("GET", ngx.base + "/misuse?s=misuse")
+    check(status == 200, f"/misuse: {status} {text}")
+    out = json.loads(text)
+    want = {
+        "thread_pool": "thread_pool is not an option any more",
+        "engine": "engine is not an option of llmretry.openresty",
+        "validate": "validate must be a function or nil (got table)",
+        "unknown": "unknown option 'timeout'",
+        "on_chunk": "on_chunk must be a function (got nil)",
+        "init_worker": "this worker's engine exists already",
+    }
+    for k, w in want.items():
+        check(w in out[k], f"{k}: {out[k]!r} does not say {w!r}")
+    check(out["call_ok"], "the call with a raising logger failed")
+    check(len(mock.requests("misuse")) == 1, "a misused call reached the mock")
+    rid = out["request_id"]
+    lines = [line for line in ngx.error_log().splitlines()
+             if "the logger raised" in line and rid in line]
+    check(len(lines) == 1 and "logger bug llm_request_started" in lines[0],
+          f"the logger's error in the log: {lines}")
+    r = urllib.request.urlopen(ngx.base + "/wrong_phase", timeout=10)
+    err = r.headers.get("X-Error", "")
+    check("cannot wait in the header_filter phase" in err, f"a call in header_filter: {err!r}")
+
+
 def test_environment(ngx, mock):
     """OPENAI_BASE_URL and OPENAI_API_KEY reach the engine through nginx's env directive."""
     mock.script("from_env", [{}])
@@ -564,10 +592,18 @@ def test_reload_with_calls_in_flight(_ngx, mock):
         ngx.cleanup()
 
 
-TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_validate,
+def test_no_secrets_logged(ngx, mock):
+    """After every test above, the error log holds no API key and no prompt."""
+    log = ngx.error_log()
+    check("llmretry event" in log, "the loggers' lines are missing")
+    check("SECRET-KEY" not in log and "SECRET-PROMPT" not in log, "a secret reached the log")
+
+
+TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_validate, test_misuse,
          test_environment, test_engine_shared, test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
-         test_client_abort_cancels_call, test_call_many, test_reload_with_calls_in_flight]
+         test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,
+         test_reload_with_calls_in_flight]
 
 
 def main():
