@@ -46,6 +46,8 @@ local argerror, is_callable, is_integer = args.argerror, args.is_callable, args.
 
 local M = {}
 
+M.encode = core.encode
+M.decode = core.decode
 M.null = core.null
 M.array_mt = core.array_mt
 M.empty_array = core.empty_array

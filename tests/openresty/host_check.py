@@ -37,6 +37,21 @@ import urllib.request
 FIGURES = {}
 
 
+DOCS = ["README.md", "docs/openresty.md"]
+
+
+def doc_locations(repo):
+    """The ```nginx blocks of DOCS that are a location, as written."""
+    out = []
+    for doc in DOCS:
+        with open(os.path.join(repo, doc)) as f:
+            text = f.read()
+        for block in re.findall(r"^```nginx\n(.*?)^```", text, re.S | re.M):
+            if block.lstrip().startswith("location"):
+                out.append(f"# {doc}\n{block}")
+    return out
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -117,7 +132,8 @@ class Nginx:
             conf = f.read()
         for k, v in {"@PREFIX@": self.prefix, "@PORT@": str(self.port), "@REPO@": repo,
                      "@MOCK@": mock_url.rstrip("/"), "@USER_LINE@": user_line,
-                     "@INIT_WORKER@": init}.items():
+                     "@INIT_WORKER@": init,
+                     "@DOC_LOCATIONS@": "\n".join(doc_locations(repo))}.items():
             conf = conf.replace(k, v)
         left = re.findall(r"@[A-Z_]+@", conf)
         assert not left, f"unfilled placeholders in nginx.conf: {left}"
@@ -346,6 +362,35 @@ def test_misuse(ngx, mock):
     r = urllib.request.urlopen(ngx.base + "/wrong_phase", timeout=10)
     err = r.headers.get("X-Error", "")
     check("cannot wait in the header_filter phase" in err, f"a call in header_filter: {err!r}")
+
+
+def test_doc_examples(ngx, mock):
+    """The location examples of README.md and docs/openresty.md work as written."""
+    check(len(doc_locations(ngx.repo)) == 4, f"{len(doc_locations(ngx.repo))} location examples")
+    for path in ("/chat", "/ask"):
+        mock.script("from_env", [{"content": "hello there", "stream": {"chunks": 3}}])
+        req = urllib.request.Request(ngx.base + path, data=b"Say hello", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            check(r.headers.get("Content-Type") == "text/event-stream", f"{path}: {r.headers}")
+            text = r.read().decode()
+        payloads = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+        check(payloads[-1:] == ["[DONE]"], f"{path}: {text[-300:]!r}")
+        content = "".join(json.loads(p)["choices"][0]["delta"].get("content") or ""
+                          for p in payloads[:-1] if json.loads(p)["choices"])
+        check(content == "hello there", f"{path}: content {content!r}")
+        recs = mock.requests("from_env")
+        check(json.loads(recs[0]["body"])["messages"][0]["content"] == "Say hello",
+              f"{path}: the client's text was not sent")
+    mock.script("from_env", [{"content": "a summary"}])
+    status, text, _ = http("POST", ngx.base + "/summarise", {"text": "long"})
+    check(status == 200 and text.strip() == "a summary", f"/summarise: {status} {text}")
+    mock.script("from_env", [{"content": "positive"}] * 3)
+    status, text, _ = http("GET", ngx.base + "/labels")
+    check(status == 200 and text.split("\n")[:3] == ["1: positive", "2: positive", "3: positive"],
+          f"/labels: {status} {text}")
+    mock.script("from_env", [{"content": ""}, {"content": "second try"}])
+    status, text, _ = http("POST", ngx.base + "/summarise", {"text": "long"})
+    check(status == 200 and text.strip() == "second try", f"/summarise's validate: {status} {text}")
 
 
 def test_environment(ngx, mock):
@@ -600,7 +645,7 @@ def test_no_secrets_logged(ngx, mock):
 
 
 TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_validate, test_misuse,
-         test_environment, test_engine_shared, test_500_calls_no_thread_pool,
+         test_doc_examples, test_environment, test_engine_shared, test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,
          test_reload_with_calls_in_flight]
