@@ -80,12 +80,13 @@ end
 --
 -- W = { engine, d, exiting }: one per worker (this chunk's upvalue; each
 -- worker has its own Lua VM). d = { channel, path, waiting, state }: the
--- socket channel the worker's calls report to, and who waits for which:
+-- channel the worker's calls report to, and who waits for which:
 -- waiting maps a handle to its waiter { sema, ready }, weak both ways, so
 -- that a request killed while it waits leaves nothing behind (its handles
 -- are collected, which cancels their calls). state: "starting" (the
 -- dispatcher has not connected yet), "running", or "stopped" (none: the
--- requests look for themselves every POLL_S).
+-- requests look for themselves every POLL_S); closed once stop() closed its
+-- channel.
 
 local W = nil
 
@@ -133,6 +134,7 @@ end
 -- end of the dispatcher's connection with it.
 local function stop(d)
   d.state = "stopped"
+  d.closed = true
   d.channel:close()
 end
 
@@ -212,20 +214,35 @@ local function on_exit(premature, w)
   end
 end
 
--- A new socket channel on w's engine and its dispatcher.
-local function start_dispatch(w)
-  local ch = w.engine:channel{ socket = true }
-  local d = { channel = ch, path = ch:path(), state = "starting", kick = semaphore.new(),
+local function new_dispatch(w, channel, state)
+  local d = { channel = channel, state = state, kick = semaphore.new(),
     waiting = setmetatable({}, { __mode = "kv" }) }
   w.d = d
+  return d
+end
+
+-- A new channel on w's engine for its calls from now on: a socket channel
+-- and its dispatcher, or, when there can be none (the worker exits, the
+-- last one failed within the second, no timer), a plain channel that the
+-- waiting requests look at themselves (state "stopped"). Either way no
+-- socket path is left behind: a socket channel exists only with a
+-- dispatcher on its way to connect to it.
+local function start_dispatch(w)
+  local prev = w.d
+  local failed_at = prev and prev.failed_at
+  if w.exiting or ngx.worker.exiting() or (failed_at and ngx.now() - failed_at < 1) then
+    new_dispatch(w, w.engine:channel(), "stopped").failed_at = failed_at
+    return
+  end
+  local ch = w.engine:channel{ socket = true }
+  local d = new_dispatch(w, ch, "starting")
+  d.path = ch:path()
   local ok, err = ngx.timer.at(0, dispatch, d)
   if not ok then
-    -- "process exiting": the worker's last calls look for themselves.
-    if not ngx.worker.exiting() then
-      log_err("cannot start the dispatcher (ngx.timer.at: ", tostring(err), ")")
-    end
-    d.failed_at = ngx.now()
-    d.state = "stopped"
+    log_err("cannot start the dispatcher (ngx.timer.at: ", tostring(err), "); the calls of "
+      .. "this worker look for their news every ", POLL_S * 1000, " ms instead")
+    ch:close()
+    new_dispatch(w, w.engine:channel(), "stopped").failed_at = ngx.now()
   end
 end
 
@@ -243,16 +260,18 @@ local function new_worker(o)
   return w
 end
 
--- The worker's engine and current dispatch, made or restarted as needed.
+-- The worker's engine and its current dispatch: made on first use, and a
+-- new one when the last was closed (the worker exits, or its dispatcher
+-- failed) or, a second after a failure, to try a dispatcher again.
 local function worker()
   local w = W
   if w == nil or w.engine:forked() then
     w = new_worker({})
   end
   local d = w.d
-  if d.state == "stopped" and not w.exiting and not ngx.worker.exiting()
-      and ngx.now() - (d.failed_at or 0) >= 1 then
-    start_dispatch(w)       -- at most once a second
+  if d.closed or (d.state == "stopped" and not w.exiting and not ngx.worker.exiting()
+      and ngx.now() - (d.failed_at or 0) >= 1) then
+    start_dispatch(w)
   end
   return w
 end

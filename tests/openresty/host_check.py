@@ -595,12 +595,18 @@ def test_reload_with_calls_in_flight(_ngx, mock):
             results[i] = http("GET", ngx.base + "/llm?s=reload", timeout=30)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        # And one that makes a second call once the first has ended: by then
+        # the old worker is exiting and its dispatcher gone.
+        mock.script("reload_second", [{"content": "second"}])
+        two = []
+        threads.append(threading.Thread(target=lambda: two.append(
+            http("GET", ngx.base + "/two_calls?s=reload&s2=reload_second", timeout=30))))
         for t in threads:
             t.start()
-        check(wait_for(lambda: len(mock.requests("reload")) == n, 5) is not None,
+        check(wait_for(lambda: len(mock.requests("reload")) == n + 1, 5) is not None,
               "the calls did not reach the mock")
         st = ngx.stats()
-        check(st["engine"] and st["dispatcher"] == "running" and st["waiting"] == n,
+        check(st["engine"] and st["dispatcher"] == "running" and st["waiting"] == n + 1,
               f"made on the first call: {st}")
         ngx.proc.send_signal(signal.SIGHUP)
         check(wait_for(lambda: worker_pid(ngx) != old, 5) is not None, "no new worker")
@@ -614,6 +620,8 @@ def test_reload_with_calls_in_flight(_ngx, mock):
         done = time.monotonic()
         for status, text, secs in results:
             check(status == 200 and json.loads(text)["ok"], f"a call in flight: {status} {text}")
+        check(two and two[0][0] == 200 and two[0][1].strip() == "ok second",
+              f"a call made while the old worker exits: {two}")
         gone = wait_for(lambda: not alive(old), 5)
         check(gone is not None, "the old worker did not exit after its calls ended")
         FIGURES["reload_exit_after_calls_s"] = time.monotonic() - done
