@@ -2,7 +2,8 @@
 # The host suites: llmretry's Lua module inside its real hosts.
 #   * Neovim: tests/nvim/test_nvim.lua in a real headless Neovim (Debian's:
 #     0.7 on bookworm, 0.10 on trixie), with llmretry.nvim on its path; and
-#     tests/nvim/exit_inflight.lua: Neovim quits promptly with a call in flight.
+#     tests/nvim/exit_inflight.lua: Neovim quits promptly with a call in flight;
+#     tests/nvim/docs.lua: the Neovim examples of README.md and docs/.
 #   * OpenResty: tests/openresty/host_check.py starts Debian's nginx with
 #     libnginx-mod-http-lua (LuaJIT) on loopback (tests/openresty/nginx.conf.in)
 #     and calls the mock model through llmretry.openresty.
@@ -119,6 +120,17 @@ else
   cat "$work/exit.log" "$work/exit.log.err"
 fi
 tally "$work/exit.tally" 0 "nvim: exit_inflight.lua"
+
+echo "host-test: Neovim, the docs' examples (tests/nvim/docs.lua)"
+rc=0
+python3 tests/python/doc_examples.py lua >"$work/doc_examples.json"
+LLMRETRY_DOC_EXAMPLES="$work/doc_examples.json" OPENAI_BASE_URL="$LLMRETRY_MOCK/v1" \
+  OPENAI_API_KEY="sk-doc-example" nvim_run docs.lua "$work/nvim-docs.log" || rc=$?
+cat "$work/nvim-docs.log"
+if [ "$rc" -ne 0 ] && [ -s "$work/nvim-docs.log.err" ]; then
+  echo "---- Neovim's stderr ----"; cat "$work/nvim-docs.log.err"; echo "----"
+fi
+tally "$work/nvim-docs.log" "$rc" "nvim: docs.lua"
 
 echo "host-test: OpenResty (tests/openresty/host_check.py)"
 rc=0

@@ -12,6 +12,9 @@
 #    fails the llama checks are skipped with a message, and not tried again
 #    until build-interop/llama-build-failed is removed.
 #    LLMRETRY_INTEROP_LLAMA=0 skips them.
+# 3. tests/interop/check_health.py: fallbacks, the retry budget and the
+#    circuit breaker against LiteLLM, and a fallback from LiteLLM to
+#    llama.cpp's server (when it runs).
 #
 # Each server goes into its own venv under build-interop/ (plain
 # `litellm[proxy]` backtracks for ever on some mirrors: versions are pinned).
@@ -62,8 +65,7 @@ wait_up "http://127.0.0.1:$port/health/liveliness" "${pids[-1]}" "$out/litellm.l
 python3 tests/interop/check_litellm.py "http://127.0.0.1:$port/v1" || status=1
 python3 tests/interop/check_streaming.py "http://127.0.0.1:$port/v1" "$out/litellm.log" "$uport" \
   || status=1
-cleanup
-pids=()
+# LiteLLM stays up: the fallback checks (3.) go from it to llama.cpp's server.
 
 # -- 2. llama-cpp-python's server ----------------------------------------------
 lvenv="$out/llama-venv"
@@ -101,5 +103,13 @@ else
     "llama-cpp-python's server"
   python3 tests/interop/check_llama.py "http://127.0.0.1:$lport/v1" "$out/llama-server.log" \
     || status=1
+fi
+
+# -- 3. fallbacks, retry budget, circuit breaker (issue 19) --------------------
+if [ -n "$skip" ]; then
+  python3 tests/interop/check_health.py "http://127.0.0.1:$port/v1" || status=1
+else
+  python3 tests/interop/check_health.py "http://127.0.0.1:$port/v1" \
+    "http://127.0.0.1:$lport/v1" "$out/llama-server.log" || status=1
 fi
 exit $status

@@ -50,11 +50,16 @@ so=$(ls "$pydir"/llmretry/_llmretry*.so)
 no_eventfd "$so" "the Python extension"
 # Left out (they run in `make test`'s pass; here they would only add CI time):
 # the Jupyter kernel's notebook and the 200,000-line RSS run of the CLI,
-# neither of which touches the notifier beyond what test_aio does.
+# neither of which touches the notifier beyond what test_aio does; the
+# pure_python tests (the mock server, mypy); the doc examples and the rate
+# limits' pacing (timers, not the notifier: test_aio and the batches cover
+# every wait on a channel).
 LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONDONTWRITEBYTECODE=1 \
   python3 -m pytest -q -p no:cacheprovider tests/python \
   --deselect tests/python/test_notebook.py \
-  --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines
+  --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \
+  --deselect tests/python/test_docs.py --deselect tests/python/test_ratelimit.py \
+  -m "not pure_python"
 
 echo "pipe-notifier: Lua suite (lua5.4)"
 clean_artefacts() {

@@ -81,7 +81,7 @@ static int push_usage(lua_State *L, const llmretry_usage *u)
 }
 
 /* The event as a table, walking the field list the core defines (so every
- * field of DESIGN §3 is there, null ones as core.null). */
+ * field of docs/reliability.md is there, null ones as core.null). */
 static void push_event(lua_State *L, const llmretry_event *ev)
 {
     size_t n = llmretry_event_field_count(ev);
@@ -165,7 +165,7 @@ static void push_meta(lua_State *L, const llmretry_result *r)
     set_int(L, "target", r->target);
 }
 
-/* The err table of DESIGN §4 (absent values are nil). `message` and
+/* The err table of docs/python.md (absent values are nil). `message` and
  * `kind` override the result's own (for a body that would not decode). */
 static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
                      const char *message)

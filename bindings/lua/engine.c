@@ -286,7 +286,7 @@ int group_poll(lua_State *L)
     return push_polled(L, check_group(L)->g, poll_group);
 }
 
-/* engine:group{limit=, deadline_ms=, adaptive=} -> group (DESIGN §2 batches) */
+/* engine:group{limit=, deadline_ms=, adaptive=} -> group (docs/reliability.md batches) */
 int engine_group(lua_State *L)
 {
     char buf[64];

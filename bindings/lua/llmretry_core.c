@@ -1,7 +1,7 @@
 /* llmretry.core: the Lua face of the C core (Lua 5.4 and LuaJIT/5.1).
  *
  * This module converts between Lua and C and nothing more; the public Lua
- * API is lua/llmretry (DESIGN §6), built on this:
+ * API is lua/llmretry (docs/lua.md), built on this:
  *
  *   core.encode(v) / core.decode(s)        JSON, lua-cjson conventions:
  *   core.null, core.array_mt, core.empty_array
@@ -22,12 +22,12 @@
  *   handle:cancel(), handle:request_id(), handle:done()
  *   core.error_mt, core.VERSION, core.EVENT_NAMES, core.EVENTS_ALL
  *
- * The host drains each handle's mailbox on its own thread (DESIGN §1): no
+ * The host drains each handle's mailbox on its own thread (docs/design.md): no
  * Lua code ever runs on the engine's I/O thread. A handle does not keep its
  * engine alive: collecting or closing an engine cancels its calls, and
  * their handles then read as cancelled.
  *
- * No global mutable state (DESIGN §6): several Lua states on several
+ * No global mutable state (docs/lua.md): several Lua states on several
  * threads may load the module at once. Everything lives in the loading
  * state's registry (metatables under "llmretry.*" names) or in userdata.
  *

@@ -1,6 +1,6 @@
 /* run_pool: worker(item, index) on min(limit, len(items)) C threads that
  * take the GIL in turn, with a deadline for the whole batch. The pacing is
- * the engine's (DESIGN §9, one admission stage): calls made by workers find
+ * the engine's (docs/design.md, one admission stage): calls made by workers find
  * their pool through a thread-local and are submitted into the pool's group
  * on their engine, so a 429 naming a wait pauses the pool's new calls and a
  * burst of them narrows its window, exactly as for call_many and for Lua's

@@ -1,6 +1,6 @@
 /* Engine.stream and the Stream type: one streaming call whose chunks the
  * host takes one at a time (options.stream_chunks). Taking the first chunk
- * is the commit point (DESIGN §10): before it the engine retries a failed
+ * is the commit point (docs/streaming.md): before it the engine retries a failed
  * attempt and drops its unread chunks; after it a failure ends the call as
  * stream_interrupted. Events and validation are delivered on the thread
  * that reads, like Engine.call's. The package's llmretry.stream_llm wraps

@@ -12,7 +12,7 @@
  * failures only (exponential backoff with jitter, Retry-After), a request id,
  * structured events, response validation and token accounting.
  *
- * Threading model (DESIGN §1): an engine owns one I/O thread that performs
+ * Threading model (docs/design.md): an engine owns one I/O thread that performs
  * all network I/O. Host threads submit calls and wait on each call's
  * mailbox; events and results are delivered to whichever host thread waits.
  * Nothing is ever called back from the I/O thread.

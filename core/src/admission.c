@@ -1,5 +1,5 @@
 /* The admission stage: what every attempt passes before it starts, in
- * order (DESIGN §9):
+ * order (docs/design.md):
  *
  *   1. its batch's pacer, for a call in a group (new items only: an item
  *      counts against its batch's window from its first attempt to its

@@ -1,4 +1,4 @@
-/* Stream assembly (DESIGN §10, "Assembly"): the chat.completion.chunk
+/* Stream assembly (docs/streaming.md, "Assembly"): the chat.completion.chunk
  * objects of one streamed response, added in order, become one
  * chat.completion-shaped object, so a streamed call ends with the same kind
  * of body as a plain one. Pure: no I/O, no engine state, no locks; one

@@ -136,7 +136,7 @@ static const char *reason_text(llmretry_giveup_reason r)
     }
 }
 
-/* ---- fallbacks (DESIGN §13) ---------------------------------------------- */
+/* ---- fallbacks (docs/reliability.md) ---------------------------------------------- */
 
 /* Does this give-up move the call on to its next target? Not after a
  * cancel, a passed deadline, an unsafe-mode stop (the request may have

@@ -4,7 +4,7 @@
  *
  *   endpoint.c   the table of endpoints and what hosts may read of them
  *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause
- *   health.c     the retry budget and the circuit breaker (DESIGN §13)
+ *   health.c     the retry budget and the circuit breaker (docs/reliability.md)
  *
  * I/O thread only, except `stats`, which the engine publishes under the
  * engine's mutex for llmretry_engine_endpoint_stats. */

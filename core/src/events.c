@@ -1,4 +1,4 @@
-/* The six events of DESIGN §3. The field list of each event lives here
+/* The six events of docs/reliability.md. The field list of each event lives here
  * alone: bindings walk it with llmretry_event_field, so Python, Lua and
  * the JSON form cannot drift apart. Events never hold the API key, the
  * Authorization header or the request body. */

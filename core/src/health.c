@@ -1,4 +1,4 @@
-/* An endpoint's health (DESIGN §13): its retry budget and its circuit
+/* An endpoint's health (docs/reliability.md): its retry budget and its circuit
  * breaker, asked by admission before each attempt and told by attempt.c
  * what each attempt came to. Both are per endpoint (endpoint.h), shared by
  * every call, thread, batch and pool of the engine. I/O thread only.

@@ -1,5 +1,5 @@
 /* The mailbox: what the engine publishes to the host that owns a call, and
- * the host's side of it. Items come out typed (DESIGN §9): EVENT, VALIDATE
+ * the host's side of it. Items come out typed (docs/design.md): EVENT, VALIDATE
  * and DONE; reading an item with llmretry_call_next is what "delivered to
  * the caller" means; CHUNK items are stream chunks (stream.c). The
  * engine never calls host code: it appends to the

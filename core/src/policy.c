@@ -1,4 +1,4 @@
-/* The retry policy of DESIGN §2 as pure functions: header parsers, backoff
+/* The retry policy of docs/reliability.md as pure functions: header parsers, backoff
  * and the decision after a failed attempt. The clock (now_unix_ms) and the
  * random source (u01) are arguments so every case can be tested exactly. */
 #include "llmretry.h"
@@ -6,7 +6,7 @@
 #include <string.h>
 
 /* A server wait above ~31.7 years is a bug or an attack, not a schedule.
- * Such waits saturate here (DESIGN §2 rule 6: a number too big to
+ * Such waits saturate here (docs/reliability.md rule 6: a number too big to
  * represent is "too long", not "unparseable"), which also keeps all
  * arithmetic far from overflow. */
 #define ABSURD_MS LLMRETRY_MAX_WAIT_MS
@@ -419,7 +419,7 @@ static llmretry_decision stop(llmretry_decision d, llmretry_giveup_reason why)
     return d;
 }
 
-/* Rules 1-7 of DESIGN §2, first match wins. Precedence choices:
+/* Rules 1-7 of docs/reliability.md, first match wins. Precedence choices:
  * - DEADLINE_EXCEEDED joins rule 1: nothing can follow it, and "deadline"
  *   tells the caller which budget to raise.
  * - Rule 5 comes before 6: with no attempts left the reason is

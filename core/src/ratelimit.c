@@ -1,4 +1,4 @@
-/* Client-side rate limits (DESIGN §12): one budget per endpoint (its URL
+/* Client-side rate limits (docs/policies.md): one budget per endpoint (its URL
  * and API key), shared by every call of the engine, that admission asks
  * before each attempt starts.
  *
@@ -7,7 +7,7 @@
  *   and a call of T tokens T / (L - T) s after the tokens before it, L
  *   being a second's worth (tpm / 60). Providers enforce a per-minute
  *   limit in shorter slices (a 600/min limit may refuse the 11th request
- *   of a second): a bucket of one second's worth (DESIGN §12) would send
+ *   of a second): a bucket of one second's worth (docs/policies.md) would send
  *   two seconds' worth in the first second and have them refused, and
  *   even spacing at exactly the limit lets one call more than fits land in
  *   some second. No call is starved: it waits for its own tokens only.

@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -41,7 +42,15 @@ static curl_socket_t on_open(void *ud, curlsocktype purpose, struct curl_sockadd
 {
     lr_socktab *t = ud;
     (void)purpose;
+#ifdef SOCK_CLOEXEC
     curl_socket_t fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+#else
+    /* macOS has no SOCK_CLOEXEC: set it right after (a fork in between may
+     * leak the socket into the child, as libcurl's own sockets would). */
+    curl_socket_t fd = socket(a->family, a->socktype, a->protocol);
+    if (fd != CURL_SOCKET_BAD)
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+#endif
     if (fd == CURL_SOCKET_BAD)
         return fd;
     if (t->len == t->cap) {

@@ -1,4 +1,4 @@
-/* sse.c — the incremental text/event-stream reader (DESIGN §10; the API
+/* sse.c — the incremental text/event-stream reader (docs/streaming.md; the API
  * and why it pulls are in sse.h). The parsing rules are the EventSource
  * ones (WHATWG HTML §9.2.6), plus three things servers of chat APIs need:
  * `data: [DONE]` ends the stream, an `error:` field (llama.cpp's server

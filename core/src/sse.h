@@ -1,4 +1,4 @@
-/* sse.h — reading a text/event-stream (DESIGN §10), private to the core.
+/* sse.h — reading a text/event-stream (docs/streaming.md), private to the core.
  *
  * Two parts, one concern each:
  *  - sse.c: the reader. Pure and incremental in the manner of hiredis's

@@ -1,4 +1,4 @@
-/* sse_payload.c — what one SSE event's data says (DESIGN §10, "Errors
+/* sse_payload.c — what one SSE event's data says (docs/streaming.md, "Errors
  * inside the stream"): a chunk, and whether it finishes its choices; an
  * error, judged by its code the way an HTTP status would be; or data no
  * host could decode. The text is checked and parsed by lr_parse_body

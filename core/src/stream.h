@@ -1,4 +1,4 @@
-/* stream.h — streaming calls on the engine (DESIGN §10), private.
+/* stream.h — streaming calls on the engine (docs/streaming.md), private.
  *
  * An attempt whose 2xx answer is text/event-stream is read through the SSE
  * reader (sse.c) as it arrives; every chunk goes to the assembler

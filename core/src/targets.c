@@ -1,4 +1,4 @@
-/* Fallback targets (DESIGN §13): the `fallbacks` option, checked where it
+/* Fallback targets (docs/reliability.md): the `fallbacks` option, checked where it
  * is set (option setter, policy file), built into each call's targets on
  * the host thread at submit, and switched to by the engine when a target
  * gives up (attempt.c).

@@ -1,6 +1,6 @@
 -- llmretry: the production layer around calls to an OpenAI-compatible chat API.
 --
--- The pure-Lua half of the Lua binding (DESIGN §6). The C module
+-- The pure-Lua half of the Lua binding (docs/lua.md). The C module
 -- `llmretry.core` owns the engine (an I/O thread doing every attempt, wait and
 -- retry); this file turns its mailbox into call_llm, a coroutine pool
 -- (map_with_concurrency) and call_many.
@@ -43,7 +43,7 @@ M.error_mt = core.error_mt
 M.EVENT_NAMES = core.EVENT_NAMES
 M.EVENTS_ALL = core.EVENTS_ALL
 
--- DESIGN §4: the error kinds, as the `kind` field of an error table holds them.
+-- docs/python.md: the error kinds, as the `kind` field of an error table holds them.
 M.errors = {
   HTTP_STATUS = "http_status",
   TIMEOUT = "timeout",
@@ -261,7 +261,7 @@ local function map_impl(items, limit, worker, opts, pool_policy)
 
   local owned = opts.engine == nil
   local engine = opts.engine or core.new_engine()
-  -- The pool's pacing is the engine's (DESIGN §9): its workers' calls form
+  -- The pool's pacing is the engine's (docs/design.md): its workers' calls form
   -- one group, at most `limit` at once, paused by a 429's named wait and
   -- narrowed by a burst of them, exactly as call_many's items are.
   local group = engine:group{ limit = limit, adaptive = true }

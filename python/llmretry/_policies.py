@@ -1,6 +1,6 @@
 """Named policies: plain-data sets of call options, loaded and checked once.
 
-A policy is a mapping of some of these keys (DESIGN §2 plus two defaults):
+A policy is a mapping of some of these keys (docs/reliability.md plus two defaults):
 
 ``timeout_ms``, ``max_retries``, ``base_delay_ms``, ``max_delay_ms``,
 ``jitter``, ``deadline_ms``, ``retry_mode``, ``retry_statuses``,

@@ -3,6 +3,7 @@
  * easy handles directly: they are test utilities, not the system under
  * test, so they must not depend on the engine. */
 #include "harness.h"
+#include "llmretry.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -406,4 +407,40 @@ char *th_mock_get(th_mock *m, const char *path)
         return NULL;
     }
     return out;
+}
+
+/* ---- engine-level plumbing ---------------------------------------------- */
+
+llmretry_engine *th_engine_new(void)
+{
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF];
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
+    return e;
+}
+
+llmretry_call *th_submit(llmretry_engine *e, const llmretry_options *o)
+{
+    llmretry_call *c = NULL;
+    char err[LLMRETRY_ERRBUF];
+    CHECK_MSG(llmretry_engine_submit(e, o, 0, &c, err, sizeof err) == LLMRETRY_OK, "submit: %s", err);
+    return c;
+}
+
+const llmretry_result *th_wait_done(llmretry_call *c, int64_t max_ms)
+{
+    int64_t until = th_now_ms() + max_ms;
+    while (c && th_now_ms() < until) {
+        llmretry_event *ev;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_DONE)
+            return llmretry_call_result(c);
+        if (m == LLMRETRY_MAIL_EVENT)
+            llmretry_event_free(ev);
+        else
+            llmretry_call_wait(c, 50);
+    }
+    return NULL;
 }

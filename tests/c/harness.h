@@ -59,4 +59,15 @@ char *th_mock_requests(th_mock *m, const char *name);
 /* GET a control path (e.g. "/_mock/connections"); malloc'd body or NULL. */
 char *th_mock_get(th_mock *m, const char *path);
 
+/* The engine-level tests' plumbing (a CHECK fails on any error): a default
+ * engine; submit(e, o) with no flags; the call's result once its mailbox
+ * said DONE (events dropped), or NULL after max_ms. */
+struct llmretry_engine;
+struct llmretry_call;
+struct llmretry_options;
+struct llmretry_result;
+struct llmretry_engine *th_engine_new(void);
+struct llmretry_call *th_submit(struct llmretry_engine *e, const struct llmretry_options *o);
+const struct llmretry_result *th_wait_done(struct llmretry_call *c, int64_t max_ms);
+
 #endif

@@ -43,31 +43,6 @@ static llmretry_engine *engine_with(int max_in_flight)
     return e;
 }
 
-static llmretry_call *submit(llmretry_engine *e, const llmretry_options *o)
-{
-    llmretry_call *c = NULL;
-    char err[LLMRETRY_ERRBUF];
-    CHECK_MSG(llmretry_engine_submit(e, o, 0, &c, err, sizeof err) == LLMRETRY_OK, "submit: %s", err);
-    return c;
-}
-
-/* Drain the call's mailbox until DONE; its result, or NULL after max_ms. */
-static const llmretry_result *wait_done(llmretry_call *c, int64_t max_ms)
-{
-    int64_t until = th_now_ms() + max_ms;
-    while (c && th_now_ms() < until) {
-        llmretry_event *ev;
-        llmretry_mail m = llmretry_call_next(c, &ev);
-        if (m == LLMRETRY_MAIL_DONE)
-            return llmretry_call_result(c);
-        if (m == LLMRETRY_MAIL_EVENT)
-            llmretry_event_free(ev);
-        else
-            llmretry_call_wait(c, 50);
-    }
-    return NULL;
-}
-
 static const char *kind(const llmretry_result *r)
 {
     return r ? llmretry_error_kind_name(r->kind) : "(none)";
@@ -85,11 +60,11 @@ static void test_queued_for_slot_fails_at_deadline(void)
         return;
     }
     opts_for(&o, "slow_slot", url, sizeof url);
-    llmretry_call *slow = submit(e, &o);
+    llmretry_call *slow = th_submit(e, &o);
     o.deadline_ms = 200;
     int64_t t0 = th_now_ms();
-    llmretry_call *quick = submit(e, &o);
-    const llmretry_result *r = wait_done(quick, 5000);
+    llmretry_call *quick = th_submit(e, &o);
+    const llmretry_result *r = th_wait_done(quick, 5000);
     int64_t took = th_now_ms() - t0;
     CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED,
               "queued call: kind %s, expected deadline_exceeded", kind(r));
@@ -100,7 +75,7 @@ static void test_queued_for_slot_fails_at_deadline(void)
               (long long)took);
     CHECK_MSG(r && r->message && strstr(r->message, "max_in_flight"),
               "the message says what it waited for: %s", r && r->message ? r->message : "(null)");
-    const llmretry_result *rs = wait_done(slow, 10000);
+    const llmretry_result *rs = th_wait_done(slow, 10000);
     CHECK_MSG(rs && rs->ok, "the slow call still succeeds");
     llmretry_call_free(quick);
     llmretry_call_free(slow);
@@ -124,7 +99,7 @@ static void test_retry_queued_for_slot_fails_at_deadline(void)
     o.base_delay_ms = 100;
     opts_for(&slow_o, "retry_slot_slow", url2, sizeof url2);
     int64_t t0 = th_now_ms();
-    llmretry_call *c = submit(e, &o);
+    llmretry_call *c = th_submit(e, &o);
     /* Takes the slot while c is in backoff: c's retry then waits for it. */
     llmretry_call *slow = NULL;
     for (int i = 0; i < 100 && !slow; i++) {
@@ -132,15 +107,15 @@ static void test_retry_queued_for_slot_fails_at_deadline(void)
         poll(&none, 0, 5);
         const char *p = th_mock_requests(&mock, "retry_slot");
         if (p && strstr(p, "\"index\""))
-            slow = submit(e, &slow_o);
+            slow = th_submit(e, &slow_o);
         free((void *)p);
     }
-    const llmretry_result *r = wait_done(c, 5000);
+    const llmretry_result *r = th_wait_done(c, 5000);
     int64_t took = th_now_ms() - t0;
     CHECK_MSG(r && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED && r->status == 503,
               "retry queued past its deadline: kind %s status %d", kind(r), r ? r->status : -1);
     CHECK_MSG(took < 1500, "retry with a 600 ms deadline ended after %lld ms", (long long)took);
-    wait_done(slow, 10000);
+    th_wait_done(slow, 10000);
     llmretry_call_free(c);
     llmretry_call_free(slow);
     llmretry_engine_free(e);
@@ -165,18 +140,18 @@ static void test_group_queued_fails_at_deadline(void)
     }
     opts_for(&o, "slow_group", url, sizeof url);
     o.group = g;
-    llmretry_call *slow = submit(e, &o);
+    llmretry_call *slow = th_submit(e, &o);
     o.deadline_ms = 200;
     int64_t t0 = th_now_ms();
-    llmretry_call *quick = submit(e, &o);
-    const llmretry_result *r = wait_done(quick, 5000);
+    llmretry_call *quick = th_submit(e, &o);
+    const llmretry_result *r = th_wait_done(quick, 5000);
     int64_t took = th_now_ms() - t0;
     CHECK_MSG(r && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED, "group item: kind %s", kind(r));
     CHECK_MSG(took < 1000, "group item with deadline 200 ms ended after %lld ms", (long long)took);
     llmretry_group_stats st;
     llmretry_group_stats_get(g, &st);
     CHECK_INT(st.queued, 0);
-    const llmretry_result *rs = wait_done(slow, 10000);
+    const llmretry_result *rs = th_wait_done(slow, 10000);
     CHECK_MSG(rs && rs->ok, "the slow item still succeeds");
     llmretry_call_free(quick);
     llmretry_call_free(slow);
@@ -210,15 +185,15 @@ static void test_too_long_retry_after_pauses_nothing(void)
     opts_for(&ok_o, "long_429_ok", url2, sizeof url2);
     ok_o.group = g;
     int64_t t0 = th_now_ms();
-    llmretry_call *bad = submit(e, &o);
+    llmretry_call *bad = th_submit(e, &o);
     llmretry_call *good[3];
     for (int i = 0; i < 3; i++)
-        good[i] = submit(e, &ok_o);
-    const llmretry_result *r = wait_done(bad, 5000);
+        good[i] = th_submit(e, &ok_o);
+    const llmretry_result *r = th_wait_done(bad, 5000);
     CHECK_MSG(r && r->reason == LLMRETRY_REASON_RETRY_AFTER_TOO_LONG, "429 item: reason %s",
               r ? llmretry_reason_name(r->reason) : "-");
     for (int i = 0; i < 3; i++) {
-        const llmretry_result *ri = wait_done(good[i], 5000);
+        const llmretry_result *ri = th_wait_done(good[i], 5000);
         CHECK_MSG(ri && ri->ok, "item %d after the long 429: ok=%d", i, ri ? ri->ok : -1);
     }
     int64_t took = th_now_ms() - t0;
@@ -257,15 +232,15 @@ static void test_huge_times_saturate(void)
     o.base_delay_ms = INT64_MAX;
     o.max_delay_ms = INT64_MAX;
     llmretry_call *c[3];
-    c[0] = submit(e, &o);               /* no deadline: the retry waits "for ever" */
+    c[0] = th_submit(e, &o);               /* no deadline: the retry waits "for ever" */
     o.deadline_ms = INT64_MAX;
     o.base_delay_ms = 10;
-    c[1] = submit(e, &o);               /* a deadline at the end of time */
+    c[1] = th_submit(e, &o);               /* a deadline at the end of time */
     o.deadline_ms = LLMRETRY_NO_DEADLINE;
     o.group = g;
     o.base_delay_ms = INT64_MAX / 4;
-    c[2] = submit(e, &o);               /* in a batch with an endless deadline */
-    const llmretry_result *r1 = wait_done(c[1], 5000);
+    c[2] = th_submit(e, &o);               /* in a batch with an endless deadline */
+    const llmretry_result *r1 = th_wait_done(c[1], 5000);
     CHECK_MSG(r1 && !r1->ok && r1->attempts == 2 && r1->status == 503,
               "deadline INT64_MAX: %d attempts, kind %s", r1 ? r1->attempts : -1, kind(r1));
     struct pollfd none;
@@ -275,7 +250,7 @@ static void test_huge_times_saturate(void)
     llmretry_call_cancel(c[0]);
     llmretry_call_cancel(c[2]);
     for (int i = 0; i < 3; i += 2) {
-        const llmretry_result *r = wait_done(c[i], 5000);
+        const llmretry_result *r = th_wait_done(c[i], 5000);
         CHECK_MSG(r && r->kind == LLMRETRY_ERR_CANCELLED && r->attempts == 1,
                   "call %d: kind %s after a cancel", i, kind(r));
     }
@@ -313,9 +288,9 @@ static void test_dead_tls_server_not_serialized(void)
     llmretry_call *c[6];
     int64_t t0 = th_now_ms();
     for (int i = 0; i < 6; i++)
-        c[i] = submit(e, &o);
+        c[i] = th_submit(e, &o);
     for (int i = 0; i < 6; i++) {
-        const llmretry_result *r = wait_done(c[i], 15000);
+        const llmretry_result *r = th_wait_done(c[i], 15000);
         CHECK_MSG(r && r->kind == LLMRETRY_ERR_TIMEOUT, "call %d: kind %s", i, kind(r));
     }
     int64_t took = th_now_ms() - t0;
@@ -338,7 +313,7 @@ static void test_cancel_withdraws_validation(void)
         return;
     opts_for(&o, "validate_cancel", url, sizeof url);
     o.validate = 1;
-    llmretry_call *c = submit(e, &o);
+    llmretry_call *c = th_submit(e, &o);
     /* Wait for the validation request without taking it. */
     CHECK_INT(llmretry_call_wait(c, 5000), LLMRETRY_OK);
     llmretry_call_cancel(c);
@@ -385,10 +360,10 @@ static void test_channels_keep_consumers_apart(void)
     for (int i = 0; i < 4; i++) {
         o.channel = a;
         o.user_data = &ca[i];
-        ca[i] = submit(e, &o);
+        ca[i] = th_submit(e, &o);
         o.channel = b;
         o.user_data = &cb[i];
-        cb[i] = submit(e, &o);
+        cb[i] = th_submit(e, &o);
     }
     int done_a = 0, done_b = 0, foreign = 0;
     int64_t until = th_now_ms() + 10000;

@@ -1016,7 +1016,7 @@ static int closed_port(void)
 }
 
 /* Requests that provably never reached a server are retried even in
- * unsafe mode (DESIGN §2 rule 2). */
+ * unsafe mode (docs/reliability.md rule 2). */
 static void check_never_connected(llmretry_engine *e, const char *base_url, const char *what)
 {
     for (int unsafe = 0; unsafe < 2; unsafe++) {

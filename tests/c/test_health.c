@@ -1,4 +1,4 @@
-/* Endpoint health and fallbacks (core/src/health.c, targets.c; DESIGN §13)
+/* Endpoint health and fallbacks (core/src/health.c, targets.c; docs/reliability.md)
  * against the mock server: the retry budget bounds a retry storm and does
  * not count server-timed retries; the circuit breaker opens after N
  * transient failures, fails calls at once (nothing sent), lets one probe
@@ -39,24 +39,6 @@ static void opts_for(llmretry_options *o, const char *name, char *url, size_t ur
     o->base_delay_ms = 10;
     o->timeout_ms = 10000;
     o->events = 0;
-}
-
-static llmretry_engine *engine_new(void)
-{
-    llmretry_engine_options eo;
-    llmretry_engine_options_defaults(&eo);
-    llmretry_engine *e = NULL;
-    char err[LLMRETRY_ERRBUF];
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
-    return e;
-}
-
-static llmretry_call *submit(llmretry_engine *e, const llmretry_options *o)
-{
-    llmretry_call *c = NULL;
-    char err[LLMRETRY_ERRBUF];
-    CHECK_MSG(llmretry_engine_submit(e, o, 0, &c, err, sizeof err) == LLMRETRY_OK, "submit: %s", err);
-    return c;
 }
 
 /* Wait for the call; its events' JSON lines appended to `log` (if any). */
@@ -115,14 +97,14 @@ static void test_retry_budget_bounds_a_storm(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "storm", "{\"steps\": [], \"after\": {\"status\": 503}}") != 0)
         goto out;
     opts_for(&o, "storm", url, sizeof url);
     o.max_retries = 3;
     llmretry_call *calls[60];
     for (int i = 0; i < 60; i++)
-        calls[i] = submit(e, &o);
+        calls[i] = th_submit(e, &o);
     int exhausted = 0, retries_exhausted = 0;
     for (int i = 0; i < 60; i++) {
         const llmretry_result *r = wait_done(calls[i], NULL, 0);
@@ -155,7 +137,7 @@ static void test_retry_budget_options_and_server_timed_retries(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "timed", "{\"steps\": [], \"after\": {\"status\": 503, "
                              "\"retry_after_ms\": \"5\"}}") != 0)
         goto out;
@@ -165,7 +147,7 @@ static void test_retry_budget_options_and_server_timed_retries(void)
     o.retry_budget_ratio = 0.0;
     llmretry_call *calls[20];
     for (int i = 0; i < 20; i++)
-        calls[i] = submit(e, &o);
+        calls[i] = th_submit(e, &o);
     for (int i = 0; i < 20; i++) {
         const llmretry_result *r = wait_done(calls[i], NULL, 0);
         CHECK_MSG(r && r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED, "reason %s",
@@ -180,7 +162,7 @@ static void test_retry_budget_options_and_server_timed_retries(void)
     o.max_retries = 2;
     o.retry_budget_min = 0;
     o.retry_budget_ratio = 0.0;
-    llmretry_call *c = submit(e, &o);
+    llmretry_call *c = th_submit(e, &o);
     const llmretry_result *r = wait_done(c, NULL, 0);
     CHECK(r && r->reason == LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED && r->attempts == 1);
     llmretry_call_free(c);
@@ -192,7 +174,7 @@ out:
 static const llmretry_result *one(llmretry_engine *e, const llmretry_options *o,
                                   llmretry_call **keep, char *log, size_t loglen)
 {
-    *keep = submit(e, o);
+    *keep = th_submit(e, o);
     return wait_done(*keep, log, loglen);
 }
 
@@ -205,7 +187,7 @@ static void test_breaker_opens_probes_and_closes(void)
     llmretry_call *c;
     const llmretry_result *r;
     llmretry_endpoint_stats s;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "brk", "{\"steps\": [{\"status\": 503}, {\"status\": 503}, "
                              "{\"status\": 503}, {\"status\": 503}]}") != 0)
         goto out;
@@ -265,7 +247,7 @@ static void test_breaker_one_probe_and_4xx_resets(void)
     llmretry_call *c;
     const llmretry_result *r;
     llmretry_endpoint_stats s;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "probe", "{\"steps\": [{\"status\": 500}, {\"status\": 500}, "
                              "{\"delay_ms\": 300}, {\"status\": 500}, {\"status\": 400}, "
                              "{\"status\": 500}]}") != 0)
@@ -279,7 +261,7 @@ static void test_breaker_one_probe_and_4xx_resets(void)
         llmretry_call_free(c);
     }
     th_sleep_ms(150);
-    llmretry_call *probe = submit(e, &o);       /* meets the 300 ms success */
+    llmretry_call *probe = th_submit(e, &o);       /* meets the 300 ms success */
     th_sleep_ms(50);
     r = one(e, &o, &c, NULL, 0);
     CHECK_MSG(r && r->kind == LLMRETRY_ERR_CIRCUIT_OPEN && strstr(r->message, "probe is in flight"),
@@ -307,7 +289,7 @@ static void test_fallback_to_another_endpoint(void)
     char url[128], url2[128], fb[512], log[8192] = "";
     llmretry_options o;
     llmretry_call *c;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "fbp", "{\"steps\": [], \"after\": {\"status\": 503}}") != 0 ||
         th_mock_script(&mock, "fbb", "{\"steps\": []}") != 0)
         goto out;
@@ -350,7 +332,7 @@ static void test_fallback_rules(void)
     llmretry_options o;
     llmretry_call *c;
     const llmretry_result *r;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "same", "{\"steps\": [{\"status\": 500}]}") != 0)
         goto out;
     opts_for(&o, "same", url, sizeof url);

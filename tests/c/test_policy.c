@@ -1,4 +1,4 @@
-/* Table-driven tests of the pure policy functions (DESIGN §2). The clock
+/* Table-driven tests of the pure policy functions (docs/reliability.md). The clock
  * and the random number are injected, so every expectation is exact. */
 #include "harness.h"
 #include "llmretry.h"
@@ -47,7 +47,7 @@ static void test_retry_after(void)
         {"1.", NOW94, -1},
         {".5", NOW94, -1},
         {"1,5", NOW94, -1},
-        /* more than 1e12 ms saturates there (DESIGN §2 rule 6: too long, not garbage) */
+        /* more than 1e12 ms saturates there (docs/reliability.md rule 6: too long, not garbage) */
         {"1000000000", NOW94, LLMRETRY_MAX_WAIT_MS},
         {"999999999.9999", NOW94, LLMRETRY_MAX_WAIT_MS},
         {"1000000000.0001", NOW94, LLMRETRY_MAX_WAIT_MS},

@@ -1,4 +1,4 @@
-/* Client-side rate limits (core/src/ratelimit.c, DESIGN §12) against the
+/* Client-side rate limits (core/src/ratelimit.c, docs/policies.md) against the
  * mock server: configured rpm and tpm pace attempts evenly, a call larger
  * than the token bucket is not starved, limits learned from the server's
  * x-ratelimit-* headers hold new attempts, a 429's named wait pauses the
@@ -31,40 +31,6 @@ static void opts_for(llmretry_options *o, const char *name, char *url, size_t ur
     o->events = 0;
 }
 
-static llmretry_engine *engine_new(void)
-{
-    llmretry_engine_options eo;
-    llmretry_engine_options_defaults(&eo);
-    llmretry_engine *e = NULL;
-    char err[LLMRETRY_ERRBUF];
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
-    return e;
-}
-
-static llmretry_call *submit(llmretry_engine *e, const llmretry_options *o)
-{
-    llmretry_call *c = NULL;
-    char err[LLMRETRY_ERRBUF];
-    CHECK_MSG(llmretry_engine_submit(e, o, 0, &c, err, sizeof err) == LLMRETRY_OK, "submit: %s", err);
-    return c;
-}
-
-static const llmretry_result *wait_done(llmretry_call *c, int64_t max_ms)
-{
-    int64_t until = th_now_ms() + max_ms;
-    while (c && th_now_ms() < until) {
-        llmretry_event *ev;
-        llmretry_mail m = llmretry_call_next(c, &ev);
-        if (m == LLMRETRY_MAIL_DONE)
-            return llmretry_call_result(c);
-        if (m == LLMRETRY_MAIL_EVENT)
-            llmretry_event_free(ev);
-        else
-            llmretry_call_wait(c, 50);
-    }
-    return NULL;
-}
-
 /* The arrival times (ms, from the first) of the scenario's requests. */
 static int arrivals(const char *name, double *ms, int max)
 {
@@ -91,9 +57,9 @@ static int run_all(llmretry_engine *e, const llmretry_options *o, int n)
     llmretry_call *calls[MAX_CALLS];
     int ok = 1;
     for (int i = 0; i < n; i++)
-        calls[i] = submit(e, o);
+        calls[i] = th_submit(e, o);
     for (int i = 0; i < n; i++) {
-        const llmretry_result *r = wait_done(calls[i], 20000);
+        const llmretry_result *r = th_wait_done(calls[i], 20000);
         ok &= r && r->ok;
         llmretry_call_free(calls[i]);
     }
@@ -106,7 +72,7 @@ static void test_rpm_paces_evenly(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "rpm600", "{\"steps\": []}") != 0)
         goto out;
     opts_for(&o, "rpm600", url, sizeof url);
@@ -130,7 +96,7 @@ static void test_tpm_paces_by_tokens(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "tpm", "{\"steps\": []}") != 0)
         goto out;
     opts_for(&o, "tpm", url, sizeof url);
@@ -158,7 +124,7 @@ static void test_big_call_is_not_starved(void)
                               "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "big", "{\"steps\": []}") != 0)
         goto out;
     opts_for(&o, "big", url, sizeof url);
@@ -166,8 +132,8 @@ static void test_big_call_is_not_starved(void)
     o.body_len = strlen(big);
     o.tpm = 6000;
     int64_t t0 = th_now_ms();
-    llmretry_call *c = submit(e, &o);
-    const llmretry_result *r = wait_done(c, 5000);
+    llmretry_call *c = th_submit(e, &o);
+    const llmretry_result *r = th_wait_done(c, 5000);
     CHECK_MSG(r && r->ok, "the big call succeeds");
     CHECK_MSG(th_now_ms() - t0 < 1000, "at once (%lld ms)", (long long)(th_now_ms() - t0));
     llmretry_call_free(c);
@@ -181,7 +147,7 @@ static void test_learned_remaining_holds_until_reset(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "remaining",
                              "{\"steps\": [{\"headers\": {\"x-ratelimit-remaining-requests\": \"0\","
                              " \"x-ratelimit-reset-requests\": \"800ms\"}}]}") != 0)
@@ -203,7 +169,7 @@ static void test_learned_limit_paces(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "limit120", "{\"steps\": [], \"after\": {\"headers\":"
                              " {\"x-ratelimit-limit-requests\": \"120\"}}}") != 0)
         goto out;
@@ -226,20 +192,20 @@ static void test_429_pauses_the_endpoint(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "pause429",
                              "{\"steps\": [{\"status\": 429, \"retry_after\": \"1\"}]}") != 0)
         goto out;
     opts_for(&o, "pause429", url, sizeof url);
-    llmretry_call *a = submit(e, &o);
+    llmretry_call *a = th_submit(e, &o);
     /* Once the 429 has come back, another call to the same endpoint. */
     int64_t until = th_now_ms() + 3000;
     double t[4];
     while (arrivals("pause429", t, 4) < 1 && th_now_ms() < until)
         llmretry_call_wait(a, 10);
     llmretry_call_wait(a, 100);
-    llmretry_call *b = submit(e, &o);
-    const llmretry_result *ra = wait_done(a, 5000), *rb = wait_done(b, 5000);
+    llmretry_call *b = th_submit(e, &o);
+    const llmretry_result *ra = th_wait_done(a, 5000), *rb = th_wait_done(b, 5000);
     CHECK_MSG(ra && ra->ok && ra->attempts == 2, "the 429 call succeeds on its retry");
     CHECK_MSG(rb && rb->ok && rb->attempts == 1, "the other call succeeds");
     int n = arrivals("pause429", t, 4);
@@ -259,7 +225,7 @@ static void test_deadline_while_waiting_for_budget(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "rpm60", "{\"steps\": []}") != 0)
         goto out;
     opts_for(&o, "rpm60", url, sizeof url);
@@ -267,8 +233,8 @@ static void test_deadline_while_waiting_for_budget(void)
     CHECK_MSG(run_all(e, &o, 1), "the first call");
     o.deadline_ms = 300;
     int64_t t0 = th_now_ms();
-    llmretry_call *c = submit(e, &o);
-    const llmretry_result *r = wait_done(c, 5000);
+    llmretry_call *c = th_submit(e, &o);
+    const llmretry_result *r = th_wait_done(c, 5000);
     int64_t took = th_now_ms() - t0;
     CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED && r->attempts == 0,
               "deadline_exceeded with no attempt (kind %s)",
@@ -289,7 +255,7 @@ static void test_keys_are_separate_endpoints(void)
 {
     char url[128];
     llmretry_options o;
-    llmretry_engine *e = engine_new();
+    llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "twokeys", "{\"steps\": []}") != 0)
         goto out;
     opts_for(&o, "twokeys", url, sizeof url);

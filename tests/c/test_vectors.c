@@ -78,7 +78,7 @@ typedef struct vec_call {
     char url[256];
     char *body;
     /* What the server must see: the body, with stream_options added to a
-     * streaming one without them (DESIGN §10). */
+     * streaming one without them (docs/streaming.md). */
     char sent_body[4096];
     char *headers[MAX_HEADERS];
     const char *header_ptrs[MAX_HEADERS];

@@ -1,4 +1,4 @@
--- Events (DESIGN §3), loggers, validate, and what never leaks.
+-- Events (docs/reliability.md), loggers, validate, and what never leaks.
 
 local H = require("helpers")
 local llm = require("llmretry")

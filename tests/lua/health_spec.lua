@@ -121,6 +121,23 @@ describe("endpoint health", function()
     check(#bad_b.requests() == 0, "no fallback after a 400")
   end)
 
+  it("takes fallbacks from a policy, which may not hold a key", function()
+    local scen, backup = mock:scen("lua_fb_pol"), mock:scen("lua_fb_pol_b")
+    scen.script({}, DEAD)
+    local c = llm.client{ api_key = H.SECRET_KEY, base_url = scen.url, policies = {
+      resilient = { max_retries = 0, breaker_failures = 5,
+                    fallbacks = { { model = "b", base_url = backup.url,
+                                    api_key_env = "LLMRETRY_UNSET_KEY_VAR" } } } } }
+    local res, err = c:call_llm{ policy = "resilient", body = H.secret_body("pol") }
+    check(res and res.meta.target == 1 and res.meta.model == "b", "%s", H.dump(err))
+    check(#backup.requests() == 1 and backup.requests()[1].headers.authorization == nil,
+      "backup %s", H.dump(backup.requests()))
+    local ok, e = pcall(llm.client, { policies = { p = { fallbacks = {
+      { base_url = backup.url, api_key = "sk-SECRET-P" } } } } })
+    check(not ok and tostring(e):find("api_key cannot be in a policy", 1, true) and
+      not tostring(e):find("sk-SECRET", 1, true), "%s", tostring(e))
+  end)
+
   it("refuses bad options naming the field, never the key", function()
     local scen = mock:scen("lua_fb_bad")
     local cases = {

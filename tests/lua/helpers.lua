@@ -308,7 +308,7 @@ local function fields(extra)
   for _, k in ipairs(extra) do set[k] = true end
   return set
 end
--- DESIGN §3: each event's fields, exactly.
+-- docs/reliability.md: each event's fields, exactly.
 H.EVENT_FIELDS = {
   llm_request_started = fields({ "timeout_ms", "deadline_left_ms" }),
   llm_request_failed = fields({ "status", "duration_ms", "retry_after", "error_code",
@@ -332,7 +332,7 @@ H.DELAY_SOURCES = { retry_after = true, ratelimit_reset = true, backoff = true, 
 local function is_str_or_null(v) return type(v) == "string" or v == llm.null end
 local function is_int_or_null(v) return H.is_int(v) or v == llm.null end
 
--- One event: exactly its DESIGN §3 fields (null ones present as llm.null).
+-- One event: exactly its docs/reliability.md fields (null ones present as llm.null).
 function H.check_event_shape(ev)
   check(type(ev) == "table", "event is a %s", type(ev))
   local name = ev.event
@@ -478,7 +478,7 @@ function H.check_error(err, kind, o)
   check(getmetatable(err) == llm.error_mt, "the error lacks llmretry's error metatable")
   check(llm.is_error(err), "llm.is_error(err) is false")
   check(err.kind == kind, "kind %s, expected %s (%s)", tostring(err.kind), kind, tostring(err))
-  -- A broken stream's reason is how it broke (DESIGN §10).
+  -- A broken stream's reason is how it broke (docs/streaming.md).
   local reasons = kind == "stream_interrupted" and H.STREAM_REASONS or H.REASONS
   check(reasons[err.reason], "reason %s", H.dump(err.reason))
   if o.reason then

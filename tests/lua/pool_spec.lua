@@ -361,7 +361,7 @@ describe("call_many", function()
   end)
 end)
 
--- call_many is one engine group: the batch policy of DESIGN §2 / issue 6.
+-- call_many is one engine group: the batch policy of docs/reliability.md / issue 6.
 describe("call_many batch policy", function()
   local mock
 

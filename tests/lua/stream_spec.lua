@@ -1,5 +1,5 @@
 -- llm.stream_llm under lua5.4 and luajit against the mock's SSE scenarios
--- (DESIGN §10): chunks to on_chunk as they arrive, the assembled result, the
+-- (docs/streaming.md): chunks to on_chunk as they arrive, the assembled result, the
 -- commit point, interrupted streams, streams inside map_with_concurrency.
 -- The Python twin is tests/python/test_stream.py.
 

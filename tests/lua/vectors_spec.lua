@@ -198,7 +198,7 @@ describe("shared vectors", function()
       check(#recs == exp.requests, "server saw %d requests, expected %d", #recs, exp.requests)
       -- One attempt is one request, but for the engine's free re-sends.
       check(#recs == got.attempts + (exp.resends or 0), "one attempt must be one request")
-      -- Sent as encoded, but a streaming table asks for its usage (DESIGN §10).
+      -- Sent as encoded, but a streaming table asks for its usage (docs/streaming.md).
       local sent_text, sent = llm.encode(body), body
       if body.stream == true and body.stream_options == nil then
         sent_text = sent_text:sub(1, -2) .. ',"stream_options":{"include_usage":true}}'

@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import re
+import signal
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ FAST: Dict[str, Any] = {"timeout_ms": 5000, "max_retries": 3, "base_delay_ms": 2
                         "max_delay_ms": 1000, "jitter": "none"}
 
 COMMON_FIELDS = {"event", "request_id", "attempt", "model", "policy"}
-# DESIGN §3: each event's fields, exactly.
+# docs/reliability.md: each event's fields, exactly.
 EVENT_FIELDS: Dict[str, set] = {
     "llm_request_started": COMMON_FIELDS | {"timeout_ms", "deadline_left_ms"},
     "llm_request_failed": COMMON_FIELDS | {"status", "duration_ms", "retry_after",
@@ -77,8 +78,17 @@ def error_class(kind: str) -> type:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A runner that starts the suite in the background from a shell without
+    # job control leaves SIGINT ignored, and an ignored signal stays ignored
+    # in every child: the Ctrl-C tests' children would never see theirs.
+    # A handled one is reset to the default at exec.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers", "slow: takes seconds (run by default; deselect with -m 'not slow')")
+    config.addinivalue_line(
+        "markers", "pure_python: runs no C code of the project beyond the import (the mock "
+        "server, mypy): the ASan and pipe-notifier passes skip it")
     config.addinivalue_line(
         "markers", "engine_pause: needs the engine's batch pause to ignore a Retry-After "
         "above max_retry_after_ms (core/src/engine.c, issue 13 item 3)")
@@ -274,7 +284,7 @@ def check_no_secrets(secrets: Iterable[str], *texts: Any) -> None:
 
 
 def check_event_shape(ev: Dict[str, Any]) -> None:
-    """One event: exactly its DESIGN §3 fields, with sane types."""
+    """One event: exactly its docs/reliability.md fields, with sane types."""
     name = ev.get("event")
     assert name in EVENT_FIELDS, f"unknown event {ev!r}"
     want = EVENT_FIELDS[name]
@@ -360,7 +370,7 @@ def check_event_sequence(events: Events, attempts: int, request_id: str,
 def check_error(err: BaseException, kind: str, *, reason: Optional[str] = None,
                 attempts: Optional[int] = None, status: Any = "any",
                 model: Optional[str] = "gpt-test") -> None:
-    """The exception class and attributes of an LLMError (DESIGN §4)."""
+    """The exception class and attributes of an LLMError (docs/python.md)."""
     assert isinstance(err, llmretry.LLMError), f"{type(err).__name__}: {err}"
     assert isinstance(err, error_class(kind)), (
         f"{type(err).__name__} (kind {getattr(err, 'kind', None)}), expected "
@@ -419,7 +429,7 @@ def check_calling_thread(out: Outcome) -> None:
 
 def request_checks(recs: List[Dict[str, Any]], request_id: str, body_text: Optional[str],
                    key: Optional[str] = SECRET_KEY) -> None:
-    """Headers every request of a call carries (DESIGN §2)."""
+    """Headers every request of a call carries (docs/reliability.md)."""
     for rec in recs:
         h = rec["headers"]
         if key is None:

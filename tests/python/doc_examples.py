@@ -7,6 +7,11 @@ HTML comment on the line right before its fence:
 ``<!-- doc-test: skip (REASON) -->``
     not run (it needs a real endpoint, a host such as Neovim or nginx, root,
     minutes...); the test reports it as skipped with REASON.
+``<!-- doc-test: nvim -->`` or ``<!-- doc-test: nvim then (LUA) -->``
+    (Lua) runs inside a headless Neovim against the mock server
+    (tests/nvim/docs.lua, from tools/host-test.sh), with LUA appended to it
+    (to use what it defines: a command, a local function); the other suites
+    report it as skipped.
 ``<!-- doc-test: mock-scenarios -->``
     (before a ``json`` block) the mock server's scenarios for the examples
     after it in the same file, as ``python -m llmretry.testing --scenarios``
@@ -34,6 +39,8 @@ LANGS = {"python": "python", "lua": "lua", "sh": "sh", "bash": "sh"}
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
 _DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
 _SKIP = re.compile(r"^skip\s*\((.+)\)$")
+_NVIM = re.compile(r"^nvim(?:\s+then\s*\((.+)\))?$")
+NVIM_SKIP = "runs inside Neovim: tools/host-test.sh runs it there (tests/nvim/docs.lua)"
 
 
 @dataclasses.dataclass
@@ -44,6 +51,8 @@ class Example:
     code: str                 # the program, as the block holds it
     skip: Optional[str]       # why it is not run, or None
     scenarios: Optional[Dict[str, Any]]   # the mock's scenarios, or None
+    host: Optional[str] = None            # "nvim": only Neovim runs it
+    then: str = ""                        # Lua run after it (nvim examples)
 
     @property
     def name(self) -> str:
@@ -97,13 +106,16 @@ def extract(path: Path) -> List[Example]:
                 raise DocError(f"{where}: doc-test marker before a {lang or 'plain'} block")
             continue
         lang = LANGS[lang]
-        skip = None
+        skip, host, then = None, None, ""
         if directive is not None:
-            m = _SKIP.match(directive)
-            if not m:
+            m, n = _SKIP.match(directive), _NVIM.match(directive)
+            if n and lang == "lua":
+                skip, host, then = NVIM_SKIP, "nvim", n.group(1) or ""
+            elif m:
+                skip = m.group(1)
+            else:
                 raise DocError(f"{where}: unknown doc-test marker {directive!r}")
-            skip = m.group(1)
-        out.append(Example(rel, line, lang, code, skip, scenarios))
+        out.append(Example(rel, line, lang, code, skip, scenarios, host, then))
     return out
 
 

@@ -71,7 +71,7 @@ def test_errors_are_picklable_across_processes(scen: Scenario) -> None:
 
 
 # ---------------------------------------------------------------------------
-# call_many (DESIGN §5)
+# call_many (docs/python.md)
 # ---------------------------------------------------------------------------
 
 def test_call_many_ordered_with_failures_in_place(scen: Scenario) -> None:

@@ -1,4 +1,4 @@
-"""Fallbacks, retry budgets and circuit breakers (issue 19, DESIGN §13)
+"""Fallbacks, retry budgets and circuit breakers (issue 19, docs/reliability.md)
 through the Python surface: the rules live in the core (tests/c/test_health.c
 has the same cases); here each is shown to reach Python users intact: the
 options, the error class and its fields, meta.target, the events, and
@@ -284,3 +284,49 @@ def test_cli_fallback_and_breaker_flags(scen: Any, tmp_path: Any) -> None:
     assert all("authorization" not in r["headers"] for r in recs)
     bad = run_module(["batch", str(req), "-o", str(res), "--retry-budget-ratio", "-1"])
     assert bad.returncode == 2 and "--retry-budget-ratio" in bad.stderr
+
+
+def test_a_stream_falls_back_before_its_first_chunk_not_after(scen: Any) -> None:
+    backup = scen.sub("backup")
+    backup.script([{"stream": {"chunks": 5}}])
+    scen.script([], after=DEAD)
+    body = dict(BODY, stream=True)
+    fallbacks = [{"model": "mb", "base_url": backup.url}]
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, **FAST) as client:
+        with client.stream_llm(body, base_url=scen.url, max_retries=0,
+                               fallbacks=fallbacks) as s:
+            text = "".join(s.text_deltas())
+            res = s.result()
+        assert text and res.meta.target == 1 and res.meta.model == "mb"
+        assert json.loads(backup.requests()[0]["body"])["model"] == "mb"
+        # Chunks read, then the stream breaks: no fallback (they would repeat).
+        # (chunks 100 ms apart: the first is read, the commit point, before the drop)
+        scen.script([{"stream": {"end": "drop", "after": 2, "chunks": 5, "delay_ms": 100}}])
+        with pytest.raises(llmretry.StreamInterruptedError):
+            with client.stream_llm(body, base_url=scen.url, max_retries=0,
+                                   fallbacks=fallbacks) as s:
+                for _ in s:
+                    pass
+    assert len(backup.requests()) == 1
+
+
+def test_a_429_falls_back_a_cancel_does_not(scen: Any) -> None:
+    backup = scen.sub("backup")
+    fallbacks = [{"base_url": backup.url}]
+    scen.script([{"status": 429}])
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, **FAST) as client:
+        _, meta = client.call_llm(BODY, base_url=scen.url, max_retries=0, fallbacks=fallbacks)
+        assert meta.target == 1
+        scen.script([], after={"delay_ms": 3000})
+
+        async def cancelled() -> None:
+            task = asyncio.ensure_future(
+                client.acall_llm(BODY, base_url=scen.url, fallbacks=fallbacks))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled())
+    time.sleep(0.2)
+    assert len(backup.requests()) == 1          # only the 429's fallback

@@ -1,5 +1,5 @@
 """Ctrl-C: a child process gets SIGINT while a call waits, and exits promptly
-with KeyboardInterrupt (DESIGN §5), in a backoff wait, during an attempt in
+with KeyboardInterrupt (docs/python.md), in a backoff wait, during an attempt in
 flight, inside map_with_concurrency and while a stream waits for a chunk;
 and the same under asyncio.run (its SIGINT handler cancels the main task,
 which cancels the call on the engine)."""

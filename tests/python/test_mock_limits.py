@@ -20,6 +20,10 @@ import pytest
 import llmretry
 from llmretry.testing import MockServer, ScriptError
 
+# Python only (the mock server, the type checker, version files): the
+# sanitizer and pipe-notifier passes skip it (tools/check.sh, pipe-notifier-test.sh).
+pytestmark = pytest.mark.pure_python
+
 Response = Tuple[int, Dict[str, str], Any]
 
 

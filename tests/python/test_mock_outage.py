@@ -17,6 +17,10 @@ import pytest
 
 from llmretry.testing import MockServer, ScriptError
 
+# Python only (the mock server, the type checker, version files): the
+# sanitizer and pipe-notifier passes skip it (tools/check.sh, pipe-notifier-test.sh).
+pytestmark = pytest.mark.pure_python
+
 Response = Tuple[int, Any]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -20,6 +20,10 @@ import pytest
 
 from llmretry.testing import MockServer
 
+# Python only (the mock server, the type checker, version files): the
+# sanitizer and pipe-notifier passes skip it (tools/check.sh, pipe-notifier-test.sh).
+pytestmark = pytest.mark.pure_python
+
 CHAT = "/v1/chat/completions"
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 

@@ -18,6 +18,10 @@ import pytest
 
 from llmretry.testing import MockServer, ScriptError
 
+# Python only (the mock server, the type checker, version files): the
+# sanitizer and pipe-notifier passes skip it (tools/check.sh, pipe-notifier-test.sh).
+pytestmark = pytest.mark.pure_python
+
 CHAT = "/v1/chat/completions"
 LE = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
 STREAM_BODY = {"model": "gpt-test", "stream": True,

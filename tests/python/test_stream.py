@@ -1,4 +1,4 @@
-"""llmretry.stream_llm against the mock's SSE scenarios (DESIGN §10): chunks
+"""llmretry.stream_llm against the mock's SSE scenarios (docs/streaming.md): chunks
 as they arrive, the commit point, interrupted streams, cancelling by leaving
 the block, backpressure, and bad arguments."""
 

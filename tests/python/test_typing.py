@@ -22,6 +22,10 @@ import pytest
 
 from conftest import PYTHON_DIR, ROOT, child_env
 
+# Python only (the mock server, the type checker, version files): the
+# sanitizer and pipe-notifier passes skip it (tools/check.sh, pipe-notifier-test.sh).
+pytestmark = pytest.mark.pure_python
+
 pytest.importorskip("mypy", reason="mypy not installed (tools/ensure-deps.sh installs it)")
 
 EXAMPLES = sorted((ROOT / "examples").glob("async_*.py"))

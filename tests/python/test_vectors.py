@@ -151,7 +151,7 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
     assert len(recs) == exp["requests"], f"server saw {len(recs)} requests"
     # One attempt is one request, but for the engine's free re-sends.
     assert len(recs) == got.attempts + exp.get("resends", 0), "one attempt must be one request"
-    # Sent as serialised, but a streaming dict asks for its usage (DESIGN §10).
+    # Sent as serialised, but a streaming dict asks for its usage (docs/streaming.md).
     sent = body
     if body.get("stream") is True and "stream_options" not in body:
         sent = dict(body, stream_options={"include_usage": True})

@@ -1,4 +1,4 @@
-/* llmretry/events.h — events (DESIGN §3): typed, read field by field or as JSON.
+/* llmretry/events.h — events (docs/reliability.md): typed, read field by field or as JSON.
  * Part of the public API: include <llmretry.h>, which includes every part. */
 #ifndef LLMRETRY_EVENTS_H
 #define LLMRETRY_EVENTS_H
@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------ */
-/* Events (DESIGN §3).                                                 */
+/* Events (docs/reliability.md).                                                 */
 /* ------------------------------------------------------------------ */
 typedef enum llmretry_event_type {
     LLMRETRY_EV_REQUEST_STARTED = 0,

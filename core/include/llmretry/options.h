@@ -1,4 +1,5 @@
-/* llmretry/options.h — the options of one call (DESIGN §2): a plain struct, its defaults and checks.
+/* llmretry/options.h — the options of one call (docs/reliability.md): a plain
+ * struct, its defaults and checks.
  * Part of the public API: include <llmretry.h>, which includes every part. */
 #ifndef LLMRETRY_OPTIONS_H
 #define LLMRETRY_OPTIONS_H
@@ -12,7 +13,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------ */
-/* Options of one call (DESIGN §2).                                    */
+/* Options of one call (docs/reliability.md).                                    */
 /* ------------------------------------------------------------------ */
 typedef enum llmretry_jitter {
     LLMRETRY_JITTER_ADDITIVE = 0, /* min(cap, base*2^n) + U(0, base) */
@@ -108,7 +109,7 @@ typedef struct llmretry_options {
      * bounded by length (its unread chunks are: stream_buffer_bytes). */
     int64_t max_response_bytes;
 
-    /* Client-side rate limits (DESIGN §12), per endpoint (URL + API key),
+    /* Client-side rate limits (docs/policies.md), per endpoint (URL + API key),
      * shared by every call of the engine: at most rpm requests and tpm
      * tokens a minute, paced evenly (a second's worth at most at once).
      * 0 = none configured (the server's x-ratelimit-* headers still pace). */
@@ -119,7 +120,7 @@ typedef struct llmretry_options {
      * corrected by the response's usage. A host with a tokenizer sets it. */
     int64_t estimated_tokens;
 
-    /* Endpoint health (DESIGN §13), per endpoint like rpm and tpm (the
+    /* Endpoint health (docs/reliability.md), per endpoint like rpm and tpm (the
      * latest call's values hold for it), shared by every call of the
      * engine. Retry budget: over a rolling 10 s, an endpoint's retries may
      * be at most retry_budget_ratio (0.2, >= 0) x its requests (first
@@ -136,7 +137,7 @@ typedef struct llmretry_options {
     int breaker_failures;
     int64_t breaker_cooldown_ms;
 
-    /* Fallback targets (DESIGN §13): JSON text of an array of objects
+    /* Fallback targets (docs/reliability.md): JSON text of an array of objects
      * {"model", "base_url" | "url", "api_key" | "api_key_env", "headers":
      * {name: value}} (NULL = none; at most LLMRETRY_MAX_FALLBACKS). When
      * the current target gives up for any reason but a cancel, a passed
@@ -150,7 +151,7 @@ typedef struct llmretry_options {
      * llmretry_options_set_json; never appears in messages. */
     const char *fallbacks;
 
-    /* Streaming (DESIGN §10): a call streams when its body says
+    /* Streaming (docs/streaming.md): a call streams when its body says
      * "stream": true; a text/event-stream response is read as SSE whatever
      * the body said. For a streaming request timeout_ms bounds the attempt
      * up to its first chunk, idle_timeout_ms (30000, > 0) each gap between
@@ -172,7 +173,7 @@ typedef struct llmretry_options {
     int stream_usage;
 
     /* 1 = each 2xx JSON response waits for llmretry_call_validated()
-     * from the host before the call succeeds (DESIGN §1). */
+     * from the host before the call succeeds (docs/design.md). */
     int validate;
     /* Which events to produce: bit (1u << type) for each llmretry_event_type.
      * LLMRETRY_EVENTS_ALL by default; 0 = none (the call still has its
@@ -192,7 +193,7 @@ typedef struct llmretry_options {
     void *user_data;
 } llmretry_options;
 
-/* Fill `o` with the defaults of DESIGN §2. */
+/* Fill `o` with the defaults of docs/reliability.md. */
 void llmretry_options_defaults(llmretry_options *o);
 
 /* Check every field; EINVAL with a message naming the field. */

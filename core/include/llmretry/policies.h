@@ -16,7 +16,7 @@ extern "C" {
 /* ------------------------------------------------------------------ */
 
 /* A policies document is a JSON object {name: {key: value, ...}, ...}; the
- * keys are llmretry_policy_key(0..), each with the rules of DESIGN §2
+ * keys are llmretry_policy_key(0..), each with the rules of docs/reliability.md
  * (types, ranges), plus base_url, model and idempotency_key ("auto" only).
  * JSON null in a policy means "unset" for base_url, model, deadline_ms,
  * retry_statuses and idempotency_key. Integers are exact JSON integers

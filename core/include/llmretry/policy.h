@@ -13,7 +13,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------ */
-/* Policy: pure functions (DESIGN §2), exposed for bindings and tests.  */
+/* Policy: pure functions (docs/reliability.md), exposed for bindings and tests.  */
 /* ------------------------------------------------------------------ */
 
 /* Server waits longer than this (~31.7 years) saturate at it: a number too
@@ -64,7 +64,7 @@ typedef struct llmretry_decision {
     int64_t retry_after_ms;        /* the usable server value, -1 = none */
 } llmretry_decision;
 
-/* Rules 1-7 of DESIGN §2 after attempt `attempt` (0-based) failed.
+/* Rules 1-7 of docs/reliability.md after attempt `attempt` (0-based) failed.
  * deadline_left_ms: time left before the deadline, or LLMRETRY_NO_DEADLINE.
  * A cancelled failure is `kind == LLMRETRY_ERR_CANCELLED`. */
 llmretry_decision llmretry_decide(const llmretry_options *o, const llmretry_failure *f,
@@ -76,7 +76,7 @@ llmretry_decision llmretry_decide(const llmretry_options *o, const llmretry_fail
 int64_t llmretry_attempt_timeout_ms(int64_t timeout_ms, int64_t deadline_left_ms);
 
 /* ------------------------------------------------------------------ */
-/* The batch pacer: pure, on the caller's clock (DESIGN §2, batches).  */
+/* The batch pacer: pure, on the caller's clock (docs/reliability.md, batches).  */
 /* ------------------------------------------------------------------ */
 
 /* How many items of a batch may run at once. A 429 that names a wait

@@ -1,4 +1,5 @@
-/* llmretry/result.h — error kinds, give-up reasons, token usage and a call's result (DESIGN §4).
+/* llmretry/result.h — error kinds, give-up reasons, token usage and a call's result
+ * (docs/python.md).
  * Part of the public API: include <llmretry.h>, which includes every part. */
 #ifndef LLMRETRY_RESULT_H
 #define LLMRETRY_RESULT_H
@@ -12,7 +13,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------ */
-/* Errors, usage and results (DESIGN §4).                              */
+/* Errors, usage and results (docs/python.md).                              */
 /* ------------------------------------------------------------------ */
 typedef enum llmretry_error_kind {
     LLMRETRY_ERR_NONE = 0,
@@ -42,7 +43,7 @@ typedef enum llmretry_giveup_reason {
     LLMRETRY_REASON_UNSAFE_MODE,
     LLMRETRY_REASON_CANCELLED,
     LLMRETRY_REASON_STREAM_INTERRUPTED,
-    /* The endpoint's retry budget is spent (DESIGN §13). */
+    /* The endpoint's retry budget is spent (docs/reliability.md). */
     LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED,
     /* The endpoint's circuit breaker is open. */
     LLMRETRY_REASON_CIRCUIT_OPEN
@@ -83,7 +84,7 @@ typedef struct llmretry_usage {
     int64_t total_tokens;
 } llmretry_usage;
 
-/* What one target of a call came to (fallbacks, DESIGN §13): target 0 is
+/* What one target of a call came to (fallbacks, docs/reliability.md): target 0 is
  * the caller's request. kind is NONE for the target that succeeded and
  * for targets never tried. Strings are the call's (valid until freed). */
 typedef struct llmretry_target_report {
