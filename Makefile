@@ -94,7 +94,8 @@ check:
 # against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
 # minutes; installs what it needs (apt-get, pip); not part of make test.
 # The suite (every client × concurrency), then the focused benchmarks of the
-# core, the Python API, batches, streaming, asyncio and rate limits, then the report:
+# core, the Python API, batches, streaming, asyncio, rate limits and the
+# OpenResty gateway, then the report:
 # BENCHMARKS.md + plots.
 bench: deps
 	$(PYTHON) bench/suite/run.py
@@ -104,6 +105,7 @@ bench: deps
 	bash bench/run_stream.sh > bench/results/stream.md
 	bash bench/run_async.sh > bench/results/async.md
 	bash bench/run_rate.sh > bench/results/rate.md
+	bash bench/run_openresty.sh > bench/results/openresty.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

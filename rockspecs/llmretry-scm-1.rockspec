@@ -51,6 +51,7 @@ build = {
       ["llmretry.core"] = {
          sources = {
             "bindings/lua/calls.c",
+            "bindings/lua/channel.c",
             "bindings/lua/encode.c",
             "bindings/lua/engine.c",
             "bindings/lua/json.c",
@@ -70,6 +71,7 @@ build = {
             "core/src/json.c",
             "core/src/mailbox.c",
             "core/src/notifier.c",
+            "core/src/notifier_socket.c",
             "core/src/option_table.c",
             "core/src/options.c",
             "core/src/origins.c",
@@ -97,6 +99,7 @@ build = {
       },
       llmretry = "lua/llmretry/init.lua",
       ["llmretry.args"] = "lua/llmretry/args.lua",
+      ["llmretry.mailbox"] = "lua/llmretry/mailbox.lua",
       ["llmretry.verdict"] = "lua/llmretry/verdict.lua",
       ["llmretry.nvim"] = "lua/llmretry/nvim.lua",
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",

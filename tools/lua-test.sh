@@ -3,7 +3,8 @@
 # (Lua 5.1 ABI) into local trees under build-lua/, then run tests/lua with
 # busted under lua5.4 and under luajit. Fails when either run fails.
 #
-# Installs what is missing with apt-get (as root, else sudo). LuaJIT comes
+# Installs what is missing with apt-get (as root, else sudo); lua-socket is
+# for tests/lua/channel_spec.lua, which connects to a socket channel. LuaJIT comes
 # from luajit2 / libluajit2-5.1-dev, not luajit / libluajit-5.1-dev: those
 # conflict with Debian's nginx Lua module (libnginx-mod-http-lua replaces libluajit-5.1-2). The mock
 # server is the Python package's llmretry.testing, so the Python extension
@@ -27,7 +28,7 @@ esac
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
-debs=(lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks lua-busted
+debs=(lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks lua-busted lua-socket
       curl libcurl4-openssl-dev libcjson-dev gcc make python3)
 missing=()
 for p in "${debs[@]}"; do

@@ -622,6 +622,11 @@ FOCUSED = [
      "minute per one-second window: `call_many` with `rpm`/`tpm` and with the limits "
      "learned from the headers, the openai SDK's retries in 64 threads and a "
      "cookbook-style asyncio processor (bench/README.md, \"Rate-limit benchmark\")."),
+    ("openresty.md", "OpenResty: a gateway at 1,000 concurrent clients",
+     "bash bench/run_openresty.sh",
+     "Calls/s and latency through one nginx worker calling the 50 ms endpoint for each of "
+     "1,000 concurrent downstream clients: `llmretry.openresty` against a cosocket client "
+     "in a retry loop, as gateways do today (bench/README.md, \"OpenResty benchmark\")."),
 ]
 
 

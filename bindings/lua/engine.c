@@ -92,7 +92,7 @@ static lr_engine *check_engine(lua_State *L)
     return eng;
 }
 
-static llmretry_engine *check_open_engine(lua_State *L)
+llmretry_engine *check_open_engine(lua_State *L)
 {
     lr_engine *eng = check_engine(L);
     if (!eng->e)
@@ -196,13 +196,16 @@ int engine_submit(lua_State *L)
             rename_header_error(&o, err, sizeof err);
         return lr_fail(L, "%s", err[0] ? err : llmretry_status_name(st));
     }
-    /* engine:poll (group:poll for a group's calls) finds the handle of a
-     * call through this weak table. */
+    /* engine:poll (group:poll for a group's calls, channel:poll for a
+     * channel's) finds the handle of a call through this weak table. */
     lua_getfield(L, 2, "group");
     lr_group *gr = o.group ? lua_touserdata(L, -1) : NULL;
     lua_pop(L, 1);
     if (gr && gr->poll) {
         lua_getfield(L, 2, "group");
+        lr_getuservalue(L, -1);
+    } else if (o.channel) {
+        lua_getfield(L, 2, "channel");
         lr_getuservalue(L, -1);
     } else {
         lr_getuservalue(L, 1);
@@ -229,8 +232,6 @@ int engine_fd(lua_State *L)
     return 1;
 }
 
-typedef size_t (*poll_fn)(void *src, llmretry_call **calls, size_t max);
-
 static size_t poll_engine(void *src, llmretry_call **calls, size_t max)
 {
     return llmretry_engine_poll(src, calls, max);
@@ -243,7 +244,7 @@ static size_t poll_group(void *src, llmretry_call **calls, size_t max)
 
 /* The handles with news from `src`, through the weak call->handle table in
  * the uservalue of the userdata at index 1. Leaves the array on top. */
-static int push_polled(lua_State *L, void *src, poll_fn fetch)
+int push_polled(lua_State *L, void *src, poll_fn fetch)
 {
     size_t max = SIZE_MAX;
     if (!lua_isnoneornil(L, 2))

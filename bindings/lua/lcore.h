@@ -7,6 +7,7 @@
  *   calls.c          error tables, events, results, handles
  *   options.c        a Lua table of options -> llmretry_options
  *   engine.c         engines and groups
+ *   channel.c        channels (one consumer's view of an engine; OpenResty's socket)
  *   policies.c       named policies and ids, checked by the core */
 #ifndef LLMRETRY_LUA_LCORE_H
 #define LLMRETRY_LUA_LCORE_H
@@ -20,6 +21,7 @@
 
 #define ENGINE_MT "llmretry.engine"
 #define GROUP_MT "llmretry.group"
+#define CHANNEL_MT "llmretry.channel"
 #define HANDLE_MT "llmretry.handle"
 #define ERROR_MT "llmretry.error"
 #define ARRAY_MT "llmretry.array_mt"
@@ -57,6 +59,11 @@ typedef struct lr_group {
     llmretry_group *g;
     int poll;                      /* its calls report to group:poll (else engine:poll) */
 } lr_group;
+
+typedef struct lr_chan {
+    llmretry_channel *ch;          /* NULL once closed */
+    int socket;                    /* a socket channel (llmretry_channel_new_socket) */
+} lr_chan;
 
 int lr_fail(lua_State *L, const char *fmt, ...) LR_PRINTF(2, 3);
 
@@ -99,6 +106,11 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body);
 void rename_header_error(const llmretry_options *o, char *err, size_t errlen);
 
 /* engine.c: engines and groups */
+llmretry_engine *check_open_engine(lua_State *L);
+/* The handles with news from `src` (fetch: its poll), found through the
+ * weak call -> handle table in the uservalue of the userdata at index 1. */
+typedef size_t (*poll_fn)(void *src, llmretry_call **calls, size_t max);
+int push_polled(lua_State *L, void *src, poll_fn fetch);
 int engine_close(lua_State *L);
 int engine_fd(lua_State *L);
 int engine_endpoint_stats(lua_State *L);
@@ -117,6 +129,16 @@ int group_tostring(lua_State *L);
 int group_wait(lua_State *L);
 int l_check_options(lua_State *L);
 int l_new_engine(lua_State *L);
+
+/* channel.c: channels */
+int engine_channel(lua_State *L);
+int channel_accept(lua_State *L);
+int channel_close(lua_State *L);
+int channel_fd(lua_State *L);
+int channel_path(lua_State *L);
+int channel_poll(lua_State *L);
+int channel_tostring(lua_State *L);
+int channel_wait(lua_State *L);
 
 /* policies.c: named policies and ids (the core's) */
 int l_parse_policies(lua_State *L);

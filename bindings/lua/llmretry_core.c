@@ -14,6 +14,9 @@
  *       on the engine thread; submit with opts.group; its calls report to
  *       group:fd(), group:poll([max]), group:wait(ms) (not the engine's);
  *       group:stats(), group:close()
+ *     engine:channel([{socket = true}]) -> channel: submit with opts.channel;
+ *       its calls report to channel:poll([max]) (channel.c); a socket
+ *       channel's host connects to channel:path(), then channel:accept()
  *   handle:next() -> "event", t | "validate", body | "done" | nil
  *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
  *   handle:cancel(), handle:request_id(), handle:done()
@@ -164,9 +167,20 @@ static const luaL_Reg group_methods[] = {
     { NULL, NULL },
 };
 
+static const luaL_Reg channel_methods[] = {
+    { "poll", channel_poll },
+    { "fd", channel_fd },
+    { "wait", channel_wait },
+    { "path", channel_path },
+    { "accept", channel_accept },
+    { "close", channel_close },
+    { NULL, NULL },
+};
+
 static const luaL_Reg engine_methods[] = {
     { "submit", engine_submit },
     { "group", engine_group },
+    { "channel", engine_channel },
     { "fd", engine_fd },
     { "forked", engine_forked },
     { "poll", engine_poll },
@@ -226,6 +240,8 @@ static void register_types(lua_State *L)
     new_class(L, HANDLE_MT, handle_methods, handle_gc, handle_tostring);
     lua_pop(L, 1);
     new_class(L, GROUP_MT, group_methods, group_close, group_tostring);
+    lua_pop(L, 1);
+    new_class(L, CHANNEL_MT, channel_methods, channel_close, channel_tostring);
     lua_pop(L, 1);
 
     new_metatable(L, SBUF_MT);

@@ -17,7 +17,8 @@
 
 /* Keys of this binding that are not options of the core's table (the
  * core's option table names the others, with their types and ranges). */
-static const char *const HOST_KEYS[] = { "body", "validate", "group", "stream_chunks", NULL };
+static const char *const HOST_KEYS[] = { "body", "validate", "group", "channel", "stream_chunks",
+                                         NULL };
 
 static int known_key(const char *name)
 {
@@ -207,7 +208,7 @@ static void opt_one(lua_State *L, int idx, const llmretry_option_info *opt, llmr
 
 /* The keys of this binding's own: validate (a flag here: the function is
  * the Lua side's), stream_chunks (handle:next() gives "chunk" items:
- * llm.stream_llm) and group. */
+ * llm.stream_llm), group and channel. */
 static void host_opts(lua_State *L, int t, llmretry_options *o)
 {
     char buf[64];
@@ -231,6 +232,17 @@ static void host_opts(lua_State *L, int t, llmretry_options *o)
         if (!gr->g)
             lr_fail(L, "group is closed");
         o->group = gr->g;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "channel");
+    if (!lua_isnil(L, -1)) {
+        lr_chan *c = lr_testudata(L, -1, CHANNEL_MT);
+        if (!c)
+            lr_fail(L, "channel must be a channel from engine:channel() (got %s)",
+                    got(L, -1, buf, sizeof buf));
+        if (!c->ch)
+            lr_fail(L, "channel is closed");
+        o->channel = c->ch;
     }
     lua_pop(L, 1);
 }

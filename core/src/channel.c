@@ -2,8 +2,10 @@
  * have news without waiting on each. A channel is a ready list plus a
  * notifier that is readable exactly while the list is non-empty; both change
  * under the engine's mutex. The engine has a default channel, each group has
- * one, and a host may make more (llmretry_channel_new: one per event loop),
- * so two consumers never take each other's calls. */
+ * one, and a host may make more (llmretry_channel_new: one per event loop;
+ * llmretry_channel_new_socket: one per nginx worker, whose notifier is a
+ * unix socket it connects to), so two consumers never take each other's
+ * calls. */
 #include "engine.h"
 
 #include <poll.h>
@@ -19,6 +21,12 @@ int lr_channel_init(lr_channel *r)
 {
     r->head = r->tail = NULL;
     return lr_notifier_open(&r->notifier);
+}
+
+int lr_channel_init_socket(lr_channel *r, char *err, size_t errlen)
+{
+    r->head = r->tail = NULL;
+    return lr_notifier_listen(&r->notifier, err, errlen);
 }
 
 void lr_channel_close(lr_channel *r)
@@ -88,8 +96,8 @@ llmretry_status lr_channel_wait(const lr_channel *r, int64_t timeout_ms)
 
 /* ---- public: channels a host makes ------------------------------------- */
 
-llmretry_status llmretry_channel_new(llmretry_engine *e, llmretry_channel **out,
-                                     char *err, size_t errlen)
+static llmretry_status channel_new(llmretry_engine *e, int socket, llmretry_channel **out,
+                                   char *err, size_t errlen)
 {
     if (!e || !out) {
         lr_errf(err, errlen, "%s must not be NULL", !e ? "engine" : "out");
@@ -99,7 +107,12 @@ llmretry_status llmretry_channel_new(llmretry_engine *e, llmretry_channel **out,
     llmretry_channel *ch = calloc(1, sizeof *ch);
     if (!ch)
         return LLMRETRY_ENOMEM;
-    if (lr_channel_init(&ch->ch) != 0) {
+    if (socket) {
+        if (lr_channel_init_socket(&ch->ch, err, errlen) != 0) {
+            free(ch);
+            return LLMRETRY_EINTERNAL;
+        }
+    } else if (lr_channel_init(&ch->ch) != 0) {
         free(ch);
         lr_errf(err, errlen, "could not create the channel's notifier (%s)", llmretry_notifier_kind());
         return LLMRETRY_EINTERNAL;
@@ -108,6 +121,44 @@ llmretry_status llmretry_channel_new(llmretry_engine *e, llmretry_channel **out,
     ch->engine = e;
     lr_engine_ref(e);
     *out = ch;
+    return LLMRETRY_OK;
+}
+
+llmretry_status llmretry_channel_new(llmretry_engine *e, llmretry_channel **out,
+                                     char *err, size_t errlen)
+{
+    return channel_new(e, 0, out, err, errlen);
+}
+
+llmretry_status llmretry_channel_new_socket(llmretry_engine *e, llmretry_channel **out,
+                                            char *err, size_t errlen)
+{
+    return channel_new(e, 1, out, err, errlen);
+}
+
+const char *llmretry_channel_socket_path(const llmretry_channel *ch)
+{
+    return lr_notifier_path(&ch->ch.notifier);
+}
+
+llmretry_status llmretry_channel_accept(llmretry_channel *ch, int64_t timeout_ms, char *err,
+                                        size_t errlen)
+{
+    if (lr_forked(ch->engine)) {
+        lr_errf(err, errlen, "the channel belongs to the parent process");
+        return LLMRETRY_ESTATE;
+    }
+    int fd;
+    llmretry_status st = lr_notifier_accept(&ch->ch.notifier, timeout_ms, &fd, err, errlen);
+    if (st != LLMRETRY_OK)
+        return st;
+    /* The engine thread signals under the mutex. News published before the
+     * host connected found nobody to write to: it is told now. */
+    pthread_mutex_lock(&ch->engine->mu);
+    ch->ch.notifier.wfd = fd;
+    if (ch->ch.head)
+        lr_notifier_signal(&ch->ch.notifier);
+    pthread_mutex_unlock(&ch->engine->mu);
     return LLMRETRY_OK;
 }
 
@@ -154,5 +205,7 @@ size_t llmretry_channel_poll(llmretry_channel *ch, llmretry_call **calls, size_t
 
 llmretry_status llmretry_channel_wait(llmretry_channel *ch, int64_t timeout_ms)
 {
+    if (ch->ch.notifier.is_socket)
+        return LLMRETRY_ESTATE;     /* its host waits at its own end of the socket */
     return lr_channel_wait(&ch->ch, timeout_ms);
 }

@@ -82,15 +82,32 @@ typedef enum lr_state {
 } lr_state;
 
 /* A file descriptor readable exactly while something waits (notifier.c):
- * an eventfd (rfd == wfd) where there is one, else a pipe. */
+ * an eventfd (rfd == wfd) where there is one, else a pipe. Or, for a host
+ * that can only connect to an address (an nginx cosocket), a unix socket
+ * (notifier_socket.c): wfd is the connection the host made, rfd is -1, and
+ * each signal is one byte that the host reads at its own end. */
+typedef struct lr_listener lr_listener;
 typedef struct lr_notifier {
     int rfd, wfd;
+    int is_socket;
+    lr_listener *listener;         /* a socket notifier's until accepted */
 } lr_notifier;
 
 int lr_notifier_open(lr_notifier *n);
 void lr_notifier_close(lr_notifier *n);
 void lr_notifier_signal(lr_notifier *n);
 void lr_notifier_clear(lr_notifier *n);
+
+/* notifier_socket.c: listen on a fresh path in a private directory (0 on
+ * success); the path (NULL once accepted); take the one connection to it
+ * within timeout_ms (its fd in *fd: the caller stores it in wfd under the
+ * engine mutex); and the socket kind's signal and close. */
+int lr_notifier_listen(lr_notifier *n, char *err, size_t errlen);
+const char *lr_notifier_path(const lr_notifier *n);
+llmretry_status lr_notifier_accept(lr_notifier *n, int64_t timeout_ms, int *fd, char *err,
+                                   size_t errlen);
+void lr_notifier_socket_signal(lr_notifier *n);
+void lr_notifier_socket_close(lr_notifier *n);
 
 /* A channel (channel.c): calls with news for a poll-mode host, and a
  * notifier readable exactly while the list is non-empty. Guarded by the
@@ -102,6 +119,8 @@ typedef struct lr_channel {
 } lr_channel;
 
 int lr_channel_init(lr_channel *r);
+/* A channel whose notifier is a unix socket (llmretry_channel_new_socket). */
+int lr_channel_init_socket(lr_channel *r, char *err, size_t errlen);
 void lr_channel_close(lr_channel *r);
 /* Under the engine mutex: add (engine thread), take, remove. */
 int lr_channel_add(lr_channel *r, llmretry_call *c);

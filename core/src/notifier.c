@@ -1,9 +1,11 @@
 /* Notifiers: a file descriptor that is readable exactly while something is
  * waiting, for hosts that join the engine from an event loop (asyncio's
- * add_reader, libuv's poll, a cosocket). Two back-ends behind one interface,
- * as curl keeps its resolvers: an eventfd where the system has one (Linux),
- * else a pipe (macOS, the BSDs). -DLLMRETRY_PIPE_NOTIFIER forces the pipe so
- * Linux CI tests the path the other systems take. */
+ * add_reader, libuv's poll). Two back-ends behind one interface, as curl
+ * keeps its resolvers: an eventfd where the system has one (Linux), else a
+ * pipe (macOS, the BSDs). -DLLMRETRY_PIPE_NOTIFIER forces the pipe so Linux
+ * CI tests the path the other systems take. A host that cannot watch a
+ * descriptor it did not open asks for the third kind, a unix socket it
+ * connects to (notifier_socket.c), which signal and close hand over to. */
 #include "internal.h"
 
 #include <errno.h>
@@ -39,6 +41,8 @@ static int set_flags(int fd)
 
 int lr_notifier_open(lr_notifier *n)
 {
+    n->is_socket = 0;
+    n->listener = NULL;
 #ifdef LR_USE_EVENTFD
     n->rfd = n->wfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     return n->rfd < 0 ? -1 : 0;
@@ -60,6 +64,10 @@ int lr_notifier_open(lr_notifier *n)
 
 void lr_notifier_close(lr_notifier *n)
 {
+    if (n->is_socket) {
+        lr_notifier_socket_close(n);
+        return;
+    }
     if (n->wfd >= 0 && n->wfd != n->rfd)
         close(n->wfd);
     if (n->rfd >= 0)
@@ -71,6 +79,10 @@ void lr_notifier_close(lr_notifier *n)
  * way back, so a pipe holds at most one byte and never fills. */
 void lr_notifier_signal(lr_notifier *n)
 {
+    if (n->is_socket) {
+        lr_notifier_socket_signal(n);
+        return;
+    }
 #ifdef LR_USE_EVENTFD
     uint64_t one = 1;
     ssize_t w = write(n->wfd, &one, sizeof one);
@@ -86,6 +98,8 @@ void lr_notifier_signal(lr_notifier *n)
 
 void lr_notifier_clear(lr_notifier *n)
 {
+    if (n->is_socket)
+        return;                     /* the host reads its bytes at its own end */
 #ifdef LR_USE_EVENTFD
     uint64_t v;
     ssize_t r = read(n->rfd, &v, sizeof v);

@@ -114,61 +114,9 @@ local function submit(engine, sub, level)
   return h
 end
 
--- ---------------------------------------------------------------------------
--- The mailbox of one call: events to the logger, validation on this thread.
-
-local function report_logger_error(ev, e, ctx)
-  if ctx.reported then return end
-  ctx.reported = true
-  local stderr = io.stderr
-  if stderr then
-    pcall(stderr.write, stderr, string.format(
-      "llmretry: the logger raised on %s (request_id=%s): %s; the call goes on (later "
-        .. "logger errors of this call are not reported)\n",
-      tostring(ev.event), tostring(ev.request_id), tostring(e)))
-  end
-end
-
-local verdict_of = require("llmretry.verdict").of
-
-local decode = core.decode
-
--- Take every item now in h's mailbox. True once the call is done.
-local function drain(h, ctx)
-  while true do
-    local kind, value = h:next()
-    if kind == nil then
-      return false
-    elseif kind == "done" then
-      return true
-    elseif kind == "event" then
-      local logger = ctx.logger
-      if logger then
-        local ok, e = pcall(logger, value)
-        if not ok then report_logger_error(value, e, ctx) end
-      end
-    elseif kind == "chunk" then
-      -- A stream's chunk (llm.stream_llm): decoded, to the caller's on_chunk.
-      -- The first one read is the commit point: no retry after it.
-      local chunk = decode(value)
-      if chunk ~= nil and ctx.on_chunk and not ctx.chunk_error then
-        local ok, e = pcall(ctx.on_chunk, chunk)
-        if not ok then
-          -- The caller's own bug: stop the stream, raise once it has ended.
-          ctx.chunk_error = e
-          h:cancel()
-        end
-      end
-    elseif kind == "validate" then
-      if ctx.validate then
-        local ok, msg = verdict_of(ctx.validate, value)
-        h:validated(ok, msg)
-      else
-        h:validated(true)
-      end
-    end
-  end
-end
+-- The mailbox of one call: events to the logger, validation and chunks on
+-- this thread (llmretry.mailbox).
+local drain = require("llmretry.mailbox").drain
 
 -- ---------------------------------------------------------------------------
 -- Engines: the default one, made on first use, one per Lua state.
@@ -351,7 +299,15 @@ M._map_with_concurrency = map_impl
 -- (opts.adaptive, default true), and opts.deadline_ms bounds the WHOLE batch
 -- (items not started in time fail with deadline_exceeded; a per-call
 -- deadline is opts.call_deadline_ms), as in Python's call_many.
-local function call_many_impl(bodies, opts, new_key)
+--
+-- `host` (nil here) lets another adapter run the batch on its own engine and
+-- wait its own way (llmretry.openresty: a worker's engine, an ngx.semaphore):
+-- host.engine; host.channel, to which the group's calls report (the group
+-- only paces them); host.source(group) -> what run_loop waits on
+-- (poll() -> handles, wait(ms) -> false when nothing came), told of each
+-- call with source:add(h) and of its end with source:forget(h);
+-- host.report(ev, e), a logger's first error.
+local function call_many_impl(bodies, opts, new_key, host)
   if type(bodies) ~= "table" then argerror(2, "bodies", "a table (array)", bodies) end
   check_array(2, "bodies", bodies)
   if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
@@ -417,9 +373,12 @@ local function call_many_impl(bodies, opts, new_key)
   end
   if n == 0 then return outs end
 
+  if host then engine = host.engine end
   local owned = engine == nil
   engine = engine or core.new_engine()
-  local group = engine:group{ limit = limit, deadline_ms = batch_deadline, adaptive = adaptive }
+  local group = engine:group{ limit = limit, deadline_ms = batch_deadline, adaptive = adaptive,
+    poll = not host }
+  local source = host and host.source(group) or group
   -- Keep the group's queue ahead of its pacer without holding every call of
   -- a huge batch at once.
   local ahead = 4 * limit + 64
@@ -437,15 +396,19 @@ local function call_many_impl(bodies, opts, new_key)
       -- A policy's idempotency_key = "auto": a fresh key per item.
       if new_key then s.idempotency_key = new_key() end
       -- Each call has its own logger state (one stderr report per call).
-      local c = { logger = ctx.logger, validate = ctx.validate, reported = false }
+      local c = { logger = ctx.logger, validate = ctx.validate, reported = false,
+        report = host and host.report or nil }
+      if host then s.channel = host.channel end
       -- pcall: an error raised here must not carry this file's position.
       local ok, h = pcall(engine.submit, engine, s)
       if not ok then error(h, 0) end
+      if host then source:add(h) end
       payloads[i] = nil
       active = active + 1
       local function take(hh)
         if drain(hh, c) then
           watch[hh] = nil
+          if host then source:forget(hh) end
           active = active - 1
           local res, err = hh:result()
           outs[i] = res or err
@@ -458,7 +421,7 @@ local function call_many_impl(bodies, opts, new_key)
 
   local ok, perr = pcall(function()
     start()
-    scheduler.run_loop(group, watch, function() return active == 0 and next_i > n end,
+    scheduler.run_loop(source, watch, function() return active == 0 and next_i > n end,
       function() start() return false end)
   end)
   outs.stats = group:stats()

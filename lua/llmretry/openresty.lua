@@ -1,7 +1,7 @@
 -- llmretry.openresty: LLM calls from OpenResty / nginx Lua handlers that
--- never block the nginx worker.
+-- never block the nginx worker, and no thread per call.
 --
---   -- nginx.conf, main context:  thread_pool default threads=16 max_queue=1000;
+--   init_worker_by_lua_block { require("llmretry.openresty").init_worker() }  -- optional
 --   location /summary {
 --     content_by_lua_block {
 --       local llm = require("llmretry.openresty")
@@ -9,159 +9,494 @@
 --     }
 --   }
 --
--- How it works. call_llm hands the call to ngx.run_worker_thread: the
--- request's coroutine yields (the worker goes on serving other requests and
--- timers) while a thread of an nginx thread_pool runs llmretry.call_llm in
--- its own Lua state, blocking only that pool thread. Each of those Lua
--- states keeps a default engine (one connection cache) for the calls it
--- runs. Calls run at once up to the pool's `threads` per worker; the others
--- wait in its queue (`max_queue`, beyond which run_worker_thread fails).
+-- How it works. Each worker has one engine (made by init_worker, else on
+-- the first call), shared by every request of the worker: one I/O thread,
+-- one connection cache, one set of limits. Its calls report to one socket
+-- channel of that engine. A dispatcher, a light thread started with
+-- ngx.timer.at, connects a cosocket to that channel (an nginx cosocket can
+-- connect to "unix:/path" but cannot watch a descriptor it did not open:
+-- the core writes one byte to that connection whenever the channel has
+-- news), reads the bytes, polls the channel until it is empty, and posts
+-- the ngx.semaphore of each request whose call has news. The request's
+-- light thread then reads its call's mailbox itself: loggers, validate
+-- and on_chunk run in the request, as events and chunks arrive. Nothing
+-- blocks the worker, and no Lua runs off it.
 --
--- Only plain values cross between the two Lua states (no functions, no
--- metatables), so:
---   * the body is encoded to JSON here, on the request side (a misspelt
---     option or a value that cannot be encoded raises before any I/O);
---   * `logger` (a function) runs here, with each event of the call, in order,
---     once the call has finished;
---   * `validate` is named, not passed: { module = "myapp.checks", func = "f" }
---     is require("myapp.checks").f, run on the pool thread (keep it pure: the
---     ngx API is not available there);
---   * the result is rebuilt here: res.data decoded from res.body (llmretry's
---     JSON conventions: llmretry.null, array markers), err with llmretry's
---     error metatable (tostring(err), llmretry.is_error(err)).
--- Usable where ngx.run_worker_thread is: rewrite_by_lua*, access_by_lua*,
--- content_by_lua* (Debian 12: nginx 1.22 with libnginx-mod-http-lua 0.10.23).
+-- A call whose client goes away is cancelled (with lua_check_client_abort
+-- on: this module registers the request's ngx.on_abort); a worker that
+-- exits (reload, quit) lets its calls in flight finish, then stops its
+-- dispatcher so that the worker can exit.
+--
+-- Usable where ngx.semaphore can wait: rewrite_by_lua*, access_by_lua*,
+-- content_by_lua*, ngx.timer callbacks (Debian 12: nginx 1.22 with
+-- libnginx-mod-http-lua 0.10.23 and lua-resty-core).
+
+local core = require("llmretry.core")
+local semaphore = require("ngx.semaphore")
+local llm = require("llmretry")
+local args = require("llmretry.args")
+local drain = require("llmretry.mailbox").drain
+
+local type, pairs, tostring, error, pcall, next = type, pairs, tostring, error, pcall, next
+local setmetatable, collectgarbage = setmetatable, collectgarbage
+local string = string
+local ngx = ngx
+
+local argerror, is_callable, is_integer = args.argerror, args.is_callable, args.is_integer
 
 local M = {}
 
--- The thread pool calls go to, unless opts.thread_pool names another.
-M.thread_pool = "default"
+M.encode = core.encode
+M.decode = core.decode
+M.null = core.null
+M.array_mt = core.array_mt
+M.empty_array = core.empty_array
+M.error_mt = core.error_mt
+M.is_error = llm.is_error
 
-local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
-local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
-local string = string
+-- The worker engine's max_in_flight when init_worker does not say: a
+-- gateway holds many long calls at once (the core's own default is 256).
+M.DEFAULT_MAX_IN_FLIGHT = 1024
 
-local typename = type
+-- A request waits this long (seconds) for its semaphore before it looks at
+-- its call itself: a wake-up lost to a bug costs a second, not the call.
+-- Without a dispatcher (it failed, or the worker is exiting) requests look
+-- every POLL_S instead.
+local WAIT_S, POLL_S = 1, 0.02
+-- The dispatcher's read timeout (ms): as long as the cosocket allows, since
+-- nginx logs every cosocket timeout; it wakes on news or the channel's end.
+local READ_TIMEOUT_MS = 2 ^ 31 - 1
 
-local function argerror(level, name, want, got)
-  error(string.format("llmretry: %s must be %s (got %s)", name, want, typename(got)), level + 1)
-end
+local function log_err(...) ngx.log(ngx.ERR, "llmretry: ", ...) end
 
-local function is_callable(v)
-  if type(v) == "function" then return true end
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__call")) == "function"
-end
-
--- ---------------------------------------------------------------------------
--- The pool thread's side (its own Lua state).
-
-local function resolve_validate(spec)
-  local ok, mod = pcall(require, spec.module)
-  if not ok then
-    error(string.format("llmretry: validate.module %q cannot be loaded: %s", spec.module,
-      tostring(mod)), 0)
-  end
-  local fn = type(mod) == "table" and mod[spec.func] or nil
-  if not is_callable(fn) then
-    error(string.format("llmretry: validate: %s.%s is not a function", spec.module, spec.func), 0)
-  end
-  return fn
-end
-
--- ngx.run_worker_thread(pool, "llmretry.openresty", "run", opts, want_events)
--- -> a plain table: { ok = true, body =, meta =, events = } or
---    { ok = false, err =, events = }. Misuse raises (the request side re-raises).
-function M.run(opts, want_events)
-  local llm = require("llmretry")
-  local events = nil
-  if want_events then
-    events = {}
-    opts.logger = function(ev) events[#events + 1] = ev end
-  end
-  if opts.validate ~= nil then opts.validate = resolve_validate(opts.validate) end
-  local res, err = llm.call_llm(opts)
-  if res then
-    return { ok = true, body = res.body, meta = res.meta, events = events }
-  end
-  local plain = {}
-  for k, v in pairs(err) do plain[k] = v end
-  return { ok = false, err = plain, events = events }
+-- The first error a call's logger raises goes to the error log (the call goes on).
+local function report_logger_error(ev, e)
+  log_err("the logger raised on ", tostring(ev.event), " (request_id=", tostring(ev.request_id),
+    "): ", tostring(e), "; the call goes on (later logger errors of this call are not reported)")
 end
 
 -- ---------------------------------------------------------------------------
--- The request's side.
+-- The worker's engine and its dispatch.
+--
+-- W = { engine, d, exiting }: one per worker (this chunk's upvalue; each
+-- worker has its own Lua VM). d = { channel, path, waiting, state }: the
+-- channel the worker's calls report to, and who waits for which:
+-- waiting maps a handle to its waiter { sema, ready }, weak both ways, so
+-- that a request killed while it waits leaves nothing behind (its handles
+-- are collected, which cancels their calls). state: "starting" (the
+-- dispatcher has not connected yet), "running", or "stopped" (none: the
+-- requests look for themselves every POLL_S); closed once stop() closed its
+-- channel.
 
-local LOCAL_OPTIONS = { logger = true, thread_pool = true }
+local W = nil
 
--- call_llm(opts) -> res | nil, err, as llmretry.call_llm; the request's
--- coroutine yields until a pool thread has run the call.
-function M.call_llm(opts)
-  if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
-  local core = require("llmretry.core")
-  local logger = opts.logger
-  if logger ~= nil and logger ~= false and not is_callable(logger) then
-    argerror(2, "logger", "a function, false or nil", logger)
-  end
-  local pool = opts.thread_pool
-  if pool == nil then pool = M.thread_pool end
-  if type(pool) ~= "string" then argerror(2, "thread_pool", "a string", pool) end
-  local v = opts.validate
-  if v ~= nil and v ~= false then
-    if type(v) ~= "table" or type(v.module) ~= "string" or type(v.func) ~= "string" then
-      error("llmretry: validate must be { module = \"name\", func = \"name\" } in OpenResty: "
-        .. "the call runs in another Lua state, where a function cannot be passed (got "
-        .. typename(v) .. ")", 2)
-    end
-  end
-  if opts.engine ~= nil then
-    error("llmretry: engine is not an option of llmretry.openresty (each pool thread's Lua "
-      .. "state has its own)", 2)
-  end
-  local args = {}
-  for k, val in pairs(opts) do
-    if not LOCAL_OPTIONS[k] then args[k] = val end
-  end
-  if v == false then args.validate = nil else args.validate = v and { module = v.module,
-    func = v.func } end
-  local body = opts.body
-  if type(body) == "table" then
-    local ok, text = pcall(core.encode, body)
-    if not ok then error(text, 2) end
-    args.body = text
-    if args.model == nil and type(body.model) == "string" then args.model = body.model end
-  elseif type(body) ~= "string" then
-    argerror(2, "body", "a table or a JSON string", body)
-  end
-  local want_events = logger and true or false
-
-  local ok, out = ngx.run_worker_thread(pool, "llmretry.openresty", "run", args, want_events)
-  if not ok then
-    error("llmretry: ngx.run_worker_thread failed: " .. tostring(out), 2)
-  end
-
-  if want_events and type(out.events) == "table" then
-    local reported = false
-    for _, ev in ipairs(out.events) do
-      local lok, e = pcall(logger, ev)
-      if not lok and not reported then
-        reported = true
-        ngx.log(ngx.ERR, "llmretry: the logger raised on ", tostring(ev.event), " (request_id=",
-          tostring(ev.request_id), "): ", tostring(e),
-          "; later logger errors of this call are not reported")
+-- Post the waiter of every call with news on d's channel, until it is empty.
+local function wake(d)
+  local ch, waiting = d.channel, d.waiting
+  while true do
+    local hs = ch:poll()
+    local n = #hs
+    if n == 0 then return end
+    for i = 1, n do
+      local h = hs[i]
+      local waiter = waiting[h]
+      if waiter then
+        local ready = waiter.ready
+        if ready then ready[#ready + 1] = h end
+        -- One pending post is enough: the waiter reads everything there is.
+        local sema = waiter.sema
+        if sema:count() <= 0 then sema:post(1) end
       end
     end
   end
+end
 
-  if out.ok then
-    local data, derr = core.decode(out.body)
-    if data == nil then
-      -- The engine only returns a success whose body parsed; keep the text.
-      error("llmretry: the response body no longer decodes: " .. tostring(derr), 2)
+-- Nobody waits on d. Entries of requests killed while they waited go with
+-- their handles, at a full collection: one a second at most (an exiting
+-- worker asks on every wake-up).
+local function idle(d)
+  if next(d.waiting) == nil then return true end
+  local now = ngx.now()
+  if now - (d.collected_at or 0) < 1 then return false end
+  d.collected_at = now
+  collectgarbage()
+  return next(d.waiting) == nil
+end
+
+-- The call of h has ended: nobody waits for it. The last one of an exiting
+-- worker has the dispatcher look now rather than at its next second.
+local function release(w, d, h)
+  d.waiting[h] = nil
+  if w.exiting and next(d.waiting) == nil then d.kick:post(1) end
+end
+
+-- No more dispatch on d: the channel goes once its calls are gone, and its
+-- end of the dispatcher's connection with it.
+local function stop(d)
+  d.state = "stopped"
+  d.closed = true
+  d.channel:close()
+end
+
+-- The dispatcher's reader (a light thread): every byte on the connection
+-- means "news", which wake() hands out. Returns why the connection ended.
+local function read_loop(d, sock)
+  while true do
+    local data, err = sock:receiveany(4096)
+    if not data and err ~= "timeout" then
+      d.reader_end = err
+      d.kick:post(1)
+      return
     end
-    return { data = data, body = out.body, meta = out.meta }
+    wake(d)
   end
-  return nil, setmetatable(out.err, core.error_mt)
+end
+
+-- The dispatcher: an ngx.timer callback. It connects to the channel, reads
+-- in a light thread of its own (read_loop), and itself waits on d.kick
+-- (posted when the reader ends or the worker starts exiting; else a look
+-- every second, which logs nothing, unlike a cosocket's timeout): an
+-- exiting worker lets its calls in flight finish, then stops the reader,
+-- whose endless read would otherwise hold the worker for ever.
+local function dispatch(premature, d)
+  if premature then
+    stop(d)         -- the worker exits before the dispatcher ever ran
+    return
+  end
+  local sock = ngx.socket.tcp()
+  local ok, err = sock:connect("unix:" .. d.path)
+  if ok then ok, err = d.channel:accept(1000) end
+  if not ok then
+    log_err("the dispatcher could not connect to its engine's channel (", tostring(err),
+      "); the calls of this worker look for their news every ", POLL_S * 1000, " ms instead")
+    sock:close()
+    d.failed_at = ngx.now()
+    stop(d)
+    return
+  end
+  sock:settimeouts(1000, 1000, READ_TIMEOUT_MS)
+  d.state = "running"
+  local reader = ngx.thread.spawn(read_loop, d, sock)
+  while true do
+    d.kick:wait(1)
+    if d.reader_end then
+      if d.state == "running" then
+        log_err("the dispatcher's connection to its engine's channel ended (",
+          tostring(d.reader_end), ")")
+        d.failed_at = ngx.now()
+      end
+      break
+    end
+    if d.state ~= "running" or (ngx.worker.exiting() and idle(d)) then break end
+  end
+  if not d.reader_end then ngx.thread.kill(reader) end
+  sock:close()
+  if d.state ~= "stopped" then stop(d) end
+end
+
+-- A worker that exits stops an idle dispatcher at once, a busy one once its
+-- calls have ended (the dispatcher looks every second, and on each news).
+-- A semaphore posted from here would wake nobody before the next event
+-- (nginx runs this while closing idle connections, outside its event
+-- loop), so the channel is closed instead: the core closes its end of the
+-- reader's connection, and that is an event. Handles of finished calls
+-- still hold the C channel: collected first.
+local function on_exit(premature, w)
+  if not premature then
+    ngx.timer.at(86400, on_exit, w)     -- a day has passed: wait another
+    return
+  end
+  w.exiting = true
+  local d = w.d
+  if d.state ~= "stopped" and next(d.waiting) == nil then
+    collectgarbage()
+    if next(d.waiting) == nil then stop(d) end
+  end
+end
+
+local function new_dispatch(w, channel, state)
+  local d = { channel = channel, state = state, kick = semaphore.new(),
+    waiting = setmetatable({}, { __mode = "kv" }) }
+  w.d = d
+  return d
+end
+
+-- A new channel on w's engine for its calls from now on: a socket channel
+-- and its dispatcher, or, when there can be none (the worker exits, the
+-- last one failed within the second, no timer), a plain channel that the
+-- waiting requests look at themselves (state "stopped"). Either way no
+-- socket path is left behind: a socket channel exists only with a
+-- dispatcher on its way to connect to it.
+local function start_dispatch(w)
+  local prev = w.d
+  local failed_at = prev and prev.failed_at
+  if w.exiting or ngx.worker.exiting() or (failed_at and ngx.now() - failed_at < 1) then
+    new_dispatch(w, w.engine:channel(), "stopped").failed_at = failed_at
+    return
+  end
+  local ch = w.engine:channel{ socket = true }
+  local d = new_dispatch(w, ch, "starting")
+  d.path = ch:path()
+  local ok, err = ngx.timer.at(0, dispatch, d)
+  if not ok then
+    log_err("cannot start the dispatcher (ngx.timer.at: ", tostring(err), "); the calls of "
+      .. "this worker look for their news every ", POLL_S * 1000, " ms instead")
+    ch:close()
+    new_dispatch(w, w.engine:channel(), "stopped").failed_at = ngx.now()
+  end
+end
+
+local function new_worker(o)
+  local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
+    o.max_host_connections)
+  local w = { engine = engine, exiting = false }
+  local ok, err = pcall(start_dispatch, w)
+  if not ok then
+    engine:close()
+    error(err, 0)
+  end
+  ngx.timer.at(86400, on_exit, w)
+  W = w
+  return w
+end
+
+-- The worker's engine and its current dispatch: made on first use, and a
+-- new one when the last was closed (the worker exits, or its dispatcher
+-- failed) or, a second after a failure, to try a dispatcher again.
+local function worker()
+  local w = W
+  if w == nil or w.engine:forked() then
+    w = new_worker({})
+  end
+  local d = w.d
+  if d.closed or (d.state == "stopped" and not w.exiting and not ngx.worker.exiting()
+      and ngx.now() - (d.failed_at or 0) >= 1) then
+    start_dispatch(w)
+  end
+  return w
+end
+
+-- init_worker([opts]) in init_worker_by_lua*: make the worker's engine and
+-- start its dispatcher now rather than on the first call. opts:
+-- max_in_flight (default M.DEFAULT_MAX_IN_FLIGHT), max_host_connections
+-- (0: libcurl's default).
+function M.init_worker(opts)
+  if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
+  opts = opts or {}
+  for k, v in pairs(opts) do
+    if k ~= "max_in_flight" and k ~= "max_host_connections" then
+      error(string.format("llmretry: opts.%s is not an option of init_worker "
+        .. "(max_in_flight, max_host_connections)", tostring(k)), 2)
+    end
+    if not is_integer(v) or v < 0 or (k == "max_in_flight" and v < 1) then
+      argerror(2, k, k == "max_in_flight" and "an integer >= 1" or "an integer >= 0", v)
+    end
+  end
+  if W ~= nil and not W.engine:forked() then
+    error("llmretry: init_worker: this worker's engine exists already (call init_worker "
+      .. "in init_worker_by_lua*, before any call)", 2)
+  end
+  new_worker(opts)
+end
+
+-- ---------------------------------------------------------------------------
+-- Client aborts: the calls of a request whose client went away are cancelled.
+
+local ABORT = {}    -- ngx.ctx key: { calls = weak set of handles, aborted }
+
+local function cancel_all(live)
+  live.aborted = true
+  for h in pairs(live.calls) do h:cancel() end
+end
+
+local function watch_abort(h)
+  local ctx = ngx.ctx
+  local live = ctx[ABORT]
+  if live == nil then
+    live = { calls = setmetatable({}, { __mode = "k" }), aborted = false }
+    ctx[ABORT] = live
+    -- nil, "lua_check_client_abort is off", nil, "duplicate call" (the
+    -- handler registered its own: it may call cancel_calls), or a timer
+    -- (no client): the calls go on to their end.
+    pcall(ngx.on_abort, function() cancel_all(live) end)
+  end
+  if live.aborted then h:cancel() end
+  live.calls[h] = true
+end
+
+-- Cancel every call the current request has in flight: for a handler that
+-- registers its own ngx.on_abort (this module's then cannot be).
+function M.cancel_calls()
+  local live = ngx.ctx[ABORT]
+  if live then cancel_all(live) end
+end
+
+-- ---------------------------------------------------------------------------
+-- Calls
+
+-- Phases where a light thread cannot wait (ngx.semaphore): raise before
+-- anything is sent.
+local NO_WAIT = { init = true, init_worker = true, set = true, header_filter = true,
+  body_filter = true, log = true, balancer = true, exit_worker = true, ssl_session_store = true }
+
+local function check_phase(level)
+  local phase = ngx.get_phase()
+  if NO_WAIT[phase] then
+    error(string.format("llmretry: a call cannot wait in the %s phase (use rewrite_by_lua*, "
+      .. "access_by_lua*, content_by_lua* or a timer)", phase), level + 1)
+  end
+end
+
+-- Options of ours, not the engine's.
+local LUA_OPTIONS = { logger = true, validate = true }
+
+local function split_options(opts, level)
+  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
+  local logger, validate = opts.logger, opts.validate
+  if logger ~= nil and logger ~= false and not is_callable(logger) then
+    argerror(level + 1, "logger", "a function, false or nil", logger)
+  end
+  if validate ~= nil and validate ~= false and not is_callable(validate) then
+    argerror(level + 1, "validate", "a function or nil", validate)
+  end
+  if opts.engine ~= nil then
+    error("llmretry: engine is not an option of llmretry.openresty (every call runs on the "
+      .. "worker's engine: see init_worker)", level + 1)
+  end
+  if opts.thread_pool ~= nil then
+    error("llmretry: thread_pool is not an option any more: calls run on the worker's engine, "
+      .. "with no thread pool (docs/openresty.md)", level + 1)
+  end
+  local sub = {}
+  for k, v in pairs(opts) do
+    if not LUA_OPTIONS[k] then sub[k] = v end
+  end
+  if validate then sub.validate = true end
+  -- Ask the engine only for events someone will read.
+  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
+  return sub, { logger = logger or nil, validate = validate or nil, reported = false,
+    report = report_logger_error }
+end
+
+-- engine:submit, its argument errors re-raised at the caller of our caller.
+local function submit(engine, sub, level)
+  local ok, h = pcall(engine.submit, engine, sub)
+  if not ok then
+    if type(h) == "string" then error(h, level + 1) end
+    error(h, 0)
+  end
+  return h
+end
+
+-- One call, waited for by yielding this light thread.
+local function run(opts, level, on_chunk)
+  check_phase(level + 1)
+  local sub, ctx = split_options(opts, level + 1)
+  ctx.on_chunk = on_chunk
+  local w = worker()
+  local d = w.d
+  sub.channel = d.channel
+  local h = submit(w.engine, sub, level + 1)
+  local waiter = { sema = semaphore.new() }
+  d.waiting[h] = waiter
+  watch_abort(h)
+  while not drain(h, ctx) do
+    local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
+    if not ok then wake(d) end      -- nobody woke us: look for ourselves
+  end
+  release(w, d, h)
+  if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end
+  return h:result()
+end
+
+-- call_llm(opts) -> res | nil, err, as llmretry.call_llm; the request's
+-- light thread yields until the call has ended, its logger (a function)
+-- getting each event as it happens and validate (a function) each 2xx
+-- body, in the request.
+function M.call_llm(opts)
+  local res, err = run(opts, 2)
+  return res, err
+end
+
+-- stream_llm(opts, on_chunk) -> res | nil, err, as llmretry.stream_llm:
+-- on_chunk(chunk) runs in the request with each decoded chunk as it
+-- arrives, free to ngx.print and ngx.flush (a gateway proxying the stream
+-- to its client). Until the first chunk reached on_chunk every failure is
+-- retried; after it nothing is (err.kind "stream_interrupted"). An
+-- on_chunk that raises cancels the stream; the error is raised once it
+-- has ended.
+function M.stream_llm(opts, on_chunk)
+  if not is_callable(on_chunk) then argerror(2, "on_chunk", "a function", on_chunk) end
+  if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
+  local res, err = run(args.stream_options(opts), 2, on_chunk)
+  return res, err
+end
+
+-- What call_many waits on: a semaphore the dispatcher posts for any of the
+-- batch's calls, and the list of those with news.
+local function batch_source(w, d)
+  local waiter = { sema = semaphore.new(), ready = {} }
+  local src = {}
+  function src.add(_, h)
+    d.waiting[h] = waiter
+    watch_abort(h)
+  end
+  function src.forget(_, h) release(w, d, h) end
+  function src.poll()
+    local ready = waiter.ready
+    waiter.ready = {}
+    return ready
+  end
+  function src.wait(_, ms)
+    local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or ms / 1000)
+    if not ok then wake(d) end
+    return #waiter.ready > 0
+  end
+  return src
+end
+
+-- call_many(bodies, opts) -> outs, as llmretry.call_many, on the worker's
+-- engine: every body one call, at most opts.limit at once (default 8),
+-- paced as one batch; the request yields until all have ended.
+function M.call_many(bodies, opts)
+  check_phase(2)
+  if opts ~= nil and type(opts) == "table" then
+    if opts.engine ~= nil then
+      error("llmretry: engine is not an option of llmretry.openresty (every call runs on the "
+        .. "worker's engine: see init_worker)", 2)
+    end
+    local v = opts.validate
+    if v ~= nil and v ~= false and not is_callable(v) then
+      argerror(2, "validate", "a function or nil", v)
+    end
+  end
+  local w = worker()
+  local d = w.d
+  local host = { engine = w.engine, channel = d.channel, report = report_logger_error,
+    source = function() return batch_source(w, d) end }
+  local ok, outs = pcall(llm._call_many, bodies, opts, nil, host)
+  if not ok then error(outs, type(outs) == "string" and 2 or 0) end
+  return outs
+end
+
+-- ---------------------------------------------------------------------------
+-- Introspection (tests, a status location)
+
+-- { engine = bool, dispatcher = "starting" | "running" | "stopped" | nil,
+--   waiting = calls waited for now, exiting = bool }
+function M.stats()
+  local w = W
+  if w == nil then return { engine = false, waiting = 0, exiting = false } end
+  local n = 0
+  for _ in pairs(w.d.waiting) do n = n + 1 end
+  return { engine = true, dispatcher = w.d.state, waiting = n, exiting = w.exiting }
+end
+
+-- What the worker's engine knows of each endpoint (llmretry.endpoint_stats).
+function M.endpoint_stats()
+  local w = W
+  if w == nil then return {} end
+  return w.engine:endpoint_stats()
 end
 
 return M

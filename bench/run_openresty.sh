@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The OpenResty benchmark (issue 20): calls/s and latency through an
+# OpenResty gateway at 1,000 concurrent downstream clients against the 50 ms
+# endpoint, llmretry.openresty (the worker's engine, no thread pool) beside
+# the same gateway written the way OpenResty users write it today: a
+# cosocket client (bench/clients/resty_mini_http.lua, what lua-resty-http
+# does) in a retry loop. See bench/README.md ("OpenResty benchmark").
+# Usage (from anywhere):  bash bench/run_openresty.sh   (markdown on stdout)
+#
+# Knobs (environment): RUNS=3 SECS=10 CONNS=1000 LLMRETRY_BENCH_PORT=18089
+# LLMRETRY_GATEWAY_PORT=18093
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+RUNS=${RUNS:-3}
+SECS=${SECS:-10}
+CONNS=${CONNS:-1000}
+UP_PORT=${LLMRETRY_BENCH_PORT:-18089}
+GW_PORT=${LLMRETRY_GATEWAY_PORT:-18093}
+
+log() { printf '%s\n' "$*" >&2; }
+
+# ---- 1. packages, the LuaJIT build of the module -------------------------------
+debs=(nginx libnginx-mod-http-lua libnginx-mod-http-echo lua-cjson wrk curl)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "== installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+fi
+so=build-lua/5.1/lib/lua/5.1/llmretry/core.so
+if [ ! -f "$so" ] || [ -n "$(find bindings/lua core/src core/include rockspecs -type f -newer "$so" | head -n 1)" ]; then
+  log "== building the Lua module (tools/lua-test.sh --build-only)"
+  tools/lua-test.sh --build-only >&2
+fi
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# ---- 2. the endpoint (bench/nginx.conf) and the gateway --------------------------
+# shellcheck source=bench/nginx.sh
+. "$ROOT/bench/nginx.sh"
+bench_nginx_install
+bench_nginx_start "$UP_PORT"            # sets TMP, SLOW; stops on exit
+GW="$TMP/gateway"
+mkdir -p "$GW"
+chmod 755 "$GW"
+sed -e "s|__REPO__|$ROOT|g" -e "s|__GW_PORT__|$GW_PORT|g" -e "s|__UP_PORT__|$UP_PORT|g" \
+  "$ROOT/bench/openresty.conf" >"$GW/nginx.conf"
+stop_gateway() {
+  [ -f "$GW/nginx.pid" ] && "$NGINX" -p "$GW/" -e "$GW/error.log" -c "$GW/nginx.conf" -s stop 2>/dev/null || true
+  for _ in $(seq 50); do [ -f "$GW/nginx.pid" ] || break; sleep 0.1; done
+  bench_nginx_stop
+}
+trap stop_gateway EXIT
+"$NGINX" -p "$GW/" -e "$GW/error.log" -c "$GW/nginx.conf" || { cat "$GW/error.log" >&2; exit 1; }
+for path in llmretry cosocket; do
+  for _ in $(seq 50); do
+    [ "$(curl -s "http://127.0.0.1:$GW_PORT/$path" 2>/dev/null)" = "ok" ] && break
+    sleep 0.1
+  done
+  [ "$(curl -s "http://127.0.0.1:$GW_PORT/$path")" = "ok" ] || {
+    log "the gateway's /$path does not answer"; cat "$GW/error.log" >&2; exit 1; }
+done
+
+# ---- 3. the runs: wrk, CONNS connections, interleaved -------------------------
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+if awk "BEGIN { exit !($(cut -d' ' -f1 /proc/loadavg) > 0.5) }"; then
+  log "WARNING: load average $LOAD0 before the run: other work shares these cores, figures will be noisy"
+fi
+# CPU ticks (utime + stime) of the gateway worker: its main thread (nginx's
+# event loop, where Lua runs) and the others (llmretry's engine I/O thread).
+WORKER=$(pgrep -P "$(cat "$GW/nginx.pid")" | head -n 1)
+TICK=$(getconf CLK_TCK)
+ticks() { # -> "main others"
+  local main=0 others=0 t v
+  for t in /proc/"$WORKER"/task/*; do
+    v=$(awk '{ print $14 + $15 }' "$t/stat")
+    if [ "${t##*/}" = "$WORKER" ]; then main=$((main + v)); else others=$((others + v)); fi
+  done
+  echo "$main $others"
+}
+# wrk's latency line "99%  123.45ms" in ms.
+to_ms() { awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /ms$/) v = v; else if ($1 ~ /s$/) v *= 1000; printf "%.1f", v }'; }
+declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO
+run() { # path secs -> sets OUT
+  OUT=$(wrk -t2 -c"$CONNS" -d"$2"s --timeout 10s --latency "http://127.0.0.1:$GW_PORT/$1")
+}
+for path in llmretry cosocket; do
+  log "== warm-up /$path (3 s)"
+  run "$path" 3
+done
+for r in $(seq "$RUNS"); do
+  for path in llmretry cosocket; do
+    log "== run $r of $RUNS: /$path, $CONNS connections, $SECS s (load $(cut -d' ' -f1 /proc/loadavg))"
+    read -r m0 o0 < <(ticks)
+    run "$path" "$SECS"
+    read -r m1 o1 < <(ticks)
+    rps=$(printf '%s\n' "$OUT" | awk '/^Requests\/sec:/ { print $2 }')
+    p50=$(printf '%s\n' "$OUT" | awk '$1 == "50%" { print $2 }' | to_ms)
+    p99=$(printf '%s\n' "$OUT" | awk '$1 == "99%" { print $2 }' | to_ms)
+    non2xx=$(printf '%s\n' "$OUT" | awk '/Non-2xx/ { print $NF }')
+    sock=$(printf '%s\n' "$OUT" | awk -F'[ ,]+' '/Socket errors/ { print $4 + $6 + $8 + $10 }')
+    errs=$(( ${non2xx:-0} + ${sock:-0} ))
+    calls=$(printf '%s\n' "$OUT" | awk '/requests in/ { print $1 }')
+    cpu_main=$(awk "BEGIN { printf \"%.0f\", ($m1 - $m0) / $TICK * 1e6 / $calls }")
+    cpu_io=$(awk "BEGIN { printf \"%.0f\", ($o1 - $o0) / $TICK * 1e6 / $calls }")
+    log "   $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $errs, CPU µs/call $cpu_main + $cpu_io"
+    CPU_MAIN[$path]+="${CPU_MAIN[$path]:+/}$cpu_main"
+    CPU_IO[$path]+="${CPU_IO[$path]:+/}$cpu_io"
+    RPS[$path]+="${RPS[$path]:+/}$rps"
+    P50[$path]+="${P50[$path]:+/}$p50"
+    P99[$path]+="${P99[$path]:+/}$p99"
+    ERRS[$path]+="${ERRS[$path]:+/}$errs"
+  done
+done
+LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
+BAD=$(grep -c '\[error\]' "$GW/error.log" || true)
+
+# ---- 4. the report ----------------------------------------------------------------
+median() { tr '/' '\n' <<<"$1" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+echo "llmretry OpenResty benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores" \
+  "($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $("$NGINX" -v 2>&1 | sed 's/^nginx version: //')" \
+  "with libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua), libcurl" \
+  "$(pkg-config --modversion libcurl 2>/dev/null || echo '?'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')." \
+  "Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; error-log lines of the gateway: $BAD."
+echo
+echo "One gateway worker (\`bench/openresty.conf\`) calls the 50 ms endpoint of \`bench/nginx.conf\`" \
+  "(\`echo_sleep 0.05\`, its own nginx, one worker) for every downstream request and answers the" \
+  "model's content; \`wrk -t2 -c$CONNS -d${SECS}s --latency\` is the $CONNS downstream clients." \
+  "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each."
+echo
+echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread |"
+echo "|---|---:|---|---:|---:|---|---|---:|"
+for path in llmretry cosocket; do
+  case $path in
+    llmretry) name="llmretry.openresty \`call_llm\` (one engine per worker, no thread pool)" ;;
+    cosocket) name="cosocket client + retry loop (\`bench/clients/resty_mini_http.lua\`, lua-resty-http style)" ;;
+  esac
+  echo "| $name | $(median "${RPS[$path]}") | ${RPS[$path]} | $(median "${P50[$path]}") | $(median "${P99[$path]}") | ${P99[$path]} | ${ERRS[$path]} | $(median "${CPU_MAIN[$path]}") + $(median "${CPU_IO[$path]}") |"
+done
+echo
+cpu_note="*Worker CPU* is the gateway worker's user + system CPU over the run ÷ calls (\`/proc\`): its"
+cpu_note+=" main thread (nginx's event loop, where the Lua runs) + its other threads (llmretry's engine"
+cpu_note+=" I/O thread, which runs libcurl and the retry policy)."
+echo "$cpu_note"
+echo
+ratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "${RPS[cosocket]}") }")
+echo "llmretry's gateway makes ${ratio}× the calls/s of the cosocket gateway. The ceiling is" \
+  "$CONNS / 0.05 s = $((CONNS * 20)) calls/s; below it, the cores are the limit: the endpoint's" \
+  "nginx, the gateway (its worker and, for llmretry, the engine's I/O thread) and wrk share them."

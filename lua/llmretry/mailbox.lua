@@ -1,0 +1,69 @@
+-- Reading one call's mailbox on the host's thread: events to the logger, a
+-- 2xx body to the validator, a stream's chunks to on_chunk. One reading for
+-- the blocking module and for OpenResty's, whose calls wait differently
+-- (a handle's wait, a pool's loop, an ngx.semaphore) but read alike.
+local core = require("llmretry.core")
+
+local tostring, pcall, string, io = tostring, pcall, string, io
+local decode = core.decode
+local verdict_of = require("llmretry.verdict").of
+
+local M = {}
+
+-- The first error a call's logger raises, on stderr: the call goes on.
+function M.report_to_stderr(ev, e)
+  local stderr = io.stderr
+  if stderr then
+    pcall(stderr.write, stderr, string.format(
+      "llmretry: the logger raised on %s (request_id=%s): %s; the call goes on (later "
+        .. "logger errors of this call are not reported)\n",
+      tostring(ev.event), tostring(ev.request_id), tostring(e)))
+  end
+end
+
+-- Take every item now in h's mailbox. True once the call is done. ctx:
+-- logger, validate, on_chunk (functions or nil), report(ev, e) (the first
+-- logger error; default: stderr), and what this sets: reported, and
+-- chunk_error (what on_chunk raised: the stream is cancelled, the caller
+-- raises it once the call has ended).
+function M.drain(h, ctx)
+  while true do
+    local kind, value = h:next()
+    if kind == nil then
+      return false
+    elseif kind == "done" then
+      return true
+    elseif kind == "event" then
+      local logger = ctx.logger
+      if logger then
+        local ok, e = pcall(logger, value)
+        if not ok and not ctx.reported then
+          ctx.reported = true
+          local report = ctx.report or M.report_to_stderr
+          report(value, e)
+        end
+      end
+    elseif kind == "chunk" then
+      -- A stream's chunk (stream_llm): decoded, to the caller's on_chunk.
+      -- The first one read is the commit point: no retry after it.
+      local chunk = decode(value)
+      if chunk ~= nil and ctx.on_chunk and ctx.chunk_error == nil then
+        local ok, e = pcall(ctx.on_chunk, chunk)
+        if not ok then
+          -- The caller's own bug: stop the stream, raise once it has ended.
+          ctx.chunk_error = e
+          h:cancel()
+        end
+      end
+    elseif kind == "validate" then
+      if ctx.validate then
+        local ok, msg = verdict_of(ctx.validate, value)
+        h:validated(ok, msg)
+      else
+        h:validated(true)
+      end
+    end
+  end
+end
+
+return M
