@@ -105,8 +105,15 @@ describe("channels", function()
     collectgarbage()
     collectgarbage()
     client:settimeout(2)
-    local _, err = client:receive(1)
-    check(err == "closed", "the channel's end after close: %s", tostring(err))
+    -- A wake written after the last drain may still be unread: then EOF.
+    local late, err = 0, nil
+    repeat
+      local byte
+      byte, err = client:receive(1)
+      if byte then late = late + 1 end
+    until not byte or late > 8
+    check(err == "closed" and late <= 8, "the channel's end after close: %s (%d bytes first)",
+      tostring(err), late)
     client:close()
     engine:close()
   end)
