@@ -275,8 +275,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     int oom = 0;
     /* Target 0 owns the caller's URL, body, model and headers; c->url and
      * the rest point at the current target's. */
-    int n_targets = 1 + lr_targets_count(opts->fallbacks);
-    c->targets = calloc((size_t)n_targets, sizeof *c->targets);
+    c->targets = calloc(1, sizeof *c->targets);
     if (!c->targets) {
         free(c);
         return LLMRETRY_ENOMEM;

@@ -84,6 +84,11 @@ void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
     lr_retry_budget_window(&ep->budget, now, &wreq, &wret);
     pthread_mutex_lock(&e->mu);
     llmretry_endpoint_stats *s = &ep->stats;
+    s->requests = ep->requests;
+    s->retries = ep->retries;
+    s->retries_refused = ep->retries_refused;
+    s->breaker_opened = ep->breaker_opened;
+    s->short_circuited = ep->short_circuited;
     s->window_requests = wreq;
     s->window_retries = wret;
     s->breaker = breaker_name(ep->breaker.state);

@@ -56,15 +56,16 @@ struct lr_endpoint {
     int64_t paused_until;              /* a 429's named wait */
     int in_flight;                     /* attempts admitted and not ended */
     lr_queue queue;                    /* calls waiting for budget */
-    /* Health (health.c). */
+    /* Health (health.c), and its counts since the endpoint was made. */
     lr_retry_budget budget;
     lr_breaker breaker;
+    int64_t requests, retries, retries_refused, breaker_opened, short_circuited;
     /* Published for hosts (engine mutex). */
     llmretry_endpoint_stats stats;
 };
 
-/* endpoint.c: publish the endpoint's numbers for hosts (takes the engine's
- * mutex); call after a change worth seeing. */
+/* endpoint.c: publish the endpoint's numbers for hosts (one lock of the
+ * engine's mutex); call after a change worth seeing. */
 void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep);
 
 /* health.c, pure parts (on the caller's clock; tests drive them). */

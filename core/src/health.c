@@ -74,15 +74,13 @@ int lr_retry_budget_take(lr_retry_budget *b, int64_t now_ms)
 
 /* ---- the engine's side --------------------------------------------------------- */
 
-static void breaker_open(llmretry_engine *e, lr_endpoint *ep, int64_t now)
+static void breaker_open(lr_endpoint *ep, int64_t now)
 {
     lr_breaker *br = &ep->breaker;
     br->state = LR_BREAKER_OPEN;
     br->open_until = lr_time_add(now, br->cooldown_ms);
     br->probe = NULL;
-    pthread_mutex_lock(&e->mu);
-    ep->stats.breaker_opened++;
-    pthread_mutex_unlock(&e->mu);
+    ep->breaker_opened++;
 }
 
 int lr_health_admits(llmretry_engine *e, llmretry_call *c, int64_t now, char *why, size_t len)
@@ -111,9 +109,7 @@ int lr_health_admits(llmretry_engine *e, llmretry_call *c, int64_t now, char *wh
     else
         snprintf(why, len, "circuit open after %d consecutive failures (a probe is in flight)",
                  br->failures);
-    pthread_mutex_lock(&e->mu);
-    ep->stats.short_circuited++;
-    pthread_mutex_unlock(&e->mu);
+    ep->short_circuited++;
     lr_endpoint_publish(e, ep);
     return 0;
 }
@@ -123,15 +119,12 @@ void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c)
     lr_endpoint *ep = lr_endpoint_of(e, c);
     if (!ep)
         return;
-    int first = c->attempt == c->target_first_attempt;
-    if (first)
+    if (c->attempt == c->target_first_attempt) {
         lr_retry_budget_request(&ep->budget, lr_mono_ms());
-    pthread_mutex_lock(&e->mu);
-    if (first)
-        ep->stats.requests++;
-    else
-        ep->stats.retries++;
-    pthread_mutex_unlock(&e->mu);
+        ep->requests++;
+    } else {
+        ep->retries++;
+    }
     lr_endpoint_publish(e, ep);
 }
 
@@ -140,9 +133,7 @@ int lr_health_retry_allowed(llmretry_engine *e, llmretry_call *c, int64_t now)
     lr_endpoint *ep = c->endpoint;
     if (!ep || lr_retry_budget_take(&ep->budget, now))
         return 1;
-    pthread_mutex_lock(&e->mu);
-    ep->stats.retries_refused++;
-    pthread_mutex_unlock(&e->mu);
+    ep->retries_refused++;
     lr_endpoint_publish(e, ep);
     return 0;
 }
@@ -180,7 +171,7 @@ void lr_health_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretr
         br->failures++;
         if (br->threshold > 0 && (was_probe || (br->state == LR_BREAKER_CLOSED &&
                                                 br->failures >= br->threshold)))
-            breaker_open(e, ep, lr_mono_ms());
+            breaker_open(ep, lr_mono_ms());
     } else if (f->kind == LLMRETRY_ERR_HTTP_STATUS) {
         br->failures = 0;           /* a 4xx: the endpoint answers */
         br->state = LR_BREAKER_CLOSED;

@@ -94,6 +94,7 @@ typedef struct lr_notifier {
 } lr_notifier;
 
 int lr_notifier_open(lr_notifier *n);
+int lr_fd_nonblock_cloexec(int fd);
 void lr_notifier_close(lr_notifier *n);
 void lr_notifier_signal(lr_notifier *n);
 void lr_notifier_clear(lr_notifier *n);
@@ -381,7 +382,7 @@ struct cJSON;
 int lr_targets_check(const struct cJSON *doc, const char *name, int in_policy, char *err,
                      size_t errlen);
 int lr_targets_check_json(const char *json, const char *name, char *err, size_t errlen);
-int lr_targets_count(const char *fallbacks);
+/* The fallbacks' targets after target 0 (the array grows to hold them). */
 int lr_targets_build(llmretry_call *c, const char *fallbacks);
 void lr_targets_free(llmretry_call *c);
 /* Fill result.targets from what each target came to (at the end). */

@@ -26,8 +26,8 @@ const char *llmretry_notifier_kind(void)
 #endif
 }
 
-#ifndef LR_USE_EVENTFD
-static int set_flags(int fd)
+/* O_NONBLOCK and FD_CLOEXEC on fd (also notifier_socket.c's). */
+int lr_fd_nonblock_cloexec(int fd)
 {
     int fl = fcntl(fd, F_GETFL);
     int fdfl = fcntl(fd, F_GETFD);
@@ -37,7 +37,6 @@ static int set_flags(int fd)
         return -1;
     return 0;
 }
-#endif
 
 int lr_notifier_open(lr_notifier *n)
 {
@@ -51,7 +50,7 @@ int lr_notifier_open(lr_notifier *n)
     n->rfd = n->wfd = -1;
     if (pipe(fds) != 0)
         return -1;
-    if (set_flags(fds[0]) != 0 || set_flags(fds[1]) != 0) {
+    if (lr_fd_nonblock_cloexec(fds[0]) != 0 || lr_fd_nonblock_cloexec(fds[1]) != 0) {
         close(fds[0]);
         close(fds[1]);
         return -1;

@@ -34,17 +34,6 @@ struct lr_listener {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
 
-static int set_flags(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    int fdfl = fcntl(fd, F_GETFD);
-    if (fl < 0 || fdfl < 0)
-        return -1;
-    if (fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, fdfl | FD_CLOEXEC) < 0)
-        return -1;
-    return 0;
-}
-
 /* The listener's directory, socket and descriptor, gone (what exists). */
 static void listener_free(lr_listener *l)
 {
@@ -99,7 +88,7 @@ int lr_notifier_listen(lr_notifier *n, char *err, size_t errlen)
     memcpy(sa.sun_path, l->path, strlen(l->path) + 1);
     what = "socket";
     l->fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (l->fd < 0 || set_flags(l->fd) != 0)
+    if (l->fd < 0 || lr_fd_nonblock_cloexec(l->fd) != 0)
         goto fail;
     what = "bind";
     if (bind(l->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
@@ -160,7 +149,7 @@ llmretry_status lr_notifier_accept(lr_notifier *n, int64_t timeout_ms, int *out,
             int one = 1;                /* no MSG_NOSIGNAL there */
             setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
 #endif
-            if (set_flags(fd) != 0) {
+            if (lr_fd_nonblock_cloexec(fd) != 0) {
                 lr_errf(err, errlen, "could not set up the channel's connection (%s)",
                         strerror(errno));
                 close(fd);

@@ -229,8 +229,15 @@ int lr_targets_build(llmretry_call *c, const char *fallbacks)
     if (!fallbacks)
         return 0;
     cJSON *doc = cJSON_Parse(fallbacks);
-    if (!doc)
+    int n = cJSON_GetArraySize(doc);
+    /* Target 0 was made alone; its fields are pointed at, not the array. */
+    lr_target *more = doc ? realloc(c->targets, (size_t)(1 + n) * sizeof *more) : NULL;
+    if (!more) {
+        cJSON_Delete(doc);
         return -1;
+    }
+    c->targets = more;
+    memset(more + 1, 0, (size_t)n * sizeof *more);
     int rc = 0, i = 1;
     for (const cJSON *spec = doc->child; spec && rc == 0; spec = spec->next, i++) {
         rc = build_one(c, &c->targets[i], spec);
@@ -238,16 +245,6 @@ int lr_targets_build(llmretry_call *c, const char *fallbacks)
     }
     cJSON_Delete(doc);
     return rc;
-}
-
-int lr_targets_count(const char *fallbacks)
-{
-    if (!fallbacks)
-        return 0;
-    cJSON *doc = cJSON_Parse(fallbacks);
-    int n = cJSON_GetArraySize(doc);
-    cJSON_Delete(doc);
-    return n;
 }
 
 void lr_targets_free(llmretry_call *c)

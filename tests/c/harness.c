@@ -444,3 +444,14 @@ const llmretry_result *th_wait_done(llmretry_call *c, int64_t max_ms)
     }
     return NULL;
 }
+
+void th_run_cases(const th_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int before = th_failed;
+        int64_t t0 = th_now_ms();
+        cases[i].fn();
+        fprintf(stderr, "%-28s %s (%lld ms)\n", cases[i].name,
+                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
+    }
+}

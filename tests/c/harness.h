@@ -59,6 +59,14 @@ char *th_mock_requests(th_mock *m, const char *name);
 /* GET a control path (e.g. "/_mock/connections"); malloc'd body or NULL. */
 char *th_mock_get(th_mock *m, const char *path);
 
+/* Run each case, printing "<name> ok|FAILED (N ms)" on stderr. */
+typedef struct th_case {
+    const char *name;
+    void (*fn)(void);
+} th_case;
+void th_run_cases(const th_case *cases, size_t n);
+#define TH_RUN(cases) th_run_cases((cases), sizeof (cases) / sizeof *(cases))
+
 /* The engine-level tests' plumbing (a CHECK fails on any error): a default
  * engine; submit(e, o) with no flags; the call's result once its mailbox
  * said DONE (events dropped), or NULL after max_ms. */

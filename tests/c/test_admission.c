@@ -416,7 +416,7 @@ int main(void)
         return th_summary("test_admission");
     }
     fprintf(stderr, "notifier: %s\n", llmretry_notifier_kind());
-    struct { const char *name; void (*fn)(void); } tests[] = {
+    static const th_case tests[] = {
         { "queued_for_slot_deadline", test_queued_for_slot_fails_at_deadline },
         { "retry_queued_deadline", test_retry_queued_for_slot_fails_at_deadline },
         { "group_queued_deadline", test_group_queued_fails_at_deadline },
@@ -426,13 +426,7 @@ int main(void)
         { "dead_tls_server", test_dead_tls_server_not_serialized },
         { "cancel_withdraws_validation", test_cancel_withdraws_validation },
     };
-    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int before = th_failed;
-        int64_t t0 = th_now_ms();
-        tests[i].fn();
-        fprintf(stderr, "%-28s %s (%lld ms)\n", tests[i].name,
-                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
-    }
+    TH_RUN(tests);
     th_mock_stop(&mock);
     return th_summary("test_admission");
 }

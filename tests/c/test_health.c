@@ -433,7 +433,7 @@ int main(void)
         CHECK_MSG(0, "mock server did not start");
         return th_summary("test_health");
     }
-    struct { const char *name; void (*fn)(void); } tests[] = {
+    static const th_case tests[] = {
         { "retry_budget_storm", test_retry_budget_bounds_a_storm },
         { "retry_budget_options", test_retry_budget_options_and_server_timed_retries },
         { "breaker_cycle", test_breaker_opens_probes_and_closes },
@@ -442,13 +442,7 @@ int main(void)
         { "fallback_rules", test_fallback_rules },
         { "bad_fallbacks", test_bad_fallbacks_are_refused },
     };
-    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int before = th_failed;
-        int64_t t0 = th_now_ms();
-        tests[i].fn();
-        fprintf(stderr, "%-28s %s (%lld ms)\n", tests[i].name,
-                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
-    }
+    TH_RUN(tests);
     th_mock_stop(&mock);
     return th_summary("test_health");
 }

@@ -276,7 +276,7 @@ int main(void)
         CHECK_MSG(0, "mock server did not start");
         return th_summary("test_ratelimit");
     }
-    struct { const char *name; void (*fn)(void); } tests[] = {
+    static const th_case tests[] = {
         { "rpm_paces_evenly", test_rpm_paces_evenly },
         { "tpm_paces_by_tokens", test_tpm_paces_by_tokens },
         { "big_call_not_starved", test_big_call_is_not_starved },
@@ -286,13 +286,7 @@ int main(void)
         { "deadline_waiting_budget", test_deadline_while_waiting_for_budget },
         { "keys_separate", test_keys_are_separate_endpoints },
     };
-    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int before = th_failed;
-        int64_t t0 = th_now_ms();
-        tests[i].fn();
-        fprintf(stderr, "%-28s %s (%lld ms)\n", tests[i].name,
-                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
-    }
+    TH_RUN(tests);
     th_mock_stop(&mock);
     return th_summary("test_ratelimit");
 }

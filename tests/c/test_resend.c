@@ -260,17 +260,11 @@ static void test_hangup_on_reused_unsafe(void)
 
 int main(void)
 {
-    struct { const char *name; void (*fn)(void); } tests[] = {
+    static const th_case tests[] = {
         { "unsolicited_response", test_unsolicited_response },
         { "hangup_on_reused_safe", test_hangup_on_reused_safe },
         { "hangup_on_reused_unsafe", test_hangup_on_reused_unsafe },
     };
-    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int before = th_failed;
-        int64_t t0 = th_now_ms();
-        tests[i].fn();
-        fprintf(stderr, "%-28s %s (%lld ms)\n", tests[i].name,
-                th_failed == before ? "ok" : "FAILED", (long long)(th_now_ms() - t0));
-    }
+    TH_RUN(tests);
     return th_summary("test_resend");
 }
