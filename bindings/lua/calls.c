@@ -242,8 +242,8 @@ static int push_result(lua_State *L, const llmretry_result *r)
 static lr_handle *check_handle(lua_State *L)
 {
     char buf[64];
-    lr_handle *h = lr_testudata(L, 1, HANDLE_MT);
-    if (!h || !h->call)
+    lr_handle *h = lr_check_self(L, HANDLE_MT, "a call handle");
+    if (!h->call)               /* its call already freed */
         lr_fail(L, "self must be a call handle (got %s); call methods with ':'",
                 got(L, 1, buf, sizeof buf));
     return h;

@@ -21,12 +21,7 @@
 
 static lr_chan *check_chan(lua_State *L)
 {
-    char buf[64];
-    lr_chan *c = lr_testudata(L, 1, CHANNEL_MT);
-    if (!c)
-        lr_fail(L, "self must be a channel (got %s); call methods with ':'",
-                got(L, 1, buf, sizeof buf));
-    return c;
+    return lr_check_self(L, CHANNEL_MT, "a channel");
 }
 
 /* Calls on the channel keep the C channel alive; dropping ours is safe. */

@@ -17,12 +17,7 @@
 
 static lr_group *check_group(lua_State *L)
 {
-    char buf[64];
-    lr_group *gr = lr_testudata(L, 1, GROUP_MT);
-    if (!gr)
-        lr_fail(L, "self must be a group (got %s); call methods with ':'",
-                got(L, 1, buf, sizeof buf));
-    return gr;
+    return lr_check_self(L, GROUP_MT, "a group");
 }
 
 /* Calls in the group keep the C group alive; dropping ours is always safe. */
@@ -84,12 +79,7 @@ typedef struct lr_engine {
 
 static lr_engine *check_engine(lua_State *L)
 {
-    char buf[64];
-    lr_engine *eng = lr_testudata(L, 1, ENGINE_MT);
-    if (!eng)
-        lr_fail(L, "self must be an engine (got %s); call methods with ':'",
-                got(L, 1, buf, sizeof buf));
-    return eng;
+    return lr_check_self(L, ENGINE_MT, "an engine");
 }
 
 llmretry_engine *check_open_engine(lua_State *L)

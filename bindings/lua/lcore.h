@@ -71,6 +71,9 @@ int lr_fail(lua_State *L, const char *fmt, ...) LR_PRINTF(2, 3);
 int check_int(lua_State *L, int idx, const char *name, int lo, int hi);
 int64_t check_int64(lua_State *L, int idx, const char *name);
 const char *got(lua_State *L, int idx, char *buf, size_t n);
+/* The userdata of metatable `tname` at index 1 (a method's self), else raise
+ * "self must be <what> (got ...); call methods with ':'". */
+void *lr_check_self(lua_State *L, const char *tname, const char *what);
 void push_null(lua_State *L);
 void push_ptr_key(lua_State *L, const void *p);
 int to_int64(lua_State *L, int idx, int64_t *out);

@@ -86,6 +86,16 @@ const char *got(lua_State *L, int idx, char *buf, size_t n)
     return lua_isnone(L, idx) ? "no value" : luaL_typename(L, idx);
 }
 
+void *lr_check_self(lua_State *L, const char *tname, const char *what)
+{
+    char buf[64];
+    void *p = lr_testudata(L, 1, tname);
+    if (!p)
+        lr_fail(L, "self must be %s (got %s); call methods with ':'", what,
+                got(L, 1, buf, sizeof buf));
+    return p;
+}
+
 /* A number with an integral value that fits int64 (floats like 3.0 count:
  * on 5.1 every number is one). 0 otherwise. */
 int to_int64(lua_State *L, int idx, int64_t *out)

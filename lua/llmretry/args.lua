@@ -63,6 +63,30 @@ end
 -- The options of a streamed call (llm.stream_llm, in Lua and Neovim): a
 -- copy of opts asking the engine for chunks, its table body (copied, the
 -- caller's own metatable kept) with stream = true. opts must be a table.
+-- A call's options split into engine:submit's and the host module's own:
+-- checks opts, logger (a function or false; `default_logger` when nil) and
+-- validate, copies every key not in `host_keys`, flags validate for the
+-- engine and asks for no events when nobody logs them. Returns sub, logger,
+-- validate (nil when off). `level` is the caller's, as for argerror.
+function M.split_call_options(opts, level, host_keys, default_logger)
+  if type(opts) ~= "table" then M.argerror(level + 1, "opts", "a table", opts) end
+  local logger, validate = opts.logger, opts.validate
+  if logger == nil then logger = default_logger end
+  if logger ~= nil and logger ~= false and not M.is_callable(logger) then
+    M.argerror(level + 1, "logger", "a function, false or nil", logger)
+  end
+  if validate ~= nil and validate ~= false and not M.is_callable(validate) then
+    M.argerror(level + 1, "validate", "a function or nil", validate)
+  end
+  local sub = {}
+  for k, v in pairs(opts) do
+    if not host_keys[k] then sub[k] = v end
+  end
+  if validate then sub.validate = true end
+  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
+  return sub, logger or nil, validate or nil
+end
+
 function M.stream_options(opts)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end

@@ -81,27 +81,13 @@ local LUA_OPTIONS = { logger = true, validate = true, engine = true }
 -- Split call options into what engine:submit takes and the Lua-side context.
 -- `defaults` (may be nil) gives the pool's logger.
 local function split_options(opts, level, defaults)
-  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
-  local logger, validate, engine = opts.logger, opts.validate, opts.engine
-  if logger == nil and defaults then logger = defaults.logger end
-  if logger ~= nil and logger ~= false and not is_callable(logger) then
-    argerror(level + 1, "logger", "a function, false or nil", logger)
-  end
-  if validate ~= nil and validate ~= false and not is_callable(validate) then
-    argerror(level + 1, "validate", "a function or nil", validate)
-  end
+  local sub, logger, validate = args.split_call_options(opts, level + 1, LUA_OPTIONS,
+    defaults and defaults.logger)
+  local engine = opts.engine
   if engine ~= nil and not is_engine(engine) then
     argerror(level + 1, "engine", "an engine (llmretry.new_engine()) or nil", engine)
   end
-  local sub = {}
-  for k, v in pairs(opts) do
-    if not LUA_OPTIONS[k] then sub[k] = v end
-  end
-  if validate then sub.validate = true end
-  -- Ask the engine only for events someone will read.
-  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
-  local ctx = { logger = logger or nil, validate = validate or nil, reported = false }
-  return sub, ctx, engine
+  return sub, { logger = logger, validate = validate, reported = false }, engine
 end
 
 -- engine:submit, its argument errors re-raised at the caller of our caller.

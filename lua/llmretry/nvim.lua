@@ -260,26 +260,12 @@ local LUA_OPTIONS = { logger = true, validate = true, on_chunk = true }
 -- Submit opts; `complete(res, err)` runs on the main loop once it is done.
 -- `level`: the stack level of the user's call, for argument errors.
 local function start(opts, complete, level, defaults)
-  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
-  local logger, validate = opts.logger, opts.validate
-  if logger == nil and defaults then logger = defaults.logger end
-  if logger ~= nil and logger ~= false and not is_callable(logger) then
-    argerror(level + 1, "logger", "a function, false or nil", logger)
-  end
-  if validate ~= nil and validate ~= false and not is_callable(validate) then
-    argerror(level + 1, "validate", "a function or nil", validate)
-  end
+  local sub, logger, validate = args.split_call_options(opts, level + 1, LUA_OPTIONS,
+    defaults and defaults.logger)
   if opts.engine ~= nil then
     error("llmretry: engine is not an option of llmretry.nvim (it runs every call on the "
       .. "session's engine)", level + 1)
   end
-  local sub = {}
-  for k, v in pairs(opts) do
-    if not LUA_OPTIONS[k] then sub[k] = v end
-  end
-  if validate then sub.validate = true end
-  -- Ask the engine only for events someone will read.
-  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
 
   local e = get_engine()
   local ok, h = pcall(e.submit, e, sub)
@@ -287,7 +273,7 @@ local function start(opts, complete, level, defaults)
     if type(h) == "string" then error(h, level + 1) end
     error(h, 0)
   end
-  local rec = { h = h, logger = logger or nil, validate = validate or nil, complete = complete,
+  local rec = { h = h, logger = logger, validate = validate, complete = complete,
     finished = false, reported = false, request_id = h:request_id(), on_chunk = opts.on_chunk }
   pending[h] = rec
   npending = npending + 1

@@ -351,14 +351,7 @@ end
 local LUA_OPTIONS = { logger = true, validate = true }
 
 local function split_options(opts, level)
-  if type(opts) ~= "table" then argerror(level + 1, "opts", "a table", opts) end
-  local logger, validate = opts.logger, opts.validate
-  if logger ~= nil and logger ~= false and not is_callable(logger) then
-    argerror(level + 1, "logger", "a function, false or nil", logger)
-  end
-  if validate ~= nil and validate ~= false and not is_callable(validate) then
-    argerror(level + 1, "validate", "a function or nil", validate)
-  end
+  local sub, logger, validate = args.split_call_options(opts, level + 1, LUA_OPTIONS)
   if opts.engine ~= nil then
     error("llmretry: engine is not an option of llmretry.openresty (every call runs on the "
       .. "worker's engine: see init_worker)", level + 1)
@@ -367,14 +360,7 @@ local function split_options(opts, level)
     error("llmretry: thread_pool is not an option any more: calls run on the worker's engine, "
       .. "with no thread pool (docs/openresty.md)", level + 1)
   end
-  local sub = {}
-  for k, v in pairs(opts) do
-    if not LUA_OPTIONS[k] then sub[k] = v end
-  end
-  if validate then sub.validate = true end
-  -- Ask the engine only for events someone will read.
-  if not logger and sub.event_mask == nil then sub.event_mask = 0 end
-  return sub, { logger = logger or nil, validate = validate or nil, reported = false,
+  return sub, { logger = logger, validate = validate, reported = false,
     report = report_logger_error }
 end
 
