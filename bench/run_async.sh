@@ -33,20 +33,7 @@ export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 log() { printf '%s\n' "$*" >&2; }
 
 # ---- 1. the extension (with PYTHON) and the peers (PyPI, in a venv) ---------
-log "== building the extension (make build-python)"
-make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null 2>&1 || {
-  log "make build-python failed:"; make --no-print-directory build-python PYTHON="$PYTHON" >&2; exit 1; }
-# A venv of the same interpreter runs the in-place extension (same ABI tag)
-# and keeps the peers' versions (openai[aiohttp], httpx, aiohttp) off PYTHON.
-mkdir -p "$BUILD_DIR"
-[ -x "$VENV/bin/python" ] || { log "== creating the venv $VENV"; "$PYTHON" -m venv "$VENV"; }
-VPY="$VENV/bin/python"
-if ! "$VPY" -c 'import openai, httpx2, httpx, aiohttp; openai.DefaultAioHttpClient()' 2>/dev/null; then
-  log "== installing openai[aiohttp] httpx aiohttp into $VENV (pip)"
-  "$VPY" -m pip install --quiet 'openai[aiohttp]' httpx aiohttp >"$BUILD_DIR/venv-async-pip.log" 2>&1 || {
-    log "pip install failed:"; cat "$BUILD_DIR/venv-async-pip.log" >&2; exit 1; }
-fi
-"$VPY" -c 'import llmretry' || { log "llmretry does not import in $VPY"; exit 1; }
+. "$ROOT/bench/peer_venv.sh"
 if ! "$VPY" -c 'import llmretry; llmretry.Client.acall_llm; llmretry.Client.acall_many' 2>/dev/null; then
   log "WARNING: this llmretry has no acall_llm/acall_many: their rows are skipped"
   KEEP=()

@@ -38,18 +38,7 @@ export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 log() { printf '%s\n' "$*" >&2; }
 
 # ---- 1. the extension (with PYTHON) and the peers (PyPI, in a venv) ---------
-log "== building the extension (make build-python)"
-make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null 2>&1 || {
-  log "make build-python failed:"; make --no-print-directory build-python PYTHON="$PYTHON" >&2; exit 1; }
-mkdir -p "$BUILD_DIR"
-[ -x "$VENV/bin/python" ] || { log "== creating the venv $VENV"; "$PYTHON" -m venv "$VENV"; }
-VPY="$VENV/bin/python"
-if ! "$VPY" -c 'import openai, aiohttp' 2>/dev/null; then
-  log "== installing openai[aiohttp] httpx aiohttp into $VENV (pip)"
-  "$VPY" -m pip install --quiet 'openai[aiohttp]' httpx aiohttp >"$BUILD_DIR/venv-async-pip.log" 2>&1 || {
-    log "pip install failed:"; cat "$BUILD_DIR/venv-async-pip.log" >&2; exit 1; }
-fi
-"$VPY" -c 'import llmretry' || { log "llmretry does not import in $VPY"; exit 1; }
+. "$ROOT/bench/peer_venv.sh"
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 if awk -v l="${LOAD0%% *}" 'BEGIN {exit !(l > 0.5)}'; then
   log "WARNING: load average $LOAD0 before the run: other work shares these cores, figures will be noisy"
