@@ -440,6 +440,15 @@ DEFAULT_WINDOW_MS = 60000
 DEFAULT_COMPLETION_TOKENS = DEFAULT_USAGE["completion_tokens"]
 
 
+def _check_fields(obj: Any, name: str, known: "frozenset[str]") -> None:
+    """A script's object field: an object of known keys only."""
+    if not isinstance(obj, dict):
+        raise ScriptError(f"{name} must be an object")
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise ScriptError(f"{name}: unknown field(s) {unknown} (known: {sorted(known)})")
+
+
 def _check_limits(limits: Any) -> Optional[Dict[str, Any]]:
     """Validate a script's ``limits``; return it with defaults filled in.
 
@@ -448,12 +457,7 @@ def _check_limits(limits: Any) -> Optional[Dict[str, Any]]:
     """
     if limits is None:
         return None
-    if not isinstance(limits, dict):
-        raise ScriptError("limits must be an object")
-    unknown = sorted(set(limits) - LIMIT_KEYS)
-    if unknown:
-        raise ScriptError(f"limits: unknown field(s) {unknown} "
-                          f"(known: {sorted(LIMIT_KEYS)})")
+    _check_fields(limits, "limits", LIMIT_KEYS)
     for key in ("rpm", "tpm"):
         value = limits.get(key)
         if value is not None and (isinstance(value, bool)
@@ -494,12 +498,7 @@ def _check_outage(outage: Any) -> Optional[Dict[str, Any]]:
     """
     if outage is None:
         return None
-    if not isinstance(outage, dict):
-        raise ScriptError("outage must be an object")
-    unknown = sorted(set(outage) - OUTAGE_KEYS)
-    if unknown:
-        raise ScriptError(f"outage: unknown field(s) {unknown} "
-                          f"(known: {sorted(OUTAGE_KEYS)})")
+    _check_fields(outage, "outage", OUTAGE_KEYS)
     mode = _check_outage_mode(outage.get("mode", "503"), "outage")
     start = outage.get("from_ms", 0)
     if not _is_number(start) or not 0 <= start < float("inf"):
