@@ -13,11 +13,11 @@ deps:
 	tools/ensure-deps.sh
 
 build:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMRETRY_WERROR=ON >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
 build-asan:
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLLMRETRY_SANITIZE=ON >/dev/null
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLLMRETRY_SANITIZE=ON -DLLMRETRY_WERROR=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 # The Python extension, built in place so python/ is importable as is.

@@ -20,6 +20,10 @@ python="${PYTHON:-python3}"
 out="$(mkdir -p "${1:-$repo/dist}" && cd "${1:-$repo/dist}" && pwd)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/llmretry-wheel.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+# Run Python from the scratch dir: in the checkout, CMake's build/ folder is
+# a namespace package named `build` that shadows PyPA's (`import build`
+# "works", then `python -m build` has no __main__).
+cd "$work"
 
 # The packaging tools, from PyPI when missing (loose pins, like ensure-deps).
 missing=()

@@ -227,7 +227,7 @@ static void reap(pid_t pid)
         ;
 }
 
-int th_mock_start(th_mock *m)
+static int start_mock(th_mock *m)
 {
     static const char *const argv[] = { "python3", "-m", "llmretry.testing",
                                         "--port", "0", NULL };
@@ -379,13 +379,23 @@ static long control(const th_mock *m, const char *method, const char *path,
     return status;
 }
 
+int th_mock_start(th_mock *m)
+{
+    int rc = start_mock(m);
+    if (rc != 0)                        /* no server, no test: a failure */
+        th_fail(__FILE__, __LINE__, "setup: the mock server did not start");
+    return rc;
+}
+
 int th_mock_script(th_mock *m, const char *name, const char *scenario_json)
 {
     char path[256];
     snprintf(path, sizeof path, "/_mock/scenarios/%s", name);
     long st = control(m, "PUT", path, scenario_json, NULL);
     if (st < 200 || st >= 300) {
-        fprintf(stderr, "harness: scripting scenario %s failed (HTTP %ld)\n", name, st);
+        /* A test whose mock refused its script tests nothing: count it as a
+         * failure here, so no caller can skip its checks and still pass. */
+        th_fail(__FILE__, __LINE__, "setup: scripting scenario %s failed (HTTP %ld)", name, st);
         return -1;
     }
     return 0;

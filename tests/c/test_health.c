@@ -80,6 +80,9 @@ static int stats_of(llmretry_engine *e, const char *name, llmretry_endpoint_stat
 {
     llmretry_endpoint_stats all[32];
     size_t n = llmretry_engine_endpoint_stats(e, all, 32);
+    /* Not found leaves *out defined too: the CHECKs after a failed
+     * stats_of then fail on zeros, not on stack garbage. */
+    memset(out, 0, sizeof *out);
     char needle[96];
     snprintf(needle, sizeof needle, "/s/%s/", name);
     for (size_t i = 0; i < n && i < 32; i++)

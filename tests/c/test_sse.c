@@ -58,8 +58,13 @@ static char *run_stream(const char *in, size_t len, size_t max, size_t step, siz
 {
     lr_sse_reader r;
     lr_sse_event ev;
-    char *out = NULL;
-    size_t out_len = 0;
+    /* Static: gcc -O3 takes open_memstream's hold on a local's address for
+     * a dangling pointer after fclose (-Wdangling-pointer). One caller at
+     * a time. */
+    static char *out;
+    static size_t out_len;
+    out = NULL;
+    out_len = 0;
     FILE *t = open_memstream(&out, &out_len);
     int rc = LR_SSE_AGAIN;
     lr_sse_init(&r, max);
