@@ -49,15 +49,17 @@ status=0
 
 # -- 1. LiteLLM ---------------------------------------------------------------
 venv="$out/litellm-venv"
-if [ ! -x "$venv/bin/litellm" ]; then
-  echo "interop: installing litellm[proxy]==1.74.9 into $venv"
+litellm_version=1.108.7
+if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('litellm') != '$litellm_version')" 2>/dev/null; then
+  echo "interop: installing litellm[proxy]==$litellm_version into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q 'litellm[proxy]==1.74.9' > "$out/pip.log" 2>&1 \
+  "$venv/bin/pip" install -q "litellm[proxy]==$litellm_version" > "$out/pip.log" 2>&1 \
     || { tail -20 "$out/pip.log" >&2; echo "interop: pip install failed" >&2; exit 1; }
 fi
 port=$(free_port)
 uport=$(free_port)
-LLMRETRY_INTEROP_UPSTREAM="http://127.0.0.1:$uport/v1" \
+# LITELLM_LOCAL_MODEL_COST_MAP: no attempt to fetch prices from the network.
+LITELLM_LOCAL_MODEL_COST_MAP=True LLMRETRY_INTEROP_UPSTREAM="http://127.0.0.1:$uport/v1" \
   "$venv/bin/litellm" --config tests/interop/litellm_proxy.yaml --host 127.0.0.1 --port "$port" \
   --num_workers 1 > "$out/litellm.log" 2>&1 &
 pids+=($!)

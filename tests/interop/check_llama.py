@@ -179,6 +179,34 @@ def main(base_url: str, access_log: str) -> int:
         return asyncio.run(run())
 
     checks.check("astream_llm and acall_llm under asyncio", asyncio_calls)
+
+    def preempted_streams() -> str:
+        # Issue 27, item 2: the server's default interrupt_requests ends a
+        # stream a newer request pre-empts with a role-only chunk and [DONE]
+        # (no content, no finish_reason). That is a cut stream, retried, and
+        # never a success with no answer.
+        import asyncio
+
+        async def run() -> str:
+            mark = log.mark()
+            out = await client.acall_many([body(f"hello {i}", stream=True) for i in range(40)],
+                                          limit=4)
+            ok = [v for v in out if isinstance(v, llmretry.Result)]
+            empty = [v for v in ok if not content(v)
+                     or v.data["choices"][0].get("finish_reason") is None]
+            assert not empty, f"{len(empty)} successes without an answer: {empty[0].data}"
+            bad = [v for v in out if not isinstance(v, llmretry.Result)
+                   and getattr(v, "kind", None) not in ("network", "stream_interrupted")]
+            assert not bad, f"unexpected failures: {bad[:2]!r}"
+            s = out.summary
+            sent = log.since(mark, s.attempts)
+            assert len(sent) == s.attempts, f"{s.attempts} attempts, {len(sent)} requests"
+            return (f"{s.ok} ok with an answer, {s.failed} failed as cut streams, "
+                    f"{s.attempts} attempts for 40 items")
+        return asyncio.run(run())
+
+    checks.check("streams pre-empted by interrupt_requests are not empty successes",
+                 preempted_streams)
     client.close()
     return checks.summary("llama.cpp")
 

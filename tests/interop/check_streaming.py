@@ -225,6 +225,41 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
     check("an upstream 429 before the stream is retried as a 429", rate_limited_before_stream)
     check("an upstream cut mid-stream", cut_upstream)
 
+    responses_log = AccessLog(access_log, "/v1/responses")
+
+    def output_text(res: llmretry.Result) -> str:
+        return "".join(part.get("text", "") for item in res.data.get("output", [])
+                       for part in item.get("content", []) or [])
+
+    def responses_stream() -> str:
+        # Issue 27, items 3 and 4: LiteLLM's /responses (the lm_studio
+        # provider translates it to chat) streams typed events as bare
+        # `data: {"type": "response.output_text.delta", ...}` lines, with no
+        # `event:` line; its usage is input_tokens/output_tokens.
+        mark = responses_log.mark()
+        before = len(Upstream.requests_for("up-ok"))
+        with client.stream_llm({"model": "lm-responses", "input": "hi"},
+                               url=base_url + "/responses") as s:
+            texts = list(s.text_deltas())
+            res = s.result()
+        assert "".join(texts) == "one two three", f"text deltas {texts!r}"
+        assert output_text(res) == "one two three", res.data
+        u = res.meta.usage
+        assert u is not None and u["prompt_tokens"] == 3 and u["completion_tokens"] == 3, u
+        sent = responses_log.since(mark, 1)
+        assert sent == [200], f"the proxy received {sent}"
+        seen = Upstream.requests_for("up-ok")[before:]
+        assert len(seen) == 1, f"upstream saw {len(seen)} requests"
+        many = client.call_many([{"model": "lm-responses", "input": f"q{i}", "stream": True}
+                                 for i in range(50)], limit=8, url=base_url + "/responses")
+        texts50 = [output_text(v) if isinstance(v, llmretry.Result) else repr(v) for v in many]
+        assert texts50 == ["one two three"] * 50, texts50[:3]
+        assert many.summary.prompt_tokens == 150, many.summary
+        return (f"{len(texts)} text deltas, usage {u}; call_many of 50 streams: "
+                f"50 with text, {many.summary.total_tokens} tokens")
+
+    check("a /responses stream with no event: lines (typed by its payload)", responses_stream)
+
     def asyncio_streams() -> str:
         # The asyncio surface (issue 17) through the same proxy: a stream
         # read chunk by chunk on the loop, and calls gathered at once.

@@ -34,17 +34,16 @@ class Checks:
 
 
 class AccessLog:
-    """A server's chat requests, counted from its uvicorn access log (one
-    ``"POST /v1/chat/completions HTTP/1.1" <status>`` line per request)."""
+    """A server's requests to one route, counted from its uvicorn access log
+    (one ``"POST /v1/chat/completions HTTP/1.1" <status>`` line per request)."""
 
-    LINE = re.compile(r'"POST /v1/chat/completions HTTP/1\.1" (\d{3})')
-
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, route: str = "/v1/chat/completions") -> None:
         self.path = path
+        self.line = re.compile(r'"POST ' + re.escape(route) + r' HTTP/1\.1" (\d{3})')
 
     def statuses(self) -> List[int]:
         with open(self.path, encoding="utf-8", errors="replace") as f:
-            return [int(m.group(1)) for m in self.LINE.finditer(f.read())]
+            return [int(m.group(1)) for m in self.line.finditer(f.read())]
 
     def mark(self) -> int:
         return len(self.statuses())
