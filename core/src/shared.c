@@ -1,0 +1,147 @@
+/* The numbers of one endpoint's budgets and the lock-free rules that change
+ * them (shared.h). The same code serves an endpoint kept in one process and
+ * one kept in a store every process maps: only where the struct lives
+ * differs. */
+#include "shared.h"
+
+#include <string.h>
+
+void lr_shared_ep_init(lr_shared_ep *ep, uint64_t id)
+{
+    memset(ep, 0, sizeof *ep);
+    atomic_store(&ep->id, id);
+}
+
+/* ---- GCRA buckets ------------------------------------------------------------ */
+
+int64_t lr_shared_gcra_take(_Atomic int64_t *tat_us, int64_t now_us, int64_t interval_us,
+                            int64_t cost, int64_t tolerance_us)
+{
+    int64_t old = atomic_load(tat_us);
+    for (;;) {
+        /* An idle bucket's tat lies in the past: it starts from now (full),
+         * never from a backlog of unused time. */
+        int64_t start = old > now_us ? old : now_us;
+        if (start - tolerance_us > now_us)
+            return start - tolerance_us - now_us;
+        /* A call larger than the tolerance still goes once the bucket is
+         * full, leaving it in debt: it is never starved. */
+        if (atomic_compare_exchange_weak(tat_us, &old, start + interval_us * cost))
+            return 0;
+    }
+}
+
+void lr_shared_gcra_adjust(_Atomic int64_t *tat_us, int64_t delta_us)
+{
+    atomic_fetch_add(tat_us, delta_us);
+}
+
+/* ---- the retry budget ------------------------------------------------------- */
+
+#define SECOND_OF(w) ((w) >> 32)
+#define COUNT_OF(w) ((w) & 0xffffffffLL)
+
+/* Count one in `word`'s slot for `second`: a slot still counting an older
+ * second starts again at 1. */
+static void count_in(_Atomic int64_t *word, int64_t second)
+{
+    int64_t old = atomic_load(word);
+    for (;;) {
+        int64_t next = SECOND_OF(old) == second ? old + 1 : (second << 32) | 1;
+        if (atomic_compare_exchange_weak(word, &old, next))
+            return;
+    }
+}
+
+static int64_t window_sum(_Atomic int64_t *words, int64_t second)
+{
+    int64_t sum = 0;
+    for (int i = 0; i < LR_SHARED_BUDGET_SLOTS; i++) {
+        int64_t w = atomic_load(&words[i]);
+        if (second - SECOND_OF(w) < LR_SHARED_BUDGET_SLOTS && SECOND_OF(w) <= second)
+            sum += COUNT_OF(w);
+    }
+    return sum;
+}
+
+void lr_shared_budget_request(lr_shared_ep *ep, int64_t now_ms)
+{
+    int64_t second = now_ms / 1000;
+    count_in(&ep->budget_requests[second % LR_SHARED_BUDGET_SLOTS], second);
+}
+
+void lr_shared_budget_window(lr_shared_ep *ep, int64_t now_ms, int64_t *requests,
+                             int64_t *retries)
+{
+    int64_t second = now_ms / 1000;
+    *requests = window_sum(ep->budget_requests, second);
+    *retries = window_sum(ep->budget_retries, second);
+}
+
+int lr_shared_budget_take(lr_shared_ep *ep, int64_t now_ms, double ratio, int64_t min)
+{
+    int64_t requests, retries, second = now_ms / 1000;
+    lr_shared_budget_window(ep, now_ms, &requests, &retries);
+    /* Check, then count: processes racing here may each pass once, an
+     * overshoot bounded by how many retry at the same instant. */
+    if ((double)(retries + 1) > ratio * (double)requests + (double)min)
+        return 0;
+    count_in(&ep->budget_retries[second % LR_SHARED_BUDGET_SLOTS], second);
+    return 1;
+}
+
+/* ---- the breaker -------------------------------------------------------------- */
+
+lr_shared_breaker lr_shared_breaker_state(lr_shared_ep *ep, int64_t now_ms)
+{
+    int64_t until = atomic_load(&ep->breaker_open_until);
+    if (until == 0)
+        return LR_SHARED_CLOSED;
+    return now_ms < until ? LR_SHARED_OPEN : LR_SHARED_HALF_OPEN;
+}
+
+int lr_shared_breaker_admits(lr_shared_ep *ep, int64_t now_ms, int64_t lease_ms, int *probe)
+{
+    *probe = 0;
+    switch (lr_shared_breaker_state(ep, now_ms)) {
+    case LR_SHARED_CLOSED:
+        return 1;
+    case LR_SHARED_OPEN:
+        return 0;
+    case LR_SHARED_HALF_OPEN:
+        break;
+    }
+    /* One probe at a time across every process: the probe holds a lease,
+     * so a process that dies while probing blocks the others only until it
+     * lapses. */
+    int64_t lease = atomic_load(&ep->breaker_probe_until);
+    if (lease > now_ms)
+        return 0;
+    if (!atomic_compare_exchange_strong(&ep->breaker_probe_until, &lease, now_ms + lease_ms))
+        return 0;
+    *probe = 1;
+    return 1;
+}
+
+int lr_shared_breaker_failed(lr_shared_ep *ep, int64_t now_ms, int threshold,
+                             int64_t cooldown_ms, int probe)
+{
+    if (probe) {                        /* the probe failed: open again */
+        atomic_store(&ep->breaker_open_until, now_ms + cooldown_ms);
+        atomic_store(&ep->breaker_probe_until, 0);
+        return 1;
+    }
+    int64_t n = atomic_fetch_add(&ep->breaker_failures, 1) + 1;
+    if (threshold <= 0 || n < threshold)
+        return 0;
+    int64_t closed = 0;
+    return atomic_compare_exchange_strong(&ep->breaker_open_until, &closed,
+                                          now_ms + cooldown_ms);
+}
+
+void lr_shared_breaker_succeeded(lr_shared_ep *ep)
+{
+    atomic_store(&ep->breaker_failures, 0);
+    atomic_store(&ep->breaker_open_until, 0);
+    atomic_store(&ep->breaker_probe_until, 0);
+}
