@@ -334,8 +334,12 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
     }
 }
 
-/* Record a failed attempt, tell the host, and let the policy decide. */
-static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out)
+/* Record a failed attempt, tell the host, and let the policy decide.
+ * at_once: the request was lost with its reused connection after it was
+ * written, so a retry goes at once (docs/reliability.md, Re-sends): the
+ * server's closing an idle connection as the request went out looks just
+ * the same, and that wants no backoff. */
+static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out, int at_once)
 {
     const llmretry_failure *f = &out->f;
     int http = f->kind == LLMRETRY_ERR_HTTP_STATUS;
@@ -374,8 +378,17 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
     int64_t now = lr_mono_ms();
     int64_t left = deadline_left(c, now);
-    /* Each target has its own max_retries and backoff: count from its first. */
-    llmretry_decision d = llmretry_decide(&c->o, f, c->attempt - c->target_first_attempt,
+    /* Each target has its own max_retries and backoff: count from its first.
+     * A backoff based on 0 ms is none, whatever the jitter; every other
+     * rule (attempts left, unsafe mode, the deadline) holds as ever. */
+    llmretry_options no_backoff;
+    const llmretry_options *o = &c->o;
+    if (at_once) {
+        no_backoff = c->o;
+        no_backoff.base_delay_ms = 0;
+        o = &no_backoff;
+    }
+    llmretry_decision d = llmretry_decide(o, f, c->attempt - c->target_first_attempt,
                                           lr_unix_ms(), left, lr_rng_next01(&e->rng));
     c->last_retry_after_ms = d.retry_after_ms;
     if (f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
@@ -422,20 +435,22 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
 }
 
 /* ---- free re-sends --------------------------------------------------------
- * A request that provably never reached the server is sent again at once,
- * in the same attempt: no event, no backoff, no attempt counted (the
- * result's `resends` counts them). So is, in safe mode only, one on a
- * reused connection that closed before any byte of a response: libcurl's
- * own re-send, what every HTTP client does when a server drops an idle
- * keep-alive connection just as the request goes out (uvicorn after 5 s).
- * In unsafe mode that one fails: the server may have read the request and
- * acted on it, and nothing tells the two cases apart. At most
- * LR_MAX_RESENDS per attempt, so a server that refuses every stream
- * fails the attempt instead of looping. */
+ * A request that provably never reached the server (docs/reliability.md,
+ * Re-sends: a refused HTTP/2 stream, a kept-alive connection found dead or
+ * holding stray bytes before the request was written) is sent again at
+ * once, in the same attempt: no event, no backoff, no attempt counted (the
+ * result's `resends` counts them). A request written on a reused
+ * connection that then died without a byte of a response is not free,
+ * though libcurl would re-send it: the server may have read it (and billed
+ * a generation). That attempt fails; safe mode retries it at once
+ * (handle_failure), unsafe mode stops. So the server sees at most
+ * 1 + max_retries requests it may have read. At most LR_MAX_RESENDS free
+ * re-sends per attempt, so a server that refuses every stream fails the
+ * attempt instead of looping. */
 
 int lr_resend_allowed(llmretry_call *c, lr_resend_why why)
 {
-    if (why == LR_RESEND_REUSED_DIED && c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
+    if (why == LR_RESEND_REUSED_DIED)
         return 0;
     if (c->attempt_resends >= LR_MAX_RESENDS)
         return 0;
@@ -480,13 +495,17 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
         }
         c->resend_refused = why;    /* past the bound: a failed attempt */
     }
+    /* The request was written, then its reused connection died (on_prereq
+     * stopped libcurl's re-send; an older libcurl fails to rewind it). */
+    int at_once = (rc == CURLE_ABORTED_BY_CALLBACK && c->resend_refused == LR_RESEND_REUSED_DIED)
+                  || rc == CURLE_SEND_FAIL_REWIND;
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
     lr_budget_attempt_ended(c, &out.usage);  /* its headers and usage teach the budget */
     lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
     detach_easy(e, c);
     if (!out.success) {
-        handle_failure(e, c, &out);
+        handle_failure(e, c, &out, at_once);
     } else if (c->o.validate) {
         /* The host judges the body; the engine waits for its verdict. */
         c->state = LR_VALIDATING;
@@ -528,7 +547,7 @@ void lr_attempt_validated(llmretry_engine *e, llmretry_call *c)
         free(c->v_fingerprint);
         c->v_response_model = c->v_fingerprint = NULL;
         memset(c->hdr_set, 0, sizeof c->hdr_set);
-        handle_failure(e, c, &out);
+        handle_failure(e, c, &out, 0);
         lr_outcome_clear(&out);
     }
     free(msg);

@@ -234,8 +234,9 @@ struct llmretry_call {
     unsigned long h2_stream;       /* the request's HTTP/2 stream id, 0 = none */
     int conn_lport, conn_rport;    /* ports of the request's connection */
     int resend_pending;            /* lr_resend_why: on_prereq aborted to re-send */
-    int resend_refused;            /* lr_resend_why: a re-send the policy refused */
+    int resend_refused;            /* lr_resend_why: a re-send that is not free */
     int attempt_resends;           /* free re-sends within this attempt */
+    long sent_at_prereq;           /* CURLINFO_REQUEST_SIZE when the last request began */
     size_t send_pos;               /* bytes of the body handed to libcurl */
     lr_buf resp;
     int too_large;
@@ -312,9 +313,14 @@ typedef enum lr_resend_why {
      * was closed): its bytes would be taken as this request's answer. We
      * abort before sending, so it never left. Both modes. */
     LR_RESEND_STALE,
-    /* A reused connection closed before any byte of a response (libcurl
-     * re-sends that on its own). The server may have read the request:
-     * safe mode only. */
+    /* A reused connection found dead before any byte of the request was
+     * written (libcurl re-sends that on its own): it never left. Both modes. */
+    LR_RESEND_UNSENT,
+    /* A reused connection that died, with no byte of a response, after the
+     * request was written (libcurl would re-send it on its own). The server
+     * may have read it: never free, the transfer ends as a failed attempt
+     * (retried at once in safe mode, a stop in unsafe mode:
+     * docs/reliability.md, Re-sends). */
     LR_RESEND_REUSED_DIED,
 } lr_resend_why;
 

@@ -91,7 +91,8 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->message = printf_alloc("bad URL (not retried): %s", detail);
         break;
     case CURLE_ABORTED_BY_CALLBACK:
-        /* Only on_prereq aborts, before a re-send lr_resend_allowed refused. */
+        /* Only on_prereq aborts, before a re-send lr_resend_allowed refused:
+         * a written request (never free) or a free one past the bound. */
         f->kind = LLMRETRY_ERR_NETWORK;
         if (c->resend_refused == LR_RESEND_REUSED_DIED && c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
             out->message = printf_alloc("connection closed before a response (the server may "
@@ -101,12 +102,15 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
             out->message = printf_alloc("connection lost before a response (the request may "
                                         "have reached the server)");
         else {
-            /* Refused streams or stale connections, past LR_MAX_RESENDS:
-             * the request never reached the server. */
+            /* Refused streams, stale or dead connections, past
+             * LR_MAX_RESENDS: the request never reached the server. */
             f->never_connected = 1;
             out->message = printf_alloc(c->resend_refused == LR_RESEND_STALE
                                         ? "every idle connection had unread bytes (%d tries); "
                                           "the request was not sent"
+                                        : c->resend_refused == LR_RESEND_UNSENT
+                                        ? "every connection was dead before the request was "
+                                          "written (%d tries); the request was not sent"
                                         : "the server refused the request %d times without "
                                           "processing it", LR_MAX_RESENDS + 1);
         }

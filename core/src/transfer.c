@@ -1,8 +1,9 @@
 /* An attempt on the wire: setting up the easy handle, capturing the
  * response (body within max_response_bytes, the headers the policy reads),
  * sending the body, and telling libcurl's own re-sends apart: a refused
- * stream or a stale kept-alive connection is re-sent at once, for free
- * (attempt.c decides), anything else ends the attempt. Engine thread. */
+ * stream or a request that never left its connection is re-sent at once,
+ * for free (attempt.c decides), anything else ends the attempt. Engine
+ * thread. */
 #include "engine.h"
 #include "stream.h"
 
@@ -185,13 +186,15 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* One attempt must be one request, with few exceptions: re-sends of a
- * request that provably never reached the server, or (safe mode only) of
- * one on a reused connection that died before any byte came back. libcurl
- * re-sends the latter kinds on its own; on_prereq sees each request it
- * begins and lets attempt.c (lr_resend_allowed) decide: allowed, it is a
- * free re-send (no attempt, no backoff); refused, the transfer aborts and
- * the policy sees a failed attempt. */
+/* One attempt must be one request, the only exceptions being re-sends of
+ * a request that provably never reached the server (docs/reliability.md,
+ * Re-sends). libcurl re-sends on its own, within the transfer, a request
+ * whose reused connection died before any byte of a response: on_prereq
+ * sees each request it begins and tells the cases apart. A refused HTTP/2
+ * stream, or a connection found dead before the request was written, is a
+ * free re-send if attempt.c (lr_resend_allowed) allows it; a request that
+ * was written may have been read, so its re-send is aborted and the
+ * attempt fails (attempt.c retries it at once in safe mode). */
 #if LIBCURL_VERSION_NUM >= 0x075000
 /* Bytes waiting (or EOF) on the idle HTTP/1.1 connection libcurl is about
  * to send on: an answer to nothing, which libcurl 7.88 would read as this
@@ -270,16 +273,22 @@ static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_por
     (void)primary_ip;
     (void)local_ip;
     lr_origin_connected(c);         /* the next call to its origin may start */
+    long sent = 0;
+    curl_easy_getinfo(c->easy, CURLINFO_REQUEST_SIZE, &sent);
     if (c->prereq_calls++ > 0) {
-        /* Judged on the last request's connection and stream, below. */
-        /* libcurl's own re-send: it re-sends only what got no byte back. */
+        /* libcurl's own re-send (of what got no byte back), judged on the
+         * last request's connection and stream, and on whether any of its
+         * bytes left: REQUEST_SIZE adds what each request of the transfer
+         * wrote, only once the connection took it. */
         lr_resend_why why = c->saw_refused || refused_by_goaway(c) ? LR_RESEND_REFUSED
-                                                                    : LR_RESEND_REUSED_DIED;
+                          : sent == c->sent_at_prereq ? LR_RESEND_UNSENT
+                          : LR_RESEND_REUSED_DIED;
         if (!lr_resend_allowed(c, why)) {
             c->resend_refused = why;
             return CURL_PREREQFUNC_ABORT;
         }
     }
+    c->sent_at_prereq = sent;
     c->saw_refused = 0;
     c->h2_stream = 0;
     c->conn_lport = local_port;
@@ -300,6 +309,7 @@ static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_por
 static void set_body(llmretry_call *c, CURL *easy)
 {
     c->prereq_calls = 0;
+    c->sent_at_prereq = 0;
     c->saw_refused = 0;
     c->h2_stream = 0;
     c->resend_pending = c->resend_refused = LR_RESEND_NONE;

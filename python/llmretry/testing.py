@@ -171,6 +171,14 @@ Step fields (all optional; unknown fields are ignored)
         every ``interval_ms`` (default 1000); the first byte goes at once.
         The connection stays usable afterwards.
 
+``idle_close_ms``
+    a number >= 0: after this step's answer, if the connection stays open,
+    the server waits at most this long for the connection's next request,
+    then closes it (FIN) unasked, as uvicorn does after its 5 s keep-alive
+    timeout. The request's record has ``"idle_closed": false`` from the
+    start, true once the FIN is sent (a test may wait for it before the
+    next call).
+
 ``stream``
     ``true`` or an object: answer with an SSE stream of
     ``chat.completion.chunk`` events (``Content-Type: text/event-stream``,
@@ -399,7 +407,7 @@ def _check_step(step: Any, where: str) -> Step:
     for key, _ in HEADER_SHORTCUTS:
         if key in step:
             _check_header_value(step[key], f"{where}: {key}")
-    for key in ("delay_ms", "stall_ms", "interval_ms"):
+    for key in ("delay_ms", "stall_ms", "interval_ms", "idle_close_ms"):
         if key in step and (not _is_number(step[key]) or step[key] < 0):
             raise ScriptError(f"{where}: {key} must be a number >= 0")
     if "size" in step:
@@ -1116,6 +1124,8 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.conn_id = self.server.connection_id(self.request)
         self._dead = False
+        # (seconds, record) of an answered step's idle_close_ms, or None.
+        self._idle_close: Optional[Tuple[float, Record]] = None
 
     # -- plumbing ---------------------------------------------------------
 
@@ -1123,10 +1133,36 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: no per-request logging."""
 
     def handle_one_request(self) -> None:
+        idle, self._idle_close = self._idle_close, None
+        if idle is not None and not self._request_within(idle[0]):
+            # A keep-alive timeout (uvicorn's): close the idle connection
+            # (FIN) before the record says so, so a client told of it can
+            # never send on the connection first.
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self.server.state.update(idle[1], idle_closed=True)
+            return
         try:
             super().handle_one_request()
         except _Abort:
             self.close_connection = True
+
+    def _request_within(self, seconds: float) -> bool:
+        """Does the next request (or the client's EOF, or a stop) come
+        within ``seconds``? Bytes already buffered count at once."""
+        self.connection.settimeout(seconds)
+        try:
+            self.rfile.peek(1)
+            return True
+        except socket.timeout:
+            return False
+        except OSError:
+            return True     # the request read will meet it
+        finally:
+            self.connection.settimeout(None)
 
     def _write(self, data: bytes) -> None:
         if self._dead:
@@ -1392,10 +1428,14 @@ class _Handler(BaseHTTPRequestHandler):
 
         def stream_fields(chosen: Step) -> Record:
             # A streamed response's record has its live fields from the
-            # start, so a test may read them during the step's delay.
+            # start, so a test may read them during the step's delay; so
+            # has an idle_close_ms step's.
+            live: Record = {}
+            if chosen.get("idle_close_ms") is not None:
+                live["idle_closed"] = False
             if _mock_sse.stream_options(chosen, doc) is None:
-                return {}
-            return {"events_sent": 0, "client_gone": False}
+                return live
+            return {**live, "events_sent": 0, "client_gone": False}
 
         admission = self.server.state.consume(name, record, stream_fields,
                                               doc)
@@ -1407,6 +1447,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(429, admission.refusal, admission.headers)
             return
         step, n = admission.step, admission.n
+        if step.get("idle_close_ms") is not None:
+            # Armed now, acted on only if the answer keeps the connection.
+            self._idle_close = (step["idle_close_ms"] / 1000.0, record)
 
         self._wait(step.get("delay_ms", 0) / 1000.0)
         fault = step.get("fault")

@@ -1,15 +1,22 @@
-/* Re-sends the engine makes at once, without counting an attempt, because
- * the request provably never reached the server (or, in safe mode, could
- * not have been answered): a keep-alive connection with unread bytes, and
- * a reused connection that dies before any byte of a response.
+/* Requests sent again (docs/reliability.md, Re-sends). Free, at once, no
+ * attempt counted, only when the request provably never reached the
+ * server: a keep-alive connection with unread bytes, or one the server
+ * closed while it idled. A request written on a reused connection that
+ * then dies without a byte of a response may have been read: that is an
+ * attempt (retried at once in safe mode, a stop in unsafe mode), so the
+ * server sees at most 1 + max_retries of them.
  *
- * The server here is a raw socket in a thread, so it can misbehave in
- * ways the mock server (and any sane HTTP library) will not: answer a
- * request nobody sent, or read a request and hang up on it. */
+ * Two servers: a raw socket in a thread, which can misbehave in ways the
+ * mock server (and any sane HTTP library) will not (answer a request
+ * nobody sent), and the project's mock, whose request records are the
+ * count of what a server saw. ctest runs this under fail_send.so, which
+ * fails one send() on cue. */
 #include "harness.h"
 #include "llmretry.h"
 
 #include <arpa/inet.h>
+#include <cJSON.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -199,8 +206,8 @@ static void test_unsolicited_response(void)
 }
 
 /* Safe mode: a request on a reused keep-alive connection that the server
- * hung up on without a byte is sent again at once, on a new connection,
- * as part of the same attempt (no backoff, no second attempt). */
+ * read and hung up on without a byte is a failed attempt (the server may
+ * have acted on it), retried at once on a new connection: no backoff. */
 static void test_hangup_on_reused_safe(void)
 {
     srv s;
@@ -220,8 +227,8 @@ static void test_hangup_on_reused_safe(void)
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(says(r, "\"request 3\""), "second call: ok=%d %s", r ? r->ok : -1,
               r && r->message ? r->message : "");
-    CHECK_MSG(r && r->attempts == 1, "second call took %d attempts", r ? r->attempts : -1);
-    CHECK_MSG(r && r->resends == 1, "second call: %d free re-sends", r ? r->resends : -1);
+    CHECK_MSG(r && r->attempts == 2, "second call took %d attempts", r ? r->attempts : -1);
+    CHECK_MSG(r && r->resends == 0, "second call: %d free re-sends", r ? r->resends : -1);
     CHECK_MSG(r && r->total_ms < 2000, "second call took %lld ms (a backoff?)",
               r ? (long long)r->total_ms : -1LL);
     llmretry_call_free(c);
@@ -258,13 +265,225 @@ static void test_hangup_on_reused_unsafe(void)
     srv_stop(&s);
 }
 
+/* ---- against the mock: the requests a server saw ------------------------ */
+
+static th_mock mock;
+
+static void mock_opts(llmretry_options *o, const char *name, char *url, size_t len,
+                      llmretry_retry_mode mode)
+{
+    llmretry_options_defaults(o);
+    o->base_url = th_mock_scenario_url(&mock, name, url, len);
+    o->use_env_api_key = 0;
+    o->body = BODY;
+    o->body_len = strlen(BODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 10;
+    o->timeout_ms = 5000;
+    o->max_retries = 2;
+    o->retry_mode = mode;
+}
+
+/* The scenario's request records (a cJSON array to delete), NULL on error. */
+static cJSON *records(const char *name)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    if (!cJSON_IsArray(a)) {
+        cJSON_Delete(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* Record i's number field `key`, -1 when absent. */
+static double rec_num(const cJSON *a, int i, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(a, i), key);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+/* After a first answer, the server reads every request and resets the
+ * connection without a byte of an answer (a proxy dropping generations it
+ * has started: each one billed). The first of them comes on the first
+ * call's kept-alive connection, which libcurl would send again on its own.
+ * The second call may cost the server 1 + max_retries requests in safe
+ * mode (3: it was 4, one a free re-send), exactly 1 in unsafe mode. */
+static void reset_after_read(llmretry_retry_mode mode)
+{
+    const char *name = mode == LLMRETRY_RETRY_UNSAFE ? "reset_after_read_unsafe"
+                                                     : "reset_after_read_safe";
+    if (th_mock_script(&mock, name, "{\"steps\": [{}], \"after\": {\"fault\": \"reset\"}}") != 0) {
+        CHECK_MSG(0, "could not script %s", name);
+        return;
+    }
+    llmretry_engine *e = th_engine_new();
+    char url[128];
+    llmretry_options o;
+    mock_opts(&o, name, url, sizeof url, mode);
+    llmretry_call *c = e ? run(e, &o) : NULL;
+    CHECK_MSG(c && llmretry_call_result(c)->ok, "the first call failed");
+    llmretry_call_free(c);
+    c = e ? run(e, &o) : NULL;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    int unsafe = mode == LLMRETRY_RETRY_UNSAFE;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK &&
+              r->reason == (unsafe ? LLMRETRY_REASON_UNSAFE_MODE
+                                   : LLMRETRY_REASON_RETRIES_EXHAUSTED),
+              "%s: ok=%d kind=%d reason=%d", name, r ? r->ok : -1, r ? (int)r->kind : -1,
+              r ? (int)r->reason : -1);
+    CHECK_INT(r ? r->attempts : -1, unsafe ? 1 : 3);
+    CHECK_INT(r ? r->resends : -1, 0);
+    llmretry_call_free(c);
+    llmretry_engine_free(e);
+    cJSON *a = records(name);
+    CHECK_INT(a ? cJSON_GetArraySize(a) : -1, unsafe ? 2 : 4);
+    /* The case at hand: the first reset request was on the reused connection. */
+    CHECK_MSG(a && rec_num(a, 1, "connection") == rec_num(a, 0, "connection"),
+              "%s: the second call's first request was not on the kept-alive connection", name);
+    cJSON_Delete(a);
+}
+
+static void test_reset_after_read_safe(void)
+{
+    reset_after_read(LLMRETRY_RETRY_SAFE);
+}
+
+static void test_reset_after_read_unsafe(void)
+{
+    reset_after_read(LLMRETRY_RETRY_UNSAFE);
+}
+
+/* The server closes the first call's kept-alive connection while it idles
+ * (uvicorn's keep-alive timeout, here 20 ms): the next request never goes
+ * out on it, so it costs no attempt, in either mode. */
+static void idle_closed(llmretry_retry_mode mode)
+{
+    const char *name = mode == LLMRETRY_RETRY_UNSAFE ? "idle_closed_unsafe" : "idle_closed_safe";
+    if (th_mock_script(&mock, name, "{\"steps\": [{\"idle_close_ms\": 20}]}") != 0) {
+        CHECK_MSG(0, "could not script %s", name);
+        return;
+    }
+    llmretry_engine *e = th_engine_new();
+    char url[128];
+    llmretry_options o;
+    mock_opts(&o, name, url, sizeof url, mode);
+    llmretry_call *c = e ? run(e, &o) : NULL;
+    CHECK_MSG(c && llmretry_call_result(c)->ok, "the first call failed");
+    llmretry_call_free(c);
+    int closed = 0;
+    for (int64_t until = th_now_ms() + 5000; !closed && th_now_ms() < until;) {
+        cJSON *a = records(name);
+        closed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(a, 0),
+                                                               "idle_closed"));
+        cJSON_Delete(a);
+        if (!closed)
+            sleep_ms(5);
+    }
+    CHECK_MSG(closed, "%s: the mock never closed the idle connection", name);
+    c = e ? run(e, &o) : NULL;
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok, "%s: second call: %s", name, r && r->message ? r->message : "");
+    CHECK_INT(r ? r->attempts : -1, 1);
+    llmretry_call_free(c);
+    llmretry_engine_free(e);
+    cJSON *a = records(name);
+    CHECK_INT(a ? cJSON_GetArraySize(a) : -1, 2);
+    CHECK_MSG(a && rec_num(a, 1, "connection") != rec_num(a, 0, "connection"),
+              "%s: a request went out on the closed connection", name);
+    cJSON_Delete(a);
+}
+
+static void test_idle_closed_safe(void)
+{
+    idle_closed(LLMRETRY_RETRY_SAFE);
+}
+
+static void test_idle_closed_unsafe(void)
+{
+    idle_closed(LLMRETRY_RETRY_UNSAFE);
+}
+
+/* fail_send.so's controls (CMakeLists preloads it), found at run time. */
+static void (*fail_send_arm)(int port);
+static int (*fail_send_armed)(void);
+
+/* The first call's kept-alive connection is found dead as the second
+ * call's request is written: the send fails, not a byte leaves (the shim
+ * fails it, a race no server can win on cue). libcurl sends it again on a
+ * new connection by itself; the server never saw the first, so that is
+ * free (no attempt) in either mode. */
+static void dead_before_write(llmretry_retry_mode mode)
+{
+    const char *name = mode == LLMRETRY_RETRY_UNSAFE ? "dead_before_write_unsafe"
+                                                     : "dead_before_write_safe";
+    if (!fail_send_arm || !fail_send_armed) {
+        CHECK_MSG(0, "fail_send.so is not preloaded (run through ctest)");
+        return;
+    }
+    if (th_mock_script(&mock, name, "{\"steps\": []}") != 0) {
+        CHECK_MSG(0, "could not script %s", name);
+        return;
+    }
+    llmretry_engine *e = th_engine_new();
+    char url[128];
+    llmretry_options o;
+    mock_opts(&o, name, url, sizeof url, mode);
+    llmretry_call *c = e ? run(e, &o) : NULL;
+    CHECK_MSG(c && llmretry_call_result(c)->ok, "the first call failed");
+    llmretry_call_free(c);
+    fail_send_arm(mock.port);
+    c = e ? run(e, &o) : NULL;
+    CHECK_MSG(fail_send_armed() == 0, "%s: no send failed", name);
+    fail_send_arm(0);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok, "%s: second call: %s", name, r && r->message ? r->message : "");
+    CHECK_INT(r ? r->attempts : -1, 1);
+    CHECK_INT(r ? r->resends : -1, 1);
+    llmretry_call_free(c);
+    llmretry_engine_free(e);
+    cJSON *a = records(name);
+    CHECK_INT(a ? cJSON_GetArraySize(a) : -1, 2);
+    CHECK_MSG(a && rec_num(a, 1, "connection") != rec_num(a, 0, "connection"),
+              "%s: both requests on one connection", name);
+    cJSON_Delete(a);
+}
+
+static void test_dead_before_write_safe(void)
+{
+    dead_before_write(LLMRETRY_RETRY_SAFE);
+}
+
+static void test_dead_before_write_unsafe(void)
+{
+    dead_before_write(LLMRETRY_RETRY_UNSAFE);
+}
+
 int main(void)
 {
+    fail_send_arm = (void (*)(int))dlsym(RTLD_DEFAULT, "fail_send_arm");
+    fail_send_armed = (int (*)(void))dlsym(RTLD_DEFAULT, "fail_send_armed");
+    unsetenv("LD_PRELOAD");         /* the mock server (python) need not carry it */
     static const th_case tests[] = {
         { "unsolicited_response", test_unsolicited_response },
         { "hangup_on_reused_safe", test_hangup_on_reused_safe },
         { "hangup_on_reused_unsafe", test_hangup_on_reused_unsafe },
     };
     TH_RUN(tests);
+    static const th_case mock_tests[] = {
+        { "reset_after_read_safe", test_reset_after_read_safe },
+        { "reset_after_read_unsafe", test_reset_after_read_unsafe },
+        { "idle_closed_safe", test_idle_closed_safe },
+        { "idle_closed_unsafe", test_idle_closed_unsafe },
+        { "dead_before_write_safe", test_dead_before_write_safe },
+        { "dead_before_write_unsafe", test_dead_before_write_unsafe },
+    };
+    if (th_mock_start(&mock) != 0) {
+        CHECK_MSG(0, "mock server did not start");
+    } else {
+        TH_RUN(mock_tests);
+        th_mock_stop(&mock);
+    }
     return th_summary("test_resend");
 }

@@ -18,7 +18,7 @@ describe("events", function()
   it("come in order with exactly their fields, nulls as llm.null", function()
     local scen = mock:scen("all_fields")
     -- truncate, not reset: a reset on the reused connection before any byte
-    -- would be a free re-send within the attempt, with no error event.
+    -- would be retried at once, not after the backoff checked below.
     scen.script({ { status = 503, retry_after = "0.05" }, { fault = "truncate" },
       { status = 200, usage = { prompt_tokens = 7, completion_tokens = 5, total_tokens = 12 },
         system_fingerprint = "fp_ev" } })

@@ -384,8 +384,8 @@ describe("fault matrix", function()
 
     it("gives up on broken connections (" .. fault .. ")", function()
       local scen = mock:scen("broken_all_" .. fault)
-      -- A fresh engine: the same fault on a reused keep-alive connection is
-      -- a free re-send (tests/c/test_resend.c), not a failed attempt.
+      -- A fresh engine: on a reused keep-alive connection the same fault is
+      -- retried at once, without a backoff (below, tests/c/test_resend.c).
       local fresh = llm.new_engine()
       local out = H.run_call(scen, {}, { _after = { fault = fault }, max_retries = 2,
         engine = fresh })
@@ -395,6 +395,59 @@ describe("fault matrix", function()
       H.check_error(out.err, "network", o)
       H.common(out, scen, 3)
       field_is(out, "llm_request_error", "error_kind", { "network", "network", "network" })
+    end)
+  end
+
+  -- Requests the server may have seen: at most 1 + max_retries (issue 27
+  -- item 6). The server reads each request after the first and resets the
+  -- connection unanswered (a proxy dropping generations it started, each
+  -- billed); the first such request goes out on the first call's kept-alive
+  -- connection, which libcurl would send again by itself (before: a free
+  -- re-send, 4 requests for max_retries = 2).
+  for _, mode in ipairs({ "safe", "unsafe" }) do
+    it("bounds what a server resetting after each read saw (" .. mode .. ")", function()
+      local scen = mock:scen("reset_after_read_" .. mode)
+      scen.script({ {} }, { fault = "reset" })
+      local own = llm.new_engine()    -- its own connections: the first call's is reused
+      ok_result(H.run_call(scen, nil, { engine = own }))
+      local out = H.run_call(scen, nil, { engine = own, max_retries = 2, retry_mode = mode })
+      own:close()
+      local recs = scen.requests()
+      check(recs[2].connection == recs[1].connection, "not the kept-alive connection")
+      if mode == "unsafe" then
+        H.check_error(out.err, "network", { reason = "unsafe_mode", attempts = 1, status = false })
+        check(#recs == 1 + 1, "the server saw %d requests for 1 attempt", #recs - 1)
+      else
+        H.check_error(out.err, "network", { reason = "retries_exhausted", attempts = 3,
+          status = false })
+        check(#recs == 1 + 3, "the server saw %d requests for 3 attempts", #recs - 1)
+        -- The lost written request is retried at once, the next one (a new
+        -- connection, a plain network error) after the backoff.
+        field_is(out, "llm_retry_scheduled", "delay_ms", { 0, 40 })
+      end
+      check(out.err.resends == 0, "%s free re-sends", tostring(out.err.resends))
+    end)
+
+    -- A kept-alive connection the server closed while it idled (uvicorn's
+    -- 5 s keep-alive timeout; here 20 ms) never carries the next request.
+    it("spends no attempt on a connection closed while idle (" .. mode .. ")", function()
+      local scen = mock:scen("idle_closed_" .. mode)
+      scen.script({ { idle_close_ms = 20 } })
+      local own = llm.new_engine()
+      ok_result(H.run_call(scen, nil, { engine = own }))
+      local deadline = H.now_ms() + 5000
+      while scen.requests()[1].idle_closed ~= true and H.now_ms() < deadline do
+        H.sleep_ms(5)
+      end
+      check(scen.requests()[1].idle_closed == true, "the mock never closed the idle connection")
+      local out = H.run_call(scen, nil, { engine = own, retry_mode = mode })
+      own:close()
+      ok_result(out)
+      check(out.res.meta.attempts == 1, "%s attempts", tostring(out.res.meta.attempts))
+      names_are(out, { "llm_request_started", "llm_request_succeeded" })
+      local recs = scen.requests()
+      check(#recs == 2, "the server saw %d requests", #recs)
+      check(recs[2].connection ~= recs[1].connection, "sent on the closed connection")
     end)
   end
 

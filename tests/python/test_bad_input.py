@@ -778,18 +778,11 @@ FAULTS: List[Tuple[Dict[str, Any], Optional[str]]] = [
 
 
 def fault_script(faults: Sequence[Tuple[Dict[str, Any], Optional[str]]]) -> List[Dict[str, Any]]:
-    """The server's steps for `faults`, one per item, but for a close: the
-    connection it closes was kept alive from the item before, and a reused
-    connection closed before any byte is re-sent at once in safe mode (it
-    may be a server's idle timeout: issue 13 item 4). That re-send takes the
-    next step, so it gets one: a close again, on a fresh connection this
-    time, which fails the item as a network error."""
-    steps: List[Dict[str, Any]] = []
-    for step, _ in faults:
-        steps.append(step)
-        if step.get("fault") == "close":
-            steps.append({"fault": "close"})
-    return steps
+    """The server's steps for `faults`, one per item. A close comes on the
+    connection kept alive from the item before: the request was written, so
+    it is the item's one attempt (no free re-send takes another step; issue
+    27 item 6), a network error at max_retries=0."""
+    return [step for step, _ in faults]
 
 
 FAULT_OPTS: Dict[str, Any] = dict(FAST, max_retries=0, timeout_ms=800,
@@ -855,10 +848,10 @@ def test_call_many_failures_file_has_no_secret(scen: Scenario, tmp_path: Path,
     events = Events()
     auth: Dict[str, Any] = ({"api_key": SECRET_KEY} if key_via == "api_key" else
                             {"headers": {"Authorization": f"Bearer {SECRET_KEY}"}})
-    # A client of its own: fault_script counts on which connection is reused
-    # (a reused one reset before any byte is re-sent for free, taking a
-    # step), and the default client's cache holds whatever earlier tests
-    # left in it (after test_stream, idle connections this test then reused).
+    # A client of its own: the default client's cache holds whatever earlier
+    # tests left in it (after test_stream, idle connections this test then
+    # reused), and a connection found dead before the request is re-sent for
+    # free: only this test's own connections keep the count of steps exact.
     own = llmretry.Client()
     try:
         out = llmretry.call_many(bodies, limit=1, failures_path=path, base_url=scen.url,

@@ -361,8 +361,8 @@ def test_trickle_is_a_timeout(scen: Scenario) -> None:
 
 @pytest.mark.parametrize("fault", ["reset", "close", "truncate"])
 def test_broken_connection_then_ok(scen: Scenario, fault: str) -> None:
-    # A fresh engine: the same fault on a reused keep-alive connection is a
-    # free re-send (tests/c/test_resend.c), not a failed attempt.
+    # A fresh engine: on a reused keep-alive connection the same fault is
+    # retried at once, without a backoff (below, and tests/c/test_resend.c).
     fresh = llmretry.Client()
     out = run_call(scen, [{"fault": fault}], client=fresh)
     fresh.close()
@@ -384,6 +384,60 @@ def test_broken_connection_exhausted(scen: Scenario, fault: str) -> None:
     assert out.events.field("llm_request_error", "error_kind") == ["network"] * 3
     if fault != "truncate":
         assert out.error.status is None
+
+
+@pytest.mark.parametrize("mode", ["safe", "unsafe"])
+def test_reset_after_read_is_bounded(scen: Scenario, mode: str) -> None:
+    """Requests the server may have seen: at most 1 + max_retries (issue 27
+    item 6). The server reads each request after the first and resets the
+    connection unanswered, like a proxy dropping generations it started (each
+    billed). The first such request goes out on the first call's kept-alive
+    connection, which libcurl would send again by itself: before, a free
+    re-send, so 4 requests for max_retries=2."""
+    scen.script([{}], after={"fault": "reset"})
+    own = llmretry.Client()     # its own connections: the first call's is reused
+    try:
+        assert run_call(scen, client=own).ok
+        out = run_call(scen, client=own, max_retries=2, retry_mode=mode)
+    finally:
+        own.close()
+    recs = scen.requests()
+    assert recs[1]["connection"] == recs[0]["connection"], "not the kept-alive connection"
+    if mode == "unsafe":
+        check_error(out.error, "network", reason="unsafe_mode", attempts=1, status=None)
+        assert len(recs) == 1 + 1
+        assert "llm_retry_scheduled" not in out.events.names
+    else:
+        check_error(out.error, "network", reason="retries_exhausted", attempts=3, status=None)
+        assert len(recs) == 1 + 3, f"the server saw {len(recs) - 1} requests for 3 attempts"
+        # The lost written request is retried at once; the next one (a new
+        # connection, a plain network error) after the backoff.
+        assert out.events.field("llm_retry_scheduled", "delay_ms") == [0, 40]
+    assert out.error.resends == 0
+
+
+@pytest.mark.parametrize("mode", ["safe", "unsafe"])
+def test_idle_connection_closed_by_server_is_free(scen: Scenario, mode: str) -> None:
+    """A kept-alive connection the server closed while it idled (uvicorn's
+    5 s keep-alive timeout; here 20 ms) never carries the next request:
+    no attempt is spent on it, in either mode."""
+    scen.script([{"idle_close_ms": 20}])
+    own = llmretry.Client()
+    try:
+        assert run_call(scen, client=own).ok
+        end = time.monotonic() + 5
+        while not scen.requests()[0]["idle_closed"] and time.monotonic() < end:
+            time.sleep(0.005)
+        assert scen.requests()[0]["idle_closed"], "the mock never closed the idle connection"
+        out = run_call(scen, client=own, retry_mode=mode)
+    finally:
+        own.close()
+    res = ok_result(out)
+    assert res.meta.attempts == 1
+    assert out.events.names == ["llm_request_started", "llm_request_succeeded"]
+    recs = scen.requests()
+    assert len(recs) == 2
+    assert recs[1]["connection"] != recs[0]["connection"]
 
 
 def closed_port() -> int:

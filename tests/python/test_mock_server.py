@@ -199,6 +199,7 @@ def test_bad_scripts_rejected_and_previous_kept(mock: MockServer) -> None:
                 b'{"steps": [{"fault": "explode"}]}',
                 b'{"steps": [{"status": "500"}]}',
                 b'{"steps": [{"delay_ms": -1}]}',
+                b'{"steps": [{"idle_close_ms": "5"}]}',
                 b'{"steps": [{"headers": {"a": [1]}}]}',
                 b'{"steps": [], "after": 3}'):
         status, _, body = request(mock, "PUT", "/_mock/scenarios/keep", bad)
@@ -304,6 +305,26 @@ def test_connection_ids_and_keep_alive(mock: MockServer) -> None:
     assert status == 200
     assert json.loads(body) == {"accepted": start + 3}
     assert mock.connections_accepted == start + 3
+
+
+def test_idle_close_ms(mock: MockServer) -> None:
+    """idle_close_ms: a request in time keeps the connection; one that
+    idles that long is closed (FIN), and its record says so."""
+    mock.script("idle", [{"idle_close_ms": 10000}, {"idle_close_ms": 50}, {}])
+    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=10)
+    for _ in range(2):
+        conn.request("POST", chat_path("idle"), body=b"{}")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Connection") is None
+        resp.read()
+    assert conn.sock is not None
+    assert conn.sock.recv(1) == b""     # the FIN, after 50 ms of idling
+    conn.close()
+    recs = mock.requests("idle")
+    assert recs[0]["connection"] == recs[1]["connection"]
+    assert [r["idle_closed"] for r in recs] == [False, True]
+    assert post_chat(mock, "idle")[0] == 200
+    assert "idle_closed" not in mock.requests("idle")[2]
 
 
 def test_connection_close_and_http10(mock: MockServer) -> None:
@@ -665,6 +686,7 @@ def test_many_sequential_keep_alive_requests(mock: MockServer) -> None:
     {"fault": "stall_body"},
     {"fault": "trickle", "interval_ms": 10000},
     {"delay_ms": 30000},
+    {"idle_close_ms": 30000},
 ])
 def test_stop_is_prompt_while_stalled(step: Dict[str, Any]) -> None:
     before = set(threading.enumerate())
