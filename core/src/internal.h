@@ -409,9 +409,25 @@ struct cJSON *lr_parse_body(const char *text, size_t n, const char **why);
 /* Usage (only sane counts), model and fingerprint of a 2xx document. */
 void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
                      char **fingerprint);
-/* "HTTP 404 from /v1/chat/completions (code)", escaped (malloc'd);
- * *error_code gets the provider's code (malloc'd) or NULL. */
+/* What an error shows of the server's text (docs/security.md). A provider's
+ * code shows when it is a token of [A-Za-z0-9_.:-], at most LR_CODE_MAX
+ * bytes, that does not quote the request, else as LR_INVALID_CODE; its
+ * message, cut to LR_MESSAGE_MAX bytes, unless the part shown holds
+ * LR_ECHO_RUN bytes in a row of the request's message contents (or a
+ * credential header's value), then a note that it was withheld. */
+#define LR_CODE_MAX 64
+#define LR_INVALID_CODE "invalid_code"
+#define LR_MESSAGE_MAX 300
+#define LR_ECHO_RUN 16
+/* The longest lr_http_error text: the give-up's text follows it in 640. */
+#define LR_HTTP_ERROR_MAX 450
+/* "HTTP 400 from /v1/chat/completions (code): \"message\"", escaped
+ * (malloc'd); *error_code gets the provider's code (malloc'd, checked as
+ * lr_error_code_checked does) or NULL. */
 char *lr_http_error(const llmretry_call *c, long status, char **error_code);
+/* code (malloc'd, taken) as errors may show it: itself, or LR_INVALID_CODE
+ * (malloc'd); NULL stays NULL. For the codes of stream error events. */
+char *lr_error_code_checked(const llmretry_call *c, char *code);
 
 /* ---- events.c ---------------------------------------------------------- */
 llmretry_event *lr_event_new(llmretry_call *c, llmretry_event_type t);

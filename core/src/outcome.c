@@ -152,6 +152,9 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         lr_stream_outcome(c, rc, out);
         if (out->f.kind == LLMRETRY_ERR_NONE && !out->success)
             classify_transport(c, rc, out);
+        /* An error event's code, as an HTTP error body's is checked. */
+        out->error_code = lr_error_code_checked(c, out->error_code);
+        out->f.error_code = out->error_code;
     } else if (rc != CURLE_OK) {
         classify_transport(c, rc, out);
     } else if (status >= 200 && status < 300) {

@@ -1,15 +1,18 @@
 /* What the server sent, judged once for every host: whether a 2xx body is
  * a valid body (UTF-8 JSON), its token usage, and the text of an HTTP
- * error (the path called and the provider's code, escaped so a hostile
- * server cannot forge log lines). The provider's error.message is not
- * quoted: servers echo the request in it ("... for <prompt>"), and errors
- * never show prompts; it stays in body_preview. Engine thread only. */
+ * error: the path called, the provider's code and message, escaped so a
+ * hostile server cannot forge log lines. The server's text is screened
+ * first (lr_error_code_checked, echoes): a code shows only as a short
+ * token, and neither it nor the message may quote the request (servers
+ * echo it: "... for <prompt>") or a credential; errors never show those.
+ * Engine thread only. */
 #include "internal.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* Length of the UTF-8 sequence at s (n bytes left), 0 when invalid:
  * overlong forms, surrogates and code points above U+10FFFF included
@@ -140,11 +143,14 @@ void lr_read_success(const cJSON *doc, llmretry_usage *usage, char **model, char
 /* Append s (n bytes) to out (room for cap bytes with the NUL), escaping
  * control characters, DEL and bytes that are not UTF-8 as \n, \r, \t or
  * \xNN: a server's text must not start a new log line or break a host's
- * decoder. Whole characters only; returns the new length. */
-static size_t put_escaped(char *out, size_t len, size_t cap, const char *s, size_t n)
+ * decoder. Whole characters only; returns the new length, and in *taken
+ * (when non-NULL) how many bytes of s it holds. */
+static size_t put_escaped_n(char *out, size_t len, size_t cap, const char *s, size_t n,
+                            size_t *taken)
 {
     const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
+    size_t i = 0;
+    while (i < n) {
         char esc[5];
         size_t k = utf8_seq(u + i, n - i);
         const char *piece = s + i;
@@ -169,7 +175,228 @@ static size_t put_escaped(char *out, size_t len, size_t cap, const char *s, size
         i += k;
     }
     out[len] = '\0';
+    if (taken)
+        *taken = i;
     return len;
+}
+
+static size_t put_escaped(char *out, size_t len, size_t cap, const char *s, size_t n)
+{
+    return put_escaped_n(out, len, cap, s, n, NULL);
+}
+
+/* ---- what an error may quote ------------------------------------------- */
+
+/* A text of the request no error may quote: a message content (any run of
+ * LR_ECHO_RUN bytes of it), or a credential (also the whole of a short one,
+ * from 8 bytes). */
+typedef struct req_text {
+    const char *p;
+    size_t n;
+    int credential;
+} req_text;
+
+typedef struct req_texts {
+    cJSON *doc;                 /* the request body, parsed: p points into it */
+    req_text *v;
+    size_t n, cap;
+    int nomem;                  /* then every text "echoes" (withheld) */
+} req_texts;
+
+static void texts_add(req_texts *t, const char *p, size_t n, int credential)
+{
+    if (n < (credential ? 8 : LR_ECHO_RUN))
+        return;                 /* too short to be told from any other text */
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 16;
+        req_text *v = realloc(t->v, cap * sizeof *v);
+        if (!v) {
+            t->nomem = 1;
+            return;
+        }
+        t->v = v;
+        t->cap = cap;
+    }
+    t->v[t->n++] = (req_text){ p, n, credential };
+}
+
+/* Every string under item (the contents of messages, input, ...). */
+static void texts_add_strings(req_texts *t, const cJSON *item)
+{
+    if (cJSON_IsString(item)) {
+        texts_add(t, item->valuestring, strlen(item->valuestring), 0);
+        return;
+    }
+    const cJSON *child;
+    cJSON_ArrayForEach(child, item)
+        texts_add_strings(t, child);
+}
+
+/* Is a header of this name a credential (Authorization, api-key,
+ * x-goog-api-key, a token, a cookie)? Other headers (an organization, a
+ * title) are not secrets, and a message naming them helps. */
+static int credential_header(const char *name, size_t n)
+{
+    static const char *const words[] = { "auth", "key", "token", "secret", "cookie",
+                                         "password" };
+    for (size_t w = 0; w < sizeof words / sizeof *words; w++) {
+        size_t wl = strlen(words[w]);
+        for (size_t i = 0; i + wl <= n; i++)
+            if (strncasecmp(name + i, words[w], wl) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+/* The texts of c's request an error must not quote: the strings of its
+ * messages (and the Responses API's input and instructions, the
+ * completions prompt, a system text) and its credential headers' values
+ * (after a scheme such as "Bearer "). */
+static void texts_init(const llmretry_call *c, req_texts *t)
+{
+    static const char *const keys[] = { "messages", "input", "instructions", "prompt",
+                                        "system" };
+    memset(t, 0, sizeof *t);
+    t->doc = c->body ? cJSON_ParseWithLength(c->body, c->o.body_len) : NULL;
+    if (c->body && !t->doc)
+        texts_add(t, c->body, c->o.body_len, 0);    /* not JSON (a C caller's): all of it */
+    for (size_t k = 0; t->doc && k < sizeof keys / sizeof *keys; k++)
+        texts_add_strings(t, cJSON_GetObjectItemCaseSensitive(t->doc, keys[k]));
+    for (const struct curl_slist *h = c->headers; h; h = h->next) {
+        const char *colon = strchr(h->data, ':');
+        if (!colon || !credential_header(h->data, (size_t)(colon - h->data)))
+            continue;
+        const char *v = colon + 1 + strspn(colon + 1, " \t");
+        size_t vn = strlen(v);
+        while (vn > 0 && (v[vn - 1] == ' ' || v[vn - 1] == '\t'))
+            vn--;
+        const char *sp = memchr(v, ' ', vn);
+        if (sp) {               /* "Bearer <key>": the key */
+            vn -= (size_t)(sp + 1 - v);
+            v = sp + 1;
+        }
+        texts_add(t, v, vn, 1);
+    }
+}
+
+static void texts_free(req_texts *t)
+{
+    cJSON_Delete(t->doc);
+    free(t->v);
+    memset(t, 0, sizeof *t);
+}
+
+/* Hashes of LR_ECHO_RUN-byte windows, rolled: h = sum b[i] * B^(RUN-1-i). */
+#define ECHO_B 1099511628211ull
+#define ECHO_MAX_TEXT 512       /* longest text echoes() checks (a cut message) */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Does s (n <= ECHO_MAX_TEXT bytes) quote a text of the request: any run of
+ * LR_ECHO_RUN bytes of one, or the whole of a short credential? Linear in
+ * the request's size: the windows of s are hashed and sorted once, and
+ * each text's windows are rolled past them. */
+static int echoes(const req_texts *t, const char *s, size_t n)
+{
+    if (t->nomem)
+        return 1;
+    if (n > ECHO_MAX_TEXT)
+        n = ECHO_MAX_TEXT;
+    uint64_t wins[ECHO_MAX_TEXT], top = 1;      /* top = B^(RUN-1) */
+    size_t nw = n >= LR_ECHO_RUN ? n - LR_ECHO_RUN + 1 : 0;
+    for (int i = 1; i < LR_ECHO_RUN; i++)
+        top *= ECHO_B;
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++) {
+        h = i >= LR_ECHO_RUN ? h - (unsigned char)s[i - LR_ECHO_RUN] * top : h;
+        h = h * ECHO_B + (unsigned char)s[i];
+        if (i + 1 >= LR_ECHO_RUN)
+            wins[i + 1 - LR_ECHO_RUN] = h;
+    }
+    qsort(wins, nw, sizeof *wins, cmp_u64);
+    for (size_t k = 0; k < t->n; k++) {
+        const req_text *x = &t->v[k];
+        if (x->n < LR_ECHO_RUN) {               /* a short credential, whole */
+            if (x->n <= n && memmem(s, n, x->p, x->n))
+                return 1;
+            continue;
+        }
+        if (nw == 0)
+            continue;
+        h = 0;
+        for (size_t i = 0; i < x->n; i++) {
+            h = i >= LR_ECHO_RUN ? h - (unsigned char)x->p[i - LR_ECHO_RUN] * top : h;
+            h = h * ECHO_B + (unsigned char)x->p[i];
+            if (i + 1 >= LR_ECHO_RUN && bsearch(&h, wins, nw, sizeof *wins, cmp_u64) &&
+                memmem(s, n, x->p + i + 1 - LR_ECHO_RUN, LR_ECHO_RUN))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* Is s a code errors may show: a short token ([A-Za-z0-9_.:-], at most
+ * LR_CODE_MAX bytes)? Anything else (spaces, 200 KB) is the server's
+ * free text, which may hold anything. */
+static int code_is_token(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char ch = (unsigned char)s[n];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                 (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' || ch == '-';
+        if (!ok || n >= LR_CODE_MAX)
+            return 0;
+    }
+    return n > 0;
+}
+
+static char *code_checked(const req_texts *t, char *code)
+{
+    if (code && !code[0]) {
+        free(code);             /* "": no code */
+        return NULL;
+    }
+    if (!code)
+        return NULL;
+    /* insufficient_quota is the policy's own word (a 429 not retried): it
+     * says nothing of the request, even one that holds it. */
+    if (!code_is_token(code) ||
+        (strcmp(code, "insufficient_quota") != 0 && echoes(t, code, strlen(code)))) {
+        free(code);
+        return lr_strdup(LR_INVALID_CODE);
+    }
+    return code;
+}
+
+char *lr_error_code_checked(const llmretry_call *c, char *code)
+{
+    if (!code)
+        return NULL;
+    req_texts t;
+    texts_init(c, &t);
+    code = code_checked(&t, code);
+    texts_free(&t);
+    return code;
+}
+
+/* The provider's message in an error body: error.message (OpenAI and
+ * alike), error as a string, else a top-level message (vLLM) or detail
+ * (FastAPI). NULL when there is none. */
+static const char *provider_message(const cJSON *doc)
+{
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(doc, "error");
+    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message")
+                   : cJSON_IsString(e) ? e : NULL;
+    if (!cJSON_IsString(m))
+        m = cJSON_GetObjectItemCaseSensitive(doc, "message");
+    if (!cJSON_IsString(m))
+        m = cJSON_GetObjectItemCaseSensitive(doc, "detail");
+    return cJSON_IsString(m) && m->valuestring[0] ? m->valuestring : NULL;
 }
 
 /* The path of a URL: no scheme, no credentials or host, no query. */
@@ -187,15 +414,20 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code)
     const char *body = c->resp.data ? c->resp.data : "";
     cJSON *doc = cJSON_ParseWithLength(body, c->resp.len);
     const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
+    const char *said = doc ? provider_message(doc) : NULL;
+    req_texts t;
+    texts_init(c, &t);
     *error_code = NULL;
     if (cJSON_IsObject(e)) {
         /* The provider's code: error.code when it is a string, else error.type. */
         *error_code = json_str(e, "code");
         if (!*error_code)
             *error_code = json_str(e, "type");
+        *error_code = code_checked(&t, *error_code);
     }
 
-    char buf[768];
+    /* At most LR_HTTP_ERROR_MAX bytes: the give-up adds its own text to it. */
+    char buf[LR_HTTP_ERROR_MAX + 1];
     const char *path;
     size_t plen;
     url_path(c->url, &path, &plen);
@@ -206,9 +438,30 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code)
     /* No "HTTP 429 (429)": a code that repeats the status says nothing. */
     if (*error_code && strcmp(*error_code, st) != 0) {
         len = put_escaped(buf, len, sizeof buf, " (", 2);
-        len = put_escaped(buf, len, len + 128, *error_code, strlen(*error_code));
+        len = put_escaped(buf, len, sizeof buf, *error_code, strlen(*error_code));
         len = put_escaped(buf, len, sizeof buf, ")", 1);
     }
+    if (said) {
+        /* What the user needs to fix the request ("Invalid value for
+         * 'temperature'"), cut to LR_MESSAGE_MAX bytes, unless the part
+         * shown quotes the request. */
+        static const char withheld[] =
+            ": (the server's message is withheld because it echoes the request)";
+        size_t n = strlen(said), shown = n, taken = 0;
+        if (shown > LR_MESSAGE_MAX) {
+            shown = LR_MESSAGE_MAX;
+            while (shown > 0 && ((unsigned char)said[shown] & 0xC0) == 0x80)
+                shown--;        /* whole UTF-8 characters */
+        }
+        if (echoes(&t, said, shown)) {
+            len = put_escaped(buf, len, sizeof buf, withheld, sizeof withheld - 1);
+        } else {
+            len = put_escaped(buf, len, sizeof buf - 4, ": \"", 3);
+            len = put_escaped_n(buf, len, sizeof buf - 4, said, shown, &taken);
+            len = put_escaped(buf, len, sizeof buf, taken < n ? "...\"" : "\"", taken < n ? 4 : 1);
+        }
+    }
+    texts_free(&t);
     cJSON_Delete(doc);
     return lr_strdup(buf);
 }

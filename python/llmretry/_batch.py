@@ -71,6 +71,7 @@ import importlib
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -352,6 +353,35 @@ def done_path_for(failures_path: str) -> str:
     return failures_path + ".done"
 
 
+def _file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for an error message."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def record_path(path: str, what: str) -> str:
+    """Where a record file named ``path`` is written: ``path`` itself, or the
+    file a symbolic link there points to (written through: the link is
+    never replaced). An existing path that is not a regular file is refused
+    with an OSError naming it (IsADirectoryError for a directory): a record
+    is rewritten by renaming a new file over it and read back on resume,
+    and a rename over a FIFO or a device would replace it."""
+    try:
+        mode: Optional[int] = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None     # a new file (or the target of a dangling link, created)
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = _file_kind(mode)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, f"{what} is {kind}", path)
+        raise OSError(errno.EINVAL, f"{what} is {kind}, not a regular file", path)
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def _path_arg(value: Any) -> str:
     """A failures_path argument as a str path (TypeError otherwise)."""
     path = os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -554,15 +584,13 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[n:]
 
 
-def _write_atomically(path: str, data: bytes) -> None:
+def temp_beside(path: str) -> Tuple[str, Any]:
+    """A new temporary file next to ``path`` (same file system, so it can be
+    renamed over it), open for writing in binary: (its name, the file).
+    Never through a symbolic link left at its name."""
     tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    return tmp, os.fdopen(fd, "wb")
 
 
 class Journal:
@@ -587,6 +615,10 @@ class Journal:
         (None: an iterable read lazily); then the progress file's header
         says ``"items": null`` and no length is checked.
         """
+        # Before anything is read or written: a FIFO would block the reads,
+        # and a directory, a FIFO or a device must not be renamed over.
+        fail_at = record_path(self.path, "failures_path")
+        done_at = record_path(self.done_path, "failures_path's progress file")
         n = self.n
         limit = MAX_UNSIZED_INDEX if n is None else n
         ok = IndexSet(limit=limit)
@@ -610,30 +642,28 @@ class Journal:
                     ok.add(i)
                 except ValueError:
                     raise _out_of_range(self.path, i, n) from None
-        if os.path.isdir(self.path):     # before anything is written next to it
-            raise IsADirectoryError(errno.EISDIR, "failures_path is a directory", self.path)
         # The progress file first: a stop between the two leaves the old
         # failures listed, and they are not ok, so they still run.
         try:
-            self._write_done(n, ok)
+            self._write_done(done_at, n, ok)
         except OSError as exc:
             # Name the progress file, not its temporary copy.
             raise type(exc)(exc.errno, exc.strerror, self.done_path) from None
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        self._done_fd = os.open(self.done_path, flags, 0o644)
+        self._done_fd = os.open(done_at, flags, 0o644)
         try:
-            self._fail_fd = os.open(self.path, flags | os.O_TRUNC, 0o644)
+            self._fail_fd = os.open(fail_at, flags | os.O_TRUNC, 0o644)
         except BaseException:
             os.close(self._done_fd)
             self._done_fd = -1
             raise
         return ok
 
-    def _write_done(self, n: Optional[int], ok: IndexSet) -> None:
-        """The progress file afresh (atomically): its header and ``ok``,
-        written a block at a time."""
-        tmp = f"{self.done_path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as fh:
+    def _write_done(self, path: str, n: Optional[int], ok: IndexSet) -> None:
+        """The progress file afresh (atomically) at ``path``: its header and
+        ``ok``, written a block at a time."""
+        tmp, fh = temp_beside(path)
+        with fh:
             fh.write((_LINE.encode({"llmretry_done": 1, "items": n}) + "\n").encode("ascii"))
             if ok.complement:   # a failures file alone: every index it does not list
                 assert n is not None
@@ -649,7 +679,7 @@ class Journal:
             fh.write("".join(block).encode("ascii"))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, self.done_path)
+        os.replace(tmp, path)
 
     def record_failure(self, index: int, exc: BaseException, item: Any = None) -> None:
         """Append item ``index``'s failure (``item``: the item, when the

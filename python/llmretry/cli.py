@@ -28,9 +28,12 @@
     other lines run and each bad one fails in place, as ``{"index", "ok":
     false, "line": N, "error": {"kind": "invalid_input", ...}}`` in the
     results and with its ``"line"`` in the failures file (fix it and
-    ``--resume``: the indices stay the same). The summary goes to stderr at the end. Exit
-    status: 0 when every request succeeded, 1 when some failed, 2 for a
-    usage error, 130 on Ctrl-C.
+    ``--resume``: the indices stay the same). ``-o -`` writes the results to
+    standard output; a FIFO or a character device is written through and a
+    symbolic link followed, never replaced (see :class:`_Output`). The
+    summary goes to stderr at the end. Exit status: 0 when every request
+    succeeded, 1 when some failed, 2 for a usage error or an output that
+    cannot be written, 130 on Ctrl-C.
 
 ``llmretry call "prompt" --model M [--system S] [--json]``
     One call; prints the reply's text (``--json``: the whole response).
@@ -54,6 +57,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 from contextlib import contextmanager
@@ -185,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "object), at most --limit at once; results in input order.")
     b.add_argument("input", help="requests, one JSON object per line ('-': stdin)")
     b.add_argument("-o", "--output", required=True, metavar="PATH",
-                   help="results, one JSON line per request, in input order")
+                   help="results, one JSON line per request, in input order "
+                   "('-': stdout)")
     b.add_argument("--failures", metavar="PATH",
                    help="append each failed request here as it fails (JSON lines)")
     b.add_argument("--resume", action="store_true",
@@ -318,18 +323,63 @@ def _event_printer(write: Callable[[str], None]) -> Callable[[Dict[str, Any]], N
     return on_event
 
 
+class _EventsFile:
+    """``--events PATH``: every event appended as a JSON line, written
+    through (never replaced: a FIFO, a terminal or a symbolic link's target
+    gets them; ``-``: standard output). The first write error (ENOSPC from
+    /dev/full) stops the writing, and :meth:`close` reports it."""
+
+    def __init__(self, path: str) -> None:
+        self.name = "standard output" if path == "-" else path
+        self.error: Optional[OSError] = None
+        self.own = path != "-"
+        try:
+            self.stream: TextIO = (open(path, "a", encoding="utf-8") if self.own
+                                   else sys.stdout)
+        except OSError as exc:
+            raise UsageError(f"cannot open {path}: {exc.strerror}") from None
+        self.write = jsonl_logger(self.stream)
+
+    def __call__(self, event: Dict[str, Any]) -> None:
+        if self.error is None:
+            try:
+                self.write(event)
+            except OSError as exc:
+                self.error = exc
+
+    def close(self) -> None:
+        """Close the file; a UsageError naming it if a write failed."""
+        try:
+            if self.own and not self.stream.closed:
+                self.stream.close()
+        except OSError as exc:
+            self.error = self.error or exc
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise UsageError(f"cannot write --events {self.name}: {error.strerror}")
+
+
+def _close_events(opened: List[_EventsFile], report: bool = True) -> None:
+    """Close the events files; raise the first write error when ``report``."""
+    first: Optional[UsageError] = None
+    for events in opened:
+        try:
+            events.close()
+        except UsageError as exc:
+            first = first or exc
+    if first is not None and report:
+        raise first
+
+
 def _logger(args: argparse.Namespace, write: Callable[[str], None],
-            opened: List[TextIO]) -> Optional[Callable[[Dict[str, Any]], None]]:
+            opened: List[_EventsFile]) -> Optional[Callable[[Dict[str, Any]], None]]:
     sinks: List[Callable[[Dict[str, Any]], Any]] = []
     if args.verbose:
         sinks.append(_event_printer(write))
     if args.events:
-        try:
-            stream = open(args.events, "a", encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot open {args.events}: {exc.strerror}") from None
-        opened.append(stream)
-        sinks.append(jsonl_logger(stream))
+        events = _EventsFile(args.events)
+        opened.append(events)
+        sinks.append(events)
     if not sinks:
         return None
     if len(sinks) == 1:
@@ -557,47 +607,147 @@ def _read_results(path: str, n: int) -> Optional[_batch.IndexSet]:
     return kept
 
 
+class _Output:
+    """Where ``-o PATH`` goes. A regular file (or a new one) is written in
+    place: appended as items finish, then replaced by its sorted copy (a
+    rename). A stream, that is standard output (``-o -``), a FIFO or a
+    character device (``/dev/null``, a terminal), is written through at the
+    end, in input order; its lines wait in a temporary file meanwhile. A
+    symbolic link is followed: the file it points to is written, the link
+    stays. Anything else (a directory, a block device, a socket) is a usage
+    error, before anything runs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.name = "standard output" if path == "-" else path
+        self.regular = path != "-"
+        if path == "-":
+            return
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None     # a new file (or the target of a dangling link, created)
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+        if mode is not None and not stat.S_ISREG(mode):
+            if not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+                raise UsageError(f"-o {path}: it is {_batch._file_kind(mode)}, not a file "
+                                 f"to write results to")
+            self.regular = False
+        elif os.path.islink(path):
+            # The rename that rewrites the file goes to the link's target:
+            # renamed over the link, it would replace the link itself.
+            self.path = os.path.realpath(path)
+
+    def open_stream(self) -> Any:
+        """A stream output, open for writing (binary): at the start, so that
+        a path that cannot be written fails before any call (a FIFO waits
+        here for its reader)."""
+        if self.path == "-":
+            sys.stdout.flush()
+            out = getattr(sys.stdout, "buffer", None)
+            if out is None:
+                raise UsageError("-o -: standard output does not take bytes here")
+            return out
+        try:
+            return open(self.path, "wb")
+        except OSError as exc:
+            raise UsageError(f"cannot write {self.name}: {exc.strerror}") from None
+
+
 class _ResultsFile:
     """The results file: appended as items finish (so a crash or Ctrl-C
     leaves every finished item in it, in the order they finished), sorted
     into input order at the end by an external merge sort (runs of at most
-    SORT_RUN_BYTES in memory), so that memory does not grow with the batch."""
+    SORT_RUN_BYTES in memory), so that memory does not grow with the batch.
+    For a stream output (:class:`_Output`) the file is a temporary one,
+    copied to the stream at the end (sorted) or when the run stops (as
+    it is)."""
 
     SORT_RUN_BYTES = 4 << 20
     SORT_RUN_LINES = 10000
 
-    def __init__(self, path: str, kept: Optional[_batch.IndexSet]) -> None:
-        self.path = path
+    def __init__(self, output: _Output, kept: Optional[_batch.IndexSet]) -> None:
+        self.output = output
         self.fd = -1
-        tmp = f"{path}.tmp{os.getpid()}"
+        self.stream: Any = None
+        self.spool_dir: Optional[str] = None
+        if output.regular:
+            self.path = output.path
+        else:
+            import tempfile
+            self.stream = output.open_stream()
+            self.spool_dir = tempfile.mkdtemp(prefix="llmretry-results-")
+            self.path = os.path.join(self.spool_dir, "results.jsonl")
         try:
-            with open(tmp, "wb") as out:
+            tmp, out = _batch.temp_beside(self.path)
+            with out:
                 if kept is not None and len(kept):
                     # The earlier run's ok lines (the last of each wins at the end).
-                    for line in _batch.iter_lines(path):
+                    for line in _batch.iter_lines(self.path):
                         index, ok = _line_index(line)
                         if ok and index in kept:
                             out.write(line.encode("utf-8") + b"\n")
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, path)
-            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            os.replace(tmp, self.path)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
-            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+            self._drop_stream()
+            raise UsageError(f"cannot write {output.name}: {exc.strerror}") from None
 
     def append(self, index: int, value: Any) -> None:
         _batch._write_all(self.fd, (_result_line(index, value) + "\n").encode("utf-8"))
 
     def close(self) -> None:
+        """Stop appending. A stream output not yet written gets the lines
+        that finished, in the order they finished (the run was stopped)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.stream is not None:
+            try:
+                self._deliver(self.path)
+            except UsageError as exc:
+                _stderr_line(f"{PROG}: {exc}")
+
+    def _deliver(self, path: str) -> None:
+        """Copy ``path`` to the stream output, then close it and drop the
+        temporary files (once). A write error (ENOSPC from /dev/full, EPIPE
+        from a reader that left) is a UsageError naming the output."""
+        stream = self.stream
+        try:
+            with open(path, "rb") as src:
+                while True:
+                    block = src.read(1 << 20)
+                    if not block:
+                        break
+                    stream.write(block)
+            stream.flush()
+        except OSError as exc:
+            raise UsageError(f"cannot write {self.output.name}: {exc.strerror}") from None
+        finally:
+            self._drop_stream()
+
+    def _drop_stream(self) -> None:
+        stream, self.stream = self.stream, None
+        if self.spool_dir is not None:
+            import shutil
+            shutil.rmtree(self.spool_dir, ignore_errors=True)
+            self.spool_dir = None
+        if stream is not None and self.output.path != "-":
+            try:
+                stream.close()
+            except OSError:
+                pass    # a buffered write that failed was reported by flush()
 
     def finish(self, n: int) -> None:
         """Rewrite the file in input order, one line per request (the last
         line of each index wins; a missing one was completed by an earlier
-        run whose result is gone)."""
-        self.close()
+        run whose result is gone); a stream output gets it."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         import heapq
         import tempfile
         folder = tempfile.mkdtemp(prefix=".llmretry-sort-",
@@ -631,8 +781,8 @@ class _ResultsFile:
             else:
                 chunk.sort(key=lambda kv: kv[0])
                 merged = chunk
-            tmp = f"{self.path}.tmp{os.getpid()}"
-            with open(tmp, "wb") as out:
+            tmp, out = _batch.temp_beside(self.path)
+            with out:
                 nxt = 0         # the next index to write
                 held: Optional[str] = None
                 block: List[str] = []
@@ -661,7 +811,10 @@ class _ResultsFile:
                 out.write("".join(block).encode("utf-8"))
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, self.path)
+            if self.stream is not None:
+                self._deliver(tmp)
+            else:
+                os.replace(tmp, self.path)
         finally:
             import shutil
             for fh in locals().get("runs", []):
@@ -767,11 +920,16 @@ def run_batch(args: argparse.Namespace) -> int:
 
 
 def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
+    output = _Output(os.fspath(args.output))
+    if args.failures is not None:
+        _check_failures_path(args.failures)
+        if output.regular and os.path.realpath(args.failures) == os.path.realpath(output.path):
+            raise UsageError("--failures and -o must be different files")
+    if output.path == "-" and args.events == "-":
+        raise UsageError("-o - and --events - cannot both write to standard output")
     n, bad, linenos = _scan_requests(inp, args.model, args.stream)
-    output = os.fspath(args.output)
-    if args.failures is not None and os.path.abspath(args.failures) == os.path.abspath(output):
-        raise UsageError("--failures and -o must be different files")
-    kept = _read_results(output, n) if args.resume else None
+    # A stream output holds no earlier results: --resume goes by --failures.
+    kept = _read_results(output.path, n) if args.resume and output.regular else None
     already_ok: Optional[_batch.IndexSet] = None
     if kept is not None:
         already_ok = kept
@@ -780,7 +938,7 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     bar = _batch.ProgressBar(desc=PROG) if show_progress else None
     write = bar.write if bar is not None else _stderr_line
-    opened: List[TextIO] = []
+    opened: List[_EventsFile] = []
     results: Optional[_ResultsFile] = None
     client: Optional[Client] = None
     interrupts = _Interrupts()
@@ -813,22 +971,37 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
         except KeyboardInterrupt:
             results.close()
             if batch.summary is not None:
-                _print_summary(batch.summary, output, args.failures, interrupted=True)
+                _print_summary(batch.summary, output.name, args.failures, interrupted=True)
             return 130
         except OSError as exc:
             raise UsageError(f"{exc.filename or 'a file'}: {exc.strerror}") from None
         results.finish(n)
         summary = batch.summary
         assert summary is not None
-        _print_summary(summary, output, args.failures, interrupted=False)
+        _print_summary(summary, output.name, args.failures, interrupted=False)
+        client.close()      # no event after this
+        _close_events(opened)
         return 0 if summary.failed == 0 else 1
     finally:
         if results is not None:
             results.close()
         if client is not None:
             client.close()
-        for stream in opened:
-            stream.close()
+        _close_events(opened, report=False)
+
+
+def _check_failures_path(path: str) -> None:
+    """--failures names a regular file (or a new one), as its progress file
+    does: both are read back by --resume and the progress file is replaced
+    by a rename. Checked before anything runs or is written."""
+    if path == "-":
+        raise UsageError("--failures -: the failures file is read back by --resume, "
+                         "so it must be a file")
+    try:
+        _batch.record_path(path, "the failures file")
+        _batch.record_path(_batch.done_path_for(path), "the progress file of --failures")
+    except OSError as exc:
+        raise UsageError(f"--failures {exc.filename}: {exc.strerror}") from None
 
 
 def _print_summary(summary: _batch.BatchSummary, output: str, failures: Optional[str],
@@ -859,7 +1032,7 @@ def run_call(args: argparse.Namespace) -> int:
         messages.append({"role": "system", "content": args.system})
     messages.append({"role": "user", "content": args.prompt})
     body = {"model": args.model, "messages": messages}
-    opened: List[TextIO] = []
+    opened: List[_EventsFile] = []
     try:
         logger = _logger(args, _stderr_line, opened)
         options = _client_defaults(args)
@@ -878,8 +1051,7 @@ def run_call(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"{PROG}: {exc.kind}: {exc}\n")
                 return 1
     finally:
-        for stream in opened:
-            stream.close()
+        _close_events(opened, report=sys.exc_info()[0] is None)
     content = _reply_text(data)
     if args.json or content is None:
         sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")

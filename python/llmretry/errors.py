@@ -58,13 +58,16 @@ class LLMError(Exception):
         kind: the failure class: ``http_status``, ``timeout``, ``network``,
             ``invalid_response``, ``deadline_exceeded``, ``cancelled`` or
             ``response_too_large``.
-        message: what went wrong, for humans (never the key or the prompt).
+        message: what went wrong, for humans (never the key or the prompt);
+            an HTTP error quotes the provider's message unless it echoes the
+            request (docs/security.md).
         status: the last HTTP status, or None when no response arrived.
         attempt: the 0-based index of the last attempt.
         attempts: how many attempts were made.
         request_id: the call's request id (sent as ``X-Client-Request-Id``).
         retry_after_ms: the server's requested wait, when it sent one.
-        error_code: the provider's error code (e.g. ``insufficient_quota``).
+        error_code: the provider's error code (e.g. ``insufficient_quota``);
+            ``"invalid_code"`` when the server's was not a short token.
         body_preview: the first 500 bytes of the last response body.
         reason: why the policy stopped: ``retries_exhausted``,
             ``not_retryable``, ``deadline``, ``retry_after_too_long``,

@@ -65,7 +65,8 @@ static void test_code_repeating_the_status(void)
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && r->status == 429, "status %d", r ? r->status : -1);
     /* The result's message goes on with the give-up ("; gave up after ..."). */
-    static const char want429[] = "HTTP 429 from /s/code429/v1/chat/completions;";
+    static const char want429[] = "HTTP 429 from /s/code429/v1/chat/completions: "
+                                  "\"mock error 429\";";
     CHECK_MSG(r && r->message && strncmp(r->message, want429, strlen(want429)) == 0 &&
               !strstr(r->message, "(429)"), "message \"%s\", expected \"%s ...\"", msg(r), want429);
     llmretry_call_free(c);
@@ -74,7 +75,8 @@ static void test_code_repeating_the_status(void)
     CHECK_INT(llmretry_call_blocking(mock_engine, &o, NULL, NULL, &c, err, sizeof err),
               LLMRETRY_OK);
     r = c ? llmretry_call_result(c) : NULL;
-    static const char want400[] = "HTTP 400 from /s/code429/v1/chat/completions (invalid_request);";
+    static const char want400[] = "HTTP 400 from /s/code429/v1/chat/completions (invalid_request): "
+                                  "\"mock error 400\";";
     CHECK_MSG(r && r->message && strncmp(r->message, want400, strlen(want400)) == 0,
               "message \"%s\"", msg(r));
     llmretry_call_free(c);

@@ -120,6 +120,9 @@ static void opts(llmretry_options *o, char *url, size_t len)
 }
 
 static int ev_count[8];
+static char ev_text[1 << 16];   /* the last call's events, as JSON lines (cut) */
+static size_t ev_len;
+static char ev_code[128];       /* the last llm_request_failed's error_code */
 
 static void count_event(const llmretry_event *ev, void *ud)
 {
@@ -127,6 +130,14 @@ static void count_event(const llmretry_event *ev, void *ud)
     int t = (int)llmretry_event_type_of(ev);
     if (t >= 0 && t < 8)
         ev_count[t]++;
+    char *json = llmretry_event_to_json(ev);
+    if (json && ev_len + strlen(json) + 2 < sizeof ev_text)
+        ev_len += (size_t)snprintf(ev_text + ev_len, sizeof ev_text - ev_len, "%s\n", json);
+    llmretry_free(json);
+    llmretry_field f;
+    for (size_t i = 0; llmretry_event_field(ev, i, &f) == 0; i++)
+        if (strcmp(f.name, "error_code") == 0)
+            snprintf(ev_code, sizeof ev_code, "%s", f.s ? f.s : "(null)");
 }
 
 static llmretry_call *run(const llmretry_options *o)
@@ -142,6 +153,8 @@ static llmretry_call *run(const llmretry_options *o)
     }
     llmretry_call *c = NULL;
     memset(ev_count, 0, sizeof ev_count);
+    ev_len = 0;
+    ev_text[0] = ev_code[0] = '\0';
     llmretry_status st = llmretry_call_blocking(e, o, count_event, NULL, &c, err, sizeof err);
     CHECK_MSG(st == LLMRETRY_OK && c, "call: %s (%s)", llmretry_status_name(st), err);
     return c;
@@ -239,21 +252,34 @@ static void test_error_message(void)
     o.url = url;
     o.base_url = NULL;
     o.api_key = "sk-test-ECHOED";
+    /* A message quoting the key is withheld; a code that is free text is replaced. */
     static const char body[] =
-        "{\"error\":{\"message\":\"bad key sk-test-ECHOED for SECRET-PROMPT\","
+        "{\"error\":{\"message\":\"bad key sk-test-ECHOED\","
         "\"code\":\"bad\\n2026-12-01 INFO forged\\r\\u001b[31m\xff\"}}";
     set_response("HTTP/1.1 401 No\r\nContent-Type: application/json\r\n", body, strlen(body));
     llmretry_call *c = run(&o);
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     const char *m = r && r->message ? r->message : "";
-    static const char want[] = "HTTP 401 from /v1/chat/completions (bad\\n2026-12-01 INFO "
-                               "forged\\r\\x1b[31m\\xff); gave up";
+    static const char want[] = "HTTP 401 from /v1/chat/completions (invalid_code): (the "
+                               "server's message is withheld because it echoes the request); "
+                               "gave up";
     CHECK_MSG(strncmp(m, want, strlen(want)) == 0, "message: %s", m);
-    CHECK_MSG(!strpbrk(m, "\r\n\x1b"), "raw control characters in: %s", m);
     CHECK_MSG(!strstr(m, "SECRET") && !strstr(m, "ECHOED") && !strstr(m, "?"),
               "credentials, prompt or query in: %s", m);
-    CHECK_MSG(r && r->error_code && strncmp(r->error_code, "bad\n2026", 8) == 0,
-              "error_code is data, kept raw: %s", r && r->error_code ? r->error_code : "");
+    CHECK_STR(r ? r->error_code : NULL, "invalid_code");
+    llmretry_call_free(c);
+
+    /* The message itself: escaped, quoted. */
+    static const char ctl[] = "{\"error\":{\"message\":\"no\\n2026-12-01 INFO forged\\r"
+                              "\\u001b[31m\xff\",\"code\":\"c.ok:1\"}}";
+    set_response("HTTP/1.1 401 No\r\nContent-Type: application/json\r\n", ctl, strlen(ctl));
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    m = r && r->message ? r->message : "";
+    static const char want2[] = "HTTP 401 from /v1/chat/completions (c.ok:1): \"no\\n2026-12-01 "
+                                "INFO forged\\r\\x1b[31m\\xff\"; gave up";
+    CHECK_MSG(strncmp(m, want2, strlen(want2)) == 0, "message: %s", m);
+    CHECK_MSG(!strpbrk(m, "\r\n\x1b"), "raw control characters in: %s", m);
     llmretry_call_free(c);
 
     opts(&o, url, sizeof url);
@@ -262,8 +288,157 @@ static void test_error_message(void)
     c = run(&o);
     r = c ? llmretry_call_result(c) : NULL;
     m = r && r->message ? r->message : "";
-    CHECK_MSG(strncmp(m, "HTTP 429 from /v1/chat/completions; gave up", 43) == 0,
-              "message: %s", m);
+    static const char want3[] = "HTTP 429 from /v1/chat/completions: \"slow down\"; gave up";
+    CHECK_MSG(strncmp(m, want3, strlen(want3)) == 0, "message: %s", m);
+    llmretry_call_free(c);
+}
+
+/* A request whose message contents are secrets (at least 16 bytes each). */
+#define PROMPT "SECRET-PROMPT please summarise the attached report"
+#define TOKEN_PROMPT "SECRET_PROMPT_TOKEN_0123456789"
+#define SECRET_BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"system\",\"content\":" \
+    "\"" TOKEN_PROMPT "\"},{\"role\":\"user\",\"content\":\"" PROMPT "\"}]}"
+
+/* One call of SECRET_BODY (streaming with `stream`) answered with `head`
+ * and `body`; the result's message, error code and the events' code are
+ * checked for the secrets. Returns the call (to free). */
+static llmretry_call *secret_call(const char *head, const char *body, size_t blen, int stream)
+{
+    static const char streaming[] = "{\"model\":\"gpt-test\",\"stream\":true,\"messages\":"
+        "[{\"role\":\"system\",\"content\":\"" TOKEN_PROMPT "\"},{\"role\":\"user\","
+        "\"content\":\"" PROMPT "\"}]}";
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    o.body = stream ? streaming : SECRET_BODY;
+    o.body_len = strlen(o.body);
+    set_response(head, body, blen);
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    const char *m = r && r->message ? r->message : "";
+    const char *code = r && r->error_code ? r->error_code : "";
+    CHECK_MSG(r && !r->ok, "the call succeeded");
+    /* 16 bytes of each secret, and the start of a long run of 'c'. */
+    static const char *const secrets[] = { "SECRET-PROMPT pl", "SECRET_PROMPT_TO",
+                                           "0123456789", "cccccccccccccccc", "has spaces" };
+    for (size_t i = 0; i < sizeof secrets / sizeof *secrets; i++)
+        CHECK_MSG(!strstr(m, secrets[i]) && !strstr(code, secrets[i]) &&
+                  !strstr(ev_code, secrets[i]),
+                  "\"%s\" in the message \"%.300s\", the code \"%.80s\" or the events' "
+                  "code \"%.80s\"", secrets[i], m, code, ev_code);
+    return c;
+}
+
+/* A server's error.code shows only as a short token that does not quote
+ * the request: else "invalid_code", in the result, the message and the
+ * events alike, for an HTTP error body and a stream's error event. */
+static void test_error_code_screened(void)
+{
+    static const char head400[] = "HTTP/1.1 400 Bad\r\nContent-Type: application/json\r\n";
+    static const char fmt[] = "{\"error\":{\"message\":\"bad\",\"type\":\"x\",\"code\":\"%s\"}}";
+    size_t big = 200 * 1024;
+    char *code = malloc(big + 1);
+    memset(code, 'c', big);
+    code[big] = '\0';
+    char long_token[66];        /* 65 bytes of the token alphabet: too long */
+    memset(long_token, 'a', 65);
+    long_token[65] = '\0';
+    const char *bad[] = { code, "has spaces in it", TOKEN_PROMPT, PROMPT, long_token };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        size_t n = strlen(bad[i]) + sizeof fmt;
+        char *body = malloc(n);
+        snprintf(body, n, fmt, bad[i]);
+        llmretry_call *c = secret_call(head400, body, strlen(body), 0);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        CHECK_STR(r ? r->error_code : NULL, "invalid_code");
+        CHECK_STR(ev_code, "invalid_code");
+        CHECK_MSG(r && r->message && strstr(r->message, " (invalid_code): \"bad\"; gave up"),
+                  "message: %.300s", r && r->message ? r->message : "");
+        llmretry_call_free(c);
+        free(body);
+    }
+    free(code);
+    /* 64 bytes of the token alphabet is a code. */
+    long_token[57] = '\0';
+    char token[80], ok[160];
+    snprintf(token, sizeof token, "Zz09_.:%s", long_token);
+    snprintf(ok, sizeof ok, fmt, token);
+    CHECK_INT(strlen(token), 64);
+    llmretry_call *c = secret_call(head400, ok, strlen(ok), 0);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_STR(r ? r->error_code : NULL, token);
+    CHECK_STR(ev_code, token);
+    llmretry_call_free(c);
+    /* A stream's error event: its code is checked the same way. */
+    static const char sse[] = "data: {\"error\":{\"message\":\"" PROMPT "\",\"code\":\""
+                              PROMPT "\"}}\n\n";
+    c = secret_call("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", sse,
+                    strlen(sse), 1);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_STR(r ? r->error_code : NULL, "invalid_code");
+    CHECK_STR(ev_code, "invalid_code");
+    llmretry_call_free(c);
+}
+
+/* A 4xx's provider message is in the error (what the user must fix), cut
+ * to 300 bytes, unless it quotes 16 bytes in a row of the request's
+ * messages: then the error says it was withheld. */
+static void test_error_message_shown(void)
+{
+    static const char head[] = "HTTP/1.1 400 Bad\r\nContent-Type: application/json\r\n";
+    static const char temp[] = "{\"error\":{\"message\":\"Invalid value for 'temperature': must "
+                               "be <= 2.\",\"type\":\"invalid_request_error\",\"code\":null}}";
+    llmretry_call *c = secret_call(head, temp, strlen(temp), 0);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    static const char want[] = "HTTP 400 from /v1/chat/completions (invalid_request_error): "
+        "\"Invalid value for 'temperature': must be <= 2.\"; gave up after 1 attempt";
+    CHECK_MSG(r && r->message && strncmp(r->message, want, strlen(want)) == 0,
+              "message: %s", r && r->message ? r->message : "");
+    CHECK_MSG(!strstr(ev_text, "temperature': must be <= 2.\"; gave"),
+              "the message reached the events: %s", ev_text);
+    llmretry_call_free(c);
+
+    /* 16 bytes of a message content: withheld; 15: shown. */
+    static const char *const echo[] = {
+        "{\"error\":{\"message\":\"cannot read 'ummarise the att' here\"}}",
+        "{\"error\":{\"message\":\"cannot read 'TOKEN_0123456789'\"}}",
+        "{\"error\":\"rejected: " PROMPT "\"}",
+        "{\"detail\":\"rejected: " PROMPT "\"}",
+    };
+    for (size_t i = 0; i < sizeof echo / sizeof *echo; i++) {
+        c = secret_call(head, echo[i], strlen(echo[i]), 0);
+        r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && r->message && strstr(r->message, "/v1/chat/completions: (the server's "
+                  "message is withheld because it echoes the request); gave up"),
+                  "echo %zu: %s", i, r && r->message ? r->message : "");
+        CHECK_MSG(r && r->message && !strstr(r->message, "cannot read") &&
+                  !strstr(r->message, "rejected"), "echo %zu: %s", i,
+                  r && r->message ? r->message : "");
+        llmretry_call_free(c);
+    }
+    static const char fifteen[] = "{\"error\":{\"message\":\"cannot read 'ummarise the at'\"}}";
+    c = secret_call(head, fifteen, strlen(fifteen), 0);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->message && strstr(r->message, ": \"cannot read 'ummarise the at'\"; gave"),
+              "message: %s", r && r->message ? r->message : "");
+    llmretry_call_free(c);
+
+    /* Cut to 300 bytes on a whole character, marked "...". */
+    char body[1200];
+    int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"");
+    int n0 = n;
+    memset(body + n, 'a', 299);
+    n += 299;
+    for (int i = 0; i < 100; i++)
+        n += snprintf(body + n, sizeof body - (size_t)n, "\xc3\xa9");
+    n += snprintf(body + n, sizeof body - (size_t)n, "\"}}");
+    c = secret_call(head, body, (size_t)n, 0);
+    r = c ? llmretry_call_result(c) : NULL;
+    char want_cut[400];
+    snprintf(want_cut, sizeof want_cut, "/v1/chat/completions: \"%.299s...\"; gave up",
+             body + n0);
+    CHECK_MSG(r && r->message && strstr(r->message, want_cut), "message: %s",
+              r && r->message ? r->message : "");
     llmretry_call_free(c);
 }
 
@@ -317,6 +492,8 @@ int main(void)
         { "duplicate_retry_after", test_duplicate_retry_after },
         { "interim_content_length", test_interim_content_length },
         { "error_message", test_error_message },
+        { "error_code_screened", test_error_code_screened },
+        { "error_message_shown", test_error_message_shown },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -61,7 +61,7 @@ describe("the core's checks, seen from Lua", function()
   end)
 
   it("escapes the provider's text in tostring(err), names the path, not the query", function()
-    local body = '{"error": {"message": "echoed SECRET-PROMPT", "code": "c\\nINFO forged\\r"}}'
+    local body = '{"error": {"message": "no\\nINFO forged\\r", "code": "c\\nINFO forged\\r"}}'
     local srv = H.start_recorder({ status = 400, body = body })
     finally(function() srv:stop() end)
     local res, err = llm.call_llm({ body = H.secret_body("lua_esc"), max_retries = 0,
@@ -69,12 +69,85 @@ describe("the core's checks, seen from Lua", function()
     check(not res, "a 400 succeeded")
     local text = tostring(err)
     check(not text:find("[\r\n]"), "raw CR/LF in %q", text)
-    check(text:find("HTTP 400 from ", 1, true) and text:find("/chat/completions (c\\nINFO forged\\r);",
-      1, true), "message %q", text)
-    check(not text:find("SECRET-PROMPT", 1, true), "the prompt is in %q", text)
+    -- The code is free text, not a token: replaced; the message is escaped.
+    check(text:find("HTTP 400 from ", 1, true) and text:find(
+      '/chat/completions (invalid_code): "no\\nINFO forged\\r";', 1, true), "message %q", text)
     check(not text:find("Q-SECRET", 1, true), "the query string is in %q", text)
-    check(err.error_code == "c\nINFO forged\r", "error_code is data, kept raw: %q",
-      tostring(err.error_code))
+    check(err.error_code == "invalid_code", "error_code %q", tostring(err.error_code))
+  end)
+
+  -- What a server's error may show (issue 27): its code only as a short
+  -- token, its message unless that echoes the request. The Python twin is in
+  -- tests/python/test_correctness_core.py, the C one in tests/c/test_raw.c.
+  local function shown(out)
+    local events = {}
+    for i, e in ipairs(out.events.events) do
+      local copy = {}
+      for k, v in pairs(e) do if k ~= "body_preview" then copy[k] = v end end
+      events[i] = copy
+    end
+    return tostring(out.err) .. " " .. tostring(out.err.error_code) .. " " .. H.dump(events)
+  end
+
+  it("replaces an error code that is not a short token, body and stream alike", function()
+    local codes = { string.rep("c", 200000), "not a token", "SECRET-PROMPT-lua_code",
+      "echo: SECRET-PROMPT-lua_code", string.rep("x", 65) }
+    for _, stream in ipairs({ false, true }) do
+      for _, code in ipairs(codes) do
+        local scen = mock:scen("lua_code")
+        local body = H.secret_body("lua_code")
+        local steps = { { status = 400, body = { error = { message = "bad", code = code } } } }
+        if stream then
+          body.stream = true
+          steps = { { stream = { ["end"] = "error_event", after = 0, error_code = code,
+            error_message = "bad" } } }
+        end
+        local out = H.run_call(scen, steps, { body = body, max_retries = 0 })
+        check(out.err and out.err.error_code == "invalid_code", "code %s: error_code %s",
+          code:sub(1, 40), out.err and tostring(out.err.error_code):sub(1, 80))
+        local failed = out.events.field("llm_request_failed", "error_code")
+        check(#failed == 1 and failed[1] == "invalid_code", "events' code %s",
+          tostring(failed[1]):sub(1, 80))
+        local text = shown(out)
+        for _, secret in ipairs({ code:sub(1, 64), "SECRET-PROMPT-lua_code", "not a token" }) do
+          check(not text:find(secret, 1, true), "%s in %s", secret:sub(1, 40), text:sub(1, 300))
+        end
+        if not stream then
+          check(tostring(out.err):find('(invalid_code): "bad"; gave up', 1, true), "%s",
+            tostring(out.err))
+        end
+      end
+    end
+  end)
+
+  it("shows a 4xx's message in tostring(err), withholds one echoing the request", function()
+    local scen = mock:scen("lua_msg")
+    local said = "Invalid value for 'temperature': must be <= 2."
+    local out = H.run_call(scen, { { status = 400, body = { error = { message = said,
+      type = "invalid_request_error" } } } }, { max_retries = 0 })
+    local text = tostring(out.err)
+    check(text:find('(invalid_request_error): "' .. said .. '"; gave up after 1 attempt', 1,
+      true), "%s", text)
+    local events = shown(out):sub(#text + 2)
+    check(not events:find("temperature", 1, true), "the message is in the events: %s", events)
+    local prompt = "SECRET-PROMPT-lua_echo"
+    for _, case in ipairs({ { "unknown input " .. prompt:sub(3, 18), true },
+                            { "unknown input " .. prompt:sub(3, 17), false },
+                            { "cannot use " .. H.SECRET_KEY, true } }) do
+      scen = mock:scen("lua_echo")
+      out = H.run_call(scen, { { status = 400, body = { error = { message = case[1] } } } },
+        { body = H.secret_body("lua_echo"), max_retries = 0 })
+      text = tostring(out.err)
+      if case[2] then
+        check(text:find("(the server's message is withheld because it echoes the request)",
+          1, true), "%s", text)
+        check(not shown(out):find(case[1], 1, true), "%s", shown(out))
+      else
+        check(text:find(': "' .. case[1] .. '"; gave up', 1, true), "%s", text)
+      end
+      check(not shown(out):find(prompt, 1, true) and not shown(out):find(H.SECRET_KEY, 1, true),
+        "a secret in %s", shown(out))
+    end
   end)
 
   it("keeps a JSON string whole across a \\u0000 escape", function()

@@ -22,6 +22,7 @@ import functools
 import io
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -387,6 +388,29 @@ def test_bad_failures_path_names_the_file(scen: Scenario, tmp_path: Path) -> Non
     assert list(tmp_path.iterdir()) == [], "a file was written next to the directory"
     assert not Path(f"{tmp_path}.done").exists()
     assert scen.requests() == []
+
+
+def test_failures_files_through_symlinks_keep_the_links(scen: Scenario,
+                                                        tmp_path: Path) -> None:
+    """The progress file is rewritten by a rename: through a symbolic link it
+    goes to the link's target, and the link stays (it was replaced by a
+    regular file); a FIFO or a device is refused before any request."""
+    data = tmp_path / "data"
+    data.mkdir()
+    fail = tmp_path / "f.jsonl"
+    done = tmp_path / "f.jsonl.done"
+    done.symlink_to(data / "progress")
+    scen.script([{"status": 400}])
+    out = llmretry.call_many([BODY] * 2, limit=1, failures_path=fail, base_url=scen.url,
+                             logger=None, **FAST)
+    assert out.summary.failed == 1
+    assert done.is_symlink() and (data / "progress").read_text().splitlines()[1:] == ["1"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="failures_path is a FIFO, not a regular file") as info:
+        llmretry.call_many([BODY], failures_path=fifo, base_url=scen.url, logger=None)
+    assert info.value.filename == str(fifo)
+    assert len(scen.requests()) == 2
 
 
 # ---------------------------------------------------------------------------

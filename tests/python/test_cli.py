@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -43,12 +45,13 @@ def run_main(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> Tuple[i
     return code, out, err
 
 
-def run_module(argv: Sequence[str], key: bool = True) -> subprocess.CompletedProcess[str]:
+def run_module(argv: Sequence[str], key: bool = True,
+               cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
     env = child_env()
     if key:
         env["OPENAI_API_KEY"] = SECRET_KEY
     return subprocess.run([sys.executable, "-m", "llmretry", *argv], capture_output=True,
-                          text=True, env=env, timeout=60)
+                          text=True, env=env, timeout=60, cwd=cwd)
 
 
 def read_results(path: Path) -> List[Dict[str, Any]]:
@@ -244,6 +247,139 @@ def test_batch_usage_errors(scen: Scenario, tmp_path: Path,
     code, _, err = run_main(["batch", str(req), "-o", str(res), "--resume",
                              "--base-url", scen.url], capsys)
     assert code == 2 and "same batch" in err
+    assert scen.requests() == []
+
+
+# ---------------------------------------------------------------------------
+# Where the results go: never a rename over what is not a regular file
+
+
+def full_device(tmp_path: Path) -> Path:
+    """A character device that refuses every write with ENOSPC: a node like
+    /dev/full made in tmp_path when we may (root: a bug that replaced it
+    harms nothing), else /dev/full itself (which we cannot replace)."""
+    if os.geteuid() != 0:
+        return Path("/dev/full")
+    node = tmp_path / "full"
+    os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    return node
+
+
+def batch_args(req: Path, out: str, scen: Scenario, *more: str) -> List[str]:
+    return ["batch", str(req), "-o", out, "--base-url", scen.url, "--no-progress",
+            *more, *FAST_ARGS]
+
+
+def test_batch_output_to_a_fifo_is_written_through(scen: Scenario, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    req, fifo = tmp_path / "r.jsonl", tmp_path / "results.fifo"
+    write_requests(req, 3)
+    os.mkfifo(fifo)
+    # Our end, open first (read-write: it never blocks, and the pipe holds
+    # the few lines until we read them).
+    reader = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        code, _, err = run_main(batch_args(req, str(fifo), scen), capsys)
+        data = b""
+        while True:
+            try:
+                block = os.read(reader, 1 << 16)
+            except BlockingIOError:
+                break
+            data += block
+    finally:
+        os.close(reader)
+    assert code == 0, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced"
+    lines = [json.loads(line) for line in data.decode().splitlines()]
+    assert [rec["index"] for rec in lines] == [0, 1, 2] and all(rec["ok"] for rec in lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "results.fifo"]
+
+
+def test_batch_output_through_a_symlink_keeps_the_link(scen: Scenario, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """-o and --failures through symbolic links: the files they point to are
+    written, the links stay links (pointing where they did), and --resume
+    reads back through them."""
+    req = tmp_path / "r.jsonl"
+    write_requests(req, 4)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "res.jsonl").write_text("old\n")
+    res, fail = tmp_path / "res.jsonl", tmp_path / "fail.jsonl"
+    res.symlink_to(data / "res.jsonl")
+    fail.symlink_to(data / "fail.jsonl")        # dangling: its target is created
+    scen.script([{"status": 400}])
+    base = batch_args(req, str(res), scen, "--failures", str(fail), "--limit", "1")
+    code, _, err = run_main(base, capsys)
+    assert code == 1, err
+    assert res.is_symlink() and os.readlink(res) == str(data / "res.jsonl")
+    assert fail.is_symlink() and os.readlink(fail) == str(data / "fail.jsonl")
+    assert [rec["ok"] for rec in read_results(data / "res.jsonl")] == [False, True, True, True]
+    assert failure_indices(data / "fail.jsonl") == [0]
+    code, _, err = run_main(base + ["--resume"], capsys)
+    assert code == 0, err
+    assert [request_index(r) for r in scen.requests()[4:]] == [0]
+    assert res.is_symlink() and fail.is_symlink()
+    assert [rec["ok"] for rec in read_results(data / "res.jsonl")] == [True] * 4
+    assert failure_indices(data / "fail.jsonl") == []
+
+
+def test_batch_output_to_dev_full_fails_with_enospc(scen: Scenario, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.jsonl"
+    write_requests(req, 2)
+    full = full_device(tmp_path)
+    code, _, err = run_main(batch_args(req, str(full), scen), capsys)
+    assert code == 2 and f"cannot write {full}: No space left on device" in err, err
+    assert stat.S_ISCHR(os.lstat(full).st_mode), "the device was replaced"
+    # --events: written through as well, and its failure said (not a traceback).
+    code, _, err = run_main(batch_args(req, str(tmp_path / "o.jsonl"), scen,
+                                       "--events", str(full)), capsys)
+    assert code == 2 and f"cannot write --events {full}: No space left on device" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert stat.S_ISCHR(os.lstat(full).st_mode)
+
+
+def test_batch_failures_must_be_a_regular_file(scen: Scenario, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The failures file is read back by --resume and its progress file is
+    renamed over: a device, a FIFO or "-" is refused before anything runs."""
+    req = tmp_path / "r.jsonl"
+    write_requests(req, 2)
+    fifo = tmp_path / "f.fifo"
+    os.mkfifo(fifo)
+    full = full_device(tmp_path)
+    for path, why in ((full, "is a character device, not a regular file"),
+                      (fifo, "is a FIFO, not a regular file"),
+                      ("-", "must be a file")):
+        code, _, err = run_main(batch_args(req, str(tmp_path / "o.jsonl"), scen,
+                                           "--failures", str(path)), capsys)
+        assert code == 2 and f"--failures {path}" in err and why in err, err
+    assert stat.S_ISCHR(os.lstat(full).st_mode) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert not Path(f"{full}.done").exists() and not Path(f"{fifo}.done").exists()
+    assert scen.requests() == []
+
+
+def test_batch_output_dash_is_stdout(scen: Scenario, tmp_path: Path) -> None:
+    req = tmp_path / "r.jsonl"
+    write_requests(req, 3)
+    p = run_module(batch_args(req, "-", scen), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [rec["index"] for rec in lines] == [0, 1, 2] and all(rec["ok"] for rec in lines)
+    assert "results: standard output" in p.stderr
+    assert not (tmp_path / "-").exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+def test_batch_output_that_is_no_file_is_refused(scen: Scenario, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.jsonl"
+    write_requests(req, 2)
+    code, _, err = run_main(batch_args(req, str(tmp_path), scen), capsys)
+    assert code == 2 and f"-o {tmp_path}: it is a directory" in err, err
     assert scen.requests() == []
 
 

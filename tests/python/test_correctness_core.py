@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -111,8 +111,8 @@ def test_tab_in_a_header_value_is_sent_as_in_lua(scen: Scenario) -> None:
 
 
 def test_error_text_escaped_and_names_the_path(raw: List[RawServer]) -> None:
-    body = (b'{"error": {"message": "echoed SECRET-PROMPT", '
-            b'"code": "c\\nINFO forged line\\r\\u001b[0m"}}')
+    body = (b'{"error": {"message": "no\\nINFO forged line\\r\\u001b[0m", '
+            b'"code": "c\\nINFO forged line"}}')
     srv = RawServer(response("400 Bad Request", body))
     raw.append(srv)
     with pytest.raises(llmretry.LLMError) as info:
@@ -120,11 +120,11 @@ def test_error_text_escaped_and_names_the_path(raw: List[RawServer]) -> None:
                           url=f"http://127.0.0.1:{srv.port}/v1/chat/completions?sig=Q-SECRET")
     text = str(info.value)
     assert "\n" not in text and "\r" not in text and "\x1b" not in text
-    assert text.startswith("HTTP 400 from /v1/chat/completions (c\\nINFO forged "
-                           "line\\r\\x1b[0m); gave up"), text
-    assert "SECRET-PROMPT" not in text
+    # The code is free text, not a token: replaced; the message is escaped.
+    assert text.startswith('HTTP 400 from /v1/chat/completions (invalid_code): '
+                           '"no\\nINFO forged line\\r\\x1b[0m"; gave up'), text
     assert "Q-SECRET" not in text
-    assert info.value.error_code == "c\nINFO forged line\r\x1b[0m"   # data, kept raw
+    assert info.value.error_code == "invalid_code"
 
 
 def test_invalid_utf8_2xx_is_an_invalid_response(raw: List[RawServer]) -> None:
@@ -159,3 +159,86 @@ def test_default_openai_endpoint_without_key_fails_at_once(
     with pytest.raises(ValueError, match="OPENAI_API_KEY"):
         llmretry.call_llm(secret_body("nokey"))
     assert time.monotonic() - t0 < 1.0
+
+
+# ---------------------------------------------------------------------------
+# What a server's error may show (issue 27): its code only as a short token,
+# its message unless that echoes the request. The Lua twin is in
+# tests/lua/correctness_core_spec.lua, the C one in tests/c/test_raw.c.
+
+CODE_PROMPT = "SECRET-PROMPT-code"      # secret_body("code")'s user message
+
+
+def shown(out: Any) -> str:
+    """Everything a user or a log sees of a failed call but the raw
+    body_preview (which docs/security.md says may hold what the server
+    echoed)."""
+    err = out.error
+    fields = {k: v for k, v in err.as_dict().items() if k != "body_preview"}
+    events = [{k: v for k, v in e.items() if k != "body_preview"} for e in out.events.events]
+    return f"{err} {err!r} {fields} {events}"
+
+
+@pytest.mark.parametrize("code", ["c" * 200_000, "not a token", CODE_PROMPT,
+                                  f"echo: {CODE_PROMPT}", "x" * 65],
+                         ids=["200KB", "spaces", "prompt", "prompt-spaces", "65-bytes"])
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+def test_error_code_that_is_not_a_short_token_is_replaced(scen: Scenario, code: str,
+                                                          stream: bool) -> None:
+    if stream:
+        steps = [{"stream": {"end": "error_event", "after": 0, "error_code": code,
+                             "error_message": "bad"}}]
+        out = run_call(scen, steps, body=secret_body("code", stream=True), max_retries=0)
+    else:
+        steps = [{"status": 400, "body": {"error": {"message": "bad", "code": code}}}]
+        out = run_call(scen, steps, body=secret_body("code"), max_retries=0)
+    assert out.error is not None and out.error.error_code == "invalid_code"
+    assert [e["error_code"] for e in out.events.of("llm_request_failed")] == ["invalid_code"]
+    text = shown(out)
+    for secret in (code[:64], CODE_PROMPT, "not a token"):
+        assert secret not in text, f"{secret[:40]!r} in {text[:400]!r}"
+    if not stream:
+        assert '(invalid_code): "bad"; gave up' in str(out.error)
+
+
+def test_error_code_that_is_a_token_is_kept(scen: Scenario) -> None:
+    code = "Zz09_.:-" + "a" * 56
+    out = run_call(scen, [{"status": 400, "body": {"error": {"message": "m", "code": code}}}],
+                   max_retries=0)
+    assert out.error is not None and out.error.error_code == code
+    assert f"({code}): \"m\"" in str(out.error)
+
+
+def test_provider_message_is_in_the_error_not_the_events(scen: Scenario) -> None:
+    said = "Invalid value for 'temperature': must be <= 2."
+    out = run_call(scen, [{"status": 400, "body": {"error": {
+        "message": said, "type": "invalid_request_error", "code": None}}}], max_retries=0)
+    assert out.error is not None
+    assert str(out.error).startswith(
+        f'HTTP 400 from /s/{scen.name}/v1/chat/completions (invalid_request_error): "{said}"; '
+        f'gave up after 1 attempt: not retryable'), str(out.error)
+    events = [{k: v for k, v in e.items() if k != "body_preview"} for e in out.events.events]
+    assert "temperature" not in repr(events)
+    # Cut to 300 bytes.
+    out = run_call(scen, [{"status": 422, "body": {"detail": "d" * 1000}}], max_retries=0)
+    assert out.error is not None and f': "{"d" * 300}..."; gave up' in str(out.error)
+
+
+@pytest.mark.parametrize("said,withheld", [
+    (f"unknown input {CODE_PROMPT[2:18]}", True),     # 16 bytes of the prompt
+    (f"unknown input {CODE_PROMPT[2:17]}", False),    # 15: shown
+    (f"cannot use {SECRET_KEY}", True),               # the key
+])
+def test_provider_message_echoing_the_request_is_withheld(scen: Scenario, said: str,
+                                                          withheld: bool) -> None:
+    out = run_call(scen, [{"status": 400, "body": {"error": {"message": said}}}],
+                   body=secret_body("code"), max_retries=0)
+    assert out.error is not None
+    text = shown(out)
+    if withheld:
+        assert ("(the server's message is withheld because it echoes the request)"
+                in str(out.error)), str(out.error)
+        assert "unknown input" not in text and "cannot use" not in text
+    else:
+        assert f': "{said}"; gave up' in str(out.error)
+    assert SECRET_KEY not in text and CODE_PROMPT not in text
