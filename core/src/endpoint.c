@@ -21,7 +21,16 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     ep->key_hash = c->key_hash;
     ep->refilled_at = -1;
     ep->remaining_req = ep->remaining_tok = -1;
-    lr_retry_budget_init(&ep->budget);
+    lr_shared_ep_init(&ep->local, 1);
+    ep->sh = &ep->local;
+    if (e->shared) {
+        /* The endpoint as every process knows it: URL and key hash, never
+         * the key. Out of slots: this process keeps its own numbers. */
+        uint64_t id = lr_endpoint_id(ep->url, ep->key_hash);
+        lr_shared_ep *slot = lr_shared_store_endpoint(e->shared, id);
+        if (slot)
+            ep->sh = slot;
+    }
     ep->stats.url = ep->url;
     ep->stats.has_key = c->key_hash != 0;
     ep->stats.breaker = "closed";
@@ -62,26 +71,38 @@ lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
         ep->rpm = c->o.rpm;
     if (c->o.tpm > 0)
         ep->tpm = c->o.tpm;
-    ep->budget.ratio = c->o.retry_budget_ratio;
-    ep->budget.min = c->o.retry_budget_min;
-    ep->breaker.threshold = c->o.breaker_failures;
-    ep->breaker.cooldown_ms = c->o.breaker_cooldown_ms;
+    ep->health.budget_ratio = c->o.retry_budget_ratio;
+    ep->health.budget_min = c->o.retry_budget_min;
+    ep->health.threshold = c->o.breaker_failures;
+    ep->health.cooldown_ms = c->o.breaker_cooldown_ms;
     return ep;
 }
 
-static const char *breaker_name(lr_breaker_state s)
+static const char *breaker_name(lr_shared_breaker s)
 {
     switch (s) {
-    case LR_BREAKER_OPEN: return "open";
-    case LR_BREAKER_HALF_OPEN: return "half_open";
+    case LR_SHARED_OPEN: return "open";
+    case LR_SHARED_HALF_OPEN: return "half_open";
     default: return "closed";
     }
+}
+
+uint64_t lr_endpoint_id(const char *url, uint64_t key_hash)
+{
+    uint64_t x = 1469598103934665603ull ^ key_hash;     /* FNV-1a over the URL */
+    for (const unsigned char *p = (const unsigned char *)url; *p; p++)
+        x = (x ^ *p) * 1099511628211ull;
+    return x ? x : 1;                                   /* 0 marks a free slot */
 }
 
 void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
 {
     int64_t now = lr_mono_ms(), wreq, wret;
-    lr_retry_budget_window(&ep->budget, now, &wreq, &wret);
+    /* With a shared store, the window and the breaker are every process's;
+     * the counts since the endpoint was made are this engine's. */
+    lr_shared_budget_window(ep->sh, now, &wreq, &wret);
+    lr_shared_breaker state = lr_shared_breaker_state(ep->sh, now);
+    int64_t open_until = atomic_load(&ep->sh->breaker_open_until);
     pthread_mutex_lock(&e->mu);
     llmretry_endpoint_stats *s = &ep->stats;
     s->requests = ep->requests;
@@ -91,10 +112,9 @@ void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
     s->short_circuited = ep->short_circuited;
     s->window_requests = wreq;
     s->window_retries = wret;
-    s->breaker = breaker_name(ep->breaker.state);
-    s->consecutive_failures = ep->breaker.failures;
-    s->open_ms_left = ep->breaker.state == LR_BREAKER_OPEN && ep->breaker.open_until > now
-                    ? ep->breaker.open_until - now : 0;
+    s->breaker = breaker_name(state);
+    s->consecutive_failures = (int)atomic_load(&ep->sh->breaker_failures);
+    s->open_ms_left = state == LR_SHARED_OPEN ? open_until - now : 0;
     s->rpm = ep->rpm > 0 ? ep->rpm : ep->learned_rpm;
     s->tpm = ep->tpm > 0 ? ep->tpm : ep->learned_tpm;
     s->in_flight = ep->in_flight;

@@ -12,32 +12,16 @@
 #define LR_ENDPOINT_H
 
 #include "engine.h"
+#include "shared.h"
 
-/* The retry budget's rolling window: this many one-second slots. */
-#define LR_BUDGET_SLOTS 10
-
-typedef struct lr_retry_budget {
-    int64_t second[LR_BUDGET_SLOTS];   /* the second each slot counts (-1: none) */
-    int64_t requests[LR_BUDGET_SLOTS]; /* first attempts sent */
-    int64_t retries[LR_BUDGET_SLOTS];  /* retries let through */
-    double ratio;                      /* the latest call's options */
-    int64_t min;
-} lr_retry_budget;
-
-typedef enum lr_breaker_state {
-    LR_BREAKER_CLOSED = 0,
-    LR_BREAKER_OPEN,                   /* failing calls at once until open_until */
-    LR_BREAKER_HALF_OPEN               /* one probe may go; the rest fail */
-} lr_breaker_state;
-
-typedef struct lr_breaker {
-    lr_breaker_state state;
-    int failures;                      /* consecutive transient failures */
+/* The health options in force for an endpoint (the latest call's). The
+ * numbers they act on live in the endpoint's lr_shared_ep (shared.h). */
+typedef struct lr_health_config {
+    double budget_ratio;               /* retry_budget_ratio */
+    int64_t budget_min;                /* retry_budget_min */
     int threshold;                     /* breaker_failures: 0 = off */
-    int64_t cooldown_ms;
-    int64_t open_until;
-    llmretry_call *probe;              /* the half-open probe in flight, or NULL */
-} lr_breaker;
+    int64_t cooldown_ms;               /* breaker_cooldown_ms */
+} lr_health_config;
 
 struct lr_endpoint {
     char *url;
@@ -56,9 +40,12 @@ struct lr_endpoint {
     int64_t paused_until;              /* a 429's named wait */
     int in_flight;                     /* attempts admitted and not ended */
     lr_queue queue;                    /* calls waiting for budget */
-    /* Health (health.c), and its counts since the endpoint was made. */
-    lr_retry_budget budget;
-    lr_breaker breaker;
+    /* Health (health.c): its options, and its numbers in `sh`: this
+     * process's own `local`, or the engine's shared store's slot for this
+     * endpoint (engine option `shared`). Counts since it was made. */
+    lr_health_config health;
+    lr_shared_ep local;
+    lr_shared_ep *sh;
     int64_t requests, retries, retries_refused, breaker_opened, short_circuited;
     /* Published for hosts (engine mutex). */
     llmretry_endpoint_stats stats;
@@ -68,12 +55,8 @@ struct lr_endpoint {
  * engine's mutex); call after a change worth seeing. */
 void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep);
 
-/* health.c, pure parts (on the caller's clock; tests drive them). */
-void lr_retry_budget_init(lr_retry_budget *b);
-void lr_retry_budget_request(lr_retry_budget *b, int64_t now_ms);
-/* 1 and the retry counted when the window allows one more, else 0. */
-int lr_retry_budget_take(lr_retry_budget *b, int64_t now_ms);
-void lr_retry_budget_window(const lr_retry_budget *b, int64_t now_ms, int64_t *requests,
-                            int64_t *retries);
+/* An endpoint's name in a shared store: a hash of its URL and key hash
+ * (never 0). */
+uint64_t lr_endpoint_id(const char *url, uint64_t key_hash);
 
 #endif

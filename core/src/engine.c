@@ -5,6 +5,7 @@
  * from the I/O thread. This file holds the loop, the op queue and the
  * engine's life cycle; see engine.h for the other parts. */
 #include "engine.h"
+#include "shared.h"
 #include "stream.h"
 
 #include <errno.h>
@@ -210,6 +211,8 @@ static void *io_main(void *arg)
     lr_easy_pool_clear(e);
     lr_origins_free(e);
     lr_endpoints_free(e);
+    lr_shared_store_close(e->shared);   /* no endpoint points into it now */
+    e->shared = NULL;
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
@@ -222,12 +225,14 @@ void llmretry_engine_options_defaults(llmretry_engine_options *o)
 {
     o->max_in_flight = DEFAULT_MAX_IN_FLIGHT;
     o->max_host_connections = 0;
+    o->shared = NULL;
 }
 
 static void engine_discard(llmretry_engine *e)
 {
     if (e->multi)
         curl_multi_cleanup(e->multi);
+    lr_shared_store_close(e->shared);
     lr_channel_close(&e->channel);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -291,6 +296,12 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
         lr_errf(err, errlen, "could not set up the multi handle: %s", curl_multi_strerror(mrc));
         engine_discard(e);
         return LLMRETRY_EINTERNAL;
+    }
+
+    if (opts->shared && *opts->shared &&
+        lr_shared_store_open(opts->shared, &e->shared, err, errlen) != 0) {
+        engine_discard(e);
+        return LLMRETRY_EINVAL;
     }
 
     /* The I/O thread takes no signals: Ctrl-C belongs to the host. */

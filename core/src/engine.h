@@ -70,6 +70,7 @@ struct llmretry_engine {
     struct lr_origin **origins;    /* https origins seen (origins.c) */
     size_t n_origins;
     struct lr_endpoint **endpoints;  /* rate budgets (ratelimit.c) */
+    struct lr_shared_store *shared;  /* option `shared`, or NULL (shared.h) */
     size_t n_endpoints;
     uint64_t rng;
     llmretry_call *pend_head;      /* calls with news, published once per loop, */

@@ -17,98 +17,45 @@
  * success closes the breaker, its failure opens it for another cooldown,
  * and a probe that ends without a verdict (cancelled) lets the next call
  * probe. Any other answer (a 400, a 401) shows the endpoint up: it resets
- * the count and closes a half-open breaker. */
+ * the count and closes a half-open breaker.
+ *
+ * The numbers live in the endpoint's lr_shared_ep (shared.c): its own, or,
+ * with the engine option `shared`, a slot every process on the key uses,
+ * so the budget counts their retries together and one probe goes at a time
+ * across all of them (a lease, which lapses if its process dies). */
 #include "endpoint.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* ---- the retry budget (pure) ------------------------------------------------ */
-
-void lr_retry_budget_init(lr_retry_budget *b)
+/* How long a probe may hold the breaker's lease: its attempt's timeout (at
+ * least a second). A probe still running after it lets another process
+ * probe too; a process that died while probing blocks nobody past it. */
+static int64_t probe_lease_ms(const llmretry_call *c)
 {
-    memset(b, 0, sizeof *b);
-    for (int i = 0; i < LR_BUDGET_SLOTS; i++)
-        b->second[i] = -1;
-}
-
-/* The slot counting second `s`, emptied when it last counted another. */
-static int slot(lr_retry_budget *b, int64_t now_ms)
-{
-    int64_t s = now_ms / 1000;
-    int i = (int)(s % LR_BUDGET_SLOTS);
-    if (b->second[i] != s) {
-        b->second[i] = s;
-        b->requests[i] = b->retries[i] = 0;
-    }
-    return i;
-}
-
-void lr_retry_budget_window(const lr_retry_budget *b, int64_t now_ms, int64_t *requests,
-                            int64_t *retries)
-{
-    int64_t s = now_ms / 1000;
-    *requests = *retries = 0;
-    for (int i = 0; i < LR_BUDGET_SLOTS; i++)
-        if (b->second[i] > s - LR_BUDGET_SLOTS && b->second[i] <= s) {
-            *requests += b->requests[i];
-            *retries += b->retries[i];
-        }
-}
-
-void lr_retry_budget_request(lr_retry_budget *b, int64_t now_ms)
-{
-    b->requests[slot(b, now_ms)]++;
-}
-
-int lr_retry_budget_take(lr_retry_budget *b, int64_t now_ms)
-{
-    int64_t requests, retries;
-    lr_retry_budget_window(b, now_ms, &requests, &retries);
-    if ((double)(retries + 1) > b->ratio * (double)requests + (double)b->min)
-        return 0;
-    b->retries[slot(b, now_ms)]++;
-    return 1;
-}
-
-/* ---- the engine's side --------------------------------------------------------- */
-
-static void breaker_open(lr_endpoint *ep, int64_t now)
-{
-    lr_breaker *br = &ep->breaker;
-    br->state = LR_BREAKER_OPEN;
-    br->open_until = lr_time_add(now, br->cooldown_ms);
-    br->probe = NULL;
-    ep->breaker_opened++;
+    return c->o.timeout_ms > 1000 ? c->o.timeout_ms : 1000;
 }
 
 int lr_health_admits(llmretry_engine *e, llmretry_call *c, int64_t now, char *why, size_t len)
 {
     lr_endpoint *ep = lr_endpoint_of(e, c);
-    if (!ep)
+    if (!ep || ep->health.threshold <= 0 || c->breaker_probe)
         return 1;
-    lr_breaker *br = &ep->breaker;
-    if (br->threshold <= 0) {
-        br->state = LR_BREAKER_CLOSED;      /* turned off: forget it was open */
-        br->probe = NULL;
-        return 1;
-    }
-    if (br->state == LR_BREAKER_OPEN && now >= br->open_until)
-        br->state = LR_BREAKER_HALF_OPEN;
-    if (br->state == LR_BREAKER_CLOSED || br->probe == c)
-        return 1;
-    if (br->state == LR_BREAKER_HALF_OPEN && !br->probe) {
-        br->probe = c;                      /* the one probe */
-        lr_endpoint_publish(e, ep);
+    int probe = 0;
+    if (lr_shared_breaker_admits(ep->sh, now, probe_lease_ms(c), &probe)) {
+        if (probe) {
+            c->breaker_probe = 1;               /* the one probe */
+            lr_endpoint_publish(e, ep);
+        }
         return 1;
     }
-    if (br->state == LR_BREAKER_OPEN)
-        snprintf(why, len, "circuit open after %d consecutive failures (a probe may go in %lld ms)",
-                 br->failures, (long long)(br->open_until - now));
+    long long failures = (long long)atomic_load(&ep->sh->breaker_failures);
+    if (lr_shared_breaker_state(ep->sh, now) == LR_SHARED_OPEN)
+        snprintf(why, len, "circuit open after %lld consecutive failures (a probe may go in %lld ms)",
+                 failures, (long long)(atomic_load(&ep->sh->breaker_open_until) - now));
     else
-        snprintf(why, len, "circuit open after %d consecutive failures (a probe is in flight)",
-                 br->failures);
+        snprintf(why, len, "circuit open after %lld consecutive failures (a probe is in flight)",
+                 failures);
     ep->short_circuited++;
     lr_endpoint_publish(e, ep);
     return 0;
@@ -120,7 +67,7 @@ void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c)
     if (!ep)
         return;
     if (c->attempt == c->target_first_attempt) {
-        lr_retry_budget_request(&ep->budget, lr_mono_ms());
+        lr_shared_budget_request(ep->sh, lr_mono_ms());
         ep->requests++;
     } else {
         ep->retries++;
@@ -131,7 +78,7 @@ void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c)
 int lr_health_retry_allowed(llmretry_engine *e, llmretry_call *c, int64_t now)
 {
     lr_endpoint *ep = c->endpoint;
-    if (!ep || lr_retry_budget_take(&ep->budget, now))
+    if (!ep || lr_shared_budget_take(ep->sh, now, ep->health.budget_ratio, ep->health.budget_min))
         return 1;
     ep->retries_refused++;
     lr_endpoint_publish(e, ep);
@@ -152,35 +99,42 @@ static int transient(const llmretry_call *c, const llmretry_failure *f)
     }
 }
 
+/* A probe that ends without a verdict gives its lease back: the next call
+ * may probe. */
+static void release_probe(lr_endpoint *ep, llmretry_call *c)
+{
+    if (c->breaker_probe) {
+        c->breaker_probe = 0;
+        atomic_store(&ep->sh->breaker_probe_until, 0);
+    }
+}
+
 void lr_health_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f)
 {
     lr_endpoint *ep = c->endpoint;
     if (!ep)
         return;
-    lr_breaker *br = &ep->breaker;
-    int was_probe = br->probe == c;
-    if (was_probe)
-        br->probe = NULL;
+    int was_probe = c->breaker_probe;
     if (!f) {
         /* A response: the endpoint is up. */
-        br->failures = 0;
-        br->state = LR_BREAKER_CLOSED;
+        lr_shared_breaker_succeeded(ep->sh);
     } else if (f->kind == LLMRETRY_ERR_CANCELLED) {
-        /* No verdict: the next call may probe. */
+        release_probe(ep, c);
     } else if (transient(c, f)) {
-        br->failures++;
-        if (br->threshold > 0 && (was_probe || (br->state == LR_BREAKER_CLOSED &&
-                                                br->failures >= br->threshold)))
-            breaker_open(ep, lr_mono_ms());
+        if (lr_shared_breaker_failed(ep->sh, lr_mono_ms(), ep->health.threshold,
+                                     ep->health.cooldown_ms, was_probe))
+            ep->breaker_opened++;
     } else if (f->kind == LLMRETRY_ERR_HTTP_STATUS) {
-        br->failures = 0;           /* a 4xx: the endpoint answers */
-        br->state = LR_BREAKER_CLOSED;
+        lr_shared_breaker_succeeded(ep->sh);    /* a 4xx: the endpoint answers */
+    } else {
+        release_probe(ep, c);
     }
+    c->breaker_probe = 0;
     lr_endpoint_publish(e, ep);
 }
 
 void lr_health_detached(llmretry_call *c)
 {
-    if (c->endpoint && c->endpoint->breaker.probe == c)
-        c->endpoint->breaker.probe = NULL;
+    if (c->endpoint)
+        release_probe(c->endpoint, c);
 }

@@ -254,6 +254,7 @@ struct llmretry_call {
     llmretry_call *wait_prev, *wait_next;   /* engine waiting queue */
     struct lr_origin *origin;      /* engine thread: its https origin, or NULL */
     struct lr_endpoint *endpoint;  /* engine thread: its rate budget (ratelimit.c) */
+    int breaker_probe;             /* engine thread: this attempt is the half-open probe */
     uint64_t key_hash;             /* of its API key: endpoints are base URL + key */
     int64_t est_tokens;            /* tokens it is charged, -1 = not estimated yet */
     int64_t completion_limit;      /* the body's max_tokens (or alike), -1 = none */

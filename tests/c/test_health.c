@@ -9,6 +9,9 @@
  * endpoint stats say all of it; bad fallbacks are refused naming the field.
  * Counts come from the mock's records. */
 #include "harness.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 #include "llmretry.h"
 
 #include <cJSON.h>
@@ -430,6 +433,80 @@ static void test_bad_fallbacks_are_refused(void)
     CHECK(o.retry_budget_ratio == 2.0);
 }
 
+/* Two engines stand for two processes: each has its own endpoints, and
+ * only the `shared` store links them. One's failures open the breaker for
+ * both, and the other's call fails fast, sending nothing; the retry
+ * budget's window counts both. Unshared, the second engine knows nothing. */
+static llmretry_engine *engine_sharing(const char *spec)
+{
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    eo.shared = spec;
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF];
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
+    return e;
+}
+
+static void test_breaker_shared_by_engines(void)
+{
+    char url[128], spec[64], path[96];
+    snprintf(spec, sizeof spec, "shm:test-health-%d", (int)getpid());
+    snprintf(path, sizeof path, "/dev/shm/llmretry-%s", spec + 4);
+    unlink(path);
+    for (int shared = 1; shared >= 0; shared--) {
+        const char *name = shared ? "shdown" : "lonedown";
+        llmretry_engine *a = engine_sharing(shared ? spec : NULL);
+        llmretry_engine *b = engine_sharing(shared ? spec : NULL);
+        if (!a || !b || th_mock_script(&mock, name, "{\"steps\": [], \"after\": {\"status\": 503}}") != 0)
+            goto next;
+        llmretry_options o;
+        opts_for(&o, name, url, sizeof url);
+        o.max_retries = 0;
+        o.breaker_failures = 3;
+        o.breaker_cooldown_ms = 60000;
+        for (int i = 0; i < 3; i++) {
+            llmretry_call *c = th_submit(a, &o);
+            const llmretry_result *r = wait_done(c, NULL, 0);
+            CHECK(r && !r->ok && r->status == 503);
+            llmretry_call_free(c);
+        }
+        CHECK_INT(requests_of(name), 3);
+        llmretry_call *c = th_submit(b, &o);
+        const llmretry_result *r = wait_done(c, NULL, 0);
+        llmretry_endpoint_stats s;
+        CHECK(stats_of(b, name, &s));
+        if (shared) {
+            CHECK_MSG(r && r->kind == LLMRETRY_ERR_CIRCUIT_OPEN && r->attempts == 0,
+                      "the other engine's call: kind %d, %d attempts", r ? (int)r->kind : -1,
+                      r ? r->attempts : -1);
+            CHECK_INT(requests_of(name), 3);
+            CHECK_STR(s.breaker, "open");
+            CHECK_INT(s.window_requests, 3);     /* a's first attempts, seen from b */
+            CHECK_INT(s.requests, 0);            /* b's own: none */
+        } else {
+            CHECK(r && r->status == 503 && r->attempts == 1);
+            CHECK_INT(requests_of(name), 4);
+            CHECK_STR(s.breaker, "closed");
+        }
+        llmretry_call_free(c);
+    next:
+        llmretry_engine_free(a);
+        llmretry_engine_free(b);
+    }
+    struct stat st;
+    CHECK_MSG(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600, "%s", path);
+    unlink(path);
+    /* A bad store is refused when the engine is made, naming the option. */
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    eo.shared = "shm:../x";
+    llmretry_engine *bad = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    CHECK_INT(llmretry_engine_new(&eo, &bad, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(!bad && strstr(err, "shared") != NULL, "%s", err);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -444,6 +521,7 @@ int main(void)
         { "fallback_endpoint", test_fallback_to_another_endpoint },
         { "fallback_rules", test_fallback_rules },
         { "bad_fallbacks", test_bad_fallbacks_are_refused },
+        { "breaker_shared", test_breaker_shared_by_engines },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);

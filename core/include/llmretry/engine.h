@@ -24,6 +24,10 @@ typedef struct llmretry_engine_options {
     int max_in_flight;
     /* Most connections kept open per host (0 = libcurl's default). */
     int max_host_connections;
+    /* Where endpoints' budgets live (docs/shared.md): NULL or "" = in this
+     * process; "shm:NAME" = shared by every process on the host naming
+     * NAME. Copied; checked by llmretry_engine_new (EINVAL names it). */
+    const char *shared;
 } llmretry_engine_options;
 
 void llmretry_engine_options_defaults(llmretry_engine_options *o);
