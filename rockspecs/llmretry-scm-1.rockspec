@@ -88,6 +88,8 @@ build = {
             "core/src/sse.c",
             "core/src/stream.c",
             "core/src/sse_payload.c",
+            "core/src/shared.c",
+            "core/src/shared_shm.c",
             "core/src/timers.c",
             "core/src/transfer.c",
             "core/src/version.c",

@@ -19,10 +19,11 @@
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "max_in_flight", "max_host_connections", NULL };
+    static char *kwlist[] = { "max_in_flight", "max_host_connections", "shared", NULL };
     int max_in_flight = 256, max_host_connections = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ii:Engine", kwlist, &max_in_flight,
-                                     &max_host_connections))
+    const char *shared = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iiz:Engine", kwlist, &max_in_flight,
+                                     &max_host_connections, &shared))
         return -1;
     if (self->engine) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
@@ -32,6 +33,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     llmretry_engine_options_defaults(&eo);
     eo.max_in_flight = max_in_flight;
     eo.max_host_connections = max_host_connections;
+    eo.shared = shared;
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_engine *e = NULL;
     llmretry_status st = llmretry_engine_new(&eo, &e, err, sizeof err);
@@ -376,7 +378,7 @@ static PyType_Slot Engine_slots[] = {
     { Py_tp_dealloc, Engine_dealloc },
     { Py_tp_methods, Engine_methods },
     { Py_tp_getset, Engine_getset },
-    { Py_tp_doc, "Engine(max_in_flight=256, max_host_connections=0): an I/O thread and its "
+    { Py_tp_doc, "Engine(max_in_flight=256, max_host_connections=0, shared=None): an I/O thread and its "
                  "connection cache." },
     { 0, NULL },
 };

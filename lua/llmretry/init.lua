@@ -109,8 +109,15 @@ local drain = require("llmretry.mailbox").drain
 
 local default_engine = nil
 
+-- The default engine's shared store (docs/shared.md): LLMRETRY_SHARED, as
+-- in Python; other engines say it: llmretry.new_engine(n, conns, "shm:NAME").
+local function new_default_engine()
+  local shared = os.getenv("LLMRETRY_SHARED")
+  return core.new_engine(nil, nil, shared ~= "" and shared or nil)
+end
+
 local function get_default_engine()
-  if default_engine == nil then default_engine = core.new_engine() end
+  if default_engine == nil then default_engine = new_default_engine() end
   return default_engine
 end
 
@@ -121,7 +128,7 @@ end
 local function submit_default(sub, level)
   local engine = get_default_engine()
   if engine:forked() then
-    default_engine = core.new_engine()
+    default_engine = new_default_engine()
     engine = default_engine
   end
   local ok, h = pcall(engine.submit, engine, sub)

@@ -724,6 +724,13 @@ class Client:
     host (calls past it wait for one: an HTTP/1.1 server needs one per call
     in flight, an HTTP/2 one shares each among many).
 
+    ``shared`` says where each endpoint's retry budget and circuit breaker
+    live: ``None`` (the default, or the ``LLMRETRY_SHARED`` environment
+    variable when set) keeps them in this process; ``"shm:NAME"`` shares
+    them with every process on this host that names NAME (gunicorn workers,
+    a multiprocessing pool, notebooks on one key), so their retries count
+    against one budget and one breaker opens for all (docs/shared.md).
+
     ``policies`` are named policies (a mapping ``{name: {key: value}}`` or
     a ``.toml``/``.json`` file, see :func:`llmretry.load_policies`), checked
     here; a call picks one with ``policy="name"``. For one call, explicit
@@ -742,11 +749,18 @@ class Client:
     """
 
     def __init__(self, *, max_in_flight: int = 256, max_host_connections: int = 0,
+                 shared: Optional[str] = None,
                  policies: Optional[PolicySource] = None, **defaults: Any) -> None:
         _check_option_names(defaults, "Client()")
         max_in_flight = _int32("max_in_flight", max_in_flight)
         self._max_in_flight = max_in_flight
         self._max_host_connections = _int32("max_host_connections", max_host_connections)
+        if shared is None:
+            shared = os.environ.get("LLMRETRY_SHARED") or None
+        if shared is not None and not isinstance(shared, str):
+            raise TypeError(f"shared must be a str such as 'shm:NAME' or None, "
+                            f"not {type(shared).__name__}")
+        self._shared = shared
         self._defaults = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
         loaded = load_policies(policies) if policies is not None else {}
@@ -754,7 +768,8 @@ class Client:
             name: _PolicyPlan(pol, self._plan) for name, pol in loaded.items()}
         self._lock = threading.Lock()
         self._closed = False
-        self._engine: Any = _llmretry.Engine(max_in_flight, self._max_host_connections)
+        self._engine: Any = _llmretry.Engine(max_in_flight, self._max_host_connections,
+                                             shared)
         _live_clients.add(self)
 
     @classmethod
@@ -823,7 +838,7 @@ class Client:
                 raise RuntimeError("this llmretry Client is closed")
             if self._engine is None:
                 self._engine = _llmretry.Engine(self._max_in_flight,
-                                                self._max_host_connections)
+                                                self._max_host_connections, self._shared)
             return self._engine
 
     def _forget_engine_after_fork(self) -> None:
@@ -837,6 +852,8 @@ class Client:
         shown.update((k, v) for k, v in self._defaults.items() if k in shown)
         parts = [f"{k}={v!r}" for k, v in shown.items()]
         parts.append("api_key=<set>" if self._defaults.get("api_key") else "api_key=<unset>")
+        if self._shared:
+            parts.append(f"shared={self._shared!r}")
         if self._closed:
             parts.append("closed")
         return f"Client({', '.join(parts)})"

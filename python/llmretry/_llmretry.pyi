@@ -34,7 +34,8 @@ class Usage(TypedDict):
 class Engine:
     """One llmretry engine: an I/O thread and its connection cache."""
 
-    def __init__(self, max_in_flight: int = 256, max_host_connections: int = 0) -> None: ...
+    def __init__(self, max_in_flight: int = 256, max_host_connections: int = 0,
+                 shared: Optional[str] = None) -> None: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> None:

@@ -161,6 +161,10 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
                    "see --fallback-api-key-env)")
     p.add_argument("--fallback-api-key-env", action="append", metavar="NAME",
                    help="the variable holding the n-th fallback's key")
+    p.add_argument("--shared", metavar="STORE",
+                   help="share each endpoint's retry budget and circuit breaker with every "
+                   "process naming the same STORE: shm:NAME (this host); default "
+                   "$LLMRETRY_SHARED, else this process alone")
     p.add_argument("--policies", metavar="FILE",
                    help="named policies (.toml or .json) for --policy")
     p.add_argument("--policy", metavar="NAME",
@@ -242,9 +246,14 @@ def _make_client(args: argparse.Namespace, logger: Any) -> Client:
     if args.policy is not None and args.policies is None:
         raise UsageError("--policy needs --policies FILE")
     try:
-        return Client(logger=logger, policies=args.policies)
+        return Client(logger=logger, policies=args.policies,
+                      shared=getattr(args, "shared", None))
     except OSError as exc:
         raise UsageError(f"cannot read {args.policies}: {exc.strerror}") from None
+    except ValueError as exc:
+        if "shared" not in str(exc):
+            raise
+        raise UsageError(str(exc)) from None
 
 
 def run_policies(args: argparse.Namespace) -> int:

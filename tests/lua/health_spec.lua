@@ -158,4 +158,38 @@ describe("endpoint health", function()
     local res = llm.call_llm(base(scen, { fallbacks = {} }))
     check(res and res.meta.target == 0, "empty fallbacks")
   end)
+
+  -- Shared budgets (issue 28): two engines stand for two processes; only
+  -- the store links them. Unshared, the second knows nothing.
+  it("shares a breaker between engines through a shared store", function()
+    local name = "test-lua-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e6))
+    for _, shared in ipairs({ true, false }) do
+      local scen = mock:scen(shared and "lua_shared_down" or "lua_lone_down")
+      scen.script({}, DEAD)
+      local spec = shared and ("shm:" .. name) or nil
+      local a, b = llm.new_engine(nil, nil, spec), llm.new_engine(nil, nil, spec)
+      local opts = { max_retries = 0, breaker_failures = 3, breaker_cooldown_ms = 60000 }
+      for _ = 1, 3 do
+        local _, err = llm.call_llm(base(scen, H.merge(opts, { engine = a })))
+        check(err and err.status == 503, "a 503")
+      end
+      check(#scen.requests() == 3, "3 requests")
+      local res, err = llm.call_llm(base(scen, H.merge(opts, { engine = b })))
+      check(res == nil, "no success")
+      if shared then
+        check(err.kind == "circuit_open" and err.attempts == 0, "fails fast: " .. tostring(err))
+        check(#scen.requests() == 3, "nothing sent")
+        check(stats_of(b, scen).breaker == "open", "open for b")
+      else
+        check(err.status == 503, "b's own call: " .. tostring(err))
+        check(#scen.requests() == 4, "sent")
+      end
+      a:close(); b:close()
+    end
+    os.remove("/dev/shm/llmretry-" .. name)
+    local ok, why = pcall(llm.new_engine, nil, nil, "shm:../x")
+    check(not ok and tostring(why):find("shared", 1, true), "bad store refused: " .. tostring(why))
+    ok, why = pcall(llm.new_engine, nil, nil, 7)
+    check(not ok and tostring(why):find("shared", 1, true), "a number refused: " .. tostring(why))
+  end)
 end)
