@@ -12,8 +12,10 @@ The response is ``Content-Type: text/event-stream`` (the step's ``headers``
 may override it) with ``Cache-Control: no-cache``, framed with HTTP/1.1
 chunked transfer coding (every write below is one HTTP chunk), or, with
 ``framing: "close"`` or for an HTTP/1.0 request, with no length at all: the
-body ends when the server closes the connection. The step's ``delay_ms``
-delays the headers as usual.
+body ends when the server closes the connection, or, with ``framing:
+"length"``, with a ``Content-Length`` larger than all the stream sends, so
+the body never ends (see ``after_done``). The step's ``delay_ms`` delays
+the headers as usual.
 
 Events
 ------
@@ -39,6 +41,27 @@ others only their content. The events, in order:
    ``"usage": null``, as OpenAI does;
 4. ``data: [DONE]``, by ``end``.
 
+With ``api: "responses"`` the events are the Responses API's typed ones
+instead, each ``event: <type>`` then ``data: <object with that "type">``
+(``event_lines: false``: the data line alone, as LiteLLM sends them)::
+
+    {"type": "response.created", "response": {"id": "resp_mock_<n>",
+     "object": "response", "created_at": <int>, "model": <model>,
+     "status": "in_progress", "output": []}}
+    {"type": "response.output_text.delta", "item_id": "msg_mock_<n>",
+     "output_index": 0, "content_index": 0, "delta": "..."}     (per piece)
+    {"type": "response.completed", "response": {... "status": "completed",
+     "output": [{"type": "message", "id": "msg_mock_<n>", "status":
+     "completed", "role": "assistant", "content": [{"type": "output_text",
+     "text": <the pieces joined>, "annotations": []}]}], "usage": <usage>}}
+
+where ``<usage>`` is the step's usage with ``prompt_tokens`` /
+``completion_tokens`` named ``input_tokens`` / ``output_tokens`` (a usage
+without ``prompt_tokens`` is sent as is); no finish chunk, no usage chunk,
+and ``end`` defaults to ``"no_done"`` (the Responses API sends no
+``[DONE]``). ``chunks`` as below (strings are deltas; objects and raw items
+are sent as they are); ``tool_calls`` and ``role_only`` do not apply.
+
 ``stream`` fields (all optional; ``"stream": true`` is ``{}``)
 --------------------------------------------------------------
 ``chunks``
@@ -61,9 +84,14 @@ others only their content. The events, in order:
     neither a step ``content`` nor a ``chunks`` list there are no content
     deltas, and the first chunk's delta is ``{"role": "assistant", "content":
     null, "tool_calls": [...]}``.
+``role_only``
+    true: the body chunks are one chunk whose delta is only ``{"role":
+    "assistant"}``, and ``finish_reason`` defaults to null: what
+    llama-cpp-python sends (then ``[DONE]``) for a request it pre-empts.
+    Not with ``chunks`` or ``tool_calls``.
 ``finish_reason``
-    the finish chunk's (default ``"tool_calls"`` with tool calls, else
-    ``"stop"``); null sends no finish chunk.
+    the finish chunk's (default ``"tool_calls"`` with tool calls, null with
+    ``role_only``, else ``"stop"``); null sends no finish chunk.
 ``usage_chunk``
     true: always send the usage chunk; false: never; absent/null: when the
     request asks (``stream_options.include_usage``).
@@ -90,6 +118,16 @@ others only their content. The events, in order:
     ``"stall"``: after ``after`` events send nothing more (but keep-alive
     comments) for ``stall_ms`` (default the step's ``stall_ms``, else 30000)
     or until the client closes, then close as ``"drop"`` does.
+``after_done``
+    with ``end`` ``"done"`` or ``"no_done"``, what follows the stream's last
+    event: ``"end"`` (default) ends the body; ``"silence"`` never ends it (no
+    terminating 0-length chunk) and keeps the connection open and silent
+    until the client closes it or ``stall_ms`` passes (default the step's
+    ``stall_ms``, else 30000), then closes it; ``"junk"`` first sends
+    ``data:`` events after the end (a chunk with the content
+    ``"JUNK-AFTER-DONE"``, ``data: not json``, a ``garbage`` line), then
+    does as ``"silence"``. ``framing: "length"`` does as ``"silence"`` when
+    ``after_done`` is ``"end"`` (its body cannot end).
 ``after``
     int >= 0, for the ``end`` faults: how many of the events of 1.-3. are
     sent first; default the number of body chunks (the fault comes where the
@@ -108,7 +146,11 @@ others only their content. The events, in order:
     ``split_delay_ms`` (default 10) is waited between the two writes so that
     they reach the client in separate reads.
 ``framing``
-    ``"chunked"`` (default) or ``"close"`` (see above).
+    ``"chunked"`` (default), ``"close"`` or ``"length"`` (see above).
+``api``
+    ``"chat"`` (default) or ``"responses"`` (see above).
+``event_lines``
+    with ``api: "responses"``, false: no ``event:`` lines (default true).
 
 Records
 -------
@@ -122,7 +164,10 @@ neither.
 Validation
 ----------
 A ``stream`` that is neither a boolean nor an object, a field of the wrong
-type, an unknown ``end``/``line_end``/``error_style``/``framing``, or a
+type, an unknown ``end``/``line_end``/``error_style``/``framing``/
+``after_done``/``api``, ``after_done`` other than ``"end"`` with another
+``end``, ``role_only`` with ``chunks`` or ``tool_calls``, ``api:
+"responses"`` with ``tool_calls`` or ``role_only``, or a
 streaming step with ``body``, with a body fault (``stall_body``,
 ``truncate``, ``invalid_json``, ``huge``, ``trickle``) or with status 1xx,
 204 or 304 is a malformed script. ``reset``, ``close`` and ``no_headers``
@@ -144,7 +189,21 @@ END_MODES = frozenset({"done", "no_done", "drop", "reset", "stall",
                        "error_event"})
 LINE_ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
 ERROR_STYLES = frozenset({"data", "event"})
-FRAMINGS = frozenset({"chunked", "close"})
+FRAMINGS = frozenset({"chunked", "close", "length"})
+AFTER_DONE = frozenset({"end", "silence", "junk"})
+APIS = frozenset({"chat", "responses"})
+# What framing "length" declares beyond the planned events: more than any
+# keep-alive comments could add, so the body never reaches it.
+LENGTH_EXCESS = 1 << 20
+# after_done "junk": what a broken server keeps sending after [DONE] (a
+# chunk whose text must not be assembled, data that is not JSON, a line
+# that is no field).
+JUNK_AFTER_DONE = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"JUNK-AFTER-DONE"},'
+    b'"finish_reason":null}]}\n\n',
+    b"data: not json\n\n",
+    b"garbage\n\n",
+)
 # Faults that never respond: a stream is allowed but never sent.
 NO_RESPONSE_FAULTS = frozenset({"reset", "close", "no_headers"})
 # Faults that shape the JSON body: they have no meaning for a stream.
@@ -214,14 +273,26 @@ def _check_fields(opts: Dict[str, Any], where: str) -> None:
         raise BadStream(f"{where}.keepalive_ms must be a number >= 0")
     for key, allowed in (("end", END_MODES), ("line_end", set(LINE_ENDS)),
                          ("error_style", ERROR_STYLES),
-                         ("framing", FRAMINGS)):
+                         ("framing", FRAMINGS), ("after_done", AFTER_DONE),
+                         ("api", APIS)):
         if key in opts and opts[key] not in allowed:
             raise BadStream(f"{where}.{key} must be one of "
                             f"{sorted(allowed)}")
     if "after" in opts and (not _is_int(opts["after"]) or opts["after"] < 0):
         raise BadStream(f"{where}.after must be an integer >= 0")
-    if "bom" in opts and not isinstance(opts["bom"], bool):
-        raise BadStream(f"{where}.bom must be a boolean")
+    for key in ("bom", "role_only", "event_lines"):
+        if key in opts and not isinstance(opts[key], bool):
+            raise BadStream(f"{where}.{key} must be a boolean")
+    if opts.get("after_done", "end") != "end" \
+            and opts.get("end", "done") not in ("done", "no_done"):
+        raise BadStream(f"{where}.after_done needs end done or no_done")
+    if opts.get("role_only") and ("chunks" in opts or "tool_calls" in opts):
+        raise BadStream(f"{where}.role_only cannot be combined with chunks "
+                        "or tool_calls")
+    if opts.get("api") == "responses" and ("tool_calls" in opts
+                                           or opts.get("role_only")):
+        raise BadStream(f"{where}: api responses has no tool_calls or "
+                        "role_only")
     if opts.get("usage_chunk") is not None \
             and not isinstance(opts["usage_chunk"], bool):
         raise BadStream(f"{where}.usage_chunk must be a boolean or null")
@@ -385,27 +456,76 @@ def _body_chunks(step: Step, opts: Dict[str, Any],
     return out
 
 
+def _responses_usage(usage: Any) -> Any:
+    """A step's usage as the Responses API names it."""
+    if isinstance(usage, dict) and "prompt_tokens" in usage:
+        return {"input_tokens": usage.get("prompt_tokens"),
+                "output_tokens": usage.get("completion_tokens"),
+                "total_tokens": usage.get("total_tokens")}
+    return usage
+
+
+def _responses_events(step: Step, opts: Dict[str, Any], n: int, model: str,
+                      usage: Any) -> Tuple[List[Any], Dict[str, Any]]:
+    """api "responses": the body events (dicts with their "type", or raw
+    bytes) and the final response.completed event."""
+    base = {"id": f"resp_mock_{n}", "object": "response",
+            "created_at": int(time.time()), "model": model}
+    item_id = f"msg_mock_{n}"
+    out: List[Any] = [{"type": "response.created",
+                       "response": dict(base, status="in_progress", output=[])}]
+    spec = opts.get("chunks")
+    content = step.get("content", "ok")
+    if isinstance(spec, list):
+        items: List[Any] = spec
+    else:
+        text = content if isinstance(content, str) else json.dumps(content)
+        items = _pieces(text, spec if spec is not None else max(1, len(text)))
+    text = ""
+    for item in items:
+        if isinstance(item, str):
+            out.append({"type": "response.output_text.delta", "item_id": item_id,
+                        "output_index": 0, "content_index": 0, "delta": item})
+            text += item
+        elif "raw" in item and len(item) == 1:
+            out.append(item["raw"].encode("utf-8"))
+        else:
+            out.append(item)
+    message = {"type": "message", "id": item_id, "status": "completed",
+               "role": "assistant",
+               "content": [{"type": "output_text", "text": text,
+                            "annotations": []}]}
+    completed = {"type": "response.completed",
+                 "response": dict(base, status="completed", output=[message],
+                                  usage=_responses_usage(usage))}
+    return out, completed
+
+
 class Plan:
     """Everything a stream sends, as wire bytes (before HTTP framing)."""
 
     def __init__(self, step: Step, opts: Dict[str, Any], n: int, model: str,
                  usage: Any, usage_requested: bool) -> None:
         self.le = LINE_ENDS[opts.get("line_end", "lf")]
-        send_usage = opts.get("usage_chunk")
-        if send_usage is None:
-            send_usage = usage_requested
-        chunks = _Chunks(step, n, model, bool(send_usage))
-        docs = _body_chunks(step, opts, chunks)
-        self.body_count = len(docs)
-        default_finish = "tool_calls" if opts.get("tool_calls") else "stop"
-        finish = opts.get("finish_reason", default_finish)
-        if finish is not None:
-            docs.append(chunks.chunk({}, finish))
-        if send_usage:
-            docs.append(chunks.usage(usage))
+        responses = opts.get("api", "chat") == "responses"
+        self.event_lines = opts.get("event_lines", True)
+        if responses:
+            docs, completed = _responses_events(step, opts, n, model, usage)
+            self.body_count = len(docs)
+            docs.append(completed)
+        else:
+            docs = self._chat_docs(step, opts, n, model, usage, usage_requested)
         self.events = [self._raw(d) if isinstance(d, bytes)
-                       else self._data(_dumps(d)) for d in docs]
-        self.end = opts.get("end", "done")
+                       else self._doc(d, responses) for d in docs]
+        # The Responses API ends with response.completed, no [DONE].
+        self.end = opts.get("end", "no_done" if responses else "done")
+        after_done = opts.get("after_done", "end")
+        # The body is not ended after the stream (held open and silent):
+        # asked for, or a Content-Length that was never met.
+        self.hold = self.end in ("done", "no_done") and (
+            after_done != "end" or opts.get("framing") == "length")
+        self.junk = [self._raw(j) for j in JUNK_AFTER_DONE] \
+            if after_done == "junk" else []
         after = opts.get("after", self.body_count)
         self.after = min(after, len(self.events))
         code = opts.get("error_code") or "server_error"
@@ -417,6 +537,37 @@ class Plan:
             self.error_event = b"event: error" + self.le + self.error_event
         self.done = self._data(b"[DONE]")
         self.comment = b": keep-alive" + self.le + self.le
+
+    def _chat_docs(self, step: Step, opts: Dict[str, Any], n: int, model: str,
+                   usage: Any, usage_requested: bool) -> List[Any]:
+        send_usage = opts.get("usage_chunk")
+        if send_usage is None:
+            send_usage = usage_requested
+        chunks = _Chunks(step, n, model, bool(send_usage))
+        # role_only: llama-cpp-python's answer to a request it pre-empts.
+        docs = [chunks.chunk({})] if opts.get("role_only") \
+            else _body_chunks(step, opts, chunks)
+        self.body_count = len(docs)
+        default_finish = None if opts.get("role_only") \
+            else "tool_calls" if opts.get("tool_calls") else "stop"
+        finish = opts.get("finish_reason", default_finish)
+        if finish is not None:
+            docs.append(chunks.chunk({}, finish))
+        if send_usage:
+            docs.append(chunks.usage(usage))
+        return docs
+
+    def declared_length(self) -> int:
+        """framing "length": a Content-Length above all the stream sends."""
+        return sum(len(e) for e in self.events) + len(self.done) \
+            + len(self.error_event) + LENGTH_EXCESS
+
+    def _doc(self, doc: Dict[str, Any], typed: bool) -> bytes:
+        data = self._data(_dumps(doc))
+        kind = doc.get("type")
+        if typed and self.event_lines and isinstance(kind, str):
+            return b"event: " + kind.encode("utf-8") + self.le + data
+        return data
 
     def _data(self, payload: bytes) -> bytes:
         return b"data: " + payload + self.le + self.le
@@ -500,6 +651,13 @@ class Sender:
             self._pause_before_event()
             if plan.end == "stall":
                 self._pause(self.stall, self.keepalive)
+            return False
+        if plan.hold:
+            # A body that never ends: junk first if asked, then silence
+            # until the client closes (or stall_ms).
+            for junk in plan.junk:
+                self._emit(junk)
+            self._pause(self.stall, 0)
             return False
         if self.chunked:
             self._send(b"0\r\n\r\n")

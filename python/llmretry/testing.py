@@ -36,8 +36,10 @@ Chat endpoint
 -------------
 ``POST /v1/chat/completions`` uses scenario ``"default"``;
 ``POST /s/<name>/v1/chat/completions`` uses scenario ``<name>``. Any path
-ending in ``/chat/completions`` is accepted; the scenario is the
-(percent-decoded) segment after a leading ``/s/``, else ``"default"``. The
+ending in ``/chat/completions`` or ``/responses`` (the Responses API's; the
+step says what is answered, e.g. ``stream.api``) is accepted; the scenario
+is the (percent-decoded) segment after a leading ``/s/``, else
+``"default"``. The
 query string is ignored for routing. Other paths get a 404 JSON error;
 another method on a chat path gets a 405 JSON error (neither is recorded).
 
@@ -185,7 +187,12 @@ Step fields (all optional; unknown fields are ignored)
     chunked), with the stream's faults: chunks and delays, ``end`` one of
     ``done``, ``no_done``, ``drop``, ``reset``, ``stall``, ``error_event``
     after ``after`` events, CR/CRLF line ends, keep-alive comments, a BOM,
-    split writes, the usage chunk, tool calls. ``false``: never stream. A
+    split writes, the usage chunk, tool calls, a role-only stream
+    (``role_only``), a body held open or fed junk after ``[DONE]``
+    (``after_done``), a ``Content-Length`` never met (``framing:
+    "length"``), the Responses API's typed events with or without
+    ``event:`` lines (``api: "responses"``, ``event_lines``). ``false``:
+    never stream. A
     request body with ``"stream": true`` gets the default stream from a 2xx
     step without ``stream``, ``body`` or ``fault``; a non-2xx step answers it
     with its JSON error. The fields and the records' ``events_sent`` and
@@ -1306,7 +1313,7 @@ class _Handler(BaseHTTPRequestHandler):
         method = self.command
         if path.startswith("/_mock/"):
             self._control(method, path, body)
-        elif path.endswith("/chat/completions"):
+        elif path.endswith(("/chat/completions", "/responses")):
             if method != "POST":
                 self._send_error_json(405, f"method {method} not allowed")
                 return
@@ -1548,17 +1555,18 @@ class _Handler(BaseHTTPRequestHandler):
             step.get("usage", copy.deepcopy(DEFAULT_USAGE)),
             _mock_sse.include_usage(request))
         # HTTP/1.0 has no chunked coding: the body ends with the connection.
-        chunked = opts.get("framing", "chunked") == "chunked" \
-            and self.request_version != "HTTP/1.0"
+        framing = opts.get("framing", "chunked")
+        chunked = framing == "chunked" and self.request_version != "HTTP/1.0"
         if not chunked:
             self.close_connection = True
+        length = plan.declared_length() if framing == "length" else None
         headers = _merge_headers(_mock_sse.head_headers(chunked), extra)
         sender = _mock_sse.Sender(
             plan, opts, step, self.connection, self.server.stop_event,
             self._write, self._reset,
             lambda sent: state.update(record, events_sent=sent), chunked)
         try:
-            reusable = sender.run(self._head(status, headers, None))
+            reusable = sender.run(self._head(status, headers, length))
         except _mock_sse.ClientGone:
             state.update(record, client_gone=True)
             reusable = False

@@ -332,6 +332,15 @@ def test_script_over_http_put(mock: MockServer) -> None:
     {"stream": {"tool_calls": {}}},
     {"stream": {"tool_calls": [{"arguments": {}}]}},
     {"stream": {"tool_calls": [{"chunks": 0}]}},
+    {"stream": {"after_done": "hold"}},
+    {"stream": {"after_done": "silence", "end": "drop"}},
+    {"stream": {"role_only": 1}},
+    {"stream": {"role_only": True, "chunks": 2}},
+    {"stream": {"role_only": True, "tool_calls": []}},
+    {"stream": {"api": "completions"}},
+    {"stream": {"api": "responses", "tool_calls": []}},
+    {"stream": {"api": "responses", "role_only": True}},
+    {"stream": {"event_lines": "no"}},
 ])
 def test_bad_stream_scripts_rejected(mock: MockServer,
                                      step: Dict[str, Any]) -> None:
@@ -594,6 +603,94 @@ def test_close_framing_done_and_http10(mock: MockServer) -> None:
         docs = data_docs(events(raw.until_eof()))
         raw.close()
         assert contents(docs) == ["ok", None] and docs[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("after_done", ["silence", "junk"])
+def test_after_done_holds_the_body_open(mock: MockServer, after_done: str) -> None:
+    """[DONE] (then junk), and no 0-length chunk: the connection is held,
+    silent, until the client goes (or stall_ms)."""
+    mock.script("hold", [{"stream": {"chunks": 1, "after_done": after_done}}])
+    raw = Raw(mock, timeout=0.5)
+    raw.post("hold")
+    raw.head()
+    got: List[bytes] = []
+    with pytest.raises(socket.timeout):
+        while True:
+            data = raw.chunk()
+            assert data is not None, "the body was ended"
+            got.append(data)
+    evts = events(b"".join(got))
+    docs = data_docs(evts[:3])
+    assert contents(docs) == ["ok", None] and docs[2] == "[DONE]"
+    junk = evts[3:]
+    if after_done == "junk":
+        assert contents(data_docs(junk[:1])) == ["JUNK-AFTER-DONE"]
+        assert junk[1:] == [b"data: not json", b"garbage"]
+    else:
+        assert junk == []
+    rec = mock.requests("hold")[0]
+    assert rec["events_sent"] == 3 and rec["client_gone"] is False
+    raw.close()
+    assert wait_for(lambda: mock.requests("hold")[0]["client_gone"] is True)
+    # stall_ms bounds the hold: then the server closes, still unterminated.
+    mock.script("hold", [{"stream": {"chunks": 1, "after_done": after_done},
+                          "stall_ms": 100}])
+    _, _, _, terminated = post_stream(mock, "hold")
+    assert not terminated
+
+
+def test_length_framing_promises_more_than_it_sends(mock: MockServer) -> None:
+    mock.script("len", [{"stream": {"chunks": 2, "framing": "length"}, "stall_ms": 200}])
+    raw = Raw(mock)
+    raw.post("len")
+    status, headers = raw.head()
+    assert status == 200 and "transfer-encoding" not in headers
+    body = raw.until_eof()              # after stall_ms, closed short
+    raw.close()
+    assert int(headers["content-length"]) > len(body) + 1000
+    docs = data_docs(events(body))
+    assert contents(docs) == ["o", "k", None] and docs[-1] == "[DONE]"
+
+
+def test_role_only(mock: MockServer) -> None:
+    _, _, chunks, terminated = stream(mock, "ro", {"stream": {"role_only": True}})
+    docs = data_docs(events(b"".join(chunks)))
+    assert terminated and len(docs) == 2 and docs[-1] == "[DONE]"
+    (choice,) = docs[0]["choices"]
+    assert choice == {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}
+
+
+@pytest.mark.parametrize("event_lines", [True, False])
+def test_api_responses(mock: MockServer, event_lines: bool) -> None:
+    mock.script("rs", [{"content": "Hi!", "model": "m-1",
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                                  "total_tokens": 7},
+                        "stream": {"api": "responses", "chunks": 2,
+                                   "event_lines": event_lines}}])
+    raw = Raw(mock)
+    raw.sock.sendall(b"POST /s/rs/v1/responses HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 2\r\n\r\n{}")
+    assert raw.head()[0] == 200
+    chunks, terminated = raw.chunks()
+    raw.close()
+    assert terminated
+    types, docs = [], []
+    for event in events(b"".join(chunks)):
+        lines = event.split(b"\n")
+        if event_lines:
+            assert lines[0].startswith(b"event: ")
+            types.append(lines.pop(0)[len(b"event: "):].decode())
+        assert len(lines) == 1
+        docs.extend(data_docs(lines))
+    want = ["response.created", "response.output_text.delta",
+            "response.output_text.delta", "response.completed"]
+    assert [d["type"] for d in docs] == want and "[DONE]" not in docs
+    assert types == (want if event_lines else [])
+    assert "".join(d["delta"] for d in docs[1:3]) == "Hi!"
+    final = docs[-1]["response"]
+    assert final["status"] == "completed" and final["model"] == "m-1"
+    assert final["output"][0]["content"][0]["text"] == "Hi!"
+    assert final["usage"] == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
 
 
 def test_end_reset(mock: MockServer) -> None:
