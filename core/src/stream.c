@@ -69,6 +69,7 @@ void lr_stream_reset(llmretry_call *c)
     free(s->final_body);
     s->final_body = NULL;
     s->active = s->chunks = s->done = s->truncated = 0;
+    s->done_at = -1;
     s->raw_bytes = 0;
     s->fail = LR_SF_NONE;
     s->first_chunk_at = -1;
@@ -153,6 +154,7 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
         if (!s->final_body)
             st = LLMRETRY_ENOMEM;
         s->done = 1;
+        s->done_at = lr_mono_ms();
     }
     cJSON_Delete(doc);
     if (st != LLMRETRY_OK) {
@@ -181,7 +183,7 @@ size_t lr_stream_write(llmretry_call *c, const char *data, size_t n)
 {
     lr_stream *s = c->st;
     if (s->done)
-        return n;                   /* after [DONE]: nothing more to read */
+        return n;   /* after the end: ignored while the grace runs (lr_stream_due_at) */
     if (c->o.stream_chunks) {
         pthread_mutex_lock(&c->mu);
         int full = s->unread_bytes > c->o.stream_buffer_bytes;
@@ -201,18 +203,27 @@ size_t lr_stream_write(llmretry_call *c, const char *data, size_t n)
     }
     int rc = lr_sse_feed(&s->reader, data, n);
     lr_sse_event ev;
-    while (rc >= 0 && (rc = lr_sse_next(&s->reader, &ev)) == LR_SSE_EVENT)
+    while (rc >= 0 && !s->done && (rc = lr_sse_next(&s->reader, &ev)) == LR_SSE_EVENT)
         if (take_event(c, &ev) != 0)
             return 0;               /* ends the transfer: CURLE_WRITE_ERROR */
-    if (rc == LR_SSE_DONE)
+    if (rc == LR_SSE_DONE) {
         s->done = 1;
-    else if (rc < 0) {
+        s->done_at = lr_mono_ms();
+    } else if (rc < 0) {
         s->fail = rc == LR_SSE_TOO_LARGE ? LR_SF_TOO_LARGE : LR_SF_NOMEM;
         return 0;
     }
     if (s->reader.activity != s->activity) {
         s->activity = s->reader.activity;
         s->last_activity_at = lr_mono_ms();
+    }
+    if (s->done) {
+        /* The stream is over whatever the server does next: the timer ends
+         * the attempt if the body has not ended within the grace. */
+        if (lr_timer_update(c->engine, c) != 0) {
+            s->fail = LR_SF_NOMEM;
+            return 0;
+        }
     }
     return n;
 }
@@ -395,6 +406,8 @@ int64_t lr_stream_due_at(llmretry_call *c)
 {
     lr_stream *s = c->st;
     int64_t at;
+    if (s && s->done)
+        return lr_time_add(s->done_at, LR_STREAM_END_GRACE_MS);   /* finished: no deadline */
     if (!s || s->first_chunk_at < 0) {
         at = lr_time_add(c->attempt_started_at, c->o.timeout_ms);
     } else {
@@ -420,6 +433,14 @@ void lr_stream_timer(llmretry_engine *e, llmretry_call *c, int64_t now)
     }
     if (!ensure(c)) {
         lr_attempt_finished(e, c, CURLE_OUT_OF_MEMORY);
+        return;
+    }
+    if (c->st->done) {
+        /* The body did not end within the grace after the stream's end
+         * (held open, junk, a Content-Length never met): the stream is
+         * whole, so the attempt succeeds; leaving the transfer unfinished
+         * closes its connection. */
+        lr_attempt_finished(e, c, CURLE_OK);
         return;
     }
     c->st->fail = c->deadline_at >= 0 && now >= c->deadline_at ? LR_SF_DEADLINE

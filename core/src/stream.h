@@ -11,7 +11,11 @@
  * Waits of a running stream are the call's timer (timers.c): the first
  * chunk within timeout_ms of the attempt's start, then no gap above
  * idle_timeout_ms (any comment or event counts), the deadline throughout.
- * libcurl's own timeout is the deadline's. Backpressure: past
+ * libcurl's own timeout is the deadline's. The stream's terminal event
+ * ([DONE], response.completed) ends the attempt, as a success, within
+ * LR_STREAM_END_GRACE_MS even if the server keeps the body open: the grace
+ * only lets the body's own end (the last chunk of a chunked body) arrive,
+ * so the connection can be reused. Backpressure: past
  * stream_buffer_bytes of unread chunks the transfer pauses (the write
  * callback returns CURL_WRITEFUNC_PAUSE) until the host reads; a paused
  * stream has no idle timer (the host is slow, not the server).
@@ -24,6 +28,14 @@
 #include "engine.h"
 #include "assembly.h"
 #include "sse.h"
+
+/* How long after its terminal event a stream waits for the end of its
+ * body before the engine ends the transfer itself. A server that ends its
+ * body sends that end with, or just after, [DONE]: the grace only spares
+ * its connection (cut, it could not be reused); one that keeps the body
+ * open, sends junk after [DONE] or promises more bytes than it sends costs
+ * the call this much, instead of an idle timeout and a retry. */
+#define LR_STREAM_END_GRACE_MS 50
 
 typedef enum lr_stream_fail {
     LR_SF_NONE = 0,
@@ -41,7 +53,8 @@ typedef struct lr_stream {
     lr_asm *assembler;             /* this attempt's chunks */
     int active;                    /* this attempt's answer is being read as SSE */
     int chunks;                    /* this attempt's */
-    int done;                      /* [DONE] seen */
+    int done;                      /* the terminal event seen: [DONE], response.completed */
+    int64_t done_at;               /* monotonic ms, when done was set */
     int truncated;                 /* the server ended it (FIN) before the end of the stream */
     /* A typed stream's final object (the Responses API's response.completed
      * "response"): the result's body instead of the assembled chunks. */

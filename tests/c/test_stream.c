@@ -608,6 +608,57 @@ static void test_engine_free_mid_stream(void)
     }
 }
 
+/* ==== 9. The terminal event ends the stream, whatever the server does next. == */
+
+/* Polls the scenario's last record until the mock saw the client close
+ * the connection it kept open; 1 when it did. */
+static int client_went(const char *name)
+{
+    int gone = 0;
+    for (int64_t end = th_now_ms() + 3000; !gone && th_now_ms() < end; sleep_ms(20))
+        gone = record_int(name, "client_gone") == 1;
+    return gone;
+}
+
+/* Guards stream.c lr_stream_write + lr_stream_due_at + lr_stream_timer
+ * (DESIGN rule 9: [DONE] or response.completed ends the attempt within
+ * LR_STREAM_END_GRACE_MS as a success, the held connection closed). It
+ * used to read on
+ * after [DONE] until the idle timeout: here the deadline (3 s) would end
+ * the committed call as stream_interrupted. */
+static void test_end_at_done(void)
+{
+    static const struct {
+        const char *name, *stream, *chunks;
+    } cases[] = {
+        { "s_end_silence", "\"after_done\":\"silence\"", "o|k|<finish:stop>|<usage>" },
+        { "s_end_junk", "\"after_done\":\"junk\"", "o|k|<finish:stop>|<usage>" },
+        { "s_end_length", "\"framing\":\"length\"", "o|k|<finish:stop>|<usage>" },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char url[256], json[512];
+        llmretry_options o;
+        reader rd;
+        opts_for(&o, cases[k].name, url, sizeof url);
+        o.timeout_ms = 20000;
+        o.deadline_ms = 3000;
+        snprintf(json, sizeof json, "{\"steps\":[{\"stream\":{\"chunks\":[\"o\",\"k\"],%s}}],"
+                 "\"after\":{\"stream\":{\"chunks\":[\"retried\"]}}}", cases[k].stream);
+        llmretry_call *c = start(cases[k].name, json, &o, &rd, -1);
+        const llmretry_result *r = result_of(c);
+        CHECK_MSG(r->ok, "%s: failed (%s)", cases[k].name, why(r));
+        CHECK_INT(r->attempts, 1);
+        CHECK_OWN_STR(joined(&rd, 0), cases[k].chunks);
+        CHECK_OWN_STR(body_content(r), "ok");
+        CHECK_MSG(record_int(cases[k].name, NULL) == 1, "%s: the request was sent again",
+                  cases[k].name);
+        CHECK_MSG(client_went(cases[k].name), "%s: the held connection was not closed",
+                  cases[k].name);
+        reader_free(&rd);
+        llmretry_call_free(c);
+    }
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -624,6 +675,7 @@ int main(void)
         { "keepalives", test_keepalives },
         { "json_answer", test_json_answer },
         { "engine_free_mid_stream", test_engine_free_mid_stream },
+        { "end_at_done", test_end_at_done },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;

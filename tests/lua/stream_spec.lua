@@ -125,3 +125,84 @@ describe("stream_llm", function()
       "model not filled")
   end)
 end)
+
+-- How a stream ends (DESIGN rule 9), issue 27: its terminal event ends the
+-- call whatever the server does next. The Python twin is
+-- tests/python/test_stream_ends.py.
+describe("the end of a stream", function()
+  local mock
+
+  setup(function() mock = H.start_mock() end)
+  teardown(function() if mock then mock:stop() end end)
+
+  local FAST = { api_key = H.SECRET_KEY, base_delay_ms = 10, jitter = "none", timeout_ms = 5000 }
+  -- timeout_ms far above the test, a deadline of a few seconds: reading on
+  -- after [DONE] fails at the deadline (3 s) instead of hanging.
+  local HELD = H.merge(FAST, { timeout_ms = 20000, deadline_ms = 3000, max_retries = 2 })
+
+  local function body_of(scen, extra)
+    return H.merge(H.secret_body(scen.name), extra or {})
+  end
+
+  -- The answer's text: a chat.completion's content.
+  local function text_of(data)
+    return data.choices[1].message.content
+  end
+
+  -- One request, and the connection the server held open closed by us.
+  local function check_one_request_closed(scen)
+    local deadline, recs = H.now_ms() + 3000, nil
+    repeat
+      recs = scen.requests()
+      if recs[#recs].client_gone == true then break end
+      H.sleep_ms(20)
+    until H.now_ms() > deadline
+    check(#recs == 1, "the request was sent %d times", #recs)
+    check(recs[#recs].client_gone == true, "the held connection was never closed")
+  end
+
+  local HOLDS = {
+    { "silence", { after_done = "silence" } },
+    { "junk", { after_done = "junk" } },
+    { "content_length", { framing = "length" } },
+  }
+  for _, hold in ipairs(HOLDS) do
+    local label, how = hold[1], hold[2]
+    local function held(hint)
+      local scen = mock:scen(hint .. "_" .. label)
+      scen.script({ { stream = H.merge(how, { chunks = { "o", "k" } }) } },
+        { stream = { chunks = { "retried" } } })
+      return scen
+    end
+
+    it("stream_llm ends at the terminal event (" .. label .. ")", function()
+      local scen = held("end_stream")
+      local n = 0
+      local res, err = llm.stream_llm(H.merge(HELD, { body = body_of(scen), base_url = scen.url }),
+        function() n = n + 1 end)
+      check(res, "failed: %s", tostring(err))
+      check(text_of(res.data) == "ok" and n == 4, "%d chunks, %s", n, H.dump(res.data))
+      check(res.meta.attempts == 1, "attempts %s", tostring(res.meta.attempts))
+      check_one_request_closed(scen)
+    end)
+
+    it("call_llm with a streaming body ends at the terminal event (" .. label .. ")", function()
+      local scen = held("end_call")
+      local res, err = llm.call_llm(H.merge(HELD, { body = body_of(scen, { stream = true }),
+        base_url = scen.url }))
+      check(res, "failed: %s", tostring(err))
+      check(text_of(res.data) == "ok", "data %s", H.dump(res.data))
+      check_one_request_closed(scen)
+    end)
+
+    it("call_many of streaming bodies ends at the terminal event (" .. label .. ")", function()
+      local scen = held("end_many")
+      local opts = H.merge(HELD, { base_url = scen.url, call_deadline_ms = 3000 })
+      opts.deadline_ms = nil
+      local outs = llm.call_many({ body_of(scen, { stream = true }) }, opts)
+      check(not llm.is_error(outs[1]), "failed: %s", tostring(outs[1]))
+      check(text_of(outs[1].data) == "ok", "data %s", H.dump(outs[1].data))
+      check_one_request_closed(scen)
+    end)
+  end
+end)

@@ -1,0 +1,98 @@
+"""How a stream ends (DESIGN rule 9), through every Python way of reading one:
+its terminal event ends the call at once whatever the server does next.
+
+Each test is one the core failed before issue 27: the mock's ``after_done``
+and ``framing: "length"`` scenarios."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Dict, Tuple
+
+import pytest
+
+import llmretry
+from conftest import SECRET_KEY, Scenario
+
+BODY: Dict[str, Any] = {"model": "gpt-test",
+                        "messages": [{"role": "user", "content": "SECRET-PROMPT-ends"}]}
+FAST = dict(api_key=SECRET_KEY, base_delay_ms=10, jitter="none", timeout_ms=5000,
+            logger=None)
+# timeout_ms far above the test, a deadline of a few seconds: reading on
+# after [DONE] fails at the deadline (3 s) instead of hanging.
+HELD = dict(FAST, timeout_ms=20000, deadline_ms=3000, max_retries=2)
+
+# What a server does after [DONE]: keep the body open and silent, send
+# junk then keep it open, promise more bytes than it sends.
+HOLDS = [pytest.param({"after_done": "silence"}, id="silence"),
+         pytest.param({"after_done": "junk"}, id="junk"),
+         pytest.param({"framing": "length"}, id="content_length")]
+
+
+def held_script(scen: Scenario, hold: Dict[str, Any]) -> None:
+    # A retry would get "retried": it must not be asked for.
+    scen.script([{"stream": dict(hold, chunks=["o", "k"])}],
+                after={"stream": {"chunks": ["retried"]}})
+
+
+def text_of(res: llmretry.Result) -> str:
+    """The answer's text: a chat.completion's content."""
+    return res.data["choices"][0]["message"]["content"]
+
+
+def check_one_request_closed(scen: Scenario) -> None:
+    """One request, and the connection the server held open closed by us."""
+    end = time.monotonic() + 3
+    while True:
+        recs = scen.requests()
+        if recs[-1].get("client_gone") or time.monotonic() > end:
+            break
+        time.sleep(0.02)
+    assert len(recs) == 1, "the request was sent again"
+    assert recs[-1]["client_gone"] is True, "the held connection was never closed"
+
+
+async def _astream(body: Any, url: str) -> Tuple[str, llmretry.Result]:
+    async with llmretry.astream_llm(body, base_url=url, **HELD) as s:
+        text = "".join([t async for t in s.text_deltas()])
+        return text, await s.result()
+
+
+@pytest.mark.parametrize("hold", HOLDS)
+@pytest.mark.parametrize("how", ["stream_llm", "astream_llm", "call_llm", "call_many"])
+def test_the_terminal_event_ends_the_call(scen: Scenario, hold: Dict[str, Any],
+                                          how: str) -> None:
+    held_script(scen, hold)
+    body = dict(BODY, stream=True)
+    text = None
+    if how == "stream_llm":
+        with llmretry.stream_llm(body, base_url=scen.url, **HELD) as s:
+            text = "".join(s.text_deltas())
+            res = s.result()
+    elif how == "astream_llm":
+        text, res = asyncio.run(_astream(body, scen.url))
+    elif how == "call_llm":
+        res = llmretry.call_llm(body, base_url=scen.url, **HELD)
+    else:
+        opts = dict(HELD)
+        opts["call_deadline_ms"] = opts.pop("deadline_ms")
+        batch = llmretry.call_many([body], base_url=scen.url, **opts)
+        assert batch.summary.ok == 1, batch.errors()
+        res = batch[0]
+    assert text_of(res) == "ok"
+    if text is not None:
+        assert text == "ok", "text_deltas of a typed stream too"
+    assert res.meta.attempts == 1 and res.meta.stream
+    check_one_request_closed(scen)
+
+
+@pytest.mark.parametrize("hold", HOLDS)
+def test_acall_many_of_held_streams(scen: Scenario, hold: Dict[str, Any]) -> None:
+    scen.script([], after={"stream": dict(hold, chunks=["o", "k"])})
+    opts = dict(HELD)
+    opts["call_deadline_ms"] = opts.pop("deadline_ms")
+    batch = asyncio.run(llmretry.acall_many([dict(BODY, stream=True)] * 3, **opts,
+                                            base_url=scen.url))
+    assert [text_of(r) for r in batch] == ["ok"] * 3
+    assert len(scen.requests()) == 3
