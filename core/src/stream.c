@@ -147,11 +147,12 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
     llmretry_status st = lr_asm_add(s->assembler, doc);
     if (st == LLMRETRY_OK && ev->event && strcmp(ev->event, "response.completed") == 0) {
         /* The Responses API's last event: its response is the result; no
-         * [DONE] follows. */
+         * [DONE] follows. Without a response object there is no result:
+         * the stream ends truncated (lr_stream_outcome). */
         const cJSON *resp = cJSON_GetObjectItemCaseSensitive(doc, "response");
         free(s->final_body);
-        s->final_body = cJSON_IsObject(resp) ? cJSON_PrintUnformatted(resp) : NULL;
-        if (!s->final_body)
+        s->final_body = NULL;
+        if (cJSON_IsObject(resp) && !(s->final_body = cJSON_PrintUnformatted(resp)))
             st = LLMRETRY_ENOMEM;
         s->done = 1;
         s->done_at = lr_mono_ms();
@@ -314,7 +315,19 @@ void lr_stream_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         return;
     }
     end = s->done ? LR_SSE_END_DONE : lr_sse_finish(&s->reader);
-    s->truncated = end == LR_SSE_END_TRUNCATED;
+    /* An end with nothing finished is no answer (DESIGN rule 9): a chat
+     * stream needs a finish_reason, a typed one its response.completed.
+     * llama-cpp-python ends a request it pre-empts with a role-only chunk
+     * and [DONE]; a success there was an empty answer. */
+    int no_answer = (end == LR_SSE_END_DONE || end == LR_SSE_END_AFTER_FINISH) &&
+                    !s->final_body && !(s->assembler && lr_asm_stats_of(s->assembler)->finished);
+    s->truncated = end == LR_SSE_END_TRUNCATED || no_answer;
+    if (no_answer) {
+        f->kind = LLMRETRY_ERR_NETWORK;
+        out->message = text("the stream ended after %lld chunks with no finish_reason "
+                            "(truncated: no choice was finished)", s->chunks);
+        return;
+    }
     if (end == LR_SSE_END_DONE || end == LR_SSE_END_AFTER_FINISH) {
         if (take_assembled(c) != 0) {
             f->kind = LLMRETRY_ERR_NETWORK;

@@ -659,6 +659,44 @@ static void test_end_at_done(void)
     }
 }
 
+/* ==== 10. A stream that ends with no finish_reason is truncated. ========== */
+
+/* Guards stream.c lr_stream_outcome (DESIGN rule 9): [DONE] after a
+ * role-only chunk (llama-cpp-python pre-empting a request) or at once is
+ * no answer: retried before the commit point, stream_interrupted
+ * (truncated) after it. It used to succeed with content null. */
+static void test_no_finish_is_truncated(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_role_only", url, sizeof url);
+    /* The usage chunk and [DONE] 300 ms after the role-only chunk: time to
+     * read it, the commit point. */
+    llmretry_call *c = start("s_role_only", "{\"steps\":[{\"stream\":{\"role_only\":true,"
+                             "\"delay_ms\":300}}],\"after\":{\"stream\":{\"chunks\":"
+                             "[\"retried\"]}}}", &o, &rd, 1);
+    CHECK(c && read_mail(c, &rd, -1, 0, 5000));
+    const llmretry_result *r = result_of(c);
+    CHECK(!r->ok);
+    CHECK_INT(r->kind, LLMRETRY_ERR_STREAM_INTERRUPTED);
+    CHECK_STR(why(r), "truncated");
+    CHECK_INT(r->attempts, 1);
+    CHECK_INT(record_int("s_role_only", NULL), 1);
+    reader_free(&rd);
+    llmretry_call_free(c);
+
+    /* Uncommitted: [DONE] and nothing else, then a real answer. */
+    opts_for(&o, "s_done_only", url, sizeof url);
+    c = start("s_done_only", "{\"steps\":[{\"stream\":{\"chunks\":[],\"finish_reason\":null,"
+              "\"usage_chunk\":false}},{\"stream\":{\"chunks\":[\"o\",\"k\"]}}]}", &o, &rd, 0);
+    r = wait_result(c, 5000);
+    CHECK_MSG(r->ok, "failed (%s)", why(r));
+    CHECK_INT(r->attempts, 2);
+    CHECK_OWN_STR(body_content(r), "ok");
+    llmretry_call_free(c);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -676,6 +714,7 @@ int main(void)
         { "json_answer", test_json_answer },
         { "engine_free_mid_stream", test_engine_free_mid_stream },
         { "end_at_done", test_end_at_done },
+        { "no_finish_is_truncated", test_no_finish_is_truncated },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;

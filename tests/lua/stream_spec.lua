@@ -127,8 +127,8 @@ describe("stream_llm", function()
 end)
 
 -- How a stream ends (DESIGN rule 9), issue 27: its terminal event ends the
--- call whatever the server does next. The Python twin is
--- tests/python/test_stream_ends.py.
+-- call whatever the server does next, an end with no finish_reason is no
+-- answer. The Python twin is tests/python/test_stream_ends.py.
 describe("the end of a stream", function()
   local mock
 
@@ -205,4 +205,25 @@ describe("the end of a stream", function()
       check_one_request_closed(scen)
     end)
   end
+
+  it("a role-only chunk then [DONE] is truncated, not an empty answer", function()
+    local scen = mock:scen("role_only")
+    -- The usage chunk and [DONE] 300 ms after the role-only chunk: time
+    -- for on_chunk to take it (the commit point).
+    scen.script({ { stream = { role_only = true, delay_ms = 300 } } },
+      { stream = { chunks = { "retried" } } })
+    local res, err = llm.stream_llm(H.merge(FAST, { body = body_of(scen), base_url = scen.url }),
+      function() end)
+    check(res == nil and err, "succeeded: %s", H.dump(res and res.data))
+    H.check_error(err, "stream_interrupted")
+    check(err.reason == "truncated", "reason %s", tostring(err.reason))
+    check(#scen.requests() == 1, "retried after the commit point")
+
+    -- Before the commit point (call_llm): retried until a real answer.
+    scen.script({ { stream = { role_only = true } }, { stream = { chunks = { "o", "k" } } } })
+    res, err = llm.call_llm(H.merge(FAST, { body = body_of(scen, { stream = true }),
+      base_url = scen.url }))
+    check(res and text_of(res.data) == "ok" and res.meta.attempts == 2, "got %s / %s",
+      H.dump(res and res.data), tostring(err))
+  end)
 end)

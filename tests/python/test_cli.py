@@ -142,6 +142,23 @@ def test_batch_stream_stores_the_assembled_results(scen: Scenario, tmp_path: Pat
                for b in sent)
 
 
+def test_batch_stream_fails_streams_with_no_answer(scen: Scenario, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A role-only chunk then [DONE] (llama-cpp-python pre-empting a request)
+    is no answer: batch --stream exited 0 storing "content": null."""
+    req, res = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    write_requests(req, 2)
+    scen.script([], after={"stream": {"role_only": True}})
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--model", "m", "--stream",
+                             "--max-retries", "1", "--base-url", scen.url, "--no-progress",
+                             *FAST_ARGS], capsys)
+    assert code != 0, err
+    lines = read_results(res)
+    assert [rec["ok"] for rec in lines] == [False, False]
+    assert all("data" not in rec for rec in lines)
+    assert len(scen.requests()) == 4
+
+
 def test_batch_resume_from_the_results_file_alone(scen: Scenario, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"

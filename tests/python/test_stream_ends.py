@@ -1,8 +1,9 @@
 """How a stream ends (DESIGN rule 9), through every Python way of reading one:
-its terminal event ends the call at once whatever the server does next.
+its terminal event ends the call at once whatever the server does next, an
+end with no finish_reason is no answer.
 
-Each test is one the core failed before issue 27: the mock's ``after_done``
-and ``framing: "length"`` scenarios."""
+Each test is one the core failed before issue 27: the mock's ``after_done``,
+``framing: "length"`` and ``role_only`` scenarios."""
 
 from __future__ import annotations
 
@@ -96,3 +97,33 @@ def test_acall_many_of_held_streams(scen: Scenario, hold: Dict[str, Any]) -> Non
                                             base_url=scen.url))
     assert [text_of(r) for r in batch] == ["ok"] * 3
     assert len(scen.requests()) == 3
+
+
+def test_no_finish_reason_is_truncated_after_the_commit_point(scen: Scenario) -> None:
+    """llama-cpp-python pre-empting a request: a role-only chunk, [DONE]
+    (after the usage chunk, 300 ms later: time to read the first)."""
+    scen.script([{"stream": {"role_only": True, "delay_ms": 300}}],
+                after={"stream": {"chunks": ["retried"]}})
+    with pytest.raises(llmretry.StreamInterruptedError) as info:
+        with llmretry.stream_llm(BODY, base_url=scen.url, **FAST) as s:
+            for _ in s:
+                pass
+    assert info.value.reason == "truncated" and info.value.attempts == 1
+    assert len(scen.requests()) == 1
+
+
+def test_no_finish_reason_is_retried_before_the_commit_point(scen: Scenario) -> None:
+    scen.script([{"stream": {"role_only": True}},
+                 {"stream": {"chunks": [], "finish_reason": None, "usage_chunk": False}},
+                 {"stream": {"chunks": ["o", "k"]}}])
+    res = llmretry.call_llm(dict(BODY, stream=True), base_url=scen.url, **FAST)
+    assert text_of(res) == "ok" and res.meta.attempts == 3
+
+
+def test_call_many_of_empty_streams_fails_them(scen: Scenario) -> None:
+    """acall_many of 300 streams said 300 ok with 299 empty answers."""
+    scen.script([], after={"stream": {"role_only": True}})
+    batch = llmretry.call_many([dict(BODY, stream=True)] * 4, base_url=scen.url,
+                               **dict(FAST, max_retries=1))
+    assert batch.summary.ok == 0 and batch.summary.failed == 4
+    assert all(isinstance(e, llmretry.NetworkError) for _, e in batch.errors())
