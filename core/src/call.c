@@ -309,7 +309,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     if (!oom && !bad_json) {
         size_t body_len = opts->body_len;
         char *with_usage = c->stream_req && opts->stream_usage && !has_stream_options
-                         ? lr_stream_with_usage(c->body, &body_len) : NULL;
+                         ? lr_stream_with_usage(c->url, c->body, &body_len) : NULL;
         if (with_usage) {
             free(c->body);
             c->body = t0->body = with_usage;

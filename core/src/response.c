@@ -132,8 +132,11 @@ void lr_read_success(const cJSON *doc, llmretry_usage *usage, char **model, char
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(doc, "usage");
     if (cJSON_IsObject(u)) {
         usage->present = 1;
-        usage->prompt_tokens = json_count(u, "prompt_tokens");
-        usage->completion_tokens = json_count(u, "completion_tokens");
+        /* The Responses API says input_tokens / output_tokens. */
+        int chat = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens") ||
+                   cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+        usage->prompt_tokens = json_count(u, chat ? "prompt_tokens" : "input_tokens");
+        usage->completion_tokens = json_count(u, chat ? "completion_tokens" : "output_tokens");
         usage->total_tokens = json_count(u, "total_tokens");
     }
     *model = json_str(doc, "model");

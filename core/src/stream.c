@@ -7,12 +7,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---- the request ----------------------------------------------------------- */
 
-char *lr_stream_with_usage(const char *body, size_t *len)
+/* Does the url's path end with /responses (the Responses API)? */
+static int responses_api(const char *url)
+{
+    const char *s = strstr(url, "://");
+    s = s ? s + 3 : url;
+    size_t n = strcspn(s, "?#");
+    while (n > 0 && s[n - 1] == '/')
+        n--;
+    return n >= 10 && strncasecmp(s + n - 10, "/responses", 10) == 0;
+}
+
+char *lr_stream_with_usage(const char *url, const char *body, size_t *len)
 {
     static const char usage[] = ",\"stream_options\":{\"include_usage\":true}";
+    if (url && responses_api(url))
+        return NULL;
     /* A JSON object ends with '}' (and maybe spaces): insert before it,
      * leaving the caller's text, numbers included, as it was. */
     size_t n = *len, end = n;

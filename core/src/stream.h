@@ -76,8 +76,10 @@ typedef struct lr_stream {
 } lr_stream;
 
 /* A streaming body (a JSON object) with "stream_options":{"include_usage":
- * true} appended: malloc'd, *len updated; NULL to keep the body as it is. */
-char *lr_stream_with_usage(const char *body, size_t *len);
+ * true} appended: malloc'd, *len updated; NULL to keep the body as it is,
+ * always for a url whose path ends with /responses (stream_options is a
+ * Chat Completions field: the Responses API reports usage anyway). */
+char *lr_stream_with_usage(const char *url, const char *body, size_t *len);
 
 /* The response's headers said text/event-stream (on_header) and the status
  * is 2xx: read it as a stream. 0, or -1 when out of memory. */

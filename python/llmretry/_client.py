@@ -548,9 +548,11 @@ class _LazyBodies:
         self.invalid = invalid
 
 
-def _with_stream_usage_one(body: Any) -> Any:
+def _with_stream_usage_one(body: Any, url: Optional[str] = None) -> Any:
     """_with_stream_usage for one body."""
-    return dict(body, stream_options={"include_usage": True}) if _asks_stream_usage(body) else body
+    if _asks_stream_usage(body) and not _responses_url(url):
+        return dict(body, stream_options={"include_usage": True})
+    return body
 
 
 def _check_batch_options(kwargs: Mapping[str, Any]) -> None:
@@ -1037,15 +1039,17 @@ class Client:
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
-            return plan, _with_stream_usage_one
+            url = plan.kwargs.get("url")
+            return plan, lambda body: _with_stream_usage_one(body, url)
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
         if pp.auto_key and "idempotency_key" not in options:
             plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
         _check_batch_options(plan.kwargs)
+        url = plan.kwargs.get("url")
         if pp.model is None:
-            return plan, _with_stream_usage_one
-        return plan, lambda body: _with_stream_usage_one(pp.body(body))
+            return plan, lambda body: _with_stream_usage_one(body, url)
+        return plan, lambda body: _with_stream_usage_one(pp.body(body), url)
 
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
@@ -1055,7 +1059,7 @@ class Client:
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
-            return plan, _with_stream_usage(items)
+            return plan, _with_stream_usage(items, plan.kwargs.get("url"))
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
         if pp.auto_key and "idempotency_key" not in options:
@@ -1063,7 +1067,7 @@ class Client:
         if pp.model is not None:
             items = [pp.body(body) for body in items]
         _check_batch_options(plan.kwargs)
-        return plan, _with_stream_usage(items)
+        return plan, _with_stream_usage(items, plan.kwargs.get("url"))
 
     def _run_batch(self, batch: "_batch.Batch",
                    encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
@@ -1339,14 +1343,24 @@ def _asks_stream_usage(body: Any) -> bool:
             and "stream_options" not in body)
 
 
-def _with_stream_usage(items: Sequence[Any]) -> Sequence[Any]:
-    """The batch's bodies, each dict that streams asking for its usage.
+def _responses_url(url: Optional[str]) -> bool:
+    """Is url the Responses API's (its path ends with /responses)? There
+    stream_options is not a field (the core's rule: lr_stream_with_usage)."""
+    if not url:
+        return False
+    path = url.split("://", 1)[-1].split("?", 1)[0].split("#", 1)[0]
+    return path.rstrip("/").lower().endswith("/responses")
+
+
+def _with_stream_usage(items: Sequence[Any], url: Optional[str] = None) -> Sequence[Any]:
+    """The batch's bodies, each dict that streams asking for its usage
+    (unless url is the Responses API's).
 
     One call does it with the core's stream_usage (_run); a batch's options
     are shared by all its items, and its str/bytes bodies are the caller's
     own text, so here it is done per item, in the dict: the same bytes the
     core would insert. The caller's dicts are not changed (copies)."""
-    if not any(_asks_stream_usage(b) for b in items):
+    if _responses_url(url) or not any(_asks_stream_usage(b) for b in items):
         return items
     return [dict(b, stream_options={"include_usage": True}) if _asks_stream_usage(b) else b
             for b in items]

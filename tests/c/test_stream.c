@@ -95,7 +95,7 @@ typedef struct reader {
     int n_ev;
 } reader;
 
-static char *label(const char *chunk);
+static char *label(const char *chunk, const char *event);
 
 static void reader_free(reader *rd)
 {
@@ -128,7 +128,7 @@ static int read_mail(llmretry_call *c, reader *rd, int want, int slow, int64_t t
                 rd->cap = rd->cap ? rd->cap * 2 : 64;
                 rd->chunk = realloc(rd->chunk, (size_t)rd->cap * sizeof *rd->chunk);
             }
-            rd->chunk[rd->n++] = label(d ? d : "");
+            rd->chunk[rd->n++] = label(d ? d : "", llmretry_chunk_event(ev));
             llmretry_event_free(ev);
             if (slow && rd->n % slow == 0)
                 sleep_ms(1);
@@ -174,10 +174,24 @@ static int event_has(const llmretry_event *ev, const char *text)
 /* ---- chunk and body contents ------------------------------------------------- */
 
 /* What a chunk is, as the reader keeps it (malloc'd): its delta's content,
- * or "<finish:REASON>", "<usage>" (no choices, a usage object), "<?>". */
-static char *label(const char *chunk)
+ * or "<finish:REASON>", "<usage>" (no choices, a usage object), "<?>"; a
+ * typed chunk (the event name the core gave it) "<EVENT>", but for
+ * response.output_text.delta its delta's text. */
+static char *label(const char *chunk, const char *event)
 {
     cJSON *doc = cJSON_Parse(chunk), *u = cJSON_GetObjectItem(doc, "usage");
+    if (event && strcmp(event, "message") != 0) {
+        cJSON *delta = cJSON_GetObjectItem(doc, "delta");
+        char *typed;
+        if (strcmp(event, "response.output_text.delta") == 0 && cJSON_IsString(delta)) {
+            typed = strdup(delta->valuestring);
+        } else {
+            typed = malloc(strlen(event) + 3);
+            sprintf(typed, "<%s>", event);
+        }
+        cJSON_Delete(doc);
+        return typed;
+    }
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
     cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content");
     cJSON *fin = cJSON_GetObjectItem(ch, "finish_reason");
@@ -697,6 +711,37 @@ static void test_no_finish_is_truncated(void)
     llmretry_call_free(c);
 }
 
+/* ==== 11. A stream to a /responses URL. ======================================= */
+
+/* Guards lr_stream_with_usage (no stream_options, a Chat Completions
+ * field, for the Responses API) and response.c lr_read_success (its
+ * input_tokens / output_tokens read as prompt / completion). */
+static void test_responses_url(void)
+{
+    char url[300], base[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_resp_url", base, sizeof base);
+    snprintf(url, sizeof url, "%s/responses", base);
+    o.base_url = NULL;
+    o.url = url;
+    llmretry_call *c = start("s_resp_url", "{\"steps\":[{\"usage\":{\"prompt_tokens\":5,"
+                             "\"completion_tokens\":2,\"total_tokens\":7},\"stream\":"
+                             "{\"api\":\"responses\",\"chunks\":[\"o\",\"k\"]}}]}",
+                             &o, &rd, -1);
+    const llmretry_result *r = result_of(c);
+    CHECK_MSG(r->ok, "failed (%s)", why(r));
+    CHECK_OWN_STR(joined(&rd, 0), "<response.created>|o|k|<response.completed>");
+    CHECK_INT(r->usage.prompt_tokens, 5);
+    CHECK_INT(r->usage.completion_tokens, 2);
+    CHECK_INT(r->usage.total_tokens, 7);
+    char *recs = th_mock_requests(&mock, "s_resp_url");
+    CHECK(recs && strstr(recs, "/responses") && !strstr(recs, "stream_options"));
+    free(recs);
+    reader_free(&rd);
+    llmretry_call_free(c);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -715,6 +760,7 @@ int main(void)
         { "engine_free_mid_stream", test_engine_free_mid_stream },
         { "end_at_done", test_end_at_done },
         { "no_finish_is_truncated", test_no_finish_is_truncated },
+        { "responses_url", test_responses_url },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;

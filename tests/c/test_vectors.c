@@ -440,6 +440,8 @@ static void check_result(const cJSON *exp, const run_out *r, const llmretry_resu
         if (res->body) {
             cJSON *b = cJSON_ParseWithLength(res->body, res->body_len);
             VCHECK(b != NULL, "ok result body is not JSON");
+            check_str_eq("object", cJSON_GetStringValue(cJSON_GetObjectItem(b, "object")),
+                         opt_str(exp, "object") ? opt_str(exp, "object") : "chat.completion");
             if (opt_str(exp, "content")) {
                 const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0);
                 const cJSON *msg = cJSON_GetObjectItem(ch, "message");

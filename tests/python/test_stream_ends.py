@@ -1,13 +1,15 @@
 """How a stream ends (DESIGN rule 9), through every Python way of reading one:
 its terminal event ends the call at once whatever the server does next, an
-end with no finish_reason is no answer.
+end with no finish_reason is no answer, the Responses API's usage and its
+streams to a ``/responses`` URL.
 
 Each test is one the core failed before issue 27: the mock's ``after_done``,
-``framing: "length"`` and ``role_only`` scenarios."""
+``framing: "length"``, ``role_only`` and ``api: "responses"`` scenarios."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any, Dict, Tuple
 
@@ -38,8 +40,12 @@ def held_script(scen: Scenario, hold: Dict[str, Any]) -> None:
 
 
 def text_of(res: llmretry.Result) -> str:
-    """The answer's text: a chat.completion's content."""
-    return res.data["choices"][0]["message"]["content"]
+    """The answer's text: a chat.completion's content, a response's output_text."""
+    data = res.data
+    if data.get("object") == "response":
+        return "".join(part["text"] for item in data["output"]
+                       for part in item["content"] if part.get("type") == "output_text")
+    return data["choices"][0]["message"]["content"]
 
 
 def check_one_request_closed(scen: Scenario) -> None:
@@ -127,3 +133,26 @@ def test_call_many_of_empty_streams_fails_them(scen: Scenario) -> None:
                                **dict(FAST, max_retries=1))
     assert batch.summary.ok == 0 and batch.summary.failed == 4
     assert all(isinstance(e, llmretry.NetworkError) for _, e in batch.errors())
+
+
+def test_no_stream_options_for_responses_in_a_batch(scen: Scenario) -> None:
+    """call_many puts stream_options into each streaming dict itself."""
+    scen.script([], after={"stream": {"api": "responses", "chunks": ["o", "k"]}})
+    body = {"model": "m", "input": "x", "stream": True}
+    batch = llmretry.call_many([body, body], url=scen.url + "/responses", **FAST)
+    assert [text_of(r) for r in batch] == ["ok", "ok"]
+    assert batch.summary.prompt_tokens == 24 and batch.summary.completion_tokens == 6
+    for rec in scen.requests():
+        assert "stream_options" not in json.loads(rec["body"])
+    # Chat Completions still asks for usage.
+    batch = llmretry.call_many([dict(BODY, stream=True)], base_url=scen.url, **FAST)
+    sent = json.loads(scen.requests()[-1]["body"])
+    assert sent["stream_options"] == {"include_usage": True}
+
+
+def test_responses_usage_in_a_plain_body(scen: Scenario) -> None:
+    usage = {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
+    scen.script([{"body": {"id": "r", "object": "response", "output": [], "usage": usage}}])
+    res = llmretry.call_llm({"model": "m", "input": "x"}, url=scen.url + "/responses",
+                            **FAST)
+    assert res.meta.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
