@@ -167,9 +167,15 @@ typedef struct lr_sse_payload {
     const char *why;
 } lr_sse_payload;
 
-/* Classify one event. event may be NULL ("message"). With doc non-NULL,
- * *doc gets the parsed object (the caller's, to cJSON_Delete), so the
- * engine parses each chunk once; NULL when the data is not a JSON object
+/* The type of an event: its event: line's, when it had one; else, for a
+ * JSON object whose "type" is "error" or "response.<something>", that type
+ * (LiteLLM streams the Responses API's typed events as data: lines alone);
+ * else "message". Points into event or doc. */
+const char *lr_sse_type(const char *event, const struct cJSON *doc);
+
+/* Classify one event (its type as lr_sse_type reads it). event may be NULL
+ * ("message"). With doc non-NULL, *doc gets the parsed object (the
+ * caller's, to cJSON_Delete), so the engine parses each chunk once; NULL when the data is not a JSON object
  * (INVALID, or an event: error whose data is not JSON). Returns 0, or
  * LR_SSE_NOMEM when the code could not be copied (p->code is then NULL). */
 int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payload *p,

@@ -160,26 +160,39 @@ static void classify_chunk(const cJSON *doc, lr_sse_payload *p)
     }
 }
 
+const char *lr_sse_type(const char *event, const cJSON *doc)
+{
+    if (event && strcmp(event, "message") != 0)
+        return event;
+    /* Only the types of the Responses API (and its "error"): a chat chunk
+     * of some vendor with a "type" of its own stays a chunk. */
+    const char *type = cJSON_IsObject(doc) ? str_item(doc, "type") : NULL;
+    if (type && (strcmp(type, "error") == 0 || strncmp(type, "response.", 9) == 0))
+        return type;
+    return "message";
+}
+
 int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payload *p,
                     cJSON **doc_out)
 {
     const char *why;
     int rc = 0;
-    int error_event = event && strcmp(event, "error") == 0;
     memset(p, 0, sizeof *p);
     if (doc_out)
         *doc_out = NULL;
     cJSON *doc = lr_parse_body(data ? data : "", data ? len : 0, &why);
     if (!doc || !cJSON_IsObject(doc)) {
         cJSON_Delete(doc);
-        if (error_event)
+        if (event && strcmp(event, "error") == 0)
             return classify_error(NULL, p);     /* an error, nothing known about it */
         p->kind = LR_SSE_INVALID;
         p->why = why;
         return 0;
     }
+    event = lr_sse_type(event, doc);
+    int error_event = strcmp(event, "error") == 0;
     const cJSON *e = item(doc, "error");
-    if (event && strcmp(event, "response.failed") == 0) {
+    if (strcmp(event, "response.failed") == 0) {
         /* The Responses API: the failed response carries its error. */
         const cJSON *re = item(item(doc, "response"), "error");
         rc = classify_error(cJSON_IsObject(re) ? re : NULL, p);

@@ -158,8 +158,11 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
         s->fail = s->payload.kind == LR_SSE_ERROR ? LR_SF_ERROR_EVENT : LR_SF_INVALID_CHUNK;
         return -1;
     }
-    llmretry_status st = lr_asm_add(s->assembler, doc);
-    if (st == LLMRETRY_OK && ev->event && strcmp(ev->event, "response.completed") == 0) {
+    /* With or without an event: line (LiteLLM sends none); points into
+     * doc, deleted last. */
+    const char *type = lr_sse_type(ev->event, doc);
+    int rc = lr_asm_add(s->assembler, doc) == LLMRETRY_OK ? 0 : -1;
+    if (rc == 0 && strcmp(type, "response.completed") == 0) {
         /* The Responses API's last event: its response is the result; no
          * [DONE] follows. Without a response object there is no result:
          * the stream ends truncated (lr_stream_outcome). */
@@ -167,31 +170,24 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
         free(s->final_body);
         s->final_body = NULL;
         if (cJSON_IsObject(resp) && !(s->final_body = cJSON_PrintUnformatted(resp)))
-            st = LLMRETRY_ENOMEM;
+            rc = -1;
         s->done = 1;
         s->done_at = lr_mono_ms();
     }
-    cJSON_Delete(doc);
-    if (st != LLMRETRY_OK) {
-        s->fail = LR_SF_NOMEM;
-        return -1;
-    }
-    if (s->chunks++ == 0) {
+    if (rc == 0 && s->chunks++ == 0) {
         s->first_chunk_at = lr_mono_ms();
         s->ttft_ms = s->first_chunk_at - c->submitted_at;
         /* The timer now watches gaps, usually sooner than the first chunk's
          * bound: move it. Later activity only moves it later, which the
          * timer finds out when it fires (lr_stream_timer). */
-        if (lr_timer_update(c->engine, c) != 0) {
-            s->fail = LR_SF_NOMEM;
-            return -1;
-        }
+        rc = lr_timer_update(c->engine, c);
     }
-    if (c->o.stream_chunks && mail_chunk(c, ev->data, ev->data_len, ev->event) != 0) {
+    if (rc == 0 && c->o.stream_chunks)
+        rc = mail_chunk(c, ev->data, ev->data_len, type);
+    cJSON_Delete(doc);
+    if (rc != 0)
         s->fail = LR_SF_NOMEM;
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
 size_t lr_stream_write(llmretry_call *c, const char *data, size_t n)

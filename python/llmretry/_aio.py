@@ -427,9 +427,10 @@ class AsyncStream(StreamBase):
         self._end()
 
     async def text_deltas(self) -> AsyncIterator[str]:
-        """Only the content strings of choice 0, as they arrive."""
-        async for chunk in self._chunks():
-            for text in content_deltas(chunk):
+        """Only the content strings of choice 0 (of a typed stream, its
+        ``response.output_text.delta`` texts), as they arrive."""
+        async for event, chunk in self.events():
+            for text in content_deltas(chunk, event):
                 yield text
 
     async def result(self) -> "Result":

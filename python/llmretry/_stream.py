@@ -26,8 +26,20 @@ if TYPE_CHECKING:
 __all__ = ["Stream", "StreamBase", "content_deltas"]
 
 
-def content_deltas(chunk: Any) -> Iterator[str]:
-    """The content strings of choice 0 in one chat.completion.chunk."""
+# The typed event (the Responses API's) whose "delta" is text of the answer.
+TEXT_DELTA_EVENT = "response.output_text.delta"
+
+
+def content_deltas(chunk: Any, event: str = "message") -> Iterator[str]:
+    """The content strings of choice 0 in one chat.completion.chunk, or the
+    text of a Responses API ``response.output_text.delta`` event (``event``
+    is the name the core gave it, from its ``event:`` line or, when it had
+    none, its ``type``)."""
+    if event == TEXT_DELTA_EVENT:
+        text = chunk.get("delta") if isinstance(chunk, dict) else None
+        if isinstance(text, str) and text:
+            yield text
+        return
     choices = chunk.get("choices") if isinstance(chunk, dict) else None
     for choice in choices or ():
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -132,9 +144,10 @@ class Stream(StreamBase):
         self._end()
 
     def text_deltas(self) -> Iterator[str]:
-        """Only the content strings of choice 0, as they arrive."""
-        for chunk in self:
-            yield from content_deltas(chunk)
+        """Only the content strings of choice 0 (of a typed stream, its
+        ``response.output_text.delta`` texts), as they arrive."""
+        for event, chunk in self.events():
+            yield from content_deltas(chunk, event)
 
     def result(self) -> "Result":
         """Wait for the end (reading what is left) and return the assembled

@@ -188,6 +188,31 @@ static void test_note(void)
     lr_sse_free(&r);
 }
 
+/* lr_sse_type: the event: line's type, else a Responses API "type" in the
+ * payload (LiteLLM sends no event: lines); classification follows it. */
+static void test_type_from_payload(void)
+{
+    lr_sse_payload p;
+    cJSON *doc;
+    static const char delta[] = "{\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}";
+    classify(NULL, delta, &p, &doc);
+    CHECK_STR(lr_sse_type(NULL, doc), "response.output_text.delta");
+    CHECK_STR(lr_sse_type("message", doc), "response.output_text.delta");
+    CHECK_STR(lr_sse_type("response.created", doc), "response.created");  /* the line wins */
+    cJSON_Delete(doc);
+    /* A chat chunk, or a vendor's "type" of its own, stays a message. */
+    classify(NULL, "{\"type\":\"chunk\",\"choices\":[]}", &p, &doc);
+    CHECK_STR(lr_sse_type(NULL, doc), "message");
+    cJSON_Delete(doc);
+    CHECK_STR(lr_sse_type(NULL, NULL), "message");
+    /* response.failed and "error" without event: lines are errors. */
+    check_error(NULL, "{\"type\":\"response.failed\",\"response\":{\"status\":\"failed\","
+                "\"error\":{\"code\":\"server_error\",\"message\":\"x\"}}}", "server_error",
+                LR_SSE_ERR_SERVER, 500);
+    check_error(NULL, "{\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"x\"}",
+                "rate_limit_exceeded", LR_SSE_ERR_RATE_LIMIT, 429);
+}
+
 int main(void)
 {
     test_parse_gate();
@@ -195,5 +220,6 @@ int main(void)
     test_errors();
     test_policy();
     test_note();
+    test_type_from_payload();
     return th_summary("test_sse_payload");
 }

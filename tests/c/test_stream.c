@@ -636,18 +636,21 @@ static int client_went(const char *name)
 
 /* Guards stream.c lr_stream_write + lr_stream_due_at + lr_stream_timer
  * (DESIGN rule 9: [DONE] or response.completed ends the attempt within
- * LR_STREAM_END_GRACE_MS as a success, the held connection closed). It
- * used to read on
+ * LR_STREAM_END_GRACE_MS as a success, the held connection closed) and
+ * lr_sse_type (a typed stream without event: lines). It used to read on
  * after [DONE] until the idle timeout: here the deadline (3 s) would end
  * the committed call as stream_interrupted. */
 static void test_end_at_done(void)
 {
     static const struct {
         const char *name, *stream, *chunks;
+        int typed;
     } cases[] = {
-        { "s_end_silence", "\"after_done\":\"silence\"", "o|k|<finish:stop>|<usage>" },
-        { "s_end_junk", "\"after_done\":\"junk\"", "o|k|<finish:stop>|<usage>" },
-        { "s_end_length", "\"framing\":\"length\"", "o|k|<finish:stop>|<usage>" },
+        { "s_end_silence", "\"after_done\":\"silence\"", "o|k|<finish:stop>|<usage>", 0 },
+        { "s_end_junk", "\"after_done\":\"junk\"", "o|k|<finish:stop>|<usage>", 0 },
+        { "s_end_length", "\"framing\":\"length\"", "o|k|<finish:stop>|<usage>", 0 },
+        { "s_end_typed", "\"api\":\"responses\",\"event_lines\":false,\"after_done\":"
+          "\"silence\"", "<response.created>|o|k|<response.completed>", 1 },
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char url[256], json[512];
@@ -663,7 +666,13 @@ static void test_end_at_done(void)
         CHECK_MSG(r->ok, "%s: failed (%s)", cases[k].name, why(r));
         CHECK_INT(r->attempts, 1);
         CHECK_OWN_STR(joined(&rd, 0), cases[k].chunks);
-        CHECK_OWN_STR(body_content(r), "ok");
+        if (cases[k].typed) {
+            CHECK(r->body && strstr(r->body, "\"object\":\"response\""));
+            CHECK_INT(r->usage.prompt_tokens, 12);      /* input_tokens */
+            CHECK_INT(r->usage.completion_tokens, 3);   /* output_tokens */
+        } else {
+            CHECK_OWN_STR(body_content(r), "ok");
+        }
         CHECK_MSG(record_int(cases[k].name, NULL) == 1, "%s: the request was sent again",
                   cases[k].name);
         CHECK_MSG(client_went(cases[k].name), "%s: the held connection was not closed",

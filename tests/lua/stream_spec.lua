@@ -128,7 +128,8 @@ end)
 
 -- How a stream ends (DESIGN rule 9), issue 27: its terminal event ends the
 -- call whatever the server does next, an end with no finish_reason is no
--- answer. The Python twin is tests/python/test_stream_ends.py.
+-- answer, typed (Responses API) streams without event: lines and their
+-- usage. The Python twin is tests/python/test_stream_ends.py.
 describe("the end of a stream", function()
   local mock
 
@@ -144,8 +145,9 @@ describe("the end of a stream", function()
     return H.merge(H.secret_body(scen.name), extra or {})
   end
 
-  -- The answer's text: a chat.completion's content.
+  -- The answer's text: a chat.completion's content, a response's output_text.
   local function text_of(data)
+    if data.object == "response" then return data.output[1].content[1].text end
     return data.choices[1].message.content
   end
 
@@ -165,6 +167,7 @@ describe("the end of a stream", function()
     { "silence", { after_done = "silence" } },
     { "junk", { after_done = "junk" } },
     { "content_length", { framing = "length" } },
+    { "typed_silence", { api = "responses", event_lines = false, after_done = "silence" } },
   }
   for _, hold in ipairs(HOLDS) do
     local label, how = hold[1], hold[2]
@@ -225,5 +228,23 @@ describe("the end of a stream", function()
       base_url = scen.url }))
     check(res and text_of(res.data) == "ok" and res.meta.attempts == 2, "got %s / %s",
       H.dump(res and res.data), tostring(err))
+  end)
+
+  it("a typed stream without event: lines, to a /responses URL", function()
+    local scen = mock:scen("typed")
+    scen.script({ { usage = { prompt_tokens = 5, completion_tokens = 2, total_tokens = 7 },
+      stream = { api = "responses", event_lines = false, chunks = { "Hi", "!" } } } })
+    local types = {}
+    local res, err = llm.stream_llm(H.merge(FAST, { body = { model = "m", input = "SECRET" },
+      url = scen.url .. "/responses" }), function(ch) types[#types + 1] = ch.type end)
+    check(res, "failed: %s", tostring(err))
+    check(table.concat(types, ",") == "response.created,response.output_text.delta,"
+      .. "response.output_text.delta,response.completed", "chunks %s", table.concat(types, ","))
+    check(res.data.object == "response" and text_of(res.data) == "Hi!", "data %s", H.dump(res.data))
+    local u = res.meta.usage
+    check(u.prompt_tokens == 5 and u.completion_tokens == 2 and u.total_tokens == 7,
+      "usage %s", H.dump(u))
+    local sent = H.json.decode(scen.requests()[1].body)
+    check(sent.stream == true and sent.stream_options == nil, "sent %s", scen.requests()[1].body)
   end)
 end)

@@ -1,7 +1,7 @@
 """How a stream ends (DESIGN rule 9), through every Python way of reading one:
 its terminal event ends the call at once whatever the server does next, an
-end with no finish_reason is no answer, the Responses API's usage and its
-streams to a ``/responses`` URL.
+end with no finish_reason is no answer, typed (Responses API) streams with
+or without ``event:`` lines, their usage and their ``/responses`` URL.
 
 Each test is one the core failed before issue 27: the mock's ``after_done``,
 ``framing: "length"``, ``role_only`` and ``api: "responses"`` scenarios."""
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -30,7 +30,9 @@ HELD = dict(FAST, timeout_ms=20000, deadline_ms=3000, max_retries=2)
 # junk then keep it open, promise more bytes than it sends.
 HOLDS = [pytest.param({"after_done": "silence"}, id="silence"),
          pytest.param({"after_done": "junk"}, id="junk"),
-         pytest.param({"framing": "length"}, id="content_length")]
+         pytest.param({"framing": "length"}, id="content_length"),
+         pytest.param({"api": "responses", "event_lines": False, "after_done": "silence"},
+                      id="typed_silence")]
 
 
 def held_script(scen: Scenario, hold: Dict[str, Any]) -> None:
@@ -133,6 +135,39 @@ def test_call_many_of_empty_streams_fails_them(scen: Scenario) -> None:
                                **dict(FAST, max_retries=1))
     assert batch.summary.ok == 0 and batch.summary.failed == 4
     assert all(isinstance(e, llmretry.NetworkError) for _, e in batch.errors())
+
+
+@pytest.mark.parametrize("event_lines", [True, False])
+def test_a_typed_stream_with_or_without_event_lines(scen: Scenario,
+                                                    event_lines: bool) -> None:
+    """LiteLLM sends the Responses API's events as data: lines alone."""
+    scen.script([{"usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+                  "stream": {"api": "responses", "event_lines": event_lines,
+                             "chunks": ["Hi", "!"]}}])
+    with llmretry.stream_llm({"model": "m", "input": "SECRET-PROMPT"},
+                             url=scen.url + "/responses", **FAST) as s:
+        got: List[Tuple[str, Any]] = list(s.events())
+        res = s.result()
+    assert [e for e, _ in got] == ["response.created", "response.output_text.delta",
+                                   "response.output_text.delta", "response.completed"]
+    assert res.data["object"] == "response" and text_of(res) == "Hi!"
+    assert res.meta.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    sent = json.loads(scen.requests()[0]["body"])
+    assert sent["stream"] is True and "stream_options" not in sent
+
+
+def test_text_deltas_of_a_typed_stream(scen: Scenario) -> None:
+    scen.script([{"stream": {"api": "responses", "event_lines": False,
+                             "chunks": ["Hi", "!"]}}] * 2)
+    with llmretry.stream_llm({"model": "m", "input": "x"}, url=scen.url + "/responses",
+                             **FAST) as s:
+        assert list(s.text_deltas()) == ["Hi", "!"]
+
+    async def run() -> List[str]:
+        async with llmretry.astream_llm({"model": "m", "input": "x"},
+                                        url=scen.url + "/responses", **FAST) as s:
+            return [t async for t in s.text_deltas()]
+    assert asyncio.run(run()) == ["Hi", "!"]
 
 
 def test_no_stream_options_for_responses_in_a_batch(scen: Scenario) -> None:
