@@ -5,6 +5,7 @@
  * before it addresses anything, so memory stays proportional to the input. */
 #include "assembly.h"
 #include "internal.h"
+#include "sse.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -364,8 +365,10 @@ char *lr_asm_result_text(const lr_asm *a, size_t *len)
     cJSON *tree = build(a, 1);
     char *text = tree ? cJSON_PrintUnformatted(tree) : NULL;
     cJSON_Delete(tree);
+    /* The chunks' U+0000 back (sse.h, lr_sse_unmask). */
+    size_t n = text ? lr_sse_unmask(text, strlen(text)) : 0;
     if (text && len)
-        *len = strlen(text);
+        *len = n;
     return text;
 }
 

@@ -73,7 +73,8 @@ struct cJSON *lr_asm_result(const lr_asm *a);
  * buffers, with no intermediate tree of copies. *len (if not NULL) gets its
  * length. NULL when out of memory. Text that was not UTF-8 in the chunks
  * stays so: the engine's body check (lr_parse_body) judges it like any
- * other body. */
+ * other body. Strings of chunks parsed by lr_sse_classify come out whole,
+ * U+0000 included (sse.h, lr_sse_unmask). */
 char *lr_asm_result_text(const lr_asm *a, size_t *len);
 
 /* Figures for events and results while the stream runs, kept up to date by

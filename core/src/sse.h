@@ -167,6 +167,16 @@ typedef struct lr_sse_payload {
     const char *why;
 } lr_sse_payload;
 
+/* cJSON's strings end at their first NUL, so a chunk's "\u0000" would cut
+ * its string ("xa\u0000by" assembled as "xa", while hosts decoding the
+ * chunk keep it). The trees lr_sse_classify parses hold no NUL: U+0000
+ * comes as the two bytes 0x1F '0', and U+001F as 0x1F '1' (only an escape
+ * gives it: lr_parse_body refuses raw control characters), so every
+ * strlen on them is right. JSON text printed from such a tree (cJSON
+ * prints 0x1F as \u001f) is turned back by lr_sse_unmask: in place, NUL
+ * terminated, returning its new length (text[0..n) is NUL terminated). */
+size_t lr_sse_unmask(char *text, size_t n);
+
 /* The type of an event: its event: line's, when it had one; else, for a
  * JSON object whose "type" is "error" or "response.<something>", that type
  * (LiteLLM streams the Responses API's typed events as data: lines alone);

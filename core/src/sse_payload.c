@@ -172,15 +172,95 @@ const char *lr_sse_type(const char *event, const cJSON *doc)
     return "message";
 }
 
+/* ---- U+0000 in chunk strings --------------------------------------------- */
+
+/* Is s (n bytes left, s[0] a backslash) the escape of U+0000 or U+001F? */
+static int masked_escape(const char *s, size_t n)
+{
+    return n >= 6 && s[1] == 'u' && s[2] == '0' && s[3] == '0' &&
+           ((s[4] == '0' && s[5] == '0') || (s[4] == '1' && (s[5] == 'f' || s[5] == 'F')));
+}
+
+/* The text with "\u0000" written "\u001f0" and "\u001f" "\u001f1"
+ * (malloc'd, *out_n its length), or NULL when it has neither: the usual
+ * case, parsed as it is. Escapes are read in pairs, so the text "\\u0000"
+ * (a backslash, then "u0000") is left alone. */
+static char *mask_text(const char *data, size_t n, size_t *out_n, int *nomem)
+{
+    size_t extra = 0;
+    for (size_t i = 0; i < n; i++)
+        if (data[i] == '\\') {
+            extra += (size_t)masked_escape(data + i, n - i);
+            i++;                    /* the escaped character */
+        }
+    if (extra == 0)
+        return NULL;
+    char *out = malloc(n + extra + 1);
+    if (!out) {
+        *nomem = 1;
+        return NULL;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        if (data[i] == '\\' && masked_escape(data + i, n - i)) {
+            memcpy(out + o, "\\u001f", 6);
+            out[o + 6] = data[i + 4] == '0' ? '0' : '1';
+            o += 7;
+            i += 6;
+        } else if (data[i] == '\\' && i + 1 < n) {
+            out[o++] = data[i++];
+            out[o++] = data[i++];
+        } else {
+            out[o++] = data[i++];
+        }
+    }
+    out[o] = '\0';
+    *out_n = o;
+    return out;
+}
+
+size_t lr_sse_unmask(char *text, size_t n)
+{
+    if (!strstr(text, "\\u001f"))
+        return n;                   /* nothing masked: the usual case */
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        if (text[i] == '\\' && n - i >= 7 && memcmp(text + i, "\\u001f", 6) == 0 &&
+            (text[i + 6] == '0' || text[i + 6] == '1')) {
+            memcpy(text + o, text[i + 6] == '0' ? "\\u0000" : "\\u001f", 6);
+            o += 6;
+            i += 7;
+        } else if (text[i] == '\\' && i + 1 < n) {
+            text[o++] = text[i++];
+            text[o++] = text[i++];
+        } else {
+            text[o++] = text[i++];
+        }
+    }
+    text[o] = '\0';
+    return o;
+}
+
+/* ---- classifying ---------------------------------------------------------- */
+
 int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payload *p,
                     cJSON **doc_out)
 {
     const char *why;
-    int rc = 0;
+    int rc = 0, nomem = 0;
     memset(p, 0, sizeof *p);
     if (doc_out)
         *doc_out = NULL;
-    cJSON *doc = lr_parse_body(data ? data : "", data ? len : 0, &why);
+    if (!data) {
+        data = "";
+        len = 0;
+    }
+    size_t masked_len = 0;
+    char *masked = mask_text(data, len, &masked_len, &nomem);
+    if (nomem)
+        return LR_SSE_NOMEM;
+    cJSON *doc = masked ? lr_parse_body(masked, masked_len, &why) : lr_parse_body(data, len, &why);
+    free(masked);
     if (!doc || !cJSON_IsObject(doc)) {
         cJSON_Delete(doc);
         if (event && strcmp(event, "error") == 0)

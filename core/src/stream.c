@@ -171,6 +171,8 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
         s->final_body = NULL;
         if (cJSON_IsObject(resp) && !(s->final_body = cJSON_PrintUnformatted(resp)))
             rc = -1;
+        else if (s->final_body)
+            lr_sse_unmask(s->final_body, strlen(s->final_body));   /* its U+0000 back */
         s->done = 1;
         s->done_at = lr_mono_ms();
     }

@@ -213,6 +213,28 @@ static void test_type_from_payload(void)
                 "rate_limit_exceeded", LR_SSE_ERR_RATE_LIMIT, 429);
 }
 
+/* U+0000 and U+001F (the mask's own escape) in parsed strings, and back. */
+static void test_nul_mask(void)
+{
+    lr_sse_payload p;
+    cJSON *doc;
+    classify(NULL, "{\"a\":\"xa\\u0000by\",\"b\":\"\\u001F\\u001f0\",\"c\":\"\\\\u0000\"}",
+             &p, &doc);
+    CHECK_INT(p.kind, LR_SSE_CHUNK);
+    const char *a = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "a"));
+    CHECK(a && strlen(a) == 6 && memcmp(a, "xa\x1f" "0by", 6) == 0);   /* no NUL inside */
+    char *text = cJSON_PrintUnformatted(doc);
+    size_t n = lr_sse_unmask(text, strlen(text));
+    CHECK_STR(text, "{\"a\":\"xa\\u0000by\",\"b\":\"\\u001f\\u001f0\",\"c\":\"\\\\u0000\"}");
+    CHECK_INT(n, strlen(text));
+    free(text);
+    cJSON_Delete(doc);
+    /* Text with nothing masked is left as it is. */
+    char plain[] = "{\"a\":\"\\\\u001f0\"}";
+    CHECK_INT(lr_sse_unmask(plain, strlen(plain)), strlen("{\"a\":\"\\\\u001f0\"}"));
+    CHECK_STR(plain, "{\"a\":\"\\\\u001f0\"}");
+}
+
 int main(void)
 {
     test_parse_gate();
@@ -221,5 +243,6 @@ int main(void)
     test_policy();
     test_note();
     test_type_from_payload();
+    test_nul_mask();
     return th_summary("test_sse_payload");
 }

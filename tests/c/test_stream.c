@@ -720,7 +720,30 @@ static void test_no_finish_is_truncated(void)
     llmretry_call_free(c);
 }
 
-/* ==== 11. A stream to a /responses URL. ======================================= */
+/* ==== 11. U+0000 and U+001F in chunk strings. ================================= */
+
+/* Guards sse_payload.c mask_text + lr_sse_unmask (assembly.c, stream.c):
+ * cJSON's strings end at a NUL, so "xa\u0000by" assembled as "xa". A
+ * U+001F, the escape char of the mask, and a literal backslash before
+ * "u0000" come out as they went in. */
+static void test_nul_in_text(void)
+{
+    char url[256];
+    llmretry_options o;
+    reader rd;
+    opts_for(&o, "s_nul", url, sizeof url);
+    llmretry_call *c = start("s_nul", "{\"steps\":[{\"stream\":{\"chunks\":[\"xa\\u0000by\","
+                             "\"\\u001f0\",\"\\\\u0000\"]}}]}", &o, &rd, -1);
+    const llmretry_result *r = result_of(c);
+    CHECK_MSG(r->ok, "failed (%s)", why(r));
+    CHECK(r->body && strlen(r->body) == r->body_len);
+    CHECK_MSG(r->body && strstr(r->body, "\"content\":\"xa\\u0000by\\u001f0\\\\u0000\""),
+              "assembled: %s", r->body ? r->body : "(null)");
+    reader_free(&rd);
+    llmretry_call_free(c);
+}
+
+/* ==== 12. A stream to a /responses URL. ======================================= */
 
 /* Guards lr_stream_with_usage (no stream_options, a Chat Completions
  * field, for the Responses API) and response.c lr_read_success (its
@@ -769,6 +792,7 @@ int main(void)
         { "engine_free_mid_stream", test_engine_free_mid_stream },
         { "end_at_done", test_end_at_done },
         { "no_finish_is_truncated", test_no_finish_is_truncated },
+        { "nul_in_text", test_nul_in_text },
         { "responses_url", test_responses_url },
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -128,8 +128,8 @@ end)
 
 -- How a stream ends (DESIGN rule 9), issue 27: its terminal event ends the
 -- call whatever the server does next, an end with no finish_reason is no
--- answer, typed (Responses API) streams without event: lines and their
--- usage. The Python twin is tests/python/test_stream_ends.py.
+-- answer, typed (Responses API) streams without event: lines, their usage,
+-- text holding U+0000. The Python twin is tests/python/test_stream_ends.py.
 describe("the end of a stream", function()
   local mock
 
@@ -246,5 +246,21 @@ describe("the end of a stream", function()
       "usage %s", H.dump(u))
     local sent = H.json.decode(scen.requests()[1].body)
     check(sent.stream == true and sent.stream_options == nil, "sent %s", scen.requests()[1].body)
+  end)
+
+  it("keeps U+0000 in the assembled text", function()
+    local scen = mock:scen("nul")
+    local pieces = { "xa\0by", "\31" .. "0", "\\u0000" }
+    scen.script({ { stream = { chunks = pieces } } })
+    local got = {}
+    local res, err = llm.stream_llm(H.merge(FAST, { body = body_of(scen), base_url = scen.url }),
+      function(ch)
+        local d = ch.choices[1] and ch.choices[1].delta
+        if d and type(d.content) == "string" then got[#got + 1] = d.content end
+      end)
+    check(res, "failed: %s", tostring(err))
+    check(table.concat(got) == table.concat(pieces), "chunks %q", table.concat(got))
+    check(res.data.choices[1].message.content == table.concat(pieces), "assembled %q",
+      tostring(res.data.choices[1].message.content))
   end)
 end)

@@ -1,7 +1,7 @@
 """How a stream ends (DESIGN rule 9), through every Python way of reading one:
 its terminal event ends the call at once whatever the server does next, an
 end with no finish_reason is no answer, typed (Responses API) streams with
-or without ``event:`` lines, their usage and their ``/responses`` URL.
+or without ``event:`` lines, their usage, and text holding U+0000.
 
 Each test is one the core failed before issue 27: the mock's ``after_done``,
 ``framing: "length"``, ``role_only`` and ``api: "responses"`` scenarios."""
@@ -191,3 +191,15 @@ def test_responses_usage_in_a_plain_body(scen: Scenario) -> None:
     res = llmretry.call_llm({"model": "m", "input": "x"}, url=scen.url + "/responses",
                             **FAST)
     assert res.meta.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+def test_nul_in_text_is_kept(scen: Scenario) -> None:
+    """cJSON cut "xa\\u0000by" at the NUL: assembled "xa", text_deltas whole."""
+    pieces = ["xa\u0000by", "\u001f0", "\\u0000"]
+    scen.script([{"stream": {"chunks": pieces}}] * 2)
+    with llmretry.stream_llm(BODY, base_url=scen.url, **FAST) as s:
+        assert list(s.text_deltas()) == pieces
+        res = s.result()
+    assert res.data["choices"][0]["message"]["content"] == "".join(pieces)
+    res = llmretry.call_llm(dict(BODY, stream=True), base_url=scen.url, **FAST)
+    assert res.data["choices"][0]["message"]["content"] == "".join(pieces)
