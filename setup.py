@@ -61,7 +61,10 @@ def extension() -> Extension:
         library_dirs=[f[2:] for f in flags if f.startswith("-L")],
         libraries=[f[2:] for f in flags if f.startswith("-l")],
         define_macros=[("_GNU_SOURCE", None)],
-        extra_compile_args=["-std=c11", "-O2"]
+        # Only PyInit__llmretry is the module's to export: the core's and the
+        # binding's names stay inside it (no clash with another copy of
+        # libcurl's users or of llmretry in the same process).
+        extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden"]
         + [f for f in flags if f.startswith("-") and f[:2] not in ("-I", "-L", "-l")],
         # Every private header: a change to any rebuilds the extension.
         depends=[str(HEADER.relative_to(ROOT)), *parts,
