@@ -183,6 +183,12 @@ class TransportCore:
                 continue
             if lower == "x-stainless-retry-count" and value != "0":
                 self._warn_sdk_retries()
+            if lower == "authorization":
+                # Spelled as the engine spells a key's (the SDK writes it in
+                # lower case): the engine tells endpoints (rate budgets,
+                # breakers) apart by this line, so the SDK's calls share the
+                # budgets of a Client's calls with the same key.
+                name = "Authorization"
             key = next((k for k in headers if k.lower() == lower), name)
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         opts["headers"] = dict(self.headers, **headers) if self.headers else headers

@@ -363,6 +363,23 @@ def test_a_shared_client_and_its_defaults(scen: Scenario) -> None:
     assert len(events.of("llm_request_succeeded")) == 1
 
 
+def test_sdk_calls_and_call_many_share_the_clients_budgets(scen: Scenario) -> None:
+    # One endpoint (URL + key) for the SDK's calls and the Client's own: one
+    # rate budget paces both, one breaker and retry budget count both.
+    with llmretry.Client(api_key=SECRET_KEY, base_url=scen.url, rpm=6000) as shared:
+        client = openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
+                               http_client=httpx.Client(
+                                   transport=llmretry.httpx.Transport(client=shared)))
+        with client:
+            for _ in range(2):
+                client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+        shared.call_many([{"model": "gpt-test", "messages": MESSAGES}] * 3)
+        stats = shared.endpoint_stats()
+    assert [(s["url"], s["requests"], s["rpm"]) for s in stats] == \
+        [(scen.url + "/chat/completions", 5, 6000)]
+    assert len(scen.requests()) == 5
+
+
 def test_other_requests_go_through_httpx(scen: Scenario) -> None:
     # GET /models is not an endpoint of the mock: its 404 comes back through
     # httpx's own transport (the engine sends only POSTs of JSON).
