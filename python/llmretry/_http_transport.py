@@ -191,8 +191,10 @@ class TransportCore:
                 name = "Authorization"
             key = next((k for k in headers if k.lower() == lower), name)
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        opts["headers"] = dict(self.headers, **headers) if self.headers else headers
-        if any(k.lower() == "authorization" for k in headers):
+        names = {k.lower() for k in headers}
+        opts["headers"] = {**{k: v for k, v in self.headers.items() if k.lower() not in names},
+                           **headers}
+        if "authorization" in names:
             opts["api_key"] = None          # a client default's key: the SDK's wins
         opts["url"] = str(request.url)
         if not self.own_timeout:
