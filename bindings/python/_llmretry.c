@@ -112,7 +112,13 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
                                                          r->retry_after_ms >= 0));
         rc |= put_k(d, k[K_error_code], lr_str_or_none(r->error_code));
         rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
+        /* A broken stream's partial chat.completion, or (keep_response) the
+         * body of the response given up on. */
+        if (r->body)
+            rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
     }
+    if (r->headers)
+        rc |= put(d, "headers", PyBytes_FromStringAndSize(r->headers, (Py_ssize_t)r->headers_len));
     if (!rc && r->n_targets > 1) {
         /* A call with fallbacks: which target ended it and what each came to. */
         rc |= put(d, "target", PyLong_FromLong(r->target));
@@ -138,8 +144,6 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
         rc |= put(d, "chunks_delivered", PyLong_FromLong(r->chunks_delivered));
         rc |= put(d, "ttft_ms", int_or_none((long long)r->ttft_ms, r->ttft_ms >= 0));
         rc |= put(d, "stream_reason", lr_str_or_none(llmretry_stream_reason_name(r->stream_reason)));
-        if (!r->ok && r->body)
-            rc |= put(d, "body", PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
     }
     if (rc) {
         Py_DECREF(d);

@@ -137,6 +137,19 @@ static PyObject *Stream_outcome(StreamObject *s, PyObject *unused)
     return call_value(s->st, llmretry_call_result(s->call), s->validate, s->as_result);
 }
 
+/* response_head() -> bytes | None: a keep_response call's response head
+ * (status line and header lines, as received) once a chunk was read or
+ * the call is done; None before, or when it keeps none. */
+static PyObject *Stream_response_head(StreamObject *s, PyObject *unused)
+{
+    (void)unused;
+    size_t len = 0;
+    const char *head = llmretry_call_response_head(s->call, &len);
+    if (!head)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize(head, (Py_ssize_t)len);
+}
+
 static PyObject *Stream_cancel(StreamObject *s, PyObject *unused)
 {
     (void)unused;
@@ -194,6 +207,9 @@ static PyMethodDef Stream_methods[] = {
       "(False: nothing yet). A call that does not stream gives only None or False." },
     { "outcome", (PyCFunction)Stream_outcome, METH_NOARGS,
       "outcome() -> dict | Result: the finished call's value, as Engine.call's." },
+    { "response_head", (PyCFunction)Stream_response_head, METH_NOARGS,
+      "response_head() -> bytes | None: with keep_response, the response's status line and\n"
+      "header lines as received, once a chunk was read or the call is done." },
     { "cancel", (PyCFunction)Stream_cancel, METH_NOARGS,
       "cancel(): stop the call; next_chunk() then reaches the end." },
     { NULL, NULL, 0, NULL },

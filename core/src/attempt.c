@@ -76,6 +76,10 @@ static void finish(llmretry_engine *e, llmretry_call *c)
         r->ttft_ms = -1;
     r->target = c->target;
     r->n_targets = c->n_targets;
+    if (c->o.keep_response && c->resp_head.len) {
+        r->headers = c->resp_head.data;
+        r->headers_len = c->resp_head.len;
+    }
     lr_target *t = &c->targets[c->target];
     t->attempts = c->attempts_started - c->target_first_attempt;
     t->status = r->status;
@@ -218,6 +222,14 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
     r->error_code = c->last_error_code;
     r->body_preview = c->last_body_preview;
     c->last_error_code = c->last_body_preview = NULL;     /* moved */
+    if (c->o.keep_response && c->resp.data && !lr_stream_owns_outcome(c) &&
+        (r->kind == LLMRETRY_ERR_HTTP_STATUS || r->kind == LLMRETRY_ERR_INVALID_RESPONSE)) {
+        /* The response given up on, for a host that hands it on whole (an
+         * HTTP transport): its body as it came (on_body keeps room for the NUL). */
+        c->resp.data[c->resp.len] = '\0';
+        r->body = c->resp.data;
+        r->body_len = c->resp.len;
+    }
     int n = c->attempts_started;
     char buf[640], on[40] = "";
     if (c->target > 0)

@@ -193,6 +193,7 @@ static void call_destroy(llmretry_call *c)
         free((void *)c->o.headers);
     }
     lr_call_forget_headers(c);
+    free(c->resp_head.data);
     free(c->resp.data);
     free(c->last_message);
     free(c->last_error_code);

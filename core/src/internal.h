@@ -243,6 +243,10 @@ struct llmretry_call {
     char hdr[LR_H_COUNT][LR_HVAL];
     char *hdr_long[LR_H_COUNT];    /* values too long for hdr (malloc'd) */
     int hdr_set[LR_H_COUNT];
+    /* keep_response: the response's head as received (transfer.c); it is
+     * complete, and no longer written, once its body has begun. */
+    lr_buf resp_head;
+    int body_begun;
     int interim;                   /* reading a 1xx response's headers */
     int sse;                       /* this response says text/event-stream */
     int stream_req;                /* the body asks to stream ("stream": true) */

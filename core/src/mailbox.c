@@ -257,6 +257,23 @@ const llmretry_result *llmretry_call_result(const llmretry_call *c)
     return done ? &c->result : NULL;
 }
 
+const char *llmretry_call_response_head(llmretry_call *c, size_t *len)
+{
+    *len = 0;
+    if (lr_forked(c->engine) || !c->o.keep_response)
+        return NULL;
+    /* Once a chunk was taken (under c->mu, after the engine wrote the head
+     * and posted the chunk) the attempt is committed: no other attempt
+     * follows and its head is complete (transfer.c keeps no trailer). */
+    pthread_mutex_lock(&c->mu);
+    int readable = c->done || c->result.chunks_delivered > 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!readable || c->resp_head.len == 0)
+        return NULL;
+    *len = c->resp_head.len;
+    return c->resp_head.data;
+}
+
 llmretry_status llmretry_call_blocking(llmretry_engine *e, const llmretry_options *opts,
                                        llmretry_event_fn on_event, void *ud,
                                        llmretry_call **out, char *err, size_t errlen)

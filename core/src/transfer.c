@@ -36,6 +36,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
+    c->body_begun = 1;              /* the head is complete (keep_head_line) */
     if (streams_now(c)) {
         if (!(c->st && c->st->active) && lr_stream_begin(c) != 0)
             return 0;               /* out of memory: a network-ish failure */
@@ -79,6 +80,33 @@ void lr_call_forget_headers(llmretry_call *c)
         c->hdr_long[i] = NULL;
         c->hdr_set[i] = 0;
     }
+    c->resp_head.len = 0;
+    c->body_begun = 0;
+}
+
+/* keep_response: one line of the response's head as received, whole lines
+ * up to LLMRETRY_MAX_RESPONSE_HEAD bytes. Not the blank line ending it,
+ * nor trailers: once the body has begun the head stays as it is, so a host
+ * that has read a chunk may read it (llmretry_call_response_head). */
+static void keep_head_line(llmretry_call *c, const char *line, size_t n)
+{
+    lr_buf *h = &c->resp_head;
+    if (c->body_begun || line[0] == '\r' || line[0] == '\n' ||
+        h->len + n > LLMRETRY_MAX_RESPONSE_HEAD)
+        return;
+    if (h->len + n + 1 > h->cap) {
+        size_t cap = h->cap ? h->cap : 1024;
+        while (cap < h->len + n + 1)
+            cap *= 2;
+        char *p = realloc(h->data, cap);
+        if (!p)
+            return;                 /* out of memory: the line is dropped */
+        h->data = p;
+        h->cap = cap;
+    }
+    memcpy(h->data + h->len, line, n);
+    h->len += n;
+    h->data[h->len] = '\0';
 }
 
 /* The wait a captured header asks for (ms), -1 when none or unusable. */
@@ -140,8 +168,12 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
         lr_call_forget_headers(c);
         c->sse = 0;
         c->interim = is_interim(line, n);
+        if (c->o.keep_response)
+            keep_head_line(c, line, n);
         return n;
     }
+    if (c->o.keep_response && n > 0)
+        keep_head_line(c, line, n);
     const char *colon = memchr(line, ':', n);
     if (!colon)
         return n;

@@ -96,6 +96,12 @@ class Engine:
              "model": str | None, "retry_after_ms": int | None,
              "error_code": str | None, "body_preview": str | None}
 
+        With ``keep_response=True`` (llmretry.httpx) both also hold
+        ``"headers"``: bytes, the last attempt's response status line and
+        header lines as received (absent when it got no response), and a
+        failure on an HTTP status (or a 2xx body that is not JSON) its whole
+        ``"body"``.
+
         ``kind`` is one of http_status, timeout, network, invalid_response,
         deadline_exceeded, cancelled, response_too_large; ``reason`` one of
         retries_exhausted, not_retryable, deadline, retry_after_too_long,
@@ -196,6 +202,11 @@ class Stream:
         """next_chunk without waiting: False while nothing is there. A call
         that does not stream (Channel.call) only gives None (its end: its
         events and validation delivered) or False."""
+        ...
+    def response_head(self) -> Optional[bytes]:
+        """With ``keep_response=True``: the response's status line and header
+        lines as received, once a chunk was read (the commit point) or the
+        call is done; None before."""
         ...
     def cancel(self) -> None: ...
 

@@ -777,6 +777,107 @@ static void test_sent_headers(llmretry_engine *e)
     CHECK(strstr(err, "request_id") != NULL);
 }
 
+/* The head of the response a result keeps with keep_response: that line
+ * of it, or NULL. */
+static const char *head_has(const llmretry_result *r, const char *line)
+{
+    if (!r || !r->headers || strlen(r->headers) != r->headers_len)
+        return NULL;
+    return strstr(r->headers, line);
+}
+
+/* keep_response: the last attempt's response head as received, and the
+ * body of a response given up on; nothing of it otherwise. While a stream
+ * runs, llmretry_call_response_head gives the head once a chunk was taken. */
+static void test_keep_response(llmretry_engine *e)
+{
+    char url[128];
+    llmretry_options o;
+    mail_log l = { 0 };
+    if (script("keep", "{\"steps\": [{\"status\": 503, \"headers\": {\"x-request-id\": \"req-1\"}},"
+                       " {\"headers\": {\"x-request-id\": \"req-2\", \"X-Mixed-Case\": \"a b\"}}]}") != 0)
+        return;
+    opts_for(&o, "keep", url, sizeof url);
+    o.keep_response = 1;
+    llmretry_call *c = run(e, &o, &l, 5000);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok && r->attempts == 2);
+    CHECK(r && r->headers && strncmp(r->headers, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    CHECK(head_has(r, "\r\nx-request-id: req-2\r\n") && head_has(r, "\r\nX-Mixed-Case: a b\r\n"));
+    CHECK(!head_has(r, "req-1") && r && r->headers[r->headers_len - 1] == '\n' &&
+          !strstr(r->headers, "\r\n\r\n"));
+    log_free(&l);
+    llmretry_call_free(c);
+
+    /* Given up on a 429: its head and whole body. */
+    if (script("keep", "{\"steps\": [], \"after\": {\"status\": 429, \"retry_after\": \"0\","
+                       " \"headers\": {\"x-request-id\": \"req-429\"}}}") != 0)
+        return;
+    opts_for(&o, "keep", url, sizeof url);
+    o.keep_response = 1;
+    o.max_retries = 1;
+    c = run(e, &o, &l, 5000);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 429 && r->attempts == 2);
+    CHECK(head_has(r, "HTTP/1.1 429 ") == (r ? r->headers : NULL) && head_has(r, "x-request-id: req-429\r\n"));
+    CHECK(r && r->body && r->body_len == strlen(r->body) &&
+          strstr(r->body, "\"message\": \"mock error 429\"") && r->body[0] == '{');
+    log_free(&l);
+    llmretry_call_free(c);
+
+    /* Without keep_response: neither. */
+    opts_for(&o, "keep", url, sizeof url);
+    o.max_retries = 0;
+    c = run(e, &o, &l, 5000);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && !r->ok && r->status == 429 && !r->headers && !r->body);
+    log_free(&l);
+    llmretry_call_free(c);
+
+    /* A stream: no head before a chunk was taken, the stream's after. */
+    if (script("keep", "{\"steps\": [{\"headers\": {\"x-request-id\": \"req-s\"},"
+                       " \"stream\": {\"chunks\": 2, \"first_delay_ms\": 200}}]}") != 0)
+        return;
+    static const char stream_body[] =
+        "{\"model\":\"gpt-test\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    opts_for(&o, "keep", url, sizeof url);
+    o.body = stream_body;
+    o.body_len = strlen(stream_body);
+    o.keep_response = 1;
+    o.stream_chunks = 1;
+    c = submit(e, &o, 0);
+    size_t len = 1;
+    CHECK(c && llmretry_call_response_head(c, &len) == NULL && len == 0);
+    llmretry_event *ev = NULL;
+    int64_t end = th_now_ms() + 5000;
+    llmretry_mail m = LLMRETRY_MAIL_EMPTY;
+    while (c && th_now_ms() < end) {
+        m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_CHUNK || m == LLMRETRY_MAIL_DONE)
+            break;
+        if (m == LLMRETRY_MAIL_EVENT)
+            llmretry_event_free(ev);
+        else
+            llmretry_call_wait(c, 100);
+    }
+    CHECK_INT(m, LLMRETRY_MAIL_CHUNK);
+    if (m == LLMRETRY_MAIL_CHUNK)
+        llmretry_event_free(ev);
+    const char *head = c ? llmretry_call_response_head(c, &len) : NULL;
+    CHECK(head && len == strlen(head) && strncmp(head, "HTTP/1.1 200 ", 13) == 0 &&
+          strstr(head, "x-request-id: req-s\r\n") && strstr(head, "text/event-stream"));
+    /* The rest of the stream (drain() leaves chunks alone). */
+    while (c && m != LLMRETRY_MAIL_DONE && th_now_ms() < end) {
+        m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_CHUNK || m == LLMRETRY_MAIL_EVENT)
+            llmretry_event_free(ev);
+        else if (m == LLMRETRY_MAIL_EMPTY)
+            llmretry_call_wait(c, 100);
+    }
+    CHECK_INT(m, LLMRETRY_MAIL_DONE);
+    llmretry_call_free(c);
+}
+
 /* OpenAI's endpoint by default and no key: refused at once, naming
  * OPENAI_API_KEY (it took 4 attempts and 7 s to fail). */
 static void test_default_endpoint_needs_key(llmretry_engine *e)
@@ -1104,6 +1205,7 @@ int main(void)
             { "validation", test_validation },
             { "absurd_usage", test_absurd_usage },
             { "sent_headers", test_sent_headers },
+            { "keep_response", test_keep_response },
             { "default_endpoint_needs_key", test_default_endpoint_needs_key },
             { "policy_in_events", test_policy_in_events },
             { "stalls", test_stalls },

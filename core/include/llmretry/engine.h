@@ -108,6 +108,13 @@ llmretry_status llmretry_call_validated(llmretry_call *c, int ok, const char *me
 /* The result once the mailbox said DONE (NULL before). */
 const llmretry_result *llmretry_call_result(const llmretry_call *c);
 
+/* A keep_response call's response head (as result.headers) before the
+ * call ends: once the host has taken a chunk of a stream, the head of the
+ * attempt its chunks come from (it no longer changes: the commit point),
+ * else NULL until the mailbox says DONE. *len gets its length. Valid until
+ * the call is freed. */
+const char *llmretry_call_response_head(llmretry_call *c, size_t *len);
+
 /* Blocking convenience: submit, deliver each event to `on_event` (may be
  * NULL) on this thread, and return the finished call. A call with
  * opts->validate set is rejected (EINVAL): validation needs the mailbox. */

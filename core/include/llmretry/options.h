@@ -51,6 +51,10 @@ typedef struct llmretry_channel llmretry_channel;
 /* Longest request_id accepted, in bytes. */
 #define LLMRETRY_REQUEST_ID_MAX 256
 
+/* Most bytes of a response head keep_response keeps (whole lines; the
+ * lines past it are dropped). */
+#define LLMRETRY_MAX_RESPONSE_HEAD 65536
+
 /* Most fallback targets one call may have. */
 #define LLMRETRY_MAX_FALLBACKS 8
 
@@ -171,6 +175,13 @@ typedef struct llmretry_options {
      * (a JSON object with "stream": true) that sets no stream_options, so
      * the stream reports its usage. Hosts set it for bodies they encoded. */
     int stream_usage;
+    /* 1 = keep the last attempt's response as received, for hosts that hand
+     * it on as it came (an HTTP client's transport): result.headers holds
+     * its status line and header lines (llmretry_call_response_head reads
+     * them while a stream runs), and a call that gives up on an HTTP status
+     * (or on a 2xx body that is not JSON) keeps that response's whole body
+     * in result.body. 0 by default: nothing is kept. */
+    int keep_response;
 
     /* 1 = each 2xx JSON response waits for llmretry_call_validated()
      * from the host before the call succeeds (docs/design.md). */

@@ -155,6 +155,17 @@ typedef struct llmretry_result {
     int64_t retry_after_ms;        /* server-requested wait, -1 = none */
     const char *error_code;        /* the provider's error code */
     const char *body_preview;      /* first 500 bytes of the response body */
+    /* With keep_response, a call that gave up on an HTTP status, or on a 2xx
+     * body that is not JSON, has that response's whole body in body/body_len. */
+
+    /* keep_response calls: the head of the last attempt's response as
+     * received, at most LLMRETRY_MAX_RESPONSE_HEAD bytes: its status line
+     * ("HTTP/1.1 429 Too Many Requests\r\n") then one "Name: value\r\n"
+     * line per header, in order, without the blank line ending it (NULL
+     * when that attempt got no response). Credentials are the request's,
+     * never in here. */
+    const char *headers;
+    size_t headers_len;
 } llmretry_result;
 
 #ifdef __cplusplus

@@ -1,0 +1,426 @@
+"""llmretry.httpx: the real openai SDK on llmretry's engine, against the mock.
+
+The SDK's own retries are off (``max_retries=0``) everywhere: every retry
+the mock sees is llmretry's. Each test counts the requests the mock
+recorded, so "retried invisibly" and "not retried" are what the server saw,
+not what the SDK says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Dict, List
+
+import httpx
+import openai
+import pytest
+
+import llmretry
+import llmretry.httpx
+from conftest import (PYTHON_DIR, SECRET_KEY, Events, Scenario, check_event_shape,
+                      check_no_secrets)
+
+FAST: Dict[str, Any] = {"max_retries": 3, "base_delay_ms": 20, "jitter": "none"}
+MESSAGES = [{"role": "user", "content": "SECRET-PROMPT-httpx"}]
+SECRETS = [SECRET_KEY, "SECRET-PROMPT-httpx"]
+
+
+def sdk(scen: Scenario, **options: Any) -> openai.OpenAI:
+    """An OpenAI client on a Transport with `options` (FAST by default)."""
+    transport = llmretry.httpx.Transport(**{**FAST, **options})
+    return openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
+                         http_client=httpx.Client(transport=transport))
+
+
+def async_sdk(scen: Scenario, **options: Any) -> openai.AsyncOpenAI:
+    transport = llmretry.httpx.AsyncTransport(**{**FAST, **options})
+    return openai.AsyncOpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
+                              http_client=httpx.AsyncClient(transport=transport))
+
+
+def wait_for(cond: Any, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Whole responses
+
+
+def test_429_then_success_is_one_sdk_call(scen: Scenario) -> None:
+    # OpenAI's 429s name their wait in retry-after-ms too (and it keeps the test fast).
+    scen.script([{"status": 429, "retry_after_ms": "60", "headers": {"x-request-id": "req-429"}},
+                 {"content": "hello", "headers": {"x-request-id": "req-ok"}}])
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        completion = client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert completion.choices[0].message.content == "hello"
+    assert completion._request_id == "req-ok"          # the final response's headers
+    recs = scen.requests()
+    assert len(recs) == 2
+    # The SDK's key went as its own header; llmretry's request id on both.
+    assert {r["headers"]["authorization"] for r in recs} == {f"Bearer {SECRET_KEY}"}
+    ids = {r["headers"]["x-client-request-id"] for r in recs}
+    assert len(ids) == 1 and ids == {events.events[0]["request_id"]}
+    assert json.loads(recs[0]["body"]) == {"model": "gpt-test", "messages": MESSAGES}
+    assert events.names == ["llm_request_started", "llm_request_failed", "llm_retry_scheduled",
+                            "llm_request_started", "llm_request_succeeded"]
+    retry = events.of("llm_retry_scheduled")[0]
+    assert (retry["delay_source"], retry["delay_ms"]) == ("retry_after", 60)
+    for ev in events.events:
+        check_event_shape(ev)
+    check_no_secrets(SECRETS, events.events)
+
+
+def test_permanent_400_raises_the_sdks_error_after_one_request(scen: Scenario) -> None:
+    scen.script([], after={"status": 400, "error_code": "invalid_value",
+                           "headers": {"x-request-id": "req-400"}})
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    err = info.value
+    assert err.status_code == 400 and err.code == "invalid_value"
+    assert err.body == {"message": "mock error 400", "type": "invalid_value",
+                        "code": "invalid_value"}
+    assert err.request_id == "req-400"
+    assert len(scen.requests()) == 1
+    assert events.of("llm_request_gave_up")[0]["reason"] == "not_retryable"
+    check_no_secrets(SECRETS, events.events, str(err))
+
+
+def test_429_given_up_on_reaches_the_sdk_as_that_429(scen: Scenario) -> None:
+    scen.script([], after={"status": 429, "retry_after": "0", "error_code": "rate_limit_exceeded"})
+    with sdk(scen, max_retries=2) as client:
+        with pytest.raises(openai.RateLimitError) as info:
+            client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert info.value.response.headers["retry-after"] == "0"
+    assert len(scen.requests()) == 3
+
+
+def test_x_request_id_reaches_with_raw_response(scen: Scenario) -> None:
+    scen.script([{"headers": {"x-request-id": "req-raw", "X-Other": "a, b"}}])
+    with sdk(scen) as client:
+        raw = client.chat.completions.with_raw_response.create(model="gpt-test",
+                                                               messages=MESSAGES)
+    assert raw.status_code == 200 and raw.http_response.http_version == "HTTP/1.1"
+    assert raw.headers["x-request-id"] == "req-raw"
+    assert raw.headers["x-other"] == "a, b"
+    assert raw.headers["content-type"] == "application/json"
+    assert raw.parse().choices[0].message.content == "ok"
+    assert raw.http_response.content == raw.http_response.read()    # the server's bytes
+    assert json.loads(raw.http_response.content)["object"] == "chat.completion"
+
+
+def test_network_failure_and_timeouts_are_httpx_errors_with_the_request_id(
+        scen: Scenario) -> None:
+    # Nothing listens on port 1: ConnectError, retried by llmretry first.
+    events = Events()
+    transport = llmretry.httpx.Transport(max_retries=1, base_delay_ms=10, logger=events)
+    client = openai.OpenAI(api_key=SECRET_KEY, base_url="http://127.0.0.1:1/v1", max_retries=0,
+                           http_client=httpx.Client(transport=transport))
+    with client, pytest.raises(openai.APIConnectionError) as info:
+        client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    cause = info.value.__cause__
+    assert isinstance(cause, httpx.ConnectError)
+    request_id = events.events[0]["request_id"]
+    assert str(cause).endswith(f"[request_id={request_id}]")
+    assert isinstance(cause.__cause__, llmretry.NetworkError)
+    assert cause.__cause__.attempts == 2
+    check_no_secrets(SECRETS, str(cause), events.events)
+
+    # The SDK's per-request timeout is the attempt timeout.
+    scen.script([], after={"delay_ms": 3000})
+    events = Events()
+    with sdk(scen, max_retries=0, logger=events) as client:
+        with pytest.raises(openai.APITimeoutError) as tinfo:
+            client.with_options(timeout=0.2).chat.completions.create(model="gpt-test",
+                                                                     messages=MESSAGES)
+    assert isinstance(tinfo.value.__cause__, httpx.ReadTimeout)
+    assert "[request_id=" in str(tinfo.value.__cause__)
+    assert events.of("llm_request_started")[0]["timeout_ms"] == 200
+    assert len(scen.requests()) == 1
+
+
+def test_the_transports_timeout_ms_wins_over_the_sdks(scen: Scenario) -> None:
+    events = Events()
+    with sdk(scen, timeout_ms=1234, logger=events) as client:
+        client.with_options(timeout=30).chat.completions.create(model="gpt-test",
+                                                                messages=MESSAGES)
+    assert events.of("llm_request_started")[0]["timeout_ms"] == 1234
+
+
+# ---------------------------------------------------------------------------
+# Streams
+
+
+def stream_texts(stream: Any) -> List[Any]:
+    return [c.choices[0].delta.content for c in stream if c.choices]
+
+
+def test_stream_cut_before_its_first_chunk_is_retried_invisibly(scen: Scenario) -> None:
+    scen.script([{"stream": {"chunks": 3, "end": "drop", "after": 0}},
+                 {"status": 503},
+                 {"content": "abc", "stream": {"chunks": 3},
+                  "headers": {"x-request-id": "req-stream"}}])
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        stream = client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                stream=True)
+        assert stream.response.headers["x-request-id"] == "req-stream"
+        assert "content-length" not in stream.response.headers
+        assert stream_texts(stream) == ["a", "b", "c", None]
+    assert len(scen.requests()) == 3
+    assert events.names.count("llm_request_started") == 3
+    check_no_secrets(SECRETS, events.events)
+
+
+def test_stream_cut_after_a_chunk_raises_in_the_sdks_iterator(scen: Scenario) -> None:
+    # The gaps let the transport read the first chunk (the commit point)
+    # before the cut: a cut before it would be retried, rightly.
+    scen.script([{"content": "abcd",
+                  "stream": {"chunks": 4, "delay_ms": 100, "end": "drop", "after": 2}}])
+    got: List[Any] = []
+    with sdk(scen) as client:
+        stream = client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                stream=True)
+        with pytest.raises(openai.APIConnectionError) as info:
+            for chunk in stream:
+                got.append(chunk.choices[0].delta.content)
+    assert got == ["a", "b"]
+    cause = info.value.__cause__
+    assert isinstance(cause, httpx.RemoteProtocolError) and "[request_id=" in str(cause)
+    assert isinstance(cause.__cause__, llmretry.StreamInterruptedError)
+    assert len(scen.requests()) == 1                   # never retried after a chunk
+
+
+def test_closing_the_sdk_stream_cancels_the_call(scen: Scenario) -> None:
+    scen.script([{"stream": {"chunks": 100, "delay_ms": 50}}])
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        stream = client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                stream=True)
+        next(iter(stream))
+        stream.close()
+        # The call ended, cancelled, before close() returned.
+        assert events.of("llm_request_gave_up")[0]["reason"] == "cancelled"
+    assert wait_for(lambda: scen.requests()[0].get("client_gone"))
+    assert scen.requests()[0]["events_sent"] < 100
+
+
+def test_a_stream_request_answered_with_an_error_is_that_error(scen: Scenario) -> None:
+    scen.script([], after={"status": 400, "error_code": "bad_stream"})
+    with sdk(scen) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="gpt-test", messages=MESSAGES, stream=True)
+    assert info.value.code == "bad_stream"
+    assert len(scen.requests()) == 1
+
+
+# ---------------------------------------------------------------------------
+# asyncio
+
+
+def client_threads() -> int:
+    """Threads of this process but the mock server's (one per connection)."""
+    return sum("process_request_thread" not in t.name for t in threading.enumerate())
+
+
+def test_async_openai_200_concurrent_calls_on_one_transport(scen: Scenario) -> None:
+    scen.script([{"status": 503}], after={"delay_ms": 100})
+    events = Events()
+
+    async def main() -> List[str]:
+        client = async_sdk(scen, max_retries=2, logger=events)
+        # One call first: the SDK's first requests each ask a thread for the
+        # platform's name (asyncify(get_platform)) until one has it.
+        await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+        threads_before = client_threads()
+        most = [threads_before]
+        done = asyncio.Event()
+
+        async def count_threads() -> None:
+            while not done.is_set():
+                most[0] = max(most[0], client_threads())
+                await asyncio.sleep(0.01)
+
+        async with client:
+            watcher = asyncio.ensure_future(count_threads())
+            results = await asyncio.gather(*(
+                client.chat.completions.create(
+                    model="gpt-test", messages=[{"role": "user", "content": f"n{i}"}])
+                for i in range(200)))
+            done.set()
+            await watcher
+        # The engine's I/O thread does the requests: no thread per request.
+        assert most[0] == threads_before, (threads_before, most[0])
+        return [r.choices[0].message.content for r in results]
+
+    assert asyncio.run(main()) == ["ok"] * 200
+    recs = scen.requests()
+    assert len(recs) == 202                 # the first call: a 503, retried once
+    assert sorted(json.loads(r["body"])["messages"][0]["content"] for r in recs[2:]) == \
+        sorted([f"n{i}" for i in range(200)])
+    assert len(events.of("llm_request_succeeded")) == 201
+
+
+def test_async_stream_retried_then_read_and_raw_headers(scen: Scenario) -> None:
+    scen.script([{"stream": {"chunks": 2, "end": "reset", "after": 0}},
+                 {"content": "xy", "stream": {"chunks": 2},
+                  "headers": {"x-request-id": "req-async"}},
+                 {"headers": {"x-request-id": "req-async-raw"}}])
+
+    async def main() -> None:
+        async with async_sdk(scen) as client:
+            stream = await client.chat.completions.create(model="gpt-test",
+                                                          messages=MESSAGES, stream=True)
+            assert stream.response.headers["x-request-id"] == "req-async"
+            assert [c.choices[0].delta.content async for c in stream if c.choices] == \
+                ["x", "y", None]
+            raw = await client.chat.completions.with_raw_response.create(
+                model="gpt-test", messages=MESSAGES)
+            assert raw.headers["x-request-id"] == "req-async-raw"
+
+    asyncio.run(main())
+    assert len(scen.requests()) == 3
+
+
+def test_async_cancel_and_stream_close_cancel_the_call(scen: Scenario) -> None:
+    slow = scen.sub("slow").script([], after={"delay_ms": 5000})
+    streaming = scen.sub("stream").script([{"stream": {"chunks": 100, "delay_ms": 50}}])
+
+    events = Events()
+
+    async def main() -> None:
+        async with async_sdk(slow, logger=events) as client:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(client.chat.completions.create(
+                    model="gpt-test", messages=MESSAGES), timeout=0.2)
+            # Cancelled on the engine, its last event delivered, before
+            # the cancellation went on.
+            assert events.names[-1] == "llm_request_gave_up"
+            assert events.events[-1]["reason"] == "cancelled"
+            stream = await client.with_options(base_url=streaming.url).chat.completions.create(
+                model="gpt-test", messages=MESSAGES, stream=True)
+            async for _chunk in stream:
+                break
+            await stream.close()
+            assert events.names[-1] == "llm_request_gave_up"
+            assert events.events[-1]["reason"] == "cancelled"
+
+    asyncio.run(main())
+    assert len(slow.requests()) == 1
+    assert wait_for(lambda: streaming.requests()[0].get("client_gone"))
+    assert streaming.requests()[0]["events_sent"] < 100
+
+
+# ---------------------------------------------------------------------------
+# Options, other requests, the SDK's retries
+
+
+def test_options_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="one server's response"):
+        llmretry.httpx.Transport(fallbacks=[{"model": "other"}])
+    with pytest.raises(ValueError, match="the SDK's"):
+        llmretry.httpx.Transport(base_url="http://example.invalid/v1")
+    with pytest.raises(ValueError, match="sends its own key"):
+        llmretry.httpx.AsyncTransport(api_key=SECRET_KEY)
+    with pytest.raises(TypeError, match="nonsense"):
+        llmretry.httpx.Transport(nonsense=1)
+    with llmretry.Client(fallbacks=[{"model": "other"}]) as shared:
+        with pytest.raises(ValueError, match="fallbacks"):
+            llmretry.httpx.Transport(client=shared)
+    transport = llmretry.httpx.Transport(max_retries=2)
+    assert SECRET_KEY not in repr(transport)
+    transport.close()
+
+
+def test_a_shared_client_and_its_defaults(scen: Scenario) -> None:
+    scen.script([{"status": 500}, {}])
+    events = Events()
+    with llmretry.Client(api_key="sk-client-default", base_url="http://127.0.0.1:1/v1",
+                         headers={"X-Team": "core"}, logger=events, **FAST) as shared:
+        transport = llmretry.httpx.Transport(client=shared, max_retries=1)
+        client = openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
+                               http_client=httpx.Client(transport=transport))
+        client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+        client.close()
+        assert not shared.closed                    # the transport did not make it
+    recs = scen.requests()
+    assert len(recs) == 2
+    assert recs[1]["headers"]["authorization"] == f"Bearer {SECRET_KEY}"   # the SDK's key
+    assert recs[1]["headers"]["x-team"] == "core"
+    assert len(events.of("llm_request_succeeded")) == 1
+
+
+def test_sdk_calls_and_call_many_share_the_clients_budgets(scen: Scenario) -> None:
+    # One endpoint (URL + key) for the SDK's calls and the Client's own: one
+    # rate budget paces both, one breaker and retry budget count both.
+    with llmretry.Client(api_key=SECRET_KEY, base_url=scen.url, rpm=6000) as shared:
+        client = openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
+                               http_client=httpx.Client(
+                                   transport=llmretry.httpx.Transport(client=shared)))
+        with client:
+            for _ in range(2):
+                client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+        shared.call_many([{"model": "gpt-test", "messages": MESSAGES}] * 3)
+        stats = shared.endpoint_stats()
+    assert [(s["url"], s["requests"], s["rpm"]) for s in stats] == \
+        [(scen.url + "/chat/completions", 5, 6000)]
+    assert len(scen.requests()) == 5
+
+
+def test_other_requests_go_through_httpx(scen: Scenario) -> None:
+    # GET /models is not an endpoint of the mock: its 404 comes back through
+    # httpx's own transport (the engine sends only POSTs of JSON).
+    with sdk(scen) as client:
+        with pytest.raises(openai.NotFoundError):
+            client.models.list()
+    assert scen.requests() == []
+
+
+def test_the_sdk_retrying_on_top_warns(scen: Scenario) -> None:
+    scen.script([{"status": 429, "retry_after": "0"}], after={})
+    transport = llmretry.httpx.Transport(max_retries=0)
+    client = openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=1,
+                           http_client=httpx.Client(transport=transport))
+    with client, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert [str(w.message) for w in caught if "max_retries=0" in str(w.message)]
+    assert len(scen.requests()) == 2
+
+
+def test_importing_llmretry_does_not_import_httpx() -> None:
+    code = ("import sys, llmretry; assert 'httpx' not in sys.modules and "
+            "'httpx2' not in sys.modules, sorted(m for m in sys.modules if 'httpx' in m)")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   env={"PYTHONPATH": str(PYTHON_DIR), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_httpx2_flavour(scen: Scenario) -> None:
+    httpx2 = pytest.importorskip("httpx2", reason="the openai SDK 3.x brings it")
+    import llmretry.httpx2
+    scen.script([{"status": 503}, {"headers": {"x-request-id": "req-h2"}}])
+    client = openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
+                           http_client=httpx2.Client(
+                               transport=llmretry.httpx2.Transport(**FAST)))
+    with client:
+        raw = client.chat.completions.with_raw_response.create(model="gpt-test",
+                                                               messages=MESSAGES)
+        assert raw.headers["x-request-id"] == "req-h2"
+        with pytest.raises(openai.APIConnectionError) as info:
+            client.with_options(base_url="http://127.0.0.1:1/v1").chat.completions.create(
+                model="gpt-test", messages=MESSAGES)
+    assert isinstance(info.value.__cause__, httpx2.ConnectError)
+    assert len(scen.requests()) == 2
