@@ -86,13 +86,18 @@ static int append_header(struct curl_slist **list, const char *name, const char 
 }
 
 /* The endpoint's key for its rate budget (ratelimit.c): a hash of the
- * Authorization header sent, so the key itself is kept nowhere else. */
+ * Authorization header's value, so the key itself is kept nowhere else. The
+ * value only (from its first non-blank): "authorization: Bearer k" and
+ * "Authorization: Bearer k" are the same key, and so one endpoint. */
 uint64_t lr_call_key_hash(const struct curl_slist *h)
 {
     for (; h; h = h->next)
         if (strncasecmp(h->data, "Authorization:", 14) == 0) {
+            const unsigned char *p = (const unsigned char *)h->data + 14;
+            while (*p == ' ' || *p == '\t')
+                p++;
             uint64_t x = 1469598103934665603ull;         /* FNV-1a */
-            for (const unsigned char *p = (const unsigned char *)h->data; *p; p++)
+            for (; *p; p++)
                 x = (x ^ *p) * 1099511628211ull;
             return x;
         }

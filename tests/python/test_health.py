@@ -330,3 +330,18 @@ def test_a_429_falls_back_a_cancel_does_not(scen: Any) -> None:
         asyncio.run(cancelled())
     time.sleep(0.2)
     assert len(backup.requests()) == 1          # only the 429's fallback
+
+
+def test_the_key_is_one_endpoint_however_its_header_is_spelt(scen: Any) -> None:
+    """api_key=K and a header "authorization: Bearer K" (as the openai SDK
+    sends it, lower case) are one key: one endpoint, one budget and breaker."""
+    scen.script([])
+    with llmretry.Client(logger=None, **FAST) as c:
+        c.call_llm(BODY, base_url=scen.url, api_key=SECRET_KEY)
+        c.call_llm(BODY, base_url=scen.url, api_key="",
+                   headers={"authorization": f"Bearer {SECRET_KEY}"})
+        c.call_llm(BODY, base_url=scen.url, api_key="",
+                   headers={"AUTHORIZATION": f"Bearer  {SECRET_KEY}"})
+        mine = [s for s in c.endpoint_stats() if f"/s/{scen.name}/" in s["url"]]
+        assert len(mine) == 2, mine           # "Bearer  K" (two spaces) is another value
+        assert sorted(s["requests"] for s in mine) == [1, 2], mine
