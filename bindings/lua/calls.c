@@ -54,7 +54,7 @@ int err_tostring(lua_State *L)
 
 /* ---- events and results ---------------------------------------------------- */
 
-void set_int(lua_State *L, const char *key, int64_t v)
+void lr_set_int(lua_State *L, const char *key, int64_t v)
 {
     lr_pushint(L, v);
     lua_setfield(L, -2, key);
@@ -74,9 +74,9 @@ static int push_usage(lua_State *L, const llmretry_usage *u)
     if (!u || !u->present)
         return 0;
     lua_createtable(L, 0, 3);
-    set_int(L, "prompt_tokens", u->prompt_tokens);
-    set_int(L, "completion_tokens", u->completion_tokens);
-    set_int(L, "total_tokens", u->total_tokens);
+    lr_set_int(L, "prompt_tokens", u->prompt_tokens);
+    lr_set_int(L, "completion_tokens", u->completion_tokens);
+    lr_set_int(L, "total_tokens", u->total_tokens);
     return 1;
 }
 
@@ -116,11 +116,11 @@ static void push_stream_fields(lua_State *L, const llmretry_result *r)
         return;
     lua_pushboolean(L, 1);
     lua_setfield(L, -2, "stream");
-    set_int(L, "chunks", r->chunks);
+    lr_set_int(L, "chunks", r->chunks);
     if (r->ttft_ms >= 0)
-        set_int(L, "ttft_ms", r->ttft_ms);
+        lr_set_int(L, "ttft_ms", r->ttft_ms);
     if (!r->ok) {
-        set_int(L, "chunks_delivered", r->chunks_delivered);
+        lr_set_int(L, "chunks_delivered", r->chunks_delivered);
         set_str(L, "stream_reason", llmretry_stream_reason_name(r->stream_reason));
     }
 }
@@ -128,7 +128,7 @@ static void push_stream_fields(lua_State *L, const llmretry_result *r)
 /* target (0: the call's own), and with fallbacks what each came to. */
 static void push_target_fields(lua_State *L, const llmretry_result *r)
 {
-    set_int(L, "target", r->target);
+    lr_set_int(L, "target", r->target);
     if (!r->targets)
         return;
     lua_createtable(L, r->n_targets, 0);
@@ -136,9 +136,9 @@ static void push_target_fields(lua_State *L, const llmretry_result *r)
         const llmretry_target_report *t = &r->targets[i];
         lua_createtable(L, 0, 5);
         set_str(L, "model", t->model);
-        set_int(L, "attempts", t->attempts);
+        lr_set_int(L, "attempts", t->attempts);
         if (t->status > 0)
-            set_int(L, "status", t->status);
+            lr_set_int(L, "status", t->status);
         set_str(L, "kind", llmretry_error_kind_name(t->kind));
         set_str(L, "reason", llmretry_reason_name(t->reason));
         lua_rawseti(L, -2, i + 1);
@@ -149,20 +149,20 @@ static void push_target_fields(lua_State *L, const llmretry_result *r)
 static void push_meta(lua_State *L, const llmretry_result *r)
 {
     lua_createtable(L, 0, 10);
-    set_int(L, "attempt", r->attempt);
-    set_int(L, "attempts", r->attempts);
-    set_int(L, "duration_ms", r->duration_ms);
-    set_int(L, "total_ms", r->total_ms);
-    set_int(L, "status", r->status);
+    lr_set_int(L, "attempt", r->attempt);
+    lr_set_int(L, "attempts", r->attempts);
+    lr_set_int(L, "duration_ms", r->duration_ms);
+    lr_set_int(L, "total_ms", r->total_ms);
+    lr_set_int(L, "status", r->status);
     if (push_usage(L, &r->usage))
         lua_setfield(L, -2, "usage");
     set_str(L, "request_id", r->request_id);
     set_str(L, "model", r->model);
     set_str(L, "response_model", r->response_model);
     set_str(L, "system_fingerprint", r->system_fingerprint);
-    set_int(L, "resends", r->resends);
+    lr_set_int(L, "resends", r->resends);
     push_stream_fields(L, r);
-    set_int(L, "target", r->target);
+    lr_set_int(L, "target", r->target);
 }
 
 /* The err table of docs/python.md (absent values are nil). `message` and
@@ -174,12 +174,12 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
     set_str(L, "kind", kind ? kind : llmretry_error_kind_name(r->kind));
     set_str(L, "message", message ? message : r->message);
     if (r->status > 0)
-        set_int(L, "status", r->status);
-    set_int(L, "attempt", r->attempt);
-    set_int(L, "attempts", r->attempts);
+        lr_set_int(L, "status", r->status);
+    lr_set_int(L, "attempt", r->attempt);
+    lr_set_int(L, "attempts", r->attempts);
     set_str(L, "request_id", r->request_id);
     if (r->retry_after_ms >= 0 && !r->ok)
-        set_int(L, "retry_after_ms", r->retry_after_ms);
+        lr_set_int(L, "retry_after_ms", r->retry_after_ms);
     if (!r->ok) {
         set_str(L, "error_code", r->error_code);
         set_str(L, "body_preview", r->body_preview);
@@ -199,9 +199,9 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
         }
     }
     set_str(L, "model", r->model);
-    set_int(L, "duration_ms", r->duration_ms);
-    set_int(L, "total_ms", r->total_ms);
-    set_int(L, "resends", r->resends);
+    lr_set_int(L, "duration_ms", r->duration_ms);
+    lr_set_int(L, "total_ms", r->total_ms);
+    lr_set_int(L, "resends", r->resends);
     push_stream_fields(L, r);
     push_target_fields(L, r);
     luaL_getmetatable(L, ERROR_MT);
@@ -249,7 +249,7 @@ static lr_handle *check_handle(lua_State *L)
     return h;
 }
 
-int handle_gc(lua_State *L)
+int lr_handle_gc(lua_State *L)
 {
     lr_handle *h = lua_touserdata(L, 1);
     if (h->parked) {

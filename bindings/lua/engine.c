@@ -56,11 +56,11 @@ int group_stats(lua_State *L)
     if (gr->g)
         llmretry_group_stats_get(gr->g, &st);
     lua_createtable(L, 0, 5);
-    set_int(L, "window", st.window);
-    set_int(L, "active", st.active);
-    set_int(L, "queued", st.queued);
-    set_int(L, "pauses", st.pauses);
-    set_int(L, "halvings", st.halvings);
+    lr_set_int(L, "window", st.window);
+    lr_set_int(L, "active", st.active);
+    lr_set_int(L, "queued", st.queued);
+    lr_set_int(L, "pauses", st.pauses);
+    lr_set_int(L, "halvings", st.halvings);
     return 1;
 }
 
@@ -107,20 +107,20 @@ int engine_endpoint_stats(lua_State *L)
         lua_setfield(L, -2, "url");
         lua_pushboolean(L, s->has_key);
         lua_setfield(L, -2, "has_key");
-        set_int(L, "requests", s->requests);
-        set_int(L, "retries", s->retries);
-        set_int(L, "window_requests", s->window_requests);
-        set_int(L, "window_retries", s->window_retries);
-        set_int(L, "retries_refused", s->retries_refused);
+        lr_set_int(L, "requests", s->requests);
+        lr_set_int(L, "retries", s->retries);
+        lr_set_int(L, "window_requests", s->window_requests);
+        lr_set_int(L, "window_retries", s->window_retries);
+        lr_set_int(L, "retries_refused", s->retries_refused);
         lua_pushstring(L, s->breaker);
         lua_setfield(L, -2, "breaker");
-        set_int(L, "consecutive_failures", s->consecutive_failures);
-        set_int(L, "breaker_opened", s->breaker_opened);
-        set_int(L, "short_circuited", s->short_circuited);
-        set_int(L, "open_ms_left", s->open_ms_left);
-        set_int(L, "rpm", s->rpm);
-        set_int(L, "tpm", s->tpm);
-        set_int(L, "in_flight", s->in_flight);
+        lr_set_int(L, "consecutive_failures", s->consecutive_failures);
+        lr_set_int(L, "breaker_opened", s->breaker_opened);
+        lr_set_int(L, "short_circuited", s->short_circuited);
+        lr_set_int(L, "open_ms_left", s->open_ms_left);
+        lr_set_int(L, "rpm", s->rpm);
+        lr_set_int(L, "tpm", s->tpm);
+        lr_set_int(L, "in_flight", s->in_flight);
         lua_rawseti(L, -2, (int)i + 1);
     }
     return 1;

@@ -95,14 +95,14 @@ int64_t check_timeout(lua_State *L, int idx);
 int err_tostring(lua_State *L);
 int handle_cancel(lua_State *L);
 int handle_done(lua_State *L);
-int handle_gc(lua_State *L);
+int lr_handle_gc(lua_State *L);
 int handle_next(lua_State *L);
 int handle_request_id(lua_State *L);
 int handle_result(lua_State *L);
 int handle_tostring(lua_State *L);
 int handle_validated(lua_State *L);
 int handle_wait(lua_State *L);
-void set_int(lua_State *L, const char *key, int64_t v);
+void lr_set_int(lua_State *L, const char *key, int64_t v);
 
 /* options.c: submit options (Lua table -> llmretry_options) */
 void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body);

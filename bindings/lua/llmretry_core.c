@@ -247,7 +247,7 @@ static void register_types(lua_State *L)
 {
     new_class(L, ENGINE_MT, engine_methods, engine_gc, engine_tostring);
     lua_pop(L, 1);
-    new_class(L, HANDLE_MT, handle_methods, handle_gc, handle_tostring);
+    new_class(L, HANDLE_MT, handle_methods, lr_handle_gc, handle_tostring);
     lua_pop(L, 1);
     new_class(L, GROUP_MT, group_methods, group_close, group_tostring);
     lua_pop(L, 1);

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 
-module_state *state_of(PyObject *module)
+module_state *lr_py_state_of(PyObject *module)
 {
     return (module_state *)PyModule_GetState(module);
 }
@@ -30,7 +30,7 @@ module_state *state_of(PyObject *module)
 /* ---- C values to Python ------------------------------------------------ */
 
 /* Set d[key] = v, stealing v; -1 (and v released) on failure. */
-int put(PyObject *d, const char *key, PyObject *v)
+int lr_py_put(PyObject *d, const char *key, PyObject *v)
 {
     if (!v)
         return -1;
@@ -74,7 +74,7 @@ PyObject *event_dict(const module_state *st, const llmretry_event *ev)
         case LLMRETRY_FIELD_USAGE: v = lr_usage_dict(st, f.usage); break;
         default: v = Py_None; Py_INCREF(v); break;
         }
-        if (put(d, f.name, v) < 0) {
+        if (lr_py_put(d, f.name, v) < 0) {
             Py_DECREF(d);
             return NULL;
         }
@@ -118,10 +118,10 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
             rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
     }
     if (r->headers)
-        rc |= put(d, "headers", PyBytes_FromStringAndSize(r->headers, (Py_ssize_t)r->headers_len));
+        rc |= lr_py_put(d, "headers", PyBytes_FromStringAndSize(r->headers, (Py_ssize_t)r->headers_len));
     if (!rc && r->n_targets > 1) {
         /* A call with fallbacks: which target ended it and what each came to. */
-        rc |= put(d, "target", PyLong_FromLong(r->target));
+        rc |= lr_py_put(d, "target", PyLong_FromLong(r->target));
         PyObject *list = PyList_New(0);
         for (int i = 0; list && r->targets && i < r->n_targets; i++) {
             const llmretry_target_report *t = &r->targets[i];
@@ -134,16 +134,16 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
                 Py_CLEAR(list);
             Py_XDECREF(td);
         }
-        rc |= put(d, "targets", list);
+        rc |= lr_py_put(d, "targets", list);
     }
     if (!rc && r->stream) {
         /* A streamed call: what its stream did, and a broken one's partial
          * chat.completion (body). */
-        rc |= put(d, "stream", PyBool_FromLong(1));
-        rc |= put(d, "chunks", PyLong_FromLong(r->chunks));
-        rc |= put(d, "chunks_delivered", PyLong_FromLong(r->chunks_delivered));
-        rc |= put(d, "ttft_ms", int_or_none((long long)r->ttft_ms, r->ttft_ms >= 0));
-        rc |= put(d, "stream_reason", lr_str_or_none(llmretry_stream_reason_name(r->stream_reason)));
+        rc |= lr_py_put(d, "stream", PyBool_FromLong(1));
+        rc |= lr_py_put(d, "chunks", PyLong_FromLong(r->chunks));
+        rc |= lr_py_put(d, "chunks_delivered", PyLong_FromLong(r->chunks_delivered));
+        rc |= lr_py_put(d, "ttft_ms", int_or_none((long long)r->ttft_ms, r->ttft_ms >= 0));
+        rc |= lr_py_put(d, "stream_reason", lr_str_or_none(llmretry_stream_reason_name(r->stream_reason)));
     }
     if (rc) {
         Py_DECREF(d);
@@ -241,7 +241,7 @@ static PyMethodDef module_methods[] = {
 
 static int module_exec(PyObject *m)
 {
-    module_state *st = state_of(m);
+    module_state *st = lr_py_state_of(m);
     st->engine_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
     if (!st->engine_type || PyModule_AddType(m, st->engine_type) < 0)
         return -1;
@@ -305,7 +305,7 @@ static int module_exec(PyObject *m)
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
-    module_state *st = state_of(m);
+    module_state *st = lr_py_state_of(m);
     Py_VISIT(st->engine_type);
     Py_VISIT(st->stream_type);
     Py_VISIT(st->channel_type);
@@ -318,7 +318,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 
 static int module_clear(PyObject *m)
 {
-    module_state *st = state_of(m);
+    module_state *st = lr_py_state_of(m);
     Py_CLEAR(st->engine_type);
     Py_CLEAR(st->stream_type);
     Py_CLEAR(st->channel_type);

@@ -153,7 +153,7 @@ static int put_stats(PyObject *stats, llmretry_group *g, const batch_totals *t)
         { "total_tokens", t->total_tokens },
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (put(stats, f[i].name, PyLong_FromLongLong(f[i].v)) < 0)
+        if (lr_py_put(stats, f[i].name, PyLong_FromLongLong(f[i].v)) < 0)
             return -1;
     return 0;
 }
@@ -373,7 +373,7 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     PyObject *bodies_arg;
     if (!PyArg_ParseTuple(args, "O:call_many", &bodies_arg))
         return NULL;
-    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
+    const module_state *mst = lr_py_state_of(PyType_GetModule(Py_TYPE(self)));
     PyTypeObject *type = mst->batch_run_type;
     BatchRunObject *r = (BatchRunObject *)type->tp_alloc(type, 0);
     if (!r)

@@ -50,9 +50,9 @@ typedef struct {
 extern PyType_Spec Engine_spec;
 
 PyObject *event_dict(const module_state *st, const llmretry_event *ev);
-int put(PyObject *d, const char *key, PyObject *v);
+int lr_py_put(PyObject *d, const char *key, PyObject *v);
 PyObject *result_dict(const module_state *st, const llmretry_result *r);
-module_state *state_of(PyObject *module);
+module_state *lr_py_state_of(PyObject *module);
 void call_args_release(call_args *a);
 int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
                            PyObject **on_event, PyObject **validate);

@@ -27,7 +27,7 @@ typedef struct {
 
 static const module_state *mstate(PyObject *o)
 {
-    return state_of(PyType_GetModule(Py_TYPE(o)));
+    return lr_py_state_of(PyType_GetModule(Py_TYPE(o)));
 }
 
 /* ---- Channel -------------------------------------------------------------- */

@@ -282,7 +282,7 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
         call_args_release(&a);
         return NULL;
     }
-    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(self)));
+    const module_state *mst = lr_py_state_of(PyType_GetModule(Py_TYPE(self)));
     event_route rt = { on_event, a.o.events, mst };
     llmretry_call *c = engine_submit(self, &a);
     int as_result = a.as_result;

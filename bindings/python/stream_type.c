@@ -38,7 +38,7 @@ PyObject *lr_start_call(EngineObject *eng, PyObject *args, PyObject *kw, int str
     a.o.stream_chunks = stream;
     a.o.channel = ch;
     a.o.group = g;
-    const module_state *mst = state_of(PyType_GetModule(Py_TYPE(eng)));
+    const module_state *mst = lr_py_state_of(PyType_GetModule(Py_TYPE(eng)));
     PyTypeObject *type = mst->stream_type;
     StreamObject *s = (StreamObject *)type->tp_alloc(type, 0);
     if (!s) {
