@@ -20,7 +20,8 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     }
     ep->key_hash = c->key_hash;
     ep->refilled_at = -1;
-    ep->remaining_req = ep->remaining_tok = -1;
+    ep->req.remaining = ep->tok.remaining = -1;
+    ep->req.reset_at = ep->tok.reset_at = -1;
     lr_retry_budget_init(&ep->budget);
     ep->stats.url = ep->url;
     ep->stats.has_key = c->key_hash != 0;
@@ -95,8 +96,8 @@ void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
     s->consecutive_failures = ep->breaker.failures;
     s->open_ms_left = ep->breaker.state == LR_BREAKER_OPEN && ep->breaker.open_until > now
                     ? ep->breaker.open_until - now : 0;
-    s->rpm = ep->rpm > 0 ? ep->rpm : ep->learned_rpm;
-    s->tpm = ep->tpm > 0 ? ep->tpm : ep->learned_tpm;
+    s->rpm = ep->rpm > 0 ? ep->rpm : ep->req.limit;
+    s->tpm = ep->tpm > 0 ? ep->tpm : ep->tok.limit;
     s->in_flight = ep->in_flight;
     pthread_mutex_unlock(&e->mu);
 }

@@ -39,22 +39,30 @@ typedef struct lr_breaker {
     llmretry_call *probe;              /* the half-open probe in flight, or NULL */
 } lr_breaker;
 
+/* What the server's x-ratelimit-* headers last said of one limit, requests
+ * or tokens (ratelimit.c). */
+typedef struct lr_stated {
+    int64_t limit;                     /* -limit-*, 0 = not seen */
+    int64_t remaining;                 /* -remaining-*, less what we sent since; -1 = not known */
+    int64_t at;                        /* when remaining was said */
+    int64_t reset_at;                  /* -reset-*: when its window has room again; -1 = not known */
+    int per_window;                    /* limit is its (shorter) window's, not a minute's */
+    int64_t window_ms;                 /* then: its length as far as known (the longest reset) */
+} lr_stated;
+
 struct lr_endpoint {
     char *url;
     uint64_t key_hash;
     /* The rate budget (ratelimit.c). */
     int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
-    int64_t learned_rpm, learned_tpm;  /* x-ratelimit-limit-*, 0 = not seen */
+    lr_stated req, tok;                /* learned from the responses */
     double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
     double tok_cap;                    /* the token bucket's size: its next call's */
     int64_t refilled_at;               /* -1: the buckets start full */
-    /* What the server last said is left (-1 = not known), less what we
-     * sent since, as of remaining_*_at; and when its window is full again. */
-    int64_t remaining_req, remaining_tok;
-    int64_t remaining_req_at, remaining_tok_at;
-    int64_t reset_req_at, reset_tok_at;
     int64_t paused_until;              /* a 429's named wait */
     int in_flight;                     /* attempts admitted and not ended */
+    int64_t in_flight_tok;             /* their tokens */
+    int64_t sent_req, sent_tok;        /* requests and tokens admitted, ever */
     lr_queue queue;                    /* calls waiting for budget */
     /* Health (health.c), and its counts since the endpoint was made. */
     lr_retry_budget budget;

@@ -1,9 +1,11 @@
 /* Client-side rate limits (core/src/ratelimit.c, docs/policies.md) against the
  * mock server: configured rpm and tpm pace attempts evenly, a call larger
  * than the token bucket is not starved, limits learned from the server's
- * x-ratelimit-* headers hold new attempts, a 429's named wait pauses the
- * whole endpoint, a call waiting for budget fails at its deadline, and two
- * API keys are two endpoints. Times come from the mock's records. */
+ * x-ratelimit-* headers hold new attempts (read per minute, or per the
+ * server's window when its remaining and reset say so), a 429's named wait
+ * pauses the whole endpoint, a call waiting for budget fails at its
+ * deadline, and two API keys are two endpoints.
+ * Times come from the mock's records. */
 #include "harness.h"
 #include "llmretry.h"
 
@@ -186,6 +188,85 @@ out:
     llmretry_engine_free(e);
 }
 
+/* The requests of the scenario the mock refused (429) by its limits. */
+static int refused(const char *name)
+{
+    char *text = th_mock_requests(&mock, name);
+    cJSON *a = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = 0;
+    cJSON *rec;
+    cJSON_ArrayForEach(rec, a)
+        n += cJSON_IsTrue(cJSON_GetObjectItem(rec, "rate_limited"));
+    cJSON_Delete(a);
+    return n;
+}
+
+/* Nothing configured, every answer says limit 300, remaining 250: with
+ * reset 10s (OpenAI's: the 50 used come back in 10 s, at 300 a minute)
+ * five calls are paced at 5 a second; with reset 0s (a window that has
+ * room now: 50 used and none to wait for, no minute's limit) they go at
+ * once, as the server says they may (issue 27 item 7: paced at 5 a second
+ * all the same). */
+static void test_remaining_is_room_unless_read_per_minute(void)
+{
+    static const char *const resets[] = { "10s", "0s" };
+    for (int i = 0; i < 2; i++) {
+        char url[128], name[32], script[256];
+        llmretry_options o;
+        llmretry_engine *e = th_engine_new();
+        snprintf(name, sizeof name, "room%d", i);
+        snprintf(script, sizeof script,
+                 "{\"steps\": [], \"after\": {\"headers\": {\"x-ratelimit-limit-requests\": \"300\","
+                 " \"x-ratelimit-remaining-requests\": \"250\", \"x-ratelimit-reset-requests\": \"%s\"}}}",
+                 resets[i]);
+        if (!e || th_mock_script(&mock, name, script) != 0) {
+            CHECK_MSG(0, "setup: engine and script");
+            llmretry_engine_free(e);
+            return;
+        }
+        opts_for(&o, name, url, sizeof url);
+        CHECK_MSG(run_all(e, &o, 1), "the first call teaches the limit");
+        CHECK_MSG(run_all(e, &o, 5), "then five at once");
+        double t[8];
+        int n = arrivals(name, t, 8);
+        CHECK_INT(n, 6);
+        double took = n == 6 ? t[5] - t[1] : -1.0;
+        if (i == 0)
+            CHECK_MSG(took >= 700, "reset %s: five calls took %.0f ms (paced at 5 a second)",
+                      resets[i], took);
+        else
+            CHECK_MSG(took >= 0 && took < 400, "reset %s: five calls took %.0f ms (at once)",
+                      resets[i], took);
+        llmretry_engine_free(e);
+    }
+}
+
+/* The mock enforcing 4 requests per 250 ms and stating the window's own
+ * figures (x-ratelimit-limit-requests: 4, not 960 a minute): nothing
+ * configured, one call teaches the limit, then 12 at once go at the pace
+ * the server's remaining and reset allow (about 16 a second), each within
+ * a deadline of 5 s (read per minute, 4 a minute: 3 minutes), hardly ever
+ * refused. */
+static void test_limit_stated_per_window(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "perwin", "{\"steps\": [], \"limits\": {\"rpm\": 4, "
+                             "\"window_ms\": 250, \"stated_per\": \"window\"}}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "perwin", url, sizeof url);
+    o.deadline_ms = 5000;
+    CHECK_MSG(run_all(e, &o, 1), "the first call teaches the limit");
+    CHECK_MSG(run_all(e, &o, 12), "then twelve at once, within their deadline");
+    CHECK_MSG(refused("perwin") <= 1, "%d refused", refused("perwin"));
+out:
+    llmretry_engine_free(e);
+}
+
 /* A 429 with Retry-After: 1 pauses the endpoint: a call submitted after
  * it waits too, though it never saw the 429. */
 static void test_429_pauses_the_endpoint(void)
@@ -285,6 +366,8 @@ int main(void)
         { "429_pauses_endpoint", test_429_pauses_the_endpoint },
         { "deadline_waiting_budget", test_deadline_while_waiting_for_budget },
         { "keys_separate", test_keys_are_separate_endpoints },
+        { "remaining_is_room", test_remaining_is_room_unless_read_per_minute },
+        { "stated_per_window", test_limit_stated_per_window },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);

@@ -223,6 +223,24 @@ def test_no_retry_after_as_litellm_sends_429s(scen: Any) -> None:
     assert refused(scen) <= 1, refused(scen)
 
 
+def test_a_limit_stated_per_window_is_not_read_per_minute(scen: Any) -> None:
+    """A server stating its short window's own limit (10 per 500 ms says
+    x-ratelimit-limit-requests: 10, not 1200 a minute) with remaining and
+    reset: nothing configured, the server's remaining sets the pace, not 10
+    a minute (issue 27 item 7: 60 items took minutes while the server said
+    9 remained). The batch's deadline, 4x what 20 a second takes, bounds a
+    per-minute reading's minutes."""
+    url = limited(scen, rpm=10, window_ms=500, stated_per="window")
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, **FAST)
+    try:
+        out = client.call_many([BODY] * 40, limit=16, base_url=url, deadline_ms=8000)
+    finally:
+        client.close()
+    assert out.summary.ok == 40, out.summary.format()
+    # Only the first wave, sent before any answer, can be refused.
+    assert refused(scen) <= 6, refused(scen)
+
+
 def test_tpm_stays_under_a_token_limit(scen: Any) -> None:
     """A provider's 60,000 tokens a minute enforced per second (1000 in any
     1 s), max_tokens=200 a call: tpm keeps every call admitted."""
