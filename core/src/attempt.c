@@ -178,6 +178,8 @@ static int fall_back(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reaso
     c->origin = NULL;
     c->origin_known = 0;
     c->est_tokens = c->completion_limit = -1;
+    c->free_retries = 0;
+    c->paced_since = -1;
     c->last_status = 0;
     c->attempt = c->attempts_started;
     c->target_first_attempt = c->attempt;
@@ -374,9 +376,15 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
     int64_t now = lr_mono_ms();
     int64_t left = deadline_left(c, now);
+    /* A 429 naming no wait slows the endpoint down, and the retry it paces
+     * uses up none of max_retries (0 still means none). */
+    int paced = lr_budget_slow_down(e, c, f, now);
     /* Each target has its own max_retries and backoff: count from its first. */
-    llmretry_decision d = llmretry_decide(&c->o, f, c->attempt - c->target_first_attempt,
+    int counted = c->attempt - c->target_first_attempt - c->free_retries;
+    llmretry_decision d = llmretry_decide(&c->o, f, paced && counted > 0 ? counted - 1 : counted,
                                           lr_unix_ms(), left, lr_rng_next01(&e->rng));
+    if (paced && d.retry)
+        c->free_retries++;
     c->last_retry_after_ms = d.retry_after_ms;
     if (f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
         /* The server's wait holds for the whole batch and every call to the
@@ -399,8 +407,10 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
         return;
     }
     /* A retry of our own timing spends the endpoint's retry budget; one
-     * the server timed does not (it asked for it). */
-    if (d.delay_source == LLMRETRY_DELAY_BACKOFF && !lr_health_retry_allowed(e, c, now)) {
+     * the server timed does not (it asked for it), nor one after any 429
+     * (the server asked to slow down, and the endpoint's pace does). */
+    if (d.delay_source == LLMRETRY_DELAY_BACKOFF && f->status != 429 &&
+        !lr_health_retry_allowed(e, c, now)) {
         lr_give_up(e, c, LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED);
         return;
     }
@@ -482,7 +492,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
     }
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
-    lr_budget_attempt_ended(c, &out.usage);  /* its headers and usage teach the budget */
+    lr_budget_attempt_ended(c, out.success, &out.usage);  /* its headers and usage teach the budget */
     lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
     detach_easy(e, c);
     if (!out.success) {

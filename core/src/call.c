@@ -270,6 +270,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
     c->est_tokens = c->completion_limit = -1;
+    c->paced_since = -1;
 
     int bad_json = 0, no_key = 0, default_url = 0, has_stream_options = 0;
     int oom = 0;

@@ -96,7 +96,7 @@ void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
     s->consecutive_failures = ep->breaker.failures;
     s->open_ms_left = ep->breaker.state == LR_BREAKER_OPEN && ep->breaker.open_until > now
                     ? ep->breaker.open_until - now : 0;
-    s->rpm = ep->rpm > 0 ? ep->rpm : ep->req.limit;
+    s->rpm = lr_budget_rpm(ep);
     s->tpm = ep->tpm > 0 ? ep->tpm : ep->tok.limit;
     s->in_flight = ep->in_flight;
     pthread_mutex_unlock(&e->mu);

@@ -3,7 +3,8 @@
  * endpoint lives here, shared by every call of the engine:
  *
  *   endpoint.c   the table of endpoints and what hosts may read of them
- *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause
+ *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause,
+ *                the slow-down after 429s naming no wait
  *   health.c     the retry budget and the circuit breaker (docs/reliability.md)
  *
  * I/O thread only, except `stats`, which the engine publishes under the
@@ -50,6 +51,9 @@ typedef struct lr_stated {
     int64_t window_ms;                 /* then: its length as far as known (the longest reset) */
 } lr_stated;
 
+/* Successes are counted in this many slots of 100 ms (the last second). */
+#define LR_OK_SLOTS 10
+
 struct lr_endpoint {
     char *url;
     uint64_t key_hash;
@@ -59,7 +63,13 @@ struct lr_endpoint {
     double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
     double tok_cap;                    /* the token bucket's size: its next call's */
     int64_t refilled_at;               /* -1: the buckets start full */
-    int64_t paused_until;              /* a 429's named wait */
+    int64_t paused_until;              /* a 429's wait (named, or the slow-down's) */
+    /* The slow-down that 429s naming no wait teach (ratelimit.c). */
+    double slow_rpm;                   /* the request rate they allow, 0 = none */
+    int64_t slow_mark;                 /* when it last reacted */
+    int slow_refusals;                 /* refusals it reacted to since a success */
+    int64_t ok_tenth[LR_OK_SLOTS];     /* the 100 ms each slot counts */
+    int64_t ok_count[LR_OK_SLOTS];     /* 2xx responses in it */
     int in_flight;                     /* attempts admitted and not ended */
     int64_t in_flight_tok;             /* their tokens */
     int64_t sent_req, sent_tok;        /* requests and tokens admitted, ever */
@@ -75,6 +85,9 @@ struct lr_endpoint {
 /* endpoint.c: publish the endpoint's numbers for hosts (one lock of the
  * engine's mutex); call after a change worth seeing. */
 void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep);
+
+/* ratelimit.c: the request rate in force, a minute's worth (0: none). */
+int64_t lr_budget_rpm(const lr_endpoint *ep);
 
 /* health.c, pure parts (on the caller's clock; tests drive them). */
 void lr_retry_budget_init(lr_retry_budget *b);

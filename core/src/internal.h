@@ -261,6 +261,8 @@ struct llmretry_call {
      * the sent_* counts just after it went, what was on its way then, and
      * the tokens it took (counted in endpoint->in_flight_tok). */
     int64_t sent_mark[2], flight_mark[2], charged_tok;
+    int free_retries;              /* this target's retries its endpoint paced (not counted) */
+    int64_t paced_since;           /* its first such 429 (ms), -1 = none */
     int origin_known;              /* origin looked up */
     int connecting;                /* counted in origin->connecting */
     llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */

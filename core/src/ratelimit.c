@@ -22,6 +22,10 @@
  *   window's length as its resets show it. Learned pacing is never slower
  *   than what the server says it allows.
  * - A 429 naming a wait pauses the endpoint for every call of the engine.
+ * - A 429 naming none slows the endpoint down (lr_budget_slow_down): a
+ *   request rate learned as TCP learns a window, halved from the rate the
+ *   server was serving at, grown back by each success; refusals in a row
+ *   pause the endpoint, for longer each time.
  * - A call is charged its estimated tokens (prompt characters / 4, plus
  *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS;
  *   or the host's estimated_tokens) and the charge is corrected by the
@@ -46,6 +50,13 @@
 /* A completion's tokens when the body does not bound them. */
 #define DEFAULT_COMPLETION_TOKENS 256
 
+/* The slow-down (lr_budget_slow_down): a 429 naming no wait cuts the
+ * request rate to SLOW_CUT of what the server was serving; each success
+ * gives back 1/SLOW_RECOVER of it; it never goes below SLOW_MIN_RPM. */
+#define SLOW_CUT 0.5
+#define SLOW_RECOVER 32.0
+#define SLOW_MIN_RPM 1.0
+
 /* A learned limit as a pace, per minute: read per minute, as OpenAI states
  * it, or for a limit stated per window, per the window's length as far as
  * known (per minute until a reset shows it). */
@@ -64,24 +75,35 @@ static int room(const lr_stated *s, double need)
 }
 
 /* The request rate in force, per minute (0: none): the configured rpm,
- * else the learned limit unless the server's window has room. */
+ * else the learned limit unless the server's window has room, and at most
+ * the slow-down's. */
 static double req_rate(const lr_endpoint *ep)
 {
-    return ep->rpm > 0 ? (double)ep->rpm : room(&ep->req, 1.0) ? 0.0 : learned_rate(&ep->req);
+    double r = ep->rpm > 0 ? (double)ep->rpm : room(&ep->req, 1.0) ? 0.0 : learned_rate(&ep->req);
+    if (ep->slow_rpm > 0 && (r <= 0 || ep->slow_rpm < r))
+        r = ep->slow_rpm;
+    return r;
 }
 
-/* Likewise for tokens, for a call of `need`. */
+/* Likewise for tokens, for a call of `need` (no slow-down: a 429 naming no
+ * wait does not say which limit it hit, and requests carry the tokens). */
 static double tok_rate(const lr_endpoint *ep, double need)
 {
     return ep->tpm > 0 ? (double)ep->tpm : room(&ep->tok, need) ? 0.0 : learned_rate(&ep->tok);
 }
 
-/* Nothing to pace by: no limit configured or learned, no pause, nothing
- * the server said remains. */
+int64_t lr_budget_rpm(const lr_endpoint *ep)
+{
+    return (int64_t)ceil(req_rate(ep));
+}
+
+/* Nothing to pace by: no limit configured, learned or slowed to, no pause,
+ * nothing the server said remains. */
 static int unlimited(const lr_endpoint *ep, int64_t now)
 {
     return ep->rpm == 0 && ep->tpm == 0 && ep->req.limit == 0 && ep->tok.limit == 0 &&
-           now >= ep->paused_until && ep->req.remaining < 0 && ep->tok.remaining < 0;
+           ep->slow_rpm == 0 && now >= ep->paused_until && ep->req.remaining < 0 &&
+           ep->tok.remaining < 0;
 }
 
 /* A per-minute request limit as a paced rate per millisecond. */
@@ -418,7 +440,36 @@ static void learn(lr_stated *s, const llmretry_call *c, int h_limit, int h_remai
     s->reset_at = reset > 0 ? lr_time_add(now, reset) : s->reset_at > now ? s->reset_at : -1;
 }
 
-void lr_budget_attempt_ended(llmretry_call *c, const llmretry_usage *usage)
+/* Successes per 100 ms slot, over the last second: the rate the server
+ * was serving at when a 429 comes (ok_rpm). */
+static void count_ok(lr_endpoint *ep, int64_t now)
+{
+    int64_t tenth = now / 100;
+    int i = (int)(tenth % LR_OK_SLOTS);
+    if (ep->ok_tenth[i] != tenth) {
+        ep->ok_tenth[i] = tenth;
+        ep->ok_count[i] = 0;
+    }
+    ep->ok_count[i]++;
+}
+
+/* Per minute, over the last second, or since the first of its successes
+ * in it but at least a quarter second (10 served in the first 50 ms of a
+ * window of 10 per 250 ms are 40 a second, not 10, and not 200); 0: none. */
+static double ok_rpm(const lr_endpoint *ep, int64_t now)
+{
+    int64_t tenth = now / 100, n = 0, first = tenth;
+    for (int i = 0; i < LR_OK_SLOTS; i++)
+        if (ep->ok_tenth[i] > tenth - LR_OK_SLOTS && ep->ok_tenth[i] <= tenth) {
+            n += ep->ok_count[i];
+            if (ep->ok_tenth[i] < first)
+                first = ep->ok_tenth[i];
+        }
+    int64_t span = (tenth - first + 1) * 100;
+    return (double)n * 60000.0 / (double)(span < 250 ? 250 : span);
+}
+
+void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usage)
 {
     lr_endpoint *ep = c->endpoint;
     if (!ep || !c->on_budget)
@@ -435,6 +486,14 @@ void lr_budget_attempt_ended(llmretry_call *c, const llmretry_usage *usage)
         tok[1] = req[1] * estimate(c);
     learn(&ep->req, c, LR_H_LIMIT_REQUESTS, LR_H_REMAINING_REQUESTS, LR_H_RESET_REQUESTS, req, now);
     learn(&ep->tok, c, LR_H_LIMIT_TOKENS, LR_H_REMAINING_TOKENS, LR_H_RESET_TOKENS, tok, now);
+    if (ok) {
+        /* Served: the slow-down grows back, and refusals are no longer in
+         * a row. */
+        count_ok(ep, now);
+        ep->slow_refusals = 0;
+        if (ep->slow_rpm > 0)
+            ep->slow_rpm += ep->slow_rpm / SLOW_RECOVER;
+    }
     /* The charge, as a provider counts it: the prompt's real tokens, plus
      * the completion's bound when the body set one, else its real tokens. */
     if (usage && usage->present && c->charged_tok > 0 && (ep->tpm > 0 || ep->tok.limit > 0) &&
@@ -462,3 +521,52 @@ void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until)
         ep->paused_until = until;
 }
 
+/* ---- 429s that name no wait ------------------------------------------------------ */
+
+/* A wait the 429 names (what llmretry_decide's rule 6 would wait for). */
+static int names_wait(const llmretry_failure *f)
+{
+    return llmretry_parse_retry_after_ms(f->retry_after_ms) > 0 ||
+           llmretry_parse_retry_after(f->retry_after, lr_unix_ms()) > 0 ||
+           llmretry_parse_reset_duration(f->ratelimit_reset_requests) > 0 ||
+           llmretry_parse_reset_duration(f->ratelimit_reset_tokens) > 0;
+}
+
+int lr_budget_slow_down(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f,
+                        int64_t now)
+{
+    lr_endpoint *ep = c->endpoint;
+    if (!ep || f->kind != LLMRETRY_ERR_HTTP_STATUS || f->status != 429 || names_wait(f) ||
+        (f->error_code && strcmp(f->error_code, "insufficient_quota") == 0))
+        return 0;
+    /* Requests sent before the endpoint last reacted were sent too fast
+     * for what it knew then: their 429s say nothing new (a burst's are
+     * one signal, not one each). */
+    if (c->attempt_started_at >= ep->slow_mark) {
+        double served = ok_rpm(ep, now);
+        if (ep->slow_refusals == 0 && (served > 0 || ep->slow_rpm > 0)) {
+            /* Refused after a success: too fast. Half the rate it was
+             * serving at (or was slowed to, if that was less). */
+            double rate = served > 0 ? served : ep->slow_rpm;
+            if (ep->slow_rpm > 0 && ep->slow_rpm < rate)
+                rate = ep->slow_rpm;
+            ep->slow_rpm = fmax(SLOW_MIN_RPM, rate * SLOW_CUT);
+        } else {
+            /* Refused again before any success (its window is full), or
+             * with no rate to cut: the whole endpoint waits, longer each
+             * time, the refused call's backoff. */
+            int n = ep->slow_refusals > 0 ? ep->slow_refusals - 1 : 0;
+            int64_t pause = llmretry_backoff_ms(LLMRETRY_JITTER_NONE, c->o.base_delay_ms,
+                                                c->o.max_delay_ms, n, 0.0);
+            lr_budget_pause(e, c, lr_time_add(now, pause));
+        }
+        ep->slow_refusals++;
+        ep->slow_mark = now;
+        lr_endpoint_publish(e, ep);
+    }
+    /* Its retry is the endpoint's to pace: for max_retry_after_ms (the
+     * longest a server may make a call wait) it uses up no retry. */
+    if (c->paced_since < 0)
+        c->paced_since = now;
+    return now - c->paced_since < c->o.max_retry_after_ms;
+}

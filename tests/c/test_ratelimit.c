@@ -3,8 +3,9 @@
  * than the token bucket is not starved, limits learned from the server's
  * x-ratelimit-* headers hold new attempts (read per minute, or per the
  * server's window when its remaining and reset say so), a 429's named wait
- * pauses the whole endpoint, a call waiting for budget fails at its
- * deadline, and two API keys are two endpoints.
+ * pauses the whole endpoint, 429s naming none slow it down and their
+ * retries use up neither max_retries nor the retry budget, a call waiting
+ * for budget fails at its deadline, and two API keys are two endpoints.
  * Times come from the mock's records. */
 #include "harness.h"
 #include "llmretry.h"
@@ -202,6 +203,15 @@ static int refused(const char *name)
     return n;
 }
 
+/* The stats of the engine's only endpoint. */
+static llmretry_endpoint_stats only_endpoint(llmretry_engine *e)
+{
+    llmretry_endpoint_stats s;
+    memset(&s, 0, sizeof s);
+    CHECK_INT(llmretry_engine_endpoint_stats(e, &s, 1), 1);
+    return s;
+}
+
 /* Nothing configured, every answer says limit 300, remaining 250: with
  * reset 10s (OpenAI's: the 50 used come back in 10 s, at 300 a minute)
  * five calls are paced at 5 a second; with reset 0s (a window that has
@@ -264,6 +274,95 @@ static void test_limit_stated_per_window(void)
     CHECK_MSG(run_all(e, &o, 12), "then twelve at once, within their deadline");
     CHECK_MSG(refused("perwin") <= 1, "%d refused", refused("perwin"));
 out:
+    llmretry_engine_free(e);
+}
+
+/* 429s naming no wait (no Retry-After, no x-ratelimit-*, as LiteLLM's rpm
+ * limit sends them) past 10 requests per 250 ms: nothing configured and
+ * max_retries 3, the endpoint slows down and all of 40 calls at once
+ * succeed; their retries spend no retry budget (issue 27 item 8: a batch
+ * lost items, retry_budget_exhausted and retries_exhausted). */
+static void test_429s_naming_no_wait_slow_the_endpoint(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "bare429", "{\"steps\": [], \"limits\": {\"rpm\": 10, "
+                             "\"window_ms\": 250, \"retry_after\": false, "
+                             "\"rate_headers\": false}}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "bare429", url, sizeof url);
+    o.max_retries = 3;
+    CHECK_MSG(run_all(e, &o, 40), "every one of 40 calls succeeds");
+    llmretry_endpoint_stats s = only_endpoint(e);
+    CHECK_INT(s.retries_refused, 0);
+    CHECK_MSG(s.rpm > 0, "the endpoint is paced at what the 429s taught (rpm %lld)",
+              (long long)s.rpm);
+    CHECK_MSG(s.retries == refused("bare429"), "%lld retries for %d refusals",
+              (long long)s.retries, refused("bare429"));
+out:
+    llmretry_engine_free(e);
+}
+
+/* One call against five 429s naming no wait, then an answer, on an
+ * endpoint of its own (a 429 after a success there would slow the next
+ * one down). */
+static const llmretry_result *after_five_429s(llmretry_engine *e, llmretry_options *o,
+                                              const char *name, char *url, size_t urllen,
+                                              llmretry_call **c)
+{
+    if (th_mock_script(&mock, name, "{\"steps\": [{\"status\": 429}, {\"status\": 429}, "
+                       "{\"status\": 429}, {\"status\": 429}, {\"status\": 429}]}") != 0) {
+        CHECK_MSG(0, "setup: script %s", name);
+        *c = NULL;
+        return NULL;
+    }
+    o->base_url = th_mock_scenario_url(&mock, name, url, urllen);
+    *c = th_submit(e, o);
+    return th_wait_done(*c, 10000);
+}
+
+/* A retry after a 429 naming no wait is the endpoint's to pace, not one of
+ * the call's max_retries: five such 429s in a row and max_retries 2 still
+ * end in a success; max_retries 0 still means no retry; and past
+ * max_retry_after_ms from the call's first one they count again. */
+static void test_paced_429_retries_use_up_no_retry(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_call *c;
+    llmretry_engine *e = th_engine_new();
+    if (!e) {
+        CHECK_MSG(0, "setup: engine");
+        return;
+    }
+    opts_for(&o, "five429a", url, sizeof url);
+    o.max_retries = 2;
+    const llmretry_result *r = after_five_429s(e, &o, "five429a", url, sizeof url, &c);
+    CHECK_MSG(r && r->ok && r->attempts == 6, "ok after 6 attempts (ok %d, %d attempts, %s)",
+              r ? r->ok : -1, r ? r->attempts : -1, r ? llmretry_reason_name(r->reason) : "-");
+    llmretry_call_free(c);
+
+    o.max_retries = 0;
+    r = after_five_429s(e, &o, "five429b", url, sizeof url, &c);
+    CHECK_MSG(r && !r->ok && r->attempts == 1 && r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED,
+              "max_retries 0: one attempt (%d, %s)", r ? r->attempts : -1,
+              r ? llmretry_reason_name(r->reason) : "-");
+    llmretry_call_free(c);
+
+    /* The endpoint's pauses grow (10, 10, 20, 40 ms): from about the
+     * fourth 429 on (past 25 ms) they count, and the one retry allowed
+     * runs out before the sixth attempt. */
+    o.max_retries = 1;
+    o.max_retry_after_ms = 25;
+    r = after_five_429s(e, &o, "five429c", url, sizeof url, &c);
+    CHECK_MSG(r && !r->ok && r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED &&
+              r->attempts >= 3 && r->attempts <= 5,
+              "past max_retry_after_ms: retries_exhausted (%d attempts, %s)",
+              r ? r->attempts : -1, r ? llmretry_reason_name(r->reason) : "-");
+    llmretry_call_free(c);
     llmretry_engine_free(e);
 }
 
@@ -368,6 +467,8 @@ int main(void)
         { "keys_separate", test_keys_are_separate_endpoints },
         { "remaining_is_room", test_remaining_is_room_unless_read_per_minute },
         { "stated_per_window", test_limit_stated_per_window },
+        { "bare_429_slow_down", test_429s_naming_no_wait_slow_the_endpoint },
+        { "paced_429_retries", test_paced_429_retries_use_up_no_retry },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);

@@ -2,7 +2,8 @@
 -- per endpoint paces call_many's items and map_with_concurrency's calls
 -- alike, under a provider's limit the mock enforces (10 a second, as
 -- 600 a minute counted per second); a limit stated per window is paced by
--- what the server says remains (issue 27).
+-- what the server says remains, and 429s naming no wait slow the endpoint
+-- down without losing an item (issue 27).
 
 local H = require("helpers")
 local llm = require("llmretry")
@@ -87,6 +88,24 @@ describe("rate limits", function()
     end
     -- Only the first wave, sent before any answer, can be refused.
     check(refused(scen) <= 6, "%d refusals", refused(scen))
+  end)
+
+  -- 429s naming no wait (no Retry-After, no x-ratelimit-*: LiteLLM's rpm
+  -- limit): nothing configured, the default max_retries, every item
+  -- succeeds and the endpoint is slowed down (issue 27 item 8).
+  it("slows the endpoint down on 429s that name no wait, losing nothing", function()
+    local scen = limited("lua_bare429", { rpm = 20, window_ms = 500, retry_after = false,
+      rate_headers = false })
+    local engine = llm.new_engine()
+    local bodies = {}
+    for i = 1, 60 do bodies[i] = H.secret_body("b" .. i) end
+    local outs = llm.call_many(bodies, { limit = 16, base_url = scen.url, engine = engine,
+      api_key = H.SECRET_KEY, timeout_ms = 5000, base_delay_ms = 20 })
+    for i = 1, 60 do
+      check(outs[i] and not llm.is_error(outs[i]), "item %d: %s", i, H.dump(outs[i]))
+    end
+    local stats = llm.endpoint_stats(engine)[1]
+    check(stats.retries_refused == 0 and stats.rpm > 0, "stats %s", H.dump(stats))
   end)
 
   it("refuses a bad rpm, naming it", function()

@@ -241,6 +241,27 @@ def test_a_limit_stated_per_window_is_not_read_per_minute(scen: Any) -> None:
     assert refused(scen) <= 6, refused(scen)
 
 
+def test_429s_naming_no_wait_slow_the_endpoint_and_lose_nothing(scen: Any) -> None:
+    """429s with no Retry-After and no x-ratelimit-* (LiteLLM's rpm limit):
+    nothing configured and the default max_retries, the engine slows the
+    endpoint down and every item of the batch succeeds (issue 27 item 8:
+    here 50 of 150 did, the rest retry_budget_exhausted / retries_exhausted)."""
+    url = limited(scen, rpm=50, window_ms=500, retry_after=False, rate_headers=False)
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, base_delay_ms=20,
+                             max_delay_ms=1000)
+    try:
+        out = client.call_many([BODY] * 150, limit=16, base_url=url)
+        [stats] = client.endpoint_stats()
+    finally:
+        client.close()
+    totals = scen.server.limit_stats(scen.name)
+    share = totals["refused"] / (totals["admitted"] + totals["refused"])
+    print(f"429 share {share:.1%} ({totals}); slowed to {stats['rpm']} a minute")
+    assert out.summary.ok == 150, out.summary.format()
+    assert stats["retries_refused"] == 0, stats      # 429s spend no retry budget
+    assert stats["rpm"] > 0, stats                   # the pace the 429s taught
+
+
 def test_tpm_stays_under_a_token_limit(scen: Any) -> None:
     """A provider's 60,000 tokens a minute enforced per second (1000 in any
     1 s), max_tokens=200 a call: tpm keeps every call admitted."""
