@@ -50,6 +50,10 @@
 /* A completion's tokens when the body does not bound them. */
 #define DEFAULT_COMPLETION_TOKENS 256
 
+/* How long a call waits for the answers on their way (asking) if none
+ * comes back sooner: it is looked at again as each attempt ends. */
+#define ASK_WAIT_MS 1000
+
 /* The slow-down (lr_budget_slow_down): a 429 naming no wait cuts the
  * request rate to SLOW_CUT of what the server was serving; each success
  * gives back 1/SLOW_RECOVER of it; it never goes below SLOW_MIN_RPM. */
@@ -59,12 +63,12 @@
 
 /* A learned limit as a pace, per minute: read per minute, as OpenAI states
  * it, or for a limit stated per window, per the window's length as far as
- * known (per minute until a reset shows it). */
+ * its resets show it (none until one does: see asking). */
 static double learned_rate(const lr_stated *s)
 {
-    if (s->per_window && s->window_ms > 0)
-        return (double)s->limit * 60000.0 / (double)s->window_ms;
-    return (double)s->limit;
+    if (!s->per_window)
+        return (double)s->limit;
+    return s->window_ms > 0 ? (double)s->limit * 60000.0 / (double)s->window_ms : 0.0;
 }
 
 /* Whether a server that states its window says a call of `need` fits it
@@ -235,6 +239,17 @@ static int64_t held(const lr_stated *s, double need, double rate_per_ms, int64_t
     return hold(need, s->remaining, s->at, s->per_window ? 0.0 : rate_per_ms, s->reset_at, now);
 }
 
+/* A limit stated per window whose length no reset has shown yet, its room
+ * used up and no reset said: the answers on their way will say what is
+ * left, so c waits for them (the pump runs as each attempt ends); with none
+ * on its way, c goes and asks. 0 when this does not hold c. */
+static int64_t asking(const lr_endpoint *ep, const lr_stated *s, double need, int64_t configured)
+{
+    if (configured > 0 || !s->per_window || s->window_ms > 0 || s->remaining < 0 || room(s, need))
+        return 0;
+    return ep->in_flight > 0 ? ASK_WAIT_MS : 0;
+}
+
 /* The tokens c is charged, when any limit counts them (else 0). */
 static double tokens_of(const lr_endpoint *ep, llmretry_call *c)
 {
@@ -259,6 +274,12 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     if (w > wait)
         wait = w;
     w = held(&ep->tok, need, tpm > 0 ? tokens_per_ms(tpm, need) : 0.0, now);
+    if (w > wait)
+        wait = w;
+    w = asking(ep, &ep->req, 1.0, ep->rpm);
+    if (w > wait)
+        wait = w;
+    w = asking(ep, &ep->tok, need, ep->tpm);
     if (w > wait)
         wait = w;
     refill(ep, now, need, rpm, tpm);

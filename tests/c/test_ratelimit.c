@@ -271,8 +271,15 @@ static void test_limit_stated_per_window(void)
     opts_for(&o, "perwin", url, sizeof url);
     o.deadline_ms = 5000;
     CHECK_MSG(run_all(e, &o, 1), "the first call teaches the limit");
-    CHECK_MSG(run_all(e, &o, 12), "then twelve at once, within their deadline");
-    CHECK_MSG(refused("perwin") <= 1, "%d refused", refused("perwin"));
+    int ok = run_all(e, &o, 12);
+    /* The arrivals (ms), for the message. */
+    double t[MAX_CALLS];
+    char seen[MAX_CALLS * 8] = "";
+    int n = arrivals("perwin", t, MAX_CALLS);
+    for (int k = 0; k < n; k++)
+        snprintf(seen + strlen(seen), sizeof seen - strlen(seen), " %.0f", t[k]);
+    CHECK_MSG(ok, "then twelve at once, within their deadline (arrivals:%s)", seen);
+    CHECK_MSG(refused("perwin") <= 1, "%d refused (arrivals:%s)", refused("perwin"), seen);
 out:
     llmretry_engine_free(e);
 }
