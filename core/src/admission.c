@@ -5,7 +5,8 @@
  *      counts against its batch's window from its first attempt to its
  *      end, so its retries are not paced again);
  *   2. its endpoint's rate budget (ratelimit.c: rpm, tpm, what the
- *      server's rate-limit headers say, a 429's pause), for every attempt;
+ *      server's rate-limit headers say, a 429's pause, the slow-down 429s
+ *      naming no wait teach), for every attempt;
  *   3. the engine's max_in_flight (retries go before fresh calls);
  *   4. for an HTTPS origin that may multiplex, its connection gate: one
  *      attempt at a time waits for a new connection (origins.c).

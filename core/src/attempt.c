@@ -390,6 +390,10 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     }
     int64_t now = lr_mono_ms();
     int64_t left = deadline_left(c, now);
+    /* A 429 naming no wait slows the endpoint down for every call. Its
+     * retry still counts against max_retries: a server never sees more
+     * requests for a call than its attempts allow (docs/reliability.md). */
+    lr_budget_slow_down(e, c, f, now);
     /* Each target has its own max_retries and backoff: count from its first.
      * A backoff based on 0 ms is none, whatever the jitter; every other
      * rule (attempts left, unsafe mode, the deadline) holds as ever. */
@@ -424,8 +428,10 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
         return;
     }
     /* A retry of our own timing spends the endpoint's retry budget; one
-     * the server timed does not (it asked for it). */
-    if (d.delay_source == LLMRETRY_DELAY_BACKOFF && !lr_health_retry_allowed(e, c, now)) {
+     * the server timed does not (it asked for it), nor one after any 429
+     * (the server asked to slow down, and the endpoint's pace does). */
+    if (d.delay_source == LLMRETRY_DELAY_BACKOFF && f->status != 429 &&
+        !lr_health_retry_allowed(e, c, now)) {
         lr_give_up(e, c, LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED);
         return;
     }
@@ -513,7 +519,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
                   || rc == CURLE_SEND_FAIL_REWIND;
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
-    lr_budget_attempt_ended(c, &out.usage);  /* its headers and usage teach the budget */
+    lr_budget_attempt_ended(c, out.success, &out.usage);  /* its headers and usage teach the budget */
     lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
     detach_easy(e, c);
     if (!out.success) {

@@ -20,7 +20,8 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     }
     ep->key_hash = c->key_hash;
     ep->refilled_at = -1;
-    ep->remaining_req = ep->remaining_tok = -1;
+    ep->req.remaining = ep->tok.remaining = -1;
+    ep->req.reset_at = ep->tok.reset_at = -1;
     lr_shared_ep_init(&ep->local, 1);
     ep->sh = &ep->local;
     if (e->shared) {
@@ -115,8 +116,8 @@ void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep)
     s->breaker = breaker_name(state);
     s->consecutive_failures = (int)atomic_load(&ep->sh->breaker_failures);
     s->open_ms_left = state == LR_SHARED_OPEN ? open_until - now : 0;
-    s->rpm = ep->rpm > 0 ? ep->rpm : ep->learned_rpm;
-    s->tpm = ep->tpm > 0 ? ep->tpm : ep->learned_tpm;
+    s->rpm = lr_budget_rpm(ep);
+    s->tpm = ep->tpm > 0 ? ep->tpm : ep->tok.limit;
     s->in_flight = ep->in_flight;
     pthread_mutex_unlock(&e->mu);
 }

@@ -3,7 +3,8 @@
  * endpoint lives here, shared by every call of the engine:
  *
  *   endpoint.c   the table of endpoints and what hosts may read of them
- *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause
+ *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause,
+ *                the slow-down after 429s naming no wait
  *   health.c     the retry budget and the circuit breaker (docs/reliability.md)
  *
  * I/O thread only, except `stats`, which the engine publishes under the
@@ -23,22 +24,39 @@ typedef struct lr_health_config {
     int64_t cooldown_ms;               /* breaker_cooldown_ms */
 } lr_health_config;
 
+/* What the server's x-ratelimit-* headers last said of one limit, requests
+ * or tokens (ratelimit.c). */
+typedef struct lr_stated {
+    int64_t limit;                     /* -limit-*, 0 = not seen */
+    int64_t remaining;                 /* -remaining-*, less what we sent since; -1 = not known */
+    int64_t at;                        /* when remaining was said */
+    int64_t reset_at;                  /* -reset-*: when its window has room again; -1 = not known */
+    int per_window;                    /* limit is its (shorter) window's, not a minute's */
+    int64_t window_ms;                 /* then: its length as far as known (the longest reset) */
+} lr_stated;
+
+/* Successes are counted in this many slots of 100 ms (the last second). */
+#define LR_OK_SLOTS 10
+
 struct lr_endpoint {
     char *url;
     uint64_t key_hash;
     /* The rate budget (ratelimit.c). */
     int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
-    int64_t learned_rpm, learned_tpm;  /* x-ratelimit-limit-*, 0 = not seen */
+    lr_stated req, tok;                /* learned from the responses */
     double req_level, tok_level;       /* the buckets (tok_level may be in debt) */
     double tok_cap;                    /* the token bucket's size: its next call's */
     int64_t refilled_at;               /* -1: the buckets start full */
-    /* What the server last said is left (-1 = not known), less what we
-     * sent since, as of remaining_*_at; and when its window is full again. */
-    int64_t remaining_req, remaining_tok;
-    int64_t remaining_req_at, remaining_tok_at;
-    int64_t reset_req_at, reset_tok_at;
-    int64_t paused_until;              /* a 429's named wait */
+    int64_t paused_until;              /* a 429's wait (named, or the slow-down's) */
+    /* The slow-down that 429s naming no wait teach (ratelimit.c). */
+    double slow_rpm;                   /* the request rate they allow, 0 = none */
+    int64_t slow_mark;                 /* when it last reacted */
+    int slow_refusals;                 /* refusals it reacted to since a success */
+    int64_t ok_tenth[LR_OK_SLOTS];     /* the 100 ms each slot counts */
+    int64_t ok_count[LR_OK_SLOTS];     /* 2xx responses in it */
     int in_flight;                     /* attempts admitted and not ended */
+    int64_t in_flight_tok;             /* their tokens */
+    int64_t sent_req, sent_tok;        /* requests and tokens admitted, ever */
     lr_queue queue;                    /* calls waiting for budget */
     /* Health (health.c): its options, and its numbers in `sh`: this
      * process's own `local`, or the engine's shared store's slot for this
@@ -58,5 +76,8 @@ void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep);
 /* An endpoint's name in a shared store: a hash of its URL and key hash
  * (never 0). */
 uint64_t lr_endpoint_id(const char *url, uint64_t key_hash);
+
+/* ratelimit.c: the request rate in force, a minute's worth (0: none). */
+int64_t lr_budget_rpm(const lr_endpoint *ep);
 
 #endif

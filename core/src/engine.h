@@ -134,11 +134,15 @@ lr_queue *lr_budget_queue(llmretry_call *c);
 /* Pass the waiting calls the budgets now admit on to `admit`. */
 void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretry_call *));
 int64_t lr_budget_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
-/* An attempt ended with a response (its headers, its usage), or without
- * one (detached: cancelled); a 429's wait pauses the endpoint. */
-void lr_budget_attempt_ended(llmretry_call *c, const llmretry_usage *usage);
+/* An attempt ended with a response (its headers, its usage; ok: a 2xx),
+ * or without one (detached: cancelled); a 429's wait pauses the endpoint. */
+void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usage);
 void lr_budget_detached(llmretry_call *c);
 void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until);
+/* A failed attempt: a 429 naming no wait slows c's endpoint down for every
+ * call (its retry still counts against max_retries). */
+void lr_budget_slow_down(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f,
+                        int64_t now);
 void lr_endpoints_free(llmretry_engine *e);
 
 /* ---- health.c: the retry budget and circuit breaker of each endpoint -------- */

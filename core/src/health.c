@@ -8,7 +8,8 @@
  * calls in flight then sees about (1 + ratio) requests per call instead
  * of 1 + max_retries each; past it a call gives up at once. Retries the
  * server timed (Retry-After, x-ratelimit-reset) are not counted: it asked
- * for them, and the rate budget paces them.
+ * for them, and the rate budget paces them; nor is any retry after a 429
+ * (attempt.c): the server asked to slow down, and the rate budget does.
  *
  * Circuit breaker (off unless breaker_failures > 0): that many transient
  * failures in a row open it; for breaker_cooldown_ms attempts fail at once

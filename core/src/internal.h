@@ -263,6 +263,10 @@ struct llmretry_call {
     int64_t est_tokens;            /* tokens it is charged, -1 = not estimated yet */
     int64_t completion_limit;      /* the body's max_tokens (or alike), -1 = none */
     int on_budget;                 /* an attempt counted in endpoint->in_flight */
+    /* Its attempt's requests and tokens on the endpoint's books (ratelimit.c):
+     * the sent_* counts just after it went, what was on its way then, and
+     * the tokens it took (counted in endpoint->in_flight_tok). */
+    int64_t sent_mark[2], flight_mark[2], charged_tok;
     int origin_known;              /* origin looked up */
     int connecting;                /* counted in origin->connecting */
     llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */

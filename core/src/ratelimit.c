@@ -14,8 +14,18 @@
  * - Learned limits: every response's x-ratelimit-limit-* stand in for rpm /
  *   tpm when none is configured, and x-ratelimit-remaining-* hold a call
  *   that does not fit what is left for as long as the rate takes to bring
- *   the rest back, at most until -reset-* (when the window is full again).
+ *   the rest back, at most until -reset-* (when the window has room again).
+ *   A limit is read per minute, as OpenAI states it, unless the server's
+ *   own remaining and reset show a shorter window (10 a second stated as
+ *   10; classify): then what it says remains lets calls go at once, none
+ *   goes before its reset once that is used, and the limit paces per the
+ *   window's length as its resets show it. Learned pacing is never slower
+ *   than what the server says it allows.
  * - A 429 naming a wait pauses the endpoint for every call of the engine.
+ * - A 429 naming none slows the endpoint down (lr_budget_slow_down): a
+ *   request rate learned as TCP learns a window, halved from the rate the
+ *   server was serving at, grown back by each success; refusals in a row
+ *   pause the endpoint, for longer each time.
  * - A call is charged its estimated tokens (prompt characters / 4, plus
  *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS;
  *   or the host's estimated_tokens) and the charge is corrected by the
@@ -40,28 +50,70 @@
 /* A completion's tokens when the body does not bound them. */
 #define DEFAULT_COMPLETION_TOKENS 256
 
-static int64_t rate_rpm(const lr_endpoint *ep)
+/* How long a call waits for the answers on their way (asking) if none
+ * comes back sooner: it is looked at again as each attempt ends. */
+#define ASK_WAIT_MS 1000
+
+/* The slow-down (lr_budget_slow_down): a 429 naming no wait cuts the
+ * request rate to SLOW_CUT of what the server was serving; each success
+ * gives back 1/SLOW_RECOVER of it; it never goes below SLOW_MIN_RPM. */
+#define SLOW_CUT 0.5
+#define SLOW_RECOVER 32.0
+#define SLOW_MIN_RPM 1.0
+
+/* A learned limit as a pace, per minute: read per minute, as OpenAI states
+ * it, or for a limit stated per window, per the window's length as far as
+ * its resets show it (none until one does: see asking). */
+static double learned_rate(const lr_stated *s)
 {
-    return ep->rpm > 0 ? ep->rpm : ep->learned_rpm;
+    if (!s->per_window)
+        return (double)s->limit;
+    return s->window_ms > 0 ? (double)s->limit * 60000.0 / (double)s->window_ms : 0.0;
 }
 
-static int64_t rate_tpm(const lr_endpoint *ep)
+/* Whether a server that states its window says a call of `need` fits it
+ * now: its count, not a pace, then lets the call go. */
+static int room(const lr_stated *s, double need)
 {
-    return ep->tpm > 0 ? ep->tpm : ep->learned_tpm;
+    return s->per_window && s->remaining >= 0 && (double)s->remaining >= need;
 }
 
-/* Nothing to pace by: no limit configured or learned, no pause, no
- * "nothing remaining" from the server. */
+/* The request rate in force, per minute (0: none): the configured rpm,
+ * else the learned limit unless the server's window has room, and at most
+ * the slow-down's. */
+static double req_rate(const lr_endpoint *ep)
+{
+    double r = ep->rpm > 0 ? (double)ep->rpm : room(&ep->req, 1.0) ? 0.0 : learned_rate(&ep->req);
+    if (ep->slow_rpm > 0 && (r <= 0 || ep->slow_rpm < r))
+        r = ep->slow_rpm;
+    return r;
+}
+
+/* Likewise for tokens, for a call of `need` (no slow-down: a 429 naming no
+ * wait does not say which limit it hit, and requests carry the tokens). */
+static double tok_rate(const lr_endpoint *ep, double need)
+{
+    return ep->tpm > 0 ? (double)ep->tpm : room(&ep->tok, need) ? 0.0 : learned_rate(&ep->tok);
+}
+
+int64_t lr_budget_rpm(const lr_endpoint *ep)
+{
+    return (int64_t)ceil(req_rate(ep));
+}
+
+/* Nothing to pace by: no limit configured, learned or slowed to, no pause,
+ * nothing the server said remains. */
 static int unlimited(const lr_endpoint *ep, int64_t now)
 {
-    return rate_rpm(ep) == 0 && rate_tpm(ep) == 0 && now >= ep->paused_until &&
-           ep->remaining_req < 0 && ep->remaining_tok < 0;
+    return ep->rpm == 0 && ep->tpm == 0 && ep->req.limit == 0 && ep->tok.limit == 0 &&
+           ep->slow_rpm == 0 && now >= ep->paused_until && ep->req.remaining < 0 &&
+           ep->tok.remaining < 0;
 }
 
 /* A per-minute request limit as a paced rate per millisecond. */
-static double per_ms(int64_t per_minute)
+static double per_ms(double per_minute)
 {
-    return (double)per_minute * PACE / 60000.0;
+    return per_minute * PACE / 60000.0;
 }
 
 /* The token rate for calls of `need` tokens: a provider counting a second's
@@ -69,26 +121,26 @@ static double per_ms(int64_t per_minute)
  * second, so they go (L - need) / s apart (at least half the rate, for calls
  * near a second's worth): evenly spaced at the full rate, one call more than
  * fits would land in some second (measured: ~1 % refused). */
-static double tokens_per_ms(int64_t per_minute, double need)
+static double tokens_per_ms(double per_minute, double need)
 {
-    double second = (double)per_minute / 60.0;
+    double second = per_minute / 60.0;
     double rate = second - need;
     if (rate < second / 2)
         rate = second / 2;
     return rate / 1000.0;
 }
 
-/* Refill both buckets up to now; the token bucket holds `tok_cap` (the
- * tokens of the call that is next), the request bucket one request. */
-static void refill(lr_endpoint *ep, int64_t now, double tok_cap)
+/* Refill both buckets up to now at these rates; the token bucket holds
+ * `tok_cap` (the tokens of the call that is next), the request bucket one
+ * request. */
+static void refill(lr_endpoint *ep, int64_t now, double tok_cap, double rpm, double tpm)
 {
-    int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
     ep->tok_cap = tok_cap < 1.0 ? 1.0 : tok_cap;
     /* The request bucket may hold the slack PACE leaves in a second
      * ((1 - PACE) x a second's requests, at least one): a wake-up that comes
      * late is made up by the next call instead of lost, and a second still
      * never sees more than the limit. */
-    double req_cap = fmax(1.0, (1.0 - PACE) * (double)rpm / 60.0);
+    double req_cap = fmax(1.0, (1.0 - PACE) * rpm / 60.0);
     if (ep->refilled_at < 0) {
         ep->req_level = 1.0;
         ep->tok_level = ep->tok_cap;
@@ -177,6 +229,33 @@ static int64_t hold(double need, int64_t remaining, int64_t at, double rate_per_
     return w < until_reset ? w : until_reset;
 }
 
+/* hold() for what the server said of one limit (0 when it said nothing),
+ * refilled at `rate_per_ms` if it gives back evenly what was used (a
+ * window's room comes back as what it holds leaves: at its reset). */
+static int64_t held(const lr_stated *s, double need, double rate_per_ms, int64_t now)
+{
+    if (s->remaining < 0)
+        return 0;
+    return hold(need, s->remaining, s->at, s->per_window ? 0.0 : rate_per_ms, s->reset_at, now);
+}
+
+/* A limit stated per window whose length no reset has shown yet, its room
+ * used up and no reset said: the answers on their way will say what is
+ * left, so c waits for them (the pump runs as each attempt ends); with none
+ * on its way, c goes and asks. 0 when this does not hold c. */
+static int64_t asking(const lr_endpoint *ep, const lr_stated *s, double need, int64_t configured)
+{
+    if (configured > 0 || !s->per_window || s->window_ms > 0 || s->remaining < 0 || room(s, need))
+        return 0;
+    return ep->in_flight > 0 ? ASK_WAIT_MS : 0;
+}
+
+/* The tokens c is charged, when any limit counts them (else 0). */
+static double tokens_of(const lr_endpoint *ep, llmretry_call *c)
+{
+    return ep->tpm > 0 || ep->tok.limit > 0 || ep->tok.remaining >= 0 ? (double)estimate(c) : 0.0;
+}
+
 /* Milliseconds until the endpoint admits c (0: now). Waits round down: a
  * call let through less than a millisecond early leaves its bucket that
  * little in debt, which the next one waits for, so the rate holds exactly
@@ -187,51 +266,77 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     if (unlimited(ep, now))
         return 0;
     int64_t wait = ep->paused_until > now ? ep->paused_until - now : 0;
-    int64_t rpm = rate_rpm(ep), tpm = rate_tpm(ep);
-    double need = tpm > 0 || ep->remaining_tok >= 0 ? (double)estimate(c) : 0.0;
+    double need = tokens_of(ep, c);
+    double rpm = req_rate(ep), tpm = tok_rate(ep, need);
     /* The server says too little is left: one more request, this call's
      * tokens. */
-    if (ep->remaining_req >= 0) {
-        int64_t w = hold(1.0, ep->remaining_req, ep->remaining_req_at, per_ms(rpm),
-                         ep->reset_req_at, now);
-        if (w > wait)
-            wait = w;
-    }
-    if (ep->remaining_tok >= 0) {
-        int64_t w = hold(need, ep->remaining_tok, ep->remaining_tok_at,
-                         tpm > 0 ? tokens_per_ms(tpm, need) : 0.0, ep->reset_tok_at, now);
-        if (w > wait)
-            wait = w;
-    }
-    refill(ep, now, need);
+    int64_t w = held(&ep->req, 1.0, per_ms(rpm), now);
+    if (w > wait)
+        wait = w;
+    w = held(&ep->tok, need, tpm > 0 ? tokens_per_ms(tpm, need) : 0.0, now);
+    if (w > wait)
+        wait = w;
+    w = asking(ep, &ep->req, 1.0, ep->rpm);
+    if (w > wait)
+        wait = w;
+    w = asking(ep, &ep->tok, need, ep->tpm);
+    if (w > wait)
+        wait = w;
+    refill(ep, now, need, rpm, tpm);
     if (rpm > 0 && ep->req_level < 1.0) {
-        int64_t w = (int64_t)floor((1.0 - ep->req_level) / per_ms(rpm));
+        w = (int64_t)floor((1.0 - ep->req_level) / per_ms(rpm));
         if (w > wait)
             wait = w;
     }
     if (tpm > 0 && ep->tok_level < need) {
-        int64_t w = (int64_t)floor((need - ep->tok_level) / tokens_per_ms(tpm, need));
+        w = (int64_t)floor((need - ep->tok_level) / tokens_per_ms(tpm, need));
         if (w > wait)
             wait = w;
     }
     return wait;
 }
 
-static void take(lr_endpoint *ep, llmretry_call *c)
+/* Take `n` from what the server said remains. A reset already passed says
+ * nothing of when more comes once that is used: it is forgotten. */
+static void spend(lr_stated *s, int64_t n, int64_t now)
+{
+    if (s->remaining < 0)
+        return;
+    s->remaining = s->remaining > n ? s->remaining - n : 0;
+    if (s->reset_at >= 0 && s->reset_at <= now)
+        s->reset_at = -1;
+}
+
+/* Take `n` from a bucket: in debt when it paces, else (the server's room
+ * let the call go) down to empty at most, so that the pace it falls back
+ * on once the room is used up does not start with a burst. */
+static void charge(double *level, double n, double rate)
+{
+    if (rate > 0)
+        *level -= n;
+    else if (*level > 0)
+        *level = fmax(0.0, *level - n);
+}
+
+/* c goes: its request and tokens are taken from the buckets and from what
+ * the server said remains. */
+static void take(lr_endpoint *ep, llmretry_call *c, int64_t now)
 {
     ep->in_flight++;
     c->on_budget = 1;
-    if (rate_rpm(ep) > 0)
-        ep->req_level -= 1.0;
-    if (ep->remaining_req > 0)
-        ep->remaining_req--;
-    if (rate_tpm(ep) > 0 || ep->remaining_tok >= 0) {
-        int64_t t = estimate(c);
-        if (rate_tpm(ep) > 0)
-            ep->tok_level -= (double)t;
-        if (ep->remaining_tok >= 0)
-            ep->remaining_tok = ep->remaining_tok > t ? ep->remaining_tok - t : 0;
-    }
+    double need = tokens_of(ep, c);
+    double rpm = req_rate(ep), tpm = tok_rate(ep, need);
+    refill(ep, now, need, rpm, tpm);    /* buckets start full once, not at each limit learned */
+    charge(&ep->req_level, 1.0, rpm);
+    charge(&ep->tok_level, need, tpm);
+    spend(&ep->req, 1, now);
+    spend(&ep->tok, (int64_t)need, now);
+    c->charged_tok = (int64_t)need;
+    c->flight_mark[0] = ep->in_flight - 1;
+    c->flight_mark[1] = ep->in_flight_tok;
+    ep->in_flight_tok += c->charged_tok;
+    c->sent_mark[0] = ++ep->sent_req;
+    c->sent_mark[1] = ep->sent_tok += c->charged_tok;
 }
 
 int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now)
@@ -242,7 +347,7 @@ int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now)
     /* First come, first served: nobody passes a call already waiting. */
     int64_t wait = ep->queue.head && ep->queue.head != c ? 1 : wait_for(ep, c, now);
     if (wait == 0)
-        take(ep, c);
+        take(ep, c, now);
     return wait;
 }
 
@@ -260,7 +365,7 @@ void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretr
             llmretry_call *c = ep->queue.head;
             lr_queue_unlink(&ep->queue, c);
             lr_timer_remove(e, c);
-            take(ep, c);
+            take(ep, c, now);
             admit(e, c);
         }
     }
@@ -292,42 +397,127 @@ static int64_t header_int(const llmretry_call *c, int h)
     return end != v && n >= 0 ? (int64_t)n : -1;
 }
 
-void lr_budget_attempt_ended(llmretry_call *c, const llmretry_usage *usage)
+/* A -reset-* header in ms: -1 when absent or not a duration, 0 for a zero
+ * one ("0s": the window has room now), which llmretry_parse_reset_duration
+ * does not tell from garbage (a 429's wait of "0s" is none). */
+static int64_t reset_ms(const llmretry_call *c, int h)
+{
+    if (!c->hdr_set[h])
+        return -1;
+    const char *v = lr_call_header(c, h);
+    int64_t ms = llmretry_parse_reset_duration(v);
+    if (ms < 0 && strchr(v, '0') && strspn(v, "0.hmsun \t") == strlen(v))
+        ms = 0;
+    return ms;
+}
+
+/* Whether the server's limit is its window's, shorter than a minute. A
+ * per-minute limit L gives back what was used at L a minute, L - R used
+ * in (L - R) x 60000 / L ms, and OpenAI's reset says just that; a reset
+ * far sooner is a shorter window's (10 a second stated as 10, remaining 9,
+ * reset 0s: read per minute, one call each 6 s). Only a statement of more
+ * room than a second of a per-minute L tells: with less, a per-minute
+ * limit counted per second (as providers slice theirs, and the mock)
+ * says the same. Nor one before two seconds' worth is used: a reset
+ * rounded to the second would mislead. Otherwise the last verdict holds. */
+static void classify(lr_stated *s, int64_t left, int64_t reset)
+{
+    if (s->limit <= 0 || left > s->limit)
+        return;
+    double limit = (double)s->limit;
+    double refill = (double)(s->limit - left) * 60000.0 / limit;
+    if ((double)left <= limit / 60.0 + 1.0 || refill < 2000.0)
+        return;
+    s->per_window = (double)reset < refill / 2.0;
+}
+
+/* What one response says of one limit. The server's count leaves out
+ * some of what we sent: `unseen` is taken off what it says remains, for a
+ * limit paced evenly what is still on its way (requests only: the rate
+ * paces tokens); for one stated per window, whose remaining alone lets
+ * calls go, whatever it may not have counted yet when it admitted this
+ * request, in whatever order it admits them: what went after it, and
+ * what was on its way when it went. A zero reset says there is room now,
+ * not when more comes: a reset known from an earlier answer stands. */
+static void learn(lr_stated *s, const llmretry_call *c, int h_limit, int h_remaining,
+                  int h_reset, const int64_t unseen[2], int64_t now)
+{
+    int64_t v = header_int(c, h_limit);
+    if (v > 0)
+        s->limit = v;
+    if ((v = header_int(c, h_remaining)) < 0)
+        return;
+    int64_t reset = reset_ms(c, h_reset);
+    if (reset < 0) {
+        s->remaining = s->reset_at = -1;        /* no reset time: nothing to wait for */
+        return;
+    }
+    classify(s, v, reset);
+    if (s->per_window && reset > s->window_ms && reset <= 60000)
+        s->window_ms = reset;
+    int64_t off = unseen[s->per_window];
+    s->remaining = v > off ? v - off : 0;
+    s->at = now;
+    s->reset_at = reset > 0 ? lr_time_add(now, reset) : s->reset_at > now ? s->reset_at : -1;
+}
+
+/* Successes per 100 ms slot, over the last second: the rate the server
+ * was serving at when a 429 comes (ok_rpm). */
+static void count_ok(lr_endpoint *ep, int64_t now)
+{
+    int64_t tenth = now / 100;
+    int i = (int)(tenth % LR_OK_SLOTS);
+    if (ep->ok_tenth[i] != tenth) {
+        ep->ok_tenth[i] = tenth;
+        ep->ok_count[i] = 0;
+    }
+    ep->ok_count[i]++;
+}
+
+/* Per minute, over the last second, or since the first of its successes
+ * in it but at least a quarter second (10 served in the first 50 ms of a
+ * window of 10 per 250 ms are 40 a second, not 10, and not 200); 0: none. */
+static double ok_rpm(const lr_endpoint *ep, int64_t now)
+{
+    int64_t tenth = now / 100, n = 0, first = tenth;
+    for (int i = 0; i < LR_OK_SLOTS; i++)
+        if (ep->ok_tenth[i] > tenth - LR_OK_SLOTS && ep->ok_tenth[i] <= tenth) {
+            n += ep->ok_count[i];
+            if (ep->ok_tenth[i] < first)
+                first = ep->ok_tenth[i];
+        }
+    int64_t span = (tenth - first + 1) * 100;
+    return (double)n * 60000.0 / (double)(span < 250 ? 250 : span);
+}
+
+void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usage)
 {
     lr_endpoint *ep = c->endpoint;
     if (!ep || !c->on_budget)
         return;
     c->on_budget = 0;
     ep->in_flight--;
+    ep->in_flight_tok -= c->charged_tok;
     int64_t now = lr_mono_ms();
-    int64_t v;
-    if ((v = header_int(c, LR_H_LIMIT_REQUESTS)) > 0)
-        ep->learned_rpm = v;
-    if ((v = header_int(c, LR_H_LIMIT_TOKENS)) > 0)
-        ep->learned_tpm = v;
-    /* The server's count leaves out our other requests still on their way:
-     * take them off what it says remains. */
-    if ((v = header_int(c, LR_H_REMAINING_REQUESTS)) >= 0) {
-        int64_t reset = c->hdr_set[LR_H_RESET_REQUESTS]
-                      ? llmretry_parse_reset_duration(lr_call_header(c, LR_H_RESET_REQUESTS)) : -1;
-        ep->remaining_req = v > ep->in_flight ? v - ep->in_flight : 0;
-        ep->remaining_req_at = now;
-        ep->reset_req_at = reset >= 0 ? lr_time_add(now, reset) : -1;
-        if (ep->reset_req_at < 0)
-            ep->remaining_req = -1;     /* no reset time: nothing to wait for */
-    }
-    if ((v = header_int(c, LR_H_REMAINING_TOKENS)) >= 0) {
-        int64_t reset = c->hdr_set[LR_H_RESET_TOKENS]
-                      ? llmretry_parse_reset_duration(lr_call_header(c, LR_H_RESET_TOKENS)) : -1;
-        ep->remaining_tok = v;
-        ep->remaining_tok_at = now;
-        ep->reset_tok_at = reset >= 0 ? lr_time_add(now, reset) : -1;
-        if (ep->reset_tok_at < 0)
-            ep->remaining_tok = -1;
+    const int64_t req[2] = { ep->in_flight, ep->sent_req - c->sent_mark[0] + c->flight_mark[0] };
+    int64_t tok[2] = { 0, ep->sent_tok - c->sent_mark[1] + c->flight_mark[1] };
+    /* Calls sent before any token limit was known were not counted in
+     * tokens: count those requests at this call's tokens. */
+    if (c->hdr_set[LR_H_REMAINING_TOKENS] && req[1] * estimate(c) > tok[1])
+        tok[1] = req[1] * estimate(c);
+    learn(&ep->req, c, LR_H_LIMIT_REQUESTS, LR_H_REMAINING_REQUESTS, LR_H_RESET_REQUESTS, req, now);
+    learn(&ep->tok, c, LR_H_LIMIT_TOKENS, LR_H_REMAINING_TOKENS, LR_H_RESET_TOKENS, tok, now);
+    if (ok) {
+        /* Served: the slow-down grows back, and refusals are no longer in
+         * a row. */
+        count_ok(ep, now);
+        ep->slow_refusals = 0;
+        if (ep->slow_rpm > 0)
+            ep->slow_rpm += ep->slow_rpm / SLOW_RECOVER;
     }
     /* The charge, as a provider counts it: the prompt's real tokens, plus
      * the completion's bound when the body set one, else its real tokens. */
-    if (usage && usage->present && c->est_tokens >= 0 && rate_tpm(ep) > 0 &&
+    if (usage && usage->present && c->charged_tok > 0 && (ep->tpm > 0 || ep->tok.limit > 0) &&
         c->o.estimated_tokens <= 0) {
         int64_t real = usage->prompt_tokens +
                        (c->completion_limit >= 0 ? c->completion_limit : usage->completion_tokens);
@@ -341,6 +531,7 @@ void lr_budget_detached(llmretry_call *c)
     if (c->endpoint && c->on_budget) {
         c->on_budget = 0;
         c->endpoint->in_flight--;
+        c->endpoint->in_flight_tok -= c->charged_tok;
     }
 }
 
@@ -351,3 +542,47 @@ void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until)
         ep->paused_until = until;
 }
 
+/* ---- 429s that name no wait ------------------------------------------------------ */
+
+/* A wait the 429 names (what llmretry_decide's rule 6 would wait for). */
+static int names_wait(const llmretry_failure *f)
+{
+    return llmretry_parse_retry_after_ms(f->retry_after_ms) > 0 ||
+           llmretry_parse_retry_after(f->retry_after, lr_unix_ms()) > 0 ||
+           llmretry_parse_reset_duration(f->ratelimit_reset_requests) > 0 ||
+           llmretry_parse_reset_duration(f->ratelimit_reset_tokens) > 0;
+}
+
+void lr_budget_slow_down(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f,
+                         int64_t now)
+{
+    lr_endpoint *ep = c->endpoint;
+    if (!ep || f->kind != LLMRETRY_ERR_HTTP_STATUS || f->status != 429 || names_wait(f) ||
+        (f->error_code && strcmp(f->error_code, "insufficient_quota") == 0))
+        return;
+    /* Requests sent before the endpoint last reacted were sent too fast
+     * for what it knew then: their 429s say nothing new (a burst's are
+     * one signal, not one each). */
+    if (c->attempt_started_at >= ep->slow_mark) {
+        double served = ok_rpm(ep, now);
+        if (ep->slow_refusals == 0 && (served > 0 || ep->slow_rpm > 0)) {
+            /* Refused after a success: too fast. Half the rate it was
+             * serving at (or was slowed to, if that was less). */
+            double rate = served > 0 ? served : ep->slow_rpm;
+            if (ep->slow_rpm > 0 && ep->slow_rpm < rate)
+                rate = ep->slow_rpm;
+            ep->slow_rpm = fmax(SLOW_MIN_RPM, rate * SLOW_CUT);
+        } else {
+            /* Refused again before any success (its window is full), or
+             * with no rate to cut: the whole endpoint waits, longer each
+             * time, the refused call's backoff. */
+            int n = ep->slow_refusals > 0 ? ep->slow_refusals - 1 : 0;
+            int64_t pause = llmretry_backoff_ms(LLMRETRY_JITTER_NONE, c->o.base_delay_ms,
+                                                c->o.max_delay_ms, n, 0.0);
+            lr_budget_pause(e, c, lr_time_add(now, pause));
+        }
+        ep->slow_refusals++;
+        ep->slow_mark = now;
+        lr_endpoint_publish(e, ep);
+    }
+}

@@ -203,7 +203,7 @@ Rate limits
 A script's ``limits`` (all fields optional; unknown fields are an error)::
 
     {"rpm": N, "tpm": M, "window_ms": 60000, "retry_after": true,
-     "rate_headers": true}
+     "rate_headers": true, "stated_per": "minute"}
 
 make the scenario enforce provider-like limits: ``rpm`` requests and ``tpm``
 tokens per sliding window of ``window_ms`` ms (integers >= 1; absent or null:
@@ -238,12 +238,14 @@ nothing but still counts (records, totals).
 
       x-ratelimit-limit-requests      rpm per minute: rpm x 60000 / window_ms
                                       (a provider's per-minute limit that it
-                                      enforces in window_ms slices)
+                                      enforces in window_ms slices); with
+                                      ``stated_per: "window"``, rpm itself
+                                      (a server stating its window's limit)
       x-ratelimit-remaining-requests  rpm - requests in the window
       x-ratelimit-reset-requests      time until one more request fits the
                                       request limit: 0s while remaining > 0,
                                       else until the oldest request leaves
-      x-ratelimit-limit-tokens        tpm per minute, likewise
+      x-ratelimit-limit-tokens        tpm per minute (or per window), likewise
       x-ratelimit-remaining-tokens    tpm - tokens in the window (>= 0)
       x-ratelimit-reset-tokens        time until every token in the window
                                       has left (remaining == tpm again):
@@ -450,7 +452,7 @@ def _check_script(steps: Any, after: Any) -> Tuple[List[Step], Optional[Step]]:
 
 
 LIMIT_KEYS = frozenset({"rpm", "tpm", "window_ms", "retry_after",
-                        "rate_headers"})
+                        "rate_headers", "stated_per"})
 DEFAULT_WINDOW_MS = 60000
 DEFAULT_COMPLETION_TOKENS = DEFAULT_USAGE["completion_tokens"]
 
@@ -484,10 +486,14 @@ def _check_limits(limits: Any) -> Optional[Dict[str, Any]]:
     for key in ("retry_after", "rate_headers"):
         if key in limits and not isinstance(limits[key], bool):
             raise ScriptError(f"limits: {key} must be a boolean")
+    stated_per = limits.get("stated_per", "minute")
+    if stated_per not in ("minute", "window"):
+        raise ScriptError('limits: stated_per must be "minute" or "window"')
     return {"rpm": limits.get("rpm"), "tpm": limits.get("tpm"),
             "window_ms": window,
             "retry_after": limits.get("retry_after", True),
-            "rate_headers": limits.get("rate_headers", True)}
+            "rate_headers": limits.get("rate_headers", True),
+            "stated_per": stated_per}
 
 
 OUTAGE_MODES = frozenset({"503", "reset", "close", "hang"})
@@ -707,6 +713,7 @@ class _Limiter:
         self.window: float = float(config["window_ms"]) / 1000.0
         self.retry_after: bool = config["retry_after"]
         self.rate_headers: bool = config["rate_headers"]
+        self.stated_per_window: bool = config["stated_per"] == "window"
         # (monotonic admission time, tokens charged), oldest first.
         self.entries: Deque[Tuple[float, int]] = deque()
         self.window_tokens = 0
@@ -751,10 +758,13 @@ class _Limiter:
                 return at + self.window - now
         return 0.0
 
-    def _per_minute(self, per_window: int) -> int:
+    def _stated(self, per_window: int) -> int:
         """A limit as the headers state it: per minute, as OpenAI's (a limit
         of 10 per 1 s window is a 600-a-minute limit enforced per second,
-        the way providers slice theirs)."""
+        the way providers slice theirs), or with ``stated_per: "window"``
+        the window's own figure (as servers with short windows state it)."""
+        if self.stated_per_window:
+            return per_window
         return max(1, round(per_window * 60.0 / self.window))
 
     def headers(self, now: float) -> List[Tuple[str, str]]:
@@ -763,13 +773,13 @@ class _Limiter:
             return []
         out: List[Tuple[str, str]] = []
         if self.rpm is not None:
-            out += [("x-ratelimit-limit-requests", str(self._per_minute(self.rpm))),
+            out += [("x-ratelimit-limit-requests", str(self._stated(self.rpm))),
                     ("x-ratelimit-remaining-requests",
                      str(max(0, self.rpm - len(self.entries)))),
                     ("x-ratelimit-reset-requests",
                      _duration(self._request_wait(now, 1)))]
         if self.tpm is not None:
-            out += [("x-ratelimit-limit-tokens", str(self._per_minute(self.tpm))),
+            out += [("x-ratelimit-limit-tokens", str(self._stated(self.tpm))),
                     ("x-ratelimit-remaining-tokens",
                      str(max(0, self.tpm - self.window_tokens))),
                     ("x-ratelimit-reset-tokens",

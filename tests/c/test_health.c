@@ -1,6 +1,6 @@
 /* Endpoint health and fallbacks (core/src/health.c, targets.c; docs/reliability.md)
  * against the mock server: the retry budget bounds a retry storm and does
- * not count server-timed retries; the circuit breaker opens after N
+ * not count server-timed retries nor any after a 429; the circuit breaker opens after N
  * transient failures, fails calls at once (nothing sent), lets one probe
  * through after its cooldown and closes on its success or reopens on its
  * failure; fallbacks move a failing call to the next target within its
@@ -173,6 +173,36 @@ static void test_retry_budget_options_and_server_timed_retries(void)
     CHECK(r && r->reason == LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED && r->attempts == 1);
     llmretry_call_free(c);
     CHECK_INT(requests_of("nobudget"), 1);
+out:
+    llmretry_engine_free(e);
+}
+
+/* A 429 is the server asking to slow down, which the endpoint's pace does:
+ * its retries spend no retry budget, even with a budget of 0 and no wait
+ * named (issue 27 item 8: a batch lost items as retry_budget_exhausted). */
+static void test_429_retries_spend_no_budget(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "slowdown", "{\"steps\": [{\"status\": 429}, "
+                             "{\"status\": 429}]}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "slowdown", url, sizeof url);
+    o.max_retries = 2;
+    o.retry_budget_min = 0;
+    o.retry_budget_ratio = 0.0;
+    llmretry_call *c = th_submit(e, &o);
+    const llmretry_result *r = wait_done(c, NULL, 0);
+    CHECK_MSG(r && r->ok && r->attempts == 3, "ok on the third attempt (ok %d, %d attempts, %s)",
+              r ? r->ok : -1, r ? r->attempts : -1, r ? llmretry_reason_name(r->reason) : "-");
+    llmretry_call_free(c);
+    llmretry_endpoint_stats s;
+    CHECK(stats_of(e, "slowdown", &s));
+    CHECK_INT(s.retries, 2);
+    CHECK_INT(s.retries_refused, 0);
 out:
     llmretry_engine_free(e);
 }
@@ -516,6 +546,7 @@ int main(void)
     static const th_case tests[] = {
         { "retry_budget_storm", test_retry_budget_bounds_a_storm },
         { "retry_budget_options", test_retry_budget_options_and_server_timed_retries },
+        { "retry_budget_429", test_429_retries_spend_no_budget },
         { "breaker_cycle", test_breaker_opens_probes_and_closes },
         { "breaker_probe_4xx", test_breaker_one_probe_and_4xx_resets },
         { "fallback_endpoint", test_fallback_to_another_endpoint },

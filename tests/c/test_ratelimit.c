@@ -1,9 +1,12 @@
 /* Client-side rate limits (core/src/ratelimit.c, docs/policies.md) against the
  * mock server: configured rpm and tpm pace attempts evenly, a call larger
  * than the token bucket is not starved, limits learned from the server's
- * x-ratelimit-* headers hold new attempts, a 429's named wait pauses the
- * whole endpoint, a call waiting for budget fails at its deadline, and two
- * API keys are two endpoints. Times come from the mock's records. */
+ * x-ratelimit-* headers hold new attempts (read per minute, or per the
+ * server's window when its remaining and reset say so), a 429's named wait
+ * pauses the whole endpoint, 429s naming none slow it down and their
+ * retries use up neither max_retries nor the retry budget, a call waiting
+ * for budget fails at its deadline, and two API keys are two endpoints.
+ * Times come from the mock's records. */
 #include "harness.h"
 #include "llmretry.h"
 
@@ -186,6 +189,206 @@ out:
     llmretry_engine_free(e);
 }
 
+/* The requests of the scenario the mock refused (429) by its limits. */
+static int requests_of(const char *name)
+{
+    char *text = th_mock_requests(&mock, name);
+    cJSON *a = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = cJSON_GetArraySize(a);
+    cJSON_Delete(a);
+    return n;
+}
+
+static int refused(const char *name)
+{
+    char *text = th_mock_requests(&mock, name);
+    cJSON *a = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = 0;
+    cJSON *rec;
+    cJSON_ArrayForEach(rec, a)
+        n += cJSON_IsTrue(cJSON_GetObjectItem(rec, "rate_limited"));
+    cJSON_Delete(a);
+    return n;
+}
+
+/* The stats of the engine's only endpoint. */
+static llmretry_endpoint_stats only_endpoint(llmretry_engine *e)
+{
+    llmretry_endpoint_stats s;
+    memset(&s, 0, sizeof s);
+    CHECK_INT(llmretry_engine_endpoint_stats(e, &s, 1), 1);
+    return s;
+}
+
+/* Nothing configured, every answer says limit 300, remaining 250: with
+ * reset 10s (OpenAI's: the 50 used come back in 10 s, at 300 a minute)
+ * five calls are paced at 5 a second; with reset 0s (a window that has
+ * room now: 50 used and none to wait for, no minute's limit) they go at
+ * once, as the server says they may (issue 27 item 7: paced at 5 a second
+ * all the same). */
+static void test_remaining_is_room_unless_read_per_minute(void)
+{
+    static const char *const resets[] = { "10s", "0s" };
+    for (int i = 0; i < 2; i++) {
+        char url[128], name[32], script[256];
+        llmretry_options o;
+        llmretry_engine *e = th_engine_new();
+        snprintf(name, sizeof name, "room%d", i);
+        snprintf(script, sizeof script,
+                 "{\"steps\": [], \"after\": {\"headers\": {\"x-ratelimit-limit-requests\": \"300\","
+                 " \"x-ratelimit-remaining-requests\": \"250\", \"x-ratelimit-reset-requests\": \"%s\"}}}",
+                 resets[i]);
+        if (!e || th_mock_script(&mock, name, script) != 0) {
+            CHECK_MSG(0, "setup: engine and script");
+            llmretry_engine_free(e);
+            return;
+        }
+        opts_for(&o, name, url, sizeof url);
+        CHECK_MSG(run_all(e, &o, 1), "the first call teaches the limit");
+        CHECK_MSG(run_all(e, &o, 5), "then five at once");
+        double t[8];
+        int n = arrivals(name, t, 8);
+        CHECK_INT(n, 6);
+        double took = n == 6 ? t[5] - t[1] : -1.0;
+        if (i == 0)
+            CHECK_MSG(took >= 700, "reset %s: five calls took %.0f ms (paced at 5 a second)",
+                      resets[i], took);
+        else
+            CHECK_MSG(took >= 0 && took < 400, "reset %s: five calls took %.0f ms (at once)",
+                      resets[i], took);
+        llmretry_engine_free(e);
+    }
+}
+
+/* The mock enforcing 4 requests per 250 ms and stating the window's own
+ * figures (x-ratelimit-limit-requests: 4, not 960 a minute): nothing
+ * configured, one call teaches the limit, then 12 at once go at the pace
+ * the server's remaining and reset allow (about 16 a second), each within
+ * a deadline of 5 s (read per minute, 4 a minute: 3 minutes), hardly ever
+ * refused. */
+static void test_limit_stated_per_window(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "perwin", "{\"steps\": [], \"limits\": {\"rpm\": 4, "
+                             "\"window_ms\": 250, \"stated_per\": \"window\"}}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "perwin", url, sizeof url);
+    o.deadline_ms = 5000;
+    CHECK_MSG(run_all(e, &o, 1), "the first call teaches the limit");
+    int ok = run_all(e, &o, 12);
+    /* The arrivals (ms), for the message. */
+    double t[MAX_CALLS];
+    char seen[MAX_CALLS * 8] = "";
+    int n = arrivals("perwin", t, MAX_CALLS);
+    for (int k = 0; k < n; k++)
+        snprintf(seen + strlen(seen), sizeof seen - strlen(seen), " %.0f", t[k]);
+    CHECK_MSG(ok, "then twelve at once, within their deadline (arrivals:%s)", seen);
+    CHECK_MSG(refused("perwin") <= 1, "%d refused (arrivals:%s)", refused("perwin"), seen);
+out:
+    llmretry_engine_free(e);
+}
+
+/* 429s naming no wait (no Retry-After, no x-ratelimit-*, as LiteLLM's rpm
+ * limit sends them) past 10 requests per 250 ms: nothing configured and
+ * max_retries 3, 40 calls at once: the endpoint slows down, most calls
+ * succeed, their retries spend no retry budget (issue 27 item 8: a batch
+ * lost items, retry_budget_exhausted and retries_exhausted), and no call
+ * sends more than 1 + max_retries requests. */
+static void test_429s_naming_no_wait_slow_the_endpoint(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "bare429", "{\"steps\": [], \"limits\": {\"rpm\": 10, "
+                             "\"window_ms\": 250, \"retry_after\": false, "
+                             "\"rate_headers\": false}}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "bare429", url, sizeof url);
+    o.max_retries = 3;
+    llmretry_call *calls[40];
+    int ok = 0, attempts = 0;
+    for (int i = 0; i < 40; i++)
+        calls[i] = th_submit(e, &o);
+    for (int i = 0; i < 40; i++) {
+        const llmretry_result *r = th_wait_done(calls[i], 20000);
+        CHECK(r != NULL);
+        if (r) {
+            ok += r->ok;
+            attempts += r->attempts;
+            CHECK_MSG(r->attempts <= 4, "%d attempts", r->attempts);
+            CHECK_MSG(r->ok || r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED, "%s",
+                      llmretry_reason_name(r->reason));
+        }
+        llmretry_call_free(calls[i]);
+    }
+    CHECK_MSG(ok >= 30, "%d of 40 calls succeed", ok);
+    CHECK_INT(requests_of("bare429"), attempts);
+    llmretry_endpoint_stats s = only_endpoint(e);
+    CHECK_INT(s.retries_refused, 0);
+    CHECK_MSG(s.rpm > 0, "the endpoint is paced at what the 429s taught (rpm %lld)",
+              (long long)s.rpm);
+out:
+    llmretry_engine_free(e);
+}
+
+/* One call against five 429s naming no wait, then an answer, on an
+ * endpoint of its own (a 429 after a success there would slow the next
+ * one down). */
+static const llmretry_result *after_five_429s(llmretry_engine *e, llmretry_options *o,
+                                              const char *name, char *url, size_t urllen,
+                                              llmretry_call **c)
+{
+    if (th_mock_script(&mock, name, "{\"steps\": [{\"status\": 429}, {\"status\": 429}, "
+                       "{\"status\": 429}, {\"status\": 429}, {\"status\": 429}]}") != 0) {
+        CHECK_MSG(0, "setup: script %s", name);
+        *c = NULL;
+        return NULL;
+    }
+    o->base_url = th_mock_scenario_url(&mock, name, url, urllen);
+    *c = th_submit(e, o);
+    return th_wait_done(*c, 10000);
+}
+
+/* A retry after a 429 naming no wait counts against max_retries like any
+ * other (a refused request is one the server saw): five such 429s and
+ * max_retries 2 end after 3 attempts, 3 requests; max_retries 0 means one. */
+static void test_paced_429_retries_are_attempts(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_call *c;
+    llmretry_engine *e = th_engine_new();
+    if (!e) {
+        CHECK_MSG(0, "setup: engine");
+        return;
+    }
+    opts_for(&o, "five429a", url, sizeof url);
+    o.max_retries = 2;
+    const llmretry_result *r = after_five_429s(e, &o, "five429a", url, sizeof url, &c);
+    CHECK_MSG(r && !r->ok && r->attempts == 3 && r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED,
+              "3 attempts (ok %d, %d attempts, %s)", r ? r->ok : -1, r ? r->attempts : -1,
+              r ? llmretry_reason_name(r->reason) : "-");
+    CHECK_INT(requests_of("five429a"), 3);
+    llmretry_call_free(c);
+
+    o.max_retries = 0;
+    r = after_five_429s(e, &o, "five429b", url, sizeof url, &c);
+    CHECK_MSG(r && !r->ok && r->attempts == 1 && r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED,
+              "max_retries 0: one attempt (%d, %s)", r ? r->attempts : -1,
+              r ? llmretry_reason_name(r->reason) : "-");
+    CHECK_INT(requests_of("five429b"), 1);
+    llmretry_call_free(c);
+    llmretry_engine_free(e);
+}
+
 /* A 429 with Retry-After: 1 pauses the endpoint: a call submitted after
  * it waits too, though it never saw the 429. */
 static void test_429_pauses_the_endpoint(void)
@@ -285,6 +488,10 @@ int main(void)
         { "429_pauses_endpoint", test_429_pauses_the_endpoint },
         { "deadline_waiting_budget", test_deadline_while_waiting_for_budget },
         { "keys_separate", test_keys_are_separate_endpoints },
+        { "remaining_is_room", test_remaining_is_room_unless_read_per_minute },
+        { "stated_per_window", test_limit_stated_per_window },
+        { "bare_429_slow_down", test_429s_naming_no_wait_slow_the_endpoint },
+        { "paced_429_retries", test_paced_429_retries_are_attempts },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);

@@ -1,7 +1,9 @@
 -- Client-side rate limits seen from Lua (issue 18): the engine's budget
 -- per endpoint paces call_many's items and map_with_concurrency's calls
 -- alike, under a provider's limit the mock enforces (10 a second, as
--- 600 a minute counted per second).
+-- 600 a minute counted per second); a limit stated per window is paced by
+-- what the server says remains, and 429s naming no wait slow the endpoint
+-- down without losing an item (issue 27).
 
 local H = require("helpers")
 local llm = require("llmretry")
@@ -68,6 +70,51 @@ describe("rate limits", function()
     check(next(errors) == nil, "errors %s", H.dump(errors))
     check(results.n == 10, "results.n %s", tostring(results.n))
     check(refused(scen) <= 1, "%d refusals", refused(scen))
+  end)
+
+  -- A server stating its window's own limit (10 per 500 ms says 10, not
+  -- 1200 a minute): nothing configured, its remaining paces the batch, not
+  -- 10 a minute (issue 27 item 7); the batch's deadline bounds a per-minute
+  -- reading's minutes.
+  it("paces a limit stated per window by what the server says remains", function()
+    local scen = limited("lua_perwin", { rpm = 10, window_ms = 500, stated_per = "window" })
+    local bodies = {}
+    for i = 1, 30 do bodies[i] = H.secret_body("w" .. i) end
+    local outs = llm.call_many(bodies, { limit = 16, base_url = scen.url, engine = llm.new_engine(),
+      api_key = H.SECRET_KEY, timeout_ms = 5000, base_delay_ms = 20, jitter = "none",
+      deadline_ms = 8000 })
+    for i = 1, 30 do
+      check(outs[i] and not llm.is_error(outs[i]), "item %d: %s", i, H.dump(outs[i]))
+    end
+    -- Only the first wave, sent before any answer, can be refused.
+    check(refused(scen) <= 6, "%d refusals", refused(scen))
+  end)
+
+  -- 429s naming no wait (no Retry-After, no x-ratelimit-*: LiteLLM's rpm
+  -- limit): nothing configured, the default max_retries: the endpoint is
+  -- slowed down, the retries spend no retry budget, most items succeed, and
+  -- none sends more than 1 + max_retries requests (issue 27 item 8).
+  it("slows the endpoint down on 429s that name no wait", function()
+    local scen = limited("lua_bare429", { rpm = 20, window_ms = 500, retry_after = false,
+      rate_headers = false })
+    local engine = llm.new_engine()
+    local bodies = {}
+    for i = 1, 60 do bodies[i] = H.secret_body("b" .. i) end
+    local outs = llm.call_many(bodies, { limit = 16, base_url = scen.url, engine = engine,
+      api_key = H.SECRET_KEY, timeout_ms = 5000, base_delay_ms = 20 })
+    local ok = 0
+    for i = 1, 60 do
+      if outs[i] and not llm.is_error(outs[i]) then
+        ok = ok + 1
+      else
+        check(outs[i].attempts == 4 and outs[i].reason == "retries_exhausted",
+          "item %d: %s", i, H.dump(outs[i]))
+      end
+    end
+    check(ok >= 45, "%d of 60 ok", ok)
+    check(#scen.requests() <= 60 * 4, "%d requests", #scen.requests())
+    local stats = llm.endpoint_stats(engine)[1]
+    check(stats.retries_refused == 0 and stats.rpm > 0, "stats %s", H.dump(stats))
   end)
 
   it("refuses a bad rpm, naming it", function()

@@ -307,6 +307,24 @@ def test_rate_headers_off(mock: MockServer) -> None:
     assert int(headers["retry-after"]) >= 59      # default window: 60 s
 
 
+def test_limits_stated_per_window(mock: MockServer) -> None:
+    """stated_per "window": the limit headers give the window's own figures
+    (a server with a 1 s window saying 10, not 600 a minute)."""
+    mock.script("win", [], limits={"rpm": 10, "tpm": 500, "window_ms": 1000,
+                                   "stated_per": "window"})
+    status, headers, _ = chat(mock, "win", max_tokens=7)
+    assert status == 200
+    assert rate(headers) == {"x-ratelimit-limit-requests": "10",
+                             "x-ratelimit-remaining-requests": "9",
+                             "x-ratelimit-reset-requests": "0s",
+                             "x-ratelimit-limit-tokens": "500",
+                             "x-ratelimit-remaining-tokens": "492",
+                             "x-ratelimit-reset-tokens":
+                                 headers["x-ratelimit-reset-tokens"]}
+    mock.script("min", [], limits={"rpm": 10, "window_ms": 1000, "stated_per": "minute"})
+    assert chat(mock, "min")[1]["x-ratelimit-limit-requests"] == "600"
+
+
 def test_step_headers_override_rate_headers(mock: MockServer) -> None:
     mock.script("over", [{"ratelimit_reset_requests": "garbage",
                           "headers": {"x-ratelimit-limit-requests": "9"}}],
@@ -412,7 +430,7 @@ def test_limits_by_put_and_load_scenarios(mock: MockServer) -> None:
     5, [], "rpm", {"rpm": 0}, {"rpm": -1}, {"rpm": 1.5}, {"rpm": True},
     {"rpm": "10"}, {"tpm": 0}, {"window_ms": 0}, {"window_ms": -5},
     {"window_ms": "1000"}, {"window_ms": True}, {"retry_after": "yes"},
-    {"rate_headers": 1}, {"rmp": 3},
+    {"rate_headers": 1}, {"rmp": 3}, {"stated_per": "hour"}, {"stated_per": None},
 ])
 def test_bad_limits_are_rejected(mock: MockServer, limits: Any) -> None:
     mock.script("bad", [{"content": "kept"}], limits={"rpm": 100})

@@ -223,6 +223,52 @@ def test_no_retry_after_as_litellm_sends_429s(scen: Any) -> None:
     assert refused(scen) <= 1, refused(scen)
 
 
+def test_a_limit_stated_per_window_is_not_read_per_minute(scen: Any) -> None:
+    """A server stating its short window's own limit (10 per 500 ms says
+    x-ratelimit-limit-requests: 10, not 1200 a minute) with remaining and
+    reset: nothing configured, the server's remaining sets the pace, not 10
+    a minute (issue 27 item 7: 60 items took minutes while the server said
+    9 remained). The batch's deadline, 4x what 20 a second takes, bounds a
+    per-minute reading's minutes."""
+    url = limited(scen, rpm=10, window_ms=500, stated_per="window")
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, **FAST)
+    try:
+        out = client.call_many([BODY] * 40, limit=16, base_url=url, deadline_ms=8000)
+    finally:
+        client.close()
+    assert out.summary.ok == 40, out.summary.format()
+    # Only the first wave, sent before any answer, can be refused.
+    assert refused(scen) <= 6, refused(scen)
+
+
+def test_429s_naming_no_wait_slow_the_endpoint(scen: Any) -> None:
+    """429s with no Retry-After and no x-ratelimit-* (LiteLLM's rpm limit):
+    nothing configured and the default max_retries, the engine slows the
+    endpoint down for every call, their retries spend no retry budget, and
+    the batch loses at most a few items (issue 27 item 8: here 50 of 150 were
+    ok, the rest retry_budget_exhausted / retries_exhausted). Each item still
+    sends at most 1 + max_retries requests: a refused request is one the
+    server saw."""
+    url = limited(scen, rpm=50, window_ms=500, retry_after=False, rate_headers=False)
+    client = llmretry.Client(api_key=SECRET_KEY, logger=None, base_delay_ms=20,
+                             max_delay_ms=1000)
+    try:
+        out = client.call_many([BODY] * 150, limit=16, base_url=url)
+        [stats] = client.endpoint_stats()
+    finally:
+        client.close()
+    totals = scen.server.limit_stats(scen.name)
+    share = totals["refused"] / (totals["admitted"] + totals["refused"])
+    print(f"429 share {share:.1%} ({totals}); slowed to {stats['rpm']} a minute; "
+          f"{out.summary.ok} of 150 ok")
+    assert out.summary.ok >= 140, out.summary.format()
+    for _, err in out.errors():
+        assert err.reason == "retries_exhausted" and err.attempts == 4, repr(err)
+    assert totals["admitted"] + totals["refused"] == out.summary.attempts <= 150 * 4
+    assert stats["retries_refused"] == 0, stats      # 429s spend no retry budget
+    assert stats["rpm"] > 0, stats                   # the pace the 429s taught
+
+
 def test_tpm_stays_under_a_token_limit(scen: Any) -> None:
     """A provider's 60,000 tokens a minute enforced per second (1000 in any
     1 s), max_tokens=200 a call: tpm keeps every call admitted."""
