@@ -107,7 +107,7 @@ static int unlimited(const lr_endpoint *ep, int64_t now)
 {
     return ep->rpm == 0 && ep->tpm == 0 && ep->req.limit == 0 && ep->tok.limit == 0 &&
            ep->slow_rpm == 0 && now >= ep->paused_until && ep->req.remaining < 0 &&
-           ep->tok.remaining < 0;
+           ep->tok.remaining < 0 && now >= atomic_load(&ep->sh->paused_until);
 }
 
 /* A per-minute request limit as a paced rate per millisecond. */
@@ -128,6 +128,75 @@ static double tokens_per_ms(double per_minute, double need)
     if (rate < second / 2)
         rate = second / 2;
     return rate / 1000.0;
+}
+
+/* ---- buckets shared between processes (engine option `shared`) ------------------ */
+
+/* With a shared store the buckets are GCRA timestamps every process on the
+ * key takes from (shared.c), in place of this engine's levels: the same
+ * pace (PACE, the request bucket's slack, a call in debt for its tokens),
+ * kept where all of them see it. */
+static double tokens_of(const lr_endpoint *ep, llmretry_call *c);
+
+static int is_shared(const lr_endpoint *ep)
+{
+    return ep->sh != &ep->local;
+}
+
+/* A request's and a call's tokens' cost in microseconds of their bucket. */
+static int64_t req_cost_us(double rpm)
+{
+    return rpm > 0 ? (int64_t)llround(1000.0 / per_ms(rpm)) : 0;
+}
+
+static int64_t tok_cost_us(double tpm, double need)
+{
+    return tpm > 0 && need > 0 ? (int64_t)llround(need * 1000.0 / tokens_per_ms(tpm, need)) : 0;
+}
+
+/* The request bucket's slack (see refill), as a GCRA tolerance. */
+static int64_t req_tolerance_us(double rpm)
+{
+    return (int64_t)((fmax(1.0, (1.0 - PACE) * rpm / 60.0) - 1.0) * (double)req_cost_us(rpm));
+}
+
+static int64_t ms_of(int64_t us)
+{
+    return (us + 999) / 1000;
+}
+
+/* How long the shared buckets would hold c (ms), taking nothing. */
+static int64_t shared_wait(const lr_endpoint *ep, double rpm, double tpm, int64_t now)
+{
+    int64_t now_us = now * 1000, w = 0;
+    if (rpm > 0)
+        w = lr_shared_gcra_wait(&ep->sh->req_tat_us, now_us, req_tolerance_us(rpm));
+    if (tpm > 0) {
+        int64_t t = lr_shared_gcra_wait(&ep->sh->tok_tat_us, now_us, 0);
+        if (t > w)
+            w = t;
+    }
+    return ms_of(w);
+}
+
+/* Take c's request and tokens from the shared buckets: 0, or how long to
+ * wait when another process took them first (nothing taken then). */
+static int64_t shared_take(lr_endpoint *ep, llmretry_call *c, int64_t now)
+{
+    if (!is_shared(ep))
+        return 0;
+    double need = tokens_of(ep, c), rpm = req_rate(ep), tpm = tok_rate(ep, need);
+    int64_t now_us = now * 1000, w;
+    if (rpm > 0 && (w = lr_shared_gcra_take(&ep->sh->req_tat_us, now_us, req_cost_us(rpm), 1,
+                                            req_tolerance_us(rpm))) > 0)
+        return ms_of(w);
+    if (tpm > 0 && need > 0 &&
+        (w = lr_shared_gcra_take(&ep->sh->tok_tat_us, now_us, tok_cost_us(tpm, need), 1, 0)) > 0) {
+        if (rpm > 0)
+            lr_shared_gcra_adjust(&ep->sh->req_tat_us, -req_cost_us(rpm));
+        return ms_of(w);
+    }
+    return 0;
 }
 
 /* Refill both buckets up to now at these rates; the token bucket holds
@@ -265,7 +334,10 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
 {
     if (unlimited(ep, now))
         return 0;
-    int64_t wait = ep->paused_until > now ? ep->paused_until - now : 0;
+    int64_t paused = ep->paused_until;
+    if (atomic_load(&ep->sh->paused_until) > paused)
+        paused = atomic_load(&ep->sh->paused_until);   /* another process's 429 */
+    int64_t wait = paused > now ? paused - now : 0;
     double need = tokens_of(ep, c);
     double rpm = req_rate(ep), tpm = tok_rate(ep, need);
     /* The server says too little is left: one more request, this call's
@@ -282,6 +354,10 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     w = asking(ep, &ep->tok, need, ep->tpm);
     if (w > wait)
         wait = w;
+    if (is_shared(ep)) {
+        w = shared_wait(ep, rpm, tpm, now);
+        return w > wait ? w : wait;
+    }
     refill(ep, now, need, rpm, tpm);
     if (rpm > 0 && ep->req_level < 1.0) {
         w = (int64_t)floor((1.0 - ep->req_level) / per_ms(rpm));
@@ -326,9 +402,11 @@ static void take(lr_endpoint *ep, llmretry_call *c, int64_t now)
     c->on_budget = 1;
     double need = tokens_of(ep, c);
     double rpm = req_rate(ep), tpm = tok_rate(ep, need);
-    refill(ep, now, need, rpm, tpm);    /* buckets start full once, not at each limit learned */
-    charge(&ep->req_level, 1.0, rpm);
-    charge(&ep->tok_level, need, tpm);
+    if (!is_shared(ep)) {               /* else shared_take took them */
+        refill(ep, now, need, rpm, tpm);    /* buckets start full once, not at each limit learned */
+        charge(&ep->req_level, 1.0, rpm);
+        charge(&ep->tok_level, need, tpm);
+    }
     spend(&ep->req, 1, now);
     spend(&ep->tok, (int64_t)need, now);
     c->charged_tok = (int64_t)need;
@@ -347,6 +425,8 @@ int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now)
     /* First come, first served: nobody passes a call already waiting. */
     int64_t wait = ep->queue.head && ep->queue.head != c ? 1 : wait_for(ep, c, now);
     if (wait == 0)
+        wait = shared_take(ep, c, now);
+    if (wait == 0)
         take(ep, c, now);
     return wait;
 }
@@ -361,7 +441,8 @@ void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretr
     int64_t now = lr_mono_ms();
     for (size_t i = 0; i < e->n_endpoints; i++) {
         lr_endpoint *ep = e->endpoints[i];
-        while (ep->queue.head && wait_for(ep, ep->queue.head, now) == 0) {
+        while (ep->queue.head && wait_for(ep, ep->queue.head, now) == 0 &&
+               shared_take(ep, ep->queue.head, now) == 0) {
             llmretry_call *c = ep->queue.head;
             lr_queue_unlink(&ep->queue, c);
             lr_timer_remove(e, c);
@@ -521,7 +602,14 @@ void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usa
         c->o.estimated_tokens <= 0) {
         int64_t real = usage->prompt_tokens +
                        (c->completion_limit >= 0 ? c->completion_limit : usage->completion_tokens);
-        ep->tok_level = fmin(ep->tok_cap, ep->tok_level + (double)(c->est_tokens - real));
+        if (is_shared(ep)) {
+            double est = (double)c->est_tokens, tpm = tok_rate(ep, est);
+            if (tpm > 0 && est > 0)     /* give back (or charge) the difference, in time */
+                lr_shared_gcra_adjust(&ep->sh->tok_tat_us, (int64_t)((double)(real - c->est_tokens) *
+                                      (double)tok_cost_us(tpm, est) / est));
+        } else {
+            ep->tok_level = fmin(ep->tok_cap, ep->tok_level + (double)(c->est_tokens - real));
+        }
         c->est_tokens = real;       /* its retries are charged what it really costs */
     }
 }
@@ -540,6 +628,8 @@ void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until)
     lr_endpoint *ep = lr_endpoint_of(e, c);
     if (ep && until > ep->paused_until)
         ep->paused_until = until;
+    if (ep && is_shared(ep))
+        lr_shared_raise(&ep->sh->paused_until, until);  /* every process waits */
 }
 
 /* ---- 429s that name no wait ------------------------------------------------------ */

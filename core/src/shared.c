@@ -31,6 +31,19 @@ int64_t lr_shared_gcra_take(_Atomic int64_t *tat_us, int64_t now_us, int64_t int
     }
 }
 
+int64_t lr_shared_gcra_wait(_Atomic int64_t *tat_us, int64_t now_us, int64_t tolerance_us)
+{
+    int64_t w = atomic_load(tat_us) - tolerance_us - now_us;
+    return w > 0 ? w : 0;
+}
+
+void lr_shared_raise(_Atomic int64_t *v, int64_t to)
+{
+    int64_t old = atomic_load(v);
+    while (old < to && !atomic_compare_exchange_weak(v, &old, to))
+        ;
+}
+
 void lr_shared_gcra_adjust(_Atomic int64_t *tat_us, int64_t delta_us)
 {
     atomic_fetch_add(tat_us, delta_us);

@@ -54,6 +54,13 @@ void lr_shared_ep_init(lr_shared_ep *ep, uint64_t id);
 int64_t lr_shared_gcra_take(_Atomic int64_t *tat_us, int64_t now_us, int64_t interval_us,
                             int64_t cost, int64_t tolerance_us);
 
+/* Microseconds until the bucket would admit a call (0: now), taking
+ * nothing: what to wait for before trying lr_shared_gcra_take. */
+int64_t lr_shared_gcra_wait(_Atomic int64_t *tat_us, int64_t now_us, int64_t tolerance_us);
+
+/* Raise *v to at least `to` (a pause's end: the latest wins). */
+void lr_shared_raise(_Atomic int64_t *v, int64_t to);
+
 /* Give back (negative) or charge more (positive) microseconds of a bucket:
  * a token estimate corrected by the response's usage. */
 void lr_shared_gcra_adjust(_Atomic int64_t *tat_us, int64_t delta_us);

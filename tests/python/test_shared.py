@@ -129,3 +129,27 @@ def test_cli_flag(store: str, tmp_path: Any, capsys: pytest.CaptureFixture[str])
         err = capsys.readouterr().err
         assert "shared" in err and "Traceback" not in err, err
 
+
+
+def _paced(base_url: str, shared: str, n: int) -> Dict[str, Any]:
+    with llmretry.Client(base_url=base_url, shared=shared, rpm=1200, max_retries=5,
+                         base_delay_ms=100, logger=None) as client:
+        out = client.call_many([BODY] * n, limit=8)
+        return {"ok": out.summary.ok, "attempts": out.summary.attempts}
+
+
+def test_one_rate_budget_for_four_processes(store: str) -> None:
+    # A provider's 1,200 a minute enforced per second (20 in any 1 s), and
+    # four processes each configured with it: sharing the bucket, together
+    # they stay under it (each pacing alone, together they send 4x: about
+    # half their attempts are refused; bench/bench_shared.py measures both).
+    with MockServer() as mock:
+        mock.script("limited", [], limits={"rpm": 20, "window_ms": 1000})
+        url = mock.scenario_url("limited")
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(4) as pool:
+            runs = pool.starmap(_paced, [(url, store, 12)] * 4)
+        recs = mock.requests("limited")
+        refused = sum(1 for r in recs if r.get("rate_limited"))
+        assert sum(r["ok"] for r in runs) == 48
+        assert refused <= 1, f"{refused} of {len(recs)} refused"
