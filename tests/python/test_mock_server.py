@@ -320,6 +320,10 @@ def test_idle_close_ms(mock: MockServer) -> None:
     assert conn.sock is not None
     assert conn.sock.recv(1) == b""     # the FIN, after 50 ms of idling
     conn.close()
+    # The record says so once the FIN is out, so just after it: wait for it.
+    end = time.monotonic() + 10
+    while not mock.requests("idle")[1]["idle_closed"] and time.monotonic() < end:
+        time.sleep(0.01)
     recs = mock.requests("idle")
     assert recs[0]["connection"] == recs[1]["connection"]
     assert [r["idle_closed"] for r in recs] == [False, True]
