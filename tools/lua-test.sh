@@ -41,8 +41,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The mock server needs the Python package importable, extension included.
+if ! PYTHONPATH="$repo/python" python3 -c "import llmretry.testing" 2>/dev/null; then
+  echo "lua-test: building the Python extension for the mock server"
+  make --no-print-directory build-python
+fi
+if [ "$deps_only" -eq 1 ]; then exit 0; fi
+
 # The rockspec lists the core's sources one by one: catch a new core/src/*.c
 # that it does not build (it would only show as an undefined symbol at load).
+# Checked before a build, not by --deps-only: the installs do not depend on it.
 rockspec=rockspecs/llmretry-scm-1.rockspec
 for src in core/src/*.c bindings/lua/*.c; do
   grep -q "\"$src\"" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec" >&2; exit 1; }
@@ -55,13 +63,6 @@ for src in lua/llmretry/*.lua; do
   if [ "$mod" = init ]; then entry="llmretry = \"$src\""; else entry="[\"llmretry.$mod\"] = \"$src\""; fi
   grep -qF "$entry" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec as: $entry" >&2; exit 1; }
 done
-
-# The mock server needs the Python package importable, extension included.
-if ! PYTHONPATH="$repo/python" python3 -c "import llmretry.testing" 2>/dev/null; then
-  echo "lua-test: building the Python extension for the mock server"
-  make --no-print-directory build-python
-fi
-if [ "$deps_only" -eq 1 ]; then exit 0; fi
 
 # luarocks' builtin build leaves objects next to the sources and the module
 # under ./llmretry/: clean them so they cannot be picked up by anything else.

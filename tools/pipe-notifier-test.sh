@@ -51,7 +51,7 @@ fi
 so=$(ls "$pydir"/llmretry/_llmretry*.so)
 no_eventfd "$so" "the Python extension"
 # Left out (they run in `make test`'s pass; here they would only add CI time):
-# the Jupyter kernel's notebook and the 200,000-line RSS run of the CLI,
+# the Jupyter kernel's notebook and the RSS runs of the CLI (50,000 lines),
 # neither of which touches the notifier beyond what test_aio does; the
 # pure_python tests (the mock server, mypy); the doc examples and the rate
 # limits' pacing (timers, not the notifier: test_aio and the batches cover
