@@ -59,6 +59,7 @@ build = {
             "bindings/lua/options.c",
             "bindings/lua/policies.c",
             "core/src/admission.c",
+            "core/src/answer.c",
             "core/src/assembly.c",
             "core/src/attempt.c",
             "core/src/ca_bundle.c",

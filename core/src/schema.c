@@ -260,9 +260,16 @@ static node *compile_node(cctx *cx, const cJSON *src, const char *where, int dep
         cfail(cx, "the schema at %s must be an object or a boolean", where);
         return NULL;
     }
-    for (const cJSON *kw = src->child; kw; kw = kw->next)
+    for (const cJSON *kw = src->child; kw; kw = kw->next) {
+        /* JSON lets a key repeat; which one counts would be a guess. */
+        for (const cJSON *before = src->child; before != kw; before = before->next)
+            if (strcmp(before->string, kw->string) == 0) {
+                cfail(cx, "keyword '%.60s' appears twice at %s", kw->string, where);
+                return NULL;
+            }
         if (compile_keyword(cx, n, kw, where, depth) != 0)
             return NULL;
+    }
     if (n->n_props)
         qsort(n->props, n->n_props, sizeof *n->props, lr_schema_prop_cmp);
     for (size_t i = 0; i < n->n_props; i++)

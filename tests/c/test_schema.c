@@ -187,6 +187,7 @@ static void test_compile_errors(void)
     CHECK_COMPILE_ERR("{\"$ref\":\"other.json#/x\"}", "only local references");
     CHECK_COMPILE_ERR("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     CHECK_COMPILE_ERR("[]", "must be an object or a boolean");
+    CHECK_COMPILE_ERR("{\"pattern\":\"a\",\"pattern\":\"b\"}", "'pattern' appears twice at $");
     CHECK_COMPILE_ERR("{", "not valid JSON");
     /* Cycles that never reach a smaller value are refused, not looped on. */
     CHECK_COMPILE_ERR("{\"$ref\":\"#\"}", "$ref cycle");
