@@ -112,6 +112,9 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
                                                          r->retry_after_ms >= 0));
         rc |= put_k(d, k[K_error_code], lr_str_or_none(r->error_code));
         rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
+        /* The schema's verdict, JSON text (errors.py reads it). */
+        if (r->validation_errors)
+            rc |= put(d, "validation_errors", PyUnicode_FromString(r->validation_errors));
         /* A broken stream's partial chat.completion, or (keep_response) the
          * body of the response given up on. */
         if (r->body)

@@ -55,7 +55,7 @@ from ._stream import Stream
 from .errors import (CallCancelledError, CircuitOpenError, DeadlineExceededError,
                      HTTPStatusError,
                      InvalidResponseError, LLMError, NetworkError,
-                     RequestTimeoutError, ResponseTooLargeError, ShapeError,
+                     RefusalError, RequestTimeoutError, ResponseTooLargeError, ShapeError,
                      StreamInterruptedError)
 
 __version__: str = _llmretry.VERSION
@@ -97,6 +97,7 @@ __all__ = [
     "CallCancelledError",
     "StreamInterruptedError",
     "CircuitOpenError",
+    "RefusalError",
     "ShapeError",
 ]
 

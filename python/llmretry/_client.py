@@ -374,13 +374,28 @@ def _targets(name: str, value: Any) -> Optional[str]:
         raise TypeError(f"{name}: header names and values must be str") from None
 
 
+def _schema(name: str, value: Any) -> Optional[str]:
+    """A JSON Schema (a dict, JSON text, or True/False) as the JSON text the
+    core compiles (and refuses, naming the keyword, when it cannot check it)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8")
+    if not isinstance(value, (Mapping, bool)):
+        raise TypeError(f"{name} must be a dict, JSON text or None, not {_type_name(value)}")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} cannot be encoded as JSON: {exc}") from None
+
+
 # How a Python value becomes a core option of each type (the core's option
 # table: _llmretry.options()), by (type, nullable).
 _CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
     ("text", True): _opt_str, ("text", False): _str, ("enum", False): _str,
     ("int", True): _opt_int, ("int", False): _int, ("bool", False): _bool,
     ("statuses", True): _statuses, ("headers", True): _headers,
-    ("number", False): _number, ("targets", True): _targets,
+    ("number", False): _number, ("targets", True): _targets, ("schema", True): _schema,
 }
 _NULLABLE = 1   # LLMRETRY_OPTFLAG_NULLABLE
 _ENDPOINT = ("url", "base_url")
@@ -394,7 +409,7 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
     "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm",
     "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
-    "fallbacks", "validate", "logger")
+    "fallbacks", "schema", "validate", "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
@@ -930,6 +945,7 @@ class Client:
                  breaker_failures: int = DEFAULT,
                  breaker_cooldown_ms: int = DEFAULT,
                  fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
+                 schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
                  policy: Optional[str] = None) -> Result:
@@ -939,7 +955,7 @@ class Client:
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
                   headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, validate, logger)
+                  fallbacks, schema, validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1437,6 +1453,7 @@ def call_llm(body: Body, *,
              breaker_failures: int = DEFAULT,
              breaker_cooldown_ms: int = DEFAULT,
              fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
+             schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None,
@@ -1499,6 +1516,13 @@ def call_llm(body: Body, *,
       within the same ``deadline_ms``. A target without a URL is the same
       endpoint with another model; one with a URL sends only its own key
       and headers. ``meta.target`` says which answered (0: the primary).
+    * ``schema``: a JSON Schema (dict or JSON text) every answer must
+      match: each choice's message content, read with :func:`extract_json`,
+      is validated by the core (docs/structured-outputs.md). A body with
+      ``response_format`` ``json_schema`` is held to its own schema without
+      it. A mismatch is ``invalid_response`` (retried) with the errors in
+      ``validation_errors``; a ``message.refusal`` raises
+      :class:`~llmretry.RefusalError`, not retried.
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -1526,7 +1550,7 @@ def call_llm(body: Body, *,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
               headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, validate, logger)
+                  fallbacks, schema, validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)
