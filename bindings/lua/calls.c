@@ -183,6 +183,12 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
     if (!r->ok) {
         set_str(L, "error_code", r->error_code);
         set_str(L, "body_preview", r->body_preview);
+        /* The schema's verdict: a list of {path = ..., message = ...}. */
+        char verdict_err[64];
+        if (r->validation_errors &&
+            push_decoded(L, r->validation_errors, strlen(r->validation_errors), verdict_err,
+                         sizeof verdict_err))
+            lua_setfield(L, -2, "validation_errors");
         /* A broken stream's reason is how it broke (as in Python). */
         set_str(L, "reason", r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED
                                  ? llmretry_stream_reason_name(r->stream_reason)

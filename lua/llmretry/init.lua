@@ -55,6 +55,8 @@ M.errors = {
   STREAM_INTERRUPTED = "stream_interrupted",
   -- The endpoint's circuit breaker is open (breaker_failures): nothing sent.
   CIRCUIT_OPEN = "circuit_open",
+  -- The model refused a call with a schema (message.refusal): not retried.
+  REFUSAL = "refusal",
 }
 
 -- Is `v` an error table returned by a call (nil, err)?

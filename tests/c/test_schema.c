@@ -141,7 +141,11 @@ static void test_enum_const_pattern(void)
     CHECK_COMPILE_ERR("{\"pattern\":\"(?=a)\"}", "look-arounds");
     CHECK_COMPILE_ERR("{\"pattern\":\"\\\\bx\"}", "escape");
     CHECK_COMPILE_ERR("{\"pattern\":\"[a\"}", "pattern at $.pattern");
-    CHECK_COMPILE_ERR("{\"pattern\":\"a{2\"}", "pattern at $.pattern");
+    CHECK_OK("{\"pattern\":\"^a{2,3}?b{2}$\"}", "\"aaabb\"");
+    CHECK_OK("{\"pattern\":\"^x{$\"}", "\"x{\"");          /* no interval: literal */
+    CHECK_COMPILE_ERR("{\"pattern\":\"a++\"}", "a quantifier follows a quantifier");
+    CHECK_COMPILE_ERR("{\"pattern\":\"a*??\"}", "a quantifier follows a quantifier");
+    CHECK_COMPILE_ERR("{\"pattern\":\"(a{0,1000})\"}", "repetition count above 255");
 }
 
 static void test_any_of_and_refs(void)
