@@ -10,14 +10,82 @@
 #include "schema.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- compiled schemas, shared ---------------------------------------------
+ * A batch's calls, and a client's, name the same schema thousands of times:
+ * compiling a 40-property schema costs tens of microseconds of the host
+ * thread, more than the rest of a submit. So the last few schemas compiled
+ * are kept, by their JSON text, and shared (a compiled schema is read-only).
+ * Only schemas that compiled are kept; a bad one is refused each time. */
+#define SCHEMA_CACHE 8
+
+typedef struct cached_schema {
+    char *text;
+    size_t len;
+    lr_schema *schema;
+    uint64_t used;
+} cached_schema;
+
+static cached_schema cache[SCHEMA_CACHE];
+static uint64_t cache_clock;
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+/* A child of fork() has only the forking thread: the mutex may have been
+ * held by another; the entries themselves are intact. */
+static void cache_after_fork(void)
+{
+    pthread_mutex_init(&cache_mu, NULL);
+}
+
+static void cache_init(void)
+{
+    pthread_atfork(NULL, NULL, cache_after_fork);
+}
+
+/* The compiled schema of this JSON text (a reference: lr_schema_free it),
+ * from the cache or compiled now; NULL with why. */
+static lr_schema *schema_for(const char *text, size_t len, char *why, size_t whylen)
+{
+    pthread_once(&cache_once, cache_init);
+    lr_schema *s = NULL;
+    pthread_mutex_lock(&cache_mu);
+    for (int i = 0; i < SCHEMA_CACHE && !s; i++)
+        if (cache[i].schema && cache[i].len == len && memcmp(cache[i].text, text, len) == 0) {
+            cache[i].used = ++cache_clock;
+            s = lr_schema_ref(cache[i].schema);
+        }
+    pthread_mutex_unlock(&cache_mu);
+    if (s)
+        return s;
+    if (!(s = lr_schema_compile_text(text, len, why, whylen)))
+        return NULL;
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return s;                   /* not kept: compiled again next time */
+    memcpy(copy, text, len);
+    pthread_mutex_lock(&cache_mu);
+    int slot = 0;
+    for (int i = 1; i < SCHEMA_CACHE; i++)
+        if (cache[i].used < cache[slot].used)
+            slot = i;
+    cached_schema old = cache[slot];
+    cache[slot] = (cached_schema){ copy, len, lr_schema_ref(s), ++cache_clock };
+    pthread_mutex_unlock(&cache_mu);
+    free(old.text);
+    lr_schema_free(old.schema);
+    return s;
+}
+
 int lr_schema_check_json(const char *json, const char *name, char *err, size_t errlen)
 {
     char why[LLMRETRY_ERRBUF - 32];
-    lr_schema *s = lr_schema_compile_text(json, strlen(json), why, sizeof why);
+    lr_schema *s = schema_for(json, strlen(json), why, sizeof why);
     if (!s) {
         lr_errf(err, errlen, "%s: %s", name, why);
         return -1;
@@ -57,7 +125,7 @@ int lr_answer_schema(llmretry_call *c, const llmretry_options *o, char *err, siz
 {
     char why[LLMRETRY_ERRBUF - 48];
     if (o->schema) {
-        c->schema = lr_schema_compile_text(o->schema, strlen(o->schema), why, sizeof why);
+        c->schema = schema_for(o->schema, strlen(o->schema), why, sizeof why);
         c->schema_extract = 1;
         if (!c->schema) {
             lr_errf(err, errlen, "schema: %s", why);
@@ -78,9 +146,16 @@ int lr_answer_schema(llmretry_call *c, const llmretry_options *o, char *err, siz
     if (missing) {
         lr_errf(err, errlen, "the body asks for a json_schema answer but %s is missing", where);
         rc = -1;
-    } else if (s && !(c->schema = lr_schema_compile(s, why, sizeof why))) {
-        lr_errf(err, errlen, "%s: %s", where, why);
-        rc = strcmp(why, "out of memory") == 0 ? -2 : -1;
+    } else if (s) {
+        /* By its text, as the schema option's: a batch's bodies share one. */
+        char *text = cJSON_PrintUnformatted(s);
+        if (!text) {
+            rc = -2;
+        } else if (!(c->schema = schema_for(text, strlen(text), why, sizeof why))) {
+            lr_errf(err, errlen, "%s: %s", where, why);
+            rc = strcmp(why, "out of memory") == 0 ? -2 : -1;
+        }
+        cJSON_free(text);
     }
     cJSON_Delete(doc);
     return rc;
@@ -106,6 +181,22 @@ static void not_json(lr_schema_errors *errs, const char *what)
     snprintf(e->message, sizeof e->message, "%s", what);
 }
 
+/* text as one JSON value, nothing but blanks after it (cJSON alone would
+ * stop at the value's end: "{} and more" is not JSON). */
+static cJSON *parse_whole(const char *text, size_t len)
+{
+    const char *end = NULL;
+    cJSON *v = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (v && end) {
+        for (const char *p = end; p < text + len; p++)
+            if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+                cJSON_Delete(v);
+                return NULL;
+            }
+    }
+    return v;
+}
+
 /* Validate one answer text; its errors appended to errs (prefixed with
  * the choice when there are several). */
 static void check_text(llmretry_call *c, const char *text, size_t len, int choice, int n_choices,
@@ -117,12 +208,15 @@ static void check_text(llmretry_call *c, const char *text, size_t len, int choic
     }
     size_t start = 0, n = len;
     char why[64];
-    if (c->schema_extract &&
-        llmretry_extract_json(text, len, &start, &n, why, sizeof why) != LLMRETRY_OK) {
-        not_json(errs, "the answer holds no JSON");
-        return;
+    /* Most answers are JSON as they are: extract_json only for the rest. */
+    cJSON *v = parse_whole(text, len);
+    if (!v && c->schema_extract) {
+        if (llmretry_extract_json(text, len, &start, &n, why, sizeof why) != LLMRETRY_OK) {
+            not_json(errs, "the answer holds no JSON");
+            return;
+        }
+        v = cJSON_ParseWithLength(text + start, n);
     }
-    cJSON *v = cJSON_ParseWithLength(text + start, n);
     if (!v) {
         not_json(errs, "the answer is not JSON");
         return;

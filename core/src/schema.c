@@ -104,14 +104,16 @@ static int is_count(const cJSON *v)
 static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where, int depth)
 {
     const char *k = kw->string;
+    /* Its path ("$.properties.x.minimum"), made only when needed: for a
+     * message, or as its children's parent. */
     char at[LR_SCHEMA_PATH_MAX * 2];
-    path_join(at, sizeof at, where, k);
+#define AT() (path_join(at, sizeof at, where, k), at)
     if (strcmp(k, "type") == 0) {
         const cJSON *names = kw;
         if (cJSON_IsArray(kw) && cJSON_GetArraySize(kw) == 0)
-            return cfail(cx, "type at %s must not be an empty array", at);
+            return cfail(cx, "type at %s must not be an empty array", AT());
         if (!cJSON_IsString(kw) && !cJSON_IsArray(kw))
-            return cfail(cx, "type at %s must be a type name or an array of them", at);
+            return cfail(cx, "type at %s must be a type name or an array of them", AT());
         const cJSON *one = cJSON_IsString(kw) ? kw : NULL;
         for (const cJSON *t = one ? one : names->child; t; t = one ? NULL : t->next) {
             size_t i = 0;
@@ -119,27 +121,28 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
                 i++;
             if (i == N_TYPES)
                 return cfail(cx, "type at %s names an unknown type (not one of object, array, "
-                             "string, integer, number, boolean, null)", at);
+                             "string, integer, number, boolean, null)", AT());
             n->types |= TYPES[i].bit;
         }
     } else if (strcmp(k, "properties") == 0) {
         if (!cJSON_IsObject(kw))
-            return cfail(cx, "properties at %s must be an object", at);
+            return cfail(cx, "properties at %s must be an object", AT());
         n->n_props = (size_t)cJSON_GetArraySize(kw);
         n->props = calloc(n->n_props ? n->n_props : 1, sizeof *n->props);
         if (!n->props)
             return cfail(cx, "out of memory");
         size_t i = 0;
+        const char *base = AT();
         for (const cJSON *p = kw->child; p; p = p->next, i++) {
             char sub[LR_SCHEMA_PATH_MAX * 2];
-            path_join(sub, sizeof sub, at, p->string);
+            path_join(sub, sizeof sub, base, p->string);
             n->props[i].name = p->string;
             if (!(n->props[i].schema = compile_node(cx, p, sub, depth + 1)))
                 return -1;
         }
     } else if (strcmp(k, "required") == 0) {
         if (!cJSON_IsArray(kw))
-            return cfail(cx, "required at %s must be an array of property names", at);
+            return cfail(cx, "required at %s must be an array of property names", AT());
         n->n_req = (size_t)cJSON_GetArraySize(kw);
         n->req = calloc(n->n_req ? n->n_req : 1, sizeof *n->req);
         if (!n->req)
@@ -147,52 +150,54 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
         size_t i = 0;
         for (const cJSON *r = kw->child; r; r = r->next, i++) {
             if (!cJSON_IsString(r))
-                return cfail(cx, "required at %s must be an array of property names", at);
+                return cfail(cx, "required at %s must be an array of property names", AT());
             n->req[i].name = r->valuestring;
         }
     } else if (strcmp(k, "additionalProperties") == 0) {
         if (cJSON_IsFalse(kw))
             n->closed = 1;
-        else if (!cJSON_IsTrue(kw) && !(n->additional = compile_node(cx, kw, at, depth + 1)))
+        else if (!cJSON_IsTrue(kw) && !(n->additional = compile_node(cx, kw, AT(), depth + 1)))
             return -1;
     } else if (strcmp(k, "items") == 0) {
         if (cJSON_IsArray(kw))
-            return cfail(cx, "items at %s must be one schema (tuples are not supported)", at);
-        if (!(n->items = compile_node(cx, kw, at, depth + 1)))
+            return cfail(cx, "items at %s must be one schema (tuples are not supported)", AT());
+        if (!(n->items = compile_node(cx, kw, AT(), depth + 1)))
             return -1;
     } else if (strcmp(k, "enum") == 0) {
         if (!cJSON_IsArray(kw) || !kw->child)
-            return cfail(cx, "enum at %s must be a non-empty array", at);
+            return cfail(cx, "enum at %s must be a non-empty array", AT());
         n->enum_vals = kw;
     } else if (strcmp(k, "const") == 0) {
         n->const_val = kw;
     } else if (strcmp(k, "anyOf") == 0) {
         if (!cJSON_IsArray(kw) || !kw->child)
-            return cfail(cx, "anyOf at %s must be a non-empty array of schemas", at);
+            return cfail(cx, "anyOf at %s must be a non-empty array of schemas", AT());
         n->n_any_of = (size_t)cJSON_GetArraySize(kw);
         n->any_of = calloc(n->n_any_of, sizeof *n->any_of);
         if (!n->any_of)
             return cfail(cx, "out of memory");
         size_t i = 0;
+        const char *base = AT();
         for (const cJSON *b = kw->child; b; b = b->next, i++) {
             char sub[LR_SCHEMA_PATH_MAX * 2];
-            snprintf(sub, sizeof sub, "%.300s[%zu]", at, i);
+            snprintf(sub, sizeof sub, "%.300s[%zu]", base, i);
             if (!(n->any_of[i] = compile_node(cx, b, sub, depth + 1)))
                 return -1;
         }
     } else if (strcmp(k, "$ref") == 0) {
         /* Resolved once the whole schema is compiled (resolve_refs). */
         if (!cJSON_IsString(kw))
-            return cfail(cx, "$ref at %s must be a string", at);
+            return cfail(cx, "$ref at %s must be a string", AT());
         if (kw->valuestring[0] != '#' || (kw->valuestring[1] && kw->valuestring[1] != '/'))
             return cfail(cx, "$ref at %s: only local references (\"#\", \"#/$defs/Name\") are "
-                         "supported", at);
+                         "supported", AT());
     } else if (strcmp(k, "$defs") == 0 || strcmp(k, "definitions") == 0) {
         if (!cJSON_IsObject(kw))
-            return cfail(cx, "%s at %s must be an object of schemas", k, at);
+            return cfail(cx, "%s at %s must be an object of schemas", k, AT());
+        const char *base = AT();
         for (const cJSON *d = kw->child; d; d = d->next) {
             char sub[LR_SCHEMA_PATH_MAX * 2];
-            path_join(sub, sizeof sub, at, d->string);
+            path_join(sub, sizeof sub, base, d->string);
             if (!compile_node(cx, d, sub, depth + 1))
                 return -1;
         }
@@ -200,11 +205,11 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
                strcmp(k, "exclusiveMinimum") == 0 || strcmp(k, "exclusiveMaximum") == 0 ||
                strcmp(k, "multipleOf") == 0) {
         if (!cJSON_IsNumber(kw) || !isfinite(kw->valuedouble))
-            return cfail(cx, "%s at %s must be a number", k, at);
+            return cfail(cx, "%s at %s must be a number", k, AT());
         double d = kw->valuedouble;
         if (k[0] == 'm' && k[1] == 'u') {
             if (d <= 0)
-                return cfail(cx, "multipleOf at %s must be greater than 0", at);
+                return cfail(cx, "multipleOf at %s must be greater than 0", AT());
             n->mult = d, n->has |= HAS_MULT;
         } else if (k[0] == 'e') {
             if (k[10] == 'i')          /* exclusiveMinimum */
@@ -219,14 +224,14 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
     } else if (strcmp(k, "minItems") == 0 || strcmp(k, "maxItems") == 0 ||
                strcmp(k, "minLength") == 0 || strcmp(k, "maxLength") == 0) {
         if (!is_count(kw))
-            return cfail(cx, "%s at %s must be a non-negative integer", k, at);
+            return cfail(cx, "%s at %s must be a non-negative integer", k, AT());
         long long v = (long long)kw->valuedouble;
         if (strcmp(k, "minItems") == 0) n->min_items = v;
         else if (strcmp(k, "maxItems") == 0) n->max_items = v;
         else if (strcmp(k, "minLength") == 0) n->min_len = v;
         else n->max_len = v;
     } else if (strcmp(k, "pattern") == 0) {
-        return compile_pattern(cx, n, kw, at);
+        return compile_pattern(cx, n, kw, AT());
     } else {
         for (const char *const *ig = IGNORED; *ig; ig++)
             if (strcmp(k, *ig) == 0)
@@ -237,6 +242,7 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
                      "minItems, maxItems, minLength, maxLength, pattern)", k, where);
     }
     return 0;
+#undef AT
 }
 
 static node *compile_node(cctx *cx, const cJSON *src, const char *where, int depth)
@@ -361,9 +367,16 @@ static int no_progress_cycle(cctx *cx, node *n)
     return 0;
 }
 
+lr_schema *lr_schema_ref(lr_schema *s)
+{
+    if (s)
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    return s;
+}
+
 void lr_schema_free(lr_schema *s)
 {
-    if (!s)
+    if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
     for (size_t i = 0; i < s->n_nodes; i++) {
         node *n = s->nodes[i];
@@ -380,20 +393,20 @@ void lr_schema_free(lr_schema *s)
     free(s);
 }
 
-lr_schema *lr_schema_compile(const cJSON *schema, char *err, size_t errlen)
+/* Compile doc, which the schema takes (freed with it, or now on failure). */
+static lr_schema *compile_owned(cJSON *doc, char *err, size_t errlen)
 {
     if (err && errlen)
         err[0] = '\0';
     lr_schema *s = calloc(1, sizeof *s);
     cctx cx = { s, err, errlen, 0 };
-    if (!s || !schema || !(s->doc = cJSON_Duplicate(schema, 1))) {
-        if (!schema && err)
-            snprintf(err, errlen, "no schema");
-        else if (err)
-            snprintf(err, errlen, "out of memory");
-        lr_schema_free(s);
+    if (!s) {
+        cJSON_Delete(doc);
+        cfail(&cx, "out of memory");
         return NULL;
     }
+    atomic_init(&s->refs, 1);
+    s->doc = doc;
     s->root = compile_node(&cx, s->doc, "$", 0);
     if (s->root && resolve_refs(&cx) == 0) {
         for (size_t i = 0; i < s->n_nodes && !cx.failed; i++)
@@ -408,6 +421,17 @@ lr_schema *lr_schema_compile(const cJSON *schema, char *err, size_t errlen)
     return s;
 }
 
+lr_schema *lr_schema_compile(const cJSON *schema, char *err, size_t errlen)
+{
+    cJSON *doc = schema ? cJSON_Duplicate(schema, 1) : NULL;
+    if (!doc) {
+        if (err && errlen)
+            snprintf(err, errlen, schema ? "out of memory" : "no schema");
+        return NULL;
+    }
+    return compile_owned(doc, err, errlen);
+}
+
 lr_schema *lr_schema_compile_text(const char *json, size_t len, char *err, size_t errlen)
 {
     cJSON *doc = json ? cJSON_ParseWithLength(json, len) : NULL;
@@ -416,7 +440,5 @@ lr_schema *lr_schema_compile_text(const char *json, size_t len, char *err, size_
             snprintf(err, errlen, "schema is not valid JSON");
         return NULL;
     }
-    lr_schema *s = lr_schema_compile(doc, err, errlen);
-    cJSON_Delete(doc);
-    return s;
+    return compile_owned(doc, err, errlen);
 }

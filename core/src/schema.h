@@ -73,6 +73,10 @@ typedef struct lr_schema_errors {
 lr_schema *lr_schema_compile(const struct cJSON *schema, char *err, size_t errlen);
 /* The same from JSON text ("schema is not valid JSON" when it is not). */
 lr_schema *lr_schema_compile_text(const char *json, size_t len, char *err, size_t errlen);
+/* A compiled schema is read-only, so calls and threads may share one:
+ * lr_schema_ref takes a reference, lr_schema_free drops one (the last
+ * frees it). */
+lr_schema *lr_schema_ref(lr_schema *s);
 void lr_schema_free(lr_schema *s);
 
 /* Validate `value`: 0 when it matches, else the number of errors in

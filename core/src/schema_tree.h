@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 #include <regex.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* Types as bits; an integral number is a number too. */
@@ -58,6 +59,7 @@ struct lr_schema_node {
 };
 
 struct lr_schema {
+    atomic_int refs;               /* lr_schema_ref / lr_schema_free */
     cJSON *doc;
     node **nodes;                  /* every node, owned; also the $ref memo */
     size_t n_nodes, cap;

@@ -252,6 +252,19 @@ static void test_depth_and_budget(void)
     lr_schema_free(s);
 }
 
+/* A compiled schema is shared by reference: the last free frees it. */
+static void test_references(void)
+{
+    char err[64];
+    lr_schema *s = lr_schema_compile_text("{\"type\":\"string\"}", 17, err, sizeof err);
+    CHECK(s != NULL && lr_schema_ref(s) == s);
+    lr_schema_free(s);
+    cJSON *v = cJSON_CreateString("x");
+    CHECK_INT(lr_schema_validate(s, v, &errs), 0);       /* still alive: valgrind says so */
+    cJSON_Delete(v);
+    lr_schema_free(s);
+}
+
 static void test_error_cap_and_json(void)
 {
     char value[2000];
@@ -279,5 +292,6 @@ int main(void)
     test_compile_errors();
     test_depth_and_budget();
     test_error_cap_and_json();
+    test_references();
     return th_summary("test_schema");
 }

@@ -89,6 +89,16 @@ def test_refusal_is_not_retried(sclient: Any, scen: Any) -> None:
     assert len(scen.requests()) == 1
 
 
+def test_an_answer_with_text_after_its_json(sclient: Any, scen: Any) -> None:
+    """response_format asks for JSON as it is: text after the value fails;
+    the schema option finds the JSON (extract_json) and accepts it."""
+    scen.script([], after={"content": GOOD + " -- hope this helps"})
+    with pytest.raises(llmretry.InvalidResponseError) as info:
+        sclient.call_llm(with_format(PERSON), base_url=scen.url, max_retries=0)
+    assert info.value.validation_errors == [{"path": "$", "message": "the answer is not JSON"}]
+    assert sclient.call_llm(BODY, base_url=scen.url, schema=PERSON).meta.attempts == 1
+
+
 def test_without_a_schema_nothing_changes(sclient: Any, scen: Any) -> None:
     """No schema, no response_format: an answer that is not JSON is fine."""
     scen.script([{"content": "not json at all"}])
