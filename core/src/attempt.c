@@ -527,6 +527,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
                   || rc == CURLE_SEND_FAIL_REWIND;
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
+    lr_usage_add(&c->result.usage_total, &out.usage);   /* billed, whatever comes of it */
     lr_budget_attempt_ended(c, &out.usage);  /* its headers and usage teach the budget */
     lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
     detach_easy(e, c);

@@ -314,6 +314,17 @@ struct llmretry_call {
     llmretry_result result;
 };
 
+/* Add an attempt's usage (when it had one) to a sum. */
+static inline void lr_usage_add(llmretry_usage *sum, const llmretry_usage *u)
+{
+    if (!u->present)
+        return;
+    sum->present = 1;
+    sum->prompt_tokens += u->prompt_tokens;
+    sum->completion_tokens += u->completion_tokens;
+    sum->total_tokens += u->total_tokens;
+}
+
 /* ---- free re-sends (attempt.c decides, call.c detects) ----------------- */
 /* Why a request is sent again within one attempt, without a backoff and
  * without counting an attempt. */

@@ -72,11 +72,15 @@ class Meta:
         chunks: the chunks that attempt received (0 when not streamed).
         target: which target answered: 0 for the call's own, 1 for its
             first ``fallbacks`` entry, and so on.
+        usage_total: the usage of every attempt that returned one, summed
+            (attempts whose answer failed validation are billed too; ``usage``
+            is the successful attempt's alone), or None when none did.
     """
 
     __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
                  "usage", "request_id", "model", "response_model",
-                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks", "target")
+                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks", "target",
+                 "usage_total")
 
     attempt: int
     attempts: int
@@ -93,26 +97,30 @@ class Meta:
     ttft_ms: Optional[int]
     chunks: int
     target: int
+    usage_total: Optional[Dict[str, int]]
 
     def __init__(self, attempt: int, attempts: int, duration_ms: int, total_ms: int,
                  status: int, usage: Optional[Dict[str, int]], request_id: str,
                  model: Optional[str], response_model: Optional[str],
                  system_fingerprint: Optional[str], resends: int = 0,
                  stream: bool = False, ttft_ms: Optional[int] = None,
-                 chunks: int = 0, target: int = 0) -> None:
+                 chunks: int = 0, target: int = 0,
+                 usage_total: Optional[Dict[str, int]] = None) -> None:
         # Written out (not the dataclass's) for the defaults: a field added
         # later must not break code that builds a Meta.
         for name, value in zip(self.__slots__, (attempt, attempts, duration_ms, total_ms,
                                                 status, usage, request_id, model,
                                                 response_model, system_fingerprint, resends,
-                                                stream, ttft_ms, chunks, target)):
+                                                stream, ttft_ms, chunks, target,
+                                                usage_total)):
             object.__setattr__(self, name, value)
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict (``usage`` copied)."""
         d = {name: getattr(self, name) for name in self.__slots__}
-        if d["usage"] is not None:
-            d["usage"] = dict(d["usage"])
+        for key in ("usage", "usage_total"):
+            if d[key] is not None:
+                d[key] = dict(d[key])
         return d
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -211,7 +219,7 @@ _set_response_model = _SETTERS["response_model"]
 _set_system_fingerprint = _SETTERS["system_fingerprint"]
 _set_resends = _SETTERS["resends"]
 _set_stream, _set_ttft_ms, _set_chunks = _SETTERS["stream"], _SETTERS["ttft_ms"], _SETTERS["chunks"]
-_set_target = _SETTERS["target"]
+_set_target, _set_usage_total = _SETTERS["target"], _SETTERS["usage_total"]
 _new_object = object.__new__
 
 
@@ -232,6 +240,7 @@ def _meta_of(out: Dict[str, Any]) -> Meta:
     _set_ttft_ms(m, out.get("ttft_ms"))
     _set_chunks(m, out.get("chunks", 0))
     _set_target(m, out.get("target", 0))
+    _set_usage_total(m, out.get("usage_total"))
     return m
 
 

@@ -50,7 +50,7 @@ __all__ = [
 _FIELDS: Tuple[str, ...] = (
     "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms",
     "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms", "resends",
-    "target", "targets", "validation_errors",
+    "target", "targets", "validation_errors", "usage_total",
 )
 
 
@@ -91,6 +91,8 @@ class LLMError(Exception):
             (``schema=`` or the body's ``response_format``): the last
             attempt's errors, ``[{"path": "$.items[2].price", "message":
             "expected number"}, ...]`` (at most 20); None otherwise.
+        usage_total: the usage of every attempt that returned one, summed
+            (what the failed call was billed), or None.
     """
 
     kind: str = "error"
@@ -104,7 +106,8 @@ class LLMError(Exception):
                  reason: Optional[str] = None, model: Optional[str] = None,
                  duration_ms: int = 0, total_ms: int = 0, resends: int = 0,
                  target: int = 0, targets: Optional[List[Dict[str, Any]]] = None,
-                 validation_errors: Optional[List[Dict[str, str]]] = None) -> None:
+                 validation_errors: Optional[List[Dict[str, str]]] = None,
+                 usage_total: Optional[Dict[str, int]] = None) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind if kind is not None else type(self).kind
@@ -123,6 +126,7 @@ class LLMError(Exception):
         self.target = target
         self.targets = targets
         self.validation_errors = validation_errors
+        self.usage_total = usage_total
 
     def __str__(self) -> str:
         if self.request_id:
@@ -260,7 +264,8 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
                   body_preview=get("body_preview"), reason=get("stream_reason"),
                   model=get("model"), duration_ms=get("duration_ms", 0),
                   total_ms=get("total_ms", 0), resends=get("resends", 0),
-                  target=get("target", 0), targets=get("targets"))
+                  target=get("target", 0), targets=get("targets"),
+                  usage_total=get("usage_total"))
         err.chunks_delivered = get("chunks_delivered", 0)
         return err
     return cls(
@@ -272,4 +277,5 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
         model=get("model"), duration_ms=get("duration_ms", 0),
         total_ms=get("total_ms", 0), resends=get("resends", 0),
         target=get("target", 0), targets=get("targets"), validation_errors=verdict,
+        usage_total=get("usage_total"),
     )

@@ -450,6 +450,8 @@ static void check_result(const cJSON *exp, const run_out *r, const llmretry_resu
                (long long)r->wall_ms, (long long)v->valuedouble);
     if (opt_str(exp, "request_id"))
         check_str_eq("result.request_id", res->request_id, opt_str(exp, "request_id"));
+    if ((v = cJSON_GetObjectItemCaseSensitive(exp, "usage_total")))
+        check_usage(v, &res->usage_total, "result.usage_total");
 
     if (want_ok) {
         VCHECK(res->body && res->body_len > 0, "ok result without a body");

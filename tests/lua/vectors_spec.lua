@@ -123,6 +123,9 @@ describe("shared vectors", function()
       if exp.request_id then
         check(got.request_id == exp.request_id, "request_id %s", got.request_id)
       end
+      if exp.usage_total then
+        check(H.same(got.usage_total, exp.usage_total), "usage_total %s", H.dump(got.usage_total))
+      end
 
       if want_ok then
         check(type(res.data) == "table", "data is not the parsed JSON body")

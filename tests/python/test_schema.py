@@ -156,6 +156,30 @@ def test_call_many_and_asyncio_share_the_schema(sclient: Any, scen: Any) -> None
     assert res.meta.attempts == 2
 
 
+def test_usage_total_counts_every_attempt(sclient: Any, scen: Any) -> None:
+    """meta.usage stays the successful attempt's; usage_total, the batch
+    summary and log_usage count the invalid answers' tokens too (the mock
+    bills 12 + 3 per answer)."""
+    one = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    two = {k: 2 * v for k, v in one.items()}
+    scen.script([{"content": BAD}, {"content": GOOD}])
+    res = sclient.call_llm(BODY, base_url=scen.url, schema=PERSON)
+    assert res.meta.usage == one and res.meta.usage_total == two
+    assert res.meta.as_dict()["usage_total"] == two
+    assert pickle.loads(pickle.dumps(res.meta)).usage_total == two
+    logged: List[Dict[str, Any]] = []
+    llmretry.log_usage(res.meta, logger=logged.append)
+    assert logged[0]["total_tokens"] == 30
+
+    scen.script([{"content": BAD}, {"content": GOOD}, {"content": BAD}, {"content": BAD}])
+    out = sclient.call_many([BODY, BODY], limit=1, base_url=scen.url, schema=PERSON,
+                            max_retries=1, adaptive=False)
+    assert out.summary.ok == 1 and out.summary.failed == 1
+    [(_, err)] = out.errors()
+    assert err.usage_total == two
+    assert out.summary.total_tokens == 60 and out.summary.prompt_tokens == 48
+
+
 def test_a_read_stream_that_does_not_match_ends_as_invalid(sclient: Any, scen: Any) -> None:
     """Once chunks were read nothing is retried: the whole answer's mismatch
     ends the call as invalid_response (not a broken stream)."""

@@ -97,6 +97,8 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
         assert wall_ms <= exp["max_total_ms"], f"wall {wall_ms:.0f} ms"
     if "request_id" in exp:
         assert got.request_id == exp["request_id"]
+    if "usage_total" in exp:
+        assert got.usage_total == exp["usage_total"], f"usage_total {got.usage_total}"
 
     if want_ok:
         assert isinstance(res.data, dict), "data is not the parsed JSON body"

@@ -132,6 +132,11 @@ typedef struct llmretry_result {
     int64_t ttft_ms;
     llmretry_stream_reason stream_reason;
 
+    /* The tokens of every attempt that returned usage, summed: answers that
+     * failed validation are billed too (usage below is the successful
+     * attempt's alone). present == 0 when no attempt returned usage. */
+    llmretry_usage usage_total;
+
     /* ok == 1 */
     /* The raw response body. A 2xx body counts as a success only when it
      * is a JSON object in valid UTF-8 with no raw control characters in
