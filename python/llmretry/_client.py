@@ -24,6 +24,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
                     Optional, Sequence, Sized, Tuple, TypeVar, Union)
 
 from . import _aio, _batch, _llmretry
+from ._models import ModelCheck
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
 from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json,
@@ -135,11 +136,17 @@ class Result:
     never shows the data.
     """
 
-    __slots__ = ("data", "meta")
+    __slots__ = ("data", "meta", "_parsed")
 
     def __init__(self, data: Any, meta: Meta) -> None:
         self.data = data    # the response body parsed as JSON
         self.meta = meta
+
+    @property
+    def parsed(self) -> Any:
+        """With ``response_model``: the answer as an instance of the model
+        (validated by pydantic); else None."""
+        return getattr(self, "_parsed", None)
 
     def __iter__(self) -> Iterator[Any]:
         yield self.data
@@ -190,8 +197,9 @@ def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
                 err.partial = None
         raise err
     try:
-        data = (validator.data_for(out["body"]) if validator is not None
-                else _parse_json(out["body"]))
+        if validator is not None:
+            return validator.result(out["body"], _meta_of(out))
+        data = _parse_json(out["body"])
     except (ValueError, RecursionError) as exc:
         raise _unparsable(out, exc) from None
     return Result(data, _meta_of(out))
@@ -418,14 +426,16 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
     "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm",
     "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
-    "fallbacks", "schema", "validate", "logger")
+    "fallbacks", "schema", "response_model", "validate", "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
 _ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
     name: _CONVERTERS[kind, bool(flags & _NULLABLE)]
     for name, kind, flags in _llmretry.options() if name in _CALL_OPTIONS}
-assert set(_ENGINE_OPTIONS) == set(_CALL_OPTIONS[:-2]), "call_llm's keywords are core options"
+assert set(_ENGINE_OPTIONS) == set(_CALL_OPTIONS[:-3]), "call_llm's keywords are core options"
+_MODEL_AND_VALIDATE = ("response_model and validate cannot be combined: put the checks in the "
+                       "model (pydantic validators)")
 _ALL_DEFAULT: Tuple[Any, ...] = (DEFAULT,) * len(_CALL_OPTIONS)
 _IDEMPOTENCY_INDEX = _CALL_OPTIONS.index("idempotency_key")
 
@@ -634,7 +644,21 @@ class _Plan:
                 if value is not None and not callable(value):
                     raise TypeError(f"validate must be callable or None, "
                                     f"not {_type_name(value)}")
+                if value is not None and isinstance(validate, ModelCheck):
+                    raise TypeError(_MODEL_AND_VALIDATE)
                 validate = value
+            elif name == "response_model":
+                # The model's strict schema for the core, pydantic as the
+                # validate hook (docs/structured-outputs.md).
+                if value is None:
+                    if isinstance(validate, ModelCheck):
+                        validate = None
+                        kwargs.pop("schema", None)
+                    continue
+                if validate is not None and not isinstance(validate, ModelCheck):
+                    raise TypeError(_MODEL_AND_VALIDATE)
+                validate = ModelCheck(value)
+                kwargs["schema"] = validate.schema_text
             else:
                 kwargs[name] = _ENGINE_OPTIONS[name](name, value)
         return _Plan(kwargs, validate, event_mask)
@@ -701,12 +725,13 @@ class _Validator:
     Parses each 2xx body once and keeps the accepted parse for Result.data.
     """
 
-    __slots__ = ("check", "body", "data")
+    __slots__ = ("check", "body", "data", "parsed")
 
     def __init__(self, check: Validate) -> None:
         self.check = check
         self.body: Optional[bytes] = None
         self.data: Any = None
+        self.parsed: Any = None     # response_model: the accepted instance
 
     def __call__(self, body: bytes) -> Optional[str]:
         try:
@@ -721,12 +746,23 @@ class _Validator:
             return "validate returned False"
         self.body = body
         self.data = data
+        self.parsed = verdict if isinstance(self.check, ModelCheck) else None
         return None
 
     def data_for(self, body: bytes) -> Any:
         if body is self.body or body == self.body:
             return self.data
         return _parse_json(body)
+
+    def result(self, body: bytes, meta: "Meta") -> "Result":
+        """The Result of an accepted body (with response_model, its instance:
+        the one accepted, or for a batch's shared validator validated again)."""
+        data = self.data_for(body)
+        res = Result(data, meta)
+        if isinstance(self.check, ModelCheck):
+            same = body is self.body or body == self.body
+            res._parsed = self.parsed if same else self.check(data)
+        return res
 
 
 # ---------------------------------------------------------------------------
@@ -955,6 +991,7 @@ class Client:
                  breaker_cooldown_ms: int = DEFAULT,
                  fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
                  schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
+                 response_model: Any = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
                  policy: Optional[str] = None) -> Result:
@@ -964,7 +1001,7 @@ class Client:
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
                   headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, schema, validate, logger)
+                  fallbacks, schema, response_model, validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1405,8 +1442,9 @@ def _value_of(out: Dict[str, Any], validator: Optional[_Validator]) -> Union[Res
     if not out["ok"]:
         return error_from_outcome(out)
     try:
-        data = (validator.data_for(out["body"]) if validator is not None
-                else _parse_json(out["body"]))
+        if validator is not None:
+            return validator.result(out["body"], _meta_of(out))
+        data = _parse_json(out["body"])
     except (ValueError, RecursionError) as exc:
         return _unparsable(out, exc)
     return Result(data, _meta_of(out))
@@ -1463,6 +1501,7 @@ def call_llm(body: Body, *,
              breaker_cooldown_ms: int = DEFAULT,
              fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
              schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
+             response_model: Any = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None,
@@ -1532,6 +1571,10 @@ def call_llm(body: Body, *,
       it. A mismatch is ``invalid_response`` (retried) with the errors in
       ``validation_errors``; a ``message.refusal`` raises
       :class:`~llmretry.RefusalError`, not retried.
+    * ``response_model``: a pydantic v2 model: its strict schema
+      (:func:`~llmretry.strict_schema`) is the call's ``schema``, pydantic
+      validates each answer (a rejection is retried like a mismatch), and the
+      instance is ``result.parsed``. Not with ``validate``.
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -1559,7 +1602,7 @@ def call_llm(body: Body, *,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
               headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, schema, validate, logger)
+                  fallbacks, schema, response_model, validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)

@@ -183,7 +183,10 @@ def test_usage_total_counts_every_attempt(sclient: Any, scen: Any) -> None:
 def test_a_read_stream_that_does_not_match_ends_as_invalid(sclient: Any, scen: Any) -> None:
     """Once chunks were read nothing is retried: the whole answer's mismatch
     ends the call as invalid_response (not a broken stream)."""
-    scen.script([{"content": BAD, "stream": {"chunks": 3}}], after={"content": GOOD})
+    # Chunks 300 ms apart: the first is read (the commit point) before the
+    # answer is whole; an answer read whole before that would be retried.
+    scen.script([{"content": BAD, "stream": {"chunks": 3, "delay_ms": 300}}],
+                after={"content": GOOD})
     body = dict(with_format(PERSON), stream=True)
     pieces: List[str] = []
     with pytest.raises(llmretry.InvalidResponseError) as info:
