@@ -156,6 +156,8 @@ static void push_meta(lua_State *L, const llmretry_result *r)
     lr_set_int(L, "status", r->status);
     if (push_usage(L, &r->usage))
         lua_setfield(L, -2, "usage");
+    if (push_usage(L, &r->usage_total))
+        lua_setfield(L, -2, "usage_total");
     set_str(L, "request_id", r->request_id);
     set_str(L, "model", r->model);
     set_str(L, "response_model", r->response_model);
@@ -183,6 +185,14 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
     if (!r->ok) {
         set_str(L, "error_code", r->error_code);
         set_str(L, "body_preview", r->body_preview);
+        if (push_usage(L, &r->usage_total))
+            lua_setfield(L, -2, "usage_total");
+        /* The schema's verdict: a list of {path = ..., message = ...}. */
+        char verdict_err[64];
+        if (r->validation_errors &&
+            push_decoded(L, r->validation_errors, strlen(r->validation_errors), verdict_err,
+                         sizeof verdict_err))
+            lua_setfield(L, -2, "validation_errors");
         /* A broken stream's reason is how it broke (as in Python). */
         set_str(L, "reason", r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED
                                  ? llmretry_stream_reason_name(r->stream_reason)

@@ -201,6 +201,20 @@ static void opt_one(lua_State *L, int idx, const llmretry_option_info *opt, llmr
         push_encoded(L, idx, opt->name);
         st = llmretry_options_set_json(o, opt->name, lua_tostring(L, -1), err, sizeof err);
         break;
+    case LLMRETRY_OPTTYPE_SCHEMA:
+        /* A JSON Schema: a table (encoded here), JSON text, or true/false;
+         * the text stays on the stack until the submit copies it. */
+        if (lua_type(L, idx) == LUA_TTABLE)
+            push_encoded(L, idx, opt->name);
+        else if (lua_type(L, idx) == LUA_TBOOLEAN)
+            lua_pushstring(L, lua_toboolean(L, idx) ? "true" : "false");
+        else if (lua_type(L, idx) == LUA_TSTRING)
+            lua_pushvalue(L, idx);
+        else
+            lr_fail(L, "%s must be a table (a JSON Schema) or JSON text (got %s)", opt->name,
+                    got(L, idx, buf, sizeof buf));
+        st = llmretry_options_set_json(o, opt->name, lua_tostring(L, -1), err, sizeof err);
+        break;
     }
     if (st != LLMRETRY_OK)
         lr_fail(L, "%s", err);

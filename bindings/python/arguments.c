@@ -178,11 +178,17 @@ static int set_option(call_args *a, const llmretry_option_info *opt, PyObject *v
         }
         return 0;
     }
-    case LLMRETRY_OPTTYPE_TARGETS: {
-        /* The client encoded the list (_client._targets): JSON text, which
-         * the kwargs keep alive until the submit copies it. */
+    case LLMRETRY_OPTTYPE_TARGETS:
+    case LLMRETRY_OPTTYPE_SCHEMA: {
+        /* The client encoded the list (_client._targets) or the schema:
+         * JSON text, which the kwargs keep alive until the submit copies it. */
         char err[LLMRETRY_ERRBUF];
         const char *json = NULL;
+        if (v != Py_None && !PyUnicode_Check(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must be JSON text (a str) or None, not %.100s",
+                         opt->name, Py_TYPE(v)->tp_name);
+            return -1;
+        }
         if (v != Py_None && !(json = PyUnicode_AsUTF8(v)))
             return -1;
         if (llmretry_options_set_json(&a->o, opt->name, json, err, sizeof err) != LLMRETRY_OK) {
@@ -327,7 +333,7 @@ PyObject *lr_py_options(PyObject *module, PyObject *unused)
     (void)module;
     (void)unused;
     static const char *const types[] = { "", "text", "int", "bool", "enum", "statuses", "headers",
-                                         "number", "targets" };
+                                         "number", "targets", "schema" };
     size_t n = llmretry_option_count();
     PyObject *out = PyTuple_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {

@@ -133,10 +133,11 @@ static void totals_add(batch_totals *t, const llmretry_result *r)
     t->attempts += r->attempts;
     t->retries += r->attempts > 1 ? r->attempts - 1 : 0;
     t->resends += r->resends;
-    if (r->ok && r->usage.present) {
-        t->prompt_tokens += r->usage.prompt_tokens;
-        t->completion_tokens += r->usage.completion_tokens;
-        t->total_tokens += r->usage.total_tokens;
+    /* Every attempt's tokens, failed calls' too: what the batch is billed. */
+    if (r->usage_total.present) {
+        t->prompt_tokens += r->usage_total.prompt_tokens;
+        t->completion_tokens += r->usage_total.completion_tokens;
+        t->total_tokens += r->usage_total.total_tokens;
     }
 }
 

@@ -22,7 +22,7 @@ enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 #undef KEY_ENUM
 
 #define LR_RESULT_FIELDS 2          /* Result: data, meta */
-#define LR_META_FIELDS 15           /* Meta: see results.c */
+#define LR_META_FIELDS 16           /* Meta: see results.c */
 
 typedef struct {
     PyTypeObject *engine_type;

@@ -15,7 +15,7 @@
 static const char *const META_FIELDS[LR_META_FIELDS] = {
     "attempt", "attempts", "duration_ms", "total_ms", "status", "usage",
     "request_id", "model", "response_model", "system_fingerprint", "resends",
-    "stream", "ttft_ms", "chunks", "target",
+    "stream", "ttft_ms", "chunks", "target", "usage_total",
 };
 static const char *const RESULT_FIELDS[LR_RESULT_FIELDS] = { "data", "meta" };
 
@@ -216,7 +216,8 @@ static PyObject *new_meta(const module_state *st, const llmretry_result *r)
         set_slot(f[12], m, r->ttft_ms >= 0 ? PyLong_FromLongLong((long long)r->ttft_ms)
                                            : Py_NewRef(Py_None)) ||
         set_slot(f[13], m, PyLong_FromLong(r->chunks)) ||
-        set_slot(f[14], m, PyLong_FromLong(r->target))) {
+        set_slot(f[14], m, PyLong_FromLong(r->target)) ||
+        set_slot(f[15], m, lr_usage_dict(st, &r->usage_total))) {
         Py_DECREF(m);
         return NULL;
     }

@@ -162,6 +162,8 @@ static int falls_back(const llmretry_call *c, llmretry_giveup_reason reason)
     if (c->last_kind == LLMRETRY_ERR_HTTP_STATUS &&
         (c->last_status == 400 || c->last_status == 422))
         return 0;
+    if (c->last_kind == LLMRETRY_ERR_REFUSAL)
+        return 0;                   /* what was asked is refused, not the endpoint */
     return c->deadline_at < 0 || lr_mono_ms() < c->deadline_at;
 }
 
@@ -221,9 +223,11 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
     r->retry_after_ms = c->last_retry_after_ms;
     r->error_code = c->last_error_code;
     r->body_preview = c->last_body_preview;
-    c->last_error_code = c->last_body_preview = NULL;     /* moved */
+    r->validation_errors = c->last_validation_errors;
+    c->last_error_code = c->last_body_preview = c->last_validation_errors = NULL;   /* moved */
     if (c->o.keep_response && c->resp.data && !lr_stream_owns_outcome(c) &&
-        (r->kind == LLMRETRY_ERR_HTTP_STATUS || r->kind == LLMRETRY_ERR_INVALID_RESPONSE)) {
+        (r->kind == LLMRETRY_ERR_HTTP_STATUS || r->kind == LLMRETRY_ERR_INVALID_RESPONSE ||
+         r->kind == LLMRETRY_ERR_REFUSAL)) {
         /* The response given up on, for a host that hands it on whole (an
          * HTTP transport): its body as it came (on_body keeps room for the NUL). */
         c->resp.data[c->resp.len] = '\0';
@@ -364,7 +368,10 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     free(c->last_error_code);
     c->last_error_code = lr_strdup(f->error_code);
     free(c->last_body_preview);
-    c->last_body_preview = http ? lr_call_preview(c) : NULL;
+    c->last_body_preview = http || f->kind == LLMRETRY_ERR_REFUSAL ? lr_call_preview(c) : NULL;
+    free(c->last_validation_errors);
+    c->last_validation_errors = out->validation_errors;     /* moved: the schema's verdict */
+    out->validation_errors = NULL;
 
     llmretry_event *ev = lr_event(c, http ? LLMRETRY_EV_REQUEST_FAILED : LLMRETRY_EV_REQUEST_ERROR);
     if (ev) {
@@ -377,13 +384,20 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
         } else {
             ev->error_kind = f->kind;
             ev->error_message = lr_strdup(c->last_message);
+            if (c->last_validation_errors)
+                ev->validation_path = lr_strdup(out->validation_path);
         }
         lr_post(c, ev);
     }
 
     if (lr_stream_attempt_failed(c)) {
         /* The host has read chunks of this attempt: another would repeat
-         * them. The call ends, with what was assembled so far. */
+         * them. The call ends, with what was assembled so far; a whole
+         * answer that the schema refused (or a refusal) ends it as such. */
+        if (c->last_validation_errors || f->kind == LLMRETRY_ERR_REFUSAL) {
+            lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
+            return;
+        }
         c->result.stream_reason = lr_stream_reason_of(c, f->kind);
         lr_give_up(e, c, LLMRETRY_REASON_STREAM_INTERRUPTED);
         return;
@@ -519,6 +533,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
                   || rc == CURLE_SEND_FAIL_REWIND;
     lr_outcome out;
     lr_call_read_outcome(c, rc, &out);
+    lr_usage_add(&c->result.usage_total, &out.usage);   /* billed, whatever comes of it */
     lr_budget_attempt_ended(c, out.success, &out.usage);  /* its headers and usage teach the budget */
     lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
     detach_easy(e, c);

@@ -4,6 +4,7 @@
  * outcome.c (what a finished attempt means). */
 #include "engine.h"
 #include "condvar.h"
+#include "schema.h"
 #include "stream.h"
 
 #include <cjson/cJSON.h>
@@ -203,12 +204,15 @@ static void call_destroy(llmretry_call *c)
     free(c->last_message);
     free(c->last_error_code);
     free(c->last_body_preview);
+    free(c->last_validation_errors);
+    lr_schema_free(c->schema);
     free(c->v_response_model);
     free(c->v_fingerprint);
     free(c->validate_msg);
     free((void *)c->result.message);
     free((void *)c->result.error_code);
     free((void *)c->result.body_preview);
+    free((void *)c->result.validation_errors);
     free((void *)c->result.response_model);
     free((void *)c->result.system_fingerprint);
     free((void *)c->result.targets);
@@ -272,6 +276,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->o.url = c->o.base_url = c->o.api_key = c->o.body = c->o.model = NULL;
     c->o.request_id = c->o.idempotency_key = c->o.policy = c->o.ca_file = NULL;
     c->o.fallbacks = NULL;          /* built into the targets below */
+    c->o.schema = NULL;             /* compiled below */
     c->o.n_headers = opts->n_headers;
     c->last_retry_after_ms = -1;
     c->deadline_at = -1;
@@ -348,7 +353,14 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->is_https = t0->is_https = c->url && strncasecmp(c->url, "https://", 8) == 0;
     if (!oom && !bad_json && lr_targets_build(c, opts->fallbacks) != 0)
         oom = 1;
-    if (oom || bad_json || bad_scheme || no_key || ca_errno) {
+    char schema_err[LLMRETRY_ERRBUF] = "";
+    int bad_schema = 0;
+    if (!oom && !bad_json) {
+        int rc = lr_answer_schema(c, opts, schema_err, sizeof schema_err);
+        oom |= rc == -2;
+        bad_schema = rc == -1;
+    }
+    if (oom || bad_json || bad_scheme || no_key || ca_errno || bad_schema) {
         c->engine = NULL;
         lr_call_unref(c);
         if (no_key && !oom) {
@@ -360,6 +372,10 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         }
         if (bad_json) {
             lr_errf(err, errlen, "body is not valid JSON");
+            return LLMRETRY_EINVAL;
+        }
+        if (bad_schema && !oom) {
+            lr_errf(err, errlen, "%s", schema_err);
             return LLMRETRY_EINVAL;
         }
         if (bad_scheme) {

@@ -198,6 +198,9 @@ struct llmretry_event {
     char *chunk;
     size_t chunk_len;
     char *chunk_event;             /* a typed event's name, NULL = "message" */
+    /* llm_request_error of an answer that did not match the schema: the
+     * first error's path (never the answer's text); NULL otherwise. */
+    char *validation_path;
 };
 
 struct llmretry_call {
@@ -276,6 +279,11 @@ struct llmretry_call {
     char *last_message, *last_error_code, *last_body_preview;
     int64_t last_retry_after_ms;
     int64_t last_duration_ms;
+    /* Structured outputs (answer.c): the compiled schema, or NULL; 1 when
+     * it is the schema option's (the answer read by extract_json). */
+    struct lr_schema *schema;
+    int schema_extract;
+    char *last_validation_errors;  /* JSON text, the last failed attempt's */
     /* A validated 2xx waiting for the host's verdict. */
     llmretry_usage v_usage;
     char *v_response_model, *v_fingerprint;
@@ -309,6 +317,17 @@ struct llmretry_call {
     atomic_int done_read;
     llmretry_result result;
 };
+
+/* Add an attempt's usage (when it had one) to a sum. */
+static inline void lr_usage_add(llmretry_usage *sum, const llmretry_usage *u)
+{
+    if (!u->present)
+        return;
+    sum->present = 1;
+    sum->prompt_tokens += u->prompt_tokens;
+    sum->completion_tokens += u->completion_tokens;
+    sum->total_tokens += u->total_tokens;
+}
 
 /* ---- free re-sends (attempt.c decides, call.c detects) ----------------- */
 /* Why a request is sent again within one attempt, without a backoff and
@@ -364,8 +383,11 @@ void lr_call_forget_headers(llmretry_call *c);
 const char *lr_call_header(const llmretry_call *c, int i);
 
 /* The outcome of a finished transfer, before the policy sees it. */
+#define LR_VALIDATION_PATH_MAX 192
 typedef struct lr_outcome {
     int success;                   /* 2xx with a JSON body */
+    char *validation_errors;       /* malloc'd JSON text: the schema's verdict */
+    char validation_path[LR_VALIDATION_PATH_MAX];  /* its first error's path, for events */
     llmretry_failure f;
     char *message;                 /* malloc'd, failures only */
     llmretry_usage usage;
@@ -397,6 +419,20 @@ struct cJSON;
 int lr_targets_check(const struct cJSON *doc, const char *name, int in_policy, char *err,
                      size_t errlen);
 int lr_targets_check_json(const char *json, const char *name, char *err, size_t errlen);
+
+/* answer.c: structured outputs (docs/structured-outputs.md) */
+/* JSON text of a schema option: 0, or -1 with "<name>: <why>" in err. */
+int lr_schema_check_json(const char *json, const char *name, char *err, size_t errlen);
+/* The call's schema, compiled once at submit: the schema option's, else
+ * the body's response_format / text.format json_schema (body is its JSON
+ * text). 0 (c->schema may stay NULL: none), or -1 with err (EINVAL), or
+ * -2 when out of memory. */
+int lr_answer_schema(llmretry_call *c, const llmretry_options *o, char *err, size_t errlen);
+/* A 2xx answer held to the call's schema (a parsed body; NULL: parse
+ * c->resp): out turns into an invalid_response with validation_errors,
+ * or a refusal, when it falls short. Nothing without a schema. */
+struct lr_outcome;
+void lr_answer_check(llmretry_call *c, const struct cJSON *doc, struct lr_outcome *out);
 /* The fallbacks' targets after target 0 (the array grows to hold them). */
 int lr_targets_build(llmretry_call *c, const char *fallbacks);
 void lr_targets_free(llmretry_call *c);

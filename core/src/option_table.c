@@ -75,6 +75,7 @@ static const llmretry_option_info TABLE[] = {
     /* Its api_key fields are secrets: the whole value is never repeated. */
     { "fallbacks", LLMRETRY_OPTTYPE_TARGETS, NUL | POL | LLMRETRY_OPTFLAG_SECRET, OFF(fallbacks),
       0, 0, NULL, NULL, "null" },
+    { "schema", LLMRETRY_OPTTYPE_SCHEMA, NUL, OFF(schema), 0, 0, NULL, NULL, "null" },
     { "estimated_tokens", LLMRETRY_OPTTYPE_INT, ONE, OFF(estimated_tokens), 0, INT64_MAX,
       ">= 0 (0: estimated)", NULL, "0" },
     { "request_id", LLMRETRY_OPTTYPE_TEXT, NUL | ONE, OFF(request_id), 0, 0, NULL, NULL,
@@ -120,6 +121,7 @@ const char *llmretry_option_expects(const llmretry_option_info *opt)
     case LLMRETRY_OPTTYPE_HEADERS: return "a table of header names to values";
     case LLMRETRY_OPTTYPE_NUMBER: return "a number";
     case LLMRETRY_OPTTYPE_TARGETS: return "a list of targets";
+    case LLMRETRY_OPTTYPE_SCHEMA: return "a JSON Schema";
     }
     return "a value";
 }
@@ -218,6 +220,7 @@ static const llmretry_option_info *settable(const char *name, llmretry_option_ty
         return NULL;
     }
     int ok = opt->type == want ||
+             (want == LLMRETRY_OPTTYPE_TARGETS && opt->type == LLMRETRY_OPTTYPE_SCHEMA) ||
              (want == LLMRETRY_OPTTYPE_TEXT && opt->type == LLMRETRY_OPTTYPE_ENUM) ||
              /* an integer is a number too */
              (want == LLMRETRY_OPTTYPE_INT && opt->type == LLMRETRY_OPTTYPE_NUMBER);
@@ -262,7 +265,8 @@ llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name,
         return LLMRETRY_EINVAL;
     if (!json)
         return llmretry_options_unset(o, name, err, errlen);
-    if (lr_targets_check_json(json, opt->name, err, errlen) != 0)
+    if (opt->type == LLMRETRY_OPTTYPE_SCHEMA ? lr_schema_check_json(json, opt->name, err, errlen)
+                                             : lr_targets_check_json(json, opt->name, err, errlen))
         return LLMRETRY_EINVAL;
     memcpy((char *)o + opt->offset, &json, sizeof json);   /* borrowed, like set_text */
     return LLMRETRY_OK;
@@ -353,6 +357,7 @@ llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, ch
     switch (opt->type) {
     case LLMRETRY_OPTTYPE_TEXT:
     case LLMRETRY_OPTTYPE_TARGETS:
+    case LLMRETRY_OPTTYPE_SCHEMA:
         memset((char *)o + opt->offset, 0, sizeof(const char *));
         break;
     case LLMRETRY_OPTTYPE_INT:

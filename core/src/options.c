@@ -278,6 +278,7 @@ const char *llmretry_error_kind_name(llmretry_error_kind k)
     case LLMRETRY_ERR_RESPONSE_TOO_LARGE: return "response_too_large";
     case LLMRETRY_ERR_STREAM_INTERRUPTED: return "stream_interrupted";
     case LLMRETRY_ERR_CIRCUIT_OPEN: return "circuit_open";
+    case LLMRETRY_ERR_REFUSAL: return "refusal";
     }
     return NULL;
 }

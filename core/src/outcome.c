@@ -150,6 +150,7 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->message = lr_strdup("out of memory reading the stream");
     } else if (lr_stream_owns_outcome(c)) {
         lr_stream_outcome(c, rc, out);
+        lr_answer_check(c, NULL, out);      /* the assembled answer */
         if (out->f.kind == LLMRETRY_ERR_NONE && !out->success)
             classify_transport(c, rc, out);
         /* An error event's code, as an HTTP error body's is checked. */
@@ -164,6 +165,7 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         if (doc && !why) {
             out->success = 1;
             lr_read_success(doc, &out->usage, &out->response_model, &out->fingerprint);
+            lr_answer_check(c, doc, out);
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
             out->message = printf_alloc("HTTP %ld with a body that %s (a body must be a UTF-8 "
@@ -189,6 +191,7 @@ void lr_outcome_clear(lr_outcome *o)
     free(o->response_model);
     free(o->fingerprint);
     free(o->error_code);
+    free(o->validation_errors);
     memset(o, 0, sizeof *o);
 }
 

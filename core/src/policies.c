@@ -163,6 +163,7 @@ static int check_rule(const key_rule *r, const cJSON *v, int in_policy, char *er
     case LLMRETRY_OPTTYPE_TARGETS:
         return lr_targets_check(v, r->name, in_policy, err, errlen);
     case LLMRETRY_OPTTYPE_HEADERS:
+    case LLMRETRY_OPTTYPE_SCHEMA:       /* not a policy key */
         break;
     }
     return bad(err, errlen, "%s: unknown rule", r->name);

@@ -55,6 +55,8 @@ M.errors = {
   STREAM_INTERRUPTED = "stream_interrupted",
   -- The endpoint's circuit breaker is open (breaker_failures): nothing sent.
   CIRCUIT_OPEN = "circuit_open",
+  -- The model refused a call with a schema (message.refusal): not retried.
+  REFUSAL = "refusal",
 }
 
 -- Is `v` an error table returned by a call (nil, err)?
@@ -648,7 +650,8 @@ function M.log_usage(meta, label, logger)
     argerror(2, "logger", "a function or nil", logger)
   end
   local null = core.null
-  local usage = meta.usage
+  -- What the call was billed: every attempt that returned usage, summed.
+  local usage = meta.usage_total or meta.usage
   if type(usage) ~= "table" then usage = {} end
   local function v(x) if x == nil then return null end return x end
   local rec = {

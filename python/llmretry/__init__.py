@@ -48,6 +48,7 @@ from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
 from ._client import (Client, Meta, Result, acall_llm, acall_many, astream_llm, call_llm,
                       call_llm_with_deadline, call_many, stream_llm)
 from ._json import assert_shape, extract_json
+from ._models import strict_schema
 from ._logging import DEFAULT, jsonl_logger, log_usage
 from ._policies import Policy, load_policies
 from ._pool import map_with_concurrency
@@ -55,7 +56,7 @@ from ._stream import Stream
 from .errors import (CallCancelledError, CircuitOpenError, DeadlineExceededError,
                      HTTPStatusError,
                      InvalidResponseError, LLMError, NetworkError,
-                     RequestTimeoutError, ResponseTooLargeError, ShapeError,
+                     RefusalError, RequestTimeoutError, ResponseTooLargeError, ShapeError,
                      StreamInterruptedError)
 
 __version__: str = _llmretry.VERSION
@@ -85,6 +86,7 @@ __all__ = [
     "SKIPPED",
     "extract_json",
     "assert_shape",
+    "strict_schema",
     "log_usage",
     "jsonl_logger",
     "LLMError",
@@ -97,6 +99,7 @@ __all__ = [
     "CallCancelledError",
     "StreamInterruptedError",
     "CircuitOpenError",
+    "RefusalError",
     "ShapeError",
 ]
 

@@ -138,7 +138,8 @@ class BatchSummary:
             ``attempts + resends`` requests at most. Counted for
             ``call_many``; ``map_with_concurrency`` counts 0.
         prompt_tokens, completion_tokens, total_tokens: usage summed over
-            the successful responses.
+            every attempt that returned one (``usage_total``): the answers
+            that failed validation, and failed calls' attempts, are billed too.
         elapsed_ms: the batch's wall time.
         pauses: times a 429's wait paused every new start.
         halvings: times a burst of 429s halved the number of items in flight.
@@ -290,7 +291,7 @@ class Accounting:
 
     def add(self, attempts: int, retries: int, usage: Optional[Mapping[str, Any]],
             resends: int = 0) -> None:
-        """Count calls: their attempts, retries, re-sends and (successes') usage."""
+        """Count calls: their attempts, retries, re-sends and usage."""
         with self.lock:
             self.attempts += attempts
             self.retries += retries
@@ -303,12 +304,14 @@ class Accounting:
     def add_outcome(self, out: Mapping[str, Any]) -> None:
         """Count one call outcome of the extension (ok or not)."""
         attempts = out.get("attempts") or 0
-        self.add(attempts, max(attempts - 1, 0), out.get("usage") if out.get("ok") else None,
+        # Every attempt's tokens, a failed call's too: what the batch is billed.
+        self.add(attempts, max(attempts - 1, 0), out.get("usage_total"),
                  out.get("resends") or 0)
 
     def add_meta(self, meta: Any) -> None:
         """Count one successful call by its Meta."""
-        self.add(meta.attempts, max(meta.attempts - 1, 0), meta.usage)
+        self.add(meta.attempts, max(meta.attempts - 1, 0),
+                 getattr(meta, "usage_total", None) or meta.usage)
 
     def merge(self, other: "Accounting") -> None:
         """Add another batch's totals (a batch run inside a worker)."""
@@ -560,8 +563,11 @@ def _failed_indices(path: str) -> Iterator[int]:
 def error_record(exc: BaseException) -> Dict[str, Any]:
     """The ``error`` object of a failures-file line."""
     if isinstance(exc, LLMError):
-        return {"kind": exc.kind, "status": exc.status, "message": exc.message,
-                "request_id": exc.request_id, "attempts": exc.attempts}
+        rec = {"kind": exc.kind, "status": exc.status, "message": exc.message,
+               "request_id": exc.request_id, "attempts": exc.attempts}
+        if getattr(exc, "validation_errors", None):
+            rec["validation_errors"] = exc.validation_errors    # where, never what
+        return rec
     return {"kind": "exception", "type": type(exc).__name__, "status": None,
             "message": str(exc), "request_id": None, "attempts": None}
 

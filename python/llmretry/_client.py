@@ -24,6 +24,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
                     Optional, Sequence, Sized, Tuple, TypeVar, Union)
 
 from . import _aio, _batch, _llmretry
+from ._models import ModelCheck
 from ._batch import BatchResult
 from ._logging import DEFAULT, event_mask_of, event_sink
 from ._policies import (BUILTIN_DEFAULTS, POLICY_KEYS, Policy, PolicySource, _to_json,
@@ -72,11 +73,15 @@ class Meta:
         chunks: the chunks that attempt received (0 when not streamed).
         target: which target answered: 0 for the call's own, 1 for its
             first ``fallbacks`` entry, and so on.
+        usage_total: the usage of every attempt that returned one, summed
+            (attempts whose answer failed validation are billed too; ``usage``
+            is the successful attempt's alone), or None when none did.
     """
 
     __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
                  "usage", "request_id", "model", "response_model",
-                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks", "target")
+                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks", "target",
+                 "usage_total")
 
     attempt: int
     attempts: int
@@ -93,26 +98,30 @@ class Meta:
     ttft_ms: Optional[int]
     chunks: int
     target: int
+    usage_total: Optional[Dict[str, int]]
 
     def __init__(self, attempt: int, attempts: int, duration_ms: int, total_ms: int,
                  status: int, usage: Optional[Dict[str, int]], request_id: str,
                  model: Optional[str], response_model: Optional[str],
                  system_fingerprint: Optional[str], resends: int = 0,
                  stream: bool = False, ttft_ms: Optional[int] = None,
-                 chunks: int = 0, target: int = 0) -> None:
+                 chunks: int = 0, target: int = 0,
+                 usage_total: Optional[Dict[str, int]] = None) -> None:
         # Written out (not the dataclass's) for the defaults: a field added
         # later must not break code that builds a Meta.
         for name, value in zip(self.__slots__, (attempt, attempts, duration_ms, total_ms,
                                                 status, usage, request_id, model,
                                                 response_model, system_fingerprint, resends,
-                                                stream, ttft_ms, chunks, target)):
+                                                stream, ttft_ms, chunks, target,
+                                                usage_total)):
             object.__setattr__(self, name, value)
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict (``usage`` copied)."""
         d = {name: getattr(self, name) for name in self.__slots__}
-        if d["usage"] is not None:
-            d["usage"] = dict(d["usage"])
+        for key in ("usage", "usage_total"):
+            if d[key] is not None:
+                d[key] = dict(d[key])
         return d
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -127,11 +136,17 @@ class Result:
     never shows the data.
     """
 
-    __slots__ = ("data", "meta")
+    __slots__ = ("data", "meta", "_parsed")
 
     def __init__(self, data: Any, meta: Meta) -> None:
         self.data = data    # the response body parsed as JSON
         self.meta = meta
+
+    @property
+    def parsed(self) -> Any:
+        """With ``response_model``: the answer as an instance of the model
+        (validated by pydantic); else None."""
+        return getattr(self, "_parsed", None)
 
     def __iter__(self) -> Iterator[Any]:
         yield self.data
@@ -182,8 +197,9 @@ def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
                 err.partial = None
         raise err
     try:
-        data = (validator.data_for(out["body"]) if validator is not None
-                else _parse_json(out["body"]))
+        if validator is not None:
+            return validator.result(out["body"], _meta_of(out))
+        data = _parse_json(out["body"])
     except (ValueError, RecursionError) as exc:
         raise _unparsable(out, exc) from None
     return Result(data, _meta_of(out))
@@ -211,7 +227,7 @@ _set_response_model = _SETTERS["response_model"]
 _set_system_fingerprint = _SETTERS["system_fingerprint"]
 _set_resends = _SETTERS["resends"]
 _set_stream, _set_ttft_ms, _set_chunks = _SETTERS["stream"], _SETTERS["ttft_ms"], _SETTERS["chunks"]
-_set_target = _SETTERS["target"]
+_set_target, _set_usage_total = _SETTERS["target"], _SETTERS["usage_total"]
 _new_object = object.__new__
 
 
@@ -232,6 +248,7 @@ def _meta_of(out: Dict[str, Any]) -> Meta:
     _set_ttft_ms(m, out.get("ttft_ms"))
     _set_chunks(m, out.get("chunks", 0))
     _set_target(m, out.get("target", 0))
+    _set_usage_total(m, out.get("usage_total"))
     return m
 
 
@@ -374,13 +391,28 @@ def _targets(name: str, value: Any) -> Optional[str]:
         raise TypeError(f"{name}: header names and values must be str") from None
 
 
+def _schema(name: str, value: Any) -> Optional[str]:
+    """A JSON Schema (a dict, JSON text, or True/False) as the JSON text the
+    core compiles (and refuses, naming the keyword, when it cannot check it)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8")
+    if not isinstance(value, (Mapping, bool)):
+        raise TypeError(f"{name} must be a dict, JSON text or None, not {_type_name(value)}")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} cannot be encoded as JSON: {exc}") from None
+
+
 # How a Python value becomes a core option of each type (the core's option
 # table: _llmretry.options()), by (type, nullable).
 _CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
     ("text", True): _opt_str, ("text", False): _str, ("enum", False): _str,
     ("int", True): _opt_int, ("int", False): _int, ("bool", False): _bool,
     ("statuses", True): _statuses, ("headers", True): _headers,
-    ("number", False): _number, ("targets", True): _targets,
+    ("number", False): _number, ("targets", True): _targets, ("schema", True): _schema,
 }
 _NULLABLE = 1   # LLMRETRY_OPTFLAG_NULLABLE
 _ENDPOINT = ("url", "base_url")
@@ -394,14 +426,16 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
     "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm",
     "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
-    "fallbacks", "validate", "logger")
+    "fallbacks", "schema", "response_model", "validate", "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
 _ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
     name: _CONVERTERS[kind, bool(flags & _NULLABLE)]
     for name, kind, flags in _llmretry.options() if name in _CALL_OPTIONS}
-assert set(_ENGINE_OPTIONS) == set(_CALL_OPTIONS[:-2]), "call_llm's keywords are core options"
+assert set(_ENGINE_OPTIONS) == set(_CALL_OPTIONS[:-3]), "call_llm's keywords are core options"
+_MODEL_AND_VALIDATE = ("response_model and validate cannot be combined: put the checks in the "
+                       "model (pydantic validators)")
 _ALL_DEFAULT: Tuple[Any, ...] = (DEFAULT,) * len(_CALL_OPTIONS)
 _IDEMPOTENCY_INDEX = _CALL_OPTIONS.index("idempotency_key")
 
@@ -610,7 +644,21 @@ class _Plan:
                 if value is not None and not callable(value):
                     raise TypeError(f"validate must be callable or None, "
                                     f"not {_type_name(value)}")
+                if value is not None and isinstance(validate, ModelCheck):
+                    raise TypeError(_MODEL_AND_VALIDATE)
                 validate = value
+            elif name == "response_model":
+                # The model's strict schema for the core, pydantic as the
+                # validate hook (docs/structured-outputs.md).
+                if value is None:
+                    if isinstance(validate, ModelCheck):
+                        validate = None
+                        kwargs.pop("schema", None)
+                    continue
+                if validate is not None and not isinstance(validate, ModelCheck):
+                    raise TypeError(_MODEL_AND_VALIDATE)
+                validate = ModelCheck(value)
+                kwargs["schema"] = validate.schema_text
             else:
                 kwargs[name] = _ENGINE_OPTIONS[name](name, value)
         return _Plan(kwargs, validate, event_mask)
@@ -677,12 +725,13 @@ class _Validator:
     Parses each 2xx body once and keeps the accepted parse for Result.data.
     """
 
-    __slots__ = ("check", "body", "data")
+    __slots__ = ("check", "body", "data", "parsed")
 
     def __init__(self, check: Validate) -> None:
         self.check = check
         self.body: Optional[bytes] = None
         self.data: Any = None
+        self.parsed: Any = None     # response_model: the accepted instance
 
     def __call__(self, body: bytes) -> Optional[str]:
         try:
@@ -697,12 +746,23 @@ class _Validator:
             return "validate returned False"
         self.body = body
         self.data = data
+        self.parsed = verdict if isinstance(self.check, ModelCheck) else None
         return None
 
     def data_for(self, body: bytes) -> Any:
         if body is self.body or body == self.body:
             return self.data
         return _parse_json(body)
+
+    def result(self, body: bytes, meta: "Meta") -> "Result":
+        """The Result of an accepted body (with response_model, its instance:
+        the one accepted, or for a batch's shared validator validated again)."""
+        data = self.data_for(body)
+        res = Result(data, meta)
+        if isinstance(self.check, ModelCheck):
+            same = body is self.body or body == self.body
+            res._parsed = self.parsed if same else self.check(data)
+        return res
 
 
 # ---------------------------------------------------------------------------
@@ -930,6 +990,8 @@ class Client:
                  breaker_failures: int = DEFAULT,
                  breaker_cooldown_ms: int = DEFAULT,
                  fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
+                 schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
+                 response_model: Any = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
                  policy: Optional[str] = None) -> Result:
@@ -939,7 +1001,7 @@ class Client:
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
                   headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, validate, logger)
+                  fallbacks, schema, response_model, validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1380,8 +1442,9 @@ def _value_of(out: Dict[str, Any], validator: Optional[_Validator]) -> Union[Res
     if not out["ok"]:
         return error_from_outcome(out)
     try:
-        data = (validator.data_for(out["body"]) if validator is not None
-                else _parse_json(out["body"]))
+        if validator is not None:
+            return validator.result(out["body"], _meta_of(out))
+        data = _parse_json(out["body"])
     except (ValueError, RecursionError) as exc:
         return _unparsable(out, exc)
     return Result(data, _meta_of(out))
@@ -1437,6 +1500,8 @@ def call_llm(body: Body, *,
              breaker_failures: int = DEFAULT,
              breaker_cooldown_ms: int = DEFAULT,
              fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
+             schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
+             response_model: Any = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
              client: Optional[Client] = None,
@@ -1499,6 +1564,17 @@ def call_llm(body: Body, *,
       within the same ``deadline_ms``. A target without a URL is the same
       endpoint with another model; one with a URL sends only its own key
       and headers. ``meta.target`` says which answered (0: the primary).
+    * ``schema``: a JSON Schema (dict or JSON text) every answer must
+      match: each choice's message content, read with :func:`extract_json`,
+      is validated by the core (docs/structured-outputs.md). A body with
+      ``response_format`` ``json_schema`` is held to its own schema without
+      it. A mismatch is ``invalid_response`` (retried) with the errors in
+      ``validation_errors``; a ``message.refusal`` raises
+      :class:`~llmretry.RefusalError`, not retried.
+    * ``response_model``: a pydantic v2 model: its strict schema
+      (:func:`~llmretry.strict_schema`) is the call's ``schema``, pydantic
+      validates each answer (a rejection is retried like a mismatch), and the
+      instance is ``result.parsed``. Not with ``validate``.
     * ``validate(data)``: raising an Exception or returning False rejects
       a response (``invalid_response``).
     * ``logger``: the ``"llmretry"`` logger; None for no events; a
@@ -1526,7 +1602,7 @@ def call_llm(body: Body, *,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
               headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, validate, logger)
+                  fallbacks, schema, response_model, validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)

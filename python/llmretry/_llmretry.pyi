@@ -96,6 +96,10 @@ class Engine:
              "model": str | None, "retry_after_ms": int | None,
              "error_code": str | None, "body_preview": str | None}
 
+        plus ``"validation_errors"``: str (JSON text of ``[{"path", "message"}]``)
+        when the answer did not match the call's schema (kind
+        ``invalid_response``); kind ``refusal`` when the model refused.
+
         With ``keep_response=True`` (llmretry.httpx) both also hold
         ``"headers"``: bytes, the last attempt's response status line and
         header lines as received (absent when it got no response), and a

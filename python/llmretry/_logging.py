@@ -208,8 +208,9 @@ def log_usage(meta: Any, label: str = "request",
     ``meta`` is a :class:`llmretry.Meta` (or a :class:`llmretry.Result`, or
     a mapping with the same keys). The dict holds ``label``, ``attempt``,
     ``duration_ms``, ``prompt_tokens``, ``completion_tokens``,
-    ``total_tokens`` (None when the response had no usage), ``request_id``
-    and ``model``. With ``logger`` None it is printed to stdout as one JSON
+    ``total_tokens`` (every attempt's that returned usage, summed: what the
+    call was billed, retries of invalid answers included; None when no
+    response had usage), ``request_id`` and ``model``. With ``logger`` None it is printed to stdout as one JSON
     line; a ``logging.Logger`` (or adapter) gets it at INFO as a JSON line;
     any other callable is called with the dict.
 
@@ -225,7 +226,7 @@ def log_usage(meta: Any, label: str = "request",
         raise TypeError(f"logger must be a callable, a logging.Logger, a LoggerAdapter "
                         f"or None, not {type(logger).__name__}")
     fields = _meta_fields(meta)
-    usage = fields.get("usage") or {}
+    usage = fields.get("usage_total") or fields.get("usage") or {}
     record = {
         "label": label,
         "attempt": fields.get("attempt"),

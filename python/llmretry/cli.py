@@ -64,7 +64,7 @@ from contextlib import contextmanager
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
                     Sequence, TextIO, Tuple)
 
-from . import _batch
+from . import _batch, _llmretry
 from ._client import Client, Result, _encode_body, _LazyBodies
 from ._llmretry import CORE_VERSION, LIBCURL_VERSION, VERSION
 from ._logging import jsonl_logger
@@ -205,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--call-deadline-ms", type=_non_negative,
                    help="budget for each call, all attempts included")
     b.add_argument("--model", help="the model of requests that name none")
+    b.add_argument("--schema", metavar="FILE",
+                   help="a JSON Schema every answer must match (its JSON found in the "
+                        "answer's content); an answer that does not is retried, then "
+                        "failed with its validation errors (docs/structured-outputs.md)")
     b.add_argument("--stream", action="store_true",
                    help="send each request as a stream (store the assembled result)")
     b.add_argument("--skip-invalid", action="store_true",
@@ -266,6 +270,23 @@ def run_policies(args: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(resolved, ensure_ascii=False, indent=2) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _read_schema(path: str) -> str:
+    """--schema FILE: its JSON text (the core compiles it, naming a keyword it
+    cannot check, before anything runs)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"--schema: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--schema: {path} is not UTF-8") from None
+    try:
+        _llmretry.check_options(schema=text)
+    except ValueError as exc:
+        raise UsageError(f"--schema {path}: {exc}") from None
+    return text
 
 
 def _client_defaults(args: argparse.Namespace) -> Dict[str, Any]:
@@ -957,6 +978,8 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
         options = _client_defaults(args)
         if args.call_deadline_ms is not None:
             options["deadline_ms"] = args.call_deadline_ms
+        if args.schema is not None:
+            options["schema"] = _read_schema(args.schema)
         plan, prep = client._batch_prep(args.policy, options)
         if bad and not args.skip_invalid:
             raise _bad_lines_error(args.input, bad)

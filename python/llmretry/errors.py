@@ -15,6 +15,7 @@ kind                   exception
 ``cancelled``          :class:`CallCancelledError`
 ``stream_interrupted`` :class:`StreamInterruptedError`
 ``circuit_open``       :class:`CircuitOpenError`
+``refusal``            :class:`RefusalError`
 =====================  ==========================================================
 
 Every one carries the same attributes (see :class:`LLMError`), and none of
@@ -25,6 +26,7 @@ them ever holds the API key or the prompt. Wrong arguments are not
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "CallCancelledError",
     "StreamInterruptedError",
     "CircuitOpenError",
+    "RefusalError",
     "ShapeError",
     "error_from_outcome",
 ]
@@ -47,7 +50,7 @@ __all__ = [
 _FIELDS: Tuple[str, ...] = (
     "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms",
     "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms", "resends",
-    "target", "targets",
+    "target", "targets", "validation_errors", "usage_total",
 )
 
 
@@ -84,6 +87,12 @@ class LLMError(Exception):
         targets: with ``fallbacks``, what each target came to, in order: a
             list of ``{"model", "attempts", "status", "kind", "reason"}``
             (``attempts`` 0: never tried); None without fallbacks.
+        validation_errors: an answer that did not match the call's schema
+            (``schema=`` or the body's ``response_format``): the last
+            attempt's errors, ``[{"path": "$.items[2].price", "message":
+            "expected number"}, ...]`` (at most 20); None otherwise.
+        usage_total: the usage of every attempt that returned one, summed
+            (what the failed call was billed), or None.
     """
 
     kind: str = "error"
@@ -96,7 +105,9 @@ class LLMError(Exception):
                  body_preview: Optional[str] = None,
                  reason: Optional[str] = None, model: Optional[str] = None,
                  duration_ms: int = 0, total_ms: int = 0, resends: int = 0,
-                 target: int = 0, targets: Optional[List[Dict[str, Any]]] = None) -> None:
+                 target: int = 0, targets: Optional[List[Dict[str, Any]]] = None,
+                 validation_errors: Optional[List[Dict[str, str]]] = None,
+                 usage_total: Optional[Dict[str, int]] = None) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind if kind is not None else type(self).kind
@@ -114,6 +125,8 @@ class LLMError(Exception):
         self.resends = resends
         self.target = target
         self.targets = targets
+        self.validation_errors = validation_errors
+        self.usage_total = usage_total
 
     def __str__(self) -> str:
         if self.request_id:
@@ -160,7 +173,9 @@ class NetworkError(LLMError, ConnectionError):
 
 
 class InvalidResponseError(LLMError):
-    """A 2xx response whose body was not a JSON object or failed ``validate``."""
+    """A 2xx response whose body was not a JSON object, whose answer did not
+    match the call's schema (``validation_errors`` lists where), or that
+    ``validate`` rejected."""
 
     kind = "invalid_response"
 
@@ -209,6 +224,14 @@ class CircuitOpenError(LLMError):
     kind = "circuit_open"
 
 
+class RefusalError(LLMError):
+    """The model refused to answer a call with a schema (its message had a
+    ``refusal``): not retried, as the same request would be refused again.
+    ``body_preview`` shows the start of the response, the refusal in it."""
+
+    kind = "refusal"
+
+
 class ShapeError(ValueError):
     """A value does not match the shape given to :func:`llmretry.assert_shape`.
 
@@ -222,7 +245,7 @@ _ERROR_BY_KIND: Dict[str, Type[LLMError]] = {
     for cls in (HTTPStatusError, RequestTimeoutError, NetworkError,
                 InvalidResponseError, DeadlineExceededError,
                 ResponseTooLargeError, CallCancelledError, StreamInterruptedError,
-                CircuitOpenError)
+                CircuitOpenError, RefusalError)
 }
 
 
@@ -230,6 +253,9 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
     """The exception for a failed call outcome of ``_llmretry.Engine.call``."""
     cls = _ERROR_BY_KIND.get(outcome.get("kind"), LLMError)  # type: ignore[arg-type]
     get = outcome.get
+    verdict = get("validation_errors")
+    if isinstance(verdict, str):
+        verdict = json.loads(verdict)
     if cls is StreamInterruptedError:
         err = cls(get("message") or "the stream was interrupted",
                   kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
@@ -238,7 +264,8 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
                   body_preview=get("body_preview"), reason=get("stream_reason"),
                   model=get("model"), duration_ms=get("duration_ms", 0),
                   total_ms=get("total_ms", 0), resends=get("resends", 0),
-                  target=get("target", 0), targets=get("targets"))
+                  target=get("target", 0), targets=get("targets"),
+                  usage_total=get("usage_total"))
         err.chunks_delivered = get("chunks_delivered", 0)
         return err
     return cls(
@@ -249,5 +276,6 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
         body_preview=get("body_preview"), reason=get("reason"),
         model=get("model"), duration_ms=get("duration_ms", 0),
         total_ms=get("total_ms", 0), resends=get("resends", 0),
-        target=get("target", 0), targets=get("targets"),
+        target=get("target", 0), targets=get("targets"), validation_errors=verdict,
+        usage_total=get("usage_total"),
     )

@@ -71,7 +71,8 @@ static void test_defaults_are_the_builtins(void)
             break;
         }
         case LLMRETRY_OPTTYPE_TEXT:
-        case LLMRETRY_OPTTYPE_TARGETS: {
+        case LLMRETRY_OPTTYPE_TARGETS:
+        case LLMRETRY_OPTTYPE_SCHEMA: {
             const char *v;
             memcpy(&v, (const char *)&o + opt->offset, sizeof v);
             CHECK_MSG(v == NULL && strcmp(b, "null") == 0, "%s", opt->name);
@@ -166,6 +167,29 @@ static void test_setters(void)
     CHECK_INT(llmretry_options_check(&o, err, sizeof err), LLMRETRY_OK);
 }
 
+/* schema: JSON text of a schema, compiled when set, its mistakes named. */
+static void test_schema_option(void)
+{
+    llmretry_options o;
+    char err[LLMRETRY_ERRBUF];
+    llmretry_options_defaults(&o);
+    const char *s = "{\"type\":\"object\"}";
+    CHECK_INT(llmretry_options_set_json(&o, "schema", s, err, sizeof err), LLMRETRY_OK);
+    CHECK(o.schema == s);
+    expect_err(llmretry_options_set_json(&o, "schema", "{\"oneOf\":[]}", err, sizeof err), err,
+               "schema: unsupported keyword 'oneOf' at $ (supported: type, properties, required, "
+               "additionalProperties, items, enum, const, anyOf, $ref, $defs, minimum, maximum, "
+               "exclusiveMinimum, exclusiveMaximum, multipleOf, minItems, maxItems, minLength, "
+               "maxLength, pattern)");
+    CHECK(o.schema == s);
+    expect_err(llmretry_options_set_json(&o, "schema", "{", err, sizeof err), err,
+               "schema: schema is not valid JSON");
+    expect_err(llmretry_options_set_text(&o, "schema", s, err, sizeof err), err,
+               "schema must be a JSON Schema");
+    CHECK_INT(llmretry_options_set_json(&o, "schema", NULL, err, sizeof err), LLMRETRY_OK);
+    CHECK(o.schema == NULL);
+}
+
 /* The policy keys are the table's POLICY options, in the table's order. */
 static void test_policy_keys(void)
 {
@@ -189,5 +213,6 @@ int main(void)
     test_defaults_are_the_builtins();
     test_setters();
     test_policy_keys();
+    test_schema_option();
     return th_summary("option_table");
 }

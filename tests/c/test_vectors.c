@@ -30,16 +30,21 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Sorted *.json file names in VECTOR_DIR; *n gets the count. */
+/* Sorted *.json file names in VECTOR_DIR and its schema/ (as "schema/x.json");
+ * *n gets the count. */
 static char **list_vectors(size_t *n)
 {
-    DIR *d = opendir(VECTOR_DIR);
+    static const char *const dirs[] = { "", "schema/" };
     char **names = NULL;
     size_t cap = 0;
-    struct dirent *de;
     *n = 0;
+    for (size_t k = 0; k < sizeof dirs / sizeof *dirs; k++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", VECTOR_DIR, dirs[k]);
+    DIR *d = opendir(path);
+    struct dirent *de;
     if (!d)
-        return NULL;
+        continue;
     while ((de = readdir(d)) != NULL) {
         size_t len = strlen(de->d_name);
         if (len <= 5 || strcmp(de->d_name + len - 5, ".json") != 0)
@@ -51,9 +56,12 @@ static char **list_vectors(size_t *n)
                 break;
             names = nn;
         }
-        names[(*n)++] = strdup(de->d_name);
+        size_t full = strlen(dirs[k]) + len + 1;
+        if ((names[*n] = malloc(full)) != NULL)
+            snprintf(names[(*n)++], full, "%s%s", dirs[k], de->d_name);
     }
     closedir(d);
+    }
     if (names)
         qsort(names, *n, sizeof *names, cmp_str);
     return names;
@@ -82,6 +90,7 @@ typedef struct vec_call {
     char sent_body[4096];
     char *headers[MAX_HEADERS];
     const char *header_ptrs[MAX_HEADERS];
+    char *schema;                  /* the schema option's JSON text */
 } vec_call;
 
 static int int_opt(const cJSON *v, int64_t *out)
@@ -153,6 +162,12 @@ static int apply_option(vec_call *vc, const cJSON *v)
             o->request_id = v->valuestring;
         return 0;
     }
+    if (strcmp(k, "schema") == 0) {
+        char err[LLMRETRY_ERRBUF];
+        vc->schema = cJSON_PrintUnformatted(v);
+        return vc->schema && llmretry_options_set_json(o, "schema", vc->schema, err,
+                                                       sizeof err) == LLMRETRY_OK ? 0 : -1;
+    }
     if (strcmp(k, "retry_statuses") == 0) {
         const cJSON *s;
         o->n_retry_statuses = 0;
@@ -223,6 +238,7 @@ static void free_call_opts(vec_call *vc)
     for (size_t i = 0; i < MAX_HEADERS; i++)
         free(vc->headers[i]);
     cJSON_free(vc->body);
+    cJSON_free(vc->schema);
 }
 
 /* ------------------------------------------------------------------ */
@@ -434,6 +450,8 @@ static void check_result(const cJSON *exp, const run_out *r, const llmretry_resu
                (long long)r->wall_ms, (long long)v->valuedouble);
     if (opt_str(exp, "request_id"))
         check_str_eq("result.request_id", res->request_id, opt_str(exp, "request_id"));
+    if ((v = cJSON_GetObjectItemCaseSensitive(exp, "usage_total")))
+        check_usage(v, &res->usage_total, "result.usage_total");
 
     if (want_ok) {
         VCHECK(res->body && res->body_len > 0, "ok result without a body");
@@ -478,6 +496,36 @@ static void check_result(const cJSON *exp, const run_out *r, const llmretry_resu
         VCHECK(res->body_preview && strstr(res->body_preview, opt_str(exp, "body_preview_contains")),
                "body_preview \"%s\" lacks \"%s\"", res->body_preview ? res->body_preview : "(null)",
                opt_str(exp, "body_preview_contains"));
+    if ((v = cJSON_GetObjectItemCaseSensitive(exp, "validation_errors"))) {
+        cJSON *got = res->validation_errors ? cJSON_Parse(res->validation_errors) : NULL;
+        VCHECK(got && cJSON_Compare(got, v, 1), "validation_errors: got %s",
+               res->validation_errors ? res->validation_errors : "(null)");
+        cJSON_Delete(got);
+    } else {
+        VCHECK(res->validation_errors == NULL, "validation_errors on the result: %s",
+               res->validation_errors);
+    }
+}
+
+/* The validation_path of each llm_request_error event, in order (null:
+ * the event has none). */
+static void check_validation_paths(const cJSON *exp, const run_out *r)
+{
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(exp, "validation_paths");
+    int k = 0;
+    for (size_t i = 0; i < r->n_ev; i++) {
+        if (llmretry_event_type_of(r->ev[i]) != LLMRETRY_EV_REQUEST_ERROR)
+            continue;
+        const char *got = ev_str(r->ev[i], "validation_path");
+        const cJSON *w = cJSON_GetArrayItem(want, k++);
+        if (!want)
+            VCHECK(got == NULL, "an error event with validation_path %s", got);
+        else if (cJSON_IsString(w))
+            check_str_eq("validation_path", got, w->valuestring);
+        else
+            VCHECK(got == NULL, "validation_path[%d]: got %s, expected none", k - 1, got);
+    }
+    VCHECK(!want || k == cJSON_GetArraySize(want), "validation_paths: %d error events", k);
 }
 
 /* Per-event invariants: identity, attempt numbering, agreement with the
@@ -640,7 +688,8 @@ static void run_vector(llmretry_engine *e, th_mock *m, const char *file)
     const cJSON *exp = cJSON_GetObjectItemCaseSensitive(vec, "expect");
     const cJSON *script = cJSON_GetObjectItemCaseSensitive(vec, "script");
     size_t nlen = name ? strlen(name) : 0;
-    int well_formed = name && strlen(file) == nlen + 5 && strncmp(file, name, nlen) == 0 &&
+    const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    int well_formed = name && strlen(base) == nlen + 5 && strncmp(base, name, nlen) == 0 &&
                       cJSON_IsObject(exp) && cJSON_IsObject(script) &&
                       opt_str(exp, "outcome") && cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(exp, "events")) &&
                       cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(exp, "attempts")) &&
@@ -659,7 +708,26 @@ static void run_vector(llmretry_engine *e, th_mock *m, const char *file)
     VCHECK(scripted, "could not script the mock");
 
     vec_call vc;
-    if (scripted && build_call(&vc, vec, m, name) == 0) {
+    if (scripted && strcmp(opt_str(exp, "outcome"), "invalid_argument") == 0) {
+        /* Refused at submit, naming the mistake: nothing reaches the server. */
+        if (build_call(&vc, vec, m, name) == 0) {
+            char err[LLMRETRY_ERRBUF] = "";
+            llmretry_call *call = NULL;
+            llmretry_status st = llmretry_engine_submit(e, &vc.o, 0, &call, err, sizeof err);
+            const char *want = opt_str(exp, "message_contains");
+            VCHECK(st == LLMRETRY_EINVAL && want && strstr(err, want),
+                   "submit: %s \"%s\", expected EINVAL with \"%s\"", llmretry_status_name(st),
+                   err, want ? want : "");
+            if (call)
+                llmretry_call_free(call);
+            char *text = th_mock_requests(m, name);
+            cJSON *recs = text ? cJSON_Parse(text) : NULL;
+            VCHECK(cJSON_GetArraySize(recs) == 0, "the server saw a request");
+            cJSON_Delete(recs);
+            free(text);
+        }
+        free_call_opts(&vc);
+    } else if (scripted && build_call(&vc, vec, m, name) == 0) {
         run_out r;
         run_call(e, &vc.o, &r);
         const llmretry_result *res = r.call ? llmretry_call_result(r.call) : NULL;
@@ -670,6 +738,7 @@ static void run_vector(llmretry_engine *e, th_mock *m, const char *file)
             check_per_retry(exp, "delay_sources", &r, LLMRETRY_EV_RETRY_SCHEDULED, "delay_source");
             check_per_retry(exp, "delays_ms", &r, LLMRETRY_EV_RETRY_SCHEDULED, "delay_ms");
             check_per_retry(exp, "attempt_errors", &r, LLMRETRY_EV_REQUEST_ERROR, "error_kind");
+            check_validation_paths(exp, &r);
             check_event_invariants(vec, exp, &r, res);
             check_requests(m, name, exp, &vc, res);
         }

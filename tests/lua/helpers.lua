@@ -321,7 +321,7 @@ H.EVENT_FIELDS = {
 }
 H.KINDS = { http_status = true, timeout = true, network = true, invalid_response = true,
   deadline_exceeded = true, cancelled = true, response_too_large = true,
-  stream_interrupted = true, circuit_open = true }
+  stream_interrupted = true, circuit_open = true, refusal = true }
 H.REASONS = { retries_exhausted = true, not_retryable = true, deadline = true,
   retry_after_too_long = true, unsafe_mode = true, cancelled = true, stream_interrupted = true,
   retry_budget_exhausted = true, circuit_open = true }
@@ -357,6 +357,16 @@ function H.check_event_shape(ev)
     w.target = true
     want = w
     check(H.is_int(ev.target) and ev.target >= 0, "target %s", H.dump(ev.target))
+  end
+  if ev.validation_path ~= nil then
+    -- An answer the schema refused: where, never what.
+    local w = {}
+    for k in pairs(want) do w[k] = true end
+    w.validation_path = true
+    want = w
+    check(name == "llm_request_error" and ev.error_kind == "invalid_response"
+      and type(ev.validation_path) == "string" and ev.validation_path:sub(1, 1) == "$",
+      "validation_path %s", H.dump(ev))
   end
   for k in pairs(ev) do
     check(want[k], "%s has an extra field %s: %s", name, tostring(k), H.dump(ev))

@@ -17,14 +17,18 @@ local OPTION_NAMES = {
   max_retry_after_ms = true, retry_invalid_response = true, max_response_bytes = true,
   idempotency_key = true, request_id = true, headers = true, idle_timeout_ms = true,
   retry_budget_ratio = true, retry_budget_min = true, breaker_failures = true,
-  breaker_cooldown_ms = true,
+  breaker_cooldown_ms = true, schema = true,
 }
 
 local files = {}
-for entry in lfs.dir(H.VECTOR_DIR) do
-  if entry:match("%.json$") then files[#files + 1] = entry end
+for _, dir in ipairs({ "", "schema/" }) do
+  local found = {}
+  for entry in lfs.dir(H.VECTOR_DIR .. "/" .. dir) do
+    if entry:match("%.json$") then found[#found + 1] = dir .. entry end
+  end
+  table.sort(found)
+  for _, f in ipairs(found) do files[#files + 1] = f end
 end
-table.sort(files)
 
 local function per_event(rec, name, field)
   local out = {}
@@ -55,8 +59,9 @@ describe("shared vectors", function()
   end)
 
   for _, file in ipairs(files) do
-    local stem = file:gsub("%.json$", "")
-    it(stem, function()
+    local path = file:gsub("%.json$", "")
+    local stem = path:gsub("^.*/", "")
+    it(path, function()
       local vec = json.decode(H.read_file(H.VECTOR_DIR .. "/" .. file), 1, json.null)
       check(type(vec) == "table", "%s is not JSON", file)
       check(vec.name == stem, "name %s must equal the file name", tostring(vec.name))
@@ -79,6 +84,15 @@ describe("shared vectors", function()
       options.api_key = H.SECRET_KEY
       options.logger = rec.fn
       options.engine = engine
+      if exp.outcome == "invalid_argument" then
+        -- Refused before any I/O, naming the mistake.
+        local ok, msg = pcall(llm.call_llm, options)
+        check(not ok and tostring(msg):find(exp.message_contains, 1, true),
+          "expected an argument error with %s, got %s", exp.message_contains, tostring(msg))
+        check(#rec.events == 0, "events for a refused call")
+        check(#mock:requests(stem) == 0, "the server saw a request")
+        return
+      end
       local t0 = H.now_ms()
       local res, err = llm.call_llm(options)
       local wall = H.now_ms() - t0
@@ -108,6 +122,9 @@ describe("shared vectors", function()
       end
       if exp.request_id then
         check(got.request_id == exp.request_id, "request_id %s", got.request_id)
+      end
+      if exp.usage_total then
+        check(H.same(got.usage_total, exp.usage_total), "usage_total %s", H.dump(got.usage_total))
       end
 
       if want_ok then
@@ -152,6 +169,8 @@ describe("shared vectors", function()
           check(err.body_preview and err.body_preview:find(exp.body_preview_contains, 1, true),
             "body_preview %s", H.dump(err.body_preview))
         end
+        check(H.same(err.validation_errors, exp.validation_errors), "validation_errors %s",
+          H.dump(err.validation_errors))
       end
 
       -- the events ---------------------------------------------------------
@@ -169,6 +188,15 @@ describe("shared vectors", function()
       if exp.attempt_errors then
         local got_k = per_event(rec, "llm_request_error", "error_kind")
         check(H.list_eq(got_k, exp.attempt_errors), "attempt_errors %s", H.list_str(got_k))
+      end
+      local errors_seen = rec.of("llm_request_error")
+      for i, e in ipairs(errors_seen) do
+        local want = exp.validation_paths and nullable(exp.validation_paths[i])
+        check(nullable(e.validation_path) == want, "validation_path %s, expected %s",
+          H.dump(e.validation_path), H.dump(want))
+      end
+      if exp.validation_paths then
+        check(#errors_seen == #exp.validation_paths, "%d error events", #errors_seen)
       end
       H.check_event_sequence(rec.events, got.attempts, got.request_id)
       if err then

@@ -57,7 +57,7 @@ EVENT_FIELDS: Dict[str, set] = {
 }
 STREAM_FIELDS = {"stream", "ttft_ms", "chunks"}
 KINDS = ("http_status", "timeout", "network", "invalid_response", "deadline_exceeded",
-         "cancelled", "response_too_large", "stream_interrupted", "circuit_open")
+         "cancelled", "response_too_large", "stream_interrupted", "circuit_open", "refusal")
 REASONS = ("retries_exhausted", "not_retryable", "deadline", "retry_after_too_long",
            "unsafe_mode", "cancelled", "stream_interrupted", "retry_budget_exhausted",
            "circuit_open")
@@ -74,6 +74,7 @@ def error_class(kind: str) -> type:
         "deadline_exceeded": llmretry.DeadlineExceededError,
         "response_too_large": llmretry.ResponseTooLargeError,
         "cancelled": llmretry.CallCancelledError,
+        "refusal": llmretry.RefusalError,
     }[kind]
 
 
@@ -300,6 +301,11 @@ def check_event_shape(ev: Dict[str, Any]) -> None:
         # A call with fallbacks: every event names its target.
         want = want | {"target"}
         assert isinstance(ev["target"], int) and ev["target"] >= 0
+    if "validation_path" in ev:
+        # An answer the schema refused: where, never what.
+        assert name == "llm_request_error" and ev["error_kind"] == "invalid_response"
+        want = want | {"validation_path"}
+        assert isinstance(ev["validation_path"], str) and ev["validation_path"].startswith("$")
     assert set(ev) == want, f"{name}: fields {sorted(ev)}, expected {sorted(want)}"
     assert isinstance(ev["request_id"], str) and ev["request_id"]
     assert isinstance(ev["attempt"], int) and not isinstance(ev["attempt"], bool)

@@ -512,3 +512,36 @@ def test_module_entry_point_and_version() -> None:
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert "[project.scripts]" in pyproject and '"llmretry.cli:main"' in pyproject, (
         'pyproject.toml needs [project.scripts] llmretry = "llmretry.cli:main"')
+
+
+def test_batch_schema_fails_with_validation_errors(scen: Scenario, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """batch --schema FILE: answers held to the schema, a mismatch retried and
+    then failed with its validation errors (results and failures file); the
+    summary's tokens count every attempt; a bad schema is a usage error."""
+    req, res, fail = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", \
+        tmp_path / "failed.jsonl"
+    write_requests(req, 1)
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}},
+                                  "required": ["n"]}), encoding="utf-8")
+    scen.script([], after={"content": '{"n": "one"}'})
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--failures", str(fail),
+                             "--model", "m", "--schema", str(schema), "--max-retries", "1",
+                             "--base-url", scen.url, "--no-progress", *FAST_ARGS], capsys)
+    assert code == 1, err
+    [rec] = read_results(res)
+    want = [{"path": "$.n", "message": "expected integer"}]
+    assert rec["error"]["kind"] == "invalid_response"
+    assert rec["error"]["validation_errors"] == want
+    assert json.loads(fail.read_text())["error"]["validation_errors"] == want
+    assert len(scen.requests()) == 2 and "1 items: 0 ok, 1 failed" in err
+    assert rec["error"]["usage_total"]["total_tokens"] == 30
+
+    schema.write_text('{"oneOf": []}', encoding="utf-8")
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--model", "m",
+                             "--schema", str(schema), "--base-url", scen.url], capsys)
+    assert code == 2 and "unsupported keyword 'oneOf' at $" in err, err
+    code, _, err = run_main(["batch", str(req), "-o", str(res), "--model", "m",
+                             "--schema", str(tmp_path / "nope.json")], capsys)
+    assert code == 2 and "--schema: cannot read" in err, err

@@ -24,8 +24,9 @@ OPTION_NAMES = {
     "retry_mode", "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
     "max_response_bytes", "idempotency_key", "request_id", "headers", "idle_timeout_ms",
     "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
+    "schema",
 }
-VECTOR_FILES = sorted(VECTOR_DIR.glob("*.json"))
+VECTOR_FILES = sorted(VECTOR_DIR.glob("*.json")) + sorted(VECTOR_DIR.glob("schema/*.json"))
 
 
 def test_vectors_found() -> None:
@@ -43,7 +44,8 @@ def per_retry(events: Events, name: str, field: str) -> List[Any]:
     return [e[field] for e in events.events if e["event"] == name]
 
 
-@pytest.mark.parametrize("path", VECTOR_FILES, ids=[p.stem for p in VECTOR_FILES])
+@pytest.mark.parametrize("path", VECTOR_FILES,
+                         ids=[str(p.relative_to(VECTOR_DIR).with_suffix("")) for p in VECTOR_FILES])
 def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None:
     vec = json.loads(path.read_text(encoding="utf-8"))
     name = vec.get("name")
@@ -60,6 +62,15 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
     server.script(name, script.get("steps", []), script.get("after"))
     body = vec["body"]
     events = Events()
+    if exp["outcome"] == "invalid_argument":
+        # Refused before any I/O, naming the mistake.
+        with pytest.raises(ValueError) as info:
+            llmretry.call_llm(body, base_url=server.scenario_url(name), api_key=SECRET_KEY,
+                              logger=events, client=vector_client, **options)
+        assert exp["message_contains"] in str(info.value)
+        assert events.names == exp["events"] == []
+        assert len(server.requests(name)) == exp["requests"] == 0
+        return
     t0 = time.monotonic()
     try:
         res, err = llmretry.call_llm(body, base_url=server.scenario_url(name),
@@ -86,6 +97,8 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
         assert wall_ms <= exp["max_total_ms"], f"wall {wall_ms:.0f} ms"
     if "request_id" in exp:
         assert got.request_id == exp["request_id"]
+    if "usage_total" in exp:
+        assert got.usage_total == exp["usage_total"], f"usage_total {got.usage_total}"
 
     if want_ok:
         assert isinstance(res.data, dict), "data is not the parsed JSON body"
@@ -114,6 +127,7 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
             assert err.retry_after_ms == exp["retry_after_ms"]
         if "body_preview_contains" in exp:
             assert err.body_preview and exp["body_preview_contains"] in err.body_preview
+        assert err.validation_errors == exp.get("validation_errors")
 
     # -- the events --------------------------------------------------------
     assert events.names == exp["events"]
@@ -123,6 +137,8 @@ def test_vector(path: Path, server: Any, vector_client: llmretry.Client) -> None
         assert per_retry(events, "llm_retry_scheduled", "delay_ms") == exp["delays_ms"]
     if "attempt_errors" in exp:
         assert per_retry(events, "llm_request_error", "error_kind") == exp["attempt_errors"]
+    paths = [e.get("validation_path") for e in events.events if e["event"] == "llm_request_error"]
+    assert paths == exp.get("validation_paths", [None] * len(paths))
     check_event_sequence(events, got.attempts, got.request_id)
     for ev in events.events:
         check_event_shape(ev)

@@ -155,6 +155,19 @@ typedef struct llmretry_options {
      * llmretry_options_set_json; never appears in messages. */
     const char *fallbacks;
 
+    /* Structured outputs (docs/structured-outputs.md): JSON text of a JSON
+     * Schema (NULL = none) that every 2xx answer must match: each choice's
+     * message content (or a Responses answer's output text), read as JSON
+     * after llmretry_extract_json. Without it, a body that asks for
+     * response_format {"type": "json_schema"} (Chat Completions) or
+     * text.format {"type": "json_schema"} (Responses) is held to its own
+     * schema, its content read as JSON as it is. A mismatch is an
+     * invalid_response (retried per retry_invalid_response) with
+     * result.validation_errors; with a schema, a message.refusal is kind
+     * refusal, never retried. A schema with an unsupported keyword is
+     * EINVAL at submit. Set with llmretry_options_set_json. */
+    const char *schema;
+
     /* Streaming (docs/streaming.md): a call streams when its body says
      * "stream": true; a text/event-stream response is read as SSE whatever
      * the body said. For a streaming request timeout_ms bounds the attempt
@@ -225,7 +238,8 @@ typedef enum llmretry_option_type {
     LLMRETRY_OPTTYPE_STATUSES,     /* retry_statuses/n_retry_statuses, each min..max */
     LLMRETRY_OPTTYPE_HEADERS,      /* headers/n_headers, "Name: value" lines */
     LLMRETRY_OPTTYPE_NUMBER,       /* a double, min..max, finite */
-    LLMRETRY_OPTTYPE_TARGETS       /* JSON text of a list of targets (fallbacks) */
+    LLMRETRY_OPTTYPE_TARGETS,      /* JSON text of a list of targets (fallbacks) */
+    LLMRETRY_OPTTYPE_SCHEMA        /* JSON text of a JSON Schema (schema) */
 } llmretry_option_type;
 
 #define LLMRETRY_OPTFLAG_NULLABLE 1u    /* may be unset (null, None, nil) */
@@ -268,9 +282,10 @@ llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, ch
                                        size_t errlen);
 llmretry_status llmretry_options_set_number(llmretry_options *o, const char *name, double v,
                                             char *err, size_t errlen);
-/* A TARGETS option from JSON text (borrowed, like set_text; NULL =
- * unset): checked now, so a mistake is reported naming the field
- * ("fallbacks[1].base_url must start with http:// or https://"). */
+/* A TARGETS or SCHEMA option from JSON text (borrowed, like set_text;
+ * NULL = unset): checked now, so a mistake is reported naming the field
+ * ("fallbacks[1].base_url must start with http:// or https://", "schema:
+ * unsupported keyword 'oneOf' at $.properties.x"). */
 llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name, const char *json,
                                           char *err, size_t errlen);
 /* retry_statuses: 1..LLMRETRY_MAX_STATUSES statuses, each 100..599 (copied). */

@@ -28,7 +28,10 @@ typedef enum llmretry_error_kind {
      * output would repeat); result.stream_reason says how. */
     LLMRETRY_ERR_STREAM_INTERRUPTED,
     /* The endpoint's circuit breaker is open: no request was sent. */
-    LLMRETRY_ERR_CIRCUIT_OPEN
+    LLMRETRY_ERR_CIRCUIT_OPEN,
+    /* The model refused (message.refusal) a call with a schema: not
+     * retried; body_preview shows the start of the response. */
+    LLMRETRY_ERR_REFUSAL
 } llmretry_error_kind;
 
 /* "http_status", "timeout", ... ; NULL for NONE. */
@@ -129,6 +132,11 @@ typedef struct llmretry_result {
     int64_t ttft_ms;
     llmretry_stream_reason stream_reason;
 
+    /* The tokens of every attempt that returned usage, summed: answers that
+     * failed validation are billed too (usage below is the successful
+     * attempt's alone). present == 0 when no attempt returned usage. */
+    llmretry_usage usage_total;
+
     /* ok == 1 */
     /* The raw response body. A 2xx body counts as a success only when it
      * is a JSON object in valid UTF-8 with no raw control characters in
@@ -155,6 +163,11 @@ typedef struct llmretry_result {
     int64_t retry_after_ms;        /* server-requested wait, -1 = none */
     const char *error_code;        /* the provider's error code */
     const char *body_preview;      /* first 500 bytes of the response body */
+    /* An answer that did not match the call's schema (the last attempt's):
+     * JSON text of [{"path": "$.items[2].price", "message": "expected
+     * number"}, ...], at most 20; NULL otherwise. Paths come from the
+     * answer, messages from the schema: never the answer's values. */
+    const char *validation_errors;
     /* With keep_response, a call that gave up on an HTTP status, or on a 2xx
      * body that is not JSON, has that response's whole body in body/body_len. */
 
