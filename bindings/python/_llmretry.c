@@ -97,7 +97,7 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
     rc |= put_k(d, k[K_resends], PyLong_FromLong(r->resends));
     rc |= put_k(d, k[K_duration_ms], PyLong_FromLongLong((long long)r->duration_ms));
     rc |= put_k(d, k[K_total_ms], PyLong_FromLongLong((long long)r->total_ms));
-    rc |= put(d, "usage_total", lr_usage_dict(st, &r->usage_total));
+    rc |= lr_py_put(d, "usage_total", lr_usage_dict(st, &r->usage_total));
     if (r->ok) {
         rc |= put_k(d, k[K_status], PyLong_FromLong(r->status));
         rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
@@ -115,7 +115,7 @@ PyObject *result_dict(const module_state *st, const llmretry_result *r)
         rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
         /* The schema's verdict, JSON text (errors.py reads it). */
         if (r->validation_errors)
-            rc |= put(d, "validation_errors", PyUnicode_FromString(r->validation_errors));
+            rc |= lr_py_put(d, "validation_errors", PyUnicode_FromString(r->validation_errors));
         /* A broken stream's partial chat.completion, or (keep_response) the
          * body of the response given up on. */
         if (r->body)
