@@ -76,7 +76,7 @@ check_python() {
   fi
   local so
   so=$(ls "$pydir"/llmretry/_llmretry*.so)
-  ldd "$so" | grep -q libasan || { echo "check: $so is not linked with libasan" >&2; return 1; }
+  ldd "$so" | grep libasan >/dev/null || { echo "check: $so is not linked with libasan" >&2; return 1; }
   local loaded
   loaded=$(cd /tmp && PYTHONPATH="$pydir" PYTHONMALLOC=malloc LD_PRELOAD="$libasan" \
     ASAN_OPTIONS="detect_leaks=0" \
