@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Lua suite: build the binding with luarocks for Lua 5.4 and for LuaJIT
 # (Lua 5.1 ABI) into local trees under build-lua/, then run tests/lua with
-# busted under lua5.4 and under luajit. Fails when either run fails.
+# busted under lua5.4 and under luajit, at the same time. Fails when either
+# run fails.
 #
 # Installs what is missing with apt-get (as root, else sudo); lua-socket is
 # for tests/lua/channel_spec.lua, which connects to a socket channel. LuaJIT comes
@@ -101,11 +102,12 @@ run_busted() { # interpreter abi
     busted --lua="$lua" --pattern=_spec "$repo/tests/lua"
 }
 
-status=0
-run_busted lua5.4 5.4 || status=1
-run_busted luajit 5.1 || status=$((status | 2))
-if [ "$status" -ne 0 ]; then
-  [ $((status & 1)) -ne 0 ] && echo "lua-test: FAILED under lua5.4" >&2
-  [ $((status & 2)) -ne 0 ] && echo "lua-test: FAILED under luajit" >&2
+# Both interpreters at once (tools/jobs.sh: each run's output is printed
+# whole when it ends).
+. "$repo/tools/jobs.sh"
+jobs_start lua5.4 run_busted lua5.4 5.4
+jobs_start luajit run_busted luajit 5.1
+if ! jobs_wait; then
+  for lua in "${JOBS_FAILED[@]}"; do echo "lua-test: FAILED under $lua" >&2; done
   exit 1
 fi
