@@ -9,7 +9,7 @@
 #      and its child processes at that copy; see tests/python/conftest.py).
 #   2. Lua: the module rebuilt with the same flags by luarocks into
 #      build-check/lua/{5.4,5.1}, then tests/lua with busted under lua5.4 and
-#      luajit, libasan preloaded (tests/lua/helpers.lua starts the mock and
+#      luajit (at the same time), libasan preloaded (tests/lua/helpers.lua starts the mock and
 #      curl without it).
 # The C integration tests under valgrind are in `make test` (test-c-valgrind).
 #
@@ -94,11 +94,13 @@ check_python() {
   # pure_python tests (the mock server, mypy: none of our C code runs), the
   # doc examples (calls like the suite's own) and the rate limits' pacing
   # (seconds of waiting; ratelimit.c runs under ASan in tests/c).
+  # PYTEST_JOBS workers (pytest-xdist, from tools/ensure-deps.sh): the tests
+  # mostly wait, as in make test-python.
   echo "check: pytest tests/python under ASan+UBSan"
   local status=0
   LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONMALLOC=malloc \
     PYTHONDONTWRITEBYTECODE=1 LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
-    python3 -m pytest -q -p no:cacheprovider tests/python \
+    python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-2}" tests/python \
     --deselect tests/python/test_leak.py::test_rss_flat_over_5000_calls \
     --deselect tests/python/test_stream.py::test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat \
     --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \
@@ -151,8 +153,11 @@ check_lua() {
     echo "check: busted --lua=$lua took $(elapsed "$t1") (exit $rc)"
     return $rc
   }
-  run_busted lua5.4 5.4 || status=1
-  run_busted luajit 5.1 || status=1
+  # Both interpreters at once (tools/jobs.sh), as tools/lua-test.sh does.
+  . "$repo/tools/jobs.sh"
+  jobs_start lua5.4 run_busted lua5.4 5.4
+  jobs_start luajit run_busted luajit 5.1
+  jobs_wait || status=1
   echo "check: lua part took $(elapsed "$t0") (exit $status)"
   return $status
 }
