@@ -22,8 +22,8 @@
 # also builds the Python extension the Lua suite's mock server imports), so
 # it runs on a fresh clone.
 #
-# tools/check.sh [python|lua|deps]...   (default: python lua; deps: only the
-# installs). Fails when any part fails.
+# tools/check.sh [python|lua|deps]...   (default: python lua, at the same time;
+# deps: only the installs). Fails when any part fails.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -100,7 +100,7 @@ check_python() {
   local status=0
   LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONMALLOC=malloc \
     PYTHONDONTWRITEBYTECODE=1 LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
-    python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-2}" tests/python \
+    python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-4}" tests/python \
     --deselect tests/python/test_leak.py::test_rss_flat_over_5000_calls \
     --deselect tests/python/test_stream.py::test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat \
     --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \
@@ -154,7 +154,6 @@ check_lua() {
     return $rc
   }
   # Both interpreters at once (tools/jobs.sh), as tools/lua-test.sh does.
-  . "$repo/tools/jobs.sh"
   jobs_start lua5.4 run_busted lua5.4 5.4
   jobs_start luajit run_busted luajit 5.1
   jobs_wait || status=1
@@ -162,10 +161,16 @@ check_lua() {
   return $status
 }
 
-for p in "${parts[@]}"; do
-  [ "$p" = deps ] && continue
-  "check_$p" || failed+=("$p")
-done
+# The parts at once: the first in the foreground, the others as jobs
+# (tools/jobs.sh: their output comes after it). Each mostly waits, and their
+# builds do not meet (setup.py compiles into build-check/; luarocks next to
+# the sources, which the other builds do not read).
+. "$repo/tools/jobs.sh"
+run=()
+for p in "${parts[@]}"; do [ "$p" = deps ] || run+=("$p"); done
+for p in "${run[@]:1}"; do jobs_start "$p" "check_$p"; done
+if [ ${#run[@]} -gt 0 ]; then "check_${run[0]}" || failed+=("${run[0]}"); fi
+jobs_wait || failed+=("${JOBS_FAILED[@]}")
 if [ ${#failed[@]} -gt 0 ]; then
   echo "check: FAILED: ${failed[*]}" >&2
   exit 1
