@@ -9,7 +9,7 @@
 #      and its child processes at that copy; see tests/python/conftest.py).
 #   2. Lua: the module rebuilt with the same flags by luarocks into
 #      build-check/lua/{5.4,5.1}, then tests/lua with busted under lua5.4 and
-#      luajit (at the same time), libasan preloaded (tests/lua/helpers.lua starts the mock and
+#      luajit (at the same time, each in two halves), libasan preloaded (tests/lua/helpers.lua starts the mock and
 #      curl without it).
 # The C integration tests under valgrind are in `make test` (test-c-valgrind).
 #
@@ -139,23 +139,28 @@ check_lua() {
     grep -q -- "-fsanitize=address,undefined" "$log" \
       || { echo "check: the Lua $v build did not use the sanitizer flags ($log)" >&2; return 1; }
   done
-  run_busted() { # interpreter abi
-    local lua="$1" v="$2" tree="$out/lua/$2"
+  run_busted() { # interpreter abi shard(K/N)
+    local lua="$1" v="$2" tree="$out/lua/$2" specs
     local lpath="$tree/share/lua/$v/?.lua;$tree/share/lua/$v/?/init.lua;$repo/tests/lua/?.lua;;"
     local cpath="$tree/lib/lua/$v/?.so;;"
-    echo "check: busted --lua=$lua under ASan+UBSan"
+    mapfile -t specs < <(spec_shard "$repo/tests/lua" "${3%/*}" "${3#*/}")
+    echo "check: busted --lua=$lua under ASan+UBSan, specs $3: ${specs[*]##*/}"
     local t1; t1=$(date +%s)
     local rc=0
     LLMRETRY_REPO="$repo" PYTHONPATH="$repo/python" \
       LUA_PATH="$lpath" LUA_CPATH="$cpath" LUA_PATH_5_4="$lpath" LUA_CPATH_5_4="$cpath" \
       LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
-      busted --lua="$lua" --pattern=_spec "$repo/tests/lua" || rc=$?
-    echo "check: busted --lua=$lua took $(elapsed "$t1") (exit $rc)"
+      busted --lua="$lua" "${specs[@]}" || rc=$?
+    echo "check: busted --lua=$lua, specs $3, took $(elapsed "$t1") (exit $rc)"
     return $rc
   }
-  # Both interpreters at once (tools/jobs.sh), as tools/lua-test.sh does.
-  jobs_start lua5.4 run_busted lua5.4 5.4
-  jobs_start luajit run_busted luajit 5.1
+  # Both interpreters at once, each on two halves of the specs
+  # (tools/jobs.sh), as tools/lua-test.sh does.
+  local shard
+  for shard in 1/2 2/2; do
+    jobs_start "lua5.4 (specs $shard)" run_busted lua5.4 5.4 "$shard"
+    jobs_start "luajit (specs $shard)" run_busted luajit 5.1 "$shard"
+  done
   jobs_wait || status=1
   echo "check: lua part took $(elapsed "$t0") (exit $status)"
   return $status

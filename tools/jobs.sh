@@ -8,6 +8,7 @@
 #   jobs_wait                          wait for every job started; print each
 #                                      one's output whole, in start order;
 #                                      fail if any failed (JOBS_FAILED: names)
+#   spec_shard DIR K N                 the busted specs of shard K of N
 #
 # A job gets SIGINT as a foreground command would (a shell without job
 # control starts background commands with it ignored), so Ctrl-C stops it.
@@ -41,4 +42,24 @@ jobs_wait() {
   _jobs_pids=()
   _jobs_logs=()
   [ ${#JOBS_FAILED[@]} -eq 0 ]
+}
+
+# spec_shard DIR K N: the *_spec.lua files of DIR in shard K of N (1-based),
+# one a line, for N busted runs at once. Files go largest first to the shard
+# with the fewest bytes so far: size stands in for time (the largest,
+# faults_spec.lua, is also the slowest), and the split stays the same from
+# run to run.
+spec_shard() { # dir k n
+  local dir="$1" k="$2" n="$3" f i best
+  local -a bytes=()
+  for ((i = 1; i <= n; i++)); do bytes[i]=0; done
+  while IFS= read -r f; do
+    best=1
+    for ((i = 2; i <= n; i++)); do
+      [ "${bytes[i]}" -lt "${bytes[best]}" ] && best=$i
+    done
+    bytes[best]=$((bytes[best] + $(stat -c %s "$dir/$f")))
+    [ "$best" -eq "$k" ] && echo "$dir/$f"
+  done < <(cd "$dir" && ls -S -- *_spec.lua)
+  return 0
 }

@@ -76,8 +76,7 @@ clean_artefacts() {
 }
 
 pipe_lua() {
-  echo "pipe-notifier: Lua suite (lua5.4)"
-  local tree="$out/lua/5.4" lpath cpath
+  local tree="$out/lua/5.4" lpath cpath shard
   clean_artefacts
   rm -rf "$tree"
   luarocks --lua-version 5.4 make --tree "$tree" rockspecs/llmretry-scm-1.rockspec \
@@ -86,9 +85,17 @@ pipe_lua() {
   no_eventfd "$(ls "$tree"/lib/lua/5.4/llmretry/core.so)" "the Lua module" || return 1
   lpath="$tree/share/lua/5.4/?.lua;$tree/share/lua/5.4/?/init.lua;$repo/tests/lua/?.lua;;"
   cpath="$tree/lib/lua/5.4/?.so;;"
-  LLMRETRY_REPO="$repo" PYTHONPATH="$repo/python" \
-    LUA_PATH="$lpath" LUA_CPATH="$cpath" LUA_PATH_5_4="$lpath" LUA_CPATH_5_4="$cpath" \
-    busted --lua=lua5.4 --pattern=_spec "$repo/tests/lua"
+  lua_half() { # shard(K/N)
+    local specs
+    mapfile -t specs < <(spec_shard "$repo/tests/lua" "${1%/*}" "${1#*/}")
+    echo "pipe-notifier: Lua suite (lua5.4), specs $1: ${specs[*]##*/}"
+    LLMRETRY_REPO="$repo" PYTHONPATH="$repo/python" \
+      LUA_PATH="$lpath" LUA_CPATH="$cpath" LUA_PATH_5_4="$lpath" LUA_CPATH_5_4="$cpath" \
+      busted --lua=lua5.4 "${specs[@]}"
+  }
+  # The two halves of the specs at once, as tools/lua-test.sh runs them.
+  for shard in 1/2 2/2; do jobs_start "lua5.4 (specs $shard)" lua_half "$shard"; done
+  jobs_wait
 }
 
 # The Lua part runs alongside the C and Python parts (tools/jobs.sh; its
