@@ -33,8 +33,10 @@ build-asan:
 build-python:
 	$(PYTHON) setup.py -q build_ext --inplace
 
-test: deps build build-asan build-python
-	$(MAKE) --no-print-directory test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier
+# Every suite once. The passes that run them again another way (ASan+UBSan,
+# valgrind, the pipe notifier) are make check's; CI runs both.
+test: deps build build-python
+	$(MAKE) --no-print-directory test-c test-python test-lua test-hosts test-pip-install
 	@echo "make test: all suites passed"
 
 test-c:
@@ -98,9 +100,13 @@ rock:
 demo: deps build build-python
 	tools/demo.sh $(BUILD)
 
-# The Python and Lua suites against ASan+UBSan builds of the bindings (about 2
-# minutes; after make test, which builds what it needs). .ci/run runs it.
-check:
+# The suites again where the code runs another way: the C tests under
+# ASan+UBSan and the integration tests under valgrind, the C, Python and Lua
+# suites with the pipe notifier, the Python and Lua suites against ASan+UBSan
+# builds of the bindings (tools/check.sh). About 4 minutes; .ci/run runs it
+# after make test.
+check: deps build build-asan build-python
+	$(MAKE) --no-print-directory test-c-asan test-c-valgrind test-pipe-notifier
 	tools/check.sh
 
 # The benchmark suite (issue 7): every client of bench/clients/clients.json

@@ -11,7 +11,8 @@
 #      build-check/lua/{5.4,5.1}, then tests/lua with busted under lua5.4 and
 #      luajit (at the same time, each in two halves), libasan preloaded (tests/lua/helpers.lua starts the mock and
 #      curl without it).
-# The C integration tests under valgrind are in `make test` (test-c-valgrind).
+# make check runs this after the C tests under ASan+UBSan and valgrind and
+# tools/pipe-notifier-test.sh (the Makefile).
 #
 # Leak detection: off for CPython (it does not free everything at exit, by
 # design); on for lua5.4 and luajit, which close their state and pass clean.

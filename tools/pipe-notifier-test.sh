@@ -13,7 +13,7 @@
 # Each build is checked to reference no eventfd symbol, so a test that passes
 # cannot have run the eventfd path.
 #
-# Prerequisites: what `make test` installs (it runs this last).
+# Prerequisites: what `make test` installs (make check runs this after it).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
