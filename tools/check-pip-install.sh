@@ -11,14 +11,19 @@
 #     the bundled libcurl and cJSON the ones loaded, the versions agreeing)
 #     and `llmretry --version`, from an empty directory and a bare environment.
 #  3. ldd of the installed extension: libcurl and cJSON resolve inside the wheel.
-#  4. tools/check-rock.sh: the source rock of `make rock` builds and loads.
+#  4. tools/check-rock.sh: the source rock of `make rock` builds and loads
+#     (while 1-3 run).
 # Needs network or pip's cache only for the packaging tools and setuptools.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/llmretry-pip.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+# Step 4 runs while the others do (tools/jobs.sh: its output comes last); a
+# failure here still waits for it.
+. "$repo/tools/jobs.sh"
+trap 'jobs_wait >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+jobs_start check-rock "$repo/tools/check-rock.sh"
 start=$SECONDS
 
 "$repo/tools/build-wheel.sh" "$work/dist" >"$work/build.out"
@@ -62,4 +67,4 @@ for lib in libcurl libcjson; do
 done
 echo "check-pip-install: wheel and sdist checked in $((SECONDS - start)) s"
 
-"$repo/tools/check-rock.sh"
+jobs_wait

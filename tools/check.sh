@@ -9,9 +9,10 @@
 #      and its child processes at that copy; see tests/python/conftest.py).
 #   2. Lua: the module rebuilt with the same flags by luarocks into
 #      build-check/lua/{5.4,5.1}, then tests/lua with busted under lua5.4 and
-#      luajit, libasan preloaded (tests/lua/helpers.lua starts the mock and
+#      luajit (at the same time, each in two halves), libasan preloaded (tests/lua/helpers.lua starts the mock and
 #      curl without it).
-# The C integration tests under valgrind are in `make test` (test-c-valgrind).
+# make check runs this after the C tests under ASan+UBSan and valgrind and
+# tools/pipe-notifier-test.sh (the Makefile).
 #
 # Leak detection: off for CPython (it does not free everything at exit, by
 # design); on for lua5.4 and luajit, which close their state and pass clean.
@@ -94,11 +95,13 @@ check_python() {
   # pure_python tests (the mock server, mypy: none of our C code runs), the
   # doc examples (calls like the suite's own) and the rate limits' pacing
   # (seconds of waiting; ratelimit.c runs under ASan in tests/c).
+  # PYTEST_JOBS workers (pytest-xdist, from tools/ensure-deps.sh): the tests
+  # mostly wait, as in make test-python.
   echo "check: pytest tests/python under ASan+UBSan"
   local status=0
   LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONMALLOC=malloc \
     PYTHONDONTWRITEBYTECODE=1 LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
-    python3 -m pytest -q -p no:cacheprovider tests/python \
+    python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-4}" tests/python \
     --deselect tests/python/test_leak.py::test_rss_flat_over_5000_calls \
     --deselect tests/python/test_stream.py::test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat \
     --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \
@@ -137,26 +140,37 @@ check_lua() {
     grep -q -- "-fsanitize=address,undefined" "$log" \
       || { echo "check: the Lua $v build did not use the sanitizer flags ($log)" >&2; return 1; }
   done
-  run_busted() { # interpreter abi
-    local lua="$1" v="$2" tree="$out/lua/$2"
+  run_busted() { # interpreter abi shard(K/N)
+    local lua="$1" v="$2" tree="$out/lua/$2" specs
     local lpath="$tree/share/lua/$v/?.lua;$tree/share/lua/$v/?/init.lua;$repo/tests/lua/?.lua;;"
     local cpath="$tree/lib/lua/$v/?.so;;"
-    echo "check: busted --lua=$lua under ASan+UBSan"
+    mapfile -t specs < <(spec_shard "$repo/tests/lua" "${3%/*}" "${3#*/}")
+    echo "check: busted --lua=$lua under ASan+UBSan, specs $3: ${specs[*]##*/}"
     local t1; t1=$(date +%s)
     local rc=0
     LLMRETRY_REPO="$repo" PYTHONPATH="$repo/python" \
       LUA_PATH="$lpath" LUA_CPATH="$cpath" LUA_PATH_5_4="$lpath" LUA_CPATH_5_4="$cpath" \
       LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
-      busted --lua="$lua" --pattern=_spec "$repo/tests/lua" || rc=$?
-    echo "check: busted --lua=$lua took $(elapsed "$t1") (exit $rc)"
+      busted --lua="$lua" "${specs[@]}" || rc=$?
+    echo "check: busted --lua=$lua, specs $3, took $(elapsed "$t1") (exit $rc)"
     return $rc
   }
-  run_busted lua5.4 5.4 || status=1
-  run_busted luajit 5.1 || status=1
+  # Both interpreters at once, each on two halves of the specs
+  # (tools/jobs.sh), as tools/lua-test.sh does.
+  local shard
+  for shard in 1/2 2/2; do
+    jobs_start "lua5.4 (specs $shard)" run_busted lua5.4 5.4 "$shard"
+    jobs_start "luajit (specs $shard)" run_busted luajit 5.1 "$shard"
+  done
+  jobs_wait || status=1
   echo "check: lua part took $(elapsed "$t0") (exit $status)"
   return $status
 }
 
+# One part after the other: each runs several things at once already, and
+# under ASan the suites use the CPU more than they wait (together, the two
+# cores were saturated: 116 s instead of 178, but a timed test failed).
+. "$repo/tools/jobs.sh"
 for p in "${parts[@]}"; do
   [ "$p" = deps ] && continue
   "check_$p" || failed+=("$p")

@@ -24,10 +24,12 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # async examples' types (test_typing.py), the openai SDK and both httpx
 # flavours run on llmretry.httpx / llmretry.httpx2 (test_httpx_transport.py;
 # the SDK 3.x brings httpx2); pydantic 2 for response_model
-# (test_response_model.py; the SDK brings it too).
-py_pkgs=("pytest pytest" "nbclient nbclient>=0.8" "ipykernel ipykernel>=6.20"
-         "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai" "httpx httpx"
-         "pydantic pydantic>=2")
+# (test_response_model.py; the SDK brings it too); pytest-xdist runs the
+# suite's tests a few at a time (they mostly wait: see PYTEST_JOBS in the
+# Makefile).
+py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
+         "ipykernel ipykernel>=6.20" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
+         "httpx httpx" "pydantic pydantic>=2")
 py_missing=()
 for entry in "${py_pkgs[@]}"; do
   read -r mod spec <<<"$entry"

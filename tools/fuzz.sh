@@ -76,15 +76,29 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 echo "fuzz.sh: $("$CLANG" --version | head -1); ${RUN_SECONDS}s per target; work dir $OUT"
+# The core's objects, compiled once for every target (two at a time) with the
+# same instrumentation: -fsanitize=fuzzer-no-link is -fsanitize=fuzzer without
+# libFuzzer's main, which each target's own file brings.
+echo "== the core: build"
+mkdir -p "$OUT/obj"
+# shellcheck disable=SC2016
+if ! ls core/src/*.c | CLANG="$CLANG" OBJ="$OUT/obj" \
+     FLAGS="${CFLAGS/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,} $(pkg-config --cflags libcurl libcjson)" \
+     xargs -P 2 -n 1 sh -c '"$CLANG" $FLAGS -c "$1" -o "$OBJ/$(basename "$1" .c).o"' sh \
+     2> "$OUT/core.build.log"; then
+    cat "$OUT/core.build.log" >&2
+    echo "fuzz.sh: building the core failed" >&2
+    exit 1
+fi
 status=0
 for t in $TARGETS; do
     src=tests/fuzz/$t.c
     [ -f "$src" ] || { echo "fuzz.sh: no such target: $t" >&2; status=2; continue; }
     if [ "$t" = fuzz_response ]; then
         # It includes transfer.c itself, to reach its static functions.
-        core=$(ls core/src/*.c | grep -v '/transfer\.c$')
+        core=$(ls "$OUT"/obj/*.o | grep -v '/transfer\.o$')
     else
-        core=$(ls core/src/*.c)
+        core=$(ls "$OUT"/obj/*.o)
     fi
     echo "== $t: build"
     # shellcheck disable=SC2086
