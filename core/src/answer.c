@@ -232,7 +232,8 @@ static void check_text(llmretry_call *c, const char *text, size_t len, int choic
         lr_schema_error *e = &errs->e[errs->n++];
         memcpy(e->path, one.e[i].path, sizeof e->path);
         if (n_choices > 1)
-            snprintf(e->message, sizeof e->message, "choice %d: %s", choice, one.e[i].message);
+            snprintf(e->message, sizeof e->message, "choice %d: %.130s", choice,
+                     one.e[i].message);
         else
             memcpy(e->message, one.e[i].message, sizeof e->message);
     }
