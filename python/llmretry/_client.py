@@ -137,6 +137,7 @@ class Result:
     """
 
     __slots__ = ("data", "meta", "_parsed")
+    _parsed: Any
 
     def __init__(self, data: Any, meta: Meta) -> None:
         self.data = data    # the response body parsed as JSON
