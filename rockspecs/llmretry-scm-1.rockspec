@@ -84,6 +84,7 @@ build = {
             "core/src/endpoint.c",
             "core/src/health.c",
             "core/src/targets.c",
+            "core/src/repair.c",
             "core/src/response.c",
             "core/src/schema.c",
             "core/src/schema_pattern.c",

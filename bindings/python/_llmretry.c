@@ -210,6 +210,36 @@ static PyObject *assert_shape_json(PyObject *module, PyObject *args, PyObject *k
     Py_RETURN_NONE;
 }
 
+/* schema_errors(schema_text, json_text) -> None (it matches) or the JSON
+ * text of its errors; ValueError for a refused schema or text not JSON. */
+static PyObject *schema_errors(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *schema, *json;
+    if (!PyArg_ParseTuple(args, "OO:schema_errors", &schema, &json))
+        return NULL;
+    const char *ss, *js;
+    Py_ssize_t sl, jl;
+    if (utf8_of(schema, "schema", &ss, &sl) < 0 || utf8_of(json, "json_text", &js, &jl) < 0)
+        return NULL;
+    char err[LLMRETRY_ERRBUF], *errors = NULL;
+    llmretry_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = llmretry_schema_validate(ss, (size_t)sl, js, (size_t)jl, &errors, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (st == LLMRETRY_ENOMEM)
+        return PyErr_NoMemory();
+    if (st != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    if (!errors)
+        Py_RETURN_NONE;
+    PyObject *out = PyUnicode_FromString(errors);
+    llmretry_free(errors);
+    return out;
+}
+
 static PyObject *parse_retry_after(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -228,6 +258,8 @@ static PyMethodDef module_methods[] = {
       "extract_json(text) -> str: the JSON text inside model output." },
     { "assert_shape_json", (PyCFunction)(void (*)(void))assert_shape_json,
       METH_VARARGS | METH_KEYWORDS, "assert_shape_json(json_text, shape_json, path='root')." },
+    { "schema_errors", schema_errors, METH_VARARGS,
+      "schema_errors(schema_text, json_text) -> None or the JSON text of its errors." },
     { "_set_result_types", lr_set_result_types, METH_VARARGS,
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
     { "parse_retry_after", parse_retry_after, METH_VARARGS,

@@ -97,6 +97,37 @@ static lr_schema *schema_for(const char *text, size_t len, char *why, size_t why
     return s;
 }
 
+llmretry_status llmretry_schema_validate(const char *schema, size_t schema_len,
+                                         const char *json, size_t json_len, char **errors,
+                                         char *err, size_t errlen)
+{
+    char why[LLMRETRY_ERRBUF - 32];
+    if (errors)
+        *errors = NULL;
+    if (!schema || !json || !errors) {
+        lr_errf(err, errlen, "%s must not be NULL", !schema ? "schema" : !json ? "json" : "errors");
+        return LLMRETRY_EINVAL;
+    }
+    lr_schema *s = schema_for(schema, schema_len, why, sizeof why);
+    if (!s) {
+        lr_errf(err, errlen, "schema: %s", why);
+        return strcmp(why, "out of memory") == 0 ? LLMRETRY_ENOMEM : LLMRETRY_EINVAL;
+    }
+    cJSON *v = cJSON_ParseWithLength(json, json_len);
+    llmretry_status st = LLMRETRY_OK;
+    if (!v) {
+        lr_errf(err, errlen, "json is not valid JSON");
+        st = LLMRETRY_EINVAL;
+    } else {
+        lr_schema_errors out;
+        if (lr_schema_validate(s, v, &out) > 0 && !(*errors = lr_schema_errors_json(&out)))
+            st = LLMRETRY_ENOMEM;
+    }
+    cJSON_Delete(v);
+    lr_schema_free(s);
+    return st;
+}
+
 int lr_schema_check_json(const char *json, const char *name, char *err, size_t errlen)
 {
     char why[LLMRETRY_ERRBUF - 32];

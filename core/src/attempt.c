@@ -449,8 +449,10 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
         lr_give_up(e, c, LLMRETRY_REASON_RETRY_BUDGET_EXHAUSTED);
         return;
     }
+    int repaired = lr_repair_body(c);       /* option repair: the answer and its errors */
     ev = lr_event(c, LLMRETRY_EV_RETRY_SCHEDULED);
     if (ev) {
+        ev->repair = repaired;
         ev->delay_ms = d.delay_ms;
         ev->delay_source = d.delay_source;
         ev->next_attempt = c->attempt + 1;

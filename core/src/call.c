@@ -205,6 +205,7 @@ static void call_destroy(llmretry_call *c)
     free(c->last_error_code);
     free(c->last_body_preview);
     free(c->last_validation_errors);
+    free(c->repair_body);
     lr_schema_free(c->schema);
     free(c->v_response_model);
     free(c->v_fingerprint);

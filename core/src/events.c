@@ -62,7 +62,7 @@ enum { F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY,
        F_ERROR_CODE, F_BODY_PREVIEW, F_ERROR_KIND, F_ERROR_MESSAGE, F_DELAY_MS,
        F_DELAY_SOURCE, F_NEXT_ATTEMPT, F_USAGE, F_RESPONSE_MODEL,
        F_SYSTEM_FINGERPRINT, F_REASON, F_ATTEMPTS, F_TOTAL_MS, F_STREAM, F_TTFT_MS,
-       F_CHUNKS, F_STREAM_REASON, F_TARGET, F_VALIDATION_PATH, F_END = -1 };
+       F_CHUNKS, F_STREAM_REASON, F_TARGET, F_VALIDATION_PATH, F_REPAIR, F_END = -1 };
 
 #define COMMON F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY
 static const int fields_started[] = { COMMON, F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_END };
@@ -88,7 +88,7 @@ static const char *const field_names[] = {
     "status", "duration_ms", "retry_after", "error_code", "body_preview",
     "error_kind", "error_message", "delay_ms", "delay_source", "next_attempt",
     "usage", "response_model", "system_fingerprint", "reason", "attempts", "total_ms",
-    "stream", "ttft_ms", "chunks", "stream_reason", "target", "validation_path",
+    "stream", "ttft_ms", "chunks", "stream_reason", "target", "validation_path", "repair",
 };
 
 /* Calls with fallbacks: every event says which target it is about, right
@@ -118,16 +118,18 @@ static size_t stream_count(const llmretry_event *ev)
 }
 
 /* An answer the schema refused: its error event ends with the first
- * error's path (events of other failures keep their fields as they were). */
-static int has_validation_path(const llmretry_event *ev)
+ * error's path, and a retry that repairs it with "repair": true (events of
+ * other failures and retries keep their fields as they were). */
+static int has_verdict_field(const llmretry_event *ev)
 {
-    return ev->type == LLMRETRY_EV_REQUEST_ERROR && ev->validation_path;
+    return (ev->type == LLMRETRY_EV_REQUEST_ERROR && ev->validation_path) ||
+           (ev->type == LLMRETRY_EV_RETRY_SCHEDULED && ev->repair);    /* "repair": true */
 }
 
 size_t llmretry_event_field_count(const llmretry_event *ev)
 {
     return own_count(ev) + stream_count(ev) + (size_t)has_target(ev) +
-           (size_t)has_validation_path(ev);
+           (size_t)has_verdict_field(ev);
 }
 
 #define N_COMMON 5
@@ -149,8 +151,8 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
     if (index >= llmretry_event_field_count(ev))
         return -1;
     int f;
-    if (has_validation_path(ev) && index == llmretry_event_field_count(ev) - 1) {
-        f = F_VALIDATION_PATH;
+    if (has_verdict_field(ev) && index == llmretry_event_field_count(ev) - 1) {
+        f = ev->type == LLMRETRY_EV_RETRY_SCHEDULED ? F_REPAIR : F_VALIDATION_PATH;
     } else if (has_target(ev) && index == N_COMMON) {
         f = F_TARGET;
     } else {
@@ -209,6 +211,10 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
     case F_CHUNKS: set_int(out, ev->chunks); break;
     case F_STREAM_REASON: set_str(out, llmretry_stream_reason_name(ev->stream_reason)); break;
     case F_VALIDATION_PATH: set_str(out, ev->validation_path); break;
+    case F_REPAIR:
+        out->type = LLMRETRY_FIELD_BOOL;
+        out->i = 1;
+        break;
     }
     return 0;
 }

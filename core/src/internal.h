@@ -201,6 +201,7 @@ struct llmretry_event {
     /* llm_request_error of an answer that did not match the schema: the
      * first error's path (never the answer's text); NULL otherwise. */
     char *validation_path;
+    int repair;                    /* llm_retry_scheduled: the next body is a repair */
 };
 
 struct llmretry_call {
@@ -284,6 +285,7 @@ struct llmretry_call {
     struct lr_schema *schema;
     int schema_extract;
     char *last_validation_errors;  /* JSON text, the last failed attempt's */
+    char *repair_body;             /* repair.c: the body of a repair retry, or NULL */
     /* A validated 2xx waiting for the host's verdict. */
     llmretry_usage v_usage;
     char *v_response_model, *v_fingerprint;
@@ -433,6 +435,10 @@ int lr_answer_schema(llmretry_call *c, const llmretry_options *o, char *err, siz
  * or a refusal, when it falls short. Nothing without a schema. */
 struct lr_outcome;
 void lr_answer_check(llmretry_call *c, const struct cJSON *doc, struct lr_outcome *out);
+/* repair.c: with option repair, after an invalid answer, make the next
+ * attempt's body the target's with the failed answer and a note of its
+ * errors; 1 when it did. */
+int lr_repair_body(llmretry_call *c);
 /* The fallbacks' targets after target 0 (the array grows to hold them). */
 int lr_targets_build(llmretry_call *c, const char *fallbacks);
 void lr_targets_free(llmretry_call *c);

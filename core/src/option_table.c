@@ -76,6 +76,7 @@ static const llmretry_option_info TABLE[] = {
     { "fallbacks", LLMRETRY_OPTTYPE_TARGETS, NUL | POL | LLMRETRY_OPTFLAG_SECRET, OFF(fallbacks),
       0, 0, NULL, NULL, "null" },
     { "schema", LLMRETRY_OPTTYPE_SCHEMA, NUL, OFF(schema), 0, 0, NULL, NULL, "null" },
+    { "repair", LLMRETRY_OPTTYPE_BOOL, 0, OFF(repair), 0, 1, NULL, NULL, "false" },
     { "estimated_tokens", LLMRETRY_OPTTYPE_INT, ONE, OFF(estimated_tokens), 0, INT64_MAX,
       ">= 0 (0: estimated)", NULL, "0" },
     { "request_id", LLMRETRY_OPTTYPE_TEXT, NUL | ONE, OFF(request_id), 0, 0, NULL, NULL,

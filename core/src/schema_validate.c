@@ -14,25 +14,106 @@
 
 /* ---- validating ------------------------------------------------------------ */
 
+/* One step of the path to the value being checked: a key (borrowed from
+ * the value) or an array index. Paths are formatted only for an error: a
+ * valid answer costs no formatting at all. */
+typedef struct seg {
+    const char *key;               /* NULL: index */
+    size_t index;
+} seg;
+
+#define MAX_SEGS (LR_SCHEMA_MAX_DEPTH + 8)
+
 /* What every check of one validation shares, the quiet ones of anyOf too. */
 typedef struct vshared {
     long steps;
     int aborted;                   /* out of steps or too deep: everything stops */
     int reported;                  /* ... and a loud check has said so */
     const char *abort_msg;
+    seg segs[MAX_SEGS];            /* the loud check's path */
+    size_t nseg;                   /* may pass MAX_SEGS: those are not kept */
 } vshared;
 
 typedef struct vctx {
     vshared *sh;
     lr_schema_errors *out;         /* NULL: quiet, the first error ends it */
-    char path[LR_SCHEMA_PATH_MAX];
-    size_t plen;
 } vctx;
 
 /* Stop walking: quiet, or the list is full, or everything stopped. */
 static int stopped(const vctx *v)
 {
     return !v->out || v->sh->aborted || v->out->truncated;
+}
+
+#define KEY_SHOWN 48
+
+/* One segment as text: .key, ["any key"] (JSON-escaped, cut on a UTF-8
+ * boundary) or [index]. Its length. */
+static size_t format_seg(const seg *sg, char *buf)
+{
+    size_t n = 0;
+    const char *key = sg->key;
+    if (!key)
+        return (size_t)sprintf(buf, "[%zu]", sg->index);
+    int ident = key[0] == '_' || ((key[0] | 32) >= 'a' && (key[0] | 32) <= 'z');
+    for (const char *k = key; ident && *k; k++)
+        ident = *k == '_' || (*k >= '0' && *k <= '9') || ((*k | 32) >= 'a' && (*k | 32) <= 'z');
+    size_t len = strlen(key);
+    if (ident && len <= KEY_SHOWN) {
+        buf[n++] = '.';
+        memcpy(buf + n, key, len);
+        return n + len;
+    }
+    buf[n++] = '[';
+    buf[n++] = '"';
+    size_t shown = len;
+    if (shown > KEY_SHOWN) {
+        shown = KEY_SHOWN;
+        while (shown > 0 && ((unsigned char)key[shown] & 0xC0) == 0x80)
+            shown--;
+    }
+    for (size_t i = 0; i < shown; i++) {
+        unsigned char c = (unsigned char)key[i];
+        if (c == '"' || c == '\\') {
+            buf[n++] = '\\';
+            buf[n++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            n += (size_t)sprintf(buf + n, "\\u%04x", c);
+        } else {
+            buf[n++] = (char)c;
+        }
+    }
+    if (shown < len) {
+        memcpy(buf + n, "...", 3);
+        n += 3;
+    }
+    buf[n++] = '"';
+    buf[n++] = ']';
+    return n;
+}
+
+/* The current path, "$..." (a path too long for out ends in "..."). */
+static void format_path(const vshared *sh, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[n++] = '$';
+    size_t kept = sh->nseg < MAX_SEGS ? sh->nseg : MAX_SEGS;
+    int cut = sh->nseg > kept;
+    char buf[KEY_SHOWN * 6 + 16];
+    for (size_t i = 0; i < kept && !cut; i++) {
+        size_t len = format_seg(&sh->segs[i], buf);
+        if (n + len + 4 > cap)
+            cut = 1;
+        else {
+            memcpy(out + n, buf, len);
+            n += len;
+        }
+    }
+    if (cut) {
+        memcpy(out + n, "...", 3);
+        n += 3;
+    }
+    out[n] = '\0';
 }
 
 static void add_error(vctx *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -45,7 +126,7 @@ static void add_error(vctx *v, const char *fmt, ...)
         return;
     }
     lr_schema_error *e = &v->out->e[v->out->n++];
-    snprintf(e->path, sizeof e->path, "%s", v->path);
+    format_path(v->sh, e->path, sizeof e->path);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
@@ -67,83 +148,32 @@ static int abort_with(vctx *v, const char *msg)
 }
 
 /* Path segments: pushed before a check, popped after (quiet checks keep
- * none). A path too long for the buffer ends in "...". */
-static size_t push(vctx *v, const char *seg, size_t n)
+ * none: they report nothing). */
+static size_t push_seg(vctx *v, const char *key, size_t index)
 {
-    size_t old = v->plen;
+    size_t old = v->sh->nseg;
     if (!v->out)
         return old;
-    if (v->plen + n + 4 <= sizeof v->path) {
-        memcpy(v->path + v->plen, seg, n);
-        v->plen += n;
-    } else if (!(v->plen >= 3 && memcmp(v->path + v->plen - 3, "...", 3) == 0)) {
-        memcpy(v->path + v->plen, "...", 3);
-        v->plen += 3;
-    }
-    v->path[v->plen] = '\0';
+    if (old < MAX_SEGS)
+        v->sh->segs[old] = (seg){ key, index };
+    v->sh->nseg = old + 1;
     return old;
 }
 
 static void pop(vctx *v, size_t old)
 {
-    if (v->out) {
-        v->plen = old;
-        v->path[old] = '\0';
-    }
+    if (v->out)
+        v->sh->nseg = old;
 }
-
-#define KEY_SHOWN 48
 
 static size_t push_key(vctx *v, const char *key)
 {
-    if (!v->out)
-        return v->plen;
-    char seg[KEY_SHOWN * 6 + 16];
-    size_t n = 0;
-    int ident = key[0] == '_' || ((key[0] | 32) >= 'a' && (key[0] | 32) <= 'z');
-    for (const char *k = key; ident && *k; k++)
-        ident = *k == '_' || (*k >= '0' && *k <= '9') || ((*k | 32) >= 'a' && (*k | 32) <= 'z');
-    size_t len = strlen(key);
-    if (ident && len <= KEY_SHOWN) {
-        seg[n++] = '.';
-        memcpy(seg + n, key, len);
-        n += len;
-        return push(v, seg, n);
-    }
-    /* $["any key"]: JSON-escaped, cut on a UTF-8 boundary. */
-    seg[n++] = '[';
-    seg[n++] = '"';
-    size_t shown = len;
-    if (shown > KEY_SHOWN) {
-        shown = KEY_SHOWN;
-        while (shown > 0 && ((unsigned char)key[shown] & 0xC0) == 0x80)
-            shown--;
-    }
-    for (size_t i = 0; i < shown; i++) {
-        unsigned char c = (unsigned char)key[i];
-        if (c == '"' || c == '\\') {
-            seg[n++] = '\\';
-            seg[n++] = (char)c;
-        } else if (c < 0x20 || c == 0x7f) {
-            n += (size_t)snprintf(seg + n, 7, "\\u%04x", c);
-        } else {
-            seg[n++] = (char)c;
-        }
-    }
-    if (shown < len) {
-        memcpy(seg + n, "...", 3);
-        n += 3;
-    }
-    seg[n++] = '"';
-    seg[n++] = ']';
-    return push(v, seg, n);
+    return push_seg(v, key, 0);
 }
 
 static size_t push_index(vctx *v, size_t i)
 {
-    char seg[32];
-    int n = snprintf(seg, sizeof seg, "[%zu]", i);
-    return push(v, seg, (size_t)n);
+    return push_seg(v, NULL, i);
 }
 
 static unsigned type_of(const cJSON *x)
@@ -294,7 +324,7 @@ static int check_object(vctx *v, const node *n, const cJSON *x, int vdepth, int 
 
 static int check_any_of(vctx *v, const node *n, const cJSON *x, int vdepth, int frames)
 {
-    vctx quiet = { v->sh, NULL, "", 0 };
+    vctx quiet = { v->sh, NULL };
     for (size_t i = 0; i < n->n_any_of; i++) {
         if (check(&quiet, n->any_of[i], x, vdepth, frames + 1) == 0)
             return 0;
@@ -385,8 +415,11 @@ static int check(vctx *v, const node *n, const cJSON *x, int vdepth, int frames)
 
 int lr_schema_validate(const lr_schema *s, const cJSON *value, lr_schema_errors *out)
 {
-    vshared sh = { 0, 0, 0, NULL };
-    vctx v = { &sh, out, "$", 1 };
+    vshared sh;
+    sh.steps = sh.aborted = sh.reported = 0;
+    sh.abort_msg = NULL;
+    sh.nseg = 0;
+    vctx v = { &sh, out };
     out->n = out->truncated = 0;
     if (!s || !value) {
         add_error(&v, "no value");

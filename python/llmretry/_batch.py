@@ -563,8 +563,9 @@ def _failed_indices(path: str) -> Iterator[int]:
 def error_record(exc: BaseException) -> Dict[str, Any]:
     """The ``error`` object of a failures-file line."""
     if isinstance(exc, LLMError):
-        rec = {"kind": exc.kind, "status": exc.status, "message": exc.message,
-               "request_id": exc.request_id, "attempts": exc.attempts}
+        rec: Dict[str, Any] = {"kind": exc.kind, "status": exc.status,
+                               "message": exc.message, "request_id": exc.request_id,
+                               "attempts": exc.attempts}
         if getattr(exc, "validation_errors", None):
             rec["validation_errors"] = exc.validation_errors    # where, never what
         return rec

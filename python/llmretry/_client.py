@@ -137,6 +137,7 @@ class Result:
     """
 
     __slots__ = ("data", "meta", "_parsed")
+    _parsed: Any
 
     def __init__(self, data: Any, meta: Meta) -> None:
         self.data = data    # the response body parsed as JSON
@@ -426,7 +427,7 @@ _CALL_OPTIONS: Tuple[str, ...] = (
     "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
     "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm",
     "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
-    "fallbacks", "schema", "response_model", "validate", "logger")
+    "fallbacks", "schema", "repair", "response_model", "validate", "logger")
 
 # Keywords of Engine.call and how a Python value becomes one: the types
 # come from the core's table, so no rule about an option lives here.
@@ -991,6 +992,7 @@ class Client:
                  breaker_cooldown_ms: int = DEFAULT,
                  fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
                  schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
+                 repair: bool = DEFAULT,
                  response_model: Any = DEFAULT,
                  validate: Optional[Validate] = DEFAULT,
                  logger: Any = DEFAULT,
@@ -1001,7 +1003,7 @@ class Client:
                   max_retry_after_ms, retry_invalid_response, max_response_bytes,
                   headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, schema, response_model, validate, logger)
+                  fallbacks, schema, repair, response_model, validate, logger)
         if policy is None:
             plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
             return self._run(body, plan)
@@ -1501,6 +1503,7 @@ def call_llm(body: Body, *,
              breaker_cooldown_ms: int = DEFAULT,
              fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
              schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
+             repair: bool = DEFAULT,
              response_model: Any = DEFAULT,
              validate: Optional[Validate] = DEFAULT,
              logger: Any = DEFAULT,
@@ -1571,6 +1574,9 @@ def call_llm(body: Body, *,
       it. A mismatch is ``invalid_response`` (retried) with the errors in
       ``validation_errors``; a ``message.refusal`` raises
       :class:`~llmretry.RefusalError`, not retried.
+    * ``repair=False``: True makes a retry after an answer that failed the
+      schema (or ``validate``) send the body with the failed answer and one
+      user message naming its errors appended (as instructor does).
     * ``response_model``: a pydantic v2 model: its strict schema
       (:func:`~llmretry.strict_schema`) is the call's ``schema``, pydantic
       validates each answer (a rejection is retried like a mismatch), and the
@@ -1602,7 +1608,7 @@ def call_llm(body: Body, *,
               max_retry_after_ms, retry_invalid_response, max_response_bytes,
               headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
                   retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, schema, response_model, validate, logger)
+                  fallbacks, schema, repair, response_model, validate, logger)
     if policy is not None:
         return client._run_policy(body, values, policy)
     plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)

@@ -230,8 +230,10 @@ class TransportCore:
         head = out.get("headers")
         if head is None and out["ok"]:
             head = _MINIMAL_HEAD % (out["status"], b"application/json")
+        # A refusal too: the SDK reads message.refusal itself.
         if head is not None and (out["ok"] or out.get("kind") in ("http_status",
-                                                                   "invalid_response")):
+                                                                   "invalid_response",
+                                                                   "refusal")):
             status, headers, ext = _parse_head(head)
             if out["ok"] and out.get("chunks") == 0 and any(
                     k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")

@@ -274,6 +274,11 @@ def assert_shape_json(json_text: Union[str, bytes], shape_json: Union[str, bytes
                       path: str = "root") -> None:
     """The core's assert_shape on JSON texts; ValueError naming the path."""
 
+def schema_errors(schema_text: Union[str, bytes], json_text: Union[str, bytes]) -> Optional[str]:
+    """The core's JSON Schema check (llmretry_schema_validate): None when the
+    JSON matches, else the JSON text of its errors; ValueError for a refused
+    schema or text that is not JSON."""
+
 def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], Any],
                       parse: Callable[[bytes], Any]) -> None:
     """Register the classes ``as_result`` builds (``__slots__`` classes with

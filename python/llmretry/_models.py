@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ._json import extract_json
 
@@ -77,7 +77,7 @@ def strict_schema(model: Any) -> Dict[str, Any]:
                               "schema": llmretry.strict_schema(Person)}}
     """
     _check_model(model)
-    schema = copy.deepcopy(model.model_json_schema())
+    schema: Dict[str, Any] = copy.deepcopy(model.model_json_schema())
     _make_strict(schema)
     return schema
 
@@ -94,9 +94,14 @@ def _answer_text(data: Any) -> str:
                 return text
         output = data.get("output")
         if isinstance(output, list):
-            parts = [p.get("text") for item in output if isinstance(item, dict)
-                     for p in (item.get("content") or []) if isinstance(p, dict)
-                     and p.get("type") == "output_text" and isinstance(p.get("text"), str)]
+            parts: List[str] = []
+            for item in output:
+                for p in (item.get("content") or []) if isinstance(item, dict) else ():
+                    if not isinstance(p, dict) or p.get("type") != "output_text":
+                        continue
+                    text = p.get("text")
+                    if isinstance(text, str):
+                        parts.append(text)
             if parts:
                 return "".join(parts)
     raise ValueError("the answer has no content to parse")

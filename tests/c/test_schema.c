@@ -3,6 +3,7 @@
  * compile errors, paths, the error cap, and the bounds that keep a hostile
  * answer or schema from looping or blowing the stack. */
 #include "harness.h"
+#include "llmretry.h"
 #include "schema.h"
 
 #include <cJSON.h>
@@ -282,6 +283,25 @@ static void test_error_cap_and_json(void)
     free(json);
 }
 
+/* The public entry point: the engine's check on JSON texts. */
+static void test_public_api(void)
+{
+    char err[LLMRETRY_ERRBUF], *out = (char *)1;
+    const char *s = "{\"type\":\"object\",\"required\":[\"a\"]}";
+    CHECK_INT(llmretry_schema_validate(s, strlen(s), "{\"a\":1}", 7, &out, err, sizeof err),
+              LLMRETRY_OK);
+    CHECK(out == NULL);
+    CHECK_INT(llmretry_schema_validate(s, strlen(s), "{}", 2, &out, err, sizeof err), LLMRETRY_OK);
+    CHECK_STR(out, "[{\"path\":\"$.a\",\"message\":\"required property is missing\"}]");
+    llmretry_free(out);
+    CHECK_INT(llmretry_schema_validate("{\"not\":{}}", 10, "{}", 2, &out, err, sizeof err),
+              LLMRETRY_EINVAL);
+    CHECK(strstr(err, "schema: unsupported keyword 'not' at $") != NULL && out == NULL);
+    CHECK_INT(llmretry_schema_validate(s, strlen(s), "{", 1, &out, err, sizeof err),
+              LLMRETRY_EINVAL);
+    CHECK_STR(err, "json is not valid JSON");
+}
+
 int main(void)
 {
     test_types();
@@ -293,5 +313,6 @@ int main(void)
     test_depth_and_budget();
     test_error_cap_and_json();
     test_references();
+    test_public_api();
     return th_summary("test_schema");
 }

@@ -60,6 +60,19 @@ describe("schema", function()
     check(#scen.requests() == 0, "the server saw a request")
   end)
 
+  it("repairs: the retry carries the failed answer and its errors", function()
+    local scen = mock:scen("lua_schema_repair")
+    scen.script({ { content = '{"name": "Ann"}' }, { content = GOOD } })
+    local res, err = llm.call_llm(base(scen, { schema = PERSON, repair = true }))
+    check(res and res.meta.attempts == 2, "%s", H.dump(err))
+    local second = llm.decode(scen.requests()[2].body)
+    local n = #second.messages
+    check(second.messages[n - 1].role == "assistant"
+      and second.messages[n - 1].content == '{"name": "Ann"}', "%s", H.dump(second.messages))
+    check(second.messages[n].content:find("$.age: required property is missing", 1, true),
+      "%s", H.dump(second.messages[n]))
+  end)
+
   it("knows the refusal kind", function()
     check(llm.errors.REFUSAL == "refusal", "llm.errors.REFUSAL")
   end)

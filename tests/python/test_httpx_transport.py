@@ -82,6 +82,32 @@ def test_429_then_success_is_one_sdk_call(scen: Scenario) -> None:
     check_no_secrets(SECRETS, events.events)
 
 
+def test_structured_outputs_retried_then_parsed_by_the_sdk(scen: Scenario) -> None:
+    """The SDK's parse() sends response_format json_schema: the core holds the
+    answer to it (a mismatch retried, invisibly to the SDK); a refusal reaches
+    the SDK as the response it is (no retry), for it to read message.refusal."""
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    refusal = {"id": "c1", "object": "chat.completion", "created": 1, "model": "gpt-test",
+               "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                   "role": "assistant", "content": None, "refusal": "No."}}]}
+    scen.script([{"content": '{"name": "Ann", "age": "three"}'},
+                 {"content": '{"name": "Ann", "age": 3}'}, {"body": refusal}])
+    with sdk(scen) as client:
+        done = client.chat.completions.parse(model="gpt-test", messages=MESSAGES,
+                                             response_format=Person)
+        assert done.choices[0].message.parsed == Person(name="Ann", age=3)
+        assert len(scen.requests()) == 2
+        refused = client.chat.completions.parse(model="gpt-test", messages=MESSAGES,
+                                                response_format=Person)
+    assert refused.choices[0].message.refusal == "No."
+    assert refused.choices[0].message.parsed is None and len(scen.requests()) == 3
+
+
 def test_permanent_400_raises_the_sdks_error_after_one_request(scen: Scenario) -> None:
     scen.script([], after={"status": 400, "error_code": "invalid_value",
                            "headers": {"x-request-id": "req-400"}})

@@ -117,3 +117,12 @@ def test_argument_errors(mclient: Any, scen: Any) -> None:
     with pytest.raises(ValueError, match="unsupported keyword 'prefixItems'"):
         mclient.call_llm(BODY, base_url=scen.url, response_model=Tagged)
     assert scen.requests() == []
+
+
+def test_repair_names_pydantic_errors(mclient: Any, scen: Any) -> None:
+    scen.script([{"content": json.dumps({"id": -1, "items": [], "note": None})},
+                 {"content": GOOD}])
+    res = mclient.call_llm(BODY, base_url=scen.url, response_model=Order, repair=True)
+    assert res.parsed.id == 7
+    note = json.loads(scen.requests()[1]["body"])["messages"][-1]["content"]
+    assert "$.id: Value error, id must be positive" in note

@@ -197,3 +197,41 @@ def test_a_read_stream_that_does_not_match_ends_as_invalid(sclient: Any, scen: A
     assert "".join(pieces) == BAD
     assert info.value.validation_errors == [{"path": "$.age", "message": "must be >= 0"}]
     assert info.value.attempts == 1 and len(scen.requests()) == 1
+
+
+def test_repair_sends_the_failed_answer_and_its_errors(sclient: Any, scen: Any) -> None:
+    """repair=True: the retry's body is the call's own with the failed answer
+    (as the assistant's) and one user message naming the errors; a second
+    retry starts from the call's body again (one failed answer at most)."""
+    scen.script([{"content": BAD}, {"content": '{"name": "Ann"}'}, {"content": GOOD}])
+    events: List[Dict[str, Any]] = []
+    res = sclient.call_llm(BODY, base_url=scen.url, schema=PERSON, repair=True,
+                           logger=events.append)
+    assert res.meta.attempts == 3
+    sent = [json.loads(r["body"]) for r in scen.requests()]
+    assert sent[0] == BODY
+    for body, answer, error in ((sent[1], BAD, "- $.age: must be >= 0"),
+                                (sent[2], '{"name": "Ann"}', "- $.age: required property is missing")):
+        assert body["messages"][:-2] == BODY["messages"]
+        assistant, user = body["messages"][-2:]
+        assert assistant == {"role": "assistant", "content": answer}
+        assert user["role"] == "user" and error in user["content"]
+    assert [e.get("repair") for e in events if e["event"] == "llm_retry_scheduled"] == [True, True]
+    # Without repair every attempt sends the same body.
+    scen.script([{"content": BAD}, {"content": GOOD}])
+    sclient.call_llm(BODY, base_url=scen.url, schema=PERSON)
+    assert all(json.loads(r["body"]) == BODY for r in scen.requests())
+
+
+def test_repair_of_a_responses_input(sclient: Any, scen: Any) -> None:
+    """A Responses body's string input becomes the first message."""
+    def resp(text: str) -> Dict[str, Any]:
+        return {"object": "response", "output": [{"type": "message", "content": [
+            {"type": "output_text", "text": text}]}]}
+    body = {"model": "gpt-test", "input": "SECRET-PROMPT-responses"}
+    scen.script([{"body": resp(BAD)}, {"body": resp(GOOD)}])
+    sclient.call_llm(body, base_url=scen.url, schema=PERSON, repair=True)
+    second = json.loads(scen.requests()[1]["body"])
+    assert second["input"][0] == {"role": "user", "content": "SECRET-PROMPT-responses"}
+    assert second["input"][1] == {"role": "assistant", "content": BAD}
+    assert "$.age: must be >= 0" in second["input"][2]["content"]

@@ -33,6 +33,17 @@ llmretry_status llmretry_assert_shape(const char *json, size_t json_len,
                                       const char *root_path,
                                       char *err, size_t errlen);
 
+/* JSON text against a JSON Schema (the subset of docs/structured-outputs.md),
+ * as the engine checks answers: the schema is compiled once (the last few
+ * are kept by their text). OK with *errors NULL when it matches, OK with
+ * *errors the malloc'd JSON text of [{"path", "message"}, ...] (at most 20;
+ * free it with llmretry_free) when it does not, or EINVAL with a message
+ * when the schema is refused (naming the keyword and its path) or the text
+ * is not JSON. */
+llmretry_status llmretry_schema_validate(const char *schema, size_t schema_len,
+                                         const char *json, size_t json_len, char **errors,
+                                         char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -167,6 +167,10 @@ typedef struct llmretry_options {
      * refusal, never retried. A schema with an unsupported keyword is
      * EINVAL at submit. Set with llmretry_options_set_json. */
     const char *schema;
+    /* 1 = a retry after an answer that failed the schema (or validate) sends
+     * the body with two more messages: the failed answer, as the
+     * assistant's, and one user message naming the errors (0 by default). */
+    int repair;
 
     /* Streaming (docs/streaming.md): a call streams when its body says
      * "stream": true; a text/event-stream response is read as SSE whatever
