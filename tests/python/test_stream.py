@@ -283,9 +283,12 @@ def test_a_typed_stream_that_fails(scen: Scenario) -> None:
 @pytest.mark.slow
 def test_a_thousand_streams_open_at_once(scen: Scenario) -> None:
     """1,000 streams open on one client from one thread: each waits in its
-    own mailbox until read; all end whole."""
+    own mailbox until read; all end whole. The chunk timeout is long: the
+    in-process mock serves 1,000 streams at once, which under ASan beside
+    other test workers on 2 cores took over 5 s for one chunk (CI)."""
     scen.script([], after={"stream": {"chunks": ["a", "b", "c"], "delay_ms": 100}})
-    with llmretry.Client(base_url=scen.url, max_in_flight=1000, **FAST) as c:
+    options = dict(FAST, timeout_ms=60000)
+    with llmretry.Client(base_url=scen.url, max_in_flight=1000, **options) as c:
         streams = [c.stream_llm(BODY, logger=None) for _ in range(1000)]
         try:
             texts = ["".join(s.text_deltas()) for s in streams]
