@@ -8,7 +8,9 @@ JOBS ?= 2
 # once: CTEST_JOBS C tests (ctest -j), PYTEST_JOBS pytest workers
 # (pytest-xdist, which tools/ensure-deps.sh installs; without it, one). On 2
 # shared cores pytest took 267 s alone, 115-128 s on 2 workers, 88-92 on 3,
-# 77-92 on 4 (each passing).
+# 77-92 on 4 (each passing). Whole files to a worker (--dist loadfile): a
+# file's tests keep their order and their module's engine, as some rely on
+# (the vectors reuse one engine's connection, as in C and Lua).
 CTEST_JOBS ?= 4
 PYTEST_JOBS ?= 4
 export CTEST_JOBS PYTEST_JOBS
@@ -56,7 +58,7 @@ test-c-valgrind:
 	     --show-leak-kinds=definite $(BUILD)/{} >$(BUILD)/{}.valgrind.log 2>&1; s=$$?; \
 	   cat $(BUILD)/{}.valgrind.log; [ $$s -eq 0 ] || echo "valgrind: {} failed ($$s)"; exit $$s'
 
-PYTEST_N = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(PYTEST_JOBS)")
+PYTEST_N = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(PYTEST_JOBS) --dist loadfile")
 test-python:
 	$(PYTHON) -m pytest -q $(PYTEST_N) tests/python
 

@@ -101,7 +101,7 @@ check_python() {
   local status=0
   LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONMALLOC=malloc \
     PYTHONDONTWRITEBYTECODE=1 LD_PRELOAD="$libasan" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
-    python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-4}" tests/python \
+    python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-4}" --dist loadfile tests/python \
     --deselect tests/python/test_leak.py::test_rss_flat_over_5000_calls \
     --deselect tests/python/test_stream.py::test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat \
     --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \

@@ -200,8 +200,10 @@ def test_300_calls_of_300_ms_overlap_with_no_thread_per_call(external_mock: str)
     finally:
         client.close()
     # One after another they would take 90 s; at once, about 0.3 s (the
-    # mock's threads are in its own process: none of these is ours).
-    assert secs < 3.0, secs
+    # mock's threads are in its own process: none of these is ours). The
+    # bound leaves room for a loaded machine (the suite runs 4 workers on 2
+    # cores: 3 s was missed) and still fails for calls that do not overlap.
+    assert secs < 20.0, secs
     assert counts == [0]
 
 
