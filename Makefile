@@ -53,7 +53,7 @@ test-c-asan:
 # one's output printed whole when it ends.
 VALGRIND_TESTS = test_engine test_vectors test_group test_stream test_ratelimit test_health
 test-c-valgrind:
-	printf '%s\n' $(VALGRIND_TESTS) | xargs -P 3 -I{} sh -c \
+	printf '%s\n' $(VALGRIND_TESTS) | LLMRETRY_TEST_WALL_SLACK_MS=1000 xargs -P 3 -I{} sh -c \
 	  'valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
 	     --show-leak-kinds=definite $(BUILD)/{} >$(BUILD)/{}.valgrind.log 2>&1; s=$$?; \
 	   cat $(BUILD)/{}.valgrind.log; [ $$s -eq 0 ] || echo "valgrind: {} failed ($$s)"; exit $$s'

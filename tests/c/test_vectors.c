@@ -444,8 +444,14 @@ static void check_result(const cJSON *exp, const run_out *r, const llmretry_resu
     if ((v = cJSON_GetObjectItemCaseSensitive(exp, "min_total_ms")))
         VCHECK(res->total_ms >= (int64_t)v->valuedouble, "total_ms %lld < min %lld",
                (long long)res->total_ms, (long long)v->valuedouble);
+    /* The engine's total_ms is held to the bound; the harness's own wall
+     * (submit to delivery, which valgrind slows outside the engine) gets
+     * LLMRETRY_TEST_WALL_SLACK_MS more: the Makefile's valgrind pass sets it. */
+    const char *slack_env = getenv("LLMRETRY_TEST_WALL_SLACK_MS");
+    int64_t wall_slack = slack_env ? atoll(slack_env) : 0;
     if ((v = cJSON_GetObjectItemCaseSensitive(exp, "max_total_ms")))
-        VCHECK(res->total_ms <= (int64_t)v->valuedouble && r->wall_ms <= (int64_t)v->valuedouble,
+        VCHECK(res->total_ms <= (int64_t)v->valuedouble &&
+               r->wall_ms <= (int64_t)v->valuedouble + wall_slack,
                "total_ms %lld (wall %lld) > max %lld", (long long)res->total_ms,
                (long long)r->wall_ms, (long long)v->valuedouble);
     if (opt_str(exp, "request_id"))
