@@ -86,8 +86,11 @@ describe("rate limits", function()
     for i = 1, 30 do
       check(outs[i] and not llm.is_error(outs[i]), "item %d: %s", i, H.dump(outs[i]))
     end
-    -- Only the first wave, sent before any answer, can be refused.
-    check(refused(scen) <= 6, "%d refusals", refused(scen))
+    -- Only the first wave, sent before any answer, can be refused (6 of
+    -- 16), and a window's edge seen late by a loaded machine (2 more: 7 were
+    -- seen at a load of 8 on 2 cores). Pacing 10 a minute instead would end
+    -- at the deadline with items failed, checked above.
+    check(refused(scen) <= 8, "%d refusals", refused(scen))
   end)
 
   -- 429s naming no wait (no Retry-After, no x-ratelimit-*: LiteLLM's rpm
