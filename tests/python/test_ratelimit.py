@@ -237,8 +237,12 @@ def test_a_limit_stated_per_window_is_not_read_per_minute(scen: Any) -> None:
     finally:
         client.close()
     assert out.summary.ok == 40, out.summary.format()
-    # Only the first wave, sent before any answer, can be refused.
-    assert refused(scen) <= 6, refused(scen)
+    # The first wave, sent before any answer, can be refused (6 of 16), and
+    # a window's edge seen late by a loaded machine (8 were seen at a load of
+    # 13 on 2 cores); 16 in flight unpaced against 10 a window would be
+    # refused by the dozen. A per-minute reading fails items at the
+    # deadline, checked above.
+    assert refused(scen) <= 10, refused(scen)
 
 
 def test_429s_naming_no_wait_slow_the_endpoint(scen: Any) -> None:
