@@ -239,9 +239,8 @@ def test_a_limit_stated_per_window_is_not_read_per_minute(scen: Any) -> None:
     assert out.summary.ok == 40, out.summary.format()
     # The first wave, sent before any answer, can be refused (6 of 16), and
     # a window's edge seen late by a loaded machine (8 were seen at a load of
-    # 13 on 2 cores); 16 in flight unpaced against 10 a window would be
-    # refused by the dozen. A per-minute reading fails items at the
-    # deadline, checked above.
+    # 13 on 2 cores). A per-minute reading fails items at the deadline,
+    # checked above.
     assert refused(scen) <= 10, refused(scen)
 
 
