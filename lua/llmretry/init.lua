@@ -475,7 +475,22 @@ function M.client(opts)
   end
   local defaults = {}
   for k, v in pairs(opts) do
-    if k ~= "policies" and k ~= "policy" then defaults[k] = v end
+    if k ~= "policies" and k ~= "policy" and k ~= "shared" then defaults[k] = v end
+  end
+  -- shared (docs/shared.md): the client's calls on an engine of their own
+  -- whose endpoints' budgets live in that store. An engine passed in has its
+  -- store already.
+  if opts.shared ~= nil then
+    if type(opts.shared) ~= "string" then
+      argerror(2, "opts.shared", '"shm:NAME" or "redis://..." (a string) or nil', opts.shared)
+    end
+    if opts.engine ~= nil then
+      error("llmretry: opts.shared and opts.engine: give one (an engine has its store: "
+        .. "llmretry.new_engine(n, conns, shared))", 2)
+    end
+    local ok, engine = pcall(core.new_engine, nil, nil, opts.shared)
+    if not ok then error(engine, 2) end
+    defaults.engine = engine
   end
   -- Bad defaults raise now, naming the option, as Python's Client does.
   local sub = split_options(defaults, 2)

@@ -246,9 +246,18 @@ local function start_dispatch(w)
   end
 end
 
+-- The worker's shared store (docs/shared.md): init_worker's `shared`, else
+-- LLMRETRY_SHARED (which nginx passes only with `env LLMRETRY_SHARED;`).
+-- Every worker naming one store paces one budget per endpoint.
+local function shared_store(o)
+  if o.shared ~= nil then return o.shared end
+  local env = os.getenv("LLMRETRY_SHARED")
+  return env ~= "" and env or nil
+end
+
 local function new_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
-    o.max_host_connections)
+    o.max_host_connections, shared_store(o))
   local w = { engine = engine, exiting = false }
   local ok, err = pcall(start_dispatch, w)
   if not ok then
@@ -279,16 +288,21 @@ end
 -- init_worker([opts]) in init_worker_by_lua*: make the worker's engine and
 -- start its dispatcher now rather than on the first call. opts:
 -- max_in_flight (default M.DEFAULT_MAX_IN_FLIGHT), max_host_connections
--- (0: libcurl's default).
+-- (0: libcurl's default), shared ("shm:NAME" or "redis://...": the budgets
+-- of every worker naming it are one; default LLMRETRY_SHARED).
 function M.init_worker(opts)
   if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
   opts = opts or {}
   for k, v in pairs(opts) do
-    if k ~= "max_in_flight" and k ~= "max_host_connections" then
+    if k ~= "max_in_flight" and k ~= "max_host_connections" and k ~= "shared" then
       error(string.format("llmretry: opts.%s is not an option of init_worker "
-        .. "(max_in_flight, max_host_connections)", tostring(k)), 2)
+        .. "(max_in_flight, max_host_connections, shared)", tostring(k)), 2)
     end
-    if not is_integer(v) or v < 0 or (k == "max_in_flight" and v < 1) then
+    if k == "shared" then
+      if type(v) ~= "string" then
+        argerror(2, "shared", '"shm:NAME" or "redis://..." (a string)', v)
+      end
+    elseif not is_integer(v) or v < 0 or (k == "max_in_flight" and v < 1) then
       argerror(2, k, k == "max_in_flight" and "an integer >= 1" or "an integer >= 0", v)
     end
   end

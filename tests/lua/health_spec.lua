@@ -192,4 +192,29 @@ describe("endpoint health", function()
     ok, why = pcall(llm.new_engine, nil, nil, 7)
     check(not ok and tostring(why):find("shared", 1, true), "a number refused: " .. tostring(why))
   end)
+
+  -- A client's `shared` gives its calls an engine on that store: two
+  -- clients naming one store see one breaker.
+  it("shares through a client's shared option", function()
+    local name = "test-lua-client-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e6))
+    local scen = mock:scen("lua_client_shared_down")
+    scen.script({}, DEAD)
+    local opts = { max_retries = 0, breaker_failures = 2, breaker_cooldown_ms = 60000 }
+    local a = llm.client(H.merge(opts, { shared = "shm:" .. name }))
+    local b = llm.client(H.merge(opts, { shared = "shm:" .. name }))
+    for _ = 1, 2 do
+      local _, err = a:call_llm(base(scen, {}))
+      check(err and err.status == 503, "a 503: %s", tostring(err))
+    end
+    local res, err = b:call_llm(base(scen, {}))
+    check(res == nil and err.kind == "circuit_open", "b fails fast: %s", tostring(err))
+    check(#scen.requests() == 2, "%d requests: b sent", #scen.requests())
+    os.remove("/dev/shm/llmretry-" .. name)
+    local ok, why = pcall(llm.client, { shared = 7 })
+    check(not ok and tostring(why):find("opts.shared", 1, true), "a number: %s", tostring(why))
+    ok, why = pcall(llm.client, { shared = "shm:x", engine = llm.new_engine() })
+    check(not ok and tostring(why):find("give one", 1, true), "both: %s", tostring(why))
+    ok, why = pcall(llm.client, { shared = "shm:../x" })
+    check(not ok and tostring(why):find("NAME", 1, true), "bad name: %s", tostring(why))
+  end)
 end)

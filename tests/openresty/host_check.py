@@ -83,10 +83,12 @@ class Mock:
     def __init__(self, root):
         self.root = root.rstrip("/")
 
-    def script(self, name, steps, after=None):
+    def script(self, name, steps, after=None, limits=None):
         doc = {"steps": steps}
         if after is not None:
             doc["after"] = after
+        if limits is not None:
+            doc["limits"] = limits
         status, text, _ = http("PUT", f"{self.root}/_mock/scenarios/{name}", doc)
         assert status == 204, f"PUT scenario {name}: {status} {text}"
 
@@ -110,9 +112,11 @@ class Mock:
 
 class Nginx:
     """One nginx on loopback. init_worker: make the worker's engine in
-    init_worker_by_lua (else on the first call)."""
+    init_worker_by_lua (else on the first call), with init_opts (Lua table
+    text) as its options; workers: worker_processes, listening with
+    reuseport when more than one (the kernel spreads the connections)."""
 
-    def __init__(self, repo, mock_url, init_worker=True):
+    def __init__(self, repo, mock_url, init_worker=True, init_opts="", workers=1):
         self.repo = repo
         self.prefix = tempfile.mkdtemp(prefix="llmretry-openresty-")
         self.port = free_port()
@@ -126,13 +130,14 @@ class Nginx:
         user = getpass.getuser()
         group = grp.getgrgid(os.getgid()).gr_name
         user_line = f"user {user} {group};" if os.geteuid() == 0 else ""
-        init = ('init_worker_by_lua_block { require("llmretry.openresty").init_worker() }'
-                if init_worker else "")
+        init = ('init_worker_by_lua_block { require("llmretry.openresty").init_worker('
+                + init_opts + ') }' if init_worker else "")
         with open(os.path.join(repo, "tests/openresty/nginx.conf.in")) as f:
             conf = f.read()
         for k, v in {"@PREFIX@": self.prefix, "@PORT@": str(self.port), "@REPO@": repo,
                      "@MOCK@": mock_url.rstrip("/"), "@USER_LINE@": user_line,
-                     "@INIT_WORKER@": init,
+                     "@INIT_WORKER@": init, "@WORKERS@": str(workers),
+                     "@LISTEN_OPTS@": " reuseport" if workers > 1 else "",
                      "@DOC_LOCATIONS@": "\n".join(doc_locations(repo))}.items():
             conf = conf.replace(k, v)
         left = re.findall(r"@[A-Z_]+@", conf)
@@ -415,6 +420,54 @@ def test_engine_shared(ngx, mock):
           f"connections {conns}: a new engine (or connection) per call")
 
 
+def refused_by_workers(repo, mock, shared, name):
+    """40 downstream requests at once to a fresh nginx of 4 workers, each
+    call paced at 600 a minute (10 a second) against the mock's 10 in any
+    second: -> (requests the mock refused, workers that served, outcomes)."""
+    mock.script(name, [], limits={"rpm": 10, "window_ms": 1000})
+    opts = '{ shared = "%s" }' % shared if shared else ""
+    ngx = Nginx(repo, mock.root, init_opts=opts, workers=4)
+    try:
+        ngx.start()
+        outs = [None] * 40
+
+        def one(i):
+            status, text, _ = http("GET", f"{ngx.base}/llm_rpm?s={name}&rpm=600", timeout=60)
+            outs[i] = json.loads(text) if status == 200 else {"ok": False, "status": status}
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        ngx.stop()
+        ngx.cleanup()
+    refused = sum(1 for r in mock.requests(name) if r.get("rate_limited"))
+    return refused, {o.get("pid") for o in outs if o}, outs
+
+
+def test_workers_share_a_budget(_ngx, mock):
+    """4 workers naming one shm store pace one budget; alone, each its own"""
+    store = f"openresty-test-{os.getpid()}"
+    try:
+        alone, pids_alone, _ = refused_by_workers(_ngx.repo, mock, None, "workers_alone")
+        shared, pids, outs = refused_by_workers(_ngx.repo, mock, "shm:" + store, "workers_shared")
+    finally:
+        try:
+            os.unlink(f"/dev/shm/llmretry-{store}")
+        except OSError:
+            pass
+    check(len(pids) >= 2 and len(pids_alone) >= 2,
+          f"the calls were served by {len(pids)} and {len(pids_alone)} workers: not spread")
+    check(all(o and o.get("ok") for o in outs), f"failed calls with a shared store: {outs}")
+    FIGURES["workers_refused_alone"] = alone
+    FIGURES["workers_refused_shared"] = shared
+    # Each worker alone sends its own 10 a second (up to 4 times the limit).
+    check(alone >= 5, f"only {alone} refused with a budget per worker: the test shows nothing")
+    check(shared <= 2, f"{shared} refused with the workers' budget shared")
+
+
 def ping_while(ngx, busy, every=0.01):
     """/ping, one after another, while busy() is true: their latencies."""
     pings = []
@@ -656,7 +709,7 @@ TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_validate,
          test_doc_examples, test_environment, test_engine_shared, test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,
-         test_reload_with_calls_in_flight]
+         test_reload_with_calls_in_flight, test_workers_share_a_budget]
 
 
 def main():
