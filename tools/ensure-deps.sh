@@ -3,8 +3,9 @@
 # packages with apt-get, Python packages with pip. Safe to run repeatedly.
 set -euo pipefail
 
-# nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2).
-debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc openssl nginx libnginx-mod-http-echo)
+# nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2);
+# curl: the doc examples that talk to a server (docs/shared.md, gunicorn).
+debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc openssl nginx libnginx-mod-http-echo curl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
