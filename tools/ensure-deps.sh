@@ -27,10 +27,12 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # the SDK 3.x brings httpx2); pydantic 2 for response_model
 # (test_response_model.py; the SDK brings it too); pytest-xdist runs the
 # suite's tests a few at a time (they mostly wait: see PYTEST_JOBS in the
-# Makefile); gunicorn runs docs/shared.md's four workers.
+# Makefile); gunicorn runs docs/shared.md's four workers; langchain-openai
+# and instructor run docs/openai-sdk.md's frameworks on the transport.
 py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
          "ipykernel ipykernel>=6.20" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
-         "httpx httpx" "pydantic pydantic>=2" "gunicorn gunicorn")
+         "httpx httpx" "pydantic pydantic>=2" "gunicorn gunicorn"
+         "langchain_openai langchain-openai" "instructor instructor")
 py_missing=()
 for entry in "${py_pkgs[@]}"; do
   read -r mod spec <<<"$entry"

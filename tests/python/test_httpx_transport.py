@@ -262,12 +262,12 @@ def client_threads() -> int:
     return sum("process_request_thread" not in t.name for t in threading.enumerate())
 
 
-def test_async_openai_200_concurrent_calls_on_one_transport(scen: Scenario) -> None:
+def test_async_openai_500_concurrent_calls_on_one_transport(scen: Scenario) -> None:
     scen.script([{"status": 503}], after={"delay_ms": 100})
     events = Events()
 
     async def main() -> List[str]:
-        client = async_sdk(scen, max_retries=2, logger=events)
+        client = async_sdk(scen, max_retries=2, logger=events, max_in_flight=512)
         # One call first: the SDK's first requests each ask a thread for the
         # platform's name (asyncify(get_platform)) until one has it.
         await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
@@ -285,19 +285,19 @@ def test_async_openai_200_concurrent_calls_on_one_transport(scen: Scenario) -> N
             results = await asyncio.gather(*(
                 client.chat.completions.create(
                     model="gpt-test", messages=[{"role": "user", "content": f"n{i}"}])
-                for i in range(200)))
+                for i in range(500)))
             done.set()
             await watcher
         # The engine's I/O thread does the requests: no thread per request.
         assert most[0] == threads_before, (threads_before, most[0])
         return [r.choices[0].message.content for r in results]
 
-    assert asyncio.run(main()) == ["ok"] * 200
+    assert asyncio.run(main()) == ["ok"] * 500
     recs = scen.requests()
-    assert len(recs) == 202                 # the first call: a 503, retried once
+    assert len(recs) == 502                 # the first call: a 503, retried once
     assert sorted(json.loads(r["body"])["messages"][0]["content"] for r in recs[2:]) == \
-        sorted([f"n{i}" for i in range(200)])
-    assert len(events.of("llm_request_succeeded")) == 201
+        sorted([f"n{i}" for i in range(500)])
+    assert len(events.of("llm_request_succeeded")) == 501
 
 
 def test_async_stream_retried_then_read_and_raw_headers(scen: Scenario) -> None:
