@@ -407,7 +407,7 @@ class _Call:
     """
 
     __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",
-                 "last", "ended", "end_on_final", "counter_attrs")
+                 "last", "ended", "end_on_final", "counts")
 
     def __init__(self, tel: _Telemetry, targets: _Targets, parent: Any,
                  start_ns: Optional[int], body: Any = None, end_on_final: bool = False) -> None:
@@ -421,7 +421,10 @@ class _Call:
         self.last: Dict[str, Any] = {}       # span attributes from the events so far
         self.ended = False
         self.end_on_final = end_on_final
-        self.counter_attrs: Optional[Dict[str, Any]] = None
+        # Attempts started, retries, 429s, circuit-open refusals: added to
+        # the counters once, at the end (one measurement each, not one per
+        # event: the SDK's cost is per measurement).
+        self.counts = [0, 0, 0, 0]
         if body is not None:
             self.set_body(body)
 
@@ -443,18 +446,15 @@ class _Call:
         if self.start_ns is None:
             self.start_ns = now
         tel = self.tel
-        if self.counter_attrs is None:
-            self.counter_attrs = _metric_attributes(
-                self.targets[ev.get("target", 0)],
-                self.request.get("gen_ai.request.model", ev.get("model")))
+        counts = self.counts
         if name == "llm_request_started":
-            tel.attempts.add(1, self.counter_attrs)
+            counts[0] += 1
         elif name == "llm_retry_scheduled":
-            tel.retries.add(1, self.counter_attrs)
+            counts[1] += 1
         elif name == "llm_request_failed" and ev.get("status") == 429:
-            tel.rate_limited.add(1, self.counter_attrs)
+            counts[2] += 1
         elif name == "llm_request_gave_up" and ev.get("error_kind") == "circuit_open":
-            tel.circuit_open.add(1, self.counter_attrs)
+            counts[3] += 1
         span_side = name in _ENDS
         attempt = None
         if name != "llm_request_gave_up" or ev.get("attempts"):
@@ -576,6 +576,10 @@ class _Call:
         span.end(end_time=end_ns)
         # Metrics: the conventions' attributes (low cardinality: no ids).
         mattrs = _metric_attributes(endpoint, model)
+        for counter, count in zip((tel.attempts, tel.retries, tel.rate_limited,
+                                   tel.circuit_open), self.counts):
+            if count:
+                counter.add(count, mattrs)
         if attrs.get("gen_ai.response.model"):
             mattrs["gen_ai.response.model"] = attrs["gen_ai.response.model"]
         if failed:

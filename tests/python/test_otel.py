@@ -535,3 +535,19 @@ def test_cli_otel_without_the_sdk_says_what_to_install(scen: Scenario) -> None:
     assert out.returncode == 2
     assert "pip install 'llmretry[otlp]'" in out.stderr
     assert scen.requests() == []
+
+
+def test_the_docs_print_the_mapping() -> None:
+    """docs/opentelemetry.md's table is llmretry.otel.EVENT_FIELDS."""
+    from conftest import ROOT
+    text = (ROOT / "docs" / "opentelemetry.md").read_text(encoding="utf-8")
+    section = text.split("## The mapping", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0] != "`event field`":
+            first = [c.split("`")[1] if "`" in c else None for c in cells]
+            rows[first[0]] = (first[1], first[2])
+    expected = {field: (span if field != "usage" else "gen_ai.usage.input_tokens", attempt)
+                for field, (span, attempt, _scale) in llmretry.otel.EVENT_FIELDS.items()}
+    assert rows == expected
