@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The OpenTelemetry overhead benchmark (issue 34): call_many of N calls with
 # llmretry.otel on and off, against the benchmarks' local nginx (0 ms
-# endpoint). Usage: bash bench/run_otel.sh   (knobs: N=20000 LIMIT=64
-# ROUNDS=3 LLMRETRY_BENCH_PORT=18092 PYTHON=python3)
+# endpoint). Usage: bash bench/run_otel.sh > bench/results/otel.md
+# (the report in markdown on stdout, each batch's RESULT line on stderr;
+# knobs: N=20000 LIMIT=64 ROUNDS=3 LLMRETRY_BENCH_PORT=18092 PYTHON=python3)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"

@@ -178,9 +178,9 @@ def _url_of(url: Any, base: Any) -> str:
     plus the chat path, else $OPENAI_BASE_URL's, else OpenAI's)."""
     if isinstance(url, str) and url:
         return url
-    if not (isinstance(base, str) and base):
-        base = os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE
-    return base.rstrip("/") + "/chat/completions"
+    root = base if isinstance(base, str) and base else (
+        os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE)
+    return root.rstrip("/") + "/chat/completions"
 
 
 class _Targets:
@@ -294,7 +294,8 @@ def _message(msg: Dict[str, Any]) -> Dict[str, Any]:
     parts = _parts(msg.get("content"))
     for call in msg.get("tool_calls") or ():
         if isinstance(call, dict):
-            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            fn = call.get("function")
+            fn = fn if isinstance(fn, dict) else {}
             parts.append({"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
                           "arguments": fn.get("arguments")})
     out["parts"] = parts
@@ -499,10 +500,18 @@ class _Call:
 
     def end(self, result: Any = None, error: Optional[BaseException] = None,
             end_ns: Optional[int] = None) -> None:
-        """Make the span and record the metrics, once."""
+        """Make the span and record the metrics, once (telemetry that fails
+        never fails the call)."""
         if self.ended:
             return
         self.ended = True
+        try:
+            self._emit(result, error, end_ns)
+        except Exception:
+            pass
+
+    def _emit(self, result: Any, error: Optional[BaseException],
+              end_ns: Optional[int]) -> None:
         tel = self.tel
         end_ns = end_ns or time_ns()
         attrs = dict(self.last)
@@ -591,14 +600,15 @@ class _Call:
             tel.ttfc.record(ttfc, mattrs)
         for key, kind in (("gen_ai.usage.input_tokens", "input"),
                           ("gen_ai.usage.output_tokens", "output")):
-            count = attrs.get(key)
-            if isinstance(count, int):
-                tel.tokens.record(count, dict(mattrs, **{"gen_ai.token.type": kind}))
+            tokens = attrs.get(key)
+            if isinstance(tokens, int):
+                tel.tokens.record(tokens, dict(mattrs, **{"gen_ai.token.type": kind}))
 
 
 def _tee(call_sink: Callable[[Dict[str, Any]], None], user: Any) -> Callable[[Dict[str, Any]], None]:
     """The logger a call gets: the telemetry's sink, then the caller's own
-    logger (which keeps its own levels). Neither can make the call fail."""
+    logger (which keeps its own levels, and fails as it did: the engine
+    reports it and goes on). The telemetry's errors go nowhere."""
     if user is None:
         def tee(ev: Dict[str, Any]) -> None:
             try:
@@ -804,6 +814,7 @@ class _Batch:
         return on_result
 
     def item_done(self, index: int, value: Any) -> None:
+        rid: Optional[str]
         if isinstance(value, Result):
             rid, total_ms = value.meta.request_id, value.meta.total_ms
         elif isinstance(value, LLMError):
@@ -877,7 +888,7 @@ def _install() -> None:
         orig = vars(owner)[name]
         _originals[owner, name] = orig
         wrapped = hook(orig)
-        wrapped.__wrapped__ = orig     # type: ignore[attr-defined]
+        wrapped.__wrapped__ = orig
         setattr(owner, name, wrapped)
 
 
