@@ -551,3 +551,22 @@ def test_the_docs_print_the_mapping() -> None:
     expected = {field: (span if field != "usage" else "gen_ai.usage.input_tokens", attempt)
                 for field, (span, attempt, _scale) in llmretry.otel.EVENT_FIELDS.items()}
     assert rows == expected
+
+
+def test_telemetry_that_fails_never_fails_a_call(scen: Scenario) -> None:
+    class Broken:
+        def start_span(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a broken exporter set-up")
+
+    class BrokenProvider:
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+            return Broken()
+
+    llmretry.otel.instrument(tracer_provider=BrokenProvider())
+    try:
+        data, _meta = llmretry.call_llm(secret_body("broken"), base_url=scen.url, **FAST)
+        out = llmretry.call_many([secret_body("b1"), secret_body("b2")], base_url=scen.url,
+                                 **FAST)
+    finally:
+        llmretry.otel.uninstrument()
+    assert data["choices"] and out.summary.ok == 2
