@@ -236,6 +236,13 @@ def test_a_batch_of_100_spans_under_the_callers_span(tel: Telemetry, scen: Scena
     assert sum(s.attributes["llmretry.attempts"] for s in spans) == 101
     assert tel.total("llmretry.attempts") == 101
     assert tel.total("gen_ai.client.operation.duration") == 100
+    # Read lazily (any iterable): a span per item all the same, its model from
+    # the events (no body is kept).
+    tel.exporter.clear()
+    out = llmretry.call_many((secret_body(f"lazy-{i}", model="lazy-model") for i in range(10)),
+                             base_url=scen.url, **FAST)
+    assert out.summary.ok == 10
+    assert [s.name for s in tel.llm_spans()] == ["chat lazy-model"] * 10
 
 
 def test_pool_workers_calls_keep_the_callers_span(tel: Telemetry, scen: Scenario) -> None:
