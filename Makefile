@@ -116,7 +116,7 @@ check: deps build build-asan build-python
 # minutes; installs what it needs (apt-get, pip); not part of make test.
 # The suite (every client × concurrency), then the focused benchmarks of the
 # core, the Python API, batches, streaming, asyncio, rate limits and the
-# OpenResty gateway, then the report:
+# OpenResty gateway and OpenTelemetry's overhead, then the report:
 # BENCHMARKS.md + plots.
 bench: deps
 	$(PYTHON) bench/suite/run.py
@@ -127,6 +127,7 @@ bench: deps
 	bash bench/run_async.sh > bench/results/async.md
 	bash bench/run_rate.sh > bench/results/rate.md
 	bash bench/run_openresty.sh > bench/results/openresty.md
+	bash bench/run_otel.sh > bench/results/otel.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

@@ -627,6 +627,10 @@ FOCUSED = [
      "Calls/s and latency through one nginx worker calling the 50 ms endpoint for each of "
      "1,000 concurrent downstream clients: `llmretry.openresty` against a cosocket client "
      "in a retry loop, as gateways do today (bench/README.md, \"OpenResty benchmark\")."),
+    ("otel.md", "OpenTelemetry", "bash bench/run_otel.sh",
+     "What `llmretry.otel` costs: `call_many` of 20,000 with the instrumentation off, on "
+     "(OpenTelemetry's SDK, spans and metrics made and dropped), and split into llmretry's "
+     "own share and each signal's (docs/opentelemetry.md)."),
 ]
 
 

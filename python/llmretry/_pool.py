@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import operator
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
@@ -92,14 +93,19 @@ def _run(batch: Batch, seq: List[Any], limit: int, worker: Callable[[Any, int], 
             # return_exceptions=True run_pool would keep going by itself).
             broken: List[BaseException] = []
 
+            # Workers see the caller's context variables (a trace's current
+            # span, a request's id), as asyncio's tasks and to_thread do;
+            # each item runs in its own copy, so none sees another's changes.
+            caller = contextvars.copy_context()
+
+            def work(item: Any, k: int) -> Any:
+                set_accounting(acc)     # in this item's own context
+                return worker(item, k if whole else to_run[k])
+
             def run(item: Any, k: int) -> Any:
                 if broken:
                     raise _llmretry.PoolStop
-                prev = set_accounting(acc)
-                try:
-                    return worker(item, k if whole else to_run[k])
-                finally:
-                    set_accounting(prev)
+                return caller.copy().run(work, item, k)
 
             def done(k: int, value: Any, failed: bool) -> None:
                 if broken:

@@ -174,6 +174,9 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
                    help="print each failed attempt, retry and give-up on stderr")
     p.add_argument("--events", metavar="PATH",
                    help="append every event to PATH as JSON lines")
+    p.add_argument("--otel", action="store_true",
+                   help="export a span per call and GenAI metrics with OTLP/HTTP to "
+                   "$OTEL_EXPORTER_OTLP_ENDPOINT (needs pip install 'llmretry[otlp]')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1134,7 +1137,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    export = None
     try:
+        if getattr(args, "otel", False):
+            export = _otel_export()
         status: int = args.func(args)
         return status
     except UsageError as exc:
@@ -1145,3 +1151,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        if export is not None:
+            export.shutdown()       # sends what is left before the command exits
+
+
+def _otel_export() -> Any:
+    """``--otel``: OpenTelemetry's SDK exporting to the OTLP/HTTP endpoint."""
+    try:
+        from .otel import _CliExport
+        return _CliExport()
+    except ImportError as exc:
+        raise UsageError(f"--otel needs OpenTelemetry's SDK and OTLP/HTTP exporter: "
+                         f"pip install 'llmretry[otlp]' ({exc})") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from typing import Any, Dict, List
@@ -84,6 +85,29 @@ def test_empty() -> None:
     assert llmretry.map_with_concurrency([], 4, lambda i, n: calls.append(i)) == []
     assert llmretry.map_with_concurrency(iter(()), 4, lambda i, n: calls.append(i)) == []
     assert calls == []
+
+
+_CALLER_VAR: "contextvars.ContextVar[str]" = contextvars.ContextVar("test_pool_caller",
+                                                                     default="unset")
+
+
+def test_workers_see_the_callers_context() -> None:
+    """Workers run on the pool's threads with the caller's context variables
+    (what OpenTelemetry keeps its current span in), each item in its own
+    copy: a worker's change is seen by neither the caller nor other items."""
+    _CALLER_VAR.set("caller")
+    seen: List[Any] = []
+
+    def worker(item: int, i: int) -> str:
+        before = _CALLER_VAR.get()
+        _CALLER_VAR.set(f"item {i}")
+        seen.append(threading.get_ident())
+        return before
+
+    out = llmretry.map_with_concurrency(range(20), 4, worker)
+    assert list(out) == ["caller"] * 20
+    assert _CALLER_VAR.get() == "caller"
+    assert threading.get_ident() not in seen     # they did run on other threads
 
 
 def test_any_iterable() -> None:

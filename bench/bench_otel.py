@@ -1,0 +1,155 @@
+"""The overhead of llmretry.otel: ``call_many`` of N calls with and without
+instrumentation, against the benchmarks' local nginx (bench/run_otel.sh).
+
+    python3 bench/bench_otel.py --base-url URL [--n 20000] [--limit 64] [--rounds 3]
+
+Each round runs, in this process and in alternating order, the same batch
+these ways: ``off`` (not instrumented); ``on`` (``instrument()`` with an SDK
+TracerProvider whose BatchSpanProcessor hands the spans to an exporter that
+drops them, and an SDK MeterProvider whose reader is never collected);
+``noop`` (``instrument()`` with the API's no-op providers: llmretry's own
+share, the events, records and attributes, without the SDK's); ``traces``
+and ``metrics`` (the SDK for one signal, the no-op for the other); and
+``events`` (not instrumented, with a logger and an ``on_result`` that do
+nothing: what receiving every event and every item's value costs, the floor
+of anything built on them). A warm-up batch runs first. It prints one line per batch,
+``RESULT mode=... n=... secs=... cpu_us=...`` (``cpu_us``: the process's user
++ sys CPU over the batch, ÷ N: the engine's I/O thread and the span
+processor's thread included), then the medians and the overhead per call.
+Every batch must succeed whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import llmretry  # noqa: E402
+import llmretry.otel  # noqa: E402
+from opentelemetry.metrics import NoOpMeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import (BatchSpanProcessor, SpanExporter,  # noqa: E402
+                                            SpanExportResult)
+from opentelemetry.trace import NoOpTracerProvider  # noqa: E402
+
+
+class _Drop(SpanExporter):
+    """An exporter that exports nothing (the cost of the SDK, not of a wire)."""
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run(client: llmretry.Client, bodies: List[Dict[str, Any]], limit: int,
+        **options: Any) -> Dict[str, float]:
+    c0, t0 = _cpu(), time.perf_counter()
+    out = client.call_many(bodies, limit=limit, **options)
+    secs, cpu = time.perf_counter() - t0, _cpu() - c0
+    if out.summary.ok != len(bodies):
+        raise SystemExit(f"{out.summary.failed} of {len(bodies)} items failed")
+    return {"secs": secs, "cpu_us": cpu / len(bodies) * 1e6}
+
+
+_WHAT = {
+    "off": "not instrumented",
+    "events": "not instrumented; a logger and an on_result that do nothing",
+    "noop": "instrument() with the API's no-op providers (llmretry's own share)",
+    "traces": "the SDK's TracerProvider (BatchSpanProcessor, exporter dropping), no-op meter",
+    "metrics": "the SDK's MeterProvider (reader never collected), no-op tracer",
+    "on": "the SDK for both",
+}
+
+
+def report(args: argparse.Namespace, modes: List[str],
+           results: Dict[str, List[Dict[str, float]]]) -> None:
+    """The markdown of one run."""
+    import platform
+    import subprocess
+    from importlib.metadata import version
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=HERE).stdout.strip() or "?"
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    med = {m: statistics.median(x["cpu_us"] for x in v) for m, v in results.items()}
+    secs = {m: statistics.median(x["secs"] for x in v) for m, v in results.items()}
+    print(f"llmretry OpenTelemetry overhead benchmark — "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores "
+          f"shared with other jobs (load average {load} at the end), CPython "
+          f"{platform.python_version()}, opentelemetry-sdk {version('opentelemetry-sdk')}, "
+          f"commit {commit}.\n")
+    print(f"`call_many` of {args.n:,} calls ({args.limit} in flight) against the local nginx's "
+          f"0 ms endpoint, each mode once per round in alternating order, {args.rounds} "
+          f"rounds (medians). CPU is the process's (user + sys, every thread) per call.\n")
+    print("| mode | CPU µs per call | over off | calls/s | rounds (CPU µs) |")
+    print("|---|---:|---:|---:|---|")
+    for m in modes:
+        rounds = " ".join(f"{x['cpu_us']:.0f}" for x in results[m])
+        print(f"| `{m}`: {_WHAT[m]} | {med[m]:.1f} | {med[m] - med['off']:+.1f} | "
+              f"{args.n / secs[m]:,.0f} | {rounds} |")
+    over = med["on"] - med["off"]
+    own = med["noop"] - med["off"]
+    print(f"\n- Overhead per call with the SDK ≤ 15 µs: **{'met' if over <= 15 else 'not met'}** "
+          f"({over:.0f} µs). llmretry's own share (no-op providers) is {own:.0f} µs; the rest "
+          f"is the SDK's: {med['traces'] - med['noop']:.0f} µs for a span with its attributes "
+          f"and attempt event, {med['metrics'] - med['noop']:.0f} µs for the metrics' four "
+          f"measurements (three histograms and a counter).")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--limit", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    bodies = [{"model": "gpt-bench", "max_tokens": 16,
+               "messages": [{"role": "user", "content": f"Item {i}"}]} for i in range(args.n)]
+    tp = TracerProvider()
+    processor = BatchSpanProcessor(_Drop(), max_queue_size=args.n * 2)
+    tp.add_span_processor(processor)
+    mp = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    providers = {"on": (tp, mp), "noop": (NoOpTracerProvider(), NoOpMeterProvider()),
+                 "traces": (tp, NoOpMeterProvider()), "metrics": (NoOpTracerProvider(), mp)}
+    modes = ["off", "events", "noop", "traces", "metrics", "on"]
+    results: Dict[str, List[Dict[str, float]]] = {m: [] for m in modes}
+    with llmretry.Client(base_url=args.base_url, max_in_flight=max(256, args.limit)) as client:
+        run(client, bodies[:2000], args.limit)     # warm-up: connections, caches
+        for r in range(args.rounds):
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                if mode == "off":
+                    res = run(client, bodies, args.limit)
+                elif mode == "events":
+                    res = run(client, bodies, args.limit, logger=lambda ev: None,
+                              on_result=lambda i, value: None)
+                else:
+                    tracer_provider, meter_provider = providers[mode]
+                    llmretry.otel.instrument(tracer_provider=tracer_provider,
+                                             meter_provider=meter_provider)
+                    res = run(client, bodies, args.limit)
+                    processor.force_flush()
+                    llmretry.otel.uninstrument()
+                results[mode].append(res)
+                print(f"RESULT mode={mode} n={args.n} limit={args.limit} "
+                      f"secs={res['secs']:.3f} cpu_us={res['cpu_us']:.1f}", file=sys.stderr,
+                      flush=True)
+    report(args, modes, results)
+    tp.shutdown()
+    mp.shutdown()
+
+
+if __name__ == "__main__":
+    main()
