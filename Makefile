@@ -128,6 +128,7 @@ bench: deps
 	bash bench/run_rate.sh > bench/results/rate.md
 	bash bench/run_openresty.sh > bench/results/openresty.md
 	bash bench/run_otel.sh > bench/results/otel.md
+	bash bench/run_sdk.sh > bench/results/sdk.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

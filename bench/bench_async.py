@@ -26,6 +26,9 @@ before the window. CLIENT is
 - ``openai-aiohttp``: the same with ``http_client=DefaultAioHttpClient(limits=
   ...)`` (``pip install openai[aiohttp]``; its transport turns
   ``max_connections`` into ``aiohttp.TCPConnector(limit=CONC)``);
+- ``openai-llmretry``: ``AsyncOpenAI(max_retries=0, http_client=
+  httpx2.AsyncClient(transport=llmretry.httpx2.AsyncTransport(logger=None,
+  max_in_flight=max(CONC, 256))))``: the SDK on llmretry's engine (issue 30);
 - ``httpx`` / ``httpx2``: a raw ``AsyncClient(limits=Limits(CONC, CONC))``,
   ``await client.post(url, json=body)``, ``raise_for_status()``,
   ``resp.json()``; ``httpx2`` is the fork the SDK runs on (for scale);
@@ -155,6 +158,23 @@ async def make_client(name: str, base_url: str, conc: int,
             return [_tokens(r) for r in out]
         return batch_sync, close_llmretry
 
+    if name == "openai-llmretry":
+        # The SDK on llmretry's engine (issue 30): the transport of the
+        # SDK's own httpx flavour, the SDK's retries off (llmretry's policy
+        # retries), at most CONC in flight as for the other rows.
+        import httpx2
+        import openai
+        import llmretry.httpx2
+
+        transport = llmretry.httpx2.AsyncTransport(logger=None, max_in_flight=max(conc, 256))
+        oa = openai.AsyncOpenAI(base_url=base_url, api_key=peers_python.API_KEY, max_retries=0,
+                                http_client=httpx2.AsyncClient(transport=transport))
+        create = oa.chat.completions.create
+
+        async def call_sdk_llmretry(body: Body) -> int:
+            return (await create(**body)).usage.total_tokens  # type: ignore[union-attr]
+        return limited(call_sdk_llmretry, conc, shape), oa.close
+
     if name.startswith("openai-"):
         import httpx2
         import openai
@@ -203,7 +223,7 @@ async def make_client(name: str, base_url: str, conc: int,
 
 
 CLIENTS = ["llmretry-acall", "llmretry-acall-many", "llmretry-call-many", "openai-httpx",
-           "openai-aiohttp", "httpx", "httpx2", "aiohttp"]
+           "openai-aiohttp", "openai-llmretry", "httpx", "httpx2", "aiohttp"]
 
 
 async def run_async(args: argparse.Namespace) -> int:
@@ -247,6 +267,7 @@ LABELS = {
     "llmretry-call-many": "llmretry `call_many(bodies, limit=CONC)` (sync)",
     "openai-httpx": "`AsyncOpenAI`, default transport (httpx2)",
     "openai-aiohttp": "`AsyncOpenAI`, `DefaultAioHttpClient` (aiohttp)",
+    "openai-llmretry": "`AsyncOpenAI` on `llmretry.httpx2.AsyncTransport` (SDK retries off)",
     "httpx": "raw `httpx.AsyncClient` POST + `.json()`",
     "httpx2": "raw `httpx2.AsyncClient` POST + `.json()` (the SDK's transport)",
     "aiohttp": "raw `aiohttp.ClientSession` POST + `await .json()`",

@@ -9,7 +9,7 @@
 # peer run: they are 5-200x slower) CONCS="64 256 1024" RUNS=3 WARMUP=-1
 # (items before each window; -1: max(C, 1000)) SHAPE=workers (or gather: one
 # task per item under a Semaphore(C)) CLIENTS="<subset of the rows>"
-# LLMRETRY_BENCH_PORT=18089 BUILD_DIR=build-bench PYTHON=python3
+# ENDPOINT=fast (0 ms; slow: 50 ms) LLMRETRY_BENCH_PORT=18089 BUILD_DIR=build-bench PYTHON=python3
 # VENV=$BUILD_DIR/venv-async (the peers are pip-installed there, not into PYTHON)
 set -euo pipefail
 
@@ -25,7 +25,7 @@ PORT=${LLMRETRY_BENCH_PORT:-18089}
 BUILD_DIR=${BUILD_DIR:-build-bench}
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-$BUILD_DIR/venv-async}
-ALL_CLIENTS="llmretry-acall llmretry-acall-many llmretry-call-many openai-httpx openai-aiohttp httpx httpx2 aiohttp"
+ALL_CLIENTS="llmretry-acall llmretry-acall-many llmretry-call-many openai-httpx openai-aiohttp openai-llmretry httpx httpx2 aiohttp"
 read -r -a CLIENTS <<<"${CLIENTS:-$ALL_CLIENTS}"
 read -r -a CS <<<"$CONCS"
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -51,7 +51,12 @@ ulimit -n "$(( MAXC * 2 + 256 > 4096 ? MAXC * 2 + 256 : 4096 ))" 2>/dev/null || 
 . "$ROOT/bench/nginx.sh"
 bench_nginx_install
 bench_nginx_start "$PORT"     # sets TMP, FAST, SLOW
-BASE="http://127.0.0.1:$PORT/v1"
+# ENDPOINT=slow: nginx's 50 ms endpoint instead of the 0 ms one.
+case ${ENDPOINT:-fast} in
+  fast) BASE="http://127.0.0.1:$PORT/v1" ;;
+  slow) BASE="http://127.0.0.1:$PORT/slow/v1" ;;
+  *) log "ENDPOINT must be fast or slow"; exit 2 ;;
+esac
 log "== nginx $("$NGINX" -v 2>&1 | sed 's/.*\///'), port $PORT, ulimit -n $(ulimit -n), $(nproc) cores"
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 if awk -v l="${LOAD0%% *}" 'BEGIN {exit !(l > 0.5)}'; then
@@ -91,4 +96,4 @@ vers=$("$VPY" -c 'from importlib.metadata import version as v
 print(", ".join(f"{p} {v(p)}" for p in ("openai", "httpx2", "httpx", "aiohttp", "pydantic")))')
 echo
 "$VPY" "$ROOT/bench/bench_async.py" report "$RESULTS" --title \
-  "llmretry asyncio benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), Python $("$VPY" -c 'import platform; print(platform.python_version())'), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?'), nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') (1 worker), $vers, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'). N=$N items per llmretry run, PEER_N=$PEER_N per peer run, warm-up $WARMUP (-1: max(C, 1000)) items first, shape $SHAPE. Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; 1-min load at the start of each round: $(IFS=/; echo "${LOADS[*]}")."
+  "llmretry asyncio benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), Python $("$VPY" -c 'import platform; print(platform.python_version())'), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?'), nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') (1 worker), $vers, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'). N=$N items per llmretry run, PEER_N=$PEER_N per peer run, warm-up $WARMUP (-1: max(C, 1000)) items first, shape $SHAPE, endpoint ${ENDPOINT:-fast}. Load average (1/5/15 min) $LOAD0 before, $LOAD1 after; 1-min load at the start of each round: $(IFS=/; echo "${LOADS[*]}")."
