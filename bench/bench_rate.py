@@ -38,6 +38,9 @@ beat it by up to one window: the first window is free).
   rpm/tpm pace;
 - ``openai-threads``: ``openai.OpenAI(max_retries=30)`` (its own retries,
   which honour retry-after-ms) shared by a ``ThreadPoolExecutor(LIMIT)``;
+- ``openai-llmretry``: the same thread pool and SDK calls, the client made
+  with ``max_retries=0`` and ``httpx2.Client(transport=
+  llmretry.httpx2.Transport(rpm=, tpm=))`` (issue 30);
 - ``cookbook``: ``cookbook_processor.process`` (aiohttp) with the same
   per-minute limits, 5 attempts, a 15 s pause after a rate-limit error.
 
@@ -179,11 +182,23 @@ def run_llmretry(bodies: List[Body], url: str, args: argparse.Namespace,
     return ok, len(bodies) - ok, 0
 
 
-def run_openai(bodies: List[Body], url: str, args: argparse.Namespace) -> Outcome:
+def run_openai(bodies: List[Body], url: str, args: argparse.Namespace,
+               rpm: int = 0, tpm: int = 0, transport: bool = False) -> Outcome:
     import openai
     from _common import sdk_limits    # bench/clients: the pool sized to the threads
-    client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=args.openai_retries,
-                           http_client=openai.DefaultHttpxClient(limits=sdk_limits(args.limit)))
+    if transport:
+        # The same SDK code on llmretry's engine (issue 30): its retries off,
+        # the provider's limits configured on the transport.
+        import httpx2
+        import llmretry.httpx2
+        engine = llmretry.httpx2.Transport(logger=None, rpm=rpm, tpm=tpm,
+                                           max_in_flight=max(args.limit, 256))
+        client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0,
+                               http_client=httpx2.Client(transport=engine))
+    else:
+        client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=args.openai_retries,
+                               http_client=openai.DefaultHttpxClient(
+                                   limits=sdk_limits(args.limit)))
     stop_at = time.monotonic() + args.cap_s if args.cap_s else math.inf
 
     def one(body: Body) -> Optional[bool]:
@@ -256,6 +271,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             ok, failed, unfinished = run_llmretry(bodies, mock.base_url, args, 0, 0)
         elif args.client == "openai-threads":
             ok, failed, unfinished = run_openai(bodies, mock.base_url, args)
+        elif args.client == "openai-llmretry":
+            ok, failed, unfinished = run_openai(bodies, mock.base_url, args, rpm, tpm,
+                                                transport=True)
         else:
             ok, failed, unfinished = run_cookbook(bodies, mock.base_url, args, rpm, tpm)
         secs = time.perf_counter() - t0
@@ -314,6 +332,7 @@ LABELS = {
     "llmretry-rpm-noheaders": "diagnostic: llmretry `call_many`, `rpm`/`tpm` configured, "
                               "mock sending no x-ratelimit-* headers",
     "openai-threads": "openai SDK `OpenAI(max_retries=30)` in a thread pool (one thread per item in flight)",
+    "openai-llmretry": "the same SDK code on `llmretry.httpx2.Transport(rpm=, tpm=)`, SDK retries off",
     "cookbook": "cookbook-style asyncio processor (aiohttp), same limits",
 }
 LLMRETRY_ROWS = ("llmretry-rpm", "llmretry-learned")

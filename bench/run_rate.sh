@@ -11,7 +11,7 @@
 # (requests and tokens per sliding window: 6,000 and 1,000,020 a minute)
 # LATENCY_MS=100 LIMIT=64 RUNS=3 CAP_S=60 (the peers start nothing after it:
 # the cookbook processor would take many minutes)
-# CLIENTS="llmretry-rpm llmretry-learned openai-threads cookbook
+# CLIENTS="llmretry-rpm llmretry-learned openai-threads openai-llmretry cookbook
 # llmretry-rpm-noheaders" (the last a diagnostic: the configured limits with a
 # mock that sends no x-ratelimit-* headers) BUILD_DIR=build-bench
 # PYTHON=python3 VENV=$BUILD_DIR/venv-async (openai, aiohttp: the venv of
@@ -32,7 +32,7 @@ CAP_S=${CAP_S:-60}
 BUILD_DIR=${BUILD_DIR:-build-bench}
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-$BUILD_DIR/venv-async}
-read -r -a CLIENTS <<<"${CLIENTS:-llmretry-rpm llmretry-learned openai-threads cookbook llmretry-rpm-noheaders}"
+read -r -a CLIENTS <<<"${CLIENTS:-llmretry-rpm llmretry-learned openai-threads openai-llmretry cookbook llmretry-rpm-noheaders}"
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 log() { printf '%s\n' "$*" >&2; }
