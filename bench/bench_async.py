@@ -85,7 +85,7 @@ def cpu_seconds() -> float:
 
 def nginx_accepts(base_url: str) -> int:
     """nginx's stub_status 'accepts' counter (connections accepted so far)."""
-    root = base_url.split("/v1")[0]
+    root = base_url.split("/v1")[0].removesuffix("/slow")     # the 50 ms endpoint's too
     with urllib.request.urlopen(root + "/status", timeout=5) as r:
         lines = r.read().decode().splitlines()
     return int(lines[2].split()[0])
