@@ -93,6 +93,7 @@ build = {
             "core/src/sse.c",
             "core/src/stream.c",
             "core/src/sse_payload.c",
+            "core/src/shapes.c",
             "core/src/shared.c",
             "core/src/shared_shm.c",
             "core/src/timers.c",
