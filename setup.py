@@ -51,7 +51,8 @@ def extension() -> Extension:
     sources += ["bindings/python/_llmretry.c", "bindings/python/arguments.c",
                 "bindings/python/batch.c", "bindings/python/engine_type.c",
                 "bindings/python/policies.c", "bindings/python/pool.c",
-                "bindings/python/results.c", "bindings/python/stream_type.c",
+                "bindings/python/results.c", "bindings/python/shapes.c",
+                "bindings/python/stream_type.c",
                 "bindings/python/channel_type.c"]
     return Extension(
         "llmretry._llmretry",

@@ -1,5 +1,6 @@
 /* The CPython binding's private header: what its files share.
- *   _llmretry.c     the module: C values to Python, the JSON helpers, setup
+ *   _llmretry.c     the module: the JSON helpers, setup
+ *   shapes.c        C values to Python: every map the core hands over, walked
  *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
  *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
  *   batch.c         call_many: a batch on the engine thread
@@ -51,7 +52,6 @@ extern PyType_Spec Engine_spec;
 
 PyObject *event_dict(const module_state *st, const llmretry_event *ev);
 int lr_py_put(PyObject *d, const char *key, PyObject *v);
-PyObject *result_dict(const module_state *st, const llmretry_result *r);
 module_state *lr_py_state_of(PyObject *module);
 void call_args_release(call_args *a);
 int parse_call_args(PyObject *args, PyObject *kw, call_args *a,

@@ -26,7 +26,6 @@ them ever holds the API key or the prompt. Wrong arguments are not
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 __all__ = [
@@ -52,6 +51,9 @@ _FIELDS: Tuple[str, ...] = (
     "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms", "resends",
     "target", "targets", "validation_errors", "usage_total",
 )
+# Each field's value when an outcome lacks it (LLMError's own defaults).
+_DEFAULTS: Dict[str, Any] = {name: None for name in _FIELDS}
+_DEFAULTS.update(attempt=0, attempts=0, duration_ms=0, total_ms=0, resends=0, target=0)
 
 
 class LLMError(Exception):
@@ -250,32 +252,13 @@ _ERROR_BY_KIND: Dict[str, Type[LLMError]] = {
 
 
 def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
-    """The exception for a failed call outcome of ``_llmretry.Engine.call``."""
+    """The exception for a failed call outcome of ``_llmretry.Engine.call``:
+    its error fields are the core's (a broken stream's ``reason`` already
+    says how it broke), read the same way for every kind."""
     cls = _ERROR_BY_KIND.get(outcome.get("kind"), LLMError)  # type: ignore[arg-type]
     get = outcome.get
-    verdict = get("validation_errors")
-    if isinstance(verdict, str):
-        verdict = json.loads(verdict)
-    if cls is StreamInterruptedError:
-        err = cls(get("message") or "the stream was interrupted",
-                  kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
-                  attempts=get("attempts", 0), request_id=get("request_id"),
-                  retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
-                  body_preview=get("body_preview"), reason=get("stream_reason"),
-                  model=get("model"), duration_ms=get("duration_ms", 0),
-                  total_ms=get("total_ms", 0), resends=get("resends", 0),
-                  target=get("target", 0), targets=get("targets"),
-                  usage_total=get("usage_total"))
-        err.chunks_delivered = get("chunks_delivered", 0)
-        return err
-    return cls(
-        get("message") or "LLM call failed",
-        kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
-        attempts=get("attempts", 0), request_id=get("request_id"),
-        retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
-        body_preview=get("body_preview"), reason=get("reason"),
-        model=get("model"), duration_ms=get("duration_ms", 0),
-        total_ms=get("total_ms", 0), resends=get("resends", 0),
-        target=get("target", 0), targets=get("targets"), validation_errors=verdict,
-        usage_total=get("usage_total"),
-    )
+    err = cls(get("message") or "LLM call failed",
+              **{name: get(name, default) for name, default in _DEFAULTS.items()})
+    if "chunks_delivered" in outcome:     # a stream's
+        err.chunks_delivered = outcome["chunks_delivered"]  # type: ignore[attr-defined]
+    return err
