@@ -58,6 +58,7 @@ build = {
             "bindings/lua/llmretry_core.c",
             "bindings/lua/options.c",
             "bindings/lua/policies.c",
+            "bindings/lua/shapes.c",
             "core/src/admission.c",
             "core/src/answer.c",
             "core/src/assembly.c",
