@@ -150,6 +150,9 @@ static PyMethodDef module_methods[] = {
       "check_options(**keywords): ValueError/TypeError unless a batch's calls can share them." },
     { "options", lr_py_options, METH_NOARGS,
       "options() -> ((name, type, flags), ...): the core's call options." },
+    { "describe", lr_py_describe, METH_NOARGS,
+      "describe() -> dict: the core's option table, shapes and enumerations\n"
+      "(what tools/gen_surface.py generates the typed surface from)." },
     LR_PY_POLICY_METHODS
     { NULL, NULL, 0, NULL },
 };

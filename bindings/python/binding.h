@@ -62,6 +62,9 @@ int check_shared_args(const call_args *a);
 PyObject *lr_py_check_options(PyObject *module, PyObject *args, PyObject *kw);
 /* options() -> ((name, type, flags), ...): the core's option table. */
 PyObject *lr_py_options(PyObject *module, PyObject *unused);
+const char *lr_py_option_type_name(llmretry_option_type t);
+/* describe() -> dict: the core's tables whole, for tools/gen_surface.py (shapes.c). */
+PyObject *lr_py_describe(PyObject *module, PyObject *unused);
 PyObject *call_value(const module_state *st, const llmretry_result *r,
                             PyObject *validate, int as_result);
 int check_interrupts(void);
