@@ -169,20 +169,21 @@ def call_options(t: Dict[str, Any]) -> List[str]:
            "    call_many and acall_many, whose ``deadline_ms`` is the batch's and",
            '    ``call_deadline_ms`` each call\'s), each as docs/reliability.md says."""',
            ""]
-    for o in shared:
-        out += comment(o["doc"], "    ")
-        out.append(f"    {o['name']}: {option_type(o, False)}")
-    for name, typ, doc in PYTHON_KEYWORDS:
-        out += comment(doc, "    ")
-        out.append(f"    {name}: {typ}")
+    out += keys([(o["name"], option_type(o, False), o["doc"]) for o in shared])
+    out += keys(PYTHON_KEYWORDS)
     out += ["", "", "class CallOptions(BatchOptions, total=False):",
             '    """Every keyword of call_llm besides ``body``, ``client`` and ``policy``',
             "    (the same for Client(), stream_llm, acall_llm, astream_llm and their",
             '    Client methods): a batch\'s, and these that are each call\'s own."""',
             ""]
-    for o in own:
-        out += comment(o["doc"], "    ")
-        out.append(f"    {o['name']}: {option_type(o, False)}")
+    return out + keys([(o["name"], option_type(o, False), o["doc"]) for o in own])
+
+
+def keys(rows: Sequence[Tuple[str, str, str]]) -> List[str]:
+    """A TypedDict's keys: each one's doc as a comment, then its line."""
+    out = []
+    for name, typ, doc in rows:
+        out += comment(doc, "    ") + [f"    {name}: {typ}"]
     return out
 
 
@@ -277,10 +278,7 @@ def pyi_block(t: Dict[str, Any]) -> List[str]:
             "    takes them (headers as \"Name: value\" lines, fallbacks and schema as",
             '    JSON text); ranges are checked by the core (ValueError naming the option)."""',
             ""]
-    for o in t["options"]:
-        out += comment(o["doc"], "    ")
-        out.append(f"    {o['name']}: {option_type(o, True)}")
-    return out
+    return out + keys([(o["name"], option_type(o, True), o["doc"]) for o in t["options"]])
 
 
 # docs/reliability.md's table.

@@ -177,10 +177,10 @@ void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len)
 }
 
 /* Fields are int (or unsigned, or an enum) or int64_t: the table knows which. */
-static int64_t get_int(const llmretry_options *o, const llmretry_option_info *opt)
+int64_t lr_int_at(const void *base, size_t offset, size_t size)
 {
-    const char *p = (const char *)o + opt->offset;
-    if (opt->size == sizeof(int64_t)) {
+    const char *p = (const char *)base + offset;
+    if (size == sizeof(int64_t)) {
         int64_t v;
         memcpy(&v, p, sizeof v);
         return v;
@@ -188,6 +188,11 @@ static int64_t get_int(const llmretry_options *o, const llmretry_option_info *op
     int v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+static int64_t get_int(const llmretry_options *o, const llmretry_option_info *opt)
+{
+    return lr_int_at(o, opt->offset, opt->size);
 }
 
 static void put_int(llmretry_options *o, const llmretry_option_info *opt, int64_t v)

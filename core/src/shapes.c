@@ -231,20 +231,6 @@ const llmretry_field_info *llmretry_shape_field_info(llmretry_shape s, size_t i)
     return i < llmretry_shape_field_count(s) ? &SHAPES[s].rows[i].info : NULL;
 }
 
-/* Members are int (or an int-sized enum) or int64_t: the row knows which. */
-static int64_t read_int(const void *obj, const row *r)
-{
-    const char *p = (const char *)obj + r->offset;
-    if (r->size == sizeof(int64_t)) {
-        int64_t v;
-        memcpy(&v, p, sizeof v);
-        return v;
-    }
-    int v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 int llmretry_shape_field(llmretry_shape s, const void *obj, size_t i, llmretry_field *out)
 {
     if (i >= llmretry_shape_field_count(s))
@@ -272,7 +258,7 @@ int llmretry_shape_field(llmretry_shape s, const void *obj, size_t i, llmretry_f
         break;
     case LLMRETRY_FIELD_INT:
     case LLMRETRY_FIELD_BOOL:
-        out->i = read_int(obj, r);
+        out->i = lr_int_at(obj, r->offset, r->size);
         if (r->info.type == LLMRETRY_FIELD_BOOL)
             out->i = out->i != 0;
         if (((r->when_null & NULL_IF_NOT_POSITIVE) && out->i <= 0) ||
