@@ -1,6 +1,7 @@
 /* The CPython binding's private header: what its files share.
  *   _llmretry.c     the module: the JSON helpers, setup
  *   shapes.c        C values to Python: every map the core hands over, walked
+ *   describe.c      the core's tables whole, for the generator of the typed surface
  *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
  *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
  *   batch.c         call_many: a batch on the engine thread
@@ -63,7 +64,7 @@ PyObject *lr_py_check_options(PyObject *module, PyObject *args, PyObject *kw);
 /* options() -> ((name, type, flags), ...): the core's option table. */
 PyObject *lr_py_options(PyObject *module, PyObject *unused);
 const char *lr_py_option_type_name(llmretry_option_type t);
-/* describe() -> dict: the core's tables whole, for tools/gen_surface.py (shapes.c). */
+/* describe() -> dict: the core's tables whole, for tools/gen_surface.py (describe.c). */
 PyObject *lr_py_describe(PyObject *module, PyObject *unused);
 PyObject *call_value(const module_state *st, const llmretry_result *r,
                             PyObject *validate, int as_result);

@@ -238,9 +238,10 @@ class Engine:
         (the values of ``call``, ``as_result`` included), in ``results`` when
         given (a list as long as ``bodies``, filled in place as items
         finish, so what finished before an exception is kept there). ``stats``,
-        a dict, receives ``{"pauses", "halvings", "window", "attempts",
-        "retries", "resends", "prompt_tokens", "completion_tokens", "total_tokens"}``
-        when the batch ends, also when it ends by an exception.
+        a dict, receives the batch group's stats (the core's group shape:
+        ``window``, ``pauses``, ``halvings``, ...), its token totals (the usage
+        shape) and ``attempts``, ``retries``, ``resends`` when the batch ends,
+        also when it ends by an exception.
 
         ``keep_results=False``: no list is kept (returns None), each
         outcome goes to ``on_result`` only. ``bodies`` may instead be an
@@ -330,7 +331,8 @@ def run_pool(items: Sequence[Any], limit: int,
     items not started in time keep ``NOT_STARTED`` in their slot.
     ``on_result(index, value, failed)`` runs on the pool thread after each
     item (an exception from it stops the pool and is raised). ``stats``, a
-    dict, receives ``{"pauses", "halvings", "window"}`` at the end.
+    dict, receives the group shape's fields (``pauses``, ``halvings``, ``window``
+    the smallest, ...) summed over the pool's groups at the end.
     """
 
 def extract_json(text: Union[str, bytes]) -> str:
