@@ -16,7 +16,7 @@ PYTEST_JOBS ?= 4
 export CTEST_JOBS PYTEST_JOBS
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop demo bench fuzz check soak clean
+.PHONY: all deps build build-asan build-python generate test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop demo bench fuzz check soak clean
 
 all: build
 
@@ -34,6 +34,12 @@ build-asan:
 # The Python extension, built in place so python/ is importable as is.
 build-python:
 	$(PYTHON) setup.py -q build_ext --inplace
+
+# Python's typed surface and docs/reliability.md's option table, written from
+# the core's tables (tools/gen_surface.py; the output is committed, and
+# tests/python/test_generated.py fails while it is stale).
+generate: build-python
+	$(PYTHON) tools/gen_surface.py
 
 # Every suite once. The passes that run them again another way (ASan+UBSan,
 # valgrind, the pipe notifier) are make check's; CI runs both.

@@ -1,5 +1,5 @@
-/* A call seen from Lua: its error table, its events and result as Lua
- * tables, and the handle (next, wait, validated, result, cancel). */
+/* A call seen from Lua: its error table, its result as Lua tables (walked
+ * by shapes.c), and the handle (next, wait, validated, result, cancel). */
 #include "lcore.h"
 
 #include <cjson/cJSON.h>
@@ -52,168 +52,33 @@ int err_tostring(lua_State *L)
     return 1;
 }
 
-/* ---- events and results ---------------------------------------------------- */
+/* ---- results ----------------------------------------------------------- */
 
-void lr_set_int(lua_State *L, const char *key, int64_t v)
-{
-    lr_pushint(L, v);
-    lua_setfield(L, -2, key);
-}
-
-static void set_str(lua_State *L, const char *key, const char *s)
-{
-    if (s) {
-        push_text0(L, s);
-        lua_setfield(L, -2, key);
-    }
-}
-
-/* The usage table, or nothing pushed (returns 0) when there is none. */
-static int push_usage(lua_State *L, const llmretry_usage *u)
-{
-    if (!u || !u->present)
-        return 0;
-    lua_createtable(L, 0, 3);
-    lr_set_int(L, "prompt_tokens", u->prompt_tokens);
-    lr_set_int(L, "completion_tokens", u->completion_tokens);
-    lr_set_int(L, "total_tokens", u->total_tokens);
-    return 1;
-}
-
-/* The event as a table, walking the field list the core defines (so every
- * field of docs/reliability.md is there, null ones as core.null). */
-static void push_event(lua_State *L, const llmretry_event *ev)
-{
-    size_t n = llmretry_event_field_count(ev);
-    lua_createtable(L, 0, (int)n);
-    for (size_t i = 0; i < n; i++) {
-        llmretry_field f;
-        if (llmretry_event_field(ev, i, &f) != 0)
-            break;
-        switch (f.type) {
-        case LLMRETRY_FIELD_INT: lr_pushint(L, f.i); break;
-        case LLMRETRY_FIELD_BOOL: lua_pushboolean(L, f.i != 0); break;
-        case LLMRETRY_FIELD_STRING:
-            if (f.s)
-                push_text0(L, f.s);
-            else
-                push_null(L);
-            break;
-        case LLMRETRY_FIELD_USAGE:
-            if (!push_usage(L, f.usage))
-                push_null(L);
-            break;
-        default: push_null(L); break;
-        }
-        lua_setfield(L, -2, f.name);
-    }
-}
-
-/* What a streamed call's stream did (nothing for other calls). */
-static void push_stream_fields(lua_State *L, const llmretry_result *r)
-{
-    if (!r->stream)
-        return;
-    lua_pushboolean(L, 1);
-    lua_setfield(L, -2, "stream");
-    lr_set_int(L, "chunks", r->chunks);
-    if (r->ttft_ms >= 0)
-        lr_set_int(L, "ttft_ms", r->ttft_ms);
-    if (!r->ok) {
-        lr_set_int(L, "chunks_delivered", r->chunks_delivered);
-        set_str(L, "stream_reason", llmretry_stream_reason_name(r->stream_reason));
-    }
-}
-
-/* target (0: the call's own), and with fallbacks what each came to. */
-static void push_target_fields(lua_State *L, const llmretry_result *r)
-{
-    lr_set_int(L, "target", r->target);
-    if (!r->targets)
-        return;
-    lua_createtable(L, r->n_targets, 0);
-    for (int i = 0; i < r->n_targets; i++) {
-        const llmretry_target_report *t = &r->targets[i];
-        lua_createtable(L, 0, 5);
-        set_str(L, "model", t->model);
-        lr_set_int(L, "attempts", t->attempts);
-        if (t->status > 0)
-            lr_set_int(L, "status", t->status);
-        set_str(L, "kind", llmretry_error_kind_name(t->kind));
-        set_str(L, "reason", llmretry_reason_name(t->reason));
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "targets");
-}
-
-static void push_meta(lua_State *L, const llmretry_result *r)
-{
-    lua_createtable(L, 0, 10);
-    lr_set_int(L, "attempt", r->attempt);
-    lr_set_int(L, "attempts", r->attempts);
-    lr_set_int(L, "duration_ms", r->duration_ms);
-    lr_set_int(L, "total_ms", r->total_ms);
-    lr_set_int(L, "status", r->status);
-    if (push_usage(L, &r->usage))
-        lua_setfield(L, -2, "usage");
-    if (push_usage(L, &r->usage_total))
-        lua_setfield(L, -2, "usage_total");
-    set_str(L, "request_id", r->request_id);
-    set_str(L, "model", r->model);
-    set_str(L, "response_model", r->response_model);
-    set_str(L, "system_fingerprint", r->system_fingerprint);
-    lr_set_int(L, "resends", r->resends);
-    push_stream_fields(L, r);
-    lr_set_int(L, "target", r->target);
-}
-
-/* The err table of docs/python.md (absent values are nil). `message` and
- * `kind` override the result's own (for a body that would not decode). */
+/* The err table of docs/python.md: the core's error fields (and a broken
+ * stream's progress), absent values nil. `kind` and `message` override the
+ * result's own (a body that would not decode). */
 static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
                      const char *message)
 {
-    lua_createtable(L, 0, 13);
-    set_str(L, "kind", kind ? kind : llmretry_error_kind_name(r->kind));
-    set_str(L, "message", message ? message : r->message);
-    if (r->status > 0)
-        lr_set_int(L, "status", r->status);
-    lr_set_int(L, "attempt", r->attempt);
-    lr_set_int(L, "attempts", r->attempts);
-    set_str(L, "request_id", r->request_id);
-    if (r->retry_after_ms >= 0 && !r->ok)
-        lr_set_int(L, "retry_after_ms", r->retry_after_ms);
-    if (!r->ok) {
-        set_str(L, "error_code", r->error_code);
-        set_str(L, "body_preview", r->body_preview);
-        if (push_usage(L, &r->usage_total))
-            lua_setfield(L, -2, "usage_total");
-        /* The schema's verdict: a list of {path = ..., message = ...}. */
-        char verdict_err[64];
-        if (r->validation_errors &&
-            push_decoded(L, r->validation_errors, strlen(r->validation_errors), verdict_err,
-                         sizeof verdict_err))
-            lua_setfield(L, -2, "validation_errors");
-        /* A broken stream's reason is how it broke (as in Python). */
-        set_str(L, "reason", r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED
-                                 ? llmretry_stream_reason_name(r->stream_reason)
-                                 : llmretry_reason_name(r->reason));
-        char why[160];
-        if (r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED && r->body) {
-            if (push_decoded(L, r->body, r->body_len, why, sizeof why)) {
-                /* What arrived before it broke, assembled: err.partial.data. */
-                lua_createtable(L, 0, 1);
-                lua_insert(L, -2);
-                lua_setfield(L, -2, "data");
-                lua_setfield(L, -2, "partial");
-            }   /* not decodable: no partial (push_decoded pushed nothing) */
-        }
+    lr_push_shape(L, LLMRETRY_SHAPE_ERROR, r);
+    if (r->stream)
+        lr_shape_into(L, LLMRETRY_SHAPE_STREAM, r);
+    if (kind) {
+        lua_pushstring(L, kind);
+        lua_setfield(L, -2, "kind");
+        lua_pushstring(L, message);
+        lua_setfield(L, -2, "message");
     }
-    set_str(L, "model", r->model);
-    lr_set_int(L, "duration_ms", r->duration_ms);
-    lr_set_int(L, "total_ms", r->total_ms);
-    lr_set_int(L, "resends", r->resends);
-    push_stream_fields(L, r);
-    push_target_fields(L, r);
+    char why[160];
+    if (r->kind == LLMRETRY_ERR_STREAM_INTERRUPTED && r->body &&
+        push_decoded(L, r->body, r->body_len, why, sizeof why)) {
+        /* What arrived before it broke, assembled: err.partial.data (none
+         * when it does not decode: push_decoded pushed nothing). */
+        lua_createtable(L, 0, 1);
+        lua_insert(L, -2);
+        lua_setfield(L, -2, "data");
+        lua_setfield(L, -2, "partial");
+    }
     luaL_getmetatable(L, ERROR_MT);
     lua_setmetatable(L, -2);
 }
@@ -241,7 +106,7 @@ static int push_result(lua_State *L, const llmretry_result *r)
     lua_setfield(L, -2, "data");
     lua_pushlstring(L, r->body, r->body_len);
     lua_setfield(L, -2, "body");
-    push_meta(L, r);
+    lr_push_shape(L, LLMRETRY_SHAPE_META, r);
     lua_setfield(L, -2, "meta");
     return 1;
 }
@@ -304,7 +169,7 @@ int handle_next(lua_State *L)
     case LLMRETRY_MAIL_EVENT:
         h->parked = ev;
         lua_pushliteral(L, "event");
-        push_event(L, ev);
+        lr_push_event(L, ev);
         h->parked = NULL;
         llmretry_event_free(ev);
         return 2;

@@ -55,12 +55,7 @@ int group_stats(lua_State *L)
     memset(&st, 0, sizeof st);
     if (gr->g)
         llmretry_group_stats_get(gr->g, &st);
-    lua_createtable(L, 0, 5);
-    lr_set_int(L, "window", st.window);
-    lr_set_int(L, "active", st.active);
-    lr_set_int(L, "queued", st.queued);
-    lr_set_int(L, "pauses", st.pauses);
-    lr_set_int(L, "halvings", st.halvings);
+    lr_push_shape(L, LLMRETRY_SHAPE_GROUP, &st);
     return 1;
 }
 
@@ -101,26 +96,7 @@ int engine_endpoint_stats(lua_State *L)
         n = 256;
     lua_createtable(L, (int)n, 0);
     for (size_t i = 0; i < n; i++) {
-        const llmretry_endpoint_stats *s = &st[i];
-        lua_createtable(L, 0, 16);
-        lua_pushstring(L, s->url);
-        lua_setfield(L, -2, "url");
-        lua_pushboolean(L, s->has_key);
-        lua_setfield(L, -2, "has_key");
-        lr_set_int(L, "requests", s->requests);
-        lr_set_int(L, "retries", s->retries);
-        lr_set_int(L, "window_requests", s->window_requests);
-        lr_set_int(L, "window_retries", s->window_retries);
-        lr_set_int(L, "retries_refused", s->retries_refused);
-        lua_pushstring(L, s->breaker);
-        lua_setfield(L, -2, "breaker");
-        lr_set_int(L, "consecutive_failures", s->consecutive_failures);
-        lr_set_int(L, "breaker_opened", s->breaker_opened);
-        lr_set_int(L, "short_circuited", s->short_circuited);
-        lr_set_int(L, "open_ms_left", s->open_ms_left);
-        lr_set_int(L, "rpm", s->rpm);
-        lr_set_int(L, "tpm", s->tpm);
-        lr_set_int(L, "in_flight", s->in_flight);
+        lr_push_shape(L, LLMRETRY_SHAPE_ENDPOINT, &st[i]);
         lua_rawseti(L, -2, (int)i + 1);
     }
     return 1;

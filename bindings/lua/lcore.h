@@ -4,7 +4,8 @@
  *   llmretry_core.c  errors, argument checks, the module's registration
  *   json.c           decode, the JSON helpers, UTF-8 checks
  *   encode.c         encode (Lua value -> JSON text)
- *   calls.c          error tables, events, results, handles
+ *   calls.c          error tables, results, handles
+ *   shapes.c         what the core hands over (events, meta, errors, stats) as tables
  *   options.c        a Lua table of options -> llmretry_options
  *   engine.c         engines and groups
  *   channel.c        channels (one consumer's view of an engine; OpenResty's socket)
@@ -102,7 +103,13 @@ int handle_result(lua_State *L);
 int handle_tostring(lua_State *L);
 int handle_validated(lua_State *L);
 int handle_wait(lua_State *L);
-void lr_set_int(lua_State *L, const char *key, int64_t v);
+
+/* shapes.c: the core's shapes and events as Lua tables (walked, not named) */
+int lr_push_field(lua_State *L, const llmretry_field *f);
+void lr_shape_into(lua_State *L, llmretry_shape s, const void *obj);
+void lr_push_shape(lua_State *L, llmretry_shape s, const void *obj);
+void lr_push_event(lua_State *L, const llmretry_event *ev);
+void lr_push_names(lua_State *L, const char *(*name)(int));
 
 /* options.c: submit options (Lua table -> llmretry_options) */
 void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body);

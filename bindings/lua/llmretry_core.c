@@ -20,7 +20,8 @@
  *   handle:next() -> "event", t | "validate", body | "done" | nil
  *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
  *   handle:cancel(), handle:request_id(), handle:done()
- *   core.error_mt, core.VERSION, core.EVENT_NAMES, core.EVENTS_ALL
+ *   core.error_mt, core.VERSION, core.EVENT_NAMES, core.EVENTS_ALL,
+ *   core.ERROR_KINDS, core.REASONS, core.STREAM_REASONS (the core's lists)
  *
  * The host drains each handle's mailbox on its own thread (docs/design.md): no
  * Lua code ever runs on the engine's I/O thread. A handle does not keep its
@@ -275,6 +276,21 @@ static void register_types(lua_State *L)
     lua_pop(L, 1);
 }
 
+static const char *kind_name(int i)
+{
+    return llmretry_error_kind_name((llmretry_error_kind)i);
+}
+
+static const char *reason_name(int i)
+{
+    return llmretry_reason_name((llmretry_giveup_reason)i);
+}
+
+static const char *stream_reason_name(int i)
+{
+    return llmretry_stream_reason_name((llmretry_stream_reason)i);
+}
+
 #if defined(__GNUC__)
 __attribute__((visibility("default")))
 #endif
@@ -298,6 +314,13 @@ int luaopen_llmretry_core(lua_State *L)
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "POLICY_KEYS");
+    /* The core's enumerations, counted up to their end: never typed in. */
+    lr_push_names(L, kind_name);
+    lua_setfield(L, -2, "ERROR_KINDS");
+    lr_push_names(L, reason_name);
+    lua_setfield(L, -2, "REASONS");
+    lr_push_names(L, stream_reason_name);
+    lua_setfield(L, -2, "STREAM_REASONS");
     lua_pushinteger(L, LLMRETRY_EVENTS_ALL);
     lua_setfield(L, -2, "EVENTS_ALL");
     push_null(L);

@@ -27,8 +27,6 @@ module_state *lr_py_state_of(PyObject *module)
     return (module_state *)PyModule_GetState(module);
 }
 
-/* ---- C values to Python ------------------------------------------------ */
-
 /* Set d[key] = v, stealing v; -1 (and v released) on failure. */
 int lr_py_put(PyObject *d, const char *key, PyObject *v)
 {
@@ -37,123 +35,6 @@ int lr_py_put(PyObject *d, const char *key, PyObject *v)
     int rc = PyDict_SetItemString(d, key, v);
     Py_DECREF(v);
     return rc;
-}
-
-/* The same with a prepared key object. */
-static int put_k(PyObject *d, PyObject *key, PyObject *v)
-{
-    if (!v)
-        return -1;
-    int rc = PyDict_SetItem(d, key, v);
-    Py_DECREF(v);
-    return rc;
-}
-
-static PyObject *int_or_none(long long v, int present)
-{
-    if (!present)
-        Py_RETURN_NONE;
-    return PyLong_FromLongLong(v);
-}
-
-/* The event as a dict, walking the field list the core defines. */
-PyObject *event_dict(const module_state *st, const llmretry_event *ev)
-{
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    size_t n = llmretry_event_field_count(ev);
-    for (size_t i = 0; i < n; i++) {
-        llmretry_field f;
-        llmretry_event_field(ev, i, &f);
-        PyObject *v;
-        switch (f.type) {
-        case LLMRETRY_FIELD_INT: v = PyLong_FromLongLong((long long)f.i); break;
-        case LLMRETRY_FIELD_BOOL: v = PyBool_FromLong(f.i != 0); break;
-        case LLMRETRY_FIELD_STRING: v = lr_str_or_none(f.s); break;
-        case LLMRETRY_FIELD_USAGE: v = lr_usage_dict(st, f.usage); break;
-        default: v = Py_None; Py_INCREF(v); break;
-        }
-        if (lr_py_put(d, f.name, v) < 0) {
-            Py_DECREF(d);
-            return NULL;
-        }
-    }
-    return d;
-}
-
-PyObject *result_dict(const module_state *st, const llmretry_result *r)
-{
-    PyObject *const *k = st->keys;
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    int rc = 0;
-    rc |= put_k(d, k[K_ok], PyBool_FromLong(r->ok));
-    rc |= put_k(d, k[K_request_id], lr_str_or_none(r->request_id));
-    rc |= put_k(d, k[K_model], lr_str_or_none(r->model));
-    rc |= put_k(d, k[K_attempt], PyLong_FromLong(r->attempt));
-    rc |= put_k(d, k[K_attempts], PyLong_FromLong(r->attempts));
-    rc |= put_k(d, k[K_resends], PyLong_FromLong(r->resends));
-    rc |= put_k(d, k[K_duration_ms], PyLong_FromLongLong((long long)r->duration_ms));
-    rc |= put_k(d, k[K_total_ms], PyLong_FromLongLong((long long)r->total_ms));
-    rc |= lr_py_put(d, "usage_total", lr_usage_dict(st, &r->usage_total));
-    if (r->ok) {
-        rc |= put_k(d, k[K_status], PyLong_FromLong(r->status));
-        rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
-        rc |= put_k(d, k[K_usage], lr_usage_dict(st, &r->usage));
-        rc |= put_k(d, k[K_response_model], lr_str_or_none(r->response_model));
-        rc |= put_k(d, k[K_system_fingerprint], lr_str_or_none(r->system_fingerprint));
-    } else {
-        rc |= put_k(d, k[K_status], int_or_none(r->status, r->status > 0));
-        rc |= put_k(d, k[K_kind], lr_str_or_none(llmretry_error_kind_name(r->kind)));
-        rc |= put_k(d, k[K_reason], lr_str_or_none(llmretry_reason_name(r->reason)));
-        rc |= put_k(d, k[K_message], lr_str_or_none(r->message));
-        rc |= put_k(d, k[K_retry_after_ms], int_or_none((long long)r->retry_after_ms,
-                                                         r->retry_after_ms >= 0));
-        rc |= put_k(d, k[K_error_code], lr_str_or_none(r->error_code));
-        rc |= put_k(d, k[K_body_preview], lr_str_or_none(r->body_preview));
-        /* The schema's verdict, JSON text (errors.py reads it). */
-        if (r->validation_errors)
-            rc |= lr_py_put(d, "validation_errors", PyUnicode_FromString(r->validation_errors));
-        /* A broken stream's partial chat.completion, or (keep_response) the
-         * body of the response given up on. */
-        if (r->body)
-            rc |= put_k(d, k[K_body], PyBytes_FromStringAndSize(r->body, (Py_ssize_t)r->body_len));
-    }
-    if (r->headers)
-        rc |= lr_py_put(d, "headers", PyBytes_FromStringAndSize(r->headers, (Py_ssize_t)r->headers_len));
-    if (!rc && r->n_targets > 1) {
-        /* A call with fallbacks: which target ended it and what each came to. */
-        rc |= lr_py_put(d, "target", PyLong_FromLong(r->target));
-        PyObject *list = PyList_New(0);
-        for (int i = 0; list && r->targets && i < r->n_targets; i++) {
-            const llmretry_target_report *t = &r->targets[i];
-            PyObject *td = Py_BuildValue("{s:N,s:i,s:N,s:N,s:N}",
-                "model", lr_str_or_none(t->model), "attempts", t->attempts,
-                "status", int_or_none(t->status, t->status > 0),
-                "kind", lr_str_or_none(llmretry_error_kind_name(t->kind)),
-                "reason", lr_str_or_none(llmretry_reason_name(t->reason)));
-            if (!td || PyList_Append(list, td) < 0)
-                Py_CLEAR(list);
-            Py_XDECREF(td);
-        }
-        rc |= lr_py_put(d, "targets", list);
-    }
-    if (!rc && r->stream) {
-        /* A streamed call: what its stream did, and a broken one's partial
-         * chat.completion (body). */
-        rc |= lr_py_put(d, "stream", PyBool_FromLong(1));
-        rc |= lr_py_put(d, "chunks", PyLong_FromLong(r->chunks));
-        rc |= lr_py_put(d, "chunks_delivered", PyLong_FromLong(r->chunks_delivered));
-        rc |= lr_py_put(d, "ttft_ms", int_or_none((long long)r->ttft_ms, r->ttft_ms >= 0));
-        rc |= lr_py_put(d, "stream_reason", lr_str_or_none(llmretry_stream_reason_name(r->stream_reason)));
-    }
-    if (rc) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
 }
 
 /* ---- JSON helpers and the policy ----------------------------------------- */
@@ -269,6 +150,9 @@ static PyMethodDef module_methods[] = {
       "check_options(**keywords): ValueError/TypeError unless a batch's calls can share them." },
     { "options", lr_py_options, METH_NOARGS,
       "options() -> ((name, type, flags), ...): the core's call options." },
+    { "describe", lr_py_describe, METH_NOARGS,
+      "describe() -> dict: the core's option table, shapes and enumerations\n"
+      "(what tools/gen_surface.py generates the typed surface from)." },
     LR_PY_POLICY_METHODS
     { NULL, NULL, 0, NULL },
 };
@@ -301,11 +185,8 @@ static int module_exec(PyObject *m)
         Py_DECREF(st->pool_stop);
         return -1;
     }
-#define MAKE_KEY(name) \
-    if (!(st->keys[K_##name] = PyUnicode_InternFromString(#name))) \
+    if (lr_py_shapes_init(st) < 0)
         return -1;
-    OUTCOME_KEYS(MAKE_KEY)
-#undef MAKE_KEY
     st->not_started = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
     if (!st->not_started)
         return -1;
@@ -363,8 +244,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->pool_stop);
     Py_CLEAR(st->not_started);
     lr_results_clear(st);
-    for (int i = 0; i < K_COUNT; i++)
-        Py_CLEAR(st->keys[i]);
+    lr_py_shapes_clear(st);
     return 0;
 }
 

@@ -328,17 +328,23 @@ PyObject *lr_py_check_options(PyObject *module, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+const char *lr_py_option_type_name(llmretry_option_type t)
+{
+    static const char *const types[] = { "", "text", "int", "bool", "enum", "statuses", "headers",
+                                         "number", "targets", "schema" };
+    return (unsigned)t < sizeof types / sizeof *types ? types[t] : "";
+}
+
 PyObject *lr_py_options(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    static const char *const types[] = { "", "text", "int", "bool", "enum", "statuses", "headers",
-                                         "number", "targets", "schema" };
     size_t n = llmretry_option_count();
     PyObject *out = PyTuple_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
         const llmretry_option_info *opt = llmretry_option_at(i);
-        PyObject *row = Py_BuildValue("(ssI)", opt->name, types[opt->type], opt->flags);
+        PyObject *row = Py_BuildValue("(ssI)", opt->name, lr_py_option_type_name(opt->type),
+                                      opt->flags);
         if (!row) {
             Py_CLEAR(out);
             break;

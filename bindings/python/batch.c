@@ -125,7 +125,8 @@ static void slot_release(batch *b, Py_ssize_t s)
 
 /* What a batch adds up as its items finish, for the batch summary. */
 typedef struct {
-    long long attempts, retries, resends, prompt_tokens, completion_tokens, total_tokens;
+    long long attempts, retries, resends;
+    llmretry_usage tokens;          /* every attempt's, failed calls' too: what is billed */
 } batch_totals;
 
 static void totals_add(batch_totals *t, const llmretry_result *r)
@@ -133,25 +134,26 @@ static void totals_add(batch_totals *t, const llmretry_result *r)
     t->attempts += r->attempts;
     t->retries += r->attempts > 1 ? r->attempts - 1 : 0;
     t->resends += r->resends;
-    /* Every attempt's tokens, failed calls' too: what the batch is billed. */
     if (r->usage_total.present) {
-        t->prompt_tokens += r->usage_total.prompt_tokens;
-        t->completion_tokens += r->usage_total.completion_tokens;
-        t->total_tokens += r->usage_total.total_tokens;
+        t->tokens.prompt_tokens += r->usage_total.prompt_tokens;
+        t->tokens.completion_tokens += r->usage_total.completion_tokens;
+        t->tokens.total_tokens += r->usage_total.total_tokens;
     }
 }
 
-/* Fill the caller's stats dict: the group's pacing and the totals so far. */
-static int put_stats(PyObject *stats, llmretry_group *g, const batch_totals *t)
+/* Fill the caller's stats dict: the group's pacing (the core's group
+ * shape), the totals so far and their tokens (its usage shape). */
+static int put_stats(const module_state *st, PyObject *stats, llmretry_group *g,
+                     const batch_totals *t)
 {
     llmretry_group_stats gs = { 0 };
     if (g)
         llmretry_group_stats_get(g, &gs);
+    if (lr_py_shape_into(st, stats, LLMRETRY_SHAPE_GROUP, &gs) < 0 ||
+        lr_py_shape_into(st, stats, LLMRETRY_SHAPE_USAGE, &t->tokens) < 0)
+        return -1;
     const struct { const char *name; long long v; } f[] = {
-        { "pauses", gs.pauses }, { "halvings", gs.halvings }, { "window", gs.window },
         { "attempts", t->attempts }, { "retries", t->retries }, { "resends", t->resends },
-        { "prompt_tokens", t->prompt_tokens }, { "completion_tokens", t->completion_tokens },
-        { "total_tokens", t->total_tokens },
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (lr_py_put(stats, f[i].name, PyLong_FromLongLong(f[i].v)) < 0)
@@ -326,7 +328,7 @@ static int batch_run_close(BatchRunObject *r)
         /* Also after Ctrl-C: the summary counts what ran. */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        bad = put_stats(r->stats, r->g, &r->totals) < 0;
+        bad = put_stats(r->rt.st, r->stats, r->g, &r->totals) < 0;
         if (et) {
             PyErr_Restore(et, ev, tb);
             bad = 0;

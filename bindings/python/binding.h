@@ -1,5 +1,7 @@
 /* The CPython binding's private header: what its files share.
- *   _llmretry.c     the module: C values to Python, the JSON helpers, setup
+ *   _llmretry.c     the module: the JSON helpers, setup
+ *   shapes.c        C values to Python: every map the core hands over, walked
+ *   describe.c      the core's tables whole, for the generator of the typed surface
  *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
  *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
  *   batch.c         call_many: a batch on the engine thread
@@ -51,7 +53,6 @@ extern PyType_Spec Engine_spec;
 
 PyObject *event_dict(const module_state *st, const llmretry_event *ev);
 int lr_py_put(PyObject *d, const char *key, PyObject *v);
-PyObject *result_dict(const module_state *st, const llmretry_result *r);
 module_state *lr_py_state_of(PyObject *module);
 void call_args_release(call_args *a);
 int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
@@ -62,6 +63,9 @@ int check_shared_args(const call_args *a);
 PyObject *lr_py_check_options(PyObject *module, PyObject *args, PyObject *kw);
 /* options() -> ((name, type, flags), ...): the core's option table. */
 PyObject *lr_py_options(PyObject *module, PyObject *unused);
+const char *lr_py_option_type_name(llmretry_option_type t);
+/* describe() -> dict: the core's tables whole, for tools/gen_surface.py (describe.c). */
+PyObject *lr_py_describe(PyObject *module, PyObject *unused);
 PyObject *call_value(const module_state *st, const llmretry_result *r,
                             PyObject *validate, int as_result);
 int check_interrupts(void);

@@ -8,6 +8,7 @@
  * reader of its own (group poll 0): calls started in it wait for its limit,
  * its 429 pauses and its deadline, and report to their channel. */
 #include "binding.h"
+#include "results.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -261,15 +262,14 @@ PyObject *lr_engine_group(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)o;
 }
 
-/* stats() -> dict: the pacer's window, active, queued, pauses, halvings. */
+/* stats() -> dict: the pacer's window, active, queued, ... (the core's group shape). */
 static PyObject *Group_stats(GroupObject *o, PyObject *unused)
 {
     (void)unused;
     llmretry_group_stats gs = { 0 };
     if (o->pid == getpid())
         llmretry_group_stats_get(o->g, &gs);
-    return Py_BuildValue("{sisisisisi}", "window", gs.window, "active", gs.active,
-                         "queued", gs.queued, "pauses", gs.pauses, "halvings", gs.halvings);
+    return lr_py_shape_dict(mstate((PyObject *)o), LLMRETRY_SHAPE_GROUP, &gs);
 }
 
 static void Group_dealloc(GroupObject *o)

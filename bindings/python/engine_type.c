@@ -216,7 +216,7 @@ PyObject *call_value(const module_state *st, const llmretry_result *r,
 {
     PyObject *v = NULL;
     int built = as_result && validate == Py_None ? lr_build_result(st, r, &v) : 0;
-    return built == 0 ? result_dict(st, r) : v;
+    return built == 0 ? lr_py_outcome(st, r) : v;
 }
 
 /* Wait for the call, delivering its mail on this thread. Returns its value
@@ -299,46 +299,27 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     return r;
 }
 
-/* What the engine knows of each endpoint: a list of dicts (endpoint.c). */
+/* What the engine knows of each endpoint: a list of dicts (the core's
+ * endpoint shape). Their URLs live until the engine is freed: the dicts
+ * are made under the lock. */
 static PyObject *Engine_endpoint_stats(EngineObject *self, PyObject *unused)
 {
     (void)unused;
+    const module_state *mst = lr_py_state_of(PyType_GetModule(Py_TYPE(self)));
     llmretry_endpoint_stats stats[256];        /* the engine tracks at most 256 */
     pthread_mutex_lock(&self->mu);
     size_t n = self->engine ? llmretry_engine_endpoint_stats(self->engine, stats, 256) : 0;
     if (n > 256)
         n = 256;
-    /* The URLs live until the engine is freed: make them str under the lock. */
-    PyObject *urls = PyList_New(0);
-    for (size_t i = 0; urls && i < n; i++) {
-        PyObject *u = PyUnicode_DecodeUTF8(stats[i].url, (Py_ssize_t)strlen(stats[i].url), "replace");
-        if (!u || PyList_Append(urls, u) < 0)
-            Py_CLEAR(urls);
-        Py_XDECREF(u);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *d = lr_py_shape_dict(mst, LLMRETRY_SHAPE_ENDPOINT, &stats[i]);
+        if (!d)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, d);
     }
     pthread_mutex_unlock(&self->mu);
-    if (!urls)
-        return NULL;
-    PyObject *list = PyList_New(0);
-    for (size_t i = 0; list && i < n; i++) {
-        const llmretry_endpoint_stats *s = &stats[i];
-        PyObject *d = Py_BuildValue(
-            "{s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:s,s:i,s:L,s:L,s:L,s:L,s:L,s:i}",
-            "url", PyList_GET_ITEM(urls, (Py_ssize_t)i), "has_key", s->has_key ? Py_True : Py_False,
-            "requests", (long long)s->requests, "retries", (long long)s->retries,
-            "window_requests", (long long)s->window_requests,
-            "window_retries", (long long)s->window_retries,
-            "retries_refused", (long long)s->retries_refused, "breaker", s->breaker,
-            "consecutive_failures", s->consecutive_failures,
-            "breaker_opened", (long long)s->breaker_opened,
-            "short_circuited", (long long)s->short_circuited,
-            "open_ms_left", (long long)s->open_ms_left, "rpm", (long long)s->rpm,
-            "tpm", (long long)s->tpm, "in_flight", s->in_flight);
-        if (!d || PyList_Append(list, d) < 0)
-            Py_CLEAR(list);
-        Py_XDECREF(d);
-    }
-    Py_DECREF(urls);
     return list;
 }
 

@@ -7,6 +7,7 @@
  * map_with_concurrency. */
 #include "pool.h"
 #include "condvar.h"
+#include "results.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -268,27 +269,24 @@ static int start_threads(lr_pool *p, pthread_t *threads, int n_threads)
     return started;
 }
 
-/* The pacing the engine did for the pool's calls, summed over its groups. */
-static int fill_stats(PyObject *stats, lr_pool *p)
+/* The pacing the engine did for the pool's calls, summed over its groups
+ * (the smallest window): the core's group shape. */
+static int fill_stats(const module_state *st, PyObject *stats, lr_pool *p)
 {
     if (stats == Py_None)
         return 0;
-    int pauses = 0, halvings = 0, window = p->limit;
+    llmretry_group_stats sum = { .window = p->limit };
     for (int i = 0; i < p->n_groups; i++) {
         llmretry_group_stats gs;
         llmretry_group_stats_get(p->groups[i].group, &gs);
-        pauses += gs.pauses;
-        halvings += gs.halvings;
-        if (gs.window < window)
-            window = gs.window;
+        sum.active += gs.active;
+        sum.queued += gs.queued;
+        sum.pauses += gs.pauses;
+        sum.halvings += gs.halvings;
+        if (gs.window < sum.window)
+            sum.window = gs.window;
     }
-    PyObject *v = Py_BuildValue("{sisisi}", "pauses", pauses, "halvings", halvings,
-                                "window", window);
-    if (!v)
-        return -1;
-    int rc = PyDict_Update(stats, v);
-    Py_DECREF(v);
-    return rc;
+    return lr_py_shape_into(st, stats, LLMRETRY_SHAPE_GROUP, &sum);
 }
 
 PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
@@ -375,7 +373,7 @@ PyObject *lr_run_pool(PyObject *module, PyObject *args, PyObject *kw)
     if (rc == 0 && p.exc_type) {
         PyErr_Restore(p.exc_type, p.exc_value, p.exc_tb);
         p.exc_type = p.exc_value = p.exc_tb = NULL;
-    } else if (rc == 0 && fill_stats(stats, &p) == 0) {
+    } else if (rc == 0 && fill_stats(PyModule_GetState(module), stats, &p) == 0) {
         out = p.results;
         p.results = NULL;
     }

@@ -11,18 +11,16 @@
 /* How often a waiting thread wakes to run signal handlers. */
 #define WAKE_MS 50
 
-/* The keys of the outcome dicts, made once: building a dict per call from
- * C strings would create and hash every key string again each time. */
-#define OUTCOME_KEYS(X) X(ok) X(request_id) X(model) X(attempt) X(attempts) X(resends) \
-    X(duration_ms) X(total_ms) X(status) X(body) X(usage) X(response_model) \
-    X(system_fingerprint) X(kind) X(reason) X(message) X(retry_after_ms) \
-    X(error_code) X(body_preview) X(prompt_tokens) X(completion_tokens) X(total_tokens)
+/* Keys made once (building a dict per call from C strings would create
+ * and hash every key again each time): an outcome's own three here, the
+ * fields of the core's shapes in module_state.shape_keys (shapes.c). */
+#define OUTCOME_KEYS(X) X(ok) X(body) X(headers)
 #define KEY_ENUM(name) K_##name,
 enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 #undef KEY_ENUM
 
 #define LR_RESULT_FIELDS 2          /* Result: data, meta */
-#define LR_META_FIELDS 16           /* Meta: see results.c */
+#define LR_SHAPE_MAX_FIELDS 24      /* the most fields of a core shape (checked) */
 
 typedef struct {
     PyTypeObject *engine_type;
@@ -32,10 +30,12 @@ typedef struct {
     PyObject *pool_stop;            /* the PoolStop exception class */
     PyObject *not_started;          /* the NOT_STARTED sentinel */
     PyObject *keys[K_COUNT];        /* interned outcome keys */
+    /* Each shape's field names, interned, in the core's order. */
+    PyObject *shape_keys[LLMRETRY_SHAPE_COUNT][LR_SHAPE_MAX_FIELDS];
     /* What lr_build_result needs (results.c); NULL until registered. */
     PyTypeObject *result_type, *meta_type;
     PyObject *result_fields[LR_RESULT_FIELDS];  /* Result's slot descriptors */
-    PyObject *meta_fields[LR_META_FIELDS];      /* Meta's, in META_FIELDS order */
+    PyObject *meta_fields[LR_SHAPE_MAX_FIELDS]; /* Meta's, in the core's meta order */
     PyObject *scan_once;            /* json's scanner: (text, index) -> (value, end) */
     PyObject *parse;                /* the package's parser, for what scan_once refuses */
 } module_state;

@@ -6,17 +6,12 @@
  * engine spends on the whole request. Here the body goes straight to
  * json's C scanner and the fields into Meta's and Result's slots, through
  * the slots' own descriptors (Meta is a frozen dataclass: its __setattr__
- * refuses, its slot descriptors are how dataclasses set them too). */
+ * refuses, its slot descriptors are how dataclasses set them too). Meta's
+ * fields are the core's meta shape (llmretry/shapes.h), walked in order. */
 #include "results.h"
 
 #include <string.h>
 
-/* Meta's fields, in the order of lr_build_result's values. */
-static const char *const META_FIELDS[LR_META_FIELDS] = {
-    "attempt", "attempts", "duration_ms", "total_ms", "status", "usage",
-    "request_id", "model", "response_model", "system_fingerprint", "resends",
-    "stream", "ttft_ms", "chunks", "target", "usage_total",
-};
 static const char *const RESULT_FIELDS[LR_RESULT_FIELDS] = { "data", "meta" };
 
 /* The slot descriptor `name` of `type`, or NULL with TypeError. */
@@ -32,8 +27,9 @@ static PyObject *slot_descriptor(PyObject *type, const char *name)
 }
 
 /* _set_result_types(Result, Meta, scan_once, parse): register the classes
- * lr_build_result makes (both with __slots__ naming their fields), json's
- * scanner and the package's parse(bytes) for bodies the scanner refuses. */
+ * lr_build_result makes (both with __slots__ naming their fields: Meta one
+ * per field of the core's meta shape, or TypeError), json's scanner and the
+ * package's parse(bytes) for bodies the scanner refuses. */
 PyObject *lr_set_result_types(PyObject *module, PyObject *args)
 {
     PyObject *result_type, *meta_type, *scan, *parse;
@@ -44,16 +40,18 @@ PyObject *lr_set_result_types(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "scan_once and parse must be callable");
         return NULL;
     }
-    PyObject *rf[LR_RESULT_FIELDS] = { NULL }, *mf[LR_META_FIELDS] = { NULL };
+    PyObject *rf[LR_RESULT_FIELDS] = { NULL }, *mf[LR_SHAPE_MAX_FIELDS] = { NULL };
     int ok = 1;
     for (int i = 0; ok && i < LR_RESULT_FIELDS; i++)
         ok = (rf[i] = slot_descriptor(result_type, RESULT_FIELDS[i])) != NULL;
-    for (int i = 0; ok && i < LR_META_FIELDS; i++)
-        ok = (mf[i] = slot_descriptor(meta_type, META_FIELDS[i])) != NULL;
+    size_t n_meta = llmretry_shape_field_count(LLMRETRY_SHAPE_META);
+    for (size_t i = 0; ok && i < n_meta; i++)
+        ok = (mf[i] = slot_descriptor(
+                  meta_type, llmretry_shape_field_info(LLMRETRY_SHAPE_META, i)->name)) != NULL;
     if (!ok) {
         for (int i = 0; i < LR_RESULT_FIELDS; i++)
             Py_XDECREF(rf[i]);
-        for (int i = 0; i < LR_META_FIELDS; i++)
+        for (int i = 0; i < LR_SHAPE_MAX_FIELDS; i++)
             Py_XDECREF(mf[i]);
         return NULL;
     }
@@ -70,27 +68,6 @@ PyObject *lr_set_result_types(PyObject *module, PyObject *args)
     memcpy(st->result_fields, rf, sizeof rf);
     memcpy(st->meta_fields, mf, sizeof mf);
     Py_RETURN_NONE;
-}
-
-PyObject *lr_usage_dict(const module_state *st, const llmretry_usage *u)
-{
-    if (!u || !u->present)
-        Py_RETURN_NONE;
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    const int keys[3] = { K_prompt_tokens, K_completion_tokens, K_total_tokens };
-    const int64_t values[3] = { u->prompt_tokens, u->completion_tokens, u->total_tokens };
-    for (int i = 0; i < 3; i++) {
-        PyObject *v = PyLong_FromLongLong((long long)values[i]);
-        if (!v || PyDict_SetItem(d, st->keys[keys[i]], v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return d;
 }
 
 /* Untrack the dicts of a freshly parsed value that hold only atomic values
@@ -199,27 +176,13 @@ static PyObject *new_meta(const module_state *st, const llmretry_result *r)
     PyObject *m = st->meta_type->tp_alloc(st->meta_type, 0);
     if (!m)
         return NULL;
-    PyObject *const *f = st->meta_fields;
     /* Each value is made only if the ones before were set: nothing leaks. */
-    if (set_slot(f[0], m, PyLong_FromLong(r->attempt)) ||
-        set_slot(f[1], m, PyLong_FromLong(r->attempts)) ||
-        set_slot(f[2], m, PyLong_FromLongLong((long long)r->duration_ms)) ||
-        set_slot(f[3], m, PyLong_FromLongLong((long long)r->total_ms)) ||
-        set_slot(f[4], m, PyLong_FromLong(r->status)) ||
-        set_slot(f[5], m, lr_usage_dict(st, &r->usage)) ||
-        set_slot(f[6], m, lr_str_or_none(r->request_id)) ||
-        set_slot(f[7], m, lr_str_or_none(r->model)) ||
-        set_slot(f[8], m, lr_str_or_none(r->response_model)) ||
-        set_slot(f[9], m, lr_str_or_none(r->system_fingerprint)) ||
-        set_slot(f[10], m, PyLong_FromLong(r->resends)) ||
-        set_slot(f[11], m, PyBool_FromLong(r->stream)) ||
-        set_slot(f[12], m, r->ttft_ms >= 0 ? PyLong_FromLongLong((long long)r->ttft_ms)
-                                           : Py_NewRef(Py_None)) ||
-        set_slot(f[13], m, PyLong_FromLong(r->chunks)) ||
-        set_slot(f[14], m, PyLong_FromLong(r->target)) ||
-        set_slot(f[15], m, lr_usage_dict(st, &r->usage_total))) {
-        Py_DECREF(m);
-        return NULL;
+    llmretry_field f;
+    for (size_t i = 0; llmretry_shape_field(LLMRETRY_SHAPE_META, r, i, &f) == 0; i++) {
+        if (set_slot(st->meta_fields[i], m, lr_py_field_value(st, &f)) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     /* A frozen Meta holding ints, strs, None and a fresh dict of ints is in
      * no reference cycle, so the cyclic GC need not visit it: the rule
@@ -271,7 +234,7 @@ int lr_results_traverse(const module_state *st, visitproc visit, void *arg)
     Py_VISIT(st->parse);
     for (int i = 0; i < LR_RESULT_FIELDS; i++)
         Py_VISIT(st->result_fields[i]);
-    for (int i = 0; i < LR_META_FIELDS; i++)
+    for (int i = 0; i < LR_SHAPE_MAX_FIELDS; i++)
         Py_VISIT(st->meta_fields[i]);
     return 0;
 }
@@ -284,6 +247,6 @@ void lr_results_clear(module_state *st)
     Py_CLEAR(st->parse);
     for (int i = 0; i < LR_RESULT_FIELDS; i++)
         Py_CLEAR(st->result_fields[i]);
-    for (int i = 0; i < LR_META_FIELDS; i++)
+    for (int i = 0; i < LR_SHAPE_MAX_FIELDS; i++)
         Py_CLEAR(st->meta_fields[i]);
 }

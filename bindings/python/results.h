@@ -19,8 +19,14 @@ int lr_build_result(const module_state *st, const llmretry_result *r, PyObject *
 /* A C string from the core as str (bad UTF-8 replaced), or None for NULL. */
 PyObject *lr_str_or_none(const char *s);
 
-/* The result dict's usage value: a dict of the three counts, or None. */
-PyObject *lr_usage_dict(const module_state *st, const llmretry_usage *u);
+/* shapes.c: the core's shapes as Python values (a null value is None). */
+PyObject *lr_py_field_value(const module_state *st, const llmretry_field *f);
+PyObject *lr_py_shape_dict(const module_state *st, llmretry_shape s, const void *obj);
+int lr_py_shape_into(const module_state *st, PyObject *d, llmretry_shape s, const void *obj);
+/* A finished call that is not built as a Result: the outcome dict. */
+PyObject *lr_py_outcome(const module_state *st, const llmretry_result *r);
+int lr_py_shapes_init(module_state *st);
+void lr_py_shapes_clear(module_state *st);
 
 int lr_results_traverse(const module_state *st, visitproc visit, void *arg);
 void lr_results_clear(module_state *st);

@@ -6,6 +6,7 @@
  *   llmretry/engine.h    engines, calls     llmretry/channel.h  channels
  *   llmretry/group.h     batches            llmretry/policy.h   retry rules, pacer
  *   llmretry/policies.h  named policies     llmretry/json.h     JSON helpers
+ *   llmretry/shapes.h    what hosts are handed, field by field
  *
  * llmretry wraps calls to an OpenAI-compatible chat API in a production
  * policy: a timeout per attempt, one total deadline, retries of transient
@@ -36,6 +37,7 @@
 #include "llmretry/status.h"
 #include "llmretry/options.h"
 #include "llmretry/result.h"
+#include "llmretry/shapes.h"
 #include "llmretry/events.h"
 #include "llmretry/engine.h"
 #include "llmretry/policy.h"

@@ -236,11 +236,14 @@ char *llmretry_event_to_json(const llmretry_event *ev)
         case LLMRETRY_FIELD_STRING: v = cJSON_CreateString(fl.s); break;
         case LLMRETRY_FIELD_USAGE:
             v = cJSON_CreateObject();
-            if (v) {
-                cJSON_AddNumberToObject(v, "prompt_tokens", (double)fl.usage->prompt_tokens);
-                cJSON_AddNumberToObject(v, "completion_tokens", (double)fl.usage->completion_tokens);
-                cJSON_AddNumberToObject(v, "total_tokens", (double)fl.usage->total_tokens);
+            for (size_t k = 0; v && k < llmretry_shape_field_count(LLMRETRY_SHAPE_USAGE); k++) {
+                llmretry_field u;
+                llmretry_shape_field(LLMRETRY_SHAPE_USAGE, fl.usage, k, &u);
+                cJSON_AddNumberToObject(v, u.name, (double)u.i);
             }
+            break;
+        default:        /* events hold no lists or JSON text */
+            v = cJSON_CreateNull();
             break;
         }
         if (!v) {

@@ -35,6 +35,9 @@ void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len);
 llmretry_status lr_option_check_statuses(size_t n, char *err, size_t errlen);
 /* Every INT and ENUM field of `o` against its range. */
 llmretry_status lr_options_check_table(const llmretry_options *o, char *err, size_t errlen);
+/* The integer member at base + offset, an int (or an int-sized enum) or an
+ * int64_t as `size` says: how the option table and the shapes read fields. */
+int64_t lr_int_at(const void *base, size_t offset, size_t size);
 
 /* ---- the per-call record ---------------------------------------------- */
 

@@ -1,5 +1,7 @@
 /* The call options as one table, in the spirit of curl's option table:
- * name, type, where the field lives, its built-in value and its range.
+ * name, type, where the field lives, its built-in value, its range and what
+ * it does (tools/gen_surface.py makes docs/reliability.md's table and
+ * Python's typed keywords from it).
  * The table drives the defaults (llmretry_options_defaults), the range
  * checks and their messages (llmretry_options_check), the named-policy
  * keys (policies.c) and the shims: Python and Lua look options up here by
@@ -30,66 +32,104 @@ _Static_assert(LLMRETRY_RETRY_SAFE == 0 && LLMRETRY_RETRY_UNSAFE == 1,
 /* The policy keys come in the order resolved settings list them
  * (tests/policies/resolved.json); the others may go anywhere. */
 static const llmretry_option_info TABLE[] = {
-    { "url", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(url), 0, 0, NULL, NULL, "null" },
-    { "base_url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(base_url), 0, 0, NULL, NULL, "null" },
+    { "url", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(url), 0, 0, NULL, NULL, "null",
+      "the full endpoint URL, instead of base_url + /chat/completions" },
+    { "base_url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(base_url), 0, 0, NULL, NULL, "null",
+      "the API's base URL, /chat/completions appended (else $OPENAI_BASE_URL, else "
+      "https://api.openai.com/v1)" },
     { "api_key", LLMRETRY_OPTTYPE_TEXT, NUL | LLMRETRY_OPTFLAG_SECRET, OFF(api_key), 0, 0,
-      NULL, NULL, "null" },
-    { "model", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(model), 0, 0, NULL, NULL, "null" },
+      NULL, NULL, "null",
+      "sent as Authorization: Bearer (else $OPENAI_API_KEY, else none); never in a log, event "
+      "or error" },
+    { "model", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(model), 0, 0, NULL, NULL, "null",
+      "the call's model, for events and policies (else the body's \"model\")" },
     { "timeout_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(timeout_ms), 1, INT64_MAX, "> 0", NULL,
-      "60000" },
+      "60000",
+      "one attempt, connect to last byte (for a stream: to the first chunk)" },
     { "max_retries", LLMRETRY_OPTTYPE_INT, POL, OFF(max_retries), 0, LLMRETRY_MAX_RETRIES,
-      "0..100", NULL, "3" },
+      "0..100", NULL, "3",
+      "attempts = 1 + retries; every request the server saw counts, a refused one (429) too" },
     { "base_delay_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(base_delay_ms), 0, INT64_MAX, ">= 0",
-      NULL, "800" },
+      NULL, "800",
+      "the exponential backoff's base" },
     { "max_delay_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(max_delay_ms), 0, INT64_MAX, ">= 0", NULL,
-      "30000" },
-    { "jitter", LLMRETRY_OPTTYPE_ENUM, POL, OFF(jitter), 0, 0, NULL, JITTERS, "\"additive\"" },
+      "30000",
+      "the exponential backoff's cap" },
+    { "jitter", LLMRETRY_OPTTYPE_ENUM, POL, OFF(jitter), 0, 0, NULL, JITTERS, "\"additive\"",
+      "additive: min(cap, base·2ⁿ) + U(0, base); full: U(0, min(cap, base·2ⁿ)); none: min(cap, "
+      "base·2ⁿ)" },
     /* Unset is LLMRETRY_NO_DEADLINE (-1), never a value a caller passes. */
     { "deadline_ms", LLMRETRY_OPTTYPE_INT, NUL | POL, OFF(deadline_ms), 0, INT64_MAX, ">= 0",
-      NULL, "null" },
+      NULL, "null",
+      "one budget for all attempts and waits; each attempt gets min(timeout, time left)" },
     { "retry_mode", LLMRETRY_OPTTYPE_ENUM, POL, OFF(retry_mode), 0, 0, NULL, MODES,
-      "\"safe\"" },
+      "\"safe\"",
+      "unsafe: never retry once the request may have reached the server" },
     /* Unset is the default set of statuses (n_retry_statuses == 0). */
     { "retry_statuses", LLMRETRY_OPTTYPE_STATUSES, NUL | POL, OFF(retry_statuses), 100, 599,
-      "100..599", NULL, "null" },
+      "100..599", NULL, "null",
+      "the statuses that may be retried (null: 408, 429, 500-599 except 501 and 505)" },
     { "max_retry_after_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(max_retry_after_ms), 0, INT64_MAX,
-      ">= 0", NULL, "120000" },
+      ">= 0", NULL, "120000",
+      "a longer server-requested wait ends the call" },
     { "retry_invalid_response", LLMRETRY_OPTTYPE_BOOL, POL, OFF(retry_invalid_response), 0, 1,
-      NULL, NULL, "true" },
+      NULL, NULL, "true",
+      "a 2xx body that is not JSON, or that validate rejects, is retried" },
     { "max_response_bytes", LLMRETRY_OPTTYPE_INT, POL, OFF(max_response_bytes), 1, INT64_MAX,
-      "> 0", NULL, "33554432" },
+      "> 0", NULL, "33554432",
+      "larger bodies fail with response_too_large" },
     /* In a policy only "auto" (a new key per call): a fixed key would be
      * shared by every call made under the policy. */
     { "idempotency_key", LLMRETRY_OPTTYPE_TEXT, NUL | POL | ONE | LLMRETRY_OPTFLAG_POLICY_AUTO,
-      OFF(idempotency_key), 0, 0, NULL, NULL, "null" },
-    { "rpm", LLMRETRY_OPTTYPE_INT, POL, OFF(rpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0" },
-    { "tpm", LLMRETRY_OPTTYPE_INT, POL, OFF(tpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0" },
+      OFF(idempotency_key), 0, 0, NULL, NULL, "null",
+      "sent as Idempotency-Key on every attempt; in a policy only \"auto\" (a new key per call)" },
+    { "rpm", LLMRETRY_OPTTYPE_INT, POL, OFF(rpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0",
+      "requests a minute to the endpoint (its URL and key), paced evenly on the client" },
+    { "tpm", LLMRETRY_OPTTYPE_INT, POL, OFF(tpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0",
+      "tokens a minute to the endpoint, estimated from each body and corrected by its usage" },
     { "retry_budget_ratio", LLMRETRY_OPTTYPE_NUMBER, POL, OFF(retry_budget_ratio), 0, 1000000,
-      ">= 0", NULL, "0.2" },
+      ">= 0", NULL, "0.2",
+      "the endpoint's retry budget: over a rolling 10 s, retries <= ratio x requests + min" },
     { "retry_budget_min", LLMRETRY_OPTTYPE_INT, POL, OFF(retry_budget_min), 0, 1000000000,
-      ">= 0", NULL, "10" },
+      ">= 0", NULL, "10",
+      "the retry budget's allowance: retries <= ratio x requests + min" },
     { "breaker_failures", LLMRETRY_OPTTYPE_INT, POL, OFF(breaker_failures), 0, 1000000000,
-      ">= 0 (0: off)", NULL, "0" },
+      ">= 0 (0: off)", NULL, "0",
+      "that many transient failures in a row (timeout, network, 408, 429, 5xx) open the "
+      "endpoint's circuit breaker" },
     { "breaker_cooldown_ms", LLMRETRY_OPTTYPE_INT, POL, OFF(breaker_cooldown_ms), 1, INT64_MAX,
-      "> 0", NULL, "30000" },
+      "> 0", NULL, "30000",
+      "how long the breaker stays open before one probe may go" },
     /* Its api_key fields are secrets: the whole value is never repeated. */
     { "fallbacks", LLMRETRY_OPTTYPE_TARGETS, NUL | POL | LLMRETRY_OPTFLAG_SECRET, OFF(fallbacks),
-      0, 0, NULL, NULL, "null" },
-    { "schema", LLMRETRY_OPTTYPE_SCHEMA, NUL, OFF(schema), 0, 0, NULL, NULL, "null" },
-    { "repair", LLMRETRY_OPTTYPE_BOOL, 0, OFF(repair), 0, 1, NULL, NULL, "false" },
+      0, 0, NULL, NULL, "null",
+      "targets ({model, base_url or url, api_key or api_key_env, headers}) tried in order when "
+      "the current one gives up" },
+    { "schema", LLMRETRY_OPTTYPE_SCHEMA, NUL, OFF(schema), 0, 0, NULL, NULL, "null",
+      "a JSON Schema every answer must match (docs/structured-outputs.md)" },
+    { "repair", LLMRETRY_OPTTYPE_BOOL, 0, OFF(repair), 0, 1, NULL, NULL, "false",
+      "a retry after an answer that failed the schema sends that answer and its errors back" },
     { "estimated_tokens", LLMRETRY_OPTTYPE_INT, ONE, OFF(estimated_tokens), 0, INT64_MAX,
-      ">= 0 (0: estimated)", NULL, "0" },
+      ">= 0 (0: estimated)", NULL, "0",
+      "the call's tokens for tpm (0: estimated from the body)" },
     { "request_id", LLMRETRY_OPTTYPE_TEXT, NUL | ONE, OFF(request_id), 0, 0, NULL, NULL,
-      "null" },
-    { "headers", LLMRETRY_OPTTYPE_HEADERS, NUL, OFF(headers), 0, 0, NULL, NULL, "null" },
-    { "policy", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(policy), 0, 0, NULL, NULL, "null" },
-    { "ca_file", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(ca_file), 0, 0, NULL, NULL, "null" },
+      "null",
+      "sent as X-Client-Request-Id (else a new UUID v4)" },
+    { "headers", LLMRETRY_OPTTYPE_HEADERS, NUL, OFF(headers), 0, 0, NULL, NULL, "null",
+      "extra request headers" },
+    { "policy", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(policy), 0, 0, NULL, NULL, "null",
+      "the name of the policy the options came from, in every event" },
+    { "ca_file", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(ca_file), 0, 0, NULL, NULL, "null",
+      "the CA bundle to verify servers with, instead of libcurl's default one" },
     { "idle_timeout_ms", LLMRETRY_OPTTYPE_INT, 0, OFF(idle_timeout_ms), 1, INT64_MAX, "> 0",
-      NULL, "30000" },
+      NULL, "30000",
+      "for a stream, the longest gap between two chunks" },
     { "stream_buffer_bytes", LLMRETRY_OPTTYPE_INT, 0, OFF(stream_buffer_bytes), 1, INT64_MAX,
-      "> 0", NULL, "1048576" },
+      "> 0", NULL, "1048576",
+      "unread stream chunks beyond this pause the transfer until the host reads" },
     { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..63", NULL,
-      "63" },
+      "63",
+      "which events to make: bit n asks for EVENT_NAMES[n]" },
 };
 #define N_TABLE (sizeof TABLE / sizeof TABLE[0])
 
@@ -137,10 +177,10 @@ void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len)
 }
 
 /* Fields are int (or unsigned, or an enum) or int64_t: the table knows which. */
-static int64_t get_int(const llmretry_options *o, const llmretry_option_info *opt)
+int64_t lr_int_at(const void *base, size_t offset, size_t size)
 {
-    const char *p = (const char *)o + opt->offset;
-    if (opt->size == sizeof(int64_t)) {
+    const char *p = (const char *)base + offset;
+    if (size == sizeof(int64_t)) {
         int64_t v;
         memcpy(&v, p, sizeof v);
         return v;
@@ -148,6 +188,11 @@ static int64_t get_int(const llmretry_options *o, const llmretry_option_info *op
     int v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+static int64_t get_int(const llmretry_options *o, const llmretry_option_info *opt)
+{
+    return lr_int_at(o, opt->offset, opt->size);
 }
 
 static void put_int(llmretry_options *o, const llmretry_option_info *opt, int64_t v)

@@ -43,21 +43,11 @@ M.error_mt = core.error_mt
 M.EVENT_NAMES = core.EVENT_NAMES
 M.EVENTS_ALL = core.EVENTS_ALL
 
--- docs/python.md: the error kinds, as the `kind` field of an error table holds them.
-M.errors = {
-  HTTP_STATUS = "http_status",
-  TIMEOUT = "timeout",
-  NETWORK = "network",
-  INVALID_RESPONSE = "invalid_response",
-  DEADLINE_EXCEEDED = "deadline_exceeded",
-  CANCELLED = "cancelled",
-  RESPONSE_TOO_LARGE = "response_too_large",
-  STREAM_INTERRUPTED = "stream_interrupted",
-  -- The endpoint's circuit breaker is open (breaker_failures): nothing sent.
-  CIRCUIT_OPEN = "circuit_open",
-  -- The model refused a call with a schema (message.refusal): not retried.
-  REFUSAL = "refusal",
-}
+-- docs/python.md: the error kinds, as the `kind` field of an error table holds
+-- them, by upper-case name (M.errors.HTTP_STATUS == "http_status"): the core's
+-- list, so a kind it adds is here too.
+M.errors = {}
+for _, kind in ipairs(core.ERROR_KINDS) do M.errors[kind:upper()] = kind end
 
 -- Is `v` an error table returned by a call (nil, err)?
 function M.is_error(v)

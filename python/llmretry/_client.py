@@ -16,12 +16,14 @@ import atexit
 import json
 import operator
 import os
+import sys
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, Sequence, Sized, Tuple, TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Iterator, List,
+                    Literal, Mapping, Optional, Sequence, Sized, Tuple, TypedDict, TypeVar,
+                    Union)
 
 from . import _aio, _batch, _llmretry
 from ._models import ModelCheck
@@ -34,14 +36,105 @@ from ._stream import Stream
 from ._tokens import estimate_tokens
 from .errors import LLMError, StreamInterruptedError, error_from_outcome
 
-__all__ = ["Client", "Result", "Meta", "call_llm", "call_llm_with_deadline",
-           "call_many"]
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+elif TYPE_CHECKING:     # only type checkers read the annotations (PEP 563) before 3.11
+    from typing_extensions import Unpack
+
+__all__ = ["Client", "Result", "Meta", "CallOptions", "BatchOptions", "call_llm",
+           "call_llm_with_deadline", "call_many"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Body = Union[Mapping[str, Any], str, bytes]
 Validate = Callable[[Any], Any]
+
+# The keywords of every call function, typed from the core's option table:
+# ``**options: Unpack[CallOptions]`` in their signatures. The block is
+# generated (``make generate``); a test fails when it is stale.
+# BEGIN GENERATED call-options (tools/gen_surface.py, from the core's tables: do not edit)
+class BatchOptions(TypedDict, total=False):
+    """The call keywords the calls of a batch share (``**options`` of
+    call_many and acall_many, whose ``deadline_ms`` is the batch's and
+    ``call_deadline_ms`` each call's), each as docs/reliability.md says."""
+
+    #: the full endpoint URL, instead of base_url + /chat/completions
+    url: Optional[str]
+    #: the API's base URL, /chat/completions appended (else $OPENAI_BASE_URL, else
+    #: https://api.openai.com/v1)
+    base_url: Optional[str]
+    #: sent as Authorization: Bearer (else $OPENAI_API_KEY, else none); never in a log,
+    #: event or error
+    api_key: Optional[str]
+    #: one attempt, connect to last byte (for a stream: to the first chunk)
+    timeout_ms: int
+    #: attempts = 1 + retries; every request the server saw counts, a refused one (429) too
+    max_retries: int
+    #: the exponential backoff's base
+    base_delay_ms: int
+    #: the exponential backoff's cap
+    max_delay_ms: int
+    #: additive: min(cap, base·2ⁿ) + U(0, base); full: U(0, min(cap, base·2ⁿ)); none:
+    #: min(cap, base·2ⁿ)
+    jitter: Literal["additive", "full", "none"]
+    #: unsafe: never retry once the request may have reached the server
+    retry_mode: Literal["safe", "unsafe"]
+    #: the statuses that may be retried (null: 408, 429, 500-599 except 501 and 505)
+    retry_statuses: Optional[Sequence[int]]
+    #: a longer server-requested wait ends the call
+    max_retry_after_ms: int
+    #: a 2xx body that is not JSON, or that validate rejects, is retried
+    retry_invalid_response: bool
+    #: larger bodies fail with response_too_large
+    max_response_bytes: int
+    #: requests a minute to the endpoint (its URL and key), paced evenly on the client
+    rpm: int
+    #: tokens a minute to the endpoint, estimated from each body and corrected by its usage
+    tpm: int
+    #: the endpoint's retry budget: over a rolling 10 s, retries <= ratio x requests + min
+    retry_budget_ratio: float
+    #: the retry budget's allowance: retries <= ratio x requests + min
+    retry_budget_min: int
+    #: that many transient failures in a row (timeout, network, 408, 429, 5xx) open the
+    #: endpoint's circuit breaker
+    breaker_failures: int
+    #: how long the breaker stays open before one probe may go
+    breaker_cooldown_ms: int
+    #: targets ({model, base_url or url, api_key or api_key_env, headers}) tried in order
+    #: when the current one gives up
+    fallbacks: Optional[Sequence[Mapping[str, Any]]]
+    #: a JSON Schema every answer must match (docs/structured-outputs.md)
+    schema: Union[Mapping[str, Any], str, bool, None]
+    #: a retry after an answer that failed the schema sends that answer and its errors back
+    repair: bool
+    #: extra request headers
+    headers: Optional[Mapping[str, str]]
+    #: the CA bundle to verify servers with, instead of libcurl's default one
+    ca_file: Optional[str]
+    #: for a stream, the longest gap between two chunks
+    idle_timeout_ms: int
+    #: a pydantic model: its strict schema is the call's schema, its instance result.parsed
+    response_model: Any
+    #: validate(data): raising or returning False rejects a response (invalid_response)
+    validate: Optional[Validate]
+    #: where events go: the "llmretry" logger, None, a Logger or a callable
+    logger: Any
+
+
+class CallOptions(BatchOptions, total=False):
+    """Every keyword of call_llm besides ``body``, ``client`` and ``policy``
+    (the same for Client(), stream_llm, acall_llm, astream_llm and their
+    Client methods): a batch's, and these that are each call's own."""
+
+    #: one budget for all attempts and waits; each attempt gets min(timeout, time left)
+    deadline_ms: Optional[int]
+    #: sent as Idempotency-Key on every attempt; in a policy only "auto" (a new key per
+    #: call)
+    idempotency_key: Optional[str]
+    #: sent as X-Client-Request-Id (else a new UUID v4)
+    request_id: Optional[str]
+# END GENERATED call-options
 
 # ---------------------------------------------------------------------------
 # Results
@@ -78,10 +171,15 @@ class Meta:
             is the successful attempt's alone), or None when none did.
     """
 
-    __slots__ = ("attempt", "attempts", "duration_ms", "total_ms", "status",
-                 "usage", "request_id", "model", "response_model",
-                 "system_fingerprint", "resends", "stream", "ttft_ms", "chunks", "target",
-                 "usage_total")
+    # The core's meta shape (core/src/shapes.c). __init__ is written out (not
+    # the dataclass's) for the defaults: a field added later must not break
+    # code that builds a Meta.
+    # BEGIN GENERATED meta (tools/gen_surface.py, from the core's tables: do not edit)
+    __slots__ = (
+        "attempt", "attempts", "duration_ms", "total_ms", "status", "usage", "request_id",
+        "model", "response_model", "system_fingerprint", "resends", "stream", "ttft_ms",
+        "chunks", "target", "usage_total",
+    )
 
     attempt: int
     attempts: int
@@ -103,18 +201,16 @@ class Meta:
     def __init__(self, attempt: int, attempts: int, duration_ms: int, total_ms: int,
                  status: int, usage: Optional[Dict[str, int]], request_id: str,
                  model: Optional[str], response_model: Optional[str],
-                 system_fingerprint: Optional[str], resends: int = 0,
-                 stream: bool = False, ttft_ms: Optional[int] = None,
-                 chunks: int = 0, target: int = 0,
+                 system_fingerprint: Optional[str], resends: int = 0, stream: bool = False,
+                 ttft_ms: Optional[int] = None, chunks: int = 0, target: int = 0,
                  usage_total: Optional[Dict[str, int]] = None) -> None:
-        # Written out (not the dataclass's) for the defaults: a field added
-        # later must not break code that builds a Meta.
         for name, value in zip(self.__slots__, (attempt, attempts, duration_ms, total_ms,
                                                 status, usage, request_id, model,
                                                 response_model, system_fingerprint, resends,
                                                 stream, ttft_ms, chunks, target,
                                                 usage_total)):
             object.__setattr__(self, name, value)
+    # END GENERATED meta
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict (``usage`` copied)."""
@@ -216,40 +312,19 @@ def _unparsable(out: Dict[str, Any], exc: Exception) -> LLMError:
 
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__;
-# the slots' own setters do the same job in half the time, which counts when
-# a batch builds one Meta per item.
-_SETTERS: Dict[str, Callable[[Meta, Any], None]] = {
-    name: getattr(Meta, name).__set__ for name in Meta.__slots__}
-_set_attempt, _set_attempts = _SETTERS["attempt"], _SETTERS["attempts"]
-_set_duration_ms, _set_total_ms = _SETTERS["duration_ms"], _SETTERS["total_ms"]
-_set_status, _set_usage = _SETTERS["status"], _SETTERS["usage"]
-_set_request_id, _set_model = _SETTERS["request_id"], _SETTERS["model"]
-_set_response_model = _SETTERS["response_model"]
-_set_system_fingerprint = _SETTERS["system_fingerprint"]
-_set_resends = _SETTERS["resends"]
-_set_stream, _set_ttft_ms, _set_chunks = _SETTERS["stream"], _SETTERS["ttft_ms"], _SETTERS["chunks"]
-_set_target, _set_usage_total = _SETTERS["target"], _SETTERS["usage_total"]
+# the slots' own setters do the same job in half the time. Successes are
+# usually built in C (results.c); this builds the others' Meta from the
+# outcome's fields, which are Meta's (the core's meta shape).
+_META_SETTERS: Tuple[Tuple[str, Callable[[Meta, Any], None]], ...] = tuple(
+    (name, getattr(Meta, name).__set__) for name in Meta.__slots__)
 _new_object = object.__new__
 
 
-def _meta_of(out: Dict[str, Any]) -> Meta:
+def _meta_of(out: Mapping[str, Any]) -> Meta:
     m = _new_object(Meta)
-    _set_attempt(m, out["attempt"])
-    _set_attempts(m, out["attempts"])
-    _set_duration_ms(m, out["duration_ms"])
-    _set_total_ms(m, out["total_ms"])
-    _set_status(m, out["status"])
-    _set_usage(m, out["usage"])
-    _set_request_id(m, out["request_id"])
-    _set_model(m, out["model"])
-    _set_response_model(m, out["response_model"])
-    _set_system_fingerprint(m, out["system_fingerprint"])
-    _set_resends(m, out.get("resends", 0))
-    _set_stream(m, out.get("stream", False))
-    _set_ttft_ms(m, out.get("ttft_ms"))
-    _set_chunks(m, out.get("chunks", 0))
-    _set_target(m, out.get("target", 0))
-    _set_usage_total(m, out.get("usage_total"))
+    get = out.get
+    for name, set_field in _META_SETTERS:
+        set_field(m, get(name))
     return m
 
 
@@ -418,31 +493,19 @@ _CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
 _NULLABLE = 1   # LLMRETRY_OPTFLAG_NULLABLE
 _ENDPOINT = ("url", "base_url")
 
-# Every call keyword but body, client and policy, in the order of
-# call_llm's signature (its values tuple): the core's options, then the
-# two that are Python's own.
-_CALL_OPTIONS: Tuple[str, ...] = (
-    "base_url", "api_key", "url", "timeout_ms", "max_retries", "base_delay_ms",
-    "max_delay_ms", "jitter", "deadline_ms", "retry_mode", "retry_statuses",
-    "max_retry_after_ms", "retry_invalid_response", "max_response_bytes", "headers",
-    "request_id", "idempotency_key", "ca_file", "idle_timeout_ms", "rpm", "tpm",
-    "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
-    "fallbacks", "schema", "repair", "response_model", "validate", "logger")
-
-# Keywords of Engine.call and how a Python value becomes one: the types
-# come from the core's table, so no rule about an option lives here.
+# Every call keyword but body, client and policy (CallOptions, generated from
+# the core's table), and how a Python value becomes the Engine.call keyword
+# of each core option: the types come from the core's table too, so no rule
+# about an option lives here.
+_OPTION_NAMES = frozenset(CallOptions.__annotations__)
 _ENGINE_OPTIONS: Dict[str, Callable[[str, Any], Any]] = {
     name: _CONVERTERS[kind, bool(flags & _NULLABLE)]
-    for name, kind, flags in _llmretry.options() if name in _CALL_OPTIONS}
-assert set(_ENGINE_OPTIONS) == set(_CALL_OPTIONS[:-3]), "call_llm's keywords are core options"
+    for name, kind, flags in _llmretry.options() if name in _OPTION_NAMES}
 _MODEL_AND_VALIDATE = ("response_model and validate cannot be combined: put the checks in the "
                        "model (pydantic validators)")
-_ALL_DEFAULT: Tuple[Any, ...] = (DEFAULT,) * len(_CALL_OPTIONS)
-_IDEMPOTENCY_INDEX = _CALL_OPTIONS.index("idempotency_key")
 
-# What a client shows of itself when nothing was given.
-_DOCUMENTED = {"base_url": None, "timeout_ms": 60000, "max_retries": 3,
-               "deadline_ms": None}
+# What a client shows of itself, with the built-in values when not given.
+_SHOWN_IN_REPR = ("base_url", "timeout_ms", "max_retries", "deadline_ms")
 
 # The request body as sent: compact UTF-8 JSON, strict about NaN.
 _BODY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
@@ -664,10 +727,12 @@ class _Plan:
                 kwargs[name] = _ENGINE_OPTIONS[name](name, value)
         return _Plan(kwargs, validate, event_mask)
 
-    def with_values(self, values: Sequence[Any]) -> "_Plan":
-        """A new plan with call_llm's non-DEFAULT values (in _CALL_OPTIONS order)."""
-        return self.with_options((name, value)
-                                 for name, value in zip(_CALL_OPTIONS, values)
+    def with_call_options(self, options: Mapping[str, Any]) -> "_Plan":
+        """A new plan with a call's keywords applied (DEFAULT: not given,
+        the client's default stands)."""
+        if not options:
+            return self
+        return self.with_options((name, value) for name, value in options.items()
                                  if value is not DEFAULT)
 
 
@@ -675,7 +740,7 @@ _BASE_PLAN = _Plan({}, None).with_options([("logger", DEFAULT)])
 
 
 def _check_option_names(names: Iterable[str], where: str) -> None:
-    unknown = sorted(set(names).difference(_CALL_OPTIONS))
+    unknown = sorted(set(names).difference(_OPTION_NAMES))
     if unknown:
         raise TypeError(f"{where} got unexpected keyword argument(s): "
                         + ", ".join(unknown))
@@ -813,7 +878,8 @@ class Client:
 
     def __init__(self, *, max_in_flight: int = 256, max_host_connections: int = 0,
                  shared: Optional[str] = None,
-                 policies: Optional[PolicySource] = None, **defaults: Any) -> None:
+                 policies: Optional[PolicySource] = None,
+                 **defaults: Unpack[CallOptions]) -> None:
         _check_option_names(defaults, "Client()")
         max_in_flight = _int32("max_in_flight", max_in_flight)
         self._max_in_flight = max_in_flight
@@ -824,7 +890,7 @@ class Client:
             raise TypeError(f"shared must be a str such as 'shm:NAME' or None, "
                             f"not {type(shared).__name__}")
         self._shared = shared
-        self._defaults = dict(defaults)
+        self._defaults: Dict[str, Any] = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
         loaded = load_policies(policies) if policies is not None else {}
         self._policies: Dict[str, _PolicyPlan] = {
@@ -836,7 +902,8 @@ class Client:
         _live_clients.add(self)
 
     @classmethod
-    def from_file(cls, path: Union[str, "os.PathLike[str]"], **defaults: Any) -> "Client":
+    def from_file(cls, path: Union[str, "os.PathLike[str]"],
+                  **defaults: Unpack[CallOptions]) -> "Client":
         """A client with the policies of a ``.toml``/``.json`` file and these
         defaults (as :class:`Client`)."""
         return cls(policies=path, **defaults)
@@ -911,8 +978,7 @@ class Client:
             self._engine = None
 
     def __repr__(self) -> str:
-        shown = dict(_DOCUMENTED)
-        shown.update((k, v) for k, v in self._defaults.items() if k in shown)
+        shown = {k: self._defaults.get(k, BUILTIN_DEFAULTS.get(k)) for k in _SHOWN_IN_REPR}
         parts = [f"{k}={v!r}" for k, v in shown.items()]
         parts.append("api_key=<set>" if self._defaults.get("api_key") else "api_key=<unset>")
         if self._shared:
@@ -950,75 +1016,30 @@ class Client:
                 extra["estimated_tokens"] = tokens
         return engine, payload, extra, validator
 
-    def _plan_of(self, body: Any, policy: Optional[str], options: Dict[str, Any],
+    def _plan_of(self, body: Any, policy: Optional[str], options: Mapping[str, Any],
                  where: str) -> Tuple[Any, _Plan]:
         """The body to send and the plan of a call given as keywords (the
         stream and asyncio functions): the named policy's settings under
         the explicit ones. ValueError/TypeError before any I/O."""
-        _check_option_names(options, where)
+        if options:
+            _check_option_names(options, where)
         if policy is None:
-            return body, self._plan.with_options(options.items()) if options else self._plan
+            return body, self._plan.with_call_options(options)
         pp = self._policy_plan(policy)
-        plan = pp.plan.with_options(options.items()) if options else pp.plan
-        if pp.auto_key and "idempotency_key" not in options:
+        plan = pp.plan.with_call_options(options)
+        if pp.auto_key and options.get("idempotency_key", DEFAULT) is DEFAULT:
             plan = _with_auto_key(plan)
         return pp.body(body), plan
 
-    def call_llm(self, body: Body, *,
-                 base_url: Optional[str] = DEFAULT,
-                 api_key: Optional[str] = DEFAULT,
-                 url: Optional[str] = DEFAULT,
-                 timeout_ms: int = DEFAULT,
-                 max_retries: int = DEFAULT,
-                 base_delay_ms: int = DEFAULT,
-                 max_delay_ms: int = DEFAULT,
-                 jitter: str = DEFAULT,
-                 deadline_ms: Optional[int] = DEFAULT,
-                 retry_mode: str = DEFAULT,
-                 retry_statuses: Optional[Sequence[int]] = DEFAULT,
-                 max_retry_after_ms: int = DEFAULT,
-                 retry_invalid_response: bool = DEFAULT,
-                 max_response_bytes: int = DEFAULT,
-                 headers: Optional[Mapping[str, str]] = DEFAULT,
-                 request_id: Optional[str] = DEFAULT,
-                 idempotency_key: Optional[str] = DEFAULT,
-                 ca_file: Optional[str] = DEFAULT,
-                 idle_timeout_ms: int = DEFAULT,
-                 rpm: int = DEFAULT,
-                 tpm: int = DEFAULT,
-                 retry_budget_ratio: float = DEFAULT,
-                 retry_budget_min: int = DEFAULT,
-                 breaker_failures: int = DEFAULT,
-                 breaker_cooldown_ms: int = DEFAULT,
-                 fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
-                 schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
-                 repair: bool = DEFAULT,
-                 response_model: Any = DEFAULT,
-                 validate: Optional[Validate] = DEFAULT,
-                 logger: Any = DEFAULT,
-                 policy: Optional[str] = None) -> Result:
+    def call_llm(self, body: Body, *, policy: Optional[str] = None,
+                 **options: Unpack[CallOptions]) -> Result:
         """:func:`llmretry.call_llm` with this client's engine and defaults."""
-        values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
-                  max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
-                  max_retry_after_ms, retry_invalid_response, max_response_bytes,
-                  headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
-                  retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, schema, repair, response_model, validate, logger)
-        if policy is None:
-            plan = self._plan if values == _ALL_DEFAULT else self._plan.with_values(values)
-            return self._run(body, plan)
-        return self._run_policy(body, values, policy)
-
-    def _run_policy(self, body: Any, values: Sequence[Any], policy: Any) -> Result:
-        """One call under a named policy (explicit values beat it)."""
-        pp = self._policy_plan(policy)
-        plan = pp.plan if values == _ALL_DEFAULT else pp.plan.with_values(values)
-        if pp.auto_key and values[_IDEMPOTENCY_INDEX] is DEFAULT:
-            plan = _with_auto_key(plan)
-        return self._run(pp.body(body), plan)
+        body, plan = self._plan_of(body, policy, options, "call_llm()")
+        return self._run(body, plan)
 
     def stream_llm(self, body: Body, *, policy: Optional[str] = None,
-                   stream_buffer_bytes: int = DEFAULT, **options: Any) -> Stream:
+                   stream_buffer_bytes: int = DEFAULT,
+                   **options: Unpack[CallOptions]) -> Stream:
         """:func:`llmretry.stream_llm` with this client's engine and defaults."""
         return _client_stream(self, body, policy, stream_buffer_bytes, options)
 
@@ -1037,10 +1058,10 @@ class Client:
                   on_result: Optional[Callable[[int, Any], Any]] = None,
                   policy: Optional[str] = None,
                   keep_results: bool = True,
-                  **options: Any) -> BatchResult:
+                  **options: Unpack[BatchOptions]) -> BatchResult:
         """:func:`llmretry.call_many` with this client's engine and defaults."""
         job = self._many(bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume,
-                         progress, adaptive, on_result, policy, options, "call_many()",
+                         progress, adaptive, on_result, policy, dict(options), "call_many()",
                          keep_results)
         return self._run_batch(*job)
 
@@ -1174,7 +1195,7 @@ class Client:
     # -- asyncio (see llmretry._aio) --------------------------------------------
 
     async def acall_llm(self, body: Body, *, policy: Optional[str] = None,
-                        **options: Any) -> Result:
+                        **options: Unpack[CallOptions]) -> Result:
         """:func:`llmretry.acall_llm` with this client's engine and defaults."""
         body, plan = self._plan_of(body, policy, options, "acall_llm()")
         engine, payload, extra, validator = self._prepare(body, plan)
@@ -1182,7 +1203,8 @@ class Client:
                                 lambda out: _result_of(out, validator))
 
     def astream_llm(self, body: Body, *, policy: Optional[str] = None,
-                    stream_buffer_bytes: int = DEFAULT, **options: Any) -> "_aio.AsyncStream":
+                    stream_buffer_bytes: int = DEFAULT,
+                    **options: Unpack[CallOptions]) -> "_aio.AsyncStream":
         """:func:`llmretry.astream_llm` with this client's engine and defaults."""
         body, plan = self._plan_of(body, policy, options, "astream_llm()")
         engine, payload, extra, validator = _stream_call(self, body, plan, stream_buffer_bytes)
@@ -1199,11 +1221,11 @@ class Client:
                          on_result: Optional[Callable[[int, Any], Any]] = None,
                          policy: Optional[str] = None,
                          keep_results: bool = True,
-                         **options: Any) -> BatchResult:
+                         **options: Unpack[BatchOptions]) -> BatchResult:
         """:func:`llmretry.acall_many` with this client's engine and defaults."""
         batch, encoded, plan, limit, batch_deadline, adaptive = self._many(
             bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume, progress,
-            adaptive, on_result, policy, options, "acall_many()", keep_results)
+            adaptive, on_result, policy, dict(options), "acall_many()", keep_results)
         try:
             with batch:
                 batch.open()
@@ -1475,40 +1497,8 @@ def _client_or_default(client: Any) -> Client:
     raise TypeError(f"client must be a llmretry.Client or None, not {_type_name(client)}")
 
 
-def call_llm(body: Body, *,
-             base_url: Optional[str] = DEFAULT,
-             api_key: Optional[str] = DEFAULT,
-             url: Optional[str] = DEFAULT,
-             timeout_ms: int = DEFAULT,
-             max_retries: int = DEFAULT,
-             base_delay_ms: int = DEFAULT,
-             max_delay_ms: int = DEFAULT,
-             jitter: str = DEFAULT,
-             deadline_ms: Optional[int] = DEFAULT,
-             retry_mode: str = DEFAULT,
-             retry_statuses: Optional[Sequence[int]] = DEFAULT,
-             max_retry_after_ms: int = DEFAULT,
-             retry_invalid_response: bool = DEFAULT,
-             max_response_bytes: int = DEFAULT,
-             headers: Optional[Mapping[str, str]] = DEFAULT,
-             request_id: Optional[str] = DEFAULT,
-             idempotency_key: Optional[str] = DEFAULT,
-             ca_file: Optional[str] = DEFAULT,
-             idle_timeout_ms: int = DEFAULT,
-             rpm: int = DEFAULT,
-             tpm: int = DEFAULT,
-             retry_budget_ratio: float = DEFAULT,
-             retry_budget_min: int = DEFAULT,
-             breaker_failures: int = DEFAULT,
-             breaker_cooldown_ms: int = DEFAULT,
-             fallbacks: Optional[Sequence[Mapping[str, Any]]] = DEFAULT,
-             schema: Union[Mapping[str, Any], str, bool, None] = DEFAULT,
-             repair: bool = DEFAULT,
-             response_model: Any = DEFAULT,
-             validate: Optional[Validate] = DEFAULT,
-             logger: Any = DEFAULT,
-             client: Optional[Client] = None,
-             policy: Optional[str] = None) -> Result:
+def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
+             **options: Unpack[CallOptions]) -> Result:
     """Call an OpenAI-compatible chat endpoint under the retry policy.
 
     ``body`` is a dict (sent as compact UTF-8 JSON; its ``"model"`` names the
@@ -1598,21 +1588,7 @@ def call_llm(body: Body, *,
             timeout_ms=20000, deadline_ms=60000)
         print(data["choices"][0]["message"]["content"], meta.usage)
     """
-    if client is None:
-        client = _default_client or _get_default_client()
-    elif not isinstance(client, Client):
-        raise TypeError(f"client must be a llmretry.Client or None, "
-                        f"not {_type_name(client)}")
-    values = (base_url, api_key, url, timeout_ms, max_retries, base_delay_ms,
-              max_delay_ms, jitter, deadline_ms, retry_mode, retry_statuses,
-              max_retry_after_ms, retry_invalid_response, max_response_bytes,
-              headers, request_id, idempotency_key, ca_file, idle_timeout_ms, rpm, tpm,
-                  retry_budget_ratio, retry_budget_min, breaker_failures, breaker_cooldown_ms,
-                  fallbacks, schema, repair, response_model, validate, logger)
-    if policy is not None:
-        return client._run_policy(body, values, policy)
-    plan = client._plan if values == _ALL_DEFAULT else client._plan.with_values(values)
-    return client._run(body, plan)
+    return _client_or_default(client).call_llm(body, policy=policy, **options)
 
 
 def call_llm_with_deadline(body: Body, deadline_ms: int = 180000,
@@ -1632,7 +1608,7 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
               client: Optional[Client] = None,
               policy: Optional[str] = None,
               keep_results: bool = True,
-              **options: Any) -> BatchResult:
+              **options: Unpack[BatchOptions]) -> BatchResult:
     """One call per body, as one batch on the engine thread; in input order.
 
     Every request runs on the engine's I/O thread; the calling thread only
@@ -1767,13 +1743,13 @@ def _start_stream(client: "Client", body: Any, plan: _Plan,
 
 
 def _client_stream(client: "Client", body: Any, policy: Optional[str],
-                   stream_buffer_bytes: Any, options: Dict[str, Any]) -> Stream:
+                   stream_buffer_bytes: Any, options: Mapping[str, Any]) -> Stream:
     body, plan = client._plan_of(body, policy, options, "stream_llm()")
     return _start_stream(client, body, plan, stream_buffer_bytes)
 
 
 def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
-               stream_buffer_bytes: int = DEFAULT, **options: Any) -> Stream:
+               stream_buffer_bytes: int = DEFAULT, **options: Unpack[CallOptions]) -> Stream:
     """Start a streaming call and return its :class:`Stream` (a context
     manager; the call runs from here on, chunks waiting for you to read).
 
@@ -1800,7 +1776,7 @@ def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[
 # asyncio, module level (the default client, or client=)
 
 async def acall_llm(body: Body, *, client: Optional[Client] = None,
-                    policy: Optional[str] = None, **options: Any) -> Result:
+                    policy: Optional[str] = None, **options: Unpack[CallOptions]) -> Result:
     """:func:`call_llm` for asyncio: ``await`` it on a running event loop.
 
     The same keywords, rules, Result and errors as :func:`call_llm`; no
@@ -1820,7 +1796,8 @@ async def acall_llm(body: Body, *, client: Optional[Client] = None,
 
 
 def astream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
-                stream_buffer_bytes: int = DEFAULT, **options: Any) -> "_aio.AsyncStream":
+                stream_buffer_bytes: int = DEFAULT,
+                **options: Unpack[CallOptions]) -> "_aio.AsyncStream":
     """:func:`stream_llm` for asyncio: an :class:`AsyncStream` to ``async
     with``, whose chunks come with ``async for`` (call it on a running loop).
 
@@ -1846,7 +1823,7 @@ async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
                      on_result: Optional[Callable[[int, Any], Any]] = None,
                      policy: Optional[str] = None,
                      keep_results: bool = True,
-                     **options: Any) -> BatchResult:
+                     **options: Unpack[BatchOptions]) -> BatchResult:
     """:func:`call_many` for asyncio: the batch runs on the engine thread
     while the loop keeps running; ``on_result``, ``progress`` and the
     failures file are handled on the loop's thread as items finish.

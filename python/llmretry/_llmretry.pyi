@@ -17,6 +17,8 @@ place where Python meets the C core. Conventions:
 from typing import (Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple,
                     TypedDict, Union)
 
+from typing_extensions import Unpack
+
 VERSION: str  # LLMRETRY_VERSION from core/include/llmretry.h: the one version
 CORE_VERSION: str  # llmretry_version(): what the linked core was compiled as
 LIBCURL_VERSION: str  # the loaded libcurl's version (the bundled copy in a wheel)
@@ -31,6 +33,101 @@ class Usage(TypedDict):
     completion_tokens: int
     total_tokens: int
 
+# The core's enumerations and option table (generated: ``make generate``).
+# BEGIN GENERATED engine-options (tools/gen_surface.py, from the core's tables: do not edit)
+ErrorKind = Literal[
+    "http_status", "timeout", "network", "invalid_response", "deadline_exceeded",
+    "cancelled", "response_too_large", "stream_interrupted", "circuit_open", "refusal",
+]
+Reason = Literal[
+    "retries_exhausted", "not_retryable", "deadline", "retry_after_too_long", "unsafe_mode",
+    "cancelled", "stream_interrupted", "retry_budget_exhausted", "circuit_open",
+]
+StreamReason = Literal[
+    "network", "idle_timeout", "error_event", "truncated", "deadline", "cancelled",
+    "invalid_chunk", "too_large",
+]
+
+
+class EngineOptions(TypedDict, total=False):
+    """Engine.call's keywords from the core's option table, as this module
+    takes them (headers as "Name: value" lines, fallbacks and schema as
+    JSON text); ranges are checked by the core (ValueError naming the option)."""
+
+    #: the full endpoint URL, instead of base_url + /chat/completions
+    url: Optional[str]
+    #: the API's base URL, /chat/completions appended (else $OPENAI_BASE_URL, else
+    #: https://api.openai.com/v1)
+    base_url: Optional[str]
+    #: sent as Authorization: Bearer (else $OPENAI_API_KEY, else none); never in a log,
+    #: event or error
+    api_key: Optional[str]
+    #: the call's model, for events and policies (else the body's "model")
+    model: Optional[str]
+    #: one attempt, connect to last byte (for a stream: to the first chunk)
+    timeout_ms: int
+    #: attempts = 1 + retries; every request the server saw counts, a refused one (429) too
+    max_retries: int
+    #: the exponential backoff's base
+    base_delay_ms: int
+    #: the exponential backoff's cap
+    max_delay_ms: int
+    #: additive: min(cap, base·2ⁿ) + U(0, base); full: U(0, min(cap, base·2ⁿ)); none:
+    #: min(cap, base·2ⁿ)
+    jitter: Literal["additive", "full", "none"]
+    #: one budget for all attempts and waits; each attempt gets min(timeout, time left)
+    deadline_ms: Optional[int]
+    #: unsafe: never retry once the request may have reached the server
+    retry_mode: Literal["safe", "unsafe"]
+    #: the statuses that may be retried (null: 408, 429, 500-599 except 501 and 505)
+    retry_statuses: Optional[Sequence[int]]
+    #: a longer server-requested wait ends the call
+    max_retry_after_ms: int
+    #: a 2xx body that is not JSON, or that validate rejects, is retried
+    retry_invalid_response: bool
+    #: larger bodies fail with response_too_large
+    max_response_bytes: int
+    #: sent as Idempotency-Key on every attempt; in a policy only "auto" (a new key per
+    #: call)
+    idempotency_key: Optional[str]
+    #: requests a minute to the endpoint (its URL and key), paced evenly on the client
+    rpm: int
+    #: tokens a minute to the endpoint, estimated from each body and corrected by its usage
+    tpm: int
+    #: the endpoint's retry budget: over a rolling 10 s, retries <= ratio x requests + min
+    retry_budget_ratio: float
+    #: the retry budget's allowance: retries <= ratio x requests + min
+    retry_budget_min: int
+    #: that many transient failures in a row (timeout, network, 408, 429, 5xx) open the
+    #: endpoint's circuit breaker
+    breaker_failures: int
+    #: how long the breaker stays open before one probe may go
+    breaker_cooldown_ms: int
+    #: targets ({model, base_url or url, api_key or api_key_env, headers}) tried in order
+    #: when the current one gives up
+    fallbacks: Optional[str]
+    #: a JSON Schema every answer must match (docs/structured-outputs.md)
+    schema: Optional[str]
+    #: a retry after an answer that failed the schema sends that answer and its errors back
+    repair: bool
+    #: the call's tokens for tpm (0: estimated from the body)
+    estimated_tokens: int
+    #: sent as X-Client-Request-Id (else a new UUID v4)
+    request_id: Optional[str]
+    #: extra request headers
+    headers: Optional[Sequence[str]]
+    #: the name of the policy the options came from, in every event
+    policy: Optional[str]
+    #: the CA bundle to verify servers with, instead of libcurl's default one
+    ca_file: Optional[str]
+    #: for a stream, the longest gap between two chunks
+    idle_timeout_ms: int
+    #: unread stream chunks beyond this pause the transfer until the host reads
+    stream_buffer_bytes: int
+    #: which events to make: bit n asks for EVENT_NAMES[n]
+    event_mask: int
+# END GENERATED engine-options
+
 class Engine:
     """One llmretry engine: an I/O thread and its connection cache."""
 
@@ -44,35 +141,18 @@ class Engine:
         self,
         body: bytes,
         *,
-        model: Optional[str] = None,
-        url: Optional[str] = None,
-        base_url: Optional[str] = None,
-        api_key: Optional[str] = None,
-        timeout_ms: int = 60000,
-        max_retries: int = 3,
-        base_delay_ms: int = 800,
-        max_delay_ms: int = 30000,
-        jitter: str = "additive",
-        deadline_ms: Optional[int] = None,
-        retry_mode: str = "safe",
-        retry_statuses: Optional[Sequence[int]] = None,
-        max_retry_after_ms: int = 120000,
-        retry_invalid_response: bool = True,
-        max_response_bytes: int = 32 * 1024 * 1024,
-        headers: Optional[Sequence[str]] = None,
-        request_id: Optional[str] = None,
-        idempotency_key: Optional[str] = None,
-        policy: Optional[str] = None,
-        ca_file: Optional[str] = None,
         on_event: Optional[Callable[[dict[str, Any]], Any]] = None,
         validate: Optional[Callable[[bytes], Optional[str]]] = None,
-        event_mask: int = EVENTS_ALL,
         as_result: bool = False,
+        keep_response: bool = False,
+        stream_usage: bool = False,
+        **options: Unpack[EngineOptions],
     ) -> Any:
         """Run one call to completion and return its outcome.
 
-        ``body`` is the JSON request body (UTF-8). ``model`` names the model
-        for events (None: read from the body). ``headers`` are extra
+        ``body`` is the JSON request body (UTF-8); ``options`` are the core's
+        (``EngineOptions``, each as docs/reliability.md says). ``model`` names
+        the model for events (None: read from the body). ``headers`` are extra
         ``"Name: value"`` lines. ``on_event`` (None: the engine makes no
         events) receives each event dict on this thread; an ``Exception`` it
         raises is reported with ``sys.unraisablehook`` and the call goes on,
@@ -81,35 +161,22 @@ class Engine:
         string to reject it (an ``invalid_response`` failure the policy may
         retry); a ``BaseException`` from it cancels and propagates.
 
-        Returns, on success::
-
-            {"ok": True, "body": bytes, "status": int, "attempt": int,
-             "attempts": int, "resends": int, "duration_ms": int, "total_ms": int,
-             "usage": Usage | None, "request_id": str, "model": str | None,
-             "response_model": str | None, "system_fingerprint": str | None}
-
-        and on failure::
-
-            {"ok": False, "kind": str, "reason": str, "message": str,
-             "status": int | None, "attempt": int, "attempts": int, "resends": int,
-             "duration_ms": int, "total_ms": int, "request_id": str,
-             "model": str | None, "retry_after_ms": int | None,
-             "error_code": str | None, "body_preview": str | None}
-
-        plus ``"validation_errors"``: str (JSON text of ``[{"path", "message"}]``)
-        when the answer did not match the call's schema (kind
-        ``invalid_response``); kind ``refusal`` when the model refused.
+        Returns a dict: ``"ok"``, then on success the fields of the core's
+        meta shape (Meta's: ``attempt``, ``attempts``, ``status``, ``usage``,
+        ...) and ``"body"`` (bytes); on failure the fields of its error shape
+        (LLMError's: ``kind``, an ``ErrorKind``; ``reason``, a ``Reason``, or
+        for ``stream_interrupted`` a ``StreamReason``; ``message``,
+        ``status``, ..., ``validation_errors`` already parsed), a streamed
+        call's progress (``stream``, ``chunks``, ``chunks_delivered``,
+        ``ttft_ms``, ``stream_reason``) and, when there is one, ``"body"``
+        (a broken stream's partial chat.completion). ``describe()`` lists
+        those fields; a null one is None.
 
         With ``keep_response=True`` (llmretry.httpx) both also hold
         ``"headers"``: bytes, the last attempt's response status line and
         header lines as received (absent when it got no response), and a
         failure on an HTTP status (or a 2xx body that is not JSON) its whole
         ``"body"``.
-
-        ``kind`` is one of http_status, timeout, network, invalid_response,
-        deadline_exceeded, cancelled, response_too_large; ``reason`` one of
-        retries_exhausted, not_retryable, deadline, retry_after_too_long,
-        unsafe_mode, cancelled.
 
         With ``as_result`` (and no ``validate``), a success whose body
         Python's json parses is returned as the package's ``Result``
@@ -171,9 +238,10 @@ class Engine:
         (the values of ``call``, ``as_result`` included), in ``results`` when
         given (a list as long as ``bodies``, filled in place as items
         finish, so what finished before an exception is kept there). ``stats``,
-        a dict, receives ``{"pauses", "halvings", "window", "attempts",
-        "retries", "resends", "prompt_tokens", "completion_tokens", "total_tokens"}``
-        when the batch ends, also when it ends by an exception.
+        a dict, receives the batch group's stats (the core's group shape:
+        ``window``, ``pauses``, ``halvings``, ...), its token totals (the usage
+        shape) and ``attempts``, ``retries``, ``resends`` when the batch ends,
+        also when it ends by an exception.
 
         ``keep_results=False``: no list is kept (returns None), each
         outcome goes to ``on_result`` only. ``bodies`` may instead be an
@@ -263,7 +331,8 @@ def run_pool(items: Sequence[Any], limit: int,
     items not started in time keep ``NOT_STARTED`` in their slot.
     ``on_result(index, value, failed)`` runs on the pool thread after each
     item (an exception from it stops the pool and is raised). ``stats``, a
-    dict, receives ``{"pauses", "halvings", "window"}`` at the end.
+    dict, receives the group shape's fields (``pauses``, ``halvings``, ``window``
+    the smallest, ...) summed over the pool's groups at the end.
     """
 
 def extract_json(text: Union[str, bytes]) -> str:
@@ -282,8 +351,9 @@ def schema_errors(schema_text: Union[str, bytes], json_text: Union[str, bytes]) 
 def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], Any],
                       parse: Callable[[bytes], Any]) -> None:
     """Register the classes ``as_result`` builds (``__slots__`` classes with
-    ``data, meta`` and Meta's ten fields), json's ``scan_once`` and the
-    package's ``parse(bytes)`` for bodies the scanner refuses."""
+    ``data, meta`` and one slot per field of the core's meta shape, else
+    TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
+    bodies the scanner refuses (and for the JSON of validation errors)."""
 
 def parse_retry_after(value: str, now_unix_ms: int) -> int:
     """The core's Retry-After parser: ms > 0, or -1 when not usable."""
@@ -299,6 +369,14 @@ def resolve_policy(settings_json: Optional[str], explicit_json: Optional[str],
 
 def check_policy_value(key: str, value_json: str) -> None:
     """ValueError when the policy rules refuse the value."""
+    ...
+
+def describe() -> Dict[str, Any]:
+    """The core's tables whole: ``options`` (a dict per option: name, type,
+    flags, builtin, range, min, max, choices, doc), ``shapes`` (per shape, a
+    dict per field: name, type, nullable, items, doc), ``error_kinds``,
+    ``reasons``, ``stream_reasons``. tools/gen_surface.py writes the typed
+    surface from them."""
     ...
 
 def options() -> Tuple[Tuple[str, str, int], ...]:

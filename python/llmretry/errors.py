@@ -26,7 +26,6 @@ them ever holds the API key or the prompt. Wrong arguments are not
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 __all__ = [
@@ -45,22 +44,29 @@ __all__ = [
     "error_from_outcome",
 ]
 
-# The attributes every LLMError carries besides ``message``, in repr order
-# of importance; also the keys read from the extension's failure outcome.
+# BEGIN GENERATED error-fields (tools/gen_surface.py, from the core's tables: do not edit)
+# The attributes every LLMError carries besides ``message`` (the core's
+# error shape, in its order); also the keys read from a failure outcome,
+# and each one's value when an outcome lacks it.
 _FIELDS: Tuple[str, ...] = (
-    "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms",
-    "error_code", "body_preview", "reason", "model", "duration_ms", "total_ms", "resends",
-    "target", "targets", "validation_errors", "usage_total",
+    "kind", "status", "attempt", "attempts", "request_id", "retry_after_ms", "error_code",
+    "body_preview", "reason", "model", "duration_ms", "total_ms", "resends", "target",
+    "targets", "validation_errors", "usage_total",
 )
+_DEFAULTS: Dict[str, Any] = {
+    "kind": None, "status": None, "attempt": 0, "attempts": 0, "request_id": None,
+    "retry_after_ms": None, "error_code": None, "body_preview": None, "reason": None,
+    "model": None, "duration_ms": 0, "total_ms": 0, "resends": 0, "target": 0,
+    "targets": None, "validation_errors": None, "usage_total": None,
+}
+# END GENERATED error-fields
 
 
 class LLMError(Exception):
     """A call that failed for good, after the retry policy had its say.
 
     Attributes:
-        kind: the failure class: ``http_status``, ``timeout``, ``network``,
-            ``invalid_response``, ``deadline_exceeded``, ``cancelled`` or
-            ``response_too_large``.
+        kind: the failure class, one of the kinds in the table above.
         message: what went wrong, for humans (never the key or the prompt);
             an HTTP error quotes the provider's message unless it echoes the
             request (docs/security.md).
@@ -75,7 +81,9 @@ class LLMError(Exception):
         reason: why the policy stopped: ``retries_exhausted``,
             ``not_retryable``, ``deadline``, ``retry_after_too_long``,
             ``unsafe_mode``, ``cancelled``, ``retry_budget_exhausted`` (the
-            endpoint's retry budget was spent) or ``circuit_open``.
+            endpoint's retry budget was spent) or ``circuit_open``; for a
+            stream that broke (``stream_interrupted``), how it broke (see
+            :class:`StreamInterruptedError`).
         model: the model named in the request body.
         duration_ms: how long the last attempt took.
         total_ms: how long the whole call took.
@@ -97,15 +105,14 @@ class LLMError(Exception):
 
     kind: str = "error"
 
+    # BEGIN GENERATED error-init (tools/gen_surface.py, from the core's tables: do not edit)
     def __init__(self, message: str, *, kind: Optional[str] = None,
-                 status: Optional[int] = None, attempt: int = 0,
-                 attempts: int = 0, request_id: Optional[str] = None,
-                 retry_after_ms: Optional[int] = None,
-                 error_code: Optional[str] = None,
-                 body_preview: Optional[str] = None,
+                 status: Optional[int] = None, attempt: int = 0, attempts: int = 0,
+                 request_id: Optional[str] = None, retry_after_ms: Optional[int] = None,
+                 error_code: Optional[str] = None, body_preview: Optional[str] = None,
                  reason: Optional[str] = None, model: Optional[str] = None,
-                 duration_ms: int = 0, total_ms: int = 0, resends: int = 0,
-                 target: int = 0, targets: Optional[List[Dict[str, Any]]] = None,
+                 duration_ms: int = 0, total_ms: int = 0, resends: int = 0, target: int = 0,
+                 targets: Optional[List[Dict[str, Any]]] = None,
                  validation_errors: Optional[List[Dict[str, str]]] = None,
                  usage_total: Optional[Dict[str, int]] = None) -> None:
         super().__init__(message)
@@ -127,6 +134,7 @@ class LLMError(Exception):
         self.targets = targets
         self.validation_errors = validation_errors
         self.usage_total = usage_total
+    # END GENERATED error-init
 
     def __str__(self) -> str:
         if self.request_id:
@@ -204,7 +212,8 @@ class StreamInterruptedError(LLMError):
 
     Attributes (besides :class:`LLMError`'s):
         reason: how it broke: ``network``, ``idle_timeout``, ``error_event``,
-            ``truncated``, ``deadline``, ``invalid_chunk`` or ``too_large``.
+            ``truncated``, ``deadline``, ``cancelled``, ``invalid_chunk`` or
+            ``too_large``.
         chunks_delivered: the chunks you had read.
         partial: the :class:`~llmretry.Result` assembled from what arrived
             (its ``data`` a chat.completion with the text so far), or None.
@@ -240,42 +249,32 @@ class ShapeError(ValueError):
     """
 
 
+# BEGIN GENERATED error-kinds (tools/gen_surface.py, from the core's tables: do not edit)
+# The exception of each error kind the core has (a kind it adds needs its
+# class above: until it is written, this fails at import).
 _ERROR_BY_KIND: Dict[str, Type[LLMError]] = {
-    cls.kind: cls
-    for cls in (HTTPStatusError, RequestTimeoutError, NetworkError,
-                InvalidResponseError, DeadlineExceededError,
-                ResponseTooLargeError, CallCancelledError, StreamInterruptedError,
-                CircuitOpenError, RefusalError)
+    "http_status": HTTPStatusError,
+    "timeout": RequestTimeoutError,
+    "network": NetworkError,
+    "invalid_response": InvalidResponseError,
+    "deadline_exceeded": DeadlineExceededError,
+    "cancelled": CallCancelledError,
+    "response_too_large": ResponseTooLargeError,
+    "stream_interrupted": StreamInterruptedError,
+    "circuit_open": CircuitOpenError,
+    "refusal": RefusalError,
 }
+# END GENERATED error-kinds
 
 
 def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
-    """The exception for a failed call outcome of ``_llmretry.Engine.call``."""
+    """The exception for a failed call outcome of ``_llmretry.Engine.call``:
+    its error fields are the core's (a broken stream's ``reason`` already
+    says how it broke), read the same way for every kind."""
     cls = _ERROR_BY_KIND.get(outcome.get("kind"), LLMError)  # type: ignore[arg-type]
     get = outcome.get
-    verdict = get("validation_errors")
-    if isinstance(verdict, str):
-        verdict = json.loads(verdict)
-    if cls is StreamInterruptedError:
-        err = cls(get("message") or "the stream was interrupted",
-                  kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
-                  attempts=get("attempts", 0), request_id=get("request_id"),
-                  retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
-                  body_preview=get("body_preview"), reason=get("stream_reason"),
-                  model=get("model"), duration_ms=get("duration_ms", 0),
-                  total_ms=get("total_ms", 0), resends=get("resends", 0),
-                  target=get("target", 0), targets=get("targets"),
-                  usage_total=get("usage_total"))
-        err.chunks_delivered = get("chunks_delivered", 0)
-        return err
-    return cls(
-        get("message") or "LLM call failed",
-        kind=get("kind"), status=get("status"), attempt=get("attempt", 0),
-        attempts=get("attempts", 0), request_id=get("request_id"),
-        retry_after_ms=get("retry_after_ms"), error_code=get("error_code"),
-        body_preview=get("body_preview"), reason=get("reason"),
-        model=get("model"), duration_ms=get("duration_ms", 0),
-        total_ms=get("total_ms", 0), resends=get("resends", 0),
-        target=get("target", 0), targets=get("targets"), validation_errors=verdict,
-        usage_total=get("usage_total"),
-    )
+    err = cls(get("message") or "LLM call failed",
+              **{name: get(name, default) for name, default in _DEFAULTS.items()})
+    if "chunks_delivered" in outcome:     # a stream's
+        err.chunks_delivered = outcome["chunks_delivered"]  # type: ignore[attr-defined]
+    return err

@@ -31,6 +31,7 @@ static void test_lookup(void)
     for (size_t i = 0; i < n; i++) {
         const llmretry_option_info *opt = llmretry_option_at(i);
         CHECK(opt && opt->name && opt->builtin);
+        CHECK_MSG(opt->doc && *opt->doc, "%s says not what it does", opt->name);
         CHECK(llmretry_option_find(opt->name) == opt);
         CHECK(opt->offset + opt->size <= sizeof(llmretry_options));
         if (opt->type == LLMRETRY_OPTTYPE_INT)

@@ -53,6 +53,17 @@ describe("stream_llm", function()
       H.dump(last))
   end)
 
+  it("says in meta that a plain call did not stream, as Python's Meta does", function()
+    -- Meta is the core's meta shape in both languages: every field there.
+    local scen = mock:scen("lua_plain_meta")
+    scen.script({ {} })
+    local res, err = llm.call_llm(opts(scen))
+    check(res, "failed: %s", tostring(err))
+    local m = res.meta
+    check(m.stream == false and m.chunks == 0 and m.ttft_ms == nil and m.target == 0 and
+      m.resends == 0 and m.attempts == 1 and m.status == 200, "meta %s", H.dump(m))
+  end)
+
   it("retries a failure before the first chunk reached on_chunk", function()
     local scen = mock:scen("lua_stream_retry")
     scen.script({ { status = 503 }, { stream = { chunks = { "x", "y" } } } })

@@ -14,7 +14,7 @@ import llmretry
 import llmretry.errors
 from conftest import FAST, SECRET_KEY, Events, Scenario, secret_body
 
-PUBLIC = ["Client", "Result", "Meta", "call_llm", "call_llm_with_deadline", "call_many",
+PUBLIC = ["Client", "Result", "Meta", "CallOptions", "BatchOptions", "call_llm", "call_llm_with_deadline", "call_many",
           "map_with_concurrency", "extract_json", "assert_shape", "log_usage", "jsonl_logger",
           "LLMError", "HTTPStatusError", "RequestTimeoutError", "NetworkError",
           "InvalidResponseError", "DeadlineExceededError", "ResponseTooLargeError",

@@ -93,3 +93,35 @@ def test_async_api_types_are_not_any(tmp_path: Path, src: str) -> None:
         # e.g. 'Incompatible types in assignment (expression has type "Result", ...'
         assert re.search(rf'misuse\.py:{n}: error: .*type "{expect}"', proc.stdout), \
             (n, proc.stdout)
+
+
+# Every call function's keywords are typed from the core's option table
+# (CallOptions / BatchOptions, generated): a wrong type, a value outside an
+# enum's choices or a keyword a batch cannot share is an error wherever the
+# keywords are given.
+MISUSE_OPTIONS = '''\
+import llmretry
+
+async def misuse() -> None:
+    body = {"model": "m", "messages": []}
+    await llmretry.acall_llm(body, timeout_ms="5")  # ERR
+    llmretry.stream_llm(body, max_retries=None)  # ERR
+    llmretry.Client(jitter="sometimes")  # ERR
+    await llmretry.acall_many([body], request_id="x")  # ERR
+    llmretry.call_many([body], call_deadline_ms=5, retry_statuses=[429], rpm=60)
+    async with llmretry.astream_llm(body, fallbacks=[{"model": "m2"}], schema={}):
+        pass
+    llmretry.call_llm(body, timeout_ms=5, jitter="none", headers={"X-A": "b"})
+    llmretry.Client().call_llm(body, deadline_ms=None, retry_budget_ratio=0.5)
+'''
+
+
+def test_call_keywords_are_typed(tmp_path: Path) -> None:
+    path = tmp_path / "misuse.py"
+    path.write_text(MISUSE_OPTIONS, encoding="utf-8")
+    proc = mypy(tmp_path, path)
+    lines = MISUSE_OPTIONS.splitlines()
+    want = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
+    got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
+                                                          proc.stdout)})
+    assert got == want, f"errors on lines {got}, expected {want}:\n{proc.stdout}{proc.stderr}"

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "llmretry/result.h"
+#include "llmretry/shapes.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,23 +31,8 @@ const char *llmretry_event_name(llmretry_event_type t);
 
 typedef struct llmretry_event llmretry_event;
 
-/* One field of an event, for bindings that build host maps generically:
+/* Events are read field by field (llmretry_field, llmretry/shapes.h):
  * the schema of each event lives in the core alone. */
-typedef enum llmretry_field_type {
-    LLMRETRY_FIELD_NULL = 0,
-    LLMRETRY_FIELD_INT,
-    LLMRETRY_FIELD_STRING,
-    LLMRETRY_FIELD_USAGE,          /* an object of the three token counts */
-    LLMRETRY_FIELD_BOOL            /* i is 0 or 1 */
-} llmretry_field_type;
-
-typedef struct llmretry_field {
-    const char *name;
-    llmretry_field_type type;
-    int64_t i;
-    const char *s;
-    const llmretry_usage *usage;
-} llmretry_field;
 
 llmretry_event_type llmretry_event_type_of(const llmretry_event *ev);
 size_t llmretry_event_field_count(const llmretry_event *ev);

@@ -261,6 +261,7 @@ typedef struct llmretry_option_info {
     const char *range;             /* INT: how min..max reads in messages ("> 0") */
     const char *const *choices;    /* ENUM: names, NULL-terminated; value = index */
     const char *builtin;           /* the built-in value as JSON text ("null" = unset) */
+    const char *doc;               /* one line: what it does (docs/reliability.md's table) */
 } llmretry_option_info;
 
 /* The options in a fixed order; NULL past the end / for an unknown name. */

@@ -34,7 +34,9 @@ typedef enum llmretry_error_kind {
     LLMRETRY_ERR_REFUSAL
 } llmretry_error_kind;
 
-/* "http_status", "timeout", ... ; NULL for NONE. */
+/* "http_status", "timeout", ... ; NULL for NONE and past the last, so that
+ * k = 1, 2, ... until NULL enumerates every kind (the bindings' lists of
+ * kinds, reasons and stream reasons are made so, never typed in). */
 const char *llmretry_error_kind_name(llmretry_error_kind k);
 
 typedef enum llmretry_giveup_reason {
@@ -52,6 +54,7 @@ typedef enum llmretry_giveup_reason {
     LLMRETRY_REASON_CIRCUIT_OPEN
 } llmretry_giveup_reason;
 
+/* "retries_exhausted", ...; NULL for NONE and past the last (enumerable). */
 const char *llmretry_reason_name(llmretry_giveup_reason r);
 
 /* How a stream failed (result.stream_reason; NONE when it did not). */
@@ -67,7 +70,7 @@ typedef enum llmretry_stream_reason {
     LLMRETRY_STREAM_TOO_LARGE      /* above max_response_bytes */
 } llmretry_stream_reason;
 
-/* "network", "idle_timeout", ...; NULL for NONE. */
+/* "network", "idle_timeout", ...; NULL for NONE and past the last (enumerable). */
 const char *llmretry_stream_reason_name(llmretry_stream_reason r);
 
 typedef enum llmretry_delay_source {

@@ -1,0 +1,120 @@
+"""Python's typed surface is generated from the core's tables (issue 33):
+tools/gen_surface.py writes CallOptions, Meta's slots, LLMError's fields,
+the kind -> exception map, the extension's EngineOptions and
+docs/reliability.md's option table from ``_llmretry.describe()``.
+
+The committed files must be what the generator writes now (a table changed
+in the core without ``make generate`` fails here), a change to the tables
+must show as stale, and what the package does at run time must be the
+core's lists, not copies of them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+import llmretry
+from llmretry import _client, _llmretry, errors
+from conftest import ROOT, SECRET_KEY, Scenario, child_env, secret_body
+
+# Reads sources and the extension's tables: nothing for the sanitizer pass.
+pytestmark = pytest.mark.pure_python
+
+GENERATOR = ROOT / "tools" / "gen_surface.py"
+
+
+def generate(*args: str) -> subprocess.CompletedProcess[str]:
+    env = child_env()
+    env.pop("LD_PRELOAD", None)
+    cmd = [sys.executable, str(GENERATOR), "--root", str(ROOT),
+           "--extension", str(Path(_llmretry.__file__)), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_generated_blocks_are_current() -> None:
+    proc = generate("--check")
+    assert proc.returncode == 0, (
+        "generated files are stale: run `make generate` and commit them\n"
+        f"{proc.stdout}{proc.stderr}")
+
+
+def changed(tables: Dict[str, Any]) -> Dict[str, Any]:
+    """The core's tables with one more option, meta field, error field and
+    kind: what a core change that nobody regenerated for looks like."""
+    t = json.loads(json.dumps(tables))     # lists, not tuples
+    t["options"].append(dict(t["options"][0], name="brand_new_option",
+                             doc="a new option", flags=1))
+    t["shapes"]["meta"].append(dict(t["shapes"]["meta"][0], name="brand_new_meta"))
+    t["shapes"]["error"].append(dict(t["shapes"]["error"][0], name="brand_new_error"))
+    t["error_kinds"].append("brand_new_kind")
+    return t
+
+
+def test_a_change_to_the_core_tables_shows_as_stale(tmp_path: Path) -> None:
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps(changed(_llmretry.describe())), encoding="utf-8")
+    proc = generate("--check", "--tables", str(path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    added: Dict[str, List[str]] = {}      # file -> the lines the diff adds
+    for part in proc.stdout.split("--- a/")[1:]:
+        file = part.split("\n", 1)[0]
+        added[file] = [ln for ln in part.splitlines() if ln.startswith("+")]
+    for name, file in (("brand_new_option", "python/llmretry/_client.py"),
+                       ("brand_new_option", "docs/reliability.md"),
+                       ("brand_new_option", "python/llmretry/_llmretry.pyi"),
+                       ("brand_new_meta", "python/llmretry/_client.py"),
+                       ("brand_new_error", "python/llmretry/errors.py"),
+                       ("BrandNewKindError", "python/llmretry/errors.py")):
+        assert any(name in ln for ln in added.get(file, [])), (name, file, proc.stdout)
+    # The hand-written docstrings beside the blocks are checked too.
+    assert "does not name 'brand_new_meta'" in proc.stderr
+    assert "does not name 'brand_new_kind'" in proc.stderr
+
+
+def test_the_package_uses_the_cores_lists() -> None:
+    t = _llmretry.describe()
+    names = {shape: [f["name"] for f in fields] for shape, fields in t["shapes"].items()}
+    assert list(llmretry.Meta.__slots__) == names["meta"]
+    assert list(errors._FIELDS) == [n for n in names["error"] if n != "message"]
+    assert list(errors._ERROR_BY_KIND) == list(t["error_kinds"])
+    for kind, cls in errors._ERROR_BY_KIND.items():
+        assert cls.kind == kind and issubclass(cls, llmretry.LLMError)
+    options = {o["name"] for o in t["options"]}
+    python_own = {"response_model", "validate", "logger"}
+    elsewhere = {"model", "policy", "stream_buffer_bytes", "estimated_tokens", "event_mask"}
+    assert _client._OPTION_NAMES == (options - elsewhere) | python_own
+    assert set(_client.CallOptions.__annotations__) == _client._OPTION_NAMES
+    # A batch shares all but each call's own (and its deadline is its own).
+    per_call = {o["name"] for o in t["options"] if o["flags"] & 8}
+    assert set(_client.BatchOptions.__annotations__) == (
+        _client._OPTION_NAMES - per_call - {"deadline_ms"})
+
+
+def test_outcomes_carry_the_cores_fields(scen: Scenario) -> None:
+    """What the extension hands over is the core's shapes, walked: a
+    success's meta fields, a failure's error fields, stats' fields."""
+    t = _llmretry.describe()
+    names = {shape: {f["name"] for f in fields} for shape, fields in t["shapes"].items()}
+    scen.script([{"usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}},
+                 {"status": 400}])
+    engine = _llmretry.Engine()
+    try:
+        body = json.dumps(secret_body("gen")).encode()
+        ok = engine.call(body, base_url=scen.url, api_key=SECRET_KEY)
+        failed = engine.call(body, base_url=scen.url, api_key=SECRET_KEY)
+        stats: List[Dict[str, Any]] = engine.endpoint_stats()
+        group = engine.group(2).stats()
+    finally:
+        engine.close()
+    assert set(ok) == {"ok", "body"} | names["meta"]
+    assert set(failed) == {"ok"} | names["error"], set(failed) ^ ({"ok"} | names["error"])
+    assert failed["kind"] == "http_status" and failed["status"] == 400
+    assert set(ok["usage"]) == names["usage"]
+    assert stats and all(set(s) == names["endpoint"] for s in stats)
+    assert set(group) == names["group"]
