@@ -75,5 +75,8 @@ def test_batch_vector(path: Path, server: Any) -> None:
     if "quiet_after_429_ms" in exp:
         lo, hi = (v / 1000.0 for v in exp["quiet_after_429_ms"])
         t429 = next(r["time"] for r in recs if r["step"] == 0)
-        early = [r["time"] - t429 for r in recs if t429 + lo < r["time"] < t429 + hi]
+        # Requests after the script's two (step -1): the one sent beside the
+        # 429 may come late on a loaded machine (131 ms was seen).
+        early = [r["time"] - t429 for r in recs
+                 if r["step"] == -1 and t429 + lo < r["time"] < t429 + hi]
         assert not early, f"requests {early} s after the 429, during its pause"
