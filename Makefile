@@ -49,7 +49,8 @@ test-c-asan:
 # The integration suites once under valgrind: no errors, no definite leaks.
 # Three at a time (each mostly waits; valgrind's own work is the rest), each
 # one's output printed whole when it ends.
-VALGRIND_TESTS = test_engine test_vectors test_group test_stream test_ratelimit test_health
+VALGRIND_TESTS = test_engine test_vectors test_group test_stream test_ratelimit test_health \
+  test_shared_redis
 test-c-valgrind:
 	printf '%s\n' $(VALGRIND_TESTS) | xargs -P 3 -I{} sh -c \
 	  'valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \

@@ -88,8 +88,8 @@ static const llmretry_option_info TABLE[] = {
       NULL, "30000" },
     { "stream_buffer_bytes", LLMRETRY_OPTTYPE_INT, 0, OFF(stream_buffer_bytes), 1, INT64_MAX,
       "> 0", NULL, "1048576" },
-    { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..63", NULL,
-      "63" },
+    { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..255", NULL,
+      "255" },
 };
 #define N_TABLE (sizeof TABLE / sizeof TABLE[0])
 
