@@ -711,7 +711,12 @@ static void say(lr_redis *st, char *why, size_t len, const char *what, const red
 {
     /* hiredis's own words for an I/O error, except for a timeout, whose
      * "Resource temporarily unavailable" says nothing useful. */
-    if (c && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
+    int timeout = c && c->err == REDIS_ERR_IO &&
+                  (errno == EAGAIN || errno == EWOULDBLOCK || strstr(c->errstr, "temporarily"));
+#ifdef REDIS_ERR_TIMEOUT
+    timeout |= c && c->err == REDIS_ERR_TIMEOUT;        /* hiredis 1.x */
+#endif
+    if (timeout)
         snprintf(why, len, "%s: %s: no answer within %d ms", st->name, what, FAIL_OPEN_MS);
     else if (c && c->err)
         snprintf(why, len, "%s: %s: %s", st->name, what, c->errstr);

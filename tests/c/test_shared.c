@@ -6,6 +6,7 @@
 #include "shared.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <time.h>
 #include <sys/mman.h>
@@ -380,6 +381,42 @@ out:
     lr_shared_store_close(a);
 }
 
+/* Redis that stops answering (SIGSTOP: the connection stays open, nothing
+ * comes back) is out of reach once 50 ms pass: a call that needs a slice
+ * goes on the process's own bucket at once after that; when Redis answers
+ * again, the store says so. */
+static void test_redis_stalled(th_redis *r)
+{
+    lr_shared_store *a = open_store(r->url);
+    if (!a)
+        return;
+    lr_redis_ep *x = lr_shared_store_redis(a, 0xdef0);
+    char why[512];
+    int64_t down_ms;
+    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    kill(r->pid, SIGSTOP);
+    int64_t t0 = mono_us(), w, longest = 0;
+    int taken = 0;
+    /* A bucket of 1000 a second: with Redis stalled, takes stop only as
+     * long as a call may wait for it. */
+    while (taken < 50 && mono_us() - t0 < 3000000) {
+        int64_t now = mono_us();
+        w = lr_redis_take(x, LR_REDIS_REQ, now, 1000, 0);
+        if (w == 0)
+            taken++;
+        else if (w > longest)
+            longest = w;
+        sleep_ms(1);
+    }
+    CHECK_MSG(taken == 50, "%d taken in 3 s with Redis stalled", taken);
+    CHECK_MSG(longest <= 50000, "a take was told to wait %lld us", (long long)longest);
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK_MSG(strstr(why, "no answer within 50 ms"), "%s", why);
+    kill(r->pid, SIGCONT);
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    lr_shared_store_close(a);
+}
+
 /* Redis wants a password and gets the wrong one: unavailable, saying so,
  * never repeating what was sent. */
 static void test_redis_wrong_password(void)
@@ -432,6 +469,7 @@ int main(void)
         test_redis_leases(&r);
         test_redis_health(&r);
         test_redis_down_and_back(&r);
+        test_redis_stalled(&r);
         th_redis_stop(&r);
     }
     test_redis_wrong_password();
