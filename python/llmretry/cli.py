@@ -162,9 +162,10 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-api-key-env", action="append", metavar="NAME",
                    help="the variable holding the n-th fallback's key")
     p.add_argument("--shared", metavar="STORE",
-                   help="share each endpoint's retry budget and circuit breaker with every "
-                   "process naming the same STORE: shm:NAME (this host); default "
-                   "$LLMRETRY_SHARED, else this process alone")
+                   help="share each endpoint's rate budget, retry budget and circuit breaker "
+                   "with every process naming the same STORE: shm:NAME (this host) or "
+                   "redis://[:password@]host:port[/db] (every machine using that Redis); "
+                   "default $LLMRETRY_SHARED, else this process alone")
     p.add_argument("--policies", metavar="FILE",
                    help="named policies (.toml or .json) for --policy")
     p.add_argument("--policy", metavar="NAME",
@@ -349,6 +350,11 @@ def _event_printer(write: Callable[[str], None]) -> Callable[[Dict[str, Any]], N
                 what = last_failure.pop(rid, str(ev.get("error_kind")))
                 write(f"  FAILED  {rid}  after {ev.get('attempts')} attempt(s): {what} "
                       f"({ev.get('reason')})")
+            elif name == "llm_shared_unavailable":
+                write(f"  shared  {ev.get('error_message')}: this process paces alone "
+                      f"until it is back")
+            elif name == "llm_shared_recovered":
+                write(f"  shared  {ev.get('shared')} is back after {ev.get('down_ms')} ms")
 
     return on_event
 
