@@ -17,12 +17,14 @@
  *   units and answers when, relative to its clock, the first of them may
  *   go; the I/O thread spends them one call at a time, each no sooner than
  *   its place in the slice. Slices are short (LEASE_US of the bucket's
- *   time, and no more than HORIZON_US ahead of now), a slice's unused
- *   future is given back, and a unit is never spent later than GRACE after
- *   its place: so N processes send what one GCRA would admit, give or take
- *   a unit each, and the store thread asks for the next slice while the
+ *   time), a slice's unused future is given back, and a unit is never spent
+ *   later than GRACE after its place: so N processes send what one GCRA
+ *   would admit, give or take a unit each. A slice for calls yet to come is
+ *   booked no further than HORIZON_US ahead, and asked for while the
  *   current one runs (a call waits for Redis only when it comes with
- *   nothing leased);
+ *   nothing leased); a call that waits books its place in line however far
+ *   the others have booked (WAITING_HORIZON_US at most), so that processes
+ *   contending for a busy bucket queue in Redis instead of polling it;
  * - the breaker's half-open probe is a lease in Redis too: a process
  *   probes only once Redis named it the holder.
  *
@@ -55,10 +57,11 @@
 
 #define FAIL_OPEN_MS 50                 /* the longest a call waits for Redis */
 #define FAIL_OPEN_US (FAIL_OPEN_MS * 1000)
-#define SYNC_MS 20                      /* an active endpoint's numbers are read this often */
+#define SYNC_MS 50                      /* an active endpoint's numbers are read this often */
 #define ACTIVE_MS 2000                  /* ... while it was used this recently */
 #define LEASE_US 20000                  /* a slice: this much of a bucket's time */
-#define HORIZON_US 50000                /* booked at most this far ahead of now */
+#define HORIZON_US 50000                /* booked ahead of now for no call yet, at most */
+#define WAITING_HORIZON_US 1000000      /* ... and for a call that waits (its place in line) */
 #define GRACE_MAX_US 10000              /* a unit may go this late after its place */
 #define PREFETCH_MS 100                 /* a bucket used this recently gets its next slice early */
 #define RETRY_MIN_MS 50                 /* reconnecting: first after this, */
@@ -71,7 +74,8 @@ enum { PROBE_NONE, PROBE_MINE, PROBE_USED };
 /* ---- the script ------------------------------------------------------------ */
 
 /* One call per endpoint and round: applies what this process did since the
- * last (ARGV 2-12), leases slices of the buckets (13-21), and answers with
+ * last (ARGV 2-12), leases slices of the buckets (13-17, 18-22: units, a
+ * unit's cost, the tolerance, time given back, how far ahead), and answers with
  * the endpoint's shared numbers. ARGV[1] names this process (the probe's
  * holder). Fields of the hash: rt/tt the buckets' timestamps (us), pz the
  * pause (ms), bf/bo/bp/bw the breaker's failures, open-until, probe lease
@@ -132,14 +136,14 @@ static const char SCRIPT[] =
     /* the buckets: give back, then lease up to `units` of `cost` booked no
      * further than the horizon ahead: (units granted, when the first may
      * go), or (0, how long until the bucket has room again) */
-    "local function lease(name, units, cost, tol, give)\n"
+    "local function lease(name, units, cost, tol, give, horizon)\n"
     "  local tat = num(name)\n"
     "  local tat0 = tat\n"
     "  tat = tat - give\n"
     "  local g, rel = 0, 0\n"
     "  if units > 0 and cost > 0 then\n"
     "    local start = math.max(tat, now_us)\n"
-    "    local room = now_us + n(21) + tol - start\n"
+    "    local room = now_us + horizon + tol - start\n"
     "    if room < 0 then\n"
     "      rel = -room\n"
     "    else\n"
@@ -151,8 +155,8 @@ static const char SCRIPT[] =
     "  if tat ~= tat0 then put(name, tat) end\n"
     "  return g, rel\n"
     "end\n"
-    "local rg, rv = lease('rt', n(13), n(14), n(15), n(16))\n"
-    "local tg, tv = lease('tt', n(17), n(18), n(19), n(20))\n"
+    "local rg, rv = lease('rt', n(13), n(14), n(15), n(16), n(17))\n"
+    "local tg, tv = lease('tt', n(18), n(19), n(20), n(21), n(22))\n"
     "if #set > 0 then redis.call('HSET', key, unpack(set)) end\n"
     "redis.call('PEXPIRE', key, " KEY_TTL_MS ")\n"
     "local bs = 0\n"
@@ -175,9 +179,11 @@ typedef struct lease {
     int64_t cost, tol;                  /* the latest call's unit and tolerance */
     int64_t want_since;                 /* a call waits for a slice, unanswered since (0: none) */
     int64_t ask_at;                     /* Redis said the bucket has no room before then */
+    int ask_waiting;                    /* ... for a waiting call's booking */
     int64_t used_at;                    /* the last take (0: never) */
     int local;                          /* the last take was from the mirror's own bucket */
     int64_t give_back;                  /* bucket time (us) to give back at the next round */
+    int64_t known_end;                  /* where the shared bucket stood at the last answer */
     int asking;                         /* a request is on its way */
 } lease;
 
@@ -440,6 +446,14 @@ const char *lr_redis_ep_name(const lr_redis_ep *x)
     return x->st->name;
 }
 
+/* When the store may ask for a slice again: after what Redis said, unless
+ * it said it of a slice for calls yet to come and a call now waits (a
+ * waiting call books further ahead). */
+static int64_t ask_after(const lease *L)
+{
+    return L->want_since && !L->ask_waiting ? 0 : L->ask_at;
+}
+
 /* Bucket time this process holds from `now` on. */
 static int64_t held_us(const lease *L, int64_t now)
 {
@@ -464,8 +478,11 @@ static int64_t from_slices(lr_redis_ep *x, int bucket, int64_t now, int64_t cost
         L->used_at = now;
     x->active_ms = now / 1000;
     /* Redis is down, or has not answered for as long as a call may wait:
-     * this process's own bucket. */
-    if (down(st) || (L->want_since && now - max64(L->want_since, L->ask_at) >= FAIL_OPEN_US)) {
+     * this process's own bucket, from where the shared one stood when Redis
+     * last said (it never holds a call long: Redis books no further ahead
+     * than the horizon and a slice). */
+    if (down(st) || (L->want_since && now - max64(L->want_since, ask_after(L)) >= FAIL_OPEN_US)) {
+        lr_shared_raise(tat, L->known_end);
         L->local = take;
         return take ? lr_shared_gcra_take(tat, now, cost, 1, tol) : lr_shared_gcra_wait(tat, now, tol);
     }
@@ -500,7 +517,8 @@ static int64_t from_slices(lr_redis_ep *x, int bucket, int64_t now, int64_t cost
     }
     /* The store's answer wakes the I/O thread; until then, at most until
      * Redis said it has room, or until the wait is up. */
-    int64_t w = L->ask_at > now ? L->ask_at - now : max64(L->want_since, L->ask_at) + FAIL_OPEN_US - now;
+    int64_t after = ask_after(L);
+    int64_t w = after > now ? after - now : max64(L->want_since, after) + FAIL_OPEN_US - now;
     return w > 1000 ? w : 1000;
 }
 
@@ -699,12 +717,12 @@ int lr_redis_transition(lr_redis_ep *x, char *why, size_t len, int64_t *down_ms)
 /* ---- the store thread ------------------------------------------------------------ */
 
 /* One endpoint's request in a round: the script's ARGV, and what was asked. */
-#define N_ARGS 21
+#define N_ARGS 22
 typedef struct ask {
     lr_redis_ep *x;
     char args[N_ARGS][48];
     pending p;                          /* what this round tells Redis */
-    int64_t units[2], cost[2];          /* slices asked for */
+    int64_t units[2], cost[2], horizon[2]; /* slices asked for */
 } ask;
 
 static void say(lr_redis *st, char *why, size_t len, const char *what, const redisContext *c)
@@ -881,7 +899,7 @@ static int64_t due_at(const lr_redis_ep *x, int64_t now)
         int prefetch = L->used_at && now - L->used_at < PREFETCH_MS * 1000 && !L->s[1].end &&
                        held_us(L, now) < LEASE_US / 2;
         if (L->want_since || prefetch)
-            due = min64(due, L->ask_at);
+            due = min64(due, ask_after(L));
     }
     int64_t next = (x->synced_ms + SYNC_MS) * 1000;
     if (now / 1000 - x->active_ms < ACTIVE_MS || p->requests || p->retries || x->b[0].give_back ||
@@ -919,17 +937,21 @@ static void prepare(lr_redis *st, lr_redis_ep *x, ask *a, int64_t now)
                        held_us(L, now) < LEASE_US / 2;
         a->units[b] = 0;
         a->cost[b] = L->cost;
-        if (!L->asking && L->cost > 0 && (L->want_since || prefetch) && now >= L->ask_at) {
+        /* A call that waits books its place however far ahead the others
+         * have (it will use it); a slice for calls yet to come only what
+         * is near. */
+        a->horizon[b] = L->want_since ? WAITING_HORIZON_US : HORIZON_US;
+        if (!L->asking && L->cost > 0 && (L->want_since || prefetch) && now >= ask_after(L)) {
             a->units[b] = LEASE_US / L->cost > 1 ? LEASE_US / L->cost : 1;
             L->asking = 1;
         }
-        fmt(a->args[12 + 4 * b], a->units[b]);
-        fmt(a->args[13 + 4 * b], L->cost);
-        fmt(a->args[14 + 4 * b], L->tol);
-        fmt(a->args[15 + 4 * b], L->give_back);
+        fmt(a->args[12 + 5 * b], a->units[b]);
+        fmt(a->args[13 + 5 * b], L->cost);
+        fmt(a->args[14 + 5 * b], L->tol);
+        fmt(a->args[15 + 5 * b], L->give_back);
+        fmt(a->args[16 + 5 * b], a->horizon[b]);
         L->give_back = 0;
     }
-    fmt(a->args[20], HORIZON_US);
 }
 
 /* Redis's answer becomes the mirror, with what the I/O thread did since the
@@ -981,6 +1003,9 @@ static void install(lr_redis_ep *x, const ask *a, const redisReply *r, int64_t t
             continue;
         L->asking = 0;
         L->want_since = 0;
+        int64_t n = v[R_REQ_N + 2 * b], rel = v[R_REQ_REL + 2 * b];
+        L->known_end = max64(L->known_end, n > 0 ? t_us + rel + n * a->cost[b]
+                                                 : t_us + rel + a->horizon[b] + L->tol);
         if (v[R_REQ_N + 2 * b] > 0) {
             slice s = { t_us + v[R_REQ_REL + 2 * b],
                         t_us + v[R_REQ_REL + 2 * b] + v[R_REQ_N + 2 * b] * a->cost[b] };
@@ -988,6 +1013,7 @@ static void install(lr_redis_ep *x, const ask *a, const redisReply *r, int64_t t
             L->ask_at = 0;
         } else {
             L->ask_at = t_us + v[R_REQ_REL + 2 * b];
+            L->ask_waiting = a->horizon[b] == WAITING_HORIZON_US;
         }
     }
     x->synced = 1;
@@ -1008,9 +1034,7 @@ static void went_down(lr_redis *st, const char *why, int64_t now)
         for (int b = 0; b < 2; b++) {
             lease *L = &x->b[b];
             _Atomic int64_t *tat = b == LR_REDIS_REQ ? &x->mirror.req_tat_us : &x->mirror.tok_tat_us;
-            for (int k = 0; k < 2; k++)
-                if (L->s[k].end > L->s[k].pos)
-                    lr_shared_raise(tat, L->s[k].end);
+            lr_shared_raise(tat, L->known_end);
             memset(L, 0, sizeof *L);
         }
         memset(&x->p, 0, sizeof x->p);
