@@ -93,7 +93,7 @@ int lr_shared_breaker_failed(lr_shared_ep *ep, int64_t now_ms, int threshold,
 void lr_shared_breaker_succeeded(lr_shared_ep *ep);
 
 /* A store of endpoints shared between processes: "shm:NAME" or
- * "redis://[[user]:password@]host[:port][/db]". */
+ * "redis://[[user]:password@]host[:port][/db][?timeout_ms=N]". */
 typedef struct lr_shared_store lr_shared_store;
 
 /* Open (creating on first use) the store a `shared` option names. 0, or -1

@@ -28,11 +28,12 @@
  * - the breaker's half-open probe is a lease in Redis too: a process
  *   probes only once Redis named it the holder.
  *
- * Redis down, slow (no answer within FAIL_OPEN_MS) or refusing the
+ * Redis down, slow (no answer within its timeout: 50 ms unless the URL
+ * says ?timeout_ms=N) or refusing the
  * password: the mirror alone is the budget (this process's own, as without
  * `shared`), the engine reports the change once (llm_shared_unavailable)
  * and the store thread reconnects in the background, reporting the
- * recovery. A call waits for Redis FAIL_OPEN_MS at most, ever.
+ * recovery. A call waits for Redis that timeout at most, ever.
  *
  * Times in Redis are Redis's clock (TIME): the script answers in durations
  * relative to it, which this process maps onto its own monotonic clock at
@@ -55,8 +56,7 @@
 
 #include "condvar.h"
 
-#define FAIL_OPEN_MS 50                 /* the longest a call waits for Redis */
-#define FAIL_OPEN_US (FAIL_OPEN_MS * 1000)
+#define FAIL_OPEN_MS 50                 /* the longest a call waits for Redis (default) */
 #define SYNC_MS 50                      /* an active endpoint's numbers are read this often */
 #define ACTIVE_MS 2000                  /* ... while it was used this recently */
 #define LEASE_US 20000                  /* a slice: this much of a bucket's time */
@@ -215,6 +215,7 @@ struct lr_redis_ep {
 struct lr_redis {
     char host[256];
     int port, db;
+    int timeout_ms;                     /* slower than this is unavailable */
     char *user, *password;              /* NULL: none; the password goes to AUTH only */
     char name[320];                     /* the URL, "***" for the password */
     char owner[40];                     /* this store in Redis (the probe's holder) */
@@ -313,8 +314,8 @@ static int parse(const char *spec, lr_redis *st, char *err, size_t len)
                    "trusted network, or a TLS tunnel");
     const char *p = spec + 8;                           /* after "redis://" */
     const char *auth_end = p + strcspn(p, "/?#");
-    if (*auth_end == '?' || *auth_end == '#')
-        return bad(err, len, "a Redis URL with a query or fragment is not supported");
+    if (*auth_end == '#')
+        return bad(err, len, "a Redis URL with a fragment is not supported");
     const char *at = NULL;
     for (const char *q = p; q < auth_end; q++)
         if (*q == '@')
@@ -363,11 +364,24 @@ static int parse(const char *spec, lr_redis *st, char *err, size_t len)
             return bad(err, len, "the Redis URL's port must be a number from 1 to 65535");
     }
     st->db = 0;
-    if (*auth_end == '/' && auth_end[1] &&
-        (st->db = (int)number(auth_end + 1, auth_end + strlen(auth_end), 0, 1000000)) < 0)
+    const char *query = strchr(auth_end, '?');
+    const char *path_end = query ? query : auth_end + strlen(auth_end);
+    if (strchr(auth_end, '#'))
+        return bad(err, len, "a Redis URL with a fragment is not supported");
+    if (*auth_end == '/' && auth_end + 1 < path_end &&
+        (st->db = (int)number(auth_end + 1, path_end, 0, 1000000)) < 0)
         return bad(err, len, "the Redis URL's database (after the host's '/') must be a number");
-    snprintf(st->name, sizeof st->name, "redis://%s%s%s%s:%d/%d", st->password ? "***@" : "",
-             *hp == '[' ? "[" : "", st->host, *hp == '[' ? "]" : "", st->port, st->db);
+    /* One parameter: how slow is unavailable (a Redis far away answers in
+     * more than the default 50 ms). */
+    st->timeout_ms = FAIL_OPEN_MS;
+    if (query && (strncmp(query, "?timeout_ms=", 12) != 0 ||
+                  (st->timeout_ms = (int)number(query + 12, query + strlen(query), 1, 60000)) < 0))
+        return bad(err, len, "the Redis URL's only parameter is ?timeout_ms=N (1 to 60000)");
+    char extra[32] = "";
+    if (st->timeout_ms != FAIL_OPEN_MS)
+        snprintf(extra, sizeof extra, "?timeout_ms=%d", st->timeout_ms);
+    snprintf(st->name, sizeof st->name, "redis://%s%s%s%s:%d/%d%s", st->password ? "***@" : "",
+             *hp == '[' ? "[" : "", st->host, *hp == '[' ? "]" : "", st->port, st->db, extra);
     return 0;
 }
 
@@ -481,7 +495,7 @@ static int64_t from_slices(lr_redis_ep *x, int bucket, int64_t now, int64_t cost
      * this process's own bucket, from where the shared one stood when Redis
      * last said (it never holds a call long: Redis books no further ahead
      * than the horizon and a slice). */
-    if (down(st) || (L->want_since && now - max64(L->want_since, ask_after(L)) >= FAIL_OPEN_US)) {
+    if (down(st) || (L->want_since && now - max64(L->want_since, ask_after(L)) >= st->timeout_ms * 1000)) {
         lr_shared_raise(tat, L->known_end);
         L->local = take;
         return take ? lr_shared_gcra_take(tat, now, cost, 1, tol) : lr_shared_gcra_wait(tat, now, tol);
@@ -518,7 +532,7 @@ static int64_t from_slices(lr_redis_ep *x, int bucket, int64_t now, int64_t cost
     /* The store's answer wakes the I/O thread; until then, at most until
      * Redis said it has room, or until the wait is up. */
     int64_t after = ask_after(L);
-    int64_t w = after > now ? after - now : max64(L->want_since, after) + FAIL_OPEN_US - now;
+    int64_t w = after > now ? after - now : max64(L->want_since, after) + st->timeout_ms * 1000 - now;
     return w > 1000 ? w : 1000;
 }
 
@@ -614,7 +628,7 @@ int lr_redis_breaker_admits(lr_redis_ep *x, int64_t now_ms, int64_t lease_ms, in
             x->p.want_probe = 1;
             kick(st);
         }
-        if (now_ms - x->probe_asked < FAIL_OPEN_MS) {
+        if (now_ms - x->probe_asked < st->timeout_ms) {
             pthread_mutex_unlock(&st->mu);
             return -1;
         }
@@ -688,9 +702,9 @@ int64_t lr_redis_hold_ms(lr_redis_ep *x, int64_t now_ms)
     int64_t w = 0;
     if (!down(x->st)) {
         if (!x->synced)
-            w = x->made_ms + FAIL_OPEN_MS - now_ms;
+            w = x->made_ms + x->st->timeout_ms - now_ms;
         if (x->probe_asked)
-            w = max64(w, x->probe_asked + FAIL_OPEN_MS - now_ms);
+            w = max64(w, x->probe_asked + x->st->timeout_ms - now_ms);
     }
     pthread_mutex_unlock(&x->st->mu);
     return w > 0 ? w : 0;
@@ -723,6 +737,7 @@ typedef struct ask {
     char args[N_ARGS][48];
     pending p;                          /* what this round tells Redis */
     int64_t units[2], cost[2], horizon[2]; /* slices asked for */
+    int64_t at_us;                      /* when Redis answered, on this process's clock */
 } ask;
 
 static void say(lr_redis *st, char *why, size_t len, const char *what, const redisContext *c)
@@ -735,7 +750,7 @@ static void say(lr_redis *st, char *why, size_t len, const char *what, const red
     timeout |= c && c->err == REDIS_ERR_TIMEOUT;        /* hiredis 1.x */
 #endif
     if (timeout)
-        snprintf(why, len, "%s: %s: no answer within %d ms", st->name, what, FAIL_OPEN_MS);
+        snprintf(why, len, "%s: %s: no answer within %d ms", st->name, what, st->timeout_ms);
     else if (c && c->err)
         snprintf(why, len, "%s: %s: %s", st->name, what, c->errstr);
     else
@@ -778,7 +793,7 @@ static int load_script(lr_redis *st, char *why, size_t len)
 /* Connect, log in, pick the database, load the script: 0, or -1 with why. */
 static int dial(lr_redis *st, char *why, size_t len)
 {
-    struct timeval tv = { 0, FAIL_OPEN_MS * 1000 };
+    struct timeval tv = { st->timeout_ms / 1000, (st->timeout_ms % 1000) * 1000 };
     st->ctx = redisConnectWithTimeout(st->host, st->port, tv);
     if (!st->ctx || st->ctx->err) {
         say(st, why, len, "cannot connect", st->ctx);
@@ -839,9 +854,16 @@ static int exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *w
             redisAppendCommandArgv(st->ctx, 4 + N_ARGS, argv, lens);
         }
         int noscript = 0;
+        int64_t sent = mono_us();                       /* the first read writes the batch */
         for (size_t i = 0; i < n; i++) {
             void *r = NULL;
-            if (redisGetReply(st->ctx, &r) != REDIS_OK) {
+            int rc = redisGetReply(st->ctx, &r);
+            /* Redis ran the script between sending and this answer: the
+             * middle is the best guess of when, its error at most half the
+             * round trip (an answer read late, taken as when it came, would
+             * place the slices late by as much). */
+            asks[i].at_us = sent + (mono_us() - sent) / 2;
+            if (rc != REDIS_OK) {
                 for (size_t k = 0; k < i; k++)
                     freeReplyObject(out[k]);
                 say(st, why, len, "the connection failed", st->ctx);
@@ -956,8 +978,9 @@ static void prepare(lr_redis *st, lr_redis_ep *x, ask *a, int64_t now)
 
 /* Redis's answer becomes the mirror, with what the I/O thread did since the
  * round was prepared (x->p) applied on top. */
-static void install(lr_redis_ep *x, const ask *a, const redisReply *r, int64_t t_us)
+static void install(lr_redis_ep *x, const ask *a, const redisReply *r)
 {
+    int64_t t_us = a->at_us;
     int64_t v[R_COUNT];
     for (int i = 0; i < R_COUNT; i++)
         v[i] = r->element[i]->type == REDIS_REPLY_INTEGER ? r->element[i]->integer : 0;
@@ -1125,7 +1148,7 @@ static void *store_main(void *arg)
         now = mono_us();
         if (rc == 0) {
             for (size_t i = 0; i < n; i++) {
-                install(asks[i].x, &asks[i], replies[i], now);
+                install(asks[i].x, &asks[i], replies[i]);
                 freeReplyObject(replies[i]);
             }
         } else {
@@ -1134,7 +1157,10 @@ static void *store_main(void *arg)
             redisFree(st->ctx);
             st->ctx = NULL;
             went_down(st, why, now);
-            st->retry_at = now + st->backoff_ms * 1000;
+            /* Dialled again at once: a Redis that was slow for a moment is
+             * back within a round trip; a dead one refuses the dial, which
+             * then backs off. */
+            st->retry_at = now;
         }
         news(st);
     }

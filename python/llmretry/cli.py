@@ -416,6 +416,8 @@ def _logger(args: argparse.Namespace, write: Callable[[str], None],
         events = _EventsFile(args.events)
         opened.append(events)
         sinks.append(events)
+    if not args.verbose and (getattr(args, "shared", None) or os.environ.get("LLMRETRY_SHARED")):
+        sinks.append(_shared_notices(write))
     if not sinks:
         return None
     if len(sinks) == 1:
@@ -426,6 +428,21 @@ def _logger(args: argparse.Namespace, write: Callable[[str], None],
             sink(ev)
 
     return both
+
+
+def _shared_notices(write: Callable[[str], None]) -> Callable[[Dict[str, Any]], None]:
+    """Without -v, a shared store that goes away or comes back is still said
+    (the engine builds no other event for it)."""
+    printer = _event_printer(write)
+    bits = sum(1 << i for i, name in enumerate(_llmretry.EVENT_NAMES)
+               if name.startswith("llm_shared_"))
+
+    def on_event(ev: Dict[str, Any]) -> None:
+        if str(ev.get("event", "")).startswith("llm_shared_"):
+            printer(ev)
+
+    on_event.event_mask = lambda: bits  # type: ignore[attr-defined]
+    return on_event
 
 
 def _stderr_line(text: str) -> None:
