@@ -20,7 +20,10 @@ flight against the mock without limits, rpm far above what is sent (so the
 bucket is taken from every call but never holds one), in alternating rounds
 per mode; prints the median calls/s per mode and its ratio to unshared:
 
-    RESULT throughput shared=redis calls/s=1532 (rounds 1510 1532 1600) ratio=0.97
+    RESULT throughput shared=redis calls/s=1532 (rounds 1510 1532 1600) ratio=0.97 cpu_us=310
+
+(ratio: the median of the same-round ratios to the first mode; cpu_us: the
+client process's CPU per call, every thread included).
 
 Usage: python3 bench/bench_shared.py [--procs 1,4,8,16,2x4] [--items-per-proc 100]
        [--rps 50] [--modes none,shm,redis] [--throughput [--n 3000 --rounds 3]]
@@ -121,20 +124,22 @@ def run(layout: str, per: int, rps: int, mode: str, redis: Optional[RedisServer]
                 f"({elapsed:.1f} s with start-up)")
 
 
-def fast_worker(url: str, n: int, shared: str) -> float:
-    """call_many of n at 64 in flight, rpm far above what is sent: calls/s."""
+def fast_worker(url: str, n: int, shared: str) -> Tuple[float, float]:
+    """call_many of n at 64 in flight, rpm far above what is sent: calls/s,
+    and the process's CPU per call (us: every thread, the store's included)."""
     with llmretry.Client(base_url=url, shared=shared or None, logger=None, rpm=10_000_000,
                          max_retries=0) as client:
         client.call_many([BODY] * 64, limit=64)             # connections, the first slice
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = client.call_many([BODY] * n, limit=64)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert out.summary.ok == n, out.summary
-        return n / dt
+        return n / dt, cpu * 1e6 / n
 
 
 def throughput(n: int, rounds: int, modes: List[str], redis: Optional[RedisServer]) -> None:
     rates: Dict[str, List[float]] = {m: [] for m in modes}
+    cpus: Dict[str, List[float]] = {m: [] for m in modes}
     # The mock serves from this process; the client runs in another, so the
     # two do not share one GIL.
     ctx = multiprocessing.get_context("spawn")
@@ -144,14 +149,17 @@ def throughput(n: int, rounds: int, modes: List[str], redis: Optional[RedisServe
         for _ in range(rounds):
             for mode in modes:
                 shared = store_for(mode, redis)
-                rates[mode].append(pool.apply(fast_worker, (url, n, shared)))
+                rate, cpu = pool.apply(fast_worker, (url, n, shared))
+                rates[mode].append(rate)
+                cpus[mode].append(cpu)
                 forget(shared)
-    base = statistics.median(rates[modes[0]])
+    # Rounds run back to back, mode after mode: on a shared machine the
+    # same-round ratio is steadier than the ratio of medians.
     for mode in modes:
-        med = statistics.median(rates[mode])
-        print(f"RESULT throughput shared={mode} calls/s={med:.0f} (rounds "
-              f"{' '.join(f'{r:.0f}' for r in rates[mode])}) ratio={med / base:.2f}",
-              flush=True)
+        ratio = statistics.median(r / b for r, b in zip(rates[mode], rates[modes[0]]))
+        print(f"RESULT throughput shared={mode} calls/s={statistics.median(rates[mode]):.0f} "
+              f"(rounds {' '.join(f'{r:.0f}' for r in rates[mode])}) ratio={ratio:.2f} "
+              f"cpu_us={statistics.median(cpus[mode]):.0f}", flush=True)
 
 
 def main() -> None:

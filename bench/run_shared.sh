@@ -60,14 +60,16 @@ for l in lines:
         p, mode, _, _, att, ref, pct, lost, used, span = m.groups()
         print(f"| {p} | {mode} | {pct} % ({ref} of {att}) | {used} % | {lost} | {span} s |")
 print(f"\nThroughput with a limit far above what is sent (`rpm=10000000`): one process, "
-      f"`call_many` of {n} at 64 in flight against the mock without limits, median of "
-      f"{rounds} alternating rounds:\n")
-print("| shared | calls/s | rounds | vs unshared |")
-print("|---|---:|---|---:|")
+      f"`call_many` of {n} at 64 in flight against the mock without limits, {rounds} "
+      "rounds, each running every mode in turn. *vs unshared*: the median of the same-round "
+      "ratios; *CPU per call*: the client process's, every thread (the Redis store's "
+      "included):\n")
+print("| shared | calls/s (median) | rounds | vs unshared | CPU per call |")
+print("|---|---:|---|---:|---:|")
 for l in lines:
     m = re.match(r"RESULT throughput shared=(\S+) calls/s=(\d+) \(rounds ([\d ]+)\) "
-                 r"ratio=([\d.]+)", l)
+                 r"ratio=([\d.]+) cpu_us=(\d+)", l)
     if m:
-        mode, rate, rs, ratio = m.groups()
-        print(f"| {mode} | {rate} | {rs} | {ratio}× |")
+        mode, rate, rs, ratio, cpu = m.groups()
+        print(f"| {mode} | {rate} | {rs} | {ratio}× | {cpu} µs |")
 EOF
