@@ -125,6 +125,7 @@ bench: deps
 	bash bench/run_stream.sh > bench/results/stream.md
 	bash bench/run_async.sh > bench/results/async.md
 	bash bench/run_rate.sh > bench/results/rate.md
+	bash bench/run_shared.sh > bench/results/shared.md
 	bash bench/run_openresty.sh > bench/results/openresty.md
 	$(PYTHON) bench/suite/report.py
 

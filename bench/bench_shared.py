@@ -1,7 +1,10 @@
 """Processes on one key against one limit (issue 28): the share of attempts a
 provider refuses when N processes each pace themselves (shared=None) or share
 one budget (shared="shm:NAME", or "redis://..." through a redis-server on
-loopback), and what sharing costs when the limit is far from binding.
+loopback; "redis1s": the same with ?timeout_ms=1000, a second before Redis
+counts as unavailable), and what sharing costs when the limit is far from
+binding. "outages": the llm_shared_unavailable events of all processes (each
+a time the processes paced alone).
 
 Limited runs: the mock enforces a sliding window (default 50 requests a
 second, as a provider enforcing 3,000 a minute in one-second slices) and
@@ -51,13 +54,28 @@ from redis_server import RedisServer  # noqa: E402
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
+class Outages:
+    """A logger counting the shared store's outages (the engine builds no
+    other event for it)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        bits = [i for i, name in enumerate(llmretry._llmretry.EVENT_NAMES)
+                if name == "llm_shared_unavailable"]
+        self.event_mask = lambda: sum(1 << i for i in bits)
+
+    def __call__(self, ev: Dict[str, Any]) -> None:
+        self.n += ev.get("event") == "llm_shared_unavailable"
+
+
 def worker(url: str, n: int, rpm: int, shared: str) -> Dict[str, Any]:
-    with llmretry.Client(base_url=url, shared=shared or None, logger=None,
+    outages = Outages()
+    with llmretry.Client(base_url=url, shared=shared or None, logger=outages,
                          rpm=rpm, max_retries=8, base_delay_ms=200) as client:
         start = time.time()
         out = client.call_many([BODY] * n, limit=16)
         return {"ok": out.summary.ok, "attempts": out.summary.attempts,
-                "start": start, "end": time.time()}
+                "start": start, "end": time.time(), "outages": outages.n}
 
 
 def store_for(mode: str, redis: Optional[RedisServer]) -> str:
@@ -66,6 +84,9 @@ def store_for(mode: str, redis: Optional[RedisServer]) -> str:
     if mode == "redis":
         assert redis is not None
         return redis.url
+    if mode == "redis1s":               # a second before Redis counts as unavailable
+        assert redis is not None
+        return redis.url + "?timeout_ms=1000"
     return ""
 
 
@@ -121,7 +142,7 @@ def run(layout: str, per: int, rps: int, mode: str, redis: Optional[RedisServer]
         return (f"RESULT procs={layout} shared={mode} items={items} ok={ok} "
                 f"attempts={len(recs)} refused={refused} ({100.0 * refused / len(recs):.1f} %) "
                 f"lost={items - ok} used={used:.1f} % of the limit over {span:.1f} s "
-                f"({elapsed:.1f} s with start-up)")
+                f"({elapsed:.1f} s with start-up) outages={sum(o['outages'] for o in outs)}")
 
 
 def fast_worker(url: str, n: int, shared: str) -> Tuple[float, float]:
@@ -173,7 +194,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     modes = a.modes.split(",")
-    redis = RedisServer().start() if "redis" in modes else None
+    redis = RedisServer().start() if any(m.startswith("redis") for m in modes) else None
     try:
         if a.throughput:
             throughput(a.n, a.rounds, modes, redis)
