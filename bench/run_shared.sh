@@ -28,6 +28,11 @@ LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 log "== limited runs (procs $PROCS, modes $MODES)"
 "$PYTHON" bench/bench_shared.py --procs "$PROCS" --modes "$MODES" --items-per-proc "$ITEMS" \
   --rps "$RPS" | tee -a "$TMP" >&2
+case ",$MODES," in *,redis,*)
+  log "== two groups of four through Redis, a second before it counts as unavailable"
+  "$PYTHON" bench/bench_shared.py --procs 2x4 --modes redis1s --items-per-proc "$ITEMS" \
+    --rps "$RPS" | tee -a "$TMP" >&2 ;;
+esac
 log "== throughput, the limit far above what is sent"
 "$PYTHON" bench/bench_shared.py --throughput --modes "$MODES" --n "$N" --rounds "$ROUNDS" \
   | tee -a "$TMP" >&2
@@ -48,17 +53,22 @@ print(f"The mock enforces {rps} requests in any sliding second; each process run
       f"`call_many` of {items} items (limit 16) with `rpm={int(rps) * 60}` configured. "
       "*Refused*: attempts the mock answered 429; *used*: items served per second from the "
       "first process's start to the last one's end, as a share of the limit (pacing at 98 % "
-      "of it is the most it aims for); *lost*: items that did not succeed. `2x4`: two pools "
-      "of four processes (two machines' worth) through one Redis.\n")
-print("| processes | shared | refused | used | lost | span |")
-print("|---|---|---:|---:|---:|---:|")
+      "of it is the most it aims for); *lost*: items that did not succeed; *outages*: the "
+      "`llm_shared_unavailable` events of all processes, each a time Redis did not answer "
+      "within its timeout and the processes paced alone. `2x4`: two pools of four "
+      "processes (two machines' worth) through one Redis. `redis1s`: the same URL with "
+      "`?timeout_ms=1000`.\n")
+print("| processes | shared | refused | used | lost | outages | span |")
+print("|---|---|---:|---:|---:|---:|---:|")
 for l in lines:
     m = re.match(r"RESULT procs=(\S+) shared=(\S+) items=(\d+) ok=(\d+) attempts=(\d+) "
                  r"refused=(\d+) \(([\d.]+) %\) lost=(\d+) used=([\d.]+) % of the limit over "
-                 r"([\d.]+) s", l)
+                 r"([\d.]+) s .* outages=(\d+)", l)
     if m:
-        p, mode, _, _, att, ref, pct, lost, used, span = m.groups()
-        print(f"| {p} | {mode} | {pct} % ({ref} of {att}) | {used} % | {lost} | {span} s |")
+        p, mode, _, _, att, ref, pct, lost, used, span, out = m.groups()
+        out = out if mode.startswith("redis") else ""
+        print(f"| {p} | {mode} | {pct} % ({ref} of {att}) | {used} % | {lost} | {out} | "
+              f"{span} s |")
 print(f"\nThroughput with a limit far above what is sent (`rpm=10000000`): one process, "
       f"`call_many` of {n} at 64 in flight against the mock without limits, {rounds} "
       "rounds, each running every mode in turn. *vs unshared*: the median of the same-round "

@@ -157,7 +157,10 @@ static const char SCRIPT[] =
     "end\n"
     "local rg, rv = lease('rt', n(13), n(14), n(15), n(16), n(17))\n"
     "local tg, tv = lease('tt', n(18), n(19), n(20), n(21), n(22))\n"
-    "if #set > 0 then redis.call('HSET', key, unpack(set)) end\n"
+    /* every round writes (when it was last used): a Redis that refuses
+     * writes (out of memory) fails every round, not only those with news */
+    "put('lt', now)\n"
+    "redis.call('HSET', key, unpack(set))\n"
     "redis.call('PEXPIRE', key, " KEY_TTL_MS ")\n"
     "local bs = 0\n"
     "if bo ~= 0 then bs = 1 end\n"
@@ -236,6 +239,7 @@ struct lr_redis {
     char sha[48];
     int64_t retry_at;
     int64_t backoff_ms;
+    int redial_now;                     /* the last round went well: redial a failed one at once */
 };
 
 static int64_t mono_us(void)
@@ -996,7 +1000,7 @@ static void install(lr_redis_ep *x, const ask *a, const redisReply *r)
     atomic_store(&m->budget_requests[slot], (sec << 32) | (v[R_WQ] + x->p.requests));
     atomic_store(&m->budget_retries[slot], (sec << 32) | (v[R_WR] + x->p.retries));
     /* The breaker, then this process's news since. */
-    int64_t failures = v[R_BF] + x->p.failures;
+    int64_t failures = (x->p.success ? 0 : v[R_BF]) + x->p.failures;
     int64_t open = v[R_BSET] ? max64(1, now + v[R_BOPEN]) : 0;
     if (x->p.success)
         open = 0;
@@ -1075,7 +1079,6 @@ static void went_up(lr_redis *st, int64_t now)
     if (st->state == ST_DOWN)
         st->down_ms = (now - st->down_at) / 1000;
     st->state = ST_UP;
-    st->backoff_ms = RETRY_MIN_MS;
 }
 
 static void news(lr_redis *st)
@@ -1111,8 +1114,13 @@ static void *store_main(void *arg)
                 news(st);
                 continue;
             }
-            went_up(st, now);
-            news(st);
+            /* Up once a round goes through (a Redis that takes the
+             * connection and refuses the script's writes, out of memory, is
+             * not up); with no endpoint yet there is nothing more to try. */
+            if (st->n_eps == 0) {
+                went_up(st, now);
+                news(st);
+            }
         }
         /* The endpoints due now, and when the next one is. */
         if (cap < st->n_eps) {
@@ -1151,16 +1159,23 @@ static void *store_main(void *arg)
                 install(asks[i].x, &asks[i], replies[i]);
                 freeReplyObject(replies[i]);
             }
+            if (st->state != ST_UP)
+                went_up(st, now);
+            st->redial_now = 1;
+            st->backoff_ms = RETRY_MIN_MS;
         } else {
             /* What this round carried is lost: Redis may or may not have
              * applied it, and this process goes on alone. */
             redisFree(st->ctx);
             st->ctx = NULL;
             went_down(st, why, now);
-            /* Dialled again at once: a Redis that was slow for a moment is
-             * back within a round trip; a dead one refuses the dial, which
-             * then backs off. */
-            st->retry_at = now;
+            /* Redialled at once after a round that went well (a Redis slow
+             * for a moment is back within a round trip), else backing off
+             * (one that keeps failing rounds is not hammered). */
+            st->retry_at = st->redial_now ? now : now + st->backoff_ms * 1000;
+            if (!st->redial_now)
+                st->backoff_ms = min64(2 * st->backoff_ms, RETRY_MAX_MS);
+            st->redial_now = 0;
         }
         news(st);
     }

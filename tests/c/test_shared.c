@@ -6,6 +6,7 @@
 #include "shared.h"
 
 #include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <time.h>
@@ -431,6 +432,45 @@ static void test_redis_stalled(th_redis *r)
     lr_shared_store_close(a);
 }
 
+static int redis_config(const th_redis *r, const char *value)
+{
+    struct timeval tv = { 1, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    redisReply *rep = c && !c->err ? redisCommand(c, "CONFIG SET maxmemory %s", value) : NULL;
+    int ok = rep && rep->type == REDIS_REPLY_STATUS;
+    freeReplyObject(rep);
+    if (c)
+        redisFree(c);
+    return ok;
+}
+
+/* A Redis that takes the connection but refuses the script (out of memory)
+ * is unavailable, and stays so: reconnecting alone is not coming back. */
+static void test_redis_refusing_writes(th_redis *r)
+{
+    lr_shared_store *a = open_store(r->url);
+    if (!a)
+        return;
+    lr_redis_ep *x = lr_shared_store_redis(a, 0x1357);
+    char why[512] = "";
+    int64_t down_ms;
+    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK(redis_config(r, "1"));
+    lr_redis_raise_pause(x, th_now_ms() + 10);          /* news for Redis */
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK_MSG(strstr(why, "OOM"), "%s", why);
+    int64_t until = th_now_ms() + 700;
+    int flapped = 0;
+    while (th_now_ms() < until && !flapped) {
+        flapped = lr_redis_transition(x, why, sizeof why, &down_ms) != 0;
+        sleep_ms(5);
+    }
+    CHECK_MSG(!flapped, "came back while Redis refused every round");
+    CHECK(redis_config(r, "0"));
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    lr_shared_store_close(a);
+}
+
 /* Redis wants a password and gets the wrong one: unavailable, saying so,
  * never repeating what was sent. */
 static void test_redis_wrong_password(void)
@@ -484,6 +524,7 @@ int main(void)
         test_redis_health(&r);
         test_redis_down_and_back(&r);
         test_redis_stalled(&r);
+        test_redis_refusing_writes(&r);
         th_redis_stop(&r);
     }
     test_redis_wrong_password();
