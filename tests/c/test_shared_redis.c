@@ -204,6 +204,63 @@ out:
     llmretry_engine_free(b);
 }
 
+/* After the cooldown, calls of both engines find the breaker half open:
+ * Redis names one prober, whose call goes (slowly: the endpoint is back);
+ * the other engine's call fails fast meanwhile, and once the probe
+ * succeeds both engines' calls go. */
+static void test_one_probe_across_engines(void)
+{
+    llmretry_engine *a = engine_on(patient), *b = engine_on(patient);
+    char url[128];
+    if (!a || !b || th_mock_script(&mock, "rdprobe", "{\"steps\": [{\"status\": 503}, "
+                                   "{\"status\": 503}, {\"status\": 503}], "
+                                   "\"after\": {\"delay_ms\": 400}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rdprobe", url, sizeof url);
+    o.max_retries = 0;
+    o.breaker_failures = 3;
+    o.breaker_cooldown_ms = 300;
+    for (int i = 0; i < 3; i++) {
+        llmretry_call *c = th_submit(a, &o);
+        const llmretry_result *r = wait_done(c, NULL);
+        CHECK(r && r->status == 503);
+        llmretry_call_free(c);
+    }
+    struct timespec ts = { 0, 400 * 1000000L };        /* past the cooldown */
+    nanosleep(&ts, NULL);
+    llmretry_call *first = th_submit(a, &o);
+    /* The probe is on the wire (its answer takes 400 ms) before b asks. */
+    int64_t until = th_now_ms() + 5000;
+    while (requests_of("rdprobe") < 4 && th_now_ms() < until)
+        nanosleep(&(struct timespec){ 0, 5 * 1000000L }, NULL);
+    llmretry_call *second = th_submit(b, &o);
+    const llmretry_result *r2 = wait_done(second, NULL);
+    CHECK_MSG(r2 && r2->kind == LLMRETRY_ERR_CIRCUIT_OPEN && r2->attempts == 0,
+              "b's call while a probes: kind %d, %d attempts", r2 ? (int)r2->kind : -1,
+              r2 ? r2->attempts : -1);
+    const llmretry_result *r1 = wait_done(first, NULL);
+    CHECK(r1 && r1->ok && r1->attempts == 1);
+    CHECK_INT(requests_of("rdprobe"), 4);
+    llmretry_call_free(first);
+    llmretry_call_free(second);
+    /* Closed for both: b's next call goes (once b has read it back). */
+    int ok = 0;
+    until = th_now_ms() + 5000;
+    while (!ok && th_now_ms() < until) {
+        llmretry_call *c = th_submit(b, &o);
+        const llmretry_result *r = wait_done(c, NULL);
+        ok = r && r->ok;
+        llmretry_call_free(c);
+        if (!ok)
+            nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+    }
+    CHECK_MSG(ok, "b never saw the breaker closed");
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
 /* Redis is killed while a paced batch runs and brought back: every call
  * succeeds within its deadline, the first call after each change says so
  * (once), and the batch keeps its pace on the local budget meanwhile. */
@@ -336,6 +393,7 @@ int main(void)
     static const th_case tests[] = {
         { "rate_shared", test_rate_shared_by_engines },
         { "breaker_shared", test_breaker_shared_by_engines },
+        { "one_probe", test_one_probe_across_engines },
         { "redis_killed", test_redis_killed_mid_batch },
         { "wrong_password", test_wrong_password },
         { "unreachable", test_unreachable_at_start },
