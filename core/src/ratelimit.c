@@ -351,7 +351,7 @@ static double tokens_of(const lr_endpoint *ep, llmretry_call *c)
 static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
 {
     /* A Redis store not heard from yet about this endpoint (its first
-     * read, who probes): a moment, 50 ms at most. */
+     * read, who probes): a moment, its timeout (50 ms) at most. */
     int64_t w = ep->rd ? lr_redis_hold_ms(ep->rd, now) : 0;
     if (w > 0)
         return w;
