@@ -57,7 +57,8 @@ test-c-asan:
 # The integration suites once under valgrind: no errors, no definite leaks.
 # Three at a time (each mostly waits; valgrind's own work is the rest), each
 # one's output printed whole when it ends.
-VALGRIND_TESTS = test_engine test_vectors test_group test_stream test_ratelimit test_health
+VALGRIND_TESTS = test_engine test_vectors test_group test_stream test_ratelimit test_health \
+  test_shared_redis
 test-c-valgrind:
 	printf '%s\n' $(VALGRIND_TESTS) | LLMRETRY_TEST_WALL_SLACK_MS=1000 xargs -P 3 -I{} sh -c \
 	  'valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
@@ -132,6 +133,7 @@ bench: deps
 	bash bench/run_stream.sh > bench/results/stream.md
 	bash bench/run_async.sh > bench/results/async.md
 	bash bench/run_rate.sh > bench/results/rate.md
+	bash bench/run_shared.sh > bench/results/shared.md
 	bash bench/run_openresty.sh > bench/results/openresty.md
 	bash bench/run_otel.sh > bench/results/otel.md
 	bash bench/run_sdk.sh > bench/results/sdk.md

@@ -1,8 +1,8 @@
 """Build the llmretry package: the pure-Python layer and the C extension.
 
 The extension compiles the C core (core/src/*.c) together with the CPython
-shim (bindings/python/_llmretry.c) and links libcurl and cJSON, found with
-pkg-config. The version is read from core/include/llmretry.h, the only place
+shim (bindings/python/_llmretry.c) and links libcurl, cJSON and hiredis (the
+Redis store of shared budgets), found with pkg-config. The version is read from core/include/llmretry.h, the only place
 it is defined.
 """
 
@@ -16,7 +16,7 @@ from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
 HEADER = ROOT / "core" / "include" / "llmretry.h"
-DEBIAN_HINT = "apt-get install pkg-config libcurl4-openssl-dev libcjson-dev"
+DEBIAN_HINT = "apt-get install pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev"
 
 
 def read_version() -> str:
@@ -31,19 +31,20 @@ def pkg_config(*packages: str) -> list:
     """Compiler and linker flags for ``packages``, or exit naming what to install."""
     if shutil.which("pkg-config") is None:
         sys.exit("setup.py: pkg-config is not installed; llmretry needs it to find "
-                 f"libcurl and cJSON. On Debian/Ubuntu: {DEBIAN_HINT}")
+                 f"libcurl, cJSON and hiredis. On Debian/Ubuntu: {DEBIAN_HINT}")
     missing = [p for p in packages
                if subprocess.run(["pkg-config", "--exists", p]).returncode != 0]
     if missing:
         sys.exit(f"setup.py: pkg-config cannot find {', '.join(missing)} (development "
-                 f"files for libcurl and cJSON are needed). On Debian/Ubuntu: {DEBIAN_HINT}")
+                 f"files for libcurl, cJSON and hiredis are needed). On Debian/Ubuntu: "
+                 f"{DEBIAN_HINT}")
     out = subprocess.run(["pkg-config", "--cflags", "--libs", *packages],
                          check=True, capture_output=True, text=True).stdout
     return out.split()
 
 
 def extension() -> Extension:
-    flags = pkg_config("libcurl", "libcjson")
+    flags = pkg_config("libcurl", "libcjson", "hiredis")
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "core" / "src").glob("*.c"))
     # The public header's parts, one per concern (core/include/llmretry/).
     parts_dir = ROOT / "core" / "include" / "llmretry"

@@ -1,8 +1,8 @@
 -- llmretry for Lua 5.4 and LuaJIT / Lua 5.1, built from this checkout:
 --   luarocks --lua-version 5.4 make rockspecs/llmretry-scm-1.rockspec
 --   luarocks --lua-version 5.1 make rockspecs/llmretry-scm-1.rockspec   (LuaJIT)
--- The C core needs the headers of libcurl and cJSON: on Debian/Ubuntu
---   apt-get install libcurl4-openssl-dev libcjson-dev
+-- The C core needs the headers of libcurl, cJSON and hiredis: on Debian/Ubuntu
+--   apt-get install libcurl4-openssl-dev libcjson-dev libhiredis-dev
 rockspec_format = "3.0"
 package = "llmretry"
 version = "scm-1"
@@ -21,10 +21,12 @@ response validation and token accounting, plus a coroutine pool (map_with_concur
 whose calls all run at once on one C engine. One C core (libcurl + cJSON) does the
 I/O on its own thread; nothing blocks your event loop (engine:fd/poll/wait).
 
-Build requirements: the headers of libcurl and cJSON. On Debian/Ubuntu:
-  apt-get install libcurl4-openssl-dev libcjson-dev
-("Could not find header file for CURL" or "... for CJSON" from luarocks means one
-of those packages is missing; elsewhere pass CURL_DIR=... / CJSON_DIR=...)
+Build requirements: the headers of libcurl, cJSON and hiredis (shared budgets
+through Redis). On Debian/Ubuntu:
+  apt-get install libcurl4-openssl-dev libcjson-dev libhiredis-dev
+("Could not find header file for CURL", "... for CJSON" or "... for HIREDIS" from
+luarocks means one of those packages is missing; elsewhere pass CURL_DIR=... /
+CJSON_DIR=... / HIREDIS_DIR=...)
 ]],
    labels = { "llm", "openai", "http", "retry", "curl" },
 }
@@ -38,11 +40,13 @@ dependencies = {
 -- the C compiler searches by itself but luarocks does not. The unversioned
 -- libcurl.so comes with the -dev package only, so the check still means
 -- "the development files are installed". A missing one reads
--- "Could not find library file for CURL" / "... header file for CJSON":
--- apt-get install libcurl4-openssl-dev libcjson-dev
+-- "Could not find library file for CURL" / "... header file for CJSON" /
+-- "... header file for HIREDIS": apt-get install libcurl4-openssl-dev libcjson-dev
+-- libhiredis-dev
 external_dependencies = {
    CURL = { library = "curl" },
    CJSON = { header = "cjson/cJSON.h", library = "cjson" },
+   HIREDIS = { header = "hiredis/hiredis.h", library = "hiredis" },
 }
 
 build = {
@@ -97,13 +101,15 @@ build = {
             "core/src/shapes.c",
             "core/src/shared.c",
             "core/src/shared_shm.c",
+            "core/src/shared_redis.c",
             "core/src/timers.c",
             "core/src/transfer.c",
             "core/src/version.c",
          },
-         incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)" },
-         libdirs = { "$(CURL_LIBDIR)", "$(CJSON_LIBDIR)" },
-         libraries = { "curl", "cjson", "pthread", "m" },
+         incdirs = { "core/include", "core/src", "$(CURL_INCDIR)", "$(CJSON_INCDIR)",
+                     "$(HIREDIS_INCDIR)" },
+         libdirs = { "$(CURL_LIBDIR)", "$(CJSON_LIBDIR)", "$(HIREDIS_LIBDIR)" },
+         libraries = { "curl", "cjson", "hiredis", "pthread", "m" },
          defines = { "_GNU_SOURCE" },
       },
       llmretry = "lua/llmretry/init.lua",

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make wheel`: the sdist, and a manylinux wheel with libcurl and cJSON inside.
+# `make wheel`: the sdist, and a manylinux wheel with libcurl, cJSON and hiredis inside.
 #
 #   tools/build-wheel.sh [OUTDIR]      (default dist/)
 #
 # `python3 -m build` makes the sdist from a copy of this checkout, then the
 # wheel from that sdist (so the sdist is known to build from source); the
-# wheel links the system's libcurl and cJSON, and `auditwheel repair` copies
+# wheel links the system's libcurl, cJSON and hiredis, and `auditwheel repair` copies
 # them and what they need into the wheel (llmretry.libs/, renamed so they
 # cannot clash with other copies in a process) and tags it with the oldest
 # manylinux that the copied libraries allow (glibc of the build machine:

@@ -34,7 +34,7 @@ case "$wheel" in
   *) echo "check-pip-install: unexpected wheel name: $wheel" >&2; exit 1 ;;
 esac
 libs="$("$python" -m zipfile -l "$wheel" | awk '{print $1}' | grep '^llmretry\.libs/' || true)"
-for lib in libcurl libcjson; do
+for lib in libcurl libcjson libhiredis; do
   grep -q "^llmretry\.libs/$lib-" <<<"$libs" \
     || { echo "check-pip-install: $lib is not bundled in $wheel" >&2; exit 1; }
 done
@@ -57,7 +57,7 @@ grep -Eq '^llmretry [^ ]+ \(core [^ ]+, libcurl [^ ]+\)$' <<<"$version_line" \
   || { echo "check-pip-install: unexpected --version output" >&2; exit 1; }
 
 so="$(ls "$work"/venv/lib/python*/site-packages/llmretry/_llmretry*.so)"
-for lib in libcurl libcjson; do
+for lib in libcurl libcjson libhiredis; do
   resolved="$(ldd "$so" | awk -v lib="$lib" 'index($1, lib) == 1 {print $3}')"
   resolved="$(readlink -f "$resolved")"
   case "$resolved" in

@@ -5,7 +5,10 @@ set -euo pipefail
 
 # nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2);
 # curl: the doc examples that talk to a server (docs/shared.md, gunicorn).
-debs=(pkg-config libcurl4-openssl-dev libcjson-dev valgrind make gcc openssl nginx libnginx-mod-http-echo curl)
+# hiredis: the core's Redis store of shared budgets; redis-server: the tests
+# of it (tests/c/test_shared*.c, tests/python/test_shared_redis.py, Lua).
+debs=(pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev redis-server valgrind make gcc
+      openssl nginx libnginx-mod-http-echo curl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

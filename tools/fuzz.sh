@@ -46,9 +46,9 @@ find_clang() {
 }
 
 # What the targets link against: the core's own dependencies.
-if ! pkg-config --exists libcurl libcjson 2>/dev/null; then
-    apt_install pkg-config libcurl4-openssl-dev libcjson-dev ||
-        { echo "fuzz.sh: could not install libcurl/cJSON headers" >&2; exit 2; }
+if ! pkg-config --exists libcurl libcjson hiredis 2>/dev/null; then
+    apt_install pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev ||
+        { echo "fuzz.sh: could not install libcurl/cJSON/hiredis headers" >&2; exit 2; }
 fi
 CLANG=$(find_clang)
 if [ -z "$CLANG" ]; then
@@ -68,7 +68,7 @@ if ! link_probe; then
         { cat "$probe/err" >&2; echo "fuzz.sh: $CLANG cannot link libFuzzer (libclang-rt-$ver-dev)" >&2; exit 2; }
 fi
 
-PKG=$(pkg-config --cflags --libs libcurl libcjson) || { echo "fuzz.sh: pkg-config libcurl libcjson failed" >&2; exit 2; }
+PKG=$(pkg-config --cflags --libs libcurl libcjson hiredis) || { echo "fuzz.sh: pkg-config libcurl libcjson hiredis failed" >&2; exit 2; }
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/llmretry-fuzz.XXXXXX)}
 mkdir -p "$OUT"
 CFLAGS="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Icore/include -Icore/src"
@@ -83,7 +83,7 @@ echo "== the core: build"
 mkdir -p "$OUT/obj"
 # shellcheck disable=SC2016
 if ! ls core/src/*.c | CLANG="$CLANG" OBJ="$OUT/obj" \
-     FLAGS="${CFLAGS/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,} $(pkg-config --cflags libcurl libcjson)" \
+     FLAGS="${CFLAGS/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,} $(pkg-config --cflags libcurl libcjson hiredis)" \
      xargs -P 2 -n 1 sh -c '"$CLANG" $FLAGS -c "$1" -o "$OBJ/$(basename "$1" .c).o"' sh \
      2> "$OUT/core.build.log"; then
     cat "$OUT/core.build.log" >&2

@@ -30,7 +30,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
 debs=(lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks lua-busted lua-socket
-      curl libcurl4-openssl-dev libcjson-dev gcc make python3)
+      curl libcurl4-openssl-dev libcjson-dev libhiredis-dev redis-server gcc make python3)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

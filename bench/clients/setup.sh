@@ -29,7 +29,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
 # ---- Debian packages -----------------------------------------------------------
-debs=(gcc make pkg-config libcurl4-openssl-dev libcjson-dev wrk lua5.4 liblua5.4-dev
+debs=(gcc make pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev wrk lua5.4 liblua5.4-dev
       luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks time)
 missing=()
 for p in "${debs[@]}"; do

@@ -622,6 +622,12 @@ FOCUSED = [
      "minute per one-second window: `call_many` with `rpm`/`tpm` and with the limits "
      "learned from the headers, the openai SDK's retries in 64 threads and a "
      "cookbook-style asyncio processor (bench/README.md, \"Rate-limit benchmark\")."),
+    ("shared.md", "Shared budgets: processes on one key against one limit",
+     "bash bench/run_shared.sh",
+     "1 to 16 processes (and two groups of four through one Redis, two machines' worth) "
+     "running `call_many` against the mock enforcing 50 requests in any second, each pacing "
+     "itself or sharing its budget through shm or Redis; and what sharing costs when the "
+     "limit is far from binding (bench/bench_shared.py)."),
     ("openresty.md", "OpenResty: a gateway at 1,000 concurrent clients",
      "bash bench/run_openresty.sh",
      "Calls/s and latency through one nginx worker calling the 50 ms endpoint for each of "

@@ -341,7 +341,8 @@ int l_new_engine(lua_State *L)
         eo.max_host_connections = check_int(L, 2, "max_host_connections", 0, INT_MAX);
     if (!lua_isnoneornil(L, 3)) {
         if (lua_type(L, 3) != LUA_TSTRING)
-            return luaL_argerror(L, 3, "shared: a string such as \"shm:NAME\", or nil");
+            return luaL_argerror(L, 3, "shared: a string such as \"shm:NAME\" or "
+                                       "\"redis://host:port\", or nil");
         eo.shared = lua_tostring(L, 3);
     }
 

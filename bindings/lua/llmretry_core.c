@@ -302,8 +302,8 @@ int luaopen_llmretry_core(lua_State *L)
 
     lua_pushliteral(L, LLMRETRY_VERSION);
     lua_setfield(L, -2, "VERSION");
-    lua_createtable(L, 6, 0);
-    for (int t = 0; t < 6; t++) {
+    lua_createtable(L, LLMRETRY_EV_CHUNK, 0);             /* every event, in bit order */
+    for (int t = 0; t < LLMRETRY_EV_CHUNK; t++) {
         lua_pushstring(L, llmretry_event_name((llmretry_event_type)t));
         lua_rawseti(L, -2, t + 1);
     }

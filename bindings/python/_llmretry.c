@@ -195,10 +195,10 @@ static int module_exec(PyObject *m)
         Py_DECREF(st->not_started);
         return -1;
     }
-    PyObject *names = PyTuple_New(6);
+    PyObject *names = PyTuple_New(LLMRETRY_EV_CHUNK);    /* every event, in bit order */
     if (!names)
         return -1;
-    for (int t = 0; t < 6; t++) {
+    for (int t = 0; t < LLMRETRY_EV_CHUNK; t++) {
         PyObject *name = PyUnicode_FromString(llmretry_event_name((llmretry_event_type)t));
         if (!name) {
             Py_DECREF(names);

@@ -29,8 +29,10 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
          * the key. Out of slots: this process keeps its own numbers. */
         uint64_t id = lr_endpoint_id(ep->url, ep->key_hash);
         lr_shared_ep *slot = lr_shared_store_endpoint(e->shared, id);
-        if (slot)
+        if (slot) {
             ep->sh = slot;
+            ep->rd = lr_shared_store_redis(e->shared, id);
+        }
     }
     ep->stats.url = ep->url;
     ep->stats.has_key = c->key_hash != 0;

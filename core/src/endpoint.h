@@ -64,6 +64,10 @@ struct lr_endpoint {
     lr_health_config health;
     lr_shared_ep local;
     lr_shared_ep *sh;
+    /* A Redis store's endpoint (NULL otherwise): `sh` is its mirror, read
+     * as any slot, and every change goes through the lr_redis_* calls
+     * (shared.h), which also queue it for Redis. */
+    lr_redis_ep *rd;
     int64_t requests, retries, retries_refused, breaker_opened, short_circuited;
     /* Published for hosts (engine mutex). */
     llmretry_endpoint_stats stats;

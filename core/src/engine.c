@@ -221,6 +221,12 @@ static void *io_main(void *arg)
 
 /* ---- public: engines --------------------------------------------------- */
 
+/* A Redis store's thread has news a waiting call may need. */
+static void wake_io(void *arg)
+{
+    curl_multi_wakeup(((llmretry_engine *)arg)->multi);
+}
+
 void llmretry_engine_options_defaults(llmretry_engine_options *o)
 {
     o->max_in_flight = DEFAULT_MAX_IN_FLIGHT;
@@ -230,9 +236,9 @@ void llmretry_engine_options_defaults(llmretry_engine_options *o)
 
 static void engine_discard(llmretry_engine *e)
 {
+    lr_shared_store_close(e->shared);   /* its thread may wake the multi handle */
     if (e->multi)
         curl_multi_cleanup(e->multi);
-    lr_shared_store_close(e->shared);
     lr_channel_close(&e->channel);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -303,6 +309,8 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
         engine_discard(e);
         return LLMRETRY_EINVAL;
     }
+    if (e->shared)
+        lr_shared_store_on_news(e->shared, wake_io, e);
 
     /* The I/O thread takes no signals: Ctrl-C belongs to the host. */
     sigset_t all, old;

@@ -147,7 +147,9 @@ void lr_endpoints_free(llmretry_engine *e);
 
 /* ---- health.c: the retry budget and circuit breaker of each endpoint -------- */
 /* May an attempt of c start as far as its endpoint's breaker goes? 0 with
- * `why` (a message for the result) when the breaker is open. */
+ * `why` (a message for the result) when the breaker is open; -1 when a
+ * Redis store has not yet said who probes a half-open breaker (the budget
+ * holds the call until it has, lr_budget_pump asking again). */
 int lr_health_admits(llmretry_engine *e, llmretry_call *c, int64_t now, char *why, size_t len);
 void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c);
 /* May c retry now as far as the retry budget goes? Counts the retry. */

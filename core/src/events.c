@@ -1,4 +1,4 @@
-/* The six events of docs/reliability.md. The field list of each event lives here
+/* The events of docs/reliability.md. The field list of each event lives here
  * alone: bindings walk it with llmretry_event_field, so Python, Lua and
  * the JSON form cannot drift apart. Events never hold the API key, the
  * Authorization header or the request body. */
@@ -10,6 +10,7 @@
 static const char *const event_names[] = {
     "llm_request_started", "llm_request_failed", "llm_request_error",
     "llm_retry_scheduled", "llm_request_succeeded", "llm_request_gave_up",
+    "llm_shared_unavailable", "llm_shared_recovered",
     "llm_stream_chunk",
 };
 
@@ -46,6 +47,7 @@ void llmretry_event_free(llmretry_event *ev)
     free(ev->chunk);
     free(ev->chunk_event);
     free(ev->validation_path);
+    free(ev->shared);
     llmretry_call *c = ev->call;
     free(ev);
     lr_call_unref(c);
@@ -62,7 +64,8 @@ enum { F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY,
        F_ERROR_CODE, F_BODY_PREVIEW, F_ERROR_KIND, F_ERROR_MESSAGE, F_DELAY_MS,
        F_DELAY_SOURCE, F_NEXT_ATTEMPT, F_USAGE, F_RESPONSE_MODEL,
        F_SYSTEM_FINGERPRINT, F_REASON, F_ATTEMPTS, F_TOTAL_MS, F_STREAM, F_TTFT_MS,
-       F_CHUNKS, F_STREAM_REASON, F_TARGET, F_VALIDATION_PATH, F_REPAIR, F_END = -1 };
+       F_CHUNKS, F_STREAM_REASON, F_TARGET, F_VALIDATION_PATH, F_REPAIR, F_SHARED, F_DOWN_MS,
+       F_END = -1 };
 
 #define COMMON F_EVENT, F_REQUEST_ID, F_ATTEMPT, F_MODEL, F_POLICY
 static const int fields_started[] = { COMMON, F_TIMEOUT_MS, F_DEADLINE_LEFT_MS, F_END };
@@ -74,13 +77,15 @@ static const int fields_succeeded[] = { COMMON, F_STATUS, F_DURATION_MS, F_USAGE
                                         F_RESPONSE_MODEL, F_SYSTEM_FINGERPRINT, F_END };
 static const int fields_gave_up[] = { COMMON, F_REASON, F_ATTEMPTS, F_TOTAL_MS,
                                       F_ERROR_KIND, F_STATUS, F_END };
+static const int fields_shared_down[] = { COMMON, F_SHARED, F_ERROR_MESSAGE, F_END };
+static const int fields_shared_up[] = { COMMON, F_SHARED, F_DOWN_MS, F_END };
 static const int fields_chunk[] = { F_END };
 /* Only for calls that stream: what follows a succeeded / gave_up event's own
  * fields (never the text of a chunk). */
 static const int fields_stream[] = { F_STREAM, F_TTFT_MS, F_CHUNKS, F_END };
 static const int *const field_tables[] = {
     fields_started, fields_failed, fields_error, fields_retry, fields_succeeded, fields_gave_up,
-    fields_chunk,
+    fields_shared_down, fields_shared_up, fields_chunk,
 };
 
 static const char *const field_names[] = {
@@ -89,6 +94,7 @@ static const char *const field_names[] = {
     "error_kind", "error_message", "delay_ms", "delay_source", "next_attempt",
     "usage", "response_model", "system_fingerprint", "reason", "attempts", "total_ms",
     "stream", "ttft_ms", "chunks", "stream_reason", "target", "validation_path", "repair",
+    "shared", "down_ms",
 };
 
 /* Calls with fallbacks: every event says which target it is about, right
@@ -215,6 +221,8 @@ int llmretry_event_field(const llmretry_event *ev, size_t index, llmretry_field 
         out->type = LLMRETRY_FIELD_BOOL;
         out->i = 1;
         break;
+    case F_SHARED: set_str(out, ev->shared); break;
+    case F_DOWN_MS: set_int(out, ev->down_ms); break;
     }
     return 0;
 }

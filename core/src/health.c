@@ -23,7 +23,10 @@
  * The numbers live in the endpoint's lr_shared_ep (shared.c): its own, or,
  * with the engine option `shared`, a slot every process on the key uses,
  * so the budget counts their retries together and one probe goes at a time
- * across all of them (a lease, which lapses if its process dies). */
+ * across all of them (a lease, which lapses if its process dies). With a
+ * Redis store, every change goes through lr_redis_* (shared_redis.c), which
+ * apply the same rules to the endpoint's mirror and queue them for Redis;
+ * the half-open probe waits for Redis to name its holder (50 ms at most). */
 #include "endpoint.h"
 
 #include <stdio.h>
@@ -43,7 +46,11 @@ int lr_health_admits(llmretry_engine *e, llmretry_call *c, int64_t now, char *wh
     if (!ep || ep->health.threshold <= 0 || c->breaker_probe)
         return 1;
     int probe = 0;
-    if (lr_shared_breaker_admits(ep->sh, now, probe_lease_ms(c), &probe)) {
+    int ok = ep->rd ? lr_redis_breaker_admits(ep->rd, now, probe_lease_ms(c), &probe)
+                    : lr_shared_breaker_admits(ep->sh, now, probe_lease_ms(c), &probe);
+    if (ok < 0)
+        return -1;                              /* Redis has not said who probes yet */
+    if (ok) {
         if (probe) {
             c->breaker_probe = 1;               /* the one probe */
             lr_endpoint_publish(e, ep);
@@ -68,7 +75,10 @@ void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c)
     if (!ep)
         return;
     if (c->attempt == c->target_first_attempt) {
-        lr_shared_budget_request(ep->sh, lr_mono_ms());
+        if (ep->rd)
+            lr_redis_budget_request(ep->rd, lr_mono_ms());
+        else
+            lr_shared_budget_request(ep->sh, lr_mono_ms());
         ep->requests++;
     } else {
         ep->retries++;
@@ -79,7 +89,10 @@ void lr_health_attempt_started(llmretry_engine *e, llmretry_call *c)
 int lr_health_retry_allowed(llmretry_engine *e, llmretry_call *c, int64_t now)
 {
     lr_endpoint *ep = c->endpoint;
-    if (!ep || lr_shared_budget_take(ep->sh, now, ep->health.budget_ratio, ep->health.budget_min))
+    if (!ep || (ep->rd ? lr_redis_budget_take(ep->rd, now, ep->health.budget_ratio,
+                                              ep->health.budget_min)
+                       : lr_shared_budget_take(ep->sh, now, ep->health.budget_ratio,
+                                               ep->health.budget_min)))
         return 1;
     ep->retries_refused++;
     lr_endpoint_publish(e, ep);
@@ -106,8 +119,19 @@ static void release_probe(lr_endpoint *ep, llmretry_call *c)
 {
     if (c->breaker_probe) {
         c->breaker_probe = 0;
-        atomic_store(&ep->sh->breaker_probe_until, 0);
+        if (ep->rd)
+            lr_redis_probe_release(ep->rd);
+        else
+            atomic_store(&ep->sh->breaker_probe_until, 0);
     }
+}
+
+static void breaker_succeeded(lr_endpoint *ep)
+{
+    if (ep->rd)
+        lr_redis_breaker_succeeded(ep->rd);
+    else
+        lr_shared_breaker_succeeded(ep->sh);
 }
 
 void lr_health_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f)
@@ -117,16 +141,18 @@ void lr_health_attempt_ended(llmretry_engine *e, llmretry_call *c, const llmretr
         return;
     int was_probe = c->breaker_probe;
     if (!f) {
-        /* A response: the endpoint is up. */
-        lr_shared_breaker_succeeded(ep->sh);
+        breaker_succeeded(ep);                  /* a response: the endpoint is up */
     } else if (f->kind == LLMRETRY_ERR_CANCELLED) {
         release_probe(ep, c);
     } else if (transient(c, f)) {
-        if (lr_shared_breaker_failed(ep->sh, lr_mono_ms(), ep->health.threshold,
-                                     ep->health.cooldown_ms, was_probe))
+        int64_t now = lr_mono_ms();
+        if (ep->rd ? lr_redis_breaker_failed(ep->rd, now, ep->health.threshold,
+                                             ep->health.cooldown_ms, was_probe)
+                   : lr_shared_breaker_failed(ep->sh, now, ep->health.threshold,
+                                              ep->health.cooldown_ms, was_probe))
             ep->breaker_opened++;
     } else if (f->kind == LLMRETRY_ERR_HTTP_STATUS) {
-        lr_shared_breaker_succeeded(ep->sh);    /* a 4xx: the endpoint answers */
+        breaker_succeeded(ep);                  /* a 4xx: the endpoint answers */
     } else {
         release_probe(ep, c);
     }

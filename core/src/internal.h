@@ -205,6 +205,10 @@ struct llmretry_event {
      * first error's path (never the answer's text); NULL otherwise. */
     char *validation_path;
     int repair;                    /* llm_retry_scheduled: the next body is a repair */
+    /* llm_shared_unavailable / _recovered: the store as it may be shown
+     * (a Redis password as ***), and how long it was unavailable. */
+    char *shared;
+    int64_t down_ms;
 };
 
 struct llmretry_call {

@@ -127,8 +127,8 @@ static const llmretry_option_info TABLE[] = {
     { "stream_buffer_bytes", LLMRETRY_OPTTYPE_INT, 0, OFF(stream_buffer_bytes), 1, INT64_MAX,
       "> 0", NULL, "1048576",
       "unread stream chunks beyond this pause the transfer until the host reads" },
-    { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..63", NULL,
-      "63",
+    { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..255", NULL,
+      "255",
       "which events to make: bit n asks for EVENT_NAMES[n]" },
 };
 #define N_TABLE (sizeof TABLE / sizeof TABLE[0])

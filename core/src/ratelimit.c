@@ -135,7 +135,8 @@ static double tokens_per_ms(double per_minute, double need)
 /* With a shared store the buckets are GCRA timestamps every process on the
  * key takes from (shared.c), in place of this engine's levels: the same
  * pace (PACE, the request bucket's slack, a call in debt for its tokens),
- * kept where all of them see it. */
+ * kept where all of them see it. A Redis store's are taken from the slices
+ * this process leased of them (lr_redis_take: no round trip here). */
 static double tokens_of(const lr_endpoint *ep, llmretry_call *c);
 
 static int is_shared(const lr_endpoint *ep)
@@ -165,14 +166,19 @@ static int64_t ms_of(int64_t us)
     return (us + 999) / 1000;
 }
 
-/* How long the shared buckets would hold c (ms), taking nothing. */
-static int64_t shared_wait(const lr_endpoint *ep, double rpm, double tpm, int64_t now)
+/* How long the shared buckets would hold a call of `need` tokens (ms),
+ * taking nothing. */
+static int64_t shared_wait(const lr_endpoint *ep, double rpm, double tpm, double need, int64_t now)
 {
     int64_t now_us = now * 1000, w = 0;
     if (rpm > 0)
-        w = lr_shared_gcra_wait(&ep->sh->req_tat_us, now_us, req_tolerance_us(rpm));
+        w = ep->rd ? lr_redis_wait(ep->rd, LR_REDIS_REQ, now_us, req_cost_us(rpm),
+                                   req_tolerance_us(rpm))
+                   : lr_shared_gcra_wait(&ep->sh->req_tat_us, now_us, req_tolerance_us(rpm));
     if (tpm > 0) {
-        int64_t t = lr_shared_gcra_wait(&ep->sh->tok_tat_us, now_us, 0);
+        int64_t t = !ep->rd ? lr_shared_gcra_wait(&ep->sh->tok_tat_us, now_us, 0)
+                  : need > 0 ? lr_redis_wait(ep->rd, LR_REDIS_TOK, now_us, tok_cost_us(tpm, need), 0)
+                  : 0;
         if (t > w)
             w = t;
     }
@@ -187,6 +193,18 @@ static int64_t shared_take(lr_endpoint *ep, llmretry_call *c, int64_t now)
         return 0;
     double need = tokens_of(ep, c), rpm = req_rate(ep), tpm = tok_rate(ep, need);
     int64_t now_us = now * 1000, w;
+    if (ep->rd) {
+        if (rpm > 0 && (w = lr_redis_take(ep->rd, LR_REDIS_REQ, now_us, req_cost_us(rpm),
+                                          req_tolerance_us(rpm))) > 0)
+            return ms_of(w);
+        if (tpm > 0 && need > 0 &&
+            (w = lr_redis_take(ep->rd, LR_REDIS_TOK, now_us, tok_cost_us(tpm, need), 0)) > 0) {
+            if (rpm > 0)
+                lr_redis_untake(ep->rd, LR_REDIS_REQ, req_cost_us(rpm));
+            return ms_of(w);
+        }
+        return 0;
+    }
     if (rpm > 0 && (w = lr_shared_gcra_take(&ep->sh->req_tat_us, now_us, req_cost_us(rpm), 1,
                                             req_tolerance_us(rpm))) > 0)
         return ms_of(w);
@@ -332,6 +350,11 @@ static double tokens_of(const lr_endpoint *ep, llmretry_call *c)
  * second). */
 static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
 {
+    /* A Redis store not heard from yet about this endpoint (its first
+     * read, who probes): a moment, its timeout (50 ms) at most. */
+    int64_t w = ep->rd ? lr_redis_hold_ms(ep->rd, now) : 0;
+    if (w > 0)
+        return w;
     if (unlimited(ep, now))
         return 0;
     int64_t paused = ep->paused_until;
@@ -342,7 +365,7 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     double rpm = req_rate(ep), tpm = tok_rate(ep, need);
     /* The server says too little is left: one more request, this call's
      * tokens. */
-    int64_t w = held(&ep->req, 1.0, per_ms(rpm), now);
+    w = held(&ep->req, 1.0, per_ms(rpm), now);
     if (w > wait)
         wait = w;
     w = held(&ep->tok, need, tpm > 0 ? tokens_per_ms(tpm, need) : 0.0, now);
@@ -355,7 +378,9 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     if (w > wait)
         wait = w;
     if (is_shared(ep)) {
-        w = shared_wait(ep, rpm, tpm, now);
+        if (ep->rd && wait > 0)
+            return wait;                /* no slice leased for a call that cannot go yet */
+        w = shared_wait(ep, rpm, tpm, need, now);
         return w > wait ? w : wait;
     }
     refill(ep, now, need, rpm, tpm);
@@ -417,11 +442,53 @@ static void take(lr_endpoint *ep, llmretry_call *c, int64_t now)
     c->sent_mark[1] = ep->sent_tok += c->charged_tok;
 }
 
+/* A Redis store that became unreachable, or is back, since this engine
+ * last said so: the event, on c (once per change; a call that does not
+ * ask for it leaves it to the next). */
+static void report_store(lr_endpoint *ep, llmretry_call *c)
+{
+    if (!ep->rd || !(c->o.events & ((1u << LLMRETRY_EV_SHARED_UNAVAILABLE) |
+                                    (1u << LLMRETRY_EV_SHARED_RECOVERED))))
+        return;
+    char why[512] = "";
+    int64_t down_ms = 0;
+    int t = lr_redis_transition(ep->rd, why, sizeof why, &down_ms);
+    if (!t)
+        return;
+    llmretry_event *ev = lr_event(c, t == 1 ? LLMRETRY_EV_SHARED_UNAVAILABLE
+                                            : LLMRETRY_EV_SHARED_RECOVERED);
+    if (!ev)
+        return;
+    ev->shared = lr_strdup(lr_redis_ep_name(ep->rd));
+    if (t == 1)
+        ev->error_message = lr_strdup(why);
+    ev->down_ms = down_ms;
+    lr_post(c, ev);
+}
+
+/* A call that waited on a Redis store asks its breaker again: what Redis
+ * said meanwhile (another process opened it; who probes) holds for it too.
+ * 1: it may go on; 0: refused (given up as circuit_open); -1: it waits on. */
+static int breaker_again(llmretry_engine *e, llmretry_call *c, int64_t now)
+{
+    char why[160];
+    int h = lr_health_admits(e, c, now, why, sizeof why);
+    if (h != 0)
+        return h;
+    lr_admission_leave(e, c);
+    free(c->last_message);
+    c->last_message = lr_strdup(why);
+    c->last_kind = LLMRETRY_ERR_CIRCUIT_OPEN;
+    lr_give_up(e, c, LLMRETRY_REASON_CIRCUIT_OPEN);
+    return 0;
+}
+
 int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now)
 {
     lr_endpoint *ep = lr_endpoint_of(e, c);
     if (!ep)
         return 0;
+    report_store(ep, c);
     /* First come, first served: nobody passes a call already waiting. */
     int64_t wait = ep->queue.head && ep->queue.head != c ? 1 : wait_for(ep, c, now);
     if (wait == 0)
@@ -441,9 +508,18 @@ void lr_budget_pump(llmretry_engine *e, void (*admit)(llmretry_engine *, llmretr
     int64_t now = lr_mono_ms();
     for (size_t i = 0; i < e->n_endpoints; i++) {
         lr_endpoint *ep = e->endpoints[i];
-        while (ep->queue.head && wait_for(ep, ep->queue.head, now) == 0 &&
-               shared_take(ep, ep->queue.head, now) == 0) {
-            llmretry_call *c = ep->queue.head;
+        llmretry_call *c;
+        while ((c = ep->queue.head) && wait_for(ep, c, now) == 0) {
+            if (ep->rd) {
+                report_store(ep, c);
+                int h = breaker_again(e, c, now);
+                if (h == 0)
+                    continue;
+                if (h < 0)
+                    break;
+            }
+            if (shared_take(ep, c, now) != 0)
+                break;
             lr_queue_unlink(&ep->queue, c);
             lr_timer_remove(e, c);
             take(ep, c, now);
@@ -604,9 +680,12 @@ void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usa
                        (c->completion_limit >= 0 ? c->completion_limit : usage->completion_tokens);
         if (is_shared(ep)) {
             double est = (double)c->est_tokens, tpm = tok_rate(ep, est);
-            if (tpm > 0 && est > 0)     /* give back (or charge) the difference, in time */
-                lr_shared_gcra_adjust(&ep->sh->tok_tat_us, (int64_t)((double)(real - c->est_tokens) *
-                                      (double)tok_cost_us(tpm, est) / est));
+            int64_t delta = tpm > 0 && est > 0      /* give back (or charge) the difference, in time */
+                ? (int64_t)((double)(real - c->est_tokens) * (double)tok_cost_us(tpm, est) / est) : 0;
+            if (delta && ep->rd)
+                lr_redis_adjust(ep->rd, LR_REDIS_TOK, delta);
+            else if (delta)
+                lr_shared_gcra_adjust(&ep->sh->tok_tat_us, delta);
         } else {
             ep->tok_level = fmin(ep->tok_cap, ep->tok_level + (double)(c->est_tokens - real));
         }
@@ -628,8 +707,10 @@ void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until)
     lr_endpoint *ep = lr_endpoint_of(e, c);
     if (ep && until > ep->paused_until)
         ep->paused_until = until;
-    if (ep && is_shared(ep))
-        lr_shared_raise(&ep->sh->paused_until, until);  /* every process waits */
+    if (ep && ep->rd)
+        lr_redis_raise_pause(ep->rd, until);            /* every process waits */
+    else if (ep && is_shared(ep))
+        lr_shared_raise(&ep->sh->paused_until, until);
 }
 
 /* ---- 429s that name no wait ------------------------------------------------------ */

@@ -4,6 +4,8 @@
  * differs. */
 #include "shared.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void lr_shared_ep_init(lr_shared_ep *ep, uint64_t id)
@@ -157,4 +159,82 @@ void lr_shared_breaker_succeeded(lr_shared_ep *ep)
     atomic_store(&ep->breaker_failures, 0);
     atomic_store(&ep->breaker_open_until, 0);
     atomic_store(&ep->breaker_probe_until, 0);
+}
+
+/* ---- the stores, by scheme ------------------------------------------------------ */
+
+struct lr_shared_store {
+    lr_shm *shm;                        /* one of the two */
+    lr_redis *redis;
+    char name[64];                      /* "shm:NAME" */
+};
+
+int lr_shared_store_open(const char *spec, lr_shared_store **out, char *err, size_t len)
+{
+    *out = NULL;
+    lr_shared_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, len, "shared: out of memory");
+        return -1;
+    }
+    int rc;
+    if (strncmp(spec, "shm:", 4) == 0) {
+        rc = lr_shm_open(spec, &s->shm, err, len);
+        snprintf(s->name, sizeof s->name, "%s", spec);
+    } else if (strncmp(spec, "redis://", 8) == 0 || strncmp(spec, "rediss://", 9) == 0) {
+        rc = lr_redis_open(spec, &s->redis, err, len);
+    } else {
+        /* Only the scheme is repeated: the rest may hold a password. */
+        size_t n = strcspn(spec, ":/@");
+        snprintf(err, len, "shared must be \"shm:NAME\" or "
+                 "\"redis://[:password@]host:port[/db]\" (got a value starting \"%.*s\")",
+                 (int)(n > 16 ? 16 : n), spec);
+        rc = -1;
+    }
+    if (rc != 0) {
+        free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+void lr_shared_store_close(lr_shared_store *s)
+{
+    if (!s)
+        return;
+    if (s->shm)
+        lr_shm_close(s->shm);
+    if (s->redis)
+        lr_redis_close(s->redis);
+    free(s);
+}
+
+lr_shared_ep *lr_shared_store_endpoint(lr_shared_store *s, uint64_t id)
+{
+    if (s->shm)
+        return lr_shm_endpoint(s->shm, id);
+    lr_redis_ep *x = lr_redis_endpoint(s->redis, id);
+    return x ? lr_redis_mirror(x) : NULL;
+}
+
+lr_redis_ep *lr_shared_store_redis(lr_shared_store *s, uint64_t id)
+{
+    return s->redis ? lr_redis_endpoint(s->redis, id) : NULL;
+}
+
+const char *lr_shared_store_path(const lr_shared_store *s)
+{
+    return s->shm ? lr_shm_path(s->shm) : NULL;
+}
+
+const char *lr_shared_store_name(const lr_shared_store *s)
+{
+    return s->redis ? lr_redis_name(s->redis) : s->name;
+}
+
+void lr_shared_store_on_news(lr_shared_store *s, void (*wake)(void *), void *arg)
+{
+    if (s->redis)
+        lr_redis_on_news(s->redis, wake, arg);
 }

@@ -4,13 +4,20 @@
  *
  *   shared.c       the numbers of one endpoint and the rules that change
  *                  them (GCRA buckets, counters, the breaker's probe lease):
- *                  lock-free, the same code for a private and a shared copy
- *   shared_shm.c   a store of such endpoints in a file in /dev/shm, mapped
- *                  by every process on the host that names it
+ *                  lock-free, the same code for a private and a shared copy;
+ *                  and the `shared` option's stores, by scheme
+ *   shared_shm.c   "shm:NAME": a store of such endpoints in a file in
+ *                  /dev/shm, mapped by every process on the host naming it
+ *   shared_redis.c "redis://...": the numbers kept in Redis for every process
+ *                  on every machine using it. The I/O thread never waits on
+ *                  Redis: it works on a local copy of each endpoint (the
+ *                  mirror) and on leased slices of the buckets, which a
+ *                  thread of the store keeps in step with Redis
  *
  * Every field is an atomic int64: a process that dies mid-call holds no
  * lock, and what it leased (a breaker probe) expires. Times are on
- * CLOCK_MONOTONIC, in milliseconds, which every process on a host shares. */
+ * CLOCK_MONOTONIC, in milliseconds, which every process on a host shares
+ * (Redis keeps its own clock's; the store converts). */
 #ifndef LR_SHARED_H
 #define LR_SHARED_H
 
@@ -85,20 +92,97 @@ int lr_shared_breaker_failed(lr_shared_ep *ep, int64_t now_ms, int threshold,
                              int64_t cooldown_ms, int probe);
 void lr_shared_breaker_succeeded(lr_shared_ep *ep);
 
-/* A store of endpoints shared between processes. */
+/* A store of endpoints shared between processes: "shm:NAME" or
+ * "redis://[[user]:password@]host[:port][/db][?timeout_ms=N]". */
 typedef struct lr_shared_store lr_shared_store;
 
-/* Open (creating on first use) the store a `shared` option names:
- * "shm:NAME". 0, or -1 with a message naming the file or the value (never
- * a password) in err. */
+/* Open (creating on first use) the store a `shared` option names. 0, or -1
+ * with a message naming the option and the file or the value (never a
+ * password) in err. A Redis store connects in the background: opening it
+ * never waits for Redis. */
 int lr_shared_store_open(const char *spec, lr_shared_store **out, char *err, size_t len);
 void lr_shared_store_close(lr_shared_store *s);
 
 /* The endpoint `id` (never 0) in the store, claimed on first use; NULL when
- * every slot holds another endpoint. */
+ * every slot holds another endpoint. For a Redis store: the endpoint's
+ * mirror, which the I/O thread reads as it would a slot; its changes go
+ * through the lr_redis_* calls below (lr_shared_store_redis). */
 lr_shared_ep *lr_shared_store_endpoint(lr_shared_store *s, uint64_t id);
 
-/* The file a "shm:NAME" store lives in, for messages and tests. */
+/* The file a "shm:NAME" store lives in (NULL for Redis), for messages and
+ * tests. */
 const char *lr_shared_store_path(const lr_shared_store *s);
+
+/* The option's value as messages and events may show it: a Redis URL's
+ * password as "***". */
+const char *lr_shared_store_name(const lr_shared_store *s);
+
+/* ---- the shm store (shared_shm.c): "shm:NAME" ------------------------------- */
+
+typedef struct lr_shm lr_shm;
+int lr_shm_open(const char *spec, lr_shm **out, char *err, size_t len);
+void lr_shm_close(lr_shm *s);
+lr_shared_ep *lr_shm_endpoint(lr_shm *s, uint64_t id);
+const char *lr_shm_path(const lr_shm *s);
+
+/* ---- the Redis store (shared_redis.c) -------------------------------------- */
+
+typedef struct lr_redis lr_redis;
+typedef struct lr_redis_ep lr_redis_ep;
+
+/* Parse a "redis://..." value and start its store thread. */
+int lr_redis_open(const char *spec, lr_redis **out, char *err, size_t len);
+void lr_redis_close(lr_redis *r);
+lr_redis_ep *lr_redis_endpoint(lr_redis *r, uint64_t id);
+lr_shared_ep *lr_redis_mirror(lr_redis_ep *x);
+void lr_redis_on_news(lr_redis *r, void (*wake)(void *), void *arg);
+const char *lr_redis_name(const lr_redis *r);
+
+/* The Redis endpoint of `id` in a store (NULL unless it is a Redis store). */
+lr_redis_ep *lr_shared_store_redis(lr_shared_store *s, uint64_t id);
+
+/* Called from the store's thread when news arrives that a waiting call may
+ * need (a lease, the first sync, Redis going down): the engine wakes its
+ * I/O thread. Set before the I/O thread starts. */
+void lr_shared_store_on_news(lr_shared_store *s, void (*wake)(void *), void *arg);
+
+/* What the I/O thread does to a Redis endpoint. Each applies the rule of
+ * shared.c to the mirror at once (no round trip) and queues it for Redis;
+ * while Redis is unavailable the mirror alone is the budget (this
+ * process's own, as without `shared`). */
+enum { LR_REDIS_REQ = 0, LR_REDIS_TOK = 1 };
+
+/* GCRA through leases: 0 and one unit of `cost_us` taken from the slices
+ * this process holds; else the microseconds to wait (a slice is asked for
+ * when none is held; a call waits at most 50 ms for Redis before the
+ * process's own bucket admits it). wait: the same, taking nothing. */
+int64_t lr_redis_take(lr_redis_ep *x, int bucket, int64_t now_us, int64_t cost_us,
+                      int64_t tolerance_us);
+int64_t lr_redis_wait(lr_redis_ep *x, int bucket, int64_t now_us, int64_t cost_us,
+                      int64_t tolerance_us);
+/* Undo the take just made (its call waits for the other bucket). */
+void lr_redis_untake(lr_redis_ep *x, int bucket, int64_t cost_us);
+/* A bucket's charge corrected (lr_shared_gcra_adjust). */
+void lr_redis_adjust(lr_redis_ep *x, int bucket, int64_t delta_us);
+void lr_redis_raise_pause(lr_redis_ep *x, int64_t until_ms);
+void lr_redis_budget_request(lr_redis_ep *x, int64_t now_ms);
+int lr_redis_budget_take(lr_redis_ep *x, int64_t now_ms, double ratio, int64_t min);
+/* The breaker: as lr_shared_breaker_admits, or -1 when this process has
+ * asked Redis for the half-open probe's lease and has no answer yet (the
+ * call waits: lr_redis_hold_ms). */
+int lr_redis_breaker_admits(lr_redis_ep *x, int64_t now_ms, int64_t lease_ms, int *probe);
+int lr_redis_breaker_failed(lr_redis_ep *x, int64_t now_ms, int threshold,
+                            int64_t cooldown_ms, int probe);
+void lr_redis_breaker_succeeded(lr_redis_ep *x);
+void lr_redis_probe_release(lr_redis_ep *x);
+/* How long a call must wait for Redis before admission may decide (ms, 0:
+ * it may now): the endpoint's first read of the shared state, or an answer
+ * about the probe's lease; never more than 50 ms. */
+int64_t lr_redis_hold_ms(lr_redis_ep *x, int64_t now_ms);
+/* A change of Redis's availability not yet reported on this engine: 1 it
+ * became unavailable (why: the reason), 2 it is back (down_ms: for how
+ * long it was not); 0 none. The transition counts as reported. */
+int lr_redis_transition(lr_redis_ep *x, char *why, size_t len, int64_t *down_ms);
+const char *lr_redis_ep_name(const lr_redis_ep *x);
 
 #endif

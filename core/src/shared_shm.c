@@ -29,7 +29,7 @@ typedef struct shm_header {
     char pad[32];                        /* slots start 64-byte aligned */
 } shm_header;
 
-struct lr_shared_store {
+struct lr_shm {
     int fd;
     void *map;
     size_t size;
@@ -57,7 +57,7 @@ static int valid_name(const char *name)
     return 1;
 }
 
-static int fail(lr_shared_store *s, char *err, size_t len, const char *fmt, const char *what)
+static int fail(lr_shm *s, char *err, size_t len, const char *fmt, const char *what)
 {
     if (err && len)
         snprintf(err, len, fmt, what);
@@ -73,7 +73,7 @@ static int fail(lr_shared_store *s, char *err, size_t len, const char *fmt, cons
 
 /* A new file (size 0, under the lock): its size and header. Zeros are a
  * store with no endpoint, so only the header needs writing. */
-static int create_layout(lr_shared_store *s)
+static int create_layout(lr_shm *s)
 {
     if (ftruncate(s->fd, (off_t)s->size) != 0)
         return -1;
@@ -89,16 +89,14 @@ static int create_layout(lr_shared_store *s)
     return 0;
 }
 
-int lr_shared_store_open(const char *spec, lr_shared_store **out, char *err, size_t len)
+int lr_shm_open(const char *spec, lr_shm **out, char *err, size_t len)
 {
     *out = NULL;
-    if (strncmp(spec, "shm:", 4) != 0)
-        return fail(NULL, err, len, "shared must be \"shm:NAME\"%s", "");
     const char *name = spec + 4;
     if (!valid_name(name))
         return fail(NULL, err, len, "shared: \"shm:%.64s\": NAME must be 1 to 64 of "
                     "[A-Za-z0-9_.-], not starting with a dot", name);
-    lr_shared_store *s = calloc(1, sizeof *s);
+    lr_shm *s = calloc(1, sizeof *s);
     if (!s)
         return fail(NULL, err, len, "shared: out of memory%s", "");
     s->fd = -1;
@@ -142,7 +140,7 @@ int lr_shared_store_open(const char *spec, lr_shared_store **out, char *err, siz
     return 0;
 }
 
-void lr_shared_store_close(lr_shared_store *s)
+void lr_shm_close(lr_shm *s)
 {
     if (!s)
         return;
@@ -151,7 +149,7 @@ void lr_shared_store_close(lr_shared_store *s)
     free(s);
 }
 
-lr_shared_ep *lr_shared_store_endpoint(lr_shared_store *s, uint64_t id)
+lr_shared_ep *lr_shm_endpoint(lr_shm *s, uint64_t id)
 {
     /* Open addressing: a slot is claimed once, by a compare-and-swap of its
      * id from 0, and never given back (a store lives as long as its file). */
@@ -168,7 +166,7 @@ lr_shared_ep *lr_shared_store_endpoint(lr_shared_store *s, uint64_t id)
     return NULL;
 }
 
-const char *lr_shared_store_path(const lr_shared_store *s)
+const char *lr_shm_path(const lr_shm *s)
 {
     return s->path;
 }

@@ -746,6 +746,20 @@ def _check_option_names(names: Iterable[str], where: str) -> None:
                         + ", ".join(unknown))
 
 
+def _shown_shared(spec: str) -> str:
+    """``shared`` as a repr may show it: a Redis URL's password (and user)
+    as ``***``, up to the last ``@`` before the host, as the core reads it."""
+    scheme, sep, rest = spec.partition("://")
+    if not sep:
+        return spec
+    end = len(rest)
+    for c in "/?#":
+        if c in rest:
+            end = min(end, rest.index(c))
+    at = rest.rfind("@", 0, end)
+    return f"{scheme}://***{rest[at:]}" if at >= 0 else spec
+
+
 class _PolicyPlan:
     """A policy made ready for calls: its plan over the client's, and what
     is applied per call (the body's model, an ``"auto"`` idempotency key)."""
@@ -852,12 +866,16 @@ class Client:
     host (calls past it wait for one: an HTTP/1.1 server needs one per call
     in flight, an HTTP/2 one shares each among many).
 
-    ``shared`` says where each endpoint's retry budget and circuit breaker
-    live: ``None`` (the default, or the ``LLMRETRY_SHARED`` environment
-    variable when set) keeps them in this process; ``"shm:NAME"`` shares
-    them with every process on this host that names NAME (gunicorn workers,
-    a multiprocessing pool, notebooks on one key), so their retries count
-    against one budget and one breaker opens for all (docs/shared.md).
+    ``shared`` says where each endpoint's rate budget, retry budget and
+    circuit breaker live: ``None`` (the default, or the ``LLMRETRY_SHARED``
+    environment variable when set) keeps them in this process; ``"shm:NAME"``
+    shares them with every process on this host that names NAME (gunicorn
+    workers, a multiprocessing pool, notebooks on one key);
+    ``"redis://[:password@]host:port[/db]"`` with every process on every
+    machine using that Redis. Their calls then pace against one limit, their
+    retries count against one budget and one breaker opens for all
+    (docs/shared.md). A Redis that is down or slow never fails a call: each
+    process paces alone until it is back.
 
     ``policies`` are named policies (a mapping ``{name: {key: value}}`` or
     a ``.toml``/``.json`` file, see :func:`llmretry.load_policies`), checked
@@ -887,8 +905,8 @@ class Client:
         if shared is None:
             shared = os.environ.get("LLMRETRY_SHARED") or None
         if shared is not None and not isinstance(shared, str):
-            raise TypeError(f"shared must be a str such as 'shm:NAME' or None, "
-                            f"not {type(shared).__name__}")
+            raise TypeError(f"shared must be a str such as 'shm:NAME' or "
+                            f"'redis://host:port' or None, not {type(shared).__name__}")
         self._shared = shared
         self._defaults: Dict[str, Any] = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
@@ -982,7 +1000,7 @@ class Client:
         parts = [f"{k}={v!r}" for k, v in shown.items()]
         parts.append("api_key=<set>" if self._defaults.get("api_key") else "api_key=<unset>")
         if self._shared:
-            parts.append(f"shared={self._shared!r}")
+            parts.append(f"shared={_shown_shared(self._shared)!r}")
         if self._closed:
             parts.append("closed")
         return f"Client({', '.join(parts)})"

@@ -60,6 +60,7 @@ default, else the documented one; ``logger=DEFAULT`` means the
 _EVENT_LEVELS: Dict[str, int] = {
     "llm_request_started": logging.DEBUG,
     "llm_request_succeeded": logging.INFO,
+    "llm_shared_recovered": logging.INFO,
 }
 
 # Events may hold server text with any characters: keep them readable, never fail.

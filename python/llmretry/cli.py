@@ -162,9 +162,10 @@ def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-api-key-env", action="append", metavar="NAME",
                    help="the variable holding the n-th fallback's key")
     p.add_argument("--shared", metavar="STORE",
-                   help="share each endpoint's retry budget and circuit breaker with every "
-                   "process naming the same STORE: shm:NAME (this host); default "
-                   "$LLMRETRY_SHARED, else this process alone")
+                   help="share each endpoint's rate budget, retry budget and circuit breaker "
+                   "with every process naming the same STORE: shm:NAME (this host) or "
+                   "redis://[:password@]host:port[/db] (every machine using that Redis); "
+                   "default $LLMRETRY_SHARED, else this process alone")
     p.add_argument("--policies", metavar="FILE",
                    help="named policies (.toml or .json) for --policy")
     p.add_argument("--policy", metavar="NAME",
@@ -352,6 +353,11 @@ def _event_printer(write: Callable[[str], None]) -> Callable[[Dict[str, Any]], N
                 what = last_failure.pop(rid, str(ev.get("error_kind")))
                 write(f"  FAILED  {rid}  after {ev.get('attempts')} attempt(s): {what} "
                       f"({ev.get('reason')})")
+            elif name == "llm_shared_unavailable":
+                write(f"  shared  {ev.get('error_message')}: this process paces alone "
+                      f"until it is back")
+            elif name == "llm_shared_recovered":
+                write(f"  shared  {ev.get('shared')} is back after {ev.get('down_ms')} ms")
 
     return on_event
 
@@ -413,6 +419,8 @@ def _logger(args: argparse.Namespace, write: Callable[[str], None],
         events = _EventsFile(args.events)
         opened.append(events)
         sinks.append(events)
+    if not args.verbose and (getattr(args, "shared", None) or os.environ.get("LLMRETRY_SHARED")):
+        sinks.append(_shared_notices(write))
     if not sinks:
         return None
     if len(sinks) == 1:
@@ -423,6 +431,21 @@ def _logger(args: argparse.Namespace, write: Callable[[str], None],
             sink(ev)
 
     return both
+
+
+def _shared_notices(write: Callable[[str], None]) -> Callable[[Dict[str, Any]], None]:
+    """Without -v, a shared store that goes away or comes back is still said
+    (the engine builds no other event for it)."""
+    printer = _event_printer(write)
+    bits = sum(1 << i for i, name in enumerate(_llmretry.EVENT_NAMES)
+               if name.startswith("llm_shared_"))
+
+    def on_event(ev: Dict[str, Any]) -> None:
+        if str(ev.get("event", "")).startswith("llm_shared_"):
+            printer(ev)
+
+    on_event.event_mask = lambda: bits  # type: ignore[attr-defined]
+    return on_event
 
 
 def _stderr_line(text: str) -> None:

@@ -5,8 +5,11 @@
 #include "harness.h"
 #include "llmretry.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -296,6 +299,146 @@ void th_mock_stop(th_mock *m)
     if (m->pid > 0)
         reap(m->pid);
     m->pid = -1;
+}
+
+/* ---- redis-server ------------------------------------------------------- */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* Up when it answers PING (with the password, when it wants one). */
+static int redis_answers(const th_redis *r)
+{
+    struct timeval tv = { 0, 200000 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    int ok = 0;
+    if (c && !c->err) {
+        redisReply *rep = r->password[0] ? redisCommand(c, "AUTH %s", r->password) : NULL;
+        int authed = !r->password[0] || (rep && rep->type == REDIS_REPLY_STATUS);
+        freeReplyObject(rep);
+        rep = authed ? redisCommand(c, "PING") : NULL;
+        ok = rep && rep->type == REDIS_REPLY_STATUS;
+        freeReplyObject(rep);
+    }
+    if (c)
+        redisFree(c);
+    return ok;
+}
+
+static int redis_spawn(th_redis *r)
+{
+    char port[16], log[96];
+    snprintf(port, sizeof port, "%d", r->port);
+    snprintf(log, sizeof log, "%s/redis.log", r->dir);
+    const char *argv[24];
+    int n = 0;
+    argv[n++] = "redis-server";
+    argv[n++] = "--port"; argv[n++] = port;
+    argv[n++] = "--bind"; argv[n++] = "127.0.0.1";
+    argv[n++] = "--save"; argv[n++] = "";
+    argv[n++] = "--appendonly"; argv[n++] = "no";
+    argv[n++] = "--dir"; argv[n++] = r->dir;
+    argv[n++] = "--logfile"; argv[n++] = log;
+    argv[n++] = "--daemonize"; argv[n++] = "no";
+    if (r->password[0]) {
+        argv[n++] = "--requirepass";
+        argv[n++] = r->password;
+    }
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int devnull = open("/dev/null", O_RDWR);
+        if (devnull >= 0) {
+            dup2(devnull, STDIN_FILENO);
+            dup2(devnull, STDOUT_FILENO);
+        }
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    r->pid = pid;
+    for (int64_t end = th_now_ms() + TH_START_TIMEOUT_MS; th_now_ms() < end;) {
+        if (redis_answers(r))
+            return 0;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {  /* exited: port taken, or no binary */
+            r->pid = -1;
+            return WIFEXITED(status) && WEXITSTATUS(status) == 127 ? -2 : -1;
+        }
+        struct timespec ts = { 0, 10 * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    th_redis_kill(r);
+    return -1;
+}
+
+int th_redis_start(th_redis *r, const char *password)
+{
+    memset(r, 0, sizeof *r);
+    r->pid = -1;
+    snprintf(r->password, sizeof r->password, "%s", password ? password : "");
+    snprintf(r->dir, sizeof r->dir, "/tmp/th-redis-XXXXXX");
+    if (!mkdtemp(r->dir)) {
+        th_fail(__FILE__, __LINE__, "setup: mkdtemp failed");
+        return -1;
+    }
+    int rc = -1;
+    for (int tries = 0; tries < 5 && rc == -1; tries++) {   /* a port taken meanwhile */
+        r->port = free_port();
+        rc = r->port > 0 ? redis_spawn(r) : -1;
+    }
+    if (rc != 0) {
+        th_fail(__FILE__, __LINE__, rc == -2
+                ? "setup: redis-server is not installed (tools/ensure-deps.sh installs it)"
+                : "setup: redis-server did not start");
+        return -1;
+    }
+    snprintf(r->url, sizeof r->url, "redis://%s%s%s127.0.0.1:%d/0", r->password[0] ? ":" : "",
+             r->password, r->password[0] ? "@" : "", r->port);
+    return 0;
+}
+
+void th_redis_kill(th_redis *r)
+{
+    if (r->pid > 0) {
+        kill(r->pid, SIGKILL);
+        while (waitpid(r->pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    r->pid = -1;
+}
+
+int th_redis_restart(th_redis *r)
+{
+    th_redis_kill(r);
+    int rc = redis_spawn(r);
+    if (rc != 0)
+        th_fail(__FILE__, __LINE__, "setup: redis-server did not start again on port %d", r->port);
+    return rc;
+}
+
+void th_redis_stop(th_redis *r)
+{
+    th_redis_kill(r);
+    if (r->dir[0]) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/redis.log", r->dir);
+        unlink(path);
+        rmdir(r->dir);
+    }
 }
 
 const char *th_mock_scenario_url(const th_mock *m, const char *name, char *buf, size_t len)

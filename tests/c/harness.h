@@ -59,6 +59,24 @@ char *th_mock_requests(th_mock *m, const char *name);
 /* GET a control path (e.g. "/_mock/connections"); malloc'd body or NULL. */
 char *th_mock_get(th_mock *m, const char *path);
 
+/* A real redis-server (Debian's redis-server, installed by
+ * tools/ensure-deps.sh) on a free loopback port, in a temporary directory,
+ * saving nothing; with `password` it requires it. A missing redis-server
+ * is a failure, not a skip. th_redis_kill stops it at once (SIGKILL, as a
+ * crash would); th_redis_restart brings it back on the same port. */
+typedef struct th_redis {
+    pid_t pid;
+    int port;
+    char dir[64];
+    char password[64];
+    char url[160];              /* redis://[:password@]127.0.0.1:PORT/0 */
+} th_redis;
+
+int th_redis_start(th_redis *r, const char *password);  /* 0 on success */
+void th_redis_kill(th_redis *r);
+int th_redis_restart(th_redis *r);                       /* 0 on success */
+void th_redis_stop(th_redis *r);
+
 /* Run each case, printing "<name> ok|FAILED (N ms)" on stderr. */
 typedef struct th_case {
     const char *name;

@@ -135,8 +135,8 @@ static void test_setters(void)
                "max_retries must be 0..100 (got 101)");
     expect_err(llmretry_options_set_int(&o, "deadline_ms", -1, err, sizeof err), err,
                "deadline_ms must be >= 0 (got -1)");
-    expect_err(llmretry_options_set_int(&o, "event_mask", 64, err, sizeof err), err,
-               "event_mask must be 0..63 (got 64)");
+    expect_err(llmretry_options_set_int(&o, "event_mask", 256, err, sizeof err), err,
+               "event_mask must be 0..255 (got 256)");
     expect_err(llmretry_options_set_int(&o, "url", 3, err, sizeof err), err,
                "url must be a string");
     expect_err(llmretry_options_set_text(&o, "timeout_ms", "5", err, sizeof err), err,

@@ -1,11 +1,15 @@
-/* Shared budgets' numbers (core/src/shared.c) and their shm store
- * (core/src/shared_shm.c): GCRA buckets, the retry budget's window, the
- * breaker's probe lease, and a store that processes really share. */
+/* Shared budgets' numbers (core/src/shared.c), their shm store
+ * (core/src/shared_shm.c) and their Redis store (core/src/shared_redis.c,
+ * against a real redis-server): GCRA buckets, the retry budget's window,
+ * the breaker's probe lease, and stores that processes really share. */
 #include "harness.h"
 #include "shared.h"
 
 #include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -186,6 +190,321 @@ static void test_refused(void)
     unlink(path);
 }
 
+/* ---- Redis ------------------------------------------------------------------ */
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static lr_shared_store *open_store(const char *spec)
+{
+    char err[256] = "";
+    lr_shared_store *s = NULL;
+    CHECK_MSG(lr_shared_store_open(spec, &s, err, sizeof err) == 0, "open %s: %s", spec, err);
+    return s;
+}
+
+/* Bad URLs are refused naming the option, never repeating a password;
+ * good ones are named with the password hidden. */
+static void test_redis_urls(void)
+{
+    static const char *const bad[] = {
+        "redis://", "redis://:SECRETPW@", "redis://:SECRETPW@host:0", "redis://:SECRETPW@host:70000",
+        "redis://:SECRETPW@host:port", "redis://:SECRETPW@host/db1", "redis://:SECRETPW@host?x=1",
+        "redis://SECRETPW@host", "redis://:@host", "rediss://:SECRETPW@host:6379",
+        "redis://:SECRETPW@ho st", "redis://:SECRET%zzPW@host", "redis://[::1:6379",
+        "memcached://:SECRETPW@host", "redis://:SECRETPW@host?timeout_ms=0",
+        "redis://:SECRETPW@host/1?timeout_ms=x", "redis://:SECRETPW@host?db=1",
+        "redis://:SECRETPW@host#frag",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char err[256] = "";
+        lr_shared_store *s = NULL;
+        CHECK_MSG(lr_shared_store_open(bad[i], &s, err, sizeof err) == -1 && !s,
+                  "%s was accepted", bad[i]);
+        CHECK_MSG(strstr(err, "shared") != NULL, "%s: %s", bad[i], err);
+        CHECK_MSG(strstr(err, "SECRET") == NULL, "%s: the password in: %s", bad[i], err);
+    }
+    static const char *const good[][2] = {
+        { "redis://localhost", "redis://localhost:6379/0" },
+        { "redis://:SECRETPW@127.0.0.1:1/3", "redis://***@127.0.0.1:1/3" },
+        { "redis://user:SECRET%40PW@h-1.example:7000/", "redis://***@h-1.example:7000/0" },
+        { "redis://:SECRETPW@[::1]:7001/2", "redis://***@[::1]:7001/2" },
+        { "redis://h:1/2?timeout_ms=250", "redis://h:1/2?timeout_ms=250" },
+        { "redis://:SECRETPW@h?timeout_ms=50", "redis://***@h:6379/0" },
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        lr_shared_store *s = open_store(good[i][0]);
+        if (!s)
+            continue;
+        CHECK_STR(lr_shared_store_name(s), good[i][1]);
+        CHECK(lr_shared_store_path(s) == NULL);
+        lr_shared_store_close(s);
+    }
+}
+
+/* Wait until cond holds (polling), at most max_ms: 1 if it did. */
+#define EVENTUALLY(cond, max_ms) ({ int64_t until_ = th_now_ms() + (max_ms); int ok_ = 0; \
+    while (!(ok_ = (cond)) && th_now_ms() < until_) sleep_ms(2); ok_; })
+
+/* The tests of what is shared give Redis a second (?timeout_ms=1000): on a
+ * loaded machine a 50 ms stall of redis-server or of the store's thread is
+ * an outage, which the process rightly meets on its own budget. */
+static const char *patient(const th_redis *r)
+{
+    static char url[200];
+    snprintf(url, sizeof url, "%s?timeout_ms=1000", r->url);
+    return url;
+}
+
+/* Two stores on one Redis stand for two processes: taking as fast as they
+ * can from one bucket of 100 a second, together they stay within what one
+ * GCRA admits (in any 200 ms, 20 and a unit or two of slack) and both get
+ * a share. */
+static void test_redis_leases(const th_redis *r)
+{
+    lr_shared_store *a = open_store(patient(r)), *b = open_store(patient(r));
+    if (!a || !b)
+        goto out;
+    lr_redis_ep *x[2] = { lr_shared_store_redis(a, 0x1234), lr_shared_store_redis(b, 0x1234) };
+    CHECK(x[0] && x[1] && x[0] != x[1]);
+    CHECK(lr_shared_store_endpoint(a, 0x1234) == lr_redis_mirror(x[0]));
+    enum { MAX = 400 };
+    int64_t at[MAX];
+    int n = 0, per[2] = { 0, 0 };
+    int64_t t0 = mono_us();
+    while (mono_us() - t0 < 700000 && n < MAX) {
+        for (int k = 0; k < 2 && n < MAX; k++) {
+            int64_t now = mono_us();
+            if (lr_redis_take(x[k], LR_REDIS_REQ, now, 10000, 0) == 0) {
+                at[n++] = now;
+                per[k]++;
+            }
+        }
+        sleep_ms(1);
+    }
+    int most = 0;
+    for (int i = 0; i < n; i++) {
+        int in = 0;
+        for (int j = i; j < n && at[j] < at[i] + 200000; j++)
+            in++;
+        if (in > most)
+            most = in;
+    }
+    if (getenv("TH_VERBOSE")) fprintf(stderr, "leases: %d in all, most %d in 200 ms, shares %d/%d\n", n, most, per[0], per[1]);
+    CHECK_MSG(most <= 22, "%d taken in 200 ms (of %d in all) at 100/s", most, n);
+    CHECK_MSG(n >= 30, "only %d taken in 700 ms at 100/s", n);
+    CHECK_MSG(per[0] >= 5 && per[1] >= 5, "shares %d and %d", per[0], per[1]);
+out:
+    lr_shared_store_close(a);
+    lr_shared_store_close(b);
+}
+
+/* The retry budget's window and the breaker through Redis: one store's
+ * first attempts and failures are the other's, and one probe goes at a
+ * time across both. */
+static void test_redis_health(const th_redis *r)
+{
+    lr_shared_store *a = open_store(patient(r)), *b = open_store(patient(r));
+    if (!a || !b)
+        goto out;
+    lr_redis_ep *x = lr_shared_store_redis(a, 0x5678), *y = lr_shared_store_redis(b, 0x5678);
+    lr_shared_ep *mx = lr_redis_mirror(x), *my = lr_redis_mirror(y);
+    int64_t now = th_now_ms();
+    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    for (int i = 0; i < 6; i++) {
+        lr_redis_budget_request(x, now);
+        lr_redis_budget_request(y, now);
+    }
+    int64_t req = 0, ret = 0;
+    CHECK_MSG(EVENTUALLY((lr_shared_budget_window(mx, th_now_ms(), &req, &ret), req == 12) &&
+                         (lr_shared_budget_window(my, th_now_ms(), &req, &ret), req == 12), 2000),
+              "window requests %lld, expected 12 in both", (long long)req);
+    /* Three failures in a: the breaker opens for b. */
+    for (int i = 0; i < 3; i++)
+        lr_redis_breaker_failed(x, th_now_ms(), 3, 300, 0);
+    CHECK(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_OPEN);
+    CHECK_MSG(EVENTUALLY(lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_OPEN, 2000),
+              "b never saw the breaker open");
+    int probe = 0;
+    CHECK_INT(lr_redis_breaker_admits(y, th_now_ms(), 5000, &probe), 0);
+    /* After the cooldown both ask; Redis names one holder. */
+    CHECK(EVENTUALLY(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_HALF_OPEN &&
+                     lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_HALF_OPEN, 2000));
+    int got[2] = { -1, -1 }, probes[2] = { 0, 0 };
+    lr_redis_ep *both[2] = { x, y };
+    int64_t until = th_now_ms() + 2000;
+    while ((got[0] < 0 || got[1] < 0) && th_now_ms() < until) {
+        for (int k = 0; k < 2; k++)
+            if (got[k] < 0)
+                got[k] = lr_redis_breaker_admits(both[k], th_now_ms(), 5000, &probes[k]);
+        sleep_ms(1);
+    }
+    CHECK_MSG(got[0] + got[1] == 1 && probes[0] + probes[1] == 1,
+              "admitted %d and %d, probes %d and %d", got[0], got[1], probes[0], probes[1]);
+    /* The probe succeeds: closed for both. */
+    lr_redis_ep *prober = probes[0] ? x : y;
+    lr_redis_breaker_succeeded(prober);
+    CHECK(EVENTUALLY(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_CLOSED &&
+                     lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_CLOSED, 2000));
+    CHECK_INT(lr_redis_breaker_admits(y, th_now_ms(), 5000, &probe), 1);
+    /* A pause raised in one holds the other. */
+    lr_redis_raise_pause(x, th_now_ms() + 5000);
+    CHECK(EVENTUALLY(atomic_load(&my->paused_until) > th_now_ms() + 4000, 2000));
+out:
+    lr_shared_store_close(a);
+    lr_shared_store_close(b);
+}
+
+/* Redis gone: the store says so once and takes from the process's own
+ * bucket at once; back: it says so once and leases again. */
+static void test_redis_down_and_back(th_redis *r)
+{
+    lr_shared_store *a = open_store(r->url);
+    if (!a)
+        return;
+    lr_redis_ep *x = lr_shared_store_redis(a, 0x9abc);
+    char why[512];
+    int64_t down_ms = -1;
+    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK_INT(lr_redis_transition(x, why, sizeof why, &down_ms), 0);
+    th_redis_kill(r);
+    /* Nothing asks Redis until a call does: the take finds it gone. */
+    int64_t t0 = mono_us(), w;
+    while ((w = lr_redis_take(x, LR_REDIS_REQ, mono_us(), 1000, 0)) > 0 && mono_us() - t0 < 2000000)
+        sleep_ms(1);
+    CHECK_MSG(w == 0 && mono_us() - t0 < 1000000, "took %lld us to fall back",
+              (long long)(mono_us() - t0));
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK_MSG(strstr(why, "127.0.0.1") != NULL, "%s", why);
+    CHECK_INT(lr_redis_transition(x, why, sizeof why, &down_ms), 0);   /* once */
+    if (th_redis_restart(r) != 0)
+        goto out;
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    CHECK(down_ms >= 0);
+    CHECK_INT(lr_redis_transition(x, why, sizeof why, &down_ms), 0);
+out:
+    lr_shared_store_close(a);
+}
+
+/* Redis that stops answering (SIGSTOP: the connection stays open, nothing
+ * comes back) is out of reach once 50 ms pass: a call that needs a slice
+ * goes on the process's own bucket at once after that; when Redis answers
+ * again, the store says so. */
+static void test_redis_stalled(th_redis *r)
+{
+    lr_shared_store *a = open_store(r->url);
+    if (!a)
+        return;
+    lr_redis_ep *x = lr_shared_store_redis(a, 0xdef0);
+    char why[512];
+    int64_t down_ms;
+    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    kill(r->pid, SIGSTOP);
+    int64_t t0 = mono_us(), w, longest = 0;
+    int taken = 0;
+    /* A bucket of 1000 a second: with Redis stalled, takes stop only as
+     * long as a call may wait for it. */
+    while (taken < 50 && mono_us() - t0 < 3000000) {
+        int64_t now = mono_us();
+        w = lr_redis_take(x, LR_REDIS_REQ, now, 1000, 0);
+        if (w == 0)
+            taken++;
+        else if (w > longest)
+            longest = w;
+        sleep_ms(1);
+    }
+    CHECK_MSG(taken == 50, "%d taken in 3 s with Redis stalled", taken);
+    CHECK_MSG(longest <= 50000, "a take was told to wait %lld us", (long long)longest);
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK_MSG(strstr(why, "no answer within 50 ms"), "%s", why);
+    kill(r->pid, SIGCONT);
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    lr_shared_store_close(a);
+}
+
+static int redis_config(const th_redis *r, const char *value)
+{
+    struct timeval tv = { 1, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    redisReply *rep = c && !c->err ? redisCommand(c, "CONFIG SET maxmemory %s", value) : NULL;
+    int ok = rep && rep->type == REDIS_REPLY_STATUS;
+    freeReplyObject(rep);
+    if (c)
+        redisFree(c);
+    return ok;
+}
+
+/* A Redis that takes the connection but refuses the script (out of memory)
+ * is unavailable, and stays so: reconnecting alone is not coming back. */
+static void test_redis_refusing_writes(th_redis *r)
+{
+    lr_shared_store *a = open_store(r->url);
+    if (!a)
+        return;
+    lr_redis_ep *x = lr_shared_store_redis(a, 0x1357);
+    char why[512] = "";
+    int64_t down_ms;
+    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK(redis_config(r, "1"));
+    lr_redis_raise_pause(x, th_now_ms() + 10);          /* news for Redis */
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK_MSG(strstr(why, "OOM"), "%s", why);
+    int64_t until = th_now_ms() + 700;
+    int flapped = 0;
+    while (th_now_ms() < until && !flapped) {
+        flapped = lr_redis_transition(x, why, sizeof why, &down_ms) != 0;
+        sleep_ms(5);
+    }
+    CHECK_MSG(!flapped, "came back while Redis refused every round");
+    CHECK(redis_config(r, "0"));
+    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    lr_shared_store_close(a);
+}
+
+/* Redis wants a password and gets the wrong one: unavailable, saying so,
+ * never repeating what was sent. */
+static void test_redis_wrong_password(void)
+{
+    th_redis r;
+    if (th_redis_start(&r, "right-password") != 0)
+        return;
+    char spec[160];
+    snprintf(spec, sizeof spec, "redis://:WRONG-PASSWORD@127.0.0.1:%d/0", r.port);
+    lr_shared_store *a = open_store(spec);
+    if (a) {
+        lr_redis_ep *x = lr_shared_store_redis(a, 0x42);
+        char why[512] = "";
+        int64_t down_ms;
+        CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+        CHECK_MSG(strstr(why, "password") && strstr(why, "***@127.0.0.1") &&
+                  !strstr(why, "WRONG-PASSWORD"), "%s", why);
+        CHECK_INT(lr_redis_hold_ms(x, th_now_ms()), 0);
+        CHECK_INT(lr_redis_take(x, LR_REDIS_REQ, mono_us(), 1000, 0), 0);
+        lr_shared_store_close(a);
+    }
+    /* No password where one is wanted says that too. */
+    snprintf(spec, sizeof spec, "redis://127.0.0.1:%d", r.port);
+    if ((a = open_store(spec))) {
+        lr_redis_ep *x = lr_shared_store_redis(a, 0x42);
+        char why[512] = "";
+        int64_t down_ms;
+        CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+        CHECK_MSG(strstr(why, "password"), "%s", why);
+        lr_shared_store_close(a);
+    }
+    th_redis_stop(&r);
+}
+
 int main(void)
 {
     test_gcra();
@@ -198,5 +517,16 @@ int main(void)
     snprintf(path, sizeof path, "/dev/shm/llmretry-%s", spec + 4);
     unlink(path);
     test_refused();
+    test_redis_urls();
+    th_redis r;
+    if (th_redis_start(&r, NULL) == 0) {
+        test_redis_leases(&r);
+        test_redis_health(&r);
+        test_redis_down_and_back(&r);
+        test_redis_stalled(&r);
+        test_redis_refusing_writes(&r);
+        th_redis_stop(&r);
+    }
+    test_redis_wrong_password();
     return th_summary("test_shared");
 }

@@ -318,6 +318,8 @@ H.EVENT_FIELDS = {
   llm_request_succeeded = fields({ "status", "duration_ms", "usage", "response_model",
     "system_fingerprint" }),
   llm_request_gave_up = fields({ "reason", "attempts", "total_ms", "error_kind", "status" }),
+  llm_shared_unavailable = fields({ "shared", "error_message" }),
+  llm_shared_recovered = fields({ "shared", "down_ms" }),
 }
 H.KINDS = { http_status = true, timeout = true, network = true, invalid_response = true,
   deadline_exceeded = true, cancelled = true, response_too_large = true,

@@ -21,7 +21,7 @@ describe("module surface", function()
     local kinds = {}
     for _, v in pairs(llm.errors) do kinds[v] = true end
     for k in pairs(H.KINDS) do check(kinds[k], "llm.errors lacks %s", k) end
-    check(#llm.EVENT_NAMES == 6, "EVENT_NAMES")
+    check(#llm.EVENT_NAMES == 8, "EVENT_NAMES")
     for _, n in ipairs(llm.EVENT_NAMES) do check(H.EVENT_FIELDS[n], "event name %s", n) end
   end)
 

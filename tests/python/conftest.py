@@ -54,6 +54,8 @@ EVENT_FIELDS: Dict[str, set] = {
                                               "response_model", "system_fingerprint"},
     "llm_request_gave_up": COMMON_FIELDS | {"reason", "attempts", "total_ms",
                                             "error_kind", "status"},
+    "llm_shared_unavailable": COMMON_FIELDS | {"shared", "error_message"},
+    "llm_shared_recovered": COMMON_FIELDS | {"shared", "down_ms"},
 }
 STREAM_FIELDS = {"stream", "ttft_ms", "chunks"}
 KINDS = ("http_status", "timeout", "network", "invalid_response", "deadline_exceeded",

@@ -482,7 +482,7 @@ def test_check_installs_what_it_needs(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     asked = log.read_text().split()
     for pkg in ("lua-busted", "luarocks", "lua5.4", "luajit2", "libcurl4-openssl-dev",
-                "libcjson-dev"):
+                "libcjson-dev", "libhiredis-dev", "redis-server"):
         assert pkg in asked, f"{pkg} not installed: {asked}"
 
 

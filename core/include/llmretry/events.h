@@ -22,6 +22,11 @@ typedef enum llmretry_event_type {
     LLMRETRY_EV_RETRY_SCHEDULED,
     LLMRETRY_EV_REQUEST_SUCCEEDED,
     LLMRETRY_EV_REQUEST_GAVE_UP,
+    /* The `shared` store (Redis) became unreachable, slow or refused the
+     * password: every process paces alone until it is back. Reported once
+     * per engine and change, on the first call that asks for it after. */
+    LLMRETRY_EV_SHARED_UNAVAILABLE,
+    LLMRETRY_EV_SHARED_RECOVERED,  /* ... and it is back */
     /* Not an event: the type of a mailbox item holding one stream chunk
      * (LLMRETRY_MAIL_CHUNK; read it with llmretry_chunk_data). */
     LLMRETRY_EV_CHUNK

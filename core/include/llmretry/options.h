@@ -37,7 +37,7 @@ typedef struct llmretry_group llmretry_group;
 typedef struct llmretry_channel llmretry_channel;
 
 #define LLMRETRY_NO_DEADLINE (-1)
-#define LLMRETRY_EVENTS_ALL 0x3fu
+#define LLMRETRY_EVENTS_ALL 0xffu
 #define LLMRETRY_MAX_STATUSES 64
 /* Deepest nesting of arrays and objects in a 2xx body that counts as a
  * success: real responses nest a handful of levels; Python's decoder gives

@@ -1,0 +1,405 @@
+/* Shared budgets through Redis (core/src/shared_redis.c, docs/shared.md),
+ * engine against the mock and a real redis-server: two engines stand for
+ * two processes (each has its own endpoints, only the store links them).
+ * Their rate budget and breaker are one; Redis killed mid-batch and brought
+ * back costs no call and is reported once each way; a wrong password and
+ * an unreachable Redis leave every call working on the local budget. */
+#include "harness.h"
+#include "llmretry.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static th_mock mock;
+static th_redis redis;
+/* What is shared is tested with a second for Redis to answer: on a loaded
+ * machine a 50 ms stall is an outage, which a process rightly meets alone
+ * (the outage tests use the default). */
+static char patient[200];
+
+#define KEY "sk-test-shared-redis"
+#define BODY "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}"
+#define SHARED_EVENTS ((1u << LLMRETRY_EV_SHARED_UNAVAILABLE) | (1u << LLMRETRY_EV_SHARED_RECOVERED))
+
+static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
+{
+    llmretry_options_defaults(o);
+    o->base_url = th_mock_scenario_url(&mock, name, url, urllen);
+    o->api_key = KEY;
+    o->use_env_api_key = 0;
+    o->body = BODY;
+    o->body_len = strlen(BODY);
+    o->jitter = LLMRETRY_JITTER_NONE;
+    o->base_delay_ms = 10;
+    o->timeout_ms = 10000;
+    o->events = 0;
+}
+
+static llmretry_engine *engine_on(const char *spec)
+{
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    eo.shared = spec;
+    eo.max_in_flight = 64;
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF];
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
+    return e;
+}
+
+/* The events a test looks at, as JSON lines. */
+typedef struct seen {
+    char log[16384];
+    int unavailable, recovered;
+} seen;
+
+/* Take whatever the call has; 1 once it is done. */
+static int drain(llmretry_call *c, seen *s)
+{
+    llmretry_event *ev;
+    llmretry_mail m;
+    while ((m = llmretry_call_next(c, &ev)) == LLMRETRY_MAIL_EVENT) {
+        char *j = llmretry_event_to_json(ev);
+        if (j && s) {
+            size_t used = strlen(s->log);
+            snprintf(s->log + used, sizeof s->log - used, "%s\n", j);
+            s->unavailable += strstr(j, "\"llm_shared_unavailable\"") != NULL;
+            s->recovered += strstr(j, "\"llm_shared_recovered\"") != NULL;
+        }
+        llmretry_free(j);
+        llmretry_event_free(ev);
+    }
+    return m == LLMRETRY_MAIL_DONE;
+}
+
+static const llmretry_result *wait_done(llmretry_call *c, seen *s)
+{
+    int64_t until = th_now_ms() + 20000;
+    while (c && th_now_ms() < until) {
+        if (drain(c, s))
+            return llmretry_call_result(c);
+        llmretry_call_wait(c, 50);
+    }
+    return NULL;
+}
+
+static cJSON *limit_stats(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/_mock/limits/%s", name);
+    char *text = th_mock_get(&mock, path);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    return j;
+}
+
+static int stat_int(const cJSON *j, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+    return cJSON_IsNumber(v) ? v->valueint : -1;
+}
+
+/* Two engines, each configured with the provider's limit (20 a second,
+ * enforced in any second): sharing the bucket through Redis, together they
+ * stay under it. (Alone, each would send 20 a second: about half refused.) */
+static void test_rate_shared_by_engines(void)
+{
+    llmretry_engine *a = engine_on(patient), *b = engine_on(patient);
+    char url[128];
+    if (!a || !b || th_mock_script(&mock, "rdlim", "{\"steps\": [], \"limits\": {\"rpm\": 20, "
+                                   "\"window_ms\": 1000}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rdlim", url, sizeof url);
+    o.rpm = 1200;
+    o.max_retries = 5;
+    enum { EACH = 15 };
+    llmretry_call *calls[2 * EACH];
+    for (int i = 0; i < EACH; i++) {
+        calls[2 * i] = th_submit(a, &o);
+        calls[2 * i + 1] = th_submit(b, &o);
+    }
+    int ok = 0;
+    for (int i = 0; i < 2 * EACH; i++) {
+        const llmretry_result *r = wait_done(calls[i], NULL);
+        ok += r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    CHECK_INT(ok, 2 * EACH);
+    cJSON *st = limit_stats("rdlim");
+    CHECK_INT(stat_int(st, "admitted"), 2 * EACH);
+    CHECK_MSG(stat_int(st, "refused") <= 1, "%d of %d refused", stat_int(st, "refused"),
+              stat_int(st, "admitted") + stat_int(st, "refused"));
+    cJSON_Delete(st);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static int stats_of(llmretry_engine *e, const char *name, llmretry_endpoint_stats *out)
+{
+    llmretry_endpoint_stats all[32];
+    size_t n = llmretry_engine_endpoint_stats(e, all, 32);
+    memset(out, 0, sizeof *out);
+    char needle[96];
+    snprintf(needle, sizeof needle, "/s/%s/", name);
+    for (size_t i = 0; i < n && i < 32; i++)
+        if (strstr(all[i].url, needle)) {
+            *out = all[i];
+            return 1;
+        }
+    return 0;
+}
+
+static int requests_of(const char *name)
+{
+    char *text = th_mock_requests(&mock, name);
+    cJSON *a = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = cJSON_GetArraySize(a);
+    cJSON_Delete(a);
+    return n;
+}
+
+/* One engine's failures open the breaker for the other, whose first call
+ * to the endpoint fails fast, sending nothing; the retry budget's window
+ * counts both. The first engine is gone by then, as a process that has
+ * exited: closing, it told Redis what it did last. */
+static void test_breaker_shared_by_engines(void)
+{
+    llmretry_engine *a = engine_on(patient), *b = engine_on(patient);
+    char url[128];
+    if (!a || !b || th_mock_script(&mock, "rddown", "{\"steps\": [], \"after\": {\"status\": 503}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rddown", url, sizeof url);
+    o.max_retries = 0;
+    o.breaker_failures = 3;
+    o.breaker_cooldown_ms = 60000;
+    for (int i = 0; i < 3; i++) {
+        llmretry_call *c = th_submit(a, &o);
+        const llmretry_result *r = wait_done(c, NULL);
+        CHECK(r && !r->ok && r->status == 503);
+        llmretry_call_free(c);
+    }
+    CHECK_INT(requests_of("rddown"), 3);
+    llmretry_engine_free(a);
+    a = NULL;
+    llmretry_call *c = th_submit(b, &o);
+    const llmretry_result *r = wait_done(c, NULL);
+    CHECK_MSG(r && r->kind == LLMRETRY_ERR_CIRCUIT_OPEN && r->attempts == 0,
+              "the other engine's call: kind %d, %d attempts", r ? (int)r->kind : -1,
+              r ? r->attempts : -1);
+    llmretry_call_free(c);
+    CHECK_INT(requests_of("rddown"), 3);
+    llmretry_endpoint_stats s;
+    CHECK(stats_of(b, "rddown", &s));
+    CHECK_STR(s.breaker, "open");
+    CHECK_INT(s.window_requests, 3);
+    CHECK_INT(s.requests, 0);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+/* After the cooldown, calls of both engines find the breaker half open:
+ * Redis names one prober, whose call goes (slowly: the endpoint is back);
+ * the other engine's call fails fast meanwhile, and once the probe
+ * succeeds both engines' calls go. */
+static void test_one_probe_across_engines(void)
+{
+    llmretry_engine *a = engine_on(patient), *b = engine_on(patient);
+    char url[128];
+    if (!a || !b || th_mock_script(&mock, "rdprobe", "{\"steps\": [{\"status\": 503}, "
+                                   "{\"status\": 503}, {\"status\": 503}], "
+                                   "\"after\": {\"delay_ms\": 400}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rdprobe", url, sizeof url);
+    o.max_retries = 0;
+    o.breaker_failures = 3;
+    o.breaker_cooldown_ms = 300;
+    for (int i = 0; i < 3; i++) {
+        llmretry_call *c = th_submit(a, &o);
+        const llmretry_result *r = wait_done(c, NULL);
+        CHECK(r && r->status == 503);
+        llmretry_call_free(c);
+    }
+    struct timespec ts = { 0, 400 * 1000000L };        /* past the cooldown */
+    nanosleep(&ts, NULL);
+    llmretry_call *first = th_submit(a, &o);
+    /* The probe is on the wire (its answer takes 400 ms) before b asks. */
+    int64_t until = th_now_ms() + 5000;
+    while (requests_of("rdprobe") < 4 && th_now_ms() < until)
+        nanosleep(&(struct timespec){ 0, 5 * 1000000L }, NULL);
+    llmretry_call *second = th_submit(b, &o);
+    const llmretry_result *r2 = wait_done(second, NULL);
+    CHECK_MSG(r2 && r2->kind == LLMRETRY_ERR_CIRCUIT_OPEN && r2->attempts == 0,
+              "b's call while a probes: kind %d, %d attempts", r2 ? (int)r2->kind : -1,
+              r2 ? r2->attempts : -1);
+    const llmretry_result *r1 = wait_done(first, NULL);
+    CHECK(r1 && r1->ok && r1->attempts == 1);
+    CHECK_INT(requests_of("rdprobe"), 4);
+    llmretry_call_free(first);
+    llmretry_call_free(second);
+    /* Closed for both: b's next call goes (once b has read it back). */
+    int ok = 0;
+    until = th_now_ms() + 5000;
+    while (!ok && th_now_ms() < until) {
+        llmretry_call *c = th_submit(b, &o);
+        const llmretry_result *r = wait_done(c, NULL);
+        ok = r && r->ok;
+        llmretry_call_free(c);
+        if (!ok)
+            nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+    }
+    CHECK_MSG(ok, "b never saw the breaker closed");
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+/* Redis is killed while a paced batch runs and brought back: every call
+ * succeeds within its deadline, the first call after each change says so
+ * (once), and the batch keeps its pace on the local budget meanwhile. */
+static void test_redis_killed_mid_batch(void)
+{
+    llmretry_engine *e = engine_on(patient);
+    char url[128];
+    if (!e || th_mock_script(&mock, "rdkill", "{\"steps\": [], \"limits\": {}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rdkill", url, sizeof url);
+    o.rpm = 3000;
+    o.deadline_ms = 8000;
+    o.events = SHARED_EVENTS;
+    enum { N = 100 };
+    llmretry_call *calls[N];
+    int done[N] = { 0 }, ok = 0, finished = 0, killed = 0, back = 0;
+    seen s = { .log = "" };
+    for (int i = 0; i < N; i++)
+        calls[i] = th_submit(e, &o);
+    int64_t until = th_now_ms() + 20000;
+    while (finished < N && th_now_ms() < until) {
+        for (int i = 0; i < N; i++) {
+            if (done[i] || !calls[i] || !drain(calls[i], &s))
+                continue;
+            done[i] = 1;
+            finished++;
+            ok += llmretry_call_result(calls[i])->ok;
+        }
+        if (finished >= 20 && !killed) {
+            th_redis_kill(&redis);
+            killed = 1;
+        }
+        if (finished >= 40 && !back) {
+            back = 1;
+            if (th_redis_restart(&redis) != 0)
+                break;
+        }
+        struct timespec ts = { 0, 2 * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    CHECK_INT(ok, N);
+    CHECK_MSG(s.unavailable == 1 && s.recovered == 1, "unavailable %d, recovered %d:\n%s",
+              s.unavailable, s.recovered, s.log);
+    char want[200];
+    snprintf(want, sizeof want, "\"shared\":\"redis://127.0.0.1:%d/0?timeout_ms=1000\"",
+             redis.port);
+    CHECK_MSG(strstr(s.log, want) != NULL, "%s", s.log);
+    CHECK_MSG(strstr(s.log, "\"down_ms\":") != NULL, "%s", s.log);
+    CHECK_INT(requests_of("rdkill"), N);
+    for (int i = 0; i < N; i++)
+        llmretry_call_free(calls[i]);
+out:
+    llmretry_engine_free(e);
+}
+
+/* A wrong password: calls work on the local budget, the first says why,
+ * and the password is nowhere. */
+static void test_wrong_password(void)
+{
+    th_redis locked;
+    if (th_redis_start(&locked, "the-right-one") != 0)
+        return;
+    char spec[160], url[128];
+    snprintf(spec, sizeof spec, "redis://:NOT-THE-PASSWORD@127.0.0.1:%d/0", locked.port);
+    llmretry_engine *e = engine_on(spec);
+    if (!e || th_mock_script(&mock, "rdpw", "{\"steps\": []}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rdpw", url, sizeof url);
+    o.rpm = 600;
+    o.events = LLMRETRY_EVENTS_ALL;
+    seen s = { .log = "" };
+    for (int i = 0; i < 3; i++) {
+        llmretry_call *c = th_submit(e, &o);
+        const llmretry_result *r = wait_done(c, &s);
+        CHECK(r && r->ok);
+        CHECK(r && (!r->message || !strstr(r->message, "NOT-THE-PASSWORD")));
+        llmretry_call_free(c);
+    }
+    CHECK_MSG(s.unavailable == 1 && s.recovered == 0, "%s", s.log);
+    CHECK_MSG(strstr(s.log, "refused the password") && strstr(s.log, "redis://***@127.0.0.1"),
+              "%s", s.log);
+    CHECK_MSG(!strstr(s.log, "NOT-THE-PASSWORD"), "the password in the events:\n%s", s.log);
+out:
+    llmretry_engine_free(e);
+    th_redis_stop(&locked);
+}
+
+/* Nothing listens where the URL points: the engine is made, each call
+ * works on the local budget at once, and the first says so, once. */
+static void test_unreachable_at_start(void)
+{
+    th_redis gone;
+    if (th_redis_start(&gone, NULL) != 0)
+        return;
+    th_redis_kill(&gone);                       /* a port nothing listens on now */
+    llmretry_engine *e = engine_on(gone.url);
+    char url[128];
+    if (!e || th_mock_script(&mock, "rdgone", "{\"steps\": []}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, "rdgone", url, sizeof url);
+    o.rpm = 600;
+    o.breaker_failures = 3;
+    o.events = SHARED_EVENTS;
+    seen s = { .log = "" };
+    for (int i = 0; i < 3; i++) {
+        llmretry_call *c = th_submit(e, &o);
+        const llmretry_result *r = wait_done(c, &s);
+        CHECK(r && r->ok && r->attempts == 1);
+        llmretry_call_free(c);
+    }
+    CHECK_MSG(s.unavailable == 1, "%s", s.log);
+    CHECK_MSG(strstr(s.log, "cannot connect"), "%s", s.log);
+out:
+    llmretry_engine_free(e);
+    th_redis_stop(&gone);
+}
+
+int main(void)
+{
+    if (th_mock_start(&mock) != 0)
+        return th_summary("test_shared_redis");
+    if (th_redis_start(&redis, NULL) != 0) {
+        th_mock_stop(&mock);
+        return th_summary("test_shared_redis");
+    }
+    snprintf(patient, sizeof patient, "%s?timeout_ms=1000", redis.url);
+    static const th_case tests[] = {
+        { "rate_shared", test_rate_shared_by_engines },
+        { "breaker_shared", test_breaker_shared_by_engines },
+        { "one_probe", test_one_probe_across_engines },
+        { "redis_killed", test_redis_killed_mid_batch },
+        { "wrong_password", test_wrong_password },
+        { "unreachable", test_unreachable_at_start },
+    };
+    TH_RUN(tests);
+    th_redis_stop(&redis);
+    th_mock_stop(&mock);
+    return th_summary("test_shared_redis");
+}
