@@ -165,7 +165,7 @@ describe("bad input", function()
     { "url", { url = "file:///etc/passwd" } },
     { "model", { model = {} } },
     { "policy", { policy = 5 } },
-    { "event_mask", { event_mask = 64 } },
+    { "event_mask", { event_mask = 256 } },
     { "event_mask", { event_mask = 1.5 } },
     { "logger", { logger = {} } },
     { "logger", { logger = true } },
