@@ -56,7 +56,9 @@ test-c-valgrind:
 	     --show-leak-kinds=definite $(BUILD)/{} >$(BUILD)/{}.valgrind.log 2>&1; s=$$?; \
 	   cat $(BUILD)/{}.valgrind.log; [ $$s -eq 0 ] || echo "valgrind: {} failed ($$s)"; exit $$s'
 
-PYTEST_N = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(PYTEST_JOBS)")
+# --dist loadgroup: the tests of an xdist_group run on one worker (one Ray,
+# one Dask cluster for test_ray.py, test_dask.py, not one per worker).
+PYTEST_N = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(PYTEST_JOBS) --dist loadgroup")
 test-python:
 	$(PYTHON) -m pytest -q $(PYTEST_N) tests/python
 

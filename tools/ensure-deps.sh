@@ -26,10 +26,14 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # the SDK 3.x brings httpx2); pydantic 2 for response_model
 # (test_response_model.py; the SDK brings it too); pytest-xdist runs the
 # suite's tests a few at a time (they mostly wait: see PYTEST_JOBS in the
-# Makefile).
+# Makefile); Ray Data and Dask (with distributed) are the clusters that
+# llmretry.ray and llmretry.dask run in (test_ray.py, test_dask.py; Ray
+# ships binary wheels only: `pip download ray --no-deps` says whether there
+# is one for this CPython and platform, as there is for 3.11 on x86_64).
 py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
          "ipykernel ipykernel>=6.20" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
-         "httpx httpx" "pydantic pydantic>=2")
+         "httpx httpx" "pydantic pydantic>=2" "ray.data ray[data]>=2.40"
+         "dask.dataframe dask[dataframe]>=2025.1" "distributed distributed>=2025.1")
 py_missing=()
 for entry in "${py_pkgs[@]}"; do
   read -r mod spec <<<"$entry"
