@@ -152,11 +152,11 @@ def _body_of(value: Any, column: str) -> Dict[str, Any]:
                            + hint) from None
         if not isinstance(value, dict):
             raise _BadBody(f"the {column} column holds JSON text that is not an object "
-                           f"(a {type(value).__name__})")
+                           f"(of type {type(value).__name__})")
     elif isinstance(value, Mapping):
         value = dict(value)
     else:
-        what = "null" if value is None else f"a {type(value).__name__}"
+        what = "null" if value is None else f"a value of type {type(value).__name__}"
         raise _BadBody(f"the {column} column holds {what}, not a dict or JSON object text")
     try:
         _ENCODER.encode(value)

@@ -25,7 +25,6 @@ from cluster_jobs import (body_text, check_events, check_mixed, check_resumed, e
                           expected_summary, heal, mixed_rows, script_mixed)
 from conftest import PYTHON_DIR, SECRET_KEY, Scenario
 
-import llmretry
 import llmretry.ray as lray
 from llmretry._cluster import COLUMNS
 
@@ -133,17 +132,3 @@ def test_bad_arguments_raise_before_anything_runs(events_log: Path, scen: Scenar
     # No rows: no calls, no error.
     assert lray.map_calls(ray.data.from_items([]), base_url=scen.url).count() == 0
 
-
-def test_importing_llmretry_imports_neither_ray_nor_dask() -> None:
-    import subprocess
-    import sys
-
-    from conftest import child_env
-    code = ("import sys, llmretry, llmretry.ray; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('ray', 'dask', 'distributed', 'pyarrow', 'pandas')))")
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
-    assert llmretry.__name__ == "llmretry"
