@@ -14,7 +14,7 @@ PYTEST_JOBS ?= 4
 export CTEST_JOBS PYTEST_JOBS
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop demo bench fuzz check soak clean
+.PHONY: all deps build build-asan build-python test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop cluster demo bench fuzz check soak clean
 
 all: build
 
@@ -81,6 +81,15 @@ test-pipe-notifier:
 # LLMRETRY_INTEROP_LLAMA=0). Not part of make test.
 interop: build-python
 	tools/interop.sh
+
+# llmretry.ray and llmretry.dask at full size (tests/cluster/): 1,000 rows on
+# a local Ray and a local Dask cluster against the mock's per-key limit, with
+# 429s, 503s and permanent 400s, one shared budget (LLMRETRY_CLUSTER_SHARED:
+# a store to use instead of a fresh shm: one, e.g. redis://127.0.0.1:6379),
+# and docs/ray-dask.md's examples. About 2 minutes; not part of make test,
+# whose tests/python/test_ray.py and test_dask.py are the small version.
+cluster: deps build-python
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster
 
 # The sdist, a wheel built from it and repaired to manylinux, installed in a
 # fresh venv with no compiler on PATH, then one call against the mock server;

@@ -47,7 +47,7 @@ def _ray_data() -> Any:
 
 def map_calls(ds: "ray.data.Dataset", *, body_column: str = "body", concurrency: int = 2,
               limit: int = 64, shared: Optional[str] = None,
-              batch_size: Optional[int] = None, num_cpus: float = 1,
+              batch_size: Optional[int] = None, num_cpus: float = 0.25,
               **options: Any) -> "ray.data.Dataset":
     """One LLM call per row of ``ds``: the Dataset with seven columns more.
 
@@ -60,7 +60,10 @@ def map_calls(ds: "ray.data.Dataset", *, body_column: str = "body", concurrency:
     actor's client's ``shared`` (``"shm:NAME"``: the actors of one host;
     ``"redis://..."``: of every host), so that together they keep to one
     budget (``rpm``, ``tpm``, retries, breaker); unset, the driver's
-    ``LLMRETRY_SHARED``. ``num_cpus``: what Ray reserves for each actor.
+    ``LLMRETRY_SHARED``. ``num_cpus``: what Ray reserves for each actor (a
+    quarter: the calls mostly wait; a whole CPU per actor would leave a
+    small cluster none for reading and writing the data, and the job would
+    wait for ever).
     ``options`` are :func:`llmretry.call_llm` keywords for every row's call
     (not ``request_id`` or ``idempotency_key``: each row gets its own); the
     driver's ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` go with the job
@@ -99,7 +102,7 @@ def map_calls(ds: "ray.data.Dataset", *, body_column: str = "body", concurrency:
 
 def retry_failed(ds: "ray.data.Dataset", *, body_column: str = "body", concurrency: int = 2,
                  limit: int = 64, shared: Optional[str] = None,
-                 batch_size: Optional[int] = None, num_cpus: float = 1,
+                 batch_size: Optional[int] = None, num_cpus: float = 0.25,
                  **options: Any) -> "ray.data.Dataset":
     """The resume of a :func:`map_calls` job: its output (or that output
     read back from Parquet) with the rows whose ``llm_error`` is set called
