@@ -12,7 +12,6 @@ import json
 import logging.config
 import os
 import uuid
-from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
