@@ -53,7 +53,7 @@ def install_hint(module: str, extra: str) -> ImportError:
     return ImportError(f"llmretry.{extra} needs {module}: pip install 'llmretry[{extra}]'")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Job:
     """A job's checked arguments, as every worker gets them.
 
