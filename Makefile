@@ -121,11 +121,11 @@ check: deps build build-asan build-python
 	tools/check.sh
 
 # The benchmark suite (issue 7): every client of bench/clients/clients.json
-# against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
+# against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 25
 # minutes; installs what it needs (apt-get, pip); not part of make test.
 # The suite (every client × concurrency), then the focused benchmarks of the
-# core, the Python API, batches, streaming, asyncio, rate limits and the
-# OpenResty gateway, then the report:
+# core, the Python API, batches, streaming, asyncio, rate limits, the
+# OpenResty gateway and a Ray Data job, then the report:
 # BENCHMARKS.md + plots.
 bench: deps
 	$(PYTHON) bench/suite/run.py
@@ -136,6 +136,7 @@ bench: deps
 	bash bench/run_async.sh > bench/results/async.md
 	bash bench/run_rate.sh > bench/results/rate.md
 	bash bench/run_openresty.sh > bench/results/openresty.md
+	bash bench/run_cluster.sh > bench/results/cluster.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

@@ -627,6 +627,13 @@ FOCUSED = [
      "Calls/s and latency through one nginx worker calling the 50 ms endpoint for each of "
      "1,000 concurrent downstream clients: `llmretry.openresty` against a cosocket client "
      "in a retry loop, as gateways do today (bench/README.md, \"OpenResty benchmark\")."),
+    ("cluster.md", "Ray Data: llmretry.ray against ray.data.llm and an openai-SDK UDF",
+     "bash bench/run_cluster.sh",
+     "3,000 rows on a 2-actor Ray job against the mock enforcing 100 requests in any second "
+     "per key, without and with an 8 s outage: `llmretry.ray.map_calls` with a shared "
+     "budget, Ray's `HttpRequestProcessorConfig` with `qps` = the limit / the actors, and a "
+     "hand-written `map_batches` UDF with the openai SDK in 16 threads "
+     "(bench/README.md, \"Cluster benchmark\")."),
 ]
 
 
