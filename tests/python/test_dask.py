@@ -16,11 +16,6 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-# Not installed is a failure (tools/ensure-deps.sh installs Dask), not a skip.
-import dask
-import dask.dataframe as dd
-import distributed
-import pandas as pd
 from cluster_jobs import (body_text, check_events, check_mixed, check_resumed, event_pids,
                           expected_summary, heal, mixed_rows, script_mixed)
 from conftest import PYTHON_DIR, SECRET_KEY, Scenario
@@ -31,11 +26,24 @@ from llmretry._cluster import COLUMNS
 # All of this module's tests on one pytest-xdist worker: one cluster, not four.
 pytestmark = pytest.mark.xdist_group("dask")
 
+# Imported by the module's fixture, not at collection: every pytest-xdist
+# worker collects this file, and importing Dask costs each about 2 s of CPU.
+# Not installed is an error there (tools/ensure-deps.sh installs it), never a skip.
+dask: Any = None
+dd: Any = None
+distributed: Any = None
+pd: Any = None
+
 
 @pytest.fixture(scope="module")
 def dask_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The module's cluster and a client of it; its workers log events to
     ``client.events_log``."""
+    global dask, dd, distributed, pd
+    import dask
+    import dask.dataframe as dd
+    import distributed
+    import pandas as pd
     log = tmp_path_factory.mktemp("dask") / "events.log"
     old = os.environ.get("PYTHONPATH")
     # The worker processes import llmretry from this tree.
@@ -68,7 +76,7 @@ def dask_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         cluster.close()
 
 
-def records(pdf: pd.DataFrame) -> List[Dict[str, Any]]:
+def records(pdf: Any) -> List[Dict[str, Any]]:
     """Rows as dicts, missing values as None (as Ray gives them)."""
     return [{k: (None if v is pd.NA else v) for k, v in row.items()}
             for row in pdf.astype(object).to_dict("records")]

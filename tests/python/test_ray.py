@@ -13,14 +13,10 @@ import logging.config
 import os
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-import pandas as pd
 import pytest
 
-# Not installed is a failure (tools/ensure-deps.sh installs Ray), not a skip.
-import ray
-import ray.data
 from cluster_jobs import (body_text, check_events, check_mixed, check_resumed, event_pids,
                           expected_summary, heal, mixed_rows, script_mixed)
 from conftest import PYTHON_DIR, SECRET_KEY, Scenario
@@ -31,10 +27,20 @@ from llmretry._cluster import COLUMNS
 # All of this module's tests on one pytest-xdist worker: one cluster, not four.
 pytestmark = pytest.mark.xdist_group("ray")
 
+# Imported by the module's fixture, not at collection: every pytest-xdist
+# worker collects this file, and importing Ray costs each about 2 s of CPU.
+# Not installed is an error there (tools/ensure-deps.sh installs it), never a skip.
+ray: Any = None
+pd: Any = None
+
 
 @pytest.fixture(scope="module")
 def events_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Start the module's cluster; yield the file its workers log events to."""
+    global ray, pd
+    import pandas as pd
+    import ray
+    import ray.data
     log = tmp_path_factory.mktemp("ray") / "events.log"
     # Each worker process's logging, configured as a user would. (A nested
     # function: cloudpickle sends it by value, so the workers need nothing
