@@ -16,7 +16,7 @@ PYTEST_JOBS ?= 4
 export CTEST_JOBS PYTEST_JOBS
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python generate test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop demo bench fuzz check soak clean
+.PHONY: all deps build build-asan build-python generate test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop cluster demo bench fuzz check soak clean
 
 all: build
 
@@ -65,6 +65,8 @@ test-c-valgrind:
 	     --show-leak-kinds=definite $(BUILD)/{} >$(BUILD)/{}.valgrind.log 2>&1; s=$$?; \
 	   cat $(BUILD)/{}.valgrind.log; [ $$s -eq 0 ] || echo "valgrind: {} failed ($$s)"; exit $$s'
 
+# Whole files to a worker (--dist loadfile) also keeps test_ray.py's and
+# test_dask.py's tests on one worker: one Ray, one Dask cluster each.
 PYTEST_N = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(PYTEST_JOBS) --dist loadfile")
 test-python:
 	$(PYTHON) -m pytest -q $(PYTEST_N) tests/python
@@ -88,6 +90,15 @@ test-pipe-notifier:
 # LLMRETRY_INTEROP_LLAMA=0). Not part of make test.
 interop: build-python
 	tools/interop.sh
+
+# llmretry.ray and llmretry.dask at full size (tests/cluster/): 1,000 rows on
+# a local Ray and a local Dask cluster against the mock's per-key limit, with
+# 429s, 503s and permanent 400s, one shared budget (LLMRETRY_CLUSTER_SHARED:
+# a store to use instead of a fresh shm: one, e.g. redis://127.0.0.1:6379),
+# and docs/ray-dask.md's examples. About 2 minutes; not part of make test,
+# whose tests/python/test_ray.py and test_dask.py are the small version.
+cluster: deps build-python
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster
 
 # The sdist, a wheel built from it and repaired to manylinux, installed in a
 # fresh venv with no compiler on PATH, then one call against the mock server;
@@ -119,11 +130,12 @@ check: deps build build-asan build-python
 	tools/check.sh
 
 # The benchmark suite (issue 7): every client of bench/clients/clients.json
-# against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 15
+# against a local nginx, then BENCHMARKS.md and bench/plots/*.png. About 25
 # minutes; installs what it needs (apt-get, pip); not part of make test.
 # The suite (every client × concurrency), then the focused benchmarks of the
-# core, the Python API, batches, streaming, asyncio, rate limits and the
-# OpenResty gateway and OpenTelemetry's overhead, then the report:
+# core, the Python API, batches, streaming, asyncio, rate limits, the
+# OpenResty gateway, OpenTelemetry's overhead, the openai SDK on the
+# transport and a Ray Data job, then the report:
 # BENCHMARKS.md + plots.
 bench: deps
 	$(PYTHON) bench/suite/run.py
@@ -137,6 +149,7 @@ bench: deps
 	bash bench/run_openresty.sh > bench/results/openresty.md
 	bash bench/run_otel.sh > bench/results/otel.md
 	bash bench/run_sdk.sh > bench/results/sdk.md
+	bash bench/run_cluster.sh > bench/results/cluster.md
 	$(PYTHON) bench/suite/report.py
 
 # libFuzzer runs of every parser that reads server data (SECONDS per target,

@@ -94,7 +94,9 @@ check_python() {
   # the code under ASan here is the same as test_aio's), and so are the
   # pure_python tests (the mock server, mypy: none of our C code runs), the
   # doc examples (calls like the suite's own) and the rate limits' pacing
-  # (seconds of waiting; ratelimit.c runs under ASan in tests/c).
+  # (seconds of waiting; ratelimit.c runs under ASan in tests/c), and the Ray
+  # and Dask clusters (their own processes under the preloaded runtime; the
+  # calls their workers make are call_many's, which the batch tests run here).
   # PYTEST_JOBS workers (pytest-xdist, from tools/ensure-deps.sh): the tests
   # mostly wait, as in make test-python.
   echo "check: pytest tests/python under ASan+UBSan"
@@ -107,6 +109,7 @@ check_python() {
     --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \
     --deselect tests/python/test_notebook.py -m "not pure_python" \
     --deselect tests/python/test_docs.py --deselect tests/python/test_ratelimit.py \
+    --deselect tests/python/test_ray.py --deselect tests/python/test_dask.py \
     || status=$?
   echo "check: python part took $(elapsed "$t0") (exit $status)"
   return $status

@@ -35,14 +35,19 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # instructor: 1.17 pins jiter<0.15, which holds the SDK back at 3.3).
 # OpenTelemetry's SDK (its in-memory exporters), its OTLP/HTTP exporter (the
 # CLI's --otel) and protobuf messages (the suite's OTLP receiver) test
-# llmretry.otel (test_otel.py).
+# llmretry.otel (test_otel.py). Ray Data and Dask (with distributed) are the
+# clusters that llmretry.ray and llmretry.dask run in (test_ray.py,
+# test_dask.py; Ray ships binary wheels only: `pip download ray --no-deps`
+# says whether there is one for this CPython and platform, as there is for
+# 3.11 on x86_64).
 py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
          "ipykernel ipykernel>=6.20" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
          "httpx httpx" "pydantic pydantic>=2" "gunicorn gunicorn"
          "langchain_openai langchain-openai"
          "opentelemetry.sdk opentelemetry-sdk>=1.27"
          "opentelemetry.exporter.otlp.proto.http opentelemetry-exporter-otlp-proto-http>=1.27"
-         "opentelemetry.proto opentelemetry-proto>=1.27")
+         "opentelemetry.proto opentelemetry-proto>=1.27" "ray.data ray[data]>=2.40"
+         "dask.dataframe dask[dataframe]>=2025.1" "distributed distributed>=2025.1")
 py_missing=()
 for entry in "${py_pkgs[@]}"; do
   read -r mod spec <<<"$entry"

@@ -60,12 +60,14 @@ pipe_python() {
   # neither of which touches the notifier beyond what test_aio does; the
   # pure_python tests (the mock server, mypy); the doc examples and the rate
   # limits' pacing (timers, not the notifier: test_aio and the batches cover
-  # every wait on a channel). PYTEST_JOBS workers, as in make test-python.
+  # every wait on a channel), and the Ray and Dask clusters (call_many in
+  # their workers: the batch tests run it here). PYTEST_JOBS workers, as in make test-python.
   LLMRETRY_PYTHON_DIR="$pydir" PYTHONPATH="$pydir" PYTHONDONTWRITEBYTECODE=1 \
     python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_JOBS:-4}" --dist loadfile tests/python \
     --deselect tests/python/test_notebook.py \
     --deselect tests/python/test_lazy_batch.py::test_cli_peak_rss_does_not_grow_with_the_lines \
     --deselect tests/python/test_docs.py --deselect tests/python/test_ratelimit.py \
+    --deselect tests/python/test_ray.py --deselect tests/python/test_dask.py \
     -m "not pure_python"
 }
 

@@ -637,6 +637,13 @@ FOCUSED = [
      "What `llmretry.otel` costs: `call_many` of 20,000 with the instrumentation off, on "
      "(OpenTelemetry's SDK, spans and metrics made and dropped), and split into llmretry's "
      "own share and each signal's (docs/opentelemetry.md)."),
+    ("cluster.md", "Ray Data: llmretry.ray against ray.data.llm and an openai-SDK UDF",
+     "bash bench/run_cluster.sh",
+     "3,000 rows on a 2-actor Ray job against the mock enforcing 100 requests in any second "
+     "per key, without and with an 8 s outage: `llmretry.ray.map_calls` with a shared "
+     "budget, Ray's `HttpRequestProcessorConfig` with `qps` = the limit / the actors, and a "
+     "hand-written `map_batches` UDF with the openai SDK in 16 threads "
+     "(bench/README.md, \"Cluster benchmark\")."),
 ]
 
 

@@ -23,8 +23,8 @@ Command line (this is how the C and Lua suites start it)::
 
 prints the port alone on the first line of stdout (flushed), then serves until
 SIGTERM or SIGINT and exits with status 0. ``--scenarios`` loads
-``{name: {"steps": [...], "after": step, "limits": {...}, "outage": {...}}}``
-before serving.
+``{name: {"steps": [...], "after": step, "limits": {...}, "outage": {...},
+"route": {...}}}`` before serving.
 Nothing else is written to stdout; requests are not logged.
 
 The server is an ``http.server.ThreadingHTTPServer`` speaking HTTP/1.1 with
@@ -53,15 +53,16 @@ the record of a request the server is still stalling.
 Control API (JSON in and out)
 -----------------------------
 ``PUT /_mock/scenarios/<name>`` with ``{"steps": [step, ...], "after": step?,
-    "limits": {...}?, "outage": {...}?}`` -> 204. Replaces the script, resets
+    "limits": {...}?, "outage": {...}?, "route": {...}?}`` -> 204. Replaces the script, resets
     its cursor and clears its records (and its rate-limit windows and totals,
     its outage counts, and a ``PUT /_mock/outage``). A missing ``steps`` means
     ``[]``; a missing or null ``after`` means the plain success; a missing or
     null ``limits`` means no rate limits (see "Rate limits"); a missing or
-    null ``outage`` means no scripted outage (see "Outages"). A malformed
+    null ``outage`` means no scripted outage (see "Outages"); a missing or
+    null ``route`` routes nothing (see "Routing by model"). A malformed
     script (not JSON, a step that is not an object, an unknown ``fault``, a
-    field of the wrong type, bad ``limits`` or ``outage``) -> 400 JSON error,
-    and the previous script is kept.
+    field of the wrong type, bad ``limits``, ``outage`` or ``route``) -> 400
+    JSON error, and the previous script is kept.
 ``GET /_mock/requests/<name>``
     -> 200, a JSON array of records in arrival order::
 
@@ -309,6 +310,17 @@ A script's ``"outage": {"mode": "503", "from_ms": 0, "to_ms": null}``
     mode, and the scenario's requests since the script that met one or did
     not (``DELETE /_mock/requests`` keeps the counts).
 
+Routing by model
+----------------
+A script's ``"route": {"<model>": "<scenario>", ...}`` hands each request to
+this scenario whose body is a JSON object with a string ``model`` listed
+there to that other scenario, as if it had been sent to its path: it takes
+that scenario's steps, limits and outage and is recorded there (and not
+here). One hop: the other scenario's own ``route`` is not followed. So one
+batch sent to one URL can meet a different script per row (rows whose model
+is ``"m-400"`` answered 400 for good, the others with the scenario's own
+steps). Keys and values are non-empty strings.
+
 Stalls, delays and trickles wait on an event that ``stop()`` sets, and
 ``stop()`` also shuts down the sockets of open connections, so it returns
 promptly (well under a second) even while threads are stalled.
@@ -319,9 +331,9 @@ Python API
 ``.stop()``, context manager (starts on enter, stops on exit); ``.port``,
 ``.base_url`` (``"http://127.0.0.1:PORT/v1"``), ``.scenario_url(name)`` (the
 scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
-``.script(name, steps, after=None, limits=None, outage=None)`` (validated
-like the PUT), ``.load_scenarios({name: {"steps": ..., "after": ...,
-"limits": ..., "outage": ...}})``, ``.limit_stats(name)`` (the
+``.script(name, steps, after=None, limits=None, outage=None, route=None)``
+(validated like the PUT), ``.load_scenarios({name: {"steps": ..., "after":
+..., "limits": ..., "outage": ..., "route": ...}})``, ``.limit_stats(name)`` (the
 ``/_mock/limits`` totals; ``KeyError`` without limits),
 ``.outage(name, mode="503", for_ms=None)``, ``.end_outage(name)``,
 ``.outage_stats(name)`` (PUT, DELETE and GET of ``/_mock/outage``),
@@ -528,6 +540,20 @@ def _check_outage(outage: Any) -> Optional[Dict[str, Any]]:
     if end is not None and (not _is_number(end) or not end > start):
         raise ScriptError("outage: to_ms must be a number > from_ms, or null")
     return {"mode": mode, "from_ms": start, "to_ms": end}
+
+
+def _check_route(route: Any) -> Optional[Dict[str, str]]:
+    """Validate a script's ``route``: model -> scenario, non-empty strings."""
+    if route is None:
+        return None
+    if not isinstance(route, dict):
+        raise ScriptError("route must be an object of model -> scenario")
+    for model, target in route.items():
+        if not isinstance(model, str) or not model \
+                or not isinstance(target, str) or not target:
+            raise ScriptError(f"route: {model!r} -> {target!r}: models and "
+                              f"scenarios must be non-empty strings")
+    return dict(route)
 
 
 def _text_length(value: Any) -> int:
@@ -835,12 +861,13 @@ class _Scenario:
     state's lock)."""
 
     __slots__ = ("steps", "after", "count", "received", "records", "limiter",
-                 "window", "manual", "first", "during")
+                 "window", "manual", "first", "during", "route")
 
     def __init__(self, steps: Optional[List[Step]] = None,
                  after: Optional[Step] = None,
                  limits: Optional[Dict[str, Any]] = None,
-                 outage: Optional[Dict[str, Any]] = None) -> None:
+                 outage: Optional[Dict[str, Any]] = None,
+                 route: Optional[Dict[str, str]] = None) -> None:
         self.steps: List[Step] = steps or []
         self.after: Optional[Step] = after
         self.count = 0        # steps consumed (the cursor)
@@ -852,6 +879,7 @@ class _Scenario:
         self.manual: Optional[Tuple[str, Optional[float]]] = None
         self.first: Optional[float] = None   # monotonic time of 1st request
         self.during = 0       # requests that met the outage
+        self.route: Dict[str, str] = route or {}   # model -> scenario
 
     def outage_mode(self, now: float) -> Optional[str]:
         """The outage mode a request arriving at ``now`` meets, or None.
@@ -899,13 +927,25 @@ class _State:
         self.accepted = 0
 
     def script(self, name: str, steps: Any, after: Any,
-               limits: Any = None, outage: Any = None) -> None:
+               limits: Any = None, outage: Any = None,
+               route: Any = None) -> None:
         checked, checked_after = _check_script(steps, after)
         checked_limits = _check_limits(limits)
         checked_outage = _check_outage(outage)
+        checked_route = _check_route(route)
         with self.lock:
             self.scenarios[name] = _Scenario(checked, checked_after,
-                                             checked_limits, checked_outage)
+                                             checked_limits, checked_outage,
+                                             checked_route)
+
+    def routed(self, name: str, model: Optional[str]) -> str:
+        """The scenario that serves a request sent to ``name`` for
+        ``model`` (its ``route``, one hop)."""
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            if scenario is None or model is None:
+                return name
+            return scenario.route.get(model, name)
 
     def _scenario(self, name: str) -> _Scenario:
         """Scenario ``name``, created empty if unknown (lock held)."""
@@ -1348,7 +1388,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if not isinstance(doc, dict):
                         raise ScriptError("the script must be a JSON object")
                     state.script(name, doc.get("steps"), doc.get("after"),
-                                 doc.get("limits"), doc.get("outage"))
+                                 doc.get("limits"), doc.get("outage"),
+                                 doc.get("route"))
                 except (ValueError, UnicodeDecodeError) as exc:
                     self._send_error_json(400, f"bad script: {exc}")
                     return
@@ -1442,6 +1483,7 @@ class _Handler(BaseHTTPRequestHandler):
                 request_model = doc["model"]
         except ValueError:
             pass
+        name = self.server.state.routed(name, request_model)
 
         def stream_fields(chosen: Step) -> Record:
             # A streamed response's record has its live fields from the
@@ -1694,10 +1736,12 @@ class MockServer:
     def script(self, name: str, steps: Sequence[Step],
                after: Optional[Step] = None,
                limits: Optional[Mapping[str, Any]] = None,
-               outage: Optional[Mapping[str, Any]] = None) -> None:
+               outage: Optional[Mapping[str, Any]] = None,
+               route: Optional[Mapping[str, str]] = None) -> None:
         """Replace scenario ``name``'s script, reset its cursor and records
         (and, with ``limits``, enforce rate limits; with ``outage``, be down
-        in that window: see the module doc).
+        in that window; with ``route``, hand some models' requests to other
+        scenarios: see the module doc).
 
         Raises ``ValueError`` (``ScriptError``) for a malformed script.
         """
@@ -1705,7 +1749,9 @@ class MockServer:
                            dict(limits) if isinstance(limits, Mapping)
                            else limits,
                            dict(outage) if isinstance(outage, Mapping)
-                           else outage)
+                           else outage,
+                           dict(route) if isinstance(route, Mapping)
+                           else route)
 
     def outage(self, name: str, mode: str = "503",
                for_ms: Optional[float] = None) -> None:
@@ -1735,14 +1781,15 @@ class MockServer:
 
     def load_scenarios(self, scenarios: Mapping[str, Any]) -> None:
         """Script scenarios: ``{name: {"steps": [...], "after": step,
-        "limits": {...}, "outage": {...}}}``."""
+        "limits": {...}, "outage": {...}, "route": {...}}}``."""
         if not isinstance(scenarios, Mapping):
             raise ScriptError("scenarios must be an object of name -> script")
         for name, doc in scenarios.items():
             if not isinstance(doc, Mapping):
                 raise ScriptError(f"scenario {name!r}: must be an object")
             self._state.script(str(name), doc.get("steps"), doc.get("after"),
-                               doc.get("limits"), doc.get("outage"))
+                               doc.get("limits"), doc.get("outage"),
+                               doc.get("route"))
 
     def requests(self, name: str) -> List[Record]:
         """A copy of scenario ``name``'s records, in arrival order."""

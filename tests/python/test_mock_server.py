@@ -233,6 +233,34 @@ def test_python_api_script_after_and_clear(mock: MockServer) -> None:
     assert post_chat(mock, "q")[0] == 504
 
 
+def test_route_by_model(mock: MockServer) -> None:
+    # One URL, a script per model: "m-400" rows get the "perm" scenario,
+    # "m-503" ones "down"; every other model this scenario's own steps.
+    mock.script("perm", [], after={"status": 400})
+    mock.load_scenarios({"down": {"steps": [{"status": 503}], "after": {"content": "back"}}})
+    mock.script("mixed", [{"status": 429}], route={"m-400": "perm", "m-503": "down"})
+
+    def send(model: Any) -> int:
+        return post_chat(mock, "mixed", {"model": model, "messages": []})[0]
+
+    assert [send("m-400"), send("m-503"), send("other"), send("m-503"), send("m-400"),
+            send(None), send("other")] == [400, 503, 429, 200, 400, 200, 200]
+    assert [json.loads(r["body"])["model"] for r in mock.requests("perm")] == ["m-400"] * 2
+    assert [r["step"] for r in mock.requests("down")] == [0, -1]
+    assert [r["step"] for r in mock.requests("mixed")] == [0, -1, -1]
+    # One hop only; a body that is not an object is not routed.
+    mock.script("down", [], after={"status": 503}, route={"m-503": "perm"})
+    assert send("m-503") == 503
+    status, _, _ = request(mock, "POST", chat_path("mixed"), b"[1]",
+                           {"Content-Type": "application/json"})
+    assert status == 200 and len(mock.requests("mixed")) == 4
+    for bad in (b'{"route": []}', b'{"route": {"m": ""}}', b'{"route": {"m": 3}}'):
+        status, _, body = request(mock, "PUT", "/_mock/scenarios/mixed", bad)
+        assert status == 400 and b"route" in body, bad
+    with pytest.raises(ValueError, match="route"):
+        mock.script("mixed", [], route={"": "x"})
+
+
 # --------------------------------------------------------------------------
 # Records
 # --------------------------------------------------------------------------
