@@ -12,7 +12,6 @@ free of them.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import threading
@@ -21,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ._client import Client, Result, call_llm
+from ._client import CallOptions, Client, Result
 from ._models import _answer_text
 from .errors import LLMError
 
@@ -35,10 +34,10 @@ COLUMNS: Tuple[str, ...] = ("llm_response", "llm_content", "llm_error", "llm_att
 TEXT_COLUMNS = frozenset({"llm_response", "llm_content", "llm_error", "llm_request_id"})
 OPTIONAL_INT_COLUMNS = frozenset({"llm_prompt_tokens", "llm_completion_tokens"})
 
-# The call keywords a job passes to its workers' clients: call_llm's, less
-# the body and the two that name things of the driver's process.
-_OPTION_NAMES = frozenset(inspect.signature(call_llm).parameters) - {"body", "client",
-                                                                      "policy"}
+# The call keywords a job passes to its workers' clients: call_llm's
+# (generated from the core's table), which name nothing of the driver's
+# process (no client=, no policy=).
+_OPTION_NAMES = frozenset(CallOptions.__annotations__)
 # One value for every row would make every row the same call to the server.
 _PER_ROW = ("request_id", "idempotency_key")
 
