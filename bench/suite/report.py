@@ -637,6 +637,10 @@ FOCUSED = [
      "What `llmretry.otel` costs: `call_many` of 20,000 with the instrumentation off, on "
      "(OpenTelemetry's SDK, spans and metrics made and dropped), and split into llmretry's "
      "own share and each signal's (docs/opentelemetry.md)."),
+    ("sdk.md", "The openai SDK on llmretry's transport", "bash bench/run_sdk.sh",
+     "`AsyncOpenAI` over `llmretry.httpx2.AsyncTransport` (the SDK's retries off) against "
+     "`AsyncOpenAI` with its default transport (httpx2) and with aiohttp, at C=64 and 256, "
+     "against nginx's 0 ms and 50 ms endpoints (docs/openai-sdk.md)."),
     ("cluster.md", "Ray Data: llmretry.ray against ray.data.llm and an openai-SDK UDF",
      "bash bench/run_cluster.sh",
      "3,000 rows on a 2-actor Ray job against the mock enforcing 100 requests in any second "
