@@ -10,27 +10,17 @@ from __future__ import annotations
 import asyncio
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import httpx2
 import openai
 
 import llmretry.httpx2
+from interop_util import Checks
 
 KEY = "sk-1234"
-results: List[Tuple[str, bool, str]] = []
-
-
-def check(name: str, fn: Callable[[], str]) -> None:
-    try:
-        detail = fn()
-        results.append((name, True, detail))
-    except AssertionError as exc:
-        results.append((name, False, str(exc)))
-    except Exception as exc:  # a foreign exception is a failure too
-        results.append((name, False, f"{type(exc).__name__}: {exc}"))
-    ok, what = results[-1][1], results[-1][2]
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: {what}", flush=True)
+checks = Checks()
+check = checks.check
 
 
 class Events:
@@ -120,9 +110,7 @@ def main(base_url: str) -> int:
     check("stream", stream)
     check("async_many", async_many)
     check("rate_limited", rate_limited)
-    failed = [r for r in results if not r[1]]
-    print(f"sdk: {len(results) - len(failed)} of {len(results)} passed", flush=True)
-    return 1 if failed else 0
+    return checks.summary("openai SDK")
 
 
 if __name__ == "__main__":
