@@ -19,6 +19,7 @@ import pytest
 import llmretry
 from llmretry.testing import MockServer
 from redis_server import RedisServer
+from test_shared import _open_the_breaker   # the same three 503s, in a process of its own
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 SHARED_EVENTS = ("llm_shared_unavailable", "llm_shared_recovered")
@@ -104,18 +105,6 @@ def test_processes_share_a_rate_limit(redis: RedisServer, mock: MockServer) -> N
     refused = sum(1 for r in recs if r.get("rate_limited"))
     assert sum(r["ok"] for r in runs) == 24
     assert refused <= 1, f"{refused} of {len(recs)} refused"
-
-
-def _open_the_breaker(base_url: str, shared: str) -> int:
-    with llmretry.Client(base_url=base_url, shared=shared, max_retries=0,
-                         breaker_failures=3, breaker_cooldown_ms=60000, logger=None) as client:
-        n = 0
-        for _ in range(3):
-            try:
-                client.call_llm(BODY)
-            except llmretry.HTTPStatusError:
-                n += 1
-        return n
 
 
 def test_a_breaker_opened_in_another_process(redis: RedisServer, mock: MockServer) -> None:
