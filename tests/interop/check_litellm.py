@@ -9,24 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, List, Tuple
 
 import llmretry
+from interop_util import Checks
 
 KEY = "sk-1234"
-results: List[Tuple[str, bool, str]] = []
-
-
-def check(name: str, fn: Callable[[], str]) -> None:
-    try:
-        detail = fn()
-        results.append((name, True, detail))
-    except AssertionError as exc:
-        results.append((name, False, str(exc)))
-    except Exception as exc:  # a foreign exception is a failure too
-        results.append((name, False, f"{type(exc).__name__}: {exc}"))
-    ok, what = results[-1][1], results[-1][2]
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: {what}", flush=True)
 
 
 def body(model: str, text: str = "hi") -> dict:
@@ -34,6 +21,8 @@ def body(model: str, text: str = "hi") -> dict:
 
 
 def main(base_url: str) -> int:
+    checks = Checks()
+    check = checks.check
     client = llmretry.Client(base_url=base_url, api_key=KEY, logger=None,
                              base_delay_ms=200, max_delay_ms=2000)
 
@@ -102,6 +91,26 @@ def main(base_url: str) -> int:
             lines.append(f"{model}: {s.ok} of {n} ok, {s.attempts} attempts")
         return "; ".join(lines) + f"; {time.monotonic() - t0:.0f} s"
 
+    def malformed_answer_retried_and_counted() -> str:
+        # Issue 31: an answer that is not the asked-for JSON is retried, and
+        # the tokens of every attempt are in usage_total (usage stays empty:
+        # no attempt succeeded).
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+                  "required": ["a"], "additionalProperties": False}
+        try:
+            client.call_llm(body("fake-ok"), schema=schema, max_retries=2)
+        except llmretry.InvalidResponseError as exc:
+            assert exc.attempts == 3, repr(exc)
+            assert exc.validation_errors, repr(exc)
+            one = client.call_llm(body("fake-ok")).meta.usage
+            total = exc.usage_total
+            assert one and total, (one, total)
+            assert total["total_tokens"] == 3 * one["total_tokens"] > 0, (one, total)
+            assert "hello from litellm" not in str(exc) + repr(exc.validation_errors)
+            return (f"{exc.attempts} attempts, {exc.validation_errors[0]}, "
+                    f"usage_total {total}")
+        raise AssertionError("no error")
+
     def bad_path_named() -> str:
         c = llmretry.Client(base_url=base_url.rsplit("/v1", 1)[0] + "/nope", api_key=KEY,
                             logger=None, max_retries=0)
@@ -119,10 +128,10 @@ def main(base_url: str) -> int:
     check("an idle keep-alive connection uvicorn closed", idle_keepalive_resent)
     check("batches over LiteLLM's rpm limits, nothing configured", rate_limited_batches)
     check("a wrong base_url names the path", bad_path_named)
+    check("a malformed answer is retried, every attempt's tokens counted",
+          malformed_answer_retried_and_counted)
     client.close()
-    failed = [name for name, ok, _ in results if not ok]
-    print(f"interop (litellm): {len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return checks.summary("litellm")
 
 
 if __name__ == "__main__":

@@ -207,6 +207,53 @@ def main(base_url: str, access_log: str) -> int:
 
     checks.check("streams pre-empted by interrupt_requests are not empty successes",
                  preempted_streams)
+
+    # Issue 31. llama-cpp-python 0.3.36 constrains its answer by a JSON Schema
+    # given its own way, {"type": "json_object", "schema": ...} (it answers
+    # OpenAI's {"type": "json_schema", ...} with a 500 from its request
+    # validation), so the core checks the answer through the schema option.
+    point = {"type": "object", "properties": {"a": {"type": "integer"}},
+             "required": ["a"], "additionalProperties": False}
+
+    def constrained(i: int) -> Dict[str, Any]:
+        return body(f"hello {i}", max_tokens=64,
+                    response_format={"type": "json_object", "schema": point})
+
+    def schema_batch() -> str:
+        mark = log.mark()
+        out = client.call_many([constrained(i) for i in range(8)], limit=2, schema=point)
+        s = out.summary
+        lost = [repr(v)[:160] for v in out if not isinstance(v, llmretry.Result)]
+        assert s.ok == 8 and s.attempts == 8, f"{s}; {lost[:2]}"
+        for v in out:
+            assert isinstance(v.data["choices"][0]["message"]["content"], str)
+        sent = log.since(mark, 8)
+        assert sent == [200] * 8, f"the server received {sent}"
+        return f"8 of 8 valid at the first attempt, {s.total_tokens} tokens"
+
+    def wrong_server_schema() -> str:
+        # The server is held to `point`, the caller asks for another shape:
+        # every answer is a mismatch the core catches and retries, and the
+        # tokens of each attempt are counted.
+        other = {"type": "object", "properties": {"b": {"type": "string"}},
+                 "required": ["b"], "additionalProperties": False}
+        mark = log.mark()
+        try:
+            client.call_llm(constrained(1), schema=other, max_retries=2)
+        except llmretry.InvalidResponseError as exc:
+            assert exc.attempts == 3, repr(exc)
+            paths = {e["path"] for e in exc.validation_errors}
+            assert "$.b" in paths, exc.validation_errors
+            total = exc.usage_total
+            assert total and total["prompt_tokens"] > 0, total
+            sent = log.since(mark, 3)
+            assert sent == [200] * 3, f"the server received {sent}"
+            return (f"3 attempts, errors at {sorted(paths)}, usage_total {total}")
+        raise AssertionError("no error")
+
+    checks.check("a batch constrained by the server's grammar passes the schema", schema_batch)
+    checks.check("a server held to another schema: caught, retried, tokens counted",
+                 wrong_server_schema)
     client.close()
     return checks.summary("llama.cpp")
 
