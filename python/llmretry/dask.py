@@ -1,4 +1,4 @@
-"""LLM calls inside Dask DataFrames, under llmretry's policy (docs/ray-dask.md).
+"""LLM calls inside Dask DataFrames, under llmretry's policy (docs/cluster.md).
 
 ``map_calls(df)`` adds seven columns to a Dask DataFrame through
 ``map_partitions``: each partition's rows go through one

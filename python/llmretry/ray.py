@@ -1,4 +1,4 @@
-"""LLM calls inside Ray Data, under llmretry's policy (docs/ray-dask.md).
+"""LLM calls inside Ray Data, under llmretry's policy (docs/cluster.md).
 
 ``map_calls(ds)`` adds seven columns to a Dataset: one call per row, run by
 a pool of Ray actors that each hold one :class:`~llmretry.Client` and send

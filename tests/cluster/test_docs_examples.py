@@ -1,4 +1,4 @@
-"""docs/ray-dask.md's Ray and Dask examples, each a program of its own that
+"""docs/cluster.md's Ray and Dask examples, each a program of its own that
 starts its cluster (too slow for the doc tests of make test; make cluster)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from jobs import ROOT, child_env, mock  # noqa: F401
 from doc_examples import examples
 
-EXAMPLES = [ex for ex in examples() if ex.path == "docs/ray-dask.md" and ex.lang == "python"]
+EXAMPLES = [ex for ex in examples() if ex.path == "docs/cluster.md" and ex.lang == "python"]
 
 
 def program(engine: str, first_line: str) -> str:

@@ -3,7 +3,7 @@
 One ``distributed.LocalCluster`` of two worker processes for the module,
 calling the suite's mock server over loopback; every worker logs the
 ``llmretry`` logger's events to a file (configured with ``client.run``, as
-docs/ray-dask.md shows), so the tests can see where events went.
+docs/cluster.md shows), so the tests can see where events went.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_every_row_once_in_order_failures_in_place(dask_client: Any, scen: Scena
     subs = script_mixed(scen)
     rows = mixed_rows()
     # Bodies as dicts (a pandas object column: Dask must not make it
-    # strings, see docs/ray-dask.md) and as JSON text, mixed.
+    # strings, see docs/cluster.md) and as JSON text, mixed.
     for r in rows[::3]:
         if isinstance(r["body"], str) and r["body"].startswith("{"):
             r["body"] = json.loads(r["body"])

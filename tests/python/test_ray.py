@@ -4,7 +4,7 @@ One cluster for the module (``ray.init(num_cpus=2)``: starting one takes
 seconds), its actors in worker processes calling the suite's mock server over
 loopback. Each test is one or two Ray executions; every worker process logs
 the ``llmretry`` logger's events to a file (the ``worker_process_setup_hook``
-that docs/ray-dask.md shows), so the tests can see where events went.
+that docs/cluster.md shows), so the tests can see where events went.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def events_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
              runtime_env={"env_vars": {"PYTHONPATH": str(PYTHON_DIR)},
                           "worker_process_setup_hook": setup})
     ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True   # the rows' order, as docs/ray-dask.md says
+    ctx.execution_options.preserve_order = True   # the rows' order, as docs/cluster.md says
     # Every actor up before the first batch, so that each gets some (on a
     # loaded machine the second one may start after the first has done all).
     ctx.wait_for_min_actors_s = 120
