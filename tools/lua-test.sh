@@ -83,6 +83,13 @@ for v in 5.4 5.1; do
     exit 1
   fi
   clean_artefacts
+  # Issue 33 item 8: nothing unprefixed in the module's dynamic symbols.
+  so="build-lua/$v/lib/lua/$v/llmretry/core.so"
+  stray=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -Ev '^(luaopen_|llmretry_|lr_)' || true)
+  if [ -n "$stray" ]; then
+    echo "lua-test: $so exports unprefixed names: $(echo $stray)" >&2
+    exit 1
+  fi
   echo "lua-test: built llmretry for Lua $v into build-lua/$v"
 done
 if [ "$build_only" -eq 1 ]; then exit 0; fi

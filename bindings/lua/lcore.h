@@ -36,6 +36,14 @@
 /* engine:poll takes calls from the core in batches of this many. */
 #define POLL_BATCH 64
 
+/* What the binding's files share is private to the module: hidden, so the
+ * rock's core.so exports luaopen_llmretry_core and the core's prefixed
+ * names only (unprefixed names like `engine_gc` would clash with other
+ * modules loaded into the same process). tools/lua-test.sh checks it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(hidden)
+#endif
+
 /* Only its address matters: core.empty_array, a sentinel like cjson's
  * (defined once, in llmretry_core.c). */
 extern const char lrl_empty_array_tag;
@@ -154,5 +162,9 @@ int channel_wait(lua_State *L);
 int l_parse_policies(lua_State *L);
 int l_resolve_policy(lua_State *L);
 int l_uuid4(lua_State *L);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -118,3 +118,13 @@ def test_outcomes_carry_the_cores_fields(scen: Scenario) -> None:
     assert set(ok["usage"]) == names["usage"]
     assert stats and all(set(s) == names["endpoint"] for s in stats)
     assert set(group) == names["group"]
+
+
+def test_the_extension_exports_its_init_function_only() -> None:
+    # Issue 33 item 8: the binding's helpers (put, set_int, ...) are private
+    # to it; an exported unprefixed name could clash with another extension
+    # loaded into the same process.
+    out = subprocess.run(["nm", "-D", "--defined-only", _llmretry.__file__],
+                         capture_output=True, text=True, check=True).stdout
+    names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    assert names == ["PyInit__llmretry"], names
