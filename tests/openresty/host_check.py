@@ -521,9 +521,11 @@ def test_500_calls_no_thread_pool(ngx, mock):
     FIGURES["c500_ping_p99_ms"] = percentile(pings, 99) * 1000
     FIGURES["c500_ping_max_ms"] = max(pings) * 1000
     FIGURES["c500_worker_threads"] = threads[0] if threads else -1
-    # With a pool of T threads the calls would take n / T seconds; all at
-    # once, about one (generous bounds: the machine is shared).
-    check(times[-1] - times[0] < 1.0, f"the calls reached the mock {times[-1] - times[0]:.2f} s apart")
+    # With a pool of T threads the calls would reach the mock over n / T - 1
+    # seconds (15 s with nginx's default pool of 32); all at once, within a
+    # moment. 1.34 s was seen with CI beside 7 busy processes on 2 cores:
+    # the bound leaves room for that and still fails for a pool of < 100.
+    check(times[-1] - times[0] < 4.0, f"the calls reached the mock {times[-1] - times[0]:.2f} s apart")
     check(out["wall"] < 3.0, f"{n} concurrent 1 s calls took {out['wall']:.2f} s")
     check(threads and threads[0] <= 4, f"the worker runs {threads} threads with {n} calls in flight")
     check(len(pings) >= 20, f"only {len(pings)} pings while the calls were in flight")
