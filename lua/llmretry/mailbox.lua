@@ -21,6 +21,28 @@ function M.report_to_stderr(ev, e)
   end
 end
 
+-- An event to ctx.logger. The first error the logger raises goes to
+-- ctx.report(ev, e) (default: stderr) and sets ctx.reported; the call goes
+-- on, and later errors of the same call are not reported. The one rule for
+-- a raising logger, whatever the host (nvim.lua reports by vim.notify).
+function M.log(ctx, ev)
+  local logger = ctx.logger
+  if logger then
+    local ok, e = pcall(logger, ev)
+    if not ok and not ctx.reported then
+      ctx.reported = true
+      local report = ctx.report or M.report_to_stderr
+      report(ev, e)
+    end
+  end
+end
+
+-- The verdict on a 2xx body the core asks about: ctx.validate's, or ok.
+function M.verdict(ctx, body)
+  if ctx.validate then return verdict_of(ctx.validate, body) end
+  return true, nil
+end
+
 -- Take every item now in h's mailbox. True once the call is done. ctx:
 -- logger, validate, on_chunk (functions or nil), report(ev, e) (the first
 -- logger error; default: stderr), and what this sets: reported, and
@@ -34,15 +56,7 @@ function M.drain(h, ctx)
     elseif kind == "done" then
       return true
     elseif kind == "event" then
-      local logger = ctx.logger
-      if logger then
-        local ok, e = pcall(logger, value)
-        if not ok and not ctx.reported then
-          ctx.reported = true
-          local report = ctx.report or M.report_to_stderr
-          report(value, e)
-        end
-      end
+      M.log(ctx, value)
     elseif kind == "chunk" then
       -- A stream's chunk (stream_llm): decoded, to the caller's on_chunk.
       -- The first one read is the commit point: no retry after it.
@@ -56,12 +70,7 @@ function M.drain(h, ctx)
         end
       end
     elseif kind == "validate" then
-      if ctx.validate then
-        local ok, msg = verdict_of(ctx.validate, value)
-        h:validated(ok, msg)
-      else
-        h:validated(true)
-      end
+      h:validated(M.verdict(ctx, value))
     end
   end
 end

@@ -93,6 +93,14 @@ local function notify(msg, level)
   end)
 end
 
+-- A logger's first error in a call, as a notification (the editor's
+-- stderr is not where a plugin's user looks); mailbox.log's rule otherwise.
+local function report_by_notify(ev, e)
+  notify(string.format("llmretry: the logger raised on %s (request_id=%s): %s; the call "
+    .. "goes on (later logger errors of this call are not reported)",
+    tostring(ev.event), tostring(ev.request_id), tostring(e)))
+end
+
 local function close_engine()
   if watcher then
     if watching then watcher:stop() end
@@ -141,7 +149,7 @@ end
 -- ---------------------------------------------------------------------------
 -- Delivering a call's news on the main loop.
 
-local verdict_of = require("llmretry.verdict").of
+local mailbox = require("llmretry.mailbox")
 
 -- The chunks of one batch, decoded, to the stream's on_chunk in one call:
 -- what arrived within one loop turn is one call, so thousands of chunks a
@@ -175,18 +183,9 @@ local function deliver(rec, batch)
         texts = nil
       end
       if kind == "event" then
-        if rec.logger then
-          local ok, e = pcall(rec.logger, item[2])
-          if not ok and not rec.reported then
-            rec.reported = true
-            notify(string.format("llmretry: the logger raised on %s (request_id=%s): %s; the call "
-              .. "goes on (later logger errors of this call are not reported)",
-              tostring(item[2].event), tostring(item[2].request_id), tostring(e)))
-          end
-        end
+        mailbox.log(rec, item[2])
       elseif kind == "validate" then
-        local ok, msg = true, nil
-        if rec.validate then ok, msg = verdict_of(rec.validate, item[2]) end
+        local ok, msg = mailbox.verdict(rec, item[2])
         -- A call cancelled meanwhile no longer waits for the verdict.
         if rec.h then pcall(rec.h.validated, rec.h, ok, msg) end
       elseif kind == "done" then
@@ -274,7 +273,8 @@ local function start(opts, complete, level, defaults)
     error(h, 0)
   end
   local rec = { h = h, logger = logger, validate = validate, complete = complete,
-    finished = false, reported = false, request_id = h:request_id(), on_chunk = opts.on_chunk }
+    finished = false, reported = false, report = report_by_notify, request_id = h:request_id(),
+    on_chunk = opts.on_chunk }
   pending[h] = rec
   npending = npending + 1
   live[h] = true

@@ -453,6 +453,30 @@ test("a callback that raises is reported by Neovim and the next call still works
   check(st.res, "the next call failed: %s", tostring(st.err))
 end)
 
+test("a logger that raises: one notification for the call, which still succeeds", function()
+  T.script("badlog", { { status = 503 }, {} })
+  local notes, notify = {}, vim.notify
+  vim.notify = function(msg, level) notes[#notes + 1] = { msg = msg, level = level } end
+  local calls = 0
+  local ok_run, err_run = pcall(function()
+    local st = start_call(T.opts("badlog", { base_delay_ms = 10, logger = function()
+      calls = calls + 1
+      error("logger failure (expected by the test)")
+    end }))
+    check(T.wait_until(function() return st.done end, 5000), "no callback within 5 s")
+    T.sleep(50)   -- the notification is scheduled
+    check(st.res, "the call failed: %s", tostring(st.err))
+    check(st.res.meta.attempts == 2, "attempts %s", tostring(st.res.meta.attempts))
+    check(calls >= 4, "the logger ran %d times (every event goes to it)", calls)
+    check(#notes == 1, "%d notifications: %s", #notes, vim.inspect(notes))
+    local msg = notes[1] and notes[1].msg or ""
+    check(msg:find("logger failure (expected by the test)", 1, true)
+      and msg:find(st.res.meta.request_id, 1, true), "notification %q", msg)
+  end)
+  vim.notify = notify
+  if not ok_run then error(err_run, 0) end
+end)
+
 test("an idle session watches nothing", function()
   T.sleep(50)
   local s = nv.stats()

@@ -526,7 +526,8 @@ def test_500_calls_no_thread_pool(ngx, mock):
     # moment. 1.34 s was seen with CI beside 7 busy processes on 2 cores:
     # the bound leaves room for that and still fails for a pool of < 100.
     check(times[-1] - times[0] < 4.0, f"the calls reached the mock {times[-1] - times[0]:.2f} s apart")
-    check(out["wall"] < 3.0, f"{n} concurrent 1 s calls took {out['wall']:.2f} s")
+    # Likewise the wall: 16 s through a pool of 32; 3.5 s was seen loaded.
+    check(out["wall"] < 8.0, f"{n} concurrent 1 s calls took {out['wall']:.2f} s")
     check(threads and threads[0] <= 4, f"the worker runs {threads} threads with {n} calls in flight")
     check(len(pings) >= 20, f"only {len(pings)} pings while the calls were in flight")
     check(percentile(pings, 99) < 0.05, f"/ping p99 {percentile(pings, 99) * 1000:.0f} ms "
