@@ -87,6 +87,58 @@ function M.split_call_options(opts, level, host_keys, default_logger)
   return sub, logger or nil, validate or nil
 end
 
+-- map_with_concurrency's arguments, checked alike in every host: items an
+-- array, limit an integer >= 1, worker a function, opts nil or a table of
+-- the keys in `allowed` (a set): return_errors a boolean, logger a function
+-- or false. Returns opts (a table). `level` is the caller's, as for argerror.
+function M.check_map_args(level, items, limit, worker, opts, allowed)
+  level = level + 1   -- argerror's and error's levels count this frame
+  if type(items) ~= "table" then M.argerror(level, "items", "a table (array)", items) end
+  M.check_array(level, "items", items)
+  if not M.is_integer(limit) or limit < 1 then
+    if type(limit) == "number" then
+      error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)),
+        level)
+    end
+    M.argerror(level, "limit", "an integer >= 1", limit)
+  end
+  if not M.is_callable(worker) then M.argerror(level, "worker", "a function", worker) end
+  if opts ~= nil and type(opts) ~= "table" then M.argerror(level, "opts", "a table or nil", opts) end
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not allowed[k] then
+      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency",
+        tostring(k)), level)
+    end
+  end
+  local return_errors = opts.return_errors
+  if return_errors ~= nil and type(return_errors) ~= "boolean" then
+    M.argerror(level, "opts.return_errors", "a boolean or nil", return_errors)
+  end
+  local logger = opts.logger
+  if logger ~= nil and logger ~= false and not M.is_callable(logger) then
+    M.argerror(level, "opts.logger", "a function, false or nil", logger)
+  end
+  return opts
+end
+
+-- call_llm and stream_llm over a blocking host's run(opts, level, on_chunk)
+-- (the module's and OpenResty's): the same checks and error levels in both.
+-- Not tail calls: the levels count the caller's frame.
+function M.blocking_calls(run)
+  local function call_llm(opts)
+    local res, err = run(opts, 2)
+    return res, err
+  end
+  local function stream_llm(opts, on_chunk)
+    if not M.is_callable(on_chunk) then M.argerror(2, "on_chunk", "a function", on_chunk) end
+    if type(opts) ~= "table" then M.argerror(2, "opts", "a table", opts) end
+    local res, err = run(M.stream_options(opts), 2, on_chunk)
+    return res, err
+  end
+  return call_llm, stream_llm
+end
+
 function M.stream_options(opts)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end

@@ -123,11 +123,7 @@ local function submit_default(sub, level)
     default_engine = new_default_engine()
     engine = default_engine
   end
-  local ok, h = pcall(engine.submit, engine, sub)
-  if not ok then
-    if type(h) == "string" then error(h, level + 1) end
-    error(h, 0)
-  end
+  local h = submit(engine, sub, level + 1)   -- not a tail call: the level counts this frame
   return h
 end
 
@@ -176,11 +172,7 @@ function M.endpoint_stats(engine)
   return (engine or get_default_engine()):endpoint_stats()
 end
 
--- Not tail calls: the error levels count run's caller's frame.
-function M.call_llm(opts)
-  local res, err = run(opts, 2)
-  return res, err
-end
+-- call_llm(opts) -> res, or nil, err (defined with stream_llm, below).
 
 -- ---------------------------------------------------------------------------
 -- stream_llm
@@ -194,12 +186,7 @@ end
 -- err.reason says how it broke, err.chunks_delivered how many were given.
 -- A table body gets stream = true (and asks for usage). An on_chunk that
 -- raises cancels the stream; the error is raised once the call has ended.
-function M.stream_llm(opts, on_chunk)
-  if not is_callable(on_chunk) then argerror(2, "on_chunk", "a function", on_chunk) end
-  if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
-  local res, err = run(args.stream_options(opts), 2, on_chunk)
-  return res, err
-end
+M.call_llm, M.stream_llm = args.blocking_calls(run)
 
 -- ---------------------------------------------------------------------------
 -- map_with_concurrency
@@ -211,35 +198,14 @@ local pool_error_mt = {
   end,
 }
 
+local MAP_OPTIONS = { return_errors = true, logger = true, engine = true }
+
 local function map_impl(items, limit, worker, opts, pool_policy)
-  if type(items) ~= "table" then argerror(2, "items", "a table (array)", items) end
-  check_array(2, "items", items)
-  if not is_integer(limit) or limit < 1 then
-    if type(limit) == "number" then
-      error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)), 2)
-    end
-    argerror(2, "limit", "an integer >= 1", limit)
-  end
-  if not is_callable(worker) then argerror(2, "worker", "a function", worker) end
-  if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
-  opts = opts or {}
-  local return_errors = opts.return_errors
-  if return_errors ~= nil and type(return_errors) ~= "boolean" then
-    argerror(2, "opts.return_errors", "a boolean or nil", return_errors)
-  end
-  local logger = opts.logger
-  if logger ~= nil and logger ~= false and not is_callable(logger) then
-    argerror(2, "opts.logger", "a function, false or nil", logger)
-  end
+  opts = args.check_map_args(2, items, limit, worker, opts, MAP_OPTIONS)
   if opts.engine ~= nil and not is_engine(opts.engine) then
     argerror(2, "opts.engine", "an engine (llmretry.new_engine()) or nil", opts.engine)
   end
-  for k in pairs(opts) do
-    if k ~= "return_errors" and k ~= "logger" and k ~= "engine" then
-      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency",
-        tostring(k)), 2)
-    end
-  end
+  local return_errors, logger = opts.return_errors, opts.logger
 
   local n = #items
   if n == 0 then return { n = 0 }, {} end

@@ -63,8 +63,7 @@ M.error_mt = core.error_mt
 -- Argument checks (the same wording as llmretry's).
 
 local args = require("llmretry.args")
-local typename, argerror, is_callable, is_integer =
-  args.typename, args.argerror, args.is_callable, args.is_integer
+local argerror, is_callable = args.argerror, args.is_callable
 
 -- ---------------------------------------------------------------------------
 -- The session's engine and the poll handle on its fd.
@@ -382,32 +381,12 @@ end
 -- ---------------------------------------------------------------------------
 -- map_with_concurrency
 
+local MAP_OPTIONS = { return_errors = true, logger = true }
+
 function M.map_with_concurrency(items, limit, worker, on_done, opts)
-  if type(items) ~= "table" then argerror(2, "items", "a table (array)", items) end
-  if not is_integer(limit) or limit < 1 then
-    if type(limit) == "number" then
-      error(string.format("llmretry: limit must be an integer >= 1 (got %s)", tostring(limit)), 2)
-    end
-    argerror(2, "limit", "an integer >= 1", limit)
-  end
-  if not is_callable(worker) then argerror(2, "worker", "a function", worker) end
+  opts = args.check_map_args(2, items, limit, worker, opts, MAP_OPTIONS)
   if not is_callable(on_done) then argerror(2, "on_done", "a function", on_done) end
-  if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
-  opts = opts or {}
-  for k in pairs(opts) do
-    if k ~= "return_errors" and k ~= "logger" then
-      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency",
-        tostring(k)), 2)
-    end
-  end
-  local return_errors = opts.return_errors
-  if return_errors ~= nil and type(return_errors) ~= "boolean" then
-    argerror(2, "opts.return_errors", "a boolean or nil", return_errors)
-  end
-  local logger = opts.logger
-  if logger ~= nil and logger ~= false and not is_callable(logger) then
-    argerror(2, "opts.logger", "a function, false or nil", logger)
-  end
+  local return_errors, logger = opts.return_errors, opts.logger
 
   -- One engine group paces the pool (its calls still report to the one
   -- engine fd the session watches: poll = false).

@@ -42,7 +42,7 @@ local setmetatable, collectgarbage = setmetatable, collectgarbage
 local string = string
 local ngx = ngx
 
-local argerror, is_callable, is_integer = args.argerror, args.is_callable, args.is_integer
+local argerror = args.argerror
 
 local M = {}
 
@@ -413,10 +413,6 @@ end
 -- light thread yields until the call has ended, its logger (a function)
 -- getting each event as it happens and validate (a function) each 2xx
 -- body, in the request.
-function M.call_llm(opts)
-  local res, err = run(opts, 2)
-  return res, err
-end
 
 -- stream_llm(opts, on_chunk) -> res | nil, err, as llmretry.stream_llm:
 -- on_chunk(chunk) runs in the request with each decoded chunk as it
@@ -425,12 +421,7 @@ end
 -- retried; after it nothing is (err.kind "stream_interrupted"). An
 -- on_chunk that raises cancels the stream; the error is raised once it
 -- has ended.
-function M.stream_llm(opts, on_chunk)
-  if not is_callable(on_chunk) then argerror(2, "on_chunk", "a function", on_chunk) end
-  if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
-  local res, err = run(args.stream_options(opts), 2, on_chunk)
-  return res, err
-end
+M.call_llm, M.stream_llm = args.blocking_calls(run)
 
 -- What call_many waits on: a semaphore the dispatcher posts for any of the
 -- batch's calls, and the list of those with news.

@@ -523,9 +523,9 @@ def test_500_calls_no_thread_pool(ngx, mock):
     FIGURES["c500_worker_threads"] = threads[0] if threads else -1
     # With a pool of T threads the calls would reach the mock over n / T - 1
     # seconds (15 s with nginx's default pool of 32); all at once, within a
-    # moment. 1.34 s was seen with CI beside 7 busy processes on 2 cores:
-    # the bound leaves room for that and still fails for a pool of < 100.
-    check(times[-1] - times[0] < 4.0, f"the calls reached the mock {times[-1] - times[0]:.2f} s apart")
+    # moment. 4.4 s was seen with two test runs beside 7 busy processes on 2 cores:
+    # the bound leaves room for that and still fails for a pool of < 60 (the thread count below is the direct check).
+    check(times[-1] - times[0] < 8.0, f"the calls reached the mock {times[-1] - times[0]:.2f} s apart")
     # Likewise the wall: 16 s through a pool of 32; 3.5 s was seen loaded.
     check(out["wall"] < 8.0, f"{n} concurrent 1 s calls took {out['wall']:.2f} s")
     check(threads and threads[0] <= 4, f"the worker runs {threads} threads with {n} calls in flight")
