@@ -507,13 +507,21 @@ def test_call_many_batch_deadline(scen: Scenario, tmp_path: Path) -> None:
 
 
 def test_map_batch_deadline_not_started(tmp_path: Path) -> None:
+    # Items 0 and 1 end at once, 2 and 3 run past the deadline: 4 to 7 can
+    # never start, however slowly the machine schedules the workers (0.3 s
+    # sleeps against a 0.4 s deadline failed on a loaded machine).
+    deadline_s = 1.0
+    t0 = time.monotonic()
+
     def worker(item: int, index: int) -> int:
-        time.sleep(0.3)
+        if item >= 2:
+            time.sleep(max(0.0, t0 + deadline_s + 0.2 - time.monotonic()))
         return item
 
     path = tmp_path / "failed.jsonl"
     out = llmretry.map_with_concurrency(range(8), 2, worker, return_exceptions=True,
-                                        deadline_ms=400, failures_path=path, logger=None)
+                                        deadline_ms=int(deadline_s * 1000), failures_path=path,
+                                        logger=None)
     assert out[:4] == [0, 1, 2, 3]
     for v in out[4:]:
         assert isinstance(v, llmretry.DeadlineExceededError)
@@ -522,8 +530,10 @@ def test_map_batch_deadline_not_started(tmp_path: Path) -> None:
         assert "batch deadline" in str(v)
     assert out.summary.not_started == 4 and out.summary.failed == 4
     assert check_record(path, 8) == ({0, 1, 2, 3}, {4, 5, 6, 7})
+    t0 = time.monotonic()
     with pytest.raises(llmretry.DeadlineExceededError):
-        llmretry.map_with_concurrency(range(8), 2, worker, deadline_ms=400, logger=None)
+        llmretry.map_with_concurrency(range(8), 2, worker, deadline_ms=int(deadline_s * 1000),
+                                      logger=None)
 
 
 def test_map_batch_deadline_clamps_calls_in_workers(scen: Scenario) -> None:

@@ -478,7 +478,8 @@ def test_check_installs_what_it_needs(tmp_path: Path) -> None:
         env.pop(name, None)
     tree = tree_with_an_unlisted_source(tmp_path)
     p = subprocess.run(["bash", str(tree / "tools" / "check.sh"), "deps"], cwd=tree,
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=env,
+                       timeout=600)   # a guard against a hang: 21 s idle, > 120 s seen loaded
     assert p.returncode == 0, p.stdout + p.stderr
     asked = log.read_text().split()
     for pkg in ("lua-busted", "luarocks", "lua5.4", "luajit2", "libcurl4-openssl-dev",

@@ -152,7 +152,9 @@ def test_redis_killed_mid_batch(redis: RedisServer, mock: MockServer) -> None:
 def test_wrong_password(mock: MockServer) -> None:
     mock.script("pw", [])
     with RedisServer(password="the-right-one") as locked:
-        spec = f"redis://:NOT-THE-PASSWORD@127.0.0.1:{locked.port}/0"
+        # 2 s to log in: the default 50 ms was missed on a loaded machine
+        # (the message was then "no answer", not the refusal).
+        spec = f"redis://:NOT-THE-PASSWORD@127.0.0.1:{locked.port}/0?timeout_ms=2000"
         events = Events()
         with llmretry.Client(base_url=mock.scenario_url("pw"), shared=spec, rpm=600,
                              logger=events) as client:
@@ -163,8 +165,8 @@ def test_wrong_password(mock: MockServer) -> None:
     down = events.named("llm_shared_unavailable")
     assert len(down) == 1, events.items
     assert "refused the password" in down[0]["error_message"]
-    assert down[0]["shared"] == f"redis://***@127.0.0.1:{locked.port}/0"
-    assert f"shared='redis://***@127.0.0.1:{locked.port}/0'" in shown
+    assert down[0]["shared"] == f"redis://***@127.0.0.1:{locked.port}/0?timeout_ms=2000"
+    assert f"shared='redis://***@127.0.0.1:{locked.port}/0?timeout_ms=2000'" in shown
     for text in (shown, json.dumps(events.items), repr(meta), json.dumps(stats, default=str)):
         assert "NOT-THE-PASSWORD" not in text
 
