@@ -38,13 +38,15 @@ from urllib.parse import urlsplit
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
+from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import __version__, _aio
+from . import __version__, _aio, _llmretry
 from . import _client as _client_module
 from ._aio import AsyncStream
 from ._client import Client, Result
 from ._http_transport import TransportCore
+from ._logging import event_mask_of
 from ._stream import Stream
 from .errors import LLMError
 
@@ -122,16 +124,18 @@ _PROVIDERS = (
 )
 _DEFAULT_BASE = "https://api.openai.com/v1"
 
-# Request settings -> span attributes (first key present wins).
-_REQUEST_SETTINGS = (
-    (("max_tokens", "max_completion_tokens", "max_output_tokens"), "gen_ai.request.max_tokens",
-     int),
-    (("temperature",), "gen_ai.request.temperature", float),
-    (("top_p",), "gen_ai.request.top_p", float),
-    (("frequency_penalty",), "gen_ai.request.frequency_penalty", float),
-    (("presence_penalty",), "gen_ai.request.presence_penalty", float),
-    (("seed",), "gen_ai.request.seed", int),
-)
+# Request settings -> span attributes: body key -> (attribute, type, rank);
+# of keys naming one attribute, the lowest rank present wins.
+_REQUEST_SETTINGS: Dict[str, Tuple[str, Any, int]] = {
+    "max_tokens": ("gen_ai.request.max_tokens", int, 0),
+    "max_completion_tokens": ("gen_ai.request.max_tokens", int, 1),
+    "max_output_tokens": ("gen_ai.request.max_tokens", int, 2),
+    "temperature": ("gen_ai.request.temperature", float, 0),
+    "top_p": ("gen_ai.request.top_p", float, 0),
+    "frequency_penalty": ("gen_ai.request.frequency_penalty", float, 0),
+    "presence_penalty": ("gen_ai.request.presence_penalty", float, 0),
+    "seed": ("gen_ai.request.seed", int, 0),
+}
 
 
 # ---------------------------------------------------------------------------
@@ -238,12 +242,19 @@ def _request_attributes(body: Any) -> Dict[str, Any]:
         attrs["gen_ai.request.model"] = model
     if body.get("stream") is True:
         attrs["gen_ai.request.stream"] = True
-    for keys, name, kind in _REQUEST_SETTINGS:
-        for key in keys:
-            value = body.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                attrs[name] = kind(value)
-                break
+    # The body's keys, not the table's: a body sets few of them (a call's
+    # cost is per key looked up).
+    ranks: Dict[str, int] = {}
+    for key in body:
+        spec = _REQUEST_SETTINGS.get(key)
+        if spec is None:
+            continue
+        name, kind, rank = spec
+        value = body[key]
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and ranks.get(name, 9) > rank):
+            attrs[name] = kind(value)
+            ranks[name] = rank
     n = body.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and n != 1:
         attrs["gen_ai.request.choice.count"] = n
@@ -371,16 +382,64 @@ class _Telemetry:
             "gen_ai.client.operation.time_to_first_chunk", unit="s",
             description="Time from the call's start to the first chunk of a stream",
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS)
-        self.attempts = meter.create_counter(
-            "llmretry.attempts", unit="{attempt}", description="Attempts started")
-        self.retries = meter.create_counter(
-            "llmretry.retries", unit="{retry}", description="Retries scheduled")
-        self.rate_limited = meter.create_counter(
-            "llmretry.rate_limited", unit="{response}",
-            description="Attempts the server refused with 429")
-        self.circuit_open = meter.create_counter(
-            "llmretry.circuit_open", unit="{call}",
-            description="Calls refused because their endpoint's circuit breaker was open")
+        self.counts = _counts_of(meter)
+        # (endpoint, model, response model) -> the metrics' attribute sets.
+        self.metric_sets: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+
+
+class _Counts:
+    """The four counters (attempts, retries, 429s, circuit-open refusals),
+    summed here by attribute set and read by the SDK when it collects
+    (observable counters): a call adds to a list under a lock instead of
+    making an SDK measurement (whose cost, ~15 µs, is per measurement)."""
+
+    _INSTRUMENTS = (
+        ("llmretry.attempts", "{attempt}", "Attempts started"),
+        ("llmretry.retries", "{retry}", "Retries scheduled"),
+        ("llmretry.rate_limited", "{response}", "Attempts the server refused with 429"),
+        ("llmretry.circuit_open", "{call}",
+         "Calls refused because their endpoint's circuit breaker was open"),
+    )
+
+    def __init__(self, meter: Any) -> None:
+        self.lock = threading.Lock()
+        self.totals: Dict[Any, List[Any]] = {}   # key -> [attributes, 4 totals]
+        for i, (name, unit, description) in enumerate(self._INSTRUMENTS):
+            meter.create_observable_counter(name, callbacks=[self._observer(i)], unit=unit,
+                                            description=description)
+
+    def _observer(self, i: int) -> Callable[[Any], List[Observation]]:
+        def observe(_options: Any) -> List[Observation]:
+            with self.lock:
+                return [Observation(row[i + 1], row[0]) for row in self.totals.values()
+                        if row[i + 1]]
+        return observe
+
+    def add(self, key: Any, attrs: Dict[str, Any], counts: List[int]) -> None:
+        with self.lock:
+            row = self.totals.get(key)
+            if row is None:
+                row = self.totals[key] = [attrs, 0, 0, 0, 0]
+            row[1] += counts[0]
+            row[2] += counts[1]
+            row[3] += counts[2]
+            row[4] += counts[3]
+
+
+# One _Counts per meter: the SDK keeps an observable instrument's first
+# registration (instrument() again on the same provider would register
+# callbacks nobody calls), so a meter's counters are made once.
+_meter_counts: "weakref.WeakKeyDictionary[Any, _Counts]" = weakref.WeakKeyDictionary()
+
+
+def _counts_of(meter: Any) -> _Counts:
+    try:
+        counts = _meter_counts.get(meter)
+    except TypeError:           # a meter that cannot be weakly referenced
+        return _Counts(meter)
+    if counts is None:
+        counts = _meter_counts[meter] = _Counts(meter)
+    return counts
 
 
 def _metric_attributes(endpoint: _Endpoint, model: Any) -> Dict[str, Any]:
@@ -394,24 +453,49 @@ def _metric_attributes(endpoint: _Endpoint, model: Any) -> Dict[str, Any]:
     return attrs
 
 
+def _metric_sets(tel: _Telemetry, endpoint: _Endpoint, model: Any,
+                 response_model: Any) -> Tuple[Any, ...]:
+    """The metrics' attribute sets of a call (made once per endpoint and
+    model, not per call): the counters' key and attributes, the histograms',
+    the token histogram's for input and output."""
+    key = (endpoint.operation, endpoint.provider, endpoint.address, endpoint.port, model,
+           response_model)
+    sets = tel.metric_sets.get(key)
+    if sets is None:
+        base = _metric_attributes(endpoint, model)
+        hist = dict(base)
+        if response_model:
+            hist["gen_ai.response.model"] = response_model
+        sets = (key[:5], base, hist, dict(hist, **{"gen_ai.token.type": "input"}),
+                dict(hist, **{"gen_ai.token.type": "output"}))
+        if len(tel.metric_sets) >= 1024:    # a bound: a program has few endpoints and models
+            tel.metric_sets.clear()
+        tel.metric_sets[key] = sets
+    return sets
+
+
 # ---------------------------------------------------------------------------
 # One logical call
 
 class _Call:
-    """One logical call seen through its events, made a span when it ends.
+    """One logical call seen through its events and its outcome, made a span
+    when it ends.
 
-    Events arrive on the thread (or event loop) that waits for the call, so
-    a call is never touched by two threads at once. The span is made at the
-    end with the times observed (the SDK takes explicit start and end
-    times): nothing is held open, and a call abandoned mid-way leaves
-    nothing behind but this object, freed with it.
+    Telemetry asks the engine only for the events of failures, retries and
+    give-ups (_NEEDED): the attempt that succeeded is read from the result,
+    so a call answered at once costs no event. Events arrive on the thread
+    (or event loop) that waits for the call, so a call is never touched by
+    two threads at once. The span is made at the end with the times observed
+    (the SDK takes explicit start and end times): nothing is held open, and a
+    call abandoned mid-way leaves nothing behind but this object, freed with it.
     """
 
     __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",
                  "last", "ended", "end_on_final", "counts")
 
     def __init__(self, tel: _Telemetry, targets: _Targets, parent: Any,
-                 start_ns: Optional[int], body: Any = None, end_on_final: bool = False) -> None:
+                 start_ns: Optional[int], body: Any = None, end_on_final: bool = False,
+                 policy: Any = None) -> None:
         self.tel = tel
         self.targets = targets
         self.parent = parent
@@ -419,12 +503,12 @@ class _Call:
         self.request: Dict[str, Any] = {}
         self.inputs: Optional[str] = None
         self.attempts: Dict[Any, List[Any]] = {}   # attempt -> [end time, attributes]
-        self.last: Dict[str, Any] = {}       # span attributes from the events so far
+        # Span attributes from the events so far.
+        self.last: Dict[str, Any] = {"llmretry.policy": policy} if policy else {}
         self.ended = False
         self.end_on_final = end_on_final
         # Attempts started, retries, 429s, circuit-open refusals: added to
-        # the counters once, at the end (one measurement each, not one per
-        # event: the SDK's cost is per measurement).
+        # the counters once, at the end.
         self.counts = [0, 0, 0, 0]
         if body is not None:
             self.set_body(body)
@@ -448,9 +532,7 @@ class _Call:
             self.start_ns = now
         tel = self.tel
         counts = self.counts
-        if name == "llm_request_started":
-            counts[0] += 1
-        elif name == "llm_retry_scheduled":
+        if name == "llm_retry_scheduled":
             counts[1] += 1
         elif name == "llm_request_failed" and ev.get("status") == 429:
             counts[2] += 1
@@ -477,8 +559,10 @@ class _Call:
                 continue
             if field == "usage":
                 if span_side and isinstance(value, dict):
-                    self.last["gen_ai.usage.input_tokens"] = value.get("prompt_tokens")
-                    self.last["gen_ai.usage.output_tokens"] = value.get("completion_tokens")
+                    for key, attr in (("prompt_tokens", "gen_ai.usage.input_tokens"),
+                                      ("completion_tokens", "gen_ai.usage.output_tokens")):
+                        if value.get(key) is not None:
+                            self.last[attr] = value[key]
                 continue
             if scale is not None:
                 value = value * scale
@@ -510,11 +594,27 @@ class _Call:
         except Exception:
             pass
 
+    def _answered(self, meta: Any, end_ns: int) -> None:
+        """The attempt that answered, from the result's meta."""
+        fields = {"llmretry.attempt": meta.attempt}
+        if meta.status is not None:
+            fields["http.response.status_code"] = meta.status
+        if meta.duration_ms is not None:
+            fields["llmretry.duration_ms"] = meta.duration_ms
+        if meta.target:
+            fields["llmretry.target"] = meta.target
+        attempt = self.attempts.get(meta.attempt)
+        if attempt is None:
+            self.attempts[meta.attempt] = [end_ns, fields]
+        else:               # a caller's logger asked for its events too
+            attempt[0] = end_ns
+            attempt[1].update(fields)
+
     def _emit(self, result: Any, error: Optional[BaseException],
               end_ns: Optional[int]) -> None:
         tel = self.tel
         end_ns = end_ns or time_ns()
-        attrs = dict(self.last)
+        attrs = self.last       # ended: no event adds to it any more
         attrs.update(self.request)
         meta = result.meta if isinstance(result, Result) else None
         usage = None
@@ -525,15 +625,22 @@ class _Call:
             attrs["llmretry.request_id"] = meta.request_id
             attrs["llmretry.attempts"] = meta.attempts
             attrs["llmretry.target"] = meta.target
+            if meta.model and "gen_ai.request.model" not in attrs:
+                attrs["gen_ai.request.model"] = meta.model
             if meta.resends:
                 attrs["llmretry.resends"] = meta.resends
             if meta.response_model:
                 attrs["gen_ai.response.model"] = meta.response_model
+            if meta.system_fingerprint:
+                attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
             if meta.stream:
                 attrs["gen_ai.request.stream"] = True
                 if meta.ttft_ms is not None:
                     attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
+                if meta.chunks is not None:
+                    attrs["llmretry.chunks"] = meta.chunks
             attrs.update(_response_attributes(result.data, tel.capture))
+            self._answered(meta, end_ns)
             target = meta.target
         elif isinstance(error, LLMError):
             usage = error.usage_total
@@ -541,6 +648,8 @@ class _Call:
             attrs["error.type"] = error.kind
             attrs["llmretry.request_id"] = error.request_id
             attrs["llmretry.attempts"] = error.attempts
+            if error.model and "gen_ai.request.model" not in attrs:
+                attrs["gen_ai.request.model"] = error.model
             if error.reason:
                 attrs["llmretry.reason"] = error.reason
             if error.resends:
@@ -550,11 +659,13 @@ class _Call:
             target = attrs.get("llmretry.target", 0)
             if error is not None and "error.type" not in attrs:
                 attrs["error.type"] = type(error).__qualname__
-        if "llmretry.attempts" not in attrs:
+        if attrs.get("llmretry.attempts") is None:
             attrs["llmretry.attempts"] = len(self.attempts)
         if usage:
-            attrs["gen_ai.usage.input_tokens"] = usage.get("prompt_tokens")
-            attrs["gen_ai.usage.output_tokens"] = usage.get("completion_tokens")
+            for key, attr in (("prompt_tokens", "gen_ai.usage.input_tokens"),
+                              ("completion_tokens", "gen_ai.usage.output_tokens")):
+                if usage.get(key) is not None:
+                    attrs[attr] = usage[key]
         if not attrs.get("llmretry.target"):
             attrs.pop("llmretry.target", None)
         endpoint = self.targets[target]
@@ -573,55 +684,72 @@ class _Call:
             start_ns = end_ns - int(total_ms * 1_000_000)
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
-        attrs = {k: v for k, v in attrs.items() if v is not None}
-        failed = "error.type" in attrs
+        failed = attrs.get("error.type")
         name = f"{endpoint.operation} {model}" if isinstance(model, str) else endpoint.operation
         span = tel.tracer.start_span(name, context=self.parent, kind=SpanKind.CLIENT,
                                      attributes=attrs, start_time=start_ns)
         for at, fields in self.attempts.values():
             span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
         if failed:
-            span.set_status(Status(StatusCode.ERROR, attrs["error.type"]))
+            span.set_status(Status(StatusCode.ERROR, failed))
         span.end(end_time=end_ns)
         # Metrics: the conventions' attributes (low cardinality: no ids).
-        mattrs = _metric_attributes(endpoint, model)
-        for counter, count in zip((tel.attempts, tel.retries, tel.rate_limited,
-                                   tel.circuit_open), self.counts):
-            if count:
-                counter.add(count, mattrs)
-        if attrs.get("gen_ai.response.model"):
-            mattrs["gen_ai.response.model"] = attrs["gen_ai.response.model"]
-        if failed:
-            mattrs["error.type"] = attrs["error.type"]
-        tel.duration.record((end_ns - start_ns) / 1e9, mattrs)
-        mattrs.pop("error.type", None)
+        sets = _metric_sets(tel, endpoint, model, attrs.get("gen_ai.response.model"))
+        counts = self.counts
+        attempts = attrs["llmretry.attempts"]
+        counts[0] = attempts if isinstance(attempts, int) else 0
+        if counts[0] or counts[1] or counts[2] or counts[3]:
+            tel.counts.add(sets[0], sets[1], counts)
+        hist = sets[2]
+        tel.duration.record((end_ns - start_ns) / 1e9,
+                            dict(hist, **{"error.type": failed}) if failed else hist)
         ttfc = attrs.get("gen_ai.response.time_to_first_chunk")
         if ttfc is not None:
-            tel.ttfc.record(ttfc, mattrs)
-        for key, kind in (("gen_ai.usage.input_tokens", "input"),
-                          ("gen_ai.usage.output_tokens", "output")):
-            tokens = attrs.get(key)
-            if isinstance(tokens, int):
-                tel.tokens.record(tokens, dict(mattrs, **{"gen_ai.token.type": kind}))
+            tel.ttfc.record(ttfc, hist)
+        tokens = attrs.get("gen_ai.usage.input_tokens")
+        if isinstance(tokens, int):
+            tel.tokens.record(tokens, sets[3])
+        tokens = attrs.get("gen_ai.usage.output_tokens")
+        if isinstance(tokens, int):
+            tel.tokens.record(tokens, sets[4])
+
+
+def _bits(*names: str) -> int:
+    return sum(1 << _llmretry.EVENT_NAMES.index(name) for name in names)
+
+
+# The events telemetry asks the engine for (failures, retries, give-ups);
+# a caller's logger adds those it keeps.
+_NEEDED = _bits("llm_request_failed", "llm_request_error", "llm_retry_scheduled",
+                "llm_request_gave_up")
+_ALL = (1 << len(_llmretry.EVENT_NAMES)) - 1
 
 
 def _tee(call_sink: Callable[[Dict[str, Any]], None], user: Any) -> Callable[[Dict[str, Any]], None]:
     """The logger a call gets: the telemetry's sink, then the caller's own
     logger (which keeps its own levels, and fails as it did: the engine
-    reports it and goes on). The telemetry's errors go nowhere."""
+    reports it and goes on). The telemetry's errors go nowhere. Its
+    ``event_mask`` asks for the events either of them wants."""
+    user_mask = event_mask_of(user) if user is not None else None
     if user is None:
         def tee(ev: Dict[str, Any]) -> None:
             try:
                 call_sink(ev)
             except Exception:   # telemetry must never break a call
                 pass
+        tee.event_mask = lambda: _NEEDED        # type: ignore[attr-defined]
+        return tee
+
+    def tee(ev: Dict[str, Any]) -> None:
+        try:
+            call_sink(ev)
+        except Exception:
+            pass
+        user(ev)
+    if user_mask is None:       # a plain callable gets every event
+        tee.event_mask = lambda: _ALL           # type: ignore[attr-defined]
     else:
-        def tee(ev: Dict[str, Any]) -> None:
-            try:
-                call_sink(ev)
-            except Exception:
-                pass
-            user(ev)
+        tee.event_mask = lambda: _NEEDED | user_mask()     # type: ignore[attr-defined]
     return tee
 
 
@@ -686,7 +814,8 @@ def _hook_run(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(self)
         if tel is None:
             return orig(self, body, plan)
-        call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body)
+        call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body,
+                     policy=plan.kwargs.get("policy"))
         try:
             res = orig(self, body, _with_sink(plan, call.on_event))
         except BaseException as exc:
@@ -703,7 +832,8 @@ def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return orig(client, body, plan, stream_buffer_bytes)
-        call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body)
+        call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body,
+                     policy=plan.kwargs.get("policy"))
         call.request["gen_ai.request.stream"] = True
         s = orig(client, body, _with_sink(plan, call.on_event), stream_buffer_bytes)
         s._finish = _Finish(s._finish, call)
@@ -713,10 +843,9 @@ def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _async_kwargs(call: _Call, extra: Dict[str, Any],
                   kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """An asyncio call's keywords with the record's logger (every event)."""
-    extra = dict(extra)
-    extra.pop("event_mask", None)
-    return extra, dict(kwargs, on_event=_tee(call.on_event, kwargs.get("on_event")))
+    """An asyncio call's keywords with the record's logger."""
+    tee = _tee(call.on_event, kwargs.get("on_event"))
+    return dict(extra, event_mask=tee.event_mask()), dict(kwargs, on_event=tee)
 
 
 def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -726,7 +855,8 @@ def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return await orig(client, engine, payload, extra, kwargs, finish)
-        call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), payload)
+        call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), payload,
+                     policy=kwargs.get("policy"))
         extra, kwargs = _async_kwargs(call, extra, kwargs)
         try:
             res = await orig(client, engine, payload, extra, kwargs, finish)
@@ -746,7 +876,8 @@ def _hook_astream(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return orig(client, engine, payload, extra, kwargs, finish, parse)
-        call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), payload)
+        call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), payload,
+                     policy=kwargs.get("policy"))
         call.request["gen_ai.request.stream"] = True
         extra, kwargs = _async_kwargs(call, extra, kwargs)
         return orig(client, engine, payload, extra, kwargs, _Finish(finish, call), parse)
@@ -782,11 +913,12 @@ class _Batch:
     """The records of a batch's calls, by request id: events come tagged
     with it, each item's value carries it (and its index, hence its body)."""
 
-    __slots__ = ("tel", "targets", "parent", "start_ns", "items", "calls")
+    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "calls")
 
     def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any) -> None:
         self.tel = tel
         self.targets = _targets_of(kwargs)
+        self.policy = kwargs.get("policy")
         self.parent = otel_context.get_current()
         self.start_ns = time_ns()
         # A list's bodies are read back by index; a lazy batch keeps none
@@ -799,7 +931,8 @@ class _Batch:
         rid = ev.get("request_id")
         call = self.calls.get(rid)
         if call is None:
-            call = self.calls[rid] = _Call(self.tel, self.targets, self.parent, None)
+            call = self.calls[rid] = _Call(self.tel, self.targets, self.parent, None,
+                                           policy=self.policy)
         call.on_event(ev)
 
     def on_result(self, user: Any) -> Callable[[int, Any], Any]:
@@ -823,7 +956,7 @@ class _Batch:
             return
         call = self.calls.pop(rid, None)
         if call is None:    # no event came (the batch's deadline passed first)
-            call = _Call(self.tel, self.targets, self.parent, None)
+            call = _Call(self.tel, self.targets, self.parent, None, policy=self.policy)
         items = self.items
         if items is not None and 0 <= index < len(items):
             call.set_body(items[index])

@@ -293,6 +293,50 @@ def test_asyncio_tasks_keep_their_parents(tel: Telemetry, scen: Scenario) -> Non
     assert sum(1 for s in tel.llm_spans() if s.parent.span_id == parent) == 5
 
 
+def test_a_call_answered_at_once_costs_no_event(tel: Telemetry, scen: Scenario,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Telemetry asks the engine only for failures, retries and give-ups:
+    the attempt that answered is read from the result (the events are most
+    of the per-call cost)."""
+    seen: List[str] = []
+    on_event = llmretry.otel._Call.on_event
+
+    def spy(self: Any, ev: Dict[str, Any]) -> None:
+        seen.append(ev["event"])
+        on_event(self, ev)
+
+    monkeypatch.setattr(llmretry.otel._Call, "on_event", spy)
+    llmretry.call_llm(secret_body("at-once"), base_url=scen.url, logger=None, **FAST)
+    llmretry.call_many([secret_body(f"m{i}") for i in range(5)], base_url=scen.url, **FAST)
+    assert seen == []
+    spans = tel.llm_spans()
+    assert len(spans) == 6
+    for span in spans:
+        [event] = attempt_events(span)
+        assert event["llmretry.attempt"] == 0
+        assert event["http.response.status_code"] == 200
+        assert event["llmretry.duration_ms"] >= 0
+    assert tel.total("llmretry.attempts") == 6
+    scen.script([{"status": 503}, {}])
+    llmretry.call_llm(secret_body("retried"), base_url=scen.url, logger=None, **FAST)
+    assert seen == ["llm_request_failed", "llm_retry_scheduled"]
+    assert [e["http.response.status_code"] for e in attempt_events(tel.llm_spans()[-1])] == [
+        503, 200]
+
+
+def test_the_counters_keep_counting_when_instrumented_again(scen: Scenario) -> None:
+    t = Telemetry()
+    for _ in range(2):
+        llmretry.otel.instrument(tracer_provider=t.tracer_provider,
+                                 meter_provider=t.meter_provider)
+        try:
+            llmretry.call_llm(secret_body("again"), base_url=scen.url, **FAST)
+        finally:
+            llmretry.otel.uninstrument()
+    assert t.total("llmretry.attempts") == 2
+    assert len(t.llm_spans()) == 2
+
+
 def test_the_callers_logger_gets_what_it_got_before(tel: Telemetry, scen: Scenario,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     scen.script([{"status": 503}, {}])
