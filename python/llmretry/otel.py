@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
+from opentelemetry import propagate as otel_propagate
 from opentelemetry import trace as otel_trace
 from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -44,11 +45,11 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import __version__, _aio, _llmretry
 from . import _client as _client_module
 from ._aio import AsyncStream
-from ._client import Client, Result
+from ._client import Client, Result, _meta_of
 from ._http_transport import TransportCore
 from ._logging import event_mask_of
 from ._stream import Stream
-from .errors import LLMError
+from .errors import LLMError, error_from_outcome
 
 __all__ = ["instrument", "uninstrument", "EVENT_FIELDS"]
 
@@ -485,13 +486,18 @@ class _Call:
     give-ups (_NEEDED): the attempt that succeeded is read from the result,
     so a call answered at once costs no event. Events arrive on the thread
     (or event loop) that waits for the call, so a call is never touched by
-    two threads at once. The span is made at the end with the times observed
-    (the SDK takes explicit start and end times): nothing is held open, and a
-    call abandoned mid-way leaves nothing behind but this object, freed with it.
+    two threads at once.
+
+    A call that starts here (call_llm, stream_llm, their asyncio forms, a
+    transport's request) starts its span at once (start()), so that its
+    context goes to the server in the request's headers (``traceparent``);
+    the attributes and attempt events are added when it ends. A batch's
+    items start in the engine, out of sight: their spans are made when they
+    end, with the times observed (the SDK takes explicit start and end times).
     """
 
     __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",
-                 "last", "ended", "end_on_final", "counts")
+                 "last", "ended", "end_on_final", "counts", "span", "span_name")
 
     def __init__(self, tel: _Telemetry, targets: _Targets, parent: Any,
                  start_ns: Optional[int], body: Any = None, end_on_final: bool = False,
@@ -510,8 +516,30 @@ class _Call:
         # Attempts started, retries, 429s, circuit-open refusals: added to
         # the counters once, at the end.
         self.counts = [0, 0, 0, 0]
+        self.span: Any = None
+        self.span_name: Optional[str] = None
         if body is not None:
             self.set_body(body)
+
+    def start(self, headers: Optional[List[str]]) -> Optional[List[str]]:
+        """Start the span (the call starts now) and return the call's header
+        lines with its context added, as the application's propagators write
+        it (by default W3C ``traceparent``): every attempt carries it."""
+        try:
+            self.span_name = _span_name(self.targets[0], self.request.get("gen_ai.request.model"))
+            self.span = span = self.tel.tracer.start_span(
+                self.span_name, context=self.parent, kind=SpanKind.CLIENT,
+                attributes=self.request, start_time=self.start_ns)
+            carrier: Dict[str, str] = {}
+            otel_propagate.inject(carrier, context=otel_trace.set_span_in_context(
+                span, self.parent))
+        except Exception:       # telemetry must never break a call
+            return headers
+        if not carrier:
+            return headers
+        names = {name.lower() for name in carrier}
+        kept = [line for line in headers or () if line.split(":", 1)[0].lower() not in names]
+        return kept + [f"{name}: {value}" for name, value in carrier.items()]
 
     def set_body(self, body: Any) -> None:
         body = _parsed(body)
@@ -577,8 +605,8 @@ class _Call:
                 # The call's own (its first event's): a fallback's model is
                 # the response's, not the request's.
                 self.last.setdefault(span_attr, value)
-        if name in _ENDS and self.end_on_final:
-            self.end()
+        if name == "llm_request_gave_up" and self.end_on_final:
+            self.end()      # a transport's stream closed early: no outcome comes
 
     # -- the end -------------------------------------------------------------
 
@@ -593,6 +621,24 @@ class _Call:
             self._emit(result, error, end_ns)
         except Exception:
             pass
+
+    def end_with_outcome(self, out: Any) -> None:
+        """End with an engine outcome (a transport's call: the SDK reads the
+        response itself)."""
+        if self.ended:
+            return
+        try:
+            if isinstance(out, Result):
+                result, error = out, None
+            elif out.get("ok"):
+                body = out.get("body")
+                data = json.loads(body) if body else None
+                result, error = Result(data, _meta_of(out)), None
+            else:
+                result, error = None, error_from_outcome(out)
+        except Exception:       # an answer Python cannot parse: what the events said
+            result = error = None
+        self.end(result=result, error=error)
 
     def _answered(self, meta: Any, end_ns: int) -> None:
         """The attempt that answered, from the result's meta."""
@@ -685,9 +731,15 @@ class _Call:
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
         failed = attrs.get("error.type")
-        name = f"{endpoint.operation} {model}" if isinstance(model, str) else endpoint.operation
-        span = tel.tracer.start_span(name, context=self.parent, kind=SpanKind.CLIENT,
-                                     attributes=attrs, start_time=start_ns)
+        name = _span_name(endpoint, model)
+        span = self.span
+        if span is None:
+            span = tel.tracer.start_span(name, context=self.parent, kind=SpanKind.CLIENT,
+                                         attributes=attrs, start_time=start_ns)
+        else:
+            if name != self.span_name:
+                span.update_name(name)
+            span.set_attributes(attrs)
         for at, fields in self.attempts.values():
             span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
         if failed:
@@ -712,6 +764,10 @@ class _Call:
         tokens = attrs.get("gen_ai.usage.output_tokens")
         if isinstance(tokens, int):
             tel.tokens.record(tokens, sets[4])
+
+
+def _span_name(endpoint: _Endpoint, model: Any) -> str:
+    return f"{endpoint.operation} {model}" if isinstance(model, str) else endpoint.operation
 
 
 def _bits(*names: str) -> int:
@@ -777,6 +833,16 @@ def _with_sink(plan: Any, sink: Callable[[Dict[str, Any]], None]) -> Any:
     return new
 
 
+def _started(plan: Any, call: _Call) -> Any:
+    """``plan`` for ``call``: its record's logger, its span started and its
+    context in the headers (the new plan is this call's alone)."""
+    new = _with_sink(plan, call.on_event)
+    headers = call.start(new.kwargs.get("headers"))
+    if headers is not None:
+        new.kwargs["headers"] = headers
+    return new
+
+
 def _end_with(call: _Call, exc: BaseException) -> None:
     # An argument refused before any I/O made no request: no span.
     if isinstance(exc, LLMError) or call.attempts or call.last.get("llmretry.reason"):
@@ -817,7 +883,7 @@ def _hook_run(orig: Callable[..., Any]) -> Callable[..., Any]:
         call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body,
                      policy=plan.kwargs.get("policy"))
         try:
-            res = orig(self, body, _with_sink(plan, call.on_event))
+            res = orig(self, body, _started(plan, call))
         except BaseException as exc:
             _end_with(call, exc)
             raise
@@ -835,7 +901,7 @@ def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
         call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body,
                      policy=plan.kwargs.get("policy"))
         call.request["gen_ai.request.stream"] = True
-        s = orig(client, body, _with_sink(plan, call.on_event), stream_buffer_bytes)
+        s = orig(client, body, _started(plan, call), stream_buffer_bytes)
         s._finish = _Finish(s._finish, call)
         return s
     return _start_stream
@@ -843,9 +909,14 @@ def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _async_kwargs(call: _Call, extra: Dict[str, Any],
                   kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """An asyncio call's keywords with the record's logger."""
+    """An asyncio call's keywords with the record's logger, its span started
+    and its context in the headers."""
     tee = _tee(call.on_event, kwargs.get("on_event"))
-    return dict(extra, event_mask=tee.event_mask()), dict(kwargs, on_event=tee)
+    kwargs = dict(kwargs, on_event=tee)
+    headers = call.start(kwargs.get("headers"))
+    if headers is not None:
+        kwargs["headers"] = headers
+    return dict(extra, event_mask=tee.event_mask()), kwargs
 
 
 def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -986,20 +1057,44 @@ def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _engine_job
 
 
+# A transport's requests in flight -> their records (the outcome comes to
+# TransportCore.done with the request).
+_transport_lock = threading.Lock()
+_transport_calls: "weakref.WeakKeyDictionary[Any, _Call]" = weakref.WeakKeyDictionary()
+
+
 def _hook_call_of(orig: Callable[..., Any]) -> Callable[..., Any]:
     """TransportCore.call_of: llmretry.httpx's calls. The SDK reads the
-    response, so the record ends with the call's last event."""
+    response; the record ends with the outcome (TransportCore.done)."""
     def call_of(self: TransportCore, request: Any, content: bytes) -> Any:
         call = orig(self, request, content)
         tel = _telemetry_of(self.client) if call is not None else None
         if tel is None:
             return call
-        record = _Call(tel, _targets_of(call.kwargs), otel_context.get_current(), time_ns(),
-                       content, end_on_final=True)
-        call.kwargs.pop("event_mask", None)      # every event, for the record
-        call.kwargs["on_event"] = _tee(record.on_event, call.kwargs.get("on_event"))
+        kwargs = call.kwargs
+        record = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(),
+                       content, end_on_final=True, policy=kwargs.get("policy"))
+        tee = _tee(record.on_event, kwargs.get("on_event"))
+        kwargs["on_event"] = tee
+        kwargs["event_mask"] = tee.event_mask()
+        headers = record.start(kwargs.get("headers"))
+        if headers is not None:
+            kwargs["headers"] = headers
+        with _transport_lock:
+            _transport_calls[request] = record
         return call
     return call_of
+
+
+def _hook_done(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """TransportCore.done: a transport's call has its outcome."""
+    def done(self: TransportCore, request: Any, out: Any) -> Any:
+        with _transport_lock:
+            record = _transport_calls.pop(request, None)
+        if record is not None:
+            record.end_with_outcome(out)
+        return orig(self, request, out)
+    return done
 
 
 _HOOKS: Tuple[Tuple[Any, str, Callable[[Any], Any]], ...] = (
@@ -1011,6 +1106,7 @@ _HOOKS: Tuple[Tuple[Any, str, Callable[[Any], Any]], ...] = (
     (Stream, "close", _hook_close),
     (AsyncStream, "aclose", _hook_aclose),
     (TransportCore, "call_of", _hook_call_of),
+    (TransportCore, "done", _hook_done),
 )
 
 
