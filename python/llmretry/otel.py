@@ -14,10 +14,14 @@ CLIENT span named ``chat {model}`` (``embeddings {model}``, ...) under the
 caller's current span, covering every attempt and wait, with one span event
 ``llmretry.attempt`` per attempt. The span, its attempt events and the
 metrics are made from the engine's events (the same that loggers get: one
-path for logs and telemetry), read through the table ``EVENT_FIELDS`` below;
+path for logs and telemetry), read through the table ``EVENT_FIELDS``;
 the request and the result add what events do not hold (the request's
 settings, the response id, the finish reasons). The mapping is documented in
 docs/opentelemetry.md.
+
+The parts: _otel_mapping (the table, endpoints, request and response
+attributes), _otel_record (a call's record made a span and metrics, the
+instruments) and this module (the hooks on the call paths, instrument()).
 
 No prompt, answer or response text is recorded unless ``capture_content``
 is True; the API key and the ``Authorization`` header never are (nothing
@@ -27,748 +31,30 @@ here reads them). Needs ``opentelemetry-api`` (``pip install
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics as otel_metrics
-from opentelemetry import propagate as otel_propagate
-from opentelemetry import trace as otel_trace
-from opentelemetry.metrics import Observation
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import __version__, _aio, _llmretry
+from . import _aio, _llmretry
 from . import _client as _client_module
 from ._aio import AsyncStream
-from ._client import Client, Result, _meta_of
+from ._client import Client, Result
 from ._http_transport import TransportCore
 from ._logging import event_mask_of
+from ._otel_mapping import EVENT_FIELDS, _targets_of
+from ._otel_record import SCHEMA_URL, _Call, _Telemetry
 from ._stream import Stream
-from .errors import LLMError, error_from_outcome
+from .errors import LLMError
 
-__all__ = ["instrument", "uninstrument", "EVENT_FIELDS"]
-
-_SCOPE = "llmretry"
-# The version of the conventions the names below follow.
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
-
-# ---------------------------------------------------------------------------
-# The mapping: engine event fields -> telemetry. One table, read by the
-# span, its attempt events and the metrics alike (docs/opentelemetry.md
-# prints it; a Lua host would follow the same one).
-#
-#   field: (span attribute, attempt-event attribute, scale)
-#
-# A span attribute is set from the call's last event carrying the field (its
-# success or give-up); an attempt-event attribute from the events of that
-# attempt (started, failed/error/succeeded, the retry it scheduled). A scale
-# of 0.001 turns milliseconds into seconds, as the conventions measure time.
-
-EVENT_FIELDS: Dict[str, Tuple[Optional[str], Optional[str], Optional[float]]] = {
-    "request_id": ("llmretry.request_id", None, None),
-    "model": ("gen_ai.request.model", None, None),
-    "policy": ("llmretry.policy", None, None),
-    "target": ("llmretry.target", "llmretry.target", None),
-    "attempt": (None, "llmretry.attempt", None),
-    "timeout_ms": (None, "llmretry.timeout_ms", None),
-    "deadline_left_ms": (None, "llmretry.deadline_left_ms", None),
-    "status": (None, "http.response.status_code", None),
-    "duration_ms": (None, "llmretry.duration_ms", None),
-    "retry_after": (None, "llmretry.retry_after", None),
-    "error_code": (None, "llmretry.error_code", None),
-    "error_kind": ("error.type", "error.type", None),
-    "validation_path": (None, "llmretry.validation_path", None),
-    "delay_ms": (None, "llmretry.delay_ms", None),
-    "delay_source": (None, "llmretry.delay_source", None),
-    "repair": (None, "llmretry.repair", None),
-    "response_model": ("gen_ai.response.model", None, None),
-    "system_fingerprint": ("openai.response.system_fingerprint", None, None),
-    "reason": ("llmretry.reason", "llmretry.reason", None),
-    "attempts": ("llmretry.attempts", None, None),
-    "stream": ("gen_ai.request.stream", None, None),
-    "ttft_ms": ("gen_ai.response.time_to_first_chunk", None, 0.001),
-    "chunks": ("llmretry.chunks", None, None),
-    "stream_reason": ("llmretry.stream_reason", "llmretry.stream_reason", None),
-    # usage: {"prompt_tokens", "completion_tokens"} -> the two below.
-    "usage": ("gen_ai.usage", None, None),
-    # The response's own text (first 500 bytes): content, see _CONTENT_FIELDS.
-    "body_preview": (None, "llmretry.body_preview", None),
-}
-# Fields that may hold text of the exchange: kept only with capture_content.
-_CONTENT_FIELDS = frozenset({"body_preview"})
-# Attribute values the events give as names of the engine's ("error_kind":
-# "http_status") and that the conventions want as they are: error.type is
-# llmretry's kind (timeout, network, http_status, circuit_open, ...).
-
-_ATTEMPT_EVENT = "llmretry.attempt"
-_ENDS = ("llm_request_succeeded", "llm_request_gave_up")
-
-# Bucket boundaries the GenAI conventions give.
-_SECONDS_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
-                    20.48, 40.96, 81.92]
-_TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
-                  16777216, 67108864]
-
-# gen_ai.provider.name by host; any other OpenAI-compatible server is
-# "openai", the API flavour it speaks (the conventions' advice).
-_PROVIDERS = (
-    (".openai.azure.com", "azure.ai.openai"), ("api.groq.com", "groq"),
-    ("api.deepseek.com", "deepseek"), ("api.mistral.ai", "mistral_ai"),
-    ("api.x.ai", "x_ai"), ("api.perplexity.ai", "perplexity"),
-    ("generativelanguage.googleapis.com", "gcp.gemini"),
-    ("aiplatform.googleapis.com", "gcp.vertex_ai"),
-)
-_DEFAULT_BASE = "https://api.openai.com/v1"
-
-# Request settings -> span attributes: body key -> (attribute, type, rank);
-# of keys naming one attribute, the lowest rank present wins.
-_REQUEST_SETTINGS: Dict[str, Tuple[str, Any, int]] = {
-    "max_tokens": ("gen_ai.request.max_tokens", int, 0),
-    "max_completion_tokens": ("gen_ai.request.max_tokens", int, 1),
-    "max_output_tokens": ("gen_ai.request.max_tokens", int, 2),
-    "temperature": ("gen_ai.request.temperature", float, 0),
-    "top_p": ("gen_ai.request.top_p", float, 0),
-    "frequency_penalty": ("gen_ai.request.frequency_penalty", float, 0),
-    "presence_penalty": ("gen_ai.request.presence_penalty", float, 0),
-    "seed": ("gen_ai.request.seed", int, 0),
-}
+__all__ = ["instrument", "uninstrument", "EVENT_FIELDS", "SCHEMA_URL"]
 
 
 # ---------------------------------------------------------------------------
-# Where a call goes
-
-class _Endpoint:
-    """What the span says of a call's target: the operation (from the URL's
-    path), the provider, the server's host and port. Never the URL's
-    user-info or query (a key could be there)."""
-
-    __slots__ = ("operation", "provider", "address", "port", "api_type")
-
-    def __init__(self, url: str) -> None:
-        try:
-            parts = urlsplit(url)
-            host, port = parts.hostname, parts.port
-            path = parts.path.rstrip("/").lower()
-        except ValueError:
-            host, port, path = None, None, ""
-        if port is None and host:
-            port = 443 if url[:6].lower() == "https:" else 80
-        self.address = host
-        self.port = port
-        self.api_type: Optional[str] = "chat_completions"
-        if path.endswith("/embeddings"):
-            self.operation, self.api_type = "embeddings", None
-        elif path.endswith("/chat/completions"):
-            self.operation = "chat"
-        elif path.endswith("/completions"):
-            self.operation, self.api_type = "text_completion", None
-        elif path.endswith("/responses"):
-            self.operation, self.api_type = "chat", "responses"
-        else:
-            self.operation = "chat"
-        self.provider = "openai"
-        for suffix, name in _PROVIDERS:
-            if host and (host == suffix.lstrip(".") or host.endswith(suffix)):
-                self.provider = name
-                break
-
-
-def _url_of(url: Any, base: Any) -> str:
-    """The URL a call posts to (the core's rule: ``url``, else ``base_url``
-    plus the chat path, else $OPENAI_BASE_URL's, else OpenAI's)."""
-    if isinstance(url, str) and url:
-        return url
-    root = base if isinstance(base, str) and base else (
-        os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE)
-    return root.rstrip("/") + "/chat/completions"
-
-
-class _Targets:
-    """The endpoints of a call's targets: its own, then each fallback's."""
-
-    __slots__ = ("endpoints",)
-
-    def __init__(self, endpoints: List[_Endpoint]) -> None:
-        self.endpoints = endpoints
-
-    def __getitem__(self, target: Any) -> _Endpoint:
-        if isinstance(target, int) and 0 <= target < len(self.endpoints):
-            return self.endpoints[target]
-        return self.endpoints[0]
-
-
-_targets_cache: Dict[Tuple[Any, ...], _Targets] = {}
-
-
-def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
-    """The targets of a call from its engine keywords (a plan's: the
-    policy, the client's defaults and the call's own already resolved)."""
-    key = (kwargs.get("url"), kwargs.get("base_url"), kwargs.get("fallbacks"))
-    targets = _targets_cache.get(key)
-    if targets is not None:
-        return targets
-    primary = _url_of(key[0], key[1])
-    endpoints = [_Endpoint(primary)]
-    try:
-        fallbacks = json.loads(key[2]) if isinstance(key[2], str) else ()
-    except ValueError:
-        fallbacks = ()
-    for target in fallbacks if isinstance(fallbacks, list) else ():
-        if isinstance(target, dict) and (target.get("url") or target.get("base_url")):
-            endpoints.append(_Endpoint(_url_of(target.get("url"), target.get("base_url"))))
-        else:
-            endpoints.append(endpoints[0])
-    targets = _Targets(endpoints)
-    if len(_targets_cache) >= 256:      # a bound, not an LRU: a program has few endpoints
-        _targets_cache.clear()
-    _targets_cache[key] = targets
-    return targets
-
-
-# ---------------------------------------------------------------------------
-# Request and response: what events do not hold
-
-def _request_attributes(body: Any) -> Dict[str, Any]:
-    """The span attributes of a request body's settings (never its text)."""
-    attrs: Dict[str, Any] = {}
-    if not isinstance(body, dict):
-        return attrs
-    model = body.get("model")
-    if isinstance(model, str):
-        attrs["gen_ai.request.model"] = model
-    if body.get("stream") is True:
-        attrs["gen_ai.request.stream"] = True
-    # The body's keys, not the table's: a body sets few of them (a call's
-    # cost is per key looked up).
-    ranks: Dict[str, int] = {}
-    for key in body:
-        spec = _REQUEST_SETTINGS.get(key)
-        if spec is None:
-            continue
-        name, kind, rank = spec
-        value = body[key]
-        if (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and ranks.get(name, 9) > rank):
-            attrs[name] = kind(value)
-            ranks[name] = rank
-    n = body.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and n != 1:
-        attrs["gen_ai.request.choice.count"] = n
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        attrs["gen_ai.request.stop_sequences"] = [stop]
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attrs["gen_ai.request.stop_sequences"] = list(stop)
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        attrs["gen_ai.output.type"] = "json"
-    return attrs
-
-
-def _parsed(body: Any) -> Any:
-    """A body as a dict: str/bytes bodies are the caller's JSON text."""
-    if isinstance(body, (str, bytes, bytearray)):
-        try:
-            return json.loads(body)
-        except (ValueError, RecursionError):
-            return None
-    return body
-
-
-def _parts(content: Any) -> List[Dict[str, Any]]:
-    """A message's content as the conventions' parts."""
-    if isinstance(content, str):
-        return [{"type": "text", "content": content}]
-    parts: List[Dict[str, Any]] = []
-    for part in content if isinstance(content, list) else ():
-        if not isinstance(part, dict):
-            continue
-        kind = part.get("type")
-        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "content": part["text"]})
-        else:
-            parts.append({"type": str(kind)})     # an image, a file: named, not copied
-    return parts
-
-
-def _message(msg: Dict[str, Any]) -> Dict[str, Any]:
-    role = msg.get("role")
-    out: Dict[str, Any] = {"role": role if isinstance(role, str) else "user"}
-    if role == "tool":
-        out["parts"] = [{"type": "tool_call_response", "id": msg.get("tool_call_id"),
-                         "response": msg.get("content")}]
-        return out
-    parts = _parts(msg.get("content"))
-    for call in msg.get("tool_calls") or ():
-        if isinstance(call, dict):
-            fn = call.get("function")
-            fn = fn if isinstance(fn, dict) else {}
-            parts.append({"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
-                          "arguments": fn.get("arguments")})
-    out["parts"] = parts
-    return out
-
-
-def _input_messages(body: Any) -> Optional[List[Dict[str, Any]]]:
-    if not isinstance(body, dict):
-        return None
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return [_message(m) for m in messages if isinstance(m, dict)]
-    given = body.get("input")      # the Responses API, embeddings
-    if isinstance(given, str):
-        return [{"role": "user", "parts": [{"type": "text", "content": given}]}]
-    if isinstance(given, list):
-        return [_message(m) if isinstance(m, dict) else
-                {"role": "user", "parts": [{"type": "text", "content": str(m)}]}
-                for m in given]
-    return None
-
-
-def _response_attributes(data: Any, capture: bool) -> Dict[str, Any]:
-    """The span attributes of a response: its id, finish reasons and (with
-    capture) its messages."""
-    attrs: Dict[str, Any] = {}
-    if not isinstance(data, dict):
-        return attrs
-    rid = data.get("id")
-    if isinstance(rid, str):
-        attrs["gen_ai.response.id"] = rid
-    choices = data.get("choices")
-    if isinstance(choices, list):
-        reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
-        if reasons and all(isinstance(r, str) for r in reasons):
-            attrs["gen_ai.response.finish_reasons"] = reasons
-        if capture:
-            out = []
-            for c in choices:
-                if isinstance(c, dict) and isinstance(c.get("message"), dict):
-                    msg = _message(c["message"])
-                    msg["finish_reason"] = c.get("finish_reason")
-                    out.append(msg)
-            attrs["gen_ai.output.messages"] = json.dumps(out, ensure_ascii=False)
-    elif capture and isinstance(data.get("output"), list):     # the Responses API
-        out = [_message(item) for item in data["output"]
-               if isinstance(item, dict) and item.get("type") == "message"]
-        attrs["gen_ai.output.messages"] = json.dumps(out, ensure_ascii=False)
-    return attrs
-
-
-# ---------------------------------------------------------------------------
-# The instruments
-
-class _Telemetry:
-    """A tracer, a meter and the instruments of one instrument() call."""
-
-    def __init__(self, tracer_provider: Any, meter_provider: Any, capture_content: bool) -> None:
-        self.capture = bool(capture_content)
-        self.tracer = otel_trace.get_tracer(_SCOPE, __version__, tracer_provider,
-                                            schema_url=SCHEMA_URL)
-        meter = otel_metrics.get_meter(_SCOPE, __version__, meter_provider,
-                                       schema_url=SCHEMA_URL)
-        self.duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", unit="s",
-            description="GenAI operation duration (every attempt and wait of a call)",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS)
-        self.tokens = meter.create_histogram(
-            "gen_ai.client.token.usage", unit="{token}",
-            description="Number of input and output tokens used",
-            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS)
-        self.ttfc = meter.create_histogram(
-            "gen_ai.client.operation.time_to_first_chunk", unit="s",
-            description="Time from the call's start to the first chunk of a stream",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS)
-        self.counts = _counts_of(meter)
-        # (endpoint, model, response model) -> the metrics' attribute sets.
-        self.metric_sets: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
-
-
-class _Counts:
-    """The four counters (attempts, retries, 429s, circuit-open refusals),
-    summed here by attribute set and read by the SDK when it collects
-    (observable counters): a call adds to a list under a lock instead of
-    making an SDK measurement (whose cost, ~15 µs, is per measurement)."""
-
-    _INSTRUMENTS = (
-        ("llmretry.attempts", "{attempt}", "Attempts started"),
-        ("llmretry.retries", "{retry}", "Retries scheduled"),
-        ("llmretry.rate_limited", "{response}", "Attempts the server refused with 429"),
-        ("llmretry.circuit_open", "{call}",
-         "Calls refused because their endpoint's circuit breaker was open"),
-    )
-
-    def __init__(self, meter: Any) -> None:
-        self.lock = threading.Lock()
-        self.totals: Dict[Any, List[Any]] = {}   # key -> [attributes, 4 totals]
-        for i, (name, unit, description) in enumerate(self._INSTRUMENTS):
-            meter.create_observable_counter(name, callbacks=[self._observer(i)], unit=unit,
-                                            description=description)
-
-    def _observer(self, i: int) -> Callable[[Any], List[Observation]]:
-        def observe(_options: Any) -> List[Observation]:
-            with self.lock:
-                return [Observation(row[i + 1], row[0]) for row in self.totals.values()
-                        if row[i + 1]]
-        return observe
-
-    def add(self, key: Any, attrs: Dict[str, Any], counts: List[int]) -> None:
-        with self.lock:
-            row = self.totals.get(key)
-            if row is None:
-                row = self.totals[key] = [attrs, 0, 0, 0, 0]
-            row[1] += counts[0]
-            row[2] += counts[1]
-            row[3] += counts[2]
-            row[4] += counts[3]
-
-
-# One _Counts per meter: the SDK keeps an observable instrument's first
-# registration (instrument() again on the same provider would register
-# callbacks nobody calls), so a meter's counters are made once.
-_meter_counts: "weakref.WeakKeyDictionary[Any, _Counts]" = weakref.WeakKeyDictionary()
-
-
-def _counts_of(meter: Any) -> _Counts:
-    try:
-        counts = _meter_counts.get(meter)
-    except TypeError:           # a meter that cannot be weakly referenced
-        return _Counts(meter)
-    if counts is None:
-        counts = _meter_counts[meter] = _Counts(meter)
-    return counts
-
-
-def _metric_attributes(endpoint: _Endpoint, model: Any) -> Dict[str, Any]:
-    attrs: Dict[str, Any] = {"gen_ai.operation.name": endpoint.operation,
-                             "gen_ai.provider.name": endpoint.provider}
-    if isinstance(model, str):
-        attrs["gen_ai.request.model"] = model
-    if endpoint.address:
-        attrs["server.address"] = endpoint.address
-        attrs["server.port"] = endpoint.port
-    return attrs
-
-
-def _metric_sets(tel: _Telemetry, endpoint: _Endpoint, model: Any,
-                 response_model: Any) -> Tuple[Any, ...]:
-    """The metrics' attribute sets of a call (made once per endpoint and
-    model, not per call): the counters' key and attributes, the histograms',
-    the token histogram's for input and output."""
-    key = (endpoint.operation, endpoint.provider, endpoint.address, endpoint.port, model,
-           response_model)
-    sets = tel.metric_sets.get(key)
-    if sets is None:
-        base = _metric_attributes(endpoint, model)
-        hist = dict(base)
-        if response_model:
-            hist["gen_ai.response.model"] = response_model
-        sets = (key[:5], base, hist, dict(hist, **{"gen_ai.token.type": "input"}),
-                dict(hist, **{"gen_ai.token.type": "output"}))
-        if len(tel.metric_sets) >= 1024:    # a bound: a program has few endpoints and models
-            tel.metric_sets.clear()
-        tel.metric_sets[key] = sets
-    return sets
-
-
-# ---------------------------------------------------------------------------
-# One logical call
-
-class _Call:
-    """One logical call seen through its events and its outcome, made a span
-    when it ends.
-
-    Telemetry asks the engine only for the events of failures, retries and
-    give-ups (_NEEDED): the attempt that succeeded is read from the result,
-    so a call answered at once costs no event. Events arrive on the thread
-    (or event loop) that waits for the call, so a call is never touched by
-    two threads at once.
-
-    A call that starts here (call_llm, stream_llm, their asyncio forms, a
-    transport's request) starts its span at once (start()), so that its
-    context goes to the server in the request's headers (``traceparent``);
-    the attributes and attempt events are added when it ends. A batch's
-    items start in the engine, out of sight: their spans are made when they
-    end, with the times observed (the SDK takes explicit start and end times).
-    """
-
-    __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",
-                 "last", "ended", "end_on_final", "counts", "span", "span_name")
-
-    def __init__(self, tel: _Telemetry, targets: _Targets, parent: Any,
-                 start_ns: Optional[int], body: Any = None, end_on_final: bool = False,
-                 policy: Any = None) -> None:
-        self.tel = tel
-        self.targets = targets
-        self.parent = parent
-        self.start_ns = start_ns
-        self.request: Dict[str, Any] = {}
-        self.inputs: Optional[str] = None
-        self.attempts: Dict[Any, List[Any]] = {}   # attempt -> [end time, attributes]
-        # Span attributes from the events so far.
-        self.last: Dict[str, Any] = {"llmretry.policy": policy} if policy else {}
-        self.ended = False
-        self.end_on_final = end_on_final
-        # Attempts started, retries, 429s, circuit-open refusals: added to
-        # the counters once, at the end.
-        self.counts = [0, 0, 0, 0]
-        self.span: Any = None
-        self.span_name: Optional[str] = None
-        if body is not None:
-            self.set_body(body)
-
-    def start(self, headers: Optional[List[str]]) -> Optional[List[str]]:
-        """Start the span (the call starts now) and return the call's header
-        lines with its context added, as the application's propagators write
-        it (by default W3C ``traceparent``): every attempt carries it."""
-        try:
-            self.span_name = _span_name(self.targets[0], self.request.get("gen_ai.request.model"))
-            self.span = span = self.tel.tracer.start_span(
-                self.span_name, context=self.parent, kind=SpanKind.CLIENT,
-                attributes=self.request, start_time=self.start_ns)
-            carrier: Dict[str, str] = {}
-            otel_propagate.inject(carrier, context=otel_trace.set_span_in_context(
-                span, self.parent))
-        except Exception:       # telemetry must never break a call
-            return headers
-        if not carrier:
-            return headers
-        names = {name.lower() for name in carrier}
-        kept = [line for line in headers or () if line.split(":", 1)[0].lower() not in names]
-        return kept + [f"{name}: {value}" for name, value in carrier.items()]
-
-    def set_body(self, body: Any) -> None:
-        body = _parsed(body)
-        self.request = _request_attributes(body)
-        if self.tel.capture:
-            messages = _input_messages(body)
-            if messages is not None:
-                self.inputs = json.dumps(messages, ensure_ascii=False)
-
-    # -- events --------------------------------------------------------------
-
-    def on_event(self, ev: Dict[str, Any]) -> None:
-        if self.ended:
-            return
-        now = time_ns()
-        name = ev.get("event")
-        if self.start_ns is None:
-            self.start_ns = now
-        tel = self.tel
-        counts = self.counts
-        if name == "llm_retry_scheduled":
-            counts[1] += 1
-        elif name == "llm_request_failed" and ev.get("status") == 429:
-            counts[2] += 1
-        elif name == "llm_request_gave_up" and ev.get("error_kind") == "circuit_open":
-            counts[3] += 1
-        span_side = name in _ENDS
-        attempt = None
-        if name != "llm_request_gave_up" or ev.get("attempts"):
-            # Attempts are numbered across targets; a retry's "target" is
-            # the next attempt's (a fallback), not this one's.
-            key = ev.get("attempt")
-            attempt = self.attempts.get(key)
-            if attempt is None:
-                attempt = self.attempts[key] = [now, {}]
-            elif name != "llm_retry_scheduled":
-                attempt[0] = now
-        capture = tel.capture
-        for field, value in ev.items():
-            spec = EVENT_FIELDS.get(field)
-            if spec is None or value is None:
-                continue
-            span_attr, attempt_attr, scale = spec
-            if field in _CONTENT_FIELDS and not capture:
-                continue
-            if field == "usage":
-                if span_side and isinstance(value, dict):
-                    for key, attr in (("prompt_tokens", "gen_ai.usage.input_tokens"),
-                                      ("completion_tokens", "gen_ai.usage.output_tokens")):
-                        if value.get(key) is not None:
-                            self.last[attr] = value[key]
-                continue
-            if scale is not None:
-                value = value * scale
-            if attempt_attr is not None and attempt is not None and not (
-                    field == "target" and name == "llm_retry_scheduled"):
-                attempt[1][attempt_attr] = value
-            if span_attr is None:
-                continue
-            if span_side:
-                self.last[span_attr] = value
-            elif field in ("request_id", "model", "policy"):
-                # The call's own (its first event's): a fallback's model is
-                # the response's, not the request's.
-                self.last.setdefault(span_attr, value)
-        if name == "llm_request_gave_up" and self.end_on_final:
-            self.end()      # a transport's stream closed early: no outcome comes
-
-    # -- the end -------------------------------------------------------------
-
-    def end(self, result: Any = None, error: Optional[BaseException] = None,
-            end_ns: Optional[int] = None) -> None:
-        """Make the span and record the metrics, once (telemetry that fails
-        never fails the call)."""
-        if self.ended:
-            return
-        self.ended = True
-        try:
-            self._emit(result, error, end_ns)
-        except Exception:
-            pass
-
-    def end_with_outcome(self, out: Any) -> None:
-        """End with an engine outcome (a transport's call: the SDK reads the
-        response itself)."""
-        if self.ended:
-            return
-        try:
-            if isinstance(out, Result):
-                result, error = out, None
-            elif out.get("ok"):
-                body = out.get("body")
-                data = json.loads(body) if body else None
-                result, error = Result(data, _meta_of(out)), None
-            else:
-                result, error = None, error_from_outcome(out)
-        except Exception:       # an answer Python cannot parse: what the events said
-            result = error = None
-        self.end(result=result, error=error)
-
-    def _answered(self, meta: Any, end_ns: int) -> None:
-        """The attempt that answered, from the result's meta."""
-        fields = {"llmretry.attempt": meta.attempt}
-        if meta.status is not None:
-            fields["http.response.status_code"] = meta.status
-        if meta.duration_ms is not None:
-            fields["llmretry.duration_ms"] = meta.duration_ms
-        if meta.target:
-            fields["llmretry.target"] = meta.target
-        attempt = self.attempts.get(meta.attempt)
-        if attempt is None:
-            self.attempts[meta.attempt] = [end_ns, fields]
-        else:               # a caller's logger asked for its events too
-            attempt[0] = end_ns
-            attempt[1].update(fields)
-
-    def _emit(self, result: Any, error: Optional[BaseException],
-              end_ns: Optional[int]) -> None:
-        tel = self.tel
-        end_ns = end_ns or time_ns()
-        attrs = self.last       # ended: no event adds to it any more
-        attrs.update(self.request)
-        meta = result.meta if isinstance(result, Result) else None
-        usage = None
-        total_ms = None
-        if meta is not None:
-            usage = meta.usage_total or meta.usage
-            total_ms = meta.total_ms
-            attrs["llmretry.request_id"] = meta.request_id
-            attrs["llmretry.attempts"] = meta.attempts
-            attrs["llmretry.target"] = meta.target
-            if meta.model and "gen_ai.request.model" not in attrs:
-                attrs["gen_ai.request.model"] = meta.model
-            if meta.resends:
-                attrs["llmretry.resends"] = meta.resends
-            if meta.response_model:
-                attrs["gen_ai.response.model"] = meta.response_model
-            if meta.system_fingerprint:
-                attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
-            if meta.stream:
-                attrs["gen_ai.request.stream"] = True
-                if meta.ttft_ms is not None:
-                    attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
-                if meta.chunks is not None:
-                    attrs["llmretry.chunks"] = meta.chunks
-            attrs.update(_response_attributes(result.data, tel.capture))
-            self._answered(meta, end_ns)
-            target = meta.target
-        elif isinstance(error, LLMError):
-            usage = error.usage_total
-            total_ms = error.total_ms
-            attrs["error.type"] = error.kind
-            attrs["llmretry.request_id"] = error.request_id
-            attrs["llmretry.attempts"] = error.attempts
-            if error.model and "gen_ai.request.model" not in attrs:
-                attrs["gen_ai.request.model"] = error.model
-            if error.reason:
-                attrs["llmretry.reason"] = error.reason
-            if error.resends:
-                attrs["llmretry.resends"] = error.resends
-            target = error.target
-        else:
-            target = attrs.get("llmretry.target", 0)
-            if error is not None and "error.type" not in attrs:
-                attrs["error.type"] = type(error).__qualname__
-        if attrs.get("llmretry.attempts") is None:
-            attrs["llmretry.attempts"] = len(self.attempts)
-        if usage:
-            for key, attr in (("prompt_tokens", "gen_ai.usage.input_tokens"),
-                              ("completion_tokens", "gen_ai.usage.output_tokens")):
-                if usage.get(key) is not None:
-                    attrs[attr] = usage[key]
-        if not attrs.get("llmretry.target"):
-            attrs.pop("llmretry.target", None)
-        endpoint = self.targets[target]
-        model = attrs.get("gen_ai.request.model")
-        attrs["gen_ai.operation.name"] = endpoint.operation
-        attrs["gen_ai.provider.name"] = endpoint.provider
-        if endpoint.api_type and endpoint.provider == "openai":
-            attrs["openai.api.type"] = endpoint.api_type
-        if endpoint.address:
-            attrs["server.address"] = endpoint.address
-            attrs["server.port"] = endpoint.port
-        if self.inputs is not None:
-            attrs["gen_ai.input.messages"] = self.inputs
-        start_ns = self.start_ns
-        if start_ns is None and total_ms is not None:
-            start_ns = end_ns - int(total_ms * 1_000_000)
-        if start_ns is None or start_ns > end_ns:
-            start_ns = end_ns
-        failed = attrs.get("error.type")
-        name = _span_name(endpoint, model)
-        span = self.span
-        if span is None:
-            span = tel.tracer.start_span(name, context=self.parent, kind=SpanKind.CLIENT,
-                                         attributes=attrs, start_time=start_ns)
-        else:
-            if name != self.span_name:
-                span.update_name(name)
-            span.set_attributes(attrs)
-        for at, fields in self.attempts.values():
-            span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
-        if failed:
-            span.set_status(Status(StatusCode.ERROR, failed))
-        span.end(end_time=end_ns)
-        # Metrics: the conventions' attributes (low cardinality: no ids).
-        sets = _metric_sets(tel, endpoint, model, attrs.get("gen_ai.response.model"))
-        counts = self.counts
-        attempts = attrs["llmretry.attempts"]
-        counts[0] = attempts if isinstance(attempts, int) else 0
-        if counts[0] or counts[1] or counts[2] or counts[3]:
-            tel.counts.add(sets[0], sets[1], counts)
-        hist = sets[2]
-        tel.duration.record((end_ns - start_ns) / 1e9,
-                            dict(hist, **{"error.type": failed}) if failed else hist)
-        ttfc = attrs.get("gen_ai.response.time_to_first_chunk")
-        if ttfc is not None:
-            tel.ttfc.record(ttfc, hist)
-        tokens = attrs.get("gen_ai.usage.input_tokens")
-        if isinstance(tokens, int):
-            tel.tokens.record(tokens, sets[3])
-        tokens = attrs.get("gen_ai.usage.output_tokens")
-        if isinstance(tokens, int):
-            tel.tokens.record(tokens, sets[4])
-
-
-def _span_name(endpoint: _Endpoint, model: Any) -> str:
-    return f"{endpoint.operation} {model}" if isinstance(model, str) else endpoint.operation
-
+# A call's logger
 
 def _bits(*names: str) -> int:
     return sum(1 << _llmretry.EVENT_NAMES.index(name) for name in names)
@@ -786,23 +72,18 @@ def _tee(call_sink: Callable[[Dict[str, Any]], None], user: Any) -> Callable[[Di
     logger (which keeps its own levels, and fails as it did: the engine
     reports it and goes on). The telemetry's errors go nowhere. Its
     ``event_mask`` asks for the events either of them wants."""
-    user_mask = event_mask_of(user) if user is not None else None
-    if user is None:
-        def tee(ev: Dict[str, Any]) -> None:
-            try:
-                call_sink(ev)
-            except Exception:   # telemetry must never break a call
-                pass
-        tee.event_mask = lambda: _NEEDED        # type: ignore[attr-defined]
-        return tee
-
     def tee(ev: Dict[str, Any]) -> None:
         try:
             call_sink(ev)
-        except Exception:
+        except Exception:   # telemetry must never break a call
             pass
-        user(ev)
-    if user_mask is None:       # a plain callable gets every event
+        if user is not None:
+            user(ev)
+
+    user_mask = event_mask_of(user) if user is not None else None
+    if user is None:
+        tee.event_mask = lambda: _NEEDED        # type: ignore[attr-defined]
+    elif user_mask is None:     # a plain callable gets every event
         tee.event_mask = lambda: _ALL           # type: ignore[attr-defined]
     else:
         tee.event_mask = lambda: _NEEDED | user_mask()     # type: ignore[attr-defined]
@@ -826,6 +107,28 @@ def _telemetry_of(client: Any) -> Optional[_Telemetry]:
     return _everywhere
 
 
+def _new_call(tel: _Telemetry, kwargs: Dict[str, Any], body: Any, stream: bool = False,
+              end_on_final: bool = False) -> _Call:
+    """The record of a call starting now, under the current span."""
+    call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), body,
+                 end_on_final=end_on_final, policy=kwargs.get("policy"))
+    if stream:
+        call.request["gen_ai.request.stream"] = True
+    return call
+
+
+def _wire(call: _Call, kwargs: Dict[str, Any]) -> Any:
+    """Set a call's own engine keywords (``kwargs``, changed in place): its
+    logger (the record's, then the caller's), its span started and its
+    context in the headers. Returns the logger (its event_mask is the call's)."""
+    tee = _tee(call.on_event, kwargs.get("on_event"))
+    kwargs["on_event"] = tee
+    headers = call.start(kwargs.get("headers"))
+    if headers is not None:
+        kwargs["headers"] = headers
+    return tee
+
+
 def _with_sink(plan: Any, sink: Callable[[Dict[str, Any]], None]) -> Any:
     """``plan`` whose logger is ``sink`` followed by the plan's own."""
     new = plan.with_options([("logger", _tee(sink, plan.kwargs.get("on_event")))])
@@ -834,19 +137,31 @@ def _with_sink(plan: Any, sink: Callable[[Dict[str, Any]], None]) -> Any:
 
 
 def _started(plan: Any, call: _Call) -> Any:
-    """``plan`` for ``call``: its record's logger, its span started and its
-    context in the headers (the new plan is this call's alone)."""
-    new = _with_sink(plan, call.on_event)
-    headers = call.start(new.kwargs.get("headers"))
-    if headers is not None:
-        new.kwargs["headers"] = headers
+    """``plan`` for ``call`` (a copy: this call's alone), wired by _wire."""
+    new = plan.with_options(())
+    new.auto_key = plan.auto_key
+    new.event_mask = _wire(call, new.kwargs).event_mask
     return new
 
 
-def _end_with(call: _Call, exc: BaseException) -> None:
-    # An argument refused before any I/O made no request: no span.
-    if isinstance(exc, LLMError) or call.attempts or call.last.get("llmretry.reason"):
-        call.end(error=exc)
+class _Ending:
+    """``with _Ending(call):`` ends the call's record with the exception
+    raised inside, if any (for sync and async calls alike). An argument
+    refused before any I/O made no request: no span."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+
+    def __enter__(self) -> _Call:
+        return self.call
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
+        call = self.call
+        if exc is not None and (isinstance(exc, LLMError) or call.attempts
+                                or call.last.get("llmretry.reason")):
+            call.end(error=exc)
 
 
 class _Finish:
@@ -869,6 +184,14 @@ class _Finish:
         return res
 
 
+def _end_abandoned(stream: Any) -> None:
+    """A stream closed: a stream left early ends its span with what its
+    events said (read to its end, it ended with its result)."""
+    finish = stream._finish
+    if type(finish) is _Finish:
+        finish.call.end()
+
+
 # The hooks: each wraps one of the funnels every call of its kind passes
 # through (the module-level functions, the Client's methods, policies, the
 # CLI), runs it with a logger that also feeds the call's record, and ends
@@ -880,43 +203,9 @@ def _hook_run(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(self)
         if tel is None:
             return orig(self, body, plan)
-        call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body,
-                     policy=plan.kwargs.get("policy"))
-        try:
-            res = orig(self, body, _started(plan, call))
-        except BaseException as exc:
-            _end_with(call, exc)
-            raise
-        call.end(result=res)
-        return res
+        with _Ending(_new_call(tel, plan.kwargs, body)) as call:
+            return call.finished(orig(self, body, _started(plan, call)))
     return _run
-
-
-def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """_client._start_stream: every stream_llm."""
-    def _start_stream(client: Client, body: Any, plan: Any, stream_buffer_bytes: Any) -> Any:
-        tel = _telemetry_of(client)
-        if tel is None:
-            return orig(client, body, plan, stream_buffer_bytes)
-        call = _Call(tel, _targets_of(plan.kwargs), otel_context.get_current(), time_ns(), body,
-                     policy=plan.kwargs.get("policy"))
-        call.request["gen_ai.request.stream"] = True
-        s = orig(client, body, _started(plan, call), stream_buffer_bytes)
-        s._finish = _Finish(s._finish, call)
-        return s
-    return _start_stream
-
-
-def _async_kwargs(call: _Call, extra: Dict[str, Any],
-                  kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """An asyncio call's keywords with the record's logger, its span started
-    and its context in the headers."""
-    tee = _tee(call.on_event, kwargs.get("on_event"))
-    kwargs = dict(kwargs, on_event=tee)
-    headers = call.start(kwargs.get("headers"))
-    if headers is not None:
-        kwargs["headers"] = headers
-    return dict(extra, event_mask=tee.event_mask()), kwargs
 
 
 def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -926,17 +215,24 @@ def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return await orig(client, engine, payload, extra, kwargs, finish)
-        call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), payload,
-                     policy=kwargs.get("policy"))
-        extra, kwargs = _async_kwargs(call, extra, kwargs)
-        try:
-            res = await orig(client, engine, payload, extra, kwargs, finish)
-        except BaseException as exc:
-            _end_with(call, exc)
-            raise
-        call.end(result=res)
-        return res
+        with _Ending(_new_call(tel, kwargs, payload)) as call:
+            kwargs = dict(kwargs)
+            extra = dict(extra, event_mask=_wire(call, kwargs).event_mask())
+            return call.finished(await orig(client, engine, payload, extra, kwargs, finish))
     return acall
+
+
+def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """_client._start_stream: every stream_llm."""
+    def _start_stream(client: Client, body: Any, plan: Any, stream_buffer_bytes: Any) -> Any:
+        tel = _telemetry_of(client)
+        if tel is None:
+            return orig(client, body, plan, stream_buffer_bytes)
+        call = _new_call(tel, plan.kwargs, body, stream=True)
+        s = orig(client, body, _started(plan, call), stream_buffer_bytes)
+        s._finish = _Finish(s._finish, call)
+        return s
+    return _start_stream
 
 
 def _hook_astream(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -947,36 +243,30 @@ def _hook_astream(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return orig(client, engine, payload, extra, kwargs, finish, parse)
-        call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), payload,
-                     policy=kwargs.get("policy"))
-        call.request["gen_ai.request.stream"] = True
-        extra, kwargs = _async_kwargs(call, extra, kwargs)
+        call = _new_call(tel, kwargs, payload, stream=True)
+        kwargs = dict(kwargs)
+        extra = dict(extra, event_mask=_wire(call, kwargs).event_mask())
         return orig(client, engine, payload, extra, kwargs, _Finish(finish, call), parse)
     return astream
 
 
 def _hook_close(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """Stream.close: a stream left early ends its span with what its events
-    said (read to its end, it ended with its result)."""
+    """Stream.close: see _end_abandoned."""
     def close(self: Any) -> None:
         try:
             orig(self)
         finally:
-            finish = self._finish
-            if type(finish) is _Finish:
-                finish.call.end()
+            _end_abandoned(self)
     return close
 
 
 def _hook_aclose(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """AsyncStream.aclose: as Stream.close."""
+    """AsyncStream.aclose: see _end_abandoned."""
     async def aclose(self: Any) -> None:
         try:
             await orig(self)
         finally:
-            finish = self._finish
-            if type(finish) is _Finish:
-                finish.call.end()
+            _end_abandoned(self)
     return aclose
 
 
@@ -1071,15 +361,8 @@ def _hook_call_of(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(self.client) if call is not None else None
         if tel is None:
             return call
-        kwargs = call.kwargs
-        record = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(),
-                       content, end_on_final=True, policy=kwargs.get("policy"))
-        tee = _tee(record.on_event, kwargs.get("on_event"))
-        kwargs["on_event"] = tee
-        kwargs["event_mask"] = tee.event_mask()
-        headers = record.start(kwargs.get("headers"))
-        if headers is not None:
-            kwargs["headers"] = headers
+        record = _new_call(tel, call.kwargs, content, end_on_final=True)
+        call.kwargs["event_mask"] = _wire(record, call.kwargs).event_mask()
         with _transport_lock:
             _transport_calls[request] = record
         return call

@@ -299,13 +299,13 @@ def test_a_call_answered_at_once_costs_no_event(tel: Telemetry, scen: Scenario,
     the attempt that answered is read from the result (the events are most
     of the per-call cost)."""
     seen: List[str] = []
-    on_event = llmretry.otel._Call.on_event
+    on_event = llmretry._otel_record._Call.on_event
 
     def spy(self: Any, ev: Dict[str, Any]) -> None:
         seen.append(ev["event"])
         on_event(self, ev)
 
-    monkeypatch.setattr(llmretry.otel._Call, "on_event", spy)
+    monkeypatch.setattr(llmretry._otel_record._Call, "on_event", spy)
     llmretry.call_llm(secret_body("at-once"), base_url=scen.url, logger=None, **FAST)
     llmretry.call_many([secret_body(f"m{i}") for i in range(5)], base_url=scen.url, **FAST)
     assert seen == []
