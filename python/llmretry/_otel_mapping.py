@@ -102,7 +102,7 @@ class _Endpoint:
     path), the provider, the server's host and port. Never the URL's
     user-info or query (a key could be there)."""
 
-    __slots__ = ("operation", "provider", "address", "port", "api_type")
+    __slots__ = ("operation", "provider", "address", "port", "api_type", "attrs")
 
     def __init__(self, url: str) -> None:
         try:
@@ -131,6 +131,14 @@ class _Endpoint:
             if host and (host == suffix.lstrip(".") or host.endswith(suffix)):
                 self.provider = name
                 break
+        # The span's attributes of the endpoint, made once (not per call).
+        self.attrs: Dict[str, Any] = {"gen_ai.operation.name": self.operation,
+                                      "gen_ai.provider.name": self.provider}
+        if self.api_type and self.provider == "openai":
+            self.attrs["openai.api.type"] = self.api_type
+        if host:
+            self.attrs["server.address"] = host
+            self.attrs["server.port"] = port
 
 
 def _url_of(url: Any, base: Any) -> str:

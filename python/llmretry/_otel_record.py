@@ -373,21 +373,17 @@ class _Call:
         if attrs.get("llmretry.attempts") is None:
             attrs["llmretry.attempts"] = len(self.attempts)
         if usage:
-            for key, attr in (("prompt_tokens", "gen_ai.usage.input_tokens"),
-                              ("completion_tokens", "gen_ai.usage.output_tokens")):
-                if usage.get(key) is not None:
-                    attrs[attr] = usage[key]
+            tokens = usage.get("prompt_tokens")
+            if tokens is not None:
+                attrs["gen_ai.usage.input_tokens"] = tokens
+            tokens = usage.get("completion_tokens")
+            if tokens is not None:
+                attrs["gen_ai.usage.output_tokens"] = tokens
         if not attrs.get("llmretry.target"):
             attrs.pop("llmretry.target", None)
         endpoint = self.targets[target]
         model = attrs.get("gen_ai.request.model")
-        attrs["gen_ai.operation.name"] = endpoint.operation
-        attrs["gen_ai.provider.name"] = endpoint.provider
-        if endpoint.api_type and endpoint.provider == "openai":
-            attrs["openai.api.type"] = endpoint.api_type
-        if endpoint.address:
-            attrs["server.address"] = endpoint.address
-            attrs["server.port"] = endpoint.port
+        attrs.update(endpoint.attrs)
         if self.inputs is not None:
             attrs["gen_ai.input.messages"] = self.inputs
         start_ns = self.start_ns
