@@ -212,6 +212,11 @@ class TransportCore:
         kwargs["keep_response"] = True
         return _Call(engine, payload, kwargs, body.get("stream") is True)
 
+    def done(self, request: Any, out: Any) -> Any:
+        """A call's outcome, once known (a hook: llmretry.otel ends the
+        call's span with it); returns it."""
+        return out
+
     def _warn_sdk_retries(self) -> None:
         if not self.warned_retries:
             self.warned_retries = True
@@ -285,7 +290,8 @@ class TransportCore:
         if call is None:
             return None
         if not call.stream:
-            return self.response(request, call.engine.call(call.payload, **call.kwargs))
+            return self.response(request, self.done(request, call.engine.call(call.payload,
+                                                                              **call.kwargs)))
         raw = call.engine.stream(call.payload, **call.kwargs)
         try:
             first = raw.next_chunk()
@@ -293,7 +299,7 @@ class TransportCore:
             _cancel(raw)
             raise
         if first is None:
-            return self.response(request, raw.outcome())
+            return self.response(request, self.done(request, raw.outcome()))
         return self.stream_response(request, raw.response_head(),
                                     self.sync_events(self, request, raw, first))
 
@@ -311,7 +317,7 @@ class TransportCore:
         s = _aio.AsyncStream(raw, lc, _same, _same)
         first = await s._next()     # a cancelled task cancels the call
         if first is None:
-            return self.response(request, raw.outcome())
+            return self.response(request, self.done(request, raw.outcome()))
         return self.stream_response(request, raw.response_head(),
                                     self.async_events(self, request, s, first))
 
@@ -361,7 +367,7 @@ class _SyncEvents:
         while item is not None:
             yield _sse(item)
             item = raw.next_chunk()
-        out = raw.outcome()
+        out = self.core.done(self.request, raw.outcome())
         if not out["ok"]:
             raise self.core.error(self.request, out)
         yield _DONE
@@ -387,7 +393,7 @@ class _AsyncEvents:
         while item is not None:
             yield _sse(item)
             item = await s._next()
-        out = s._raw.outcome()
+        out = self.core.done(self.request, s._raw.outcome())
         if not out["ok"]:
             raise self.core.error(self.request, out)
         yield _DONE

@@ -293,6 +293,97 @@ def test_asyncio_tasks_keep_their_parents(tel: Telemetry, scen: Scenario) -> Non
     assert sum(1 for s in tel.llm_spans() if s.parent.span_id == parent) == 5
 
 
+def test_a_call_answered_at_once_costs_no_event(tel: Telemetry, scen: Scenario,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Telemetry asks the engine only for failures, retries and give-ups:
+    the attempt that answered is read from the result (the events are most
+    of the per-call cost)."""
+    seen: List[str] = []
+    on_event = llmretry._otel_record._Call.on_event
+
+    def spy(self: Any, ev: Dict[str, Any]) -> None:
+        seen.append(ev["event"])
+        on_event(self, ev)
+
+    monkeypatch.setattr(llmretry._otel_record._Call, "on_event", spy)
+    llmretry.call_llm(secret_body("at-once"), base_url=scen.url, logger=None, **FAST)
+    llmretry.call_many([secret_body(f"m{i}") for i in range(5)], base_url=scen.url, **FAST)
+    assert seen == []
+    spans = tel.llm_spans()
+    assert len(spans) == 6
+    for span in spans:
+        [event] = attempt_events(span)
+        assert event["llmretry.attempt"] == 0
+        assert event["http.response.status_code"] == 200
+        assert event["llmretry.duration_ms"] >= 0
+    assert tel.total("llmretry.attempts") == 6
+    scen.script([{"status": 503}, {}])
+    llmretry.call_llm(secret_body("retried"), base_url=scen.url, logger=None, **FAST)
+    assert seen == ["llm_request_failed", "llm_retry_scheduled"]
+    assert [e["http.response.status_code"] for e in attempt_events(tel.llm_spans()[-1])] == [
+        503, 200]
+
+
+def test_the_counters_keep_counting_when_instrumented_again(scen: Scenario) -> None:
+    t = Telemetry()
+    for _ in range(2):
+        llmretry.otel.instrument(tracer_provider=t.tracer_provider,
+                                 meter_provider=t.meter_provider)
+        try:
+            llmretry.call_llm(secret_body("again"), base_url=scen.url, **FAST)
+        finally:
+            llmretry.otel.uninstrument()
+    assert t.total("llmretry.attempts") == 2
+    assert len(t.llm_spans()) == 2
+
+
+def _traceparent(span: Any) -> str:
+    ctx = span.context
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def _check_traceparents(tel: Telemetry, scen: Scenario, requests: int) -> None:
+    """Each request the mock saw carries its call's span as traceparent."""
+    by_id = {s.attributes["llmretry.request_id"]: s for s in tel.llm_spans()}
+    seen = scen.requests()
+    assert len(seen) == requests
+    for req in seen:
+        span = by_id[req["headers"]["x-client-request-id"]]
+        assert req["headers"].get("traceparent") == _traceparent(span)
+
+
+def test_each_attempt_carries_its_calls_span_as_traceparent(tel: Telemetry,
+                                                             scen: Scenario) -> None:
+    scen.script([{"status": 503}, {}, {"status": 500}, {"stream": {"chunks": 3}}])
+    with tel.tracer.start_as_current_span("caller") as caller:
+        llmretry.call_llm(secret_body("tp"), base_url=scen.url, headers={"X-Mine": "kept"},
+                          **FAST)
+        with llmretry.stream_llm(secret_body("tp-stream"), base_url=scen.url, **FAST) as s:
+            s.result()
+    spans = tel.llm_spans()
+    assert len(spans) == 2
+    assert {s.context.trace_id for s in spans} == {caller.get_span_context().trace_id}
+    _check_traceparents(tel, scen, 4)
+    assert scen.requests()[0]["headers"]["x-mine"] == "kept"
+    assert scen.requests()[0]["headers"]["traceparent"] == scen.requests()[1]["headers"][
+        "traceparent"]
+
+    async def main() -> None:
+        await llmretry.acall_llm(secret_body("a"), base_url=scen.url, **FAST)
+        async with llmretry.astream_llm(secret_body("as"), base_url=scen.url, **FAST) as s:
+            await s.result()
+
+    scen.script([{"status": 503}, {}], after={"stream": {"chunks": 2}})
+    tel.exporter.clear()
+    asyncio.run(main())     # the async calls' requests: those of the new spans
+    by_id = {s.attributes["llmretry.request_id"]: s for s in tel.llm_spans()}
+    async_reqs = [r for r in scen.requests() if r["headers"]["x-client-request-id"] in by_id]
+    assert len(async_reqs) == 3
+    for req in async_reqs:
+        assert req["headers"]["traceparent"] == _traceparent(
+            by_id[req["headers"]["x-client-request-id"]])
+
+
 def test_the_callers_logger_gets_what_it_got_before(tel: Telemetry, scen: Scenario,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     scen.script([{"status": 503}, {}])
@@ -417,8 +508,38 @@ def test_the_httpx_transport(tel: Telemetry, scen: Scenario) -> None:
     assert a["gen_ai.request.max_tokens"] == 7
     assert a["llmretry.attempts"] == 2
     assert a["gen_ai.usage.output_tokens"] == reply.usage.completion_tokens
+    assert a["gen_ai.response.id"] == reply.id
+    assert tuple(a["gen_ai.response.finish_reasons"]) == ("stop",)
     assert len(attempt_events(span)) == 2
     assert tel.total("llmretry.rate_limited") == 1
+    _check_traceparents(tel, scen, 2)
+
+
+def test_the_httpx_transport_streams_and_failures(tel: Telemetry, scen: Scenario) -> None:
+    import httpx
+    import openai
+    import llmretry.httpx as lhttpx
+
+    scen.script([{"status": 500}, {"stream": {"chunks": 3}}, {"status": 400}])
+    sdk = openai.OpenAI(base_url=scen.url, api_key=SECRET_KEY, max_retries=0,
+                        http_client=httpx.Client(transport=lhttpx.Transport(**FAST)))
+    chunks = list(sdk.chat.completions.create(
+        model="gpt-test", stream=True, messages=[{"role": "user", "content": "hi"}]))
+    with pytest.raises(openai.BadRequestError):
+        sdk.chat.completions.create(model="gpt-test", messages=[{"role": "user",
+                                                                 "content": "no"}])
+    sdk.close()
+    streamed, failed = tel.llm_spans()
+    a = streamed.attributes
+    assert a["gen_ai.request.stream"] is True
+    assert a["gen_ai.response.id"] == chunks[0].id
+    assert tuple(a["gen_ai.response.finish_reasons"]) == ("stop",)
+    assert a["llmretry.attempts"] == 2
+    assert a["gen_ai.response.time_to_first_chunk"] > 0
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.attributes["error.type"] == "http_status"
+    assert [e["http.response.status_code"] for e in attempt_events(failed)] == [400]
+    _check_traceparents(tel, scen, 3)
 
 
 # ---------------------------------------------------------------------------

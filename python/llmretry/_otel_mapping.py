@@ -1,0 +1,337 @@
+"""llmretry.otel's mapping: what a call's span and metrics say, from its
+events, its request and its response (the table EVENT_FIELDS, the targets'
+endpoints, the request's settings, the response's id, finish reasons and,
+with capture_content, the messages). No OpenTelemetry here: a Lua host
+could follow the same table. docs/opentelemetry.md prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import urlsplit
+
+# ---------------------------------------------------------------------------
+# The mapping: engine event fields -> telemetry. One table, read by the
+# span, its attempt events and the metrics alike (docs/opentelemetry.md
+# prints it; a Lua host would follow the same one).
+#
+#   field: (span attribute, attempt-event attribute, scale)
+#
+# A span attribute is set from the call's last event carrying the field (its
+# success or give-up); an attempt-event attribute from the events of that
+# attempt (started, failed/error/succeeded, the retry it scheduled). A scale
+# of 0.001 turns milliseconds into seconds, as the conventions measure time.
+
+EVENT_FIELDS: Dict[str, Tuple[Optional[str], Optional[str], Optional[float]]] = {
+    "request_id": ("llmretry.request_id", None, None),
+    "model": ("gen_ai.request.model", None, None),
+    "policy": ("llmretry.policy", None, None),
+    "target": ("llmretry.target", "llmretry.target", None),
+    "attempt": (None, "llmretry.attempt", None),
+    "timeout_ms": (None, "llmretry.timeout_ms", None),
+    "deadline_left_ms": (None, "llmretry.deadline_left_ms", None),
+    "status": (None, "http.response.status_code", None),
+    "duration_ms": (None, "llmretry.duration_ms", None),
+    "retry_after": (None, "llmretry.retry_after", None),
+    "error_code": (None, "llmretry.error_code", None),
+    "error_kind": ("error.type", "error.type", None),
+    "validation_path": (None, "llmretry.validation_path", None),
+    "delay_ms": (None, "llmretry.delay_ms", None),
+    "delay_source": (None, "llmretry.delay_source", None),
+    "repair": (None, "llmretry.repair", None),
+    "response_model": ("gen_ai.response.model", None, None),
+    "system_fingerprint": ("openai.response.system_fingerprint", None, None),
+    "reason": ("llmretry.reason", "llmretry.reason", None),
+    "attempts": ("llmretry.attempts", None, None),
+    "stream": ("gen_ai.request.stream", None, None),
+    "ttft_ms": ("gen_ai.response.time_to_first_chunk", None, 0.001),
+    "chunks": ("llmretry.chunks", None, None),
+    "stream_reason": ("llmretry.stream_reason", "llmretry.stream_reason", None),
+    # usage: {"prompt_tokens", "completion_tokens"} -> the two below.
+    "usage": ("gen_ai.usage", None, None),
+    # The response's own text (first 500 bytes): content, see _CONTENT_FIELDS.
+    "body_preview": (None, "llmretry.body_preview", None),
+}
+# Fields that may hold text of the exchange: kept only with capture_content.
+_CONTENT_FIELDS = frozenset({"body_preview"})
+# Attribute values the events give as names of the engine's ("error_kind":
+# "http_status") and that the conventions want as they are: error.type is
+# llmretry's kind (timeout, network, http_status, circuit_open, ...).
+
+_ATTEMPT_EVENT = "llmretry.attempt"
+_ENDS = ("llm_request_succeeded", "llm_request_gave_up")
+
+# Bucket boundaries the GenAI conventions give.
+_SECONDS_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                    20.48, 40.96, 81.92]
+_TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                  16777216, 67108864]
+
+# gen_ai.provider.name by host; any other OpenAI-compatible server is
+# "openai", the API flavour it speaks (the conventions' advice).
+_PROVIDERS = (
+    (".openai.azure.com", "azure.ai.openai"), ("api.groq.com", "groq"),
+    ("api.deepseek.com", "deepseek"), ("api.mistral.ai", "mistral_ai"),
+    ("api.x.ai", "x_ai"), ("api.perplexity.ai", "perplexity"),
+    ("generativelanguage.googleapis.com", "gcp.gemini"),
+    ("aiplatform.googleapis.com", "gcp.vertex_ai"),
+)
+_DEFAULT_BASE = "https://api.openai.com/v1"
+
+# Request settings -> span attributes: body key -> (attribute, type, rank);
+# of keys naming one attribute, the lowest rank present wins.
+_REQUEST_SETTINGS: Dict[str, Tuple[str, Any, int]] = {
+    "max_tokens": ("gen_ai.request.max_tokens", int, 0),
+    "max_completion_tokens": ("gen_ai.request.max_tokens", int, 1),
+    "max_output_tokens": ("gen_ai.request.max_tokens", int, 2),
+    "temperature": ("gen_ai.request.temperature", float, 0),
+    "top_p": ("gen_ai.request.top_p", float, 0),
+    "frequency_penalty": ("gen_ai.request.frequency_penalty", float, 0),
+    "presence_penalty": ("gen_ai.request.presence_penalty", float, 0),
+    "seed": ("gen_ai.request.seed", int, 0),
+}
+
+
+# ---------------------------------------------------------------------------
+# Where a call goes
+
+class _Endpoint:
+    """What the span says of a call's target: the operation (from the URL's
+    path), the provider, the server's host and port. Never the URL's
+    user-info or query (a key could be there)."""
+
+    __slots__ = ("operation", "provider", "address", "port", "api_type", "attrs")
+
+    def __init__(self, url: str) -> None:
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port
+            path = parts.path.rstrip("/").lower()
+        except ValueError:
+            host, port, path = None, None, ""
+        if port is None and host:
+            port = 443 if url[:6].lower() == "https:" else 80
+        self.address = host
+        self.port = port
+        self.api_type: Optional[str] = "chat_completions"
+        if path.endswith("/embeddings"):
+            self.operation, self.api_type = "embeddings", None
+        elif path.endswith("/chat/completions"):
+            self.operation = "chat"
+        elif path.endswith("/completions"):
+            self.operation, self.api_type = "text_completion", None
+        elif path.endswith("/responses"):
+            self.operation, self.api_type = "chat", "responses"
+        else:
+            self.operation = "chat"
+        self.provider = "openai"
+        for suffix, name in _PROVIDERS:
+            if host and (host == suffix.lstrip(".") or host.endswith(suffix)):
+                self.provider = name
+                break
+        # The span's attributes of the endpoint, made once (not per call).
+        self.attrs: Dict[str, Any] = {"gen_ai.operation.name": self.operation,
+                                      "gen_ai.provider.name": self.provider}
+        if self.api_type and self.provider == "openai":
+            self.attrs["openai.api.type"] = self.api_type
+        if host:
+            self.attrs["server.address"] = host
+            self.attrs["server.port"] = port
+
+
+def _url_of(url: Any, base: Any) -> str:
+    """The URL a call posts to (the core's rule: ``url``, else ``base_url``
+    plus the chat path, else $OPENAI_BASE_URL's, else OpenAI's)."""
+    if isinstance(url, str) and url:
+        return url
+    root = base if isinstance(base, str) and base else (
+        os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE)
+    return root.rstrip("/") + "/chat/completions"
+
+
+class _Targets:
+    """The endpoints of a call's targets: its own, then each fallback's."""
+
+    __slots__ = ("endpoints",)
+
+    def __init__(self, endpoints: List[_Endpoint]) -> None:
+        self.endpoints = endpoints
+
+    def __getitem__(self, target: Any) -> _Endpoint:
+        if isinstance(target, int) and 0 <= target < len(self.endpoints):
+            return self.endpoints[target]
+        return self.endpoints[0]
+
+
+_targets_cache: Dict[Tuple[Any, ...], _Targets] = {}
+
+
+def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
+    """The targets of a call from its engine keywords (a plan's: the
+    policy, the client's defaults and the call's own already resolved)."""
+    key = (kwargs.get("url"), kwargs.get("base_url"), kwargs.get("fallbacks"))
+    targets = _targets_cache.get(key)
+    if targets is not None:
+        return targets
+    primary = _url_of(key[0], key[1])
+    endpoints = [_Endpoint(primary)]
+    try:
+        fallbacks = json.loads(key[2]) if isinstance(key[2], str) else ()
+    except ValueError:
+        fallbacks = ()
+    for target in fallbacks if isinstance(fallbacks, list) else ():
+        if isinstance(target, dict) and (target.get("url") or target.get("base_url")):
+            endpoints.append(_Endpoint(_url_of(target.get("url"), target.get("base_url"))))
+        else:
+            endpoints.append(endpoints[0])
+    targets = _Targets(endpoints)
+    if len(_targets_cache) >= 256:      # a bound, not an LRU: a program has few endpoints
+        _targets_cache.clear()
+    _targets_cache[key] = targets
+    return targets
+
+
+# ---------------------------------------------------------------------------
+# Request and response: what events do not hold
+
+def _request_attributes(body: Any) -> Dict[str, Any]:
+    """The span attributes of a request body's settings (never its text)."""
+    attrs: Dict[str, Any] = {}
+    if not isinstance(body, dict):
+        return attrs
+    model = body.get("model")
+    if isinstance(model, str):
+        attrs["gen_ai.request.model"] = model
+    if body.get("stream") is True:
+        attrs["gen_ai.request.stream"] = True
+    # The body's keys, not the table's: a body sets few of them (a call's
+    # cost is per key looked up).
+    ranks: Dict[str, int] = {}
+    for key in body:
+        spec = _REQUEST_SETTINGS.get(key)
+        if spec is None:
+            continue
+        name, kind, rank = spec
+        value = body[key]
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and ranks.get(name, 9) > rank):
+            attrs[name] = kind(value)
+            ranks[name] = rank
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n != 1:
+        attrs["gen_ai.request.choice.count"] = n
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        attrs["gen_ai.request.stop_sequences"] = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        attrs["gen_ai.request.stop_sequences"] = list(stop)
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        attrs["gen_ai.output.type"] = "json"
+    return attrs
+
+
+def _parsed(body: Any) -> Any:
+    """A body as a dict: str/bytes bodies are the caller's JSON text."""
+    if isinstance(body, (str, bytes, bytearray)):
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+    return body
+
+
+def _parts(content: Any) -> List[Dict[str, Any]]:
+    """A message's content as the conventions' parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    parts: List[Dict[str, Any]] = []
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "content": part["text"]})
+        else:
+            parts.append({"type": str(kind)})     # an image, a file: named, not copied
+    return parts
+
+
+def _message(msg: Dict[str, Any]) -> Dict[str, Any]:
+    role = msg.get("role")
+    out: Dict[str, Any] = {"role": role if isinstance(role, str) else "user"}
+    if role == "tool":
+        out["parts"] = [{"type": "tool_call_response", "id": msg.get("tool_call_id"),
+                         "response": msg.get("content")}]
+        return out
+    parts = _parts(msg.get("content"))
+    for call in msg.get("tool_calls") or ():
+        if isinstance(call, dict):
+            fn = call.get("function")
+            fn = fn if isinstance(fn, dict) else {}
+            parts.append({"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
+                          "arguments": fn.get("arguments")})
+    out["parts"] = parts
+    return out
+
+
+def _input_messages(body: Any) -> Optional[List[Dict[str, Any]]]:
+    if not isinstance(body, dict):
+        return None
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return [_message(m) for m in messages if isinstance(m, dict)]
+    given = body.get("input")      # the Responses API, embeddings
+    if isinstance(given, str):
+        return [{"role": "user", "parts": [{"type": "text", "content": given}]}]
+    if isinstance(given, list):
+        return [_message(m) if isinstance(m, dict) else
+                {"role": "user", "parts": [{"type": "text", "content": str(m)}]}
+                for m in given]
+    return None
+
+
+def _response_attributes(data: Any, capture: bool) -> Dict[str, Any]:
+    """The span attributes of a response: its id, finish reasons and (with
+    capture) its messages."""
+    attrs: Dict[str, Any] = {}
+    if not isinstance(data, dict):
+        return attrs
+    rid = data.get("id")
+    if isinstance(rid, str):
+        attrs["gen_ai.response.id"] = rid
+    choices = data.get("choices")
+    if isinstance(choices, list):
+        reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
+        if reasons and all(isinstance(r, str) for r in reasons):
+            attrs["gen_ai.response.finish_reasons"] = reasons
+        if capture:
+            out = []
+            for c in choices:
+                if isinstance(c, dict) and isinstance(c.get("message"), dict):
+                    msg = _message(c["message"])
+                    msg["finish_reason"] = c.get("finish_reason")
+                    out.append(msg)
+            attrs["gen_ai.output.messages"] = json.dumps(out, ensure_ascii=False)
+    elif capture and isinstance(data.get("output"), list):     # the Responses API
+        out = [_message(item) for item in data["output"]
+               if isinstance(item, dict) and item.get("type") == "message"]
+        attrs["gen_ai.output.messages"] = json.dumps(out, ensure_ascii=False)
+    return attrs
+
+
+def _span_name(endpoint: _Endpoint, model: Any) -> str:
+    return f"{endpoint.operation} {model}" if isinstance(model, str) else endpoint.operation
+
+
+def _metric_attributes(endpoint: _Endpoint, model: Any) -> Dict[str, Any]:
+    attrs: Dict[str, Any] = {"gen_ai.operation.name": endpoint.operation,
+                             "gen_ai.provider.name": endpoint.provider}
+    if isinstance(model, str):
+        attrs["gen_ai.request.model"] = model
+    if endpoint.address:
+        attrs["server.address"] = endpoint.address
+        attrs["server.port"] = endpoint.port
+    return attrs
