@@ -609,12 +609,13 @@ def _parse_json(body: bytes) -> Any:
 _llmretry._set_result_types(Result, Meta, _scan_once, _parse_json)
 
 
-# A body given as text must be the JSON text of an object: checked at its
-# first character (the core parses it), so a prompt passed as the body
-# ("hello") is told what a body is rather than "not valid JSON". The text
-# itself is never quoted: it may be the prompt.
-_OBJECT_TEXT = re.compile(r"[ \t\r\n]*\{")
-_OBJECT_BYTES = re.compile(rb"[ \t\r\n]*\{")
+# A body given as text must be the JSON text of an object (or an array, sent
+# as is for a server to judge): checked at its first character (the core
+# parses the rest), so a prompt passed as the body ("hello") is told what a
+# body is rather than "not valid JSON". The text itself is never quoted: it
+# may be the prompt.
+_OBJECT_TEXT = re.compile(r"[ \t\r\n]*[{\[]")
+_OBJECT_BYTES = re.compile(rb"[ \t\r\n]*[{\[]")
 _BODY_EXAMPLE = '{"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]}'
 _NOT_AN_OBJECT = ("body must be a dict or the JSON text of an object, such as "
                   + _BODY_EXAMPLE + "; this %s is not")

@@ -60,7 +60,7 @@ def test_body_field_beside_a_body_names_it(scen: Scenario) -> None:
 
 
 @pytest.mark.parametrize("body", ["hello", "  SECRET-PROMPT tell me a joke", b"hello",
-                                  bytearray(b"[1, 2]"), '["a list"]', ""])
+                                  bytearray(b"42"), "null", '"a JSON string"', ""])
 def test_text_that_is_not_an_object_says_what_a_body_is(scen: Scenario, body: Any) -> None:
     with pytest.raises(ValueError) as info:
         llmretry.call_llm(body, **opts(scen))
