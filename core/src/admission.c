@@ -65,6 +65,7 @@ static void wait_in(llmretry_engine *e, llmretry_call *c, lr_queue *q, lr_state 
         free(c->last_message);
         c->last_message = lr_strdup("out of memory queueing the call");
         c->last_kind = LLMRETRY_ERR_NETWORK;
+        c->last_no_connect = 0;
         lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
     }
 }

@@ -235,12 +235,24 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
         r->body_len = c->resp.len;
     }
     int n = c->attempts_started;
-    char buf[640], on[40] = "";
+    char buf[1024], on[40] = "", never[400] = "";
     if (c->target > 0)
         snprintf(on, sizeof on, " on %d targets", c->target + 1);
+    if (r->kind == LLMRETRY_ERR_NETWORK && c->last_no_connect &&
+        lr_origin_never_reached(e, c->url)) {
+        /* Nothing at that address has ever answered this engine: most
+         * likely a wrong base_url (or a server not started), not an outage.
+         * The retries stay (a local server may be starting); the message
+         * says where to look. Only the origin: no path, no user info. */
+        char origin[256];
+        lr_origin_text(c->url, origin, sizeof origin);
+        snprintf(never, sizeof never, "; never reached %s (no connection to it has worked "
+                 "yet): check %s", origin,
+                 c->target > 0 ? "the fallback's base_url or url" : c->url_option);
+    }
     if (c->last_message)
-        snprintf(buf, sizeof buf, "%s; gave up after %d attempt%s%s: %s",
-                 c->last_message, n, n == 1 ? "" : "s", on, reason_text(reason));
+        snprintf(buf, sizeof buf, "%s%s; gave up after %d attempt%s%s: %s",
+                 c->last_message, never, n, n == 1 ? "" : "s", on, reason_text(reason));
     else
         snprintf(buf, sizeof buf, "gave up after %d attempt%s%s: %s", n, n == 1 ? "" : "s",
                  on, reason_text(reason));
@@ -296,6 +308,7 @@ static void fail_to_start(llmretry_engine *e, llmretry_call *c, const char *why)
     free(c->last_message);
     c->last_message = lr_strdup(why);
     c->last_kind = LLMRETRY_ERR_NETWORK;
+    c->last_no_connect = 0;
     lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
 }
 
@@ -360,6 +373,7 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
     const llmretry_failure *f = &out->f;
     int http = f->kind == LLMRETRY_ERR_HTTP_STATUS;
     c->last_kind = f->kind;
+    c->last_no_connect = out->connect_failed;
     c->last_status = f->status;     /* any status the server did send */
     c->last_duration_ms = out->duration_ms;
     free(c->last_message);

@@ -296,6 +296,9 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     lr_target *t0 = &c->targets[0];
     t0->owns = ~0u;
     c->url = t0->url = lr_call_url(opts->url, opts->base_url, &default_url);
+    /* Named in an error that never reached the URL (attempt.c). */
+    c->url_option = opts->url ? "url" : opts->base_url && *opts->base_url ? "base_url"
+                  : default_url ? "base_url (none was given)" : "base_url ($OPENAI_BASE_URL)";
     c->body = t0->body = lr_strndup(opts->body, opts->body_len);
     oom |= !c->url || !c->body;
     if (opts->model)

@@ -69,6 +69,9 @@ struct llmretry_engine {
     lr_socktab socks;              /* sockets of plain-http connections */
     struct lr_origin **origins;    /* https origins seen (origins.c) */
     size_t n_origins;
+    uint64_t *reached;             /* hashes of the origins reached (origins.c) */
+    size_t n_reached, cap_reached;
+    int reached_full;              /* more were reached than it keeps */
     struct lr_endpoint **endpoints;  /* rate budgets (ratelimit.c) */
     struct lr_shared_store *shared;  /* option `shared`, or NULL (shared.h) */
     size_t n_endpoints;
@@ -122,6 +125,15 @@ void lr_origin_learned(llmretry_call *c, int multiplexed);
 void lr_origins_pump(llmretry_engine *e);
 int64_t lr_origins_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
 void lr_origins_free(llmretry_engine *e);
+/* Any origin, http or https: a connection to the call's current URL's
+ * origin is up (libcurl is about to send on it). */
+void lr_origin_reached(llmretry_engine *e, llmretry_call *c);
+/* 1 when no connection of this engine has ever reached url's origin (as
+ * far as it knows: 0 once it stopped keeping count). */
+int lr_origin_never_reached(const llmretry_engine *e, const char *url);
+/* url's origin as scheme://host[:port], any user:password@ left out,
+ * into buf (cut to fit). */
+void lr_origin_text(const char *url, char *buf, size_t size);
 
 /* ---- ratelimit.c: the rate budget of each endpoint (URL + API key) ---------- */
 typedef struct lr_endpoint lr_endpoint;

@@ -280,10 +280,13 @@ struct llmretry_call {
     int64_t sent_mark[2], flight_mark[2], charged_tok;
     int origin_known;              /* origin looked up */
     int connecting;                /* counted in origin->connecting */
+    const char *reached_url;       /* the url lr_origin_reached last marked */
+    const char *url_option;        /* what named target 0's URL: "url", "base_url", ... */
     llmretry_call *live_prev, *live_next;   /* engine's unfinished calls */
     /* What the last failed attempt looked like, for the final error. */
     int last_status;
     llmretry_error_kind last_kind;
+    int last_no_connect;           /* it could not resolve or connect (outcome.connect_failed) */
     char *last_message, *last_error_code, *last_body_preview;
     int64_t last_retry_after_ms;
     int64_t last_duration_ms;
@@ -399,6 +402,7 @@ typedef struct lr_outcome {
     char validation_path[LR_VALIDATION_PATH_MAX];  /* its first error's path, for events */
     llmretry_failure f;
     char *message;                 /* malloc'd, failures only */
+    int connect_failed;            /* the host did not resolve or the connect failed */
     llmretry_usage usage;
     char *response_model, *fingerprint, *error_code; /* malloc'd */
     int64_t duration_ms;

@@ -18,6 +18,8 @@
  * one after the other. I/O thread only. */
 #include "engine.h"
 
+#include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -153,4 +155,103 @@ void lr_origins_free(llmretry_engine *e)
     free(e->origins);
     e->origins = NULL;
     e->n_origins = 0;
+    free(e->reached);
+    e->reached = NULL;
+    e->n_reached = e->cap_reached = 0;
+}
+
+/* ---- origins reached --------------------------------------------------------
+ * Every origin (http or https) a connection of this engine has reached. A
+ * call that cannot resolve or connect to an origin nothing ever reached is
+ * most likely pointed at the wrong place (a typo in base_url, a port of
+ * nothing, a server not started yet), and its error says so (attempt.c);
+ * one that worked before and is down now is an ordinary outage. Kept as
+ * hashes, looked up once per call and target, at most MAX_REACHED: past
+ * that nothing is claimed. */
+#define MAX_REACHED 4096
+
+/* url's origin: its scheme and "://" (*scheme_len bytes from url) and its
+ * host[:port] (*host_len bytes from *host), user:password@ left out. 0
+ * when url has no "://". */
+static int origin_parts(const char *url, size_t *scheme_len, const char **host,
+                        size_t *host_len)
+{
+    const char *sep = url ? strstr(url, "://") : NULL;
+    if (!sep)
+        return 0;
+    *scheme_len = (size_t)(sep - url) + 3;
+    const char *auth = sep + 3;
+    size_t n = strcspn(auth, "/?#");
+    const char *at = memchr(auth, '@', n);
+    while (at) {                    /* the last '@' ends the user info */
+        n -= (size_t)(at + 1 - auth);
+        auth = at + 1;
+        at = memchr(auth, '@', n);
+    }
+    *host = auth;
+    *host_len = n;
+    return 1;
+}
+
+static uint64_t fnv1a_lower(uint64_t h, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)tolower((unsigned char)s[i]);
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static int origin_hash(const char *url, uint64_t *out)
+{
+    size_t sl, hl;
+    const char *host;
+    if (!origin_parts(url, &sl, &host, &hl))
+        return 0;
+    *out = fnv1a_lower(fnv1a_lower(0xcbf29ce484222325ULL, url, sl), host, hl);
+    return 1;
+}
+
+static int reached(const llmretry_engine *e, uint64_t h)
+{
+    for (size_t i = 0; i < e->n_reached; i++)
+        if (e->reached[i] == h)
+            return 1;
+    return 0;
+}
+
+void lr_origin_reached(llmretry_engine *e, llmretry_call *c)
+{
+    if (c->reached_url == c->url)
+        return;                     /* marked already (a target changes c->url) */
+    c->reached_url = c->url;
+    uint64_t h;
+    if (!origin_hash(c->url, &h) || reached(e, h))
+        return;
+    if (e->n_reached == e->cap_reached) {
+        size_t cap = e->cap_reached ? e->cap_reached * 2 : 8;
+        uint64_t *more = cap <= MAX_REACHED ? realloc(e->reached, cap * sizeof *more) : NULL;
+        if (!more) {
+            e->reached_full = 1;    /* no longer sure of "never" */
+            return;
+        }
+        e->reached = more;
+        e->cap_reached = cap;
+    }
+    e->reached[e->n_reached++] = h;
+}
+
+int lr_origin_never_reached(const llmretry_engine *e, const char *url)
+{
+    uint64_t h;
+    return !e->reached_full && origin_hash(url, &h) && !reached(e, h);
+}
+
+void lr_origin_text(const char *url, char *buf, size_t size)
+{
+    size_t sl, hl;
+    const char *host;
+    if (!origin_parts(url, &sl, &host, &hl))
+        sl = hl = 0;
+    snprintf(buf, size, "%.*s%.*s", (int)sl, url ? url : "", (int)hl, host ? host : "");
 }

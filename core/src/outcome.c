@@ -60,6 +60,8 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
     case CURLE_COULDNT_CONNECT:
         f->kind = LLMRETRY_ERR_NETWORK;
         f->never_connected = 1;
+        /* The server's own name or port (a proxy's is not base_url's fault). */
+        out->connect_failed = rc != CURLE_COULDNT_RESOLVE_PROXY;
         out->message = printf_alloc("could not connect: %s", detail);
         break;
     case CURLE_SSL_CONNECT_ERROR:

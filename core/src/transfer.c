@@ -305,6 +305,7 @@ static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_por
     (void)primary_ip;
     (void)local_ip;
     lr_origin_connected(c);         /* the next call to its origin may start */
+    lr_origin_reached(c->engine, c);
     long sent = 0;
     curl_easy_getinfo(c->easy, CURLINFO_REQUEST_SIZE, &sent);
     if (c->prereq_calls++ > 0) {

@@ -53,11 +53,13 @@ from ._logging import DEFAULT, jsonl_logger, log_usage
 from ._policies import Policy, load_policies
 from ._pool import map_with_concurrency
 from ._stream import Stream
-from .errors import (CallCancelledError, CircuitOpenError, DeadlineExceededError,
-                     HTTPStatusError,
-                     InvalidResponseError, LLMError, NetworkError,
+from .errors import (AuthenticationError, BadRequestError, CallCancelledError,
+                     CircuitOpenError, ConflictError, DeadlineExceededError,
+                     HTTPStatusError, InternalServerError,
+                     InvalidResponseError, LLMError, NetworkError, NotFoundError,
+                     PermissionDeniedError, RateLimitError,
                      RefusalError, RequestTimeoutError, ResponseTooLargeError, ShapeError,
-                     StreamInterruptedError)
+                     StreamInterruptedError, UnprocessableEntityError)
 
 __version__: str = _llmretry.VERSION
 
@@ -93,6 +95,14 @@ __all__ = [
     "jsonl_logger",
     "LLMError",
     "HTTPStatusError",
+    "BadRequestError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "NotFoundError",
+    "ConflictError",
+    "UnprocessableEntityError",
+    "RateLimitError",
+    "InternalServerError",
     "RequestTimeoutError",
     "NetworkError",
     "InvalidResponseError",

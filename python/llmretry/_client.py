@@ -13,9 +13,12 @@ the client's default for that call.
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import json
 import operator
 import os
+import re
 import sys
 import threading
 import warnings
@@ -23,7 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Iterator, List,
                     Literal, Mapping, Optional, Sequence, Sized, Tuple, TypedDict, TypeVar,
-                    Union)
+                    Union, cast)
 
 from . import _aio, _batch, _llmretry
 from ._models import ModelCheck
@@ -225,7 +228,17 @@ class Meta:
         return (Meta, tuple(getattr(self, name) for name in self.__slots__))
 
 
-class Result:
+if TYPE_CHECKING:
+    # To a type checker a Result is the pair it unpacks to, so that
+    # ``data, meta = call_llm(body)`` types meta as Meta (an __iter__ alone
+    # gives both names one type). At run time it is a plain class that
+    # unpacks, indexes and has a length the same way.
+    _Pair = Tuple[Any, Meta]
+else:
+    _Pair = object
+
+
+class Result(_Pair):
     """A successful call: the parsed response ``data`` and its :class:`Meta`.
 
     Unpacks as a pair: ``data, meta = llmretry.call_llm(body)``. Its repr
@@ -248,6 +261,12 @@ class Result:
     def __iter__(self) -> Iterator[Any]:
         yield self.data
         yield self.meta
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: Any) -> Any:
+        return (self.data, self.meta)[index]
 
     def __repr__(self) -> str:
         m = self.meta
@@ -388,6 +407,26 @@ def _opt_int(name: str, value: Any) -> Optional[int]:
     return None if value is None else _int(name, value)
 
 
+def _whole(name: str, value: Any) -> Any:
+    """An integer option given as a float: accepted when it is a whole number,
+    as arithmetic on milliseconds gives floats (``timeout_ms=0.5 * 1000``); a
+    fraction is refused rather than rounded, naming the option."""
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise TypeError(f"{name} must be a whole number (an int, or a float such as "
+                        f"500.0), not {value!r}")
+    return value
+
+
+def _int_option(name: str, value: Any) -> int:
+    return _int(name, _whole(name, value))
+
+
+def _opt_int_option(name: str, value: Any) -> Optional[int]:
+    return None if value is None else _int(name, _whole(name, value))
+
+
 def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -486,7 +525,7 @@ def _schema(name: str, value: Any) -> Optional[str]:
 # table: _llmretry.options()), by (type, nullable).
 _CONVERTERS: Dict[Tuple[str, bool], Callable[[str, Any], Any]] = {
     ("text", True): _opt_str, ("text", False): _str, ("enum", False): _str,
-    ("int", True): _opt_int, ("int", False): _int, ("bool", False): _bool,
+    ("int", True): _opt_int_option, ("int", False): _int_option, ("bool", False): _bool,
     ("statuses", True): _statuses, ("headers", True): _headers,
     ("number", False): _number, ("targets", True): _targets, ("schema", True): _schema,
 }
@@ -570,6 +609,18 @@ def _parse_json(body: bytes) -> Any:
 _llmretry._set_result_types(Result, Meta, _scan_once, _parse_json)
 
 
+# A body given as text must be the JSON text of an object (or an array, sent
+# as is for a server to judge): checked at its first character (the core
+# parses the rest), so a prompt passed as the body ("hello") is told what a
+# body is rather than "not valid JSON". The text itself is never quoted: it
+# may be the prompt.
+_OBJECT_TEXT = re.compile(r"[ \t\r\n]*[{\[]")
+_OBJECT_BYTES = re.compile(rb"[ \t\r\n]*[{\[]")
+_BODY_EXAMPLE = '{"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]}'
+_NOT_AN_OBJECT = ("body must be a dict or the JSON text of an object, such as "
+                  + _BODY_EXAMPLE + "; this %s is not")
+
+
 def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
     """The body as bytes, and its model when it is a dict naming one."""
     if isinstance(body, dict):
@@ -584,12 +635,16 @@ def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
         model = body.get("model")
         return payload, model if type(model) is str else None
     if isinstance(body, str):
+        if not _OBJECT_TEXT.match(body):
+            raise ValueError(_NOT_AN_OBJECT % "str")
         try:
             return body.encode("utf-8"), None
         except UnicodeEncodeError as exc:
             raise TypeError(f"body cannot be sent as UTF-8: {exc.reason}") from None
     if isinstance(body, (bytes, bytearray, memoryview)):
         payload = bytes(body)
+        if not _OBJECT_BYTES.match(payload):
+            raise ValueError(_NOT_AN_OBJECT % _type_name(body))
         if not payload.isascii():
             # JSON is UTF-8; the core checks the syntax, not the encoding.
             try:
@@ -598,7 +653,8 @@ def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
                 raise ValueError(f"body is not valid UTF-8 (byte {exc.start}: "
                                  f"{exc.reason})") from None
         return payload, None
-    raise TypeError(f"body must be a dict, str or bytes, not {_type_name(body)}")
+    raise TypeError(f"body must be a dict (or the JSON text of an object as str or bytes), "
+                    f"not {_type_name(body)}")
 
 
 def _encode_bodies(bodies: Sequence[Any]) -> List[Tuple[bytes, Optional[str]]]:
@@ -739,11 +795,54 @@ class _Plan:
 _BASE_PLAN = _Plan({}, None).with_options([("logger", DEFAULT)])
 
 
+# Keys of a chat body: given as keywords, they were meant for the body.
+_BODY_KEYS = frozenset(("model", "messages", "prompt", "input", "temperature", "max_tokens",
+                        "max_completion_tokens", "top_p", "n", "stop", "seed", "tools",
+                        "tool_choice", "response_format", "stream", "stream_options", "user"))
+
+
+def _body_hint(names: Iterable[str]) -> str:
+    """What to say when keywords were meant for the request body."""
+    meant = sorted(_BODY_KEYS.intersection(names))
+    if not meant:
+        return ""
+    return (f"; {', '.join(meant)} {'goes' if len(meant) == 1 else 'go'} in the request "
+            f"body: pass the body as a dict, such as {_BODY_EXAMPLE}")
+
+
 def _check_option_names(names: Iterable[str], where: str) -> None:
     unknown = sorted(set(names).difference(_OPTION_NAMES))
     if unknown:
         raise TypeError(f"{where} got unexpected keyword argument(s): "
-                        + ", ".join(unknown))
+                        + ", ".join(unknown) + _body_hint(unknown))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _needs_body(fn: F) -> F:
+    """``fn`` saying what a body is when called without one: Python's own
+    "missing 1 required positional argument" does not tell a newcomer who
+    wrote ``call_llm(model=..., messages=...)`` to pass a dict. Type
+    checkers and help() see ``fn``'s own signature."""
+    def message(kwargs: Mapping[str, Any]) -> str:
+        return (f"{fn.__name__}() needs the request body as its first argument"
+                + (_body_hint(kwargs) or f", a dict such as {_BODY_EXAMPLE}"))
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def acall(*args: Any, **kwargs: Any) -> Any:
+            if not args and "body" not in kwargs:
+                raise TypeError(message(kwargs))
+            return await fn(*args, **kwargs)
+        return cast(F, acall)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not args and "body" not in kwargs:
+            raise TypeError(message(kwargs))
+        return fn(*args, **kwargs)
+    return cast(F, call)
 
 
 def _shown_shared(spec: str) -> str:
@@ -1103,14 +1202,14 @@ class Client:
                 f"{self._max_in_flight}: at most {self._max_in_flight} calls run at once; "
                 f"use Client(max_in_flight={min(limit, _INT32_MAX)}) (and pass client=) for more",
                 RuntimeWarning, stacklevel=3)
-        batch_deadline = _opt_int("deadline_ms", deadline_ms)
+        batch_deadline = _opt_int_option("deadline_ms", deadline_ms)
         if batch_deadline is not None and batch_deadline < 0:
             raise ValueError(f"deadline_ms must be >= 0 or None (got {batch_deadline})")
         adaptive = _bool("adaptive", adaptive)
         if call_deadline_ms is not DEFAULT:
             # Checked under its own name: "deadline_ms" is the batch's.
             if call_deadline_ms is not None:
-                call_deadline_ms = _int("call_deadline_ms", call_deadline_ms)
+                call_deadline_ms = _int_option("call_deadline_ms", call_deadline_ms)
                 if call_deadline_ms < 0:
                     raise ValueError(f"call_deadline_ms must be >= 0 or None "
                                      f"(got {call_deadline_ms})")
@@ -1515,6 +1614,7 @@ def _client_or_default(client: Any) -> Client:
     raise TypeError(f"client must be a llmretry.Client or None, not {_type_name(client)}")
 
 
+@_needs_body
 def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
              **options: Unpack[CallOptions]) -> Result:
     """Call an OpenAI-compatible chat endpoint under the retry policy.
@@ -1543,7 +1643,7 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
       the call.
     * ``retry_invalid_response=True``: retry 2xx bodies that are not a JSON
       object or that ``validate`` rejects.
-    * ``max_response_bytes=32 MiB``.
+    * ``max_response_bytes=33554432`` (32 MiB).
     * ``headers``: extra ``{name: value}`` request headers.
     * ``request_id`` (else a UUID v4) and ``idempotency_key``.
     * ``ca_file``: the CA bundle to verify servers with instead of
@@ -1552,7 +1652,7 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
     * ``idle_timeout_ms=30000``: for a streaming body (``"stream": True``),
       the longest gap between two chunks; ``timeout_ms`` then bounds the
       wait for the first one. The result is the assembled chat.completion.
-    * ``rpm`` and ``tpm`` (0: none): client-side rate limits of the
+    * ``rpm=0`` and ``tpm=0`` (0: none): client-side rate limits of the
       endpoint (``base_url`` + key), shared by every call, batch and loop
       of the client: at most that many requests and tokens a minute, paced
       evenly; a call's tokens are estimated from its body (prompt
@@ -1609,6 +1709,7 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
     return _client_or_default(client).call_llm(body, policy=policy, **options)
 
 
+@_needs_body
 def call_llm_with_deadline(body: Body, deadline_ms: int = 180000,
                            **options: Any) -> Result:
     """:func:`call_llm` with a total deadline (default 180 s) for all attempts."""
@@ -1766,6 +1867,7 @@ def _client_stream(client: "Client", body: Any, policy: Optional[str],
     return _start_stream(client, body, plan, stream_buffer_bytes)
 
 
+@_needs_body
 def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
                stream_buffer_bytes: int = DEFAULT, **options: Unpack[CallOptions]) -> Stream:
     """Start a streaming call and return its :class:`Stream` (a context
@@ -1793,6 +1895,7 @@ def stream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[
 # ---------------------------------------------------------------------------
 # asyncio, module level (the default client, or client=)
 
+@_needs_body
 async def acall_llm(body: Body, *, client: Optional[Client] = None,
                     policy: Optional[str] = None, **options: Unpack[CallOptions]) -> Result:
     """:func:`call_llm` for asyncio: ``await`` it on a running event loop.
@@ -1813,6 +1916,7 @@ async def acall_llm(body: Body, *, client: Optional[Client] = None,
     return await _client_or_default(client).acall_llm(body, policy=policy, **options)
 
 
+@_needs_body
 def astream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
                 stream_buffer_bytes: int = DEFAULT,
                 **options: Unpack[CallOptions]) -> "_aio.AsyncStream":

@@ -18,6 +18,25 @@ kind                   exception
 ``refusal``            :class:`RefusalError`
 =====================  ==========================================================
 
+An ``http_status`` failure is raised as the :class:`HTTPStatusError`
+subclass of its status, as openai-python names them (so ``except
+RateLimitError`` reads the same with either library):
+
+======  ================================
+status  exception
+======  ================================
+400     :class:`BadRequestError`
+401     :class:`AuthenticationError`
+403     :class:`PermissionDeniedError`
+404     :class:`NotFoundError`
+409     :class:`ConflictError`
+422     :class:`UnprocessableEntityError`
+429     :class:`RateLimitError`
+>= 500  :class:`InternalServerError`
+======  ================================
+
+Any other status is a plain :class:`HTTPStatusError`.
+
 Every one carries the same attributes (see :class:`LLMError`), and none of
 them ever holds the API key or the prompt. Wrong arguments are not
 ``LLMError``: they raise ``TypeError`` or ``ValueError`` before any I/O.
@@ -31,6 +50,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 __all__ = [
     "LLMError",
     "HTTPStatusError",
+    "BadRequestError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "NotFoundError",
+    "ConflictError",
+    "UnprocessableEntityError",
+    "RateLimitError",
+    "InternalServerError",
     "RequestTimeoutError",
     "NetworkError",
     "InvalidResponseError",
@@ -168,6 +195,60 @@ class HTTPStatusError(LLMError):
     kind = "http_status"
 
 
+# One subclass per status a caller commonly tells apart (openai-python's
+# names); error_from_outcome picks it by ``status``, the kind staying
+# ``http_status``.
+
+class BadRequestError(HTTPStatusError):
+    """HTTP 400: the server refused the request as malformed (not retried)."""
+
+
+class AuthenticationError(HTTPStatusError):
+    """HTTP 401: the API key is missing, wrong or revoked."""
+
+
+class PermissionDeniedError(HTTPStatusError):
+    """HTTP 403: the key may not use this model or endpoint."""
+
+
+class NotFoundError(HTTPStatusError):
+    """HTTP 404: no such model or route (check ``base_url`` and the model)."""
+
+
+class ConflictError(HTTPStatusError):
+    """HTTP 409: the request conflicts with the resource's state."""
+
+
+class UnprocessableEntityError(HTTPStatusError):
+    """HTTP 422: the body was well-formed but its values were refused."""
+
+
+class RateLimitError(HTTPStatusError):
+    """HTTP 429 once the retries gave up: the rate limit or the quota
+    (``error_code`` ``insufficient_quota``) was hit."""
+
+
+class InternalServerError(HTTPStatusError):
+    """HTTP 500 or above once the retries gave up: the server failed."""
+
+
+_ERROR_BY_STATUS: Dict[int, Type[HTTPStatusError]] = {
+    400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError,
+    404: NotFoundError, 409: ConflictError, 422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
+def _http_status_class(status: Any) -> Type[HTTPStatusError]:
+    """The HTTPStatusError subclass of a status (the class itself for one
+    without its own)."""
+    if not isinstance(status, int):
+        return HTTPStatusError
+    if status >= 500:
+        return InternalServerError
+    return _ERROR_BY_STATUS.get(status, HTTPStatusError)
+
+
 class RequestTimeoutError(LLMError, TimeoutError):
     """The last attempt exceeded ``timeout_ms``."""
 
@@ -272,6 +353,8 @@ def error_from_outcome(outcome: Mapping[str, Any]) -> LLMError:
     its error fields are the core's (a broken stream's ``reason`` already
     says how it broke), read the same way for every kind."""
     cls = _ERROR_BY_KIND.get(outcome.get("kind"), LLMError)  # type: ignore[arg-type]
+    if cls is HTTPStatusError:
+        cls = _http_status_class(outcome.get("status"))
     get = outcome.get
     err = cls(get("message") or "LLM call failed",
               **{name: get(name, default) for name, default in _DEFAULTS.items()})

@@ -481,6 +481,82 @@ static void test_body_must_be_utf8_json(void)
     }
 }
 
+/* A port nobody listens on: bind, read the port, close. */
+static int closed_port(void)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0)
+        return -1;
+    int p = -1;
+    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        p = ntohs(a.sin_port);
+    close(s);
+    return p;
+}
+
+/* A network failure where nothing of the URL's origin ever answered (issue
+ * 32 item 6): the message says the call never reached it and to check the
+ * option that named it; the retries are as ever. Where the origin answered
+ * before (this raw server, then stopped), the ordinary message. Runs last:
+ * it stops the server. */
+static void test_never_reached(void)
+{
+    char url[128], want[160];
+    llmretry_options o;
+    int closed = closed_port();
+    CHECK_MSG(closed > 0, "could not find a closed port");
+    opts(&o, url, sizeof url);
+    snprintf(url, sizeof url, "http://user:SECRET-PW@127.0.0.1:%d/v1", closed);
+    o.max_retries = 2;
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->attempts == 3 &&
+              r->reason == LLMRETRY_REASON_RETRIES_EXHAUSTED,
+              "closed port: expected network after 3 attempts");
+    snprintf(want, sizeof want, "; never reached http://127.0.0.1:%d (no connection to it "
+             "has worked yet): check base_url; gave up after 3 attempts", closed);
+    CHECK_MSG(r && r->message && strstr(r->message, "could not connect: ") == r->message &&
+              strstr(r->message, want), "closed port: message %s", r ? r->message : "(none)");
+    CHECK_MSG(r && r->message && !strstr(r->message, "SECRET") && !strstr(r->message, "sk-test")
+              && !strstr(r->message, "/v1"), "closed port: message %s", r ? r->message : "");
+    llmretry_call_free(c);
+
+    /* Named by url: that is what to check. A name that does not resolve too. */
+    opts(&o, url, sizeof url);
+    o.base_url = NULL;
+    o.url = "http://nonexistent.invalid/v1/chat/completions";
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->message &&
+              strstr(r->message, "; never reached http://nonexistent.invalid (no connection "
+                                 "to it has worked yet): check url; gave up after 1 attempt"),
+              "unknown host: message %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+
+    /* This server answered; stopped, it refuses: an outage, said as ever. */
+    opts(&o, url, sizeof url);
+    set_response("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n",
+                 "{\"choices\":[]}", 14);
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok, "the raw server did not answer");
+    llmretry_call_free(c);
+    shutdown(listen_fd, SHUT_RDWR);
+    close(listen_fd);
+    listen_fd = -1;
+    o.max_retries = 1;
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->attempts == 2 && r->message &&
+              strstr(r->message, "could not connect: ") == r->message &&
+              !strstr(r->message, "never reached"),
+              "stopped server: message %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+}
+
 int main(void)
 {
     if (start_server() != 0) {
@@ -495,6 +571,7 @@ int main(void)
         { "error_code_screened", test_error_code_screened },
         { "error_message_shown", test_error_message_shown },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
+        { "never_reached", test_never_reached },        /* last: it stops the server */
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         int before = th_failed;
@@ -502,8 +579,10 @@ int main(void)
         fprintf(stderr, "%-28s %s\n", tests[i].name, th_failed == before ? "ok" : "FAILED");
     }
     run(NULL);
-    shutdown(listen_fd, SHUT_RDWR);
-    close(listen_fd);
+    if (listen_fd >= 0) {
+        shutdown(listen_fd, SHUT_RDWR);
+        close(listen_fd);
+    }
     free(response);
     return th_summary("test_raw");
 }

@@ -64,7 +64,7 @@ def test_errors_are_picklable_across_processes(scen: Scenario) -> None:
                                                                    if k != "max_retry_after_ms"})
     err = info.value
     back = pickle.loads(pickle.dumps(err))
-    assert type(back) is llmretry.HTTPStatusError
+    assert type(back) is llmretry.RateLimitError
     assert (back.kind, back.status, back.reason, back.retry_after_ms, back.error_code) == (
         "http_status", 429, "retry_after_too_long", 30000, "rate_limit_exceeded")
     assert str(back) == str(err) and repr(back) == repr(err)

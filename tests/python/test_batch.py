@@ -83,7 +83,7 @@ def test_call_many_summary_and_event(scen: Scenario) -> None:
     events = Events()
     out = llmretry.call_many(bodies_for(4), limit=1, **opts(scen, logger=events))
     assert isinstance(out, llmretry.BatchResult) and isinstance(out, list)
-    assert [type(v).__name__ for v in out] == ["Result", "HTTPStatusError", "Result", "Result"]
+    assert [type(v).__name__ for v in out] == ["Result", "BadRequestError", "Result", "Result"]
     assert out.errors() == [(1, out[1])]
     s = out.summary
     assert isinstance(s, llmretry.BatchSummary)

@@ -123,7 +123,7 @@ def test_batch_values_and_summary_either_way(scen: Scenario, watched: bool) -> N
     out = llmretry.call_many([secret_body(f"w{i}") for i in range(5)], limit=1,
                              **opts(scen, retry_invalid_response=False, **extra))
     kinds = [type(v).__name__ for v in out]
-    assert kinds == ["Result", "Result", "InvalidResponseError", "HTTPStatusError", "Result"]
+    assert kinds == ["Result", "Result", "InvalidResponseError", "BadRequestError", "Result"]
     s = out.summary
     assert (s.items, s.ok, s.failed, s.not_started) == (5, 3, 2, 0)
     assert (s.attempts, s.retries) == (6, 1)

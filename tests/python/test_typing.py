@@ -125,3 +125,40 @@ def test_call_keywords_are_typed(tmp_path: Path) -> None:
     got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
                                                           proc.stdout)})
     assert got == want, f"errors on lines {got}, expected {want}:\n{proc.stdout}{proc.stderr}"
+
+
+# A newcomer's slips (issue 32 item 5): a misspelt option is an error (the
+# keywords are the core's table, as a TypedDict), and a Result unpacks to
+# (Any, Meta), so meta is typed rather than Any.
+MISUSE_NEWCOMER = '''\
+import llmretry
+
+async def misuse() -> None:
+    body = {"model": "m", "messages": []}
+    llmretry.Client(max_retry=3)  # ERR
+    data, meta = llmretry.call_llm(body)
+    s: str = meta  # ERR "Meta"
+    n: int = meta.attempts + len(llmretry.call_llm(body))
+    m: str = llmretry.call_llm(body)[1]  # ERR "Meta"
+    with llmretry.Client() as client:
+        d2, m2 = client.call_llm(body)
+        t: str = m2  # ERR "Meta"
+    d3, m3 = await llmretry.acall_llm(body)
+    u: str = m3  # ERR "Meta"
+'''
+
+
+def test_newcomer_slips_are_type_errors(tmp_path: Path) -> None:
+    path = tmp_path / "misuse.py"
+    path.write_text(MISUSE_NEWCOMER, encoding="utf-8")
+    proc = mypy(tmp_path, path)
+    lines = MISUSE_NEWCOMER.splitlines()
+    want = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
+    got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
+                                                          proc.stdout)})
+    assert got == want, f"errors on lines {got}, expected {want}:\n{proc.stdout}{proc.stderr}"
+    assert re.search(r'misuse\.py:5: error: Unexpected keyword argument "max_retry"',
+                     proc.stdout), proc.stdout
+    for n in want[1:]:
+        assert re.search(rf'misuse\.py:{n}: error: .*expression has type "Meta"',
+                         proc.stdout), (n, proc.stdout)
