@@ -22,8 +22,8 @@ fi
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 
 # Python packages of the test suite, as "import-name pip-spec" (loose pins):
-# nbclient + ipykernel run a notebook in a real Jupyter kernel
-# (tests/python/test_notebook.py), uvloop is the other event loop of the
+# nbclient + ipykernel run a notebook in a real Jupyter kernel, where tqdm +
+# ipywidgets draw progress=True's widget (tests/python/test_notebook.py), uvloop is the other event loop of the
 # asyncio API (test_aio_uvloop.py: uvloop.run needs 0.18), mypy checks the
 # async examples' types (test_typing.py), the openai SDK and both httpx
 # flavours run on llmretry.httpx / llmretry.httpx2 (test_httpx_transport.py;
@@ -41,7 +41,8 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # says whether there is one for this CPython and platform, as there is for
 # 3.11 on x86_64).
 py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
-         "ipykernel ipykernel>=6.20" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
+         "ipykernel ipykernel>=6.20" "tqdm tqdm>=4.66"
+         "ipywidgets ipywidgets>=8" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
          "httpx httpx" "pydantic pydantic>=2" "gunicorn gunicorn"
          "langchain_openai langchain-openai"
          "opentelemetry.sdk opentelemetry-sdk>=1.27"
