@@ -34,7 +34,9 @@ RUN = [ex for ex in examples() if ex.lang in ("python", "sh")]
 
 @pytest.fixture
 def mock(ex: Example) -> Iterator[MockServer]:
-    with MockServer() as server:
+    # Strict (a real server's 404s and 400s): an example with a wrong path
+    # or a body a real server refuses fails here.
+    with MockServer(strict=True) as server:
         if ex.scenarios:
             server.load_scenarios(ex.scenarios)
         yield server
