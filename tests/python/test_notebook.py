@@ -15,9 +15,10 @@ the notebook also runs as is in Jupyter with llmretry installed.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -30,6 +31,17 @@ from nbclient.exceptions import CellExecutionError
 import ipykernel  # noqa: F401  (the kernel the notebook runs in)
 
 pytestmark = pytest.mark.slow  # a kernel starts: a few seconds
+
+
+@pytest.fixture(autouse=True)
+def keep_recursion_limit() -> Iterator[None]:
+    """Starting a kernel imports IPython and jedi in this process, and jedi
+    raises the recursion limit to 3000 for good: later tests on this worker
+    that count on the default (test_correctness_batch's too-deep JSON line)
+    would see another limit."""
+    limit = sys.getrecursionlimit()
+    yield
+    sys.setrecursionlimit(limit)
 
 # Each cell is a plain string; the kernel's IPython runs top-level awaits on
 # its loop (autoawait).
