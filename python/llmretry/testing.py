@@ -19,7 +19,7 @@ Python use::
 Command line (this is how the C and Lua suites start it)::
 
     python -m llmretry.testing --port 0 [--host 127.0.0.1] \
-        [--scenarios FILE.json]
+        [--scenarios FILE.json] [--strict]
 
 prints the port alone on the first line of stdout (flushed), then serves until
 SIGTERM or SIGINT and exits with status 0. ``--scenarios`` loads
@@ -321,13 +321,37 @@ batch sent to one URL can meet a different script per row (rows whose model
 is ``"m-400"`` answered 400 for good, the others with the scenario's own
 steps). Keys and values are non-empty strings.
 
+Strict mode
+-----------
+``MockServer(strict=True)`` (``--strict``) refuses what a real OpenAI server
+refuses, as it does, so that a test catches the mistake a lenient mock would
+answer with a success; the docs' examples use it. With it:
+
+* a path that is not an OpenAI route gets 404 and ``{"error": {"message":
+  "Invalid URL (POST /vi/chat/completions)", "type": "invalid_request_error",
+  "param": null, "code": null}}``. The routes: ``/v1/`` then
+  ``chat/completions``, ``completions``, ``responses``, ``embeddings``,
+  ``files``, ``batches`` or ``models`` (and what is under them), after an
+  optional ``/s/<name>``; ``/_mock/`` is the mock's own.
+* a POST to ``/v1/chat/completions`` whose body is not a JSON object, or
+  lacks ``model`` (a string) or ``messages`` (a non-empty array), gets 400
+  and e.g. ``{"error": {"message": "Missing required parameter:
+  'messages'.", "type": "invalid_request_error", "param": "messages",
+  "code": "missing_required_parameter"}}`` (``code`` ``invalid_type`` for a
+  wrong type, ``empty_array`` for ``[]``; ``param`` null for a body that is
+  not JSON). ``/v1/responses`` and ``/v1/completions`` need ``model``,
+  ``/v1/embeddings`` ``model`` and ``input``.
+
+Refused requests are not recorded and consume no step. Everything else is
+as without it.
+
 Stalls, delays and trickles wait on an event that ``stop()`` sets, and
 ``stop()`` also shuts down the sockets of open connections, so it returns
 promptly (well under a second) even while threads are stalled.
 
 Python API
 ----------
-``MockServer(host="127.0.0.1", port=0)``: ``.start()`` (returns self),
+``MockServer(host="127.0.0.1", port=0, *, strict=False)``: ``.start()`` (returns self),
 ``.stop()``, context manager (starts on enter, stops on exit); ``.port``,
 ``.base_url`` (``"http://127.0.0.1:PORT/v1"``), ``.scenario_url(name)`` (the
 scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
@@ -350,6 +374,7 @@ import http
 import json
 import math
 import os
+import re
 import selectors
 import signal
 import socket
@@ -672,6 +697,66 @@ def _error_body(status: int, error_code: Any) -> Dict[str, Any]:
                       "type": error_code if error_code is not None
                       else "server_error",
                       "code": error_code}}
+
+
+# Strict mode (MockServer(strict=True), --strict): the requests a real
+# OpenAI server refuses are refused here too, with its statuses and error
+# shape, so that a test catches a wrong base_url or a body missing what every
+# call needs instead of getting a success from a lenient mock. Nothing else
+# changes: a request that passes gets its scenario's step as usual.
+_OPENAI_PATH = re.compile(
+    r"/v1/(chat/completions|completions|responses|embeddings|files|batches|models)(?:/|$)")
+# Each endpoint's required body fields, with the JSON type each must have.
+_REQUIRED: Dict[str, Tuple[Tuple[str, Any, str], ...]] = {
+    "chat/completions": (("model", str, "a string"), ("messages", list, "an array of objects")),
+    "completions": (("model", str, "a string"),),
+    "responses": (("model", str, "a string"),),
+    "embeddings": (("model", str, "a string"), ("input", (str, list), "a string or an array")),
+}
+
+
+def _openai_error(message: str, param: Optional[str] = None,
+                  code: Optional[str] = None) -> Dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error",
+                      "param": param, "code": code}}
+
+
+def _strict_refusal(method: str, path: str,
+                    body: bytes) -> Optional[Tuple[int, Dict[str, Any]]]:
+    """(status, error body) for a request OpenAI would refuse, else None."""
+    rest = path
+    if rest.startswith("/s/"):      # the scenario prefix is the mock's own
+        rest = rest[3:]
+        rest = rest[rest.find("/"):] if "/" in rest else ""
+    match = _OPENAI_PATH.match(rest)
+    if match is None:
+        return 404, _openai_error(f"Invalid URL ({method} {path})")
+    required = _REQUIRED.get(match.group(1)) if method == "POST" and \
+        rest == f"/v1/{match.group(1)}" else None
+    if required is None:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return 400, _openai_error(
+            "We could not parse the JSON body of your request. (The OpenAI API "
+            "expects a JSON object.)")
+    for name, kind, kind_text in required:
+        value = doc.get(name)
+        if value is None:
+            return 400, _openai_error(f"Missing required parameter: '{name}'.",
+                                      name, "missing_required_parameter")
+        if not isinstance(value, kind):
+            return 400, _openai_error(
+                f"Invalid type for '{name}': expected {kind_text}, but got "
+                f"{type(value).__name__} instead.", name, "invalid_type")
+        if isinstance(value, list) and not value:
+            return 400, _openai_error(
+                f"Invalid '{name}': empty array. Expected an array with minimum "
+                f"length 1, but got an empty array instead.", name, "empty_array")
+    return None
 
 
 def _completion(step: Step, n: int, request_model: Optional[str],
@@ -1084,6 +1169,7 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 1024
+    strict = False      # MockServer(strict=True): see _strict_refusal
 
     def __init__(self, address: Tuple[str, int], state: _State,
                  stop_event: threading.Event) -> None:
@@ -1361,6 +1447,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = self._route_path()
         method = self.command
+        if self.server.strict and not path.startswith("/_mock/"):
+            refusal = _strict_refusal(method, path, body)
+            if refusal is not None:     # not recorded: no step consumed
+                self._send_json(*refusal)
+                return
         if path.startswith("/_mock/"):
             self._control(method, path, body)
         elif path.endswith(("/chat/completions", "/responses")):
@@ -1653,9 +1744,11 @@ class MockServer:
     Runs in a background thread; see the module docstring for the protocol.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
+                 strict: bool = False) -> None:
         self.host = host
         self._requested_port = port
+        self.strict = strict
         self._state = _State()
         self._stop_event = threading.Event()
         self._server: Optional[_HTTPServer] = None
@@ -1672,6 +1765,7 @@ class MockServer:
             return self
         self._server = _HTTPServer((self.host, self._requested_port),
                                    self._state, self._stop_event)
+        self._server.strict = bool(self.strict)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
             name=f"llmretry-mock:{self.port}", daemon=True)
@@ -1820,9 +1914,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--scenarios", metavar="FILE.json",
                         help='scripts to load: {name: {"steps": [...], '
                              '"after": step, "limits": {...}}}')
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse what OpenAI refuses: 404 for a path that is "
+                             "not an OpenAI route, 400 for a chat body without "
+                             "model or messages")
     args = parser.parse_args(argv)
 
-    server = MockServer(args.host, args.port)
+    server = MockServer(args.host, args.port, strict=args.strict)
     if args.scenarios:
         try:
             with open(args.scenarios, encoding="utf-8") as fh:

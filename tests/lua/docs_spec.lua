@@ -24,6 +24,31 @@ end
 
 local EXAMPLES = list_examples()
 
+-- An example's output block (doc_examples.py's "output"): each expected
+-- line, as its pieces between "..."s, found in order in a line of the output,
+-- the lines in order. As doc_examples.unmatched_output.
+local function has_in_order(line, pieces)
+  local pos = 1
+  for _, piece in ipairs(pieces) do
+    local s, e = line:find(piece, pos, true)
+    if not s then return false end
+    pos = e + 1
+  end
+  return true
+end
+
+local function unmatched_output(expected, text)
+  local lines = {}
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = line end
+  local at = 1
+  for _, pieces in ipairs(expected) do
+    while at <= #lines and not has_in_order(lines[at], pieces) do at = at + 1 end
+    if at > #lines then return table.concat(pieces, "...") end
+    at = at + 1
+  end
+  return nil
+end
+
 describe("doc examples (Lua)", function()
   local mock
 
@@ -64,6 +89,11 @@ describe("doc examples (Lua)", function()
         H.check(passed, "%s exited with %s\n--- code\n%s--- output\n%s", ex.name,
           tostring(code or ok), ex.code, text:sub(-3000))
         H.check(not text:find(FAKE_KEY, 1, true), "%s printed the API key", ex.name)
+        if ex.output ~= json.null and ex.output then
+          local missing = unmatched_output(ex.output, text)
+          H.check(missing == nil, "%s did not print %q (its output block, in order)\n"
+            .. "--- output\n%s", ex.name, tostring(missing), text:sub(-3000))
+        end
       end)
     end
   end

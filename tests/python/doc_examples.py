@@ -12,6 +12,11 @@ HTML comment on the line right before its fence:
     (tests/nvim/docs.lua, from tools/host-test.sh), with LUA appended to it
     (to use what it defines: a command, a local function); the other suites
     report it as skipped.
+``<!-- doc-test: output -->``
+    (before a ``text`` block) what the example just before it prints, as a
+    reader sees it: each line of the block must be found in the example's
+    output (stdout, then stderr), in order; ``...`` in a line stands for
+    anything (a time, an id), a line of ``...`` alone is not checked.
 ``<!-- doc-test: mock-scenarios -->``
     (before a ``json`` block) the mock server's scenarios for the examples
     after it in the same file, as ``python -m llmretry.testing --scenarios``
@@ -53,6 +58,8 @@ class Example:
     scenarios: Optional[Dict[str, Any]]   # the mock's scenarios, or None
     host: Optional[str] = None            # "nvim": only Neovim runs it
     then: str = ""                        # Lua run after it (nvim examples)
+    # The output it must print: per line, the pieces between "..."s.
+    output: Optional[List[List[str]]] = None
 
     @property
     def name(self) -> str:
@@ -101,6 +108,14 @@ def extract(path: Path) -> List[Example]:
                 raise DocError(f"{where}: mock-scenarios marks a json block, not {lang!r}")
             scenarios = json.loads(code)
             continue
+        if directive == "output":
+            if lang not in ("text", ""):
+                raise DocError(f"{where}: output marks a text block, not {lang!r}")
+            if not out or out[-1].output is not None:
+                raise DocError(f"{where}: output follows no example of its own")
+            out[-1].output = [line.split("...") for line in code.splitlines()
+                              if line.strip() not in ("", "...")]
+            continue
         if lang not in LANGS:
             if directive is not None:
                 raise DocError(f"{where}: doc-test marker before a {lang or 'plain'} block")
@@ -117,6 +132,30 @@ def extract(path: Path) -> List[Example]:
                 raise DocError(f"{where}: unknown doc-test marker {directive!r}")
         out.append(Example(rel, line, lang, code, skip, scenarios, host, then))
     return out
+
+
+def unmatched_output(expected: List[List[str]], text: str) -> Optional[str]:
+    """The first expected line (see ``output``) not found in ``text`` after
+    the lines found before it, or None. tests/lua/docs_spec.lua does the same."""
+    lines = text.splitlines()
+    at = 0
+    for pieces in expected:
+        while at < len(lines) and not _has_in_order(lines[at], pieces):
+            at += 1
+        if at == len(lines):
+            return "...".join(pieces)
+        at += 1
+    return None
+
+
+def _has_in_order(line: str, pieces: List[str]) -> bool:
+    pos = 0
+    for piece in pieces:
+        found = line.find(piece, pos)
+        if found < 0:
+            return False
+        pos = found + len(piece)
+    return True
 
 
 def examples(lang: Optional[str] = None) -> List[Example]:

@@ -632,12 +632,23 @@ class FakeTqdm:
         (file or sys.stderr).write(s + "\n")
 
 
+def fake_tqdm(monkeypatch: pytest.MonkeyPatch, auto: Any = FakeTqdm) -> None:
+    """tqdm as ``import tqdm.auto`` finds it: ``auto`` its tqdm.auto.tqdm
+    (Jupyter's widget class, or the text one), FakeTqdm its tqdm.tqdm."""
+    fake = types.ModuleType("tqdm")
+    fake.__path__ = []  # type: ignore[attr-defined]  # a package: tqdm.auto imports
+    fake.tqdm = FakeTqdm  # type: ignore[attr-defined]
+    fake_auto = types.ModuleType("tqdm.auto")
+    fake_auto.tqdm = auto  # type: ignore[attr-defined]
+    fake.auto = fake_auto  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tqdm", fake)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", fake_auto)
+    FakeTqdm.instances.clear()
+
+
 def test_progress_uses_tqdm_when_installed(scen: Scenario,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("tqdm")
-    fake.tqdm = FakeTqdm  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tqdm", fake)
-    FakeTqdm.instances.clear()
+    fake_tqdm(monkeypatch)
     scen.script([{"status": 400}])
     llmretry.call_many(bodies_for(6), limit=2, progress=True, **opts(scen))
     (bar,) = FakeTqdm.instances
@@ -648,6 +659,18 @@ def test_progress_uses_tqdm_when_installed(scen: Scenario,
     (bar,) = FakeTqdm.instances
     assert bar.total == 4 and sum(bar.updates) == 4 and bar.closed
 
+
+def test_progress_falls_back_to_text_when_the_widget_cannot_be_drawn(
+        scen: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tqdm.auto in Jupyter without ipywidgets raises ImportError ("IProgress
+    not found") when the bar is made: the batch runs with tqdm's text bar."""
+    def no_widget(**kw: Any) -> None:
+        raise ImportError("IProgress not found. Please update jupyter and ipywidgets.")
+
+    fake_tqdm(monkeypatch, auto=no_widget)
+    llmretry.call_many(bodies_for(3), limit=2, progress=True, **opts(scen))
+    (bar,) = FakeTqdm.instances
+    assert bar.total == 3 and sum(bar.updates) == 3 and bar.closed
 
 def test_progress_callable_sees_every_item_in_order(scen: Scenario) -> None:
     seen: List[Tuple[int, int, int]] = []

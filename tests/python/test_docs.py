@@ -23,7 +23,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 from conftest import ROOT, child_env
-from doc_examples import Example, doc_files, examples
+from doc_examples import Example, doc_files, examples, unmatched_output
 from llmretry.testing import MockServer
 
 FAKE_KEY = "sk-doc-test-not-a-real-key"
@@ -34,7 +34,9 @@ RUN = [ex for ex in examples() if ex.lang in ("python", "sh")]
 
 @pytest.fixture
 def mock(ex: Example) -> Iterator[MockServer]:
-    with MockServer() as server:
+    # Strict (a real server's 404s and 400s): an example with a wrong path
+    # or a body a real server refuses fails here.
+    with MockServer(strict=True) as server:
         if ex.scenarios:
             server.load_scenarios(ex.scenarios)
         yield server
@@ -85,6 +87,11 @@ def test_example_runs(ex: Example, mock: MockServer, tmp_path: Path) -> None:
         f"{ex.name} ({ex.lang}) exited with {proc.returncode}\n--- code\n{ex.code}"
         f"--- stdout\n{proc.stdout[-3000:]}--- stderr\n{proc.stderr[-3000:]}")
     assert FAKE_KEY not in proc.stdout + proc.stderr, f"{ex.name} printed the API key"
+    if ex.output is not None:
+        missing = unmatched_output(ex.output, proc.stdout + "\n" + proc.stderr)
+        assert missing is None, (
+            f"{ex.name} did not print {missing!r} (its output block, in order)\n"
+            f"--- stdout\n{proc.stdout[-3000:]}--- stderr\n{proc.stderr[-3000:]}")
 
 
 def test_the_docs_have_examples_of_each_kind() -> None:

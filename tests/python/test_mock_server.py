@@ -166,6 +166,73 @@ def test_any_chat_path_and_404(mock: MockServer) -> None:
     assert mock.requests("default") == [mock.requests("default")[0]]
 
 
+def error_of(body: bytes) -> Dict[str, Any]:
+    """An OpenAI-shaped error body's "error" object, all four keys there."""
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["type"] == "invalid_request_error"
+    return err  # type: ignore[no-any-return]
+
+
+def test_strict_refuses_a_path_that_is_not_an_openai_route() -> None:
+    good = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with MockServer(strict=True) as strict:
+        strict.script("x", [{"status": 201}])
+        for path in ("/vi/chat/completions", "/s/x/vi/chat/completions",
+                     "/foo/chat/completions", "/chat/completions",
+                     "/v1/v1/chat/completions", "/s/x/chat/completions"):
+            status, headers, body = request(strict, "POST", path, good)
+            assert status == 404, path
+            assert headers["content-type"] == "application/json"
+            err = error_of(body)
+            assert err["message"] == f"Invalid URL (POST {path})"
+            assert err["param"] is None and err["code"] is None
+        # Refused: not recorded, no step consumed.
+        assert strict.requests("x") == [] and strict.requests("default") == []
+        assert request(strict, "POST", "/s/x/v1/chat/completions", good)[0] == 201
+        assert request(strict, "POST", "/v1/chat/completions?api-version=1", good)[0] == 200
+        assert request(strict, "POST", "/v1/responses", {"model": "m", "input": "hi"})[0] == 200
+        assert request(strict, "GET", CHAT)[0] == 405         # as without strict
+        assert request(strict, "GET", "/_mock/health")[0] == 200
+        assert len(strict.requests("default")) == 2 and len(strict.requests("x")) == 1
+    # Without strict= (the default), any path ending in /chat/completions.
+    with MockServer() as lenient:
+        assert request(lenient, "POST", "/vi/chat/completions", b"{}")[0] == 200
+
+
+@pytest.mark.parametrize("path,body,param,code", [
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}]}, "model",
+     "missing_required_parameter"),
+    (CHAT, {"model": "m"}, "messages", "missing_required_parameter"),
+    (CHAT, {"model": "m", "messages": None}, "messages", "missing_required_parameter"),
+    (CHAT, {"model": "m", "messages": "hi"}, "messages", "invalid_type"),
+    (CHAT, {"model": 3, "messages": [{"role": "user", "content": "hi"}]}, "model",
+     "invalid_type"),
+    (CHAT, {"model": "m", "messages": []}, "messages", "empty_array"),
+    (CHAT, b"not json", None, None),
+    (CHAT, [1, 2], None, None),
+    ("/s/x" + CHAT, {"model": "m", "stream": True}, "messages",
+     "missing_required_parameter"),
+    ("/v1/responses", {"input": "hi"}, "model", "missing_required_parameter"),
+])
+def test_strict_refuses_a_chat_body_openai_refuses(path: str, body: Any,
+                                                    param: Optional[str],
+                                                    code: Optional[str]) -> None:
+    with MockServer(strict=True) as strict:
+        strict.script("x", [{"status": 201}])
+        status, headers, raw = request(strict, "POST", path, body)
+        assert status == 400 and headers["content-type"] == "application/json"
+        err = error_of(raw)
+        assert (err["param"], err["code"]) == (param, code), err
+        if param is not None:
+            assert f"'{param}'" in err["message"]
+        assert strict.requests("x") == [] and strict.requests("default") == []
+    # The same request is answered by a mock without strict=.
+    with MockServer() as lenient:
+        lenient.script("x", [{"status": 201}])
+        assert request(lenient, "POST", path, body)[0] in (200, 201)
+
+
 def test_control_put_get_delete(mock: MockServer) -> None:
     script = {"steps": [{"status": 500}, {"status": 502}],
               "after": {"status": 503}}
@@ -779,6 +846,26 @@ def start_cli(*args: str) -> Tuple[subprocess.Popen, int]:
     assert line.strip().isdigit(), (line, proc.stderr.read()
                                     if proc.poll() is not None else b"")
     return proc, int(line)
+
+
+def test_cli_strict() -> None:
+    proc, port = start_cli("--strict")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for path, body, status in (("/vi/chat/completions", b"{}", 404),
+                                   ("/v1/chat/completions", b'{"model": "m"}', 400)):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(urllib.request.Request(base + path, data=body),
+                                       timeout=10)
+            assert info.value.code == status
+            assert set(json.load(info.value)["error"]) == {"message", "type", "param", "code"}
+        ok = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        with urllib.request.urlopen(urllib.request.Request(base + CHAT, data=ok),
+                                    timeout=10) as r:
+            assert json.load(r)["choices"][0]["message"]["content"] == "ok"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

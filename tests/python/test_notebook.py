@@ -1,4 +1,5 @@
-"""llmretry's asyncio API in a real Jupyter kernel (issue 17).
+"""llmretry's asyncio API in a real Jupyter kernel (issue 17), and
+``progress=True``'s widget there (issue 32).
 
 A notebook cell runs on the kernel's own, already running event loop, so
 ``await llmretry.acall_many(...)`` at the top level of a cell is the way a
@@ -14,24 +15,33 @@ the notebook also runs as is in Jupyter with llmretry installed.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import pytest
 
 from conftest import PYTHON_DIR, child_env
 
-try:
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-    import ipykernel  # noqa: F401  (the kernel the notebook runs in)
-except ImportError as exc:  # make test installs them (tools/ensure-deps.sh)
-    pytest.skip(f"nbclient/ipykernel not importable ({exc}); "
-                "tools/ensure-deps.sh installs them", allow_module_level=True)
+# make test installs them (tools/ensure-deps.sh); missing, the module fails.
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+import ipykernel  # noqa: F401  (the kernel the notebook runs in)
 
 pytestmark = pytest.mark.slow  # a kernel starts: a few seconds
+
+
+@pytest.fixture(autouse=True)
+def keep_recursion_limit() -> Iterator[None]:
+    """Starting a kernel imports IPython and jedi in this process, and jedi
+    raises the recursion limit to 3000 for good: later tests on this worker
+    that count on the default (test_correctness_batch's too-deep JSON line)
+    would see another limit."""
+    limit = sys.getrecursionlimit()
+    yield
+    sys.setrecursionlimit(limit)
 
 # Each cell is a plain string; the kernel's IPython runs top-level awaits on
 # its loop (autoawait).
@@ -105,8 +115,8 @@ def build_notebook() -> Any:
     return nb
 
 
-def test_async_api_in_a_jupyter_kernel(tmp_path: Path) -> None:
-    nb = build_notebook()
+def run_notebook(nb: Any, tmp_path: Path) -> None:
+    """Execute ``nb`` in place in a fresh ipykernel; fail on a cell's error."""
     env = child_env()
     env["LLMRETRY_EXPECT_DIR"] = str(PYTHON_DIR.resolve())
     # Keep the kernel away from the user's IPython/Jupyter config and state.
@@ -122,11 +132,72 @@ def test_async_api_in_a_jupyter_kernel(tmp_path: Path) -> None:
         # The kernel's traceback, without its terminal colours.
         pytest.fail(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)), pytrace=False)
 
+
+def test_async_api_in_a_jupyter_kernel(tmp_path: Path) -> None:
+    nb = build_notebook()
+    run_notebook(nb, tmp_path)
+
     outputs: List[Any] = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     errors = [o for o in outputs if o.output_type == "error"]
     assert not errors, errors
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "NOTEBOOK-DONE 200" in text, text  # every cell ran, to the last
+
+
+# call_many(progress=True) as a notebook user writes it. The summary event is
+# INFO; a handler on the "llmretry" logger that passes just that event shows
+# it in the cell's output (stderr), where it must come after the bar.
+PROGRESS = """\
+import logging, os, sys
+import llmretry
+from llmretry.testing import MockServer
+
+assert os.path.realpath(llmretry.__file__).startswith(os.environ["LLMRETRY_EXPECT_DIR"]), \\
+    llmretry.__file__
+handler = logging.StreamHandler(sys.stderr)
+handler.addFilter(lambda record: record.getMessage().startswith("llm_batch_summary"))
+log = logging.getLogger("llmretry")
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+mock = MockServer().start()
+bodies = [{"model": "m", "messages": [{"role": "user", "content": f"item {i}"}]}
+          for i in range(20)]
+out = llmretry.call_many(bodies, limit=4, base_url=mock.base_url, api_key="k",
+                         progress=True)
+mock.stop()
+assert out.summary.ok == 20, out.summary
+"""
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def test_progress_is_a_widget_in_a_notebook(tmp_path: Path) -> None:
+    """progress=True in Jupyter is tqdm.auto's widget (tqdm and ipywidgets
+    installed: tools/ensure-deps.sh), not a text bar in the cell's stderr;
+    it reaches 20 of 20, and the summary event prints after it."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(PROGRESS)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    run_notebook(nb, tmp_path)
+
+    outputs: List[Any] = nb.cells[0].outputs
+    widgets = [i for i, o in enumerate(outputs)
+               if o.output_type == "display_data" and WIDGET_VIEW in o.get("data", {})]
+    summaries = [i for i, o in enumerate(outputs) if o.output_type == "stream"
+                 and "llm_batch_summary" in o.get("text", "")]
+    stderr = "".join(o.get("text", "") for o in outputs
+                     if o.output_type == "stream" and o.name == "stderr")
+    assert len(widgets) == 1, outputs
+    assert "it/s" not in stderr and "item/s" not in stderr, stderr  # no text bar
+    assert len(summaries) == 1 and summaries[0] > widgets[0], outputs
+    assert re.search(r'"ok":\s*20\b', stderr), stderr
+    # The widgets' last state, kept in the notebook (nbclient's
+    # store_widget_state): some progress bar ended at 20 of 20.
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    bars = [m["state"] for m in state.values() if m.get("model_name") == "FloatProgressModel"]
+    assert any(b.get("value") == 20 and b.get("max") == 20 for b in bars), state
 
 
 def test_a_kernel_interrupt_cancels_the_awaited_call(tmp_path: Path) -> None:

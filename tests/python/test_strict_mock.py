@@ -1,0 +1,36 @@
+"""A strict mock (MockServer(strict=True), issue 32) catches, through
+llmretry, the mistakes a real OpenAI server refuses: a wrong base_url and a
+body without messages. The mock's own checks are in test_mock_server.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import llmretry
+from conftest import FAST, SECRET_KEY, check_no_secrets, secret_body
+from llmretry.testing import MockServer
+
+
+def call(body: Any, base_url: str) -> llmretry.HTTPStatusError:
+    with pytest.raises(llmretry.HTTPStatusError) as info:
+        llmretry.call_llm(body, base_url=base_url, api_key=SECRET_KEY, logger=None, **FAST)
+    return info.value
+
+
+def test_strict_mock_fails_a_typo_in_base_url_and_a_body_without_messages() -> None:
+    with MockServer(strict=True) as mock:
+        typo = mock.base_url[:-len("/v1")] + "/vi"        # http://127.0.0.1:PORT/vi
+        err = call(secret_body("typo"), typo)
+        assert err.status == 404 and err.attempts == 1      # not retried
+        assert "Invalid URL (POST /vi/chat/completions)" in str(err)
+        err = call({"model": "m", "input": "SECRET-PROMPT-x"}, mock.base_url)
+        assert err.status == 400 and err.attempts == 1
+        assert "Missing required parameter: 'messages'" in str(err)
+        check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], str(err), repr(err))
+        assert mock.requests("default") == []               # neither reached a step
+        # The same calls, right, succeed.
+        data, meta = llmretry.call_llm(secret_body("ok"), base_url=mock.base_url,
+                                       api_key=SECRET_KEY, logger=None, **FAST)
+        assert data["choices"][0]["message"]["content"] == "ok" and meta.attempts == 1
