@@ -227,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSON Schema every answer must match (its JSON found in the "
                         "answer's content); an answer that does not is retried, then "
                         "failed with its validation errors (docs/structured-outputs.md)")
+    b.add_argument("--response-format", metavar="FILE",
+                   help="a response_format object (JSON), e.g. {\"type\": \"json_schema\", "
+                        "\"json_schema\": {...}}, put into each request that has none (as "
+                        "text.format with --endpoint responses); the answers are held to its "
+                        "schema like --schema's")
     b.add_argument("--stream", action="store_true",
                    help="send each request as a stream (store the assembled result)")
     b.add_argument("--skip-invalid", action="store_true",
@@ -560,7 +565,14 @@ class _Input:
             self._spool = None
 
 
-def _request_of(raw_line: bytes, model: Optional[str], stream: bool) -> Tuple[Optional[str], Any]:
+# What --response-format puts into a body that has none: (key, value), as
+# Chat Completions ("response_format", the object) or the Responses API
+# ("text", {"format": ...}) names it.
+_Format = Optional[Tuple[str, Any]]
+
+
+def _request_of(raw_line: bytes, model: Optional[str], stream: bool,
+                fmt: _Format = None) -> Tuple[Optional[str], Any]:
     """A line as the request to send: (None, body), or (why, None) for a bad one."""
     why, body = _parse_request(raw_line)
     if why is None:
@@ -568,10 +580,61 @@ def _request_of(raw_line: bytes, model: Optional[str], stream: bool) -> Tuple[Op
             body["model"] = model
         if stream:
             body["stream"] = True   # each request as a stream; the result stored is assembled
+        if fmt is not None:
+            _put_format(body, fmt)
     return why, body
 
 
-def _scan_requests(inp: _Input, model: Optional[str], stream: bool
+def _put_format(body: Dict[str, Any], fmt: Tuple[str, Any]) -> None:
+    """--response-format into a body that has none of its own."""
+    key, value = fmt
+    if key == "response_format":
+        body.setdefault(key, value)
+    elif isinstance(body.get("text"), dict):
+        if "format" not in body["text"]:
+            body["text"] = dict(body["text"], format=value)
+    elif "text" not in body:
+        body["text"] = {"format": value}
+
+
+def _read_response_format(path: str, endpoint: Optional[str]) -> Tuple[str, Any]:
+    """--response-format FILE: the object, checked before anything runs (a
+    json_schema's schema compiled by the core, as --schema's is), and where
+    it goes for the endpoint."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"--response-format: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--response-format: {path} is not UTF-8") from None
+    try:
+        fmt = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--response-format {path}: not JSON ({exc})") from None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise UsageError(f"--response-format {path}: a response_format object with a "
+                         f"\"type\" (json_schema, json_object or text)")
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise UsageError(f"--response-format {path}: a json_schema format needs "
+                             f"json_schema.schema, an object")
+        try:
+            _llmretry.check_options(schema=json.dumps(schema))
+        except ValueError as exc:
+            raise UsageError(f"--response-format {path}: {exc}") from None
+    if endpoint != "responses":
+        return "response_format", fmt
+    # The Responses API's text.format is the json_schema object flattened:
+    # {"type": "json_schema", "name", "schema", "strict"}.
+    if isinstance(fmt.get("json_schema"), dict):
+        fmt = dict({k: v for k, v in fmt.items() if k != "json_schema"}, **fmt["json_schema"])
+    return "text", fmt
+
+
+def _scan_requests(inp: _Input, model: Optional[str], stream: bool, fmt: _Format = None
                    ) -> Tuple[int, Dict[int, str], Dict[int, int]]:
     """The first pass: how many requests, and what is wrong with each bad
     one (by index: "PATH:LINE: why") and its line number. A bad line keeps
@@ -581,7 +644,7 @@ def _scan_requests(inp: _Input, model: Optional[str], stream: bool
     bad: Dict[int, str] = {}
     linenos: Dict[int, int] = {}
     for lineno, raw_line in inp.lines():
-        why, body = _request_of(raw_line, model, stream)
+        why, body = _request_of(raw_line, model, stream, fmt)
         if why is None:
             try:    # JSON that Python reads but cannot send: NaN, lone surrogates
                 _encode_body(body)
@@ -595,11 +658,12 @@ def _scan_requests(inp: _Input, model: Optional[str], stream: bool
 
 
 def _requests(inp: _Input, model: Optional[str], stream: bool,
-              bad: Mapping[int, str]) -> Iterator[Optional[Dict[str, Any]]]:
+              bad: Mapping[int, str], fmt: _Format = None
+              ) -> Iterator[Optional[Dict[str, Any]]]:
     """The second pass: each request's body (None for a bad line: it is not
     echoed in the failures file), read as the batch wants the next."""
     for k, (_lineno, raw_line) in enumerate(inp.lines()):
-        yield None if k in bad else _request_of(raw_line, model, stream)[1]
+        yield None if k in bad else _request_of(raw_line, model, stream, fmt)[1]
 
 
 def _parse_request(raw_line: bytes) -> Tuple[Optional[str], Any]:
@@ -1014,7 +1078,9 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
             raise UsageError("--failures and -o must be different files")
     if output.path == "-" and args.events == "-":
         raise UsageError("-o - and --events - cannot both write to standard output")
-    n, bad, linenos = _scan_requests(inp, args.model, args.stream)
+    fmt = None if args.response_format is None \
+        else _read_response_format(args.response_format, args.endpoint)
+    n, bad, linenos = _scan_requests(inp, args.model, args.stream, fmt)
     # A stream output holds no earlier results: --resume goes by --failures.
     kept = _read_results(output.path, n) if args.resume and output.regular else None
     already_ok: Optional[_batch.IndexSet] = None
@@ -1052,7 +1118,7 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
                           on_result=results.append, logger=logger, parse_items=True,
                           keep_results=False)
         batch.interrupts = interrupts
-        source = _LazyBodies(_requests(inp, args.model, args.stream, bad), prep)
+        source = _LazyBodies(_requests(inp, args.model, args.stream, bad, fmt), prep)
         try:
             with interrupts.installed():
                 client._run_batch(batch, source, plan, args.limit, args.deadline_ms,

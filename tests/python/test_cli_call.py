@@ -130,3 +130,79 @@ def test_an_embeddings_batch(scen: Scenario, tmp_path: Path,
     code, _, err = run(["batch", str(req), "-o", str(res), "--model", "e",
                         "--url", other.url + "/embeddings", *FAST], capsys)
     assert code == 0 and len(other.requests()) == 5
+
+
+RF = {"type": "json_schema", "json_schema": {
+    "name": "n", "strict": True,
+    "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+               "required": ["n"], "additionalProperties": False}}}
+
+
+def test_batch_response_format(scen: Scenario, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """batch --response-format FILE (issue 31 item 6): the object goes into
+    each body that has none, the answers are held to its schema and a
+    mismatch fails (after its retry) with its validation errors; a body's own
+    response_format is kept."""
+    req, res, fail = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "failed.jsonl"
+    own = {"type": "json_object"}
+    req.write_text(json.dumps({"messages": [{"role": "user", "content": "SECRET-PROMPT-0"}]})
+                   + "\n" + json.dumps({"messages": [], "response_format": own}) + "\n",
+                   encoding="utf-8")
+    rf = tmp_path / "format.json"
+    rf.write_text(json.dumps(RF), encoding="utf-8")
+    scen.script([], after={"content": '{"n": "one"}'})
+    code, _, err = run(["batch", str(req), "-o", str(res), "--failures", str(fail),
+                        "--model", "m", "--response-format", str(rf), "--max-retries", "1",
+                        "--limit", "1", "--base-url", scen.url, "--no-progress", *FAST], capsys)
+    assert code == 1, err
+    lines = [json.loads(line) for line in res.read_text(encoding="utf-8").splitlines()]
+    want = [{"path": "$.n", "message": "expected integer"}]
+    assert lines[0]["error"]["kind"] == "invalid_response"
+    assert lines[0]["error"]["validation_errors"] == want
+    assert json.loads(fail.read_text())["error"]["validation_errors"] == want
+    assert lines[1]["ok"] is True          # json_object: JSON, no schema to match
+    bodies = sent(scen)
+    assert [b["response_format"] for b in bodies] == [RF, RF, own]
+    assert "SECRET-PROMPT" not in err
+
+
+def test_batch_response_format_for_responses(scen: Scenario, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """With --endpoint responses the format is the body's text.format, the
+    json_schema object flattened as that API names it, and held to it too."""
+    req, res = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    req.write_text(json.dumps({"input": "SECRET-PROMPT-r"}) + "\n", encoding="utf-8")
+    rf = tmp_path / "format.json"
+    rf.write_text(json.dumps(RF), encoding="utf-8")
+    scen.script([{"content": '{"n": "x"}'}, {"content": '{"n": 2}'}])
+    code, _, err = run(["batch", str(req), "-o", str(res), "--model", "m", "--endpoint",
+                        "responses", "--response-format", str(rf), "--base-url", scen.url,
+                        "--no-progress", *FAST], capsys)
+    assert code == 0, err
+    assert json.loads(res.read_text(encoding="utf-8"))["meta"]["attempts"] == 2
+    assert sent(scen)[0]["text"] == {"format": {"type": "json_schema", "name": "n",
+                                                "strict": True,
+                                                "schema": RF["json_schema"]["schema"]}}
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"type": "json_schema", "json_schema": {"schema": {"oneOf": []}}}',
+     "unsupported keyword 'oneOf' at $"),
+    ('[1]', 'a response_format object with a "type"'),
+    ('{"type": "json_schema"}', "needs json_schema.schema"),
+    ('{', "not JSON"),
+])
+def test_batch_response_format_usage_errors(scen: Scenario, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            text: str, says: str) -> None:
+    req, rf = tmp_path / "in.jsonl", tmp_path / "format.json"
+    req.write_text('{"messages": []}\n', encoding="utf-8")
+    rf.write_text(text, encoding="utf-8")
+    code, _, err = run(["batch", str(req), "-o", str(tmp_path / "o"), "--model", "m",
+                        "--response-format", str(rf), "--base-url", scen.url], capsys)
+    assert code == 2 and says in err, err
+    code, _, err = run(["batch", str(req), "-o", str(tmp_path / "o"), "--model", "m",
+                        "--response-format", str(tmp_path / "nope.json")], capsys)
+    assert code == 2 and "--response-format: cannot read" in err
+    assert scen.requests() == []
