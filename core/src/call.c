@@ -51,6 +51,16 @@ char *lr_call_url(const char *url, const char *base, llmretry_api api, int *is_d
     return full;
 }
 
+int lr_url_path_ends(const char *url, const char *suffix)
+{
+    const char *s = strstr(url, "://");
+    s = s ? s + 3 : url;
+    size_t n = strcspn(s, "?#"), k = strlen(suffix);
+    while (n > 0 && s[n - 1] == '/')
+        n--;
+    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
+}
+
 /* What the request body says, read with one parse and only when needed:
  * its "model" (when want_model; NULL if none), whether it streams and sets
  * stream_options. *bad_json: not JSON at all (a programming error, reported

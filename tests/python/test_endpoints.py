@@ -113,3 +113,19 @@ def test_a_responses_stream_batch_gets_no_stream_options(scen: Scenario) -> None
         assert rec["path"].endswith("/responses")
         assert "stream_options" not in json.loads(rec["body"])
     assert batch.summary.prompt_tokens == 24 and batch.summary.completion_tokens == 6
+
+
+def test_an_embeddings_call_is_not_charged_completion_tokens(scen: Scenario) -> None:
+    """The token estimate of an embeddings call is its input alone (no
+    completion bound): with 100 tokens left in the server's minute, a short
+    input goes at once; charged the default 256 completion tokens it would
+    wait for the reset (60 s), past its 3 s deadline."""
+    limits = {"x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "100",
+              "x-ratelimit-reset-tokens": "60s"}
+    usage = {"prompt_tokens": 2, "total_tokens": 2}
+    scen.script([], after={"headers": limits, "usage": usage})
+    with llmretry.Client(base_url=scen.url, endpoint="embeddings", **FAST) as c:
+        c.call_llm({"model": "e", "input": "SECRET-PROMPT-1"})       # learns the limits
+        res = c.call_llm({"model": "e", "input": "SECRET-PROMPT-2"}, deadline_ms=3000)
+    assert res.meta.usage == {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2}
+    assert len(scen.requests()) == 2
