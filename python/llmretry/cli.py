@@ -1187,6 +1187,7 @@ def _call_body(args: argparse.Namespace) -> Dict[str, Any]:
         if value is not None and not _is_text(value):
             raise UsageError(f"{flag} is not valid UTF-8 text")
     api = args.endpoint or "chat/completions"
+    body: Dict[str, Any]
     if args.body_json is not None:
         if args.prompt is not None or args.messages or args.system is not None:
             raise UsageError("--body-json is the whole body: put the messages in it "
