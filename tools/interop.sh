@@ -3,8 +3,9 @@
 # them takes minutes): run `make interop` before resolving a protocol feature.
 #
 # 1. LiteLLM's proxy with canned answers (tests/interop/litellm_proxy.yaml),
-#    then tests/interop/check_litellm.py, check_streaming.py and check_sdk.py
-#    (the openai SDK on llmretry.httpx2) against it
+#    then tests/interop/check_litellm.py, check_streaming.py, check_sdk.py
+#    (the openai SDK on llmretry.httpx2) and check_endpoints.py (an
+#    embeddings batch, endpoint="embeddings") against it
 #    (the latter also serves, as the up-* models' api_base, a recording
 #    upstream on the port given in LLMRETRY_INTEROP_UPSTREAM).
 # 2. llama-cpp-python's server on a tiny random-weight model
@@ -69,6 +70,7 @@ python3 tests/interop/check_litellm.py "http://127.0.0.1:$port/v1" || status=1
 python3 tests/interop/check_streaming.py "http://127.0.0.1:$port/v1" "$out/litellm.log" "$uport" \
   || status=1
 python3 tests/interop/check_sdk.py "http://127.0.0.1:$port/v1" || status=1
+python3 tests/interop/check_endpoints.py "http://127.0.0.1:$port/v1" || status=1
 # LiteLLM stays up: the fallback checks (3.) go from it to llama.cpp's server.
 
 # -- 2. llama-cpp-python's server ----------------------------------------------

@@ -23,7 +23,7 @@
 /* The URL to call; *is_default says it is OpenAI's because nothing else
  * was given (no url, base_url or $OPENAI_BASE_URL). A fallback's (no
  * is_default) never reads the environment: it names its own. */
-char *lr_call_url(const char *url, const char *base, int *is_default)
+char *lr_call_url(const char *url, const char *base, llmretry_api api, int *is_default)
 {
     if (is_default)
         *is_default = 0;
@@ -39,13 +39,26 @@ char *lr_call_url(const char *url, const char *base, int *is_default)
     size_t n = strlen(base);
     while (n > 0 && base[n - 1] == '/')
         n--;
-    static const char path[] = "/chat/completions";
-    char *full = malloc(n + sizeof path);
+    static const char *const paths[] = { "/chat/completions", "/completions", "/embeddings",
+                                         "/responses" };
+    const char *path = (unsigned)api < sizeof paths / sizeof paths[0] ? paths[api] : paths[0];
+    size_t plen = strlen(path);
+    char *full = malloc(n + plen + 1);
     if (full) {
         memcpy(full, base, n);
-        memcpy(full + n, path, sizeof path);
+        memcpy(full + n, path, plen + 1);
     }
     return full;
+}
+
+int lr_url_path_ends(const char *url, const char *suffix)
+{
+    const char *s = strstr(url, "://");
+    s = s ? s + 3 : url;
+    size_t n = strcspn(s, "?#"), k = strlen(suffix);
+    while (n > 0 && s[n - 1] == '/')
+        n--;
+    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
 }
 
 /* What the request body says, read with one parse and only when needed:
@@ -295,7 +308,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->n_targets = 1;
     lr_target *t0 = &c->targets[0];
     t0->owns = ~0u;
-    c->url = t0->url = lr_call_url(opts->url, opts->base_url, &default_url);
+    c->url = t0->url = lr_call_url(opts->url, opts->base_url, opts->endpoint, &default_url);
     /* Named in an error that never reached the URL (attempt.c). */
     c->url_option = opts->url ? "url" : opts->base_url && *opts->base_url ? "base_url"
                   : default_url ? "base_url (none was given)" : "base_url ($OPENAI_BASE_URL)";

@@ -414,10 +414,13 @@ void lr_outcome_clear(lr_outcome *o);
 char *lr_call_preview(const llmretry_call *c);
 
 /* ---- building a request (call.c, targets.c) ----------------------------- */
-/* url as is, else base_url + "/chat/completions" (else $OPENAI_BASE_URL,
- * else OpenAI's, when is_default is non-NULL: it is set when that is
- * used). malloc'd; NULL when out of memory. */
-char *lr_call_url(const char *url, const char *base_url, int *is_default);
+/* url as is, else base_url + "/" + api's path, e.g. "/chat/completions"
+ * (else $OPENAI_BASE_URL, else OpenAI's, when is_default is non-NULL: it
+ * is set when that is used). malloc'd; NULL when out of memory. */
+char *lr_call_url(const char *url, const char *base_url, llmretry_api api, int *is_default);
+/* Does url's path (query and trailing slashes aside) end with suffix, e.g.
+ * "/embeddings"? Case-insensitive. */
+int lr_url_path_ends(const char *url, const char *suffix);
 /* The request's header list: the key (if any), the defaults the caller's
  * lines do not replace, the ids of c, then the caller's lines. */
 int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n,

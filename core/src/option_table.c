@@ -19,10 +19,15 @@
 /* An enum's value is the index of its name here. */
 static const char *const JITTERS[] = { "additive", "full", "none", NULL };
 static const char *const MODES[] = { "safe", "unsafe", NULL };
+static const char *const APIS[] = { "chat/completions", "completions", "embeddings", "responses",
+                                    NULL };
 _Static_assert(LLMRETRY_JITTER_ADDITIVE == 0 && LLMRETRY_JITTER_FULL == 1 &&
                LLMRETRY_JITTER_NONE == 2, "JITTERS follows llmretry_jitter");
 _Static_assert(LLMRETRY_RETRY_SAFE == 0 && LLMRETRY_RETRY_UNSAFE == 1,
                "MODES follows llmretry_retry_mode");
+_Static_assert(LLMRETRY_API_CHAT_COMPLETIONS == 0 && LLMRETRY_API_COMPLETIONS == 1 &&
+               LLMRETRY_API_EMBEDDINGS == 2 && LLMRETRY_API_RESPONSES == 3,
+               "APIS follows llmretry_api");
 
 #define OFF(f) offsetof(llmretry_options, f), sizeof(((llmretry_options *)0)->f)
 #define NUL LLMRETRY_OPTFLAG_NULLABLE
@@ -32,11 +37,15 @@ _Static_assert(LLMRETRY_RETRY_SAFE == 0 && LLMRETRY_RETRY_UNSAFE == 1,
 /* The policy keys come in the order resolved settings list them
  * (tests/policies/resolved.json); the others may go anywhere. */
 static const llmretry_option_info TABLE[] = {
-    { "url", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(url), 0, 0, NULL, NULL, "null",
-      "the full endpoint URL, instead of base_url + /chat/completions" },
+    /* A policy's url or base_url is one setting with the other (policies.c). */
+    { "url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(url), 0, 0, NULL, NULL, "null",
+      "the full endpoint URL, used as is (instead of base_url + / + endpoint)" },
     { "base_url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(base_url), 0, 0, NULL, NULL, "null",
-      "the API's base URL, /chat/completions appended (else $OPENAI_BASE_URL, else "
+      "the API's base URL, / + endpoint appended (else $OPENAI_BASE_URL, else "
       "https://api.openai.com/v1)" },
+    { "endpoint", LLMRETRY_OPTTYPE_ENUM, POL, OFF(endpoint), 0, 0, NULL, APIS,
+      "\"chat/completions\"",
+      "the API path appended to base_url (docs/endpoints.md); url, when set, wins" },
     { "api_key", LLMRETRY_OPTTYPE_TEXT, NUL | LLMRETRY_OPTFLAG_SECRET, OFF(api_key), 0, 0,
       NULL, NULL, "null",
       "sent as Authorization: Bearer (else $OPENAI_API_KEY, else none); never in a log, event "

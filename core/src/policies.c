@@ -411,6 +411,8 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
         /* In a call's or a client's options null means "not given"; in a
          * policy it means "unset" (no deadline, the default statuses). */
         const cJSON *v;
+        if (strcmp(r->name, "url") == 0)
+            continue;               /* listed below, only when set */
         if (strcmp(r->name, "base_url") == 0) {
             v = endpoint ? cJSON_GetObjectItemCaseSensitive(endpoint, "base_url") : NULL;
             if (v && cJSON_IsNull(v))
@@ -436,7 +438,8 @@ llmretry_status llmretry_policies_resolve(const llmretry_policies *p, const char
         }
         cJSON_Delete(copy);
     }
-    /* url is not a policy key: listed only when the endpoint's layer set it. */
+    /* url is listed only when the endpoint's layer set it (a null url is
+     * base_url's business). */
     const cJSON *url = endpoint ? cJSON_GetObjectItemCaseSensitive(endpoint, "url") : NULL;
     if (st == LLMRETRY_OK && cJSON_IsString(url)) {
         if (check_text(llmretry_option_find("url"), url, why, sizeof why) != 0) {

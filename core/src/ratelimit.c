@@ -27,10 +27,11 @@
  *   server was serving at, grown back by each success; refusals in a row
  *   pause the endpoint, for longer each time.
  * - A call is charged its estimated tokens (prompt characters / 4, plus
- *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS;
- *   or the host's estimated_tokens) and the charge is corrected by the
- *   response's usage the way providers count: the prompt's real tokens plus
- *   the completion's limit when the body set one, else its real tokens.
+ *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS,
+ *   none for an embeddings call; or the host's estimated_tokens) and the
+ *   charge is corrected by the response's usage the way providers count:
+ *   the prompt's real tokens plus the completion's limit when the body set
+ *   one, else its real tokens.
  *
  * An endpoint with none of these costs one lookup per call. Calls waiting
  * for budget wait in the endpoint's queue, first come first served, with
@@ -286,7 +287,8 @@ static int64_t estimate(llmretry_call *c)
         static const char *const prompt_keys[] = { "messages", "input", "prompt" };
         for (size_t i = 0; i < sizeof prompt_keys / sizeof prompt_keys[0]; i++)
             chars += text_chars(cJSON_GetObjectItemCaseSensitive(doc, prompt_keys[i]));
-        limit = completion_limit(doc);
+        /* Embeddings have no completion: their cost is their input. */
+        limit = c->url && lr_url_path_ends(c->url, "/embeddings") ? 0 : completion_limit(doc);
         cJSON_Delete(doc);
     } else {
         chars = c->o.body_len;

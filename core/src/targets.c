@@ -192,7 +192,7 @@ static int build_one(llmretry_call *c, lr_target *t, const cJSON *spec)
         t->is_https = t0->is_https;
         return 0;
     }
-    if (!(t->url = lr_call_url(url, base, NULL)))
+    if (!(t->url = lr_call_url(url, base, c->o.endpoint, NULL)))
         return -1;
     t->owns |= OWN_URL;
     t->is_https = strncasecmp(t->url, "https://", 8) == 0;

@@ -62,11 +62,13 @@ class BatchOptions(TypedDict, total=False):
     call_many and acall_many, whose ``deadline_ms`` is the batch's and
     ``call_deadline_ms`` each call's), each as docs/reliability.md says."""
 
-    #: the full endpoint URL, instead of base_url + /chat/completions
+    #: the full endpoint URL, used as is (instead of base_url + / + endpoint)
     url: Optional[str]
-    #: the API's base URL, /chat/completions appended (else $OPENAI_BASE_URL, else
+    #: the API's base URL, / + endpoint appended (else $OPENAI_BASE_URL, else
     #: https://api.openai.com/v1)
     base_url: Optional[str]
+    #: the API path appended to base_url (docs/endpoints.md); url, when set, wins
+    endpoint: Literal["chat/completions", "completions", "embeddings", "responses"]
     #: sent as Authorization: Bearer (else $OPENAI_API_KEY, else none); never in a log,
     #: event or error
     api_key: Optional[str]
@@ -702,9 +704,9 @@ class _LazyBodies:
         self.invalid = invalid
 
 
-def _with_stream_usage_one(body: Any, url: Optional[str] = None) -> Any:
+def _with_stream_usage_one(body: Any, responses: bool = False) -> Any:
     """_with_stream_usage for one body."""
-    if _asks_stream_usage(body) and not _responses_url(url):
+    if _asks_stream_usage(body) and not responses:
         return dict(body, stream_options={"include_usage": True})
     return body
 
@@ -1241,17 +1243,17 @@ class Client:
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
-            url = plan.kwargs.get("url")
-            return plan, lambda body: _with_stream_usage_one(body, url)
+            responses = _responses_api(plan.kwargs)
+            return plan, lambda body: _with_stream_usage_one(body, responses)
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
         if pp.auto_key and "idempotency_key" not in options:
             plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
         _check_batch_options(plan.kwargs)
-        url = plan.kwargs.get("url")
+        responses = _responses_api(plan.kwargs)
         if pp.model is None:
-            return plan, lambda body: _with_stream_usage_one(body, url)
-        return plan, lambda body: _with_stream_usage_one(pp.body(body), url)
+            return plan, lambda body: _with_stream_usage_one(body, responses)
+        return plan, lambda body: _with_stream_usage_one(pp.body(body), responses)
 
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
@@ -1261,7 +1263,7 @@ class Client:
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
-            return plan, _with_stream_usage(items, plan.kwargs.get("url"))
+            return plan, _with_stream_usage(items, _responses_api(plan.kwargs))
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
         if pp.auto_key and "idempotency_key" not in options:
@@ -1269,7 +1271,7 @@ class Client:
         if pp.model is not None:
             items = [pp.body(body) for body in items]
         _check_batch_options(plan.kwargs)
-        return plan, _with_stream_usage(items, plan.kwargs.get("url"))
+        return plan, _with_stream_usage(items, _responses_api(plan.kwargs))
 
     def _run_batch(self, batch: "_batch.Batch",
                    encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
@@ -1555,15 +1557,22 @@ def _responses_url(url: Optional[str]) -> bool:
     return path.rstrip("/").lower().endswith("/responses")
 
 
-def _with_stream_usage(items: Sequence[Any], url: Optional[str] = None) -> Sequence[Any]:
+def _responses_api(kwargs: Mapping[str, Any]) -> bool:
+    """Do calls with these engine keywords go to the Responses API (a url
+    ending with /responses, else endpoint="responses": url wins)?"""
+    url = kwargs.get("url")
+    return _responses_url(url) if url else kwargs.get("endpoint") == "responses"
+
+
+def _with_stream_usage(items: Sequence[Any], responses: bool = False) -> Sequence[Any]:
     """The batch's bodies, each dict that streams asking for its usage
-    (unless url is the Responses API's).
+    (unless they go to the Responses API).
 
     One call does it with the core's stream_usage (_run); a batch's options
     are shared by all its items, and its str/bytes bodies are the caller's
     own text, so here it is done per item, in the dict: the same bytes the
     core would insert. The caller's dicts are not changed (copies)."""
-    if _responses_url(url) or not any(_asks_stream_usage(b) for b in items):
+    if responses or not any(_asks_stream_usage(b) for b in items):
         return items
     return [dict(b, stream_options={"include_usage": True}) if _asks_stream_usage(b) else b
             for b in items]
@@ -1629,8 +1638,9 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
     none), else these:
 
     * ``base_url``: else ``$OPENAI_BASE_URL``, else
-      ``https://api.openai.com/v1``; ``/chat/completions`` is appended.
-      ``url``: the full endpoint URL instead.
+      ``https://api.openai.com/v1``; ``/`` + ``endpoint`` is appended
+      (``"chat/completions"``, or ``"completions"``, ``"embeddings"``,
+      ``"responses"``). ``url``: the full endpoint URL instead.
     * ``api_key``: else ``$OPENAI_API_KEY``, else no ``Authorization``.
     * ``timeout_ms=60000`` per attempt; ``deadline_ms=None`` for the whole
       call, waits included.

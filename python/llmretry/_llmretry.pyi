@@ -54,11 +54,13 @@ class EngineOptions(TypedDict, total=False):
     takes them (headers as "Name: value" lines, fallbacks and schema as
     JSON text); ranges are checked by the core (ValueError naming the option)."""
 
-    #: the full endpoint URL, instead of base_url + /chat/completions
+    #: the full endpoint URL, used as is (instead of base_url + / + endpoint)
     url: Optional[str]
-    #: the API's base URL, /chat/completions appended (else $OPENAI_BASE_URL, else
+    #: the API's base URL, / + endpoint appended (else $OPENAI_BASE_URL, else
     #: https://api.openai.com/v1)
     base_url: Optional[str]
+    #: the API path appended to base_url (docs/endpoints.md); url, when set, wins
+    endpoint: Literal["chat/completions", "completions", "embeddings", "responses"]
     #: sent as Authorization: Bearer (else $OPENAI_API_KEY, else none); never in a log,
     #: event or error
     api_key: Optional[str]

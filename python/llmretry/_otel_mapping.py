@@ -141,14 +141,15 @@ class _Endpoint:
             self.attrs["server.port"] = port
 
 
-def _url_of(url: Any, base: Any) -> str:
+def _url_of(url: Any, base: Any, endpoint: Any = None) -> str:
     """The URL a call posts to (the core's rule: ``url``, else ``base_url``
-    plus the chat path, else $OPENAI_BASE_URL's, else OpenAI's)."""
+    plus the endpoint's path, else $OPENAI_BASE_URL's, else OpenAI's)."""
     if isinstance(url, str) and url:
         return url
     root = base if isinstance(base, str) and base else (
         os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE)
-    return root.rstrip("/") + "/chat/completions"
+    path = endpoint if isinstance(endpoint, str) and endpoint else "chat/completions"
+    return root.rstrip("/") + "/" + path
 
 
 class _Targets:
@@ -171,11 +172,12 @@ _targets_cache: Dict[Tuple[Any, ...], _Targets] = {}
 def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
     """The targets of a call from its engine keywords (a plan's: the
     policy, the client's defaults and the call's own already resolved)."""
-    key = (kwargs.get("url"), kwargs.get("base_url"), kwargs.get("fallbacks"))
+    key = (kwargs.get("url"), kwargs.get("base_url"), kwargs.get("fallbacks"),
+           kwargs.get("endpoint"))
     targets = _targets_cache.get(key)
     if targets is not None:
         return targets
-    primary = _url_of(key[0], key[1])
+    primary = _url_of(key[0], key[1], key[3])
     endpoints = [_Endpoint(primary)]
     try:
         fallbacks = json.loads(key[2]) if isinstance(key[2], str) else ()
@@ -183,7 +185,8 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
         fallbacks = ()
     for target in fallbacks if isinstance(fallbacks, list) else ():
         if isinstance(target, dict) and (target.get("url") or target.get("base_url")):
-            endpoints.append(_Endpoint(_url_of(target.get("url"), target.get("base_url"))))
+            endpoints.append(_Endpoint(_url_of(target.get("url"), target.get("base_url"),
+                                               key[3])))
         else:
             endpoints.append(endpoints[0])
     targets = _Targets(endpoints)

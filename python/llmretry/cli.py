@@ -35,8 +35,15 @@
     succeeded, 1 when some failed, 2 for a usage error or an output that
     cannot be written, 130 on Ctrl-C.
 
-``llmretry call "prompt" --model M [--system S] [--json]``
-    One call; prints the reply's text (``--json``: the whole response).
+``llmretry call ["prompt"] -m MODEL [-g ROLE CONTENT ...] [--system S] [-t T] [-M N]
+[--body-json JSON] [--endpoint API] [--json]``
+    One call; prints the reply's text (``--json``, or a reply without
+    text such as embeddings: the whole response). The body is made as the
+    openai CLI makes it: ``--system``, each ``-g``, then the prompt as the
+    user's message (the Responses API's ``input``; a prompt alone is
+    ``/completions``' ``prompt`` and ``/embeddings``' ``input``), or given
+    whole with ``--body-json``; ``-m``, ``-t`` and ``-M`` set its
+    ``model``, ``temperature`` and ``max_tokens`` (``max_output_tokens``).
 
 ``--policies FILE --policy NAME`` (``batch`` and ``call``)
     Every call runs under the named policy of FILE (``.toml`` or ``.json``,
@@ -47,7 +54,9 @@
     (exit 0; an invalid file: the error on stderr, exit 2).
 
 The API key comes from ``$OPENAI_API_KEY`` only (a flag would show in
-``ps``); the endpoint from ``--base-url``, else ``$OPENAI_BASE_URL``.
+``ps``); the endpoint from ``--url``, else ``--base-url`` (else
+``$OPENAI_BASE_URL``) and ``--endpoint`` (``chat/completions`` by default;
+``completions``, ``embeddings``, ``responses``).
 """
 
 from __future__ import annotations
@@ -128,6 +137,11 @@ class _NoKeyFlag(argparse.Action):
 def _add_call_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="the API's base URL (else $OPENAI_BASE_URL, "
                    "else https://api.openai.com/v1); the key is $OPENAI_API_KEY")
+    p.add_argument("--endpoint", metavar="API",
+                   help="the API appended to the base URL: chat/completions (default), "
+                   "completions, embeddings or responses (docs/endpoints.md)")
+    p.add_argument("--url", help="the full URL to post to, used as is (instead of "
+                   "--base-url and --endpoint)")
     p.add_argument("--timeout-ms", type=_positive, help="per attempt (default 60000)")
     p.add_argument("--max-retries", type=_int_in(0, 100),
                    help="retries per call, 0..100 (default 3)")
@@ -213,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSON Schema every answer must match (its JSON found in the "
                         "answer's content); an answer that does not is retried, then "
                         "failed with its validation errors (docs/structured-outputs.md)")
+    b.add_argument("--response-format", metavar="FILE",
+                   help="a response_format object (JSON), e.g. {\"type\": \"json_schema\", "
+                        "\"json_schema\": {...}}, put into each request that has none (as "
+                        "text.format with --endpoint responses); the answers are held to its "
+                        "schema like --schema's")
     b.add_argument("--stream", action="store_true",
                    help="send each request as a stream (store the assembled result)")
     b.add_argument("--skip-invalid", action="store_true",
@@ -226,11 +245,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_call_options(b)
     b.set_defaults(func=run_batch)
 
-    c = sub.add_parser("call", help="make one chat call and print the reply",
-                       description="Make one chat call and print the reply's text.")
-    c.add_argument("prompt", help="the user message")
-    c.add_argument("--model", required=True)
-    c.add_argument("--system", help="a system message before the prompt")
+    c = sub.add_parser("call", help="make one call and print the reply",
+                       description="Make one call and print the reply's text (a reply "
+                       "without text, such as embeddings, as JSON). The body is made of "
+                       "the flags below, as the openai CLI's are, or given whole with "
+                       "--body-json.")
+    c.add_argument("prompt", nargs="?",
+                   help="the user message (after any -g messages)")
+    c.add_argument("-m", "--model",
+                   help="the model to call, e.g. gpt-4o-mini (required unless --body-json "
+                   "or the --policy names one)")
+    c.add_argument("-g", "--message", nargs=2, action="append", dest="messages",
+                   metavar=("ROLE", "CONTENT"),
+                   help="a message of the conversation, in order (repeat): "
+                   "-g system 'Be brief' -g user Hi")
+    c.add_argument("-t", "--temperature", type=float, help="the sampling temperature")
+    c.add_argument("-M", "--max-tokens", type=_positive,
+                   help="the most tokens to generate (max_tokens; max_output_tokens for "
+                   "--endpoint responses)")
+    c.add_argument("--body-json", metavar="JSON",
+                   help="the whole request body, a JSON object (any endpoint's); -m, -t "
+                   "and -M set its fields")
+    c.add_argument("--system", help="a system message before the others")
     c.add_argument("--json", action="store_true", help="print the whole response as JSON")
     c.add_argument("--stream", action="store_true",
                    help="stream the reply: print its text as it arrives")
@@ -296,7 +332,7 @@ def _read_schema(path: str) -> str:
 def _client_defaults(args: argparse.Namespace) -> Dict[str, Any]:
     """The call flags given, as call options (they override a policy)."""
     out: Dict[str, Any] = {}
-    for name in ("base_url", "timeout_ms", "max_retries", "base_delay_ms",
+    for name in ("url", "base_url", "endpoint", "timeout_ms", "max_retries", "base_delay_ms",
                  "max_delay_ms", "jitter", "rpm", "tpm", "retry_budget_ratio",
                  "retry_budget_min", "breaker_failures", "breaker_cooldown_ms"):
         value = getattr(args, name, None)
@@ -529,7 +565,14 @@ class _Input:
             self._spool = None
 
 
-def _request_of(raw_line: bytes, model: Optional[str], stream: bool) -> Tuple[Optional[str], Any]:
+# What --response-format puts into a body that has none: (key, value), as
+# Chat Completions ("response_format", the object) or the Responses API
+# ("text", {"format": ...}) names it.
+_Format = Optional[Tuple[str, Any]]
+
+
+def _request_of(raw_line: bytes, model: Optional[str], stream: bool,
+                fmt: _Format = None) -> Tuple[Optional[str], Any]:
     """A line as the request to send: (None, body), or (why, None) for a bad one."""
     why, body = _parse_request(raw_line)
     if why is None:
@@ -537,10 +580,61 @@ def _request_of(raw_line: bytes, model: Optional[str], stream: bool) -> Tuple[Op
             body["model"] = model
         if stream:
             body["stream"] = True   # each request as a stream; the result stored is assembled
+        if fmt is not None:
+            _put_format(body, fmt)
     return why, body
 
 
-def _scan_requests(inp: _Input, model: Optional[str], stream: bool
+def _put_format(body: Dict[str, Any], fmt: Tuple[str, Any]) -> None:
+    """--response-format into a body that has none of its own."""
+    key, value = fmt
+    if key == "response_format":
+        body.setdefault(key, value)
+    elif isinstance(body.get("text"), dict):
+        if "format" not in body["text"]:
+            body["text"] = dict(body["text"], format=value)
+    elif "text" not in body:
+        body["text"] = {"format": value}
+
+
+def _read_response_format(path: str, endpoint: Optional[str]) -> Tuple[str, Any]:
+    """--response-format FILE: the object, checked before anything runs (a
+    json_schema's schema compiled by the core, as --schema's is), and where
+    it goes for the endpoint."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"--response-format: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--response-format: {path} is not UTF-8") from None
+    try:
+        fmt = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--response-format {path}: not JSON ({exc})") from None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise UsageError(f"--response-format {path}: a response_format object with a "
+                         f"\"type\" (json_schema, json_object or text)")
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise UsageError(f"--response-format {path}: a json_schema format needs "
+                             f"json_schema.schema, an object")
+        try:
+            _llmretry.check_options(schema=json.dumps(schema))
+        except ValueError as exc:
+            raise UsageError(f"--response-format {path}: {exc}") from None
+    if endpoint != "responses":
+        return "response_format", fmt
+    # The Responses API's text.format is the json_schema object flattened:
+    # {"type": "json_schema", "name", "schema", "strict"}.
+    if isinstance(fmt.get("json_schema"), dict):
+        fmt = dict({k: v for k, v in fmt.items() if k != "json_schema"}, **fmt["json_schema"])
+    return "text", fmt
+
+
+def _scan_requests(inp: _Input, model: Optional[str], stream: bool, fmt: _Format = None
                    ) -> Tuple[int, Dict[int, str], Dict[int, int]]:
     """The first pass: how many requests, and what is wrong with each bad
     one (by index: "PATH:LINE: why") and its line number. A bad line keeps
@@ -550,7 +644,7 @@ def _scan_requests(inp: _Input, model: Optional[str], stream: bool
     bad: Dict[int, str] = {}
     linenos: Dict[int, int] = {}
     for lineno, raw_line in inp.lines():
-        why, body = _request_of(raw_line, model, stream)
+        why, body = _request_of(raw_line, model, stream, fmt)
         if why is None:
             try:    # JSON that Python reads but cannot send: NaN, lone surrogates
                 _encode_body(body)
@@ -564,11 +658,12 @@ def _scan_requests(inp: _Input, model: Optional[str], stream: bool
 
 
 def _requests(inp: _Input, model: Optional[str], stream: bool,
-              bad: Mapping[int, str]) -> Iterator[Optional[Dict[str, Any]]]:
+              bad: Mapping[int, str], fmt: _Format = None
+              ) -> Iterator[Optional[Dict[str, Any]]]:
     """The second pass: each request's body (None for a bad line: it is not
     echoed in the failures file), read as the batch wants the next."""
     for k, (_lineno, raw_line) in enumerate(inp.lines()):
-        yield None if k in bad else _request_of(raw_line, model, stream)[1]
+        yield None if k in bad else _request_of(raw_line, model, stream, fmt)[1]
 
 
 def _parse_request(raw_line: bytes) -> Tuple[Optional[str], Any]:
@@ -983,7 +1078,9 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
             raise UsageError("--failures and -o must be different files")
     if output.path == "-" and args.events == "-":
         raise UsageError("-o - and --events - cannot both write to standard output")
-    n, bad, linenos = _scan_requests(inp, args.model, args.stream)
+    fmt = None if args.response_format is None \
+        else _read_response_format(args.response_format, args.endpoint)
+    n, bad, linenos = _scan_requests(inp, args.model, args.stream, fmt)
     # A stream output holds no earlier results: --resume goes by --failures.
     kept = _read_results(output.path, n) if args.resume and output.regular else None
     already_ok: Optional[_batch.IndexSet] = None
@@ -1021,7 +1118,7 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
                           on_result=results.append, logger=logger, parse_items=True,
                           keep_results=False)
         batch.interrupts = interrupts
-        source = _LazyBodies(_requests(inp, args.model, args.stream, bad), prep)
+        source = _LazyBodies(_requests(inp, args.model, args.stream, bad, fmt), prep)
         try:
             with interrupts.installed():
                 client._run_batch(batch, source, plan, args.limit, args.deadline_ms,
@@ -1078,18 +1175,65 @@ def _print_summary(summary: _batch.BatchSummary, output: str, failures: Optional
 # ---------------------------------------------------------------------------
 # call
 
-def run_call(args: argparse.Namespace) -> int:
-    """``llmretry call``: returns the exit status."""
+def _call_body(args: argparse.Namespace) -> Dict[str, Any]:
+    """``call``'s request body: --body-json, else the messages (--system,
+    each -g, the prompt) in the shape of the --endpoint's API; then -m, -t
+    and -M. Never quotes an argument (it may be a prompt)."""
     # Arguments that were not UTF-8 reach Python as lone surrogates.
-    for flag, value in (("the prompt", args.prompt), ("--model", args.model),
-                        ("--system", args.system)):
+    texts = [("the prompt", args.prompt), ("--model", args.model), ("--system", args.system),
+             ("--body-json", args.body_json)]
+    texts += [("-g", part) for pair in args.messages or () for part in pair]
+    for flag, value in texts:
         if value is not None and not _is_text(value):
             raise UsageError(f"{flag} is not valid UTF-8 text")
-    messages = []
-    if args.system is not None:
-        messages.append({"role": "system", "content": args.system})
-    messages.append({"role": "user", "content": args.prompt})
-    body = {"model": args.model, "messages": messages}
+    api = args.endpoint or "chat/completions"
+    body: Dict[str, Any]
+    if args.body_json is not None:
+        if args.prompt is not None or args.messages or args.system is not None:
+            raise UsageError("--body-json is the whole body: put the messages in it "
+                             "(not a prompt, -g or --system)")
+        why, body = _parse_request(args.body_json.encode("utf-8"))
+        if why is not None:
+            raise UsageError(f"--body-json: {why}")
+    else:
+        messages = [{"role": "system", "content": args.system}] if args.system is not None \
+            else []
+        messages += [{"role": role, "content": content} for role, content in args.messages or ()]
+        if args.prompt is not None:
+            messages.append({"role": "user", "content": args.prompt})
+        if not messages:
+            raise UsageError("nothing to send: give a prompt, -g ROLE CONTENT or --body-json")
+        body = _body_for(api, messages)
+    if args.model is not None:
+        body["model"] = args.model
+    elif "model" not in body and args.policy is None:
+        raise UsageError("-m/--model is required: the model to call (e.g. -m gpt-4o-mini), "
+                         "unless --body-json or the --policy names one")
+    if args.temperature is not None:
+        body["temperature"] = args.temperature
+    if args.max_tokens is not None:
+        body["max_output_tokens" if api == "responses" else "max_tokens"] = args.max_tokens
+    return body
+
+
+def _body_for(api: str, messages: List[Dict[str, str]]) -> Dict[str, Any]:
+    """The messages as the body of an API: Chat Completions' messages, the
+    Responses API's input (a lone user message as its text); a prompt alone
+    as the input of the APIs without roles."""
+    if api == "responses":
+        lone = len(messages) == 1 and messages[0]["role"] == "user"
+        return {"input": messages[0]["content"] if lone else messages}
+    if api in ("completions", "embeddings"):
+        if len(messages) != 1 or messages[0]["role"] != "user":
+            raise UsageError(f"--endpoint {api} takes a prompt alone (no -g or --system), "
+                             f"or --body-json")
+        return {"prompt" if api == "completions" else "input": messages[0]["content"]}
+    return {"messages": messages}
+
+
+def run_call(args: argparse.Namespace) -> int:
+    """``llmretry call``: returns the exit status."""
+    body = _call_body(args)
     opened: List[_EventsFile] = []
     try:
         logger = _logger(args, _stderr_line, opened)
@@ -1146,11 +1290,25 @@ def _is_text(value: str) -> bool:
 
 
 def _reply_text(data: Any) -> Optional[str]:
+    """The reply's text: a chat message's content, a completion's text, the
+    Responses API's output text (its parts joined); None when it has none
+    (embeddings: the caller prints the JSON)."""
     try:
-        content = data["choices"][0]["message"]["content"]
+        choice = data["choices"][0]
+        content = choice["message"]["content"] if "message" in choice else choice["text"]
     except (KeyError, IndexError, TypeError):
-        return None
+        content = _output_text(data)
     return content if isinstance(content, str) else None
+
+
+def _output_text(data: Any) -> Optional[str]:
+    """The Responses API's answer: its message items' output_text parts."""
+    output = data.get("output") if isinstance(data, dict) else None
+    parts = [part["text"] for item in output if isinstance(item, dict)
+             for part in item.get("content") or () if isinstance(part, dict)
+             and part.get("type") == "output_text" and isinstance(part.get("text"), str)] \
+        if isinstance(output, list) else []
+    return "".join(parts) if parts else None
 
 
 # ---------------------------------------------------------------------------

@@ -36,8 +36,9 @@ Chat endpoint
 -------------
 ``POST /v1/chat/completions`` uses scenario ``"default"``;
 ``POST /s/<name>/v1/chat/completions`` uses scenario ``<name>``. Any path
-ending in ``/chat/completions`` or ``/responses`` (the Responses API's; the
-step says what is answered, e.g. ``stream.api``) is accepted; the scenario
+ending in ``/chat/completions``, ``/completions``, ``/embeddings`` or
+``/responses`` is accepted (a success answers in that API's shape, see
+``content``; a stream's shape is the step's ``stream.api``); the scenario
 is the (percent-decoded) segment after a leading ``/s/``, else
 ``"default"``. The
 query string is ignored for routing. Other paths get a 404 JSON error;
@@ -141,6 +142,17 @@ Step fields (all optional; unknown fields are ignored)
     "completion_tokens": 3, "total_tokens": 15}``, ``system_fingerprint``
     default ``"fp_mock"``. ``<n>`` is the server-wide 1-based ordinal of the
     chat request. The request's messages are never echoed.
+
+    The other paths answer in their API's shape, with the same fields:
+    ``/completions`` a ``text_completion`` (``choices[0].text`` =
+    ``content``); ``/responses`` a ``response`` (``status: "completed"``,
+    one ``message`` output item whose ``output_text`` part is ``content``,
+    ``usage`` named ``input_tokens`` / ``output_tokens``); ``/embeddings``
+    ``{"object": "list", "model": <model>, "data": [{"object": "embedding",
+    "index": i, "embedding": <embedding>}, ...], "usage": <usage>}``, one
+    item per input (the request's ``input`` list, else one), ``embedding``
+    (a step field) default ``[0.0, 0.25, -0.5]``, ``usage`` default
+    ``{"prompt_tokens": 8, "total_tokens": 8}`` (no completion tokens).
 ``delay_ms``
     wait this long before sending anything (also before any fault).
 ``fault``
@@ -411,6 +423,10 @@ HEADER_SHORTCUTS: Tuple[Tuple[str, str], ...] = (
 
 DEFAULT_USAGE: Dict[str, int] = {
     "prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+# An embeddings answer's: one vector per input, and usage without completion
+# tokens (as OpenAI's /v1/embeddings reports it).
+DEFAULT_EMBEDDING: Tuple[float, ...] = (0.0, 0.25, -0.5)
+DEFAULT_EMBEDDING_USAGE: Dict[str, int] = {"prompt_tokens": 8, "total_tokens": 8}
 DEFAULT_STALL_MS = 30000
 DEFAULT_INTERVAL_MS = 1000
 DEFAULT_HUGE_SIZE = 64 * 1024 * 1024
@@ -775,8 +791,53 @@ def _completion(step: Step, n: int, request_model: Optional[str],
     }
 
 
+def _api_of(path: str) -> str:
+    """Which API a path is (what a success answers): "chat", "completions"
+    (legacy), "embeddings" or "responses"."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    for api in ("completions", "embeddings", "responses"):
+        if path.endswith("/" + api):
+            return api
+    return "chat"
+
+
+def _inputs(request: Any) -> int:
+    """How many inputs an embeddings request has (a list's length, else 1)."""
+    given = request.get("input") if isinstance(request, dict) else None
+    return max(len(given), 1) if isinstance(given, list) else 1
+
+
+def _api_success(api: str, step: Step, n: int, request_model: Optional[str],
+                 request: Any) -> Dict[str, Any]:
+    """The success body of a path that is not Chat Completions'."""
+    model = step.get("model", request_model or "mock-model")
+    content = step.get("content", "ok")
+    if api == "embeddings":
+        vector = step.get("embedding", list(DEFAULT_EMBEDDING))
+        return {"object": "list", "model": model,
+                "data": [{"object": "embedding", "index": i, "embedding": vector}
+                         for i in range(_inputs(request))],
+                "usage": step.get("usage", copy.deepcopy(DEFAULT_EMBEDDING_USAGE))}
+    usage = step.get("usage", copy.deepcopy(DEFAULT_USAGE))
+    if api == "completions":
+        return {"id": f"cmpl-mock-{n}", "object": "text_completion",
+                "created": int(time.time()), "model": model,
+                "choices": [{"index": 0, "text": content, "logprobs": None,
+                             "finish_reason": "stop"}],
+                "usage": usage}
+    return {"id": f"resp_mock-{n}", "object": "response",
+            "created_at": int(time.time()), "status": "completed", "model": model,
+            "output": [{"type": "message", "id": f"msg_mock-{n}",
+                        "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": content,
+                                     "annotations": []}]}],
+            "usage": _mock_sse._responses_usage(usage)}
+
+
 def _response_body(step: Step, status: int, n: int,
-                   request_model: Optional[str]) -> bytes:
+                   request_model: Optional[str], api: str = "chat",
+                   request: Any = None) -> bytes:
     if step.get("fault") == "invalid_json":
         return INVALID_JSON_BODY
     if "body" in step:
@@ -784,7 +845,9 @@ def _response_body(step: Step, status: int, n: int,
         if isinstance(body, str):
             return body.encode("utf-8")
         return json.dumps(body).encode("utf-8")
-    if 200 <= status < 300:
+    if 200 <= status < 300 and api != "chat":
+        doc = _api_success(api, step, n, request_model, request)
+    elif 200 <= status < 300:
         doc = _completion(step, n, request_model, step.get("content", "ok"))
     else:
         doc = _error_body(status, step.get("error_code"))
@@ -1454,7 +1517,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         if path.startswith("/_mock/"):
             self._control(method, path, body)
-        elif path.endswith(("/chat/completions", "/responses")):
+        elif path.endswith(("/completions", "/responses", "/embeddings")):
             if method != "POST":
                 self._send_error_json(405, f"method {method} not allowed")
                 return
@@ -1631,7 +1694,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = self._head(status, extra, None)
             body_out = b""
         else:
-            body_out = _response_body(step, status, n, request_model)
+            body_out = _response_body(step, status, n, request_model,
+                                      _api_of(self._route_path()), doc)
             payload = self._head(status, extra, len(body_out))
         if fault in ("stall_body", "truncate"):
             self.close_connection = True

@@ -189,13 +189,21 @@ static void test_schema_option(void)
                "schema must be a JSON Schema");
     CHECK_INT(llmretry_options_set_json(&o, "schema", NULL, err, sizeof err), LLMRETRY_OK);
     CHECK(o.schema == NULL);
+    /* endpoint: an enum of the API paths, chat/completions by default. */
+    CHECK_INT(o.endpoint, LLMRETRY_API_CHAT_COMPLETIONS);
+    CHECK_INT(llmretry_options_set_text(&o, "endpoint", "embeddings", err, sizeof err), LLMRETRY_OK);
+    CHECK_INT(o.endpoint, LLMRETRY_API_EMBEDDINGS);
+    expect_err(llmretry_options_set_text(&o, "endpoint", "/v1/embeddings", err, sizeof err), err,
+               "endpoint must be one of \"chat/completions\", \"completions\", \"embeddings\", "
+               "\"responses\" (got another string)");
 }
 
 /* The policy keys are the table's POLICY options, in the table's order. */
 static void test_policy_keys(void)
 {
     static const char *const want[] = {
-        "base_url", "model", "timeout_ms", "max_retries", "base_delay_ms", "max_delay_ms",
+        "url", "base_url", "endpoint", "model", "timeout_ms", "max_retries", "base_delay_ms",
+        "max_delay_ms",
         "jitter", "deadline_ms", "retry_mode", "retry_statuses", "max_retry_after_ms",
         "retry_invalid_response", "max_response_bytes", "idempotency_key", "rpm", "tpm",
         "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",

@@ -201,7 +201,8 @@ static char *endpoint_of(const llmretry_policies *p, const char *name, const cha
 static void test_endpoint(void)
 {
     char err[LLMRETRY_ERRBUF] = "";
-    const char *doc = "{\"p\": {\"base_url\": \"http://policy/v1\"}, \"q\": {\"timeout_ms\": 5}}";
+    const char *doc = "{\"p\": {\"base_url\": \"http://policy/v1\"}, \"q\": {\"timeout_ms\": 5}, "
+                      "\"u\": {\"url\": \"http://policy/v1/embeddings\"}}";
     llmretry_policies *p = NULL;
     CHECK_INT(llmretry_policies_parse(doc, strlen(doc), NULL, &p, err, sizeof err), LLMRETRY_OK);
     const char *def_both = "{\"url\": \"http://default/x\", \"base_url\": \"http://d/v1\"}";
@@ -220,6 +221,11 @@ static void test_endpoint(void)
         /* A policy without one leaves the client's; null is "not given". */
         { "q", "{\"url\": null}", "{\"url\": \"http://default/x\"}", "url=http://default/x base_url=-" },
         { NULL, NULL, NULL, "url=- base_url=-" },
+        /* A policy may name a whole URL (issue 32): it beats a client's
+         * base_url, and a call's base_url beats it. */
+        { "u", NULL, NULL, "url=http://policy/v1/embeddings base_url=-" },
+        { "u", NULL, "{\"base_url\": \"http://d/v1\"}", "url=http://policy/v1/embeddings base_url=-" },
+        { "u", "{\"base_url\": \"http://call/v1\"}", NULL, "url=- base_url=http://call/v1" },
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         char *got = endpoint_of(p, t[i].pol, t[i].ex, t[i].def);
@@ -239,11 +245,18 @@ static void test_check_value(void)
     CHECK_INT(llmretry_policy_check_value("timeout_ms", "-5", 2, err, sizeof err), LLMRETRY_EINVAL);
     CHECK_STR(err, "timeout_ms must be > 0 (got -5)");
     CHECK_INT(llmretry_policy_check_value("nope", "1", 1, err, sizeof err), LLMRETRY_EINVAL);
-    CHECK_MSG(strncmp(err, "unknown key 'nope' (known: base_url,", 36) == 0, "%s", err);
+    CHECK_MSG(strncmp(err, "unknown key 'nope' (known: url, base_url,", 41) == 0, "%s", err);
     size_t n = 0;
     while (llmretry_policy_key(n))
         n++;
-    CHECK_INT(n, 21);
+    CHECK_INT(n, 23);
+    /* The endpoint is a policy key with the option's choices. */
+    CHECK_INT(llmretry_policy_check_value("endpoint", "\"embeddings\"", 12, err, sizeof err),
+              LLMRETRY_OK);
+    CHECK_INT(llmretry_policy_check_value("endpoint", "\"embedding\"", 11, err, sizeof err),
+              LLMRETRY_EINVAL);
+    CHECK_STR(err, "endpoint must be one of \"chat/completions\", \"completions\", \"embeddings\", "
+                   "\"responses\" (got another string)");
 }
 
 int main(void)

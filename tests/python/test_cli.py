@@ -254,7 +254,7 @@ def test_batch_usage_errors(scen: Scenario, tmp_path: Path,
     code, _, err = run_main(["batch", str(req), "-o", same, "--failures", same], capsys)
     assert code == 2 and "different files" in err
     for argv in (["batch", str(req)], ["batch", str(req), "-o", "x", "--limit", "0"],
-                 ["batch", str(req), "-o", "x", "--deadline-ms", "soon"], ["call", "hi"], []):
+                 ["batch", str(req), "-o", "x", "--deadline-ms", "soon"], []):
         with pytest.raises(SystemExit) as info:
             cli.main(argv)
         assert info.value.code == 2

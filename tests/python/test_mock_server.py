@@ -155,7 +155,7 @@ def test_any_chat_path_and_404(mock: MockServer) -> None:
     assert request(mock, "POST", "/s/x/chat/completions", b"{}")[0] == 201
     assert request(mock, "POST", "/foo/chat/completions?a=1", b"{}")[0] == 200
     assert mock.requests("default")[0]["path"] == "/foo/chat/completions?a=1"
-    status, headers, body = request(mock, "POST", "/v1/embeddings", b"{}")
+    status, headers, body = request(mock, "POST", "/v1/moderations", b"{}")
     assert status == 404
     assert headers["content-type"] == "application/json"
     assert "message" in json.loads(body)["error"]
@@ -908,3 +908,29 @@ def test_cli_port_serve_and_signal(sig: int, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_each_api_path_answers_in_its_shape(mock: MockServer) -> None:
+    """/embeddings, /responses and /completions answer as those APIs do
+    (issue 32): one vector per input and usage without completion tokens."""
+    mock.script("api", [{"usage": {"prompt_tokens": 4, "total_tokens": 4},
+                         "embedding": [1.5]}, {}, {}, {}])
+    got = [json.loads(request(mock, "POST", "/s/api/v1/" + path, payload)[2])
+           for path, payload in (("embeddings", b'{"model": "e", "input": ["a", "b", "c"]}'),
+                                 ("embeddings", b'{"input": "a"}'),
+                                 ("responses", b'{"model": "r", "input": "hi"}'),
+                                 ("completions", b'{"model": "c", "prompt": "hi"}'))]
+    assert got[0]["object"] == "list" and got[0]["model"] == "e"
+    assert [d["index"] for d in got[0]["data"]] == [0, 1, 2]
+    assert got[0]["data"][2] == {"object": "embedding", "index": 2, "embedding": [1.5]}
+    assert got[0]["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+    assert len(got[1]["data"]) == 1 and got[1]["data"][0]["embedding"] == [0.0, 0.25, -0.5]
+    assert got[1]["usage"] == {"prompt_tokens": 8, "total_tokens": 8}
+    assert got[2]["object"] == "response" and got[2]["status"] == "completed"
+    assert got[2]["output"][0]["content"][0] == {"type": "output_text", "text": "ok",
+                                                 "annotations": []}
+    assert got[2]["usage"] == {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}
+    assert got[3]["object"] == "text_completion" and got[3]["choices"][0]["text"] == "ok"
+    assert [r["path"] for r in mock.requests("api")] == [
+        "/s/api/v1/embeddings", "/s/api/v1/embeddings", "/s/api/v1/responses",
+        "/s/api/v1/completions"]

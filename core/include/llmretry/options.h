@@ -27,6 +27,15 @@ typedef enum llmretry_retry_mode {
     LLMRETRY_RETRY_UNSAFE
 } llmretry_retry_mode;
 
+/* The API a call's URL ends with (the `endpoint` option), appended to
+ * base_url; a `url` is used as is whatever it says. */
+typedef enum llmretry_api {
+    LLMRETRY_API_CHAT_COMPLETIONS = 0, /* "/chat/completions" */
+    LLMRETRY_API_COMPLETIONS,          /* "/completions" (legacy text completions) */
+    LLMRETRY_API_EMBEDDINGS,           /* "/embeddings" */
+    LLMRETRY_API_RESPONSES             /* "/responses" */
+} llmretry_api;
+
 /* Parse "additive"/"full"/"none" and "safe"/"unsafe"; EINVAL otherwise. */
 llmretry_status llmretry_jitter_parse(const char *s, llmretry_jitter *out);
 llmretry_status llmretry_retry_mode_parse(const char *s, llmretry_retry_mode *out);
@@ -60,9 +69,11 @@ typedef struct llmretry_channel llmretry_channel;
 
 typedef struct llmretry_options {
     /* Endpoint. `url` is used as is when set; otherwise base_url (else
-     * $OPENAI_BASE_URL, else https://api.openai.com/v1) + "/chat/completions". */
+     * $OPENAI_BASE_URL, else https://api.openai.com/v1) + "/" + endpoint's
+     * path ("chat/completions" by default). */
     const char *url;
     const char *base_url;
+    llmretry_api endpoint;         /* chat/completions */
     /* Sent as "Authorization: Bearer <key>" when non-NULL (else
      * $OPENAI_API_KEY when use_env_api_key). Never logged. */
     const char *api_key;
