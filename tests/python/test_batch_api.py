@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -107,3 +107,182 @@ def test_mock_cancel_and_auto(mock: MockServer) -> None:
     assert _http(mock, "GET", f"/v1/batches/{b['id']}")["status"] == "cancelled"
     _http(mock, "DELETE", f"/v1/files/{f['id']}")
     assert _http(mock, "GET", "/v1/files")["data"] == []
+
+
+# -- llmretry.batch_api ---------------------------------------------------------
+
+import llmretry  # noqa: E402
+from llmretry import batch_api  # noqa: E402
+from llmretry.errors import LLMError  # noqa: E402
+
+KEY = "sk-test-SECRET-KEY-123"
+# Polls every few ms: the mock's time moves only when told (auto or advance).
+POLL = {"poll_interval_ms": 5, "max_poll_interval_ms": 20, "max_retries": 2,
+        "base_delay_ms": 10, "max_delay_ms": 50, "jitter": "none"}
+
+
+def _opts(mock: MockServer, **kw: Any) -> Dict[str, Any]:
+    o: Dict[str, Any] = dict(POLL, base_url=mock.base_url, api_key=KEY, logger=None)
+    o.update(kw)
+    return o
+
+
+def _bodies(n: int, model: str = "gpt-4o-mini") -> List[Dict[str, Any]]:
+    return [{"model": model, "messages": [{"role": "user", "content": f"SECRET-PROMPT-{i}"}]}
+            for i in range(n)]
+
+
+def test_thousand_lines_in_one_batch_in_input_order(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    out = batch_api.run(_bodies(1000), **_opts(mock))
+    store = mock.batch_api()
+    assert len(store.batches) == 1
+    (b,) = store.batches.values()
+    assert b["status"] == "completed" and b["request_counts"]["total"] == 1000
+    assert isinstance(out, llmretry.BatchResult) and len(out) == 1000
+    assert all(isinstance(r, llmretry.Result) for r in out)
+    # The mock's answer i is line i's (its embedding-free chat id names the line).
+    assert [r.data["id"] for r in out] == [f"chatcmpl-mock-{i}" for i in range(1000)]
+    assert out[0].meta.model == "gpt-4o-mini" and out[0].meta.usage["total_tokens"] == 15
+    s = out.summary
+    assert (s.items, s.ok, s.failed, s.completed) == (1000, 1000, 0, True)
+    assert s.total_tokens == 15000
+    # Files deleted at the end: the input, the output (no error file was made).
+    assert store.files == {}
+
+
+def test_keep_files_leaves_them(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    batch_api.run(_bodies(3), keep_files=True, **_opts(mock))
+    purposes = sorted(f["purpose"] for f in mock.batch_api().files.values())
+    assert purposes == ["batch", "batch_output"]
+
+
+def test_order_is_restored_across_models_grouped(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = [{"model": "m-a" if i % 3 else "m-b", "messages": []} for i in range(30)]
+    out = batch_api.run(bodies, **_opts(mock))
+    batches = list(mock.batch_api().batches.values())
+    assert len(batches) == 2         # one model per batch file
+    assert [r.data["model"] for r in out] == [b["model"] for b in bodies]
+    assert [r.meta.model for r in out] == [b["model"] for b in bodies]
+
+
+def test_embeddings_batch(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = [{"model": "text-embedding-3-small", "input": f"text {i}"} for i in range(5)]
+    out = batch_api.run(bodies, endpoint="embeddings", **_opts(mock))
+    (b,) = mock.batch_api().batches.values()
+    assert b["endpoint"] == "/v1/embeddings"
+    assert [r.data["object"] for r in out] == ["list"] * 5
+    assert [r.data["data"][0]["embedding"][2] for r in out] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert out.summary.prompt_tokens == 20
+
+
+def test_expiry_keeps_finished_lines_and_fails_the_rest(mock: MockServer, tmp_path: Any) -> None:
+    mock.batch_api().auto = {"to": "expired", "completed": 6}
+    failures = tmp_path / "failed.jsonl"
+    out = batch_api.run(_bodies(10), failures_path=failures, **_opts(mock))
+    assert [isinstance(r, llmretry.Result) for r in out] == [True] * 6 + [False] * 4
+    errs = out.errors()
+    assert [i for i, _ in errs] == [6, 7, 8, 9]
+    assert {e.kind for _, e in errs} == {"batch_expired"}
+    recs = [json.loads(line) for line in failures.read_text().splitlines()]
+    assert sorted(r["index"] for r in recs) == [6, 7, 8, 9]
+    assert out.summary.ok == 6 and out.summary.failed == 4
+
+
+def test_expiry_then_realtime_runs_the_rest(mock: MockServer) -> None:
+    mock.batch_api().auto = {"to": "expired", "completed": 6}
+    out = batch_api.run(_bodies(10), then_realtime=True, **_opts(mock))
+    assert all(isinstance(r, llmretry.Result) for r in out)
+    assert out.summary.ok == 10
+    # The last four went to the chat endpoint (scenario "default") one by one.
+    chat = [json.loads(r["body"]) for r in mock.requests("default")]
+    assert sorted(b["messages"][0]["content"] for b in chat) == [
+        f"SECRET-PROMPT-{i}" for i in range(6, 10)]
+
+
+def test_failed_validation_is_a_clear_error_naming_the_line(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = _bodies(3)
+    # A body the mock's validation refuses: two models in one file cannot
+    # happen (grouped), so send lines whose custom ids the mock sees twice.
+    store = mock.batch_api()
+    job = batch_api.submit(bodies, **_opts(mock))
+    (bid,) = job.batch_ids
+    # Make the uploaded file invalid at line 2 as a provider's validation would.
+    fid = store.batches[bid]["input_file_id"]
+    lines = store.content[fid].splitlines()
+    lines[1] = lines[1].replace(b'"POST"', b'"GET"')
+    store.content[fid] = b"\n".join(lines) + b"\n"
+    job.wait()
+    out = job.results()
+    errs = out.errors()
+    assert len(errs) == 3
+    err = errs[0][1]
+    assert isinstance(err, batch_api.BatchAPIError) and err.kind == "batch_failed"
+    assert "line 2" in str(err) and bid in str(err)
+    assert KEY not in str(err) and "SECRET-PROMPT" not in str(err)
+
+
+def test_per_line_error_status(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = _bodies(3)
+    bodies[1]["mock_status"] = 400
+    out = batch_api.run(bodies, **_opts(mock))
+    assert isinstance(out[1], llmretry.HTTPStatusError) and out[1].status == 400
+    assert out[1].request_id and isinstance(out[0], llmretry.Result)
+
+
+def test_cancel(mock: MockServer) -> None:
+    job = batch_api.submit(_bodies(4), **_opts(mock))
+    (bid,) = job.batch_ids
+    mock.batch_api().advance(bid)            # in_progress
+    mock.batch_api().auto = True             # cancelling -> cancelled at the next poll
+    st = job.cancel()
+    assert st["status"] == "cancelled"
+    out = job.results()
+    assert {e.kind for _, e in out.errors()} == {"batch_cancelled"}
+    assert mock.batch_api().files == {}
+
+
+def test_status_and_wait_progress(mock: MockServer) -> None:
+    job = batch_api.submit(_bodies(4), **_opts(mock))
+    assert job.status()["status"] == "in_progress"
+    mock.batch_api().auto = True
+    seen: List[Any] = []
+    st = job.wait(progress=lambda done, total, failed: seen.append((done, total, failed)))
+    assert st["status"] == "completed" and seen[-1] == (4, 4, 0)
+
+
+# -- bad input, refused before any upload -----------------------------------------
+
+def test_bad_input_is_refused_before_upload(mock: MockServer) -> None:
+    o = _opts(mock)
+    with pytest.raises(ValueError, match=r"endpoint '/v1/images/generations'.*serves only"):
+        batch_api.run(_bodies(2), endpoint="/v1/images/generations", **o)
+    dup = [{"custom_id": "a", "body": b} for b in _bodies(2)]
+    with pytest.raises(ValueError, match=r"bodies\[1\]: custom_id 'a' is also bodies\[0\]"):
+        batch_api.run(dup, **o)
+    with pytest.raises(ValueError, match=r"bodies\[1\]: its batch line is \d+ bytes, over"):
+        batch_api.run([{"model": "m", "messages": []},
+                       {"model": "m", "messages": [{"role": "user", "content": "x" * 500}]}],
+                      max_bytes=300, **o)
+    with pytest.raises(ValueError, match=r"bodies\[0\]: the Batch API does not stream"):
+        batch_api.run([{"model": "m", "messages": [], "stream": True}], **o)
+    with pytest.raises(ValueError, match=r"bodies\[0\]: the Batch API needs each body's model"):
+        batch_api.run([{"messages": []}], **o)
+    assert mock.batch_api().files == {} and mock.batch_api().batches == {}
+
+
+def test_caller_custom_ids_are_kept(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    items = [{"custom_id": f"row-{i}", "body": b} for i, b in enumerate(_bodies(3))]
+    job = batch_api.submit(items, **_opts(mock))
+    fid = mock.batch_api().batches[job.batch_ids[0]]["input_file_id"]
+    content = mock.batch_api().content[fid]
+    assert [json.loads(x)["custom_id"] for x in content.splitlines()] == ["row-0", "row-1",
+                                                                          "row-2"]
+    job.wait()
+    assert len(job.results()) == 3
