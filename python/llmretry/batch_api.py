@@ -156,12 +156,14 @@ def _lines_of(bodies: Sequence[Any], endpoint: Optional[str]
 
 
 def _parts(lines: Sequence[bytes], models: Sequence[str], max_lines: int,
-           max_bytes: int) -> List[Tuple[str, List[int]]]:
-    """The batches to make: (model, indices), one model each (in order of
-    first appearance), each within max_lines lines and max_bytes bytes."""
+           max_bytes: int, indices: Optional[Iterable[int]] = None
+           ) -> List[Tuple[str, List[int]]]:
+    """The batches to make of these items (default all): (model, indices),
+    one model each (in order of first appearance), each within max_lines
+    lines and max_bytes bytes."""
     groups: Dict[str, List[int]] = {}
-    for i, model in enumerate(models):
-        groups.setdefault(model, []).append(i)
+    for i in (range(len(models)) if indices is None else indices):
+        groups.setdefault(models[i], []).append(i)
     parts: List[Tuple[str, List[int]]] = []
     for model, indices in groups.items():
         cur: List[int] = []
@@ -269,6 +271,18 @@ def _error_of(record: Mapping[str, Any]) -> LLMError:
                attempts=err.get("attempts") or 0)
 
 
+def _sleep(seconds: float) -> None:
+    """time.sleep in slices of at most 50 ms: a SIGINT that another thread
+    (the engine's) took does not wake this one's sleep, and Python raises
+    KeyboardInterrupt only when this thread runs again."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
 # ---------------------------------------------------------------------------
 # The job
 
@@ -312,6 +326,32 @@ class BatchJob:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(path, self.record_path)
+
+    def _unsubmitted(self) -> List[int]:
+        """The items no batch of the record holds."""
+        covered = {i for rec in self.doc["batches"] for i in _indices(rec["ranges"])}
+        return [i for i in range(len(self.lines)) if i not in covered]
+
+    def _submit(self, indices: Iterable[int]) -> None:
+        """Upload and create the batches of these items, each recorded as
+        soon as it is created (a run stopped meanwhile: resume submits the
+        items no batch of the record holds)."""
+        doc, api = self.doc, self.api
+        wanted = list(indices)
+        parts = _parts(self.lines, self.models, doc["max_lines"], doc["max_bytes"], wanted)
+        self._save()        # the record before the first upload: resume finds it
+        for model, part in parts:
+            data = b"\n".join(self.lines[i] for i in part) + b"\n"
+            f = api.upload(f"llmretry-batch-{len(doc['batches'])}.jsonl", data)
+            create: Dict[str, Any] = {"input_file_id": f["id"], "endpoint": self.endpoint,
+                                      "completion_window": "24h"}
+            if doc.get("metadata"):
+                create["metadata"] = doc["metadata"]
+            b = api.post_json("/batches", create, idempotency_key=f"llmretry-{f['id']}")
+            doc["batches"].append({"id": b["id"], "input_file_id": f["id"], "model": model,
+                                   "ranges": _ranges(part), "collected": False})
+            self.last[b["id"]] = b
+            self._save()
 
     # -- looking -----------------------------------------------------------------
 
@@ -364,7 +404,7 @@ class BatchJob:
                            rc["failed"])
                 if st["status"] != "in_progress":
                     return st
-                time.sleep(delay)
+                _sleep(delay)
                 delay = min(delay * 1.5, cap / 1000.0)
         finally:
             if bar is not None:
@@ -434,7 +474,8 @@ class BatchJob:
     def results(self, *, failures_path: Any = None, resume: bool = False,
                 then_realtime: bool = False, keep_files: Optional[bool] = None,
                 logger: Any = DEFAULT,
-                batch: Optional[_batch.Batch] = None, **realtime: Any) -> BatchResult:
+                batch: Optional[_batch.Batch] = None, already_ok: Any = None,
+                **realtime: Any) -> BatchResult:
         """Collect every ended batch into a BatchResult in input order (the
         type call_many returns): each slot a Result, or the item's error
         (an HTTP status the batch met, ``batch_expired``,
@@ -453,7 +494,7 @@ class BatchJob:
         if batch.resume and path is not None and os.path.exists(path):
             old = _batch.read_failures(path)
         with batch:
-            batch.open()
+            batch.open(already_ok)
             pending = set(batch.to_run)
             retry: List[int] = []
 
@@ -485,6 +526,8 @@ class BatchJob:
         """The items the batches failed, through call_many."""
         api = self.api
         opts = dict(options)
+        if "url" not in opts:
+            opts.pop("base_url", None)      # the batch's endpoint, on the batch's base URL
         opts.setdefault("url", api.base_url + self.endpoint[len("/v1"):])
         opts.setdefault("api_key", api.api_key)
         if api.headers:
@@ -553,36 +596,48 @@ def submit(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
     ``max_retry_after_ms``, ``call_deadline_ms``), ``poll_interval_ms``,
     ``max_poll_interval_ms``, ``keep_files``, ``logger``.
     """
+    job = _new_job(bodies, endpoint=endpoint, client=client, record=record,
+                   failures_path=failures_path, metadata=metadata, max_lines=max_lines,
+                   max_bytes=max_bytes, **options)
+    job._submit(job._unsubmitted())
+    return job
+
+
+def _new_job(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
+             client: Optional[Client] = None, record: Any = None, failures_path: Any = None,
+             metadata: Optional[Mapping[str, str]] = None, max_lines: int = MAX_LINES,
+             max_bytes: int = MAX_BYTES, **options: Any) -> BatchJob:
+    """submit's job, its bodies checked, nothing sent yet."""
     if max_lines < 1 or max_bytes < 1:
         raise ValueError("max_lines and max_bytes must be positive")
     api, items, ep, lines, cids, models, record_path, job_opts = _prepare(
         bodies, endpoint, client, record, failures_path, options)
-    parts = _parts(lines, models, max_lines, max_bytes)
+    _parts(lines, models, max_lines, max_bytes)     # a line too big: refused now
     doc: Dict[str, Any] = {"llmretry_batch_api": RECORD_VERSION, "items": len(lines),
                            "endpoint": ep, "base_url": api.base_url,
-                           "input_sha256": _fingerprint(cids, lines), "batches": []}
-    job = BatchJob(api, items, lines, cids, models, ep, record_path, doc, job_opts)
-    job._save()
-    for k, (model, indices) in enumerate(parts):
-        data = b"\n".join(lines[i] for i in indices) + b"\n"
-        f = api.upload(f"llmretry-batch-{k}.jsonl", data)
-        create: Dict[str, Any] = {"input_file_id": f["id"], "endpoint": ep,
-                                  "completion_window": "24h"}
-        if metadata:
-            create["metadata"] = dict(metadata)
-        b = api.post_json("/batches", create, idempotency_key=f"llmretry-{f['id']}")
-        doc["batches"].append({"id": b["id"], "input_file_id": f["id"], "model": model,
-                               "ranges": _ranges(indices), "collected": False})
-        job.last[b["id"]] = b
-        job._save()
-    return job
+                           "input_sha256": _fingerprint(cids, lines), "batches": [],
+                           "max_lines": max_lines, "max_bytes": max_bytes}
+    if metadata:
+        doc["metadata"] = dict(metadata)
+    return BatchJob(api, items, lines, cids, models, ep, record_path, doc, job_opts)
 
 
 def resume(bodies: Iterable[Any], *, record: Any = None, failures_path: Any = None,
            endpoint: Optional[str] = None, client: Optional[Client] = None,
            **options: Any) -> BatchJob:
     """The BatchJob of an earlier run's record, for the same bodies
-    (ValueError when the record is of another input)."""
+    (ValueError when the record is of another input). The items no batch
+    of the record holds (a run stopped while submitting) are submitted."""
+    job = _load_job(bodies, record=record, failures_path=failures_path, endpoint=endpoint,
+                    client=client, **options)
+    job._submit(job._unsubmitted())
+    return job
+
+
+def _load_job(bodies: Iterable[Any], *, record: Any = None, failures_path: Any = None,
+              endpoint: Optional[str] = None, client: Optional[Client] = None,
+              **options: Any) -> BatchJob:
+    """resume's job, nothing sent yet."""
     api, items, ep, lines, cids, models, record_path, job_opts = _prepare(
         bodies, endpoint, client, record, failures_path, options)
     if record_path is None:
@@ -599,19 +654,32 @@ def resume(bodies: Iterable[Any], *, record: Any = None, failures_path: Any = No
 
 
 def _interruptible_wait(job: BatchJob, progress: Any, grace_s: float,
-                        say: Callable[[str], None]) -> None:
-    """job.wait(); Ctrl-C detaches (BatchDetached), a second one within
-    ``grace_s`` cancels the batches and waits for them to end."""
+                        say: Callable[[str], None],
+                        on_submitted: Optional[Callable[[BatchJob], None]] = None) -> None:
+    """Submit what is not submitted yet, then job.wait(); Ctrl-C detaches
+    (BatchDetached: the batches created go on, resume submits the rest), a
+    second one within ``grace_s`` cancels the batches and waits for them to
+    end."""
     try:
+        job._submit(job._unsubmitted())
+        if on_submitted is not None:
+            on_submitted(job)
         job.wait(progress=progress)
         return
     except KeyboardInterrupt:
         pass
-    say(f"llmretry: detaching from {len(job.batch_ids)} batch(es); they go on at the "
-        f"provider (resume to collect them). Ctrl-C again within {grace_s:g} s "
-        f"cancels them.")
+    _detach_or_cancel(job, grace_s, say)
+
+
+def _detach_or_cancel(job: BatchJob, grace_s: float, say: Callable[[str], None]) -> None:
+    """After a Ctrl-C: raise BatchDetached, cancelling the batches first
+    when a second Ctrl-C comes within ``grace_s``."""
     try:
-        time.sleep(grace_s)
+        # Inside the try: a second Ctrl-C as soon as the notice is out counts.
+        say(f"llmretry: detaching from {len(job.batch_ids)} batch(es); they go on at the "
+            f"provider (resume to collect them). Ctrl-C again within {grace_s:g} s "
+            f"cancels them.")
+        _sleep(grace_s)
     except KeyboardInterrupt:
         say("llmretry: cancelling the batches and waiting for them to end...")
         job.cancel(wait=True)
@@ -648,12 +716,12 @@ def run(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
     rec_path = record if record is not None else (
         None if failures_path is None else os.fspath(failures_path) + ".batches")
     if resume and rec_path is not None and os.path.exists(rec_path):
-        job = globals()["resume"](items, record=rec_path, endpoint=endpoint, client=client,
-                                  keep_files=keep_files, **options)
+        job = _load_job(items, record=rec_path, endpoint=endpoint, client=client,
+                        keep_files=keep_files, **options)
     else:
-        job = submit(items, endpoint=endpoint, client=client, record=rec_path,
-                     metadata=metadata, max_lines=max_lines, max_bytes=max_bytes,
-                     keep_files=keep_files, **options)
+        job = _new_job(items, endpoint=endpoint, client=client, record=rec_path,
+                       metadata=metadata, max_lines=max_lines, max_bytes=max_bytes,
+                       keep_files=keep_files, **options)
     _interruptible_wait(job, progress, cancel_grace_s, _say)
     return job.results(failures_path=failures_path, resume=resume and failures_path is not None,
                        then_realtime=then_realtime, keep_files=keep_files,

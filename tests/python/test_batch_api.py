@@ -286,3 +286,174 @@ def test_caller_custom_ids_are_kept(mock: MockServer) -> None:
                                                                           "row-2"]
     job.wait()
     assert len(job.results()) == 3
+
+
+# -- the command: llmretry batch --via batch-api ------------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from conftest import child_env  # noqa: E402
+
+
+def _write_input(path: Path, bodies: List[Dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+
+
+def _cli_args(mock: MockServer, tmp: Path, *extra: str) -> List[str]:
+    return ["batch", str(tmp / "in.jsonl"), "-o", str(tmp / "out.jsonl"),
+            "--failures", str(tmp / "failed.jsonl"), "--via", "batch-api",
+            "--base-url", mock.base_url, "--poll-interval-ms", "5", "--max-retries", "2",
+            "--base-delay-ms", "10", *extra]
+
+
+def _env() -> Dict[str, str]:
+    env = child_env()
+    env["OPENAI_API_KEY"] = KEY
+    return env
+
+
+def _cli(mock: MockServer, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmretry", *_cli_args(mock, tmp, *extra)],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+
+
+def _start(mock: MockServer, tmp: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmretry", *_cli_args(mock, tmp, *extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+
+
+def _until(cond: Any, what: str, timeout: float = 30.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _results(tmp: Path) -> List[Dict[str, Any]]:
+    return [json.loads(x) for x in (tmp / "out.jsonl").read_text().splitlines()]
+
+
+def test_cli_via_batch_api(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(20))
+    mock.batch_api().auto = True
+    proc = _cli(mock, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = _results(tmp_path)
+    assert [r["index"] for r in out] == list(range(20))
+    assert all(r["ok"] for r in out)
+    assert out[3]["data"]["id"] == "chatcmpl-mock-3"
+    assert "20 items: 20 ok, 0 failed" in proc.stderr
+    assert mock.batch_api().files == {}
+    assert KEY not in proc.stderr and "SECRET-PROMPT" not in proc.stderr
+
+
+def test_cli_expiry_failures_file_then_realtime(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(8))
+    mock.batch_api().auto = {"to": "expired", "completed": 5}
+    proc = _cli(mock, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    out = _results(tmp_path)
+    assert [r["ok"] for r in out] == [True] * 5 + [False] * 3
+    assert out[7]["error"]["kind"] == "batch_expired"
+    failed = [json.loads(x) for x in (tmp_path / "failed.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in failed) == [5, 6, 7]
+    # The same input again, the failed ones through the realtime path.
+    proc = _cli(mock, tmp_path, "--then-realtime")
+    assert proc.returncode == 0, proc.stderr
+    assert all(r["ok"] for r in _results(tmp_path))
+
+
+def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
+                                                              tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(12))
+    store = mock.batch_api()
+    proc = _start(mock, tmp_path)
+    try:
+        _until(lambda: store.batches, "the batch")
+        (bid,) = store.batches
+        # Polling: it retrieved the batch at least twice.
+        _until(lambda: (tmp_path / "failed.jsonl.batches").exists(), "the record")
+        time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+    record = json.loads((tmp_path / "failed.jsonl.batches").read_text())
+    assert [b["id"] for b in record["batches"]] == [bid]
+    assert record["batches"][0]["ranges"] == [[0, 11]]
+    store.advance(bid, to="completed")
+    proc2 = _cli(mock, tmp_path, "--resume")
+    assert proc2.returncode == 0, proc2.stderr
+    assert len(store.batches) == 1           # polled the old one, made none
+    out = _results(tmp_path)
+    assert [r["index"] for r in out] == list(range(12)) and all(r["ok"] for r in out)
+    assert store.files == {}
+
+
+def test_ctrl_c_once_detaches_and_resume_collects(mock: MockServer, tmp_path: Path) -> None:
+    import _thread
+    import threading
+    store = mock.batch_api()
+    failures = tmp_path / "failed.jsonl"
+
+    record = tmp_path / "failed.jsonl.batches"
+
+    def recorded() -> bool:
+        try:
+            return bool(json.loads(record.read_text())["batches"])
+        except (OSError, ValueError):
+            return False
+
+    def interrupt_once_polling() -> None:
+        _until(recorded, "the batch in the record")
+        _thread.interrupt_main()        # Ctrl-C
+    t = threading.Thread(target=interrupt_once_polling)
+    t.start()
+    with pytest.raises(batch_api.BatchDetached) as info:
+        batch_api.run(_bodies(5), failures_path=failures, cancel_grace_s=0.05, **_opts(mock))
+    t.join()
+    assert not info.value.cancelled
+    (bid,) = store.batches
+    assert info.value.job.batch_ids == [bid]
+    assert store.batches[bid]["status"] == "validating"       # it goes on
+    store.auto = True
+    out = batch_api.run(_bodies(5), failures_path=failures, resume=True, **_opts(mock))
+    assert len(store.batches) == 1 and all(isinstance(r, llmretry.Result) for r in out)
+
+
+def test_cli_ctrl_c_twice_cancels(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(6))
+    store = mock.batch_api()
+    proc = _start(mock, tmp_path)
+    try:
+        assert "1 batch(es)" in proc.stderr.readline()      # type: ignore[union-attr]
+        (bid,) = store.batches
+        proc.send_signal(signal.SIGINT)
+        notice = proc.stderr.readline()                     # type: ignore[union-attr]
+        assert "Ctrl-C again" in notice and "they go on" in notice
+        proc.send_signal(signal.SIGINT)
+        _until(lambda: store.batches[bid]["status"] == "cancelling", "the cancel")
+        store.advance(bid)                   # cancelling -> cancelled
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "cancelled" in err
+    assert len(store.batches) == 1 and store.batches[bid]["status"] == "cancelled"
+
+
+def test_cli_refuses_stream_with_batch_api(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(2))
+    proc = _cli(mock, tmp_path, "--stream")
+    assert proc.returncode == 2 and "--stream does not go with --via batch-api" in proc.stderr
+    assert mock.batch_api().files == {}
