@@ -457,3 +457,57 @@ def test_cli_refuses_stream_with_batch_api(mock: MockServer, tmp_path: Path) -> 
     proc = _cli(mock, tmp_path, "--stream")
     assert proc.returncode == 2 and "--stream does not go with --via batch-api" in proc.stderr
     assert mock.batch_api().files == {}
+
+
+# -- splitting ------------------------------------------------------------------------
+
+def test_120000_lines_split_in_three_at_the_api_limits() -> None:
+    # The plan alone (no upload): 120,000 lines at the API's 50,000-line limit.
+    lines = [b'{"custom_id":"%d"}' % i for i in range(120_000)]
+    parts = batch_api._parts(lines, ["gpt-4o-mini"] * 120_000, batch_api.MAX_LINES,
+                             batch_api.MAX_BYTES)
+    assert [len(p) for _, p in parts] == [50_000, 50_000, 20_000]
+    assert [i for _, p in parts for i in p] == list(range(120_000))
+
+
+def test_split_past_the_line_limit_end_to_end(mock: MockServer, tmp_path: Path) -> None:
+    # The same split scaled down 100x (max_lines is a parameter): three
+    # batches, results in input order, one record naming each range.
+    mock.batch_api().auto = True
+    out = batch_api.run(_bodies(1200), max_lines=500, failures_path=tmp_path / "f.jsonl",
+                        **_opts(mock))
+    batches = sorted(mock.batch_api().batches.values(), key=lambda b: b["id"])
+    assert [b["request_counts"]["total"] for b in batches] == [500, 500, 200]
+    assert [r.data["id"] for r in out][::100] == [f"chatcmpl-mock-{i % 500}"
+                                                  for i in range(0, 1200, 100)]
+    assert out.summary.ok == 1200
+    record = json.loads((tmp_path / "f.jsonl.batches").read_text())
+    assert [b["ranges"] for b in record["batches"]] == [[[0, 499]], [[500, 999]],
+                                                        [[1000, 1199]]]
+    assert all(b["collected"] for b in record["batches"])
+
+
+def test_split_past_the_byte_limit(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = _bodies(10)
+    size = len(batch_api._lines_of(bodies, None)[1][0]) + 1
+    out = batch_api.run(bodies, max_bytes=size * 4, **_opts(mock))
+    counts = [b["request_counts"]["total"] for b in mock.batch_api().batches.values()]
+    assert sorted(counts) == [2, 4, 4]
+    assert out.summary.ok == 10
+    assert [r.data["choices"][0]["message"]["content"] for r in out] == ["ok"] * 10
+
+
+def test_mixed_models_grouped_with_split(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = [{"model": f"m{i % 2}", "messages": [{"role": "user", "content": str(i)}]}
+              for i in range(12)]
+    out = batch_api.run(bodies, max_lines=4, keep_files=True, **_opts(mock))
+    store = mock.batch_api()
+    files = []
+    for b in sorted(store.batches.values(), key=lambda b: b["id"]):
+        lines = [json.loads(x) for x in store.content[b["input_file_id"]].splitlines()]
+        files.append(({x["body"]["model"] for x in lines}, len(lines)))
+    # One model per file (6 lines each, 4 a file), first-seen model first.
+    assert files == [({"m0"}, 4), ({"m0"}, 2), ({"m1"}, 4), ({"m1"}, 2)]
+    assert [r.data["model"] for r in out] == [b["model"] for b in bodies]
