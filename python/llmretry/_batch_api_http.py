@@ -150,7 +150,8 @@ class Api:
             try:
                 with urllib.request.urlopen(req, timeout=min(p["timeout_ms"] / 1000.0,
                                                              left)) as resp:
-                    return resp.read()
+                    data: bytes = resp.read()
+                    return data
             except urllib.error.HTTPError as exc:
                 status = exc.code
                 raw = exc.read() or b""
@@ -181,9 +182,10 @@ class Api:
             total = int((time.monotonic() - start) * 1000)
 
             def give_up(reason: str) -> LLMError:
-                return err_cls(msg, attempt=attempt - 1, attempts=attempt,
+                err: LLMError = err_cls(msg, attempt=attempt - 1, attempts=attempt,
                                request_id=request_id, reason=reason, duration_ms=duration,
                                total_ms=total, **fields)
+                return err
             if not retryable:
                 raise give_up("not_retryable")
             if attempt > p["max_retries"]:

@@ -123,7 +123,7 @@ class Store:
         return f"{prefix}-mock{self.counter:06d}"
 
     def _new_file(self, name: str, purpose: str, data: bytes) -> Dict[str, Any]:
-        meta = {"id": self._id("file"), "object": "file", "bytes": len(data),
+        meta: Dict[str, Any] = {"id": self._id("file"), "object": "file", "bytes": len(data),
                 "created_at": int(time.time()), "filename": name, "purpose": purpose,
                 "status": "processed"}
         self.files[meta["id"]] = meta
@@ -346,7 +346,8 @@ class Store:
                                       json.dumps(doc).encode())
         if status != 200:
             raise ValueError(json.loads(body)["error"]["message"])
-        return json.loads(body)
+        out: Dict[str, Any] = json.loads(body)
+        return out
 
     def _control(self, method: str, ident: Optional[str], body: bytes) -> Reply:
         try:

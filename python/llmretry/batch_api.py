@@ -39,7 +39,7 @@ import os
 import sys
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Tuple)
+                    Set, Tuple)
 
 from . import _batch
 from ._batch import BatchResult
@@ -107,7 +107,7 @@ def _lines_of(bodies: Sequence[Any], endpoint: Optional[str]
     An item is a request body, or a batch line ``{"custom_id", "body",
     "url"?, "method"?}`` whose custom id is kept (they must be unique)."""
     ep: Optional[str] = _endpoint_of(endpoint) if endpoint is not None else None
-    lines: List[bytes] = []
+    lines: List[Dict[str, Any]] = []
     cids: List[str] = []
     models: List[str] = []
     seen: Dict[str, int] = {}
@@ -234,14 +234,14 @@ def _line_value(line: Dict[str, Any], model: str, status: str) -> Tuple[Any, boo
                         body.get("system_fingerprint") if isinstance(body, dict) else None,
                         usage_total=usage)
             return Result(body, meta), False
-        err = body.get("error") if isinstance(body, dict) else None
-        message = err.get("message") if isinstance(err, dict) else None
-        ecode = err.get("code") if isinstance(err, dict) else None
+        detail = body.get("error") if isinstance(body, dict) else None
+        message = detail.get("message") if isinstance(detail, dict) else None
+        ecode = detail.get("code") if isinstance(detail, dict) else None
         return HTTPStatusError(f"HTTP {code} in the batch" + (f": {message}" if message else ""),
                                status=code if isinstance(code, int) else None, attempts=1,
                                request_id=rid, reason="not_retryable", model=model,
                                error_code=ecode if isinstance(ecode, str) else None), True
-    err = line.get("error") if isinstance(line.get("error"), dict) else {}
+    err: Dict[str, Any] = line["error"] if isinstance(line.get("error"), dict) else {}
     kind = str(err.get("code") or f"batch_{status}")
     return LLMError(str(err.get("message") or f"not run: the batch was {status}"),
                     kind=kind, model=model, reason="not_retryable"), True
@@ -265,7 +265,7 @@ def _not_run(status: str, batch: Dict[str, Any], model: str) -> LLMError:
 def _error_of(record: Mapping[str, Any]) -> LLMError:
     """A failures-file record's error again (a resumed run's earlier failure)."""
     err = record.get("error") or {}
-    cls = _ERROR_BY_KIND.get(err.get("kind"), LLMError)
+    cls = _ERROR_BY_KIND.get(str(err.get("kind")), LLMError)
     return cls(str(err.get("message") or "failed in an earlier run"), kind=err.get("kind"),
                status=err.get("status"), request_id=err.get("request_id"),
                attempts=err.get("attempts") or 0)
@@ -377,7 +377,7 @@ class BatchJob:
         if any(s not in TERMINAL for s in statuses):
             overall = "in_progress"
         else:
-            overall = next((s for s in statuses if s != "completed"), "completed")
+            overall = next((str(s) for s in statuses if s != "completed"), "completed")
         return {"status": overall, "batches": out, "request_counts": counts}
 
     def wait(self, progress: Any = None, poll_interval_ms: Optional[int] = None,
@@ -449,7 +449,7 @@ class BatchJob:
         failed: List[int] = []
         for file_id in (batch.get("output_file_id"), batch.get("error_file_id")):
             for line in self._download(file_id):
-                i = by_cid.get(line.get("custom_id"))
+                i = by_cid.get(str(line.get("custom_id")))
                 if i is None or i in answered:
                     continue
                 answered.add(i)
@@ -521,7 +521,7 @@ class BatchJob:
                 self._realtime(sorted(retry), batch, pending, realtime)
         return batch.result()
 
-    def _realtime(self, indices: List[int], batch: _batch.Batch, pending: set,
+    def _realtime(self, indices: List[int], batch: _batch.Batch, pending: Set[int],
                   options: Dict[str, Any]) -> None:
         """The items the batches failed, through call_many."""
         api = self.api
