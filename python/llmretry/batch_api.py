@@ -486,6 +486,11 @@ class BatchJob:
         in the same run; the files are deleted unless ``keep_files``."""
         if keep_files is None:
             keep_files = bool(self.options.get("keep_files", False))
+        running = [b["id"] for b in self.status()["batches"]
+                   if b.get("status") not in TERMINAL]
+        if running:
+            raise RuntimeError(f"batches still running: {', '.join(running)} "
+                               f"(wait() for them first)")
         if batch is None:
             batch = _batch.Batch(list(self.bodies), failures_path=failures_path,
                                  resume=resume, logger=logger)

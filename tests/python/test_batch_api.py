@@ -247,6 +247,13 @@ def test_cancel(mock: MockServer) -> None:
     assert mock.batch_api().files == {}
 
 
+def test_results_before_the_end_is_an_error(mock: MockServer) -> None:
+    job = batch_api.submit(_bodies(2), **_opts(mock))
+    with pytest.raises(RuntimeError, match=r"batches still running: batch-mock\d+"):
+        job.results()
+    assert mock.batch_api().files != {}         # nothing collected, nothing deleted
+
+
 def test_status_and_wait_progress(mock: MockServer) -> None:
     job = batch_api.submit(_bodies(4), **_opts(mock))
     assert job.status()["status"] == "in_progress"
