@@ -518,3 +518,11 @@ def test_mixed_models_grouped_with_split(mock: MockServer) -> None:
     # One model per file (6 lines each, 4 a file), first-seen model first.
     assert files == [({"m0"}, 4), ({"m0"}, 2), ({"m1"}, 4), ({"m1"}, 2)]
     assert [r.data["model"] for r in out] == [b["model"] for b in bodies]
+
+
+def test_reachable_from_the_package() -> None:
+    code = "import llmretry, sys; assert 'llmretry.batch_api' not in sys.modules; " \
+           "print(llmretry.batch_api.run.__module__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "llmretry.batch_api", proc.stderr
