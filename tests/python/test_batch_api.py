@@ -373,10 +373,17 @@ def test_cli_expiry_failures_file_then_realtime(mock: MockServer, tmp_path: Path
     assert out[7]["error"]["kind"] == "batch_expired"
     failed = [json.loads(x) for x in (tmp_path / "failed.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in failed) == [5, 6, 7]
-    # The same input again, the failed ones through the realtime path.
-    proc = _cli(mock, tmp_path, "--then-realtime")
+    # Resumed: the collected batch is not fetched again, its ok lines are
+    # kept, and its failed ones go through the realtime path.
+    proc = _cli(mock, tmp_path, "--resume", "--then-realtime")
     assert proc.returncode == 0, proc.stderr
-    assert all(r["ok"] for r in _results(tmp_path))
+    out = _results(tmp_path)
+    assert [r["index"] for r in out] == list(range(8)) and all(r["ok"] for r in out)
+    assert [r["data"]["id"] for r in out[:5]] == [f"chatcmpl-mock-{i}" for i in range(5)]
+    assert len(mock.batch_api().batches) == 1
+    chat = [json.loads(r["body"])["messages"][0]["content"] for r in mock.requests("default")]
+    assert sorted(chat) == [f"SECRET-PROMPT-{i}" for i in (5, 6, 7)]
+    assert (tmp_path / "failed.jsonl").read_text() == ""
 
 
 def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
