@@ -117,3 +117,12 @@ __all__ = [
 
 # A library stays silent until the application configures logging.
 _logging_module.getLogger("llmretry").addHandler(_logging_module.NullHandler())
+
+
+def __getattr__(name: str) -> object:
+    # llmretry.batch_api after `import llmretry` alone, without importing it
+    # (and urllib.request) on every import of llmretry.
+    if name == "batch_api":
+        import importlib
+        return importlib.import_module(".batch_api", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,7 +73,7 @@ from contextlib import contextmanager
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
                     Sequence, TextIO, Tuple)
 
-from . import _batch, _llmretry
+from . import _batch, _batch_api_cli, _llmretry
 from ._client import Client, Result, _encode_body, _LazyBodies
 from ._llmretry import CORE_VERSION, LIBCURL_VERSION, VERSION
 from ._logging import jsonl_logger
@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the number in flight at --limit even under 429s")
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: when stderr is a terminal)")
+    _batch_api_cli.add_flags(b)
     _add_call_options(b)
     b.set_defaults(func=run_batch)
 
@@ -1112,6 +1113,9 @@ def _run_batch(args: argparse.Namespace, inp: _Input) -> int:
         if len(bad) > MAX_BAD_LINES:
             write(f"{PROG}: skipped {len(bad) - MAX_BAD_LINES} more bad lines")
         results = _ResultsFile(output, kept)
+        if args.via == "batch-api":
+            return _batch_api_cli.run(args, sys.modules[__name__], inp, n, bad, client, options,
+                                      logger, results, kept, bar, output, interrupts, write)
         batch = _CliBatch(None, n=n, failures_path=args.failures,
                           resume=args.resume and args.failures is not None,
                           progress=bar if bar is not None else False,

@@ -96,6 +96,19 @@ Control API (JSON in and out)
 ``GET /_mock/connections`` -> ``{"accepted": N}``, TCP connections accepted
     since start.
 ``GET /_mock/health`` -> ``{"ok": true}``.
+``POST /_mock/batches/<id>/advance``, ``PUT /_mock/batches``: the Batch API's
+    clock (below).
+
+Files and Batch APIs
+--------------------
+``/v1/files`` (upload as multipart, list, retrieve, ``/content``, delete) and
+``/v1/batches`` (create, retrieve, ``/cancel``, list), with or without a
+``/s/<name>`` prefix (one store per server), are in ``llmretry._mock_batches``
+and tests/mock_protocol.md ("Batch API"): a batch moves validating ->
+in_progress -> finalizing -> completed (or failed, expired, cancelled) when
+``POST /_mock/batches/<id>/advance`` says so (``{}`` one step, ``{"to":
+"completed"}``, ``{"to": "expired", "completed": K}``), or at each retrieve
+after ``PUT /_mock/batches {"auto": true}`` (or ``{"auto": {"to": ...}}``).
 
 Error bodies of the mock itself have the OpenAI shape
 ``{"error": {"message": ..., "type": "invalid_request_error", "code": null}}``.
@@ -402,7 +415,7 @@ from typing import (Any, Callable, Deque, Dict, List, Mapping, Optional,
                     Sequence, Set, Tuple, Type)
 from urllib.parse import quote, unquote, urlsplit
 
-from . import _mock_sse
+from . import _mock_batches, _mock_sse
 
 __all__ = ["MockServer", "ScriptError", "main"]
 
@@ -1073,6 +1086,7 @@ class _State:
         self.scenarios: Dict[str, _Scenario] = {}
         self.chat_count = 0
         self.accepted = 0
+        self.batch_store = _mock_batches.Store()
 
     def script(self, name: str, steps: Any, after: Any,
                limits: Any = None, outage: Any = None,
@@ -1510,6 +1524,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = self._route_path()
         method = self.command
+        if _mock_batches.handles(path):     # the Files and Batch APIs (strict or not)
+            status, ctype, doc = self.server.state.batch_store.handle(
+                method, path, self.headers.get("Content-Type") or "", body)
+            self._send(status, doc if status != 204 else None,
+                       [("Content-Type", ctype)] if ctype else [])
+            return
         if self.server.strict and not path.startswith("/_mock/"):
             refusal = _strict_refusal(method, path, body)
             if refusal is not None:     # not recorded: no step consumed
@@ -1956,6 +1976,12 @@ class MockServer:
     def clear(self, name: str) -> None:
         """Clear scenario ``name``'s records (its cursor is kept)."""
         self._state.clear(name)
+
+    def batch_api(self) -> "_mock_batches.Store":
+        """The Files and Batch APIs' store (``.files``, ``.batches``,
+        ``.advance(batch_id, to=..., completed=K)``, ``.auto``): see
+        "Batch API" in tests/mock_protocol.md."""
+        return self._state.batch_store
 
     @property
     def connections_accepted(self) -> int:

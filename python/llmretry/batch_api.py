@@ -1,0 +1,734 @@
+"""OpenAI's Batch API behind llmretry's batch shape: half the price for jobs
+that can wait up to a day (docs/batch.md, "The Batch API").
+
+::
+
+    out = llmretry.batch_api.run(bodies, failures_path="failed.jsonl")
+    out[0].data, out.summary            # as call_many returns them
+
+    job = llmretry.batch_api.submit(bodies, record="job.json")
+    job.wait(progress=True)             # polls with backoff; Ctrl-C detaches
+    out = job.results()                 # a BatchResult in input order
+
+What it does: check every body (a model each, no stream, one endpoint the
+Batch API serves) before anything is sent; group the bodies by model (one
+model per batch file, as the API requires) and split each group past
+``max_lines`` lines or ``max_bytes`` bytes; for each part upload the file
+(``/files``, purpose ``batch``), create the batch (``/batches``, window
+``24h``) and write the job's record; poll until every batch ends; download
+the output and error files; map each line's ``custom_id`` back to its
+index; delete the uploaded and result files (unless ``keep_files``).
+
+Each HTTP call runs under llmretry's retry policy and a per-call deadline
+(see llmretry._batch_api_http for which calls are the engine's).
+
+The record (``record=``, default ``failures_path + ".batches"``) is a JSON
+file rewritten atomically after each batch is created and each is
+collected: the endpoint, the number of items, and per batch its id, its
+input file, its model and its item indices as ranges. ``resume=True`` with
+the same bodies polls the batches the record names instead of submitting
+again; those collected by an earlier run are not downloaded again (their
+items are ok in the failures file's progress file, or failed there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
+                    Set, Tuple)
+
+from . import _batch
+from ._batch import BatchResult
+from ._batch_api_http import Api
+from ._logging import DEFAULT
+from ._client import Client, Meta, Result, _client_or_default
+from .errors import _ERROR_BY_KIND, HTTPStatusError, LLMError
+
+__all__ = ["run", "submit", "resume", "BatchJob", "BatchAPIError", "BatchDetached",
+           "ENDPOINTS", "MAX_LINES", "MAX_BYTES"]
+
+#: The endpoints the Batch API serves (a batch's ``endpoint``).
+ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/completions")
+_SHORT = {"chat": "/v1/chat/completions", "embeddings": "/v1/embeddings",
+          "responses": "/v1/responses", "completions": "/v1/completions"}
+#: The API's limits on one input file.
+MAX_LINES = 50_000
+MAX_BYTES = 200 * 1024 * 1024
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+RECORD_VERSION = 1
+
+Progress = Callable[[int, Optional[int], int], None]
+
+
+class BatchAPIError(LLMError):
+    """A batch that failed as a whole (its input did not validate, the
+    record does not match the input): the message names the batch and,
+    when the API says, the input line."""
+
+    kind = "batch_failed"
+
+
+class BatchDetached(KeyboardInterrupt):
+    """Ctrl-C while waiting for the batches: they go on at the provider.
+    ``job`` holds them; ``resume=True`` (``--resume``) with the same input
+    and record picks them up. ``cancelled`` is True when a second Ctrl-C
+    cancelled them instead."""
+
+    def __init__(self, job: "BatchJob", cancelled: bool = False) -> None:
+        what = "cancelled" if cancelled else "detached: the batches go on"
+        super().__init__(f"batch API job {what} ({', '.join(job.batch_ids)}); "
+                         f"record: {job.record_path}")
+        self.job = job
+        self.cancelled = cancelled
+
+
+# ---------------------------------------------------------------------------
+# The input: lines, custom ids, parts
+
+
+def _endpoint_of(endpoint: Optional[str]) -> str:
+    ep = _SHORT.get(endpoint or "chat", endpoint or "")
+    if ep not in ENDPOINTS:
+        raise ValueError(f"endpoint {endpoint!r}: the Batch API serves only "
+                         f"{', '.join(ENDPOINTS)} (or chat, embeddings, responses, "
+                         f"completions)")
+    return ep
+
+
+def _lines_of(bodies: Sequence[Any], endpoint: Optional[str]
+              ) -> Tuple[str, List[bytes], List[str], List[str]]:
+    """The endpoint, each item's batch line (bytes, no newline), custom id and
+    model; ValueError/TypeError naming the first bad item, before any upload.
+
+    An item is a request body, or a batch line ``{"custom_id", "body",
+    "url"?, "method"?}`` whose custom id is kept (they must be unique)."""
+    ep: Optional[str] = _endpoint_of(endpoint) if endpoint is not None else None
+    lines: List[Dict[str, Any]] = []
+    cids: List[str] = []
+    models: List[str] = []
+    seen: Dict[str, int] = {}
+    for i, item in enumerate(bodies):
+        where = f"bodies[{i}]"
+        if not isinstance(item, dict):
+            raise TypeError(f"{where}: a body is a dict, not {type(item).__name__}")
+        if "custom_id" in item and "body" in item:
+            cid, body, url = item["custom_id"], item["body"], item.get("url")
+            if not isinstance(cid, str) or not cid:
+                raise ValueError(f"{where}: custom_id must be a non-empty string")
+            if item.get("method", "POST") != "POST":
+                raise ValueError(f"{where}: the Batch API sends POST requests only")
+            if url is not None:
+                if url not in ENDPOINTS:
+                    raise ValueError(f"{where}: url {url!r}: the Batch API serves only "
+                                     f"{', '.join(ENDPOINTS)}")
+                if ep is not None and url != ep:
+                    raise ValueError(f"{where}: url {url!r} differs from the batch's "
+                                     f"endpoint {ep}")
+                ep = url
+        else:
+            cid, body = str(i), item
+        if not isinstance(body, dict):
+            raise TypeError(f"{where}: a body is a dict, not {type(body).__name__}")
+        if cid in seen:
+            raise ValueError(f"{where}: custom_id {cid!r} is also bodies[{seen[cid]}]'s "
+                             f"(custom ids must be unique)")
+        seen[cid] = i
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"{where}: the Batch API needs each body's model")
+        if body.get("stream"):
+            raise ValueError(f"{where}: the Batch API does not stream (drop \"stream\")")
+        cids.append(cid)
+        models.append(model)
+        lines.append(body)      # encoded below, once the endpoint is known
+    ep = ep or "/v1/chat/completions"
+    try:
+        encoded = [json.dumps({"custom_id": c, "method": "POST", "url": ep, "body": b},
+                              ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+                   for c, b in zip(cids, lines)]
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"a body cannot be sent as JSON: {exc}") from None
+    return ep, encoded, cids, models
+
+
+def _parts(lines: Sequence[bytes], models: Sequence[str], max_lines: int,
+           max_bytes: int, indices: Optional[Iterable[int]] = None
+           ) -> List[Tuple[str, List[int]]]:
+    """The batches to make of these items (default all): (model, indices),
+    one model each (in order of first appearance), each within max_lines
+    lines and max_bytes bytes."""
+    groups: Dict[str, List[int]] = {}
+    for i in (range(len(models)) if indices is None else indices):
+        groups.setdefault(models[i], []).append(i)
+    parts: List[Tuple[str, List[int]]] = []
+    for model, indices in groups.items():
+        cur: List[int] = []
+        size = 0
+        for i in indices:
+            n = len(lines[i]) + 1
+            if n > max_bytes:
+                raise ValueError(f"bodies[{i}]: its batch line is {n} bytes, over the "
+                                 f"limit of {max_bytes} bytes for one input file")
+            if cur and (len(cur) >= max_lines or size + n > max_bytes):
+                parts.append((model, cur))
+                cur, size = [], 0
+            cur.append(i)
+            size += n
+        if cur:
+            parts.append((model, cur))
+    return parts
+
+
+def _ranges(indices: Sequence[int]) -> List[List[int]]:
+    """Sorted indices as [first, last] ranges (the record's form)."""
+    out: List[List[int]] = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def _indices(ranges: Iterable[Sequence[int]]) -> List[int]:
+    return [i for a, b in ranges for i in range(a, b + 1)]
+
+
+def _fingerprint(cids: Sequence[str], lines: Sequence[bytes]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(hashlib.sha256(line).digest())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+def _usage(doc: Any) -> Optional[Dict[str, int]]:
+    u = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(u, dict):
+        return None
+    prompt = u.get("prompt_tokens", u.get("input_tokens")) or 0
+    completion = u.get("completion_tokens", u.get("output_tokens")) or 0
+    total = u.get("total_tokens") or prompt + completion
+    return {"prompt_tokens": int(prompt), "completion_tokens": int(completion),
+            "total_tokens": int(total)}
+
+
+def _line_value(line: Dict[str, Any], model: str, status: str) -> Tuple[Any, bool]:
+    """An output or error file line as (Result or LLMError, failed)."""
+    resp = line.get("response")
+    if isinstance(resp, dict):
+        code = resp.get("status_code")
+        body = resp.get("body")
+        rid = resp.get("request_id")
+        if isinstance(code, int) and 200 <= code < 300:
+            usage = _usage(body)
+            meta = Meta(0, 1, 0, 0, code, usage, rid or "", model,
+                        body.get("model") if isinstance(body, dict) else None,
+                        body.get("system_fingerprint") if isinstance(body, dict) else None,
+                        usage_total=usage)
+            return Result(body, meta), False
+        detail = body.get("error") if isinstance(body, dict) else None
+        message = detail.get("message") if isinstance(detail, dict) else None
+        ecode = detail.get("code") if isinstance(detail, dict) else None
+        return HTTPStatusError(f"HTTP {code} in the batch" + (f": {message}" if message else ""),
+                               status=code if isinstance(code, int) else None, attempts=1,
+                               request_id=rid, reason="not_retryable", model=model,
+                               error_code=ecode if isinstance(ecode, str) else None), True
+    err: Dict[str, Any] = line["error"] if isinstance(line.get("error"), dict) else {}
+    kind = str(err.get("code") or f"batch_{status}")
+    return LLMError(str(err.get("message") or f"not run: the batch was {status}"),
+                    kind=kind, model=model, reason="not_retryable"), True
+
+
+def _not_run(status: str, batch: Dict[str, Any], model: str) -> LLMError:
+    """The error of an item its batch never answered for."""
+    if status == "failed":
+        errs = (batch.get("errors") or {}).get("data") or []
+        first = errs[0] if errs else {}
+        msg = first.get("message") or "the batch failed"
+        line = first.get("line")
+        where = f" (line {line} of its input file)" if line else ""
+        return BatchAPIError(f"batch {batch['id']} failed validation{where}: {msg}",
+                             error_code=first.get("code"), model=model,
+                             reason="not_retryable")
+    return LLMError(f"not run: batch {batch['id']} was {status} with no line for it",
+                    kind=f"batch_{status}", model=model, reason="not_retryable")
+
+
+def _error_of(record: Mapping[str, Any]) -> LLMError:
+    """A failures-file record's error again (a resumed run's earlier failure)."""
+    err = record.get("error") or {}
+    cls = _ERROR_BY_KIND.get(str(err.get("kind")), LLMError)
+    return cls(str(err.get("message") or "failed in an earlier run"), kind=err.get("kind"),
+               status=err.get("status"), request_id=err.get("request_id"),
+               attempts=err.get("attempts") or 0)
+
+
+def _sleep(seconds: float) -> None:
+    """time.sleep in slices of at most 50 ms: a SIGINT that another thread
+    (the engine's) took does not wake this one's sleep, and Python raises
+    KeyboardInterrupt only when this thread runs again."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
+# ---------------------------------------------------------------------------
+# The job
+
+
+class BatchJob:
+    """Batches at the provider for one input, and their record.
+
+    Made by :func:`submit` or :func:`resume`. ``batch_ids`` names them;
+    :meth:`status` looks once, :meth:`wait` polls until they end,
+    :meth:`cancel` cancels them, :meth:`results` collects what they did.
+    """
+
+    def __init__(self, api: Api, bodies: Sequence[Any], lines: List[bytes], cids: List[str],
+                 models: List[str], endpoint: str, record_path: Optional[str],
+                 doc: Dict[str, Any], options: Dict[str, Any]) -> None:
+        self.api = api
+        self.bodies = bodies
+        self.lines = lines
+        self.cids = cids
+        self.models = models
+        self.endpoint = endpoint
+        self.record_path = record_path
+        self.doc = doc
+        self.options = options
+        self.last: Dict[str, Dict[str, Any]] = {}
+
+    @property
+    def batch_ids(self) -> List[str]:
+        return [b["id"] for b in self.doc["batches"]]
+
+    def __repr__(self) -> str:
+        return (f"BatchJob(batches={self.batch_ids!r}, items={len(self.lines)}, "
+                f"endpoint={self.endpoint!r})")
+
+    def _save(self) -> None:
+        if self.record_path is None:
+            return
+        path, fh = _batch.temp_beside(self.record_path)
+        with fh:
+            fh.write(json.dumps(self.doc, indent=1).encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(path, self.record_path)
+
+    def _unsubmitted(self) -> List[int]:
+        """The items no batch of the record holds."""
+        covered = {i for rec in self.doc["batches"] for i in _indices(rec["ranges"])}
+        return [i for i in range(len(self.lines)) if i not in covered]
+
+    def _submit(self, indices: Iterable[int]) -> None:
+        """Upload and create the batches of these items, each recorded as
+        soon as it is created (a run stopped meanwhile: resume submits the
+        items no batch of the record holds)."""
+        doc, api = self.doc, self.api
+        wanted = list(indices)
+        parts = _parts(self.lines, self.models, doc["max_lines"], doc["max_bytes"], wanted)
+        self._save()        # the record before the first upload: resume finds it
+        for model, part in parts:
+            data = b"\n".join(self.lines[i] for i in part) + b"\n"
+            f = api.upload(f"llmretry-batch-{len(doc['batches'])}.jsonl", data)
+            create: Dict[str, Any] = {"input_file_id": f["id"], "endpoint": self.endpoint,
+                                      "completion_window": "24h"}
+            if doc.get("metadata"):
+                create["metadata"] = doc["metadata"]
+            b = api.post_json("/batches", create, idempotency_key=f"llmretry-{f['id']}")
+            doc["batches"].append({"id": b["id"], "input_file_id": f["id"], "model": model,
+                                   "ranges": _ranges(part), "collected": False})
+            self.last[b["id"]] = b
+            self._save()
+
+    # -- looking -----------------------------------------------------------------
+
+    def status(self) -> Dict[str, Any]:
+        """Retrieve each batch not known to be over: ``{"status": overall,
+        "batches": [the API's Batch objects], "request_counts": {total,
+        completed, failed}}``; the overall status is ``in_progress`` while
+        any batch runs, else ``completed`` when all completed, else the
+        first other end (failed, expired, cancelled)."""
+        out = []
+        for rec in self.doc["batches"]:
+            known = self.last.get(rec["id"])
+            if known is None or known.get("status") not in TERMINAL:
+                known = self.api.get_json(f"/batches/{rec['id']}")
+                self.last[rec["id"]] = known
+            out.append(known)
+        counts = {"total": 0, "completed": 0, "failed": 0}
+        for b in out:
+            rc = b.get("request_counts") or {}
+            for k in counts:
+                counts[k] += int(rc.get(k) or 0)
+        statuses = [b.get("status") for b in out]
+        if any(s not in TERMINAL for s in statuses):
+            overall = "in_progress"
+        else:
+            overall = next((str(s) for s in statuses if s != "completed"), "completed")
+        return {"status": overall, "batches": out, "request_counts": counts}
+
+    def wait(self, progress: Any = None, poll_interval_ms: Optional[int] = None,
+             max_poll_interval_ms: Optional[int] = None) -> Dict[str, Any]:
+        """Poll until every batch has ended, waiting longer between polls
+        (x1.5 up to the cap); the last :meth:`status`. ``progress``: True
+        for a bar on stderr, or a callable (done, total, failed) fed the
+        batches' ``request_counts``."""
+        first = poll_interval_ms if poll_interval_ms is not None else \
+            self.options.get("poll_interval_ms", 5000)
+        cap = max_poll_interval_ms if max_poll_interval_ms is not None else \
+            self.options.get("max_poll_interval_ms", 60000)
+        bar = _batch.ProgressBar(desc="llmretry batch-api") if progress is True else None
+        report = bar if bar is not None else (progress if callable(progress) else None)
+        delay = first / 1000.0
+        try:
+            if bar is not None:
+                bar.start(len(self.lines))
+            while True:
+                st = self.status()
+                rc = st["request_counts"]
+                if report is not None:
+                    report(rc["completed"] + rc["failed"], rc["total"] or len(self.lines),
+                           rc["failed"])
+                if st["status"] != "in_progress":
+                    return st
+                _sleep(delay)
+                delay = min(delay * 1.5, cap / 1000.0)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def cancel(self, wait: bool = True) -> Dict[str, Any]:
+        """Cancel every batch still running and (``wait``) poll until each
+        has ended (``cancelled``, or another end it reached first)."""
+        for rec in self.doc["batches"]:
+            known = self.last.get(rec["id"])
+            if known is not None and known.get("status") in TERMINAL:
+                continue
+            try:
+                self.last[rec["id"]] = self.api.post_json(f"/batches/{rec['id']}/cancel", {})
+            except HTTPStatusError as exc:
+                if exc.status not in (400, 409):    # it ended meanwhile
+                    raise
+                self.last.pop(rec["id"], None)
+        return self.wait() if wait else self.status()
+
+    # -- collecting ----------------------------------------------------------------
+
+    def _download(self, file_id: Optional[str]) -> List[Dict[str, Any]]:
+        if not file_id:
+            return []
+        raw = self.api.request("GET", f"/files/{file_id}/content")
+        out = []
+        for text in raw.splitlines():
+            if text.strip():
+                out.append(json.loads(text))
+        return out
+
+    def _collect_one(self, rec: Dict[str, Any], emit: Callable[[int, Any, bool], None],
+                     keep_files: bool) -> List[int]:
+        """Download one ended batch, emit its items; the indices it left
+        unanswered or failed (for then_realtime)."""
+        batch = self.last.get(rec["id"]) or self.api.get_json(f"/batches/{rec['id']}")
+        status = batch.get("status", "failed")
+        indices = _indices(rec["ranges"])
+        by_cid = {self.cids[i]: i for i in indices}
+        answered = set()
+        failed: List[int] = []
+        for file_id in (batch.get("output_file_id"), batch.get("error_file_id")):
+            for line in self._download(file_id):
+                i = by_cid.get(str(line.get("custom_id")))
+                if i is None or i in answered:
+                    continue
+                answered.add(i)
+                value, bad = _line_value(line, self.models[i], status)
+                if bad:
+                    failed.append(i)
+                emit(i, value, bad)
+        for i in indices:
+            if i not in answered:
+                failed.append(i)
+                emit(i, _not_run(status, batch, self.models[i]), True)
+        if not keep_files:
+            for key in ("output_file_id", "error_file_id"):
+                if batch.get(key):
+                    self.api.delete_file(batch[key])
+            self.api.delete_file(rec["input_file_id"])
+        rec["collected"] = True
+        rec["status"] = status
+        self._save()
+        return failed
+
+    def results(self, *, failures_path: Any = None, resume: bool = False,
+                then_realtime: bool = False, keep_files: Optional[bool] = None,
+                logger: Any = DEFAULT,
+                batch: Optional[_batch.Batch] = None, already_ok: Any = None,
+                **realtime: Any) -> BatchResult:
+        """Collect every ended batch into a BatchResult in input order (the
+        type call_many returns): each slot a Result, or the item's error
+        (an HTTP status the batch met, ``batch_expired``,
+        ``batch_cancelled``, :class:`BatchAPIError` for a batch that failed
+        validation), or SKIPPED for an item an earlier run collected.
+        ``failures_path`` keeps call_many's failures file; ``then_realtime``
+        sends the failed items through call_many (``realtime`` its options)
+        in the same run; the files are deleted unless ``keep_files``."""
+        if keep_files is None:
+            keep_files = bool(self.options.get("keep_files", False))
+        running = [b["id"] for b in self.status()["batches"]
+                   if b.get("status") not in TERMINAL]
+        if running:
+            raise RuntimeError(f"batches still running: {', '.join(running)} "
+                               f"(wait() for them first)")
+        if batch is None:
+            batch = _batch.Batch(list(self.bodies), failures_path=failures_path,
+                                 resume=resume, logger=logger)
+        old: Dict[int, Dict[str, Any]] = {}
+        path = batch.journal.path if batch.journal is not None else None
+        if batch.resume and path is not None and os.path.exists(path):
+            old = _batch.read_failures(path)
+        with batch:
+            batch.open(already_ok)
+            pending = set(batch.to_run)
+            retry: List[int] = []
+
+            def emit(i: int, value: Any, failed: bool) -> None:
+                if i not in pending:
+                    return
+                if failed and then_realtime:
+                    retry.append(i)
+                    return
+                if not failed:
+                    batch.acc.add(1, 0, value.meta.usage)
+                pending.discard(i)
+                batch.item_done(i, value, failed)
+
+            for rec in self.doc["batches"]:
+                if rec.get("collected"):
+                    # An earlier run's: its failed items are in the old failures file.
+                    for i in _indices(rec["ranges"]):
+                        if i in pending:
+                            emit(i, _error_of(old.get(i, {})), True)
+                    continue
+                self._collect_one(rec, emit, keep_files)
+            if retry:
+                self._realtime(sorted(retry), batch, pending, realtime)
+        return batch.result()
+
+    def _realtime(self, indices: List[int], batch: _batch.Batch, pending: Set[int],
+                  options: Dict[str, Any]) -> None:
+        """The items the batches failed, through call_many."""
+        api = self.api
+        opts = dict(options)
+        if "url" not in opts:
+            opts.pop("base_url", None)      # the batch's endpoint, on the batch's base URL
+        opts.setdefault("url", api.base_url + self.endpoint[len("/v1"):])
+        opts.setdefault("api_key", api.api_key)
+        if api.headers:
+            opts.setdefault("headers", api.headers)
+        limit = opts.pop("limit", 8)
+        bodies = [json.loads(self.lines[i])["body"] for i in indices]
+        opts.setdefault("logger", api.logger)
+        out = api.client.call_many(bodies, limit, **opts)
+        batch.acc.merge(_accounting_of(out.summary))
+        for i, value in zip(indices, out):
+            pending.discard(i)
+            batch.item_done(i, value, isinstance(value, BaseException))
+
+
+def _accounting_of(summary: _batch.BatchSummary) -> _batch.Accounting:
+    acc = _batch.Accounting()
+    acc.add(summary.attempts, summary.retries, {
+        "prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
+        "total_tokens": summary.total_tokens}, summary.resends)
+    return acc
+
+
+# ---------------------------------------------------------------------------
+# Entry points
+
+_API_OPTIONS = ("base_url", "api_key", "headers", "timeout_ms", "max_retries", "base_delay_ms",
+                "max_delay_ms", "jitter", "max_retry_after_ms", "call_deadline_ms")
+_JOB_OPTIONS = ("poll_interval_ms", "max_poll_interval_ms", "keep_files")
+
+
+def _prepare(bodies: Iterable[Any], endpoint: Optional[str], client: Optional[Client],
+             record: Any, failures_path: Any, options: Dict[str, Any]
+             ) -> Tuple[Api, List[Any], str, List[bytes], List[str], List[str],
+                        Optional[str], Dict[str, Any]]:
+    unknown = sorted(set(options) - set(_API_OPTIONS) - set(_JOB_OPTIONS) - {"logger"})
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)} (known: "
+                        f"{', '.join(sorted(_API_OPTIONS + _JOB_OPTIONS + ('logger',)))})")
+    items = list(bodies)
+    ep, lines, cids, models = _lines_of(items, endpoint)
+    if record is None and failures_path is not None:
+        record = os.fspath(failures_path) + ".batches"
+    record_path = None if record is None else os.fspath(record)
+    api = Api(_client_or_default(client), options.get("base_url"), options.get("api_key"),
+              options.get("headers"), {k: options.get(k) for k in _API_OPTIONS[3:]},
+              options.get("logger", DEFAULT))
+    job_opts = {k: options[k] for k in _JOB_OPTIONS if k in options}
+    return api, items, ep, lines, cids, models, record_path, job_opts
+
+
+def submit(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
+           client: Optional[Client] = None, record: Any = None, failures_path: Any = None,
+           metadata: Optional[Mapping[str, str]] = None, max_lines: int = MAX_LINES,
+           max_bytes: int = MAX_BYTES, **options: Any) -> BatchJob:
+    """Check the bodies, upload them and create their batches: a BatchJob.
+
+    ``endpoint``: the bodies' (``"/v1/chat/completions"``, the default;
+    ``"/v1/embeddings"``, ``"/v1/responses"``, ``"/v1/completions"``, or
+    their short names). An item may be a batch line ``{"custom_id", "body",
+    "url"?}``, its custom id kept. ``record``: where the job's record goes
+    (default ``failures_path + ".batches"``; none: the job cannot be resumed
+    by another process). ``max_lines``, ``max_bytes``: one input file's
+    limits (the API's by default). ``options``: ``base_url``, ``api_key``,
+    ``headers``, the retry options of each HTTP call (``timeout_ms``,
+    ``max_retries``, ``base_delay_ms``, ``max_delay_ms``, ``jitter``,
+    ``max_retry_after_ms``, ``call_deadline_ms``), ``poll_interval_ms``,
+    ``max_poll_interval_ms``, ``keep_files``, ``logger``.
+    """
+    job = _new_job(bodies, endpoint=endpoint, client=client, record=record,
+                   failures_path=failures_path, metadata=metadata, max_lines=max_lines,
+                   max_bytes=max_bytes, **options)
+    job._submit(job._unsubmitted())
+    return job
+
+
+def _new_job(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
+             client: Optional[Client] = None, record: Any = None, failures_path: Any = None,
+             metadata: Optional[Mapping[str, str]] = None, max_lines: int = MAX_LINES,
+             max_bytes: int = MAX_BYTES, **options: Any) -> BatchJob:
+    """submit's job, its bodies checked, nothing sent yet."""
+    if max_lines < 1 or max_bytes < 1:
+        raise ValueError("max_lines and max_bytes must be positive")
+    api, items, ep, lines, cids, models, record_path, job_opts = _prepare(
+        bodies, endpoint, client, record, failures_path, options)
+    _parts(lines, models, max_lines, max_bytes)     # a line too big: refused now
+    doc: Dict[str, Any] = {"llmretry_batch_api": RECORD_VERSION, "items": len(lines),
+                           "endpoint": ep, "base_url": api.base_url,
+                           "input_sha256": _fingerprint(cids, lines), "batches": [],
+                           "max_lines": max_lines, "max_bytes": max_bytes}
+    if metadata:
+        doc["metadata"] = dict(metadata)
+    return BatchJob(api, items, lines, cids, models, ep, record_path, doc, job_opts)
+
+
+def resume(bodies: Iterable[Any], *, record: Any = None, failures_path: Any = None,
+           endpoint: Optional[str] = None, client: Optional[Client] = None,
+           **options: Any) -> BatchJob:
+    """The BatchJob of an earlier run's record, for the same bodies
+    (ValueError when the record is of another input). The items no batch
+    of the record holds (a run stopped while submitting) are submitted."""
+    job = _load_job(bodies, record=record, failures_path=failures_path, endpoint=endpoint,
+                    client=client, **options)
+    job._submit(job._unsubmitted())
+    return job
+
+
+def _load_job(bodies: Iterable[Any], *, record: Any = None, failures_path: Any = None,
+              endpoint: Optional[str] = None, client: Optional[Client] = None,
+              **options: Any) -> BatchJob:
+    """resume's job, nothing sent yet."""
+    api, items, ep, lines, cids, models, record_path, job_opts = _prepare(
+        bodies, endpoint, client, record, failures_path, options)
+    if record_path is None:
+        raise ValueError("resume needs record (or failures_path) to find the batches")
+    with open(record_path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    if not isinstance(doc, dict) or doc.get("llmretry_batch_api") != RECORD_VERSION:
+        raise ValueError(f"{record_path}: not a batch API job record")
+    if doc.get("items") != len(lines) or doc.get("input_sha256") != _fingerprint(cids, lines) \
+            or doc.get("endpoint") != ep:
+        raise ValueError(f"{record_path}: the record is of another input (the items, "
+                         f"their bodies or the endpoint differ)")
+    return BatchJob(api, items, lines, cids, models, ep, record_path, doc, job_opts)
+
+
+def _interruptible_wait(job: BatchJob, progress: Any, grace_s: float,
+                        say: Callable[[str], None],
+                        on_submitted: Optional[Callable[[BatchJob], None]] = None) -> None:
+    """Submit what is not submitted yet, then job.wait(); Ctrl-C detaches
+    (BatchDetached: the batches created go on, resume submits the rest), a
+    second one within ``grace_s`` cancels the batches and waits for them to
+    end."""
+    try:
+        job._submit(job._unsubmitted())
+        if on_submitted is not None:
+            on_submitted(job)
+        job.wait(progress=progress)
+        return
+    except KeyboardInterrupt:
+        pass
+    _detach_or_cancel(job, grace_s, say)
+
+
+def _detach_or_cancel(job: BatchJob, grace_s: float, say: Callable[[str], None]) -> None:
+    """After a Ctrl-C: raise BatchDetached, cancelling the batches first
+    when a second Ctrl-C comes within ``grace_s``."""
+    try:
+        # Inside the try: a second Ctrl-C as soon as the notice is out counts.
+        say(f"llmretry: detaching from {len(job.batch_ids)} batch(es); they go on at the "
+            f"provider (resume to collect them). Ctrl-C again within {grace_s:g} s "
+            f"cancels them.")
+        _sleep(grace_s)
+    except KeyboardInterrupt:
+        say("llmretry: cancelling the batches and waiting for them to end...")
+        job.cancel(wait=True)
+        raise BatchDetached(job, cancelled=True) from None
+    raise BatchDetached(job)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def run(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
+        client: Optional[Client] = None, record: Any = None, failures_path: Any = None,
+        resume: bool = False, then_realtime: bool = False, keep_files: bool = False,
+        progress: Any = False, metadata: Optional[Mapping[str, str]] = None,
+        max_lines: int = MAX_LINES, max_bytes: int = MAX_BYTES, cancel_grace_s: float = 3.0,
+        realtime: Optional[Mapping[str, Any]] = None, _batch_obj: Any = None,
+        **options: Any) -> BatchResult:
+    """Run the bodies through the Batch API and return a BatchResult in input
+    order, as call_many does (see :func:`submit` for the options).
+
+    ``failures_path`` and ``resume``: call_many's failures file, and the
+    record beside it (``record``); with ``resume=True`` and a record, the
+    batches it names are polled and collected instead of new ones.
+    ``then_realtime``: the items the batches failed (expired, cancelled,
+    a failed batch, an error status) go through call_many in the same run
+    (``realtime``: its options, e.g. ``limit``). ``keep_files``: leave the
+    uploaded and result files at the provider. ``progress``: as call_many's,
+    fed by the batches' request counts. Ctrl-C while waiting raises
+    :class:`BatchDetached` (the batches go on); a second Ctrl-C within
+    ``cancel_grace_s`` cancels them and waits for them to end."""
+    items = list(bodies)
+    rec_path = record if record is not None else (
+        None if failures_path is None else os.fspath(failures_path) + ".batches")
+    if resume and rec_path is not None and os.path.exists(rec_path):
+        job = _load_job(items, record=rec_path, endpoint=endpoint, client=client,
+                        keep_files=keep_files, **options)
+    else:
+        job = _new_job(items, endpoint=endpoint, client=client, record=rec_path,
+                       metadata=metadata, max_lines=max_lines, max_bytes=max_bytes,
+                       keep_files=keep_files, **options)
+    _interruptible_wait(job, progress, cancel_grace_s, _say)
+    return job.results(failures_path=failures_path, resume=resume and failures_path is not None,
+                       then_realtime=then_realtime, keep_files=keep_files,
+                       logger=options.get("logger", DEFAULT), batch=_batch_obj,
+                       **dict(realtime or {}))

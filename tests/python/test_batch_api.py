@@ -1,0 +1,535 @@
+"""The Batch API (issue 35, docs/batch.md "The Batch API"): llmretry.batch_api
+and ``llmretry batch --via batch-api`` against the mock's /v1/files and
+/v1/batches (tests/mock_protocol.md, "Batch API").
+
+Each test has its own MockServer: the mock's store of files and batches is
+the server's, and ``auto`` advancing is server-wide.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from llmretry.testing import MockServer
+
+
+@pytest.fixture
+def mock() -> Iterator[MockServer]:
+    with MockServer() as server:
+        yield server
+
+
+def _http(mock: MockServer, method: str, path: str, doc: Any = None) -> Any:
+    data = None if doc is None else json.dumps(doc).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{mock.port}{path}", data=data,
+                                 method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        raw = resp.read()
+        return json.loads(raw) if raw else None
+
+
+def _upload(mock: MockServer, data: bytes) -> Dict[str, Any]:
+    boundary = "b0undary"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"'
+            f'\r\n\r\n').encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    req = urllib.request.Request(mock.base_url + "/files", data=body, method="POST", headers={
+        "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _lines(n: int, model: str = "m", url: str = "/v1/chat/completions") -> bytes:
+    return b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": url,
+                                "body": {"model": model, "messages": []}}).encode() + b"\n"
+                    for i in range(n))
+
+
+# -- the mock ------------------------------------------------------------------
+
+def test_mock_status_machine_steps_and_output(mock: MockServer) -> None:
+    f = _upload(mock, _lines(3, model="gpt-x"))
+    assert f["purpose"] == "batch" and f["bytes"] == len(_lines(3, model="gpt-x"))
+    b = _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    seen = [b["status"]]
+    for _ in range(3):
+        b = _http(mock, "POST", f"/_mock/batches/{b['id']}/advance", {})
+        seen.append(b["status"])
+    assert seen == ["validating", "in_progress", "finalizing", "completed"]
+    assert b["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    with urllib.request.urlopen(f"{mock.base_url}/files/{b['output_file_id']}/content") as r:
+        out = [json.loads(line) for line in r.read().splitlines()]
+    assert [o["custom_id"] for o in out] == ["c0", "c1", "c2"]
+    assert {o["response"]["body"]["model"] for o in out} == {"gpt-x"}
+    assert b["error_file_id"] is None
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _http(mock, "POST", f"/_mock/batches/{b['id']}/advance", {})
+    assert info.value.code == 409
+
+
+def test_mock_expiry_keeps_the_first_lines_and_errors_the_rest(mock: MockServer) -> None:
+    f = _upload(mock, _lines(5))
+    b = _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    b = _http(mock, "POST", f"/_mock/batches/{b['id']}/advance", {"to": "expired", "completed": 2})
+    assert b["status"] == "expired"
+    assert b["request_counts"] == {"total": 5, "completed": 2, "failed": 0}
+    with urllib.request.urlopen(f"{mock.base_url}/files/{b['error_file_id']}/content") as r:
+        errs = [json.loads(line) for line in r.read().splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errs] == [
+        ("c2", "batch_expired"), ("c3", "batch_expired"), ("c4", "batch_expired")]
+
+
+def test_mock_validation_names_the_bad_line(mock: MockServer) -> None:
+    data = _lines(2) + b'{"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", ' \
+                       b'"body": {"model": "m"}}\n'
+    f = _upload(mock, data)
+    b = _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    b = _http(mock, "POST", f"/_mock/batches/{b['id']}/advance", {})
+    assert b["status"] == "failed"
+    err = b["errors"]["data"][0]
+    assert (err["code"], err["line"]) == ("duplicate_custom_id", 3)
+
+
+def test_mock_cancel_and_auto(mock: MockServer) -> None:
+    f = _upload(mock, _lines(2))
+    b = _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    assert _http(mock, "POST", f"/v1/batches/{b['id']}/cancel")["status"] == "cancelling"
+    _http(mock, "PUT", "/_mock/batches", {"auto": True})
+    assert _http(mock, "GET", f"/v1/batches/{b['id']}")["status"] == "cancelled"
+    _http(mock, "DELETE", f"/v1/files/{f['id']}")
+    assert _http(mock, "GET", "/v1/files")["data"] == []
+
+
+# -- llmretry.batch_api ---------------------------------------------------------
+
+import llmretry  # noqa: E402
+from llmretry import batch_api  # noqa: E402
+from llmretry.errors import LLMError  # noqa: E402
+
+KEY = "sk-test-SECRET-KEY-123"
+# Polls every few ms: the mock's time moves only when told (auto or advance).
+POLL = {"poll_interval_ms": 5, "max_poll_interval_ms": 20, "max_retries": 2,
+        "base_delay_ms": 10, "max_delay_ms": 50, "jitter": "none"}
+
+
+def _opts(mock: MockServer, **kw: Any) -> Dict[str, Any]:
+    o: Dict[str, Any] = dict(POLL, base_url=mock.base_url, api_key=KEY, logger=None)
+    o.update(kw)
+    return o
+
+
+def _bodies(n: int, model: str = "gpt-4o-mini") -> List[Dict[str, Any]]:
+    return [{"model": model, "messages": [{"role": "user", "content": f"SECRET-PROMPT-{i}"}]}
+            for i in range(n)]
+
+
+def test_thousand_lines_in_one_batch_in_input_order(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    out = batch_api.run(_bodies(1000), **_opts(mock))
+    store = mock.batch_api()
+    assert len(store.batches) == 1
+    (b,) = store.batches.values()
+    assert b["status"] == "completed" and b["request_counts"]["total"] == 1000
+    assert isinstance(out, llmretry.BatchResult) and len(out) == 1000
+    assert all(isinstance(r, llmretry.Result) for r in out)
+    # The mock's answer i is line i's (its embedding-free chat id names the line).
+    assert [r.data["id"] for r in out] == [f"chatcmpl-mock-{i}" for i in range(1000)]
+    assert out[0].meta.model == "gpt-4o-mini" and out[0].meta.usage["total_tokens"] == 15
+    s = out.summary
+    assert (s.items, s.ok, s.failed, s.completed) == (1000, 1000, 0, True)
+    assert s.total_tokens == 15000
+    # Files deleted at the end: the input, the output (no error file was made).
+    assert store.files == {}
+
+
+def test_keep_files_leaves_them(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    batch_api.run(_bodies(3), keep_files=True, **_opts(mock))
+    purposes = sorted(f["purpose"] for f in mock.batch_api().files.values())
+    assert purposes == ["batch", "batch_output"]
+
+
+def test_order_is_restored_across_models_grouped(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = [{"model": "m-a" if i % 3 else "m-b", "messages": []} for i in range(30)]
+    out = batch_api.run(bodies, **_opts(mock))
+    batches = list(mock.batch_api().batches.values())
+    assert len(batches) == 2         # one model per batch file
+    assert [r.data["model"] for r in out] == [b["model"] for b in bodies]
+    assert [r.meta.model for r in out] == [b["model"] for b in bodies]
+
+
+def test_embeddings_batch(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = [{"model": "text-embedding-3-small", "input": f"text {i}"} for i in range(5)]
+    out = batch_api.run(bodies, endpoint="embeddings", **_opts(mock))
+    (b,) = mock.batch_api().batches.values()
+    assert b["endpoint"] == "/v1/embeddings"
+    assert [r.data["object"] for r in out] == ["list"] * 5
+    assert [r.data["data"][0]["embedding"][2] for r in out] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert out.summary.prompt_tokens == 20
+
+
+def test_expiry_keeps_finished_lines_and_fails_the_rest(mock: MockServer, tmp_path: Any) -> None:
+    mock.batch_api().auto = {"to": "expired", "completed": 6}
+    failures = tmp_path / "failed.jsonl"
+    out = batch_api.run(_bodies(10), failures_path=failures, **_opts(mock))
+    assert [isinstance(r, llmretry.Result) for r in out] == [True] * 6 + [False] * 4
+    errs = out.errors()
+    assert [i for i, _ in errs] == [6, 7, 8, 9]
+    assert {e.kind for _, e in errs} == {"batch_expired"}
+    recs = [json.loads(line) for line in failures.read_text().splitlines()]
+    assert sorted(r["index"] for r in recs) == [6, 7, 8, 9]
+    assert out.summary.ok == 6 and out.summary.failed == 4
+
+
+def test_expiry_then_realtime_runs_the_rest(mock: MockServer) -> None:
+    mock.batch_api().auto = {"to": "expired", "completed": 6}
+    out = batch_api.run(_bodies(10), then_realtime=True, **_opts(mock))
+    assert all(isinstance(r, llmretry.Result) for r in out)
+    assert out.summary.ok == 10
+    # The last four went to the chat endpoint (scenario "default") one by one.
+    chat = [json.loads(r["body"]) for r in mock.requests("default")]
+    assert sorted(b["messages"][0]["content"] for b in chat) == [
+        f"SECRET-PROMPT-{i}" for i in range(6, 10)]
+
+
+def test_failed_validation_is_a_clear_error_naming_the_line(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = _bodies(3)
+    # A body the mock's validation refuses: two models in one file cannot
+    # happen (grouped), so send lines whose custom ids the mock sees twice.
+    store = mock.batch_api()
+    job = batch_api.submit(bodies, **_opts(mock))
+    (bid,) = job.batch_ids
+    # Make the uploaded file invalid at line 2 as a provider's validation would.
+    fid = store.batches[bid]["input_file_id"]
+    lines = store.content[fid].splitlines()
+    lines[1] = lines[1].replace(b'"POST"', b'"GET"')
+    store.content[fid] = b"\n".join(lines) + b"\n"
+    job.wait()
+    out = job.results()
+    errs = out.errors()
+    assert len(errs) == 3
+    err = errs[0][1]
+    assert isinstance(err, batch_api.BatchAPIError) and err.kind == "batch_failed"
+    assert "line 2" in str(err) and bid in str(err)
+    assert KEY not in str(err) and "SECRET-PROMPT" not in str(err)
+
+
+def test_per_line_error_status(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = _bodies(3)
+    bodies[1]["mock_status"] = 400
+    out = batch_api.run(bodies, **_opts(mock))
+    assert isinstance(out[1], llmretry.HTTPStatusError) and out[1].status == 400
+    assert out[1].request_id and isinstance(out[0], llmretry.Result)
+
+
+def test_cancel(mock: MockServer) -> None:
+    job = batch_api.submit(_bodies(4), **_opts(mock))
+    (bid,) = job.batch_ids
+    mock.batch_api().advance(bid)            # in_progress
+    mock.batch_api().auto = True             # cancelling -> cancelled at the next poll
+    st = job.cancel()
+    assert st["status"] == "cancelled"
+    out = job.results()
+    assert {e.kind for _, e in out.errors()} == {"batch_cancelled"}
+    assert mock.batch_api().files == {}
+
+
+def test_results_before_the_end_is_an_error(mock: MockServer) -> None:
+    job = batch_api.submit(_bodies(2), **_opts(mock))
+    with pytest.raises(RuntimeError, match=r"batches still running: batch-mock\d+"):
+        job.results()
+    assert mock.batch_api().files != {}         # nothing collected, nothing deleted
+
+
+def test_status_and_wait_progress(mock: MockServer) -> None:
+    job = batch_api.submit(_bodies(4), **_opts(mock))
+    assert job.status()["status"] == "in_progress"
+    mock.batch_api().auto = True
+    seen: List[Any] = []
+    st = job.wait(progress=lambda done, total, failed: seen.append((done, total, failed)))
+    assert st["status"] == "completed" and seen[-1] == (4, 4, 0)
+
+
+# -- bad input, refused before any upload -----------------------------------------
+
+def test_bad_input_is_refused_before_upload(mock: MockServer) -> None:
+    o = _opts(mock)
+    with pytest.raises(ValueError, match=r"endpoint '/v1/images/generations'.*serves only"):
+        batch_api.run(_bodies(2), endpoint="/v1/images/generations", **o)
+    dup = [{"custom_id": "a", "body": b} for b in _bodies(2)]
+    with pytest.raises(ValueError, match=r"bodies\[1\]: custom_id 'a' is also bodies\[0\]"):
+        batch_api.run(dup, **o)
+    with pytest.raises(ValueError, match=r"bodies\[1\]: its batch line is \d+ bytes, over"):
+        batch_api.run([{"model": "m", "messages": []},
+                       {"model": "m", "messages": [{"role": "user", "content": "x" * 500}]}],
+                      max_bytes=300, **o)
+    with pytest.raises(ValueError, match=r"bodies\[0\]: the Batch API does not stream"):
+        batch_api.run([{"model": "m", "messages": [], "stream": True}], **o)
+    with pytest.raises(ValueError, match=r"bodies\[0\]: the Batch API needs each body's model"):
+        batch_api.run([{"messages": []}], **o)
+    assert mock.batch_api().files == {} and mock.batch_api().batches == {}
+
+
+def test_caller_custom_ids_are_kept(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    items = [{"custom_id": f"row-{i}", "body": b} for i, b in enumerate(_bodies(3))]
+    job = batch_api.submit(items, **_opts(mock))
+    fid = mock.batch_api().batches[job.batch_ids[0]]["input_file_id"]
+    content = mock.batch_api().content[fid]
+    assert [json.loads(x)["custom_id"] for x in content.splitlines()] == ["row-0", "row-1",
+                                                                          "row-2"]
+    job.wait()
+    assert len(job.results()) == 3
+
+
+# -- the command: llmretry batch --via batch-api ------------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from conftest import child_env  # noqa: E402
+
+
+def _write_input(path: Path, bodies: List[Dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+
+
+def _cli_args(mock: MockServer, tmp: Path, *extra: str) -> List[str]:
+    return ["batch", str(tmp / "in.jsonl"), "-o", str(tmp / "out.jsonl"),
+            "--failures", str(tmp / "failed.jsonl"), "--via", "batch-api",
+            "--base-url", mock.base_url, "--poll-interval-ms", "5", "--max-retries", "2",
+            "--base-delay-ms", "10", *extra]
+
+
+def _env() -> Dict[str, str]:
+    env = child_env()
+    env["OPENAI_API_KEY"] = KEY
+    return env
+
+
+def _cli(mock: MockServer, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmretry", *_cli_args(mock, tmp, *extra)],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+
+
+def _start(mock: MockServer, tmp: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmretry", *_cli_args(mock, tmp, *extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+
+
+def _until(cond: Any, what: str, timeout: float = 30.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _results(tmp: Path) -> List[Dict[str, Any]]:
+    return [json.loads(x) for x in (tmp / "out.jsonl").read_text().splitlines()]
+
+
+def test_cli_via_batch_api(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(20))
+    mock.batch_api().auto = True
+    proc = _cli(mock, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = _results(tmp_path)
+    assert [r["index"] for r in out] == list(range(20))
+    assert all(r["ok"] for r in out)
+    assert out[3]["data"]["id"] == "chatcmpl-mock-3"
+    assert "20 items: 20 ok, 0 failed" in proc.stderr
+    assert mock.batch_api().files == {}
+    assert KEY not in proc.stderr and "SECRET-PROMPT" not in proc.stderr
+
+
+def test_cli_expiry_failures_file_then_realtime(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(8))
+    mock.batch_api().auto = {"to": "expired", "completed": 5}
+    proc = _cli(mock, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    out = _results(tmp_path)
+    assert [r["ok"] for r in out] == [True] * 5 + [False] * 3
+    assert out[7]["error"]["kind"] == "batch_expired"
+    failed = [json.loads(x) for x in (tmp_path / "failed.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in failed) == [5, 6, 7]
+    # Resumed: the collected batch is not fetched again, its ok lines are
+    # kept, and its failed ones go through the realtime path.
+    proc = _cli(mock, tmp_path, "--resume", "--then-realtime")
+    assert proc.returncode == 0, proc.stderr
+    out = _results(tmp_path)
+    assert [r["index"] for r in out] == list(range(8)) and all(r["ok"] for r in out)
+    assert [r["data"]["id"] for r in out[:5]] == [f"chatcmpl-mock-{i}" for i in range(5)]
+    assert len(mock.batch_api().batches) == 1
+    chat = [json.loads(r["body"])["messages"][0]["content"] for r in mock.requests("default")]
+    assert sorted(chat) == [f"SECRET-PROMPT-{i}" for i in (5, 6, 7)]
+    assert (tmp_path / "failed.jsonl").read_text() == ""
+
+
+def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
+                                                              tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(12))
+    store = mock.batch_api()
+    proc = _start(mock, tmp_path)
+    try:
+        _until(lambda: store.batches, "the batch")
+        (bid,) = store.batches
+        # Polling: it retrieved the batch at least twice.
+        _until(lambda: (tmp_path / "failed.jsonl.batches").exists(), "the record")
+        time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+    record = json.loads((tmp_path / "failed.jsonl.batches").read_text())
+    assert [b["id"] for b in record["batches"]] == [bid]
+    assert record["batches"][0]["ranges"] == [[0, 11]]
+    store.advance(bid, to="completed")
+    proc2 = _cli(mock, tmp_path, "--resume")
+    assert proc2.returncode == 0, proc2.stderr
+    assert len(store.batches) == 1           # polled the old one, made none
+    out = _results(tmp_path)
+    assert [r["index"] for r in out] == list(range(12)) and all(r["ok"] for r in out)
+    assert store.files == {}
+
+
+def test_ctrl_c_once_detaches_and_resume_collects(mock: MockServer, tmp_path: Path) -> None:
+    import _thread
+    import threading
+    store = mock.batch_api()
+    failures = tmp_path / "failed.jsonl"
+
+    record = tmp_path / "failed.jsonl.batches"
+
+    def recorded() -> bool:
+        try:
+            return bool(json.loads(record.read_text())["batches"])
+        except (OSError, ValueError):
+            return False
+
+    def interrupt_once_polling() -> None:
+        _until(recorded, "the batch in the record")
+        _thread.interrupt_main()        # Ctrl-C
+    t = threading.Thread(target=interrupt_once_polling)
+    t.start()
+    with pytest.raises(batch_api.BatchDetached) as info:
+        batch_api.run(_bodies(5), failures_path=failures, cancel_grace_s=0.05, **_opts(mock))
+    t.join()
+    assert not info.value.cancelled
+    (bid,) = store.batches
+    assert info.value.job.batch_ids == [bid]
+    assert store.batches[bid]["status"] == "validating"       # it goes on
+    store.auto = True
+    out = batch_api.run(_bodies(5), failures_path=failures, resume=True, **_opts(mock))
+    assert len(store.batches) == 1 and all(isinstance(r, llmretry.Result) for r in out)
+
+
+def test_cli_ctrl_c_twice_cancels(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(6))
+    store = mock.batch_api()
+    proc = _start(mock, tmp_path)
+    try:
+        assert "1 batch(es)" in proc.stderr.readline()      # type: ignore[union-attr]
+        (bid,) = store.batches
+        proc.send_signal(signal.SIGINT)
+        notice = proc.stderr.readline()                     # type: ignore[union-attr]
+        assert "Ctrl-C again" in notice and "they go on" in notice
+        proc.send_signal(signal.SIGINT)
+        _until(lambda: store.batches[bid]["status"] == "cancelling", "the cancel")
+        store.advance(bid)                   # cancelling -> cancelled
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "cancelled" in err
+    assert len(store.batches) == 1 and store.batches[bid]["status"] == "cancelled"
+
+
+def test_cli_refuses_stream_with_batch_api(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(2))
+    proc = _cli(mock, tmp_path, "--stream")
+    assert proc.returncode == 2 and "--stream does not go with --via batch-api" in proc.stderr
+    assert mock.batch_api().files == {}
+
+
+# -- splitting ------------------------------------------------------------------------
+
+def test_120000_lines_split_in_three_at_the_api_limits() -> None:
+    # The plan alone (no upload): 120,000 lines at the API's 50,000-line limit.
+    lines = [b'{"custom_id":"%d"}' % i for i in range(120_000)]
+    parts = batch_api._parts(lines, ["gpt-4o-mini"] * 120_000, batch_api.MAX_LINES,
+                             batch_api.MAX_BYTES)
+    assert [len(p) for _, p in parts] == [50_000, 50_000, 20_000]
+    assert [i for _, p in parts for i in p] == list(range(120_000))
+
+
+def test_split_past_the_line_limit_end_to_end(mock: MockServer, tmp_path: Path) -> None:
+    # The same split scaled down 100x (max_lines is a parameter): three
+    # batches, results in input order, one record naming each range.
+    mock.batch_api().auto = True
+    out = batch_api.run(_bodies(1200), max_lines=500, failures_path=tmp_path / "f.jsonl",
+                        **_opts(mock))
+    batches = sorted(mock.batch_api().batches.values(), key=lambda b: b["id"])
+    assert [b["request_counts"]["total"] for b in batches] == [500, 500, 200]
+    assert [r.data["id"] for r in out][::100] == [f"chatcmpl-mock-{i % 500}"
+                                                  for i in range(0, 1200, 100)]
+    assert out.summary.ok == 1200
+    record = json.loads((tmp_path / "f.jsonl.batches").read_text())
+    assert [b["ranges"] for b in record["batches"]] == [[[0, 499]], [[500, 999]],
+                                                        [[1000, 1199]]]
+    assert all(b["collected"] for b in record["batches"])
+
+
+def test_split_past_the_byte_limit(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = _bodies(10)
+    size = len(batch_api._lines_of(bodies, None)[1][0]) + 1
+    out = batch_api.run(bodies, max_bytes=size * 4, **_opts(mock))
+    counts = [b["request_counts"]["total"] for b in mock.batch_api().batches.values()]
+    assert sorted(counts) == [2, 4, 4]
+    assert out.summary.ok == 10
+    assert [r.data["choices"][0]["message"]["content"] for r in out] == ["ok"] * 10
+
+
+def test_mixed_models_grouped_with_split(mock: MockServer) -> None:
+    mock.batch_api().auto = True
+    bodies = [{"model": f"m{i % 2}", "messages": [{"role": "user", "content": str(i)}]}
+              for i in range(12)]
+    out = batch_api.run(bodies, max_lines=4, keep_files=True, **_opts(mock))
+    store = mock.batch_api()
+    files = []
+    for b in sorted(store.batches.values(), key=lambda b: b["id"]):
+        lines = [json.loads(x) for x in store.content[b["input_file_id"]].splitlines()]
+        files.append(({x["body"]["model"] for x in lines}, len(lines)))
+    # One model per file (6 lines each, 4 a file), first-seen model first.
+    assert files == [({"m0"}, 4), ({"m0"}, 2), ({"m1"}, 4), ({"m1"}, 2)]
+    assert [r.data["model"] for r in out] == [b["model"] for b in bodies]
+
+
+def test_reachable_from_the_package() -> None:
+    code = "import llmretry, sys; assert 'llmretry.batch_api' not in sys.modules; " \
+           "print(llmretry.batch_api.run.__module__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "llmretry.batch_api", proc.stderr
