@@ -26,7 +26,7 @@ typedef struct {
      * never held while waiting. */
     pthread_mutex_t mu;
     llmretry_engine *engine;
-    pid_t pid;                      /* the process that made the engine */
+    unsigned fork_gen;              /* llmretry_fork_generation() when it was made */
 } EngineObject;
 
 /* Arguments converted for the core; Python objects they borrow from are

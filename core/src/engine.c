@@ -28,16 +28,27 @@ static CURLcode curl_init_rc;
  * os.fork() and multiprocessing run pthread_atfork handlers; only a raw
  * clone(2) would not, and nothing that clones so uses the engine after. */
 static atomic_uint fork_generation;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void after_fork_in_child(void)
 {
     atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
 }
 
+static void fork_watch(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+unsigned llmretry_fork_generation(void)
+{
+    pthread_once(&fork_once, fork_watch);
+    return atomic_load_explicit(&fork_generation, memory_order_relaxed);
+}
+
 static void curl_init_once(void)
 {
     curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-    pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
 void lr_engine_ref(llmretry_engine *e)
@@ -289,7 +300,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     if (!e)
         return LLMRETRY_ENOMEM;
     atomic_init(&e->refs, 1);
-    e->fork_generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    e->fork_generation = llmretry_fork_generation();
     e->max_in_flight = opts->max_in_flight;
     e->rng = lr_rng_seed();
     pthread_mutex_init(&e->mu, NULL);
