@@ -182,3 +182,5 @@ def test_meta_is_built_when_first_read(scen: Scenario) -> None:
     assert r.meta is m
     r.meta = back.meta
     assert r.meta is back.meta
+    r._parsed = {"answer": 1}           # what response_model= sets: pickled too
+    assert pickle.loads(pickle.dumps(r)).parsed == {"answer": 1}
