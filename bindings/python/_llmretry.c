@@ -168,6 +168,7 @@ static int module_exec(PyObject *m)
     struct { PyTypeObject **slot; PyType_Spec *spec; } types[] = {
         { &st->stream_type, &Stream_spec }, { &st->channel_type, &Channel_spec },
         { &st->group_type, &Group_spec }, { &st->batch_run_type, &BatchRun_spec },
+        { &st->lazy_meta_type, &LazyMeta_spec },
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, types[i].spec, NULL);
@@ -228,6 +229,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->channel_type);
     Py_VISIT(st->group_type);
     Py_VISIT(st->batch_run_type);
+    Py_VISIT(st->lazy_meta_type);
     Py_VISIT(st->pool_stop);
     Py_VISIT(st->not_started);
     return lr_results_traverse(st, visit, arg);
@@ -241,6 +243,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->channel_type);
     Py_CLEAR(st->group_type);
     Py_CLEAR(st->batch_run_type);
+    Py_CLEAR(st->lazy_meta_type);
     Py_CLEAR(st->pool_stop);
     Py_CLEAR(st->not_started);
     lr_results_clear(st);

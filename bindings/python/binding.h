@@ -26,7 +26,7 @@ typedef struct {
      * never held while waiting. */
     pthread_mutex_t mu;
     llmretry_engine *engine;
-    pid_t pid;                      /* the process that made the engine */
+    unsigned fork_gen;              /* llmretry_fork_generation() when it was made */
 } EngineObject;
 
 /* Arguments converted for the core; Python objects they borrow from are
@@ -87,6 +87,7 @@ int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate);
 PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw);
 /* batch.c: Engine.batch, the BatchRun that call_many steps to its end. */
 extern PyType_Spec BatchRun_spec;
+extern PyType_Spec LazyMeta_spec;      /* results.c */
 PyObject *Engine_batch(EngineObject *self, PyObject *args, PyObject *kw);
 
 #endif

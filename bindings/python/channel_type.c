@@ -17,13 +17,13 @@ typedef struct {
     PyObject_HEAD
     EngineObject *engine;           /* strong: submits go through its lock */
     llmretry_channel *ch;           /* NULL once closed */
-    pid_t pid;
+    unsigned fork_gen;              /* llmretry_fork_generation() at creation */
 } ChannelObject;
 
 typedef struct {
     PyObject_HEAD
     llmretry_group *g;
-    pid_t pid;
+    unsigned fork_gen;              /* llmretry_fork_generation() at creation */
 } GroupObject;
 
 static const module_state *mstate(PyObject *o)
@@ -56,13 +56,13 @@ PyObject *lr_engine_channel(PyObject *self, PyObject *unused)
     }
     c->engine = (EngineObject *)Py_NewRef(self);
     c->ch = ch;
-    c->pid = getpid();
+    c->fork_gen = llmretry_fork_generation();
     return (PyObject *)c;
 }
 
 static int channel_open(ChannelObject *c)
 {
-    if (c->ch && c->pid == getpid())
+    if (c->ch && c->fork_gen == llmretry_fork_generation())
         return 0;
     PyErr_SetString(PyExc_RuntimeError, c->ch ? "this channel belongs to the parent process"
                                               : "the channel is closed");
@@ -156,7 +156,7 @@ static void channel_close(ChannelObject *c)
     c->ch = NULL;
     /* In a forked child the channel is the parent's: left alone. Calls
      * still running keep it alive (their news then reaches nobody). */
-    if (ch && c->pid == getpid())
+    if (ch && c->fork_gen == llmretry_fork_generation())
         llmretry_channel_free(ch);
 }
 
@@ -258,7 +258,7 @@ PyObject *lr_engine_group(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     o->g = g;
-    o->pid = getpid();
+    o->fork_gen = llmretry_fork_generation();
     return (PyObject *)o;
 }
 
@@ -267,7 +267,7 @@ static PyObject *Group_stats(GroupObject *o, PyObject *unused)
 {
     (void)unused;
     llmretry_group_stats gs = { 0 };
-    if (o->pid == getpid())
+    if (o->fork_gen == llmretry_fork_generation())
         llmretry_group_stats_get(o->g, &gs);
     return lr_py_shape_dict(mstate((PyObject *)o), LLMRETRY_SHAPE_GROUP, &gs);
 }
@@ -275,7 +275,7 @@ static PyObject *Group_stats(GroupObject *o, PyObject *unused)
 static void Group_dealloc(GroupObject *o)
 {
     PyTypeObject *type = Py_TYPE(o);
-    if (o->g && o->pid == getpid())
+    if (o->g && o->fork_gen == llmretry_fork_generation())
         llmretry_group_free(o->g);      /* calls still in it keep it alive */
     type->tp_free((PyObject *)o);
     Py_DECREF(type);

@@ -43,7 +43,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     }
     pthread_mutex_lock(&self->mu);
     self->engine = e;
-    self->pid = getpid();
+    self->fork_gen = llmretry_fork_generation();
     pthread_mutex_unlock(&self->mu);
     return 0;
 }
@@ -62,7 +62,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static void engine_close(EngineObject *self)
 {
-    if (self->engine && getpid() != self->pid) {
+    if (self->engine && llmretry_fork_generation() != self->fork_gen) {
         /* A forked child: the engine, its thread and even the state of our
          * lock are the parent's. Forget it; never touch it. */
         self->engine = NULL;

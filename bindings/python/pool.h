@@ -19,7 +19,7 @@
 enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 #undef KEY_ENUM
 
-#define LR_RESULT_FIELDS 2          /* Result: data, meta */
+#define LR_RESULT_FIELDS 2          /* Result: data, _meta */
 #define LR_SHAPE_MAX_FIELDS 24      /* the most fields of a core shape (checked) */
 
 typedef struct {
@@ -27,6 +27,7 @@ typedef struct {
     PyTypeObject *stream_type;      /* stream_type.c */
     PyTypeObject *channel_type, *group_type;   /* channel_type.c */
     PyTypeObject *batch_run_type;   /* batch.c */
+    PyTypeObject *lazy_meta_type;   /* results.c */
     PyObject *pool_stop;            /* the PoolStop exception class */
     PyObject *not_started;          /* the NOT_STARTED sentinel */
     PyObject *keys[K_COUNT];        /* interned outcome keys */

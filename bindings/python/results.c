@@ -10,9 +10,11 @@
  * fields are the core's meta shape (llmretry/shapes.h), walked in order. */
 #include "results.h"
 
+#include <stddef.h>
 #include <string.h>
 
-static const char *const RESULT_FIELDS[LR_RESULT_FIELDS] = { "data", "meta" };
+/* Result.meta is a property over _meta, which holds a LazyMeta until read. */
+static const char *const RESULT_FIELDS[LR_RESULT_FIELDS] = { "data", "_meta" };
 
 /* The slot descriptor `name` of `type`, or NULL with TypeError. */
 static PyObject *slot_descriptor(PyObject *type, const char *name)
@@ -171,14 +173,17 @@ PyObject *lr_str_or_none(const char *s)
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
 }
 
-static PyObject *new_meta(const module_state *st, const llmretry_result *r)
+/* Meta from a source of the core's meta fields, in the shape's order. */
+typedef int (*meta_field_fn)(const void *src, size_t i, llmretry_field *f);
+
+static PyObject *build_meta(const module_state *st, const void *src, meta_field_fn field)
 {
     PyObject *m = st->meta_type->tp_alloc(st->meta_type, 0);
     if (!m)
         return NULL;
     /* Each value is made only if the ones before were set: nothing leaks. */
     llmretry_field f;
-    for (size_t i = 0; llmretry_shape_field(LLMRETRY_SHAPE_META, r, i, &f) == 0; i++) {
+    for (size_t i = 0; field(src, i, &f) == 0; i++) {
         if (set_slot(st->meta_fields[i], m, lr_py_field_value(st, &f)) < 0) {
             Py_DECREF(m);
             return NULL;
@@ -191,6 +196,143 @@ static PyObject *new_meta(const module_state *st, const llmretry_result *r)
     PyObject_GC_UnTrack(m);
     return m;
 }
+
+static int result_meta_field(const void *r, size_t i, llmretry_field *f)
+{
+    return llmretry_shape_field(LLMRETRY_SHAPE_META, r, i, f);
+}
+
+/* ---- LazyMeta: a success's Meta, built when first read ---------------------
+ *
+ * Why: a batch of 20,000 calls whose caller reads only result.data (most
+ * do) built 20,000 Metas, on the thread that also waits for the engine:
+ * 16 slots, four strs and two usage dicts each, and three of the ~10
+ * objects per item whose allocation sets off the cyclic GC. A LazyMeta is one allocation holding the
+ * values (ints, the strings' bytes, the usages) and no Python object, so
+ * the GC neither counts nor visits it; Result.meta calls it once, on first
+ * read, and keeps the Meta it returns. */
+
+#define LAZY_USAGES 2               /* usage fields of the meta shape (more: built at once) */
+
+typedef struct {
+    PyObject_VAR_HEAD               /* ob_size: the bytes of text */
+    size_t n;                       /* fields, in the meta shape's order */
+    unsigned char type[LR_SHAPE_MAX_FIELDS];
+    /* An int's value; a string's offset in text; a usage's index in usage. */
+    int64_t i[LR_SHAPE_MAX_FIELDS];
+    llmretry_usage usage[LAZY_USAGES];
+    char text[1];                   /* the strings, each NUL-terminated */
+} LazyMetaObject;
+
+static int lazy_meta_field(const void *src, size_t i, llmretry_field *f)
+{
+    const LazyMetaObject *z = src;
+    if (i >= z->n)
+        return -1;
+    memset(f, 0, sizeof *f);
+    f->type = (llmretry_field_type)z->type[i];
+    if (f->type == LLMRETRY_FIELD_STRING)
+        f->s = z->text + z->i[i];
+    else if (f->type == LLMRETRY_FIELD_USAGE)
+        f->usage = &z->usage[z->i[i]];
+    else
+        f->i = z->i[i];
+    return 0;
+}
+
+/* The LazyMeta of r's meta, or NULL: with an error set when out of
+ * memory, without one when a field is of a kind it does not keep (then
+ * the caller builds the Meta now). */
+static PyObject *new_lazy_meta(const module_state *st, const llmretry_result *r)
+{
+    llmretry_field f;
+    size_t n = 0, text = 0, usages = 0;
+    for (; llmretry_shape_field(LLMRETRY_SHAPE_META, r, n, &f) == 0; n++) {
+        if (n >= LR_SHAPE_MAX_FIELDS)
+            return NULL;
+        if (f.type == LLMRETRY_FIELD_STRING)
+            text += f.s ? strlen(f.s) + 1 : 0;
+        else if (f.type == LLMRETRY_FIELD_USAGE && ++usages > LAZY_USAGES)
+            return NULL;
+        else if (f.type != LLMRETRY_FIELD_INT && f.type != LLMRETRY_FIELD_BOOL &&
+                 f.type != LLMRETRY_FIELD_NULL && f.type != LLMRETRY_FIELD_USAGE)
+            return NULL;            /* a list, JSON: not kept here */
+    }
+    LazyMetaObject *z = (LazyMetaObject *)st->lazy_meta_type->tp_alloc(
+        st->lazy_meta_type, (Py_ssize_t)text);
+    if (!z)
+        return NULL;
+    z->n = n;
+    size_t at = 0, u = 0;
+    for (size_t i = 0; i < n; i++) {
+        llmretry_shape_field(LLMRETRY_SHAPE_META, r, i, &f);
+        if (f.type == LLMRETRY_FIELD_STRING && !f.s)
+            f.type = LLMRETRY_FIELD_NULL;   /* as lr_str_or_none reads it */
+        z->type[i] = (unsigned char)f.type;
+        z->i[i] = f.i;
+        if (f.type == LLMRETRY_FIELD_STRING) {
+            size_t len = strlen(f.s) + 1;
+            memcpy(z->text + at, f.s, len);
+            z->i[i] = (int64_t)at;
+            at += len;
+        } else if (f.type == LLMRETRY_FIELD_USAGE) {
+            z->usage[u] = *f.usage;
+            z->i[i] = (int64_t)u++;
+        }
+    }
+    return (PyObject *)z;
+}
+
+/* LazyMeta() -> Meta: a new Meta of the values (Result.meta keeps it). */
+static PyObject *LazyMeta_call(PyObject *self, PyObject *args, PyObject *kw)
+{
+    if (PyTuple_GET_SIZE(args) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "LazyMeta() takes no arguments");
+        return NULL;
+    }
+    const module_state *st = PyType_GetModuleState(Py_TYPE(self));
+    if (!st || !st->meta_type) {
+        PyErr_SetString(PyExc_RuntimeError, "no Meta class registered");
+        return NULL;
+    }
+    return build_meta(st, self, lazy_meta_field);
+}
+
+static void LazyMeta_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *LazyMeta_reduce(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    (void)self;
+    PyErr_SetString(PyExc_TypeError, "a LazyMeta is not pickled: pickle Result.meta");
+    return NULL;
+}
+
+static PyMethodDef LazyMeta_methods[] = {
+    { "__reduce__", LazyMeta_reduce, METH_NOARGS, NULL },
+    { NULL, NULL, 0, NULL },
+};
+
+static PyType_Slot LazyMeta_slots[] = {
+    { Py_tp_dealloc, LazyMeta_dealloc },
+    { Py_tp_call, LazyMeta_call },
+    { Py_tp_methods, LazyMeta_methods },
+    { Py_tp_doc, "A success's Meta values, built into a Meta when Result.meta is first read." },
+    { 0, NULL },
+};
+
+PyType_Spec LazyMeta_spec = {
+    .name = "llmretry._llmretry.LazyMeta",
+    .basicsize = offsetof(LazyMetaObject, text),
+    .itemsize = 1,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = LazyMeta_slots,
+};
 
 int lr_build_result(const module_state *st, const llmretry_result *r, PyObject **out)
 {
@@ -206,7 +348,9 @@ int lr_build_result(const module_state *st, const llmretry_result *r, PyObject *
         PyErr_Clear();          /* the package makes the error, from the outcome dict */
         return 0;
     }
-    PyObject *meta = new_meta(st, r);
+    PyObject *meta = new_lazy_meta(st, r);
+    if (!meta && !PyErr_Occurred())
+        meta = build_meta(st, r, result_meta_field);
     PyObject *res = meta ? st->result_type->tp_alloc(st->result_type, 0) : NULL;
     if (!res) {
         Py_DECREF(data);

@@ -21,6 +21,31 @@
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
+/* Bumped in every child of fork(): an engine made before the fork sees a
+ * generation other than its own. Every entry point checks it (a batch
+ * several times per call), so it is an atomic load here, not getpid(): a
+ * system call each time, the calling thread's most frequent one. fork(),
+ * os.fork() and multiprocessing run pthread_atfork handlers; only a raw
+ * clone(2) would not, and nothing that clones so uses the engine after. */
+static atomic_uint fork_generation;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void after_fork_in_child(void)
+{
+    atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+}
+
+static void fork_watch(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+unsigned llmretry_fork_generation(void)
+{
+    pthread_once(&fork_once, fork_watch);
+    return atomic_load_explicit(&fork_generation, memory_order_relaxed);
+}
+
 static void curl_init_once(void)
 {
     curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -49,7 +74,7 @@ void lr_engine_unref(llmretry_engine *e)
 
 int lr_forked(const llmretry_engine *e)
 {
-    return getpid() != e->pid;
+    return atomic_load_explicit(&fork_generation, memory_order_relaxed) != e->fork_generation;
 }
 
 int llmretry_engine_forked(const llmretry_engine *e)
@@ -275,7 +300,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     if (!e)
         return LLMRETRY_ENOMEM;
     atomic_init(&e->refs, 1);
-    e->pid = getpid();
+    e->fork_generation = llmretry_fork_generation();
     e->max_in_flight = opts->max_in_flight;
     e->rng = lr_rng_seed();
     pthread_mutex_init(&e->mu, NULL);

@@ -46,7 +46,7 @@ void lr_socktab_free(lr_socktab *t);
 
 struct llmretry_engine {
     atomic_int refs;               /* the host's + one per unfreed call */
-    pid_t pid;
+    unsigned fork_generation;      /* lr_forked: engine.c's count of forks at creation */
     int max_in_flight;
 
     pthread_mutex_t mu;            /* guards everything down to `thread` */

@@ -238,11 +238,14 @@ _sigint = _SigintCancels()
 _main_thread = threading.main_thread()
 
 
-def _waiting_task() -> Optional["asyncio.Task[Any]"]:
-    """The current task when Ctrl-C should reach it (main thread), else None."""
+def _waiting_task(loop: Optional[asyncio.AbstractEventLoop] = None
+                  ) -> Optional["asyncio.Task[Any]"]:
+    """The current task when Ctrl-C should reach it (main thread), else None.
+    ``loop``: the running loop when the caller has it (asyncio looks it up
+    otherwise, with a getpid() system call each time)."""
     if threading.current_thread() is not _main_thread:
         return None
-    task = asyncio.current_task()
+    task = asyncio.current_task(loop)
     if task is not None:
         _sigint.add(task)
     return task
@@ -320,7 +323,7 @@ async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, 
             raise
 
     lc.waiting[raw] = on_news
-    task = _waiting_task()
+    task = _waiting_task(lc.loop)
     try:
         out = await fut
     except asyncio.CancelledError:

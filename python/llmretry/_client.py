@@ -230,6 +230,9 @@ class Meta:
         return (Meta, tuple(getattr(self, name) for name in self.__slots__))
 
 
+# What the extension puts in a Result it builds, in place of its Meta.
+_LazyMeta = _llmretry.LazyMeta
+
 if TYPE_CHECKING:
     # To a type checker a Result is the pair it unpacks to, so that
     # ``data, meta = call_llm(body)`` types meta as Meta (an __iter__ alone
@@ -247,12 +250,32 @@ class Result(_Pair):
     never shows the data.
     """
 
-    __slots__ = ("data", "meta", "_parsed")
+    __slots__ = ("data", "_meta", "_parsed")
     _parsed: Any
 
     def __init__(self, data: Any, meta: Meta) -> None:
         self.data = data    # the response body parsed as JSON
-        self.meta = meta
+        self._meta: Any = meta
+
+    @property
+    def meta(self) -> Meta:
+        """What happened during the call (:class:`Meta`)."""
+        m = self._meta
+        if type(m) is _LazyMeta:
+            # A success the extension built keeps its Meta's values until
+            # they are read: most batches only read .data (issue 36).
+            m = self._meta = m()
+        return m  # type: ignore[no-any-return]
+
+    @meta.setter
+    def meta(self, meta: Meta) -> None:
+        self._meta = meta
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # The Meta itself (built if it was not), never the lazy values.
+        if hasattr(self, "_parsed"):
+            return (Result, (self.data, self.meta), (None, {"_parsed": self._parsed}))
+        return (Result, (self.data, self.meta))
 
     @property
     def parsed(self) -> Any:

@@ -310,6 +310,13 @@ class BatchRun:
     def fileno(self) -> int: ...
     def close(self) -> None: ...
 
+class LazyMeta:
+    """A Meta's values, kept in a Result the extension built (its ``_meta``
+    slot) until ``Result.meta`` is first read."""
+    def __call__(self) -> Any:
+        """A new Meta of the values."""
+        ...
+
 def run_pool(items: Sequence[Any], limit: int,
              worker: Callable[[Any, int], Any], return_exceptions: bool = False, *,
              deadline_ms: Optional[int] = None, adaptive: bool = True,
@@ -353,7 +360,7 @@ def schema_errors(schema_text: Union[str, bytes], json_text: Union[str, bytes]) 
 def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], Any],
                       parse: Callable[[bytes], Any]) -> None:
     """Register the classes ``as_result`` builds (``__slots__`` classes with
-    ``data, meta`` and one slot per field of the core's meta shape, else
+    ``data, _meta`` (a LazyMeta until ``meta`` is read) and one slot per field of the core's meta shape, else
     TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
     bodies the scanner refuses (and for the JSON of validation errors)."""
 

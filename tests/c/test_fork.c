@@ -8,7 +8,10 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -82,6 +85,11 @@ static int child_touches_everything(void *arg)
     return 0;
 }
 
+static int child_sees_fork(void *arg)
+{
+    return llmretry_engine_forked(arg) ? 0 : 10;
+}
+
 static void test_fork_while_busy(void)
 {
     char url[128], err[LLMRETRY_ERRBUF];
@@ -129,6 +137,115 @@ static void test_fork_while_busy(void)
     llmretry_engine_free(w.e);
 }
 
+/* getpid() counted: this definition takes the place of libc's for the
+ * whole program (the core is linked in statically). */
+static atomic_long getpid_calls;
+
+pid_t getpid(void)
+{
+    atomic_fetch_add(&getpid_calls, 1);
+    return (pid_t)syscall(SYS_getpid);
+}
+
+/* getentropy() counted too (the definition in libc does the same call). */
+static atomic_long getentropy_calls;
+
+int getentropy(void *buf, size_t len)
+{
+    atomic_fetch_add(&getentropy_calls, 1);
+    return syscall(SYS_getrandom, buf, len, 0) == (long)len ? 0 : -1;
+}
+
+/* Request ids take their random bytes from the kernel 256 at a time (issue
+ * 36: a getrandom per call), and a fork's child never repeats the
+ * parent's: it drops the bytes it inherited. */
+static void test_ids_batched_and_fork_safe(void)
+{
+    char id[37], prev[37] = "";
+    long before = atomic_load(&getentropy_calls);
+    for (int i = 0; i < 200; i++) {
+        CHECK_INT(llmretry_uuid4(id), LLMRETRY_OK);
+        CHECK_MSG(strcmp(id, prev) != 0, "the same id twice: %s", id);
+        memcpy(prev, id, sizeof id);
+    }
+    long made = atomic_load(&getentropy_calls) - before;
+    CHECK_MSG(made <= 14, "%ld getentropy() calls for 200 ids", made);
+    /* Three forks, an id apart: at most one finds the pool used up. */
+    for (int k = 0; k < 3; k++) {
+        int fds[2];
+        CHECK_INT(pipe(fds), 0);
+        pid_t pid = fork();
+        if (pid == 0) {
+            char mine[37];
+            int ok = llmretry_uuid4(mine) == LLMRETRY_OK &&
+                     write(fds[1], mine, sizeof mine) == (ssize_t)sizeof mine;
+            _exit(ok ? 0 : 1);
+        }
+        char child[37] = "", parent[37];
+        CHECK_INT(llmretry_uuid4(parent), LLMRETRY_OK);
+        CHECK_INT((int)read(fds[0], child, sizeof child), (int)sizeof child);
+        int st = 0;
+        waitpid(pid, &st, 0);
+        close(fds[0]);
+        close(fds[1]);
+        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed");
+        CHECK_MSG(strcmp(child, parent) != 0, "parent and child made the same id %s", parent);
+    }
+}
+
+/* Checking for a fork costs no system call per call (issue 36): a batch
+ * checks several times per item, and getpid() was the calling thread's
+ * most frequent system call. 200 calls through a group, as call_many
+ * makes them, with a handful of getpid()s at most (none from the core). */
+static void test_fork_check_costs_no_syscall(void)
+{
+    char url[128], err[LLMRETRY_ERRBUF];
+    llmretry_engine *e = NULL;
+    llmretry_group *g = NULL;
+    if (llmretry_engine_new(NULL, &e, err, sizeof err) != LLMRETRY_OK ||
+        llmretry_group_new(e, NULL, &g, err, sizeof err) != LLMRETRY_OK ||
+        th_mock_script(&mock, "nofork", "{\"steps\": []}") != 0) {
+        CHECK_MSG(0, "setup: %s", err);
+        return;
+    }
+    enum { N = 200 };
+    llmretry_call *calls[N];
+    llmretry_options o;
+    opts_for(&o, "nofork", url, sizeof url);
+    o.group = g;
+    long before = atomic_load(&getpid_calls);
+    for (int i = 0; i < N; i++)
+        CHECK_INT(llmretry_engine_submit(e, &o, 0, &calls[i], err, sizeof err), LLMRETRY_OK);
+    int done = 0, ok = 0;
+    while (done < N) {
+        llmretry_call *got[64];
+        size_t k = llmretry_group_poll(g, got, 64);
+        if (k == 0) {
+            llmretry_group_wait(g, 1000);
+            continue;
+        }
+        for (size_t j = 0; j < k; j++) {
+            llmretry_event *ev;
+            llmretry_mail m;
+            while ((m = llmretry_call_next(got[j], &ev)) == LLMRETRY_MAIL_EVENT ||
+                   m == LLMRETRY_MAIL_CHUNK)
+                llmretry_event_free(ev);
+            if (m != LLMRETRY_MAIL_DONE)
+                continue;               /* news, not the end yet */
+            ok += llmretry_call_result(got[j])->ok;
+            llmretry_call_free(got[j]);
+            done++;
+        }
+    }
+    long calls_made = atomic_load(&getpid_calls) - before;
+    CHECK_INT(ok, N);
+    CHECK_MSG(calls_made < 10, "%ld getpid() calls for %d calls", calls_made, N);
+    /* And a child still knows it is one. */
+    CHECK_INT(in_child(child_sees_fork, e), 0);
+    llmretry_group_free(g);
+    llmretry_engine_free(e);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -136,6 +253,8 @@ int main(void)
         return th_summary("test_fork");
     }
     test_fork_while_busy();
+    test_fork_check_costs_no_syscall();
+    test_ids_batched_and_fork_safe();
     th_mock_stop(&mock);
     return th_summary("test_fork");
 }

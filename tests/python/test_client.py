@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any, List
 
 import pytest
 
 import llmretry
-from conftest import FAST, SECRET_KEY, Events, Scenario, secret_body
+from conftest import FAST, SECRET_KEY, Events, Scenario, child_env, secret_body
 
 
 def conn_ids(scen: Scenario) -> List[int]:
@@ -291,3 +297,58 @@ def test_max_host_connections_caps_connections(scen: Scenario) -> None:
 def test_max_host_connections_refused_when_negative() -> None:
     with pytest.raises(ValueError, match="max_host_connections"):
         llmretry.Client(max_host_connections=-1)
+
+
+# getpid() counted in a child Python: a preloaded definition takes the place
+# of libc's for the extension and libcurl alike.
+GETPID_SHIM = r"""
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static atomic_long calls;
+pid_t getpid(void) { atomic_fetch_add(&calls, 1); return (pid_t)syscall(SYS_getpid); }
+long getpid_calls(void) { return atomic_load(&calls); }
+"""
+
+COUNT_CALLS = textwrap.dedent("""
+    import asyncio, ctypes, sys
+    import llmretry
+    url, n = sys.argv[1], int(sys.argv[2])
+    count = ctypes.CDLL(None).getpid_calls
+    client = llmretry.Client(base_url=url, api_key="sk-test", logger=None)
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+    async def some(k):
+        await asyncio.gather(*(client.acall_llm(body) for _ in range(k)))
+    asyncio.run(some(4))                # the loop's channel and the connections made
+    before = count()
+    asyncio.run(some(n))
+    middle = count()
+    out = client.call_many([body] * n, limit=8)
+    assert all(isinstance(r, llmretry.Result) for r in out)
+    print(middle - before, count() - middle)
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_checks_cost_no_syscall_per_call(scen: Scenario, tmp_path: Path) -> None:
+    """Telling a forked child from the parent costs no getpid() per call
+    (issue 36: an acall_llm made 8, a call_many item 5): 100 acall_llm and a
+    100-item call_many in a child process, each getpid() counted."""
+    cc = shutil.which(sysconfig.get_config_var("CC").split()[0]) or shutil.which("cc")
+    assert cc, "no C compiler (the extension needs one too)"
+    src = tmp_path / "getpid_shim.c"
+    src.write_text(GETPID_SHIM)
+    lib = tmp_path / "getpid_shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    scen.script([])                     # every call answered 200
+    env = child_env()
+    env["LD_PRELOAD"] = " ".join(p for p in (str(lib), env.get("LD_PRELOAD", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", COUNT_CALLS, scen.url, "100"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    acalls, batch = map(int, proc.stdout.split()[-2:])
+    assert batch < 5, f"{batch} getpid() calls for a call_many of 100 items"
+    # asyncio's own get_running_loop() makes one per call (llmretry asks it
+    # once per acall_llm): that one stays.
+    assert acalls < 150, f"{acalls} getpid() calls for 100 acall_llm"

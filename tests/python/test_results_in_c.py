@@ -146,3 +146,41 @@ def test_limit_above_the_engines_cap_warns(scen: Scenario) -> None:
             client.call_many([secret_body("cap")] * 2, limit=4)
     finally:
         client.close()
+
+
+def test_meta_is_built_when_first_read(scen: Scenario) -> None:
+    """A batch's Results keep their Meta's values until .meta is read (issue
+    36: most callers read only .data); the Meta is then the same one every
+    time, equal to the Python-built one, and a Result pickles with it."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    scen.script([{"status": 503}, {"content": "lazy", "usage": usage,
+                                    "system_fingerprint": "fp_lazy"}])
+    out = llmretry.call_many([secret_body("lazy")], limit=1, **opts(scen, base_delay_ms=1))
+    res = out[0]
+    assert type(res) is llmretry.Result
+    # nothing built yet: what the Result holds is not a Meta
+    assert type(res._meta) is not llmretry.Meta
+    assert not gc.is_tracked(res._meta)
+    m = res.meta
+    assert type(m) is llmretry.Meta and res.meta is m and res._meta is m
+    assert not gc.is_tracked(m)
+    assert (m.attempt, m.attempts, m.status, m.usage, m.usage_total) == (1, 2, 200, usage, usage)
+    assert m.model == secret_body("lazy")["model"] and m.system_fingerprint == "fp_lazy"
+    assert isinstance(m.response_model, str)
+    assert isinstance(m.request_id, str) and len(m.request_id) == 36
+    assert m.stream is False and m.ttft_ms is None and m.chunks == 0 and m.target == 0
+    # pickled with its Meta (built for the purpose when it was not yet)
+    scen.script([{}])
+    fresh = llmretry.call_many([secret_body("lazy2")], limit=1, **opts(scen))[0]
+    back = pickle.loads(pickle.dumps(fresh))
+    assert back.data == fresh.data and back.meta == fresh.meta
+    assert type(back.meta) is llmretry.Meta
+    back2 = pickle.loads(pickle.dumps(res))
+    assert back2.meta == m and back2.data == res.data
+    # A Result made in Python keeps whatever it was given
+    r = llmretry.Result({"x": 1}, m)
+    assert r.meta is m
+    r.meta = back.meta
+    assert r.meta is back.meta
+    r._parsed = {"answer": 1}           # what response_model= sets: pickled too
+    assert pickle.loads(pickle.dumps(r)).parsed == {"answer": 1}

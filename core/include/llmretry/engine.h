@@ -47,6 +47,12 @@ void llmretry_engine_free(llmretry_engine *e);
  * nothing): the parent's I/O thread does not exist in the child and may
  * have held their locks at the fork. A host makes a new engine. */
 int llmretry_engine_forked(const llmretry_engine *e);
+/* This process's count of forks: what it was in the parent plus one in
+ * each child of fork() (counted by a pthread_atfork handler, registered by
+ * the first call here or the first engine). A host object that must know
+ * whether it is used after a fork keeps the count of its creation and
+ * compares: an atomic load where getpid() is a system call. */
+unsigned llmretry_fork_generation(void);
 
 /* Submit flags. */
 #define LLMRETRY_SUBMIT_POLL 1u  /* report this call via llmretry_engine_poll */
