@@ -67,6 +67,12 @@
 #define RETRY_MIN_MS 50                 /* reconnecting: first after this, */
 #define RETRY_MAX_MS 500                /* doubling up to this */
 #define KEY_TTL_MS "3600000"            /* an endpoint nobody touched for an hour is forgotten */
+#define START_ASK 4                     /* slow start: requests of the first wave asked at once */
+/* shared.h's LR_SHARED_*_S, as the script reads them (ms; i from 0) */
+#define SAID_AGES "(i == 2 or i == 3) and 60000 or 10000"
+#define WAVE_MS "10000"
+_Static_assert(LR_SHARED_CLAIM_S == 10 && LR_SHARED_LEARNED_S == 60 && LR_SHARED_WAVE_S == 10,
+               "the script's SAID_AGES and WAVE_MS follow shared.h");
 
 enum { ST_CONNECTING, ST_UP, ST_DOWN };
 enum { PROBE_NONE, PROBE_MINE, PROBE_USED };
@@ -91,6 +97,8 @@ static const char SCRIPT[] =
     "local function n(i) return tonumber(a[i]) or 0 end\n"
     "local f = {'rt', 'tt', 'pz', 'bf', 'bo', 'bp', 'bw'}\n"
     "for i = 0, 9 do f[#f + 1] = 's' .. i; f[#f + 1] = 'q' .. i; f[#f + 1] = 'r' .. i end\n"
+    "for i = 0, 4 do f[#f + 1] = 'a' .. i; f[#f + 1] = 'b' .. i end\n"
+    "f[#f + 1] = 'so'; f[#f + 1] = 'sw'; f[#f + 1] = 'ws'\n"
     "local v = redis.call('HMGET', key, unpack(f))\n"
     "local h = {}\n"
     "for i, name in ipairs(f) do h[name] = v[i] end\n"
@@ -157,6 +165,34 @@ static const char SCRIPT[] =
     "end\n"
     "local rg, rv = lease('rt', n(13), n(14), n(15), n(16), n(17))\n"
     "local tg, tv = lease('tt', n(18), n(19), n(20), n(21), n(22))\n"
+    /* what processes say of the limits (ARGV 23-27, 0: nothing): the
+     * configured rpm and tpm, the stricter wins while it is said again; the
+     * learned limits and the slow-down, the latest wins. a<i> the value,
+     * b<i> when it was said (ms) */
+    "local said = {}\n"
+    "for i = 0, 4 do\n"
+    "  local v, cur, at = n(23 + i), num('a' .. i), num('b' .. i)\n"
+    "  local age = " SAID_AGES "\n"
+    "  local fresh = cur > 0 and now - at < age\n"
+    "  if v > 0 and (i >= 2 or not fresh or v <= cur) then\n"
+    "    cur, at, fresh = v, now, true; put('a' .. i, v); put('b' .. i, now)\n"
+    "  end\n"
+    "  if fresh then said[#said + 1] = cur; said[#said + 1] = now - at\n"
+    "  else said[#said + 1] = 0; said[#said + 1] = 0 end\n"
+    "end\n"
+    /* the slow start: so once an answer came back; sw requests of the wave
+     * that began at ws, granted (ARGV 28 asked, 29 over, 30 the cap) */
+    "local so, sw, ws = num('so'), num('sw'), num('ws')\n"
+    "if n(29) == 1 and so == 0 then so = 1; put('so', 1) end\n"
+    "if now - ws >= " WAVE_MS " then sw = 0 end\n"
+    "local sg = 0\n"
+    "if so == 0 and n(28) > 0 then\n"
+    "  sg = math.max(0, math.min(n(28), n(30) - sw))\n"
+    "  if sg > 0 then\n"
+    "    if sw == 0 then ws = now; put('ws', ws) end\n"
+    "    sw = sw + sg; put('sw', sw)\n"
+    "  end\n"
+    "end\n"
     /* every round writes (when it was last used): a Redis that refuses
      * writes (out of memory) fails every round, not only those with news */
     "put('lt', now)\n"
@@ -164,10 +200,13 @@ static const char SCRIPT[] =
     "redis.call('PEXPIRE', key, " KEY_TTL_MS ")\n"
     "local bs = 0\n"
     "if bo ~= 0 then bs = 1 end\n"
-    "return {wq, wr, bf, bs, bo - now, probe, bp - now, pz - now, rg, rv, tg, tv}\n";
+    "return {wq, wr, bf, bs, bo - now, probe, bp - now, pz - now, rg, rv, tg, tv,\n"
+    "        said[1], said[2], said[3], said[4], said[5], said[6], said[7], said[8], said[9],\n"
+    "        said[10], sg, sw, so}\n";
 
 enum { R_WQ, R_WR, R_BF, R_BSET, R_BOPEN, R_PROBE, R_PROBE_REL, R_PAUSE, R_REQ_N, R_REQ_REL,
-       R_TOK_N, R_TOK_REL, R_COUNT };
+       R_TOK_N, R_TOK_REL, R_SAID, R_START_GRANTED = R_SAID + 2 * LR_SAID_COUNT, R_START_WAVE,
+       R_START_OVER, R_COUNT };
 
 /* ---- the state ---------------------------------------------------------------- */
 
@@ -196,6 +235,9 @@ typedef struct pending {
     int success, reopen, release, want_probe;
     int64_t failures;
     int64_t pause_until;                /* ms, this process's clock; 0: none */
+    int64_t said[LR_SAID_COUNT];        /* values said (0: none) */
+    int said_news;                      /* a said value changed: send it now */
+    int start_want, start_over;         /* the slow start: requests asked, an answer came */
 } pending;
 
 struct lr_redis_ep {
@@ -213,6 +255,8 @@ struct lr_redis_ep {
     int64_t mine_until;                 /* PROBE_MINE: when it lapses */
     int64_t other_until;                /* another process holds it until then */
     int64_t probe_asked;                /* asked Redis for it, no answer yet (0: not) */
+    int start_granted;                  /* slow start: requests Redis granted, not yet sent */
+    int64_t start_asked;                /* ... asked for more, no answer yet (0: not) */
 };
 
 struct lr_redis {
@@ -700,6 +744,77 @@ void lr_redis_probe_release(lr_redis_ep *x)
     pthread_mutex_unlock(&x->st->mu);
 }
 
+void lr_redis_say(lr_redis_ep *x, int index, int64_t now_ms, int64_t value, int claim)
+{
+    pthread_mutex_lock(&x->st->mu);
+    _Atomic int64_t *w = &x->mirror.said[index];
+    int64_t age = lr_shared_said_age_s(index), before = lr_shared_fresh(w, now_ms, age);
+    if (claim)
+        lr_shared_claim(w, now_ms, value);
+    else
+        lr_shared_say(w, now_ms, value);
+    if (!down(x->st)) {
+        int64_t *p = &x->p.said[index];
+        *p = claim && *p > 0 && *p < value ? *p : value;
+        /* A value that changes what the others pace by is news for them at
+         * once; one said again goes with the next round. */
+        if (lr_shared_fresh(w, now_ms, age) != before) {
+            x->p.said_news = 1;
+            kick(x->st);
+        }
+    }
+    pthread_mutex_unlock(&x->st->mu);
+}
+
+int lr_redis_start_take(lr_redis_ep *x, int64_t now_ms)
+{
+    lr_redis *st = x->st;
+    pthread_mutex_lock(&st->mu);
+    x->active_ms = now_ms;              /* read back while calls wait on it */
+    int ok = 0;
+    if (atomic_load(&x->mirror.start_over)) {
+        ok = 1;
+    } else if (x->start_granted > 0) {
+        x->start_granted--;
+        ok = 1;
+    } else if (down(st) || (x->start_asked && now_ms - x->start_asked >= st->timeout_ms)) {
+        /* Redis does not answer: the mirror's wave, this process's own. */
+        ok = lr_shared_start_take(&x->mirror, now_ms, LR_SHARED_START_CAP);
+    } else if (!x->start_asked) {
+        x->start_asked = now_ms;
+        x->p.start_want = START_ASK;
+        kick(st);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return ok;
+}
+
+int lr_redis_start_room(lr_redis_ep *x, int64_t now_ms)
+{
+    lr_redis *st = x->st;
+    pthread_mutex_lock(&st->mu);
+    x->active_ms = now_ms;
+    /* Room: granted requests in hand, or none asked for and the wave as
+     * Redis last told it not full (the call then asks); an answer on its
+     * way wakes the I/O thread. */
+    int room = atomic_load(&x->mirror.start_over) || x->start_granted > 0 || down(st) ||
+               (x->start_asked ? now_ms - x->start_asked >= st->timeout_ms
+                               : lr_shared_start_room(&x->mirror, now_ms, LR_SHARED_START_CAP));
+    pthread_mutex_unlock(&st->mu);
+    return room;
+}
+
+void lr_redis_start_over(lr_redis_ep *x)
+{
+    pthread_mutex_lock(&x->st->mu);
+    atomic_store(&x->mirror.start_over, 1);
+    if (!down(x->st)) {
+        x->p.start_over = 1;
+        kick(x->st);
+    }
+    pthread_mutex_unlock(&x->st->mu);
+}
+
 int64_t lr_redis_hold_ms(lr_redis_ep *x, int64_t now_ms)
 {
     pthread_mutex_lock(&x->st->mu);
@@ -735,7 +850,7 @@ int lr_redis_transition(lr_redis_ep *x, char *why, size_t len, int64_t *down_ms)
 /* ---- the store thread ------------------------------------------------------------ */
 
 /* One endpoint's request in a round: the script's ARGV, and what was asked. */
-#define N_ARGS 22
+#define N_ARGS 30
 typedef struct ask {
     lr_redis_ep *x;
     char args[N_ARGS][48];
@@ -906,8 +1021,11 @@ static int exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *w
 static int has_news(const lr_redis_ep *x)
 {
     const pending *p = &x->p;
+    int said = 0;
+    for (int i = 0; i < LR_SAID_COUNT; i++)
+        said |= p->said[i] != 0;
     return p->requests || p->retries || p->success || p->failures || p->reopen || p->release ||
-           p->pause_until || x->b[0].give_back || x->b[1].give_back;
+           p->pause_until || x->b[0].give_back || x->b[1].give_back || said || p->start_over;
 }
 
 /* When endpoint x needs a round (microseconds; <= now: now). */
@@ -915,7 +1033,7 @@ static int64_t due_at(const lr_redis_ep *x, int64_t now)
 {
     const pending *p = &x->p;
     if (!x->synced || p->success || p->failures || p->reopen || p->release || p->want_probe ||
-        p->pause_until)
+        p->pause_until || p->said_news || p->start_want || p->start_over)
         return 0;
     int64_t due = INT64_MAX;
     for (int b = 0; b < 2; b++) {
@@ -978,6 +1096,11 @@ static void prepare(lr_redis *st, lr_redis_ep *x, ask *a, int64_t now)
         fmt(a->args[16 + 5 * b], a->horizon[b]);
         L->give_back = 0;
     }
+    for (int i = 0; i < LR_SAID_COUNT; i++)
+        fmt(a->args[22 + i], a->p.said[i]);
+    fmt(a->args[27], a->p.start_want);
+    fmt(a->args[28], a->p.start_over);
+    fmt(a->args[29], LR_SHARED_START_CAP);
 }
 
 /* Redis's answer becomes the mirror, with what the I/O thread did since the
@@ -1043,6 +1166,21 @@ static void install(lr_redis_ep *x, const ask *a, const redisReply *r)
             L->ask_waiting = a->horizon[b] == WAITING_HORIZON_US;
         }
     }
+    /* What processes said of the limits, then what this one said since. */
+    for (int i = 0; i < LR_SAID_COUNT; i++) {
+        int64_t value = v[R_SAID + 2 * i], age = v[R_SAID + 2 * i + 1];
+        atomic_store(&m->said[i], value > 0 ? (max64(0, now - age) / 1000) << 32 | value : 0);
+        if (x->p.said[i] && (i == LR_SAID_CFG_RPM || i == LR_SAID_CFG_TPM))
+            lr_shared_claim(&m->said[i], now, x->p.said[i]);
+        else if (x->p.said[i])
+            lr_shared_say(&m->said[i], now, x->p.said[i]);
+    }
+    /* The slow start. */
+    if (a->p.start_want)
+        x->start_asked = 0;
+    x->start_granted += (int)v[R_START_GRANTED];
+    atomic_store(&m->start_over, v[R_START_OVER] || x->p.start_over);
+    atomic_store(&m->start_wave, v[R_START_WAVE] > 0 ? (now / 1000) << 32 | v[R_START_WAVE] : 0);
     x->synced = 1;
     x->synced_ms = now;
 }
@@ -1067,6 +1205,7 @@ static void went_down(lr_redis *st, const char *why, int64_t now)
         memset(&x->p, 0, sizeof x->p);
         x->synced = 1;
         x->probe_asked = 0;
+        x->start_asked = 0;
         x->other_until = 0;
         if (x->probe == PROBE_MINE)
             x->probe = PROBE_NONE;
