@@ -306,6 +306,8 @@ static int64_t min64(int64_t a, int64_t b)
 /* ---- the URL --------------------------------------------------------------------- */
 
 #define USAGE "redis://[:password@]host[:port][/db]"
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 static int bad(char *err, size_t len, const char *what)
 {
@@ -357,9 +359,18 @@ static long number(const char *p, const char *end, long lo, long hi)
 
 static int parse(const char *spec, lr_redis *st, char *err, size_t len)
 {
+    /* TLS needs hiredis_ssl (hiredis 1.0 and later); Debian's libhiredis
+     * (0.14), which llmretry builds with, has none. */
     if (strncmp(spec, "rediss://", 9) == 0)
-        return bad(err, len, "rediss:// (Redis over TLS) is not supported: use redis:// on a "
-                   "trusted network, or a TLS tunnel");
+        return bad(err, len, "rediss:// (Redis over TLS) is not supported: llmretry is built "
+                   "with hiredis " STR(HIREDIS_MAJOR) "." STR(HIREDIS_MINOR)
+#if HIREDIS_MAJOR < 1
+                   ", which has no TLS"
+#else
+                   " without its TLS library (hiredis_ssl)"
+#endif
+                   "; use redis:// on a trusted network, or a TLS tunnel (stunnel, "
+                   "spiped) to a local port");
     const char *p = spec + 8;                           /* after "redis://" */
     const char *auth_end = p + strcspn(p, "/?#");
     if (*auth_end == '#')
