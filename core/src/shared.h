@@ -44,6 +44,9 @@ typedef struct lr_shared_ep {
      * limit, packed with the second their wave began; and 1 once a
      * response said more (or a limit was configured). */
     _Atomic int64_t start_wave, start_over;
+    /* Layout 1 had 8 fields here that nothing wrote (always 0, which the
+     * 7 above read as nothing said): files made before stay valid. */
+    int64_t unused;
     _Atomic int64_t paused_until;        /* a server-named wait */
     /* The retry budget: per one-second slot, its first attempts and its
      * retries, each packed with the second it counts ((second << 32) |
