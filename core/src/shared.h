@@ -8,7 +8,7 @@
  *                  and the `shared` option's stores, by scheme
  *   shared_shm.c   "shm:NAME": a store of such endpoints in a file in
  *                  /dev/shm, mapped by every process on the host naming it
- *   shared_redis.c "redis://...": the numbers kept in Redis for every process
+ *   shared_redis*.c "redis://...": the numbers kept in Redis for every process
  *                  on every machine using it. The I/O thread never waits on
  *                  Redis: it works on a local copy of each endpoint (the
  *                  mirror) and on leased slices of the buckets, which a
@@ -163,7 +163,7 @@ void lr_shm_close(lr_shm *s);
 lr_shared_ep *lr_shm_endpoint(lr_shm *s, uint64_t id);
 const char *lr_shm_path(const lr_shm *s);
 
-/* ---- the Redis store (shared_redis.c) -------------------------------------- */
+/* ---- the Redis store (shared_redis*.c; shared_redis.h lists its parts) ------ */
 
 typedef struct lr_redis lr_redis;
 typedef struct lr_redis_ep lr_redis_ep;
