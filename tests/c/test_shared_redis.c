@@ -576,6 +576,43 @@ static void test_slow_start_redis(void)
     slow_start(patient);
 }
 
+/* The slow-down after a 429 naming no wait is every engine's: a's 429
+ * (after two successes) cuts the request rate to half what it was served
+ * at; b, configured with nothing, paces at that rate too (alone, at none). */
+static void slow_down_for_all(const char *spec)
+{
+    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
+    char url[128], scen[32];
+    snprintf(scen, sizeof scen, "slowdn%c", spec[0]);
+    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [{}, {}, {\"status\": 429}], "
+                                   "\"after\": {}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, scen, url, sizeof url);
+    o.max_retries = 3;
+    for (int i = 0; i < 3; i++)
+        run_one(a, &o);
+    llmretry_endpoint_stats sa, sb;
+    CHECK(stats_of(a, scen, &sa) && sa.rpm > 0);
+    run_one(b, &o);
+    CHECK_MSG(stats_of(b, scen, &sb) && sb.rpm > 0 && sb.rpm <= 2 * sa.rpm,
+              "%s: b paces at %lld a minute, a at %lld", spec, (long long)sb.rpm,
+              (long long)sa.rpm);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static void test_slow_down_for_all_shm(void)
+{
+    slow_down_for_all(shm_spec);
+}
+
+static void test_slow_down_for_all_redis(void)
+{
+    slow_down_for_all(patient);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0)
@@ -599,6 +636,8 @@ int main(void)
         { "learned_for_all_redis", test_learned_for_all_redis },
         { "slow_start_shm", test_slow_start_shm },
         { "slow_start_redis", test_slow_start_redis },
+        { "slow_down_shm", test_slow_down_for_all_shm },
+        { "slow_down_redis", test_slow_down_for_all_redis },
     };
     TH_RUN(tests);
     char path[96];
