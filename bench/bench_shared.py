@@ -10,12 +10,17 @@ Limited runs: the mock enforces a sliding window (default 50 requests a
 second, as a provider enforcing 3,000 a minute in one-second slices) and
 states it in its headers; each process runs call_many over its share of the
 items with the provider's limit configured (rpm=3000), as a user who read
-their limit off the dashboard would. A process count "2x4" is two groups of
+their limit off the dashboard would. --limit tokens: the mock enforces a
+token limit instead (4 tokens a request, the same 50 requests' worth a
+second) and each process is configured with it (tpm); --limit none: the
+request limit, and the processes configured with nothing (they learn it
+from the mock's headers; sharing, from each other's, after a shared slow
+start). A process count "2x4" is two groups of
 four processes started as two separate pools, standing for two machines
 (every process reaches the same Redis). Prints one line per (processes,
 mode):
 
-    RESULT procs=8 shared=none items=800 ok=800 attempts=1412 refused=612 (43.3 %) \
+    RESULT procs=8 shared=none limit=requests items=800 ok=800 attempts=1412 refused=612 (43.3 %) \
         used=97.0 % of the limit, 16.5 s
 
 Throughput run (--throughput): one process, call_many of N items at 64 in
@@ -29,7 +34,7 @@ per mode; prints the median calls/s per mode and its ratio to unshared:
 client process's CPU per call, every thread included).
 
 Usage: python3 bench/bench_shared.py [--procs 1,4,8,16,2x4] [--items-per-proc 100]
-       [--rps 50] [--modes none,shm,redis] [--throughput [--n 3000 --rounds 3]]
+       [--rps 50] [--modes none,shm,redis] [--limit requests|tokens|none] [--throughput [--n 3000 --rounds 3]]
 """
 
 from __future__ import annotations
@@ -68,10 +73,15 @@ class Outages:
         self.n += ev.get("event") == "llm_shared_unavailable"
 
 
-def worker(url: str, n: int, rpm: int, shared: str) -> Dict[str, Any]:
+# A request's tokens, as the mock charges them and the client estimates them:
+# ceil(2 characters / 4) of prompt + max_tokens 3.
+TOKENS = 4
+
+
+def worker(url: str, n: int, rpm: int, tpm: int, shared: str) -> Dict[str, Any]:
     outages = Outages()
     with llmretry.Client(base_url=url, shared=shared or None, logger=outages,
-                         rpm=rpm, max_retries=8, base_delay_ms=200) as client:
+                         rpm=rpm, tpm=tpm, max_retries=8, base_delay_ms=200) as client:
         start = time.time()
         out = client.call_many([BODY] * n, limit=16)
         return {"ok": out.summary.ok, "attempts": out.summary.attempts,
@@ -106,11 +116,23 @@ def parse_procs(spec: str) -> Tuple[int, int]:
     return 1, int(spec)
 
 
-def run(layout: str, per: int, rps: int, mode: str, redis: Optional[RedisServer]) -> str:
+def run(layout: str, per: int, rps: int, mode: str, redis: Optional[RedisServer],
+        limit: str = "requests") -> str:
     groups, each = parse_procs(layout)
     with MockServer() as mock:
-        name = f"lim{groups}x{each}{mode}"
-        mock.script(name, [], limits={"rpm": rps, "window_ms": 1000})
+        name = f"lim{groups}x{each}{mode}{limit}"
+        if limit == "tokens":
+            # Usage as the mock charged it (its default usage says 12 prompt
+            # tokens: every call's charge corrected up to 15 would pace at a
+            # quarter of the limit).
+            mock.script(name, [], after={"usage": {"prompt_tokens": TOKENS - 3,
+                                                   "completion_tokens": 3,
+                                                   "total_tokens": TOKENS}},
+                        limits={"tpm": rps * TOKENS, "window_ms": 1000})
+            rpm, tpm = 0, rps * TOKENS * 60
+        else:
+            mock.script(name, [], limits={"rpm": rps, "window_ms": 1000})
+            rpm, tpm = (rps * 60 if limit == "requests" else 0), 0
         url = mock.scenario_url(name)
         shared = store_for(mode, redis)
         ctx = multiprocessing.get_context("spawn")
@@ -119,7 +141,7 @@ def run(layout: str, per: int, rps: int, mode: str, redis: Optional[RedisServer]
 
         def group() -> None:
             with ctx.Pool(each) as pool:
-                got = pool.starmap(worker, [(url, per, rps * 60, shared)] * each)
+                got = pool.starmap(worker, [(url, per, rpm, tpm, shared)] * each)
             with lock:
                 outs.extend(got)
 
@@ -139,7 +161,7 @@ def run(layout: str, per: int, rps: int, mode: str, redis: Optional[RedisServer]
         # process's start to the last one's end (not the processes' start-up).
         span = max(o["end"] for o in outs) - min(o["start"] for o in outs)
         used = 100.0 * ok / (rps * span)
-        return (f"RESULT procs={layout} shared={mode} items={items} ok={ok} "
+        return (f"RESULT procs={layout} shared={mode} limit={limit} items={items} ok={ok} "
                 f"attempts={len(recs)} refused={refused} ({100.0 * refused / len(recs):.1f} %) "
                 f"lost={items - ok} used={used:.1f} % of the limit over {span:.1f} s "
                 f"({elapsed:.1f} s with start-up) outages={sum(o['outages'] for o in outs)}")
@@ -192,6 +214,8 @@ def main() -> None:
     ap.add_argument("--throughput", action="store_true")
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--limit", choices=["requests", "tokens", "none"], default="requests",
+                    help="what the mock limits and the processes are configured with")
     a = ap.parse_args()
     modes = a.modes.split(",")
     redis = RedisServer().start() if any(m.startswith("redis") for m in modes) else None
@@ -201,7 +225,7 @@ def main() -> None:
             return
         for layout in a.procs.split(","):
             for mode in modes:
-                print(run(layout, a.items_per_proc, a.rps, mode, redis), flush=True)
+                print(run(layout, a.items_per_proc, a.rps, mode, redis, a.limit), flush=True)
     finally:
         if redis is not None:
             redis.stop()

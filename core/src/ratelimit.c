@@ -39,6 +39,7 @@
 #include "endpoint.h"
 
 #include <cjson/cJSON.h>
+#include <curl/curl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,14 +80,66 @@ static int room(const lr_stated *s, double need)
     return s->per_window && s->remaining >= 0 && (double)s->remaining >= need;
 }
 
+static int is_shared(const lr_endpoint *ep)
+{
+    return ep->sh != &ep->local;
+}
+
+/* ---- what processes sharing the endpoint say of its limits (shared.h) ---------- */
+
+/* What another process (or this one) said lately (0: nothing). */
+static int64_t said(const lr_endpoint *ep, int i, int64_t now)
+{
+    return is_shared(ep) ? lr_shared_fresh(&ep->sh->said[i], now, lr_shared_said_age_s(i)) : 0;
+}
+
+/* Say v for every process: a claim (the stricter wins) or the latest. */
+static void say(lr_endpoint *ep, int i, int64_t now, int64_t v, int claim)
+{
+    if (!is_shared(ep) || v <= 0)
+        return;
+    if (ep->rd)
+        lr_redis_say(ep->rd, i, now, v, claim);
+    else if (claim)
+        lr_shared_claim(&ep->sh->said[i], now, v);
+    else
+        lr_shared_say(&ep->sh->said[i], now, v);
+}
+
+/* A configured limit in force: this engine's, or a stricter one another
+ * process on the endpoint configured (docs/shared.md: the stricter wins). */
+static double configured(const lr_endpoint *ep, int i, int64_t own)
+{
+    int64_t other = is_shared(ep) ? said(ep, i, lr_mono_ms()) : 0;
+    return (double)(other > 0 && (own <= 0 || other < own) ? other : own);
+}
+
+/* A learned limit's pace: this engine's, or, when its own responses have
+ * said nothing yet, what another process's did. */
+static double learned(const lr_endpoint *ep, const lr_stated *s, int i)
+{
+    if (s->limit > 0 || !is_shared(ep))
+        return learned_rate(s);
+    return (double)said(ep, i, lr_mono_ms());
+}
+
+/* The slow-down's rate: the latest any process sharing the endpoint set. */
+static double slow_rate(const lr_endpoint *ep)
+{
+    int64_t milli = is_shared(ep) ? said(ep, LR_SAID_SLOW_RPM, lr_mono_ms()) : 0;
+    return milli > 0 ? (double)milli / 1000.0 : ep->slow_rpm;
+}
+
 /* The request rate in force, per minute (0: none): the configured rpm,
  * else the learned limit unless the server's window has room, and at most
  * the slow-down's. */
 static double req_rate(const lr_endpoint *ep)
 {
-    double r = ep->rpm > 0 ? (double)ep->rpm : room(&ep->req, 1.0) ? 0.0 : learned_rate(&ep->req);
-    if (ep->slow_rpm > 0 && (r <= 0 || ep->slow_rpm < r))
-        r = ep->slow_rpm;
+    double cfg = configured(ep, LR_SAID_CFG_RPM, ep->rpm);
+    double r = cfg > 0 ? cfg : room(&ep->req, 1.0) ? 0.0 : learned(ep, &ep->req, LR_SAID_LEARNED_RPM);
+    double slow = slow_rate(ep);
+    if (slow > 0 && (r <= 0 || slow < r))
+        r = slow;
     return r;
 }
 
@@ -94,7 +147,19 @@ static double req_rate(const lr_endpoint *ep)
  * wait does not say which limit it hit, and requests carry the tokens). */
 static double tok_rate(const lr_endpoint *ep, double need)
 {
-    return ep->tpm > 0 ? (double)ep->tpm : room(&ep->tok, need) ? 0.0 : learned_rate(&ep->tok);
+    double cfg = configured(ep, LR_SAID_CFG_TPM, ep->tpm);
+    return cfg > 0 ? cfg : room(&ep->tok, need) ? 0.0 : learned(ep, &ep->tok, LR_SAID_LEARNED_TPM);
+}
+
+/* The shared slow start applies: nothing is known of the limit (no rpm or
+ * tpm configured here or by another process, nothing learned) and no
+ * response has said more yet. */
+static int starting(const lr_endpoint *ep, int64_t now)
+{
+    return is_shared(ep) && !atomic_load(&ep->sh->start_over) && ep->rpm == 0 && ep->tpm == 0 &&
+           ep->req.limit == 0 && ep->tok.limit == 0 && said(ep, LR_SAID_CFG_RPM, now) == 0 &&
+           said(ep, LR_SAID_CFG_TPM, now) == 0 && said(ep, LR_SAID_LEARNED_RPM, now) == 0 &&
+           said(ep, LR_SAID_LEARNED_TPM, now) == 0;
 }
 
 int64_t lr_budget_rpm(const lr_endpoint *ep)
@@ -106,6 +171,8 @@ int64_t lr_budget_rpm(const lr_endpoint *ep)
  * nothing the server said remains. */
 static int unlimited(const lr_endpoint *ep, int64_t now)
 {
+    if (is_shared(ep) && (starting(ep, now) || req_rate(ep) + tok_rate(ep, 0.0) > 0))
+        return 0;                       /* the slow start, another process's limits */
     return ep->rpm == 0 && ep->tpm == 0 && ep->req.limit == 0 && ep->tok.limit == 0 &&
            ep->slow_rpm == 0 && now >= ep->paused_until && ep->req.remaining < 0 &&
            ep->tok.remaining < 0 && now >= atomic_load(&ep->sh->paused_until);
@@ -140,11 +207,6 @@ static double tokens_per_ms(double per_minute, double need)
  * this process leased of them (lr_redis_take: no round trip here). */
 static double tokens_of(const lr_endpoint *ep, llmretry_call *c);
 
-static int is_shared(const lr_endpoint *ep)
-{
-    return ep->sh != &ep->local;
-}
-
 /* A request's and a call's tokens' cost in microseconds of their bucket. */
 static int64_t req_cost_us(double rpm)
 {
@@ -166,6 +228,10 @@ static int64_t ms_of(int64_t us)
 {
     return (us + 999) / 1000;
 }
+
+/* A call the slow start holds looks again this often (ms): what ends it
+ * may come from another process, which does not wake this one. */
+#define START_POLL_MS 20
 
 /* How long the shared buckets would hold a call of `need` tokens (ms),
  * taking nothing. */
@@ -192,6 +258,10 @@ static int64_t shared_take(lr_endpoint *ep, llmretry_call *c, int64_t now)
 {
     if (!is_shared(ep))
         return 0;
+    if (starting(ep, now))              /* no bucket to take from yet: the first wave's room */
+        return (ep->rd ? lr_redis_start_take(ep->rd, now) : lr_shared_start_take(ep->sh, now,
+                                                                   LR_SHARED_START_CAP))
+               ? 0 : START_POLL_MS;
     double need = tokens_of(ep, c), rpm = req_rate(ep), tpm = tok_rate(ep, need);
     int64_t now_us = now * 1000, w;
     if (ep->rd) {
@@ -342,7 +412,10 @@ static int64_t asking(const lr_endpoint *ep, const lr_stated *s, double need, in
 /* The tokens c is charged, when any limit counts them (else 0). */
 static double tokens_of(const lr_endpoint *ep, llmretry_call *c)
 {
-    return ep->tpm > 0 || ep->tok.limit > 0 || ep->tok.remaining >= 0 ? (double)estimate(c) : 0.0;
+    int64_t now = is_shared(ep) ? lr_mono_ms() : 0;
+    return ep->tpm > 0 || ep->tok.limit > 0 || ep->tok.remaining >= 0 ||
+           said(ep, LR_SAID_CFG_TPM, now) > 0 || said(ep, LR_SAID_LEARNED_TPM, now) > 0
+           ? (double)estimate(c) : 0.0;
 }
 
 /* Milliseconds until the endpoint admits c (0: now). Waits round down: a
@@ -379,6 +452,10 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
     w = asking(ep, &ep->tok, need, ep->tpm);
     if (w > wait)
         wait = w;
+    if (is_shared(ep) && starting(ep, now) &&
+        !(ep->rd ? lr_redis_start_room(ep->rd, now)
+                 : lr_shared_start_room(ep->sh, now, LR_SHARED_START_CAP)))
+        return wait > START_POLL_MS ? wait : START_POLL_MS;
     if (is_shared(ep)) {
         if (ep->rd && wait > 0)
             return wait;                /* no slice leased for a call that cannot go yet */
@@ -491,6 +568,11 @@ int64_t lr_budget_admits(llmretry_engine *e, llmretry_call *c, int64_t now)
     if (!ep)
         return 0;
     report_store(ep, c);
+    /* This engine's configured limits, for every process on the endpoint
+     * (the strictest wins); said again at each admission so that a claim
+     * lapses once its process is gone. */
+    say(ep, LR_SAID_CFG_RPM, now, ep->rpm, 1);
+    say(ep, LR_SAID_CFG_TPM, now, ep->tpm, 1);
     /* First come, first served: nobody passes a call already waiting. */
     int64_t wait = ep->queue.head && ep->queue.head != c ? 1 : wait_for(ep, c, now);
     if (wait == 0)
@@ -666,17 +748,40 @@ void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usa
         tok[1] = req[1] * estimate(c);
     learn(&ep->req, c, LR_H_LIMIT_REQUESTS, LR_H_REMAINING_REQUESTS, LR_H_RESET_REQUESTS, req, now);
     learn(&ep->tok, c, LR_H_LIMIT_TOKENS, LR_H_REMAINING_TOKENS, LR_H_RESET_TOKENS, tok, now);
+    if (is_shared(ep)) {
+        /* What the server said of its limits is every process's: a process
+         * that has no answer of its own yet paces by it; and the slow start
+         * is over once the server answered anything (what it says of its
+         * limits, or that it states none, is known). */
+        if (ep->req.limit > 0 && c->hdr_set[LR_H_LIMIT_REQUESTS])
+            say(ep, LR_SAID_LEARNED_RPM, now, (int64_t)ceil(learned_rate(&ep->req)), 0);
+        if (ep->tok.limit > 0 && c->hdr_set[LR_H_LIMIT_TOKENS])
+            say(ep, LR_SAID_LEARNED_TPM, now, (int64_t)ceil(learned_rate(&ep->tok)), 0);
+        long status = 0;
+        if (!ok && !atomic_load(&ep->sh->start_over) && c->easy)
+            curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+        if ((ok || status > 0) && !atomic_load(&ep->sh->start_over)) {
+            if (ep->rd)
+                lr_redis_start_over(ep->rd);
+            else
+                atomic_store(&ep->sh->start_over, 1);
+        }
+    }
     if (ok) {
         /* Served: the slow-down grows back, and refusals are no longer in
          * a row. */
         count_ok(ep, now);
         ep->slow_refusals = 0;
-        if (ep->slow_rpm > 0)
-            ep->slow_rpm += ep->slow_rpm / SLOW_RECOVER;
+        double slow = slow_rate(ep);    /* the latest any process set */
+        if (slow > 0) {
+            ep->slow_rpm = slow + slow / SLOW_RECOVER;
+            say(ep, LR_SAID_SLOW_RPM, now, (int64_t)llround(ep->slow_rpm * 1000.0), 0);
+        }
     }
     /* The charge, as a provider counts it: the prompt's real tokens, plus
      * the completion's bound when the body set one, else its real tokens. */
-    if (usage && usage->present && c->charged_tok > 0 && (ep->tpm > 0 || ep->tok.limit > 0) &&
+    if (usage && usage->present && c->charged_tok > 0 &&
+        (ep->tpm > 0 || ep->tok.limit > 0 || tok_rate(ep, (double)c->est_tokens) > 0) &&
         c->o.estimated_tokens <= 0) {
         int64_t real = usage->prompt_tokens +
                        (c->completion_limit >= 0 ? c->completion_limit : usage->completion_tokens);
@@ -737,14 +842,16 @@ void lr_budget_slow_down(llmretry_engine *e, llmretry_call *c, const llmretry_fa
      * for what it knew then: their 429s say nothing new (a burst's are
      * one signal, not one each). */
     if (c->attempt_started_at >= ep->slow_mark) {
-        double served = ok_rpm(ep, now);
-        if (ep->slow_refusals == 0 && (served > 0 || ep->slow_rpm > 0)) {
+        double served = ok_rpm(ep, now), slow = slow_rate(ep);
+        if (ep->slow_refusals == 0 && (served > 0 || slow > 0)) {
             /* Refused after a success: too fast. Half the rate it was
-             * serving at (or was slowed to, if that was less). */
-            double rate = served > 0 ? served : ep->slow_rpm;
-            if (ep->slow_rpm > 0 && ep->slow_rpm < rate)
-                rate = ep->slow_rpm;
+             * serving at (or was slowed to, here or by another process
+             * sharing the endpoint, if that was less). */
+            double rate = served > 0 ? served : slow;
+            if (slow > 0 && slow < rate)
+                rate = slow;
             ep->slow_rpm = fmax(SLOW_MIN_RPM, rate * SLOW_CUT);
+            say(ep, LR_SAID_SLOW_RPM, now, (int64_t)llround(ep->slow_rpm * 1000.0), 0);
         } else {
             /* Refused again before any success (its window is full), or
              * with no rate to cut: the whole endpoint waits, longer each

@@ -51,6 +51,82 @@ void lr_shared_gcra_adjust(_Atomic int64_t *tat_us, int64_t delta_us)
     atomic_fetch_add(tat_us, delta_us);
 }
 
+/* ---- what processes say of the limits ---------------------------------------- */
+
+#define SAID_SECOND(w) ((w) >> 32)
+#define SAID_VALUE(w) ((w) & 0xffffffffLL)
+
+static int64_t pack_said(int64_t now_ms, int64_t value)
+{
+    if (value < 1)
+        value = 1;
+    if (value > 0xffffffffLL)
+        value = 0xffffffffLL;
+    return ((now_ms / 1000) << 32) | value;
+}
+
+int64_t lr_shared_said_age_s(int index)
+{
+    return index == LR_SAID_CFG_RPM || index == LR_SAID_CFG_TPM || index == LR_SAID_SLOW_RPM
+         ? LR_SHARED_CLAIM_S : LR_SHARED_LEARNED_S;
+}
+
+int64_t lr_shared_fresh(_Atomic int64_t *w, int64_t now_ms, int64_t max_age_s)
+{
+    int64_t v = atomic_load(w);
+    if (v == 0 || now_ms / 1000 - SAID_SECOND(v) >= max_age_s)
+        return 0;
+    return SAID_VALUE(v);
+}
+
+void lr_shared_claim(_Atomic int64_t *w, int64_t now_ms, int64_t value)
+{
+    int64_t next = pack_said(now_ms, value);
+    int64_t old = atomic_load(w);
+    for (;;) {
+        /* A stricter claim still standing is not replaced: the provider's
+         * limit is at most what the strictest process says it is. Said
+         * again in the same second, a claim changes nothing (one load). */
+        int64_t held = lr_shared_fresh(w, now_ms, LR_SHARED_CLAIM_S);
+        if (old == next || (held > 0 && held < SAID_VALUE(next)))
+            return;
+        if (atomic_compare_exchange_weak(w, &old, next))
+            return;
+    }
+}
+
+void lr_shared_say(_Atomic int64_t *w, int64_t now_ms, int64_t value)
+{
+    atomic_store(w, pack_said(now_ms, value));
+}
+
+/* ---- the slow start ------------------------------------------------------------ */
+
+int lr_shared_start_take(lr_shared_ep *ep, int64_t now_ms, int64_t cap)
+{
+    if (atomic_load(&ep->start_over))
+        return 1;
+    int64_t second = now_ms / 1000, old = atomic_load(&ep->start_wave);
+    for (;;) {
+        /* A wave nobody answered for LR_SHARED_WAVE_S (its senders may have
+         * died with its calls) gives way to a new one. */
+        int64_t next = old != 0 && second - SAID_SECOND(old) < LR_SHARED_WAVE_S
+                     ? old + 1 : (second << 32) | 1;
+        if (SAID_VALUE(next) > cap)
+            return 0;
+        if (atomic_compare_exchange_weak(&ep->start_wave, &old, next))
+            return 1;
+    }
+}
+
+int lr_shared_start_room(lr_shared_ep *ep, int64_t now_ms, int64_t cap)
+{
+    int64_t w = atomic_load(&ep->start_wave);
+    return atomic_load(&ep->start_over) || w == 0 ||
+           now_ms / 1000 - SAID_SECOND(w) >= LR_SHARED_WAVE_S || SAID_VALUE(w) < cap;
+}
+
+
 /* ---- the retry budget ------------------------------------------------------- */
 
 #define SECOND_OF(w) ((w) >> 32)

@@ -8,7 +8,7 @@
  *                  and the `shared` option's stores, by scheme
  *   shared_shm.c   "shm:NAME": a store of such endpoints in a file in
  *                  /dev/shm, mapped by every process on the host naming it
- *   shared_redis.c "redis://...": the numbers kept in Redis for every process
+ *   shared_redis*.c "redis://...": the numbers kept in Redis for every process
  *                  on every machine using it. The I/O thread never waits on
  *                  Redis: it works on a local copy of each endpoint (the
  *                  mirror) and on leased slices of the buckets, which a
@@ -33,12 +33,20 @@ typedef struct lr_shared_ep {
     /* GCRA: the theoretical arrival time of the next request / token, in
      * microseconds; a bucket admits when now >= tat - tolerance. */
     _Atomic int64_t req_tat_us, tok_tat_us;
-    _Atomic int64_t learned_rpm, learned_tpm;
-    /* What the server last said is left, as of *_at (0: not known), and
-     * when its window is full again (0: not known). All zeros is an
-     * endpoint nothing is known of, so a fresh slot needs no set-up. */
-    _Atomic int64_t remaining_req, remaining_req_at, reset_req_at;
-    _Atomic int64_t remaining_tok, remaining_tok_at, reset_tok_at;
+    /* What one process states of the endpoint's limits, for all of them,
+     * each packed with the second it was said ((second << 32) | value, 0:
+     * nothing), indexed by LR_SAID_*: the configured rpm and tpm (the
+     * smallest any process claimed lately wins: lr_shared_claim), the
+     * limits learned from x-ratelimit-limit-* and the slow-down's request
+     * rate in thousandths a minute (the latest wins: lr_shared_say). */
+    _Atomic int64_t said[5];
+    /* The slow start: requests sent before anything was known of the
+     * limit, packed with the second their wave began; and 1 once a
+     * response said more (or a limit was configured). */
+    _Atomic int64_t start_wave, start_over;
+    /* Layout 1 had 8 fields here that nothing wrote (always 0, which the
+     * 7 above read as nothing said): files made before stay valid. */
+    int64_t unused;
     _Atomic int64_t paused_until;        /* a server-named wait */
     /* The retry budget: per one-second slot, its first attempts and its
      * retries, each packed with the second it counts ((second << 32) |
@@ -50,6 +58,21 @@ typedef struct lr_shared_ep {
      * half-open probe's lease (0: none; else when it lapses). */
     _Atomic int64_t breaker_failures, breaker_open_until, breaker_probe_until;
 } lr_shared_ep;
+
+enum { LR_SAID_CFG_RPM, LR_SAID_CFG_TPM, LR_SAID_LEARNED_RPM, LR_SAID_LEARNED_TPM,
+       LR_SAID_SLOW_RPM, LR_SAID_COUNT };
+
+/* How long a said value holds unless said again (s): a claim of the
+ * configured limits is made again at every admission of its process, a
+ * learned limit at every response, the slow-down at every 429 and every
+ * success that grows it back. */
+#define LR_SHARED_CLAIM_S 10
+#define LR_SHARED_LEARNED_S 60
+/* The slow start: at most this many requests before the first answer says
+ * more, a new wave after LR_SHARED_WAVE_S without one (the processes that
+ * sent the first may have died). */
+#define LR_SHARED_START_CAP 16
+#define LR_SHARED_WAVE_S 10
 
 /* Nothing known: all zeros, and the id. */
 void lr_shared_ep_init(lr_shared_ep *ep, uint64_t id);
@@ -71,6 +94,21 @@ void lr_shared_raise(_Atomic int64_t *v, int64_t to);
 /* Give back (negative) or charge more (positive) microseconds of a bucket:
  * a token estimate corrected by the response's usage. */
 void lr_shared_gcra_adjust(_Atomic int64_t *tat_us, int64_t delta_us);
+
+/* Said values (LR_SAID_*). claim: the stricter wins: `value` replaces a
+ * larger one, or one not said again for LR_SHARED_CLAIM_S; say: the
+ * latest wins. fresh: the value said within max_age_s, else 0. Values are
+ * clamped to 1 .. 2^32 - 1. */
+void lr_shared_claim(_Atomic int64_t *w, int64_t now_ms, int64_t value);
+void lr_shared_say(_Atomic int64_t *w, int64_t now_ms, int64_t value);
+int64_t lr_shared_fresh(_Atomic int64_t *w, int64_t now_ms, int64_t max_age_s);
+int64_t lr_shared_said_age_s(int index);
+
+/* The slow start: 1 and one request counted in the wave when it has room
+ * (or the start is over), 0 when `cap` requests of this wave are out. */
+int lr_shared_start_take(lr_shared_ep *ep, int64_t now_ms, int64_t cap);
+/* Whether lr_shared_start_take would admit now (taking nothing). */
+int lr_shared_start_room(lr_shared_ep *ep, int64_t now_ms, int64_t cap);
 
 /* The retry budget: count a first attempt; take a retry when retries stay
  * <= ratio * requests + min over the window (1 and counted, else 0); the
@@ -125,7 +163,7 @@ void lr_shm_close(lr_shm *s);
 lr_shared_ep *lr_shm_endpoint(lr_shm *s, uint64_t id);
 const char *lr_shm_path(const lr_shm *s);
 
-/* ---- the Redis store (shared_redis.c) -------------------------------------- */
+/* ---- the Redis store (shared_redis*.c; shared_redis.h lists its parts) ------ */
 
 typedef struct lr_redis lr_redis;
 typedef struct lr_redis_ep lr_redis_ep;
@@ -184,5 +222,16 @@ int64_t lr_redis_hold_ms(lr_redis_ep *x, int64_t now_ms);
  * long it was not); 0 none. The transition counts as reported. */
 int lr_redis_transition(lr_redis_ep *x, char *why, size_t len, int64_t *down_ms);
 const char *lr_redis_ep_name(const lr_redis_ep *x);
+/* A said value (LR_SAID_*: a claim when `claim`, else the latest), on the
+ * mirror at once and to Redis with the next round. */
+void lr_redis_say(lr_redis_ep *x, int index, int64_t now_ms, int64_t value, int claim);
+/* The slow start through Redis: a request of the first wave is granted by
+ * Redis (asked for a few at a time; the call waits the store's timeout at
+ * most, then the mirror decides alone). take: 1 and one granted request
+ * spent, else 0; room: whether take may admit now or should ask; over: an
+ * answer came back, for every process. */
+int lr_redis_start_take(lr_redis_ep *x, int64_t now_ms);
+int lr_redis_start_room(lr_redis_ep *x, int64_t now_ms);
+void lr_redis_start_over(lr_redis_ep *x);
 
 #endif

@@ -234,6 +234,12 @@ static void test_redis_urls(void)
         CHECK_MSG(strstr(err, "shared") != NULL, "%s: %s", bad[i], err);
         CHECK_MSG(strstr(err, "SECRET") == NULL, "%s: the password in: %s", bad[i], err);
     }
+    /* rediss:// says why: no TLS in the hiredis llmretry is built with. */
+    char err[512] = "";
+    lr_shared_store *tls = NULL;
+    CHECK(lr_shared_store_open("rediss://:SECRETPW@host:6380", &tls, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "TLS") && strstr(err, "built with hiredis") && strstr(err, "tunnel") &&
+              !strstr(err, "SECRET"), "%s", err);
     static const char *const good[][2] = {
         { "redis://localhost", "redis://localhost:6379/0" },
         { "redis://:SECRETPW@127.0.0.1:1/3", "redis://***@127.0.0.1:1/3" },

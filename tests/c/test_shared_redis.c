@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <hiredis/hiredis.h>
 
 static th_mock mock;
 static th_redis redis;
@@ -381,6 +383,236 @@ out:
     th_redis_stop(&gone);
 }
 
+/* ---- what processes say of the limits, through either store -------------- */
+
+static char shm_spec[64];
+
+/* Whether some endpoint's hash in Redis holds `field` = `value` (what one
+ * engine said has reached the store). */
+static int redis_has(const char *field, const char *value)
+{
+    struct timeval tv = { 1, 0 };
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis.port, tv);
+    redisReply *keys = rc && !rc->err ? redisCommand(rc, "KEYS llmretry:1:*") : NULL;
+    int found = 0;
+    for (size_t i = 0; keys && keys->type == REDIS_REPLY_ARRAY && i < keys->elements && !found; i++) {
+        redisReply *v = redisCommand(rc, "HGET %s %s", keys->element[i]->str, field);
+        found = v && v->type == REDIS_REPLY_STRING && strcmp(v->str, value) == 0;
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    if (rc)
+        redisFree(rc);
+    return found;
+}
+
+#define EVENTUALLY_MS(cond, max_ms) ({ int64_t until_ = th_now_ms() + (max_ms); int ok_ = 0; \
+    while (!(ok_ = (cond)) && th_now_ms() < until_) { struct timespec ts_ = { 0, 5000000 }; \
+    nanosleep(&ts_, NULL); } ok_; })
+
+static void run_one(llmretry_engine *e, const llmretry_options *o)
+{
+    llmretry_call *c = th_submit(e, o);
+    const llmretry_result *r = wait_done(c, NULL);
+    CHECK(r && r->ok);
+    llmretry_call_free(c);
+}
+
+/* Two engines on one key configured with different limits: the stricter
+ * wins for both. The provider allows 20 a second; a says so (rpm 1200),
+ * b says ten times as much: paced at b's own 12,000 a minute b alone would
+ * send its 12 calls in a burst and see most refused. */
+static void stricter_wins(const char *spec)
+{
+    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
+    char url[128], scen[32];
+    snprintf(scen, sizeof scen, "strict%c", spec[0]);
+    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [], \"limits\": {\"rpm\": 20, "
+                                   "\"window_ms\": 1000, \"rate_headers\": false}}") != 0)
+        goto out;
+    llmretry_options oa, ob;
+    opts_for(&oa, scen, url, sizeof url);
+    oa.rpm = 1200;
+    oa.max_retries = 5;
+    ob = oa;
+    ob.rpm = 12000;
+    run_one(a, &oa);
+    run_one(b, &ob);
+    /* a's claim is in force for b (through Redis, within a round). */
+    llmretry_endpoint_stats st;
+    CHECK_MSG(EVENTUALLY_MS(stats_of(b, scen, &st) && st.rpm == 1200, 3000),
+              "b paces at %lld a minute", (long long)st.rpm);
+    enum { EACH = 12 };
+    llmretry_call *calls[2 * EACH];
+    for (int i = 0; i < EACH; i++) {
+        calls[2 * i] = th_submit(a, &oa);
+        calls[2 * i + 1] = th_submit(b, &ob);
+    }
+    int ok = 0;
+    for (int i = 0; i < 2 * EACH; i++) {
+        const llmretry_result *r = wait_done(calls[i], NULL);
+        ok += r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    CHECK_INT(ok, 2 * EACH);
+    cJSON *j = limit_stats(scen);
+    CHECK_INT(stat_int(j, "admitted"), 2 * EACH + 2);
+    CHECK_MSG(stat_int(j, "refused") <= 1, "%s: %d of %d refused", spec, stat_int(j, "refused"),
+              stat_int(j, "admitted") + stat_int(j, "refused"));
+    cJSON_Delete(j);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static void test_stricter_wins_shm(void)
+{
+    stricter_wins(shm_spec);
+}
+
+static void test_stricter_wins_redis(void)
+{
+    stricter_wins(patient);
+}
+
+/* A limit one engine learned from the server's headers paces another that
+ * has no answer of its own yet: a's one call learns 10 a second; b,
+ * configured with nothing, sends 12 at once (alone, it would send them in
+ * one burst: 3 or more refused). */
+static void learned_for_all(const char *spec)
+{
+    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
+    char url[128], scen[32];
+    snprintf(scen, sizeof scen, "learned%c", spec[0]);
+    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [], \"limits\": {\"rpm\": 10, "
+                                   "\"window_ms\": 1000}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, scen, url, sizeof url);
+    o.max_retries = 5;
+    run_one(a, &o);
+    if (spec[0] == 'r')                 /* a's news has reached Redis */
+        CHECK(EVENTUALLY_MS(redis_has("a2", "600"), 3000));
+    enum { N = 12 };
+    llmretry_call *calls[N];
+    for (int i = 0; i < N; i++)
+        calls[i] = th_submit(b, &o);
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        const llmretry_result *r = wait_done(calls[i], NULL);
+        ok += r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    CHECK_INT(ok, N);
+    cJSON *j = limit_stats(scen);
+    CHECK_MSG(stat_int(j, "refused") <= 1, "%s: %d of %d refused", spec, stat_int(j, "refused"),
+              stat_int(j, "admitted") + stat_int(j, "refused"));
+    cJSON_Delete(j);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static void test_learned_for_all_shm(void)
+{
+    learned_for_all(shm_spec);
+}
+
+static void test_learned_for_all_redis(void)
+{
+    learned_for_all(patient);
+}
+
+/* The shared slow start: two engines, nothing configured or known of the
+ * limit, 20 calls each at once against a server that answers in 600 ms:
+ * together at most LR_SHARED_START_CAP (16) go before the first answer,
+ * then the rest. (Without it, all 40 go at once.) */
+static void slow_start(const char *spec)
+{
+    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
+    char url[128], scen[32];
+    snprintf(scen, sizeof scen, "start%c", spec[0]);
+    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [], \"after\": {\"delay_ms\": 600}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, scen, url, sizeof url);
+    enum { EACH = 20 };
+    llmretry_call *calls[2 * EACH];
+    for (int i = 0; i < EACH; i++) {
+        calls[2 * i] = th_submit(a, &o);
+        calls[2 * i + 1] = th_submit(b, &o);
+    }
+    int ok = 0;
+    for (int i = 0; i < 2 * EACH; i++) {
+        const llmretry_result *r = wait_done(calls[i], NULL);
+        ok += r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    CHECK_INT(ok, 2 * EACH);
+    /* Arrivals before the first answer could have come back (600 ms after
+     * the first arrival; 400 leaves the scheduler room). */
+    char *text = th_mock_requests(&mock, scen);
+    cJSON *recs = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int n = cJSON_GetArraySize(recs), early = 0;
+    double first = n ? cJSON_GetObjectItem(cJSON_GetArrayItem(recs, 0), "time")->valuedouble : 0;
+    for (int i = 0; i < n; i++)
+        early += cJSON_GetObjectItem(cJSON_GetArrayItem(recs, i), "time")->valuedouble < first + 0.4;
+    cJSON_Delete(recs);
+    CHECK_INT(n, 2 * EACH);
+    CHECK_MSG(early >= 1 && early <= 16, "%s: %d of %d sent before the first answer", spec, early, n);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static void test_slow_start_shm(void)
+{
+    slow_start(shm_spec);
+}
+
+static void test_slow_start_redis(void)
+{
+    slow_start(patient);
+}
+
+/* The slow-down after a 429 naming no wait is every engine's: a's 429
+ * (after two successes) cuts the request rate to half what it was served
+ * at; b, configured with nothing, paces at that rate too (alone, at none). */
+static void slow_down_for_all(const char *spec)
+{
+    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
+    char url[128], scen[32];
+    snprintf(scen, sizeof scen, "slowdn%c", spec[0]);
+    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [{}, {}, {\"status\": 429}], "
+                                   "\"after\": {}}") != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, scen, url, sizeof url);
+    o.max_retries = 3;
+    for (int i = 0; i < 3; i++)
+        run_one(a, &o);
+    llmretry_endpoint_stats sa, sb;
+    CHECK(stats_of(a, scen, &sa) && sa.rpm > 0);
+    run_one(b, &o);
+    CHECK_MSG(stats_of(b, scen, &sb) && sb.rpm > 0 && sb.rpm <= 2 * sa.rpm,
+              "%s: b paces at %lld a minute, a at %lld", spec, (long long)sb.rpm,
+              (long long)sa.rpm);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static void test_slow_down_for_all_shm(void)
+{
+    slow_down_for_all(shm_spec);
+}
+
+static void test_slow_down_for_all_redis(void)
+{
+    slow_down_for_all(patient);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0)
@@ -390,6 +622,7 @@ int main(void)
         return th_summary("test_shared_redis");
     }
     snprintf(patient, sizeof patient, "%s?timeout_ms=1000", redis.url);
+    snprintf(shm_spec, sizeof shm_spec, "shm:test-limits-%d", (int)getpid());
     static const th_case tests[] = {
         { "rate_shared", test_rate_shared_by_engines },
         { "breaker_shared", test_breaker_shared_by_engines },
@@ -397,8 +630,19 @@ int main(void)
         { "redis_killed", test_redis_killed_mid_batch },
         { "wrong_password", test_wrong_password },
         { "unreachable", test_unreachable_at_start },
+        { "stricter_wins_shm", test_stricter_wins_shm },
+        { "stricter_wins_redis", test_stricter_wins_redis },
+        { "learned_for_all_shm", test_learned_for_all_shm },
+        { "learned_for_all_redis", test_learned_for_all_redis },
+        { "slow_start_shm", test_slow_start_shm },
+        { "slow_start_redis", test_slow_start_redis },
+        { "slow_down_shm", test_slow_down_for_all_shm },
+        { "slow_down_redis", test_slow_down_for_all_redis },
     };
     TH_RUN(tests);
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm/llmretry-%s", shm_spec + 4);
+    unlink(path);
     th_redis_stop(&redis);
     th_mock_stop(&mock);
     return th_summary("test_shared_redis");

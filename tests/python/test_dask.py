@@ -144,6 +144,31 @@ def test_a_job_is_one_budget_for_its_worker_processes(dask_client: Any, scen: Sc
     assert len(pids) == 2 and sum(pids.values()) == 60, pids
 
 
+
+def test_two_jobs_at_once_share_one_redis_budget(dask_client: Any, scen: Scenario) -> None:
+    # Two Dask jobs computed at once on the cluster's two worker processes,
+    # on one Redis budget (standing for workers on several machines): the
+    # mock lets 25 requests through in any second, each job is allowed 25/s
+    # (rpm 1500), and together they send 25/s, so (almost) nothing is refused.
+    from redis_server import RedisServer
+    scen.server.script(scen.name, [], limits={"rpm": 25, "window_ms": 1000})
+    with RedisServer() as redis:
+        shared = redis.url + "?timeout_ms=1000"     # a loaded machine's stall is no outage
+        jobs = [ldask.map_calls(dd.from_pandas(pd.DataFrame(
+                    {"body": [body_text(100 * k + i) for i in range(30)]}), npartitions=3),
+                    limit=8, shared=shared, base_url=scen.url, rpm=1500) for k in (1, 2)]
+        a, b = dask.compute(*jobs)
+    for k, pdf in ((1, a), (2, b)):
+        assert pdf["llm_error"].isna().all()
+        assert list(pdf["body"]) == [body_text(100 * k + i) for i in range(30)]
+    stats = scen.server.limit_stats(scen.name)
+    assert stats["admitted"] == 60
+    assert stats["refused"] <= 1, stats       # <= 1 % of 60 attempts, rounded up
+    # The two jobs ran at once: each job's requests began before the other's ended.
+    times = {k: [r["time"] for r in scen.server.requests(scen.name)
+                 if f"SECRET-PROMPT-{k}" in r["body"]] for k in (1, 2)}
+    assert max(min(times[1]), min(times[2])) < min(max(times[1]), max(times[2])), times
+
 def test_bad_arguments_raise_before_anything_runs(dask_client: Any, scen: Scenario) -> None:
     df = dd.from_pandas(pd.DataFrame({"prompt": ["x"]}), npartitions=1)
     with pytest.raises(ValueError, match="'body'.*body_column"):

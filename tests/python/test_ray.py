@@ -117,6 +117,42 @@ def test_actors_on_one_host_share_one_budget(events_log: Path, scen: Scenario) -
     assert stats["refused"] <= 1, stats       # <= 1 % of 60 attempts, rounded up
 
 
+
+def test_two_jobs_at_once_share_one_redis_budget(events_log: Path, scen: Scenario) -> None:
+    # Two Ray jobs running at once (two actors each), all four actors on one
+    # Redis budget (standing for jobs on several machines): the mock lets 25
+    # requests through in any second, each actor is allowed 25/s (rpm 1500),
+    # and together they send 25/s, so (almost) nothing is refused.
+    import threading
+    from redis_server import RedisServer
+    scen.server.script(scen.name, [], limits={"rpm": 25, "window_ms": 1000})
+    got: dict = {}
+    with RedisServer() as redis:
+        shared = redis.url + "?timeout_ms=1000"     # a loaded machine's stall is no outage
+
+        def job(k: int) -> None:
+            rows = [{"body": body_text(100 * k + i)} for i in range(30)]
+            got[k] = lray.map_calls(ray.data.from_items(rows, override_num_blocks=3),
+                                    concurrency=2, limit=8, batch_size=10, shared=shared,
+                                    base_url=scen.url, rpm=1500).take_all()
+
+        threads = [threading.Thread(target=job, args=(k,)) for k in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(got) == [1, 2]
+    for k in (1, 2):
+        assert [r["llm_error"] for r in got[k]] == [None] * 30
+        assert [r["body"] for r in got[k]] == [body_text(100 * k + i) for i in range(30)]
+    stats = scen.server.limit_stats(scen.name)
+    assert stats["admitted"] == 60
+    assert stats["refused"] <= 1, stats       # <= 1 % of 60 attempts, rounded up
+    # The two jobs ran at once: each job's requests began before the other's ended.
+    times = {k: [r["time"] for r in scen.server.requests(scen.name)
+                 if f"SECRET-PROMPT-{k}" in r["body"]] for k in (1, 2)}
+    assert max(min(times[1]), min(times[2])) < min(max(times[1]), max(times[2])), times
+
 def test_bad_arguments_raise_before_anything_runs(events_log: Path, scen: Scenario) -> None:
     ds = ray.data.from_items([{"prompt": "x"}])
     with pytest.raises(ValueError, match="'body'.*body_column"):

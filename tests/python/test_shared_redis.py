@@ -227,3 +227,130 @@ def test_cli_flag(redis: RedisServer, mock: MockServer, tmp_path: Any,
     lines = [line for line in err.splitlines() if line.strip().startswith("shared")]
     assert len(lines) == 1 and "cannot connect" in lines[0], err
     assert "SECRETPW" not in err
+
+
+# ---- what processes say of the limits (docs/shared.md), through either store ----
+
+@pytest.fixture(params=["shm", "redis"])
+def store(request: pytest.FixtureRequest, redis: RedisServer) -> Iterator[str]:
+    if request.param == "redis":
+        yield patient(redis)
+        return
+    import os
+    import uuid
+    name = f"test-py-limits-{uuid.uuid4().hex[:12]}"
+    yield f"shm:{name}"
+    try:
+        os.unlink(f"/dev/shm/llmretry-{name}")
+    except FileNotFoundError:
+        pass
+
+
+def _poll(cond: Any, seconds: float = 3.0) -> bool:
+    until = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_stricter_limit_wins(store: str, mock: MockServer) -> None:
+    # The provider allows 20 a second; one client says so (rpm=1200), the
+    # other says ten times as much. Sharing the endpoint, both pace at the
+    # stricter: paced at its own 12,000 a minute the second would send its
+    # calls in a burst and see most of them refused.
+    mock.script("strict", [], limits={"rpm": 20, "window_ms": 1000, "rate_headers": False})
+    url = mock.scenario_url("strict")
+    a = llmretry.Client(base_url=url, shared=store, rpm=1200, max_retries=5, logger=None)
+    b = llmretry.Client(base_url=url, shared=store, rpm=12000, max_retries=5, logger=None)
+    try:
+        a.call_llm(BODY)
+        b.call_llm(BODY)
+        # a's claim is in force for b (through Redis: within a round trip).
+        assert _poll(lambda: b.endpoint_stats()[0]["rpm"] == 1200), b.endpoint_stats()
+        outs: List[Any] = [None, None]
+
+        def run(i: int, client: llmretry.Client) -> None:
+            outs[i] = client.call_many([BODY] * 12, limit=8)
+
+        threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        a.close()
+        b.close()
+    assert [o.summary.ok for o in outs] == [12, 12]
+    stats = mock.limit_stats("strict")
+    assert stats is not None and stats["admitted"] == 26
+    assert stats["refused"] <= 1, stats
+
+
+def test_a_limit_learned_by_one_client_paces_another(store: str, mock: MockServer) -> None:
+    # One client's answer says the limit (10 a second); the other, with
+    # nothing configured and no answer of its own yet, paces by it instead
+    # of sending its 12 calls at once (3 or more refused).
+    mock.script("learned", [], limits={"rpm": 10, "window_ms": 1000})
+    url = mock.scenario_url("learned")
+    with llmretry.Client(base_url=url, shared=store, logger=None) as a, \
+            llmretry.Client(base_url=url, shared=store, max_retries=5, logger=None) as b:
+        a.call_llm(BODY)
+        if store.startswith("redis"):
+            assert _poll(lambda: redis_has(store, "a2", "600"))
+        out = b.call_many([BODY] * 12, limit=12)
+    assert out.summary.ok == 12
+    stats = mock.limit_stats("learned")
+    assert stats is not None and stats["refused"] <= 1, stats
+
+
+def redis_has(url: str, field: str, value: str) -> bool:
+    """Whether some endpoint's hash in the Redis of `url` holds field = value."""
+    port = int(url.split(":")[2].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        f = s.makefile("rwb")
+
+        def command(*args: str) -> Any:
+            f.write(f"*{len(args)}\r\n".encode() + b"".join(
+                f"${len(a)}\r\n{a}\r\n".encode() for a in args))
+            f.flush()
+            return read()
+
+        def read() -> Any:
+            line = f.readline().rstrip(b"\r\n")
+            kind, rest = line[:1], line[1:]
+            if kind == b"*":
+                return [read() for _ in range(int(rest))]
+            if kind == b"$":
+                n = int(rest)
+                return None if n < 0 else f.read(n + 2)[:-2].decode()
+            return rest.decode()
+
+        keys = command("KEYS", "llmretry:1:*")
+        return any(command("HGET", k, field) == value for k in keys)
+
+
+def test_a_shared_slow_start(store: str, mock: MockServer) -> None:
+    # Two clients, nothing configured or known of the limit, 20 calls each
+    # at once against a server answering in 600 ms: together at most 16 go
+    # before the first answer (without a shared slow start, all 40).
+    mock.script("start", [], after={"delay_ms": 600})
+    url = mock.scenario_url("start")
+    clients = [llmretry.Client(base_url=url, shared=store, logger=None) for _ in range(2)]
+    outs: List[Any] = [None, None]
+
+    def run(i: int) -> None:
+        outs[i] = clients[i].call_many([BODY] * 20, limit=20)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in clients:
+        c.close()
+    assert [o.summary.ok for o in outs] == [20, 20]
+    times = [r["time"] for r in mock.requests("start")]
+    early = sum(1 for t in times if t < times[0] + 0.4)
+    assert len(times) == 40 and 1 <= early <= 16, (early, len(times))
