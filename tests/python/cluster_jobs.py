@@ -155,3 +155,15 @@ def check_resumed(got: List[Dict[str, Any]], again: List[Dict[str, Any]], scen: 
             assert json.loads(after["llm_error"])["kind"] == "invalid_request"
         else:
             assert after == before
+
+
+def check_two_jobs_shared(scen: Scenario) -> None:
+    """Two jobs of 30 rows on one shared budget: all 60 admitted, at most 1
+    refused (1 % of 60 attempts, rounded up), and the jobs ran at once (each
+    job's requests began before the other's ended)."""
+    stats = scen.server.limit_stats(scen.name)
+    assert stats["admitted"] == 60
+    assert stats["refused"] <= 1, stats
+    times = {k: [r["time"] for r in scen.server.requests(scen.name)
+                 if f"SECRET-PROMPT-{k}" in r["body"]] for k in (1, 2)}
+    assert max(min(times[1]), min(times[2])) < min(max(times[1]), max(times[2])), times
