@@ -113,8 +113,8 @@ interop: build-python
 
 # llmretry.ray and llmretry.dask at full size (tests/cluster/): 1,000 rows on
 # a local Ray and a local Dask cluster against the mock's per-key limit, with
-# 429s, 503s and permanent 400s, one shared budget (LLMRETRY_CLUSTER_SHARED:
-# a store to use instead of a fresh shm: one, e.g. redis://127.0.0.1:6379),
+# 429s, 503s and permanent 400s, one shared budget in a redis-server started
+# by the tests (LLMRETRY_CLUSTER_SHARED: another store, `shm` or a redis:// spec),
 # and docs/cluster.md's examples. About 2 minutes; not part of make test,
 # whose tests/python/test_ray.py and test_dask.py are the small version.
 cluster: deps build-python

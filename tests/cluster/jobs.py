@@ -3,8 +3,10 @@ mock enforcing a per-key limit (a sliding 1 s window) with 429s, 503s and a
 few permanent 400s among the answers, run by Ray actors or Dask workers that
 share one budget. The tests in this directory are not part of `make test`.
 
-LLMRETRY_CLUSTER_SHARED names the store (default: a fresh ``shm:`` one),
-e.g. ``redis://127.0.0.1:6379`` for a Redis server.
+The budget is a real redis-server's, started here (as a cluster's workers on
+several machines would share one); LLMRETRY_CLUSTER_SHARED names another
+store instead: ``shm`` for a fresh ``shm:`` one, or a spec such as
+``redis://10.0.0.5:6379``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if str(TESTS) not in sys.path:        # conftest's helpers, as plain imports
     sys.path.insert(0, str(TESTS))
 
 from conftest import PYTHON_DIR, child_env  # noqa: E402,F401
+from redis_server import RedisServer  # noqa: E402
 
 from llmretry.testing import MockServer  # noqa: E402
 
@@ -79,12 +82,16 @@ def mock() -> Iterator[MockServer]:
 @pytest.fixture
 def shared() -> Iterator[str]:
     spec = os.environ.get("LLMRETRY_CLUSTER_SHARED")
-    if spec:
+    if spec and spec != "shm":
         yield spec
-        return
-    name = f"cluster-full-{uuid.uuid4().hex[:12]}"
-    yield f"shm:{name}"
-    try:
-        os.unlink(f"/dev/shm/llmretry-{name}")
-    except FileNotFoundError:
-        pass
+    elif spec == "shm":
+        name = f"cluster-full-{uuid.uuid4().hex[:12]}"
+        yield f"shm:{name}"
+        try:
+            os.unlink(f"/dev/shm/llmretry-{name}")
+        except FileNotFoundError:
+            pass
+    else:
+        with RedisServer() as redis:
+            # 1 s to answer: a loaded machine's stall is no outage.
+            yield redis.url + "?timeout_ms=1000"
