@@ -1661,9 +1661,9 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
     none), else these:
 
     * ``base_url``: else ``$OPENAI_BASE_URL``, else
-      ``https://api.openai.com/v1``; ``/`` + ``endpoint`` is appended
-      (``"chat/completions"``, or ``"completions"``, ``"embeddings"``,
-      ``"responses"``). ``url``: the full endpoint URL instead.
+      ``https://api.openai.com/v1``; ``/`` + the endpoint is appended:
+      ``endpoint="chat/completions"``, or ``"completions"``, ``"embeddings"``,
+      ``"responses"``. ``url``: the full endpoint URL instead.
     * ``api_key``: else ``$OPENAI_API_KEY``, else no ``Authorization``.
     * ``timeout_ms=60000`` per attempt; ``deadline_ms=None`` for the whole
       call, waits included.
