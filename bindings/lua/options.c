@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,28 +21,45 @@
 static const char *const HOST_KEYS[] = { "body", "validate", "group", "channel", "stream_chunks",
                                          NULL };
 
-static int known_key(const char *name)
+static int is_host_key(const char *name)
 {
     for (const char *const *k = HOST_KEYS; *k; k++)
         if (strcmp(*k, name) == 0)
             return 1;
-    return llmretry_option_find(name) != NULL;
+    return 0;
 }
 
+/* Which options of the core's table t sets: bit i for llmretry_option_at(i).
+ * Up to 256 options; past that every one counts as set (looked up by name). */
+typedef struct {
+    uint64_t bits[4];
+    int all;
+} opt_set;
+
 /* Every key must be a known option: a typo (timeout instead of timeout_ms)
- * would otherwise be silently ignored. */
-static void check_opt_names(lua_State *L, int t)
+ * would otherwise be silently ignored. One pass over t's keys also notes
+ * which options are set, so that parse_opts looks up those few, not each
+ * of the table's options by name (a string lookup per option per call). */
+static void check_opt_names(lua_State *L, int t, opt_set *set)
 {
     char unknown[300] = "";
     int n_unknown = 0;
     char buf[64];
+    const llmretry_option_info *first = llmretry_option_at(0);
+    memset(set, 0, sizeof *set);
+    set->all = llmretry_option_count() > 256;
     lua_pushnil(L);
     while (lua_next(L, t)) {
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING)
             lr_fail(L, "option names must be strings (got %s)", got(L, -1, buf, sizeof buf));
         const char *k = lua_tostring(L, -1);
-        if (!known_key(k)) {
+        const llmretry_option_info *opt = llmretry_option_find(k);
+        if (opt) {
+            size_t i = (size_t)(opt - first);   /* the table is one array */
+            if (i < 256)
+                set->bits[i / 64] |= (uint64_t)1 << (i % 64);
+        } else if (!is_host_key(k)) {
             size_t len = strlen(unknown);
             snprintf(unknown + len, sizeof unknown - len, "%s'%.40s'", n_unknown ? ", " : "", k);
             n_unknown++;
@@ -271,7 +289,8 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
     if (lua_type(L, t) != LUA_TTABLE)
         lr_fail(L, "opts must be a table (got %s)", got(L, t, buf, sizeof buf));
     luaL_checkstack(L, 2 * (int)llmretry_option_count() + 10, "llmretry: out of stack space");
-    check_opt_names(L, t);
+    opt_set set;
+    check_opt_names(L, t, &set);
     llmretry_options_defaults(o);
 
     lua_getfield(L, t, "body");
@@ -294,6 +313,8 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
 
     const llmretry_option_info *opt;
     for (size_t i = 0; (opt = llmretry_option_at(i)); i++) {
+        if (!set.all && !(set.bits[i / 64] >> (i % 64) & 1))
+            continue;               /* not in t: its default stands */
         lua_getfield(L, t, opt->name);
         if (lua_isnil(L, -1)) {
             lua_pop(L, 1);

@@ -42,7 +42,7 @@ local setmetatable, collectgarbage = setmetatable, collectgarbage
 local string = string
 local ngx = ngx
 
-local argerror = args.argerror
+local argerror, is_integer, is_callable = args.argerror, args.is_integer, args.is_callable
 
 local M = {}
 

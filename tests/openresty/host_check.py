@@ -354,6 +354,9 @@ def test_misuse(ngx, mock):
         "unknown": "unknown option 'timeout'",
         "on_chunk": "on_chunk must be a function (got nil)",
         "init_worker": "this worker's engine exists already",
+        "init_worker_opts": "this worker's engine exists already",
+        "init_worker_bad": "max_in_flight must be an integer >= 1 (got number)",
+        "call_many_validate": "validate must be a function or nil (got number)",
     }
     for k, w in want.items():
         check(w in out[k], f"{k}: {out[k]!r} does not say {w!r}")
