@@ -93,7 +93,10 @@ static int push_result(lua_State *L, const llmretry_result *r)
     }
     char err[160];
     lua_createtable(L, 0, 3);
-    if (!push_decoded(L, r->body ? r->body : "", r->body ? r->body_len : 0, err, sizeof err)) {
+    if (r->raw_response) {
+        /* raw_response: the answer's bytes are the data (JSON Lines, say). */
+        lua_pushlstring(L, r->body ? r->body : "", r->body ? r->body_len : 0);
+    } else if (!push_decoded(L, r->body ? r->body : "", r->body ? r->body_len : 0, err, sizeof err)) {
         /* The core only succeeds on JSON it parsed; this is cJSON's
          * nesting limit or the like. */
         lua_pop(L, 1);

@@ -293,23 +293,32 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
     check_opt_names(L, t, &set);
     llmretry_options_defaults(o);
 
+    /* A GET or DELETE has no body: a missing one stays missing (NULL). */
+    lua_getfield(L, t, "method");
+    int bodiless = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "POST") != 0;
+    lua_pop(L, 1);
     lua_getfield(L, t, "body");
-    if (lua_isnil(L, -1) && !need_body) {
+    if (lua_isnil(L, -1) && !need_body && !bodiless) {
         lua_pop(L, 1);
         lua_pushliteral(L, "{}");
     }
-    if (lua_type(L, -1) == LUA_TTABLE) {
+    if (lua_isnil(L, -1) && bodiless) {
+        o->body = NULL;             /* the nil stays on the stack, as a body would */
+        o->body_len = 0;
+    } else if (lua_type(L, -1) == LUA_TTABLE) {
         push_encoded(L, -1, "body");
         /* A table the binding encoded: a stream of it reports its usage. */
         o->stream_usage = 1;
     }
     else if (lua_type(L, -1) != LUA_TSTRING)
         lr_fail(L, "body must be a JSON string or a table (got %s)", got(L, -1, buf, sizeof buf));
-    size_t n;
-    o->body = lua_tolstring(L, -1, &n);
-    o->body_len = n;
-    if (n == 0)
-        lr_fail(L, "body must not be empty");
+    if (!lua_isnil(L, -1)) {
+        size_t n;
+        o->body = lua_tolstring(L, -1, &n);
+        o->body_len = n;
+        if (n == 0)
+            lr_fail(L, "body must not be empty");
+    }
 
     const llmretry_option_info *opt;
     for (size_t i = 0; (opt = llmretry_option_at(i)); i++) {

@@ -339,7 +339,11 @@ int lr_build_result(const module_state *st, const llmretry_result *r, PyObject *
     *out = NULL;
     if (!r->ok || !st->result_type)
         return 0;
-    PyObject *data = parse_body(st, r->body, r->body_len);
+    /* raw_response: the answer's bytes as text (a file's JSON Lines); bytes
+     * that are not UTF-8 read as U+FFFD, as the answer is not the caller's. */
+    PyObject *data = r->raw_response
+                   ? PyUnicode_DecodeUTF8(r->body, (Py_ssize_t)r->body_len, "replace")
+                   : parse_body(st, r->body, r->body_len);
     if (!data) {
         /* RecursionError: the parser itself could not be called this deep. */
         if (!PyErr_ExceptionMatches(PyExc_ValueError) &&

@@ -106,6 +106,7 @@ static void succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t du
     r->body = c->resp.data;         /* on_body keeps room for the NUL */
     c->resp.data[c->resp.len] = '\0';
     r->body_len = c->resp.len;
+    r->raw_response = c->o.raw_response;
     r->usage = usage;
     r->response_model = response_model;
     r->system_fingerprint = fingerprint;

@@ -177,10 +177,12 @@ int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n_l
         if (!h)
             return -1;
     }
-    if (!caller_sets(lines, n_lines, "Content-Type"))
-        rc |= append_header(&h, "Content-Type", "application/json");
+    /* Only a POST has a body to describe. */
+    if (c->o.method == LLMRETRY_METHOD_POST && !caller_sets(lines, n_lines, "Content-Type"))
+        rc |= append_header(&h, "Content-Type",
+                            c->o.content_type ? c->o.content_type : "application/json");
     if (!caller_sets(lines, n_lines, "Accept"))
-        rc |= append_header(&h, "Accept", "application/json");
+        rc |= append_header(&h, "Accept", c->o.raw_response ? "*/*" : "application/json");
     if (!caller_sets(lines, n_lines, "User-Agent"))
         rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
     rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
@@ -206,6 +208,7 @@ static void call_destroy(llmretry_call *c)
     free(c->policy);
     free(c->ca_file);
     free((void *)c->o.idempotency_key);
+    free((void *)c->o.content_type);
     if (c->o.headers) {
         for (size_t i = 0; i < c->o.n_headers; i++)
             free((void *)c->o.headers[i]);
@@ -289,6 +292,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->o = *opts;
     c->o.url = c->o.base_url = c->o.api_key = c->o.body = c->o.model = NULL;
     c->o.request_id = c->o.idempotency_key = c->o.policy = c->o.ca_file = NULL;
+    c->o.content_type = NULL;
     c->o.fallbacks = NULL;          /* built into the targets below */
     c->o.schema = NULL;             /* compiled below */
     c->o.n_headers = opts->n_headers;
@@ -312,11 +316,15 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     /* Named in an error that never reached the URL (attempt.c). */
     c->url_option = opts->url ? "url" : opts->base_url && *opts->base_url ? "base_url"
                   : default_url ? "base_url (none was given)" : "base_url ($OPENAI_BASE_URL)";
-    c->body = t0->body = lr_strndup(opts->body, opts->body_len);
+    /* A GET or DELETE has no body (NULL is allowed there): "" stands in. */
+    c->body = t0->body = lr_strndup(opts->body ? opts->body : "", opts->body ? opts->body_len : 0);
     oom |= !c->url || !c->body;
     if (opts->model)
         oom |= !(c->model = t0->model = lr_strdup(opts->model));
-    if (!oom) {
+    if (opts->content_type)
+        oom |= !(c->o.content_type = lr_strdup(opts->content_type));
+    /* Only a JSON body is read (model, stream); another is sent as is. */
+    if (!oom && lr_options_json_body(opts)) {
         char *model = read_body(opts->body, opts->body_len, !opts->model, &bad_json,
                                 &c->stream_req, &has_stream_options);
         if (!opts->model)
@@ -335,7 +343,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         oom = 1;
 
     if (!oom && !bad_json) {
-        size_t body_len = opts->body_len;
+        size_t body_len = opts->body ? opts->body_len : 0;
         char *with_usage = c->stream_req && opts->stream_usage && !has_stream_options
                          ? lr_stream_with_usage(c->url, c->body, &body_len) : NULL;
         if (with_usage) {

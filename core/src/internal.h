@@ -35,6 +35,8 @@ void lr_option_choices(const llmretry_option_info *opt, char *buf, size_t len);
 llmretry_status lr_option_check_statuses(size_t n, char *err, size_t errlen);
 /* Every INT and ENUM field of `o` against its range. */
 llmretry_status lr_options_check_table(const llmretry_options *o, char *err, size_t errlen);
+/* Is the body JSON (a POST with a JSON content_type), so read for its model and stream? */
+int lr_options_json_body(const llmretry_options *o);
 /* The integer member at base + offset, an int (or an int-sized enum) or an
  * int64_t as `size` says: how the option table and the shapes read fields. */
 int64_t lr_int_at(const void *base, size_t offset, size_t size);

@@ -19,6 +19,8 @@
 /* An enum's value is the index of its name here. */
 static const char *const JITTERS[] = { "additive", "full", "none", NULL };
 static const char *const MODES[] = { "safe", "unsafe", NULL };
+/* Upper case, as HTTP spells them (methods are case-sensitive). */
+static const char *const METHODS[] = { "POST", "GET", "DELETE", NULL };
 static const char *const APIS[] = { "chat/completions", "completions", "embeddings", "responses",
                                     NULL };
 _Static_assert(LLMRETRY_JITTER_ADDITIVE == 0 && LLMRETRY_JITTER_FULL == 1 &&
@@ -28,6 +30,8 @@ _Static_assert(LLMRETRY_RETRY_SAFE == 0 && LLMRETRY_RETRY_UNSAFE == 1,
 _Static_assert(LLMRETRY_API_CHAT_COMPLETIONS == 0 && LLMRETRY_API_COMPLETIONS == 1 &&
                LLMRETRY_API_EMBEDDINGS == 2 && LLMRETRY_API_RESPONSES == 3,
                "APIS follows llmretry_api");
+_Static_assert(LLMRETRY_METHOD_POST == 0 && LLMRETRY_METHOD_GET == 1 &&
+               LLMRETRY_METHOD_DELETE == 2, "METHODS follows llmretry_method");
 
 #define OFF(f) offsetof(llmretry_options, f), sizeof(((llmretry_options *)0)->f)
 #define NUL LLMRETRY_OPTFLAG_NULLABLE
@@ -136,6 +140,13 @@ static const llmretry_option_info TABLE[] = {
     { "stream_buffer_bytes", LLMRETRY_OPTTYPE_INT, 0, OFF(stream_buffer_bytes), 1, INT64_MAX,
       "> 0", NULL, "1048576",
       "unread stream chunks beyond this pause the transfer until the host reads" },
+    { "method", LLMRETRY_OPTTYPE_ENUM, 0, OFF(method), 0, 0, NULL, METHODS, "\"POST\"",
+      "the HTTP method; GET and DELETE send no body (a retried POST may repeat its effect)" },
+    { "content_type", LLMRETRY_OPTTYPE_TEXT, NUL, OFF(content_type), 0, 0, NULL, NULL, "null",
+      "the body's Content-Type (null: application/json); another type sends the body as is, "
+      "unparsed" },
+    { "raw_response", LLMRETRY_OPTTYPE_BOOL, 0, OFF(raw_response), 0, 1, NULL, NULL, "false",
+      "a 2xx answer's bytes are the result as text, not parsed as JSON (JSON Lines, say)" },
     { "event_mask", LLMRETRY_OPTTYPE_INT, 0, OFF(events), 0, LLMRETRY_EVENTS_ALL, "0..255", NULL,
       "255",
       "which events to make: bit n asks for EVENT_NAMES[n]" },

@@ -169,10 +169,21 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
     /* The key goes into a header; the message must never show it. */
     if (o->api_key && has_ctl(o->api_key))
         return fail(err, errlen, "api_key must not contain control characters");
-    if (!o->body)
+    if (o->method != LLMRETRY_METHOD_POST) {
+        const char *m = o->method == LLMRETRY_METHOD_GET ? "GET" : "DELETE";
+        if (o->body && o->body_len > 0)
+            return fail(err, errlen, "a %s sends no body (body_len is %zu; method POST has one)",
+                        m, o->body_len);
+        if (o->content_type)
+            return fail(err, errlen, "content_type is for a POST's body (method is %s)", m);
+    } else if (!o->body) {
         return fail(err, errlen, "body is required (got NULL)");
-    if (o->body_len == 0)
+    } else if (o->body_len == 0) {
         return fail(err, errlen, "body must not be empty (body_len is 0)");
+    }
+    if (o->content_type && (!*o->content_type || has_ctl(o->content_type)))
+        return fail(err, errlen, "content_type must be a non-empty header value without control "
+                    "characters");
     if (o->n_headers > 0 && !o->headers)
         return fail(err, errlen, "headers must not be NULL when n_headers is %zu", o->n_headers);
     for (size_t i = 0; i < o->n_headers; i++)
@@ -201,7 +212,19 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
         return fail(err, errlen, "ca_file must not be empty");
     if (o->fallbacks && lr_targets_check_json(o->fallbacks, "fallbacks", err, errlen) != 0)
         return LLMRETRY_EINVAL;
+    /* A fallback rewrites the body's "model"; a schema reads a JSON answer. */
+    if (o->fallbacks && !lr_options_json_body(o))
+        return fail(err, errlen, "fallbacks need a JSON body (method POST, content_type JSON)");
+    if (o->raw_response && o->schema)
+        return fail(err, errlen, "schema checks a JSON answer: it cannot go with raw_response");
     return LLMRETRY_OK;
+}
+
+int lr_options_json_body(const llmretry_options *o)
+{
+    const char *t = o->content_type;
+    return o->method == LLMRETRY_METHOD_POST &&
+           (!t || strncasecmp(t, "application/json", 16) == 0);
 }
 
 /* Unknown values give NULL (events write null) except status names, which

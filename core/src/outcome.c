@@ -160,6 +160,8 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         out->f.error_code = out->error_code;
     } else if (rc != CURLE_OK) {
         classify_transport(c, rc, out);
+    } else if (status >= 200 && status < 300 && c->o.raw_response) {
+        out->success = 1;           /* the bytes as they came: no JSON, no usage */
     } else if (status >= 200 && status < 300) {
         /* The body must be UTF-8 JSON, as every host decodes it. */
         const char *why = NULL;

@@ -96,7 +96,15 @@ cJSON *lr_parse_body(const char *text, size_t n, const char **why)
     *why = json_text_problem(text, n);
     if (*why)
         return NULL;
-    cJSON *doc = cJSON_ParseWithLength(text, n);
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    /* cJSON stops at the value's end: "{} {}" (JSON Lines) is not one value. */
+    while (doc && end < text + n && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
+    if (doc && end != text + n) {
+        cJSON_Delete(doc);
+        doc = NULL;
+    }
     if (!doc)
         *why = "is not JSON";
     else if (!cJSON_IsObject(doc))

@@ -182,7 +182,9 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
         const char *v = colon + 1, *end = line + n;
         while (v < end && (*v == ' ' || *v == '\t'))
             v++;
-        c->sse = (size_t)(end - v) >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+        /* A raw_response call takes the bytes as they come, an event stream too. */
+        c->sse = !c->o.raw_response && (size_t)(end - v) >= 17 &&
+                 strncasecmp(v, "text/event-stream", 17) == 0;
         return n;
     }
     /* A 1xx response has no body: its Content-Length (if any) says nothing
@@ -346,7 +348,8 @@ static void set_body(llmretry_call *c, CURL *easy)
     c->saw_refused = 0;
     c->h2_stream = 0;
     c->resend_pending = c->resend_refused = LR_RESEND_NONE;
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
+    if (c->o.method == LLMRETRY_METHOD_POST)
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
     curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(easy, CURLOPT_PREREQDATA, c);
     if (!c->is_https) {
@@ -383,6 +386,8 @@ static int refuse_rewind(void *ud, curl_off_t offset, int origin)
 static void set_body(llmretry_call *c, CURL *easy)
 {
     c->send_pos = 0;
+    if (c->o.method != LLMRETRY_METHOD_POST)
+        return;
     curl_easy_setopt(easy, CURLOPT_READFUNCTION, on_send);
     curl_easy_setopt(easy, CURLOPT_READDATA, c);
     curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, refuse_rewind);
@@ -413,8 +418,15 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
 {
     lr_call_reset_response(c);
     curl_easy_setopt(easy, CURLOPT_URL, c->url);
-    curl_easy_setopt(easy, CURLOPT_POST, 1L);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->o.body_len);
+    if (c->o.method == LLMRETRY_METHOD_POST) {
+        curl_easy_setopt(easy, CURLOPT_POST, 1L);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->o.body_len);
+    } else {
+        /* No body; DELETE is a GET's request line with another verb. */
+        curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+        if (c->o.method == LLMRETRY_METHOD_DELETE)
+            curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
+    }
     set_body(c, easy);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);

@@ -119,6 +119,13 @@ class BatchOptions(TypedDict, total=False):
     ca_file: Optional[str]
     #: for a stream, the longest gap between two chunks
     idle_timeout_ms: int
+    #: the HTTP method; GET and DELETE send no body (a retried POST may repeat its effect)
+    method: Literal["POST", "GET", "DELETE"]
+    #: the body's Content-Type (null: application/json); another type sends the body as is,
+    #: unparsed
+    content_type: Optional[str]
+    #: a 2xx answer's bytes are the result as text, not parsed as JSON (JSON Lines, say)
+    raw_response: bool
     #: a pydantic model: its strict schema is the call's schema, its instance result.parsed
     response_model: Any
     #: validate(data): raising or returning False rejects a response (invalid_response)

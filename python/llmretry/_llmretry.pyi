@@ -126,6 +126,13 @@ class EngineOptions(TypedDict, total=False):
     idle_timeout_ms: int
     #: unread stream chunks beyond this pause the transfer until the host reads
     stream_buffer_bytes: int
+    #: the HTTP method; GET and DELETE send no body (a retried POST may repeat its effect)
+    method: Literal["POST", "GET", "DELETE"]
+    #: the body's Content-Type (null: application/json); another type sends the body as is,
+    #: unparsed
+    content_type: Optional[str]
+    #: a 2xx answer's bytes are the result as text, not parsed as JSON (JSON Lines, say)
+    raw_response: bool
     #: which events to make: bit n asks for EVENT_NAMES[n]
     event_mask: int
 # END GENERATED engine-options

@@ -116,6 +116,7 @@ class Store:
         self.batches: Dict[str, Dict[str, Any]] = {}
         self.lines: Dict[str, List[Tuple[str, Dict[str, Any]]]] = {}
         self.auto: Any = None
+        self.fail = 0           # the next this many API requests answer 503
         self.counter = 0
 
     def _id(self, prefix: str) -> str:
@@ -139,6 +140,11 @@ class Store:
                 return self._control(method, m.group(1), body)
             m = _API.match(path)
             assert m is not None
+            if self.fail > 0:       # a transient failure, for the client's retries
+                self.fail -= 1
+                return _json(503, {"error": {"message": "mock: temporarily unavailable",
+                                             "type": "server_error", "param": None,
+                                             "code": None}})
             kind, ident, action = m.groups()
             if kind == "files":
                 return self._files(method, ident, action, content_type, body)
@@ -359,10 +365,12 @@ class Store:
         if ident is None:
             if method != "PUT":
                 return _error(405, f"method {method} not allowed (allowed: PUT)")
-            auto = doc.get("auto")
+            auto, fail = doc.get("auto"), doc.get("fail", 0)
             if auto not in (None, True) and not (isinstance(auto, dict) and self._good(auto)):
                 return _error(400, "auto: null, true or an advance ({\"to\": ...})")
-            self.auto = auto
+            if isinstance(fail, bool) or not isinstance(fail, int) or fail < 0:
+                return _error(400, "fail: an integer >= 0")
+            self.auto, self.fail = auto, fail
             return 204, "", b""
         if method != "POST":
             return _error(405, f"method {method} not allowed (allowed: POST)")

@@ -19,8 +19,9 @@ model per batch file, as the API requires) and split each group past
 the output and error files; map each line's ``custom_id`` back to its
 index; delete the uploaded and result files (unless ``keep_files``).
 
-Each HTTP call runs under llmretry's retry policy and a per-call deadline
-(see llmretry._batch_api_http for which calls are the engine's).
+Each HTTP call (upload, create, poll, download, cancel, delete) is an
+engine call, with its retries, a per-call deadline, events and request id
+(llmretry._batch_api_http).
 
 The record (``record=``, default ``failures_path + ".batches"``) is a JSON
 file rewritten atomically after each batch is created and each is
@@ -430,7 +431,7 @@ class BatchJob:
     def _download(self, file_id: Optional[str]) -> List[Dict[str, Any]]:
         if not file_id:
             return []
-        raw = self.api.request("GET", f"/files/{file_id}/content")
+        raw = self.api.get_text(f"/files/{file_id}/content")
         out = []
         for text in raw.splitlines():
             if text.strip():

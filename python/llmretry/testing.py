@@ -108,7 +108,8 @@ and tests/mock_protocol.md ("Batch API"): a batch moves validating ->
 in_progress -> finalizing -> completed (or failed, expired, cancelled) when
 ``POST /_mock/batches/<id>/advance`` says so (``{}`` one step, ``{"to":
 "completed"}``, ``{"to": "expired", "completed": K}``), or at each retrieve
-after ``PUT /_mock/batches {"auto": true}`` (or ``{"auto": {"to": ...}}``).
+after ``PUT /_mock/batches {"auto": true}`` (or ``{"auto": {"to": ...}}``);
+``PUT /_mock/batches {"fail": N}`` makes the next N of their requests answer 503.
 
 Error bodies of the mock itself have the OpenAI shape
 ``{"error": {"message": ..., "type": "invalid_request_error", "code": null}}``.

@@ -544,6 +544,16 @@ int th_mock_script(th_mock *m, const char *name, const char *scenario_json)
     return 0;
 }
 
+int th_mock_put(th_mock *m, const char *path, const char *json)
+{
+    long st = control(m, "PUT", path, json, NULL);
+    if (st < 200 || st >= 300) {
+        th_fail(__FILE__, __LINE__, "setup: PUT %s failed (HTTP %ld)", path, st);
+        return -1;
+    }
+    return 0;
+}
+
 char *th_mock_requests(th_mock *m, const char *name)
 {
     char path[256];

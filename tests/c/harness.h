@@ -52,6 +52,10 @@ const char *th_mock_scenario_url(const th_mock *m, const char *name, char *buf, 
  * 0 on success. Resets the scenario's cursor and its request records. */
 int th_mock_script(th_mock *m, const char *name, const char *scenario_json);
 
+/* PUT `json` to a control path (e.g. "/_mock/batches"); 0 on a 2xx, else a
+ * counted failure. */
+int th_mock_put(th_mock *m, const char *path, const char *json);
+
 /* GET /_mock/requests/<name>: the JSON array of recorded requests
  * (malloc'd text), NULL on error. */
 char *th_mock_requests(th_mock *m, const char *name);

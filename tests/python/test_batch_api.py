@@ -533,3 +533,50 @@ def test_reachable_from_the_package() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=child_env(), timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "llmretry.batch_api", proc.stderr
+
+
+# -- every Files and Batch API call is an engine call --------------------------------
+
+def test_every_http_call_is_an_engine_call_with_events(mock: MockServer) -> None:
+    store = mock.batch_api()
+    store.auto = True
+    store.fail = 2                  # the upload meets two 503s: the engine retries it
+    events: List[Dict[str, Any]] = []
+    out = batch_api.run(_bodies(3), **_opts(mock, logger=events.append))
+    assert all(isinstance(r, llmretry.Result) for r in out)
+    assert store.files == {}        # deleted, through the engine too
+    names = [e["event"] for e in events if e["event"] != "llm_batch_summary"]
+    assert names[:7] == ["llm_request_started", "llm_request_failed", "llm_retry_scheduled",
+                         "llm_request_started", "llm_request_failed", "llm_retry_scheduled",
+                         "llm_request_started"]
+    assert events[1]["status"] == 503 and len({e["request_id"] for e in events[:7]}) == 1
+    # upload, create, a poll or more, download, then delete the input and output files
+    assert names.count("llm_request_succeeded") >= 6
+    assert names.count("llm_request_started") == names.count("llm_request_succeeded") + 2
+    text = json.dumps(events)
+    assert KEY not in text and "SECRET-PROMPT" not in text
+
+
+def test_files_calls_methods_and_raw_content(mock: MockServer) -> None:
+    store = mock.batch_api()
+    api = batch_api.Api(llmretry.Client(logger=None), mock.base_url, KEY, None,
+                        {"max_retries": 1, "base_delay_ms": 1, "max_delay_ms": 5}, None)
+    lines = b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
+    store.fail = 1
+    f = api.upload("in.jsonl", lines)
+    assert store.content[f["id"]] == lines
+    store.fail = 1
+    assert api.get_json(f"/files/{f['id']}")["purpose"] == "batch"
+    store.fail = 1
+    assert api.get_text(f"/files/{f['id']}/content") == lines.decode()   # JSON Lines as text
+    store.fail = 1
+    api.delete_file(f["id"])
+    assert f["id"] not in store.files
+    api.delete_file(f["id"])        # a 404: already gone, as asked
+    store.fail = 5                  # past max_retries: the engine's typed error
+    with pytest.raises(llmretry.HTTPStatusError) as info:
+        api.get_json("/files")
+    err = info.value
+    assert (err.status, err.attempts, err.reason) == (503, 2, "retries_exhausted")
+    assert err.request_id and KEY not in repr(err) and KEY not in str(err)
+    store.fail = 0

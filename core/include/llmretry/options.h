@@ -36,6 +36,14 @@ typedef enum llmretry_api {
     LLMRETRY_API_RESPONSES             /* "/responses" */
 } llmretry_api;
 
+/* The HTTP method of a call (the `method` option). Only a POST has a body;
+ * GET and DELETE are idempotent, so retrying them is always safe. */
+typedef enum llmretry_method {
+    LLMRETRY_METHOD_POST = 0,
+    LLMRETRY_METHOD_GET,
+    LLMRETRY_METHOD_DELETE
+} llmretry_method;
+
 /* Parse "additive"/"full"/"none" and "safe"/"unsafe"; EINVAL otherwise. */
 llmretry_status llmretry_jitter_parse(const char *s, llmretry_jitter *out);
 llmretry_status llmretry_retry_mode_parse(const char *s, llmretry_retry_mode *out);
@@ -79,9 +87,17 @@ typedef struct llmretry_options {
     const char *api_key;
     int use_env_api_key;           /* default 1 */
 
-    /* The request body: JSON text, sent as is. Required. */
+    /* The request body: JSON text, sent as is. Required for a POST; a GET
+     * or DELETE has none (body NULL or body_len 0). */
     const char *body;
     size_t body_len;
+    /* POST by default; GET and DELETE (the Files API's retrieve, content
+     * and delete) send no body. */
+    llmretry_method method;
+    /* The body's Content-Type (NULL = application/json). Another type (say
+     * "multipart/form-data; boundary=...") sends the body as is, unparsed:
+     * no model, stream or fallback is read from it. POST only. */
+    const char *content_type;
     /* Model name for events; NULL = read "model" from the body. */
     const char *model;
 
@@ -210,6 +226,10 @@ typedef struct llmretry_options {
      * (or on a 2xx body that is not JSON) keeps that response's whole body
      * in result.body. 0 by default: nothing is kept. */
     int keep_response;
+    /* 1 = a 2xx answer's bytes are the result as they came (result.body,
+     * result.raw_response set), not required to be a JSON object: a file's
+     * content, JSON Lines. No usage is read from it, no stream, no schema. */
+    int raw_response;
 
     /* 1 = each 2xx JSON response waits for llmretry_call_validated()
      * from the host before the call succeeds (docs/design.md). */

@@ -150,6 +150,9 @@ typedef struct llmretry_result {
      * read as 0); the raw usage stays here. */
     const char *body;
     size_t body_len;
+    /* 1 = the call asked for raw_response: body is the answer's bytes as
+     * they came, not a JSON object (hosts hand it on as text). */
+    int raw_response;
     llmretry_usage usage;
     const char *response_model;
     const char *system_fingerprint;
