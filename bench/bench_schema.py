@@ -6,8 +6,12 @@
    a Draft 2020-12 validator built once), by ``jsonschema-rs`` (json.loads +
    a validator built once) and by pydantic 2's ``model_validate_json``. Each
    the median of ROUNDS runs of N answers, in microseconds per answer.
-2. ``call_many`` throughput against the project's mock with the schema on and
-   off (``schema=`` of the same schema, every answer valid), alternating rounds.
+2. ``call_many`` against the project's mock with the schema on and off
+   (``schema=`` of the same schema, every answer valid), alternating rounds:
+   throughput, and this process's CPU per call (user + system, every thread:
+   the caller's and the engine's). The mock runs in a process of its own, so
+   neither figure counts its work; the CPU figure is the one a loaded machine
+   leaves steady.
 
 Run with bench/run_schema.sh (a venv holding the peers); prints markdown.
 Knobs: N=20000 ROUNDS=5 CALLS=2000 LIMIT=64 BATCH_ROUNDS=6.
@@ -19,8 +23,11 @@ import importlib.metadata
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+import urllib.request
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import llmretry
 from llmretry import _llmretry
@@ -157,30 +164,61 @@ def main() -> None:
     batch(schema, answer)
 
 
+def _start_mock() -> Tuple[subprocess.Popen, str]:
+    """The mock in its own process (``python -m llmretry.testing --port 0``)."""
+    proc = subprocess.Popen([sys.executable, "-m", "llmretry.testing", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline().split()[-1])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _script(base: str, name: str, after: Dict[str, Any]) -> str:
+    req = urllib.request.Request(f"{base}/_mock/scenarios/{name}", method="PUT",
+                                 data=json.dumps({"steps": [], "after": after}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req).read()
+    return f"{base}/s/{name}/v1"
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def batch(schema: Dict[str, Any], answer: str) -> None:
-    from llmretry.testing import MockServer
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    with MockServer() as mock:
-        mock.script("b", [], after={"content": answer})
-        client = llmretry.Client(api_key="k", logger=None, base_url=mock.scenario_url("b"))
+    proc, base = _start_mock()
+    try:
+        url = _script(base, "b", {"content": answer})
+        client = llmretry.Client(api_key="k", logger=None, base_url=url)
         rates: Dict[str, List[float]] = {"off": [], "on": []}
+        cpus: Dict[str, List[float]] = {"off": [], "on": []}
         client.call_many([body] * 100, limit=LIMIT)          # warm-up
         for _ in range(BATCH_ROUNDS):
             for mode in ("off", "on"):
                 options: Dict[str, Optional[Any]] = {"schema": schema} if mode == "on" else {}
-                t0 = time.perf_counter()
+                c0, t0 = _cpu(), time.perf_counter()
                 out = client.call_many([body] * CALLS, limit=LIMIT, **options)
-                rates[mode].append(CALLS / (time.perf_counter() - t0))
+                wall, cpu = time.perf_counter() - t0, _cpu() - c0
+                rates[mode].append(CALLS / wall)
+                cpus[mode].append(cpu / CALLS * 1e6)
                 assert out.summary.failed == 0
         client.close()
+    finally:
+        proc.terminate()
+        proc.wait()
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
-    print(f"## call_many against the mock ({CALLS} calls, limit {LIMIT}, "
+    coff, con = statistics.median(cpus["off"]), statistics.median(cpus["on"])
+    print(f"## call_many against the mock in its own process ({CALLS} calls, limit {LIMIT}, "
           f"median of {BATCH_ROUNDS} alternating rounds)\n")
-    print("| schema | calls/s | rounds |\n|---|---:|---|")
-    print(f"| off | {off:.0f} | {' '.join(f'{r:.0f}' for r in rates['off'])} |")
-    print(f"| on | {on:.0f} | {' '.join(f'{r:.0f}' for r in rates['on'])} |")
-    print(f"\non / off: {on / off:.2f}")
-
+    print("| schema | calls/s | CPU µs per call | rounds (calls/s) | rounds (CPU µs) |")
+    print("|---|---:|---:|---|---|")
+    for mode, rate, cpu in (("off", off, coff), ("on", on, con)):
+        print(f"| {mode} | {rate:.0f} | {cpu:.1f} | {' '.join(f'{r:.0f}' for r in rates[mode])} "
+              f"| {' '.join(f'{c:.0f}' for c in cpus[mode])} |")
+    print(f"\non / off: {on / off:.2f} in calls/s; {coff / con:.2f} in CPU per call "
+          f"(+{con - coff:.1f} µs per call with the schema)")
 
 if __name__ == "__main__":
     main()

@@ -65,6 +65,19 @@ for src in lua/llmretry/*.lua; do
   grep -qF "$entry" "$rockspec" || { echo "lua-test: $src is not listed in $rockspec as: $entry" >&2; exit 1; }
 done
 
+# No module reads or writes a global it does not own: an undefined name (a
+# local renamed away) would only fail when that line runs (an
+# init_worker{max_in_flight=...} did, in nginx). luac lists every _ENV access.
+allowed='^(require|type|pairs|ipairs|error|tostring|tonumber|setmetatable|getmetatable|rawget|rawset|rawequal|rawlen|pcall|xpcall|select|next|assert|print|unpack|load|collectgarbage|string|table|math|os|io|coroutine|debug|package|utf8|jit|bit|vim|ngx|_G)$'
+for src in lua/llmretry/*.lua; do
+  stray=$(luac5.4 -l -l -p "$src" | grep -oE '_ENV "[A-Za-z_][A-Za-z0-9_]*"' | cut -d'"' -f2 | sort -u \
+          | grep -Ev "$allowed" || true)
+  if [ -n "$stray" ]; then
+    echo "lua-test: $src uses undefined globals: $(echo $stray)" >&2
+    exit 1
+  fi
+done
+
 # luarocks' builtin build leaves objects next to the sources and the module
 # under ./llmretry/: clean them so they cannot be picked up by anything else.
 clean_artefacts() {
