@@ -80,6 +80,13 @@ TOKENS = 4
 
 def worker(url: str, n: int, rpm: int, tpm: int, shared: str) -> Dict[str, Any]:
     outages = Outages()
+    if tpm:
+        # The first token estimate of a process loads tiktoken when it is
+        # installed (and, offline, fails to fetch its encoding: about 1 s on
+        # this machine) before its first request: start-up, not pacing, kept
+        # out of the span as the processes' other start-up is.
+        from llmretry._tokens import estimate_tokens
+        estimate_tokens(BODY)
     with llmretry.Client(base_url=url, shared=shared or None, logger=outages,
                          rpm=rpm, tpm=tpm, max_retries=8, base_delay_ms=200) as client:
         start = time.time()

@@ -702,6 +702,31 @@ static void learn(lr_stated *s, const llmretry_call *c, int h_limit, int h_remai
     s->reset_at = reset > 0 ? lr_time_add(now, reset) : s->reset_at > now ? s->reset_at : -1;
 }
 
+/* What the server just said remains holds every process on the endpoint,
+ * not only the one it told: "0 left, resets in 2 s" to one process means
+ * no process may send for 2 s. The hold this call's answer sets for a call
+ * like it (one request, its tokens; as wait_for reads it) is raised into
+ * the shared pause, whose latest end wins (a hold is a wait the server
+ * named); the other processes know nothing of the remaining count. */
+static void share_hold(lr_endpoint *ep, llmretry_call *c, int64_t now)
+{
+    int64_t h = 0;
+    if (c->hdr_set[LR_H_REMAINING_REQUESTS])
+        h = held(&ep->req, 1.0, per_ms(req_rate(ep)), now);
+    if (c->hdr_set[LR_H_REMAINING_TOKENS]) {
+        double need = tokens_of(ep, c), tpm = tok_rate(ep, need);
+        int64_t t = held(&ep->tok, need, tpm > 0 ? tokens_per_ms(tpm, need) : 0.0, now);
+        if (t > h)
+            h = t;
+    }
+    if (h <= 0)
+        return;
+    if (ep->rd)
+        lr_redis_raise_pause(ep->rd, now + h);
+    else
+        lr_shared_raise(&ep->sh->paused_until, now + h);
+}
+
 /* Successes per 100 ms slot, over the last second: the rate the server
  * was serving at when a 429 comes (ok_rpm). */
 static void count_ok(lr_endpoint *ep, int64_t now)
@@ -757,6 +782,7 @@ void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usa
             say(ep, LR_SAID_LEARNED_RPM, now, (int64_t)ceil(learned_rate(&ep->req)), 0);
         if (ep->tok.limit > 0 && c->hdr_set[LR_H_LIMIT_TOKENS])
             say(ep, LR_SAID_LEARNED_TPM, now, (int64_t)ceil(learned_rate(&ep->tok)), 0);
+        share_hold(ep, c, now);
         long status = 0;
         if (!ok && !atomic_load(&ep->sh->start_over) && c->easy)
             curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);

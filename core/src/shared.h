@@ -47,7 +47,9 @@ typedef struct lr_shared_ep {
     /* Layout 1 had 8 fields here that nothing wrote (always 0, which the
      * 7 above read as nothing said): files made before stay valid. */
     int64_t unused;
-    _Atomic int64_t paused_until;        /* a server-named wait */
+    /* A server-named wait: a 429's, or a hold from what a response said
+     * remains (x-ratelimit-remaining-* / -reset-*): the latest end wins. */
+    _Atomic int64_t paused_until;
     /* The retry budget: per one-second slot, its first attempts and its
      * retries, each packed with the second it counts ((second << 32) |
      * count) so that moving a slot to a new second and counting in it is

@@ -613,6 +613,85 @@ static void test_slow_down_for_all_redis(void)
     slow_down_for_all(patient);
 }
 
+/* How many endpoints' hashes in Redis have `field` set (a pause's end is
+ * in Redis's clock: only that it is there tells). */
+static int redis_count(const char *field)
+{
+    struct timeval tv = { 1, 0 };
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis.port, tv);
+    redisReply *keys = rc && !rc->err ? redisCommand(rc, "KEYS llmretry:1:*") : NULL;
+    int found = 0;
+    for (size_t i = 0; keys && keys->type == REDIS_REPLY_ARRAY && i < keys->elements; i++) {
+        redisReply *v = redisCommand(rc, "HEXISTS %s %s", keys->element[i]->str, field);
+        found += v && v->type == REDIS_REPLY_INTEGER && v->integer == 1;
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    if (rc)
+        redisFree(rc);
+    return found;
+}
+
+/* What the server says remains holds every engine on the key: a's answer
+ * says none of the `which` limit is left until it resets in 5 s; b, which
+ * knows nothing of it, does not send before then: its call, with a 1 s
+ * deadline, ends at the deadline without an attempt, and the mock saw a's
+ * request alone. (Unshared, b sends at once and is served.) */
+static void hold_for_all(const char *spec, const char *which)
+{
+    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
+    char url[128], scen[32], script[256];
+    snprintf(scen, sizeof scen, "hold%c%c", which[0], spec[0]);
+    snprintf(script, sizeof script, "{\"steps\": [{\"headers\": {"
+             "\"x-ratelimit-remaining-%s\": \"0\", \"x-ratelimit-reset-%s\": \"5s\"}}], "
+             "\"after\": {}}", which, which);
+    if (!a || !b || th_mock_script(&mock, scen, script) != 0)
+        goto out;
+    llmretry_options o;
+    opts_for(&o, scen, url, sizeof url);
+    int paused = spec[0] == 'r' ? redis_count("pz") : 0;
+    run_one(a, &o);
+    if (spec[0] == 'r')                 /* a's hold has reached Redis */
+        CHECK(EVENTUALLY_MS(redis_count("pz") > paused, 3000));
+    o.deadline_ms = 1000;
+    llmretry_call *c = th_submit(b, &o);
+    const llmretry_result *r = wait_done(c, NULL);
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_DEADLINE_EXCEEDED && r->attempts == 0,
+              "%s %s: b %s after %d attempts", spec, which, r && r->ok ? "served" : "failed",
+              r ? r->attempts : -1);
+    llmretry_call_free(c);
+    char path[64];
+    snprintf(path, sizeof path, "/_mock/requests/%s", scen);
+    char *text = th_mock_get(&mock, path);
+    cJSON *log = text ? cJSON_Parse(text) : NULL;
+    CHECK_INT(cJSON_GetArraySize(log), 1);
+    cJSON_Delete(log);
+    free(text);
+out:
+    llmretry_engine_free(a);
+    llmretry_engine_free(b);
+}
+
+static void test_hold_requests_shm(void)
+{
+    hold_for_all(shm_spec, "requests");
+}
+
+static void test_hold_tokens_shm(void)
+{
+    hold_for_all(shm_spec, "tokens");
+}
+
+static void test_hold_requests_redis(void)
+{
+    hold_for_all(patient, "requests");
+}
+
+static void test_hold_tokens_redis(void)
+{
+    hold_for_all(patient, "tokens");
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0)
@@ -638,6 +717,10 @@ int main(void)
         { "slow_start_redis", test_slow_start_redis },
         { "slow_down_shm", test_slow_down_for_all_shm },
         { "slow_down_redis", test_slow_down_for_all_redis },
+        { "hold_requests_shm", test_hold_requests_shm },
+        { "hold_tokens_shm", test_hold_tokens_shm },
+        { "hold_requests_redis", test_hold_requests_redis },
+        { "hold_tokens_redis", test_hold_tokens_redis },
     };
     TH_RUN(tests);
     char path[96];

@@ -307,6 +307,11 @@ def test_a_limit_learned_by_one_client_paces_another(store: str, mock: MockServe
 
 def redis_has(url: str, field: str, value: str) -> bool:
     """Whether some endpoint's hash in the Redis of `url` holds field = value."""
+    return value in redis_fields(url, field)
+
+
+def redis_fields(url: str, field: str) -> List[Any]:
+    """`field` of every endpoint's hash in the Redis of `url` (None: unset)."""
     port = int(url.split(":")[2].split("/")[0])
     with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
         f = s.makefile("rwb")
@@ -328,7 +333,29 @@ def redis_has(url: str, field: str, value: str) -> bool:
             return rest.decode()
 
         keys = command("KEYS", "llmretry:1:*")
-        return any(command("HGET", k, field) == value for k in keys)
+        return [command("HGET", k, field) for k in keys]
+
+
+@pytest.mark.parametrize("which", ["requests", "tokens"])
+def test_what_remains_holds_every_client(store: str, mock: MockServer, which: str) -> None:
+    # One client's answer says none of the limit is left until it resets in
+    # 5 s; the other, which knows nothing of it, does not send before then:
+    # its call (1 s deadline) ends at the deadline with no attempt made.
+    # (Each on its own budget, the second sends at once and is served.)
+    mock.script("hold", [{"headers": {f"x-ratelimit-remaining-{which}": "0",
+                                      f"x-ratelimit-reset-{which}": "5s"}}], after={})
+    url = mock.scenario_url("hold")
+    with llmretry.Client(base_url=url, shared=store, logger=None) as a, \
+            llmretry.Client(base_url=url, shared=store, deadline_ms=1000, max_retries=0,
+                            logger=None) as b:
+        held = sum(v is not None for v in redis_fields(store, "pz")) if "redis" in store else 0
+        a.call_llm(BODY)
+        if store.startswith("redis"):       # a's hold has reached Redis
+            assert _poll(lambda: sum(v is not None for v in redis_fields(store, "pz")) > held)
+        with pytest.raises(llmretry.DeadlineExceededError) as info:
+            b.call_llm(BODY)
+        assert info.value.attempts == 0
+    assert len(mock.requests("hold")) == 1
 
 
 def test_a_shared_slow_start(store: str, mock: MockServer) -> None:
