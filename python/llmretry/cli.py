@@ -74,7 +74,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Sequence, TextIO, Tuple)
 
 from . import _batch, _batch_api_cli, _llmretry
-from ._client import Client, Result, _encode_body, _LazyBodies
+from ._bodies import _encode_body, _LazyBodies
+from ._client import Client, Result
 from ._llmretry import CORE_VERSION, LIBCURL_VERSION, VERSION
 from ._logging import jsonl_logger
 from ._policies import load_policies
