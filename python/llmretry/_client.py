@@ -523,7 +523,7 @@ def _shown_shared(spec: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# The default client and the module-level functions
+# The default client (the module-level functions' in _api.py)
 
 _default_client: Optional[Client] = None
 _default_lock = threading.Lock()

@@ -47,10 +47,6 @@ class ScriptError(ValueError):
     """A scenario script that does not follow the protocol."""
 
 
-# --------------------------------------------------------------------------
-# Validation and response building
-# --------------------------------------------------------------------------
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
