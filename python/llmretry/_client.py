@@ -38,7 +38,6 @@ from ._results import Meta, Result, _call_extra, _parse_json, _result_of, _Valid
 from ._stream import Stream
 from ._streaming import _client_stream, _stream_call
 from ._tokens import estimate_tokens
-from .errors import LLMError
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
