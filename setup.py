@@ -79,7 +79,7 @@ def extension() -> Extension:
 setup(
     version=read_version(),
     package_dir={"": "python"},
-    packages=["llmretry"],
+    packages=["llmretry", "llmretry.testing"],
     package_data={"llmretry": ["py.typed", "*.pyi"]},
     ext_modules=[extension()],
     zip_safe=False,

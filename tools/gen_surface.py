@@ -7,8 +7,9 @@ reasons; the built extension reports them all (``_llmretry.describe()``).
 From them this script writes the blocks between ``BEGIN GENERATED <name>``
 and ``END GENERATED <name>`` markers of:
 
-* python/llmretry/_client.py: the ``CallOptions`` TypedDicts of every call
-  keyword, and Meta's slots, annotations and constructor;
+* python/llmretry/_options.py: the ``CallOptions`` TypedDicts of every call
+  keyword;
+* python/llmretry/_results.py: Meta's slots, annotations and constructor;
 * python/llmretry/errors.py: LLMError's fields, their defaults and
   constructor, and the kind -> exception map;
 * python/llmretry/_llmretry.pyi: the extension's typed keywords
@@ -339,10 +340,10 @@ def docstring_of(text: str, cls: Optional[str]) -> str:
 
 def check_docs(root: Path, t: Dict[str, Any]) -> List[str]:
     problems = []
-    client = (root / "python/llmretry/_client.py").read_text(encoding="utf-8")
+    results = (root / "python/llmretry/_results.py").read_text(encoding="utf-8")
     errors = (root / "python/llmretry/errors.py").read_text(encoding="utf-8")
     wants: List[Tuple[str, str, Optional[str], Sequence[str], str]] = [
-        ("_client.py", client, "Meta", [f["name"] for f in t["shapes"]["meta"]], r"\s{name}:"),
+        ("_results.py", results, "Meta", [f["name"] for f in t["shapes"]["meta"]], r"\s{name}:"),
         ("errors.py", errors, "LLMError",
          [f["name"] for f in t["shapes"]["error"] if f["name"] != "message"], r"\s{name}:"),
         ("errors.py", errors, None, t["error_kinds"], r"``{name}``"),
@@ -380,8 +381,8 @@ def replace_block(text: str, name: str, lines: List[str], file: str) -> str:
 def render(root: Path, t: Dict[str, Any]) -> Dict[str, str]:
     """Every file with its blocks as they should be."""
     blocks = {
-        "python/llmretry/_client.py": [("call-options", call_options(t)),
-                                       ("meta", meta_block(t))],
+        "python/llmretry/_options.py": [("call-options", call_options(t))],
+        "python/llmretry/_results.py": [("meta", meta_block(t))],
         "python/llmretry/errors.py": [("error-fields", error_fields(t)),
                                       ("error-init", error_init(t)),
                                       ("error-kinds", error_kinds(t))],

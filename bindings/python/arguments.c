@@ -180,7 +180,7 @@ static int set_option(call_args *a, const llmretry_option_info *opt, PyObject *v
     }
     case LLMRETRY_OPTTYPE_TARGETS:
     case LLMRETRY_OPTTYPE_SCHEMA: {
-        /* The client encoded the list (_client._targets) or the schema:
+        /* The client encoded the list (_options._targets) or the schema:
          * JSON text, which the kwargs keep alive until the submit copies it. */
         char err[LLMRETRY_ERRBUF];
         const char *json = NULL;

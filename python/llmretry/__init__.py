@@ -45,8 +45,9 @@ import logging as _logging_module
 from . import _llmretry
 from ._aio import AsyncStream, amap_with_concurrency
 from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
-from ._client import (BatchOptions, CallOptions, Client, Meta, Result, acall_llm, acall_many,
-                      astream_llm, call_llm, call_llm_with_deadline, call_many, stream_llm)
+from ._api import (acall_llm, acall_many, astream_llm, call_llm, call_llm_with_deadline, call_many,
+                   stream_llm)
+from ._client import BatchOptions, CallOptions, Client, Meta, Result
 from ._json import assert_shape, extract_json
 from ._models import strict_schema
 from ._logging import DEFAULT, jsonl_logger, log_usage

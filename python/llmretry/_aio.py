@@ -34,7 +34,8 @@ from ._stream import StreamBase, content_deltas
 from .errors import LLMError
 
 if TYPE_CHECKING:
-    from ._client import Client, Result, _Validator
+    from ._client import Client
+    from ._results import Result, _Validator
 
 __all__ = ["AsyncStream", "acall", "astream", "amany", "amap_with_concurrency"]
 

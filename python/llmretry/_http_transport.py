@@ -29,7 +29,8 @@ import warnings
 from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Tuple
 
 from . import _aio
-from ._client import Client, _check_option_names
+from ._client import Client
+from ._options import _check_option_names
 from ._tokens import estimate_tokens
 from .errors import error_from_outcome
 

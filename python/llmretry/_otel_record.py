@@ -18,7 +18,7 @@ from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import __version__
-from ._client import Result, _meta_of
+from ._results import Result, _meta_of
 from ._otel_mapping import (_ATTEMPT_EVENT, _CONTENT_FIELDS, _ENDS, _SECONDS_BUCKETS,
                             _TOKEN_BUCKETS, EVENT_FIELDS, _Endpoint, _input_messages,
                             _metric_attributes, _parsed, _request_attributes,

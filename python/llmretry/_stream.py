@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
 from .errors import LLMError, error_from_outcome
 
 if TYPE_CHECKING:
-    from ._client import Result
+    from ._results import Result
 
 __all__ = ["Stream", "StreamBase", "content_deltas"]
 

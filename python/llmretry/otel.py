@@ -39,8 +39,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from opentelemetry import context as otel_context
 
-from . import _aio, _llmretry
-from . import _client as _client_module
+from . import _aio, _engine_batch, _llmretry, _streaming
 from ._aio import AsyncStream
 from ._client import Client, Result
 from ._http_transport import TransportCore
@@ -223,7 +222,7 @@ def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _hook_start_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """_client._start_stream: every stream_llm."""
+    """_streaming._start_stream: every stream_llm."""
     def _start_stream(client: Client, body: Any, plan: Any, stream_buffer_bytes: Any) -> Any:
         tel = _telemetry_of(client)
         if tel is None:
@@ -331,7 +330,7 @@ class _Batch:
 
 
 def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """_client._engine_job: every batch run on the engine (call_many,
+    """_engine_batch._engine_job: every batch run on the engine (call_many,
     acall_many, ``llmretry batch``): one record per item."""
     def _engine_job(client: Client, batch: Any, encoded: Any, plan: Any, limit: int,
                     deadline_ms: Any, adaptive: bool) -> Any:
@@ -382,8 +381,8 @@ def _hook_done(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 _HOOKS: Tuple[Tuple[Any, str, Callable[[Any], Any]], ...] = (
     (Client, "_run", _hook_run),
-    (_client_module, "_start_stream", _hook_start_stream),
-    (_client_module, "_engine_job", _hook_engine_job),
+    (_streaming, "_start_stream", _hook_start_stream),
+    (_engine_batch, "_engine_job", _hook_engine_job),
     (_aio, "acall", _hook_acall),
     (_aio, "astream", _hook_astream),
     (Stream, "close", _hook_close),

@@ -20,7 +20,7 @@ from typing import Any, Dict, List
 import pytest
 
 import llmretry
-from llmretry import _client, _llmretry, errors
+from llmretry import _llmretry, _options, errors
 from conftest import ROOT, SECRET_KEY, Scenario, child_env, secret_body
 
 # Reads sources and the extension's tables: nothing for the sanitizer pass.
@@ -65,10 +65,10 @@ def test_a_change_to_the_core_tables_shows_as_stale(tmp_path: Path) -> None:
     for part in proc.stdout.split("--- a/")[1:]:
         file = part.split("\n", 1)[0]
         added[file] = [ln for ln in part.splitlines() if ln.startswith("+")]
-    for name, file in (("brand_new_option", "python/llmretry/_client.py"),
+    for name, file in (("brand_new_option", "python/llmretry/_options.py"),
                        ("brand_new_option", "docs/reliability.md"),
                        ("brand_new_option", "python/llmretry/_llmretry.pyi"),
-                       ("brand_new_meta", "python/llmretry/_client.py"),
+                       ("brand_new_meta", "python/llmretry/_results.py"),
                        ("brand_new_error", "python/llmretry/errors.py"),
                        ("BrandNewKindError", "python/llmretry/errors.py")):
         assert any(name in ln for ln in added.get(file, [])), (name, file, proc.stdout)
@@ -88,12 +88,12 @@ def test_the_package_uses_the_cores_lists() -> None:
     options = {o["name"] for o in t["options"]}
     python_own = {"response_model", "validate", "logger"}
     elsewhere = {"model", "policy", "stream_buffer_bytes", "estimated_tokens", "event_mask"}
-    assert _client._OPTION_NAMES == (options - elsewhere) | python_own
-    assert set(_client.CallOptions.__annotations__) == _client._OPTION_NAMES
+    assert _options._OPTION_NAMES == (options - elsewhere) | python_own
+    assert set(_options.CallOptions.__annotations__) == _options._OPTION_NAMES
     # A batch shares all but each call's own (and its deadline is its own).
     per_call = {o["name"] for o in t["options"] if o["flags"] & 8}
-    assert set(_client.BatchOptions.__annotations__) == (
-        _client._OPTION_NAMES - per_call - {"deadline_ms"})
+    assert set(_options.BatchOptions.__annotations__) == (
+        _options._OPTION_NAMES - per_call - {"deadline_ms"})
 
 
 def test_outcomes_carry_the_cores_fields(scen: Scenario) -> None:

@@ -174,7 +174,7 @@ def test_progress_total_of_a_generator(scen: Scenario) -> None:
 # llmretry batch: a peak RSS that does not grow with the lines
 #
 # A streamed run's peak is a fixed cost (Python, the extension, the engine,
-# one sort run of the results: cli.py's SORT_RUN_LINES, 10,000 lines), about
+# one sort run of the results: _cli_batch.py's SORT_RUN_LINES, 10,000 lines), about
 # 50 MB from 10,000 lines on; the code before this item kept every result and
 # peaked at 1.3 GB on 200,000 lines (6.5 KB a line). Each run is held under
 # MAX_MB, and the growth from SMALL lines (every fixed buffer at its full

@@ -1,4 +1,4 @@
-"""Tests of the mock server's SSE streams (llmretry.testing, _mock_sse).
+"""Tests of the mock server's SSE streams (llmretry.testing, its _sse.py).
 
 A raw HTTP/1.1 client on a socket reads every response, so that the HTTP
 chunks (how the server wrote), the terminating 0-length chunk (a clean end)

@@ -12,7 +12,7 @@ import pytest
 
 import llmretry
 from conftest import FAST, SECRET_KEY, Scenario, secret_body
-from llmretry import _client
+from llmretry import _bodies, _results
 
 
 def opts(scen: Scenario, **kw: Any) -> Dict[str, Any]:
@@ -23,7 +23,7 @@ def opts(scen: Scenario, **kw: Any) -> Dict[str, Any]:
 
 def python_built(out: Dict[str, Any]) -> llmretry.Result:
     """What the package makes of an outcome dict in Python."""
-    value = _client._value_of(out, None)
+    value = _results._value_of(out, None)
     assert isinstance(value, llmretry.Result)
     return value
 
@@ -34,7 +34,7 @@ def test_c_result_equals_the_python_one(scen: Scenario) -> None:
                                               "total_tokens": 9}}])
     engine = _llmretry_engine()
     try:
-        body = _client._encode_body(secret_body("c-built"))[0]
+        body = _bodies._encode_body(secret_body("c-built"))[0]
         kw = dict(base_url=scen.url, api_key=SECRET_KEY, base_delay_ms=1, jitter="none")
         built = engine.call(body, as_result=True, **kw)
         scen.script([{"status": 503}, {"content": "héllo ✓", "system_fingerprint": "fp_1",
