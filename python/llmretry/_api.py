@@ -42,6 +42,10 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
       ``endpoint="chat/completions"``, or ``"completions"``, ``"embeddings"``,
       ``"responses"``. ``url``: the full endpoint URL instead.
     * ``api_key``: else ``$OPENAI_API_KEY``, else no ``Authorization``.
+    * ``method="POST"``, or ``"GET"``/``"DELETE"`` with ``body=None``;
+      ``content_type="application/json"``: another type sends a str/bytes
+      body as is (a multipart upload); ``raw_response=False``: with True a
+      2xx answer is ``data`` as text (JSON Lines), not parsed.
     * ``timeout_ms=60000`` per attempt; ``deadline_ms=None`` for the whole
       call, waits included.
     * ``max_retries=3``; ``base_delay_ms=800``, ``max_delay_ms=30000`` and

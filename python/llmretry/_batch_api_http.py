@@ -20,7 +20,6 @@ import os
 import uuid
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from . import _client
 from .errors import HTTPStatusError, InvalidResponseError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -78,7 +77,7 @@ class Api:
             more["content_type"] = content_type
         if raw:
             more["raw_response"] = True
-        return _call_raw(self.client, body, self._options(path, **more)).data
+        return self.client.call_llm(body, **self._options(path, **more)).data
 
     def get_json(self, path: str) -> Dict[str, Any]:
         doc = self.request("GET", path)
@@ -108,19 +107,6 @@ class Api:
         except HTTPStatusError as exc:
             if exc.status != 404:       # already gone is what was asked
                 raise
-
-
-def _call_raw(client: Any, payload: bytes, options: Dict[str, Any]) -> Any:
-    """Client.call_llm for a body that is not a JSON object (a multipart
-    upload, or none for a GET or DELETE), which call_llm's body check
-    refuses: the same plan (the client's defaults under these options), the
-    same engine call and Result. The body goes as is."""
-    _client._check_option_names(options, "batch_api")
-    plan = client._plan.with_call_options(options)
-    engine = client._engine if client._engine is not None else client._reopen()
-    extra, validator = _client._call_extra(plan, None)
-    out = engine.call(payload, as_result=True, **extra, **plan.kwargs)
-    return _client._result_of(out, validator)
 
 
 def multipart(fields: Mapping[str, Tuple[Optional[str], bytes]],

@@ -88,6 +88,34 @@ def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
                     f"not {_type_name(body)}")
 
 
+def _is_json_type(content_type: str) -> bool:
+    """application/json or a +json type, parameters aside (the core's rule)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def _encode_call_body(body: Any, options: Mapping[str, Any]) -> Tuple[bytes, Optional[str]]:
+    """The body of one call as the engine sends it: nothing for a GET or a
+    DELETE (``method``; the body must be None or empty), the bytes or text
+    as given for a ``content_type`` that is not JSON (a multipart upload),
+    else :func:`_encode_body`'s JSON."""
+    method = options.get("method")
+    if isinstance(method, str) and method.upper() != "POST":
+        if body is None or (isinstance(body, (str, bytes, bytearray)) and not body):
+            return b"", None
+        raise ValueError(f"body must be None for method={method!r} (a {method.upper()} sends "
+                         f"no body)")
+    content_type = options.get("content_type")
+    if isinstance(content_type, str) and content_type and not _is_json_type(content_type):
+        if isinstance(body, str):
+            return body.encode("utf-8"), None
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            return bytes(body), None
+        raise TypeError(f"body must be bytes or str for content_type={content_type!r} "
+                        f"(sent as is), not {_type_name(body)}")
+    return _encode_body(body)
+
+
 def _encode_bodies(bodies: Sequence[Any]) -> List[Tuple[bytes, Optional[str]]]:
     """Every body of a batch encoded, or the error of the first bad one,
     naming its index."""

@@ -26,7 +26,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Ite
 
 from . import _aio, _batch, _engine_batch, _llmretry
 from ._batch import BatchResult
-from ._bodies import (_batch_items, _encode_bodies, _encode_body, _LazyBodies, _responses_api,
+from ._bodies import (_batch_items, _encode_bodies, _encode_body, _encode_call_body, _LazyBodies, _responses_api,
                       _with_stream_usage, _with_stream_usage_one)
 from ._logging import DEFAULT
 from ._options import (_BASE_PLAN, _INT32_MAX, BatchOptions, Body, CallOptions, _bool,
@@ -223,7 +223,7 @@ class Client:
         """What one call hands the engine: the engine, the encoded body, the
         keywords besides plan.kwargs (stream_usage for a dict that streams)
         and the validator."""
-        payload, model = _encode_body(body)
+        payload, model = _encode_call_body(body, plan.kwargs)
         engine = self._engine
         if engine is None:
             engine = self._reopen()

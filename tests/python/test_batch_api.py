@@ -580,3 +580,28 @@ def test_files_calls_methods_and_raw_content(mock: MockServer) -> None:
     assert (err.status, err.attempts, err.reason) == (503, 2, "retries_exhausted")
     assert err.request_id and KEY not in repr(err) and KEY not in str(err)
     store.fail = 0
+
+
+def test_call_llm_sends_an_upload_a_get_and_a_delete(mock: MockServer) -> None:
+    # The public call_llm takes the core's method / content_type /
+    # raw_response: a multipart body as is, a GET and a DELETE with no body,
+    # a JSON Lines answer as text; a body where none is sent is an error.
+    client = llmretry.Client(api_key="k", logger=None, base_url=mock.base_url)
+    boundary = "b0undary"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"'
+            f'\r\n\r\n').encode() + _lines(2) + f"\r\n--{boundary}--\r\n".encode()
+    up = client.call_llm(body, url=f"{mock.base_url}/files",
+                         content_type=f"multipart/form-data; boundary={boundary}")
+    fid = up.data["id"]
+    got = client.call_llm(None, url=f"{mock.base_url}/files/{fid}/content", method="GET",
+                          raw_response=True)
+    assert got.data == _lines(2).decode()
+    gone = client.call_llm(None, url=f"{mock.base_url}/files/{fid}", method="DELETE")
+    assert gone.data["deleted"] is True
+    with pytest.raises(ValueError, match="body must be None for method='GET'"):
+        client.call_llm({"a": 1}, url=f"{mock.base_url}/files/{fid}", method="GET")
+    with pytest.raises(TypeError, match="body must be bytes or str for content_type"):
+        client.call_llm({"a": 1}, url=f"{mock.base_url}/files",
+                        content_type="multipart/form-data")
+    client.close()
