@@ -67,7 +67,8 @@ check_python() {
   # A copy of the pure-Python package; the sanitized extension goes next to it.
   rm -rf "$pydir"
   mkdir -p "$pydir/llmretry"
-  find python/llmretry -maxdepth 1 -type f ! -name '*.so' -exec cp {} "$pydir/llmretry/" \;
+  # The package's whole tree (llmretry.testing is a subpackage), not its build.
+  (cd python && tar cf - --exclude='*.so' --exclude=__pycache__ llmretry) | (cd "$pydir" && tar xf -)
   if ! CFLAGS="$SAN -O1 -g" LDFLAGS="-fsanitize=address,undefined" \
        python3 setup.py -q build_ext -b "$pydir" -t "$out/python-tmp" --force \
        >"$out/python-build.log" 2>&1; then

@@ -46,7 +46,8 @@ pipe_python() {
   local pydir="$out/python" so
   rm -rf "$pydir"
   mkdir -p "$pydir/llmretry" || return 1
-  find python/llmretry -maxdepth 1 -type f ! -name '*.so' -exec cp {} "$pydir/llmretry/" \; || return 1
+  # The package's whole tree (llmretry.testing is a subpackage), not its build.
+  (cd python && tar cf - --exclude='*.so' --exclude=__pycache__ llmretry) | (cd "$pydir" && tar xf -) || return 1
   if ! CFLAGS="$DEF" python3 setup.py -q build_ext -b "$pydir" -t "$out/python-tmp" --force \
        >"$out/python-build.log" 2>&1; then
     cat "$out/python-build.log" >&2

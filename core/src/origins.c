@@ -249,9 +249,11 @@ int lr_origin_never_reached(const llmretry_engine *e, const char *url)
 
 void lr_origin_text(const char *url, char *buf, size_t size)
 {
-    size_t sl, hl;
-    const char *host;
-    if (!origin_parts(url, &sl, &host, &hl))
+    size_t sl = 0, hl = 0;
+    const char *host = NULL;
+    if (!origin_parts(url, &sl, &host, &hl)) {
         sl = hl = 0;
+        host = NULL;
+    }
     snprintf(buf, size, "%.*s%.*s", (int)sl, url ? url : "", (int)hl, host ? host : "");
 }
