@@ -60,6 +60,24 @@ class Events:
             return [e for e in self.items if e["event"] == name]
 
 
+def _batches_at_once(clients: List[Any], n: int, limit: int) -> List[Any]:
+    """A call_many of n bodies on each client, all in threads at once; the
+    clients closed after. The batches' results, in the clients' order."""
+    outs: List[Any] = [None] * len(clients)
+
+    def run(i: int) -> None:
+        outs[i] = clients[i].call_many([BODY] * n, limit=limit)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in clients:
+        c.close()
+    return outs
+
+
 def test_two_clients_share_a_rate_limit(redis: RedisServer, mock: MockServer) -> None:
     # A provider's 1,200 a minute enforced in any second (20), and two
     # clients each configured with it: through Redis they send 20 a second
@@ -68,18 +86,7 @@ def test_two_clients_share_a_rate_limit(redis: RedisServer, mock: MockServer) ->
     url = mock.scenario_url("lim")
     clients = [llmretry.Client(base_url=url, shared=patient(redis), rpm=1200, max_retries=5,
                                logger=None) for _ in range(2)]
-    outs: List[Any] = [None, None]
-
-    def run(i: int) -> None:
-        outs[i] = clients[i].call_many([BODY] * 15, limit=8)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for c in clients:
-        c.close()
+    outs = _batches_at_once(clients, 15, 8)
     assert [o.summary.ok for o in outs] == [15, 15]
     stats = mock.limit_stats("lim")
     assert stats is not None and stats["admitted"] == 30
@@ -365,18 +372,7 @@ def test_a_shared_slow_start(store: str, mock: MockServer) -> None:
     mock.script("start", [], after={"delay_ms": 600})
     url = mock.scenario_url("start")
     clients = [llmretry.Client(base_url=url, shared=store, logger=None) for _ in range(2)]
-    outs: List[Any] = [None, None]
-
-    def run(i: int) -> None:
-        outs[i] = clients[i].call_many([BODY] * 20, limit=20)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for c in clients:
-        c.close()
+    outs = _batches_at_once(clients, 20, 20)
     assert [o.summary.ok for o in outs] == [20, 20]
     times = [r["time"] for r in mock.requests("start")]
     early = sum(1 for t in times if t < times[0] + 0.4)
