@@ -238,14 +238,16 @@ static int64_t ms_of(int64_t us)
 static int64_t shared_wait(const lr_endpoint *ep, double rpm, double tpm, double need, int64_t now)
 {
     int64_t now_us = now * 1000, w = 0;
+    if (!ep->rd) {
+        if (rpm > 0)
+            w = lr_shared_gcra_wait_ms(&ep->sh->req_tat_us, now, req_tolerance_us(rpm));
+        int64_t t = tpm > 0 ? lr_shared_gcra_wait_ms(&ep->sh->tok_tat_us, now, 0) : 0;
+        return t > w ? t : w;
+    }
     if (rpm > 0)
-        w = ep->rd ? lr_redis_wait(ep->rd, LR_REDIS_REQ, now_us, req_cost_us(rpm),
-                                   req_tolerance_us(rpm))
-                   : lr_shared_gcra_wait(&ep->sh->req_tat_us, now_us, req_tolerance_us(rpm));
-    if (tpm > 0) {
-        int64_t t = !ep->rd ? lr_shared_gcra_wait(&ep->sh->tok_tat_us, now_us, 0)
-                  : need > 0 ? lr_redis_wait(ep->rd, LR_REDIS_TOK, now_us, tok_cost_us(tpm, need), 0)
-                  : 0;
+        w = lr_redis_wait(ep->rd, LR_REDIS_REQ, now_us, req_cost_us(rpm), req_tolerance_us(rpm));
+    if (tpm > 0 && need > 0) {
+        int64_t t = lr_redis_wait(ep->rd, LR_REDIS_TOK, now_us, tok_cost_us(tpm, need), 0);
         if (t > w)
             w = t;
     }
@@ -276,14 +278,14 @@ static int64_t shared_take(lr_endpoint *ep, llmretry_call *c, int64_t now)
         }
         return 0;
     }
-    if (rpm > 0 && (w = lr_shared_gcra_take(&ep->sh->req_tat_us, now_us, req_cost_us(rpm), 1,
-                                            req_tolerance_us(rpm))) > 0)
-        return ms_of(w);
+    if (rpm > 0 && (w = lr_shared_gcra_take_ms(&ep->sh->req_tat_us, now, req_cost_us(rpm), 1,
+                                               req_tolerance_us(rpm))) > 0)
+        return w;
     if (tpm > 0 && need > 0 &&
-        (w = lr_shared_gcra_take(&ep->sh->tok_tat_us, now_us, tok_cost_us(tpm, need), 1, 0)) > 0) {
+        (w = lr_shared_gcra_take_ms(&ep->sh->tok_tat_us, now, tok_cost_us(tpm, need), 1, 0)) > 0) {
         if (rpm > 0)
             lr_shared_gcra_adjust(&ep->sh->req_tat_us, -req_cost_us(rpm));
-        return ms_of(w);
+        return w;
     }
     return 0;
 }

@@ -39,6 +39,26 @@ int64_t lr_shared_gcra_wait(_Atomic int64_t *tat_us, int64_t now_us, int64_t tol
     return w > 0 ? w : 0;
 }
 
+/* Under a millisecond of the engine's clock (shared.h). */
+#define CLOCK_SLACK_US 999
+
+static int64_t ms_up(int64_t us)
+{
+    return (us + 999) / 1000;
+}
+
+int64_t lr_shared_gcra_take_ms(_Atomic int64_t *tat_us, int64_t now_ms, int64_t interval_us,
+                               int64_t cost, int64_t tolerance_us)
+{
+    return ms_up(lr_shared_gcra_take(tat_us, now_ms * 1000, interval_us, cost,
+                                     tolerance_us + CLOCK_SLACK_US));
+}
+
+int64_t lr_shared_gcra_wait_ms(_Atomic int64_t *tat_us, int64_t now_ms, int64_t tolerance_us)
+{
+    return ms_up(lr_shared_gcra_wait(tat_us, now_ms * 1000, tolerance_us + CLOCK_SLACK_US));
+}
+
 void lr_shared_raise(_Atomic int64_t *v, int64_t to)
 {
     int64_t old = atomic_load(v);

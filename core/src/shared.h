@@ -90,6 +90,18 @@ int64_t lr_shared_gcra_take(_Atomic int64_t *tat_us, int64_t now_us, int64_t int
  * nothing: what to wait for before trying lr_shared_gcra_take. */
 int64_t lr_shared_gcra_wait(_Atomic int64_t *tat_us, int64_t now_us, int64_t tolerance_us);
 
+/* The same on the engine's clock, which counts whole milliseconds: a call
+ * may go when less than a millisecond of its wait is left, taking from the
+ * bucket's future as the per-process bucket does (ratelimit.c's floor). A
+ * wait rounded up to the next millisecond, and the late wake-up it gives,
+ * would otherwise be lost at every call: at 50 a second a 20.4 ms interval
+ * became 21 ms, 95 % of the pace. The bucket's time still advances by the
+ * exact interval, so no second sees more than the rate allows. Results in
+ * milliseconds (rounded up). */
+int64_t lr_shared_gcra_take_ms(_Atomic int64_t *tat_us, int64_t now_ms, int64_t interval_us,
+                               int64_t cost, int64_t tolerance_us);
+int64_t lr_shared_gcra_wait_ms(_Atomic int64_t *tat_us, int64_t now_ms, int64_t tolerance_us);
+
 /* Raise *v to at least `to` (a pause's end: the latest wins). */
 void lr_shared_raise(_Atomic int64_t *v, int64_t to);
 
