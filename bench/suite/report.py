@@ -170,7 +170,13 @@ def sec_server(r: Results) -> str:
                 "everything else on the machine share the CPU, so the fastest client's figure "
                 "may be somewhat low (nginx's CPU is CPU the client cannot use); the slower "
                 "clients ask nginx for a small fraction of what it serves, and are not limited "
-                "by it. Compare clients with each other, in this run.")
+                "by it. Compare clients with each other, in this run. For the ratios to the "
+                "bare loop this means: with every part on the same cores, a request costs the "
+                "client's CPU plus nginx's, so a ratio reads as (the bare loop's CPU + nginx's) "
+                "÷ (the client's CPU + nginx's) per request, which is nearer 1 than the clients' "
+                "own costs compared (the bare loop's ÷ the client's): a ratio here is kinder to "
+                "the slower client than on a machine where the server has cores of its own. "
+                "The CPU per request below does not depend on the server.")
         rows = [[str(p["concurrency"]), num(p["wrk_rps"]), r.label(p["fastest"]),
                  num(p["fastest_rps"]), f"{p['ratio']:.2f}×"] for p in sc["per_concurrency"]]
         lines.append("\n" + table(["C", "wrk req/s", "fastest other client", "its req/s",
