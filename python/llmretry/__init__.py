@@ -54,13 +54,8 @@ from ._logging import DEFAULT, jsonl_logger, log_usage
 from ._policies import Policy, load_policies
 from ._pool import map_with_concurrency
 from ._stream import Stream
-from .errors import (AuthenticationError, BadRequestError, CallCancelledError,
-                     CircuitOpenError, ConflictError, DeadlineExceededError,
-                     HTTPStatusError, InternalServerError,
-                     InvalidResponseError, LLMError, NetworkError, NotFoundError,
-                     PermissionDeniedError, RateLimitError,
-                     RefusalError, RequestTimeoutError, ResponseTooLargeError, ShapeError,
-                     StreamInterruptedError, UnprocessableEntityError)
+from . import errors as _errors
+from .errors import *  # noqa: F401,F403 (the exception classes: errors.__all__)
 
 __version__: str = _llmretry.VERSION
 
@@ -94,27 +89,8 @@ __all__ = [
     "strict_schema",
     "log_usage",
     "jsonl_logger",
-    "LLMError",
-    "HTTPStatusError",
-    "BadRequestError",
-    "AuthenticationError",
-    "PermissionDeniedError",
-    "NotFoundError",
-    "ConflictError",
-    "UnprocessableEntityError",
-    "RateLimitError",
-    "InternalServerError",
-    "RequestTimeoutError",
-    "NetworkError",
-    "InvalidResponseError",
-    "DeadlineExceededError",
-    "ResponseTooLargeError",
-    "CallCancelledError",
-    "StreamInterruptedError",
-    "CircuitOpenError",
-    "RefusalError",
-    "ShapeError",
 ]
+__all__ += _errors.__all__
 
 # A library stays silent until the application configures logging.
 _logging_module.getLogger("llmretry").addHandler(_logging_module.NullHandler())

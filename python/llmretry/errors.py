@@ -68,7 +68,6 @@ __all__ = [
     "CircuitOpenError",
     "RefusalError",
     "ShapeError",
-    "error_from_outcome",
 ]
 
 # BEGIN GENERATED error-fields (tools/gen_surface.py, from the core's tables: do not edit)
