@@ -152,16 +152,21 @@ def run_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_flag_file(flag: str, path: str) -> str:
+    """The text of a file a flag names, or a UsageError naming the flag."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{flag}: {path} is not UTF-8") from None
+
+
 def _read_schema(path: str) -> str:
     """--schema FILE: its JSON text (the core compiles it, naming a keyword it
     cannot check, before anything runs)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise UsageError(f"--schema: cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--schema: {path} is not UTF-8") from None
+    text = _read_flag_file("--schema", path)
     try:
         _llmretry.check_options(schema=text)
     except ValueError as exc:

@@ -13,7 +13,7 @@ from . import _batch, _llmretry
 from ._bodies import _encode_body
 from ._client import Result
 from .errors import LLMError
-from ._cli_args import UsageError
+from ._cli_args import UsageError, _read_flag_file
 
 
 MAX_BAD_LINES = 20
@@ -124,13 +124,7 @@ def _read_response_format(path: str, endpoint: Optional[str]) -> Tuple[str, Any]
     """--response-format FILE: the object, checked before anything runs (a
     json_schema's schema compiled by the core, as --schema's is), and where
     it goes for the endpoint."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise UsageError(f"--response-format: cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--response-format: {path} is not UTF-8") from None
+    text = _read_flag_file("--response-format", path)
     try:
         fmt = json.loads(text)
     except ValueError as exc:
