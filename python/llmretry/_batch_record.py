@@ -158,15 +158,19 @@ def read_failures(path: str) -> Dict[int, Dict[str, Any]]:
     Lines that are not whole JSON objects with an integer ``index`` (a line
     cut short by a crash) are ignored.
     """
-    out: Dict[int, Dict[str, Any]] = {}
+    return {rec["index"]: rec for rec in _failure_records(path)}
+
+
+def _failure_records(path: str) -> Iterator[Dict[str, Any]]:
+    """A failures file's whole records, read line by line (each line parsed,
+    then dropped: the items in it are not kept)."""
     for line in iter_lines(path):
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):
             continue
         if isinstance(rec, dict) and type(rec.get("index")) is int:
-            out[rec["index"]] = rec
-    return out
+            yield rec
 
 
 def read_done(path: str) -> Tuple[Optional[int], Set[int]]:
@@ -215,15 +219,8 @@ def _read_done(path: str, n: Optional[int]) -> Tuple[Optional[int], IndexSet]:
 
 
 def _failed_indices(path: str) -> Iterator[int]:
-    """The indices a failures file lists, read line by line (each line
-    parsed, then dropped: the items in it are not kept)."""
-    for line in iter_lines(path):
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(rec, dict) and type(rec.get("index")) is int:
-            yield rec["index"]
+    """The indices a failures file lists (_failure_records)."""
+    return (rec["index"] for rec in _failure_records(path))
 
 
 def error_record(exc: BaseException) -> Dict[str, Any]:
