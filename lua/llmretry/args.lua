@@ -154,4 +154,15 @@ function M.stream_options(opts)
   return o
 end
 
+-- engine:submit, its argument errors re-raised at the caller of our caller
+-- (`level` as error() counts it, from the caller of submit).
+function M.submit(engine, sub, level)
+  local ok, h = pcall(engine.submit, engine, sub)
+  if not ok then
+    if type(h) == "string" then error(h, level + 1) end
+    error(h, 0)
+  end
+  return h
+end
+
 return M

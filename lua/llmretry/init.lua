@@ -82,15 +82,7 @@ local function split_options(opts, level, defaults)
   return sub, { logger = logger, validate = validate, reported = false }, engine
 end
 
--- engine:submit, its argument errors re-raised at the caller of our caller.
-local function submit(engine, sub, level)
-  local ok, h = pcall(engine.submit, engine, sub)
-  if not ok then
-    if type(h) == "string" then error(h, level + 1) end
-    error(h, 0)
-  end
-  return h
-end
+local submit = args.submit
 
 -- The mailbox of one call: events to the logger, validation and chunks on
 -- this thread (llmretry.mailbox).

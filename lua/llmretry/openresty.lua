@@ -378,15 +378,7 @@ local function split_options(opts, level)
     report = report_logger_error }
 end
 
--- engine:submit, its argument errors re-raised at the caller of our caller.
-local function submit(engine, sub, level)
-  local ok, h = pcall(engine.submit, engine, sub)
-  if not ok then
-    if type(h) == "string" then error(h, level + 1) end
-    error(h, 0)
-  end
-  return h
-end
+local submit = args.submit
 
 -- One call, waited for by yielding this light thread.
 local function run(opts, level, on_chunk)
