@@ -103,8 +103,11 @@ static void succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t du
     r->ok = 1;
     r->status = status;
     r->duration_ms = duration_ms;
-    r->body = c->resp.data;         /* on_body keeps room for the NUL */
-    c->resp.data[c->resp.len] = '\0';
+    /* on_body keeps room for the NUL. An empty 2xx answer has no buffer at
+     * all (a raw_response GET of an empty file): its body is "". */
+    if (c->resp.data)
+        c->resp.data[c->resp.len] = '\0';
+    r->body = c->resp.data ? c->resp.data : "";
     r->body_len = c->resp.len;
     r->raw_response = c->o.raw_response;
     r->usage = usage;

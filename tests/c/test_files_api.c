@@ -99,6 +99,47 @@ static void test_get_content_is_raw_and_retried(void)
     llmretry_call_free(c);
 }
 
+#define EMPTY_MULTIPART                                                                  \
+    "--" BOUNDARY "\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n" \
+    "--" BOUNDARY "\r\nContent-Disposition: form-data; name=\"file\"; "                  \
+    "filename=\"empty.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"              \
+    "\r\n--" BOUNDARY "--\r\n"
+
+/* An empty file's content: a 200 with no body at all. The engine had no
+ * buffer for it and wrote its NUL through a null pointer (found by a
+ * hostile Batch API server's test: tests/python/test_batch_api_hostile.py). */
+static void test_empty_content_is_an_empty_body(void)
+{
+    char url[256], id[64] = "";
+    snprintf(url, sizeof url, "%s/files", mock.base_url);
+    llmretry_options o;
+    base(&o, url);
+    o.body = EMPTY_MULTIPART;
+    o.body_len = sizeof EMPTY_MULTIPART - 1;
+    o.content_type = "multipart/form-data; boundary=" BOUNDARY;
+    llmretry_call *c;
+    const llmretry_result *r = run(&o, &c);
+    const char *at = r && r->ok ? strstr(r->body, "\"id\": \"") : NULL;
+    CHECK_MSG(at != NULL, "upload failed: %s", r && r->message ? r->message : "");
+    if (at)
+        sscanf(at + 7, "%63[^\"]", id);
+    llmretry_call_free(c);
+    if (!at)
+        return;
+
+    snprintf(url, sizeof url, "%s/files/%s/content", mock.base_url, id);
+    base(&o, url);
+    o.method = LLMRETRY_METHOD_GET;
+    o.raw_response = 1;
+    r = run(&o, &c);
+    if (r) {
+        CHECK_MSG(r->ok, "GET content failed: %s", r->message ? r->message : "");
+        CHECK_STR(r->ok ? r->body : NULL, "");
+        CHECK_INT((int)r->body_len, 0);
+    }
+    llmretry_call_free(c);
+}
+
 static void test_get_and_delete(void)
 {
     char url[256];
@@ -192,6 +233,7 @@ int main(void)
     static const th_case cases[] = {
         { "upload_is_multipart_and_retried", test_upload_is_multipart_and_retried },
         { "get_content_is_raw_and_retried", test_get_content_is_raw_and_retried },
+        { "empty_content_is_an_empty_body", test_empty_content_is_an_empty_body },
         { "get_and_delete", test_get_and_delete },
         { "checks", test_checks },
     };
