@@ -20,6 +20,7 @@ import os
 import uuid
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from ._batch_api_answers import plain_id
 from .errors import HTTPStatusError, InvalidResponseError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -96,9 +97,10 @@ class Api:
         body, ctype = multipart({"purpose": (None, b"batch")},
                                 ("file", name, data, "application/jsonl"))
         doc = self.request("POST", "/files", body, ctype)
-        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+        if not isinstance(doc, dict):
             raise InvalidResponseError("POST /files: the answer names no file id",
                                        reason="not_retryable")
+        plain_id(doc.get("id"), "POST /files: the file id")
         return doc
 
     def delete_file(self, file_id: str) -> None:

@@ -44,9 +44,10 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequ
 
 from . import _batch
 from ._batch import BatchResult
+from ._batch_api_answers import checked_batch, line_value, not_run, parse_lines, plain_id
 from ._batch_api_http import Api
 from ._logging import DEFAULT
-from ._client import Client, Meta, Result, _client_or_default
+from ._client import Client, _client_or_default
 from .errors import _ERROR_BY_KIND, HTTPStatusError, LLMError
 
 __all__ = ["run", "submit", "resume", "BatchJob", "BatchAPIError", "BatchDetached",
@@ -210,59 +211,6 @@ def _fingerprint(cids: Sequence[str], lines: Sequence[bytes]) -> str:
 # Results
 
 
-def _usage(doc: Any) -> Optional[Dict[str, int]]:
-    u = doc.get("usage") if isinstance(doc, dict) else None
-    if not isinstance(u, dict):
-        return None
-    prompt = u.get("prompt_tokens", u.get("input_tokens")) or 0
-    completion = u.get("completion_tokens", u.get("output_tokens")) or 0
-    total = u.get("total_tokens") or prompt + completion
-    return {"prompt_tokens": int(prompt), "completion_tokens": int(completion),
-            "total_tokens": int(total)}
-
-
-def _line_value(line: Dict[str, Any], model: str, status: str) -> Tuple[Any, bool]:
-    """An output or error file line as (Result or LLMError, failed)."""
-    resp = line.get("response")
-    if isinstance(resp, dict):
-        code = resp.get("status_code")
-        body = resp.get("body")
-        rid = resp.get("request_id")
-        if isinstance(code, int) and 200 <= code < 300:
-            usage = _usage(body)
-            meta = Meta(0, 1, 0, 0, code, usage, rid or "", model,
-                        body.get("model") if isinstance(body, dict) else None,
-                        body.get("system_fingerprint") if isinstance(body, dict) else None,
-                        usage_total=usage)
-            return Result(body, meta), False
-        detail = body.get("error") if isinstance(body, dict) else None
-        message = detail.get("message") if isinstance(detail, dict) else None
-        ecode = detail.get("code") if isinstance(detail, dict) else None
-        return HTTPStatusError(f"HTTP {code} in the batch" + (f": {message}" if message else ""),
-                               status=code if isinstance(code, int) else None, attempts=1,
-                               request_id=rid, reason="not_retryable", model=model,
-                               error_code=ecode if isinstance(ecode, str) else None), True
-    err: Dict[str, Any] = line["error"] if isinstance(line.get("error"), dict) else {}
-    kind = str(err.get("code") or f"batch_{status}")
-    return LLMError(str(err.get("message") or f"not run: the batch was {status}"),
-                    kind=kind, model=model, reason="not_retryable"), True
-
-
-def _not_run(status: str, batch: Dict[str, Any], model: str) -> LLMError:
-    """The error of an item its batch never answered for."""
-    if status == "failed":
-        errs = (batch.get("errors") or {}).get("data") or []
-        first = errs[0] if errs else {}
-        msg = first.get("message") or "the batch failed"
-        line = first.get("line")
-        where = f" (line {line} of its input file)" if line else ""
-        return BatchAPIError(f"batch {batch['id']} failed validation{where}: {msg}",
-                             error_code=first.get("code"), model=model,
-                             reason="not_retryable")
-    return LLMError(f"not run: batch {batch['id']} was {status} with no line for it",
-                    kind=f"batch_{status}", model=model, reason="not_retryable")
-
-
 def _error_of(record: Mapping[str, Any]) -> LLMError:
     """A failures-file record's error again (a resumed run's earlier failure)."""
     err = record.get("error") or {}
@@ -349,12 +297,19 @@ class BatchJob:
             if doc.get("metadata"):
                 create["metadata"] = doc["metadata"]
             b = api.post_json("/batches", create, idempotency_key=f"llmretry-{f['id']}")
-            doc["batches"].append({"id": b["id"], "input_file_id": f["id"], "model": model,
+            bid = plain_id(b.get("id"), "POST /batches: the batch id")
+            doc["batches"].append({"id": bid, "input_file_id": f["id"], "model": model,
                                    "ranges": _ranges(part), "collected": False})
-            self.last[b["id"]] = b
             self._save()
+            self.last[bid] = checked_batch(b, bid)
 
     # -- looking -----------------------------------------------------------------
+
+    def _fetch(self, batch_id: str) -> Dict[str, Any]:
+        """GET one batch, its fields checked (_batch_api_answers)."""
+        doc = checked_batch(self.api.get_json(f"/batches/{batch_id}"), batch_id)
+        self.last[batch_id] = doc
+        return doc
 
     def status(self) -> Dict[str, Any]:
         """Retrieve each batch not known to be over: ``{"status": overall,
@@ -366,14 +321,12 @@ class BatchJob:
         for rec in self.doc["batches"]:
             known = self.last.get(rec["id"])
             if known is None or known.get("status") not in TERMINAL:
-                known = self.api.get_json(f"/batches/{rec['id']}")
-                self.last[rec["id"]] = known
+                known = self._fetch(rec["id"])
             out.append(known)
         counts = {"total": 0, "completed": 0, "failed": 0}
         for b in out:
-            rc = b.get("request_counts") or {}
             for k in counts:
-                counts[k] += int(rc.get(k) or 0)
+                counts[k] += b["request_counts"][k]
         statuses = [b.get("status") for b in out]
         if any(s not in TERMINAL for s in statuses):
             overall = "in_progress"
@@ -419,7 +372,8 @@ class BatchJob:
             if known is not None and known.get("status") in TERMINAL:
                 continue
             try:
-                self.last[rec["id"]] = self.api.post_json(f"/batches/{rec['id']}/cancel", {})
+                self.last[rec["id"]] = checked_batch(
+                    self.api.post_json(f"/batches/{rec['id']}/cancel", {}), rec["id"])
             except HTTPStatusError as exc:
                 if exc.status not in (400, 409):    # it ended meanwhile
                     raise
@@ -428,40 +382,40 @@ class BatchJob:
 
     # -- collecting ----------------------------------------------------------------
 
-    def _download(self, file_id: Optional[str]) -> List[Dict[str, Any]]:
+    def _download(self, file_id: Optional[str]) -> Tuple[List[Dict[str, Any]], int]:
+        """A result file's lines that are JSON objects, and how many others."""
         if not file_id:
-            return []
-        raw = self.api.get_text(f"/files/{file_id}/content")
-        out = []
-        for text in raw.splitlines():
-            if text.strip():
-                out.append(json.loads(text))
-        return out
+            return [], 0
+        return parse_lines(self.api.get_text(f"/files/{file_id}/content"))
 
     def _collect_one(self, rec: Dict[str, Any], emit: Callable[[int, Any, bool], None],
                      keep_files: bool) -> List[int]:
         """Download one ended batch, emit its items; the indices it left
         unanswered or failed (for then_realtime)."""
-        batch = self.last.get(rec["id"]) or self.api.get_json(f"/batches/{rec['id']}")
-        status = batch.get("status", "failed")
+        batch = self.last.get(rec["id"]) or self._fetch(rec["id"])
+        status = batch["status"]
         indices = _indices(rec["ranges"])
         by_cid = {self.cids[i]: i for i in indices}
         answered = set()
         failed: List[int] = []
-        for file_id in (batch.get("output_file_id"), batch.get("error_file_id")):
-            for line in self._download(file_id):
-                i = by_cid.get(str(line.get("custom_id")))
+        unreadable = 0
+        for file_id in (batch["output_file_id"], batch["error_file_id"]):
+            lines, bad_lines = self._download(file_id)
+            unreadable += bad_lines
+            for line in lines:
+                cid = line.get("custom_id")
+                i = by_cid.get(cid) if isinstance(cid, str) else None
                 if i is None or i in answered:
                     continue
                 answered.add(i)
-                value, bad = _line_value(line, self.models[i], status)
+                value, bad = line_value(line, self.models[i], status)
                 if bad:
                     failed.append(i)
                 emit(i, value, bad)
         for i in indices:
             if i not in answered:
                 failed.append(i)
-                emit(i, _not_run(status, batch, self.models[i]), True)
+                emit(i, not_run(status, batch, rec["id"], self.models[i], unreadable), True)
         if not keep_files:
             for key in ("output_file_id", "error_file_id"):
                 if batch.get(key):
@@ -487,8 +441,8 @@ class BatchJob:
         in the same run; the files are deleted unless ``keep_files``."""
         if keep_files is None:
             keep_files = bool(self.options.get("keep_files", False))
-        running = [b["id"] for b in self.status()["batches"]
-                   if b.get("status") not in TERMINAL]
+        running = [rec["id"] for rec, b in zip(self.doc["batches"], self.status()["batches"])
+                   if b["status"] not in TERMINAL]
         if running:
             raise RuntimeError(f"batches still running: {', '.join(running)} "
                                f"(wait() for them first)")
