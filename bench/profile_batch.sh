@@ -69,7 +69,7 @@ rules = [
      {"scan_once_unicode", "scanner_call", "unicode_decode_utf8"}),
     ("encoding the request bodies (json C encoder + str.encode)", {"encoder_call", "unicode_encode"}),
     ("submitting calls (llmretry_engine_submit)", {"llmretry_engine_submit"}),
-    ("waiting for ready calls (lr_ready_wait)", {"lr_ready_wait", "llmretry_group_wait"}),
+    ("waiting for ready calls (lr_channel_wait)", {"lr_channel_wait", "llmretry_channel_wait"}),
     ("freeing finished calls (llmretry_call_free)", {"llmretry_call_free", "lr_call_unref"}),
     ("events to the logger (drain_mail)", {"drain_mail"}),
 ]

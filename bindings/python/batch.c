@@ -552,7 +552,7 @@ static int batch_run_step(BatchRunObject *r)
         if (b->exhausted && b->in_flight == 0)
             return 1;
         llmretry_call *ready[64];
-        size_t k = llmretry_group_poll(r->g, ready, 64);
+        size_t k = llmretry_channel_poll(llmretry_group_channel(r->g), ready, 64);
         if (k == 0)
             return 0;
         for (size_t j = 0; j < k; j++) {
@@ -602,7 +602,7 @@ static PyObject *BatchRun_fileno(BatchRunObject *r, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "the batch is closed");
         return NULL;
     }
-    return PyLong_FromLong(llmretry_group_fd(r->g));
+    return PyLong_FromLong(llmretry_channel_fd(llmretry_group_channel(r->g)));
 }
 
 static PyObject *BatchRun_close(BatchRunObject *r, PyObject *unused)
@@ -664,9 +664,9 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     int rc;
     while ((rc = batch_run_step(r)) == 0) {
-        llmretry_group *g = r->g;
+        llmretry_channel *ch = llmretry_group_channel(r->g);
         Py_BEGIN_ALLOW_THREADS
-        llmretry_group_wait(g, WAKE_MS);
+        llmretry_channel_wait(ch, WAKE_MS);
         Py_END_ALLOW_THREADS
         if (check_interrupts() < 0) {
             rc = -1;
