@@ -33,7 +33,7 @@
 /* Deeper Lua values are almost surely cycles or mistakes; a chat body is a
  * few levels deep. */
 #define ENCODE_MAX_DEPTH 100
-/* engine:poll takes calls from the core in batches of this many. */
+/* channel:poll takes calls from the core in batches of this many. */
 #define POLL_BATCH 64
 
 /* What the binding's files share is private to the module: hidden, so the
