@@ -51,10 +51,10 @@ def extension() -> Extension:
     parts = sorted(str(p.relative_to(ROOT)) for p in parts_dir.glob("*.h"))
     sources += ["bindings/python/_llmretry.c", "bindings/python/arguments.c",
                 "bindings/python/batch.c", "bindings/python/describe.c",
-                "bindings/python/engine_type.c",
+                "bindings/python/engine_type.c", "bindings/python/mailbox.c",
                 "bindings/python/policies.c", "bindings/python/pool.c",
                 "bindings/python/results.c", "bindings/python/shapes.c",
-                "bindings/python/stream_type.c",
+                "bindings/python/call_type.c",
                 "bindings/python/channel_type.c"]
     return Extension(
         "llmretry._llmretry",

@@ -5,7 +5,7 @@
  *
  *   bench_engine poll    URL N INFLIGHT
  *       INFLIGHT calls submitted with LLMRETRY_SUBMIT_POLL; one host thread
- *       loops llmretry_engine_wait + llmretry_engine_poll, drains each
+ *       waits on the engine's channel (llmretry_channel_wait + _poll), drains each
  *       returned call's mailbox, frees each finished call and submits the
  *       next until N are done.
  *   bench_engine threads URL N THREADS
@@ -166,11 +166,12 @@ static void drive_poll(llmretry_engine *e, const llmretry_options *o, long n, in
         submit(e, o);
     llmretry_call *ready[1024];
     while (st->done < n) {
-        if (llmretry_engine_wait(e, 5000) != LLMRETRY_OK) {
+        if (llmretry_channel_wait(llmretry_engine_channel(e), 5000) != LLMRETRY_OK) {
             fprintf(stderr, "bench_engine: no news for 5 s (%ld of %ld done)\n", st->done, n);
             exit(3);
         }
-        size_t k = llmretry_engine_poll(e, ready, sizeof ready / sizeof *ready);
+        size_t k = llmretry_channel_poll(llmretry_engine_channel(e), ready,
+                                         sizeof ready / sizeof *ready);
         for (size_t i = 0; i < k; i++) {
             llmretry_call *c = ready[i];
             for (;;) {

@@ -69,9 +69,9 @@ rules = [
      {"scan_once_unicode", "scanner_call", "unicode_decode_utf8"}),
     ("encoding the request bodies (json C encoder + str.encode)", {"encoder_call", "unicode_encode"}),
     ("submitting calls (llmretry_engine_submit)", {"llmretry_engine_submit"}),
-    ("waiting for ready calls (lr_ready_wait)", {"lr_ready_wait", "llmretry_group_wait"}),
+    ("waiting for ready calls (lr_channel_wait)", {"lr_channel_wait", "llmretry_channel_wait"}),
     ("freeing finished calls (llmretry_call_free)", {"llmretry_call_free", "lr_call_unref"}),
-    ("events to the logger (drain_mail)", {"drain_mail"}),
+    ("events to the logger (lr_py_read_mail)", {"lr_py_read_mail", "deliver_event"}),
 ]
 other = "Python code per item (item_done → _value_of, Meta, Result, Batch.item_done) and the rest"
 cats = collections.Counter()

@@ -1,7 +1,10 @@
-/* Channels: one consumer's view of an engine (core/include/llmretry/channel.h).
+/* Channels: the one readiness object (core/include/llmretry/channel.h).
  *
- *   engine:channel() -> channel            an eventfd (or pipe) channel
- *   engine:channel{ socket = true }        a unix-socket channel (OpenResty)
+ *   engine:channel() -> channel            the engine's own: calls submitted
+ *                                          without opts.group / opts.channel
+ *   group:channel() -> channel | nil       a polling group's own
+ *   engine:new_channel() -> channel        an eventfd (or pipe) channel
+ *   engine:new_channel{ socket = true }    a unix-socket channel (OpenResty)
  *   engine:submit{ ..., channel = ch }     the call reports to ch only
  *   ch:poll([max]) -> { handle, ... }      the handles with news (no blocking)
  *   ch:fd(), ch:wait(ms)                   eventfd/pipe channels
@@ -24,12 +27,45 @@ static lr_chan *check_chan(lua_State *L)
     return lr_check_self(L, CHANNEL_MT, "a channel");
 }
 
-/* Calls on the channel keep the C channel alive; dropping ours is safe. */
+llmretry_channel *lr_chan_open(const lr_chan *c)
+{
+    if (!c->ch || (c->owner && !c->owner_open(c->owner)))
+        return NULL;
+    return c->ch;
+}
+
+void lr_push_own_channel(lua_State *L, int owner, llmretry_channel *ch,
+                         int (*owner_open)(const void *owner))
+{
+    owner = lr_absindex(L, owner);
+    lr_chan *c = lr_newuserdata(L, sizeof *c);
+    c->ch = NULL;
+    c->socket = 0;
+    c->owner = lua_touserdata(L, owner);
+    c->owner_open = owner_open;
+    c->owner_ref = LUA_NOREF;
+    int idx = lua_gettop(L);
+    luaL_getmetatable(L, CHANNEL_MT);
+    lua_setmetatable(L, idx);
+    lr_getuservalue(L, owner);          /* the owner's call -> handle table */
+    lr_setuservalue(L, idx);
+    lua_pushvalue(L, owner);
+    c->owner_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    c->ch = ch;
+}
+
+/* Calls on the channel keep the C channel alive; dropping ours is safe. An
+ * own channel lets its owner go (the owner frees the C channel). */
 int channel_close(lua_State *L)
 {
     lr_chan *c = lua_touserdata(L, 1);
     if (c) {
-        llmretry_channel_free(c->ch);
+        if (c->owner) {
+            luaL_unref(L, LUA_REGISTRYINDEX, c->owner_ref);
+            c->owner_ref = LUA_NOREF;
+        } else {
+            llmretry_channel_free(c->ch);
+        }
         c->ch = NULL;
     }
     return 0;
@@ -42,7 +78,7 @@ static size_t poll_channel(void *src, llmretry_call **calls, size_t max)
 
 int channel_poll(lua_State *L)
 {
-    return push_polled(L, check_chan(L)->ch, poll_channel);
+    return push_polled(L, lr_chan_open(check_chan(L)), poll_channel);
 }
 
 /* The eventfd or pipe to watch; nil for a socket channel (its host reads
@@ -50,7 +86,7 @@ int channel_poll(lua_State *L)
 int channel_fd(lua_State *L)
 {
     lr_chan *c = check_chan(L);
-    if (!c->ch)
+    if (!lr_chan_open(c))
         lr_fail(L, "channel is closed");
     int fd = llmretry_channel_fd(c->ch);
     if (fd < 0)
@@ -66,7 +102,8 @@ int channel_wait(lua_State *L)
     int64_t t = check_timeout(L, 2);
     if (c->ch && c->socket)
         lr_fail(L, "a socket channel is waited on at its connection's end, not with wait()");
-    lua_pushboolean(L, c->ch && llmretry_channel_wait(c->ch, t) == LLMRETRY_OK);
+    llmretry_channel *ch = lr_chan_open(c);
+    lua_pushboolean(L, ch && llmretry_channel_wait(ch, t) == LLMRETRY_OK);
     return 1;
 }
 
@@ -75,7 +112,7 @@ int channel_wait(lua_State *L)
 int channel_path(lua_State *L)
 {
     lr_chan *c = check_chan(L);
-    const char *p = c->ch ? llmretry_channel_socket_path(c->ch) : NULL;
+    const char *p = lr_chan_open(c) ? llmretry_channel_socket_path(c->ch) : NULL;
     if (p)
         lua_pushstring(L, p);
     else
@@ -90,7 +127,7 @@ int channel_accept(lua_State *L)
     lr_chan *c = check_chan(L);
     int64_t t = lua_isnoneornil(L, 2) ? 1000 : check_timeout(L, 2);
     char err[LLMRETRY_ERRBUF] = "the channel is closed";
-    llmretry_status st = c->ch ? llmretry_channel_accept(c->ch, t, err, sizeof err)
+    llmretry_status st = lr_chan_open(c) ? llmretry_channel_accept(c->ch, t, err, sizeof err)
                                : LLMRETRY_ESTATE;
     if (st == LLMRETRY_OK) {
         lua_pushboolean(L, 1);
@@ -105,12 +142,12 @@ int channel_tostring(lua_State *L)
 {
     lr_chan *c = lr_testudata(L, 1, CHANNEL_MT);
     lua_pushfstring(L, "llmretry.channel: %p%s%s", (void *)c, c && c->socket ? " (socket)" : "",
-                    c && c->ch ? "" : " (closed)");
+                    c && lr_chan_open(c) ? "" : " (closed)");
     return 1;
 }
 
-/* engine:channel([{ socket = bool }]) -> channel */
-int engine_channel(lua_State *L)
+/* engine:new_channel([{ socket = bool }]) -> channel */
+int engine_new_channel(lua_State *L)
 {
     char buf[64];
     llmretry_engine *e = check_open_engine(L);
@@ -136,6 +173,9 @@ int engine_channel(lua_State *L)
     lr_chan *c = lr_newuserdata(L, sizeof *c);
     c->ch = NULL;
     c->socket = socket;
+    c->owner = NULL;
+    c->owner_open = NULL;
+    c->owner_ref = LUA_NOREF;
     int idx = lua_gettop(L);
     luaL_getmetatable(L, CHANNEL_MT);
     lua_setmetatable(L, idx);

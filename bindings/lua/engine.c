@@ -1,4 +1,4 @@
-/* Engines and groups: submit, poll, wait, close; a batch's group. */
+/* Engines and groups: submit, their own channels, close; a batch's group. */
 #include "lcore.h"
 
 #include <cjson/cJSON.h>
@@ -31,20 +31,24 @@ int group_close(lua_State *L)
     return 0;
 }
 
-int group_fd(lua_State *L)
+static int group_open(const void *owner)
+{
+    return ((const lr_group *)owner)->g != NULL;
+}
+
+/* group:channel() -> the group's own channel (its calls' news), or nil
+ * for a group made with poll = false (its calls report elsewhere). */
+int group_channel(lua_State *L)
 {
     lr_group *gr = check_group(L);
     if (!gr->g)
         lr_fail(L, "group is closed");
-    lua_pushinteger(L, llmretry_group_fd(gr->g));
-    return 1;
-}
-
-int group_wait(lua_State *L)
-{
-    lr_group *gr = check_group(L);
-    int64_t t = check_timeout(L, 2);
-    lua_pushboolean(L, gr->g && llmretry_group_wait(gr->g, t) == LLMRETRY_OK);
+    llmretry_channel *ch = llmretry_group_channel(gr->g);
+    if (!ch) {
+        lua_pushnil(L);
+        return 1;
+    }
+    lr_push_own_channel(L, 1, ch, group_open);
     return 1;
 }
 
@@ -162,8 +166,8 @@ int engine_submit(lua_State *L)
             rename_header_error(&o, err, sizeof err);
         return lr_fail(L, "%s", err[0] ? err : llmretry_status_name(st));
     }
-    /* engine:poll (group:poll for a group's calls, channel:poll for a
-     * channel's) finds the handle of a call through this weak table. */
+    /* The poll of the channel the call reports to (the engine's, its
+     * group's, opts.channel) finds its handle through this weak table. */
     lua_getfield(L, 2, "group");
     lr_group *gr = o.group ? lua_touserdata(L, -1) : NULL;
     lua_pop(L, 1);
@@ -192,20 +196,17 @@ int engine_forked(lua_State *L)
     return 1;
 }
 
-int engine_fd(lua_State *L)
+static int engine_open(const void *owner)
 {
-    lua_pushinteger(L, llmretry_engine_fd(check_open_engine(L)));
+    return ((const lr_engine *)owner)->e != NULL;
+}
+
+/* engine:channel() -> the engine's own channel: where the calls submitted
+ * without opts.group or opts.channel report their news. */
+int engine_channel(lua_State *L)
+{
+    lr_push_own_channel(L, 1, llmretry_engine_channel(check_open_engine(L)), engine_open);
     return 1;
-}
-
-static size_t poll_engine(void *src, llmretry_call **calls, size_t max)
-{
-    return llmretry_engine_poll(src, calls, max);
-}
-
-static size_t poll_group(void *src, llmretry_call **calls, size_t max)
-{
-    return llmretry_group_poll(src, calls, max);
 }
 
 /* The handles with news from `src`, through the weak call->handle table in
@@ -242,16 +243,6 @@ int push_polled(lua_State *L, void *src, poll_fn fetch)
     return 1;
 }
 
-int engine_poll(lua_State *L)
-{
-    return push_polled(L, check_engine(L)->e, poll_engine);
-}
-
-int group_poll(lua_State *L)
-{
-    return push_polled(L, check_group(L)->g, poll_group);
-}
-
 /* engine:group{limit=, deadline_ms=, adaptive=} -> group (docs/reliability.md batches) */
 int engine_group(lua_State *L)
 {
@@ -286,8 +277,9 @@ int engine_group(lua_State *L)
                 lr_fail(L, "adaptive must be a boolean (got %s)", got(L, -1, buf, sizeof buf));
             go.adaptive = lua_toboolean(L, -1);
         }
-        /* poll = false: the group only paces; its calls report to
-         * engine:poll like any other (one fd for a host watching several). */
+        /* poll = false: the group only paces; its calls report to the
+         * engine's channel like any other (one fd for a host watching
+         * several). */
         lua_getfield(L, 2, "poll");
         if (!lua_isnil(L, -1)) {
             if (lua_type(L, -1) != LUA_TBOOLEAN)
@@ -312,14 +304,6 @@ int engine_group(lua_State *L)
         return lr_fail(L, "%s", err[0] ? err : llmretry_status_name(st));
     }
     lua_settop(L, idx);
-    return 1;
-}
-
-int engine_wait(lua_State *L)
-{
-    lr_engine *eng = check_engine(L);
-    int64_t t = check_timeout(L, 2);
-    lua_pushboolean(L, eng->e && llmretry_engine_wait(eng->e, t) == LLMRETRY_OK);
     return 1;
 }
 

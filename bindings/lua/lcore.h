@@ -33,7 +33,7 @@
 /* Deeper Lua values are almost surely cycles or mistakes; a chat body is a
  * few levels deep. */
 #define ENCODE_MAX_DEPTH 100
-/* engine:poll takes calls from the core in batches of this many. */
+/* channel:poll takes calls from the core in batches of this many. */
 #define POLL_BATCH 64
 
 /* What the binding's files share is private to the module: hidden, so the
@@ -66,13 +66,28 @@ typedef struct lr_handle {
 
 typedef struct lr_group {
     llmretry_group *g;
-    int poll;                      /* its calls report to group:poll (else engine:poll) */
+    int poll;                      /* its calls report to group:channel() (else the engine's) */
 } lr_group;
 
+/* A channel: one a host made (engine:new_channel), or the engine's or a
+ * group's own (engine:channel(), group:channel()), which lives as long as
+ * its owner: the userdata keeps the owner's userdata alive (a registry
+ * reference) and reads as closed once the owner is closed. */
 typedef struct lr_chan {
     llmretry_channel *ch;          /* NULL once closed */
     int socket;                    /* a socket channel (llmretry_channel_new_socket) */
+    const void *owner;             /* an own channel's owner userdata, else NULL */
+    int (*owner_open)(const void *owner);
+    int owner_ref;                 /* registry reference to the owner (LUA_NOREF) */
 } lr_chan;
+
+/* The channel, or NULL once it (or its owner) is closed. */
+llmretry_channel *lr_chan_open(const lr_chan *c);
+/* Push the userdata of an owner's own channel: the owner is at index
+ * `owner` and its uservalue is the weak call -> handle table the channel
+ * polls through. */
+void lr_push_own_channel(lua_State *L, int owner, llmretry_channel *ch,
+                         int (*owner_open)(const void *owner));
 
 int lr_fail(lua_State *L, const char *fmt, ...) LR_PRINTF(2, 3);
 
@@ -130,26 +145,22 @@ llmretry_engine *check_open_engine(lua_State *L);
 typedef size_t (*poll_fn)(void *src, llmretry_call **calls, size_t max);
 int push_polled(lua_State *L, void *src, poll_fn fetch);
 int engine_close(lua_State *L);
-int engine_fd(lua_State *L);
+int engine_channel(lua_State *L);
 int engine_endpoint_stats(lua_State *L);
 int engine_forked(lua_State *L);
 int engine_gc(lua_State *L);
 int engine_group(lua_State *L);
-int engine_poll(lua_State *L);
 int engine_submit(lua_State *L);
 int engine_tostring(lua_State *L);
-int engine_wait(lua_State *L);
+int group_channel(lua_State *L);
 int group_close(lua_State *L);
-int group_fd(lua_State *L);
-int group_poll(lua_State *L);
 int group_stats(lua_State *L);
 int group_tostring(lua_State *L);
-int group_wait(lua_State *L);
 int l_check_options(lua_State *L);
 int l_new_engine(lua_State *L);
 
 /* channel.c: channels */
-int engine_channel(lua_State *L);
+int engine_new_channel(lua_State *L);
 int channel_accept(lua_State *L);
 int channel_close(lua_State *L);
 int channel_fd(lua_State *L);

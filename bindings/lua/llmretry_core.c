@@ -9,14 +9,16 @@
  *   core.check_options(opts)              raise as engine:submit would
  *   core.new_engine([max_in_flight[, max_host_connections]]) -> engine
  *     engine:submit(opts) -> handle        every call in poll mode
- *     engine:fd(), engine:poll([max]), engine:wait(ms), engine:close()
- *     engine:group{limit=, deadline_ms=, adaptive=} -> group: a batch paced
- *       on the engine thread; submit with opts.group; its calls report to
- *       group:fd(), group:poll([max]), group:wait(ms) (not the engine's);
+ *     engine:channel() -> the engine's own channel, where calls report
+ *       without opts.group or opts.channel; engine:close()
+ *     engine:group{limit=, deadline_ms=, adaptive=, poll=} -> group: a batch
+ *       paced on the engine thread; submit with opts.group; its calls report
+ *       to group:channel() (not the engine's; nil with poll = false);
  *       group:stats(), group:close()
- *     engine:channel([{socket = true}]) -> channel: submit with opts.channel;
- *       its calls report to channel:poll([max]) (channel.c); a socket
+ *     engine:new_channel([{socket = true}]) -> channel: submit with
+ *       opts.channel; its calls report to it alone (channel.c); a socket
  *       channel's host connects to channel:path(), then channel:accept()
+ *     channel:fd(), channel:poll([max]), channel:wait(ms): every channel
  *   handle:next() -> "event", t | "validate", body | "done" | nil
  *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
  *   handle:cancel(), handle:request_id(), handle:done()
@@ -170,9 +172,7 @@ static const luaL_Reg handle_methods[] = {
 };
 
 static const luaL_Reg group_methods[] = {
-    { "fd", group_fd },
-    { "poll", group_poll },
-    { "wait", group_wait },
+    { "channel", group_channel },
     { "stats", group_stats },
     { "close", group_close },
     { NULL, NULL },
@@ -192,10 +192,8 @@ static const luaL_Reg engine_methods[] = {
     { "submit", engine_submit },
     { "group", engine_group },
     { "channel", engine_channel },
-    { "fd", engine_fd },
+    { "new_channel", engine_new_channel },
     { "forked", engine_forked },
-    { "poll", engine_poll },
-    { "wait", engine_wait },
     { "endpoint_stats", engine_endpoint_stats },
     { "close", engine_close },
     { NULL, NULL },

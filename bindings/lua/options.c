@@ -270,9 +270,9 @@ static void host_opts(lua_State *L, int t, llmretry_options *o)
     if (!lua_isnil(L, -1)) {
         lr_chan *c = lr_testudata(L, -1, CHANNEL_MT);
         if (!c)
-            lr_fail(L, "channel must be a channel from engine:channel() (got %s)",
+            lr_fail(L, "channel must be a channel from engine:new_channel() (got %s)",
                     got(L, -1, buf, sizeof buf));
-        if (!c->ch)
+        if (!lr_chan_open(c))
             lr_fail(L, "channel is closed");
         o->channel = c->ch;
     }

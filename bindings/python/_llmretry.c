@@ -166,7 +166,7 @@ static int module_exec(PyObject *m)
     if (!st->engine_type || PyModule_AddType(m, st->engine_type) < 0)
         return -1;
     struct { PyTypeObject **slot; PyType_Spec *spec; } types[] = {
-        { &st->stream_type, &Stream_spec }, { &st->channel_type, &Channel_spec },
+        { &st->call_type, &Call_spec }, { &st->channel_type, &Channel_spec },
         { &st->group_type, &Group_spec }, { &st->batch_run_type, &BatchRun_spec },
         { &st->lazy_meta_type, &LazyMeta_spec },
     };
@@ -225,7 +225,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
     module_state *st = lr_py_state_of(m);
     Py_VISIT(st->engine_type);
-    Py_VISIT(st->stream_type);
+    Py_VISIT(st->call_type);
     Py_VISIT(st->channel_type);
     Py_VISIT(st->group_type);
     Py_VISIT(st->batch_run_type);
@@ -239,7 +239,7 @@ static int module_clear(PyObject *m)
 {
     module_state *st = lr_py_state_of(m);
     Py_CLEAR(st->engine_type);
-    Py_CLEAR(st->stream_type);
+    Py_CLEAR(st->call_type);
     Py_CLEAR(st->channel_type);
     Py_CLEAR(st->group_type);
     Py_CLEAR(st->batch_run_type);

@@ -217,7 +217,7 @@ static int host_keyword(const char *name, PyObject *v, call_args *a, PyObject **
         *(name[7] == 'u' ? &a->o.stream_usage : &a->o.stream_chunks) = t;
     } else if (strcmp(name, "keep_response") == 0) {
         /* The response as received, for llmretry.httpx (result "headers",
-         * a failure's "body", Stream.response_head()). */
+         * a failure's "body", Call.response_head()). */
         int t = PyObject_IsTrue(v);
         if (t < 0)
             return -1;

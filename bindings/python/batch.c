@@ -34,6 +34,7 @@ typedef struct {
     llmretry_call *call;            /* NULL: a free slot */
     Py_ssize_t index;
     unsigned long long seq;
+    int logger_reported;            /* lr_py_read_mail's: its logger's error reported */
 } batch_slot;
 
 /* A batch's items come from sequences (a list or tuple of bodies, checked
@@ -307,7 +308,7 @@ typedef struct {
     batch b;
     batch_totals totals;
     call_args a;
-    event_route rt;
+    mail_route rt;
     PyObject *on_event, *validate;  /* borrowed from kw */
     PyObject *on_result, *stats;    /* strong (Py_None when not given) */
     PyObject *results;              /* strong; Py_None: values go to on_result only */
@@ -523,7 +524,7 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
         goto fail;
     }
     r->a.o.group = r->g;
-    r->rt = (event_route){ r->on_event, r->a.o.events, mst };
+    r->rt = (mail_route){ r->on_event, r->a.o.events, mst, r->validate };
     /* Keep the engine's queue ahead of the pacer without holding every
      * call record of a huge batch at once. */
     r->ahead = 4 * (Py_ssize_t)go.limit + 64;
@@ -552,16 +553,16 @@ static int batch_run_step(BatchRunObject *r)
         if (b->exhausted && b->in_flight == 0)
             return 1;
         llmretry_call *ready[64];
-        size_t k = llmretry_group_poll(r->g, ready, 64);
+        size_t k = llmretry_channel_poll(llmretry_group_channel(r->g), ready, 64);
         if (k == 0)
             return 0;
         for (size_t j = 0; j < k; j++) {
             Py_ssize_t s = (Py_ssize_t)(intptr_t)llmretry_call_user_data(ready[j]);
             Py_ssize_t i = b->slots[s].index;
-            int rc = drain_mail(ready[j], &r->rt, r->validate);
+            int rc = lr_py_read_mail(ready[j], &r->rt, &b->slots[s].logger_reported, NULL);
             if (rc < 0)
                 return -1;
-            if (rc == 0)
+            if (rc != LR_PY_MAIL_DONE)
                 continue;
             /* A Result, or an outcome dict for the package to turn into
              * an error (call_value). */
@@ -602,7 +603,7 @@ static PyObject *BatchRun_fileno(BatchRunObject *r, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "the batch is closed");
         return NULL;
     }
-    return PyLong_FromLong(llmretry_group_fd(r->g));
+    return PyLong_FromLong(llmretry_channel_fd(llmretry_group_channel(r->g)));
 }
 
 static PyObject *BatchRun_close(BatchRunObject *r, PyObject *unused)
@@ -664,9 +665,9 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     int rc;
     while ((rc = batch_run_step(r)) == 0) {
-        llmretry_group *g = r->g;
+        llmretry_channel *ch = llmretry_group_channel(r->g);
         Py_BEGIN_ALLOW_THREADS
-        llmretry_group_wait(g, WAKE_MS);
+        llmretry_channel_wait(ch, WAKE_MS);
         Py_END_ALLOW_THREADS
         if (check_interrupts() < 0) {
             rc = -1;

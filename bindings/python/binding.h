@@ -4,9 +4,10 @@
  *   describe.c      the core's tables whole, for the generator of the typed surface
  *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
  *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
+ *   mailbox.c       the one mailbox reader: events, validation, chunks, a raising logger
  *   batch.c         call_many: a batch on the engine thread
  *   pool.c          run_pool (threads), results.c (Result in C), policies.c
- *   stream_type.c   Stream: one call's mailbox read by the host (streams, loops)
+ *   call_type.c     Call: one call in flight whose mailbox the host reads (streams, loops)
  *   channel_type.c  Channel and Group: an event loop's view of the engine */
 #ifndef LLMRETRY_PY_BINDING_H
 #define LLMRETRY_PY_BINDING_H
@@ -40,13 +41,24 @@ typedef struct {
     int as_result;                  /* successes as the package's Result (call_value) */
 } call_args;
 
-/* Who gets a call's events: the host's on_event, for the events it asked
- * for (the engine paces pools itself: nothing here watches for 429s). */
+/* Where a call's mail goes: the host's on_event, for the events it asked
+ * for (the engine paces pools itself: nothing here watches for 429s), and
+ * its validator (None: none). Borrowed references. */
 typedef struct {
     PyObject *on_event;
     unsigned mask;                  /* the events on_event asked for */
     const module_state *st;
-} event_route;
+    PyObject *validate;
+} mail_route;
+
+/* mailbox.c: the one mailbox reader. Take the call's items on this thread
+ * until its mailbox is empty (LR_PY_MAIL_EMPTY), the call is done
+ * (LR_PY_MAIL_DONE) or, when `chunk` is not NULL, a stream's chunk is taken
+ * (LR_PY_MAIL_CHUNK: *chunk is a new (event, bytes) tuple; without `chunk`
+ * chunks are dropped); -1 with the Python error set. `*reported` is the
+ * call's own: 1 once its logger's first error has been reported. */
+enum { LR_PY_MAIL_EMPTY = 0, LR_PY_MAIL_DONE = 1, LR_PY_MAIL_CHUNK = 2 };
+int lr_py_read_mail(llmretry_call *c, const mail_route *rt, int *reported, PyObject **chunk);
 
 /* The Engine type (engine_type.c). */
 extern PyType_Spec Engine_spec;
@@ -69,13 +81,11 @@ PyObject *lr_py_describe(PyObject *module, PyObject *unused);
 PyObject *call_value(const module_state *st, const llmretry_result *r,
                             PyObject *validate, int as_result);
 int check_interrupts(void);
-/* engine_type.c: submit converted arguments (NULL with the error set); hand
- * one event to its route; answer a validation request on this thread. */
+/* engine_type.c: submit converted arguments (NULL with the error set). */
 llmretry_call *engine_submit(EngineObject *self, call_args *a);
-int route_event(event_route *rt, llmretry_event *ev);
-int deliver_validation(llmretry_call *c, PyObject *validate);
-/* stream_type.c: Engine.stream and its Stream type. */
-extern PyType_Spec Stream_spec;
+/* call_type.c: the Call type (one call in flight whose mailbox the host
+ * reads: a stream is a call that yields chunks) and Engine.stream. */
+extern PyType_Spec Call_spec;
 PyObject *lr_engine_stream(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *lr_start_call(EngineObject *eng, PyObject *args, PyObject *kw, int stream,
                         llmretry_channel *ch, llmretry_group *g);
@@ -83,7 +93,6 @@ PyObject *lr_start_call(EngineObject *eng, PyObject *args, PyObject *kw, int str
 extern PyType_Spec Channel_spec, Group_spec;
 PyObject *lr_engine_channel(PyObject *self, PyObject *unused);
 PyObject *lr_engine_group(PyObject *self, PyObject *args, PyObject *kw);
-int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate);
 PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw);
 /* batch.c: Engine.batch, the BatchRun that call_many steps to its end. */
 extern PyType_Spec BatchRun_spec;

@@ -3,7 +3,7 @@
  * report their news to its file descriptor (watched with loop.add_reader)
  * and to nobody else, so two loops on one engine never take each other's
  * calls. ready() names the calls with news; the loop then reads each one's
- * mailbox without blocking (Stream.try_chunk), so events, validators and
+ * mailbox without blocking (Call.try_chunk), so events, validators and
  * results are handled on the loop's thread. A Group is a pacer with no
  * reader of its own (group poll 0): calls started in it wait for its limit,
  * its 429 pauses and its deadline, and report to their channel. */
@@ -115,7 +115,7 @@ static PyObject *Channel_stream(ChannelObject *c, PyObject *args, PyObject *kw)
     return channel_start(c, args, kw, 1);
 }
 
-/* ready() -> [Stream, ...]: the calls with news since the last ready(). */
+/* ready() -> [Call, ...]: the calls with news since the last ready(). */
 static PyObject *Channel_ready(ChannelObject *c, PyObject *unused)
 {
     (void)unused;
@@ -126,7 +126,7 @@ static PyObject *Channel_ready(ChannelObject *c, PyObject *unused)
         return NULL;
     llmretry_call *calls[64];
     size_t n;
-    /* The GIL is held from the poll to the new references: no Stream can be
+    /* The GIL is held from the poll to the new references: no Call can be
      * freed (and its call taken off the list) in between. */
     while ((n = llmretry_channel_poll(c->ch, calls, 64)) > 0) {
         for (size_t i = 0; i < n; i++) {
@@ -184,12 +184,12 @@ static void Channel_dealloc(ChannelObject *c)
 
 static PyMethodDef Channel_methods[] = {
     { "call", (PyCFunction)(void (*)(void))Channel_call, METH_VARARGS | METH_KEYWORDS,
-      "call(body, *, group=None, **options) -> Stream: start a call reporting here\n"
+      "call(body, *, group=None, **options) -> Call: start a call reporting here\n"
       "(read its mail with try_chunk(): None once done, then outcome())." },
     { "stream", (PyCFunction)(void (*)(void))Channel_stream, METH_VARARGS | METH_KEYWORDS,
-      "stream(body, *, group=None, **options) -> Stream: a streaming call reporting here." },
+      "stream(body, *, group=None, **options) -> Call: a streaming call reporting here." },
     { "ready", (PyCFunction)Channel_ready, METH_NOARGS,
-      "ready() -> list[Stream]: the calls with news since the last ready()." },
+      "ready() -> list[Call]: the calls with news since the last ready()." },
     { "fileno", (PyCFunction)Channel_fileno, METH_NOARGS,
       "fileno() -> int: readable while some call has news." },
     { "close", (PyCFunction)Channel_close, METH_NOARGS,

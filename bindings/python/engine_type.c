@@ -1,6 +1,6 @@
 /* The Engine type: an engine of the core, one call run to completion with
- * its mailbox (events, validation) delivered on the calling thread, the GIL
- * released while it waits (Ctrl-C within 50 ms). */
+ * its mailbox (events, validation: mailbox.c) delivered on the calling
+ * thread, the GIL released while it waits (Ctrl-C within 50 ms). */
 #include "binding.h"
 #include "results.h"
 
@@ -105,95 +105,6 @@ static void Engine_dealloc(EngineObject *self)
     Py_DECREF(tp);
 }
 
-/* Deliver one event; 0 to go on, -1 to stop with the Python error set. An
- * Exception from the logger must not lose the call: it is reported and the
- * call goes on. Anything else (KeyboardInterrupt, SystemExit) stops it. */
-static int deliver_event(const module_state *st, PyObject *on_event, llmretry_event *ev)
-{
-    PyObject *d = event_dict(st, ev);
-    llmretry_event_free(ev);
-    if (!d)
-        return -1;
-    PyObject *r = PyObject_CallOneArg(on_event, d);
-    Py_DECREF(d);
-    if (r) {
-        Py_DECREF(r);
-        return 0;
-    }
-    if (!PyErr_ExceptionMatches(PyExc_Exception))
-        return -1;
-    PyErr_WriteUnraisable(on_event);
-    return 0;
-}
-
-int deliver_validation(llmretry_call *c, PyObject *validate)
-{
-    const char *body;
-    size_t len;
-    if (llmretry_call_pending_body(c, &body, &len) != LLMRETRY_OK)
-        return 0;   /* withdrawn: the call was cancelled meanwhile; its DONE follows */
-    PyObject *b = PyBytes_FromStringAndSize(body, (Py_ssize_t)len);
-    if (!b)
-        return -1;
-    PyObject *r = PyObject_CallOneArg(validate, b);
-    Py_DECREF(b);
-    if (!r)
-        return -1;
-    int rc = 0;
-    if (r == Py_None) {
-        llmretry_call_validated(c, 1, NULL);
-    } else if (PyUnicode_Check(r)) {
-        const char *msg = PyUnicode_AsUTF8(r);
-        if (msg)
-            llmretry_call_validated(c, 0, msg);
-        else
-            rc = -1;
-    } else {
-        PyErr_Format(PyExc_TypeError, "validate must return None or a reason str, not %.100s",
-                     Py_TYPE(r)->tp_name);
-        rc = -1;
-    }
-    Py_DECREF(r);
-    return rc;
-}
-
-
-int route_event(event_route *rt, llmretry_event *ev)
-{
-    llmretry_event_type t = llmretry_event_type_of(ev);
-    if (rt->on_event == Py_None || !(rt->mask & (1u << t))) {
-        llmretry_event_free(ev);
-        return 0;
-    }
-    return deliver_event(rt->st, rt->on_event, ev);
-}
-
-/* Deliver every item in the call's mailbox on this thread. 1 when the call
- * is done, 0 when the mailbox is empty, -1 with a Python error set. */
-int drain_mail(llmretry_call *c, event_route *rt, PyObject *validate)
-{
-    for (;;) {
-        llmretry_event *ev;
-        switch (llmretry_call_next(c, &ev)) {
-        case LLMRETRY_MAIL_EVENT:
-            if (route_event(rt, ev) < 0)
-                return -1;
-            break;
-        case LLMRETRY_MAIL_CHUNK:
-            llmretry_event_free(ev);    /* not asked for (stream_chunks is 0) */
-            break;
-        case LLMRETRY_MAIL_VALIDATE:
-            if (deliver_validation(c, validate) < 0)
-                return -1;
-            break;
-        case LLMRETRY_MAIL_DONE:
-            return 1;
-        case LLMRETRY_MAIL_EMPTY:
-            return 0;
-        }
-    }
-}
-
 /* After a wait: 0 to go on, -1 when Ctrl-C (or a stopping pool) must end
  * the wait, with the Python error set. */
 int check_interrupts(void)
@@ -221,13 +132,13 @@ PyObject *call_value(const module_state *st, const llmretry_result *r,
 
 /* Wait for the call, delivering its mail on this thread. Returns its value
  * (call_value), or NULL with an exception set (the call is then cancelled). */
-static PyObject *wait_call(llmretry_call *c, event_route *rt, PyObject *validate,
-                           int as_result)
+static PyObject *wait_call(llmretry_call *c, const mail_route *rt, int as_result)
 {
+    int reported = 0;
     for (;;) {
-        int rc = drain_mail(c, rt, validate);
-        if (rc > 0)
-            return call_value(rt->st, llmretry_call_result(c), validate, as_result);
+        int rc = lr_py_read_mail(c, rt, &reported, NULL);
+        if (rc == LR_PY_MAIL_DONE)
+            return call_value(rt->st, llmretry_call_result(c), rt->validate, as_result);
         if (rc < 0)
             break;
         Py_BEGIN_ALLOW_THREADS
@@ -283,7 +194,7 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     const module_state *mst = lr_py_state_of(PyType_GetModule(Py_TYPE(self)));
-    event_route rt = { on_event, a.o.events, mst };
+    mail_route rt = { on_event, a.o.events, mst, validate };
     llmretry_call *c = engine_submit(self, &a);
     int as_result = a.as_result;
     call_args_release(&a);
@@ -292,7 +203,7 @@ static PyObject *Engine_call(EngineObject *self, PyObject *args, PyObject *kw)
     /* Keep the callables alive while Python code may drop its references. */
     Py_INCREF(on_event);
     Py_INCREF(validate);
-    PyObject *r = wait_call(c, &rt, validate, as_result);
+    PyObject *r = wait_call(c, &rt, as_result);
     Py_DECREF(on_event);
     Py_DECREF(validate);
     llmretry_call_free(c);
@@ -328,7 +239,7 @@ static PyMethodDef Engine_methods[] = {
       "endpoint_stats() -> list[dict]: each endpoint's requests, retries, retry budget,\n"
       "circuit breaker and rate limits (see _llmretry.pyi)." },
     { "stream", (PyCFunction)(void (*)(void))lr_engine_stream, METH_VARARGS | METH_KEYWORDS,
-      "stream(body, **options) -> Stream: start a streaming call (see _llmretry.pyi)." },
+      "stream(body, **options) -> Call: start a streaming call (see _llmretry.pyi)." },
     { "call", (PyCFunction)(void (*)(void))Engine_call, METH_VARARGS | METH_KEYWORDS,
       "call(body, **options) -> dict: run one call to completion (see _llmretry.pyi)." },
     { "call_many", (PyCFunction)(void (*)(void))Engine_call_many, METH_VARARGS | METH_KEYWORDS,

@@ -24,7 +24,7 @@ enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 
 typedef struct {
     PyTypeObject *engine_type;
-    PyTypeObject *stream_type;      /* stream_type.c */
+    PyTypeObject *call_type;        /* call_type.c */
     PyTypeObject *channel_type, *group_type;   /* channel_type.c */
     PyTypeObject *batch_run_type;   /* batch.c */
     PyTypeObject *lazy_meta_type;   /* results.c */

@@ -1,21 +1,16 @@
 /* Channels: how a poll-mode host (an event loop, a batch) learns which calls
- * have news without waiting on each. A channel is a ready list plus a
- * notifier that is readable exactly while the list is non-empty; both change
- * under the engine's mutex. The engine has a default channel, each group has
- * one, and a host may make more (llmretry_channel_new: one per event loop;
- * llmretry_channel_new_socket: one per nginx worker, whose notifier is a
- * unix socket it connects to), so two consumers never take each other's
- * calls. */
+ * have news without waiting on each: the one readiness object of the API.
+ * A channel is a ready list plus a notifier that is readable exactly while
+ * the list is non-empty; both change under the engine's mutex. The engine
+ * has a channel of its own (llmretry_engine_channel), each polling group
+ * has one (llmretry_group_channel), and a host may make more
+ * (llmretry_channel_new: one per event loop; llmretry_channel_new_socket:
+ * one per nginx worker, whose notifier is a unix socket it connects to), so
+ * two consumers never take each other's calls. */
 #include "engine.h"
 
 #include <poll.h>
 #include <stdlib.h>
-
-struct llmretry_channel {
-    atomic_int refs;               /* the host's + one per call sent to it */
-    llmretry_engine *engine;       /* holds an engine reference */
-    lr_channel ch;
-};
 
 int lr_channel_init(lr_channel *r)
 {
@@ -96,6 +91,14 @@ llmretry_status lr_channel_wait(const lr_channel *r, int64_t timeout_ms)
 
 /* ---- public: channels a host makes ------------------------------------- */
 
+int lr_channel_embed(llmretry_channel *ch, llmretry_engine *e)
+{
+    atomic_init(&ch->refs, 1);
+    ch->engine = e;                /* no reference: the owner holds the engine */
+    ch->owned = 1;
+    return lr_channel_init(&ch->ch);
+}
+
 static llmretry_status channel_new(llmretry_engine *e, int socket, llmretry_channel **out,
                                    char *err, size_t errlen)
 {
@@ -162,11 +165,6 @@ llmretry_status llmretry_channel_accept(llmretry_channel *ch, int64_t timeout_ms
     return LLMRETRY_OK;
 }
 
-lr_channel *lr_channel_of(llmretry_channel *ch)
-{
-    return &ch->ch;
-}
-
 void lr_channel_ref(llmretry_channel *ch)
 {
     atomic_fetch_add_explicit(&ch->refs, 1, memory_order_relaxed);
@@ -184,7 +182,8 @@ void lr_channel_unref(llmretry_channel *ch)
 
 void llmretry_channel_free(llmretry_channel *ch)
 {
-    if (ch && !lr_forked(ch->engine))
+    /* The engine's and a group's channels go with their owner. */
+    if (ch && !ch->owned && !lr_forked(ch->engine))
         lr_channel_unref(ch);
 }
 

@@ -65,7 +65,7 @@ void lr_engine_unref(llmretry_engine *e)
 {
     if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
         return;
-    lr_channel_close(&e->channel);
+    lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
     free(e->heap);
     free(e->easy_pool);
@@ -264,7 +264,7 @@ static void engine_discard(llmretry_engine *e)
     lr_shared_store_close(e->shared);   /* its thread may wake the multi handle */
     if (e->multi)
         curl_multi_cleanup(e->multi);
-    lr_channel_close(&e->channel);
+    lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -304,7 +304,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     e->max_in_flight = opts->max_in_flight;
     e->rng = lr_rng_seed();
     pthread_mutex_init(&e->mu, NULL);
-    e->multi = lr_channel_init(&e->channel) == 0 ? curl_multi_init() : NULL;
+    e->multi = lr_channel_embed(&e->channel, e) == 0 ? curl_multi_init() : NULL;
     if (!e->multi) {
         lr_errf(err, errlen, "could not create the engine's notifier (%s) or multi handle",
                 llmretry_notifier_kind());
@@ -408,21 +408,28 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
         lr_errf(err, errlen, "this engine belongs to another process (used after fork)");
         return LLMRETRY_ESTATE;
     }
+    /* A group's own channel hears only the group's calls (its life is the
+     * group's); the engine's own is what LLMRETRY_SUBMIT_POLL means. */
+    if (opts->channel && opts->channel->owned && opts->channel != &e->channel) {
+        lr_errf(err, errlen, "channel: a group's channel takes only its group's calls "
+                "(submit with options.group)");
+        return LLMRETRY_EINVAL;
+    }
     llmretry_call *c;
     llmretry_status st = lr_call_new(e, opts, flags, &c, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
     if (c->group && c->group->poll) {
-        c->ready_to = &c->group->ready;
-    } else if (opts->channel) {
+        c->ready_to = &c->group->ready.ch;
+    } else if (opts->channel && !opts->channel->owned) {
         /* A group without a channel of its own paces its calls; they report
          * where they would without it (a channel, the engine's, or none: the
          * host waits on the call itself). */
         c->channel = opts->channel;     /* released with the call */
         lr_channel_ref(c->channel);
-        c->ready_to = lr_channel_of(c->channel);
-    } else if (flags & LLMRETRY_SUBMIT_POLL) {
-        c->ready_to = &e->channel;
+        c->ready_to = &c->channel->ch;
+    } else if (opts->channel || (flags & LLMRETRY_SUBMIT_POLL)) {
+        c->ready_to = &e->channel.ch;   /* the engine's own (checked above) */
     }
     lr_engine_ref(e);
     lr_call_ref(c);                 /* the engine's, until it finishes */
@@ -436,22 +443,7 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
     return LLMRETRY_OK;
 }
 
-int llmretry_engine_fd(const llmretry_engine *e)
+llmretry_channel *llmretry_engine_channel(llmretry_engine *e)
 {
-    return e->channel.notifier.rfd;
-}
-
-size_t llmretry_engine_poll(llmretry_engine *e, llmretry_call **calls, size_t max)
-{
-    if (lr_forked(e))
-        return 0;
-    pthread_mutex_lock(&e->mu);
-    size_t n = lr_channel_take(&e->channel, calls, max);
-    pthread_mutex_unlock(&e->mu);
-    return n;
-}
-
-llmretry_status llmretry_engine_wait(llmretry_engine *e, int64_t timeout_ms)
-{
-    return lr_channel_wait(&e->channel, timeout_ms);
+    return &e->channel;
 }

@@ -51,7 +51,7 @@ struct llmretry_engine {
 
     pthread_mutex_t mu;            /* guards everything down to `thread` */
     llmretry_call *ops_head, *ops_tail;
-    lr_channel channel;            /* LLMRETRY_SUBMIT_POLL calls with news */
+    llmretry_channel channel;      /* LLMRETRY_SUBMIT_POLL calls with news (owned) */
     int stopping;
     int multi_gone;                /* the I/O thread has released `multi` */
     CURLM *multi;

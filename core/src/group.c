@@ -37,7 +37,9 @@ llmretry_status llmretry_group_new(llmretry_engine *e, const llmretry_group_opti
     llmretry_group *g = calloc(1, sizeof *g);
     if (!g)
         return LLMRETRY_ENOMEM;
-    if (lr_channel_init(&g->ready) != 0) {
+    /* A pacing-only group's calls report elsewhere: no notifier to open. */
+    g->ready.ch.notifier.rfd = g->ready.ch.notifier.wfd = -1;
+    if (o->poll && lr_channel_embed(&g->ready, e) != 0) {
         free(g);
         lr_errf(err, errlen, "could not create the group's notifier (%s)", llmretry_notifier_kind());
         return LLMRETRY_EINTERNAL;
@@ -58,7 +60,7 @@ void lr_group_unref(llmretry_group *g)
     if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1)
         return;
     llmretry_engine *e = g->engine;
-    lr_channel_close(&g->ready);
+    lr_channel_close(&g->ready.ch);
     free(g);
     lr_engine_unref(e);
 }
@@ -81,23 +83,7 @@ void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out)
     pthread_mutex_unlock(mu);
 }
 
-int llmretry_group_fd(const llmretry_group *g)
+llmretry_channel *llmretry_group_channel(llmretry_group *g)
 {
-    return g->ready.notifier.rfd;
-}
-
-size_t llmretry_group_poll(llmretry_group *g, llmretry_call **calls, size_t max)
-{
-    if (lr_forked(g->engine))
-        return 0;
-    pthread_mutex_t *mu = lr_engine_mutex(g->engine);
-    pthread_mutex_lock(mu);
-    size_t n = lr_channel_take(&g->ready, calls, max);
-    pthread_mutex_unlock(mu);
-    return n;
-}
-
-llmretry_status llmretry_group_wait(llmretry_group *g, int64_t timeout_ms)
-{
-    return lr_channel_wait(&g->ready, timeout_ms);
+    return g->poll ? &g->ready : NULL;
 }

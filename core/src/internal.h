@@ -117,8 +117,8 @@ void lr_notifier_socket_close(lr_notifier *n);
 
 /* A channel (channel.c): calls with news for a poll-mode host, and a
  * notifier readable exactly while the list is non-empty. Guarded by the
- * engine's mutex. The engine has one (LLMRETRY_SUBMIT_POLL), each group
- * has one, and hosts make more with llmretry_channel_new. */
+ * engine's mutex. The engine has one (LLMRETRY_SUBMIT_POLL), each polling
+ * group has one, and hosts make more with llmretry_channel_new. */
 typedef struct lr_channel {
     llmretry_call *head, *tail;
     lr_notifier notifier;
@@ -133,8 +133,19 @@ int lr_channel_add(lr_channel *r, llmretry_call *c);
 size_t lr_channel_take(lr_channel *r, llmretry_call **calls, size_t max);
 void lr_channel_remove(lr_channel *r, llmretry_call *c);
 llmretry_status lr_channel_wait(const lr_channel *r, int64_t timeout_ms);
-/* The list inside a host's channel, and its references. */
-lr_channel *lr_channel_of(llmretry_channel *ch);
+/* The public channel: the list, and who keeps it. The engine's channel
+ * and each polling group's are embedded in their owner (`owned`): they
+ * live as long as it does, take no engine reference and ignore
+ * llmretry_channel_free. A host's (llmretry_channel_new) is counted: the
+ * host's reference plus one per call sent to it, and holds the engine. */
+struct llmretry_channel {
+    atomic_int refs;
+    llmretry_engine *engine;
+    int owned;
+    lr_channel ch;
+};
+/* An owner's embedded channel (0, or -1 when the notifier cannot be made). */
+int lr_channel_embed(llmretry_channel *ch, llmretry_engine *e);
 void lr_channel_ref(llmretry_channel *ch);
 void lr_channel_unref(llmretry_channel *ch);
 
@@ -164,7 +175,7 @@ struct llmretry_group {
     int active;                    /* items started and not finished */
     int queued;
     lr_queue queue;                /* items not started yet */
-    lr_channel ready;              /* its calls' news (engine mutex) */
+    llmretry_channel ready;        /* its calls' news, when `poll` (engine mutex) */
     int listed;                    /* on the engine's list of groups to pump */
     llmretry_group *next_listed;
     /* What llmretry_group_stats_get returns (engine mutex). */

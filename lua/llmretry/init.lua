@@ -208,7 +208,7 @@ local function map_impl(items, limit, worker, opts, pool_policy)
   -- one group, at most `limit` at once, paused by a 429's named wait and
   -- narrowed by a burst of them, exactly as call_many's items are.
   local group = engine:group{ limit = limit, adaptive = true }
-  local driver = scheduler.blocking(group)
+  local driver = scheduler.blocking(group:channel())
   local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
     return_errors = return_errors,
     context = { engine = engine, group = group, logger = logger or nil, policy = pool_policy } }
@@ -321,7 +321,7 @@ local function call_many_impl(bodies, opts, new_key, host)
   engine = engine or core.new_engine()
   local group = engine:group{ limit = limit, deadline_ms = batch_deadline, adaptive = adaptive,
     poll = not host }
-  local source = host and host.source(group) or group
+  local source = host and host.source(group) or group:channel()
   -- Keep the group's queue ahead of its pacer without holding every call of
   -- a huge batch at once.
   local ahead = 4 * limit + 64

@@ -69,7 +69,8 @@ local argerror, is_callable = args.argerror, args.is_callable
 -- The session's engine and the poll handle on its fd.
 
 local engine = nil          -- made on the first call
-local watcher = nil         -- uv poll handle on engine:fd()
+local news = nil            -- the engine's channel, where its calls report
+local watcher = nil         -- uv poll handle on news:fd()
 local watching = false
 local pending = {}          -- core handle -> call record, until its "done" is taken
 local npending = 0
@@ -107,7 +108,7 @@ local function close_engine()
   end
   watcher, watching = nil, false
   if engine then engine:close() end
-  engine = nil
+  engine, news = nil, nil
   pending, npending = {}, 0
 end
 
@@ -127,12 +128,13 @@ local on_readable -- defined below
 local function get_engine()
   if engine == nil then
     local e = core.new_engine()
-    local w, err = uv.new_poll(e:fd())
+    local ch = e:channel()
+    local w, err = uv.new_poll(ch:fd())
     if not w then
       e:close()
-      error("llmretry: cannot watch the engine's fd: " .. tostring(err), 0)
+      error("llmretry: cannot watch the engine's channel: " .. tostring(err), 0)
     end
-    engine, watcher, watching = e, w, false
+    engine, news, watcher, watching = e, ch, w, false
     register_exit()
   end
   return engine
@@ -225,7 +227,7 @@ local function take(rec)
 end
 
 local function poll_engine()
-  local hs = engine:poll()
+  local hs = news:poll()
   for i = 1, #hs do
     local rec = pending[hs[i]]
     if rec then take(rec) end

@@ -231,10 +231,10 @@ local function start_dispatch(w)
   local prev = w.d
   local failed_at = prev and prev.failed_at
   if w.exiting or ngx.worker.exiting() or (failed_at and ngx.now() - failed_at < 1) then
-    new_dispatch(w, w.engine:channel(), "stopped").failed_at = failed_at
+    new_dispatch(w, w.engine:new_channel(), "stopped").failed_at = failed_at
     return
   end
-  local ch = w.engine:channel{ socket = true }
+  local ch = w.engine:new_channel{ socket = true }
   local d = new_dispatch(w, ch, "starting")
   d.path = ch:path()
   local ok, err = ngx.timer.at(0, dispatch, d)
@@ -242,7 +242,7 @@ local function start_dispatch(w)
     log_err("cannot start the dispatcher (ngx.timer.at: ", tostring(err), "); the calls of "
       .. "this worker look for their news every ", POLL_S * 1000, " ms instead")
     ch:close()
-    new_dispatch(w, w.engine:channel(), "stopped").failed_at = ngx.now()
+    new_dispatch(w, w.engine:new_channel(), "stopped").failed_at = ngx.now()
   end
 end
 

@@ -12,10 +12,10 @@
 -- How to wait is the driver's, a table of two functions:
 --   driver.wait(key, wake)  arrange for wake(...) to run, once, when key has news
 --   driver.later(fn)        run fn on a later turn of the host's loop
--- The blocking module's driver is M.blocking(source): it waits on an
--- engine's or a group's fd in a loop (M.run_loop), the group pacing the
--- pool's calls on the engine thread. Neovim's runs on the editor's main loop
--- (a libuv poll on the engine's fd, vim.schedule), see llmretry/nvim.lua.
+-- The blocking module's driver is M.blocking(source): it waits on a
+-- group's channel in a loop (M.run_loop), the group pacing the pool's calls
+-- on the engine thread. Neovim's runs on the editor's main loop (a libuv
+-- poll on the engine's channel's fd, vim.schedule), see llmretry/nvim.lua.
 --
 -- Pure Lua, no global state: each adapter makes its own instance (M.new), so
 -- that its wait token and its registry of running workers are its own, and
@@ -37,13 +37,14 @@ function M.resume_detached(co, what, ...)
 end
 
 -- ---------------------------------------------------------------------------
--- Waiting on an engine (or a group) in a blocking loop.
+-- Waiting on a channel (an engine's, a group's) in a blocking loop.
 
 -- Run until `finished()` is true. `watch` maps a handle to the function that
 -- takes its news; the source reports each handle with news once per batch.
 -- `step` (optional) runs first on every turn and says whether it did work.
--- `source` is an engine or a group: whatever reports the watched calls' news
--- (poll() -> handles, wait(ms) -> false when nothing came).
+-- `source` is a channel (engine:channel(), group:channel()), or anything
+-- with its poll() -> handles and wait(ms) -> false when nothing came: what
+-- reports the watched calls' news.
 function M.run_loop(source, watch, finished, step)
   while not finished() do
     local progressed = step and step() or false

@@ -59,15 +59,15 @@ class _LoopChannel:
         # Weak: the registry's entry (keyed by the loop) must not keep its
         # own key alive, or every asyncio.run would leave a channel open.
         self._loop = weakref.ref(loop)
-        # The call (a raw Stream) -> what to do on the loop when it has news.
+        # The call (the extension's Call) -> what to do on the loop when it has news.
         # The entry keeps the call alive until its end has been read.
         self.waiting: Dict[Any, Callable[[], None]] = {}
         self._closing = False
         loop.add_reader(self.channel.fileno(), self._readable)
 
     def _readable(self) -> None:
-        for raw in self.channel.ready():
-            on_news = self.waiting.get(raw)
+        for call in self.channel.ready():
+            on_news = self.waiting.get(call)
             if on_news is not None:
                 on_news()
         if self._closing and not self.waiting:
@@ -80,7 +80,7 @@ class _LoopChannel:
         if not self.waiting:
             self.close()
 
-    def drain_then_forget(self, raw: Any,
+    def drain_then_forget(self, call: Any,
                           end: Optional["asyncio.Future[None]"] = None) -> None:
         """Read a cancelled call's mail to its end (its last events reach
         the logger), then let it go; ``end`` is set then."""
@@ -88,26 +88,26 @@ class _LoopChannel:
             item: Any = False
             try:
                 while True:
-                    item = raw.try_chunk()
+                    item = call.try_chunk()
                     if item is None or item is False:
                         break
             except Exception:       # a failing logger loses nothing else
                 item = None
-            if raw.done or item is None:
-                self.waiting.pop(raw, None)
+            if call.done or item is None:
+                self.waiting.pop(call, None)
                 if end is not None and not end.done():
                     end.set_result(None)
-        self.waiting[raw] = on_news
+        self.waiting[call] = on_news
         on_news()
 
-    async def cancel_and_wait(self, raw: Any) -> None:
+    async def cancel_and_wait(self, call: Any) -> None:
         """Cancel a call whose awaiting task is being cancelled, and wait the
         moment its end takes, so its last event (gave_up, cancelled)
         reaches the logger before the cancellation goes on (asyncio.run
         closes the loop right after)."""
-        raw.cancel()
+        call.cancel()
         end: "asyncio.Future[None]" = self.loop.create_future()
-        self.drain_then_forget(raw, end)
+        self.drain_then_forget(call, end)
         try:
             await end
         except asyncio.CancelledError:
@@ -304,37 +304,37 @@ async def acall(client: "Client", engine: Any, payload: bytes, extra: Dict[str, 
                 kwargs: Dict[str, Any], finish: Callable[[Any], "Result"]) -> "Result":
     """Run one prepared call on this loop's channel; its Result (finish)."""
     lc = _loop_channel(client, engine)
-    raw = lc.channel.call(payload, as_result=True, **_group_kw(engine), **extra, **kwargs)
+    call = lc.channel.call(payload, as_result=True, **_group_kw(engine), **extra, **kwargs)
     fut: "asyncio.Future[Any]" = lc.loop.create_future()
 
     def on_news() -> None:
         try:
-            if raw.try_chunk() is None:         # the call's end (its mail delivered)
-                lc.waiting.pop(raw, None)
+            if call.try_chunk() is None:        # the call's end (its mail delivered)
+                lc.waiting.pop(call, None)
                 if not fut.done():
-                    fut.set_result(raw.outcome())
+                    fut.set_result(call.outcome())
         except Exception as exc:                # a validator or a value that failed
-            lc.waiting.pop(raw, None)
-            raw.cancel()
+            lc.waiting.pop(call, None)
+            call.cancel()
             if not fut.done():
                 fut.set_exception(exc)
         except BaseException:                   # KeyboardInterrupt, SystemExit: the loop's
-            lc.waiting.pop(raw, None)
-            raw.cancel()
+            lc.waiting.pop(call, None)
+            call.cancel()
             raise
 
-    lc.waiting[raw] = on_news
+    lc.waiting[call] = on_news
     task = _waiting_task(lc.loop)
     try:
         out = await fut
     except asyncio.CancelledError:
-        if not raw.done:
-            await lc.cancel_and_wait(raw)
+        if not call.done:
+            await lc.cancel_and_wait(call)
         raise
     except BaseException:           # GeneratorExit (the loop is going): no waiting
-        if not raw.done:
-            raw.cancel()
-            lc.drain_then_forget(raw)
+        if not call.done:
+            call.cancel()
+            lc.drain_then_forget(call)
         raise
     finally:
         if task is not None:
@@ -363,12 +363,12 @@ class AsyncStream(StreamBase):
 
     __slots__ = ("_lc", "_waiter")
 
-    def __init__(self, raw: Any, lc: _LoopChannel, finish: Callable[[Any], Any],
+    def __init__(self, call: Any, lc: _LoopChannel, finish: Callable[[Any], Any],
                  parse: Callable[[bytes], Any]) -> None:
-        super().__init__(raw, finish, parse)
+        super().__init__(call, finish, parse)
         self._lc = lc
         self._waiter: Optional["asyncio.Future[None]"] = None
-        lc.waiting[raw] = self._on_news
+        lc.waiting[call] = self._on_news
 
     def _on_news(self) -> None:
         w = self._waiter
@@ -383,12 +383,12 @@ class AsyncStream(StreamBase):
 
     async def _next(self) -> Optional[Tuple[Optional[str], bytes]]:
         """The next raw chunk, None at the end; waits on the loop."""
-        raw = self._raw
+        call = self._raw
         while True:
-            item = raw.try_chunk()              # delivers events, validation on the way
+            item = call.try_chunk()             # delivers events, validation on the way
             if item is not False:
                 if item is None:
-                    self._lc.waiting.pop(raw, None)
+                    self._lc.waiting.pop(call, None)
                 return item  # type: ignore[no-any-return]
             self._waiter = self._lc.loop.create_future()
             task = _waiting_task()
@@ -396,16 +396,16 @@ class AsyncStream(StreamBase):
                 await self._waiter
             except asyncio.CancelledError:
                 self._waiter = None
-                if not raw.done:
+                if not call.done:
                     self._closed = True
-                    await self._lc.cancel_and_wait(raw)
+                    await self._lc.cancel_and_wait(call)
                 raise
             except BaseException:       # GeneratorExit: no waiting
                 self._waiter = None
-                if not raw.done:
-                    raw.cancel()
+                if not call.done:
+                    call.cancel()
                     self._closed = True
-                    self._lc.drain_then_forget(raw)
+                    self._lc.drain_then_forget(call)
                 raise
             finally:
                 if task is not None:
@@ -463,8 +463,8 @@ def astream(client: "Client", engine: Any, payload: bytes, extra: Dict[str, Any]
             parse: Callable[[bytes], Any]) -> AsyncStream:
     """Start a prepared streaming call on this loop's channel."""
     lc = _loop_channel(client, engine)
-    raw = lc.channel.stream(payload, as_result=True, **_group_kw(engine), **extra, **kwargs)
-    return AsyncStream(raw, lc, finish, parse)
+    call = lc.channel.stream(payload, as_result=True, **_group_kw(engine), **extra, **kwargs)
+    return AsyncStream(call, lc, finish, parse)
 
 
 # ---------------------------------------------------------------------------

@@ -209,10 +209,10 @@ class Engine:
               **options: Any) -> "BatchRun":
         """call_many's arguments; nothing runs until the first step()."""
         ...
-    def stream(self, body: bytes, **options: Any) -> "Stream":
+    def stream(self, body: bytes, **options: Any) -> "Call":
         """Start a streaming call (Engine.call's keywords, plus
         ``stream_usage`` and ``stream_buffer_bytes``); read it with
-        ``Stream.next_chunk``."""
+        ``Call.next_chunk``."""
         ...
     def call_many(
         self,
@@ -265,10 +265,12 @@ class Engine:
 
 NOT_STARTED: object  # run_pool's slot for an item never started (deadline, stop)
 
-class Stream:
-    """One streaming call started by Engine.stream. Taking the first chunk is
-    the commit point: before it the engine retries, after it a failure ends
-    the call as ``stream_interrupted``."""
+class Call:
+    """One call in flight whose mailbox the host reads: started by
+    Engine.stream (a stream is a call that yields chunks) or by a Channel
+    (an event loop's calls). Taking the first chunk is the commit point:
+    before it the engine retries, after it a failure ends the call as
+    ``stream_interrupted``."""
     request_id: str
     done: bool
     def next_chunk(self) -> Optional[Tuple[Optional[str], bytes]]:
@@ -295,10 +297,10 @@ class Channel:
     """An event loop's view of an engine (Engine.channel())."""
     closed: bool
     def call(self, body: bytes, *, group: Optional["Group"] = None,
-             **options: Any) -> Stream: ...
+             **options: Any) -> Call: ...
     def stream(self, body: bytes, *, group: Optional["Group"] = None,
-               **options: Any) -> Stream: ...
-    def ready(self) -> list[Stream]:
+               **options: Any) -> Call: ...
+    def ready(self) -> list[Call]:
         """The calls with news since the last ready()."""
         ...
     def fileno(self) -> int: ...

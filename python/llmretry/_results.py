@@ -194,7 +194,7 @@ def _call_extra(plan: "_Plan", model: Optional[str]) -> Tuple[Dict[str, Any],
 
 
 def _result_of(out: Any, validator: Optional["_Validator"]) -> "Result":
-    """A finished call's value (Engine.call's or Stream.outcome's) as a
+    """A finished call's value (Engine.call's or Call.outcome's) as a
     Result, or raise its LLMError; counted for the batch of a worker."""
     acc = _batch.current_accounting()
     if type(out) is Result:     # a success the extension parsed and built

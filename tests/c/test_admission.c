@@ -397,8 +397,8 @@ static void test_channels_keep_consumers_apart(void)
     CHECK_INT(done_b, 4);
     CHECK_INT(foreign, 0);
     CHECK_INT(readable(llmretry_channel_fd(a)), 0);
-    CHECK_INT(readable(llmretry_engine_fd(e)), 0);
-    CHECK_INT((int)llmretry_engine_poll(e, ca, 4), 0);
+    CHECK_INT(readable(llmretry_channel_fd(llmretry_engine_channel(e))), 0);
+    CHECK_INT((int)llmretry_channel_poll(llmretry_engine_channel(e), ca, 4), 0);
     for (int i = 0; i < 4; i++) {
         llmretry_call_free(ca[i]);
         llmretry_call_free(cb[i]);

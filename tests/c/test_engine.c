@@ -512,7 +512,7 @@ static void test_poll_mode(void)
         llmretry_engine_free(e);
         return;
     }
-    int fd = llmretry_engine_fd(e);
+    int fd = llmretry_channel_fd(llmretry_engine_channel(e));
     CHECK_MSG(fd >= 0, "engine_fd %d", fd);
     opts_for(&o, "poll", url, sizeof url);
     for (int i = 0; i < N; i++)
@@ -524,7 +524,7 @@ static void test_poll_mode(void)
         if (poll(&p, 1, (int)(end - th_now_ms())) <= 0)
             continue;
         llmretry_call *ready[16];
-        size_t n = llmretry_engine_poll(e, ready, 16);
+        size_t n = llmretry_channel_poll(llmretry_engine_channel(e), ready, 16);
         for (size_t k = 0; k < n; k++) {
             int idx = -1;
             for (int i = 0; i < N; i++)
@@ -550,10 +550,10 @@ static void test_poll_mode(void)
     }
     /* Nothing left: the fd goes quiet and a wait times out. */
     llmretry_call *rest[4];
-    CHECK_INT(llmretry_engine_poll(e, rest, 4), 0);
+    CHECK_INT(llmretry_channel_poll(llmretry_engine_channel(e), rest, 4), 0);
     struct pollfd p = { .fd = fd, .events = POLLIN };
     CHECK_MSG(poll(&p, 1, 0) == 0, "engine fd still readable with no news");
-    CHECK_INT(llmretry_engine_wait(e, 50), LLMRETRY_ETIMEDOUT);
+    CHECK_INT(llmretry_channel_wait(llmretry_engine_channel(e), 50), LLMRETRY_ETIMEDOUT);
     for (int i = 0; i < N; i++) {
         log_free(&logs[i]);
         llmretry_call_free(calls[i]);

@@ -58,9 +58,10 @@ static int child_touches_everything(void *arg)
     if (!llmretry_engine_forked(w->e))
         return 10;
     llmretry_call *got[64];
-    if (llmretry_engine_poll(w->e, got, 64) != 0)
+    if (llmretry_channel_poll(llmretry_engine_channel(w->e), got, 64) != 0)
         return 11;              /* the parent's news are the parent's */
-    if (llmretry_channel_poll(w->ch, got, 64) != 0 || llmretry_group_poll(w->g, got, 64) != 0)
+    if (llmretry_channel_poll(w->ch, got, 64) != 0 ||
+        llmretry_channel_poll(llmretry_group_channel(w->g), got, 64) != 0)
         return 12;
     llmretry_options o;
     char url[128], err[LLMRETRY_ERRBUF];
@@ -113,7 +114,7 @@ static void test_fork_while_busy(void)
         w.n = i + 1;
     }
     /* News waiting on the engine's channel: a child must not take it. */
-    CHECK_INT(llmretry_engine_wait(w.e, 5000), LLMRETRY_OK);
+    CHECK_INT(llmretry_channel_wait(llmretry_engine_channel(w.e), 5000), LLMRETRY_OK);
     int bad = 0, first_code = 0;
     for (int k = 0; k < 40; k++) {
         int code = in_child(child_touches_everything, &w);
@@ -219,9 +220,9 @@ static void test_fork_check_costs_no_syscall(void)
     int done = 0, ok = 0;
     while (done < N) {
         llmretry_call *got[64];
-        size_t k = llmretry_group_poll(g, got, 64);
+        size_t k = llmretry_channel_poll(llmretry_group_channel(g), got, 64);
         if (k == 0) {
-            llmretry_group_wait(g, 1000);
+            llmretry_channel_wait(llmretry_group_channel(g), 1000);
             continue;
         }
         for (size_t j = 0; j < k; j++) {

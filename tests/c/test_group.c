@@ -326,9 +326,9 @@ static void *run_batch(void *arg)
     }
     int64_t end = th_now_ms() + 10000;
     while (b->finished < b->n && th_now_ms() < end) {
-        llmretry_group_wait(g, 100);
+        llmretry_channel_wait(llmretry_group_channel(g), 100);
         llmretry_call *ready[16];
-        size_t k = llmretry_group_poll(g, ready, 16);
+        size_t k = llmretry_channel_poll(llmretry_group_channel(g), ready, 16);
         for (size_t j = 0; j < k; j++) {
             int *slot = llmretry_call_user_data(ready[j]);
             if (slot < b->seen || slot >= b->seen + b->n) {
@@ -369,7 +369,7 @@ static void test_two_batches_poll_their_own_groups(llmretry_engine *e)
     CHECK_INT(a.twice + b.twice, 0);
     /* The engine-wide poll saw none of it. */
     llmretry_call *stray[4];
-    CHECK_INT(llmretry_engine_poll(e, stray, 4), 0);
+    CHECK_INT(llmretry_channel_poll(llmretry_engine_channel(e), stray, 4), 0);
 }
 
 static void test_wrong_engine(llmretry_engine *e)
@@ -394,6 +394,44 @@ static void test_wrong_engine(llmretry_engine *e)
     llmretry_engine_free(other);
 }
 
+/* The engine's and a group's channels are the one readiness object: owned
+ * by them (free leaves them alone), a pacing-only group has none, and a
+ * group's channel takes only its group's calls. */
+static void test_owned_channels(llmretry_engine *e)
+{
+    llmretry_group_options go;
+    llmretry_group_options_defaults(&go);
+    go.poll = 0;
+    llmretry_group *pacer = NULL, *g = new_group(e, 2, LLMRETRY_NO_DEADLINE, 1);
+    CHECK_INT(llmretry_group_new(e, &go, &pacer, NULL, 0), LLMRETRY_OK);
+    CHECK_MSG(pacer && llmretry_group_channel(pacer) == NULL, "a pacing group has a channel");
+    llmretry_channel *gch = g ? llmretry_group_channel(g) : NULL;
+    CHECK_MSG(gch && llmretry_channel_fd(gch) >= 0, "a polling group has no channel fd");
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    opts_for(&o, "g_owned", url, sizeof url, NULL);
+    o.channel = gch;
+    llmretry_call *c = NULL;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "channel") != NULL, "message \"%s\" does not name the channel", err);
+    /* Naming the engine's own channel is LLMRETRY_SUBMIT_POLL; freeing it
+     * is a no-op (the engine still reports there). */
+    llmretry_channel *ech = llmretry_engine_channel(e);
+    llmretry_channel_free(ech);
+    o.channel = ech;
+    CHECK_INT(llmretry_engine_submit(e, &o, 0, &c, err, sizeof err), LLMRETRY_OK);
+    llmretry_call *got[4];
+    size_t n = 0;
+    for (int i = 0; i < 100 && n == 0; i++) {
+        llmretry_channel_wait(ech, 100);
+        n = llmretry_channel_poll(ech, got, 4);
+    }
+    CHECK_MSG(n == 1 && got[0] == c, "the engine's channel did not report the call (%zu)", n);
+    llmretry_call_free(c);
+    llmretry_group_free(pacer);
+    llmretry_group_free(g);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -410,6 +448,7 @@ int main(void)
         test_cancel_and_early_free(e);
         test_two_batches_poll_their_own_groups(e);
         test_wrong_engine(e);
+        test_owned_channels(e);
         llmretry_engine_free(e);
     }
     th_mock_stop(&mock);

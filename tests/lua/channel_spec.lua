@@ -33,8 +33,9 @@ describe("channels", function()
     local scen = mock:scen("plain_channel")
     scen.script({}, { delay_ms = 50 })
     local engine = llm.new_engine()
-    local ch = engine:channel()
+    local ch = engine:new_channel()
     check(H.is_int(ch:fd()), "an eventfd channel has an fd")
+    check(ch:fd() ~= engine:channel():fd(), "a new channel is not the engine's")
     check(ch:path() == nil, "and no path")
     local mine = {}
     for i = 1, 3 do mine[engine:submit(opts(scen, { channel = ch }))] = i end
@@ -46,8 +47,8 @@ describe("channels", function()
         check(mine[h], "the channel reported a call that is not its own")
         if drain(h) then done = done + 1 end
       end
-      local hs = engine:poll()
-      for _, h in ipairs(hs) do check(h == other, "engine:poll reported a channel's call") end
+      local hs = engine:channel():poll()
+      for _, h in ipairs(hs) do check(h == other, "the engine's channel reported another's call") end
     end
     check(done == 3, "%d of 3 calls done", done)
     ch:close()
@@ -58,7 +59,7 @@ describe("channels", function()
     local scen = mock:scen("socket_channel")
     scen.script({}, { delay_ms = 50 })
     local engine = llm.new_engine()
-    local ch = engine:channel{ socket = true }
+    local ch = engine:new_channel{ socket = true }
     check(tostring(ch):find("socket", 1, true), "tostring: %s", tostring(ch))
     check(ch:fd() == nil, "a socket channel has no fd to watch")
     local path = ch:path()
@@ -80,7 +81,7 @@ describe("channels", function()
 
     local mine = {}
     for i = 1, 4 do mine[engine:submit(opts(scen, { channel = ch }))] = i end
-    check(#engine:poll() == 0, "the engine's own channel sees none of them")
+    check(#engine:channel():poll() == 0, "the engine's own channel sees none of them")
     client:settimeout(5)
     local done, wakes = 0, 0
     while done < 4 do
@@ -122,15 +123,59 @@ describe("channels", function()
     local engine = llm.new_engine()
     local scen = mock:scen("channel_opts")
     check(H.raises(engine.submit, engine, opts(scen, { channel = {} }))
-      :find("channel must be a channel from engine:channel() (got table)", 1, true), "not a channel")
-    local ch = engine:channel()
+      :find("channel must be a channel from engine:new_channel() (got table)", 1, true),
+      "not a channel")
+    local ch = engine:new_channel()
     ch:close()
     check(H.raises(engine.submit, engine, opts(scen, { channel = ch }))
       :find("channel is closed", 1, true), "a closed channel")
-    check(H.raises(engine.channel, engine, { sockt = true })
+    check(H.raises(engine.new_channel, engine, { sockt = true })
       :find("unknown channel option 'sockt' (socket)", 1, true), "a misspelt option")
-    check(H.raises(engine.channel, engine, { socket = 1 })
+    check(H.raises(engine.new_channel, engine, { socket = 1 })
       :find("socket must be a boolean (got 1)", 1, true), "a wrong type")
+    engine:close()
+  end)
+
+  it("of the engine and of a group live as long as their owner", function()
+    local scen = mock:scen("own_channels")
+    scen.script({}, { delay_ms = 50 })
+    local engine = llm.new_engine()
+    local g = engine:group{ limit = 2 }
+    local gch = g:channel()
+    check(H.is_int(gch:fd()) and gch:fd() ~= engine:channel():fd(), "a group's own channel")
+    check(engine:group{ limit = 2, poll = false }:channel() == nil, "a pacing group's channel")
+    check(H.raises(engine.submit, engine, opts(scen, { channel = gch }))
+      :find("a group's channel takes only its group's calls", 1, true), "a group's channel")
+    -- The engine's own channel as opts.channel is the default.
+    local h = engine:submit(opts(scen, { channel = engine:channel() }))
+    local news, seen = engine:channel(), false
+    local deadline = H.now_ms() + 10000
+    while not seen and H.now_ms() < deadline do
+      news:wait(200)
+      for _, x in ipairs(news:poll()) do seen = seen or x == h end
+    end
+    check(seen, "the engine's channel did not report the call")
+    -- close() on an own channel lets go of it, not of the owner's.
+    news:close()
+    check(H.is_int(engine:channel():fd()), "the engine's channel went with a close()")
+    g:close()
+    check(tostring(gch):find("closed", 1, true), "a closed group's channel: %s", tostring(gch))
+    check(#gch:poll() == 0 and gch:wait(0) == false, "a closed group's channel polls nothing")
+    -- An own channel keeps its owner alive.
+    local probe = setmetatable({}, { __mode = "v" })
+    local kept
+    do
+      local e2 = llm.new_engine()
+      probe.engine = e2
+      kept = e2:channel()
+    end
+    collectgarbage()
+    collectgarbage()
+    check(probe.engine ~= nil and H.is_int(kept:fd()), "the engine went before its channel")
+    kept = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    check(probe.engine == nil, "the engine was not collected after its channel")
     engine:close()
   end)
 end)

@@ -1,5 +1,5 @@
--- The engine's pollable side from a hand-written event loop (engine:fd,
--- engine:submit, engine:poll, engine:wait, handle:next/result/cancel), and
+-- The engine's pollable side from a hand-written event loop (its channel's
+-- fd, poll and wait, engine:submit, handle:next/result/cancel), and
 -- collecting engines and handles with calls in flight.
 
 local H = require("helpers")
@@ -31,10 +31,11 @@ local function run_all(engine, handles, timeout_ms)
   end
   local left = #handles
   local deadline = H.now_ms() + (timeout_ms or 10000)
+  local news = engine:channel()
   while left > 0 do
     check(H.now_ms() < deadline, "the loop did not finish in time (%d calls left)", left)
-    if engine:wait(200) then wakeups = wakeups + 1 end
-    local hs = engine:poll()
+    if news:wait(200) then wakeups = wakeups + 1 end
+    local hs = news:poll()
     polls = polls + 1
     for _, h in ipairs(hs) do
       check(events[h], "poll returned a handle that is not ours: %s", tostring(h))
@@ -57,7 +58,7 @@ describe("engine", function()
     local scen = mock:scen("hand_loop")
     scen.script({ { status = 503 } }, { delay_ms = 100 })
     local engine = llm.new_engine()
-    local fd = engine:fd()
+    local fd = engine:channel():fd()
     check(H.is_int(fd) and fd >= 0, "fd %s", H.dump(fd))
     local handles = {}
     for i = 1, 5 do
@@ -88,25 +89,27 @@ describe("engine", function()
     local scen = mock:scen("poll_nonblocking")
     scen.script({ { delay_ms = 600 } })
     local engine = llm.new_engine()
+    local news = engine:channel()
+    check(news:fd() == engine:channel():fd(), "the engine has one channel")
     local h = engine:submit(opts(scen, { event_mask = 0 }))
     local t0 = H.now_ms()
-    local hs = engine:poll()
+    local hs = news:poll()
     check(H.now_ms() - t0 < 50, "poll blocked for %.0f ms", H.now_ms() - t0)
     check(#hs == 0, "news before the answer: %d", #hs)
     t0 = H.now_ms()
-    local ready = engine:wait(150)
+    local ready = news:wait(150)
     local waited = H.now_ms() - t0
     check(ready == false, "wait said ready with nothing to report")
     check(waited >= 120 and waited < 500, "wait(150) took %.0f ms", waited)
-    check(engine:wait(3000) == true, "no news within 3 s")
-    hs = engine:poll()
+    check(news:wait(3000) == true, "no news within 3 s")
+    hs = news:poll()
     check(#hs == 1 and hs[1] == h, "poll returned %s", H.dump(hs))
     check(drain(h, {}), "not done after news")
     local res = h:result()
     check(res and res.meta.status == 200, "result")
-    check(#engine:poll() == 0, "the same news twice")
+    check(#news:poll() == 0, "the same news twice")
     -- Drained: the fd is quiet again (event loops watch it level-triggered).
-    check(engine:wait(0) == false, "the fd stays readable with nothing to report")
+    check(news:wait(0) == false, "the fd stays readable with nothing to report")
     engine:close()
   end)
 
@@ -130,9 +133,10 @@ describe("engine", function()
     local t0 = H.now_ms()
     h:cancel()
     local events = {}
+    local news = engine:channel()
     while not drain(h, events) do
-      check(engine:wait(1000) or h:wait(0), "no news after cancel")
-      engine:poll()
+      check(news:wait(1000) or h:wait(0), "no news after cancel")
+      news:poll()
     end
     check(H.now_ms() - t0 < 1000, "cancel took %.0f ms", H.now_ms() - t0)
     local res, err = h:result()
@@ -200,6 +204,7 @@ describe("engine", function()
     local engine = llm.new_engine()
     local hs = {}
     for i = 1, 3 do hs[i] = engine:submit(opts(scen)) end
+    local news = engine:channel()
     scen.wait_requests(3, 3000)
     local t0 = H.now_ms()
     engine:close()
@@ -215,12 +220,15 @@ describe("engine", function()
       local _, err = h:result()
       check(err and err.kind == "cancelled", "result after close: %s", H.dump(err))
     end
-    check(#engine:poll() == 0, "poll on a closed engine")
-    check(engine:wait(10) == false, "wait on a closed engine")
+    check(#news:poll() == 0, "poll on a closed engine's channel")
+    check(news:wait(10) == false, "wait on a closed engine's channel")
+    check(tostring(news):find("closed", 1, true), "tostring %s", tostring(news))
+    local ce = H.raises(news.fd, news)
+    check(ce:find("channel is closed", 1, true), "message %s", ce)
     check(tostring(engine):find("closed", 1, true), "tostring %s", tostring(engine))
     local e = H.raises(engine.submit, engine, opts(scen))
     check(e:find("engine is closed", 1, true), "message %s", e)
-    e = H.raises(engine.fd, engine)
+    e = H.raises(engine.channel, engine)
     check(e:find("engine is closed", 1, true), "message %s", e)
   end)
 
@@ -262,7 +270,7 @@ describe("engine", function()
     check(kept:done() and kept:result(), "the kept call failed")
     check(#events[kept] >= 2, "events of the kept call")
     H.sleep_ms(100)
-    check(#engine:poll() == 0, "news of collected handles")
+    check(#engine:channel():poll() == 0, "news of collected handles")
     engine:close()
   end)
 

@@ -248,10 +248,10 @@ def test_logger_that_raises_keeps_the_result(scen: Scenario,
     assert res.meta.attempts == 2
     assert calls == ["llm_request_started", "llm_request_failed", "llm_retry_scheduled",
                      "llm_request_started", "llm_request_succeeded"]
-    assert len(seen) == len(calls), f"{len(seen)} unraisable reports for {len(calls)} raises"
-    for u in seen:
-        assert isinstance(u.exc_value, RuntimeError)
-        assert str(u.exc_value) == "logger exploded"
+    # One report per call, the first error's (tests/vectors/loggers/).
+    assert len(seen) == 1, f"{len(seen)} unraisable reports for {len(calls)} raises"
+    assert isinstance(seen[0].exc_value, RuntimeError)
+    assert str(seen[0].exc_value) == "logger exploded"
 
 
 def test_logger_that_raises_on_error_path(scen: Scenario,
@@ -267,8 +267,8 @@ def test_logger_that_raises_on_error_path(scen: Scenario,
         llmretry.call_llm(secret_body("raise2"), base_url=scen.url, api_key=SECRET_KEY,
                           logger=bad_logger, **FAST)
     assert info.value.status == 400
-    assert len(seen) == 3
-    assert all(isinstance(u.exc_value, RuntimeError) for u in seen)
+    assert len(seen) == 1               # three raises, one report per call
+    assert isinstance(seen[0].exc_value, RuntimeError)
 
 
 class Stop(BaseException):

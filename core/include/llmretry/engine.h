@@ -55,7 +55,7 @@ int llmretry_engine_forked(const llmretry_engine *e);
 unsigned llmretry_fork_generation(void);
 
 /* Submit flags. */
-#define LLMRETRY_SUBMIT_POLL 1u  /* report this call via llmretry_engine_poll */
+#define LLMRETRY_SUBMIT_POLL 1u  /* report this call to llmretry_engine_channel */
 
 /* Submit a call. Options are checked and copied (the caller may free them
  * on return); EINVAL names the field, before any I/O. */
@@ -63,19 +63,12 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
                                        unsigned flags, llmretry_call **out,
                                        char *err, size_t errlen);
 
-/* Event-loop integration: a file descriptor that is readable when a call
- * submitted with LLMRETRY_SUBMIT_POLL has news (events or its result). */
-int llmretry_engine_fd(const llmretry_engine *e);
-
-/* Without blocking, return up to `max` calls that have news; each call is
- * reported once per batch of news, so drain each one's mailbox, and never
- * again once llmretry_call_next has returned its DONE. Returns the count.
- * The returned pointers are borrowed (the host still owns them). */
-size_t llmretry_engine_poll(llmretry_engine *e, llmretry_call **calls, size_t max);
-
-/* Block until engine_fd is readable or timeout_ms passes (-1 = forever).
- * OK or ETIMEDOUT. */
-llmretry_status llmretry_engine_wait(llmretry_engine *e, int64_t timeout_ms);
+/* Event-loop integration: the engine's own channel (llmretry/channel.h),
+ * where calls submitted with LLMRETRY_SUBMIT_POLL report their news: its
+ * fd is readable while one has news, llmretry_channel_poll takes them and
+ * llmretry_channel_wait blocks for them. It lives as long as the engine
+ * (llmretry_channel_free leaves it alone). */
+llmretry_channel *llmretry_engine_channel(llmretry_engine *e);
 
 /* Cancel a call at any moment (attempt in flight or backoff wait). The
  * result becomes `cancelled` promptly. Harmless on a finished call. */

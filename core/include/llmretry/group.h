@@ -28,8 +28,8 @@ typedef struct llmretry_group_options {
     int limit;                     /* 8, >= 1 */
     int64_t deadline_ms;           /* LLMRETRY_NO_DEADLINE, else >= 0 (from group_new) */
     int adaptive;                  /* 1 */
-    /* 1: the group's calls report to llmretry_group_fd / _poll (a batch
-     * read by one host thread). 0: the group only paces its calls, which
+    /* 1: the group's calls report to its channel (llmretry_group_channel:
+     * a batch read by one host thread). 0: the group only paces its calls, which
      * report where they would without it (options.channel, the engine's
      * for LLMRETRY_SUBMIT_POLL, else none: each call's own host thread
      * waits on it): a pool of host threads, or an event loop's pool that
@@ -53,12 +53,12 @@ void llmretry_group_free(llmretry_group *g);
 /* A snapshot, updated by the engine thread as it schedules. */
 void llmretry_group_stats_get(llmretry_group *g, llmretry_group_stats *out);
 
-/* A group's calls report their news here (not to llmretry_engine_poll), so
- * that several batches on one engine never take each other's calls: the
- * same contract as llmretry_engine_fd / _poll / _wait. */
-int llmretry_group_fd(const llmretry_group *g);
-size_t llmretry_group_poll(llmretry_group *g, llmretry_call **calls, size_t max);
-llmretry_status llmretry_group_wait(llmretry_group *g, int64_t timeout_ms);
+/* A polling group's calls report their news to the group's own channel
+ * (llmretry/channel.h: fd, poll, wait), not to the engine's, so that
+ * several batches on one engine never take each other's calls. NULL for a
+ * group made with poll 0. It lives as long as the group (calls still in it
+ * keep it alive; llmretry_channel_free leaves it alone). */
+llmretry_channel *llmretry_group_channel(llmretry_group *g);
 
 #ifdef __cplusplus
 }

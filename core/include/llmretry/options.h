@@ -245,8 +245,8 @@ typedef struct llmretry_options {
     /* Submit into this batch group (NULL = none): see llmretry_group_new. */
     llmretry_group *group;
     /* Report this call's news to this channel (NULL = the engine's own for
-     * LLMRETRY_SUBMIT_POLL, or none): see llmretry_channel_new. A group's
-     * calls always report to the group. */
+     * LLMRETRY_SUBMIT_POLL, or none): see llmretry_channel_new. A polling group's
+     * calls always report to the group's channel. */
     llmretry_channel *channel;
     /* The host's own pointer, returned by llmretry_call_user_data. */
     void *user_data;
