@@ -27,7 +27,7 @@
  *   server was serving at, grown back by each success; refusals in a row
  *   pause the endpoint, for longer each time.
  * - A call is charged its estimated tokens (prompt characters / 4, plus
- *   max_tokens or max_completion_tokens, else DEFAULT_COMPLETION_TOKENS,
+ *   max_tokens or max_completion_tokens, else 256 (estimate.c),
  *   none for an embeddings call; or the host's estimated_tokens) and the
  *   charge is corrected by the response's usage the way providers count:
  *   the prompt's real tokens plus the completion's limit when the body set
@@ -38,7 +38,6 @@
  * their deadline armed (they fail at it). I/O thread only. */
 #include "endpoint.h"
 
-#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -48,9 +47,6 @@
  * little early (a timer, the network) lands in the window of the one a
  * limit ago and is refused; 2 % leaves that room. */
 #define PACE 0.98
-
-/* A completion's tokens when the body does not bound them. */
-#define DEFAULT_COMPLETION_TOKENS 256
 
 /* How long a call waits for the answers on their way (asking) if none
  * comes back sooner: it is looked at again as each attempt ends. */
@@ -312,60 +308,16 @@ static void refill(lr_endpoint *ep, int64_t now, double tok_cap, double rpm, dou
 
 /* ---- a call's tokens ------------------------------------------------------- */
 
-static size_t text_chars(const cJSON *v)
-{
-    if (cJSON_IsString(v))
-        return strlen(v->valuestring);
-    size_t n = 0;
-    if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
-        /* content parts ({"type": "text", "text": ...}), messages, inputs */
-        const cJSON *item;
-        cJSON_ArrayForEach(item, v) {
-            if (cJSON_IsString(item) && item->string &&
-                strcmp(item->string, "text") != 0 && strcmp(item->string, "content") != 0)
-                continue;           /* "role", "type", "name": not the prompt */
-            n += text_chars(item);
-        }
-    }
-    return n;
-}
-
-static int64_t completion_limit(const cJSON *doc)
-{
-    static const char *const names[] = { "max_completion_tokens", "max_tokens",
-                                         "max_output_tokens" };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, names[i]);
-        if (cJSON_IsNumber(v) && v->valuedouble >= 0)
-            return v->valuedouble > 1e12 ? (int64_t)1e12 : (int64_t)v->valuedouble;
-    }
-    return -1;
-}
-
-/* Prompt characters / 4 and the completion's bound; parsed only for calls
- * that meet a token limit. */
+/* The host's estimated_tokens, else the core's rule (estimate.c); parsed
+ * only for calls that meet a token limit. */
 static int64_t estimate(llmretry_call *c)
 {
     if (c->est_tokens >= 0)
         return c->est_tokens;
     if (c->o.estimated_tokens > 0)
         return c->est_tokens = c->o.estimated_tokens;
-    cJSON *doc = cJSON_ParseWithLength(c->body, c->o.body_len);
-    size_t chars = 0;
-    int64_t limit = -1;
-    if (doc) {
-        static const char *const prompt_keys[] = { "messages", "input", "prompt" };
-        for (size_t i = 0; i < sizeof prompt_keys / sizeof prompt_keys[0]; i++)
-            chars += text_chars(cJSON_GetObjectItemCaseSensitive(doc, prompt_keys[i]));
-        /* Embeddings have no completion: their cost is their input. */
-        limit = c->url && lr_url_path_ends(c->url, "/embeddings") ? 0 : completion_limit(doc);
-        cJSON_Delete(doc);
-    } else {
-        chars = c->o.body_len;
-    }
-    c->completion_limit = limit;
-    return c->est_tokens = (int64_t)((chars + 3) / 4) +
-                           (limit >= 0 ? limit : DEFAULT_COMPLETION_TOKENS);
+    return c->est_tokens = lr_estimate_tokens(c->url, c->body, c->o.body_len, NULL, NULL,
+                                              &c->completion_limit);
 }
 
 /* How long until `need` fits what the server said remains (`remaining` as of

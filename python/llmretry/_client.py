@@ -37,7 +37,7 @@ from ._pool import map_with_concurrency as _map_with_concurrency
 from ._results import Meta, Result, _call_extra, _parse_json, _result_of, _Validator
 from ._stream import Stream
 from ._streaming import _client_stream, _stream_call
-from ._tokens import estimate_tokens
+from ._tokens import estimate_tokens, estimate_url
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -234,7 +234,7 @@ class Client:
             extra["stream_usage"] = True
         if plan.kwargs.get("tpm"):
             # Under a token budget, tiktoken's count when the host has it.
-            tokens = estimate_tokens(body)
+            tokens = estimate_tokens(estimate_url(plan.kwargs), payload)
             if tokens:
                 extra["estimated_tokens"] = tokens
         return engine, payload, extra, validator

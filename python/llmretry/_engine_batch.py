@@ -10,7 +10,7 @@ from ._bodies import _LazyBodies, _encode_body
 from ._options import _INT32_MAX, _Plan
 from ._policies import new_idempotency_key
 from ._results import _Validator, _batch_value
-from ._tokens import estimate_tokens
+from ._tokens import estimate_tokens, estimate_url
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -42,11 +42,11 @@ class _EngineBatch:
             validator = extra["validate"] = _Validator(plan.validate)
         if plan.auto_key:
             extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
-        items = batch.items
-        if plan.kwargs.get("tpm") and items is not None:
+        if plan.kwargs.get("tpm"):
             # Under a token budget, tiktoken's count per item when the host
             # has it (0: the core estimates).
-            tokens = [estimate_tokens(items[i]) for i in to_run]
+            url = estimate_url(plan.kwargs)
+            tokens = [estimate_tokens(url, encoded[i][0]) for i in to_run]
             if any(tokens):
                 extra["estimated_tokens"] = tokens
         self._validator = validator
@@ -110,6 +110,7 @@ class _LazyEngineBatch:
         keep_items = batch.journal is not None
 
         count_tokens = bool(plan.kwargs.get("tpm"))
+        url = estimate_url(plan.kwargs)
 
         def feed() -> Iterator[Tuple[int, bytes, Optional[str], Optional[str], int]]:
             for i, item in enumerate(source.items):
@@ -127,7 +128,7 @@ class _LazyEngineBatch:
                 if keep_items:
                     in_flight[i] = item
                 yield (i, payload, model, new_idempotency_key() if auto_key else None,
-                       estimate_tokens(body) if count_tokens else 0)
+                       estimate_tokens(url, payload) if count_tokens else 0)
 
         def item_done(i: int, value: Any) -> None:
             failed = not_started = False

@@ -371,6 +371,12 @@ def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], 
     TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
     bodies the scanner refuses (and for the JSON of validation errors)."""
 
+def estimate_tokens(url: Optional[str], body: bytes,
+                    count: Optional[Callable[[str], int]]) -> Optional[int]:
+    """The core's token estimate of a body (what it is charged against
+    tpm): its prompt texts counted by ``count`` (None: characters / 4)
+    plus the completion's bound; None when ``count`` fails."""
+
 def parse_retry_after(value: str, now_unix_ms: int) -> int:
     """The core's Retry-After parser: ms > 0, or -1 when not usable."""
 

@@ -328,6 +328,21 @@ llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name,
 llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *statuses, size_t n,
                                               char *err, size_t errlen);
 
+/* A host's tokenizer for llmretry_estimate_tokens: the tokens of one
+ * prompt text (UTF-8, `len` bytes, not NUL-terminated); < 0 = cannot count. */
+typedef int64_t (*llmretry_token_counter)(const char *text, size_t len, void *ud);
+
+/* The tokens a request body is charged against tpm, the engine's rule in
+ * one place: its prompt texts (the strings under "messages", "input" and
+ * "prompt" that are content or text, not roles or names) counted by
+ * `count` (NULL = characters / 4, rounded up), plus the completion's bound
+ * (max_completion_tokens, max_tokens or max_output_tokens; 0 for a url
+ * whose path ends with /embeddings; else 256). A body that is not JSON
+ * counts as all prompt. -1 when `count` fails on a text; a host then
+ * leaves estimated_tokens at 0 (the engine's own estimate). */
+int64_t llmretry_estimate_tokens(const char *url, const char *body, size_t len,
+                                 llmretry_token_counter count, void *ud);
+
 #ifdef __cplusplus
 }
 #endif
