@@ -170,6 +170,24 @@ static PyObject *estimate_tokens(PyObject *module, PyObject *args)
     return PyLong_FromLongLong((long long)n);
 }
 
+/* check_header(name, value, index): the core's rule for one extra header
+ * (llmretry_check_header); ValueError with its message. */
+static PyObject *check_header(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *name, *value;
+    Py_ssize_t nl, vl, index;
+    if (!PyArg_ParseTuple(args, "s#s#n:check_header", &name, &nl, &value, &vl, &index))
+        return NULL;
+    char err[LLMRETRY_ERRBUF];
+    if (llmretry_check_header(name, (size_t)nl, value, (size_t)vl, (size_t)index, err,
+                              sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
       "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
@@ -182,6 +200,8 @@ static PyMethodDef module_methods[] = {
       "schema_errors(schema_text, json_text) -> None or the JSON text of its errors." },
     { "_set_result_types", lr_set_result_types, METH_VARARGS,
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
+    { "check_header", check_header, METH_VARARGS,
+      "check_header(name, value, index): ValueError unless the core would send the header." },
     { "estimate_tokens", estimate_tokens, METH_VARARGS,
       "estimate_tokens(url, body_bytes, count) -> int or None: the tokens the body is\n"
       "charged against tpm, its prompt texts counted by count(str) -> int (None: the\n"

@@ -371,6 +371,11 @@ def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], 
     TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
     bodies the scanner refuses (and for the JSON of validation errors)."""
 
+def check_header(name: str, value: str, index: int) -> None:
+    """The core's rule for one extra header (llmretry_check_header):
+    ValueError naming header #index (never an invalid name) or the value's
+    header."""
+
 def estimate_tokens(url: Optional[str], body: bytes,
                     count: Optional[Callable[[str], int]]) -> Optional[int]:
     """The core's token estimate of a body (what it is charged against

@@ -328,6 +328,18 @@ llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name,
 llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *statuses, size_t n,
                                               char *err, size_t errlen);
 
+/* One extra header as a host holds it (a name and a value, each with its
+ * length: NUL is refused, not an end), checked by the rule the core
+ * applies to its "Name: value" lines: the name an RFC 9110 token (no ':',
+ * which a line could not tell apart), the value without control
+ * characters but HTAB. `index` is its place among the caller's headers,
+ * named in the message instead of the name when the name is invalid (it
+ * may be a secret); (size_t)-1 = no order (a Lua table). EINVAL with the
+ * message in err. Reserved names (Content-Length, ...) are refused with
+ * the other options, by llmretry_options_check. */
+llmretry_status llmretry_check_header(const char *name, size_t name_len, const char *value,
+                                      size_t value_len, size_t index, char *err, size_t errlen);
+
 /* A host's tokenizer for llmretry_estimate_tokens: the tokens of one
  * prompt text (UTF-8, `len` bytes, not NUL-terminated); < 0 = cannot count. */
 typedef int64_t (*llmretry_token_counter)(const char *text, size_t len, void *ud);

@@ -1,7 +1,9 @@
-"""The token estimate is the core's rule everywhere: the shared vector
-tests/vectors/rules/token_estimates.json (also run by tests/c/test_estimate.c)
-through the binding, with the core's own count and with a host tokenizer
-standing in for tiktoken (a token a word) the way _tokens hands it over."""
+"""The core's rules, kept nowhere else: the shared vectors of
+tests/vectors/rules/ (also run by tests/c/test_rules.c and
+tests/lua/rules_spec.lua). The token estimate through the binding, with the
+core's own count and with a host tokenizer standing in for tiktoken (a token
+a word) the way _tokens hands it over; the extra headers' rule through the
+``headers`` option."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+import llmretry
 from llmretry import _llmretry, _tokens
 from llmretry._tokens import estimate_url
 
@@ -19,6 +22,8 @@ from conftest import VECTOR_DIR
 
 CASES: List[Dict[str, Any]] = json.loads(
     (VECTOR_DIR / "rules" / "token_estimates.json").read_text())["cases"]
+HEADERS: List[Dict[str, Any]] = json.loads(
+    (VECTOR_DIR / "rules" / "headers.json").read_text())["cases"]
 
 
 def _payload(case: Dict[str, Any]) -> bytes:
@@ -61,3 +66,20 @@ def test_the_url_of_an_endpoint_call() -> None:
     assert estimate_url({"url": "http://h/v1/embeddings", "endpoint": "chat"}) == \
         "http://h/v1/embeddings"
     assert estimate_url({}) is None
+
+
+@pytest.mark.parametrize("case", HEADERS, ids=[repr(c["name"] + ": " + c["value"]) for c in HEADERS])
+def test_headers_by_the_cores_rule(case: Dict[str, Any]) -> None:
+    headers = {"X-First": "ok", case["name"]: case["value"]}
+    if case["error"] is None:
+        llmretry.Client(api_key="k", logger=None, headers=headers).close()
+        return
+    with pytest.raises(ValueError) as info:
+        llmretry.Client(api_key="k", logger=None, headers=headers)
+    message = str(info.value)
+    if case["error"] == "name":
+        assert message.startswith("headers: the name of header #1 is invalid")
+        assert not case["name"] or case["name"] not in message
+    else:
+        assert message == (f'headers["{case["name"]}"] must not contain CR, LF, NUL or other '
+                           f"control characters")
