@@ -188,6 +188,25 @@ static PyObject *check_header(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* stream_body(url, body, streamed): llmretry_stream_body, the body the
+ * core sends for an object the host encoded; None when it is sent as is. */
+static PyObject *stream_body(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *url, *body;
+    Py_ssize_t len;
+    int streamed;
+    if (!PyArg_ParseTuple(args, "zy#p:stream_body", &url, &body, &len, &streamed))
+        return NULL;
+    size_t n = (size_t)len;
+    char *out = llmretry_stream_body(url, body, &n, streamed);
+    if (!out)
+        Py_RETURN_NONE;
+    PyObject *bytes = PyBytes_FromStringAndSize(out, (Py_ssize_t)n);
+    llmretry_free(out);
+    return bytes;
+}
+
 static PyMethodDef module_methods[] = {
     { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
       "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
@@ -200,6 +219,9 @@ static PyMethodDef module_methods[] = {
       "schema_errors(schema_text, json_text) -> None or the JSON text of its errors." },
     { "_set_result_types", lr_set_result_types, METH_VARARGS,
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
+    { "stream_body", stream_body, METH_VARARGS,
+      "stream_body(url, body_bytes, streamed) -> bytes or None: the body the core sends\n"
+      "for an object the host encoded (\"stream\": true when streamed, usage asked)." },
     { "check_header", check_header, METH_VARARGS,
       "check_header(name, value, index): ValueError unless the core would send the header." },
     { "estimate_tokens", estimate_tokens, METH_VARARGS,

@@ -26,8 +26,8 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Ite
 
 from . import _aio, _batch, _engine_batch, _llmretry
 from ._batch import BatchResult
-from ._bodies import (_batch_items, _encode_bodies, _encode_body, _encode_call_body, _LazyBodies, _responses_api,
-                      _with_stream_usage, _with_stream_usage_one)
+from ._bodies import (_batch_items, _core_url, _encode_bodies, _encode_call_body,
+                      _LazyBodies)
 from ._logging import DEFAULT
 from ._options import (_BASE_PLAN, _INT32_MAX, BatchOptions, Body, CallOptions, _bool,
                        _check_batch_options, _check_option_names, _int32, _int_option,
@@ -37,7 +37,7 @@ from ._pool import map_with_concurrency as _map_with_concurrency
 from ._results import Meta, Result, _call_extra, _parse_json, _result_of, _Validator
 from ._stream import Stream
 from ._streaming import _client_stream, _stream_call
-from ._tokens import estimate_tokens, estimate_url
+from ._tokens import estimate_tokens
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -59,6 +59,11 @@ _live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
 # could wait on a lock some parent thread held at fork time.
 _parent_engines: List[Any] = []
 
+
+
+def _as_given(body: Any) -> Any:
+    """A lazy batch's prep when nothing changes its items."""
+    return body
 
 class Client:
     """An engine (I/O thread, connection cache) and a set of call defaults.
@@ -234,7 +239,7 @@ class Client:
             extra["stream_usage"] = True
         if plan.kwargs.get("tpm"):
             # Under a token budget, tiktoken's count when the host has it.
-            tokens = estimate_tokens(estimate_url(plan.kwargs), payload)
+            tokens = estimate_tokens(_core_url(plan.kwargs), payload)
             if tokens:
                 extra["estimated_tokens"] = tokens
         return engine, payload, extra, validator
@@ -325,7 +330,7 @@ class Client:
         if not isinstance(items, Iterator):
             # A list or tuple: every body encoded and checked before any call.
             plan, sent = self._batch_plan(policy, options, items)
-            encoded: Any = _encode_bodies(sent)
+            encoded: Any = _encode_bodies(sent, _core_url(plan.kwargs))
             batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
                                  progress=progress, on_result=on_result, logger=logger,
                                  parse_items=True, keep_results=keep_results)
@@ -347,27 +352,22 @@ class Client:
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
-            responses = _responses_api(plan.kwargs)
-            return plan, lambda body: _with_stream_usage_one(body, responses)
+            return plan, _as_given
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
         if pp.auto_key and "idempotency_key" not in options:
             plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
         _check_batch_options(plan.kwargs)
-        responses = _responses_api(plan.kwargs)
-        if pp.model is None:
-            return plan, lambda body: _with_stream_usage_one(body, responses)
-        return plan, lambda body: _with_stream_usage_one(pp.body(body), responses)
+        return plan, _as_given if pp.model is None else pp.body
 
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
         """The plan of a batch's calls and the bodies to send (the policy's
-        model filled in, streaming dicts asking for usage); ValueError for an
-        unknown policy."""
+        model filled in); ValueError for an unknown policy."""
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
-            return plan, _with_stream_usage(items, _responses_api(plan.kwargs))
+            return plan, items
         pp = self._policy_plan(policy)
         plan = pp.plan.with_options(options.items()) if options else pp.plan
         if pp.auto_key and "idempotency_key" not in options:
@@ -375,7 +375,7 @@ class Client:
         if pp.model is not None:
             items = [pp.body(body) for body in items]
         _check_batch_options(plan.kwargs)
-        return plan, _with_stream_usage(items, _responses_api(plan.kwargs))
+        return plan, items
 
     def _run_batch(self, batch: "_batch.Batch",
                    encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _batch
-from ._bodies import _LazyBodies, _encode_body
+from ._bodies import _core_url, _encode_batch_body, _LazyBodies
 from ._options import _INT32_MAX, _Plan
 from ._policies import new_idempotency_key
 from ._results import _Validator, _batch_value
-from ._tokens import estimate_tokens, estimate_url
+from ._tokens import estimate_tokens
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -45,7 +45,7 @@ class _EngineBatch:
         if plan.kwargs.get("tpm"):
             # Under a token budget, tiktoken's count per item when the host
             # has it (0: the core estimates).
-            url = estimate_url(plan.kwargs)
+            url = _core_url(plan.kwargs)
             tokens = [estimate_tokens(url, encoded[i][0]) for i in to_run]
             if any(tokens):
                 extra["estimated_tokens"] = tokens
@@ -110,7 +110,7 @@ class _LazyEngineBatch:
         keep_items = batch.journal is not None
 
         count_tokens = bool(plan.kwargs.get("tpm"))
-        url = estimate_url(plan.kwargs)
+        url = _core_url(plan.kwargs)
 
         def feed() -> Iterator[Tuple[int, bytes, Optional[str], Optional[str], int]]:
             for i, item in enumerate(source.items):
@@ -121,7 +121,7 @@ class _LazyEngineBatch:
                     continue
                 try:
                     body = prep(item)
-                    payload, model = _encode_body(body)
+                    payload, model = _encode_batch_body(body, url)
                 except (TypeError, ValueError) as exc:
                     kind = TypeError if isinstance(exc, TypeError) else ValueError
                     raise kind(f"bodies[{i}]: {exc}") from None

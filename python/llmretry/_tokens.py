@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Callable, List, Optional
 
 from . import _llmretry
 
-__all__ = ["estimate_tokens", "estimate_url"]
+__all__ = ["estimate_tokens"]
 
 _lock = threading.Lock()
 _count: Optional[Callable[[str], int]] = None
@@ -47,12 +47,3 @@ def estimate_tokens(url: Optional[str], payload: bytes) -> int:
         return 0
     return _llmretry.estimate_tokens(url, payload, count) or 0
 
-
-def estimate_url(kwargs: Mapping[str, Any]) -> Optional[str]:
-    """What the core's estimate needs of a call's url (is it /embeddings?):
-    the url, else the path of its ``endpoint`` ("embeddings")."""
-    url = kwargs.get("url")
-    if url:
-        return str(url)
-    endpoint = kwargs.get("endpoint")
-    return f"/{endpoint}" if isinstance(endpoint, str) else None

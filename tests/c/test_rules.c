@@ -3,7 +3,8 @@
  * run the same cases through their bindings):
  * - token_estimates: llmretry_estimate_tokens with the core's own count
  *   (NULL counter: bytes / 4) and a host's tokenizer (one token a word);
- * - headers: llmretry_check_header. */
+ * - headers: llmretry_check_header;
+ * - stream_bodies: llmretry_stream_body. */
 #include "harness.h"
 #include "llmretry.h"
 
@@ -111,9 +112,43 @@ static void headers(void)
     cJSON_Delete(doc);
 }
 
+static void stream_bodies(void)
+{
+    cJSON *doc = read_vector("stream_bodies");
+    const cJSON *cases = cJSON_GetObjectItemCaseSensitive(doc, "cases"), *c;
+    CHECK(cJSON_GetArraySize(cases) >= 8);
+    cJSON_ArrayForEach(c, cases) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring;
+        char url[128];
+        snprintf(url, sizeof url, "http://h/v1/%s",
+                 cJSON_GetObjectItemCaseSensitive(c, "endpoint")->valuestring);
+        int streamed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "streamed"));
+        const cJSON *raw = cJSON_GetObjectItemCaseSensitive(c, "body_text");
+        char *body = cJSON_IsString(raw) ? strdup(raw->valuestring)
+                   : cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "body"));
+        size_t len = strlen(body);
+        char *out = llmretry_stream_body(url, body, &len, streamed);
+        const char *sent = out ? out : body;
+        CHECK_MSG(strlen(sent) == len, "%s: length %zu", name, len);
+        const cJSON *want_text = cJSON_GetObjectItemCaseSensitive(c, "sent_text");
+        if (cJSON_IsString(want_text)) {
+            CHECK_MSG(strcmp(sent, want_text->valuestring) == 0, "%s: sent %s", name, sent);
+        } else {
+            cJSON *got = cJSON_Parse(sent);
+            CHECK_MSG(got && cJSON_Compare(got, cJSON_GetObjectItemCaseSensitive(c, "sent"), 1),
+                      "%s: sent %s", name, sent);
+            cJSON_Delete(got);
+        }
+        llmretry_free(out);
+        free(body);
+    }
+    cJSON_Delete(doc);
+}
+
 int main(void)
 {
     token_estimates();
     headers();
+    stream_bodies();
     return th_summary("test_rules");
 }

@@ -3,7 +3,8 @@ tests/vectors/rules/ (also run by tests/c/test_rules.c and
 tests/lua/rules_spec.lua). The token estimate through the binding, with the
 core's own count and with a host tokenizer standing in for tiktoken (a token
 a word) the way _tokens hands it over; the extra headers' rule through the
-``headers`` option."""
+``headers`` option; the body sent for a dict (stream_bodies) as the mock
+server receives it from stream_llm, call_llm and call_many."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ import pytest
 
 import llmretry
 from llmretry import _llmretry, _tokens
-from llmretry._tokens import estimate_url
+from llmretry._bodies import _core_url
 
-from conftest import VECTOR_DIR
+from conftest import SECRET_KEY, VECTOR_DIR, Scenario
 
 CASES: List[Dict[str, Any]] = json.loads(
     (VECTOR_DIR / "rules" / "token_estimates.json").read_text())["cases"]
 HEADERS: List[Dict[str, Any]] = json.loads(
     (VECTOR_DIR / "rules" / "headers.json").read_text())["cases"]
+STREAM_BODIES: List[Dict[str, Any]] = [
+    c for c in json.loads((VECTOR_DIR / "rules" / "stream_bodies.json").read_text())["cases"]
+    if "body" in c]
 
 
 def _payload(case: Dict[str, Any]) -> bytes:
@@ -62,10 +66,10 @@ def test_a_failing_tokenizer_leaves_the_estimate_to_the_core() -> None:
 
 def test_the_url_of_an_endpoint_call() -> None:
     """endpoint="embeddings" is charged as the core charges its url."""
-    assert estimate_url({"endpoint": "embeddings"}) == "/embeddings"
-    assert estimate_url({"url": "http://h/v1/embeddings", "endpoint": "chat"}) == \
+    assert _core_url({"endpoint": "embeddings"}) == "/embeddings"
+    assert _core_url({"url": "http://h/v1/embeddings", "endpoint": "chat"}) == \
         "http://h/v1/embeddings"
-    assert estimate_url({}) is None
+    assert _core_url({}) is None
 
 
 @pytest.mark.parametrize("case", HEADERS, ids=[repr(c["name"] + ": " + c["value"]) for c in HEADERS])
@@ -83,3 +87,22 @@ def test_headers_by_the_cores_rule(case: Dict[str, Any]) -> None:
     else:
         assert message == (f'headers["{case["name"]}"] must not contain CR, LF, NUL or other '
                            f"control characters")
+
+
+@pytest.mark.parametrize("case", STREAM_BODIES, ids=[c["name"] for c in STREAM_BODIES])
+def test_a_dict_is_sent_as_the_core_says(case: Dict[str, Any], scen: Scenario) -> None:
+    body = json.loads(json.dumps(case["body"]))
+    opts: Dict[str, Any] = dict(base_url=scen.url, endpoint=case["endpoint"], api_key=SECRET_KEY,
+                                logger=None, max_retries=0, timeout_ms=5000)
+    if case["streamed"]:
+        with llmretry.stream_llm(body, **opts) as s:
+            list(s)
+    else:
+        llmretry.call_llm(body, **opts)
+        if case["endpoint"] != "responses":
+            # A batch's items follow the same rule (per item: its options
+            # are shared).
+            llmretry.call_many([body], **opts)
+    assert body == case["body"], "the caller's dict was changed"
+    sent = [json.loads(rec["body"]) for rec in scen.requests()]
+    assert sent and all(b == case["sent"] for b in sent), sent

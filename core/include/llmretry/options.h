@@ -215,9 +215,13 @@ typedef struct llmretry_options {
      * engine only assembles: the result is one chat.completion, the whole
      * call retryable. */
     int stream_chunks;
-    /* 1 = add "stream_options": {"include_usage": true} to a streaming body
-     * (a JSON object with "stream": true) that sets no stream_options, so
-     * the stream reports its usage. Hosts set it for bodies they encoded. */
+    /* 1 = the body is the host's encoding of its caller's object (hosts
+     * set it for bodies they encoded, never for the caller's own text):
+     * with stream_chunks the body is made to say "stream": true (its
+     * "stream" member replaced or added), and a streaming body (a JSON
+     * object with "stream": true) that sets no stream_options gets
+     * "stream_options": {"include_usage": true}, so the stream reports its
+     * usage (not for a url ending with /responses). */
     int stream_usage;
     /* 1 = keep the last attempt's response as received, for hosts that hand
      * it on as it came (an HTTP client's transport): result.headers holds
@@ -339,6 +343,16 @@ llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *st
  * the other options, by llmretry_options_check. */
 llmretry_status llmretry_check_header(const char *name, size_t name_len, const char *value,
                                       size_t value_len, size_t index, char *err, size_t errlen);
+
+/* The body the core sends for an object the host encoded (what
+ * llmretry_options.stream_usage = 1 asks for; a host calls it itself for
+ * bodies it sends another way, such as a batch's items): with `streamed`,
+ * "stream": true (the body's "stream" member replaced or added); then, if
+ * the body streams and sets no stream_options, "stream_options":
+ * {"include_usage": true} (not for a url whose path ends with /responses).
+ * The rest of the text is left as written. A new body (free with
+ * llmretry_free; *len updated), or NULL to send the body as it is. */
+char *llmretry_stream_body(const char *url, const char *body, size_t *len, int streamed);
 
 /* A host's tokenizer for llmretry_estimate_tokens: the tokens of one
  * prompt text (UTF-8, `len` bytes, not NUL-terminated); < 0 = cannot count. */
