@@ -39,7 +39,7 @@ void lr_easy_pool_clear(llmretry_engine *e)
         curl_easy_cleanup(e->easy_pool[--e->n_easy]);
 }
 
-static void detach_easy(llmretry_engine *e, llmretry_call *c)
+void lr_detach_easy(llmretry_engine *e, llmretry_call *c)
 {
     lr_origin_connected(c);         /* a connect that failed frees the gate too */
     lr_budget_detached(c);          /* no response (cancelled): nothing learned */
@@ -94,8 +94,8 @@ static void finish(llmretry_engine *e, llmretry_call *c)
     lr_call_unref(c);
 }
 
-static void succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t duration_ms,
-                    llmretry_usage usage, char *response_model, char *fingerprint)
+void lr_succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t duration_ms,
+                llmretry_usage usage, char *response_model, char *fingerprint)
 {
     llmretry_result *r = &c->result;
     if (c->group)
@@ -280,7 +280,7 @@ void lr_cancel(llmretry_engine *e, llmretry_call *c)
     case LR_DONE:
         return;
     case LR_RUNNING:
-        detach_easy(e, c);
+        lr_detach_easy(e, c);
         break;
     case LR_VALIDATING:
         /* The host may not have taken the body yet: it must not run the
@@ -553,7 +553,7 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
     lr_usage_add(&c->result.usage_total, &out.usage);   /* billed, whatever comes of it */
     lr_budget_attempt_ended(c, out.success, &out.usage);  /* its headers and usage teach the budget */
     lr_health_attempt_ended(e, c, out.success ? NULL : &out.f);
-    detach_easy(e, c);
+    lr_detach_easy(e, c);
     if (!out.success) {
         handle_failure(e, c, &out, at_once);
     } else if (c->o.validate) {
@@ -567,7 +567,8 @@ void lr_attempt_finished(llmretry_engine *e, llmretry_call *c, CURLcode rc)
         out.response_model = out.fingerprint = NULL;
         lr_mail_validate(c);
     } else {
-        succeed(e, c, out.f.status, out.duration_ms, out.usage, out.response_model, out.fingerprint);
+        lr_succeed(e, c, out.f.status, out.duration_ms, out.usage, out.response_model,
+                   out.fingerprint);
         out.response_model = out.fingerprint = NULL;
     }
     lr_outcome_clear(&out);
@@ -581,7 +582,7 @@ void lr_attempt_validated(llmretry_engine *e, llmretry_call *c)
     c->validate_msg = NULL;
     pthread_mutex_unlock(&c->mu);
     if (ok) {
-        succeed(e, c, c->last_status, c->last_duration_ms, c->v_usage,
+        lr_succeed(e, c, c->last_status, c->last_duration_ms, c->v_usage,
                 c->v_response_model, c->v_fingerprint);
         c->v_response_model = c->v_fingerprint = NULL;
     } else {
