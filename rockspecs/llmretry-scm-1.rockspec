@@ -86,6 +86,7 @@ build = {
             "core/src/policies.c",
             "core/src/policy.c",
             "core/src/ratelimit.c",
+            "core/src/call_end.c",
             "core/src/ratelimit_learn.c",
             "core/src/estimate.c",
             "core/src/endpoint.c",
