@@ -127,5 +127,6 @@ build = {
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",
       ["llmretry.scheduler"] = "lua/llmretry/scheduler.lua",
+      ["llmretry.client"] = "lua/llmretry/client.lua",
    },
 }
