@@ -88,8 +88,9 @@ class _ClientBatches:
 
     def _batch_prep(self, policy: Any,
                     options: Dict[str, Any]) -> Tuple[_Plan, Callable[[Any], Any]]:
-        """_batch_plan for a batch read lazily: the plan, and what makes
-        each item the body sent."""
+        """The plan of a batch's calls, and what makes each item the body
+        sent (the policy's model filled in); ValueError for an unknown
+        policy."""
         if policy is None:
             plan = self._plan.with_options(options.items()) if options else self._plan
             _check_batch_options(plan.kwargs)
@@ -103,20 +104,9 @@ class _ClientBatches:
 
     def _batch_plan(self, policy: Any, options: Dict[str, Any],
                     items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
-        """The plan of a batch's calls and the bodies to send (the policy's
-        model filled in); ValueError for an unknown policy."""
-        if policy is None:
-            plan = self._plan.with_options(options.items()) if options else self._plan
-            _check_batch_options(plan.kwargs)
-            return plan, items
-        pp = self._policy_plan(policy)
-        plan = pp.plan.with_options(options.items()) if options else pp.plan
-        if pp.auto_key and "idempotency_key" not in options:
-            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
-        if pp.model is not None:
-            items = [pp.body(body) for body in items]
-        _check_batch_options(plan.kwargs)
-        return plan, items
+        """_batch_prep for a listed batch: the plan and the bodies to send."""
+        plan, prep = self._batch_prep(policy, options)
+        return plan, items if prep is _as_given else [prep(body) for body in items]
 
     def _run_batch(self, batch: "_batch.Batch",
                    encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
