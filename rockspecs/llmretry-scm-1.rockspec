@@ -86,6 +86,9 @@ build = {
             "core/src/policies.c",
             "core/src/policy.c",
             "core/src/ratelimit.c",
+            "core/src/call_end.c",
+            "core/src/ratelimit_learn.c",
+            "core/src/estimate.c",
             "core/src/endpoint.c",
             "core/src/health.c",
             "core/src/targets.c",
@@ -124,5 +127,6 @@ build = {
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",
       ["llmretry.scheduler"] = "lua/llmretry/scheduler.lua",
+      ["llmretry.client"] = "lua/llmretry/client.lua",
    },
 }

@@ -117,19 +117,6 @@ static void opt_statuses(lua_State *L, int idx, llmretry_options *o)
     }
 }
 
-/* RFC 9110 token characters: anything else cannot be a header name. */
-static int is_header_name(const char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == 0 || (!isalnum(c) && !strchr("!#$%&'*+-.^_`|~", c)))
-            return 0;
-    }
-    return 1;
-}
-
 /* headers = { Name = value }: "Name: value" lines, kept alive in a table
  * left on the stack, and their pointers in a userdata (also left there). */
 static void opt_headers(lua_State *L, int idx, llmretry_options *o)
@@ -147,8 +134,10 @@ static void opt_headers(lua_State *L, int idx, llmretry_options *o)
         if (lua_type(L, -2) != LUA_TSTRING)
             lr_fail(L, "headers keys must be header names (got %s)", got(L, -2, buf, sizeof buf));
         const char *name = lua_tolstring(L, -2, &nl);
-        if (!is_header_name(name, nl))
-            lr_fail(L, "headers key \"%.40s\" is not a valid header name", name);
+        char err[LLMRETRY_ERRBUF];
+        /* The core's rule; a table has no order to name a header by. */
+        if (llmretry_check_header(name, nl, "", 0, (size_t)-1, err, sizeof err) != LLMRETRY_OK)
+            lr_fail(L, "%s", err);
         int vt = lua_type(L, -1);
         if (vt != LUA_TSTRING && vt != LUA_TNUMBER)
             lr_fail(L, "headers[\"%s\"] must be a string (got %s)", name,
@@ -157,8 +146,8 @@ static void opt_headers(lua_State *L, int idx, llmretry_options *o)
         lua_pushvalue(L, -1);
         size_t vl;
         const char *value = lua_tolstring(L, -1, &vl);
-        if (strlen(value) != vl)
-            lr_fail(L, "headers[\"%s\"] must not contain NUL bytes", name);
+        if (llmretry_check_header(name, nl, value, vl, (size_t)-1, err, sizeof err) != LLMRETRY_OK)
+            lr_fail(L, "%s", err);
         lua_pushfstring(L, "%s: %s", name, value);
         lua_rawseti(L, lines, ++n);
         lua_pop(L, 2);

@@ -131,6 +131,82 @@ static PyObject *parse_retry_after(PyObject *module, PyObject *args)
     return PyLong_FromLongLong((long long)llmretry_parse_retry_after(value, now));
 }
 
+/* estimate_tokens(url, body, count): the core's token estimate, each
+ * prompt text counted by count(str) -> int (the host's tokenizer); None
+ * when count fails (raises, or is not a non-negative int): the engine then
+ * estimates. The exception is not kept: a tokenizer failing on some text
+ * is not the call's error. */
+typedef struct {
+    PyObject *count;
+} py_counter;
+
+static int64_t count_text(const char *text, size_t len, void *ud)
+{
+    py_counter *pc = ud;
+    PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+    PyObject *n = s ? PyObject_CallOneArg(pc->count, s) : NULL;
+    Py_XDECREF(s);
+    long long k = n && PyLong_Check(n) ? PyLong_AsLongLong(n) : -1;
+    Py_XDECREF(n);
+    if (PyErr_Occurred() || k < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (int64_t)k;
+}
+
+static PyObject *estimate_tokens(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *url, *body;
+    Py_ssize_t len;
+    py_counter pc;
+    if (!PyArg_ParseTuple(args, "zy#O:estimate_tokens", &url, &body, &len, &pc.count))
+        return NULL;
+    int64_t n = llmretry_estimate_tokens(url, body, (size_t)len,
+                                         pc.count == Py_None ? NULL : count_text, &pc);
+    if (n < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong((long long)n);
+}
+
+/* check_header(name, value, index): the core's rule for one extra header
+ * (llmretry_check_header); ValueError with its message. */
+static PyObject *check_header(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *name, *value;
+    Py_ssize_t nl, vl, index;
+    if (!PyArg_ParseTuple(args, "s#s#n:check_header", &name, &nl, &value, &vl, &index))
+        return NULL;
+    char err[LLMRETRY_ERRBUF];
+    if (llmretry_check_header(name, (size_t)nl, value, (size_t)vl, (size_t)index, err,
+                              sizeof err) != LLMRETRY_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* stream_body(url, body, streamed): llmretry_stream_body, the body the
+ * core sends for an object the host encoded; None when it is sent as is. */
+static PyObject *stream_body(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *url, *body;
+    Py_ssize_t len;
+    int streamed;
+    if (!PyArg_ParseTuple(args, "zy#p:stream_body", &url, &body, &len, &streamed))
+        return NULL;
+    size_t n = (size_t)len;
+    char *out = llmretry_stream_body(url, body, &n, streamed);
+    if (!out)
+        Py_RETURN_NONE;
+    PyObject *bytes = PyBytes_FromStringAndSize(out, (Py_ssize_t)n);
+    llmretry_free(out);
+    return bytes;
+}
+
 static PyMethodDef module_methods[] = {
     { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
       "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
@@ -143,6 +219,15 @@ static PyMethodDef module_methods[] = {
       "schema_errors(schema_text, json_text) -> None or the JSON text of its errors." },
     { "_set_result_types", lr_set_result_types, METH_VARARGS,
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
+    { "stream_body", stream_body, METH_VARARGS,
+      "stream_body(url, body_bytes, streamed) -> bytes or None: the body the core sends\n"
+      "for an object the host encoded (\"stream\": true when streamed, usage asked)." },
+    { "check_header", check_header, METH_VARARGS,
+      "check_header(name, value, index): ValueError unless the core would send the header." },
+    { "estimate_tokens", estimate_tokens, METH_VARARGS,
+      "estimate_tokens(url, body_bytes, count) -> int or None: the tokens the body is\n"
+      "charged against tpm, its prompt texts counted by count(str) -> int (None: the\n"
+      "core's characters / 4); None when count fails." },
     { "parse_retry_after", parse_retry_after, METH_VARARGS,
       "parse_retry_after(value, now_unix_ms) -> int: ms, or -1 when not usable." },
     { "check_options", (PyCFunction)(void (*)(void))lr_py_check_options,

@@ -62,14 +62,14 @@ int lr_url_path_ends(const char *url, const char *suffix)
 }
 
 /* What the request body says, read with one parse and only when needed:
- * its "model" (when want_model; NULL if none), whether it streams and sets
- * stream_options. *bad_json: not JSON at all (a programming error, reported
- * before any I/O). Most bodies never mention "stream": those the caller
+ * its "model" (when want_model; NULL if none) and whether it streams.
+ * *bad_json: not JSON at all (a programming error, reported before any
+ * I/O). Most bodies never mention "stream": those the caller
  * named the model of are not parsed at all. */
 static char *read_body(const char *body, size_t len, int want_model, int *bad_json,
-                       int *streams, int *has_stream_options)
+                       int *streams)
 {
-    *bad_json = *streams = *has_stream_options = 0;
+    *bad_json = *streams = 0;
     if (!want_model && !memmem(body, len, "\"stream\"", 8))
         return NULL;
     cJSON *doc = cJSON_ParseWithLength(body, len);
@@ -79,7 +79,6 @@ static char *read_body(const char *body, size_t len, int want_model, int *bad_js
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(doc, "model");
     char *model = want_model && cJSON_IsString(m) ? lr_strdup(m->valuestring) : NULL;
     *streams = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "stream"));
-    *has_stream_options = cJSON_GetObjectItemCaseSensitive(doc, "stream_options") != NULL;
     cJSON_Delete(doc);
     return model;
 }
@@ -300,7 +299,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     c->deadline_at = -1;
     c->est_tokens = c->completion_limit = -1;
 
-    int bad_json = 0, no_key = 0, default_url = 0, has_stream_options = 0;
+    int bad_json = 0, no_key = 0, default_url = 0;
     int oom = 0;
     /* Target 0 owns the caller's URL, body, model and headers; c->url and
      * the rest point at the current target's. */
@@ -323,10 +322,21 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         oom |= !(c->model = t0->model = lr_strdup(opts->model));
     if (opts->content_type)
         oom |= !(c->o.content_type = lr_strdup(opts->content_type));
+    size_t body_len = opts->body ? opts->body_len : 0;
+    /* A body the host encoded, as the core sends it: streamed, it says
+     * "stream": true, and streaming, it asks for its usage (stream.c). The
+     * caller's own text is sent as written. */
+    if (!oom && opts->stream_usage && lr_options_json_body(opts)) {
+        char *sent = llmretry_stream_body(c->url, c->body, &body_len, opts->stream_chunks);
+        if (sent) {
+            free(c->body);
+            c->body = t0->body = sent;
+        }
+    }
     /* Only a JSON body is read (model, stream); another is sent as is. */
     if (!oom && lr_options_json_body(opts)) {
-        char *model = read_body(opts->body, opts->body_len, !opts->model, &bad_json,
-                                &c->stream_req, &has_stream_options);
+        char *model = read_body(c->body, body_len, !opts->model, &bad_json,
+                                &c->stream_req);
         if (!opts->model)
             c->model = t0->model = model;
     }
@@ -343,13 +353,6 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         oom = 1;
 
     if (!oom && !bad_json) {
-        size_t body_len = opts->body ? opts->body_len : 0;
-        char *with_usage = c->stream_req && opts->stream_usage && !has_stream_options
-                         ? lr_stream_with_usage(c->url, c->body, &body_len) : NULL;
-        if (with_usage) {
-            free(c->body);
-            c->body = t0->body = with_usage;
-        }
         t0->body_len = body_len;
         c->o.body = c->body;
         c->o.body_len = body_len;

@@ -178,6 +178,11 @@ void lr_attempt_validated(llmretry_engine *e, llmretry_call *c);
 void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason);
 void lr_cancel(llmretry_engine *e, llmretry_call *c);
 void lr_easy_pool_clear(llmretry_engine *e);
+/* The attempt's easy handle off the multi handle and back to the pool. */
+void lr_detach_easy(llmretry_engine *e, llmretry_call *c);
+/* The call succeeded: its result and event published, the call finished. */
+void lr_succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t duration_ms,
+                llmretry_usage usage, char *response_model, char *fingerprint);
 
 /* ---- mailbox.c (engine side) ---------------------------------------------- */
 /* A fresh event of type t, or NULL when the call did not ask for it. */

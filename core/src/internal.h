@@ -434,6 +434,10 @@ char *lr_call_url(const char *url, const char *base_url, llmretry_api api, int *
 /* Does url's path (query and trailing slashes aside) end with suffix, e.g.
  * "/embeddings"? Case-insensitive. */
 int lr_url_path_ends(const char *url, const char *suffix);
+/* llmretry_estimate_tokens, also giving the body's completion bound
+ * (*limit: -1 = none set; 0 for embeddings). estimate.c. */
+int64_t lr_estimate_tokens(const char *url, const char *body, size_t len,
+                           llmretry_token_counter count, void *ud, int64_t *limit);
 /* The request's header list: the key (if any), the defaults the caller's
  * lines do not replace, the ids of c, then the caller's lines. */
 int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n,

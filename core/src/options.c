@@ -59,6 +59,10 @@ static int is_tchar(unsigned char c)
            (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
 }
 
+/* What a header name may be, for messages. */
+#define NAME_RULE "a name is non-empty, of letters, digits and !#$%&'*+-.^_`|~: no spaces, " \
+                  "':' or control characters"
+
 /* Does header line h ("Name: value") have this name (case-insensitive)? */
 static int header_is(const char *h, const char *name)
 {
@@ -108,6 +112,29 @@ static llmretry_status check_line(const char *h, const char *label, int has_key,
     return LLMRETRY_OK;
 }
 
+llmretry_status llmretry_check_header(const char *name, size_t name_len, const char *value,
+                                      size_t value_len, size_t index, char *err, size_t errlen)
+{
+    size_t i = 0;
+    while (i < name_len && is_tchar((unsigned char)name[i]))
+        i++;
+    /* An invalid name is never repeated: a whole "Authorization: Bearer
+     * sk-..." line given as a name would put the key in the message. */
+    if (name_len == 0 || i < name_len) {
+        if (index == (size_t)-1)
+            return fail(err, errlen, "headers: a header's name is invalid (%s)", NAME_RULE);
+        return fail(err, errlen, "headers: the name of header #%zu is invalid (%s)", index,
+                    NAME_RULE);
+    }
+    for (i = 0; i < value_len; i++) {
+        unsigned char c = (unsigned char)value[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return fail(err, errlen, "headers[\"%.*s\"] must not contain CR, LF, NUL or other "
+                        "control characters", (int)(name_len > 60 ? 60 : name_len), name);
+    }
+    return LLMRETRY_OK;
+}
+
 static llmretry_status check_header(const llmretry_options *o, const char *h, size_t i,
                                     char *err, size_t errlen)
 {
@@ -119,8 +146,9 @@ static llmretry_status check_header(const llmretry_options *o, const char *h, si
 llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,
                                       int has_key, char *err, size_t errlen)
 {
-    if (!*name || strchr(name, ':'))
-        return fail(err, errlen, "%s has a header with an empty name or a ':' in it", label);
+    /* The name is checked (and never echoed) before the line is. */
+    if (llmretry_check_header(name, strlen(name), "", 0, (size_t)-1, err, errlen) != LLMRETRY_OK)
+        return fail(err, errlen, "%s has a header whose name is invalid (%s)", label, NAME_RULE);
     size_t n = strlen(name) + strlen(value) + 3;
     char *line = malloc(n);
     if (!line)

@@ -80,6 +80,11 @@ typedef struct lr_stream {
  * always for a url whose path ends with /responses (stream_options is a
  * Chat Completions field: the Responses API reports usage anyway). */
 char *lr_stream_with_usage(const char *url, const char *body, size_t *len);
+/* A streamed call's body (a JSON object) made to say "stream": true: its
+ * top-level "stream" value replaced by true, or the member added; the rest
+ * of the text as it was. malloc'd, *len updated; NULL when the body says
+ * so already or is not an object. */
+char *lr_stream_forced(const char *body, size_t *len);
 
 /* The response's headers said text/event-stream (on_header) and the status
  * is 2xx: read it as a stream. 0, or -1 when out of memory. */

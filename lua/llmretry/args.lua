@@ -60,9 +60,6 @@ function M.check_array(level, name, t)
   return len
 end
 
--- The options of a streamed call (llm.stream_llm, in Lua and Neovim): a
--- copy of opts asking the engine for chunks, its table body (copied, the
--- caller's own metatable kept) with stream = true. opts must be a table.
 -- A call's options split into engine:submit's and the host module's own:
 -- checks opts, logger (a function or false; `default_logger` when nil) and
 -- validate, copies every key not in `host_keys`, flags validate for the
@@ -139,17 +136,13 @@ function M.blocking_calls(run)
   return call_llm, stream_llm
 end
 
+-- The options of a streamed call (llm.stream_llm, in Lua and Neovim): a
+-- copy of opts asking the engine for chunks. The core makes a table body
+-- say "stream": true and ask for its usage (llmretry_stream_body); a
+-- string body is sent as written. opts must be a table.
 function M.stream_options(opts)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
-  if type(o.body) == "table" and o.body.stream ~= true then
-    local b = {}
-    for k, v in pairs(o.body) do b[k] = v end
-    local mt = getmetatable(o.body)
-    if mt then setmetatable(b, mt) end
-    b.stream = true
-    o.body = b
-  end
   o.stream_chunks = true
   return o
 end

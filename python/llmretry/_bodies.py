@@ -1,5 +1,5 @@
 """Request bodies: a call's body encoded as sent, a batch's bodies (listed
-or read lazily), and the stream-usage request a batch adds per item."""
+or read lazily, each dict as the core sends an encoded object)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import _llmretry
 from ._options import _BODY_EXAMPLE, _type_name
 
 # The request body as sent: compact UTF-8 JSON, strict about NaN.
@@ -116,13 +117,14 @@ def _encode_call_body(body: Any, options: Mapping[str, Any]) -> Tuple[bytes, Opt
     return _encode_body(body)
 
 
-def _encode_bodies(bodies: Sequence[Any]) -> List[Tuple[bytes, Optional[str]]]:
-    """Every body of a batch encoded, or the error of the first bad one,
-    naming its index."""
+def _encode_bodies(bodies: Sequence[Any], url: Optional[str]
+                   ) -> List[Tuple[bytes, Optional[str]]]:
+    """Every body of a batch encoded (_encode_batch_body), or the error of
+    the first bad one, naming its index."""
     out = []
     for i, body in enumerate(bodies):
         try:
-            out.append(_encode_body(body))
+            out.append(_encode_batch_body(body, url))
         except (TypeError, ValueError) as exc:
             kind = TypeError if isinstance(exc, TypeError) else ValueError
             raise kind(f"bodies[{i}]: {exc}") from None
@@ -149,7 +151,7 @@ def _batch_items(bodies: Any) -> Union[Sequence[Any], Iterator[Any]]:
 
 class _LazyBodies:
     """The bodies of a batch read lazily: the iterator, what makes each
-    item the body sent (``prep``: the policy's model, stream usage), and
+    item the body sent (``prep``: the policy's model), and
     the items that fail without being sent (the CLI's bad lines)."""
 
     __slots__ = ("items", "prep", "invalid")
@@ -161,43 +163,23 @@ class _LazyBodies:
         self.invalid = invalid
 
 
-def _with_stream_usage_one(body: Any, responses: bool = False) -> Any:
-    """_with_stream_usage for one body."""
-    if _asks_stream_usage(body) and not responses:
-        return dict(body, stream_options={"include_usage": True})
-    return body
-
-
-def _asks_stream_usage(body: Any) -> bool:
-    return (type(body) is dict and body.get("stream") is True
-            and "stream_options" not in body)
-
-
-def _responses_url(url: Optional[str]) -> bool:
-    """Is url the Responses API's (its path ends with /responses)? There
-    stream_options is not a field (the core's rule: lr_stream_with_usage)."""
-    if not url:
-        return False
-    path = url.split("://", 1)[-1].split("?", 1)[0].split("#", 1)[0]
-    return path.rstrip("/").lower().endswith("/responses")
-
-
-def _responses_api(kwargs: Mapping[str, Any]) -> bool:
-    """Do calls with these engine keywords go to the Responses API (a url
-    ending with /responses, else endpoint="responses": url wins)?"""
+def _core_url(kwargs: Mapping[str, Any]) -> Optional[str]:
+    """What the core's body rules need of a call's url (does its path end
+    with /embeddings, /responses?): the url, else its ``endpoint``'s path."""
     url = kwargs.get("url")
-    return _responses_url(url) if url else kwargs.get("endpoint") == "responses"
+    if url:
+        return str(url)
+    endpoint = kwargs.get("endpoint")
+    return f"/{endpoint}" if isinstance(endpoint, str) else None
 
 
-def _with_stream_usage(items: Sequence[Any], responses: bool = False) -> Sequence[Any]:
-    """The batch's bodies, each dict that streams asking for its usage
-    (unless they go to the Responses API).
-
-    One call does it with the core's stream_usage (_run); a batch's options
-    are shared by all its items, and its str/bytes bodies are the caller's
-    own text, so here it is done per item, in the dict: the same bytes the
-    core would insert. The caller's dicts are not changed (copies)."""
-    if responses or not any(_asks_stream_usage(b) for b in items):
-        return items
-    return [dict(b, stream_options={"include_usage": True}) if _asks_stream_usage(b) else b
-            for b in items]
+def _encode_batch_body(body: Any, url: Optional[str]) -> Tuple[bytes, Optional[str]]:
+    """One item of a batch encoded as the engine sends it: a dict as the
+    core sends an encoded object (a streaming one asks for its usage, as one
+    call's does: llmretry_stream_body); str and bytes are the caller's own
+    text, sent as given. (A batch's options are shared by its items, so this
+    is done per item here rather than by the stream_usage option.)"""
+    payload, model = _encode_body(body)
+    if type(body) is dict:
+        payload = _llmretry.stream_body(url, payload, False) or payload
+    return payload, model

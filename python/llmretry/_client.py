@@ -9,8 +9,9 @@ Every call keyword defaults to :data:`DEFAULT`, meaning "the client's
 default, else the documented one"; passing a value (None included) overrides
 the client's default for that call.
 
-Meta and Result (_results.py) stay importable from here: pickles name them
-so. docs/design.md maps the package's other modules.
+Its batch methods (call_many's conversion and run) are in _client_batch.py,
+which Client inherits. Meta and Result (_results.py) stay importable from
+here: pickles name them so. docs/design.md maps the package's other modules.
 """
 
 from __future__ import annotations
@@ -19,19 +20,17 @@ import atexit
 import os
 import sys
 import threading
-import warnings
 import weakref
-from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, Iterator, List,
-                    Mapping, Optional, Sequence, Sized, Tuple, TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, List, Mapping,
+                    Optional, Tuple, TypeVar, Union)
 
 from . import _aio, _batch, _engine_batch, _llmretry
 from ._batch import BatchResult
-from ._bodies import (_batch_items, _encode_bodies, _encode_body, _encode_call_body, _LazyBodies, _responses_api,
-                      _with_stream_usage, _with_stream_usage_one)
+from ._bodies import _core_url, _encode_call_body
+from ._client_batch import _ClientBatches
 from ._logging import DEFAULT
-from ._options import (_BASE_PLAN, _INT32_MAX, BatchOptions, Body, CallOptions, _bool,
-                       _check_batch_options, _check_option_names, _int32, _int_option,
-                       _opt_int_option, _Plan, _PolicyPlan, _type_name, _with_auto_key)
+from ._options import (_BASE_PLAN, BatchOptions, Body, CallOptions, _check_option_names,
+                       _int32, _Plan, _PolicyPlan, _type_name, _with_auto_key)
 from ._policies import BUILTIN_DEFAULTS, Policy, PolicySource, load_policies
 from ._pool import map_with_concurrency as _map_with_concurrency
 from ._results import Meta, Result, _call_extra, _parse_json, _result_of, _Validator
@@ -60,7 +59,7 @@ _live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
 _parent_engines: List[Any] = []
 
 
-class Client:
+class Client(_ClientBatches):
     """An engine (I/O thread, connection cache) and a set of call defaults.
 
     ``defaults`` are any :func:`call_llm` keywords except ``body`` and
@@ -234,7 +233,7 @@ class Client:
             extra["stream_usage"] = True
         if plan.kwargs.get("tpm"):
             # Under a token budget, tiktoken's count when the host has it.
-            tokens = estimate_tokens(body)
+            tokens = estimate_tokens(_core_url(plan.kwargs), payload)
             if tokens:
                 extra["estimated_tokens"] = tokens
         return engine, payload, extra, validator
@@ -287,135 +286,6 @@ class Client:
                          progress, adaptive, on_result, policy, dict(options), "call_many()",
                          keep_results)
         return self._run_batch(*job)
-
-    def _many(self, bodies: Iterable[Body], limit: int, deadline_ms: Optional[int],
-              call_deadline_ms: Optional[int], failures_path: Any, resume: bool,
-              progress: Any, adaptive: bool, on_result: Any, policy: Optional[str],
-              options: Dict[str, Any], where: str,
-              keep_results: bool = True) -> Tuple[Any, ...]:
-        """call_many's arguments checked and converted (before any I/O): the
-        arguments of _run_batch."""
-        _check_option_names(options, where)
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise TypeError(f"limit must be an int, not {_type_name(limit)}")
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1 (got {limit})")
-        if limit > self._max_in_flight:
-            # The engine's cap on calls at once (file descriptors, memory)
-            # holds for batches too: say so rather than run fewer silently.
-            warnings.warn(
-                f"{where[:-2]}(limit={limit}) on a Client whose max_in_flight is "
-                f"{self._max_in_flight}: at most {self._max_in_flight} calls run at once; "
-                f"use Client(max_in_flight={min(limit, _INT32_MAX)}) (and pass client=) for more",
-                RuntimeWarning, stacklevel=3)
-        batch_deadline = _opt_int_option("deadline_ms", deadline_ms)
-        if batch_deadline is not None and batch_deadline < 0:
-            raise ValueError(f"deadline_ms must be >= 0 or None (got {batch_deadline})")
-        adaptive = _bool("adaptive", adaptive)
-        if call_deadline_ms is not DEFAULT:
-            # Checked under its own name: "deadline_ms" is the batch's.
-            if call_deadline_ms is not None:
-                call_deadline_ms = _int_option("call_deadline_ms", call_deadline_ms)
-                if call_deadline_ms < 0:
-                    raise ValueError(f"call_deadline_ms must be >= 0 or None "
-                                     f"(got {call_deadline_ms})")
-            options["deadline_ms"] = call_deadline_ms
-        items = _batch_items(bodies)
-        logger = options.get("logger", self._defaults.get("logger", DEFAULT))
-        if not isinstance(items, Iterator):
-            # A list or tuple: every body encoded and checked before any call.
-            plan, sent = self._batch_plan(policy, options, items)
-            encoded: Any = _encode_bodies(sent)
-            batch = _batch.Batch(items, failures_path=failures_path, resume=resume,
-                                 progress=progress, on_result=on_result, logger=logger,
-                                 parse_items=True, keep_results=keep_results)
-        else:
-            # Any other iterable: each item read, encoded and checked just
-            # before it is submitted (_LazyEngineBatch).
-            plan, prep = self._batch_prep(policy, options)
-            encoded = _LazyBodies(items, prep)
-            batch = _batch.Batch(None, failures_path=failures_path, resume=resume,
-                                 progress=progress, on_result=on_result, logger=logger,
-                                 parse_items=True, keep_results=keep_results,
-                                 n=len(bodies) if isinstance(bodies, Sized) else None)
-        return batch, encoded, plan, limit, batch_deadline, adaptive
-
-    def _batch_prep(self, policy: Any,
-                    options: Dict[str, Any]) -> Tuple[_Plan, Callable[[Any], Any]]:
-        """_batch_plan for a batch read lazily: the plan, and what makes
-        each item the body sent."""
-        if policy is None:
-            plan = self._plan.with_options(options.items()) if options else self._plan
-            _check_batch_options(plan.kwargs)
-            responses = _responses_api(plan.kwargs)
-            return plan, lambda body: _with_stream_usage_one(body, responses)
-        pp = self._policy_plan(policy)
-        plan = pp.plan.with_options(options.items()) if options else pp.plan
-        if pp.auto_key and "idempotency_key" not in options:
-            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
-        _check_batch_options(plan.kwargs)
-        responses = _responses_api(plan.kwargs)
-        if pp.model is None:
-            return plan, lambda body: _with_stream_usage_one(body, responses)
-        return plan, lambda body: _with_stream_usage_one(pp.body(body), responses)
-
-    def _batch_plan(self, policy: Any, options: Dict[str, Any],
-                    items: Sequence[Any]) -> Tuple[_Plan, Sequence[Any]]:
-        """The plan of a batch's calls and the bodies to send (the policy's
-        model filled in, streaming dicts asking for usage); ValueError for an
-        unknown policy."""
-        if policy is None:
-            plan = self._plan.with_options(options.items()) if options else self._plan
-            _check_batch_options(plan.kwargs)
-            return plan, _with_stream_usage(items, _responses_api(plan.kwargs))
-        pp = self._policy_plan(policy)
-        plan = pp.plan.with_options(options.items()) if options else pp.plan
-        if pp.auto_key and "idempotency_key" not in options:
-            plan = _Plan(plan.kwargs, plan.validate, plan.event_mask, auto_key=True)
-        if pp.model is not None:
-            items = [pp.body(body) for body in items]
-        _check_batch_options(plan.kwargs)
-        return plan, _with_stream_usage(items, _responses_api(plan.kwargs))
-
-    def _run_batch(self, batch: "_batch.Batch",
-                   encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
-                   plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
-                   already_ok: Optional[Any] = None,
-                   invalid: Optional[Mapping[int, BaseException]] = None) -> BatchResult:
-        """Run ``batch`` (its bodies already encoded) as one engine group.
-
-        Every request runs on the engine thread; this thread only waits,
-        delivers events and builds the results, item by item, for the
-        batch's record (``already_ok``: indices not to run, ``invalid``:
-        items failed without being sent, both as Batch.open).
-        Ctrl-C raises BatchInterrupted, holding what finished. ``encoded``
-        is a _LazyBodies for a lazy batch (``invalid`` then goes there).
-        """
-        try:
-            return self._run_batch_inner(batch, encoded, plan, limit, deadline_ms, adaptive,
-                                         already_ok, invalid)
-        except KeyboardInterrupt as exc:
-            raise _batch.interrupted(batch, exc) from None
-
-    def _run_batch_inner(self, batch: "_batch.Batch",
-                         encoded: Union[Sequence[Tuple[bytes, Optional[str]]], _LazyBodies],
-                         plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool,
-                         already_ok: Optional[Any],
-                         invalid: Optional[Mapping[int, BaseException]]) -> BatchResult:
-        with batch:
-            if isinstance(encoded, _LazyBodies):
-                encoded.invalid = invalid
-                invalid = None
-            batch.open(already_ok, invalid)
-            if batch.lazy or batch.runnable:
-                # Looked up at each run: llmretry.otel wraps _engine_job.
-                job = _engine_batch._engine_job(self, batch, encoded, plan, limit,
-                                                deadline_ms, adaptive)
-                try:
-                    job.engine.call_many(*job.args, **job.kwargs)
-                finally:
-                    job.finish()
-        return batch.result()
 
     # -- asyncio (see llmretry._aio) --------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _batch
-from ._bodies import _LazyBodies, _encode_body
+from ._bodies import _core_url, _encode_batch_body, _LazyBodies
 from ._options import _INT32_MAX, _Plan
 from ._policies import new_idempotency_key
 from ._results import _Validator, _batch_value
@@ -42,11 +42,11 @@ class _EngineBatch:
             validator = extra["validate"] = _Validator(plan.validate)
         if plan.auto_key:
             extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
-        items = batch.items
-        if plan.kwargs.get("tpm") and items is not None:
+        if plan.kwargs.get("tpm"):
             # Under a token budget, tiktoken's count per item when the host
             # has it (0: the core estimates).
-            tokens = [estimate_tokens(items[i]) for i in to_run]
+            url = _core_url(plan.kwargs)
+            tokens = [estimate_tokens(url, encoded[i][0]) for i in to_run]
             if any(tokens):
                 extra["estimated_tokens"] = tokens
         self._validator = validator
@@ -110,6 +110,7 @@ class _LazyEngineBatch:
         keep_items = batch.journal is not None
 
         count_tokens = bool(plan.kwargs.get("tpm"))
+        url = _core_url(plan.kwargs)
 
         def feed() -> Iterator[Tuple[int, bytes, Optional[str], Optional[str], int]]:
             for i, item in enumerate(source.items):
@@ -120,14 +121,14 @@ class _LazyEngineBatch:
                     continue
                 try:
                     body = prep(item)
-                    payload, model = _encode_body(body)
+                    payload, model = _encode_batch_body(body, url)
                 except (TypeError, ValueError) as exc:
                     kind = TypeError if isinstance(exc, TypeError) else ValueError
                     raise kind(f"bodies[{i}]: {exc}") from None
                 if keep_items:
                     in_flight[i] = item
                 yield (i, payload, model, new_idempotency_key() if auto_key else None,
-                       estimate_tokens(body) if count_tokens else 0)
+                       estimate_tokens(url, payload) if count_tokens else 0)
 
         def item_done(i: int, value: Any) -> None:
             failed = not_started = False

@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Tuple
 from . import _aio
 from ._client import Client
 from ._options import _check_option_names
+from ._bodies import _core_url
 from ._tokens import estimate_tokens
 from .errors import error_from_outcome
 
@@ -206,7 +207,7 @@ class TransportCore:
         _, plan = client._plan_of(None, None, opts, "Transport")
         engine, payload, extra, _validator = client._prepare(content, plan)
         if plan.kwargs.get("tpm") and "estimated_tokens" not in extra:
-            tokens = estimate_tokens(body)
+            tokens = estimate_tokens(_core_url(plan.kwargs), payload)
             if tokens:
                 extra["estimated_tokens"] = tokens
         kwargs = dict(plan.kwargs, **extra)

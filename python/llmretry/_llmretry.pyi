@@ -373,6 +373,22 @@ def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], 
     TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
     bodies the scanner refuses (and for the JSON of validation errors)."""
 
+def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[bytes]:
+    """The body the core sends for an object the host encoded
+    (llmretry_stream_body): ``"stream": true`` when ``streamed``, and a
+    streaming body asks for its usage; None when sent as it is."""
+
+def check_header(name: str, value: str, index: int) -> None:
+    """The core's rule for one extra header (llmretry_check_header):
+    ValueError naming header #index (never an invalid name) or the value's
+    header."""
+
+def estimate_tokens(url: Optional[str], body: bytes,
+                    count: Optional[Callable[[str], int]]) -> Optional[int]:
+    """The core's token estimate of a body (what it is charged against
+    tpm): its prompt texts counted by ``count`` (None: characters / 4)
+    plus the completion's bound; None when ``count`` fails."""
+
 def parse_retry_after(value: str, now_unix_ms: int) -> int:
     """The core's Retry-After parser: ms > 0, or -1 when not usable."""
 

@@ -215,11 +215,9 @@ def _statuses(name: str, value: Any) -> Optional[Tuple[int, ...]]:
     return tuple(_int(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
-_HEADER_NAME_FORBIDDEN = frozenset(" \t\r\n\0:")
-
-
 def _headers(name: str, value: Any) -> Optional[List[str]]:
-    """A ``{name: value}`` mapping as the ``"Name: value"`` lines libcurl sends."""
+    """A ``{name: value}`` mapping as the ``"Name: value"`` lines libcurl
+    sends; each checked by the core's rule (llmretry_check_header)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -229,17 +227,14 @@ def _headers(name: str, value: Any) -> Optional[List[str]]:
     for i, (key, val) in enumerate(value.items()):
         if not isinstance(key, str):
             raise TypeError(f"{name} keys must be str, not {_type_name(key)}")
-        # An invalid name is not repeated: a whole "Authorization: Bearer sk-..."
-        # line given as a name would put the key in the message.
-        if not key or not _HEADER_NAME_FORBIDDEN.isdisjoint(key):
-            raise ValueError(f"{name}: the name of header #{i} is invalid (a name is "
-                             f"non-empty, without spaces, ':' or control characters)")
         _text(f"{name}: the name of header #{i}", key)
+        # The name first: an invalid one is never repeated (it may be a
+        # whole "Authorization: Bearer sk-..." line).
+        _llmretry.check_header(key, "", i)
         if not isinstance(val, str):
             raise TypeError(f"{name}[{key!r}] must be a str, not {_type_name(val)}")
-        if "\r" in val or "\n" in val or "\0" in val:
-            raise ValueError(f"{name}[{key!r}] must not contain CR, LF or NUL")
         _text(f"{name}[{key!r}]", val)
+        _llmretry.check_header(key, val, i)
         lines.append(f"{key}: {val}")
     return lines
 

@@ -13,21 +13,13 @@ from ._stream import Stream
 if TYPE_CHECKING:
     from ._client import Client
 
-def _stream_body(body: Any) -> Any:
-    """A dict body with ``"stream": True`` (a copy when it said otherwise);
-    str and bytes bodies are sent as they are."""
-    if isinstance(body, dict) and body.get("stream") is not True:
-        return dict(body, stream=True)
-    return body
-
-
 def _stream_call(client: "Client", body: Any, plan: _Plan, stream_buffer_bytes: Any
                  ) -> Tuple[Any, bytes, Dict[str, Any], Optional["_Validator"]]:
-    """Client._prepare for a stream: the body made to stream, its buffer."""
-    body = _stream_body(body)
+    """Client._prepare for a stream and its buffer."""
     engine, payload, extra, validator = client._prepare(body, plan)
     if isinstance(body, dict):
-        extra["stream_usage"] = True    # a dict: the core asks for its usage
+        # A dict: the core makes it say "stream": true and ask for its usage.
+        extra["stream_usage"] = True
     if stream_buffer_bytes is not DEFAULT:
         extra["stream_buffer_bytes"] = _int("stream_buffer_bytes", stream_buffer_bytes)
     return engine, payload, extra, validator

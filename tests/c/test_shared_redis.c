@@ -387,6 +387,11 @@ out:
 
 static char shm_spec[64];
 
+/* test_NAME_shm and test_NAME_redis: NAME(spec) on each store. */
+#define ON_BOTH_STORES(name) \
+    static void test_##name##_shm(void) { name(shm_spec); } \
+    static void test_##name##_redis(void) { name(patient); }
+
 /* Whether some endpoint's hash in Redis holds `field` = `value` (what one
  * engine said has reached the store). */
 static int redis_has(const char *field, const char *value)
@@ -418,62 +423,93 @@ static void run_one(llmretry_engine *e, const llmretry_options *o)
     llmretry_call_free(c);
 }
 
+/* What each test below starts from: two engines on one store and the mock
+ * scenario `prefix` + the store's letter, scripted, with options for it. */
+typedef struct {
+    llmretry_engine *a, *b;
+    char scen[32], url[128];
+    llmretry_options o;
+} two_engines;
+
+/* 0, or -1 when something did not start (two_end frees what did). */
+static int two_start(two_engines *t, const char *spec, const char *prefix, const char *script)
+{
+    t->a = engine_on(spec);
+    t->b = engine_on(spec);
+    snprintf(t->scen, sizeof t->scen, "%s%c", prefix, spec[0]);
+    if (!t->a || !t->b || th_mock_script(&mock, t->scen, script) != 0)
+        return -1;
+    opts_for(&t->o, t->scen, t->url, sizeof t->url);
+    return 0;
+}
+
+static void two_end(two_engines *t)
+{
+    llmretry_engine_free(t->a);
+    llmretry_engine_free(t->b);
+}
+
+/* `each` calls on a (options oa) and, unless b is NULL, as many on b (ob),
+ * all submitted at once, a's and b's in turn: how many succeeded. */
+static int run_at_once(llmretry_engine *a, const llmretry_options *oa, llmretry_engine *b,
+                       const llmretry_options *ob, int each)
+{
+    llmretry_call *calls[64];
+    int n = 0, ok = 0;
+    for (int i = 0; i < each && n < 63; i++) {
+        calls[n++] = th_submit(a, oa);
+        if (b)
+            calls[n++] = th_submit(b, ob);
+    }
+    for (int i = 0; i < n; i++) {
+        const llmretry_result *r = wait_done(calls[i], NULL);
+        ok += r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    return ok;
+}
+
+/* The server refused at most one of the scenario's requests. */
+static void check_few_refused(const char *scen, const char *spec)
+{
+    cJSON *j = limit_stats(scen);
+    CHECK_MSG(stat_int(j, "refused") <= 1, "%s: %d of %d refused", spec, stat_int(j, "refused"),
+              stat_int(j, "admitted") + stat_int(j, "refused"));
+    cJSON_Delete(j);
+}
+
 /* Two engines on one key configured with different limits: the stricter
  * wins for both. The provider allows 20 a second; a says so (rpm 1200),
  * b says ten times as much: paced at b's own 12,000 a minute b alone would
  * send its 12 calls in a burst and see most refused. */
 static void stricter_wins(const char *spec)
 {
-    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
-    char url[128], scen[32];
-    snprintf(scen, sizeof scen, "strict%c", spec[0]);
-    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [], \"limits\": {\"rpm\": 20, "
-                                   "\"window_ms\": 1000, \"rate_headers\": false}}") != 0)
+    two_engines t;
+    if (two_start(&t, spec, "strict", "{\"steps\": [], \"limits\": {\"rpm\": 20, "
+                  "\"window_ms\": 1000, \"rate_headers\": false}}") != 0)
         goto out;
-    llmretry_options oa, ob;
-    opts_for(&oa, scen, url, sizeof url);
+    llmretry_options oa = t.o, ob;
     oa.rpm = 1200;
     oa.max_retries = 5;
     ob = oa;
     ob.rpm = 12000;
-    run_one(a, &oa);
-    run_one(b, &ob);
+    run_one(t.a, &oa);
+    run_one(t.b, &ob);
     /* a's claim is in force for b (through Redis, within a round). */
     llmretry_endpoint_stats st;
-    CHECK_MSG(EVENTUALLY_MS(stats_of(b, scen, &st) && st.rpm == 1200, 3000),
+    CHECK_MSG(EVENTUALLY_MS(stats_of(t.b, t.scen, &st) && st.rpm == 1200, 3000),
               "b paces at %lld a minute", (long long)st.rpm);
     enum { EACH = 12 };
-    llmretry_call *calls[2 * EACH];
-    for (int i = 0; i < EACH; i++) {
-        calls[2 * i] = th_submit(a, &oa);
-        calls[2 * i + 1] = th_submit(b, &ob);
-    }
-    int ok = 0;
-    for (int i = 0; i < 2 * EACH; i++) {
-        const llmretry_result *r = wait_done(calls[i], NULL);
-        ok += r && r->ok;
-        llmretry_call_free(calls[i]);
-    }
-    CHECK_INT(ok, 2 * EACH);
-    cJSON *j = limit_stats(scen);
+    CHECK_INT(run_at_once(t.a, &oa, t.b, &ob, EACH), 2 * EACH);
+    cJSON *j = limit_stats(t.scen);
     CHECK_INT(stat_int(j, "admitted"), 2 * EACH + 2);
-    CHECK_MSG(stat_int(j, "refused") <= 1, "%s: %d of %d refused", spec, stat_int(j, "refused"),
-              stat_int(j, "admitted") + stat_int(j, "refused"));
     cJSON_Delete(j);
+    check_few_refused(t.scen, spec);
 out:
-    llmretry_engine_free(a);
-    llmretry_engine_free(b);
+    two_end(&t);
 }
 
-static void test_stricter_wins_shm(void)
-{
-    stricter_wins(shm_spec);
-}
-
-static void test_stricter_wins_redis(void)
-{
-    stricter_wins(patient);
-}
+ON_BOTH_STORES(stricter_wins)
 
 /* A limit one engine learned from the server's headers paces another that
  * has no answer of its own yet: a's one call learns 10 a second; b,
@@ -481,47 +517,22 @@ static void test_stricter_wins_redis(void)
  * one burst: 3 or more refused). */
 static void learned_for_all(const char *spec)
 {
-    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
-    char url[128], scen[32];
-    snprintf(scen, sizeof scen, "learned%c", spec[0]);
-    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [], \"limits\": {\"rpm\": 10, "
-                                   "\"window_ms\": 1000}}") != 0)
+    two_engines t;
+    if (two_start(&t, spec, "learned", "{\"steps\": [], \"limits\": {\"rpm\": 10, "
+                  "\"window_ms\": 1000}}") != 0)
         goto out;
-    llmretry_options o;
-    opts_for(&o, scen, url, sizeof url);
-    o.max_retries = 5;
-    run_one(a, &o);
+    t.o.max_retries = 5;
+    run_one(t.a, &t.o);
     if (spec[0] == 'r')                 /* a's news has reached Redis */
         CHECK(EVENTUALLY_MS(redis_has("a2", "600"), 3000));
     enum { N = 12 };
-    llmretry_call *calls[N];
-    for (int i = 0; i < N; i++)
-        calls[i] = th_submit(b, &o);
-    int ok = 0;
-    for (int i = 0; i < N; i++) {
-        const llmretry_result *r = wait_done(calls[i], NULL);
-        ok += r && r->ok;
-        llmretry_call_free(calls[i]);
-    }
-    CHECK_INT(ok, N);
-    cJSON *j = limit_stats(scen);
-    CHECK_MSG(stat_int(j, "refused") <= 1, "%s: %d of %d refused", spec, stat_int(j, "refused"),
-              stat_int(j, "admitted") + stat_int(j, "refused"));
-    cJSON_Delete(j);
+    CHECK_INT(run_at_once(t.b, &t.o, NULL, NULL, N), N);
+    check_few_refused(t.scen, spec);
 out:
-    llmretry_engine_free(a);
-    llmretry_engine_free(b);
+    two_end(&t);
 }
 
-static void test_learned_for_all_shm(void)
-{
-    learned_for_all(shm_spec);
-}
-
-static void test_learned_for_all_redis(void)
-{
-    learned_for_all(patient);
-}
+ON_BOTH_STORES(learned_for_all)
 
 /* The shared slow start: two engines, nothing configured or known of the
  * limit, 20 calls each at once against a server that answers in 600 ms:
@@ -529,26 +540,12 @@ static void test_learned_for_all_redis(void)
  * then the rest. (Without it, all 40 go at once.) */
 static void slow_start(const char *spec)
 {
-    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
-    char url[128], scen[32];
-    snprintf(scen, sizeof scen, "start%c", spec[0]);
-    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [], \"after\": {\"delay_ms\": 600}}") != 0)
+    two_engines t;
+    if (two_start(&t, spec, "start", "{\"steps\": [], \"after\": {\"delay_ms\": 600}}") != 0)
         goto out;
-    llmretry_options o;
-    opts_for(&o, scen, url, sizeof url);
+    const char *scen = t.scen;
     enum { EACH = 20 };
-    llmretry_call *calls[2 * EACH];
-    for (int i = 0; i < EACH; i++) {
-        calls[2 * i] = th_submit(a, &o);
-        calls[2 * i + 1] = th_submit(b, &o);
-    }
-    int ok = 0;
-    for (int i = 0; i < 2 * EACH; i++) {
-        const llmretry_result *r = wait_done(calls[i], NULL);
-        ok += r && r->ok;
-        llmretry_call_free(calls[i]);
-    }
-    CHECK_INT(ok, 2 * EACH);
+    CHECK_INT(run_at_once(t.a, &t.o, t.b, &t.o, EACH), 2 * EACH);
     /* Arrivals before the first answer could have come back (600 ms after
      * the first arrival; 400 leaves the scheduler room). */
     char *text = th_mock_requests(&mock, scen);
@@ -562,56 +559,34 @@ static void slow_start(const char *spec)
     CHECK_INT(n, 2 * EACH);
     CHECK_MSG(early >= 1 && early <= 16, "%s: %d of %d sent before the first answer", spec, early, n);
 out:
-    llmretry_engine_free(a);
-    llmretry_engine_free(b);
+    two_end(&t);
 }
 
-static void test_slow_start_shm(void)
-{
-    slow_start(shm_spec);
-}
-
-static void test_slow_start_redis(void)
-{
-    slow_start(patient);
-}
+ON_BOTH_STORES(slow_start)
 
 /* The slow-down after a 429 naming no wait is every engine's: a's 429
  * (after two successes) cuts the request rate to half what it was served
  * at; b, configured with nothing, paces at that rate too (alone, at none). */
 static void slow_down_for_all(const char *spec)
 {
-    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
-    char url[128], scen[32];
-    snprintf(scen, sizeof scen, "slowdn%c", spec[0]);
-    if (!a || !b || th_mock_script(&mock, scen, "{\"steps\": [{}, {}, {\"status\": 429}], "
-                                   "\"after\": {}}") != 0)
+    two_engines t;
+    if (two_start(&t, spec, "slowdn", "{\"steps\": [{}, {}, {\"status\": 429}], "
+                  "\"after\": {}}") != 0)
         goto out;
-    llmretry_options o;
-    opts_for(&o, scen, url, sizeof url);
-    o.max_retries = 3;
+    t.o.max_retries = 3;
     for (int i = 0; i < 3; i++)
-        run_one(a, &o);
+        run_one(t.a, &t.o);
     llmretry_endpoint_stats sa, sb;
-    CHECK(stats_of(a, scen, &sa) && sa.rpm > 0);
-    run_one(b, &o);
-    CHECK_MSG(stats_of(b, scen, &sb) && sb.rpm > 0 && sb.rpm <= 2 * sa.rpm,
+    CHECK(stats_of(t.a, t.scen, &sa) && sa.rpm > 0);
+    run_one(t.b, &t.o);
+    CHECK_MSG(stats_of(t.b, t.scen, &sb) && sb.rpm > 0 && sb.rpm <= 2 * sa.rpm,
               "%s: b paces at %lld a minute, a at %lld", spec, (long long)sb.rpm,
               (long long)sa.rpm);
 out:
-    llmretry_engine_free(a);
-    llmretry_engine_free(b);
+    two_end(&t);
 }
 
-static void test_slow_down_for_all_shm(void)
-{
-    slow_down_for_all(shm_spec);
-}
-
-static void test_slow_down_for_all_redis(void)
-{
-    slow_down_for_all(patient);
-}
+ON_BOTH_STORES(slow_down_for_all)
 
 /* How many endpoints' hashes in Redis have `field` set (a pause's end is
  * in Redis's clock: only that it is there tells). */
@@ -639,16 +614,17 @@ static int redis_count(const char *field)
  * request alone. (Unshared, b sends at once and is served.) */
 static void hold_for_all(const char *spec, const char *which)
 {
-    llmretry_engine *a = engine_on(spec), *b = engine_on(spec);
-    char url[128], scen[32], script[256];
-    snprintf(scen, sizeof scen, "hold%c%c", which[0], spec[0]);
+    two_engines t;
+    char prefix[8], script[256];
+    snprintf(prefix, sizeof prefix, "hold%c", which[0]);
     snprintf(script, sizeof script, "{\"steps\": [{\"headers\": {"
              "\"x-ratelimit-remaining-%s\": \"0\", \"x-ratelimit-reset-%s\": \"5s\"}}], "
              "\"after\": {}}", which, which);
-    if (!a || !b || th_mock_script(&mock, scen, script) != 0)
+    if (two_start(&t, spec, prefix, script) != 0)
         goto out;
-    llmretry_options o;
-    opts_for(&o, scen, url, sizeof url);
+    llmretry_engine *a = t.a, *b = t.b;
+    const char *scen = t.scen;
+    llmretry_options o = t.o;
     int paused = spec[0] == 'r' ? redis_count("pz") : 0;
     run_one(a, &o);
     if (spec[0] == 'r')                 /* a's hold has reached Redis */
@@ -668,8 +644,7 @@ static void hold_for_all(const char *spec, const char *which)
     cJSON_Delete(log);
     free(text);
 out:
-    llmretry_engine_free(a);
-    llmretry_engine_free(b);
+    two_end(&t);
 }
 
 static void test_hold_requests_shm(void)

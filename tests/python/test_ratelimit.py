@@ -303,10 +303,10 @@ def test_tiktoken_counts_when_the_host_has_it(scen: Any, monkeypatch: Any) -> No
         encode=lambda text: [0] * len(text))
     monkeypatch.setitem(sys.modules, "tiktoken", fake)
     monkeypatch.setattr(_tokens, "_tried", False)
-    monkeypatch.setattr(_tokens, "_encode", None)
+    monkeypatch.setattr(_tokens, "_count", None)
     body = {"model": "gpt-test", "max_tokens": 0,
             "messages": [{"role": "user", "content": "x" * 100}]}
-    assert _tokens.estimate_tokens(body) == 100
+    assert _tokens.estimate_tokens(None, json.dumps(body).encode()) == 100
     client = llmretry.Client(api_key=SECRET_KEY, logger=None, tpm=60000, base_url=scen.url,
                              **FAST)
     try:
@@ -324,8 +324,8 @@ def test_without_tiktoken_the_core_estimates(monkeypatch: Any) -> None:
 
     monkeypatch.setitem(sys.modules, "tiktoken", None)     # import fails
     monkeypatch.setattr(_tokens, "_tried", False)
-    monkeypatch.setattr(_tokens, "_encode", None)
-    assert _tokens.estimate_tokens({"messages": [{"content": "hi"}]}) == 0
+    monkeypatch.setattr(_tokens, "_count", None)
+    assert _tokens.estimate_tokens(None, b'{"messages": [{"content": "hi"}]}') == 0
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -340,7 +340,7 @@ def test_tiktoken_counts_each_item_of_a_batch(scen: Any, monkeypatch: Any, lazy:
         encode=lambda text: [0] * len(text))
     monkeypatch.setitem(sys.modules, "tiktoken", fake)
     monkeypatch.setattr(_tokens, "_tried", False)
-    monkeypatch.setattr(_tokens, "_encode", None)
+    monkeypatch.setattr(_tokens, "_count", None)
     body = {"model": "gpt-test", "max_tokens": 0,
             "messages": [{"role": "user", "content": "x" * 100}]}
     bodies: Any = (body for _ in range(6)) if lazy else [body] * 6

@@ -3,6 +3,7 @@ endpoint shared by every process on the host that names the same store."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import uuid
@@ -16,14 +17,23 @@ from llmretry.testing import MockServer
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+@contextlib.contextmanager
+def shm_store(prefix: str = "test-py") -> Iterator[str]:
+    """A ``shared`` spec of a store in /dev/shm of its own, removed after."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"shm:{name}"
+    finally:
+        try:
+            os.unlink(f"/dev/shm/llmretry-{name}")
+        except FileNotFoundError:
+            pass
+
+
 @pytest.fixture
 def store() -> Iterator[str]:
-    name = f"test-py-{uuid.uuid4().hex[:12]}"
-    yield f"shm:{name}"
-    try:
-        os.unlink(f"/dev/shm/llmretry-{name}")
-    except FileNotFoundError:
-        pass
+    with shm_store() as spec:
+        yield spec
 
 
 def _open_the_breaker(base_url: str, shared: str) -> int:
@@ -40,33 +50,23 @@ def _open_the_breaker(base_url: str, shared: str) -> int:
         return n
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_a_breaker_opened_in_another_process(store: str, shared: bool) -> None:
+def test_an_unshared_breaker_is_each_process_own() -> None:
+    """Without a store, another process's failures open nothing here (with
+    one, shm or Redis: test_shared_redis.py's
+    test_a_breaker_opened_in_another_process)."""
     with MockServer() as mock:
         mock.script("down", [], after={"status": 503})
         url = mock.scenario_url("down")
-        spec = store if shared else ""
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(1) as pool:
-            assert pool.apply(_open_the_breaker, (url, spec)) == 3
+            assert pool.apply(_open_the_breaker, (url, "")) == 3
         assert len(mock.requests("down")) == 3
-        with llmretry.Client(base_url=url, shared=spec or None, max_retries=0,
-                             breaker_failures=3, breaker_cooldown_ms=60000,
-                             logger=None) as client:
-            if shared:
-                # The other process's failures opened it here too: the call
-                # fails at once and nothing reaches the server.
-                with pytest.raises(llmretry.CircuitOpenError) as info:
-                    client.call_llm(BODY)
-                assert info.value.attempts == 0
-                assert len(mock.requests("down")) == 3
-                stats = client.endpoint_stats()[0]
-                assert stats["breaker"] == "open" and stats["window_requests"] == 3
-            else:
-                with pytest.raises(llmretry.HTTPStatusError) as info:
-                    client.call_llm(BODY)
-                assert info.value.status == 503
-                assert len(mock.requests("down")) == 4
+        with llmretry.Client(base_url=url, max_retries=0, breaker_failures=3,
+                             breaker_cooldown_ms=60000, logger=None) as client:
+            with pytest.raises(llmretry.HTTPStatusError) as info:
+                client.call_llm(BODY)
+            assert info.value.status == 503
+            assert len(mock.requests("down")) == 4
 
 
 def _storm(base_url: str, shared: str) -> Dict[str, Any]:

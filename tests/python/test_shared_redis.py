@@ -19,7 +19,8 @@ import pytest
 import llmretry
 from llmretry.testing import MockServer
 from redis_server import RedisServer
-from test_shared import _open_the_breaker   # the same three 503s, in a process of its own
+# The same three 503s in a process of its own; a store in /dev/shm.
+from test_shared import _open_the_breaker, shm_store
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 SHARED_EVENTS = ("llm_shared_unavailable", "llm_shared_recovered")
@@ -42,6 +43,16 @@ def redis() -> Iterator[RedisServer]:
 def mock() -> Iterator[MockServer]:
     with MockServer() as server:
         yield server
+
+
+# A store of either kind (the tests that hold for both).
+@pytest.fixture(params=["shm", "redis"])
+def store(request: pytest.FixtureRequest, redis: RedisServer) -> Iterator[str]:
+    if request.param == "redis":
+        yield patient(redis)
+        return
+    with shm_store("test-py-limits") as spec:
+        yield spec
 
 
 class Events:
@@ -114,12 +125,14 @@ def test_processes_share_a_rate_limit(redis: RedisServer, mock: MockServer) -> N
     assert refused <= 1, f"{refused} of {len(recs)} refused"
 
 
-def test_a_breaker_opened_in_another_process(redis: RedisServer, mock: MockServer) -> None:
+def test_a_breaker_opened_in_another_process(store: str, mock: MockServer) -> None:
+    """The other process's failures opened it here too (shm and Redis): the
+    call fails at once and nothing reaches the server."""
     mock.script("down", [], after={"status": 503})
     url = mock.scenario_url("down")
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        assert pool.apply(_open_the_breaker, (url, patient(redis))) == 3
-    with llmretry.Client(base_url=url, shared=patient(redis), max_retries=0, breaker_failures=3,
+        assert pool.apply(_open_the_breaker, (url, store)) == 3
+    with llmretry.Client(base_url=url, shared=store, max_retries=0, breaker_failures=3,
                          breaker_cooldown_ms=60000, logger=None) as client:
         with pytest.raises(llmretry.CircuitOpenError) as info:
             client.call_llm(BODY)
@@ -237,21 +250,6 @@ def test_cli_flag(redis: RedisServer, mock: MockServer, tmp_path: Any,
 
 
 # ---- what processes say of the limits (docs/shared.md), through either store ----
-
-@pytest.fixture(params=["shm", "redis"])
-def store(request: pytest.FixtureRequest, redis: RedisServer) -> Iterator[str]:
-    if request.param == "redis":
-        yield patient(redis)
-        return
-    import os
-    import uuid
-    name = f"test-py-limits-{uuid.uuid4().hex[:12]}"
-    yield f"shm:{name}"
-    try:
-        os.unlink(f"/dev/shm/llmretry-{name}")
-    except FileNotFoundError:
-        pass
-
 
 def _poll(cond: Any, seconds: float = 3.0) -> bool:
     until = time.monotonic() + seconds

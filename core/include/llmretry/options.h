@@ -215,9 +215,13 @@ typedef struct llmretry_options {
      * engine only assembles: the result is one chat.completion, the whole
      * call retryable. */
     int stream_chunks;
-    /* 1 = add "stream_options": {"include_usage": true} to a streaming body
-     * (a JSON object with "stream": true) that sets no stream_options, so
-     * the stream reports its usage. Hosts set it for bodies they encoded. */
+    /* 1 = the body is the host's encoding of its caller's object (hosts
+     * set it for bodies they encoded, never for the caller's own text):
+     * with stream_chunks the body is made to say "stream": true (its
+     * "stream" member replaced or added), and a streaming body (a JSON
+     * object with "stream": true) that sets no stream_options gets
+     * "stream_options": {"include_usage": true}, so the stream reports its
+     * usage (not for a url ending with /responses). */
     int stream_usage;
     /* 1 = keep the last attempt's response as received, for hosts that hand
      * it on as it came (an HTTP client's transport): result.headers holds
@@ -327,6 +331,43 @@ llmretry_status llmretry_options_set_json(llmretry_options *o, const char *name,
 /* retry_statuses: 1..LLMRETRY_MAX_STATUSES statuses, each 100..599 (copied). */
 llmretry_status llmretry_options_set_statuses(llmretry_options *o, const int *statuses, size_t n,
                                               char *err, size_t errlen);
+
+/* One extra header as a host holds it (a name and a value, each with its
+ * length: NUL is refused, not an end), checked by the rule the core
+ * applies to its "Name: value" lines: the name an RFC 9110 token (no ':',
+ * which a line could not tell apart), the value without control
+ * characters but HTAB. `index` is its place among the caller's headers,
+ * named in the message instead of the name when the name is invalid (it
+ * may be a secret); (size_t)-1 = no order (a Lua table). EINVAL with the
+ * message in err. Reserved names (Content-Length, ...) are refused with
+ * the other options, by llmretry_options_check. */
+llmretry_status llmretry_check_header(const char *name, size_t name_len, const char *value,
+                                      size_t value_len, size_t index, char *err, size_t errlen);
+
+/* The body the core sends for an object the host encoded (what
+ * llmretry_options.stream_usage = 1 asks for; a host calls it itself for
+ * bodies it sends another way, such as a batch's items): with `streamed`,
+ * "stream": true (the body's "stream" member replaced or added); then, if
+ * the body streams and sets no stream_options, "stream_options":
+ * {"include_usage": true} (not for a url whose path ends with /responses).
+ * The rest of the text is left as written. A new body (free with
+ * llmretry_free; *len updated), or NULL to send the body as it is. */
+char *llmretry_stream_body(const char *url, const char *body, size_t *len, int streamed);
+
+/* A host's tokenizer for llmretry_estimate_tokens: the tokens of one
+ * prompt text (UTF-8, `len` bytes, not NUL-terminated); < 0 = cannot count. */
+typedef int64_t (*llmretry_token_counter)(const char *text, size_t len, void *ud);
+
+/* The tokens a request body is charged against tpm, the engine's rule in
+ * one place: its prompt texts (the strings under "messages", "input" and
+ * "prompt" that are content or text, not roles or names) counted by
+ * `count` (NULL = characters / 4, rounded up), plus the completion's bound
+ * (max_completion_tokens, max_tokens or max_output_tokens; 0 for a url
+ * whose path ends with /embeddings; else 256). A body that is not JSON
+ * counts as all prompt. -1 when `count` fails on a text; a host then
+ * leaves estimated_tokens at 0 (the engine's own estimate). */
+int64_t llmretry_estimate_tokens(const char *url, const char *body, size_t len,
+                                 llmretry_token_counter count, void *ud);
 
 #ifdef __cplusplus
 }
