@@ -2,7 +2,7 @@
 events, its request and its response (the table EVENT_FIELDS, the targets'
 endpoints, the request's settings, the response's id, finish reasons and,
 with capture_content, the messages). No OpenTelemetry here: a Lua host
-could follow the same table. docs/opentelemetry.md prints it.
+could follow the same table. docs/observability.md prints it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 # ---------------------------------------------------------------------------
 # The mapping: engine event fields -> telemetry. One table, read by the
-# span, its attempt events and the metrics alike (docs/opentelemetry.md
+# span, its attempt events and the metrics alike (docs/observability.md
 # prints it; a Lua host would follow the same one).
 #
 #   field: (span attribute, attempt-event attribute, scale)

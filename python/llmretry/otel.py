@@ -17,7 +17,7 @@ metrics are made from the engine's events (the same that loggers get: one
 path for logs and telemetry), read through the table ``EVENT_FIELDS``;
 the request and the result add what events do not hold (the request's
 settings, the response id, the finish reasons). The mapping is documented in
-docs/opentelemetry.md.
+docs/observability.md.
 
 The parts: _otel_mapping (the table, endpoints, request and response
 attributes), _otel_record (a call's record made a span and metrics, the
