@@ -668,7 +668,7 @@ def test_cli_otel_without_the_sdk_says_what_to_install(scen: Scenario) -> None:
 def test_the_docs_print_the_mapping() -> None:
     """docs/observability.md's table is llmretry.otel.EVENT_FIELDS."""
     from conftest import ROOT
-    text = (ROOT / "docs" / "opentelemetry.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
     section = text.split("## The mapping", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
