@@ -184,12 +184,20 @@ class _Call:
     def start(self, headers: Optional[List[str]]) -> Optional[List[str]]:
         """Start the span (the call starts now) and return the call's header
         lines with its context added, as the application's propagators write
-        it (by default W3C ``traceparent``): every attempt carries it."""
+        it (by default W3C ``traceparent``): every attempt carries it.
+        The span starts with what is known now (the request's settings and,
+        for a call with one target, the endpoint's): the samplers see them,
+        and its end sets only what the call adds."""
         try:
-            self.span_name = _span_name(self.targets[0], self.request.get("gen_ai.request.model"))
+            targets = self.targets
+            endpoint = targets[0]
+            attrs = self.request
+            if len(targets.endpoints) == 1:
+                attrs = dict(endpoint.attrs, **attrs) if attrs else endpoint.attrs
+            self.span_name = _span_name(endpoint, self.request.get("gen_ai.request.model"))
             self.span = span = self.tel.tracer.start_span(
                 self.span_name, context=self.parent, kind=SpanKind.CLIENT,
-                attributes=self.request, start_time=self.start_ns)
+                attributes=attrs, start_time=self.start_ns)
             carrier: Dict[str, str] = {}
             otel_propagate.inject(carrier, context=otel_trace.set_span_in_context(
                 span, self.parent))
@@ -208,6 +216,14 @@ class _Call:
             messages = _input_messages(body)
             if messages is not None:
                 self.inputs = json.dumps(messages, ensure_ascii=False)
+
+    def take_events(self, other: "_Call") -> None:
+        """What ``other`` (a record of this call's events alone: a batch
+        item's, kept by request id until the item ends) saw."""
+        self.attempts = other.attempts
+        self.counts = other.counts
+        for key, value in other.last.items():
+            self.last.setdefault(key, value)
 
     # -- events --------------------------------------------------------------
 
@@ -325,8 +341,11 @@ class _Call:
               end_ns: Optional[int]) -> None:
         tel = self.tel
         end_ns = end_ns or time_ns()
-        attrs = self.last       # ended: no event adds to it any more
-        attrs.update(self.request)
+        # The span's attributes from the events and the outcome (ended: no
+        # event adds to them any more); the request's come separately, as
+        # a started span has them already.
+        attrs = self.last
+        request = self.request
         meta = result.meta if isinstance(result, Result) else None
         usage = None
         total_ms = None
@@ -335,7 +354,9 @@ class _Call:
             total_ms = meta.total_ms
             attrs["llmretry.request_id"] = meta.request_id
             attrs["llmretry.attempts"] = meta.attempts
-            attrs["llmretry.target"] = meta.target
+            target = meta.target
+            if target:
+                attrs["llmretry.target"] = target
             if meta.model and "gen_ai.request.model" not in attrs:
                 attrs["gen_ai.request.model"] = meta.model
             if meta.resends:
@@ -352,7 +373,6 @@ class _Call:
                     attrs["llmretry.chunks"] = meta.chunks
             attrs.update(_response_attributes(result.data, tel.capture))
             self._answered(meta, end_ns)
-            target = meta.target
         elif isinstance(error, LLMError):
             usage = error.usage_total
             total_ms = error.total_ms
@@ -366,8 +386,12 @@ class _Call:
             if error.resends:
                 attrs["llmretry.resends"] = error.resends
             target = error.target
+            if not target:
+                attrs.pop("llmretry.target", None)
         else:
             target = attrs.get("llmretry.target", 0)
+            if not target:
+                attrs.pop("llmretry.target", None)
             if error is not None and "error.type" not in attrs:
                 attrs["error.type"] = type(error).__qualname__
         if attrs.get("llmretry.attempts") is None:
@@ -379,11 +403,14 @@ class _Call:
             tokens = usage.get("completion_tokens")
             if tokens is not None:
                 attrs["gen_ai.usage.output_tokens"] = tokens
-        if not attrs.get("llmretry.target"):
-            attrs.pop("llmretry.target", None)
-        endpoint = self.targets[target]
-        model = attrs.get("gen_ai.request.model")
-        attrs.update(endpoint.attrs)
+        # The request's model names the call (a fallback's is the response's).
+        model = request.get("gen_ai.request.model")
+        if model is None:
+            model = attrs.get("gen_ai.request.model")
+        elif "gen_ai.request.model" in attrs:
+            del attrs["gen_ai.request.model"]
+        targets = self.targets
+        endpoint = targets[target]
         if self.inputs is not None:
             attrs["gen_ai.input.messages"] = self.inputs
         start_ns = self.start_ns
@@ -395,9 +422,13 @@ class _Call:
         name = _span_name(endpoint, model)
         span = self.span
         if span is None:
+            attrs.update(request)
+            attrs.update(endpoint.attrs)
             span = tel.tracer.start_span(name, context=self.parent, kind=SpanKind.CLIENT,
                                          attributes=attrs, start_time=start_ns)
         else:
+            if len(targets.endpoints) > 1:      # the endpoint that answered (start had none)
+                attrs.update(endpoint.attrs)
             if name != self.span_name:
                 span.update_name(name)
             span.set_attributes(attrs)

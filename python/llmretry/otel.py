@@ -35,7 +35,7 @@ import os
 import threading
 import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opentelemetry import context as otel_context
 
@@ -270,10 +270,14 @@ def _hook_aclose(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _Batch:
-    """The records of a batch's calls, by request id: events come tagged
-    with it, each item's value carries it (and its index, hence its body)."""
+    """The records of a batch's items. Each item's span starts when the
+    batch submits it (Engine.call_many's ``item_headers``, on the batch's
+    thread), and its requests carry the span's context; the item's events
+    come tagged with its request id, its value with its index (hence its
+    body) and its request id."""
 
-    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "calls")
+    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "headers",
+                 "started", "calls")
 
     def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any) -> None:
         self.tel = tel
@@ -283,9 +287,26 @@ class _Batch:
         self.start_ns = time_ns()
         # A list's bodies are read back by index; a lazy batch keeps none
         # (its memory stays flat): its spans lack the request's settings
-        # (the model comes from the events) and its input messages.
+        # (the model comes from the result or the events) and its input messages.
         self.items = items
-        self.calls: Dict[Any, _Call] = {}
+        self.headers = kwargs.get("headers")
+        self.started: Dict[int, _Call] = {}     # index -> an item's record, in flight
+        self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
+
+    def item_headers(self, index: int) -> Optional[List[str]]:
+        """Item ``index`` is submitted now: its record starts, and its
+        requests carry the batch's headers plus its span's context (None:
+        the batch's alone)."""
+        try:
+            items = self.items
+            body = items[index] if items is not None and 0 <= index < len(items) else None
+            call = _Call(self.tel, self.targets, self.parent, time_ns(), body,
+                         policy=self.policy)
+            self.started[index] = call
+            lines = call.start(self.headers)
+        except Exception:   # telemetry must never break a batch
+            return None
+        return None if lines is self.headers else lines
 
     def on_event(self, ev: Dict[str, Any]) -> None:
         rid = ev.get("request_id")
@@ -307,26 +328,51 @@ class _Batch:
         return on_result
 
     def item_done(self, index: int, value: Any) -> None:
-        rid: Optional[str]
+        call = self.started.pop(index, None)
         if isinstance(value, Result):
-            rid, total_ms = value.meta.request_id, value.meta.total_ms
+            rid = value.meta.request_id
         elif isinstance(value, LLMError):
-            rid, total_ms = value.request_id, value.total_ms
+            rid = value.request_id
         else:               # never sent (a bad input line)
             return
-        call = self.calls.pop(rid, None)
-        if call is None:    # no event came (the batch's deadline passed first)
-            call = _Call(self.tel, self.targets, self.parent, None, policy=self.policy)
-        items = self.items
-        if items is not None and 0 <= index < len(items):
-            call.set_body(items[index])
-        now = time_ns()
-        # The call's own clock: from its submission, waits for a slot included.
-        call.start_ns = max(self.start_ns, now - int((total_ms or 0) * 1_000_000))
+        events = self.calls.pop(rid, None) if self.calls else None
+        if call is None:    # not submitted here: no span yet
+            call = events or _Call(self.tel, self.targets, self.parent, None,
+                                   policy=self.policy)
+            if call.start_ns is None:
+                call.start_ns = self.start_ns
+        elif events is not None:
+            call.take_events(events)
         if isinstance(value, Result):
-            call.end(result=value, end_ns=now)
+            call.end(result=value)
         else:
-            call.end(error=value, end_ns=now)
+            call.end(error=value)
+
+    def end_unfinished(self) -> None:
+        """The batch is over: items it submitted that never finished (it
+        was interrupted, or raised) end as cancelled."""
+        started, self.started = self.started, {}
+        for call in started.values():
+            call.last.setdefault("error.type", "cancelled")
+            call.end()
+
+
+class _Job:
+    """A batch's engine run (_engine_batch's) whose finish also ends the
+    records of the items left unfinished."""
+
+    __slots__ = ("engine", "args", "kwargs", "job", "records")
+
+    def __init__(self, job: Any, records: _Batch) -> None:
+        self.engine, self.args, self.kwargs = job.engine, job.args, job.kwargs
+        self.job = job
+        self.records = records
+
+    def finish(self) -> None:
+        try:
+            self.job.finish()
+        finally:
+            self.records.end_unfinished()
 
 
 def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -341,8 +387,10 @@ def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
         # Each item's value, as it finishes, through the batch's on_result
         # (this batch's own attribute: the caller's runs after it).
         batch.on_result = records.on_result(batch.on_result)
-        return orig(client, batch, encoded, _with_sink(plan, records.on_event), limit,
-                    deadline_ms, adaptive)
+        job = orig(client, batch, encoded, _with_sink(plan, records.on_event), limit,
+                   deadline_ms, adaptive)
+        job.kwargs["item_headers"] = records.item_headers
+        return _Job(job, records)
     return _engine_job
 
 

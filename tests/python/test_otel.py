@@ -384,6 +384,54 @@ def test_each_attempt_carries_its_calls_span_as_traceparent(tel: Telemetry,
             by_id[req["headers"]["x-client-request-id"]])
 
 
+def test_each_batch_items_attempts_carry_the_items_span_as_traceparent(
+        tel: Telemetry, scen: Scenario) -> None:
+    """call_many, acall_many, a lazy batch and map_with_concurrency: every
+    request names its own item's span, retried attempts too, and the
+    batch's own headers are kept (its traceparent replaced)."""
+    scen.script([{"status": 503}, {"status": 500}], after={})
+    bodies = [secret_body(f"tp-batch-{i}", max_tokens=i + 1) for i in range(12)]
+    with tel.tracer.start_as_current_span("caller") as caller:
+        out = llmretry.call_many(bodies, limit=4, base_url=scen.url,
+                                 headers={"X-Mine": "kept", "traceparent": "00-bad"}, **FAST)
+    assert out.summary.ok == 12
+    spans = tel.llm_spans()
+    assert len(spans) == 12
+    assert {s.parent.span_id for s in spans} == {caller.get_span_context().span_id}
+    _check_traceparents(tel, scen, 14)      # 12 items, 2 of them retried once
+    assert all(r["headers"]["x-mine"] == "kept" for r in scen.requests())
+    retried = [s for s in spans if s.attributes["llmretry.attempts"] == 2]
+    assert len(retried) == 2
+    for span in retried:        # its events and its span's context in one record
+        assert [e["http.response.status_code"] for e in attempt_events(span)][1] == 200
+    assert len({r["headers"]["traceparent"] for r in scen.requests()}) == 12
+
+    tel.exporter.clear()
+    other = scen.sub("amany").script([{"status": 503}], after={})
+
+    async def amany() -> Any:
+        return await llmretry.acall_many([secret_body(f"tp-a{i}") for i in range(5)],
+                                         base_url=other.url, **FAST)
+
+    assert asyncio.run(amany()).summary.ok == 5
+    _check_traceparents(tel, other, 6)
+
+    tel.exporter.clear()
+    other = scen.sub("lazy").script([{"status": 503}], after={})
+    out = llmretry.call_many((secret_body(f"tp-lazy-{i}", model="lazy-model")
+                              for i in range(6)), base_url=other.url, **FAST)
+    assert out.summary.ok == 6
+    assert [s.name for s in tel.llm_spans()] == ["chat lazy-model"] * 6
+    _check_traceparents(tel, other, 7)
+
+    tel.exporter.clear()
+    other = scen.sub("map").script([{"status": 503}], after={})
+    llmretry.map_with_concurrency(
+        range(6), 3, lambda i, _index: llmretry.call_llm(secret_body(f"tp-map-{i}"),
+                                                         base_url=other.url, **FAST))
+    _check_traceparents(tel, other, 7)
+
+
 def test_the_callers_logger_gets_what_it_got_before(tel: Telemetry, scen: Scenario,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     scen.script([{"status": 503}, {}])
