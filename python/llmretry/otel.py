@@ -41,6 +41,7 @@ from opentelemetry import context as otel_context
 
 from . import _aio, _engine_batch, _llmretry, _streaming
 from ._aio import AsyncStream
+from ._bodies import _LazyBodies
 from ._client import Client, Result
 from ._http_transport import TransportCore
 from ._logging import event_mask_of
@@ -276,10 +277,11 @@ class _Batch:
     come tagged with its request id, its value with its index (hence its
     body) and its request id."""
 
-    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "headers",
-                 "started", "calls")
+    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "runnable",
+                 "headers", "started", "calls")
 
-    def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any) -> None:
+    def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any,
+                 runnable: Optional[List[int]]) -> None:
         self.tel = tel
         self.targets = _targets_of(kwargs)
         self.policy = kwargs.get("policy")
@@ -289,15 +291,20 @@ class _Batch:
         # (its memory stays flat): its spans lack the request's settings
         # (the model comes from the result or the events) and its input messages.
         self.items = items
+        # A list's run submits its runnable items (those not done before a
+        # resume), numbered from 0: the k-th is item runnable[k]. A lazy
+        # batch's items come with their own indices.
+        self.runnable = runnable
         self.headers = kwargs.get("headers")
         self.started: Dict[int, _Call] = {}     # index -> an item's record, in flight
         self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
 
-    def item_headers(self, index: int) -> Optional[List[str]]:
-        """Item ``index`` is submitted now: its record starts, and its
-        requests carry the batch's headers plus its span's context (None:
-        the batch's alone)."""
+    def item_headers(self, k: int) -> Optional[List[str]]:
+        """The run submits its ``k``-th item now: the item's record starts,
+        and its requests carry the batch's headers plus its span's context
+        (None: the batch's alone)."""
         try:
+            index = self.runnable[k] if self.runnable is not None else k
             items = self.items
             body = items[index] if items is not None and 0 <= index < len(items) else None
             call = _Call(self.tel, self.targets, self.parent, time_ns(), body,
@@ -383,7 +390,8 @@ def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return orig(client, batch, encoded, plan, limit, deadline_ms, adaptive)
-        records = _Batch(tel, plan.kwargs, batch.items)
+        records = _Batch(tel, plan.kwargs, batch.items,
+                         None if isinstance(encoded, _LazyBodies) else batch.runnable)
         # Each item's value, as it finishes, through the batch's on_result
         # (this batch's own attribute: the caller's runs after it).
         batch.on_result = records.on_result(batch.on_result)

@@ -385,7 +385,7 @@ def test_each_attempt_carries_its_calls_span_as_traceparent(tel: Telemetry,
 
 
 def test_each_batch_items_attempts_carry_the_items_span_as_traceparent(
-        tel: Telemetry, scen: Scenario) -> None:
+        tel: Telemetry, scen: Scenario, tmp_path: Any) -> None:
     """call_many, acall_many, a lazy batch and map_with_concurrency: every
     request names its own item's span, retried attempts too, and the
     batch's own headers are kept (its traceparent replaced)."""
@@ -405,6 +405,23 @@ def test_each_batch_items_attempts_carry_the_items_span_as_traceparent(
     for span in retried:        # its events and its span's context in one record
         assert [e["http.response.status_code"] for e in attempt_events(span)][1] == 200
     assert len({r["headers"]["traceparent"] for r in scen.requests()}) == 12
+
+    # A resumed batch runs only the items that failed: each still has its own.
+    tel.exporter.clear()
+    other = scen.sub("resume").script([{}, {"status": 400}], after={})
+    path = tmp_path / "failures.jsonl"
+    out = llmretry.call_many(bodies[:4], limit=1, base_url=other.url, failures_path=path,
+                             **FAST)
+    assert out.summary.failed == 1 and isinstance(out[1], llmretry.LLMError)
+    tel.exporter.clear()
+    out = llmretry.call_many(bodies[:4], limit=1, base_url=other.url, failures_path=path,
+                             resume=True, **FAST)
+    assert out.summary.ok == 1 and isinstance(out[1], llmretry.Result)
+    [span] = tel.llm_spans()
+    assert span.attributes["gen_ai.request.max_tokens"] == 2      # item 1's body
+    seen = other.requests()[-1]["headers"]
+    assert seen["x-client-request-id"] == out[1].meta.request_id
+    assert seen["traceparent"] == _traceparent(span)
 
     tel.exporter.clear()
     other = scen.sub("amany").script([{"status": 503}], after={})
