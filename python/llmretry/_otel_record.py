@@ -212,7 +212,8 @@ class _Call:
         return [line for line in headers if line.split(":", 1)[0].lower() not in names] + lines
 
     def set_body(self, body: Any) -> None:
-        body = _parsed(body)
+        if type(body) is not dict:
+            body = _parsed(body)
         self.request = _request_attributes(body)
         if self.tel.capture:
             messages = _input_messages(body)
@@ -429,8 +430,12 @@ class _Call:
             start_ns = end_ns - int(total_ms * 1_000_000)
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
-        name = _span_name(endpoint, model)
         span = self.span
+        if span is not None and endpoint is targets.first and model == request.get(
+                "gen_ai.request.model"):
+            name = self.span_name       # what it started with
+        else:
+            name = _span_name(endpoint, model)
         if span is None:
             attrs.update(request)
             attrs.update(endpoint.attrs)
