@@ -149,12 +149,13 @@ class _Call:
     (or event loop) that waits for the call, so a call is never touched by
     two threads at once.
 
-    A call that starts here (call_llm, stream_llm, their asyncio forms, a
-    transport's request) starts its span at once (start()), so that its
-    context goes to the server in the request's headers (``traceparent``);
-    the attributes and attempt events are added when it ends. A batch's
-    items start in the engine, out of sight: their spans are made when they
-    end, with the times observed (the SDK takes explicit start and end times).
+    A call starts its span at once (start()): call_llm, stream_llm, their
+    asyncio forms, a transport's request, and a batch's item when the batch
+    submits it (Engine.call_many's item_headers), so that its context goes
+    to the server in the request's headers (``traceparent``); the
+    attributes and attempt events are added when it ends. A record that
+    never started (a batch item submitted elsewhere) makes its span when it
+    ends, with the times observed (the SDK takes explicit start and end times).
     """
 
     __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",

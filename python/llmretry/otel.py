@@ -47,6 +47,7 @@ from ._http_transport import TransportCore
 from ._logging import event_mask_of
 from ._otel_mapping import EVENT_FIELDS, _targets_of
 from ._otel_record import SCHEMA_URL, _Call, _Telemetry
+from ._results import _value_of
 from ._stream import Stream
 from .errors import LLMError
 
@@ -309,7 +310,7 @@ class _Batch:
             body = items[index] if items is not None and 0 <= index < len(items) else None
             call = _Call(self.tel, self.targets, self.parent, time_ns(), body,
                          policy=self.policy)
-            self.started[index] = call
+            self.started[k] = call
             lines = call.start(self.headers)
         except Exception:   # telemetry must never break a batch
             return None
@@ -323,19 +324,27 @@ class _Batch:
                                            policy=self.policy)
         call.on_event(ev)
 
-    def on_result(self, user: Any) -> Callable[[int, Any], Any]:
-        def on_result(index: int, value: Any) -> Any:
+    def on_result(self, then: Any) -> Callable[[int, Any], Any]:
+        """The run's on_result (the engine's: the item's number in the run,
+        its Result or outcome dict): the item's record ends, then ``then``
+        (the run's own, if any) goes on. The batch records its items
+        its own way (at the end, unless something wants each one)."""
+        def on_result(k: int, value: Any) -> Any:
             try:
-                self.item_done(index, value)
+                self.item_done(k, value)
             except Exception:   # telemetry must never break a batch
                 pass
-            if user is not None:
-                return user(index, value)
+            if then is not None:
+                return then(k, value)
             return None
         return on_result
 
-    def item_done(self, index: int, value: Any) -> None:
-        call = self.started.pop(index, None)
+    def item_done(self, k: int, value: Any) -> None:
+        call = self.started.pop(k, None)
+        if type(value) is dict:
+            # An outcome the batch makes its value of (a failure; a body
+            # Python parses, or the validator accepted): the same here.
+            value = _value_of(value, None)
         if isinstance(value, Result):
             rid = value.meta.request_id
         elif isinstance(value, LLMError):
@@ -392,12 +401,13 @@ def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(client, batch, encoded, plan, limit, deadline_ms, adaptive)
         records = _Batch(tel, plan.kwargs, batch.items,
                          None if isinstance(encoded, _LazyBodies) else batch.runnable)
-        # Each item's value, as it finishes, through the batch's on_result
-        # (this batch's own attribute: the caller's runs after it).
-        batch.on_result = records.on_result(batch.on_result)
         job = orig(client, batch, encoded, _with_sink(plan, records.on_event), limit,
                    deadline_ms, adaptive)
+        # Each item's start and end, from the engine's run itself: the
+        # batch's own bookkeeping stays as it is (its values recorded at
+        # the end when nothing else wants each one).
         job.kwargs["item_headers"] = records.item_headers
+        job.kwargs["on_result"] = records.on_result(job.kwargs.get("on_result"))
         return _Job(job, records)
     return _engine_job
 
