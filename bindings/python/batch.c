@@ -216,7 +216,9 @@ static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ss
 {
     if (!b->item_headers)
         return batch_submit_with(self, b, o, index, body, model, key, tokens);
-    PyObject *given = PyObject_CallFunction(b->item_headers, "n", index);
+    PyObject *k = PyLong_FromSsize_t(index);
+    PyObject *given = k ? PyObject_CallOneArg(b->item_headers, k) : NULL;
+    Py_XDECREF(k);
     if (!given)
         return -1;
     if (given == Py_None) {

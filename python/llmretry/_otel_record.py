@@ -9,7 +9,7 @@ import json
 import threading
 import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate as otel_propagate
@@ -88,7 +88,7 @@ class _Counts:
                         if row[i + 1]]
         return observe
 
-    def add(self, key: Any, attrs: Dict[str, Any], counts: List[int]) -> None:
+    def add(self, key: Any, attrs: Dict[str, Any], counts: Sequence[int]) -> None:
         with self.lock:
             row = self.totals.get(key)
             if row is None:
@@ -176,8 +176,9 @@ class _Call:
         self.ended = False
         self.end_on_final = end_on_final
         # Attempts started, retries, 429s, circuit-open refusals: added to
-        # the counters once, at the end.
-        self.counts = [0, 0, 0, 0]
+        # the counters once, at the end (made by the first event: a call
+        # answered at once only has its attempt).
+        self.counts: Optional[List[int]] = None
         self.span: Any = None
         self.span_name: Optional[str] = None
         if body is not None:
@@ -240,6 +241,8 @@ class _Call:
             self.start_ns = now
         tel = self.tel
         counts = self.counts
+        if counts is None:
+            counts = self.counts = [0, 0, 0, 0]
         if name == "llm_retry_scheduled":
             counts[1] += 1
         elif name == "llm_request_failed" and ev.get("status") == 429:
@@ -455,9 +458,14 @@ class _Call:
         # Metrics: the conventions' attributes (low cardinality: no ids).
         sets = _metric_sets(tel, endpoint, model, response_model)
         counts = self.counts
-        counts[0] = attempts if type(attempts) is int else 0
-        if counts[0] or counts[1] or counts[2] or counts[3]:
-            tel.counts.add(sets[0], sets[1], counts)
+        started = attempts if type(attempts) is int else 0
+        if counts is None:
+            if started:
+                tel.counts.add(sets[0], sets[1], (started, 0, 0, 0))
+        else:
+            counts[0] = started
+            if counts[0] or counts[1] or counts[2] or counts[3]:
+                tel.counts.add(sets[0], sets[1], counts)
         hist = sets[2]
         tel.duration.record((end_ns - start_ns) / 1e9,
                             dict(hist, **{"error.type": failed}) if failed else hist)
