@@ -273,10 +273,10 @@ def _hook_aclose(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 class _Batch:
     """The records of a batch's items. Each item's span starts when the
-    batch submits it (Engine.call_many's ``item_headers``, on the batch's
+    run submits it (Engine.call_many's ``item_headers``, on the batch's
     thread), and its requests carry the span's context; the item's events
-    come tagged with its request id, its value with its index (hence its
-    body) and its request id."""
+    come tagged with its request id, its value with its number in the run
+    and its request id."""
 
     __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "runnable",
                  "headers", "started", "calls")
@@ -297,7 +297,7 @@ class _Batch:
         # batch's items come with their own indices.
         self.runnable = runnable
         self.headers = kwargs.get("headers")
-        self.started: Dict[int, _Call] = {}     # index -> an item's record, in flight
+        self.started: Dict[int, _Call] = {}     # number in the run -> record, in flight
         self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
 
     def item_headers(self, k: int) -> Optional[List[str]]:
@@ -346,17 +346,17 @@ class _Batch:
             # Python parses, or the validator accepted): the same here.
             value = _value_of(value, None)
         if isinstance(value, Result):
-            rid = value.meta.request_id
+            rid, total_ms = value.meta.request_id, value.meta.total_ms
         elif isinstance(value, LLMError):
-            rid = value.request_id
+            rid, total_ms = value.request_id, value.total_ms
         else:               # never sent (a bad input line)
             return
         events = self.calls.pop(rid, None) if self.calls else None
-        if call is None:    # not submitted here: no span yet
+        if call is None:    # its start not seen (item_headers failed): no span yet
             call = events or _Call(self.tel, self.targets, self.parent, None,
                                    policy=self.policy)
-            if call.start_ns is None:
-                call.start_ns = self.start_ns
+            # The call's own clock: from its submission, waits for a slot included.
+            call.start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
         elif events is not None:
             call.take_events(events)
         if isinstance(value, Result):

@@ -449,6 +449,26 @@ def test_each_batch_items_attempts_carry_the_items_span_as_traceparent(
     _check_traceparents(tel, other, 7)
 
 
+def test_a_batch_stopped_early_ends_its_items_spans_as_cancelled(tel: Telemetry,
+                                                                  scen: Scenario) -> None:
+    scen.script([{}], after={"delay_ms": 5000})
+
+    def stop(index: int, value: Any) -> None:
+        raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        llmretry.call_many([secret_body(f"stop-{i}") for i in range(4)], limit=1,
+                           base_url=scen.url, on_result=stop, **FAST)
+    spans = tel.llm_spans()
+    assert len(spans) == 4      # every item submitted has its span, ended
+    done = [s for s in spans if "error.type" not in s.attributes]
+    assert len(done) == 1 and done[0].status.status_code != StatusCode.ERROR
+    for span in spans:
+        if span is not done[0]:
+            assert span.attributes["error.type"] == "cancelled"
+            assert span.status.status_code == StatusCode.ERROR
+
+
 def test_the_callers_logger_gets_what_it_got_before(tel: Telemetry, scen: Scenario,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     scen.script([{"status": 503}, {}])
