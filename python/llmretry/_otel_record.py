@@ -355,6 +355,7 @@ class _Call:
         attrs = self.last
         request = self.request
         usage = total_ms = ttfc = None
+        attempts: Any
         if isinstance(result, Result):
             meta = result.meta
             usage = meta.usage_total or meta.usage
@@ -435,8 +436,8 @@ class _Call:
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
         span = self.span
-        if span is not None and endpoint is targets.first and model == request.get(
-                "gen_ai.request.model"):
+        if (span is not None and self.span_name is not None and endpoint is targets.first
+                and model == request.get("gen_ai.request.model")):
             name = self.span_name       # what it started with
         else:
             name = _span_name(endpoint, model)

@@ -345,6 +345,7 @@ class _Batch:
             # An outcome the batch makes its value of (a failure; a body
             # Python parses, or the validator accepted): the same here.
             value = _value_of(value, None)
+        rid: Optional[str]
         if isinstance(value, Result):
             rid, total_ms = value.meta.request_id, value.meta.total_ms
         elif isinstance(value, LLMError):
