@@ -642,7 +642,7 @@ FOCUSED = [
     ("otel.md", "OpenTelemetry", "bash bench/run_otel.sh",
      "What `llmretry.otel` costs: `call_many` of 20,000 with the instrumentation off, on "
      "(OpenTelemetry's SDK, spans and metrics made and dropped), and split into llmretry's "
-     "own share and each signal's (docs/opentelemetry.md)."),
+     "own share and each signal's (docs/observability.md)."),
     ("sdk.md", "The openai SDK on llmretry's transport", "bash bench/run_sdk.sh",
      "`AsyncOpenAI` over `llmretry.httpx2.AsyncTransport` (the SDK's retries off) against "
      "`AsyncOpenAI` with its default transport (httpx2) and with aiohttp, at C=64 and 256, "

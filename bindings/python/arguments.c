@@ -56,23 +56,22 @@ static int parse_statuses(PyObject *seq, llmretry_options *o)
     return rc;
 }
 
-static int parse_headers(PyObject *seq, call_args *a)
+Py_ssize_t lr_py_header_lines(PyObject *seq, const char *what, PyObject **fast,
+                               const char ***lines)
 {
-    if (seq == Py_None)
-        return 0;
-    a->headers_fast = PySequence_Fast(seq, "headers must be a sequence of \"Name: value\" strings");
-    if (!a->headers_fast)
+    *fast = PySequence_Fast(seq, "headers must be a sequence of \"Name: value\" strings");
+    if (!*fast)
         return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(a->headers_fast);
-    a->header_lines = PyMem_Calloc((size_t)(n ? n : 1), sizeof *a->header_lines);
-    if (!a->header_lines) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(*fast);
+    *lines = PyMem_Calloc((size_t)(n ? n : 1), sizeof **lines);
+    if (!*lines) {
         PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(a->headers_fast, i);
+        PyObject *item = PySequence_Fast_GET_ITEM(*fast, i);
         if (!PyUnicode_Check(item)) {
-            PyErr_Format(PyExc_TypeError, "headers[%zd] must be a str, not %.100s", i,
+            PyErr_Format(PyExc_TypeError, "%s[%zd] must be a str, not %.100s", what, i,
                          Py_TYPE(item)->tp_name);
             return -1;
         }
@@ -81,11 +80,21 @@ static int parse_headers(PyObject *seq, call_args *a)
         if (!s)
             return -1;
         if ((size_t)len != strlen(s)) {
-            PyErr_Format(PyExc_ValueError, "headers[%zd] must not contain NUL", i);
+            PyErr_Format(PyExc_ValueError, "%s[%zd] must not contain NUL", what, i);
             return -1;
         }
-        a->header_lines[i] = s;
+        (*lines)[i] = s;
     }
+    return n;
+}
+
+static int parse_headers(PyObject *seq, call_args *a)
+{
+    if (seq == Py_None)
+        return 0;
+    Py_ssize_t n = lr_py_header_lines(seq, "headers", &a->headers_fast, &a->header_lines);
+    if (n < 0)
+        return -1;
     a->o.headers = a->header_lines;
     a->o.n_headers = (size_t)n;
     return 0;

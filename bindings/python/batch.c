@@ -46,6 +46,7 @@ typedef struct {
 typedef struct {
     PyObject *bodies, *models, *keys; /* sequences (PySequence_Fast); models, keys optional */
     PyObject *tokens;               /* estimated_tokens per item (ints), optional */
+    PyObject *item_headers;         /* item_headers(index) -> header lines or None, optional */
     PyObject *iter;                 /* or: the iterator of tuples */
     Py_ssize_t n;                   /* sequences: their length */
     Py_ssize_t next;                /* sequences: the next to submit */
@@ -201,10 +202,52 @@ static int batch_check(batch *b)
     return 0;
 }
 
+static int batch_submit_with(EngineObject *self, batch *b, llmretry_options *o,
+                             Py_ssize_t index, PyObject *body, PyObject *model, PyObject *key,
+                             PyObject *tokens);
+
 /* Submit one item (index: what on_result will get; what: how errors name
- * it); 0, or -1 with a Python error set. The core copies what it keeps. */
+ * it); 0, or -1 with a Python error set. The core copies what it keeps.
+ * With item_headers, the item's requests carry the header lines it gives
+ * for that index instead of the batch's (None: the batch's): what a host
+ * adds to one item alone (llmretry.otel: the item's span as traceparent),
+ * asked for just before the item is submitted. */
 static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t index,
                         PyObject *body, PyObject *model, PyObject *key, PyObject *tokens)
+{
+    if (!b->item_headers)
+        return batch_submit_with(self, b, o, index, body, model, key, tokens);
+    PyObject *k = PyLong_FromSsize_t(index);
+    PyObject *given = k ? PyObject_CallOneArg(b->item_headers, k) : NULL;
+    Py_XDECREF(k);
+    if (!given)
+        return -1;
+    if (given == Py_None) {
+        Py_DECREF(given);
+        return batch_submit_with(self, b, o, index, body, model, key, tokens);
+    }
+    const char *const *batch_lines = o->headers;
+    size_t batch_n = o->n_headers;
+    PyObject *fast = NULL;
+    const char **lines = NULL;
+    Py_ssize_t n = lr_py_header_lines(given, "item_headers()", &fast, &lines);
+    int rc = -1;
+    if (n >= 0) {
+        o->headers = lines;
+        o->n_headers = (size_t)n;
+        rc = batch_submit_with(self, b, o, index, body, model, key, tokens);
+        o->headers = batch_lines;
+        o->n_headers = batch_n;
+    }
+    PyMem_Free(lines);
+    Py_XDECREF(fast);
+    Py_DECREF(given);
+    return rc;
+}
+
+static int batch_submit_with(EngineObject *self, batch *b, llmretry_options *o,
+                             Py_ssize_t index, PyObject *body, PyObject *model, PyObject *key,
+                             PyObject *tokens)
 {
     /* The host's count of the item's tokens for the tpm budget (0: the
      * core estimates): tiktoken's, when the host has it. */
@@ -361,6 +404,7 @@ static void BatchRun_dealloc(BatchRunObject *r)
     Py_XDECREF(r->b.models);
     Py_XDECREF(r->b.keys);
     Py_XDECREF(r->b.tokens);
+    Py_XDECREF(r->b.item_headers);
     Py_XDECREF(r->b.iter);
     Py_XDECREF(r->results);
     Py_XDECREF(r->on_result);
@@ -392,6 +436,7 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     PyObject *models_arg = pop_kw(kw, "models", Py_None);
     PyObject *keys_arg = pop_kw(kw, "idempotency_keys", Py_None);
     PyObject *tokens_arg = pop_kw(kw, "estimated_tokens", Py_None);
+    PyObject *item_headers_arg = pop_kw(kw, "item_headers", Py_None);
     PyObject *limit_arg = pop_kw(kw, "limit", NULL);
     PyObject *deadline_arg = pop_kw(kw, "batch_deadline_ms", Py_None);
     PyObject *adaptive_arg = pop_kw(kw, "adaptive", Py_True);
@@ -440,6 +485,13 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     if (stats_arg != Py_None && !PyDict_Check(stats_arg)) {
         PyErr_SetString(PyExc_TypeError, "stats must be a dict or None");
         goto fail;
+    }
+    if (item_headers_arg != Py_None) {
+        if (!PyCallable_Check(item_headers_arg)) {
+            PyErr_SetString(PyExc_TypeError, "item_headers must be callable or None");
+            goto fail;
+        }
+        r->b.item_headers = Py_NewRef(item_headers_arg);
     }
     PyObject *empty = Py_BuildValue("(y)", "");
     if (!empty)

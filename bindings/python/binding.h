@@ -69,6 +69,11 @@ module_state *lr_py_state_of(PyObject *module);
 void call_args_release(call_args *a);
 int parse_call_args(PyObject *args, PyObject *kw, call_args *a,
                            PyObject **on_event, PyObject **validate);
+/* A sequence of "Name: value" strs as C strings (borrowed from *fast, a
+ * PySequence_Fast the caller releases, as it frees *lines with PyMem_Free
+ * also on failure): their count, or -1 with an error naming `what`[i]. */
+Py_ssize_t lr_py_header_lines(PyObject *seq, const char *what, PyObject **fast,
+                               const char ***lines);
 /* ValueError unless the options can be shared by the calls of a batch. */
 int check_shared_args(const call_args *a);
 /* check_options(**keywords): the batch check, for the package to run first. */

@@ -221,6 +221,7 @@ class Engine:
         *,
         models: Optional[Sequence[Optional[str]]] = None,
         idempotency_keys: Optional[Sequence[Optional[str]]] = None,
+        item_headers: Optional[Callable[[int], Optional[Sequence[str]]]] = None,
         limit: int = 8,
         batch_deadline_ms: Optional[int] = None,
         adaptive: bool = True,
@@ -251,6 +252,11 @@ class Engine:
         ``window``, ``pauses``, ``halvings``, ...), its token totals (the usage
         shape) and ``attempts``, ``retries``, ``resends`` when the batch ends,
         also when it ends by an exception.
+
+        ``item_headers(index)``, when given, is called on this thread just
+        before each item is submitted: the ``"Name: value"`` lines it returns
+        are that item's headers, on every attempt, in place of ``headers``
+        (None: ``headers``). llmretry.otel gives each item its span there.
 
         ``keep_results=False``: no list is kept (returns None), each
         outcome goes to ``on_result`` only. ``bodies`` may instead be an

@@ -2,7 +2,7 @@
 events, its request and its response (the table EVENT_FIELDS, the targets'
 endpoints, the request's settings, the response's id, finish reasons and,
 with capture_content, the messages). No OpenTelemetry here: a Lua host
-could follow the same table. docs/opentelemetry.md prints it.
+could follow the same table. docs/observability.md prints it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 # ---------------------------------------------------------------------------
 # The mapping: engine event fields -> telemetry. One table, read by the
-# span, its attempt events and the metrics alike (docs/opentelemetry.md
+# span, its attempt events and the metrics alike (docs/observability.md
 # prints it; a Lua host would follow the same one).
 #
 #   field: (span attribute, attempt-event attribute, scale)
@@ -153,12 +153,15 @@ def _url_of(url: Any, base: Any, endpoint: Any = None) -> str:
 
 
 class _Targets:
-    """The endpoints of a call's targets: its own, then each fallback's."""
+    """The endpoints of a call's targets: its own (``first``), then each
+    fallback's (``single``: none)."""
 
-    __slots__ = ("endpoints",)
+    __slots__ = ("endpoints", "first", "single")
 
     def __init__(self, endpoints: List[_Endpoint]) -> None:
         self.endpoints = endpoints
+        self.first = endpoints[0]
+        self.single = len(endpoints) == 1
 
     def __getitem__(self, target: Any) -> _Endpoint:
         if isinstance(target, int) and 0 <= target < len(self.endpoints):
@@ -199,6 +202,11 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
 # ---------------------------------------------------------------------------
 # Request and response: what events do not hold
 
+# The body keys _request_attributes reads besides "model": a body's keys are
+# intersected with them at once (a call's cost is per key looked at).
+_REQUEST_KEYS = frozenset(_REQUEST_SETTINGS) | {"stream", "n", "stop", "response_format"}
+
+
 def _request_attributes(body: Any) -> Dict[str, Any]:
     """The span attributes of a request body's settings (never its text)."""
     attrs: Dict[str, Any] = {}
@@ -207,32 +215,32 @@ def _request_attributes(body: Any) -> Dict[str, Any]:
     model = body.get("model")
     if isinstance(model, str):
         attrs["gen_ai.request.model"] = model
-    if body.get("stream") is True:
-        attrs["gen_ai.request.stream"] = True
-    # The body's keys, not the table's: a body sets few of them (a call's
-    # cost is per key looked up).
+    present = _REQUEST_KEYS.intersection(body)
+    if not present:
+        return attrs
     ranks: Dict[str, int] = {}
-    for key in body:
-        spec = _REQUEST_SETTINGS.get(key)
-        if spec is None:
-            continue
-        name, kind, rank = spec
+    for key in present:
         value = body[key]
-        if (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and ranks.get(name, 9) > rank):
-            attrs[name] = kind(value)
-            ranks[name] = rank
-    n = body.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and n != 1:
-        attrs["gen_ai.request.choice.count"] = n
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        attrs["gen_ai.request.stop_sequences"] = [stop]
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attrs["gen_ai.request.stop_sequences"] = list(stop)
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        attrs["gen_ai.output.type"] = "json"
+        spec = _REQUEST_SETTINGS.get(key)
+        if spec is not None:
+            name, kind, rank = spec
+            if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and ranks.get(name, 9) > rank):
+                attrs[name] = kind(value)
+                ranks[name] = rank
+        elif key == "stream":
+            if value is True:
+                attrs["gen_ai.request.stream"] = True
+        elif key == "n":
+            if isinstance(value, int) and not isinstance(value, bool) and value != 1:
+                attrs["gen_ai.request.choice.count"] = value
+        elif key == "stop":
+            if isinstance(value, str):
+                attrs["gen_ai.request.stop_sequences"] = [value]
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                attrs["gen_ai.request.stop_sequences"] = list(value)
+        elif isinstance(value, dict) and value.get("type") in ("json_object", "json_schema"):
+            attrs["gen_ai.output.type"] = "json"        # response_format
     return attrs
 
 
@@ -307,8 +315,11 @@ def _response_attributes(data: Any, capture: bool) -> Dict[str, Any]:
         attrs["gen_ai.response.id"] = rid
     choices = data.get("choices")
     if isinstance(choices, list):
-        reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
-        if reasons and all(isinstance(r, str) for r in reasons):
+        try:
+            reasons = [c["finish_reason"] for c in choices]
+        except (TypeError, KeyError):
+            reasons = None
+        if reasons and all(type(r) is str for r in reasons):
             attrs["gen_ai.response.finish_reasons"] = reasons
         if capture:
             out = []

@@ -9,7 +9,7 @@ import json
 import threading
 import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate as otel_propagate
@@ -26,6 +26,7 @@ from ._otel_mapping import (_ATTEMPT_EVENT, _CONTENT_FIELDS, _ENDS, _SECONDS_BUC
 from .errors import LLMError, error_from_outcome
 
 _SCOPE = "llmretry"
+_CLIENT = SpanKind.CLIENT
 # The version of the conventions the names follow.
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
@@ -87,7 +88,7 @@ class _Counts:
                         if row[i + 1]]
         return observe
 
-    def add(self, key: Any, attrs: Dict[str, Any], counts: List[int]) -> None:
+    def add(self, key: Any, attrs: Dict[str, Any], counts: Sequence[int]) -> None:
         with self.lock:
             row = self.totals.get(key)
             if row is None:
@@ -119,19 +120,19 @@ def _metric_sets(tel: _Telemetry, endpoint: _Endpoint, model: Any,
     """The metrics' attribute sets of a call (made once per endpoint and
     model, not per call): the counters' key and attributes, the histograms',
     the token histogram's for input and output."""
-    key = (endpoint.operation, endpoint.provider, endpoint.address, endpoint.port, model,
-           response_model)
-    sets = tel.metric_sets.get(key)
+    sets = tel.metric_sets.get((endpoint, model, response_model))
     if sets is None:
         base = _metric_attributes(endpoint, model)
         hist = dict(base)
         if response_model:
             hist["gen_ai.response.model"] = response_model
-        sets = (key[:5], base, hist, dict(hist, **{"gen_ai.token.type": "input"}),
+        # The counters' key: endpoints alike count alike.
+        key = (endpoint.operation, endpoint.provider, endpoint.address, endpoint.port, model)
+        sets = (key, base, hist, dict(hist, **{"gen_ai.token.type": "input"}),
                 dict(hist, **{"gen_ai.token.type": "output"}))
         if len(tel.metric_sets) >= 1024:    # a bound: a program has few endpoints and models
             tel.metric_sets.clear()
-        tel.metric_sets[key] = sets
+        tel.metric_sets[endpoint, model, response_model] = sets
     return sets
 
 
@@ -148,12 +149,13 @@ class _Call:
     (or event loop) that waits for the call, so a call is never touched by
     two threads at once.
 
-    A call that starts here (call_llm, stream_llm, their asyncio forms, a
-    transport's request) starts its span at once (start()), so that its
-    context goes to the server in the request's headers (``traceparent``);
-    the attributes and attempt events are added when it ends. A batch's
-    items start in the engine, out of sight: their spans are made when they
-    end, with the times observed (the SDK takes explicit start and end times).
+    A call starts its span at once (start()): call_llm, stream_llm, their
+    asyncio forms, a transport's request, and a batch's item when the batch
+    submits it (Engine.call_many's item_headers), so that its context goes
+    to the server in the request's headers (``traceparent``); the
+    attributes and attempt events are added when it ends. A record that
+    never started (a batch item submitted elsewhere) makes its span when it
+    ends, with the times observed (the SDK takes explicit start and end times).
     """
 
     __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",
@@ -174,8 +176,9 @@ class _Call:
         self.ended = False
         self.end_on_final = end_on_final
         # Attempts started, retries, 429s, circuit-open refusals: added to
-        # the counters once, at the end.
-        self.counts = [0, 0, 0, 0]
+        # the counters once, at the end (made by the first event: a call
+        # answered at once only has its attempt).
+        self.counts: Optional[List[int]] = None
         self.span: Any = None
         self.span_name: Optional[str] = None
         if body is not None:
@@ -184,30 +187,48 @@ class _Call:
     def start(self, headers: Optional[List[str]]) -> Optional[List[str]]:
         """Start the span (the call starts now) and return the call's header
         lines with its context added, as the application's propagators write
-        it (by default W3C ``traceparent``): every attempt carries it."""
+        it (by default W3C ``traceparent``): every attempt carries it.
+        The span starts with what is known now (the request's settings and,
+        for a call with one target, the endpoint's): the samplers see them,
+        and its end sets only what the call adds."""
         try:
-            self.span_name = _span_name(self.targets[0], self.request.get("gen_ai.request.model"))
+            targets = self.targets
+            endpoint = targets.first
+            request = attrs = self.request
+            if targets.single:
+                attrs = {**endpoint.attrs, **request} if request else endpoint.attrs
+            self.span_name = _span_name(endpoint, request.get("gen_ai.request.model"))
             self.span = span = self.tel.tracer.start_span(
-                self.span_name, context=self.parent, kind=SpanKind.CLIENT,
-                attributes=self.request, start_time=self.start_ns)
+                self.span_name, self.parent, _CLIENT, attrs, start_time=self.start_ns)
             carrier: Dict[str, str] = {}
-            otel_propagate.inject(carrier, context=otel_trace.set_span_in_context(
-                span, self.parent))
+            otel_propagate.get_global_textmap().inject(
+                carrier, otel_trace.set_span_in_context(span, self.parent))
         except Exception:       # telemetry must never break a call
             return headers
         if not carrier:
             return headers
+        lines = [f"{name}: {value}" for name, value in carrier.items()]
+        if not headers:
+            return lines
         names = {name.lower() for name in carrier}
-        kept = [line for line in headers or () if line.split(":", 1)[0].lower() not in names]
-        return kept + [f"{name}: {value}" for name, value in carrier.items()]
+        return [line for line in headers if line.split(":", 1)[0].lower() not in names] + lines
 
     def set_body(self, body: Any) -> None:
-        body = _parsed(body)
+        if type(body) is not dict:
+            body = _parsed(body)
         self.request = _request_attributes(body)
         if self.tel.capture:
             messages = _input_messages(body)
             if messages is not None:
                 self.inputs = json.dumps(messages, ensure_ascii=False)
+
+    def take_events(self, other: "_Call") -> None:
+        """What ``other`` (a record of this call's events alone: a batch
+        item's, kept by request id until the item ends) saw."""
+        self.attempts = other.attempts
+        self.counts = other.counts
+        for key, value in other.last.items():
+            self.last.setdefault(key, value)
 
     # -- events --------------------------------------------------------------
 
@@ -220,6 +241,8 @@ class _Call:
             self.start_ns = now
         tel = self.tel
         counts = self.counts
+        if counts is None:
+            counts = self.counts = [0, 0, 0, 0]
         if name == "llm_retry_scheduled":
             counts[1] += 1
         elif name == "llm_request_failed" and ev.get("status") == 429:
@@ -325,65 +348,86 @@ class _Call:
               end_ns: Optional[int]) -> None:
         tel = self.tel
         end_ns = end_ns or time_ns()
-        attrs = self.last       # ended: no event adds to it any more
-        attrs.update(self.request)
-        meta = result.meta if isinstance(result, Result) else None
-        usage = None
-        total_ms = None
-        if meta is not None:
+        # The span's attributes from the events and the outcome (ended: no
+        # event adds to them any more); the request's come separately, as
+        # a started span has them already. Values the metrics need are kept
+        # in locals (this runs once per call: a batch's items too).
+        attrs = self.last
+        request = self.request
+        usage = total_ms = ttfc = None
+        attempts: Any
+        if isinstance(result, Result):
+            meta = result.meta
             usage = meta.usage_total or meta.usage
             total_ms = meta.total_ms
             attrs["llmretry.request_id"] = meta.request_id
-            attrs["llmretry.attempts"] = meta.attempts
-            attrs["llmretry.target"] = meta.target
+            attrs["llmretry.attempts"] = attempts = meta.attempts
+            target = meta.target
+            if target:
+                attrs["llmretry.target"] = target
             if meta.model and "gen_ai.request.model" not in attrs:
                 attrs["gen_ai.request.model"] = meta.model
             if meta.resends:
                 attrs["llmretry.resends"] = meta.resends
-            if meta.response_model:
-                attrs["gen_ai.response.model"] = meta.response_model
+            response_model = meta.response_model
+            if response_model:
+                attrs["gen_ai.response.model"] = response_model
             if meta.system_fingerprint:
                 attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
             if meta.stream:
                 attrs["gen_ai.request.stream"] = True
                 if meta.ttft_ms is not None:
-                    attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
+                    attrs["gen_ai.response.time_to_first_chunk"] = ttfc = meta.ttft_ms * 0.001
                 if meta.chunks is not None:
                     attrs["llmretry.chunks"] = meta.chunks
             attrs.update(_response_attributes(result.data, tel.capture))
             self._answered(meta, end_ns)
-            target = meta.target
-        elif isinstance(error, LLMError):
-            usage = error.usage_total
-            total_ms = error.total_ms
-            attrs["error.type"] = error.kind
-            attrs["llmretry.request_id"] = error.request_id
-            attrs["llmretry.attempts"] = error.attempts
-            if error.model and "gen_ai.request.model" not in attrs:
-                attrs["gen_ai.request.model"] = error.model
-            if error.reason:
-                attrs["llmretry.reason"] = error.reason
-            if error.resends:
-                attrs["llmretry.resends"] = error.resends
-            target = error.target
+            failed = None
         else:
-            target = attrs.get("llmretry.target", 0)
-            if error is not None and "error.type" not in attrs:
-                attrs["error.type"] = type(error).__qualname__
-        if attrs.get("llmretry.attempts") is None:
-            attrs["llmretry.attempts"] = len(self.attempts)
+            if isinstance(error, LLMError):
+                usage = error.usage_total
+                total_ms = error.total_ms
+                attrs["error.type"] = error.kind
+                attrs["llmretry.request_id"] = error.request_id
+                attrs["llmretry.attempts"] = error.attempts
+                if error.model and "gen_ai.request.model" not in attrs:
+                    attrs["gen_ai.request.model"] = error.model
+                if error.reason:
+                    attrs["llmretry.reason"] = error.reason
+                if error.resends:
+                    attrs["llmretry.resends"] = error.resends
+                target = error.target
+            else:
+                target = attrs.get("llmretry.target", 0)
+                if error is not None and "error.type" not in attrs:
+                    attrs["error.type"] = type(error).__qualname__
+            if not target:
+                attrs.pop("llmretry.target", None)
+            attempts = attrs.get("llmretry.attempts")
+            if attempts is None:
+                attrs["llmretry.attempts"] = attempts = len(self.attempts)
+            failed = attrs.get("error.type")
+            response_model = attrs.get("gen_ai.response.model")
+            ttfc = attrs.get("gen_ai.response.time_to_first_chunk")
+        in_tokens = out_tokens = None
         if usage:
-            tokens = usage.get("prompt_tokens")
-            if tokens is not None:
-                attrs["gen_ai.usage.input_tokens"] = tokens
-            tokens = usage.get("completion_tokens")
-            if tokens is not None:
-                attrs["gen_ai.usage.output_tokens"] = tokens
-        if not attrs.get("llmretry.target"):
-            attrs.pop("llmretry.target", None)
-        endpoint = self.targets[target]
-        model = attrs.get("gen_ai.request.model")
-        attrs.update(endpoint.attrs)
+            in_tokens = usage.get("prompt_tokens")
+            if in_tokens is not None:
+                attrs["gen_ai.usage.input_tokens"] = in_tokens
+            out_tokens = usage.get("completion_tokens")
+            if out_tokens is not None:
+                attrs["gen_ai.usage.output_tokens"] = out_tokens
+        else:                           # the events' usage, if any
+            in_tokens = attrs.get("gen_ai.usage.input_tokens")
+            out_tokens = attrs.get("gen_ai.usage.output_tokens")
+        # The request's model names the call (a fallback's is the response's).
+        model = request.get("gen_ai.request.model")
+        if model is None:
+            model = attrs.get("gen_ai.request.model")
+        elif "gen_ai.request.model" in attrs:
+            del attrs["gen_ai.request.model"]
+        targets = self.targets
+        endpoint = targets[target] if target else targets.first
         if self.inputs is not None:
             attrs["gen_ai.input.messages"] = self.inputs
         start_ns = self.start_ns
@@ -391,13 +435,19 @@ class _Call:
             start_ns = end_ns - int(total_ms * 1_000_000)
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
-        failed = attrs.get("error.type")
-        name = _span_name(endpoint, model)
         span = self.span
-        if span is None:
-            span = tel.tracer.start_span(name, context=self.parent, kind=SpanKind.CLIENT,
-                                         attributes=attrs, start_time=start_ns)
+        if (span is not None and self.span_name is not None and endpoint is targets.first
+                and model == request.get("gen_ai.request.model")):
+            name = self.span_name       # what it started with
         else:
+            name = _span_name(endpoint, model)
+        if span is None:
+            attrs.update(request)
+            attrs.update(endpoint.attrs)
+            span = tel.tracer.start_span(name, self.parent, _CLIENT, attrs, start_time=start_ns)
+        else:
+            if not targets.single:      # the endpoint that answered (start had none)
+                attrs.update(endpoint.attrs)
             if name != self.span_name:
                 span.update_name(name)
             span.set_attributes(attrs)
@@ -407,21 +457,22 @@ class _Call:
             span.set_status(Status(StatusCode.ERROR, failed))
         span.end(end_time=end_ns)
         # Metrics: the conventions' attributes (low cardinality: no ids).
-        sets = _metric_sets(tel, endpoint, model, attrs.get("gen_ai.response.model"))
+        sets = _metric_sets(tel, endpoint, model, response_model)
         counts = self.counts
-        attempts = attrs["llmretry.attempts"]
-        counts[0] = attempts if isinstance(attempts, int) else 0
-        if counts[0] or counts[1] or counts[2] or counts[3]:
-            tel.counts.add(sets[0], sets[1], counts)
+        started = attempts if type(attempts) is int else 0
+        if counts is None:
+            if started:
+                tel.counts.add(sets[0], sets[1], (started, 0, 0, 0))
+        else:
+            counts[0] = started
+            if counts[0] or counts[1] or counts[2] or counts[3]:
+                tel.counts.add(sets[0], sets[1], counts)
         hist = sets[2]
         tel.duration.record((end_ns - start_ns) / 1e9,
                             dict(hist, **{"error.type": failed}) if failed else hist)
-        ttfc = attrs.get("gen_ai.response.time_to_first_chunk")
         if ttfc is not None:
             tel.ttfc.record(ttfc, hist)
-        tokens = attrs.get("gen_ai.usage.input_tokens")
-        if isinstance(tokens, int):
-            tel.tokens.record(tokens, sets[3])
-        tokens = attrs.get("gen_ai.usage.output_tokens")
-        if isinstance(tokens, int):
-            tel.tokens.record(tokens, sets[4])
+        if type(in_tokens) is int:
+            tel.tokens.record(in_tokens, sets[3])
+        if type(out_tokens) is int:
+            tel.tokens.record(out_tokens, sets[4])

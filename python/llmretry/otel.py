@@ -17,7 +17,7 @@ metrics are made from the engine's events (the same that loggers get: one
 path for logs and telemetry), read through the table ``EVENT_FIELDS``;
 the request and the result add what events do not hold (the request's
 settings, the response id, the finish reasons). The mapping is documented in
-docs/opentelemetry.md.
+docs/observability.md.
 
 The parts: _otel_mapping (the table, endpoints, request and response
 attributes), _otel_record (a call's record made a span and metrics, the
@@ -35,17 +35,19 @@ import os
 import threading
 import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opentelemetry import context as otel_context
 
 from . import _aio, _engine_batch, _llmretry, _streaming
 from ._aio import AsyncStream
+from ._bodies import _LazyBodies
 from ._client import Client, Result
 from ._http_transport import TransportCore
 from ._logging import event_mask_of
 from ._otel_mapping import EVENT_FIELDS, _targets_of
 from ._otel_record import SCHEMA_URL, _Call, _Telemetry
+from ._results import _value_of
 from ._stream import Stream
 from .errors import LLMError
 
@@ -270,12 +272,17 @@ def _hook_aclose(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _Batch:
-    """The records of a batch's calls, by request id: events come tagged
-    with it, each item's value carries it (and its index, hence its body)."""
+    """The records of a batch's items. Each item's span starts when the
+    run submits it (Engine.call_many's ``item_headers``, on the batch's
+    thread), and its requests carry the span's context; the item's events
+    come tagged with its request id, its value with its number in the run
+    and its request id."""
 
-    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "calls")
+    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "runnable",
+                 "headers", "started", "calls")
 
-    def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any) -> None:
+    def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any,
+                 runnable: Optional[List[int]]) -> None:
         self.tel = tel
         self.targets = _targets_of(kwargs)
         self.policy = kwargs.get("policy")
@@ -283,9 +290,31 @@ class _Batch:
         self.start_ns = time_ns()
         # A list's bodies are read back by index; a lazy batch keeps none
         # (its memory stays flat): its spans lack the request's settings
-        # (the model comes from the events) and its input messages.
+        # (the model comes from the result or the events) and its input messages.
         self.items = items
-        self.calls: Dict[Any, _Call] = {}
+        # A list's run submits its runnable items (those not done before a
+        # resume), numbered from 0: the k-th is item runnable[k]. A lazy
+        # batch's items come with their own indices.
+        self.runnable = runnable
+        self.headers = kwargs.get("headers")
+        self.started: Dict[int, _Call] = {}     # number in the run -> record, in flight
+        self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
+
+    def item_headers(self, k: int) -> Optional[List[str]]:
+        """The run submits its ``k``-th item now: the item's record starts,
+        and its requests carry the batch's headers plus its span's context
+        (None: the batch's alone)."""
+        try:
+            index = self.runnable[k] if self.runnable is not None else k
+            items = self.items
+            body = items[index] if items is not None and 0 <= index < len(items) else None
+            call = _Call(self.tel, self.targets, self.parent, time_ns(), body,
+                         policy=self.policy)
+            self.started[k] = call
+            lines = call.start(self.headers)
+        except Exception:   # telemetry must never break a batch
+            return None
+        return None if lines is self.headers else lines
 
     def on_event(self, ev: Dict[str, Any]) -> None:
         rid = ev.get("request_id")
@@ -295,18 +324,27 @@ class _Batch:
                                            policy=self.policy)
         call.on_event(ev)
 
-    def on_result(self, user: Any) -> Callable[[int, Any], Any]:
-        def on_result(index: int, value: Any) -> Any:
+    def on_result(self, then: Any) -> Callable[[int, Any], Any]:
+        """The run's on_result (the engine's: the item's number in the run,
+        its Result or outcome dict): the item's record ends, then ``then``
+        (the run's own, if any) goes on. The batch records its items
+        its own way (at the end, unless something wants each one)."""
+        def on_result(k: int, value: Any) -> Any:
             try:
-                self.item_done(index, value)
+                self.item_done(k, value)
             except Exception:   # telemetry must never break a batch
                 pass
-            if user is not None:
-                return user(index, value)
+            if then is not None:
+                return then(k, value)
             return None
         return on_result
 
-    def item_done(self, index: int, value: Any) -> None:
+    def item_done(self, k: int, value: Any) -> None:
+        call = self.started.pop(k, None)
+        if type(value) is dict:
+            # An outcome the batch makes its value of (a failure; a body
+            # Python parses, or the validator accepted): the same here.
+            value = _value_of(value, None)
         rid: Optional[str]
         if isinstance(value, Result):
             rid, total_ms = value.meta.request_id, value.meta.total_ms
@@ -314,19 +352,44 @@ class _Batch:
             rid, total_ms = value.request_id, value.total_ms
         else:               # never sent (a bad input line)
             return
-        call = self.calls.pop(rid, None)
-        if call is None:    # no event came (the batch's deadline passed first)
-            call = _Call(self.tel, self.targets, self.parent, None, policy=self.policy)
-        items = self.items
-        if items is not None and 0 <= index < len(items):
-            call.set_body(items[index])
-        now = time_ns()
-        # The call's own clock: from its submission, waits for a slot included.
-        call.start_ns = max(self.start_ns, now - int((total_ms or 0) * 1_000_000))
+        events = self.calls.pop(rid, None) if self.calls else None
+        if call is None:    # its start not seen (item_headers failed): no span yet
+            call = events or _Call(self.tel, self.targets, self.parent, None,
+                                   policy=self.policy)
+            # The call's own clock: from its submission, waits for a slot included.
+            call.start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
+        elif events is not None:
+            call.take_events(events)
         if isinstance(value, Result):
-            call.end(result=value, end_ns=now)
+            call.end(result=value)
         else:
-            call.end(error=value, end_ns=now)
+            call.end(error=value)
+
+    def end_unfinished(self) -> None:
+        """The batch is over: items it submitted that never finished (it
+        was interrupted, or raised) end as cancelled."""
+        started, self.started = self.started, {}
+        for call in started.values():
+            call.last.setdefault("error.type", "cancelled")
+            call.end()
+
+
+class _Job:
+    """A batch's engine run (_engine_batch's) whose finish also ends the
+    records of the items left unfinished."""
+
+    __slots__ = ("engine", "args", "kwargs", "job", "records")
+
+    def __init__(self, job: Any, records: _Batch) -> None:
+        self.engine, self.args, self.kwargs = job.engine, job.args, job.kwargs
+        self.job = job
+        self.records = records
+
+    def finish(self) -> None:
+        try:
+            self.job.finish()
+        finally:
+            self.records.end_unfinished()
 
 
 def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -337,12 +400,16 @@ def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return orig(client, batch, encoded, plan, limit, deadline_ms, adaptive)
-        records = _Batch(tel, plan.kwargs, batch.items)
-        # Each item's value, as it finishes, through the batch's on_result
-        # (this batch's own attribute: the caller's runs after it).
-        batch.on_result = records.on_result(batch.on_result)
-        return orig(client, batch, encoded, _with_sink(plan, records.on_event), limit,
-                    deadline_ms, adaptive)
+        records = _Batch(tel, plan.kwargs, batch.items,
+                         None if isinstance(encoded, _LazyBodies) else batch.runnable)
+        job = orig(client, batch, encoded, _with_sink(plan, records.on_event), limit,
+                   deadline_ms, adaptive)
+        # Each item's start and end, from the engine's run itself: the
+        # batch's own bookkeeping stays as it is (its values recorded at
+        # the end when nothing else wants each one).
+        job.kwargs["item_headers"] = records.item_headers
+        job.kwargs["on_result"] = records.on_result(job.kwargs.get("on_result"))
+        return _Job(job, records)
     return _engine_job
 
 

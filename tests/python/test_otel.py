@@ -384,6 +384,91 @@ def test_each_attempt_carries_its_calls_span_as_traceparent(tel: Telemetry,
             by_id[req["headers"]["x-client-request-id"]])
 
 
+def test_each_batch_items_attempts_carry_the_items_span_as_traceparent(
+        tel: Telemetry, scen: Scenario, tmp_path: Any) -> None:
+    """call_many, acall_many, a lazy batch and map_with_concurrency: every
+    request names its own item's span, retried attempts too, and the
+    batch's own headers are kept (its traceparent replaced)."""
+    scen.script([{"status": 503}, {"status": 500}], after={})
+    bodies = [secret_body(f"tp-batch-{i}", max_tokens=i + 1) for i in range(12)]
+    with tel.tracer.start_as_current_span("caller") as caller:
+        out = llmretry.call_many(bodies, limit=4, base_url=scen.url,
+                                 headers={"X-Mine": "kept", "traceparent": "00-bad"}, **FAST)
+    assert out.summary.ok == 12
+    spans = tel.llm_spans()
+    assert len(spans) == 12
+    assert {s.parent.span_id for s in spans} == {caller.get_span_context().span_id}
+    _check_traceparents(tel, scen, 14)      # 12 items, 2 of them retried once
+    assert all(r["headers"]["x-mine"] == "kept" for r in scen.requests())
+    retried = [s for s in spans if s.attributes["llmretry.attempts"] == 2]
+    assert len(retried) == 2
+    for span in retried:        # its events and its span's context in one record
+        assert [e["http.response.status_code"] for e in attempt_events(span)][1] == 200
+    assert len({r["headers"]["traceparent"] for r in scen.requests()}) == 12
+
+    # A resumed batch runs only the items that failed: each still has its own.
+    tel.exporter.clear()
+    other = scen.sub("resume").script([{}, {"status": 400}], after={})
+    path = tmp_path / "failures.jsonl"
+    out = llmretry.call_many(bodies[:4], limit=1, base_url=other.url, failures_path=path,
+                             **FAST)
+    assert out.summary.failed == 1 and isinstance(out[1], llmretry.LLMError)
+    tel.exporter.clear()
+    out = llmretry.call_many(bodies[:4], limit=1, base_url=other.url, failures_path=path,
+                             resume=True, **FAST)
+    assert out.summary.ok == 1 and isinstance(out[1], llmretry.Result)
+    [span] = tel.llm_spans()
+    assert span.attributes["gen_ai.request.max_tokens"] == 2      # item 1's body
+    seen = other.requests()[-1]["headers"]
+    assert seen["x-client-request-id"] == out[1].meta.request_id
+    assert seen["traceparent"] == _traceparent(span)
+
+    tel.exporter.clear()
+    other = scen.sub("amany").script([{"status": 503}], after={})
+
+    async def amany() -> Any:
+        return await llmretry.acall_many([secret_body(f"tp-a{i}") for i in range(5)],
+                                         base_url=other.url, **FAST)
+
+    assert asyncio.run(amany()).summary.ok == 5
+    _check_traceparents(tel, other, 6)
+
+    tel.exporter.clear()
+    other = scen.sub("lazy").script([{"status": 503}], after={})
+    out = llmretry.call_many((secret_body(f"tp-lazy-{i}", model="lazy-model")
+                              for i in range(6)), base_url=other.url, **FAST)
+    assert out.summary.ok == 6
+    assert [s.name for s in tel.llm_spans()] == ["chat lazy-model"] * 6
+    _check_traceparents(tel, other, 7)
+
+    tel.exporter.clear()
+    other = scen.sub("map").script([{"status": 503}], after={})
+    llmretry.map_with_concurrency(
+        range(6), 3, lambda i, _index: llmretry.call_llm(secret_body(f"tp-map-{i}"),
+                                                         base_url=other.url, **FAST))
+    _check_traceparents(tel, other, 7)
+
+
+def test_a_batch_stopped_early_ends_its_items_spans_as_cancelled(tel: Telemetry,
+                                                                  scen: Scenario) -> None:
+    scen.script([{}], after={"delay_ms": 5000})
+
+    def stop(index: int, value: Any) -> None:
+        raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        llmretry.call_many([secret_body(f"stop-{i}") for i in range(4)], limit=1,
+                           base_url=scen.url, on_result=stop, **FAST)
+    spans = tel.llm_spans()
+    assert len(spans) == 4      # every item submitted has its span, ended
+    done = [s for s in spans if "error.type" not in s.attributes]
+    assert len(done) == 1 and done[0].status.status_code != StatusCode.ERROR
+    for span in spans:
+        if span is not done[0]:
+            assert span.attributes["error.type"] == "cancelled"
+            assert span.status.status_code == StatusCode.ERROR
+
+
 def test_the_callers_logger_gets_what_it_got_before(tel: Telemetry, scen: Scenario,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     scen.script([{"status": 503}, {}])
@@ -666,9 +751,9 @@ def test_cli_otel_without_the_sdk_says_what_to_install(scen: Scenario) -> None:
 
 
 def test_the_docs_print_the_mapping() -> None:
-    """docs/opentelemetry.md's table is llmretry.otel.EVENT_FIELDS."""
+    """docs/observability.md's table is llmretry.otel.EVENT_FIELDS."""
     from conftest import ROOT
-    text = (ROOT / "docs" / "opentelemetry.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
     section = text.split("## The mapping", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
