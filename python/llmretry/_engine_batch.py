@@ -15,6 +15,18 @@ from ._tokens import estimate_tokens
 if TYPE_CHECKING:
     from ._client import Client
 
+
+def _engine_extras(plan: _Plan) -> Tuple[Dict[str, Any], Optional[_Validator]]:
+    """The engine run's keywords a batch's plan asks for (its event mask, its
+    validator) and the validator, which the batch reads its values with."""
+    extra: Dict[str, Any] = {}
+    if plan.event_mask is not None:
+        extra["event_mask"] = plan.event_mask()
+    validator = None
+    if plan.validate is not None:
+        validator = extra["validate"] = _Validator(plan.validate)
+    return extra, validator
+
 class _EngineBatch:
     """One batch's run on the engine: the arguments of Engine.call_many (or
     Engine.batch, its asyncio form) for the items still to run, and the
@@ -34,12 +46,7 @@ class _EngineBatch:
         keep = batch.results is not None
         self.engine = client._engine if client._engine is not None else client._reopen()
         self.batch = batch
-        extra: Dict[str, Any] = {}
-        if plan.event_mask is not None:
-            extra["event_mask"] = plan.event_mask()
-        validator = None
-        if plan.validate is not None:
-            validator = extra["validate"] = _Validator(plan.validate)
+        extra, validator = _engine_extras(plan)
         if plan.auto_key:
             extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
         if plan.kwargs.get("tpm"):
@@ -98,12 +105,7 @@ class _LazyEngineBatch:
                  plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool) -> None:
         self.engine = client._engine if client._engine is not None else client._reopen()
         self.batch = batch
-        extra: Dict[str, Any] = {}
-        if plan.event_mask is not None:
-            extra["event_mask"] = plan.event_mask()
-        validator = None
-        if plan.validate is not None:
-            validator = extra["validate"] = _Validator(plan.validate)
+        extra, validator = _engine_extras(plan)
         auto_key, prep, invalid = plan.auto_key, source.prep, source.invalid
         # index -> item while in flight, for its failures-file line.
         in_flight: Dict[int, Any] = {}
