@@ -2,7 +2,7 @@
  * checked, every $ref resolved, every pattern compiled, so validating
  * (schema_validate.c) never meets a surprise. Pure: no I/O, no globals.
  * The subset, the pattern dialect and the bounds are in schema.h. */
-#include "schema_tree.h"
+#include "schema_check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -137,6 +137,7 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
             char sub[LR_SCHEMA_PATH_MAX * 2];
             path_join(sub, sizeof sub, base, p->string);
             n->props[i].name = p->string;
+            n->props[i].name_len = strlen(p->string);
             if (!(n->props[i].schema = compile_node(cx, p, sub, depth + 1)))
                 return -1;
         }
@@ -284,9 +285,7 @@ static node *compile_node(cctx *cx, const cJSON *src, const char *where, int dep
             return NULL;
         }
     for (size_t i = 0; i < n->n_req; i++) {
-        prop key = { n->req[i].name, NULL };
-        const prop *p = n->n_props ? bsearch(&key, n->props, n->n_props, sizeof *n->props, lr_schema_prop_cmp)
-                                   : NULL;
+        const prop *p = lr_find_prop(n, n->req[i].name, strlen(n->req[i].name));
         n->req[i].prop = p ? (long)(p - n->props) : -1;
     }
     return n;
@@ -345,6 +344,10 @@ static int resolve_refs(cctx *cx)
                 *c = '.';
         if (!(n->ref = compile_node(cx, target, where, 1)))
             return -1;
+        n->ref_only = !n->is_false && !n->types && !n->n_props && !n->n_req && !n->closed &&
+                      !n->additional && !n->items && !n->enum_vals && !n->const_val &&
+                      !n->n_any_of && !n->has && n->min_items < 0 && n->max_items < 0 &&
+                      n->min_len < 0 && n->max_len < 0 && !n->has_re;
     }
     return 0;
 }
