@@ -75,6 +75,26 @@ int lr_jp_string(lr_jp *j, lr_jp_str *s)
     s->raw = (const char *)p;
     for (;;) {
         const unsigned char *run = p;
+        /* Eight bytes at a time while none is special (a control byte, a
+         * quote, a backslash or a byte of a multi-byte character): each
+         * term sets a byte's high bit when it may be one (a borrow may
+         * set it for a plain byte too: then the byte loop looks). */
+        while (end - p >= 8) {
+            uint64_t x;
+            memcpy(&x, p, 8);
+            const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+            uint64_t quote = x ^ (ones * '"'), slash = x ^ (ones * '\\');
+            uint64_t special = ((x - ones * 0x20) | (quote - ones) | (slash - ones) | x) & highs;
+            if (special) {
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                /* The first flagged byte is special (a borrow only flags
+                 * bytes after one): straight to it. */
+                p += __builtin_ctzll(special) / 8;
+#endif
+                break;
+            }
+            p += 8;
+        }
         while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
             p++;
         if (!cut)
@@ -140,6 +160,59 @@ static double parse_double(const char *s, size_t n)
     return d;
 }
 
+/* Most numbers in answers have few digits: their value is m * 10^e with m
+ * and 10^|e| exact in a double (m < 2^53, |e| <= 22), and one multiply or
+ * divide of exact doubles is rounded once, correctly: the double strtod
+ * gives (Clinger's fast path), without its cost. -1 for the others. The
+ * number [digits, end) is already known to be well-formed. */
+static int fast_double(const char *digits, const char *end, int neg, double *d)
+{
+    static const double POW10[] = {
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+        1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+    };
+    uint64_t m = 0;
+    int n_digits = 0, frac = 0, in_frac = 0;
+    const char *p = digits;
+    for (; p < end && *p != 'e' && *p != 'E'; p++) {
+        if (*p == '.') {
+            in_frac = 1;
+            continue;
+        }
+        if (m == 0 && *p == '0') {     /* leading zeros add no digit */
+            frac += in_frac;
+            continue;
+        }
+        if (++n_digits > 15)
+            return -1;
+        m = m * 10 + (uint64_t)(*p - '0');
+        frac += in_frac;
+    }
+    long e = 0;
+    if (p < end) {                     /* the exponent */
+        int eneg = *++p == '-';
+        p += *p == '-' || *p == '+';
+        for (; p < end; p++) {
+            e = e * 10 + (*p - '0');
+            if (e > 1000)
+                return -1;
+        }
+        e = eneg ? -e : e;
+    }
+    e -= frac;
+    double v = (double)m;
+    if (m == 0)
+        v = 0.0;
+    else if (e >= 0 && e <= 22)
+        v *= POW10[e];
+    else if (e < 0 && e >= -22)
+        v /= POW10[-e];
+    else
+        return -1;
+    *d = neg ? -v : v;
+    return 0;
+}
+
 int lr_jp_number(lr_jp *j, double *d)
 {
     const char *s = j->p, *p = s, *end = j->end;
@@ -153,10 +226,7 @@ int lr_jp_number(lr_jp *j, double *d)
             p++;
     else
         return -1;
-    size_t n_int = (size_t)(p - digits);
-    int plain = 1;
     if (p < end && *p == '.') {
-        plain = 0;
         const char *f = ++p;
         while (p < end && *p >= '0' && *p <= '9')
             p++;
@@ -164,7 +234,6 @@ int lr_jp_number(lr_jp *j, double *d)
             return -1;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
-        plain = 0;
         p++;
         if (p < end && (*p == '+' || *p == '-'))
             p++;
@@ -174,15 +243,8 @@ int lr_jp_number(lr_jp *j, double *d)
         if (p == e)
             return -1;
     }
-    if (plain && n_int <= 15) {
-        /* Exact in a double, as strtod would give it, without its cost. */
-        int64_t v = 0;
-        for (const char *q = digits; q < p; q++)
-            v = v * 10 + (*q - '0');
-        *d = neg ? -(double)v : (double)v;
-    } else {
+    if (fast_double(digits, p, neg, d) != 0)
         *d = parse_double(s, (size_t)(p - s));
-    }
     j->p = p;
     return 0;
 }

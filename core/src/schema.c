@@ -138,6 +138,7 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
             path_join(sub, sizeof sub, base, p->string);
             n->props[i].name = p->string;
             n->props[i].name_len = strlen(p->string);
+            n->props[i].src_index = i;
             if (!(n->props[i].schema = compile_node(cx, p, sub, depth + 1)))
                 return -1;
         }
@@ -277,8 +278,17 @@ static node *compile_node(cctx *cx, const cJSON *src, const char *where, int dep
         if (compile_keyword(cx, n, kw, where, depth) != 0)
             return NULL;
     }
-    if (n->n_props)
+    if (n->n_props) {
         qsort(n->props, n->n_props, sizeof *n->props, lr_schema_prop_cmp);
+        /* Answers mostly give the properties in the schema's order: the
+         * text validator tries the next one first (schema_text.c). */
+        if (!(n->order = malloc(n->n_props * sizeof *n->order))) {
+            cfail(cx, "out of memory");
+            return NULL;
+        }
+        for (size_t i = 0; i < n->n_props; i++)
+            n->order[n->props[i].src_index] = i;
+    }
     for (size_t i = 0; i < n->n_props; i++)
         if (i > 0 && strcmp(n->props[i - 1].name, n->props[i].name) == 0) {
             cfail(cx, "properties at %s names '%.60s' twice", where, n->props[i].name);
@@ -387,6 +397,7 @@ void lr_schema_free(lr_schema *s)
             regfree(&n->re);
         free(n->where);
         free(n->props);
+        free(n->order);
         free(n->req);
         free(n->any_of);
         free(n);

@@ -247,13 +247,20 @@ static int has_key(walk *w, mark m, const char *name)
 }
 
 /* A member's key's property: the key's value (escapes decoded, up to a
- * \u0000) is what the tree validator looks up. */
-static const prop *key_prop(const node *n, const lr_jp_str *key, int *oom)
+ * \u0000) is what the tree validator looks up. *next: the property
+ * expected next (the one after the last found, in the schema's order). */
+static const prop *key_prop(const node *n, const lr_jp_str *key, size_t *next, int *oom)
 {
     if (!n->n_props)
         return NULL;
-    if (!key->escaped)
-        return lr_find_prop(n, key->raw, key->len);
+    if (!key->escaped) {
+        const prop *p = *next < n->n_props ? &n->props[n->order[*next]] : NULL;
+        if (!p || p->name_len != key->len || memcmp(p->name, key->raw, key->len) != 0)
+            p = lr_find_prop(n, key->raw, key->len);
+        if (p)
+            *next = p->src_index + 1;
+        return p;
+    }
     char buf[256];
     size_t len = lr_jp_decode(key, buf, sizeof buf);
     if (len < sizeof buf)
@@ -273,6 +280,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
 {
     int bad = 0;
     unsigned char few[64], *seen = few;
+    size_t next = 0;
     if (n->n_props > sizeof few && !(seen = calloc(n->n_props, 1))) {
         lr_v_abort(v, "out of memory");
         if (v->out)
@@ -309,7 +317,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
             w->j.p++;
             lr_jp_ws(&w->j);
             int oom = 0;
-            const prop *p = key_prop(n, &key, &oom);
+            const prop *p = key_prop(n, &key, &next, &oom);
             if (oom) {
                 bad = lr_v_abort(v, "out of memory");
                 if (v->out)

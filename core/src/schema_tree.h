@@ -25,6 +25,7 @@ typedef struct lr_schema_node node;
 typedef struct prop {
     const char *name;              /* in the schema's copy */
     size_t name_len;
+    size_t src_index;              /* its place in the schema's properties */
     node *schema;
 } prop;
 
@@ -40,6 +41,7 @@ struct lr_schema_node {
     unsigned types;                /* T_* bits; 0 = any */
     prop *props;                   /* sorted by name */
     size_t n_props;
+    size_t *order;                 /* props' indexes in the schema's order */
     required *req;
     size_t n_req;
     int closed;                    /* additionalProperties: false */
