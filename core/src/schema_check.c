@@ -152,7 +152,13 @@ int lr_v_enter(lr_vctx *v, const node *n, int vdepth, int frames)
 
 unsigned lr_number_type(double d)
 {
-    return isfinite(d) && floor(d) == d ? T_NUM | T_INT : T_NUM;
+    /* floor(d) == d, without a call to floor: every double of 2^53 or
+     * more is integral, and below it the cast is exact. */
+    if (!isfinite(d))
+        return T_NUM;
+    if (fabs(d) >= 9007199254740992.0)
+        return T_NUM | T_INT;
+    return (double)(long long)d == d ? T_NUM | T_INT : T_NUM;
 }
 
 void lr_v_type_error(lr_vctx *v, const node *n)

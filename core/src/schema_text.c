@@ -21,6 +21,15 @@
 
 #include <stdlib.h>
 
+/* Helpers with buffers of their own stay out of check()'s frame: check()
+ * recurses once per level of the value (up to 4 x LR_SCHEMA_MAX_DEPTH
+ * frames), so its frame is what a deep answer costs in stack. */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
 typedef struct walk {
     lr_jp j;
     int not_json;                  /* the text is not JSON: everything stops */
@@ -80,7 +89,7 @@ typedef struct scalar {
 
 /* Does the scalar equal x (enum and const), as cJSON_Compare says? The
  * scalar is made a cJSON value on the stack, so the answer is cJSON's. */
-static int scalar_equals(const scalar *sc, const cJSON *x, int *oom)
+NOINLINE static int scalar_equals(const scalar *sc, const cJSON *x, int *oom)
 {
     cJSON tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -116,7 +125,7 @@ static int scalar_equals(const scalar *sc, const cJSON *x, int *oom)
 
 /* Does the container at m equal x? It is read as a tree for that (enum and
  * const of an array or object are rare). Leaves the walk at m. */
-static int container_equals(walk *w, mark m, const cJSON *x, int *oom)
+NOINLINE static int container_equals(walk *w, mark m, const cJSON *x, int *oom)
 {
     if (!cJSON_IsArray(x) && !cJSON_IsObject(x))
         return 0;
@@ -212,7 +221,7 @@ static int check_array(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, i
 }
 
 /* Is name a key of the object at m? Leaves the walk at m. */
-static int has_key(walk *w, mark m, const char *name)
+NOINLINE static int has_key(walk *w, mark m, const char *name)
 {
     size_t name_len = strlen(name);
     int found = 0;
@@ -246,6 +255,8 @@ static int has_key(walk *w, mark m, const char *name)
     return found;
 }
 
+NOINLINE static const prop *escaped_key_prop(const node *n, const lr_jp_str *key, int *oom);
+
 /* A member's key's property: the key's value (escapes decoded, up to a
  * \u0000) is what the tree validator looks up. *next: the property
  * expected next (the one after the last found, in the schema's order). */
@@ -261,6 +272,11 @@ static const prop *key_prop(const node *n, const lr_jp_str *key, size_t *next, i
             *next = p->src_index + 1;
         return p;
     }
+    return escaped_key_prop(n, key, oom);
+}
+
+NOINLINE static const prop *escaped_key_prop(const node *n, const lr_jp_str *key, int *oom)
+{
     char buf[256];
     size_t len = lr_jp_decode(key, buf, sizeof buf);
     if (len < sizeof buf)
@@ -429,6 +445,28 @@ static int check_any_of(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
     return 1;
 }
 
+/* pattern, on the string's value (a C string for regexec). Apart from
+ * check() (and not inlined) so its buffer is not in every frame of the
+ * recursion. */
+NOINLINE static int check_pattern(lr_vctx *v, const node *n, const lr_jp_str *str)
+{
+    char buf[512], *s = str->escaped ? string_value(str, buf, sizeof buf) : NULL;
+    if (!str->escaped && str->len < sizeof buf) {
+        memcpy(buf, str->raw, str->len);
+        buf[str->len] = '\0';
+        s = buf;
+    } else if (!str->escaped && (s = malloc(str->len + 1))) {
+        memcpy(s, str->raw, str->len);
+        s[str->len] = '\0';
+    }
+    if (!s)
+        return lr_v_abort(v, "out of memory");
+    int bad = lr_v_check_pattern(v, n, s);
+    if (s != buf)
+        free(s);
+    return bad;
+}
+
 /* Does the node check anything inside an array or an object? */
 static int walks_array(const node *n)
 {
@@ -529,22 +567,8 @@ static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames)
     } else if (sc.type == T_STR) {
         if (n->min_len >= 0 || n->max_len >= 0)
             bad |= lr_v_check_length(v, n, sc.str.cps);
-        if (n->has_re) {
-            char buf[512], *s = sc.str.escaped ? string_value(&sc.str, buf, sizeof buf) : NULL;
-            if (!sc.str.escaped && sc.str.len < sizeof buf) {
-                memcpy(buf, sc.str.raw, sc.str.len);
-                buf[sc.str.len] = '\0';
-                s = buf;
-            } else if (!sc.str.escaped && (s = malloc(sc.str.len + 1))) {
-                memcpy(s, sc.str.raw, sc.str.len);
-                s[sc.str.len] = '\0';
-            }
-            if (!s)
-                return lr_v_abort(v, "out of memory");
-            bad |= lr_v_check_pattern(v, n, s);
-            if (s != buf)
-                free(s);
-        }
+        if (n->has_re)
+            bad |= check_pattern(v, n, &sc.str);
     } else if (sc.type == T_ARR && walks_array(n)) {
         bad |= check_array(v, w, n, m, vdepth, frames);
         container = 0;             /* read */
