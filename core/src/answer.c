@@ -113,17 +113,15 @@ llmretry_status llmretry_schema_validate(const char *schema, size_t schema_len,
         lr_errf(err, errlen, "schema: %s", why);
         return strcmp(why, "out of memory") == 0 ? LLMRETRY_ENOMEM : LLMRETRY_EINVAL;
     }
-    cJSON *v = cJSON_ParseWithLength(json, json_len);
+    lr_schema_errors out;
+    int n = lr_schema_validate_text(s, json, json_len, &out);
     llmretry_status st = LLMRETRY_OK;
-    if (!v) {
+    if (n < 0) {
         lr_errf(err, errlen, "json is not valid JSON");
         st = LLMRETRY_EINVAL;
-    } else {
-        lr_schema_errors out;
-        if (lr_schema_validate(s, v, &out) > 0 && !(*errors = lr_schema_errors_json(&out)))
-            st = LLMRETRY_ENOMEM;
+    } else if (n > 0 && !(*errors = lr_schema_errors_json(&out))) {
+        st = LLMRETRY_ENOMEM;
     }
-    cJSON_Delete(v);
     lr_schema_free(s);
     return st;
 }
@@ -227,24 +225,9 @@ static void not_json(lr_schema_errors *errs, const char *what)
     snprintf(e->message, sizeof e->message, "%s", what);
 }
 
-/* text as one JSON value, nothing but blanks after it (cJSON alone would
- * stop at the value's end: "{} and more" is not JSON). */
-static cJSON *parse_whole(const char *text, size_t len)
-{
-    const char *end = NULL;
-    cJSON *v = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (v && end) {
-        for (const char *p = end; p < text + len; p++)
-            if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-                cJSON_Delete(v);
-                return NULL;
-            }
-    }
-    return v;
-}
-
 /* Validate one answer text; its errors appended to errs (prefixed with
- * the choice when there are several). */
+ * the choice when there are several). The text is checked where it
+ * stands, never parsed into a tree (schema_text.c). */
 static void check_text(llmretry_call *c, const char *text, size_t len, int choice, int n_choices,
                        lr_schema_errors *errs)
 {
@@ -254,22 +237,20 @@ static void check_text(llmretry_call *c, const char *text, size_t len, int choic
     }
     size_t start = 0, n = len;
     char why[64];
+    lr_schema_errors one;
     /* Most answers are JSON as they are: extract_json only for the rest. */
-    cJSON *v = parse_whole(text, len);
-    if (!v && c->schema_extract) {
+    int found = lr_schema_validate_text(c->schema, text, len, &one);
+    if (found < 0 && c->schema_extract) {
         if (llmretry_extract_json(text, len, &start, &n, why, sizeof why) != LLMRETRY_OK) {
             not_json(errs, "the answer holds no JSON");
             return;
         }
-        v = cJSON_ParseWithLength(text + start, n);
+        found = lr_schema_validate_text(c->schema, text + start, n, &one);
     }
-    if (!v) {
+    if (found < 0) {
         not_json(errs, "the answer is not JSON");
         return;
     }
-    lr_schema_errors one;
-    lr_schema_validate(c->schema, v, &one);
-    cJSON_Delete(v);
     for (int i = 0; i < one.n; i++) {
         if (errs->n == LR_SCHEMA_MAX_ERRORS) {
             errs->truncated = 1;

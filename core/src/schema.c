@@ -2,7 +2,7 @@
  * checked, every $ref resolved, every pattern compiled, so validating
  * (schema_validate.c) never meets a surprise. Pure: no I/O, no globals.
  * The subset, the pattern dialect and the bounds are in schema.h. */
-#include "schema_tree.h"
+#include "schema_check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -137,6 +137,8 @@ static int compile_keyword(cctx *cx, node *n, const cJSON *kw, const char *where
             char sub[LR_SCHEMA_PATH_MAX * 2];
             path_join(sub, sizeof sub, base, p->string);
             n->props[i].name = p->string;
+            n->props[i].name_len = strlen(p->string);
+            n->props[i].src_index = i;
             if (!(n->props[i].schema = compile_node(cx, p, sub, depth + 1)))
                 return -1;
         }
@@ -276,17 +278,24 @@ static node *compile_node(cctx *cx, const cJSON *src, const char *where, int dep
         if (compile_keyword(cx, n, kw, where, depth) != 0)
             return NULL;
     }
-    if (n->n_props)
+    if (n->n_props) {
         qsort(n->props, n->n_props, sizeof *n->props, lr_schema_prop_cmp);
+        /* Answers mostly give the properties in the schema's order: the
+         * text validator tries the next one first (schema_text.c). */
+        if (!(n->order = malloc(n->n_props * sizeof *n->order))) {
+            cfail(cx, "out of memory");
+            return NULL;
+        }
+        for (size_t i = 0; i < n->n_props; i++)
+            n->order[n->props[i].src_index] = i;
+    }
     for (size_t i = 0; i < n->n_props; i++)
         if (i > 0 && strcmp(n->props[i - 1].name, n->props[i].name) == 0) {
             cfail(cx, "properties at %s names '%.60s' twice", where, n->props[i].name);
             return NULL;
         }
     for (size_t i = 0; i < n->n_req; i++) {
-        prop key = { n->req[i].name, NULL };
-        const prop *p = n->n_props ? bsearch(&key, n->props, n->n_props, sizeof *n->props, lr_schema_prop_cmp)
-                                   : NULL;
+        const prop *p = lr_find_prop(n, n->req[i].name, strlen(n->req[i].name));
         n->req[i].prop = p ? (long)(p - n->props) : -1;
     }
     return n;
@@ -345,6 +354,10 @@ static int resolve_refs(cctx *cx)
                 *c = '.';
         if (!(n->ref = compile_node(cx, target, where, 1)))
             return -1;
+        n->ref_only = !n->is_false && !n->types && !n->n_props && !n->n_req && !n->closed &&
+                      !n->additional && !n->items && !n->enum_vals && !n->const_val &&
+                      !n->n_any_of && !n->has && n->min_items < 0 && n->max_items < 0 &&
+                      n->min_len < 0 && n->max_len < 0 && !n->has_re;
     }
     return 0;
 }
@@ -384,6 +397,7 @@ void lr_schema_free(lr_schema *s)
             regfree(&n->re);
         free(n->where);
         free(n->props);
+        free(n->order);
         free(n->req);
         free(n->any_of);
         free(n);

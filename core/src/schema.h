@@ -83,6 +83,13 @@ void lr_schema_free(lr_schema *s);
  * out (at least 1; out->truncated when there were more). */
 int lr_schema_validate(const lr_schema *s, const struct cJSON *value, lr_schema_errors *out);
 
+/* Validate JSON text in place (schema_text.c: no tree built; the engine
+ * checks answers so): -1 when the text is not one JSON value (strict
+ * RFC 8259, json_pull.h; blanks around it allowed), else as
+ * lr_schema_validate, with the same errors. */
+int lr_schema_validate_text(const lr_schema *s, const char *text, size_t len,
+                            lr_schema_errors *out);
+
 /* The errors as JSON text, [{"path": ..., "message": ...}, ...]
  * (malloc'd; NULL when out of memory). */
 char *lr_schema_errors_json(const lr_schema_errors *errs);

@@ -24,6 +24,8 @@ enum { HAS_MIN = 1, HAS_MAX = 2, HAS_XMIN = 4, HAS_XMAX = 8, HAS_MULT = 16 };
 typedef struct lr_schema_node node;
 typedef struct prop {
     const char *name;              /* in the schema's copy */
+    size_t name_len;
+    size_t src_index;              /* its place in the schema's properties */
     node *schema;
 } prop;
 
@@ -39,6 +41,7 @@ struct lr_schema_node {
     unsigned types;                /* T_* bits; 0 = any */
     prop *props;                   /* sorted by name */
     size_t n_props;
+    size_t *order;                 /* props' indexes in the schema's order */
     required *req;
     size_t n_req;
     int closed;                    /* additionalProperties: false */
@@ -49,6 +52,7 @@ struct lr_schema_node {
     node **any_of;
     size_t n_any_of;
     node *ref;
+    int ref_only;                  /* $ref and no other check: the value is its target's */
     unsigned has;                  /* HAS_* */
     double min, max, xmin, xmax, mult;
     long long min_items, max_items, min_len, max_len;   /* -1 = none */

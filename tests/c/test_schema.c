@@ -9,10 +9,23 @@
 #include <cJSON.h>
 #include <stdlib.h>
 
-static lr_schema_errors errs;
+static lr_schema_errors errs, text_errs;
 
-/* Validate value against schema (both JSON text); the number of errors, or
- * -1 when the schema does not compile. */
+/* The text validator (schema_text.c) gives what the tree's gave. */
+static void check_same_errors(const lr_schema_errors *tree, int n, const lr_schema_errors *text,
+                              int m, const char *value)
+{
+    CHECK_MSG(m == n, "%s: %d errors from the tree, %d from the text", value, n, m);
+    CHECK_MSG(tree->truncated == text->truncated, "%s: truncated differs", value);
+    for (int i = 0; i < n && i < m; i++) {
+        CHECK_STR(text->e[i].path, tree->e[i].path);
+        CHECK_STR(text->e[i].message, tree->e[i].message);
+    }
+}
+
+/* Validate value against schema (both JSON text), as a tree and as text
+ * (the same errors); the number of errors, or -1 when the schema does not
+ * compile. */
 static int run(const char *schema, const char *value)
 {
     char err[512];
@@ -24,6 +37,8 @@ static int run(const char *schema, const char *value)
     cJSON *v = cJSON_Parse(value);
     CHECK_MSG(v != NULL, "value %s is not JSON", value);
     int n = lr_schema_validate(s, v, &errs);
+    int m = lr_schema_validate_text(s, value, strlen(value), &text_errs);
+    check_same_errors(&errs, n, &text_errs, m, value);
     cJSON_Delete(v);
     lr_schema_free(s);
     return n;
@@ -302,6 +317,140 @@ static void test_public_api(void)
     CHECK_STR(err, "json is not valid JSON");
 }
 
+/* The text validator reads strict JSON (json_pull.h): what cJSON let
+ * through and no host's parser reads is "not JSON" (-1). */
+static int text_verdict(const char *schema, const char *value, size_t len)
+{
+    char err[256];
+    lr_schema *s = lr_schema_compile_text(schema, strlen(schema), err, sizeof err);
+    CHECK_MSG(s != NULL, "schema %s: %s", schema, err);
+    int n = s ? lr_schema_validate_text(s, value, len, &text_errs) : -2;
+    lr_schema_free(s);
+    return n;
+}
+
+#define CHECK_NOT_JSON(value) CHECK_MSG(text_verdict("{}", value, strlen(value)) == -1, \
+                                        "%s was read as JSON", value)
+#define CHECK_JSON(value) CHECK_MSG(text_verdict("{}", value, strlen(value)) == 0, \
+                                    "%s was not read as JSON", value)
+
+static void test_text_strict_json(void)
+{
+    const char *bad[] = {
+        "", "  ", "01", "-01", "1.", ".5", "+1", "-", "1e", "1e+", "0x10", "[1,]", "{\"a\":1,}",
+        "[1 2]", "{\"a\" 1}", "{\"a\"}", "{1:2}", "{'a':1}", "\"a\x01\"", "\"\xff\"",
+        "\"\xc0\x80\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xe2\x82\"",
+        "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\\x\"", "\"\\u12g4\"",
+        "\xef\xbb\xbf{}", "{} x", "{}{}", "\f{}", "nul", "tru", "[", "{", "\"abc", "[[]",
+        "{\"a\":[}]", "NaN", "Infinity", "-Infinity", "[1]]", "\"\\\"", "1 2",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_NOT_JSON(bad[i]);
+    const char *good[] = {
+        " {} \n", "-0", "0", "1E+2", "0.5e-3", "-12.50", "\"\\ud83d\\ude00\"", "\"\xf0\x9f\x98\x80\"",
+        "\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"", "[]", "[ ]", "{ }", "[null,true,false]", "\t\r\n1\t\r\n",
+        "{\"\":{\"\":[]}}", "\"\\u0000\"",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        CHECK_JSON(good[i]);
+    /* The text ends at its length, not at a NUL: "12" cut to "1". */
+    CHECK_INT(text_verdict("{\"maximum\":5}", "12", 1), 0);
+    CHECK_INT(text_verdict("{\"maximum\":5}", "12", 2), 1);
+    CHECK_INT(text_verdict("{}", "[1,2]", 4), -1);
+    /* Nesting: cJSON's limit of 1000 containers, past which it is not JSON. */
+    static char deep[2100];
+    for (int depth = 999; depth <= 1001; depth++) {
+        int n = 0;
+        for (int i = 0; i < depth; i++)
+            deep[n++] = '[';
+        for (int i = 0; i < depth; i++)
+            deep[n++] = ']';
+        deep[n] = '\0';
+        cJSON *tree = cJSON_Parse(deep);
+        int verdict = text_verdict("{\"items\":{}}", deep, (size_t)n);
+        CHECK_MSG((tree != NULL) == (verdict == 0), "%d levels: cJSON %s, text %d", depth,
+                  tree ? "reads it" : "does not", verdict);
+        CHECK_INT(verdict, depth <= 1000 ? 0 : -1);
+        /* A recursive schema stops at LR_SCHEMA_MAX_DEPTH, with the tree's error. */
+        verdict = text_verdict("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", deep, (size_t)n);
+        if (depth <= 1000) {
+            CHECK_INT(verdict, 1);
+            CHECK(strstr(text_errs.e[0].message, "nested too deep") != NULL);
+        } else {
+            CHECK_INT(verdict, -1);
+        }
+        cJSON_Delete(tree);
+    }
+}
+
+/* What the text validator meets that a tree hides: escapes in keys and
+ * strings, repeated keys, number forms; each against the tree's errors
+ * (run() compares them). */
+static void test_text_edge_cases(void)
+{
+    const char *ab = "{\"properties\":{\"ab\":{\"type\":\"string\"},\"\xc3\xa9\":{\"type\":\"integer\"}},"
+                     "\"additionalProperties\":false}";
+    CHECK_ERR(ab, "{\"a\\u0062\":1}", "$.ab", "expected string");
+    CHECK_ERR(ab, "{\"\\u00e9\":\"x\"}", "$[\"\xc3\xa9\"]", "expected integer");
+    CHECK_ERR(ab, "{\"a\\nb\":1}", "$[\"a\\u000ab\"]", "not allowed");
+    CHECK_OK(ab, "{\"\\u00E9\":1,\"\\u0061b\":\"\"}");
+    /* A key cut at \u0000, as a C string: "ab\u0000x" is "ab". */
+    CHECK_ERR(ab, "{\"ab\\u0000x\":1}", "$.ab", "expected string");
+    /* Repeated keys: each checked, as a tree keeps each. */
+    CHECK_INT(run("{\"properties\":{\"a\":{\"type\":\"integer\"}}}", "{\"a\":1,\"a\":\"x\",\"a\":[]}"),
+              2);
+    CHECK_STR(errs.e[1].path, "$.a");
+    CHECK_INT(run("{\"additionalProperties\":false,\"required\":[\"b\"]}",
+                  "{\"a\":1,\"a\":2}"), 3);
+    CHECK_OK("{\"required\":[\"b\\u00e9\"]}", "{\"a\":1,\"b\\u00e9\":2}");
+    CHECK_OK("{\"required\":[\"b\xc3\xa9\"]}", "{\"a\":1,\"b\\u00e9\":2}");
+    CHECK_ERR("{\"required\":[\"b\"]}", "{\"a\":{\"b\":1},\"c\":[\"b\"]}", "$.b", "missing");
+    /* Numbers: integral values are integers whatever their form. */
+    CHECK_OK("{\"type\":\"integer\"}", "1.0");
+    CHECK_OK("{\"type\":\"integer\"}", "1e2");
+    CHECK_OK("{\"type\":\"integer\"}", "-0");
+    CHECK_OK("{\"type\":\"integer\"}", "123456789012345678901234567890");
+    CHECK_ERR("{\"type\":\"integer\"}", "1.5", "$", "expected integer");
+    CHECK_ERR("{\"type\":\"integer\"}", "1e400", "$", "expected integer");
+    CHECK_OK("{\"type\":\"number\",\"minimum\":0}", "1e400");
+    CHECK_ERR("{\"maximum\":1e300}", "1e400", "$", "must be <=");
+    CHECK_OK("{\"enum\":[1,2.5,\"x\"]}", "2.50");
+    CHECK_OK("{\"enum\":[100]}", "1E2");
+    CHECK_OK("{\"const\":0}", "-0.0");
+    CHECK_OK("{\"multipleOf\":0.01}", "0.07");
+    CHECK_OK("{\"minimum\":0.1}", "0.10000000000000001");
+    /* Strings: escapes decoded for enum, const, lengths and patterns. */
+    CHECK_OK("{\"enum\":[\"a\\\"b\",\"\xc3\xa9\"]}", "\"a\\\"b\"");
+    CHECK_OK("{\"enum\":[\"a\\\"b\",\"\xc3\xa9\"]}", "\"\\u00e9\"");
+    CHECK_ERR("{\"enum\":[\"ab\"]}", "\"a\\u0062c\"", "$", "must be one of");
+    CHECK_OK("{\"const\":\"ab\"}", "\"ab\\u0000c\"");          /* cut at \u0000 */
+    CHECK_OK("{\"maxLength\":1}", "\"\\ud83d\\ude00\"");       /* one code point */
+    CHECK_ERR("{\"maxLength\":1}", "\"\\n\\t\"", "$", "at most 1");
+    CHECK_OK("{\"maxLength\":2}", "\"ab\\u0000cdef\"");
+    CHECK_OK("{\"pattern\":\"^a\\nb$\"}", "\"a\\nb\"");
+    CHECK_ERR("{\"pattern\":\"^[a-z]+$\"}", "\"ab\\u0031\"", "$", "pattern");
+    char longval[2000];
+    int n = sprintf(longval, "\"");
+    for (int i = 0; i < 300; i++)
+        n += sprintf(longval + n, "\\u0041");
+    sprintf(longval + n, "\"");
+    CHECK_OK("{\"pattern\":\"^A+$\",\"minLength\":300,\"maxLength\":300}", longval);
+    CHECK_ERR("{\"pattern\":\"^A+B$\"}", longval, "$", "pattern");
+    /* Containers in enum and const; anyOf over containers, rewound. */
+    CHECK_OK("{\"enum\":[[1,{\"a\":null}],{}]}", "[1.0,{\"a\":null}]");
+    CHECK_ERR("{\"enum\":[[1,{\"a\":null}],{}]}", "[1,{\"a\":0}]", "$", "must be one of");
+    CHECK_OK("{\"anyOf\":[{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+             "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}]}", "[1,2,3]");
+    CHECK_ERR("{\"anyOf\":[{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+              "{\"type\":\"object\"}]}", "[\"a\",2,\"c\"]", "$[1]", "expected string");
+    CHECK_ERR("{\"type\":\"object\",\"$ref\":\"#/$defs/a\",\"$defs\":{\"a\":{\"required\":[\"x\"]}},"
+              "\"properties\":{\"y\":{\"type\":\"null\"}}}", "{\"y\":1}", "$.x", "missing");
+    CHECK_INT(errs.n, 2);
+    CHECK_ERR("{\"items\":{\"type\":\"integer\"},\"maxItems\":1}", "[\"a\",\"b\"]", "$",
+              "at most 1 items");
+    CHECK_STR(errs.e[1].path, "$[0]");
+}
+
 int main(void)
 {
     test_types();
@@ -314,5 +463,7 @@ int main(void)
     test_error_cap_and_json();
     test_references();
     test_public_api();
+    test_text_strict_json();
+    test_text_edge_cases();
     return th_summary("test_schema");
 }
