@@ -43,7 +43,8 @@ the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
 import logging as _logging_module
 
 from . import _llmretry
-from ._aio import AsyncStream, amap_with_concurrency
+from ._aio import AsyncStream
+from ._aio_batch import amap_with_concurrency
 from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
 from ._api import (acall_llm, acall_many, astream_llm, call_llm, call_llm_with_deadline, call_many,
                    stream_llm)

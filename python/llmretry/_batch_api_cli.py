@@ -15,7 +15,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional
 
-from . import batch_api
+from . import _batch_api_wait, batch_api
 
 VIA = ("realtime", "batch-api")
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace, cli: Any, inp: Any, n: int, bad: Dict[int, str
                       f"{', '.join(job.batch_ids)}" + (f" (record: {record})" if record else ""))
                 if bar is not None:
                     bar.start(n)
-            batch_api._interruptible_wait(job, bar, 3.0, write, submitted)
+            _batch_api_wait._interruptible_wait(job, bar, 3.0, write, submitted)
             collecting = True
             job.results(batch=batch, then_realtime=args.then_realtime,
                         already_ok=kept, **realtime)
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, cli: Any, inp: Any, n: int, bad: Dict[int, str
             if job is not None and not collecting and not isinstance(
                     exc, batch_api.BatchDetached):
                 try:    # a Ctrl-C just before the wait: as one in it
-                    batch_api._detach_or_cancel(job, 3.0, write)
+                    _batch_api_wait._detach_or_cancel(job, 3.0, write)
                 except batch_api.BatchDetached as detached:
                     exc = detached
             if isinstance(exc, batch_api.BatchDetached):

@@ -24,7 +24,7 @@ import weakref
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, List, Mapping,
                     Optional, Tuple, TypeVar, Union)
 
-from . import _aio, _batch, _engine_batch, _llmretry
+from . import _aio, _aio_batch, _batch, _engine_batch, _llmretry
 from ._batch import BatchResult
 from ._bodies import _core_url, _encode_call_body
 from ._client_batch import _ClientBatches
@@ -328,7 +328,7 @@ class Client(_ClientBatches):
                     job = _engine_batch._engine_job(self, batch, encoded, plan, limit,
                                                     batch_deadline, adaptive)
                     try:
-                        await _aio.amany(job)
+                        await _aio_batch.amany(job)
                     finally:
                         job.finish()
             result: BatchResult = batch.result()
@@ -350,7 +350,7 @@ class Client(_ClientBatches):
         this client's default logger unless ``logger`` says otherwise."""
         if logger is DEFAULT:
             logger = self._defaults.get("logger", DEFAULT)
-        return await _aio.amap_with_concurrency(
+        return await _aio_batch.amap_with_concurrency(
             items, limit, worker, return_exceptions=return_exceptions, deadline_ms=deadline_ms,
             failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
             on_result=on_result, logger=logger)
