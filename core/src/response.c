@@ -145,7 +145,11 @@ void lr_read_success(const cJSON *doc, llmretry_usage *usage, char **model, char
                    cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
         usage->prompt_tokens = json_count(u, chat ? "prompt_tokens" : "input_tokens");
         usage->completion_tokens = json_count(u, chat ? "completion_tokens" : "output_tokens");
-        usage->total_tokens = json_count(u, "total_tokens");
+        /* Some servers send only the parts (an embeddings answer's
+         * prompt_tokens): the total is then their sum, not 0. */
+        usage->total_tokens = cJSON_GetObjectItemCaseSensitive(u, "total_tokens")
+            ? json_count(u, "total_tokens")
+            : usage->prompt_tokens + usage->completion_tokens;
     }
     *model = json_str(doc, "model");
     *fingerprint = json_str(doc, "system_fingerprint");
