@@ -40,6 +40,7 @@ Usage: python3 bench/bench_shared.py [--procs 1,4,8,16,2x4] [--items-per-proc 10
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
@@ -86,7 +87,7 @@ def worker(url: str, n: int, rpm: int, tpm: int, shared: str) -> Dict[str, Any]:
         # this machine) before its first request: start-up, not pacing, kept
         # out of the span as the processes' other start-up is.
         from llmretry._tokens import estimate_tokens
-        estimate_tokens(BODY)
+        estimate_tokens(url, json.dumps(BODY).encode())
     with llmretry.Client(base_url=url, shared=shared or None, logger=outages,
                          rpm=rpm, tpm=tpm, max_retries=8, base_delay_ms=200) as client:
         start = time.time()
