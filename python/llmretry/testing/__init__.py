@@ -393,8 +393,11 @@ scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
 
 # The package by concern: _scripts.py (a script's checks and defaults),
 # _replies.py (what is answered), _state.py (the scenarios, their limits and
-# outages), _handler.py (a connection), _server.py (MockServer, the command
-# line), _sse.py (streams), _batches.py (the Files and Batch APIs).
+# outages), _connection.py (a connection's plumbing), _handler.py (its routes
+# and the control API), _chat.py (the scripted replies), _server.py
+# (MockServer, the command line), _sse.py (streams: their checks; _sse_plan.py
+# their events, _sse_send.py the sending), _batches.py (the Files and Batch
+# APIs).
 from ._scripts import (DEFAULT_COMPLETION_TOKENS, DEFAULT_EMBEDDING, DEFAULT_EMBEDDING_USAGE,
                        DEFAULT_HUGE_SIZE, DEFAULT_INTERVAL_MS, DEFAULT_STALL_MS, DEFAULT_USAGE,
                        DEFAULT_WINDOW_MS, FAULTS, HEADER_SHORTCUTS, INVALID_JSON_BODY,
