@@ -8,13 +8,16 @@ import json
 import selectors
 import socket
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from . import _sse
 from ._connection import _Abort, _Connection
 from ._scripts import (DEFAULT_INTERVAL_MS, DEFAULT_STALL_MS, DEFAULT_USAGE, OUTAGE_BODY, Record,
                        Step, _CHUNK, _HANG_POLL, _NO_BODY_STATUSES, _PADDING)
 from ._replies import _api_of, _huge_parts, _merge_headers, _response_body, _step_headers
+
+if TYPE_CHECKING:
+    from ._state import _Clock
 
 
 class _ChatReplies(_Connection):
@@ -71,7 +74,7 @@ class _ChatReplies(_Connection):
             # Armed now, acted on only if the answer keeps the connection.
             self._idle_close = (step["idle_close_ms"] / 1000.0, record)
 
-        self._wait(step.get("delay_ms", 0) / 1000.0)
+        self._delay(admission.clock, step.get("delay_ms", 0) / 1000.0)
         fault = step.get("fault")
         if fault == "reset":
             self._reset()
@@ -119,6 +122,15 @@ class _ChatReplies(_Connection):
                 self._write(payload[i:i + 1])
             return
         self._write(payload)
+
+    def _delay(self, clock: _Clock, seconds: float) -> None:
+        """A step's ``delay_ms``, timed on its scenario's clock (an advance
+        shortens it); abort the connection if the server stops."""
+        if seconds > 0 and not self.server.state.sleep(
+                clock, seconds, self.server.stop_event):
+            raise _Abort()
+        if self.server.stop_event.is_set():
+            raise _Abort()
 
     def _outage(self, mode: str, record: Record) -> None:
         """Answer (or not) a request that met an outage."""

@@ -83,7 +83,7 @@ class _Handler(_ChatReplies):
                         raise ScriptError("the script must be a JSON object")
                     state.script(name, doc.get("steps"), doc.get("after"),
                                  doc.get("limits"), doc.get("outage"),
-                                 doc.get("route"))
+                                 doc.get("route"), doc.get("clock"))
                 except (ValueError, UnicodeDecodeError) as exc:
                     self._send_error_json(400, f"bad script: {exc}")
                     return
@@ -135,6 +135,23 @@ class _Handler(_ChatReplies):
                 return
             if method == "GET":
                 self._send_json(200, state.outage_stats(name))
+                return
+        elif path.startswith("/_mock/clock/") and len(path) > 13:
+            allowed = ("POST", "GET")
+            name = unquote(path[len("/_mock/clock/"):])
+            if method == "POST":
+                try:
+                    doc = json.loads(body.decode("utf-8") or "{}")
+                    if not isinstance(doc, dict) or set(doc) != {"advance_ms"}:
+                        raise ScriptError('the clock takes {"advance_ms": N}')
+                    state.advance_clock(name, doc["advance_ms"])
+                except (ValueError, UnicodeDecodeError) as exc:
+                    self._send_error_json(400, f"bad clock: {exc}")
+                    return
+                self._send(204, None)
+                return
+            if method == "GET":
+                self._send_json(200, state.clock_stats(name))
                 return
         elif path == "/_mock/connections":
             allowed = ("GET",)
