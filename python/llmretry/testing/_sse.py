@@ -137,6 +137,9 @@ are sent as they are); ``tool_calls`` and ``role_only`` do not apply.
 ``keepalive_ms``
     while waiting (``first_delay_ms``, ``delay_ms``, a stall) send a comment
     ``: keep-alive`` and a blank line every that many ms; 0/null: never.
+    Every comment due before the wait ends is sent, late if the server was
+    slow to wake (a loaded machine): a wait of 50 ms with ``keepalive_ms``
+    30 always carries one.
 ``bom``
     true: the body starts with a UTF-8 BOM (EF BB BF).
 ``split_writes``

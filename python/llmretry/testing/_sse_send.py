@@ -151,12 +151,15 @@ class Sender:
             if self.stop_event.is_set():
                 raise Stopped()
             now = time.monotonic()
-            if now >= deadline:
-                return
-            if now >= next_comment:
+            if now >= next_comment and next_comment < deadline:
+                # Due within the wait: sent even when this thread woke
+                # late (a loaded machine), so every wait carries its
+                # comments and a test can count on them.
                 self._emit(self.plan.comment)
                 next_comment += keepalive
                 continue
+            if now >= deadline:
+                return
             timeout = min(deadline, next_comment, now + _POLL_SLICE) - now
             if self._watch:
                 self._watch_peer(timeout)
