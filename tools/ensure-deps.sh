@@ -68,11 +68,32 @@ py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
          "opentelemetry.exporter.otlp.proto.http opentelemetry-exporter-otlp-proto-http>=1.27"
          "opentelemetry.proto opentelemetry-proto>=1.27" "ray.data ray[data]>=2.40"
          "dask.dataframe dask[dataframe]>=2025.1" "distributed distributed>=2025.1")
-py_missing=()
-for entry in "${py_pkgs[@]}"; do
-  read -r mod spec <<<"$entry"
-  python3 -c "import $mod" 2>/dev/null || py_missing+=("$spec")
-done
+# Each module looked for on the path by one interpreter, none of them run:
+# importing each (Ray, Dask, LangChain, ...) in an interpreter of its own
+# took 20 s of every make test on 2 idle cores, a minute on loaded ones.
+mapfile -t py_missing < <(python3 - "${py_pkgs[@]}" <<'PY'
+import importlib.machinery
+import importlib.util
+import sys
+
+
+def found(name: str) -> bool:
+    top, *subs = name.split(".")
+    spec = importlib.util.find_spec(top)     # a top-level name: not imported
+    for sub in subs:                         # a submodule: in its parent's folders
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(
+            sub, list(spec.submodule_search_locations))
+    return spec is not None
+
+
+for entry in sys.argv[1:]:
+    mod, pip_spec = entry.split(" ", 1)
+    if not found(mod):
+        print(pip_spec)
+PY
+)
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "ensure-deps: pip installing ${py_missing[*]}"
   python3 -m pip install -q "${py_missing[@]}"

@@ -97,6 +97,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "above max_retry_after_ms (core/src/engine.c, issue 13 item 3)")
 
 
+# The files that take longest, longest first: they run before the others.
+# pytest-xdist (--dist loadfile, make test) hands files to its workers in
+# collection order, so a long file collected late started last and was the
+# whole run's tail, its worker busy while the others sat idle.
+SLOW_FILES = ("test_ray.py", "test_lazy_batch.py", "test_docs.py", "test_dask.py",
+              "test_correctness_batch.py", "test_ratelimit.py", "test_shared_redis.py",
+              "test_stream.py", "test_batch.py", "test_bad_input.py", "test_notebook.py",
+              "test_version.py")
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    # A stable sort: each file's tests keep their order.
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Never pick a key or endpoint up from the developer's environment."""

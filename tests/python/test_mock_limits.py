@@ -2,8 +2,10 @@
 
 The mock is driven with raw http.client requests so that it is tested on its
 own; only ``test_call_llm_retries_after_the_mocks_retry_after`` uses llmretry.
-Windows are short (about a second) to keep the suite fast; timing assertions
-leave a few hundred ms of slack for a loaded machine.
+A test that needs time to pass scripts a manual clock and advances it
+(``clock="manual"``, ``advance_clock``): nothing sleeps, and its waits are
+exact. Others use the real clock with windows of about a second, their
+timing assertions leaving a few hundred ms of slack for a loaded machine.
 """
 
 from __future__ import annotations
@@ -139,12 +141,12 @@ def test_retry_after_is_at_least_one_second_and_rounds_up(
 def test_refused_requests_do_not_consume_steps(mock: MockServer) -> None:
     mock.script("steps", [{"content": "first"}, {"content": "second"}],
                 after={"status": 500},
-                limits={"rpm": 1, "window_ms": 400})
+                limits={"rpm": 1, "window_ms": 400}, clock="manual")
     status, _, body = chat(mock, "steps")
     assert status == 200 and content(body) == "first"
     for _ in range(3):
         assert chat(mock, "steps")[0] == 429
-    time.sleep(0.45)
+    mock.advance_clock("steps", 400)
     status, _, body = chat(mock, "steps")
     assert status == 200 and content(body) == "second"
     records = mock.requests("steps")
@@ -154,24 +156,26 @@ def test_refused_requests_do_not_consume_steps(mock: MockServer) -> None:
 
 def test_sliding_window_frees_capacity_as_requests_age(
         mock: MockServer) -> None:
-    mock.script("slide", [], limits={"rpm": 2, "window_ms": 1000})
+    mock.script("slide", [], limits={"rpm": 2, "window_ms": 1000},
+                clock="manual")
     assert chat(mock, "slide")[0] == 200                 # A at 0
-    time.sleep(0.5)
-    assert chat(mock, "slide")[0] == 200                 # B at ~0.5
+    mock.advance_clock("slide", 500)
+    assert chat(mock, "slide")[0] == 200                 # B at 0.5
     status, headers, _ = chat(mock, "slide")             # C: full
     assert status == 429
-    wait = int(headers["retry-after-ms"])
-    assert wait <= 520                                   # until A leaves
-    time.sleep(wait / 1000 + 0.05)
+    assert int(headers["retry-after-ms"]) == 500         # until A leaves
+    mock.advance_clock("slide", 499)
+    assert chat(mock, "slide")[0] == 429                 # A still in
+    mock.advance_clock("slide", 1)
     status, headers, _ = chat(mock, "slide")             # D: A has left
     assert status == 200
     assert headers["x-ratelimit-remaining-requests"] == "0"
     # A fixed window would be empty again now; the sliding one still
-    # holds B (until ~1.5 s), so E is refused.
+    # holds B (until 1.5 s), so E is refused.
     status, headers, body = chat(mock, "slide")
     assert status == 429 and body["error"]["type"] == "requests"
-    assert int(headers["retry-after-ms"]) <= 520
-    assert mock.limit_stats("slide") == {"admitted": 3, "refused": 2,
+    assert int(headers["retry-after-ms"]) == 500
+    assert mock.limit_stats("slide") == {"admitted": 3, "refused": 3,
                                          "tokens": 3 * (1 + 3)}
 
 
@@ -255,18 +259,19 @@ def test_token_charge_without_max_tokens_uses_the_steps_usage(
 
 
 def test_token_wait_counts_only_the_tokens_needed(mock: MockServer) -> None:
-    mock.script("need", [], limits={"tpm": 100, "window_ms": 1000})
+    mock.script("need", [], limits={"tpm": 100, "window_ms": 1000},
+                clock="manual")
     assert chat(mock, "need", "", max_tokens=60)[0] == 200      # A at 0
-    time.sleep(0.4)
-    assert chat(mock, "need", "", max_tokens=30)[0] == 200      # B at ~0.4
+    mock.advance_clock("need", 400)
+    assert chat(mock, "need", "", max_tokens=30)[0] == 200      # B at 0.4
     status, headers, _ = chat(mock, "need", "", max_tokens=50)  # 90+50 > 100
     assert status == 429
-    # 50 fits once A leaves (~0.6 s from now); every token has left when B
-    # does (~1 s from now): Retry-After and the tokens reset differ.
-    wait = int(headers["retry-after-ms"])
-    reset = duration_ms(headers["x-ratelimit-reset-tokens"])
-    assert wait <= 620
-    assert reset - wait >= 300
+    # 50 fits once A leaves (0.6 s from now); every token has left when B
+    # does (1 s from now): Retry-After and the tokens reset differ.
+    assert int(headers["retry-after-ms"]) == 600
+    assert duration_ms(headers["x-ratelimit-reset-tokens"]) == 1000
+    mock.advance_clock("need", 600)
+    assert chat(mock, "need", "", max_tokens=50)[0] == 200
 
 
 def test_request_larger_than_tpm_is_always_refused(mock: MockServer) -> None:

@@ -1,8 +1,10 @@
 """Tests of the mock server's outages (llmretry.testing, "Outages").
 
 The mock is driven with raw http.client requests and sockets so that it is
-tested on its own. Timed parts wait for a state change with a generous
-deadline and never assert how fast anything was.
+tested on its own. Windows are timed on a manual clock that the tests
+advance (``clock="manual"``, ``advance_clock``), so nothing sleeps through
+one; the other timed parts wait for a state change with a generous deadline
+and never assert how fast anything was.
 """
 
 from __future__ import annotations
@@ -172,10 +174,13 @@ def test_stop_ends_a_hung_request() -> None:
 # --------------------------------------------------------------------------
 
 def test_for_ms_ends_by_itself(mock: MockServer) -> None:
-    mock.script("f", [{"content": "back"}])
+    mock.script("f", [{"content": "back"}], clock="manual")
     mock.outage("f", for_ms=1500)
     assert chat(mock, "f")[0] == 503
-    wait_for(lambda: not mock.outage_stats("f")["down"], "the outage to end")
+    mock.advance_clock("f", 1499)
+    assert chat(mock, "f")[0] == 503
+    mock.advance_clock("f", 1)
+    assert mock.outage_stats("f")["down"] is False
     status, body = chat(mock, "f")
     assert status == 200 and content(body) == "back"
 
@@ -204,33 +209,44 @@ def test_a_new_script_ends_a_manual_outage(mock: MockServer) -> None:
 
 def test_scripted_window_goes_down_and_comes_back(mock: MockServer) -> None:
     mock.script("w", [{"content": "a"}, {"content": "b"}],
-                outage={"mode": "503", "from_ms": 300, "to_ms": 1500})
+                outage={"mode": "503", "from_ms": 300, "to_ms": 1500},
+                clock="manual")
     seen = []
 
-    def answered() -> bool:
+    def answer() -> None:
         status, body = chat(mock, "w")
         seen.append(content(body) if status == 200 else status)
-        return status == 200
 
-    # The first request starts the clock, so it is before the window.
-    assert answered()
-    wait_for(lambda: mock.outage_stats("w")["down"], "the window to open")
-    wait_for(answered, "the window to close")
-    assert seen[0] == "a" and seen[-1] == "b"
-    assert len(seen) > 2 and set(seen[1:-1]) == {503}
+    # The first request starts the window's clock, so it is before the
+    # window (at 0).
+    answer()
+    mock.advance_clock("w", 299)
+    assert mock.outage_stats("w")["down"] is False
+    mock.advance_clock("w", 1)                 # 300: the window opens
+    assert mock.outage_stats("w")["down"] is True
+    answer()
+    mock.advance_clock("w", 1199)              # 1499: still in it
+    answer()
+    mock.advance_clock("w", 1)                 # 1500: over
+    answer()
+    assert seen == ["a", 503, 503, "b"]
     assert mock.outage_stats("w") == {"down": False, "mode": None,
-                                      "during": len(seen) - 2, "outside": 2}
+                                      "during": 2, "outside": 2}
 
 
 def test_scripted_window_starts_at_the_first_request(
         mock: MockServer) -> None:
-    mock.script("t", [], outage={"mode": "close", "to_ms": 400})
+    mock.script("t", [], outage={"mode": "close", "to_ms": 400},
+                clock="manual")
     # Longer than the window: timed from the PUT it would be over by now.
-    time.sleep(0.6)
+    mock.advance_clock("t", 600)
     assert mock.outage_stats("t")["down"] is True
     with pytest.raises(http.client.RemoteDisconnected):
         chat(mock, "t")
-    wait_for(lambda: not mock.outage_stats("t")["down"], "the window to end")
+    mock.advance_clock("t", 399)
+    assert mock.outage_stats("t")["down"] is True
+    mock.advance_clock("t", 1)
+    assert mock.outage_stats("t")["down"] is False
     assert chat(mock, "t")[0] == 200
 
 

@@ -842,6 +842,32 @@ def test_keepalive_comments_while_waiting(mock: MockServer) -> None:
     assert b"keep-alive" not in b"".join(chunks)
 
 
+def test_a_late_wake_still_sends_the_comments_due(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait of 50 ms with keepalive_ms 30 carries its comment even when
+    the server's thread wakes after the wait is over (a loaded machine did:
+    test_line_ends_byte_exact then saw no comment)."""
+    from llmretry.testing import _sse_plan, _sse_send
+    opts = {"keepalive_ms": 30, "first_delay_ms": 50, "chunks": 1}
+    plan = _sse_plan.Plan({}, opts, 1, "m", None, False)
+    a, b = socket.socketpair()
+    written: List[bytes] = []
+    try:
+        sender = _sse_send.Sender(plan, opts, {}, a, threading.Event(),
+                                  written.append, lambda: None,
+                                  lambda sent: None, chunked=False)
+        # The clock reads 0 when the wait starts, then 1 s: every look at
+        # it comes after the wait's end.
+        clock = iter([0.0])
+        monkeypatch.setattr(_sse_send.time, "monotonic",
+                            lambda: next(clock, 1.0))
+        sender._pause_before_event()
+    finally:
+        a.close()
+        b.close()
+    assert written == [b": keep-alive\n\n"]
+
+
 def test_keepalive_comments_while_stalled(mock: MockServer) -> None:
     _, _, chunks, terminated = stream(mock, "kas", {"stream": {
         "end": "stall", "after": 1, "stall_ms": 400, "keepalive_ms": 50,

@@ -31,23 +31,31 @@ pytest.importorskip("mypy", reason="mypy not installed (tools/ensure-deps.sh ins
 EXAMPLES = sorted((ROOT / "examples").glob("async_*.py"))
 
 
-def mypy(tmp_path: Path, *files: Path) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for the module's runs: the package and the standard
+    library are analysed once, not once per test (each run then checks its
+    own file; the cache never changes what mypy reports)."""
+    return tmp_path_factory.mktemp("mypy-cache")
+
+
+def mypy(tmp_path: Path, cache: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     env = child_env()
     env["MYPYPATH"] = str(PYTHON_DIR)
     # mypy only reads the sources: no need to run it under tools/check.sh's
     # preloaded ASan runtime.
     env.pop("LD_PRELOAD", None)
-    # A cache of its own: no .mypy_cache left in the work tree.
+    # A cache outside the work tree: no .mypy_cache left there.
     cmd = [sys.executable, "-m", "mypy", "--strict",
-           "--cache-dir", str(tmp_path / "mypy-cache"), "--no-color-output",
+           "--cache-dir", str(cache), "--no-color-output",
            "--show-error-codes", *map(str, files)]
     return subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True,
                           timeout=300)
 
 
-def test_async_examples_pass_mypy_strict(tmp_path: Path) -> None:
+def test_async_examples_pass_mypy_strict(tmp_path: Path, cache: Path) -> None:
     assert len(EXAMPLES) >= 3, EXAMPLES
-    proc = mypy(tmp_path, *EXAMPLES)
+    proc = mypy(tmp_path, cache, *EXAMPLES)
     assert proc.returncode == 0, f"mypy --strict:\n{proc.stdout}{proc.stderr}"
     assert "Success: no issues found in" in proc.stdout, proc.stdout
 
@@ -78,10 +86,10 @@ async def misuse() -> None:
 
 
 @pytest.mark.parametrize("src", [MISUSE, MISUSE_STREAM_RESULT], ids=["calls", "stream_result"])
-def test_async_api_types_are_not_any(tmp_path: Path, src: str) -> None:
+def test_async_api_types_are_not_any(tmp_path: Path, cache: Path, src: str) -> None:
     path = tmp_path / "misuse.py"
     path.write_text(src, encoding="utf-8")
-    proc = mypy(tmp_path, path)
+    proc = mypy(tmp_path, cache, path)
     lines = src.splitlines()
     want: List[int] = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
     got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
@@ -116,10 +124,10 @@ async def misuse() -> None:
 '''
 
 
-def test_call_keywords_are_typed(tmp_path: Path) -> None:
+def test_call_keywords_are_typed(tmp_path: Path, cache: Path) -> None:
     path = tmp_path / "misuse.py"
     path.write_text(MISUSE_OPTIONS, encoding="utf-8")
-    proc = mypy(tmp_path, path)
+    proc = mypy(tmp_path, cache, path)
     lines = MISUSE_OPTIONS.splitlines()
     want = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
     got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",
@@ -148,10 +156,10 @@ async def misuse() -> None:
 '''
 
 
-def test_newcomer_slips_are_type_errors(tmp_path: Path) -> None:
+def test_newcomer_slips_are_type_errors(tmp_path: Path, cache: Path) -> None:
     path = tmp_path / "misuse.py"
     path.write_text(MISUSE_NEWCOMER, encoding="utf-8")
-    proc = mypy(tmp_path, path)
+    proc = mypy(tmp_path, cache, path)
     lines = MISUSE_NEWCOMER.splitlines()
     want = [i for i, line in enumerate(lines, 1) if "# ERR" in line]
     got = sorted({int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:",

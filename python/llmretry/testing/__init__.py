@@ -24,7 +24,7 @@ Command line (this is how the C and Lua suites start it)::
 prints the port alone on the first line of stdout (flushed), then serves until
 SIGTERM or SIGINT and exits with status 0. ``--scenarios`` loads
 ``{name: {"steps": [...], "after": step, "limits": {...}, "outage": {...},
-"route": {...}}}`` before serving.
+"route": {...}, "clock": "real" or "manual"}}`` before serving.
 Nothing else is written to stdout; requests are not logged.
 
 The server is an ``http.server.ThreadingHTTPServer`` speaking HTTP/1.1 with
@@ -54,16 +54,18 @@ the record of a request the server is still stalling.
 Control API (JSON in and out)
 -----------------------------
 ``PUT /_mock/scenarios/<name>`` with ``{"steps": [step, ...], "after": step?,
-    "limits": {...}?, "outage": {...}?, "route": {...}?}`` -> 204. Replaces the script, resets
-    its cursor and clears its records (and its rate-limit windows and totals,
-    its outage counts, and a ``PUT /_mock/outage``). A missing ``steps`` means
-    ``[]``; a missing or null ``after`` means the plain success; a missing or
-    null ``limits`` means no rate limits (see "Rate limits"); a missing or
-    null ``outage`` means no scripted outage (see "Outages"); a missing or
-    null ``route`` routes nothing (see "Routing by model"). A malformed
-    script (not JSON, a step that is not an object, an unknown ``fault``, a
-    field of the wrong type, bad ``limits``, ``outage`` or ``route``) -> 400
-    JSON error, and the previous script is kept.
+    "limits": {...}?, "outage": {...}?, "route": {...}?, "clock": str?}`` -> 204.
+    Replaces the script, resets its cursor and clears its records (and its
+    rate-limit windows and totals, its outage counts, its clock, and a ``PUT
+    /_mock/outage``). A missing ``steps`` means ``[]``; a missing or null
+    ``after`` means the plain success; a missing or null ``limits`` means no
+    rate limits (see "Rate limits"); a missing or null ``outage`` means no
+    scripted outage (see "Outages"); a missing or null ``route`` routes
+    nothing (see "Routing by model"); a missing or null ``clock`` is the
+    real one (see "Clock"). A malformed script (not JSON, a step that is not
+    an object, an unknown ``fault``, a field of the wrong type, bad
+    ``limits``, ``outage``, ``route`` or ``clock``) -> 400 JSON error, and
+    the previous script is kept.
 ``GET /_mock/requests/<name>``
     -> 200, a JSON array of records in arrival order::
 
@@ -93,6 +95,7 @@ Control API (JSON in and out)
     tokens charged to admitted requests); 404 JSON error for a scenario
     without limits.
 ``PUT``, ``DELETE``, ``GET /_mock/outage/<name>``: see "Outages".
+``POST``, ``GET /_mock/clock/<name>``: see "Clock".
 ``GET /_mock/connections`` -> ``{"accepted": N}``, TCP connections accepted
     since start.
 ``GET /_mock/health`` -> ``{"ok": true}``.
@@ -168,7 +171,8 @@ Step fields (all optional; unknown fields are ignored)
     (a step field) default ``[0.0, 0.25, -0.5]``, ``usage`` default
     ``{"prompt_tokens": 8, "total_tokens": 8}`` (no completion tokens).
 ``delay_ms``
-    wait this long before sending anything (also before any fault).
+    wait this long before sending anything (also before any fault), on the
+    scenario's clock (see "Clock").
 ``fault``
     one of:
 
@@ -336,6 +340,30 @@ A script's ``"outage": {"mode": "503", "from_ms": 0, "to_ms": null}``
     mode, and the scenario's requests since the script that met one or did
     not (``DELETE /_mock/requests`` keeps the counts).
 
+Clock
+-----
+A scenario times its rate-limit windows, its outage windows and ``for_ms``
+and its steps' ``delay_ms`` on a clock of its own, so that a test skips
+server-side time instead of sleeping through it. The script's ``"clock"``
+is ``"real"`` (the default: the monotonic clock) or ``"manual"`` (stands
+still, at 0, until advanced); a new script starts a new clock.
+
+``POST /_mock/clock/<name>`` with ``{"advance_ms": N}`` (a number >= 0, the
+    only field) -> 204: the clock moves on by N ms at once (a real one keeps
+    running from there): windows and ``for_ms`` are that much nearer their
+    end, and a request waiting out its ``delay_ms`` is answered as soon as
+    the clock has passed it (on a manual clock only then: a delay no advance
+    ends lasts until ``stop()``). An unknown scenario is created (empty
+    script, real clock). Another body -> 400 JSON error.
+``GET /_mock/clock/<name>`` -> ``{"clock": "real" or "manual",
+    "advanced_ms": x}``, the sum of the advances since the script.
+
+On a manual clock the headers' times are exact: ``{"rpm": 1, "window_ms":
+1000}`` answers a second request with ``retry-after-ms: 1000``, after an
+advance of 999 ms with ``1``, and admits it after one more ms. Records'
+``time`` stays the wall clock; a stream's own waits, ``stall_ms``,
+``interval_ms`` and ``idle_close_ms`` run on the real clock.
+
 Routing by model
 ----------------
 A script's ``"route": {"<model>": "<scenario>", ...}`` hands each request to
@@ -381,20 +409,25 @@ Python API
 ``.stop()``, context manager (starts on enter, stops on exit); ``.port``,
 ``.base_url`` (``"http://127.0.0.1:PORT/v1"``), ``.scenario_url(name)`` (the
 scenario's base_url, ``http://127.0.0.1:PORT/s/<name>/v1``),
-``.script(name, steps, after=None, limits=None, outage=None, route=None)``
-(validated like the PUT), ``.load_scenarios({name: {"steps": ..., "after":
-..., "limits": ..., "outage": ..., "route": ...}})``, ``.limit_stats(name)`` (the
+``.script(name, steps, after=None, limits=None, outage=None, route=None,
+clock=None)`` (validated like the PUT), ``.load_scenarios({name: {"steps": ..., "after":
+..., "limits": ..., "outage": ..., "route": ..., "clock": ...}})``, ``.limit_stats(name)`` (the
 ``/_mock/limits`` totals; ``KeyError`` without limits),
 ``.outage(name, mode="503", for_ms=None)``, ``.end_outage(name)``,
 ``.outage_stats(name)`` (PUT, DELETE and GET of ``/_mock/outage``),
+``.advance_clock(name, ms)``, ``.clock_stats(name)`` (POST and GET of
+``/_mock/clock``),
 ``.requests(name)`` (a copy of the records), ``.clear(name)``,
 ``.connections_accepted``. A stopped server cannot be restarted.
 """
 
 # The package by concern: _scripts.py (a script's checks and defaults),
 # _replies.py (what is answered), _state.py (the scenarios, their limits and
-# outages), _handler.py (a connection), _server.py (MockServer, the command
-# line), _sse.py (streams), _batches.py (the Files and Batch APIs).
+# outages), _connection.py (a connection's plumbing), _handler.py (its routes
+# and the control API), _chat.py (the scripted replies), _server.py
+# (MockServer, the command line), _sse.py (streams: their checks; _sse_plan.py
+# their events, _sse_send.py the sending), _batches.py (the Files and Batch
+# APIs).
 from ._scripts import (DEFAULT_COMPLETION_TOKENS, DEFAULT_EMBEDDING, DEFAULT_EMBEDDING_USAGE,
                        DEFAULT_HUGE_SIZE, DEFAULT_INTERVAL_MS, DEFAULT_STALL_MS, DEFAULT_USAGE,
                        DEFAULT_WINDOW_MS, FAULTS, HEADER_SHORTCUTS, INVALID_JSON_BODY,

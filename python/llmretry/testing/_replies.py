@@ -67,10 +67,17 @@ def _token_charge(request: Any, step: Step) -> int:
     return (chars + 3) // 4 + budget
 
 
+def _ceil_ms(seconds: float) -> int:
+    """A wait rounded up to a millisecond, float noise under a nanosecond
+    aside: a manual clock advanced by whole ms waits whole ms (1 s less
+    0.999 s is 1.0000000000000009 ms in floats)."""
+    return math.ceil(seconds * 1000 - 1e-6)
+
+
 def _duration(seconds: float) -> str:
     """A wait in OpenAI's (Go's time.Duration) format, rounded up to a
     millisecond: "0s", "250ms", "1s", "1.5s", "6m0s", "1m30.5s", "1h0m0s"."""
-    ms = math.ceil(seconds * 1000) if seconds > 0 else 0
+    ms = _ceil_ms(seconds) if seconds > 0 else 0
     if ms <= 0:
         return "0s"
     if ms < 1000:

@@ -1,4 +1,4 @@
-"""The mock's scripts checked: steps, limits, outages, routes (the
+"""The mock's scripts checked: steps, limits, outages, routes, clocks (the
 validation a PUT of ``/_mock/scenario`` and ``MockServer.script`` share),
 and the constants they default to."""
 
@@ -182,6 +182,28 @@ def _check_outage(outage: Any) -> Optional[Dict[str, Any]]:
     if end is not None and (not _is_number(end) or not end > start):
         raise ScriptError("outage: to_ms must be a number > from_ms, or null")
     return {"mode": mode, "from_ms": start, "to_ms": end}
+
+
+CLOCKS = frozenset({"real", "manual"})
+# How long a wait on a scenario's clock sleeps before looking at the stop
+# flag again (an advance wakes it at once).
+_CLOCK_POLL = 0.1
+
+
+def _check_clock(clock: Any) -> str:
+    """A script's ``clock``: "real" (the default) or "manual"."""
+    if clock is None:
+        return "real"
+    if clock not in CLOCKS:
+        raise ScriptError(f"clock must be one of {sorted(CLOCKS)}, or null")
+    return str(clock)
+
+
+def _check_advance(ms: Any) -> float:
+    """An ``advance_ms`` (POST /_mock/clock): a finite number >= 0."""
+    if not _is_number(ms) or not 0 <= ms < float("inf"):
+        raise ScriptError("clock: advance_ms must be a number >= 0")
+    return float(ms)
 
 
 def _check_route(route: Any) -> Optional[Dict[str, str]]:

@@ -207,11 +207,13 @@ class MockServer:
                after: Optional[Step] = None,
                limits: Optional[Mapping[str, Any]] = None,
                outage: Optional[Mapping[str, Any]] = None,
-               route: Optional[Mapping[str, str]] = None) -> None:
+               route: Optional[Mapping[str, str]] = None,
+               clock: Optional[str] = None) -> None:
         """Replace scenario ``name``'s script, reset its cursor and records
         (and, with ``limits``, enforce rate limits; with ``outage``, be down
         in that window; with ``route``, hand some models' requests to other
-        scenarios: see the module doc).
+        scenarios; with ``clock="manual"``, time them on a clock that moves
+        by ``advance_clock`` alone: see the module doc).
 
         Raises ``ValueError`` (``ScriptError``) for a malformed script.
         """
@@ -221,7 +223,7 @@ class MockServer:
                            dict(outage) if isinstance(outage, Mapping)
                            else outage,
                            dict(route) if isinstance(route, Mapping)
-                           else route)
+                           else route, clock)
 
     def outage(self, name: str, mode: str = "503",
                for_ms: Optional[float] = None) -> None:
@@ -241,6 +243,18 @@ class MockServer:
         it was scripted that met an outage or did not."""
         return self._state.outage_stats(name)
 
+    def advance_clock(self, name: str, ms: float) -> None:
+        """Move scenario ``name``'s clock on by ``ms`` ms: its rate-limit
+        and outage windows and its waiting step delays see that much more
+        time pass (``POST /_mock/clock``). Raises ``ScriptError`` for a bad
+        ``ms``."""
+        self._state.advance_clock(name, ms)
+
+    def clock_stats(self, name: str) -> Dict[str, Any]:
+        """``{"clock": "real" or "manual", "advanced_ms": x}`` of scenario
+        ``name`` (``GET /_mock/clock``)."""
+        return self._state.clock_stats(name)
+
     def limit_stats(self, name: str) -> Dict[str, int]:
         """``{"admitted": n, "refused": n, "tokens": n}`` of a scenario
         scripted with limits; ``KeyError`` for one without."""
@@ -251,7 +265,7 @@ class MockServer:
 
     def load_scenarios(self, scenarios: Mapping[str, Any]) -> None:
         """Script scenarios: ``{name: {"steps": [...], "after": step,
-        "limits": {...}, "outage": {...}, "route": {...}}}``."""
+        "limits": {...}, "outage": {...}, "route": {...}, "clock": ...}}``."""
         if not isinstance(scenarios, Mapping):
             raise ScriptError("scenarios must be an object of name -> script")
         for name, doc in scenarios.items():
@@ -259,7 +273,7 @@ class MockServer:
                 raise ScriptError(f"scenario {name!r}: must be an object")
             self._state.script(str(name), doc.get("steps"), doc.get("after"),
                                doc.get("limits"), doc.get("outage"),
-                               doc.get("route"))
+                               doc.get("route"), doc.get("clock"))
 
     def requests(self, name: str) -> List[Record]:
         """A copy of scenario ``name``'s records, in arrival order."""

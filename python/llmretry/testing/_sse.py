@@ -137,6 +137,9 @@ are sent as they are); ``tool_calls`` and ``role_only`` do not apply.
 ``keepalive_ms``
     while waiting (``first_delay_ms``, ``delay_ms``, a stall) send a comment
     ``: keep-alive`` and a blank line every that many ms; 0/null: never.
+    Every comment due before the wait ends is sent, late if the server was
+    slow to wake (a loaded machine): a wait of 50 ms with ``keepalive_ms``
+    30 always carries one.
 ``bom``
     true: the body starts with a UTF-8 BOM (EF BB BF).
 ``split_writes``
@@ -172,61 +175,40 @@ streaming step with ``body``, with a body fault (``stall_body``,
 ``truncate``, ``invalid_json``, ``huge``, ``trickle``) or with status 1xx,
 204 or 304 is a malformed script. ``reset``, ``close`` and ``no_headers``
 never respond, so ``stream`` does nothing with them.
+
+The module is in three parts: this one (the protocol above, the checks of a
+``stream`` and the decision to stream), ``_sse_plan`` (the events of a stream
+as wire bytes) and ``_sse_send`` (writing them on a connection, with the
+waits and faults); the names of the other two are importable from here too.
 """
 
 from __future__ import annotations
 
-import json
-import select
-import socket
-import threading
-import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
+
+from ._sse_plan import (JUNK_AFTER_DONE, LENGTH_EXCESS, LINE_ENDS, Plan,  # noqa: F401
+                        _body_chunks, _Chunks, _dumps, _pieces, _responses_events,
+                        _responses_usage, split_point)
+from ._sse_send import (_POLL_SLICE, BOM, DEFAULT_SPLIT_DELAY_MS,  # noqa: F401
+                        DEFAULT_STALL_MS, ClientGone, Sender, Stopped, head_headers)
 
 Step = Dict[str, Any]
 
 END_MODES = frozenset({"done", "no_done", "drop", "reset", "stall",
                        "error_event"})
-LINE_ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
 ERROR_STYLES = frozenset({"data", "event"})
 FRAMINGS = frozenset({"chunked", "close", "length"})
 AFTER_DONE = frozenset({"end", "silence", "junk"})
 APIS = frozenset({"chat", "responses"})
-# What framing "length" declares beyond the planned events: more than any
-# keep-alive comments could add, so the body never reaches it.
-LENGTH_EXCESS = 1 << 20
-# after_done "junk": what a broken server keeps sending after [DONE] (a
-# chunk whose text must not be assembled, data that is not JSON, a line
-# that is no field).
-JUNK_AFTER_DONE = (
-    b'data: {"choices":[{"index":0,"delta":{"content":"JUNK-AFTER-DONE"},'
-    b'"finish_reason":null}]}\n\n',
-    b"data: not json\n\n",
-    b"garbage\n\n",
-)
 # Faults that never respond: a stream is allowed but never sent.
 NO_RESPONSE_FAULTS = frozenset({"reset", "close", "no_headers"})
 # Faults that shape the JSON body: they have no meaning for a stream.
 BODY_FAULTS = frozenset({"stall_body", "truncate", "invalid_json", "huge",
                          "trickle"})
-DEFAULT_STALL_MS = 30000
-DEFAULT_SPLIT_DELAY_MS = 10
-BOM = b"\xef\xbb\xbf"
-# The longest a wait sleeps before looking at the stop flag again; stop()
-# also shuts the sockets down, which wakes the poll at once.
-_POLL_SLICE = 0.1
 
 
 class BadStream(ValueError):
     """A malformed ``stream`` (testing turns it into its ScriptError)."""
-
-
-class ClientGone(Exception):
-    """The client closed the connection mid-stream."""
-
-
-class Stopped(Exception):
-    """The server is stopping: write nothing more."""
 
 
 # --------------------------------------------------------------------------
@@ -370,391 +352,3 @@ def include_usage(request: Any) -> bool:
         return False
     options = request.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
-
-
-# --------------------------------------------------------------------------
-# The events of a stream
-# --------------------------------------------------------------------------
-
-def _pieces(text: str, count: int) -> List[str]:
-    size = len(text)
-    return [text[i * size // count:(i + 1) * size // count]
-            for i in range(count)]
-
-
-class _Chunks:
-    """Builds the generated chunk objects of one stream."""
-
-    def __init__(self, step: Step, n: int, model: str,
-                 with_usage_field: bool) -> None:
-        self.base: Dict[str, Any] = {
-            "id": f"chatcmpl-mock-{n}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": model,
-            "system_fingerprint": step.get("system_fingerprint", "fp_mock")}
-        self.with_usage_field = with_usage_field
-        self.first = True
-
-    def chunk(self, delta: Dict[str, Any],
-              finish_reason: Optional[str] = None) -> Dict[str, Any]:
-        if self.first:
-            self.first = False
-            delta = {"role": "assistant", **delta}
-        doc = dict(self.base)
-        doc["choices"] = [{"index": 0, "delta": delta,
-                           "finish_reason": finish_reason}]
-        if self.with_usage_field:
-            doc["usage"] = None
-        return doc
-
-    def usage(self, usage: Any) -> Dict[str, Any]:
-        doc = dict(self.base)
-        doc["choices"] = []
-        doc["usage"] = usage
-        return doc
-
-
-def _dumps(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
-
-
-def _body_chunks(step: Step, opts: Dict[str, Any],
-                 chunks: _Chunks) -> List[Any]:
-    """The body chunks: dicts (JSON objects) or bytes (raw events)."""
-    out: List[Any] = []
-    calls = opts.get("tool_calls") or []
-    spec = opts.get("chunks")
-    if isinstance(spec, list):
-        for item in spec:
-            if isinstance(item, str):
-                out.append(chunks.chunk({"content": item}))
-            elif "raw" in item and len(item) == 1:
-                out.append(item["raw"].encode("utf-8"))
-            else:
-                out.append(item)
-    elif not calls or "content" in step:
-        content = step.get("content", "ok")
-        if not isinstance(content, str):
-            out.append(chunks.chunk({"content": content}))
-        else:
-            count = spec if spec is not None else max(1, len(content))
-            out.extend(chunks.chunk({"content": piece})
-                       for piece in _pieces(content, count))
-    for i, call in enumerate(calls):
-        head = {"index": i, "id": call.get("id", f"call_mock_{i}"),
-                "type": "function",
-                "function": {"name": call.get("name", "tool"),
-                             "arguments": ""}}
-        delta: Dict[str, Any] = {"tool_calls": [head]}
-        if chunks.first:
-            delta = {"content": None, **delta}
-        out.append(chunks.chunk(delta))
-        for piece in _pieces(call.get("arguments", "{}"),
-                             call.get("chunks", 2)):
-            out.append(chunks.chunk({"tool_calls": [
-                {"index": i, "function": {"arguments": piece}}]}))
-    return out
-
-
-def _responses_usage(usage: Any) -> Any:
-    """A step's usage as the Responses API names it."""
-    if isinstance(usage, dict) and "prompt_tokens" in usage:
-        return {"input_tokens": usage.get("prompt_tokens"),
-                "output_tokens": usage.get("completion_tokens"),
-                "total_tokens": usage.get("total_tokens")}
-    return usage
-
-
-def _responses_events(step: Step, opts: Dict[str, Any], n: int, model: str,
-                      usage: Any) -> Tuple[List[Any], Dict[str, Any]]:
-    """api "responses": the body events (dicts with their "type", or raw
-    bytes) and the final response.completed event."""
-    base = {"id": f"resp_mock_{n}", "object": "response",
-            "created_at": int(time.time()), "model": model}
-    item_id = f"msg_mock_{n}"
-    out: List[Any] = [{"type": "response.created",
-                       "response": dict(base, status="in_progress", output=[])}]
-    spec = opts.get("chunks")
-    content = step.get("content", "ok")
-    if isinstance(spec, list):
-        items: List[Any] = spec
-    else:
-        text = content if isinstance(content, str) else json.dumps(content)
-        items = _pieces(text, spec if spec is not None else max(1, len(text)))
-    text = ""
-    for item in items:
-        if isinstance(item, str):
-            out.append({"type": "response.output_text.delta", "item_id": item_id,
-                        "output_index": 0, "content_index": 0, "delta": item})
-            text += item
-        elif "raw" in item and len(item) == 1:
-            out.append(item["raw"].encode("utf-8"))
-        else:
-            out.append(item)
-    message = {"type": "message", "id": item_id, "status": "completed",
-               "role": "assistant",
-               "content": [{"type": "output_text", "text": text,
-                            "annotations": []}]}
-    completed = {"type": "response.completed",
-                 "response": dict(base, status="completed", output=[message],
-                                  usage=_responses_usage(usage))}
-    return out, completed
-
-
-class Plan:
-    """Everything a stream sends, as wire bytes (before HTTP framing)."""
-
-    def __init__(self, step: Step, opts: Dict[str, Any], n: int, model: str,
-                 usage: Any, usage_requested: bool) -> None:
-        self.le = LINE_ENDS[opts.get("line_end", "lf")]
-        responses = opts.get("api", "chat") == "responses"
-        self.event_lines = opts.get("event_lines", True)
-        if responses:
-            docs, completed = _responses_events(step, opts, n, model, usage)
-            self.body_count = len(docs)
-            docs.append(completed)
-        else:
-            docs = self._chat_docs(step, opts, n, model, usage, usage_requested)
-        self.events = [self._raw(d) if isinstance(d, bytes)
-                       else self._doc(d, responses) for d in docs]
-        # The Responses API ends with response.completed, no [DONE].
-        self.end = opts.get("end", "no_done" if responses else "done")
-        after_done = opts.get("after_done", "end")
-        # The body is not ended after the stream (held open and silent):
-        # asked for, or a Content-Length that was never met.
-        self.hold = self.end in ("done", "no_done") and (
-            after_done != "end" or opts.get("framing") == "length")
-        self.junk = [self._raw(j) for j in JUNK_AFTER_DONE] \
-            if after_done == "junk" else []
-        after = opts.get("after", self.body_count)
-        self.after = min(after, len(self.events))
-        code = opts.get("error_code") or "server_error"
-        error = {"error": {
-            "message": opts.get("error_message") or "mock stream error",
-            "type": opts.get("error_type") or code, "code": code}}
-        self.error_event = self._data(_dumps(error))
-        if opts.get("error_style") == "event":
-            self.error_event = b"event: error" + self.le + self.error_event
-        self.done = self._data(b"[DONE]")
-        self.comment = b": keep-alive" + self.le + self.le
-
-    def _chat_docs(self, step: Step, opts: Dict[str, Any], n: int, model: str,
-                   usage: Any, usage_requested: bool) -> List[Any]:
-        send_usage = opts.get("usage_chunk")
-        if send_usage is None:
-            send_usage = usage_requested
-        chunks = _Chunks(step, n, model, bool(send_usage))
-        # role_only: llama-cpp-python's answer to a request it pre-empts.
-        docs = [chunks.chunk({})] if opts.get("role_only") \
-            else _body_chunks(step, opts, chunks)
-        self.body_count = len(docs)
-        default_finish = None if opts.get("role_only") \
-            else "tool_calls" if opts.get("tool_calls") else "stop"
-        finish = opts.get("finish_reason", default_finish)
-        if finish is not None:
-            docs.append(chunks.chunk({}, finish))
-        if send_usage:
-            docs.append(chunks.usage(usage))
-        return docs
-
-    def declared_length(self) -> int:
-        """framing "length": a Content-Length above all the stream sends."""
-        return sum(len(e) for e in self.events) + len(self.done) \
-            + len(self.error_event) + LENGTH_EXCESS
-
-    def _doc(self, doc: Dict[str, Any], typed: bool) -> bytes:
-        data = self._data(_dumps(doc))
-        kind = doc.get("type")
-        if typed and self.event_lines and isinstance(kind, str):
-            return b"event: " + kind.encode("utf-8") + self.le + data
-        return data
-
-    def _data(self, payload: bytes) -> bytes:
-        return b"data: " + payload + self.le + self.le
-
-    def _raw(self, text: bytes) -> bytes:
-        return text if self.le == b"\n" else text.replace(b"\n", self.le)
-
-
-def split_point(data: bytes, le: bytes, split: Any) -> int:
-    """Where an event is cut in two writes (0: not cut)."""
-    if len(data) < 2 or split is False:
-        return 0
-    if split is True:
-        if le == b"\r\n":
-            at = data.find(b"\r\n")
-            return at + 1 if at >= 0 else len(data) // 2
-        end = data.find(le)
-        return max(1, (end if end > 0 else len(data)) // 2)
-    return min(max(int(split), 1), len(data) - 1)
-
-
-# --------------------------------------------------------------------------
-# Sending
-# --------------------------------------------------------------------------
-
-class Sender:
-    """Writes one planned stream on a connection.
-
-    ``write`` sends bytes (raising on a dead connection); ``reset`` aborts
-    the connection with an RST; ``progress(events_sent)`` is told each
-    time a data event has been written. Raises ClientGone or Stopped; any
-    other outcome returns ``True`` when the connection may be reused.
-    """
-
-    def __init__(self, plan: Plan, opts: Dict[str, Any], step: Step,
-                 sock: socket.socket, stop_event: threading.Event,
-                 write: Callable[[bytes], None], reset: Callable[[], None],
-                 progress: Callable[[int], None], chunked: bool) -> None:
-        self.plan = plan
-        self.sock = sock
-        self.stop_event = stop_event
-        self._write_raw = write
-        self._reset = reset
-        self._progress = progress
-        self.chunked = chunked
-        self.delay = opts.get("delay_ms", 0) / 1000.0
-        self.first_delay = opts.get("first_delay_ms", 0) / 1000.0
-        self.keepalive = (opts.get("keepalive_ms") or 0) / 1000.0
-        self.stall = opts.get("stall_ms", step.get(
-            "stall_ms", DEFAULT_STALL_MS)) / 1000.0
-        self.split = opts.get("split_writes", False)
-        self.split_delay = opts.get(
-            "split_delay_ms", DEFAULT_SPLIT_DELAY_MS) / 1000.0
-        self.pending_bom = BOM if opts.get("bom") else b""
-        self.sent = 0
-        self._watch = True
-        self._poller: Optional[Any] = None
-        if hasattr(select, "poll"):  # select() cannot take fds >= 1024
-            self._poller = select.poll()
-            self._poller.register(sock, select.POLLIN)
-
-    def run(self, head: bytes) -> bool:
-        """Send the response head, then the stream."""
-        self._send(head)
-        plan = self.plan
-        count = len(plan.events) if plan.end in ("done", "no_done") \
-            else plan.after
-        for event in plan.events[:count]:
-            self._pause_before_event()
-            self._event(event)
-        if plan.end == "done":
-            self._event(plan.done)
-        elif plan.end == "error_event":
-            self._pause_before_event()
-            self._event(plan.error_event)
-        elif plan.end == "reset":
-            self._pause_before_event()
-            self._reset()
-            return False
-        elif plan.end in ("drop", "stall"):
-            self._pause_before_event()
-            if plan.end == "stall":
-                self._pause(self.stall, self.keepalive)
-            return False
-        if plan.hold:
-            # A body that never ends: junk first if asked, then silence
-            # until the client closes (or stall_ms).
-            for junk in plan.junk:
-                self._emit(junk)
-            self._pause(self.stall, 0)
-            return False
-        if self.chunked:
-            self._send(b"0\r\n\r\n")
-            return True
-        return False
-
-    # -- writing ----------------------------------------------------------
-
-    def _send(self, data: bytes) -> None:
-        try:
-            self._write_raw(data)
-        except Exception as exc:  # the handler's own "connection dead"
-            if self.stop_event.is_set():
-                raise Stopped() from exc
-            raise ClientGone() from exc
-
-    def _piece(self, data: bytes) -> None:
-        if self.chunked:
-            data = b"%x\r\n" % len(data) + data + b"\r\n"
-        self._send(data)
-
-    def _emit(self, data: bytes) -> None:
-        """One event or comment, split in two writes if asked."""
-        data = self.pending_bom + data
-        self.pending_bom = b""
-        at = split_point(data, self.plan.le, self.split)
-        if at:
-            self._piece(data[:at])
-            self._pause(self.split_delay, 0)
-            data = data[at:]
-        self._piece(data)
-
-    def _event(self, data: bytes) -> None:
-        self._emit(data)
-        self.sent += 1
-        self._progress(self.sent)
-
-    # -- waiting ----------------------------------------------------------
-
-    def _pause_before_event(self) -> None:
-        self._pause(self.delay if self.sent else self.first_delay,
-                    self.keepalive)
-
-    def _pause(self, seconds: float, keepalive: float) -> None:
-        """Wait, sending comments every ``keepalive`` s, watching the peer."""
-        now = time.monotonic()
-        deadline = now + seconds
-        next_comment = now + keepalive if keepalive > 0 else float("inf")
-        while True:
-            if self.stop_event.is_set():
-                raise Stopped()
-            now = time.monotonic()
-            if now >= deadline:
-                return
-            if now >= next_comment:
-                self._emit(self.plan.comment)
-                next_comment += keepalive
-                continue
-            timeout = min(deadline, next_comment, now + _POLL_SLICE) - now
-            if self._watch:
-                self._watch_peer(timeout)
-            else:
-                self.stop_event.wait(timeout)
-
-    def _watch_peer(self, timeout: float) -> None:
-        """Sleep up to ``timeout`` s; raise ClientGone on the peer's EOF."""
-        try:
-            if self._poller is not None:
-                readable = bool(self._poller.poll(max(1, int(timeout * 1000))))
-            else:
-                readable = bool(select.select([self.sock], [], [], timeout)[0])
-        except (OSError, ValueError):  # a descriptor select cannot take
-            self._watch = False
-            return
-        if not readable:
-            return
-        try:
-            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            if self.stop_event.is_set():
-                raise Stopped() from exc
-            raise ClientGone() from exc
-        if self.stop_event.is_set():
-            raise Stopped()
-        if not data:
-            raise ClientGone()
-        # The client sent more (a pipelined request): its bytes stay unread,
-        # so the socket stays readable; stop watching rather than spin.
-        self._watch = False
-
-
-def head_headers(chunked: bool) -> List[Tuple[str, str]]:
-    """The stream's own response headers (the step's may override them)."""
-    out = [("Content-Type", "text/event-stream"),
-           ("Cache-Control", "no-cache")]
-    if chunked:
-        out.append(("Transfer-Encoding", "chunked"))
-    return out

@@ -1,5 +1,5 @@
 """The mock's scenario state: each scenario's script, cursor, records,
-rate limiter and outage, guarded by one lock."""
+rate limiter, outage and clock, guarded by one lock."""
 
 from __future__ import annotations
 
@@ -12,9 +12,31 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import _batches
-from ._scripts import (Record, ScriptError, Step, _check_limits, _check_outage, _check_outage_mode,
-                       _check_route, _check_script, _is_number)
-from ._replies import _duration, _token_charge
+from ._scripts import (_CLOCK_POLL, Record, ScriptError, Step, _check_advance, _check_clock,
+                       _check_limits, _check_outage, _check_outage_mode, _check_route,
+                       _check_script, _is_number)
+from ._replies import _ceil_ms, _duration, _token_charge
+
+
+class _Clock:
+    """A scenario's clock, in seconds: the monotonic clock (``"real"``), or
+    one that stands at 0 (``"manual"``); either moves on by ``advance``
+    (``POST /_mock/clock``). The scenario's rate-limit windows, outage
+    windows and step delays are timed on it, so a test skips through them
+    instead of sleeping. Guarded by the state's lock."""
+
+    __slots__ = ("manual", "advanced")
+
+    def __init__(self, mode: str) -> None:
+        self.manual = mode == "manual"
+        self.advanced = 0.0       # seconds added by advances
+
+    def now(self) -> float:
+        return (0.0 if self.manual else time.monotonic()) + self.advanced
+
+    def stats(self) -> Dict[str, Any]:
+        return {"clock": "manual" if self.manual else "real",
+                "advanced_ms": self.advanced * 1000.0}
 
 
 class _Limiter:
@@ -31,7 +53,8 @@ class _Limiter:
         self.retry_after: bool = config["retry_after"]
         self.rate_headers: bool = config["rate_headers"]
         self.stated_per_window: bool = config["stated_per"] == "window"
-        # (monotonic admission time, tokens charged), oldest first.
+        # (admission time on the scenario's clock, tokens charged), oldest
+        # first.
         self.entries: Deque[Tuple[float, int]] = deque()
         self.window_tokens = 0
         self.admitted = 0
@@ -103,13 +126,13 @@ class _Limiter:
                      _duration(self._tokens_reset(now)))]
         return out
 
-    def admit(self, cost: int, name: str
+    def admit(self, cost: int, name: str, now: float
               ) -> Tuple[List[Tuple[str, str]], Optional[bytes]]:
-        """Admit (and charge) or refuse one request costing ``cost`` tokens.
+        """Admit (and charge) or refuse one request costing ``cost`` tokens
+        at ``now`` (the scenario's clock).
 
         Returns (headers, None) when admitted, else (headers, 429 body).
         """
-        now = time.monotonic()
         self._prune(now)
         request_wait = self._request_wait(now, 1)
         token_wait = self._token_wait(now, cost)
@@ -137,9 +160,8 @@ class _Limiter:
                                      "code": "rate_limit_exceeded"}})
         headers = self.headers(now)
         if self.retry_after:
-            headers += [("Retry-After", str(max(1, math.ceil(wait)))),
-                        ("retry-after-ms",
-                         str(max(1, math.ceil(wait * 1000))))]
+            headers += [("Retry-After", str(max(1, math.ceil(_ceil_ms(wait) / 1000)))),
+                        ("retry-after-ms", str(max(1, _ceil_ms(wait))))]
         return headers, body.encode("utf-8")
 
     def stats(self) -> Dict[str, int]:
@@ -152,13 +174,14 @@ class _Scenario:
     state's lock)."""
 
     __slots__ = ("steps", "after", "count", "received", "records", "limiter",
-                 "window", "manual", "first", "during", "route")
+                 "window", "manual", "first", "during", "route", "clock")
 
     def __init__(self, steps: Optional[List[Step]] = None,
                  after: Optional[Step] = None,
                  limits: Optional[Dict[str, Any]] = None,
                  outage: Optional[Dict[str, Any]] = None,
-                 route: Optional[Dict[str, str]] = None) -> None:
+                 route: Optional[Dict[str, str]] = None,
+                 clock: str = "real") -> None:
         self.steps: List[Step] = steps or []
         self.after: Optional[Step] = after
         self.count = 0        # steps consumed (the cursor)
@@ -166,11 +189,13 @@ class _Scenario:
         self.records: List[Record] = []
         self.limiter = _Limiter(limits) if limits is not None else None
         self.window = outage  # the scripted outage window, or None
-        # PUT /_mock/outage: (mode, monotonic end or None for "until DELETE").
+        # PUT /_mock/outage: (mode, end on the clock or None for "until
+        # DELETE").
         self.manual: Optional[Tuple[str, Optional[float]]] = None
-        self.first: Optional[float] = None   # monotonic time of 1st request
+        self.first: Optional[float] = None   # clock time of 1st request
         self.during = 0       # requests that met the outage
         self.route: Dict[str, str] = route or {}   # model -> scenario
+        self.clock = _Clock(clock)
 
     def outage_mode(self, now: float) -> Optional[str]:
         """The outage mode a request arriving at ``now`` meets, or None.
@@ -196,16 +221,17 @@ class _Scenario:
 class _Admission:
     """What ``_State.consume`` decided for one chat request."""
 
-    __slots__ = ("step", "n", "headers", "refusal", "outage")
+    __slots__ = ("step", "n", "headers", "refusal", "outage", "clock")
 
     def __init__(self, step: Step, n: int, headers: List[Tuple[str, str]],
-                 refusal: Optional[bytes], outage: Optional[str] = None
-                 ) -> None:
+                 refusal: Optional[bytes], outage: Optional[str],
+                 clock: _Clock) -> None:
         self.step = step            # the step to run ({} when refused)
         self.n = n                  # server-wide chat ordinal
         self.headers = headers      # x-ratelimit-* (and Retry-After) headers
         self.refusal = refusal      # the 429 body, None when admitted
         self.outage = outage        # the outage mode met, None when up
+        self.clock = clock          # the scenario's (its step delay's) clock
 
 
 class _State:
@@ -213,6 +239,8 @@ class _State:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        # Notified when a scenario's clock is advanced (waits on it end).
+        self.tick = threading.Condition(self.lock)
         self.scenarios: Dict[str, _Scenario] = {}
         self.chat_count = 0
         self.accepted = 0
@@ -220,15 +248,16 @@ class _State:
 
     def script(self, name: str, steps: Any, after: Any,
                limits: Any = None, outage: Any = None,
-               route: Any = None) -> None:
+               route: Any = None, clock: Any = None) -> None:
         checked, checked_after = _check_script(steps, after)
         checked_limits = _check_limits(limits)
         checked_outage = _check_outage(outage)
         checked_route = _check_route(route)
+        checked_clock = _check_clock(clock)
         with self.lock:
             self.scenarios[name] = _Scenario(checked, checked_after,
                                              checked_limits, checked_outage,
-                                             checked_route)
+                                             checked_route, checked_clock)
 
     def routed(self, name: str, model: Optional[str]) -> str:
         """The scenario that serves a request sent to ``name`` for
@@ -254,9 +283,10 @@ class _State:
                                    or not 0 < for_ms < float("inf")):
             raise ScriptError("outage: for_ms must be a number > 0, or null")
         with self.lock:
+            scenario = self._scenario(name)
             until = None if for_ms is None \
-                else time.monotonic() + for_ms / 1000.0
-            self._scenario(name).manual = (mode, until)
+                else scenario.clock.now() + for_ms / 1000.0
+            scenario.manual = (mode, until)
 
     def end_outage(self, name: str) -> None:
         """End scenario ``name``'s manual outage (its window is kept)."""
@@ -273,7 +303,7 @@ class _State:
             if scenario is None:
                 return {"down": False, "mode": None, "during": 0,
                         "outside": 0}
-            mode = scenario.outage_mode(time.monotonic())
+            mode = scenario.outage_mode(scenario.clock.now())
             return {"down": mode is not None, "mode": mode,
                     "during": scenario.during,
                     "outside": scenario.received - scenario.during}
@@ -289,7 +319,7 @@ class _State:
         """
         with self.lock:
             scenario = self._scenario(name)
-            now = time.monotonic()
+            now = scenario.clock.now()
             if scenario.first is None:
                 scenario.first = now
             outage = scenario.outage_mode(now)
@@ -308,7 +338,8 @@ class _State:
                     record["client_gone"] = False
                 scenario.records.append(record)
                 self.chat_count += 1
-                return _Admission({}, self.chat_count, [], None, outage)
+                return _Admission({}, self.chat_count, [], None, outage,
+                                  scenario.clock)
             index = scenario.count
             if index < len(scenario.steps):
                 step, step_index = scenario.steps[index], index
@@ -318,7 +349,7 @@ class _State:
             refusal: Optional[bytes] = None
             if scenario.limiter is not None:
                 cost = _token_charge(request, step)
-                headers, refusal = scenario.limiter.admit(cost, name)
+                headers, refusal = scenario.limiter.admit(cost, name, now)
                 record["rate_limited"] = refusal is not None
                 record["tokens_charged"] = cost
             record["index"] = scenario.received
@@ -331,7 +362,37 @@ class _State:
                 step, record["step"] = {}, None
             scenario.records.append(record)
             self.chat_count += 1
-            return _Admission(step, self.chat_count, headers, refusal)
+            return _Admission(step, self.chat_count, headers, refusal, None,
+                              scenario.clock)
+
+    def advance_clock(self, name: str, ms: Any) -> None:
+        """Move scenario ``name``'s clock on by ``ms`` ms (created empty if
+        unknown), waking the waits timed on it."""
+        seconds = _check_advance(ms) / 1000.0
+        with self.lock:
+            self._scenario(name).clock.advanced += seconds
+            self.tick.notify_all()
+
+    def clock_stats(self, name: str) -> Dict[str, Any]:
+        """``{"clock": "real" or "manual", "advanced_ms": x}``."""
+        with self.lock:
+            scenario = self.scenarios.get(name)
+            return (scenario.clock if scenario is not None
+                    else _Clock("real")).stats()
+
+    def sleep(self, clock: _Clock, seconds: float,
+              stop: threading.Event) -> bool:
+        """Wait ``seconds`` on a scenario's clock: an advance shortens the
+        wait, and a manual clock ends it by advances alone. False when the
+        server stops first."""
+        with self.tick:
+            end = clock.now() + seconds
+            while not stop.is_set():
+                left = end - clock.now()
+                if left <= 0:
+                    return True
+                self.tick.wait(min(left, _CLOCK_POLL))
+        return False
 
     def limit_stats(self, name: str) -> Optional[Dict[str, int]]:
         """A limited scenario's totals, None for one without limits."""
