@@ -533,7 +533,11 @@ def test_500_calls_no_thread_pool(ngx, mock):
     check(out["wall"] < 8.0, f"{n} concurrent 1 s calls took {out['wall']:.2f} s")
     check(threads and threads[0] <= 4, f"the worker runs {threads} threads with {n} calls in flight")
     check(len(pings) >= 20, f"only {len(pings)} pings while the calls were in flight")
-    check(percentile(pings, 99) < 0.05, f"/ping p99 {percentile(pings, 99) * 1000:.0f} ms "
+    # A worker that waited on a call would leave /ping unanswered for the
+    # call's second (test_control_blocking sees it stall); one that does not
+    # answers within the cores' scheduling delay: 54 ms was seen with make
+    # test's Python lane running beside the host tests on 2 cores.
+    check(percentile(pings, 99) < 0.25, f"/ping p99 {percentile(pings, 99) * 1000:.0f} ms "
           "while the calls were in flight")
     check(wall < 10, f"the test took {wall:.1f} s")
 
