@@ -75,7 +75,10 @@ def _tokens(value: Any) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import llmretry
 
-    kwargs: Dict[str, Any] = {"base_url": args.base_url, "api_key": peers_python.API_KEY}
+    # The engine runs at most max_in_flight calls (default 256): sized to the
+    # batch's limit so that C=1024 really has 1024 in flight, as the bare loop.
+    kwargs: Dict[str, Any] = {"base_url": args.base_url, "api_key": peers_python.API_KEY,
+                              "max_in_flight": max(256, args.limit)}
     if args.client.startswith("callmany-nolog"):
         kwargs["logger"] = None
     client = llmretry.Client(**kwargs)
