@@ -103,6 +103,7 @@ build = {
             "core/src/sockets.c",
             "core/src/sse.c",
             "core/src/stream.c",
+            "core/src/stream_body.c",
             "core/src/sse_payload.c",
             "core/src/shapes.c",
             "core/src/shared.c",
