@@ -99,6 +99,7 @@ build = {
             "core/src/schema_check.c",
             "core/src/schema_pattern.c",
             "core/src/schema_text.c",
+            "core/src/schema_walk.c",
             "core/src/schema_validate.c",
             "core/src/sockets.c",
             "core/src/sse.c",

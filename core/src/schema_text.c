@@ -15,9 +15,7 @@
  * every byte of the text is read and text that is not JSON is never
  * called valid. A quiet check (an anyOf branch) stops at its first error,
  * wherever it is; its caller goes back to the value's start. */
-#include "schema_check.h"
-
-#include "json_pull.h"
+#include "schema_walk.h"
 
 #include <stdlib.h>
 
@@ -29,121 +27,6 @@
 #else
 #define NOINLINE
 #endif
-
-typedef struct walk {
-    lr_jp j;
-    int not_json;                  /* the text is not JSON: everything stops */
-} walk;
-
-/* A place to go back to: a value's start. */
-typedef struct mark {
-    const char *p;
-    int depth;
-} mark;
-
-static mark here(const walk *w)
-{
-    return (mark){ w->j.p, w->j.depth };
-}
-
-static void back(walk *w, mark m)
-{
-    w->j.p = m.p;
-    w->j.depth = m.depth;
-}
-
-static int not_json(walk *w)
-{
-    w->not_json = 1;
-    return 1;
-}
-
-/* The value at m, read to its end unchecked. */
-static void skip_from(walk *w, mark m)
-{
-    back(w, m);
-    if (lr_jp_skip(&w->j) != 0)
-        not_json(w);
-}
-
-/* A string's value into buf (cap bytes) or a malloc'd buffer when longer:
- * NULL when out of memory. Free it when it is not buf. */
-static char *string_value(const lr_jp_str *s, char *buf, size_t cap)
-{
-    size_t n = lr_jp_decode(s, buf, cap);
-    if (n < cap)
-        return buf;
-    char *big = malloc(n + 1);
-    if (big)
-        lr_jp_decode(s, big, n + 1);
-    return big;
-}
-
-/* A scalar read from the text. */
-typedef struct scalar {
-    unsigned type;                 /* T_* bits */
-    double num;
-    int truth;
-    lr_jp_str str;
-} scalar;
-
-/* Does the scalar equal x (enum and const), as cJSON_Compare says? The
- * scalar is made a cJSON value on the stack, so the answer is cJSON's. */
-NOINLINE static int scalar_equals(const scalar *sc, const cJSON *x, int *oom)
-{
-    cJSON tmp;
-    memset(&tmp, 0, sizeof tmp);
-    char buf[256], *s = NULL;
-    if (sc->type & T_NUM) {
-        tmp.type = cJSON_Number;
-        tmp.valuedouble = sc->num;
-        /* valueint as cJSON's parser sets it (some versions compare it). */
-        tmp.valueint = sc->num >= 2147483647.0 ? 2147483647
-                     : sc->num <= -2147483648.0 ? (-2147483647 - 1) : (int)sc->num;
-    } else if (sc->type == T_STR) {
-        if (!cJSON_IsString(x))
-            return 0;
-        if (!sc->str.escaped)      /* its text is its value: no copy */
-            return strlen(x->valuestring) == sc->str.len &&
-                   memcmp(x->valuestring, sc->str.raw, sc->str.len) == 0;
-        if (!(s = string_value(&sc->str, buf, sizeof buf))) {
-            *oom = 1;
-            return 0;
-        }
-        tmp.type = cJSON_String;
-        tmp.valuestring = s;
-    } else if (sc->type == T_BOOL) {
-        tmp.type = sc->truth ? cJSON_True : cJSON_False;
-    } else {
-        tmp.type = cJSON_NULL;
-    }
-    int same = cJSON_Compare(x, &tmp, 1);
-    if (s && s != buf)
-        free(s);
-    return same;
-}
-
-/* Does the container at m equal x? It is read as a tree for that (enum and
- * const of an array or object are rare). Leaves the walk at m. */
-NOINLINE static int container_equals(walk *w, mark m, const cJSON *x, int *oom)
-{
-    if (!cJSON_IsArray(x) && !cJSON_IsObject(x))
-        return 0;
-    skip_from(w, m);
-    if (w->not_json)
-        return 0;
-    cJSON *tree = cJSON_ParseWithLength(m.p, (size_t)(w->j.p - m.p));
-    back(w, m);
-    if (!tree) {
-        /* Text cJSON cannot read (a number past its 63 characters) is
-         * equal to nothing, as the tree validator never saw it. */
-        return 0;
-    }
-    (void)oom;
-    int same = cJSON_Compare(x, tree, 1);
-    cJSON_Delete(tree);
-    return same;
-}
 
 static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames);
 
@@ -184,7 +67,7 @@ static int check_array(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, i
             return 1;
     }
     if (!n->items) {
-        skip_from(w, m);
+        lr_walk_skip_from(w, m);
         return bad;
     }
     if (lr_jp_enter(&w->j) != 0)
@@ -198,7 +81,7 @@ static int check_array(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, i
     for (size_t i = 0;; i++) {
         if (bad && lr_v_stopped(v)) {
             if (v->out)
-                skip_from(w, m);   /* the rest read, unchecked */
+                lr_walk_skip_from(w, m);   /* the rest read, unchecked */
             return 1;
         }
         size_t at = lr_v_push(v, NULL, 0, 0, i);
@@ -237,7 +120,7 @@ NOINLINE static int has_key(walk *w, mark m, const char *name)
         } else if (lr_jp_decode(&key, buf, sizeof buf) == name_len && name_len < sizeof buf) {
             found = memcmp(buf, name, name_len) == 0;
         } else if (name_len >= sizeof buf) {
-            char *big = string_value(&key, buf, sizeof buf);
+            char *big = lr_walk_string_value(&key, buf, sizeof buf);
             found = big && strcmp(big, name) == 0;
             if (big != buf)
                 free(big);
@@ -281,7 +164,7 @@ NOINLINE static const prop *escaped_key_prop(const node *n, const lr_jp_str *key
     size_t len = lr_jp_decode(key, buf, sizeof buf);
     if (len < sizeof buf)
         return lr_find_prop(n, buf, len);
-    char *big = string_value(key, buf, sizeof buf);
+    char *big = lr_walk_string_value(key, buf, sizeof buf);
     if (!big) {
         *oom = 1;
         return NULL;
@@ -300,7 +183,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
     if (n->n_props > sizeof few && !(seen = calloc(n->n_props, 1))) {
         lr_v_abort(v, "out of memory");
         if (v->out)
-            skip_from(w, m);
+            lr_walk_skip_from(w, m);
         return 1;
     }
     if (seen == few)
@@ -317,7 +200,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
         for (;;) {
             if (bad && lr_v_stopped(v)) {
                 if (v->out)
-                    skip_from(w, m);
+                    lr_walk_skip_from(w, m);
                 goto done;
             }
             lr_jp_str key;
@@ -337,7 +220,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
             if (oom) {
                 bad = lr_v_abort(v, "out of memory");
                 if (v->out)
-                    skip_from(w, m);
+                    lr_walk_skip_from(w, m);
                 goto done;
             }
             const node *sub = p ? p->schema : n->additional;
@@ -431,7 +314,7 @@ static int check_any_of(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
         if (v->sh->aborted) {
             lr_v_abort(v, v->sh->abort_msg);
             if (v->out)
-                skip_from(w, m);
+                lr_walk_skip_from(w, m);
             return 1;
         }
     }
@@ -441,7 +324,7 @@ static int check_any_of(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
         return check(v, w, only, vdepth, frames + 1) | 1;
     lr_v_none_of(v);
     if (v->out)
-        skip_from(w, m);
+        lr_walk_skip_from(w, m);
     return 1;
 }
 
@@ -450,7 +333,7 @@ static int check_any_of(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
  * recursion. */
 NOINLINE static int check_pattern(lr_vctx *v, const node *n, const lr_jp_str *str)
 {
-    char buf[512], *s = str->escaped ? string_value(str, buf, sizeof buf) : NULL;
+    char buf[512], *s = str->escaped ? lr_walk_string_value(str, buf, sizeof buf) : NULL;
     if (!str->escaped && str->len < sizeof buf) {
         memcpy(buf, str->raw, str->len);
         buf[str->len] = '\0';
@@ -488,7 +371,7 @@ static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames)
     mark m = here(w);
     if (lr_v_enter(v, n, vdepth, frames)) {
         if (v->out)
-            skip_from(w, m);
+            lr_walk_skip_from(w, m);
         return 1;
     }
     int bad = 0;
@@ -523,7 +406,7 @@ static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames)
         break;
     }
     /* Stop here: a loud check still reads its container to the end. */
-#define FAIL() do { if (container && v->out) skip_from(w, m); return 1; } while (0)
+#define FAIL() do { if (container && v->out) lr_walk_skip_from(w, m); return 1; } while (0)
     if (!lr_type_ok(n->types, sc.type)) {
         lr_v_type_error(v, n);
         FAIL();
@@ -532,7 +415,7 @@ static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames)
     if (n->enum_vals) {
         int found = 0;
         for (const cJSON *e = n->enum_vals->child; e && !found && !oom; e = e->next)
-            found = container ? container_equals(w, m, e, &oom) : scalar_equals(&sc, e, &oom);
+            found = container ? lr_walk_container_equals(w, m, e, &oom) : lr_walk_scalar_equals(&sc, e, &oom);
         if (w->not_json)
             return 1;
         if (oom) {
@@ -547,8 +430,8 @@ static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames)
         }
     }
     if (n->const_val) {
-        int same = container ? container_equals(w, m, n->const_val, &oom)
-                             : scalar_equals(&sc, n->const_val, &oom);
+        int same = container ? lr_walk_container_equals(w, m, n->const_val, &oom)
+                             : lr_walk_scalar_equals(&sc, n->const_val, &oom);
         if (w->not_json)
             return 1;
         if (oom) {
@@ -584,7 +467,7 @@ static int check(lr_vctx *v, walk *w, const node *n, int vdepth, int frames)
     if (n->n_any_of)
         return bad | check_any_of(v, w, n, m, vdepth, frames);   /* reads it */
     if (container)
-        skip_from(w, m);           /* nothing inside it to check */
+        lr_walk_skip_from(w, m);           /* nothing inside it to check */
     return bad;
 }
 
