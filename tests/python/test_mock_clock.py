@@ -10,22 +10,21 @@ answer that must not come, which a loaded machine can only make truer.
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import pytest
 
 from llmretry.testing import MockServer, ScriptError
+from test_mock_limits import Response, request  # one way to send a request to the mock
 
 # Python only (the mock server): the sanitizer and pipe-notifier passes
 # skip it (tools/check.sh, pipe-notifier-test.sh).
 pytestmark = pytest.mark.pure_python
 
-Response = Tuple[int, Dict[str, str], Any]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -33,24 +32,6 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 def mock() -> Iterator[MockServer]:
     with MockServer() as server:
         yield server
-
-
-def request(mock: MockServer, method: str, path: str, body: Any = None,
-            timeout: float = 10.0) -> Response:
-    """One request on a new connection: (status, lower-case headers, JSON
-    body or None)."""
-    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=timeout)
-    try:
-        data = None if body is None else (
-            body if isinstance(body, (str, bytes)) else json.dumps(body))
-        conn.request(method, path, body=data,
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        raw = resp.read()
-        headers = {k.lower(): v for k, v in resp.getheaders()}
-        return resp.status, headers, json.loads(raw) if raw else None
-    finally:
-        conn.close()
 
 
 def chat(mock: MockServer, name: str, timeout: float = 10.0) -> Response:

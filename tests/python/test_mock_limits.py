@@ -36,10 +36,10 @@ def mock() -> Iterator[MockServer]:
 
 
 def request(mock: MockServer, method: str, path: str,
-            body: Any = None) -> Response:
+            body: Any = None, timeout: float = 10.0) -> Response:
     """One request on a new connection: (status, lower-case headers, JSON or
     raw body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=timeout)
     try:
         data = None if body is None else (
             body if isinstance(body, (str, bytes)) else json.dumps(body))
