@@ -31,9 +31,11 @@ log "== building ($BUILD_DIR)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLLMRETRY_TESTS=OFF >/dev/null
 cmake --build "$BUILD_DIR" --target llmretry -j"$(nproc)" >/dev/null
 DEPS=$(pkg-config --cflags --libs libcurl libcjson)
+# the core links hiredis (the Redis store of shared budgets, issue 28)
+CORE_DEPS=$(pkg-config --cflags --libs hiredis)
 # shellcheck disable=SC2086
 gcc -O2 -Wall -Wextra -Icore/include -o "$BUILD_DIR/bench_engine" bench/bench_engine.c \
-  "$BUILD_DIR/libllmretry.a" $DEPS -lpthread -lm
+  "$BUILD_DIR/libllmretry.a" $DEPS $CORE_DEPS -lpthread -lm -lrt
 # shellcheck disable=SC2086
 gcc -O2 -Wall -Wextra -o "$BUILD_DIR/bare_multi" bench/bare_multi.c $DEPS -lpthread
 
