@@ -1,7 +1,7 @@
 """Build the llmretry package: the pure-Python layer and the C extension.
 
 The extension compiles the C core (core/src/*.c) together with the CPython
-shim (bindings/python/_llmretry.c) and links libcurl, cJSON and hiredis (the
+shim (bindings/python/*.c) and links libcurl, cJSON and hiredis (the
 Redis store of shared budgets), found with pkg-config. The version is read from core/include/llmretry.h, the only place
 it is defined.
 """
@@ -49,13 +49,8 @@ def extension() -> Extension:
     # The public header's parts, one per concern (core/include/llmretry/).
     parts_dir = ROOT / "core" / "include" / "llmretry"
     parts = sorted(str(p.relative_to(ROOT)) for p in parts_dir.glob("*.h"))
-    sources += ["bindings/python/_llmretry.c", "bindings/python/arguments.c",
-                "bindings/python/batch.c", "bindings/python/describe.c",
-                "bindings/python/engine_type.c", "bindings/python/mailbox.c",
-                "bindings/python/policies.c", "bindings/python/pool.c",
-                "bindings/python/results.c", "bindings/python/shapes.c",
-                "bindings/python/call_type.c",
-                "bindings/python/channel_type.c"]
+    # The binding's files, one per concern (bindings/python/binding.h lists them).
+    sources += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bindings" / "python").glob("*.c"))
     return Extension(
         "llmretry._llmretry",
         sources=sources,

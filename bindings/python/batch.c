@@ -1,10 +1,9 @@
 /* Engine.call_many: a batch on the engine thread, one group, results filled
  * in place as items finish (or handed to on_result only), totals summed in
- * C. The items come from sequences or, read lazily, from an iterator. */
-#include "binding.h"
+ * C. The items come from sequences or, read lazily, from an iterator
+ * (batch_items.c). */
+#include "batch.h"
 #include "results.h"
-
-#include <cjson/cJSON.h>
 
 #include <limits.h>
 #include <pthread.h>
@@ -26,316 +25,6 @@ static PyObject *pop_kw(PyObject *kw, const char *name, PyObject *dflt)
     PyDict_DelItemString(kw, name);
     Py_DECREF(v);                   /* the caller's dict still holds it */
     return v;
-}
-
-/* A submitted, unfinished call: its item's index (what on_result gets) and
- * its place in the submission order (batch_cancel_all). */
-typedef struct {
-    llmretry_call *call;            /* NULL: a free slot */
-    Py_ssize_t index;
-    unsigned long long seq;
-    int logger_reported;            /* lr_py_read_mail's: its logger's error reported */
-} batch_slot;
-
-/* A batch's items come from sequences (a list or tuple of bodies, checked
- * whole before anything is sent: the fast path) or from an iterator that
- * hands over one (index, body bytes, model, key) tuple at a time, as the
- * pacer wants more (an iterable read lazily: only what is in flight is
- * held). Either way only the calls in flight have a slot: at most `ahead`,
- * whatever the batch's length. */
-typedef struct {
-    PyObject *bodies, *models, *keys; /* sequences (PySequence_Fast); models, keys optional */
-    PyObject *tokens;               /* estimated_tokens per item (ints), optional */
-    PyObject *item_headers;         /* item_headers(index) -> header lines or None, optional */
-    PyObject *iter;                 /* or: the iterator of tuples */
-    Py_ssize_t n;                   /* sequences: their length */
-    Py_ssize_t next;                /* sequences: the next to submit */
-    int exhausted;                  /* nothing more to submit */
-    batch_slot *slots;              /* cap of them; user_data = the slot's number */
-    Py_ssize_t *free;               /* the free slots' numbers (a stack) */
-    Py_ssize_t cap, nfree, in_flight;
-    unsigned long long seq;
-} batch;
-
-static int slot_later_first(const void *x, const void *y)
-{
-    const batch_slot *a = *(batch_slot *const *)x, *b = *(batch_slot *const *)y;
-    return a->seq < b->seq ? 1 : a->seq > b->seq ? -1 : 0;
-}
-
-/* Last item first: the items still queued in the group (the later ones) are
- * cancelled before a running item's cancel frees a slot that the pacer
- * would give to one of them (the server would see a new request after a
- * Ctrl-C or a cancelled acall_many). */
-static void batch_cancel_all(batch *b)
-{
-    batch_slot **live = PyMem_Malloc((size_t)(b->cap ? b->cap : 1) * sizeof *live);
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < b->cap; i++)
-        if (b->slots[i].call) {
-            if (live)
-                live[k++] = &b->slots[i];
-            else {                  /* no memory to sort: cancel in slot order */
-                llmretry_call_free(b->slots[i].call);
-                b->slots[i].call = NULL;
-            }
-        }
-    if (!live)
-        return;
-    qsort(live, (size_t)k, sizeof *live, slot_later_first);
-    for (Py_ssize_t i = 0; i < k; i++) {
-        llmretry_call_free(live[i]->call);     /* cancels when unfinished */
-        live[i]->call = NULL;
-    }
-    PyMem_Free(live);
-    b->in_flight = 0;
-}
-
-/* A free slot's number, growing the slots (doubling, up to `ahead`); -1
- * with MemoryError set. */
-static Py_ssize_t slot_take(batch *b)
-{
-    if (b->nfree == 0) {
-        Py_ssize_t cap = b->cap ? 2 * b->cap : 64;
-        batch_slot *s = PyMem_Realloc(b->slots, (size_t)cap * sizeof *s);
-        if (!s) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        b->slots = s;
-        Py_ssize_t *f = PyMem_Realloc(b->free, (size_t)cap * sizeof *f);
-        if (!f) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        b->free = f;
-        for (Py_ssize_t i = cap - 1; i >= b->cap; i--) {
-            s[i].call = NULL;
-            f[b->nfree++] = i;
-        }
-        b->cap = cap;
-    }
-    return b->free[--b->nfree];
-}
-
-static void slot_release(batch *b, Py_ssize_t s)
-{
-    b->slots[s].call = NULL;
-    b->free[b->nfree++] = s;
-    b->in_flight--;
-}
-
-/* What a batch adds up as its items finish, for the batch summary. */
-typedef struct {
-    long long attempts, retries, resends;
-    llmretry_usage tokens;          /* every attempt's, failed calls' too: what is billed */
-} batch_totals;
-
-static void totals_add(batch_totals *t, const llmretry_result *r)
-{
-    t->attempts += r->attempts;
-    t->retries += r->attempts > 1 ? r->attempts - 1 : 0;
-    t->resends += r->resends;
-    if (r->usage_total.present) {
-        t->tokens.prompt_tokens += r->usage_total.prompt_tokens;
-        t->tokens.completion_tokens += r->usage_total.completion_tokens;
-        t->tokens.total_tokens += r->usage_total.total_tokens;
-    }
-}
-
-/* Fill the caller's stats dict: the group's pacing (the core's group
- * shape), the totals so far and their tokens (its usage shape). */
-static int put_stats(const module_state *st, PyObject *stats, llmretry_group *g,
-                     const batch_totals *t)
-{
-    llmretry_group_stats gs = { 0 };
-    if (g)
-        llmretry_group_stats_get(g, &gs);
-    if (lr_py_shape_into(st, stats, LLMRETRY_SHAPE_GROUP, &gs) < 0 ||
-        lr_py_shape_into(st, stats, LLMRETRY_SHAPE_USAGE, &t->tokens) < 0)
-        return -1;
-    const struct { const char *name; long long v; } f[] = {
-        { "attempts", t->attempts }, { "retries", t->retries }, { "resends", t->resends },
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (lr_py_put(stats, f[i].name, PyLong_FromLongLong(f[i].v)) < 0)
-            return -1;
-    return 0;
-}
-
-/* Check every body before any is sent: a bad one late in a batch must not
- * raise after earlier calls have run. Bodies whose model the host gave
- * were built as JSON by the host; the others the core would parse anyway. */
-static int batch_check(batch *b)
-{
-    for (Py_ssize_t i = 0; i < b->n; i++) {
-        PyObject *body = PySequence_Fast_GET_ITEM(b->bodies, i);
-        if (!PyBytes_Check(body)) {
-            PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", i,
-                         Py_TYPE(body)->tp_name);
-            return -1;
-        }
-        if (b->keys) {
-            PyObject *key = PySequence_Fast_GET_ITEM(b->keys, i);
-            if (key != Py_None && !PyUnicode_Check(key)) {
-                PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", i);
-                return -1;
-            }
-        }
-        if (b->models) {
-            PyObject *m = PySequence_Fast_GET_ITEM(b->models, i);
-            if (m != Py_None) {
-                if (!PyUnicode_Check(m)) {
-                    PyErr_Format(PyExc_TypeError, "models[%zd] must be a str or None", i);
-                    return -1;
-                }
-                continue;
-            }
-        }
-        cJSON *doc = cJSON_ParseWithLength(PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body));
-        if (!doc) {
-            PyErr_Format(PyExc_ValueError, "bodies[%zd]: body is not valid JSON", i);
-            return -1;
-        }
-        cJSON_Delete(doc);
-    }
-    return 0;
-}
-
-static int batch_submit_with(EngineObject *self, batch *b, llmretry_options *o,
-                             Py_ssize_t index, PyObject *body, PyObject *model, PyObject *key,
-                             PyObject *tokens);
-
-/* Submit one item (index: what on_result will get; what: how errors name
- * it); 0, or -1 with a Python error set. The core copies what it keeps.
- * With item_headers, the item's requests carry the header lines it gives
- * for that index instead of the batch's (None: the batch's): what a host
- * adds to one item alone (llmretry.otel: the item's span as traceparent),
- * asked for just before the item is submitted. */
-static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t index,
-                        PyObject *body, PyObject *model, PyObject *key, PyObject *tokens)
-{
-    if (!b->item_headers)
-        return batch_submit_with(self, b, o, index, body, model, key, tokens);
-    PyObject *k = PyLong_FromSsize_t(index);
-    PyObject *given = k ? PyObject_CallOneArg(b->item_headers, k) : NULL;
-    Py_XDECREF(k);
-    if (!given)
-        return -1;
-    if (given == Py_None) {
-        Py_DECREF(given);
-        return batch_submit_with(self, b, o, index, body, model, key, tokens);
-    }
-    const char *const *batch_lines = o->headers;
-    size_t batch_n = o->n_headers;
-    PyObject *fast = NULL;
-    const char **lines = NULL;
-    Py_ssize_t n = lr_py_header_lines(given, "item_headers()", &fast, &lines);
-    int rc = -1;
-    if (n >= 0) {
-        o->headers = lines;
-        o->n_headers = (size_t)n;
-        rc = batch_submit_with(self, b, o, index, body, model, key, tokens);
-        o->headers = batch_lines;
-        o->n_headers = batch_n;
-    }
-    PyMem_Free(lines);
-    Py_XDECREF(fast);
-    Py_DECREF(given);
-    return rc;
-}
-
-static int batch_submit_with(EngineObject *self, batch *b, llmretry_options *o,
-                             Py_ssize_t index, PyObject *body, PyObject *model, PyObject *key,
-                             PyObject *tokens)
-{
-    /* The host's count of the item's tokens for the tpm budget (0: the
-     * core estimates): tiktoken's, when the host has it. */
-    o->estimated_tokens = 0;
-    if (tokens && tokens != Py_None) {
-        long long t = PyLong_AsLongLong(tokens);
-        if (t == -1 && PyErr_Occurred())
-            return -1;
-        o->estimated_tokens = t > 0 ? t : 0;
-    }
-    o->body = PyBytes_AS_STRING(body);
-    o->body_len = (size_t)PyBytes_GET_SIZE(body);
-    o->model = NULL;
-    if (model && model != Py_None && !(o->model = PyUnicode_AsUTF8(model)))
-        return -1;
-    o->idempotency_key = NULL;
-    if (key && key != Py_None && !(o->idempotency_key = PyUnicode_AsUTF8(key)))
-        return -1;
-    Py_ssize_t s = slot_take(b);
-    if (s < 0)
-        return -1;
-    o->user_data = (void *)(intptr_t)s;
-    char err[LLMRETRY_ERRBUF] = "";
-    llmretry_status st = LLMRETRY_ESTATE;
-    llmretry_call *call = NULL;
-    pthread_mutex_lock(&self->mu);
-    if (self->engine)
-        st = llmretry_engine_submit(self->engine, o, 0, &call, err, sizeof err);
-    else
-        snprintf(err, sizeof err, "the engine is closed");
-    pthread_mutex_unlock(&self->mu);
-    if (st == LLMRETRY_OK) {
-        b->slots[s] = (batch_slot){ call, index, b->seq++ };
-        b->in_flight++;
-        return 0;
-    }
-    b->free[b->nfree++] = s;
-    if (st == LLMRETRY_EINVAL)
-        PyErr_Format(PyExc_ValueError, "bodies[%zd]: %s", index, err);
-    else
-        PyErr_SetString(st == LLMRETRY_ENOMEM ? PyExc_MemoryError : PyExc_RuntimeError, err);
-    return -1;
-}
-
-/* Submit the next item: 0 (also when there is none left: exhausted set),
- * or -1 with a Python error set (the iterator's own, a bad tuple). */
-static int batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
-{
-    if (!b->iter) {
-        Py_ssize_t i = b->next++;
-        if (b->next >= b->n)
-            b->exhausted = 1;
-        return batch_submit(self, b, o, i, PySequence_Fast_GET_ITEM(b->bodies, i),
-                            b->models ? PySequence_Fast_GET_ITEM(b->models, i) : NULL,
-                            b->keys ? PySequence_Fast_GET_ITEM(b->keys, i) : NULL,
-                            b->tokens ? PySequence_Fast_GET_ITEM(b->tokens, i) : NULL);
-    }
-    PyObject *t = PyIter_Next(b->iter);
-    if (!t) {
-        if (PyErr_Occurred())
-            return -1;
-        b->exhausted = 1;
-        return 0;
-    }
-    int rc = -1;
-    Py_ssize_t index;
-    Py_ssize_t nt = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
-    if (nt != 4 && nt != 5) {
-        PyErr_SetString(PyExc_TypeError, "a batch iterator yields (index, body bytes, model, "
-                        "key[, estimated tokens]) tuples");
-    } else if ((index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0))) == -1 && PyErr_Occurred()) {
-        /* the error set */
-    } else {
-        PyObject *body = PyTuple_GET_ITEM(t, 1), *model = PyTuple_GET_ITEM(t, 2),
-                 *key = PyTuple_GET_ITEM(t, 3);
-        if (!PyBytes_Check(body))
-            PyErr_Format(PyExc_TypeError, "bodies[%zd] must be bytes, not %.100s", index,
-                         Py_TYPE(body)->tp_name);
-        else if (model != Py_None && !PyUnicode_Check(model))
-            PyErr_Format(PyExc_TypeError, "models[%zd] must be a str or None", index);
-        else if (key != Py_None && !PyUnicode_Check(key))
-            PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", index);
-        else
-            rc = batch_submit(self, b, o, index, body, model, key,
-                              nt == 5 ? PyTuple_GET_ITEM(t, 4) : NULL);
-    }
-    Py_DECREF(t);                   /* the body is the core's copy now */
-    return rc;
 }
 
 /* ---- BatchRun: one batch, stepped by its host ------------------------------ */
@@ -372,14 +61,14 @@ static int batch_run_close(BatchRunObject *r)
         /* Also after Ctrl-C: the summary counts what ran. */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        bad = put_stats(r->rt.st, r->stats, r->g, &r->totals) < 0;
+        bad = lr_batch_put_stats(r->rt.st, r->stats, r->g, &r->totals) < 0;
         if (et) {
             PyErr_Restore(et, ev, tb);
             bad = 0;
         }
     }
     if (r->b.slots) {
-        batch_cancel_all(&r->b);
+        lr_batch_cancel_all(&r->b);
         PyMem_Free(r->b.slots);
         r->b.slots = NULL;
     }
@@ -549,7 +238,7 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
                 goto fail;
             }
         }
-        if (batch_check(b) < 0)
+        if (lr_batch_check(b) < 0)
             goto fail;
         if (results_arg != Py_None) {
             /* The caller's list, filled in place: what finished before a Ctrl-C
@@ -600,7 +289,7 @@ static int batch_run_step(BatchRunObject *r)
     }
     for (;;) {
         while (!b->exhausted && b->in_flight < r->ahead)
-            if (batch_submit_next(r->engine, b, &r->a.o) < 0)
+            if (lr_batch_submit_next(r->engine, b, &r->a.o) < 0)
                 return -1;
         if (b->exhausted && b->in_flight == 0)
             return 1;
@@ -619,10 +308,10 @@ static int batch_run_step(BatchRunObject *r)
             /* A Result, or an outcome dict for the package to turn into
              * an error (call_value). */
             const llmretry_result *res = llmretry_call_result(ready[j]);
-            totals_add(&r->totals, res);
+            lr_batch_totals_add(&r->totals, res);
             PyObject *d = call_value(r->rt.st, res, r->validate, r->a.as_result);
             llmretry_call_free(ready[j]);
-            slot_release(b, s);
+            lr_batch_slot_release(b, s);
             if (!d)
                 return -1;
             /* The caller's list may hold None (SetItem drops it). */

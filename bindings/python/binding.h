@@ -5,7 +5,8 @@
  *   arguments.c     call keywords -> llmretry_options (checked here and by the core)
  *   engine_type.c   the Engine type: one call, its mailbox delivered on this thread
  *   mailbox.c       the one mailbox reader: events, validation, chunks, a raising logger
- *   batch.c         call_many: a batch on the engine thread
+ *   batch.c         call_many: a batch on the engine thread (BatchRun)
+ *   batch_items.c   a batch's items: slots, submission, totals (batch.h)
  *   pool.c          run_pool (threads), results.c (Result in C), policies.c
  *   call_type.c     Call: one call in flight whose mailbox the host reads (streams, loops)
  *   channel_type.c  Channel and Group: an event loop's view of the engine */
