@@ -14,7 +14,11 @@ and ``END GENERATED <name>`` markers of:
   constructor, and the kind -> exception map;
 * python/llmretry/_llmretry.pyi: the extension's typed keywords
   (``EngineOptions``) and the kinds and reasons as Literal types;
-* docs/reliability.md: the options table (type, default, range, what it does).
+* docs/reliability.md: the options table (type, default, range, what it does);
+* from this script's own BATCH_KEYWORDS (Python's batch keywords), the
+  keywords of the call_many, acall_many, map_with_concurrency and
+  amap_with_concurrency signatures (module and Client), the calls that pass
+  them on, and docs/batch.md's table of them.
 
 It also checks what stays hand-written beside them: Meta's and LLMError's
 docstrings name every field, errors.py's docstring every kind, LLMError's
@@ -40,7 +44,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 HERE = Path(__file__).resolve().parent.parent
 NOTE = "(tools/gen_surface.py, from the core's tables: do not edit)"
@@ -94,6 +98,39 @@ NULLABLE = 1          # LLMRETRY_OPTFLAG_NULLABLE
 POLICY = 2            # LLMRETRY_OPTFLAG_POLICY
 PER_CALL = 8          # LLMRETRY_OPTFLAG_PER_CALL
 POLICY_AUTO = 16      # LLMRETRY_OPTFLAG_POLICY_AUTO
+
+# The batch keywords, Python's own: the core's group takes a limit, a deadline
+# and adaptive (llmretry_group_options) but the record, the progress bar and
+# the callbacks are the host's, and Lua's call_many takes a different set.
+# "many": call_many and acall_many (module and Client); "map":
+# map_with_concurrency and amap_with_concurrency (module and Client). Each
+# signature, each forwarding call and docs/batch.md's table are written from
+# these rows: (name, type, default, sets, what it does).
+BATCH_KEYWORDS = (
+    ("return_exceptions", "bool", "False", "map",
+     "a failed item's exception in its place; False: the first stops the batch and is raised"),
+    ("deadline_ms", "Optional[int]", "None", "many map",
+     "a budget for the whole batch; items not started in time fail with "
+     "DeadlineExceededError"),
+    ("call_deadline_ms", "Optional[int]", "DEFAULT", "many",
+     "each call's own deadline (``deadline_ms`` of call_llm)"),
+    ("failures_path", 'Optional[Union[str, "os.PathLike[str]"]]', "None", "many map",
+     "each failed item appended here as a JSON line, each success's index to ``.done``"),
+    ("resume", "bool", "False", "many map",
+     "run only what an earlier run with the same ``failures_path`` did not complete"),
+    ("progress", "Union[bool, Callable[[int, int, int], Any]]", "False", "many map",
+     "True: a progress bar; a callable: ``(done, total, failed)`` after each item"),
+    ("adaptive", "bool", "True", "many map",
+     "halve the calls in flight on a burst of 429s, grow back on successes"),
+    ("on_result", "Optional[Callable[[int, Any], Any]]", "None", "many map",
+     "``on_result(index, value)`` as each item finishes; raising stops the batch"),
+    ("policy", "Optional[str]", "None", "many",
+     "the name of one of the client's policies, for every call"),
+    ("keep_results", "bool", "True", "many",
+     "False: values go only to ``on_result`` (and the failures file); memory stays flat"),
+    ("logger", "Any", "DEFAULT", "map",
+     "where the batch summary goes (a Client's: its default logger)"),
+)
 
 
 def load_tables(root: Path, extension: Optional[Path]) -> Dict[str, Any]:
@@ -327,6 +364,43 @@ def doc_table(t: Dict[str, Any]) -> List[str]:
 
 # ---- checks of what stays hand-written ------------------------------------------
 
+# ---- the batch keywords (BATCH_KEYWORDS) ---------------------------------------
+
+def batch_rows(which: str) -> List[Tuple[str, str, str, str, str]]:
+    return [row for row in BATCH_KEYWORDS if which in row[3].split()]
+
+
+def batch_params(which: str) -> Callable[[str], List[str]]:
+    """A signature's batch keywords, one a line at the markers' indent."""
+    return lambda indent: [f"{indent}{name}: {typ} = {default},"
+                           for name, typ, default, _, _ in batch_rows(which)]
+
+
+def batch_forward(which: str) -> Callable[[str], List[str]]:
+    """The batch keywords passed on as they came (``name=name``), wrapped."""
+    def lines(indent: str) -> List[str]:
+        out, line = [], indent
+        for name, *_ in batch_rows(which):
+            piece = f"{name}={name},"
+            if line != indent and len(line) + 1 + len(piece) > 92:
+                out.append(line)
+                line = indent
+            line += (" " if line != indent else "") + piece
+        return out + [line]
+    return lines
+
+
+def batch_doc_table() -> List[str]:
+    sets = {"many": "call_many", "map": "map_with_concurrency"}
+    out = ["| keyword | type | default | of | what it does |",
+           "| --- | --- | --- | --- | --- |"]
+    for name, typ, default, which, doc in BATCH_KEYWORDS:
+        shown = "(its own default)" if default == "DEFAULT" else f"`{default}`"
+        of = ", ".join(sets[w] for w in which.split())
+        out.append(f"| `{name}` | `{typ}` | {shown} | {of} | {doc} |")
+    return out
+
+
 def docstring_of(text: str, cls: Optional[str]) -> str:
     """The module's docstring (cls None) or class cls's, from source text."""
     if cls is None:
@@ -361,26 +435,34 @@ def check_docs(root: Path, t: Dict[str, Any]) -> List[str]:
 
 # ---- writing the blocks -----------------------------------------------------------
 
-def replace_block(text: str, name: str, lines: List[str], file: str) -> str:
-    """text with block `name` replaced by lines (indented as its markers)."""
+Lines = Union[List[str], Callable[[str], List[str]]]
+BATCH_NOTE = "(tools/gen_surface.py's BATCH_KEYWORDS: do not edit)"
+
+
+def replace_block(text: str, name: str, lines: Lines, file: str, note: str = NOTE) -> str:
+    """text with every block `name` replaced by lines (a list, or a function
+    of the markers' indent: a block inside a signature or a call)."""
     pat = re.compile(rf"^([ \t]*)(#|<!--) BEGIN GENERATED {re.escape(name)}\b[^\n]*\n"
                      rf"(.*?)^[ \t]*(#|<!--) END GENERATED {re.escape(name)}\b[^\n]*\n",
                      re.S | re.M)
-    m = pat.search(text)
-    if not m:
+
+    def block(m: "re.Match[str]") -> str:
+        indent, opener = m.group(1), m.group(2)
+        closer = " -->" if opener == "<!--" else ""
+        body = "".join(line + "\n" for line in (lines(indent) if callable(lines) else lines))
+        return (f"{indent}{opener} BEGIN GENERATED {name} {note}{closer}\n{body}"
+                f"{indent}{opener} END GENERATED {name}{closer}\n")
+
+    out, n = pat.subn(block, text)
+    if not n:
         raise SystemExit(f"gen_surface: {file} has no block {name!r} "
                          f"(markers 'BEGIN GENERATED {name}' / 'END GENERATED {name}')")
-    indent, opener = m.group(1), m.group(2)
-    closer = " -->" if opener == "<!--" else ""
-    body = "".join(line + "\n" for line in lines)
-    block = (f"{indent}{opener} BEGIN GENERATED {name} {NOTE}{closer}\n{body}"
-             f"{indent}{opener} END GENERATED {name}{closer}\n")
-    return text[:m.start()] + block + text[m.end():]
+    return out
 
 
 def render(root: Path, t: Dict[str, Any]) -> Dict[str, str]:
     """Every file with its blocks as they should be."""
-    blocks = {
+    blocks: Dict[str, List[Tuple[str, Lines]]] = {
         "python/llmretry/_options.py": [("call-options", call_options(t))],
         "python/llmretry/_results.py": [("meta", meta_block(t))],
         "python/llmretry/errors.py": [("error-fields", error_fields(t)),
@@ -389,12 +471,26 @@ def render(root: Path, t: Dict[str, Any]) -> Dict[str, str]:
         "python/llmretry/_llmretry.pyi": [("engine-options", pyi_block(t))],
         "docs/reliability.md": [("options", doc_table(t))],
     }
+    # The batch signatures (every copy of a block in a file is written).
+    batch: Dict[str, List[Tuple[str, Lines]]] = {
+        "python/llmretry/_api.py": [("many-keywords", batch_params("many")),
+                                    ("many-forward", batch_forward("many"))],
+        "python/llmretry/_client.py": [("many-keywords", batch_params("many")),
+                                       ("many-forward", batch_forward("many")),
+                                       ("map-keywords", batch_params("map")),
+                                       ("map-forward", batch_forward("map"))],
+        "python/llmretry/_client_batch.py": [("many-keywords", batch_params("many"))],
+        "python/llmretry/_pool.py": [("map-keywords", batch_params("map"))],
+        "python/llmretry/_aio_batch.py": [("map-keywords", batch_params("map"))],
+        "docs/batch.md": [("batch-keywords", batch_doc_table())],
+    }
     out = {}
-    for file, parts in blocks.items():
-        text = (root / file).read_text(encoding="utf-8")
-        for name, lines in parts:
-            text = replace_block(text, name, lines, file)
-        out[file] = text
+    for group, note in ((blocks, NOTE), (batch, BATCH_NOTE)):
+        for file, parts in group.items():
+            text = out.get(file) or (root / file).read_text(encoding="utf-8")
+            for name, lines in parts:
+                text = replace_block(text, name, lines, file, note)
+            out[file] = text
     return out
 
 

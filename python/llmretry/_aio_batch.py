@@ -97,6 +97,7 @@ async def amany(job: Any) -> None:
 
 async def amap_with_concurrency(items: Iterable[T], limit: int,
                                 worker: Callable[[T, int], Awaitable[R]], *,
+                                # BEGIN GENERATED map-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                                 return_exceptions: bool = False,
                                 deadline_ms: Optional[int] = None,
                                 failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -104,7 +105,9 @@ async def amap_with_concurrency(items: Iterable[T], limit: int,
                                 progress: Union[bool, Callable[[int, int, int], Any]] = False,
                                 adaptive: bool = True,
                                 on_result: Optional[Callable[[int, Any], Any]] = None,
-                                logger: Any = DEFAULT) -> BatchResult:
+                                logger: Any = DEFAULT,
+                                # END GENERATED map-keywords
+                                ) -> BatchResult:
     """Await ``worker(item, index)`` for every item, at most ``limit`` at
     once, on this event loop; results in input order as a
     :class:`~llmretry.BatchResult`.

@@ -131,6 +131,7 @@ def call_llm_with_deadline(body: Body, deadline_ms: int = 180000,
 
 
 def call_many(bodies: Iterable[Body], limit: int = 8, *,
+              # BEGIN GENERATED many-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
               deadline_ms: Optional[int] = None,
               call_deadline_ms: Optional[int] = DEFAULT,
               failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -138,9 +139,10 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
               progress: Union[bool, Callable[[int, int, int], Any]] = False,
               adaptive: bool = True,
               on_result: Optional[Callable[[int, Any], Any]] = None,
-              client: Optional[Client] = None,
               policy: Optional[str] = None,
               keep_results: bool = True,
+              # END GENERATED many-keywords
+              client: Optional[Client] = None,
               **options: Unpack[BatchOptions]) -> BatchResult:
     """One call per body, as one batch on the engine thread; in input order.
 
@@ -218,9 +220,13 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
         print(out.summary.total_tokens, "tokens")
     """
     return _client_or_default(client).call_many(
-        bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+        bodies, limit,
+        # BEGIN GENERATED many-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
+        deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
         failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
-        on_result=on_result, policy=policy, keep_results=keep_results, **options)
+        on_result=on_result, policy=policy, keep_results=keep_results,
+        # END GENERATED many-forward
+        **options)
 
 
 @_needs_body
@@ -291,7 +297,7 @@ def astream_llm(body: Body, *, client: Optional[Client] = None, policy: Optional
 
 
 async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
-                     client: Optional[Client] = None,
+                     # BEGIN GENERATED many-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                      deadline_ms: Optional[int] = None,
                      call_deadline_ms: Optional[int] = DEFAULT,
                      failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -301,6 +307,8 @@ async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
                      on_result: Optional[Callable[[int, Any], Any]] = None,
                      policy: Optional[str] = None,
                      keep_results: bool = True,
+                     # END GENERATED many-keywords
+                     client: Optional[Client] = None,
                      **options: Unpack[BatchOptions]) -> BatchResult:
     """:func:`call_many` for asyncio: the batch runs on the engine thread
     while the loop keeps running; ``on_result``, ``progress`` and the
@@ -315,6 +323,10 @@ async def acall_many(bodies: Iterable[Body], limit: int = 8, *,
         print(out.summary.ok, "ok")
     """
     return await _client_or_default(client).acall_many(
-        bodies, limit, deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+        bodies, limit,
+        # BEGIN GENERATED many-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
+        deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
         failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
-        on_result=on_result, policy=policy, keep_results=keep_results, **options)
+        on_result=on_result, policy=policy, keep_results=keep_results,
+        # END GENERATED many-forward
+        **options)

@@ -271,6 +271,7 @@ class Client(_ClientBatches):
         return self.call_llm(body, deadline_ms=deadline_ms, **options)
 
     def call_many(self, bodies: Iterable[Body], limit: int = 8, *,
+                  # BEGIN GENERATED many-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                   deadline_ms: Optional[int] = None,
                   call_deadline_ms: Optional[int] = DEFAULT,
                   failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -280,11 +281,17 @@ class Client(_ClientBatches):
                   on_result: Optional[Callable[[int, Any], Any]] = None,
                   policy: Optional[str] = None,
                   keep_results: bool = True,
+                  # END GENERATED many-keywords
                   **options: Unpack[BatchOptions]) -> BatchResult:
         """:func:`llmretry.call_many` with this client's engine and defaults."""
-        job = self._many(bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume,
-                         progress, adaptive, on_result, policy, dict(options), "call_many()",
-                         keep_results)
+        job = self._many(bodies, limit, dict(options), "call_many()",
+                         # BEGIN GENERATED many-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
+                         deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+                         failures_path=failures_path, resume=resume, progress=progress,
+                         adaptive=adaptive, on_result=on_result, policy=policy,
+                         keep_results=keep_results,
+                         # END GENERATED many-forward
+                         )
         return self._run_batch(*job)
 
     # -- asyncio (see llmretry._aio) --------------------------------------------
@@ -307,6 +314,7 @@ class Client(_ClientBatches):
                             lambda out: _result_of(out, validator), _parse_json)
 
     async def acall_many(self, bodies: Iterable[Body], limit: int = 8, *,
+                         # BEGIN GENERATED many-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                          deadline_ms: Optional[int] = None,
                          call_deadline_ms: Optional[int] = DEFAULT,
                          failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -316,11 +324,18 @@ class Client(_ClientBatches):
                          on_result: Optional[Callable[[int, Any], Any]] = None,
                          policy: Optional[str] = None,
                          keep_results: bool = True,
+                         # END GENERATED many-keywords
                          **options: Unpack[BatchOptions]) -> BatchResult:
         """:func:`llmretry.acall_many` with this client's engine and defaults."""
         batch, encoded, plan, limit, batch_deadline, adaptive = self._many(
-            bodies, limit, deadline_ms, call_deadline_ms, failures_path, resume, progress,
-            adaptive, on_result, policy, dict(options), "acall_many()", keep_results)
+            bodies, limit, dict(options), "acall_many()",
+            # BEGIN GENERATED many-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
+            deadline_ms=deadline_ms, call_deadline_ms=call_deadline_ms,
+            failures_path=failures_path, resume=resume, progress=progress,
+            adaptive=adaptive, on_result=on_result, policy=policy,
+            keep_results=keep_results,
+            # END GENERATED many-forward
+            )
         try:
             with batch:
                 batch.open()
@@ -338,6 +353,7 @@ class Client(_ClientBatches):
 
     async def amap_with_concurrency(self, items: Iterable[T], limit: int,
                                     worker: Callable[[T, int], Awaitable[R]], *,
+                                    # BEGIN GENERATED map-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                                     return_exceptions: bool = False,
                                     deadline_ms: Optional[int] = None,
                                     failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -345,18 +361,25 @@ class Client(_ClientBatches):
                                     progress: Union[bool, Callable[[int, int, int], Any]] = False,
                                     adaptive: bool = True,
                                     on_result: Optional[Callable[[int, Any], Any]] = None,
-                                    logger: Any = DEFAULT) -> BatchResult:
+                                    logger: Any = DEFAULT,
+                                    # END GENERATED map-keywords
+                                    ) -> BatchResult:
         """:func:`llmretry.amap_with_concurrency`; the batch summary goes to
         this client's default logger unless ``logger`` says otherwise."""
         if logger is DEFAULT:
             logger = self._defaults.get("logger", DEFAULT)
         return await _aio_batch.amap_with_concurrency(
-            items, limit, worker, return_exceptions=return_exceptions, deadline_ms=deadline_ms,
-            failures_path=failures_path, resume=resume, progress=progress, adaptive=adaptive,
-            on_result=on_result, logger=logger)
+            items, limit, worker,
+            # BEGIN GENERATED map-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
+            return_exceptions=return_exceptions, deadline_ms=deadline_ms,
+            failures_path=failures_path, resume=resume, progress=progress,
+            adaptive=adaptive, on_result=on_result, logger=logger,
+            # END GENERATED map-forward
+            )
 
     def map_with_concurrency(self, items: Iterable[T], limit: int,
                              worker: Callable[[T, int], R], *,
+                             # BEGIN GENERATED map-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                              return_exceptions: bool = False,
                              deadline_ms: Optional[int] = None,
                              failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -364,17 +387,22 @@ class Client(_ClientBatches):
                              progress: Union[bool, Callable[[int, int, int], Any]] = False,
                              adaptive: bool = True,
                              on_result: Optional[Callable[[int, Any], Any]] = None,
-                             logger: Any = DEFAULT) -> BatchResult:
+                             logger: Any = DEFAULT,
+                             # END GENERATED map-keywords
+                             ) -> BatchResult:
         """:func:`llmretry.map_with_concurrency` (the pool is the same); the
         batch summary goes to this client's default logger unless ``logger``
         says otherwise."""
         if logger is DEFAULT:
             logger = self._defaults.get("logger", DEFAULT)
         return _map_with_concurrency(items, limit, worker,
+                                     # BEGIN GENERATED map-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                                      return_exceptions=return_exceptions,
                                      deadline_ms=deadline_ms, failures_path=failures_path,
                                      resume=resume, progress=progress, adaptive=adaptive,
-                                     on_result=on_result, logger=logger)
+                                     on_result=on_result, logger=logger,
+                                     # END GENERATED map-forward
+                                     )
 
 
 def _shown_shared(spec: str) -> str:

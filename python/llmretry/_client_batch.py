@@ -4,6 +4,7 @@ engine group. Client (_client.py) inherits it."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional,
                     Sequence, Sized, Tuple, Union, cast)
@@ -34,11 +35,19 @@ class _ClientBatches:
 
         def _policy_plan(self, name: Any) -> _PolicyPlan: ...
 
-    def _many(self, bodies: Iterable[Body], limit: int, deadline_ms: Optional[int],
-              call_deadline_ms: Optional[int], failures_path: Any, resume: bool,
-              progress: Any, adaptive: bool, on_result: Any, policy: Optional[str],
-              options: Dict[str, Any], where: str,
-              keep_results: bool = True) -> Tuple[Any, ...]:
+    def _many(self, bodies: Iterable[Body], limit: int, options: Dict[str, Any], where: str, *,
+              # BEGIN GENERATED many-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
+              deadline_ms: Optional[int] = None,
+              call_deadline_ms: Optional[int] = DEFAULT,
+              failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+              resume: bool = False,
+              progress: Union[bool, Callable[[int, int, int], Any]] = False,
+              adaptive: bool = True,
+              on_result: Optional[Callable[[int, Any], Any]] = None,
+              policy: Optional[str] = None,
+              keep_results: bool = True,
+              # END GENERATED many-keywords
+              ) -> Tuple[Any, ...]:
         """call_many's arguments checked and converted (before any I/O): the
         arguments of _run_batch."""
         _check_option_names(options, where)

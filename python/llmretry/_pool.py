@@ -22,6 +22,7 @@ _INT64_MAX = 2 ** 63 - 1
 
 def map_with_concurrency(items: Iterable[T], limit: int,
                          worker: Callable[[T, int], R], *,
+                         # BEGIN GENERATED map-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
                          return_exceptions: bool = False,
                          deadline_ms: Optional[int] = None,
                          failures_path: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -29,7 +30,9 @@ def map_with_concurrency(items: Iterable[T], limit: int,
                          progress: Union[bool, Callable[[int, int, int], Any]] = False,
                          adaptive: bool = True,
                          on_result: Optional[Callable[[int, Any], Any]] = None,
-                         logger: Any = DEFAULT) -> BatchResult:
+                         logger: Any = DEFAULT,
+                         # END GENERATED map-keywords
+                         ) -> BatchResult:
     """Run ``worker(item, index)`` for every item, at most ``limit`` at once.
 
     Results come back in input order, as a :class:`~llmretry.BatchResult`

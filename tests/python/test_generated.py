@@ -11,6 +11,8 @@ core's lists, not copies of them.
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from typing import Any, Dict, List
 import pytest
 
 import llmretry
-from llmretry import _llmretry, _options, errors
+from llmretry import _llmretry, _logging, _options, errors
 from conftest import ROOT, SECRET_KEY, Scenario, child_env, secret_body
 
 # Reads sources and the extension's tables: nothing for the sanitizer pass.
@@ -128,3 +130,64 @@ def test_the_extension_exports_its_init_function_only() -> None:
                          capture_output=True, text=True, check=True).stdout
     names = [line.split()[-1] for line in out.splitlines() if line.strip()]
     assert names == ["PyInit__llmretry"], names
+
+
+def load_generator() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_surface", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BATCH_FUNCTIONS = (
+    ("many", llmretry.call_many), ("many", llmretry.acall_many),
+    ("many", llmretry.Client.call_many), ("many", llmretry.Client.acall_many),
+    ("map", llmretry.map_with_concurrency), ("map", llmretry.amap_with_concurrency),
+    ("map", llmretry.Client.map_with_concurrency),
+    ("map", llmretry.Client.amap_with_concurrency),
+)
+
+
+def test_the_batch_signatures_are_the_batch_table() -> None:
+    """Every batch function shows (help(), type checkers) each keyword of
+    its set in BATCH_KEYWORDS with the table's type and default, and no
+    other keyword of its own."""
+    gen = load_generator()
+    for which, fn in BATCH_FUNCTIONS:
+        params = inspect.signature(fn).parameters
+        own = [p for p in params.values() if p.kind is p.KEYWORD_ONLY and p.name != "client"]
+        rows = [r for r in gen.BATCH_KEYWORDS if which in r[3].split()]
+        assert [p.name for p in own] == [r[0] for r in rows], fn.__qualname__
+        for p, (name, typ, default, _, _) in zip(own, rows):
+            # (annotations are their source text, quotes as Python prints them)
+            assert p.annotation.replace("'", "\"") == typ, (fn.__qualname__, name)
+            assert p.default is eval(default, vars(_logging)), (fn.__qualname__, name)
+    doc = (ROOT / "docs" / "batch.md").read_text(encoding="utf-8")
+    for name, *_ in gen.BATCH_KEYWORDS:
+        assert f"| `{name}` |" in doc, name
+
+
+def test_a_hand_edit_of_a_batch_signature_shows_as_stale(tmp_path: Path) -> None:
+    """The batch blocks are checked like the core's: a copy edited by hand
+    (a default changed in one signature) fails --check, naming the file."""
+    gen = load_generator()
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps(_llmretry.describe()), encoding="utf-8")
+    for file in gen.render(ROOT, _llmretry.describe()):
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text((ROOT / file).read_text(encoding="utf-8"),
+                                     encoding="utf-8")
+    pool = tmp_path / "python" / "llmretry" / "_pool.py"
+    text = pool.read_text(encoding="utf-8")
+    assert text.count("resume: bool = False,") == 1
+    pool.write_text(text.replace("resume: bool = False,", "resume: bool = True,"),
+                    encoding="utf-8")
+    env = child_env()
+    env.pop("LD_PRELOAD", None)
+    proc = subprocess.run([sys.executable, str(GENERATOR), "--root", str(tmp_path), "--check",
+                           "--tables", str(tables)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "b/python/llmretry/_pool.py" in proc.stdout
+    assert "+                         resume: bool = False," in proc.stdout
