@@ -9,23 +9,12 @@ from . import _batch
 from ._bodies import _core_url, _encode_batch_body, _LazyBodies
 from ._options import _INT32_MAX, _Plan
 from ._policies import new_idempotency_key
-from ._results import _Validator, _batch_value
+from ._results import _batch_value, _call_extra
 from ._tokens import estimate_tokens
 
 if TYPE_CHECKING:
     from ._client import Client
 
-
-def _engine_extras(plan: _Plan) -> Tuple[Dict[str, Any], Optional[_Validator]]:
-    """The engine run's keywords a batch's plan asks for (its event mask, its
-    validator) and the validator, which the batch reads its values with."""
-    extra: Dict[str, Any] = {}
-    if plan.event_mask is not None:
-        extra["event_mask"] = plan.event_mask()
-    validator = None
-    if plan.validate is not None:
-        validator = extra["validate"] = _Validator(plan.validate)
-    return extra, validator
 
 class _EngineBatch:
     """One batch's run on the engine: the arguments of Engine.call_many (or
@@ -46,7 +35,7 @@ class _EngineBatch:
         keep = batch.results is not None
         self.engine = client._engine if client._engine is not None else client._reopen()
         self.batch = batch
-        extra, validator = _engine_extras(plan)
+        extra, validator = _call_extra(plan, None)
         if plan.auto_key:
             extra["idempotency_keys"] = [new_idempotency_key() for _ in to_run]
         if plan.kwargs.get("tpm"):
@@ -105,7 +94,7 @@ class _LazyEngineBatch:
                  plan: _Plan, limit: int, deadline_ms: Optional[int], adaptive: bool) -> None:
         self.engine = client._engine if client._engine is not None else client._reopen()
         self.batch = batch
-        extra, validator = _engine_extras(plan)
+        extra, validator = _call_extra(plan, None)
         auto_key, prep, invalid = plan.auto_key, source.prep, source.invalid
         # index -> item while in flight, for its failures-file line.
         in_flight: Dict[int, Any] = {}
