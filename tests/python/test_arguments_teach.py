@@ -121,3 +121,26 @@ def test_help_shows_the_cores_defaults() -> None:
         shown += 1
     assert shown >= 15
     assert re.search(r"``max_retries=3``", text)
+    # And no value written in the prose differs from the core's (a copy
+    # that drifted).
+    builtin = {o["name"]: json.loads(o["builtin"]) for o in _llmretry.describe()["options"]}
+    for name, value in re.findall(r"``(\w+)=([^`]*)``", text):
+        if builtin.get(name) is not None:
+            want = builtin[name]
+            assert value == (f'"{want}"' if isinstance(want, str) else repr(want)), name
+
+
+def test_an_option_the_prose_does_not_show_gets_its_default_from_the_table() -> None:
+    """A row added to the core's table needs no edit of call_llm's
+    docstring: a keyword it does not show as ``name=value`` is listed,
+    with the table's default, before the example."""
+    from llmretry import _api
+    doc = llmretry.call_llm.__doc__
+    assert doc is not None and "``max_retries=3``" in doc
+    prose = doc.replace("``max_retries=3``", "three retries")
+    out = _api._with_builtin_defaults(prose)
+    assert out is not None
+    listed, example = out.split("    Example::")
+    assert "``max_retries=3``" in listed.split("Built-in defaults of the other keywords:")[1]
+    assert "``timeout_ms=60000``" not in listed.split("Built-in defaults")[1]  # shown already
+    assert _api._with_builtin_defaults(doc) == doc      # nothing to add today
