@@ -191,3 +191,22 @@ def test_a_hand_edit_of_a_batch_signature_shows_as_stale(tmp_path: Path) -> None
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "b/python/llmretry/_pool.py" in proc.stdout
     assert "+                         resume: bool = False," in proc.stdout
+
+
+def test_a_new_batch_keyword_reaches_every_batch_signature() -> None:
+    """A row added to BATCH_KEYWORDS is written into every signature of its
+    set, every call that passes the set on, and docs/batch.md's table."""
+    gen = load_generator()
+    gen.BATCH_KEYWORDS = gen.BATCH_KEYWORDS + (
+        ("brand_new_batch", "int", "7", "many map", "a new batch keyword"),)
+    out = gen.render(ROOT, _llmretry.describe())
+    # file -> (signatures, forwarding calls) of the batch functions there
+    places = {"python/llmretry/_api.py": (2, 2), "python/llmretry/_client.py": (4, 4),
+              "python/llmretry/_client_batch.py": (1, 0), "python/llmretry/_pool.py": (1, 0),
+              "python/llmretry/_aio_batch.py": (1, 0)}
+    for file, (signatures, calls) in places.items():
+        assert out[file].count("brand_new_batch: int = 7,") == signatures, file
+        assert out[file].count("brand_new_batch=brand_new_batch,") == calls, file
+        before = (ROOT / file).read_text(encoding="utf-8")
+        assert before.count("# BEGIN GENERATED m") == signatures + calls, file
+    assert "| `brand_new_batch` | `int` | `7` |" in out["docs/batch.md"]
