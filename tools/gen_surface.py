@@ -395,7 +395,7 @@ def batch_doc_table() -> List[str]:
     out = ["| keyword | type | default | of | what it does |",
            "| --- | --- | --- | --- | --- |"]
     for name, typ, default, which, doc in BATCH_KEYWORDS:
-        shown = "(its own default)" if default == "DEFAULT" else f"`{default}`"
+        shown = "not given: the client's" if default == "DEFAULT" else f"`{default}`"
         of = ", ".join(sets[w] for w in which.split())
         out.append(f"| `{name}` | `{typ}` | {shown} | {of} | {doc} |")
     return out
