@@ -22,8 +22,8 @@
 
 local core = require("llmretry.core")
 
-local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
-local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
+local type, ipairs, tostring, error, pcall = type, ipairs, tostring, error, pcall
+local setmetatable, getmetatable = setmetatable, getmetatable
 local string, table, io = string, table, io
 local co_isyieldable = coroutine.isyieldable
 local scheduler = require("llmretry.scheduler")

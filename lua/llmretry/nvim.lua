@@ -6,16 +6,18 @@
 --   end)
 --   call.cancel()        -- at any moment; the callback then gets err.kind == "cancelled"
 --
--- How it works. One engine per Neovim session (made on the first call, kept
--- in an upvalue of this chunk) does all the network I/O on its own thread.
--- Its fd is watched by one libuv poll handle (vim.uv, or vim.loop before
--- Neovim 0.10): when it is readable, the poll callback drains the mailbox of
--- every call with news. That callback runs in a "fast" context, where most
--- of vim.api is forbidden, so nothing of the caller's runs there: each
--- call's news (log events, a body to validate, the result) is handed to
--- vim.schedule as one batch, and runs in order on the main loop. The fd is
--- watched only while calls are pending, so an idle session holds no active
--- handle; the engine is closed on VimLeavePre, cancelling what is in flight.
+-- How it works. The calls are llmretry.api's; this file wires Neovim's
+-- waiting to them. One engine per Neovim session (made on the first call,
+-- kept in an upvalue of this chunk) does all the network I/O on its own
+-- thread. Its channel's fd is watched by one libuv poll handle (vim.uv, or
+-- vim.loop before Neovim 0.10): when it is readable, the poll callback takes
+-- the calls with news from the channel. That callback runs in a "fast"
+-- context, where most of vim.api is forbidden, so nothing of the caller's
+-- runs there: it schedules each such call's reader (vim.schedule), which
+-- reads the call's mailbox on the main loop (llmretry.mailbox, as every
+-- host does). The fd is watched only while calls are pending, so an idle
+-- session holds no active handle; the engine is closed on VimLeavePre,
+-- cancelling what is in flight.
 --
 -- Callbacks, loggers and validators run in scheduled callbacks; a callback
 -- that raises shows as a Neovim error message, as any scheduled callback's
@@ -43,7 +45,7 @@
 local core = require("llmretry.core")
 
 local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
-local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
+local setmetatable = setmetatable
 local string = string
 local co_running = coroutine.running
 local scheduler = require("llmretry.scheduler")
