@@ -1,11 +1,11 @@
 -- llmretry.api: the public calls of every Lua host, declared once.
 --
--- call_llm, stream_llm and call_many, their argument checks, the split of
--- a call's options into the engine's and the host's, and how a call's mail
--- and result reach the caller live here. What differs between hosts is only
--- how a call waits, and that is a small table of functions each host module
--- gives to new() (as hiredis's adapters/*.h only wire an event loop to
--- async.c):
+-- call_llm, stream_llm, call_many and map_with_concurrency, their argument
+-- checks, the split of a call's options into the engine's and the host's,
+-- and how a call's mail and result reach the caller live here. What differs
+-- between hosts is only how a call waits, and that is a small table of
+-- functions each host module gives to new() (as hiredis's adapters/*.h only
+-- wire an event loop to async.c):
 --
 --   init.lua       blocking: a handle's wait, or a pool worker's yield;
 --   openresty.lua  a request's light thread on an ngx.semaphore that the
@@ -26,6 +26,8 @@
 --   release(h, token) h's call has ended (nil: nothing to undo)
 --   batch()       call_many's engine, channel and what it waits on (nil:
 --                 an engine of its own polled on this thread; see call_many)
+--   map(...), map_options, map_on_done: how map_with_concurrency's pool
+--                 runs, and what it takes (see A.map_with_concurrency)
 
 local core = require("llmretry.core")
 local args = require("llmretry.args")
@@ -284,6 +286,24 @@ function M.new(host)
       error(perr, 0)
     end
     return outs
+  end
+
+  -- map_with_concurrency: worker(item, i) for each item in a coroutine of
+  -- its own (llmretry.scheduler), at most `limit` at once, the workers'
+  -- calls paced as one engine group. Checked here; host.map(items, limit,
+  -- worker, opts, on_done, policy) runs the pool the host's way (blocking
+  -- until the last item, or on an event loop, on_done at the end) and
+  -- returns what the caller gets. host.map_options: the options it takes;
+  -- host.map_on_done: whether it takes on_done. `policy`: a client's.
+  function A.map_with_concurrency(items, limit, worker, opts, on_done, policy)
+    opts = args.check_map_args(2, items, limit, worker, opts, host.map_options)
+    if host.map_on_done and not is_callable(on_done) then
+      argerror(2, "on_done", "a function", on_done)
+    end
+    if opts.engine ~= nil and not is_engine(opts.engine) then
+      argerror(2, "opts.engine", "an engine (llmretry.new_engine()) or nil", opts.engine)
+    end
+    return host.map(items, limit, worker, opts, on_done, policy)
   end
 
   return A

@@ -94,6 +94,13 @@ end
 -- slices, or, in a map_with_concurrency worker, yields the worker's
 -- coroutine until the pool's loop (llmretry.scheduler) sees its news.
 
+local pool_error_mt = {
+  __name = "llmretry.pool_error",
+  __tostring = function(e)
+    return string.format("llmretry: item %d failed: %s", e.index, tostring(e.error))
+  end,
+}
+
 local A
 A = api.new{
   name = "llmretry",
@@ -123,6 +130,38 @@ A = api.new{
   wait = function(h, pooled)
     if pooled then A.sched.wait(h) else h:wait(50) end
   end,
+
+  -- The pool runs here until its last item: on opts.engine or an engine of
+  -- its own, waiting on its group's channel. The first raise (unless
+  -- return_errors) is raised once the running items have finished.
+  map_options = { return_errors = true, logger = true, engine = true },
+  map = function(items, limit, worker, opts, _, policy)
+    local n = #items
+    if n == 0 then return { n = 0 }, {} end
+    local owned = opts.engine == nil
+    local engine = opts.engine or core.new_engine()
+    -- The pool's pacing is the engine's (docs/design.md): its workers' calls
+    -- form one group, at most `limit` at once, paused by a 429's named wait
+    -- and narrowed by a burst of them, exactly as call_many's items are.
+    local group = engine:group{ limit = limit, adaptive = true }
+    local driver = scheduler.blocking(group:channel())
+    local pool = A.sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
+      return_errors = opts.return_errors,
+      context = { engine = engine, group = group, logger = opts.logger or nil, policy = policy } }
+    local ok, perr = pcall(function()
+      pool.start()
+      driver.run(pool.finished)
+    end)
+    group:close()
+    if owned then engine:close() end
+    if not ok then error(perr, 0) end
+    local results, errors, first_failure = pool.results, pool.errors, pool.first_failure
+    if first_failure then
+      error(setmetatable({ index = first_failure, error = errors[first_failure],
+        results = results, errors = errors }, pool_error_mt), 0)
+    end
+    return results, errors
+  end,
 }
 local sched = A.sched
 
@@ -138,69 +177,21 @@ local sched = A.sched
 -- raises cancels the stream; the error is raised once the call has ended.
 M.call_llm, M.stream_llm = A.call_llm, A.stream_llm
 
--- ---------------------------------------------------------------------------
--- map_with_concurrency
-
-local pool_error_mt = {
-  __name = "llmretry.pool_error",
-  __tostring = function(e)
-    return string.format("llmretry: item %d failed: %s", e.index, tostring(e.error))
-  end,
-}
-
-local MAP_OPTIONS = { return_errors = true, logger = true, engine = true }
-
-local function map_impl(items, limit, worker, opts, pool_policy)
-  opts = args.check_map_args(2, items, limit, worker, opts, MAP_OPTIONS)
-  if opts.engine ~= nil and not is_engine(opts.engine) then
-    argerror(2, "opts.engine", "an engine (llmretry.new_engine()) or nil", opts.engine)
-  end
-  local return_errors, logger = opts.return_errors, opts.logger
-
-  local n = #items
-  if n == 0 then return { n = 0 }, {} end
-
-  local owned = opts.engine == nil
-  local engine = opts.engine or core.new_engine()
-  -- The pool's pacing is the engine's (docs/design.md): its workers' calls form
-  -- one group, at most `limit` at once, paused by a 429's named wait and
-  -- narrowed by a burst of them, exactly as call_many's items are.
-  local group = engine:group{ limit = limit, adaptive = true }
-  local driver = scheduler.blocking(group:channel())
-  local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
-    return_errors = return_errors,
-    context = { engine = engine, group = group, logger = logger or nil, policy = pool_policy } }
-
-  local ok, perr = pcall(function()
-    pool.start()
-    driver.run(pool.finished)
-  end)
-  group:close()
-  if owned then engine:close() end
-  if not ok then error(perr, 0) end
-
-  local results, errors, first_failure = pool.results, pool.errors, pool.first_failure
-  if first_failure then
-    error(setmetatable({ index = first_failure, error = errors[first_failure],
-      results = results, errors = errors }, pool_error_mt), 2)
-  end
-  return results, errors
-end
-
--- (Tail calls: the argument errors of map_impl point at our caller.)
-function M.map_with_concurrency(items, limit, worker, opts)
-  return map_impl(items, limit, worker, opts, nil)
-end
-M._map_with_concurrency = map_impl
-
--- ---------------------------------------------------------------------------
 -- call_many(bodies, opts) -> outs (llmretry.api): the batch on its own
 -- engine unless opts.engine, waited for on this thread.
-
+-- map_with_concurrency(items, limit, worker [, opts]) -> results, errors.
+-- (Tail calls: the argument errors of A's functions point at our caller.)
 function M.call_many(bodies, opts)
   return A.call_many(bodies, opts)
 end
 M._call_many = A.call_many
+
+function M.map_with_concurrency(items, limit, worker, opts)
+  return A.map_with_concurrency(items, limit, worker, opts, nil, nil)
+end
+function M._map_with_concurrency(items, limit, worker, opts, policy)
+  return A.map_with_concurrency(items, limit, worker, opts, nil, policy)
+end
 
 -- ---------------------------------------------------------------------------
 -- Named policies (issue 9) and clients: llmretry.client.

@@ -188,6 +188,17 @@ local function release(h, rec)
   end
 end
 
+-- The pools' driver is the main loop: a worker waiting on a handle is woken
+-- at the handle's news, and one that yields on its own is resumed by
+-- vim.schedule.
+local driver = {
+  wait = function(h, wake)
+    local rec = pending[h]
+    if rec then rec.wake = wake else vim.schedule(wake) end
+  end,
+  later = function(fn) vim.schedule(fn) end,
+}
+
 -- This module's calls (llmretry.api): on the session's engine; a waiting
 -- coroutine yields, resumed from the main loop at its call's news.
 local A
@@ -239,18 +250,33 @@ A = api.new{
     A.sched.wait(h)
   end,
   release = release,
-}
-local sched = A.sched
 
--- The pools' driver is the main loop: a worker waiting on a handle is woken
--- at the handle's news, and one that yields on its own is resumed by
--- vim.schedule.
-local driver = {
-  wait = function(h, wake)
-    local rec = pending[h]
-    if rec then rec.wake = wake else vim.schedule(wake) end
+  map_options = { return_errors = true, logger = true },
+  map_on_done = true,
+  map = function(items, limit, worker, opts, on_done)
+    -- One engine group paces the pool (its calls still report to the one
+    -- engine fd the session watches: poll = false).
+    local group = get_engine():group{ limit = limit, adaptive = true, poll = false }
+    local ctx = { calls = {}, cancelled = false, logger = opts.logger or nil, group = group }
+    local pool = A.sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
+      return_errors = opts.return_errors, context = ctx,
+      on_finish = function(p)
+        group:close()
+        vim.schedule(function() on_done(p.results, p.nerrors > 0 and p.errors or nil) end)
+      end }
+    -- Workers start on the main loop, after this returns.
+    vim.schedule(pool.start)
+    local handle = {}
+    function handle.cancel()
+      pool.stop()
+      ctx.cancelled = true
+      local hs = {}
+      for h in pairs(ctx.calls) do hs[#hs + 1] = h end
+      for _, h in ipairs(hs) do h:cancel() end
+    end
+    function handle.done() return pool.done end
+    return handle
   end,
-  later = function(fn) vim.schedule(fn) end,
 }
 
 -- A call with a callback: started now, its mailbox read on the main loop at
@@ -322,41 +348,14 @@ function M.stream_llm(opts, callbacks)
 end
 
 -- ---------------------------------------------------------------------------
--- map_with_concurrency
-
-local MAP_OPTIONS = { return_errors = true, logger = true }
+-- map_with_concurrency(items, limit, worker, on_done [, opts]) -> handle
+-- (llmretry.api): the pool runs on the main loop; on_done(results, errors)
+-- runs there once every item has finished. handle.cancel() stops new
+-- starts and cancels the calls in flight (the workers see cancelled
+-- errors; on_done still runs); handle.done().
 
 function M.map_with_concurrency(items, limit, worker, on_done, opts)
-  opts = args.check_map_args(2, items, limit, worker, opts, MAP_OPTIONS)
-  if not is_callable(on_done) then argerror(2, "on_done", "a function", on_done) end
-  local return_errors, logger = opts.return_errors, opts.logger
-
-  -- One engine group paces the pool (its calls still report to the one
-  -- engine fd the session watches: poll = false).
-  local group = get_engine():group{ limit = limit, adaptive = true, poll = false }
-  local ctx = { calls = {}, cancelled = false, logger = logger or nil, group = group }
-  local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
-    return_errors = return_errors, context = ctx,
-    on_finish = function(p)
-      group:close()
-      vim.schedule(function() on_done(p.results, p.nerrors > 0 and p.errors or nil) end)
-    end }
-
-  -- Workers start on the main loop, after this returns.
-  vim.schedule(pool.start)
-
-  local handle = {}
-  -- Stop new starts and cancel the calls in flight; the workers see
-  -- cancelled errors, and on_done still runs once they have finished.
-  function handle.cancel()
-    pool.stop()
-    ctx.cancelled = true
-    local hs = {}
-    for h in pairs(ctx.calls) do hs[#hs + 1] = h end
-    for _, h in ipairs(hs) do h:cancel() end
-  end
-  function handle.done() return pool.done end
-  return handle
+  return A.map_with_concurrency(items, limit, worker, opts, on_done)
 end
 
 -- ---------------------------------------------------------------------------
