@@ -125,6 +125,7 @@ build = {
          defines = { "_GNU_SOURCE" },
       },
       llmretry = "lua/llmretry/init.lua",
+      ["llmretry.api"] = "lua/llmretry/api.lua",
       ["llmretry.args"] = "lua/llmretry/args.lua",
       ["llmretry.mailbox"] = "lua/llmretry/mailbox.lua",
       ["llmretry.verdict"] = "lua/llmretry/verdict.lua",

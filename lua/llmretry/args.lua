@@ -119,43 +119,4 @@ function M.check_map_args(level, items, limit, worker, opts, allowed)
   return opts
 end
 
--- call_llm and stream_llm over a blocking host's run(opts, level, on_chunk)
--- (the module's and OpenResty's): the same checks and error levels in both.
--- Not tail calls: the levels count the caller's frame.
-function M.blocking_calls(run)
-  local function call_llm(opts)
-    local res, err = run(opts, 2)
-    return res, err
-  end
-  local function stream_llm(opts, on_chunk)
-    if not M.is_callable(on_chunk) then M.argerror(2, "on_chunk", "a function", on_chunk) end
-    if type(opts) ~= "table" then M.argerror(2, "opts", "a table", opts) end
-    local res, err = run(M.stream_options(opts), 2, on_chunk)
-    return res, err
-  end
-  return call_llm, stream_llm
-end
-
--- The options of a streamed call (llm.stream_llm, in Lua and Neovim): a
--- copy of opts asking the engine for chunks. The core makes a table body
--- say "stream": true and ask for its usage (llmretry_stream_body); a
--- string body is sent as written. opts must be a table.
-function M.stream_options(opts)
-  local o = {}
-  for k, v in pairs(opts) do o[k] = v end
-  o.stream_chunks = true
-  return o
-end
-
--- engine:submit, its argument errors re-raised at the caller of our caller
--- (`level` as error() counts it, from the caller of submit).
-function M.submit(engine, sub, level)
-  local ok, h = pcall(engine.submit, engine, sub)
-  if not ok then
-    if type(h) == "string" then error(h, level + 1) end
-    error(h, 0)
-  end
-  return h
-end
-
 return M

@@ -1,7 +1,8 @@
 -- Reading one call's mailbox on the host's thread: events to the logger, a
 -- 2xx body to the validator, a stream's chunks to on_chunk. One reading for
--- the blocking module and for OpenResty's, whose calls wait differently
--- (a handle's wait, a pool's loop, an ngx.semaphore) but read alike.
+-- every host (llmretry.api's calls), whose calls wait differently (a
+-- handle's wait, a pool's loop, an ngx.semaphore, Neovim's main loop) but
+-- read alike.
 local core = require("llmretry.core")
 
 local tostring, pcall, string, io = tostring, pcall, string, io
@@ -43,34 +44,54 @@ function M.verdict(ctx, body)
   return true, nil
 end
 
+-- A decoded chunk (or, coalesced, a list of them) to ctx.on_chunk. The
+-- caller's own bug stops the stream: the caller raises it once it has ended.
+local function give(h, ctx, chunk)
+  local ok, e = pcall(ctx.on_chunk, chunk)
+  if not ok then
+    ctx.chunk_error = e
+    h:cancel()
+  end
+end
+
 -- Take every item now in h's mailbox. True once the call is done. ctx:
 -- logger, validate, on_chunk (functions or nil), report(ev, e) (the first
--- logger error; default: stderr), and what this sets: reported, and
--- chunk_error (what on_chunk raised: the stream is cancelled, the caller
--- raises it once the call has ended).
+-- logger error; default: stderr), coalesce (on_chunk gets a list of the
+-- chunks read one after another, not each: Neovim's one call per loop
+-- turn), and what this sets: reported, and chunk_error (what on_chunk
+-- raised: the stream is cancelled, the caller raises it once the call has
+-- ended).
 function M.drain(h, ctx)
+  local chunks = nil      -- coalesced chunks not yet given
   while true do
     local kind, value = h:next()
-    if kind == nil then
-      return false
-    elseif kind == "done" then
-      return true
-    elseif kind == "event" then
-      M.log(ctx, value)
-    elseif kind == "chunk" then
+    if kind == "chunk" then
       -- A stream's chunk (stream_llm): decoded, to the caller's on_chunk.
       -- The first one read is the commit point: no retry after it.
       local chunk = decode(value)
       if chunk ~= nil and ctx.on_chunk and ctx.chunk_error == nil then
-        local ok, e = pcall(ctx.on_chunk, chunk)
-        if not ok then
-          -- The caller's own bug: stop the stream, raise once it has ended.
-          ctx.chunk_error = e
-          h:cancel()
+        if ctx.coalesce then
+          chunks = chunks or {}
+          chunks[#chunks + 1] = chunk
+        else
+          give(h, ctx, chunk)
         end
       end
-    elseif kind == "validate" then
-      h:validated(M.verdict(ctx, value))
+    else
+      -- What came before this item reaches on_chunk before it.
+      if chunks then
+        give(h, ctx, chunks)
+        chunks = nil
+      end
+      if kind == nil then
+        return false
+      elseif kind == "done" then
+        return true
+      elseif kind == "event" then
+        M.log(ctx, value)
+      elseif kind == "validate" then
+        h:validated(M.verdict(ctx, value))
+      end
     end
   end
 end

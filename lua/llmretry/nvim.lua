@@ -6,16 +6,18 @@
 --   end)
 --   call.cancel()        -- at any moment; the callback then gets err.kind == "cancelled"
 --
--- How it works. One engine per Neovim session (made on the first call, kept
--- in an upvalue of this chunk) does all the network I/O on its own thread.
--- Its fd is watched by one libuv poll handle (vim.uv, or vim.loop before
--- Neovim 0.10): when it is readable, the poll callback drains the mailbox of
--- every call with news. That callback runs in a "fast" context, where most
--- of vim.api is forbidden, so nothing of the caller's runs there: each
--- call's news (log events, a body to validate, the result) is handed to
--- vim.schedule as one batch, and runs in order on the main loop. The fd is
--- watched only while calls are pending, so an idle session holds no active
--- handle; the engine is closed on VimLeavePre, cancelling what is in flight.
+-- How it works. The calls are llmretry.api's; this file wires Neovim's
+-- waiting to them. One engine per Neovim session (made on the first call,
+-- kept in an upvalue of this chunk) does all the network I/O on its own
+-- thread. Its channel's fd is watched by one libuv poll handle (vim.uv, or
+-- vim.loop before Neovim 0.10): when it is readable, the poll callback takes
+-- the calls with news from the channel. That callback runs in a "fast"
+-- context, where most of vim.api is forbidden, so nothing of the caller's
+-- runs there: it schedules each such call's reader (vim.schedule), which
+-- reads the call's mailbox on the main loop (llmretry.mailbox, as every
+-- host does). The fd is watched only while calls are pending, so an idle
+-- session holds no active handle; the engine is closed on VimLeavePre,
+-- cancelling what is in flight.
 --
 -- Callbacks, loggers and validators run in scheduled callbacks; a callback
 -- that raises shows as a Neovim error message, as any scheduled callback's
@@ -43,7 +45,7 @@
 local core = require("llmretry.core")
 
 local type, pairs, ipairs, tostring, error, pcall = type, pairs, ipairs, tostring, error, pcall
-local setmetatable, getmetatable, rawget = setmetatable, getmetatable, rawget
+local setmetatable = setmetatable
 local string = string
 local co_running = coroutine.running
 local scheduler = require("llmretry.scheduler")
@@ -59,10 +61,9 @@ M.array_mt = core.array_mt
 M.empty_array = core.empty_array
 M.error_mt = core.error_mt
 
--- ---------------------------------------------------------------------------
--- Argument checks (the same wording as llmretry's).
-
 local args = require("llmretry.args")
+local api = require("llmretry.api")
+local drain = require("llmretry.mailbox").drain
 local argerror, is_callable = args.argerror, args.is_callable
 
 -- ---------------------------------------------------------------------------
@@ -72,20 +73,9 @@ local engine = nil          -- made on the first call
 local news = nil            -- the engine's channel, where its calls report
 local watcher = nil         -- uv poll handle on news:fd()
 local watching = false
-local pending = {}          -- core handle -> call record, until its "done" is taken
+local pending = {}          -- core handle -> its call record, until the call has ended
 local npending = 0
 local live = setmetatable({}, { __mode = "k" })   -- core handles not yet collected (stats)
-
--- This module's pools (llmretry.scheduler): sched.current() is the context
--- of the pool whose worker is running ({ calls, cancelled, logger }). Their
--- driver is the main loop: a worker waiting on a call record is woken by the
--- record's completion (delivered by vim.schedule, below), and one that
--- yields on its own is resumed by vim.schedule.
-local sched = scheduler.new("llmretry.nvim")
-local driver = {
-  wait = function(rec, wake) rec.wake = wake end,
-  later = function(fn) vim.schedule(fn) end,
-}
 
 local function notify(msg, level)
   vim.schedule(function()
@@ -140,89 +130,23 @@ local function get_engine()
   return engine
 end
 
-local function watch()
-  if not watching then
-    watcher:start("r", on_readable)
-    watching = true
-  end
-end
-
 -- ---------------------------------------------------------------------------
--- Delivering a call's news on the main loop.
+-- News, from the poll callback to the main loop.
+--
+-- A call's record: h (until its end), wake (what runs on the main loop at
+-- its next news, once: a waiting coroutine's resume, or a callback call's
+-- next reading), queued, pool. The poll callback runs in a fast context
+-- where little of vim.api is allowed: it only takes the calls with news from
+-- the channel and schedules their wake; the mailbox is read on the main
+-- loop (llmretry.mailbox.drain), where loggers, validators, on_chunk and
+-- callbacks may use all of vim.api.
 
-local mailbox = require("llmretry.mailbox")
-
--- The chunks of one batch, decoded, to the stream's on_chunk in one call:
--- what arrived within one loop turn is one call, so thousands of chunks a
--- second never flood the editor with scheduled callbacks.
-local function deliver_chunks(rec, texts)
-  local chunks = {}
-  for _, text in ipairs(texts) do
-    local chunk = core.decode(text)
-    if chunk ~= nil then chunks[#chunks + 1] = chunk end
-  end
-  if #chunks == 0 or not rec.on_chunk or rec.chunk_error then return end
-  local ok, e = pcall(rec.on_chunk, chunks)
-  if not ok then
-    -- The plugin's bug: stop the stream; on_done gets the error.
-    rec.chunk_error = e
-    if rec.h then rec.h:cancel() end
-  end
-end
-
--- Runs in a scheduled callback: items in the order the engine produced them.
-local function deliver(rec, batch)
-  local texts = nil
-  for _, item in ipairs(batch) do
-    local kind = item[1]
-    if kind == "chunk" then
-      texts = texts or {}
-      texts[#texts + 1] = item[2]
-    else
-      if texts then
-        deliver_chunks(rec, texts)
-        texts = nil
-      end
-      if kind == "event" then
-        mailbox.log(rec, item[2])
-      elseif kind == "validate" then
-        local ok, msg = mailbox.verdict(rec, item[2])
-        -- A call cancelled meanwhile no longer waits for the verdict.
-        if rec.h then pcall(rec.h.validated, rec.h, ok, msg) end
-      elseif kind == "done" then
-        -- Our last reference to the core handle: once collected, the call is freed.
-        rec.h = nil
-        rec.finished = true
-        if rec.chunk_error ~= nil then
-          rec.complete(nil, rec.chunk_error)
-        else
-          rec.complete(item[2], item[3])
-        end
-      end
-    end
-  end
-  if texts then deliver_chunks(rec, texts) end
-end
-
--- In the poll callback (a fast context): take every item now in the
--- mailbox, hand them to the main loop as one batch.
-local function take(rec)
-  local h = rec.h
-  local batch = {}
-  while true do
-    local kind, value = h:next()
-    if kind == nil then break end
-    if kind == "done" then
-      pending[h] = nil
-      npending = npending - 1
-      local res, err = h:result()
-      batch[#batch + 1] = { "done", res, err }
-      break
-    end
-    batch[#batch + 1] = { kind, value }
-  end
-  if #batch > 0 then
-    vim.schedule(function() deliver(rec, batch) end)
+local function run_wake(rec)
+  rec.queued = false
+  local wake = rec.wake
+  if wake then
+    rec.wake = nil
+    wake()
   end
 end
 
@@ -230,13 +154,10 @@ local function poll_engine()
   local hs = news:poll()
   for i = 1, #hs do
     local rec = pending[hs[i]]
-    if rec then take(rec) end
-  end
-  -- Nothing pending: stop watching, so that an idle session has no active
-  -- handle (Neovim can exit); the next call starts it again.
-  if npending == 0 and watching then
-    watcher:stop()
-    watching = false
+    if rec and not rec.queued then
+      rec.queued = true
+      vim.schedule(rec.run_wake)
+    end
   end
 end
 
@@ -251,49 +172,137 @@ on_readable = function(err)
   end
 end
 
--- ---------------------------------------------------------------------------
--- Starting a call.
-
--- Options of ours, not the engine's.
-local LUA_OPTIONS = { logger = true, validate = true, on_chunk = true }
-
--- Submit opts; `complete(res, err)` runs on the main loop once it is done.
--- `level`: the stack level of the user's call, for argument errors.
-local function start(opts, complete, level, defaults)
-  local sub, logger, validate = args.split_call_options(opts, level + 1, LUA_OPTIONS,
-    defaults and defaults.logger)
-  if opts.engine ~= nil then
-    error("llmretry: engine is not an option of llmretry.nvim (it runs every call on the "
-      .. "session's engine)", level + 1)
+-- The call of rec has ended: forget it, and stop watching when nothing is
+-- pending, so that an idle session has no active handle (Neovim can exit);
+-- the next call starts it again.
+local function release(h, rec)
+  if pending[h] == rec then
+    pending[h] = nil
+    npending = npending - 1
   end
-
-  local e = get_engine()
-  local ok, h = pcall(e.submit, e, sub)
-  if not ok then
-    if type(h) == "string" then error(h, level + 1) end
-    error(h, 0)
+  rec.h, rec.wake = nil, nil
+  if rec.pool then rec.pool.calls[h] = nil end
+  if npending == 0 and watching then
+    watcher:stop()
+    watching = false
   end
-  local rec = { h = h, logger = logger, validate = validate, complete = complete,
-    finished = false, reported = false, report = report_by_notify, request_id = h:request_id(),
-    on_chunk = opts.on_chunk }
-  pending[h] = rec
-  npending = npending + 1
-  live[h] = true
-  watch()
-  return rec
 end
 
-local function cancel_rec(rec)
-  if rec.h then rec.h:cancel() end
-end
+-- The pools' driver is the main loop: a worker waiting on a handle is woken
+-- at the handle's news, and one that yields on its own is resumed by
+-- vim.schedule.
+local driver = {
+  wait = function(h, wake)
+    local rec = pending[h]
+    if rec then rec.wake = wake else vim.schedule(wake) end
+  end,
+  later = function(fn) vim.schedule(fn) end,
+}
 
--- On the main loop, the call of a waiting coroutine is done: its pool
--- resumes it (rec.wake), or, in no pool, it is resumed here.
-local function resume(rec, co, res, err)
-  local wake = rec.wake
-  if wake then return wake(res, err) end
-  scheduler.resume_detached(co, "llmretry.nvim: a coroutine waiting for a call raised: ",
-    res, err)
+-- This module's calls (llmretry.api): on the session's engine; a waiting
+-- coroutine yields, resumed from the main loop at its call's news.
+local A
+A = api.new{
+  name = "llmretry.nvim",
+  refused = {
+    { "engine", "llmretry: engine is not an option of llmretry.nvim (it runs every call on the "
+      .. "session's engine)" },
+  },
+  report = report_by_notify,
+  check = function(level)
+    local co, is_main = co_running()
+    if co == nil or is_main then
+      error("llmretry: callback must be a function (got nil); call without one only from a "
+        .. "coroutine (a map_with_concurrency worker)", level + 1)
+    end
+  end,
+  submit = function(sub, _, pool, level)
+    -- The pool's group paces its calls on the engine thread: a 429 naming
+    -- a wait pauses the pool's new starts, as in llmretry's.
+    if pool and sub.group == nil then sub.group = pool.group end
+    local e = get_engine()
+    local h = api.submit(e, sub, level + 1)
+    local rec = { h = h, queued = false, pool = pool }
+    rec.run_wake = function() run_wake(rec) end
+    pending[h] = rec
+    npending = npending + 1
+    live[h] = true
+    if not watching then
+      watcher:start("r", on_readable)
+      watching = true
+    end
+    if pool then
+      pool.calls[h] = true
+      -- A cancelled pool's later calls end at once, as cancelled.
+      if pool.cancelled then h:cancel() end
+    end
+    return h, rec
+  end,
+  -- A pool's worker is resumed by its pool (driver.wait); any other
+  -- coroutine by this module, which raises what it raises.
+  wait = function(h, rec)
+    if not rec.pool then
+      local co = co_running()
+      rec.wake = function()
+        scheduler.resume_detached(co, "llmretry.nvim: a coroutine waiting for a call raised: ")
+      end
+    end
+    A.sched.wait(h)
+  end,
+  release = release,
+
+  map_options = { return_errors = true, logger = true },
+  map_on_done = true,
+  map = function(items, limit, worker, opts, on_done)
+    -- One engine group paces the pool (its calls still report to the one
+    -- engine fd the session watches: poll = false).
+    local group = get_engine():group{ limit = limit, adaptive = true, poll = false }
+    local ctx = { calls = {}, cancelled = false, logger = opts.logger or nil, group = group }
+    local pool = A.sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
+      return_errors = opts.return_errors, context = ctx,
+      on_finish = function(p)
+        group:close()
+        vim.schedule(function() on_done(p.results, p.nerrors > 0 and p.errors or nil) end)
+      end }
+    -- Workers start on the main loop, after this returns.
+    vim.schedule(pool.start)
+    local handle = {}
+    function handle.cancel()
+      pool.stop()
+      ctx.cancelled = true
+      local hs = {}
+      for h in pairs(ctx.calls) do hs[#hs + 1] = h end
+      for _, h in ipairs(hs) do h:cancel() end
+    end
+    function handle.done() return pool.done end
+    return handle
+  end,
+}
+
+-- A call with a callback: started now, its mailbox read on the main loop at
+-- each news, complete(res, err) run there once it has ended. Returns the
+-- handle the caller gets.
+local function start_with_callback(opts, level, on_chunk, complete)
+  local h, ctx, rec = A.start(opts, level + 1, on_chunk, nil)
+  -- A stream's on_chunk gets the chunks read together, as one list.
+  ctx.coalesce = true
+  local finished = false
+  local function step()
+    local hh = rec.h
+    if not drain(hh, ctx) then
+      rec.wake = step
+      return
+    end
+    release(hh, rec)
+    finished = true
+    if ctx.chunk_error ~= nil then return complete(nil, ctx.chunk_error) end
+    complete(hh:result())
+  end
+  step()
+  local handle = { request_id = h:request_id() }
+  function handle.cancel() if rec.h then rec.h:cancel() end end
+  function handle.done() return finished end
+  return handle
 end
 
 -- ---------------------------------------------------------------------------
@@ -305,52 +314,14 @@ end
 -- has run.
 -- call_llm(opts) inside a coroutine: waits (yields) and returns res or nil, err.
 function M.call_llm(opts, callback)
-  if callback == nil then
-    local co, is_main = co_running()
-    if co == nil or is_main then
-      error("llmretry: callback must be a function (got nil); call without one only from a "
-        .. "coroutine (a map_with_concurrency worker)", 2)
-    end
-    local pool = sched.current()
-    if pool and pool.group and opts.group == nil then
-      -- The pool's group paces its calls on the engine thread: a 429
-      -- naming a wait pauses the pool's new starts, as in llmretry's.
-      local o = {}
-      for k, v in pairs(opts) do o[k] = v end
-      o.group = pool.group
-      opts = o
-    end
-    local rec
-    rec = start(opts, function(res, err)
-      if pool then pool.calls[rec] = nil end
-      resume(rec, co, res, err)
-    end, 2, pool)
-    if pool then
-      pool.calls[rec] = true
-      -- A cancelled pool's later calls end at once, as cancelled.
-      if pool.cancelled then cancel_rec(rec) end
-    end
-    return sched.wait(rec)
-  end
+  -- (Tail calls: the argument errors of A's point at our caller.)
+  if callback == nil then return A.call_llm(opts) end
   if not is_callable(callback) then argerror(2, "callback", "a function", callback) end
-  local rec = start(opts, callback, 2)
-  local handle = { request_id = rec.request_id }
-  function handle.cancel() cancel_rec(rec) end
-  function handle.done() return rec.finished end
-  return handle
+  return start_with_callback(opts, 2, nil, callback)
 end
 
 -- ---------------------------------------------------------------------------
 -- stream_llm
-
--- The options of a streamed call (args.stream_options), with on_chunk for
--- deliver.
-local function stream_opts(opts, on_chunk)
-  if type(opts) ~= "table" then argerror(3, "opts", "a table", opts) end
-  local o = args.stream_options(opts)
-  o.on_chunk = on_chunk
-  return o
-end
 
 -- stream_llm(opts, { on_chunk = fn, on_done = fn }) -> handle, at once.
 -- on_chunk(chunks) runs on the main loop with a table (array) of the
@@ -364,12 +335,7 @@ end
 -- stream_llm(opts, on_chunk) waits like call_llm and returns res or nil, err,
 -- calling on_chunk(chunk) for each chunk.
 function M.stream_llm(opts, callbacks)
-  if is_callable(callbacks) then
-    local each = callbacks
-    return M.call_llm(stream_opts(opts, function(chunks)
-      for _, ch in ipairs(chunks) do each(ch) end
-    end))
-  end
+  if is_callable(callbacks) then return A.stream_llm(opts, callbacks) end
   if type(callbacks) ~= "table" then
     argerror(2, "callbacks", "{ on_chunk = fn, on_done = fn } (or, in a coroutine, a function)",
       callbacks)
@@ -377,45 +343,19 @@ function M.stream_llm(opts, callbacks)
   local on_chunk, on_done = callbacks.on_chunk, callbacks.on_done
   if not is_callable(on_chunk) then argerror(2, "callbacks.on_chunk", "a function", on_chunk) end
   if not is_callable(on_done) then argerror(2, "callbacks.on_done", "a function", on_done) end
-  return M.call_llm(stream_opts(opts, on_chunk), on_done)
+  if type(opts) ~= "table" then argerror(2, "opts", "a table", opts) end
+  return start_with_callback(api.stream_options(opts), 2, on_chunk, on_done)
 end
 
 -- ---------------------------------------------------------------------------
--- map_with_concurrency
-
-local MAP_OPTIONS = { return_errors = true, logger = true }
+-- map_with_concurrency(items, limit, worker, on_done [, opts]) -> handle
+-- (llmretry.api): the pool runs on the main loop; on_done(results, errors)
+-- runs there once every item has finished. handle.cancel() stops new
+-- starts and cancels the calls in flight (the workers see cancelled
+-- errors; on_done still runs); handle.done().
 
 function M.map_with_concurrency(items, limit, worker, on_done, opts)
-  opts = args.check_map_args(2, items, limit, worker, opts, MAP_OPTIONS)
-  if not is_callable(on_done) then argerror(2, "on_done", "a function", on_done) end
-  local return_errors, logger = opts.return_errors, opts.logger
-
-  -- One engine group paces the pool (its calls still report to the one
-  -- engine fd the session watches: poll = false).
-  local group = get_engine():group{ limit = limit, adaptive = true, poll = false }
-  local ctx = { calls = {}, cancelled = false, logger = logger or nil, group = group }
-  local pool = sched.pool{ items = items, limit = limit, worker = worker, driver = driver,
-    return_errors = return_errors, context = ctx,
-    on_finish = function(p)
-      group:close()
-      vim.schedule(function() on_done(p.results, p.nerrors > 0 and p.errors or nil) end)
-    end }
-
-  -- Workers start on the main loop, after this returns.
-  vim.schedule(pool.start)
-
-  local handle = {}
-  -- Stop new starts and cancel the calls in flight; the workers see
-  -- cancelled errors, and on_done still runs once they have finished.
-  function handle.cancel()
-    pool.stop()
-    ctx.cancelled = true
-    local recs = {}
-    for rec in pairs(ctx.calls) do recs[#recs + 1] = rec end
-    for _, rec in ipairs(recs) do cancel_rec(rec) end
-  end
-  function handle.done() return pool.done end
-  return handle
+  return A.map_with_concurrency(items, limit, worker, opts, on_done)
 end
 
 -- ---------------------------------------------------------------------------

@@ -35,14 +35,14 @@ local core = require("llmretry.core")
 local semaphore = require("ngx.semaphore")
 local llm = require("llmretry")
 local args = require("llmretry.args")
-local drain = require("llmretry.mailbox").drain
+local api = require("llmretry.api")
 
 local type, pairs, tostring, error, pcall, next = type, pairs, tostring, error, pcall, next
 local setmetatable, collectgarbage = setmetatable, collectgarbage
 local string = string
 local ngx = ngx
 
-local argerror, is_integer, is_callable = args.argerror, args.is_integer, args.is_callable
+local argerror, is_integer = args.argerror, args.is_integer
 
 local M = {}
 
@@ -361,60 +361,6 @@ local function check_phase(level)
   end
 end
 
--- Options of ours, not the engine's.
-local LUA_OPTIONS = { logger = true, validate = true }
-
-local function split_options(opts, level)
-  local sub, logger, validate = args.split_call_options(opts, level + 1, LUA_OPTIONS)
-  if opts.engine ~= nil then
-    error("llmretry: engine is not an option of llmretry.openresty (every call runs on the "
-      .. "worker's engine: see init_worker)", level + 1)
-  end
-  if opts.thread_pool ~= nil then
-    error("llmretry: thread_pool is not an option any more: calls run on the worker's engine, "
-      .. "with no thread pool (docs/openresty.md)", level + 1)
-  end
-  return sub, { logger = logger, validate = validate, reported = false,
-    report = report_logger_error }
-end
-
-local submit = args.submit
-
--- One call, waited for by yielding this light thread.
-local function run(opts, level, on_chunk)
-  check_phase(level + 1)
-  local sub, ctx = split_options(opts, level + 1)
-  ctx.on_chunk = on_chunk
-  local w = worker()
-  local d = w.d
-  sub.channel = d.channel
-  local h = submit(w.engine, sub, level + 1)
-  local waiter = { sema = semaphore.new() }
-  d.waiting[h] = waiter
-  watch_abort(h)
-  while not drain(h, ctx) do
-    local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
-    if not ok then wake(d) end      -- nobody woke us: look for ourselves
-  end
-  release(w, d, h)
-  if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end
-  return h:result()
-end
-
--- call_llm(opts) -> res | nil, err, as llmretry.call_llm; the request's
--- light thread yields until the call has ended, its logger (a function)
--- getting each event as it happens and validate (a function) each 2xx
--- body, in the request.
-
--- stream_llm(opts, on_chunk) -> res | nil, err, as llmretry.stream_llm:
--- on_chunk(chunk) runs in the request with each decoded chunk as it
--- arrives, free to ngx.print and ngx.flush (a gateway proxying the stream
--- to its client). Until the first chunk reached on_chunk every failure is
--- retried; after it nothing is (err.kind "stream_interrupted"). An
--- on_chunk that raises cancels the stream; the error is raised once it
--- has ended.
-M.call_llm, M.stream_llm = args.blocking_calls(run)
-
 -- What call_many waits on: a semaphore the dispatcher posts for any of the
 -- batch's calls, and the list of those with news.
 local function batch_source(w, d)
@@ -438,28 +384,59 @@ local function batch_source(w, d)
   return src
 end
 
+-- The calls as llmretry.api declares them; they wait by yielding the
+-- request's light thread on a semaphore that the dispatcher posts.
+local A = api.new{
+  name = "llmretry.openresty",
+  refused = {
+    { "engine", "llmretry: engine is not an option of llmretry.openresty (every call runs on "
+      .. "the worker's engine: see init_worker)" },
+    { "thread_pool", "llmretry: thread_pool is not an option any more: calls run on the "
+      .. "worker's engine, with no thread pool (docs/openresty.md)" },
+  },
+  report = report_logger_error,
+  check = check_phase,
+  -- On the worker's engine, reporting to its dispatcher's channel; the
+  -- token is the call's waiter (its semaphore, and the dispatch it is in).
+  submit = function(sub, _, _, level)
+    local w = worker()
+    local d = w.d
+    sub.channel = d.channel
+    local h = api.submit(w.engine, sub, level + 1)
+    local waiter = { sema = semaphore.new(), w = w, d = d }
+    d.waiting[h] = waiter
+    watch_abort(h)
+    return h, waiter
+  end,
+  wait = function(_, waiter)
+    local d = waiter.d
+    local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
+    if not ok then wake(d) end      -- nobody woke us: look for ourselves
+  end,
+  release = function(h, waiter) release(waiter.w, waiter.d, h) end,
+  batch = function()
+    local w = worker()
+    local d = w.d
+    return w.engine, d.channel, batch_source(w, d)
+  end,
+}
+
+-- call_llm(opts) -> res | nil, err, as llmretry.call_llm; the request's
+-- light thread yields until the call has ended, its logger (a function)
+-- getting each event as it happens and validate (a function) each 2xx
+-- body, in the request.
+--
+-- stream_llm(opts, on_chunk) -> res | nil, err, as llmretry.stream_llm:
+-- on_chunk(chunk) runs in the request with each decoded chunk as it
+-- arrives, free to ngx.print and ngx.flush (a gateway proxying the stream
+-- to its client).
+--
 -- call_many(bodies, opts) -> outs, as llmretry.call_many, on the worker's
 -- engine: every body one call, at most opts.limit at once (default 8),
 -- paced as one batch; the request yields until all have ended.
+M.call_llm, M.stream_llm = A.call_llm, A.stream_llm
 function M.call_many(bodies, opts)
-  check_phase(2)
-  if opts ~= nil and type(opts) == "table" then
-    if opts.engine ~= nil then
-      error("llmretry: engine is not an option of llmretry.openresty (every call runs on the "
-        .. "worker's engine: see init_worker)", 2)
-    end
-    local v = opts.validate
-    if v ~= nil and v ~= false and not is_callable(v) then
-      argerror(2, "validate", "a function or nil", v)
-    end
-  end
-  local w = worker()
-  local d = w.d
-  local host = { engine = w.engine, channel = d.channel, report = report_logger_error,
-    source = function() return batch_source(w, d) end }
-  local ok, outs = pcall(llm._call_many, bodies, opts, nil, host)
-  if not ok then error(outs, type(outs) == "string" and 2 or 0) end
-  return outs
+  return A.call_many(bodies, opts)
 end
 
 -- ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ local T = dofile(vim.fn.fnamemodify(debug.getinfo(1, "S").source:sub(2), ":h") .
 local llm = require("llmretry")
 local nv = require("llmretry.nvim")
 local check, test = T.check, T.test
+local REPO = vim.fn.fnamemodify(debug.getinfo(1, "S").source:sub(2), ":p:h:h:h")
 
 local figures = {}
 
@@ -438,6 +439,29 @@ test("a coroutine can wait for a call; misuse raises at once, before any I/O", f
   T.sleep(100)
   check(#T.requests("misuse") == 0, "a bad call reached the server")
   check(nv.stats().pending == 0, "a bad call is pending")
+end)
+
+-- tests/vectors/lua_misuse/: the cases busted runs on llmretry and nginx on
+-- llmretry.openresty, here on llmretry.nvim's coroutine forms (a test runs in
+-- a coroutine): the same bad argument, the same message, at the caller.
+test("the misuse vectors: the same messages as in the other Lua hosts", function()
+  T.script("misuse_vectors", {})
+  local f = assert(io.open(REPO .. "/tests/vectors/lua_misuse/cases.json", "rb"))
+  local doc = llm.decode(f:read("*a"))
+  f:close()
+  local vectors = dofile(REPO .. "/tests/lua/misuse_vectors.lua")
+  local ran, failures = vectors.run(doc, "nvim", nv, function() return T.opts("misuse_vectors") end,
+    function(name, args)
+      -- Neovim's map_with_concurrency(items, limit, worker, on_done [, opts]).
+      if name == "map_with_concurrency" then
+        args[5], args[4], args.n = args[4], function() end, 5
+      end
+    end)
+  check(#failures == 0, "%d of %d cases failed:\n%s", #failures, ran, table.concat(failures, "\n"))
+  check(ran >= 20, "only %d cases ran", ran)
+  T.sleep(100)
+  check(#T.requests("misuse_vectors") == 0, "a misused call reached the server")
+  check(nv.stats().pending == 0, "a misused call is pending")
 end)
 
 test("a callback that raises is reported by Neovim and the next call still works", function()

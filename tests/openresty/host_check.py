@@ -372,6 +372,18 @@ def test_misuse(ngx, mock):
     check("cannot wait in the header_filter phase" in err, f"a call in header_filter: {err!r}")
 
 
+def test_misuse_vectors(ngx, mock):
+    """tests/vectors/lua_misuse/: the same bad arguments raise the same messages as in busted and Neovim."""
+    mock.script("misuse_vectors", [])
+    status, text, _ = http("GET", ngx.base + "/misuse_vectors")
+    check(status == 200, f"/misuse_vectors: {status} {text}")
+    out = json.loads(text)
+    failures = out["failures"]
+    check(not failures, f"{len(failures)} of {out['ran']} cases failed:\n" + "\n".join(failures))
+    check(out["ran"] >= 20, f"only {out['ran']} cases ran")
+    check(len(mock.requests("misuse_vectors")) == 0, "a misused call reached the mock")
+
+
 def test_doc_examples(ngx, mock):
     """The location examples of README.md and docs/openresty.md work as written."""
     check(len(doc_locations(ngx.repo)) == 4, f"{len(doc_locations(ngx.repo))} location examples")
@@ -716,6 +728,7 @@ def test_no_secrets_logged(ngx, mock):
 
 
 TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_validate, test_misuse,
+         test_misuse_vectors,
          test_doc_examples, test_environment, test_engine_shared, test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,
