@@ -347,6 +347,14 @@ local function cancel_all(live)
   for h in pairs(live.calls) do h:cancel() end
 end
 
+-- The request's abort handler: one function for every request (it runs in
+-- the request, so ngx.ctx is that request's), not a closure made per
+-- request (garbage, and NYI for LuaJIT's compiler: FNEW).
+local function cancel_request()
+  local live = ngx.ctx[ABORT]
+  if live then cancel_all(live) end
+end
+
 local function watch_abort(h)
   local ctx = ngx.ctx
   local live = ctx[ABORT]
@@ -356,7 +364,7 @@ local function watch_abort(h)
     -- nil, "lua_check_client_abort is off", nil, "duplicate call" (the
     -- handler registered its own: it may call cancel_calls), or a timer
     -- (no client): the calls go on to their end.
-    pcall(ngx.on_abort, function() cancel_all(live) end)
+    pcall(ngx.on_abort, cancel_request)
   end
   if live.aborted then h:cancel() end
   live.calls[h] = true
