@@ -138,6 +138,10 @@ int lr_handle_gc(lua_State *L)
         llmretry_call_free(h->call);
         h->call = NULL;
     }
+    if (h->cached_ref > 0) {
+        luaL_unref(L, LUA_REGISTRYINDEX, h->cached_ref);
+        h->cached_ref = 0;
+    }
     return 0;
 }
 
@@ -246,21 +250,21 @@ int handle_result(lua_State *L)
     const llmretry_result *r = llmretry_call_result(h->call);
     if (!r)
         return lr_fail(L, "the call is not finished");
-    lua_settop(L, 1);
-    lr_getuservalue(L, 1);
-    lua_rawgeti(L, 2, 1);
-    if (lua_toboolean(L, -1))
-        return 1;
-    lua_rawgeti(L, 2, 2);
-    if (lua_toboolean(L, -1)) {
-        lua_pushnil(L);
-        lua_insert(L, -2);
-        return 2;
+    if (h->cached_ref > 0) {
+        if (h->cached_err)
+            lua_pushnil(L);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, h->cached_ref);
+        return h->cached_err ? 2 : 1;
     }
-    lua_settop(L, 2);
+    lua_settop(L, 1);
     int n = push_result(L, r);
     lua_pushvalue(L, -1);
-    lua_rawseti(L, 2, n == 1 ? 1 : 2);
+    int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    /* luaL_ref's refs are > 0; a nil result (never) would be LUA_REFNIL */
+    if (ref > 0) {
+        h->cached_ref = ref;
+        h->cached_err = n != 1;
+    }
     return n;
 }
 

@@ -28,6 +28,7 @@ int sbuf_gc(lua_State *L)
     sbuf *b = lua_touserdata(L, 1);
     free(b->data);
     b->data = NULL;
+    b->len = b->cap = 0;
     return 0;
 }
 
@@ -368,6 +369,33 @@ static void enc_value(enc *e, int idx, const frame *f, int depth)
     }
 }
 
+/* One output buffer per Lua state, kept in the registry and reused: a
+ * buffer userdata (with a finalizer) per encoding was garbage on every
+ * call, and the GC's work on it showed in a gateway's profile (issue 36).
+ * Nothing in enc_value runs Lua code, so no other encoding can start while
+ * one uses it; an error halfway leaves bytes that the next one drops. */
+static char sbuf_key;
+#define SBUF_KEEP (64 * 1024)       /* a bigger one is freed after use */
+
+static sbuf *shared_sbuf(lua_State *L)
+{
+    lua_pushlightuserdata(L, &sbuf_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    sbuf *b = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (!b) {
+        b = lua_newuserdata(L, sizeof *b);
+        memset(b, 0, sizeof *b);
+        luaL_getmetatable(L, SBUF_MT);
+        lua_setmetatable(L, -2);
+        lua_pushlightuserdata(L, &sbuf_key);
+        lua_insert(L, -2);
+        lua_rawset(L, LUA_REGISTRYINDEX);
+    }
+    b->len = 0;
+    return b;
+}
+
 /* Push the JSON text of the value at idx; errors name paths from `root`. */
 void push_encoded(lua_State *L, int idx, const char *root)
 {
@@ -376,16 +404,17 @@ void push_encoded(lua_State *L, int idx, const char *root)
     luaL_checkstack(L, 10, "llmretry: out of stack space");
     luaL_getmetatable(L, ARRAY_MT);
     lua_newtable(L);
-    sbuf *b = lua_newuserdata(L, sizeof *b);
-    memset(b, 0, sizeof *b);
-    luaL_getmetatable(L, SBUF_MT);
-    lua_setmetatable(L, -2);
+    sbuf *b = shared_sbuf(L);
     enc e = { L, b, base + 2, base + 1, root };
     frame top = { NULL, 0, 0 };
     enc_value(&e, idx, &top, 1);
     lua_pushlstring(L, b->data ? b->data : "", b->len);
-    free(b->data);
-    b->data = NULL;
+    b->len = 0;
+    if (b->cap > SBUF_KEEP) {
+        free(b->data);
+        b->data = NULL;
+        b->cap = 0;
+    }
     lua_replace(L, base + 1);
     lua_settop(L, base + 1);
 }

@@ -154,8 +154,6 @@ int engine_submit(lua_State *L)
     int hidx = lua_gettop(L);
     luaL_getmetatable(L, HANDLE_MT);
     lua_setmetatable(L, hidx);
-    lua_newtable(L);                    /* the cached result */
-    lr_setuservalue(L, hidx);
 
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_status st = llmretry_engine_submit(e, &o, LLMRETRY_SUBMIT_POLL, &h->call, err,

@@ -62,6 +62,11 @@ typedef struct lr_handle {
      * __gc frees it. Same idea for a validation request. */
     llmretry_event *parked;
     int validate_parked;
+    /* result()'s answer, built once: a registry reference (0: not yet) to
+     * the result (cached_err 0) or the error table (1). Not a table per
+     * handle: most handles are read once, and each table was garbage. */
+    int cached_ref;
+    int cached_err;
 } lr_handle;
 
 typedef struct lr_group {

@@ -286,6 +286,7 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
     lua_getfield(L, t, "method");
     int bodiless = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "POST") != 0;
     lua_pop(L, 1);
+    const char *table_model = NULL;
     lua_getfield(L, t, "body");
     if (lua_isnil(L, -1) && !need_body && !bodiless) {
         lua_pop(L, 1);
@@ -295,6 +296,13 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
         o->body = NULL;             /* the nil stays on the stack, as a body would */
         o->body_len = 0;
     } else if (lua_type(L, -1) == LUA_TTABLE) {
+        /* Its "model", anchored on the stack: the core would otherwise
+         * parse the text we are about to make only to read it back. */
+        lua_pushliteral(L, "model");
+        lua_rawget(L, -2);
+        if (lua_type(L, -1) == LUA_TSTRING)
+            table_model = lua_tostring(L, -1);
+        lua_insert(L, -2);
         push_encoded(L, -1, "body");
         /* A table the binding encoded: a stream of it reports its usage. */
         o->stream_usage = 1;
@@ -321,6 +329,10 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
         opt_one(L, lua_gettop(L), opt, o);
     }
     host_opts(L, t, o);
+    /* What the core would read from the JSON body (no model option, and no
+     * content_type: another type is not read at all). */
+    if (table_model && !o->model && !o->content_type && o->method == LLMRETRY_METHOD_POST)
+        o->model = table_model;
 }
 
 /* The core counts headers from 0 in its own order: name the header. */

@@ -130,6 +130,29 @@ local function release(w, d, h)
   if w.exiting and next(d.waiting) == nil then d.kick:post(1) end
 end
 
+-- A call_llm's waiter { sema }: kept for the next call once its call has
+-- ended, since a semaphore is an FFI object with a finalizer (a weak-table
+-- entry for the GC) and the pair was garbage on every call (issue 36). A
+-- post that came after the last drain is taken back first: a waiter comes
+-- out of the pool with nothing pending, and nobody posts it any more (its
+-- handle left d.waiting before).
+local spare, SPARE_MAX = {}, 256
+
+local function take_waiter()
+  local n = #spare
+  if n == 0 then return { sema = semaphore.new() } end
+  local waiter = spare[n]
+  spare[n] = nil
+  return waiter
+end
+
+local function give_waiter(waiter)
+  local sema = waiter.sema
+  if sema:count() > 0 then sema:wait(0) end
+  local n = #spare
+  if n < SPARE_MAX and sema:count() == 0 then spare[n + 1] = waiter end
+end
+
 -- No more dispatch on d: the channel goes once its calls are gone, and its
 -- end of the dispatcher's connection with it.
 local function stop(d)
@@ -317,22 +340,31 @@ end
 -- Client aborts: the calls of a request whose client went away are cancelled.
 
 local ABORT = {}    -- ngx.ctx key: { calls = weak set of handles, aborted }
+local WEAK_KEYS = { __mode = "k" }
 
 local function cancel_all(live)
   live.aborted = true
   for h in pairs(live.calls) do h:cancel() end
 end
 
+-- The request's abort handler: one function for every request (it runs in
+-- the request, so ngx.ctx is that request's), not a closure made per
+-- request (garbage, and NYI for LuaJIT's compiler: FNEW).
+local function cancel_request()
+  local live = ngx.ctx[ABORT]
+  if live then cancel_all(live) end
+end
+
 local function watch_abort(h)
   local ctx = ngx.ctx
   local live = ctx[ABORT]
   if live == nil then
-    live = { calls = setmetatable({}, { __mode = "k" }), aborted = false }
+    live = { calls = setmetatable({}, WEAK_KEYS), aborted = false }
     ctx[ABORT] = live
     -- nil, "lua_check_client_abort is off", nil, "duplicate call" (the
     -- handler registered its own: it may call cancel_calls), or a timer
     -- (no client): the calls go on to their end.
-    pcall(ngx.on_abort, function() cancel_all(live) end)
+    pcall(ngx.on_abort, cancel_request)
   end
   if live.aborted then h:cancel() end
   live.calls[h] = true
@@ -403,7 +435,8 @@ local A = api.new{
     local d = w.d
     sub.channel = d.channel
     local h = api.submit(w.engine, sub, level + 1)
-    local waiter = { sema = semaphore.new(), w = w, d = d }
+    local waiter = take_waiter()
+    waiter.w, waiter.d = w, d
     d.waiting[h] = waiter
     watch_abort(h)
     return h, waiter
@@ -413,7 +446,10 @@ local A = api.new{
     local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
     if not ok then wake(d) end      -- nobody woke us: look for ourselves
   end,
-  release = function(h, waiter) release(waiter.w, waiter.d, h) end,
+  release = function(h, waiter)
+    release(waiter.w, waiter.d, h)
+    give_waiter(waiter)
+  end,
   batch = function()
     local w = worker()
     local d = w.d

@@ -655,6 +655,25 @@ describe("fault matrix", function()
     check(scen.requests()[1].body == text, "body changed on the way")
   end)
 
+  it("names the call by a table body's model, as by a string body's", function()
+    local scen = mock:scen("table_body_model")
+    local model = "gpt-caf\195\169 \"q\""
+    local res, err = llm.call_llm({ body = { model = model, messages = {} }, base_url = scen.url,
+      api_key = H.SECRET_KEY })
+    check(res, "error %s", tostring(err))
+    check(res.meta.model == model, "model from a table body: %s", H.dump(res.meta.model))
+    -- not a string: no model, as when the core reads the text
+    res, err = llm.call_llm({ body = { model = 7, messages = {} }, base_url = scen.url,
+      api_key = H.SECRET_KEY })
+    check(res, "error %s", tostring(err))
+    check(res.meta.model == nil, "model 7 named the call: %s", H.dump(res.meta.model))
+    -- the model option wins over the body's
+    res, err = llm.call_llm({ body = { model = "in-body", messages = {} }, model = "opt",
+      base_url = scen.url, api_key = H.SECRET_KEY })
+    check(res, "error %s", tostring(err))
+    check(res.meta.model == "opt", "model option lost: %s", H.dump(res.meta.model))
+  end)
+
   it("encodes a table body as JSON with arrays, objects, null and UTF-8", function()
     local scen = mock:scen("table_body")
     local body = { model = "gpt-test", messages = { { role = "user", content = "caf\195\169" } },
