@@ -16,6 +16,7 @@ block returns. The waiting thread releases the GIL; Ctrl-C interrupts it.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
 
 from .errors import LLMError, error_from_outcome
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Stream", "StreamBase", "content_deltas"]
 
+
+_second = itemgetter(1)          # the chunk of an (event name, chunk) pair
 
 # The typed event (the Responses API's) whose "delta" is text of the answer.
 TEXT_DELTA_EVENT = "response.output_text.delta"
@@ -122,26 +125,35 @@ class Stream(StreamBase):
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    # The iterators delegate (yield from) to C iterators over _next_event
+    # instead of looping in Python: a generator suspended at `yield chunk`
+    # keeps its locals, so each open stream would hold the last chunk (its
+    # parsed dict, raw bytes and tuple, ~2 KiB) after the caller dropped it.
+
     def __iter__(self) -> Iterator[Any]:
         """Each chunk as it arrives; at the end, raise the call's error if it
         failed (a ``StreamInterruptedError`` after a chunk was read)."""
-        for _event, chunk in self.events():
-            yield chunk
+        yield from map(_second, iter(self._next_event, None))
+        self._end()
 
     def events(self) -> Iterator[Tuple[str, Any]]:
         """Each chunk with its SSE event name: ``"message"`` for chat
         completions; typed streams (the Responses API) name theirs
         (``"response.output_text.delta"``, ...). There ``result()`` is the
         final ``response.completed`` event's response."""
+        yield from iter(self._next_event, None)
+        self._end()
+
+    def _next_event(self) -> Optional[Tuple[str, Any]]:
+        """The next chunk as (event name, parsed JSON); None at the end."""
         raw = self._raw
         while True:
             item = raw.next_chunk()
             if item is None:
-                break
+                return None
             got = self._chunk(item)
             if got is not None:
-                yield got
-        self._end()
+                return got
 
     def text_deltas(self) -> Iterator[str]:
         """Only the content strings of choice 0 (of a typed stream, its
