@@ -31,7 +31,8 @@ typedef struct choice {
     char *role, *finish;
     lr_buf text[F_COUNT];         /* data == NULL: that field never came */
     cJSON *lp[LP_COUNT];          /* NULL until a chunk had that array */
-    tool_call **calls;            /* LR_ASM_MAX_TOOL_CALLS slots, lazily */
+    tool_call **calls;            /* calls_cap slots, grown as indexes come */
+    int calls_cap;
     int ncalls;                   /* highest used call index + 1 */
     int last_call;                /* the call an unindexed piece continues */
 } choice;
@@ -42,8 +43,34 @@ struct lr_asm {
     double created;
     int has_created;
     cJSON *usage;                 /* a copy of the last usage object */
-    choice *choices[LR_ASM_MAX_CHOICES];
+    /* Grown as indexes come (up to LR_ASM_MAX_CHOICES): the assembler
+     * lives as long as its stream is open, and nearly every stream has one
+     * choice, so 128 slots up front were 1 KiB of each open stream. */
+    choice **choices;
+    int choices_cap;
 };
+
+/* Room for slot i in an array of pointers grown by doubling, the new slots
+ * NULL: *slots is realloc'd, *cap updated. 0, or -1 when out of memory (the
+ * array stays as it was). One function for both kinds of slots: `slots`
+ * is a choice ** or a tool_call ** (its address as void *). */
+static int reserve_slot(void *slots, int *cap, int i)
+{
+    if (i < *cap)
+        return 0;
+    int n = *cap ? *cap : 1;
+    while (n <= i)
+        n *= 2;
+    void *old, *grown;
+    memcpy(&old, slots, sizeof old);
+    if (!(grown = realloc(old, (size_t)n * sizeof(void *))))
+        return -1;
+    memset((char *)grown + (size_t)*cap * sizeof(void *), 0,
+           (size_t)(n - *cap) * sizeof(void *));
+    memcpy(slots, &grown, sizeof grown);
+    *cap = n;
+    return 0;
+}
 
 /* ---- building blocks --------------------------------------------------- */
 
@@ -130,7 +157,7 @@ static int add_tool_call(choice *ch, const cJSON *t)
                                     : index_of(t, 0, LR_ASM_MAX_TOOL_CALLS);
     if (i < 0)
         return 0;
-    if (!ch->calls && !(ch->calls = calloc(LR_ASM_MAX_TOOL_CALLS, sizeof *ch->calls)))
+    if (reserve_slot(&ch->calls, &ch->calls_cap, i))
         return -1;
     if (!ch->calls[i] && !(ch->calls[i] = calloc(1, sizeof *ch->calls[i])))
         return -1;
@@ -188,7 +215,8 @@ static int add_choice(lr_asm *a, const cJSON *c)
     int i = index_of(c, 0, LR_ASM_MAX_CHOICES);
     if (i < 0)
         return 0;
-    if (!a->choices[i] && !(a->choices[i] = calloc(1, sizeof *a->choices[i])))
+    if (reserve_slot(&a->choices, &a->choices_cap, i) ||
+        (!a->choices[i] && !(a->choices[i] = calloc(1, sizeof *a->choices[i]))))
         return -1;
     choice *ch = a->choices[i];
     const cJSON *d = get(c, "delta");
@@ -343,7 +371,7 @@ static cJSON *build(const lr_asm *a, int by_ref)
         (a->fingerprint && put(root, "system_fingerprint", str_item(a->fingerprint, by_ref))) ||
         put(root, "choices", choices = cJSON_CreateArray()))
         goto fail;
-    for (int i = 0; i < LR_ASM_MAX_CHOICES; i++)
+    for (int i = 0; i < a->choices_cap; i++)
         if (a->choices[i] && put_choice(choices, i, a->choices[i], by_ref))
             goto fail;
     if (a->usage && put(root, "usage", by_ref ? cJSON_CreateObjectReference(a->usage->child)
@@ -405,9 +433,10 @@ void lr_asm_free(lr_asm *a)
 {
     if (!a)
         return;
-    for (int i = 0; i < LR_ASM_MAX_CHOICES; i++)
+    for (int i = 0; i < a->choices_cap; i++)
         if (a->choices[i])
             choice_free(a->choices[i]);
+    free(a->choices);
     free(a->id);
     free(a->model);
     free(a->fingerprint);

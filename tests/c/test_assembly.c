@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -396,6 +397,41 @@ static void test_caps(void)
     lr_asm_free(a);
 }
 
+/* An assembler lives as long as its stream is open (1,000 open streams
+ * hold 1,000 of them): the slots for choices and tool calls grow as their
+ * indexes come instead of being allocated for LR_ASM_MAX_CHOICES up front
+ * (1 KiB each). Indexes out of order and with gaps still come out sorted. */
+static void test_footprint(void)
+{
+    lr_asm *a = lr_asm_new();
+    size_t size = malloc_usable_size(a);
+    CHECK_MSG(size < 256, "an empty assembler takes %zu bytes", size);
+    lr_asm_free(a);
+
+    a = lr_asm_new();
+    const char *chunks[] = {
+        "{\"choices\":[{\"index\":5,\"delta\":{\"content\":\"five\"}}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"zero\"}}]}",
+        "{\"choices\":[{\"index\":2,\"delta\":{\"tool_calls\":[{\"index\":3,"
+        "\"id\":\"c3\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
+        "{\"index\":1,\"id\":\"c1\"}]}}]}",
+        NULL};
+    feed(a, chunks);
+    expect(a, "{\"id\":null,\"object\":\"chat.completion\",\"created\":null,\"model\":null,"
+              "\"choices\":["
+              "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"zero\"},"
+              "\"finish_reason\":null},"
+              "{\"index\":2,\"message\":{\"role\":\"assistant\",\"content\":null,"
+              "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+              "{\"name\":null,\"arguments\":\"\"}},"
+              "{\"id\":\"c3\",\"type\":\"function\",\"function\":"
+              "{\"name\":\"f\",\"arguments\":\"{}\"}}]},\"finish_reason\":null},"
+              "{\"index\":5,\"message\":{\"role\":\"assistant\",\"content\":\"five\"},"
+              "\"finish_reason\":null}]}",
+           "choices and tool calls out of order, with gaps");
+    lr_asm_free(a);
+}
+
 /* 100k one-character deltas into three fields: amortised growth keeps this
  * linear (a copy per chunk would move ~15 GB). No timing is asserted. */
 static void test_many_tiny_chunks(void)
@@ -480,6 +516,7 @@ int main(void)
     test_tool_calls();
     test_logprobs();
     test_caps();
+    test_footprint();
     test_many_tiny_chunks();
     test_result_ownership();
     return th_summary("test_assembly");
