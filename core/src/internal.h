@@ -67,7 +67,11 @@ enum { LR_H_RETRY_AFTER, LR_H_RETRY_AFTER_MS, LR_H_SHOULD_RETRY,
        LR_H_RESET_REQUESTS, LR_H_RESET_TOKENS, LR_H_POLICY_COUNT,
        LR_H_LIMIT_REQUESTS = LR_H_POLICY_COUNT, LR_H_LIMIT_TOKENS,
        LR_H_REMAINING_REQUESTS, LR_H_REMAINING_TOKENS, LR_H_COUNT };
-#define LR_HVAL 96
+/* The values kept in the call record: every value these headers carry is
+ * short (digits, "6m0s", an HTTP-date's 29 characters); a longer one goes
+ * to hdr_long. 32, not more: the record lives as long as its call is in
+ * flight, and LR_H_COUNT values at 96 were 864 bytes of each. */
+#define LR_HVAL 32
 
 typedef struct lr_buf {
     char *data;
