@@ -206,6 +206,8 @@ static void call_destroy(llmretry_call *c)
     lr_targets_free(c);
     free(c->policy);
     free(c->ca_file);
+    if (c->request_id != c->request_id_buf)
+        free(c->request_id);
     free((void *)c->o.idempotency_key);
     free((void *)c->o.content_type);
     if (c->o.headers) {
@@ -347,10 +349,14 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     if (opts->idempotency_key)
         oom |= !(c->o.idempotency_key = lr_strdup(opts->idempotency_key));
     oom |= copy_headers(c, opts) != 0;
-    if (opts->request_id)
-        snprintf(c->request_id, sizeof c->request_id, "%s", opts->request_id);
-    else if (lr_uuid4(c->request_id) != 0)
-        oom = 1;
+    size_t id_len = opts->request_id ? strlen(opts->request_id) : 0;
+    c->request_id = c->request_id_buf;
+    if (!opts->request_id)
+        oom |= lr_uuid4(c->request_id_buf) != 0;
+    else if (id_len < sizeof c->request_id_buf)
+        memcpy(c->request_id_buf, opts->request_id, id_len + 1);
+    else
+        oom |= !(c->request_id = lr_strdup(opts->request_id));
 
     if (!oom && !bad_json) {
         t0->body_len = body_len;

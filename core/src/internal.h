@@ -236,7 +236,12 @@ struct llmretry_call {
     /* Immutable after submit; owned copies. */
     llmretry_options o;            /* string fields point at the copies below */
     char *policy, *ca_file;
-    char request_id[LLMRETRY_REQUEST_ID_MAX + 1];
+    /* The request id: request_id_buf (a generated UUID, or a caller's id
+     * that fits), else a malloc'd copy of the caller's (up to
+     * LLMRETRY_REQUEST_ID_MAX bytes, rare: not worth 257 bytes of every
+     * call in flight). */
+    char *request_id;
+    char request_id_buf[37];
     /* The targets (targets.c) and the current one's request, borrowed
      * from it: the engine switches target on a fallback. */
     lr_target *targets;
