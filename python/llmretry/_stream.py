@@ -16,7 +16,6 @@ block returns. The waiting thread releases the GIL; Ctrl-C interrupts it.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
 
 from .errors import LLMError, error_from_outcome
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Stream", "StreamBase", "content_deltas"]
 
-
-_second = itemgetter(1)          # the chunk of an (event name, chunk) pair
 
 # The typed event (the Responses API's) whose "delta" is text of the answer.
 TEXT_DELTA_EVENT = "response.output_text.delta"
@@ -125,15 +122,17 @@ class Stream(StreamBase):
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    # The iterators delegate (yield from) to C iterators over _next_event
-    # instead of looping in Python: a generator suspended at `yield chunk`
-    # keeps its locals, so each open stream would hold the last chunk (its
-    # parsed dict, raw bytes and tuple, ~2 KiB) after the caller dropped it.
+    # The iterators delegate (yield from) to C iterators, iter(callable,
+    # None), over the two readers below instead of looping in Python: a
+    # generator suspended at `yield chunk` keeps its locals, so each open
+    # stream held the last chunk (its parsed dict, raw bytes and tuple,
+    # ~2 KiB) after the caller had dropped it. The readers are
+    # StreamBase._chunk inlined, one Python call per chunk (as before).
 
     def __iter__(self) -> Iterator[Any]:
         """Each chunk as it arrives; at the end, raise the call's error if it
         failed (a ``StreamInterruptedError`` after a chunk was read)."""
-        yield from map(_second, iter(self._next_event, None))
+        yield from iter(self._next_chunk, None)
         self._end()
 
     def events(self) -> Iterator[Tuple[str, Any]]:
@@ -144,22 +143,39 @@ class Stream(StreamBase):
         yield from iter(self._next_event, None)
         self._end()
 
-    def _next_event(self) -> Optional[Tuple[str, Any]]:
-        """The next chunk as (event name, parsed JSON); None at the end."""
-        raw = self._raw
+    def _next_chunk(self) -> Any:
+        """The next chunk (parsed JSON, never None), counted; None at the end."""
+        raw, parse = self._raw, self._parse
         while True:
             item = raw.next_chunk()
             if item is None:
                 return None
-            got = self._chunk(item)
-            if got is not None:
-                return got
+            self.chunks_read += 1
+            try:
+                return parse(item[1])
+            except ValueError:      # skipped, as StreamBase._chunk says
+                pass
+
+    def _next_event(self) -> Optional[Tuple[str, Any]]:
+        """_next_chunk's chunk with its event name."""
+        raw, parse = self._raw, self._parse
+        while True:
+            item = raw.next_chunk()
+            if item is None:
+                return None
+            self.chunks_read += 1
+            event, data = item
+            try:
+                return event or "message", parse(data)
+            except ValueError:
+                pass
 
     def text_deltas(self) -> Iterator[str]:
         """Only the content strings of choice 0 (of a typed stream, its
         ``response.output_text.delta`` texts), as they arrive."""
-        for event, chunk in self.events():
+        for event, chunk in iter(self._next_event, None):
             yield from content_deltas(chunk, event)
+        self._end()
 
     def result(self) -> "Result":
         """Wait for the end (reading what is left) and return the assembled
