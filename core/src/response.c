@@ -273,9 +273,6 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
                  char **model, char **fingerprint)
 {
     *model = *fingerprint = NULL;
-    *why = json_text_problem(text, n);
-    if (*why)
-        return -1;
     const char *end = text + n;
     lr_jp j;
     lr_jp_init(&j, text, n);
@@ -287,8 +284,12 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
     int object = lr_jp_peek(&j) == '{';
     int bad = object ? find_members(&j, top, at, 3) != 0 : lr_jp_skip(&j) != 0;
     lr_jp_ws(&j);
-    if (bad || j.p != end) {
-        *why = "is not JSON";
+    /* Strict JSON holds to every rule of json_text_problem but the depth:
+     * that scan runs only to say why a body is refused. */
+    if (bad || j.p != end || j.max_depth > LLMRETRY_MAX_BODY_DEPTH) {
+        *why = json_text_problem(text, n);
+        if (!*why)
+            *why = "is not JSON";
         return -1;
     }
     if (!object) {

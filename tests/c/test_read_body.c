@@ -145,6 +145,23 @@ int main(void)
         CHECK_MSG(r.rc == -1 && r.why && strcmp(r.why, "is not JSON") == 0, "%s taken", lenient[i]);
         reading_clear(&r);
     }
+    /* nesting: at the limit, past it, past json_pull's own (1000) */
+    static const int depths[] = { LLMRETRY_MAX_BODY_DEPTH, LLMRETRY_MAX_BODY_DEPTH + 1, 1001 };
+    for (size_t d = 0; d < sizeof depths / sizeof *depths; d++) {
+        int k = depths[d] - 1;      /* inside the top object */
+        char *deep = malloc((size_t)k * 6 + 32);
+        if (!deep)
+            abort();
+        size_t len = (size_t)sprintf(deep, "{\"model\":\"d\",\"x\":");
+        for (int i = 0; i < k; i++)
+            len += (size_t)sprintf(deep + len, "%s", i % 2 ? "{\"a\":" : "[");
+        deep[len++] = '1';
+        for (int i = k - 1; i >= 0; i--)
+            deep[len++] = i % 2 ? '}' : ']';
+        deep[len++] = '}';
+        compare(deep, len, "deep");
+        free(deep);
+    }
     CHECK(compared > 10000);
     return th_summary("test_read_body");
 }
