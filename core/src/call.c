@@ -83,15 +83,33 @@ static char *read_body(const char *body, size_t len, int want_model, int *bad_js
     return model;
 }
 
+/* Every call builds its list (the request id differs), so this is on the
+ * submitting thread's path per item: the line is put together with memcpy
+ * in a stack buffer (snprintf cost more than the rest of the list), and
+ * only an unusually long value takes the heap. */
 static int append_header(struct curl_slist **list, const char *name, const char *value)
 {
-    size_t n = strlen(name) + strlen(value) + 3;
-    char *line = malloc(n);
+    size_t nl = strlen(name), vl = strlen(value), n = nl + vl + 3;
+    char small[256];
+    char *line = n <= sizeof small ? small : malloc(n);
     if (!line)
         return -1;
-    snprintf(line, n, "%s: %s", name, value);
+    memcpy(line, name, nl);
+    memcpy(line + nl, ": ", 2);
+    memcpy(line + nl + 2, value, vl + 1);
     struct curl_slist *l = curl_slist_append(*list, line);
-    free(line);
+    if (line != small)
+        free(line);
+    if (!l)
+        return -1;
+    *list = l;
+    return 0;
+}
+
+/* A whole constant line: libcurl copies it, nothing to build. */
+static int append_line(struct curl_slist **list, const char *line)
+{
+    struct curl_slist *l = curl_slist_append(*list, line);
     if (!l)
         return -1;
     *list = l;
@@ -165,11 +183,13 @@ int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n_l
         api_key = NULL;
     if (api_key && *api_key) {
         /* The key lives only in this list (and libcurl's copy of the line). */
-        size_t n = strlen(api_key) + 32;
+        static const char prefix[] = "Authorization: Bearer ";
+        size_t kl = strlen(api_key), n = sizeof prefix + kl;
         char *line = malloc(n);
         if (!line)
             return -1;
-        snprintf(line, n, "Authorization: Bearer %s", api_key);
+        memcpy(line, prefix, sizeof prefix - 1);
+        memcpy(line + sizeof prefix - 1, api_key, kl + 1);
         h = curl_slist_append(NULL, line);
         explicit_bzero(line, n);
         free(line);
@@ -178,12 +198,12 @@ int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n_l
     }
     /* Only a POST has a body to describe. */
     if (c->o.method == LLMRETRY_METHOD_POST && !caller_sets(lines, n_lines, "Content-Type"))
-        rc |= append_header(&h, "Content-Type",
-                            c->o.content_type ? c->o.content_type : "application/json");
+        rc |= c->o.content_type ? append_header(&h, "Content-Type", c->o.content_type)
+                                : append_line(&h, "Content-Type: application/json");
     if (!caller_sets(lines, n_lines, "Accept"))
-        rc |= append_header(&h, "Accept", c->o.raw_response ? "*/*" : "application/json");
+        rc |= append_line(&h, c->o.raw_response ? "Accept: */*" : "Accept: application/json");
     if (!caller_sets(lines, n_lines, "User-Agent"))
-        rc |= append_header(&h, "User-Agent", "llmretry/" LLMRETRY_VERSION);
+        rc |= append_line(&h, "User-Agent: llmretry/" LLMRETRY_VERSION);
     rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
     if (c->o.idempotency_key)
         rc |= append_header(&h, "Idempotency-Key", c->o.idempotency_key);

@@ -500,6 +500,11 @@ struct cJSON *lr_parse_body(const char *text, size_t n, const char **why);
 /* Usage (only sane counts), model and fingerprint of a 2xx document. */
 void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
                      char **fingerprint);
+/* A 2xx body judged as lr_parse_body judges it (the same *why), and its
+ * usage, model and fingerprint read as lr_read_success reads them, without
+ * building the tree: read in place (json_pull.h). 0, or -1 with *why set. */
+int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *usage,
+                 char **model, char **fingerprint);
 /* What an error shows of the server's text (docs/security.md). A provider's
  * code shows when it is a token of [A-Za-z0-9_.:-], at most LR_CODE_MAX
  * bytes, that does not quote the request, else as LR_INVALID_CODE; its

@@ -267,7 +267,8 @@ int lr_jp_enter(lr_jp *j)
 {
     if (j->depth >= LR_JP_MAX_DEPTH)
         return -1;
-    j->depth++;
+    if (++j->depth > j->max_depth)
+        j->max_depth = j->depth;
     j->p++;
     return 0;
 }

@@ -22,6 +22,7 @@ typedef struct lr_jp {
     const char *p;                 /* the next byte to read */
     const char *end;               /* one past the text */
     int depth;                     /* containers open */
+    int max_depth;                 /* the most open at once so far */
 } lr_jp;
 
 /* A string as it stands in the text (between its quotes, escapes kept). */
@@ -37,6 +38,7 @@ static inline void lr_jp_init(lr_jp *j, const char *text, size_t len)
     j->p = text;
     j->end = text + len;
     j->depth = 0;
+    j->max_depth = 0;
 }
 
 static inline void lr_jp_ws(lr_jp *j)

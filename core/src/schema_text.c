@@ -477,7 +477,7 @@ int lr_schema_validate_text(const lr_schema *s, const char *text, size_t len,
     lr_vshared sh;
     lr_vshared_init(&sh);
     lr_vctx v = { &sh, out };
-    walk w = { { NULL, NULL, 0 }, 0 };
+    walk w = { { NULL, NULL, 0, 0 }, 0 };
     out->n = out->truncated = 0;
     lr_jp_init(&w.j, text ? text : "", text ? len : 0);
     lr_jp_ws(&w.j);

@@ -24,6 +24,11 @@
 
 #define PREVIEW_BYTES 500           /* outcome.c's */
 
+static int same_text(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
 /* Hand one header line (with its CRLF) to on_header; 0 = aborted. */
 static int feed_header(llmretry_call *c, const uint8_t *line, size_t n)
 {
@@ -131,6 +136,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 fail("token counts without usage");
             lr_outcome_clear(&ok);
         }
+        /* Read in place (what the engine does): a body it takes, the tree
+         * takes too, with the same usage, model and fingerprint. */
+        lr_outcome in;
+        const char *why = NULL;
+        memset(&in, 0, sizeof in);
+        if (lr_read_body(c->resp.data ? c->resp.data : "", c->resp.len, &why, &in.usage,
+                         &in.response_model, &in.fingerprint) == 0) {
+            lr_outcome t;
+            memset(&t, 0, sizeof t);
+            if (!doc || !cJSON_IsObject(doc))
+                fail("a body read in place that cJSON does not take as an object");
+            lr_read_success(doc, &t.usage, &t.response_model, &t.fingerprint);
+            if (t.usage.present != in.usage.present ||
+                t.usage.prompt_tokens != in.usage.prompt_tokens ||
+                t.usage.completion_tokens != in.usage.completion_tokens ||
+                t.usage.total_tokens != in.usage.total_tokens ||
+                !same_text(t.response_model, in.response_model) ||
+                !same_text(t.fingerprint, in.fingerprint))
+                fail("a body read in place differs from its tree");
+            lr_outcome_clear(&t);
+        } else if (!why) {
+            fail("a body refused in place without a reason");
+        }
+        lr_outcome_clear(&in);
         cJSON_Delete(doc);
         char *code = NULL, *msg = lr_http_error(c, 500, &code);
         if (!msg || strstr(msg, "\n") || strstr(msg, "\r"))
