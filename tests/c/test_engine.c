@@ -25,13 +25,6 @@ static th_mock mock;
 /* Helpers.                                                            */
 /* ------------------------------------------------------------------ */
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* Options for scenario `name` with fast, deterministic retries. */
 static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
 {
@@ -263,7 +256,7 @@ static void test_cancel_during_attempt(llmretry_engine *e)
     llmretry_call *c = submit(e, &o, 0);
     if (!c)
         return;
-    sleep_ms(200);
+    th_sleep_ms(200);
     int64_t t0 = th_now_ms();
     llmretry_call_cancel(c);
     CHECK_MSG(drain(c, &l, -1, 3000), "cancelled call did not finish");
@@ -328,7 +321,7 @@ static void test_free_unfinished(llmretry_engine *e)
     if (c)
         llmretry_call_free(c);            /* before its attempt even starts */
     c = submit(e, &o, 0);
-    sleep_ms(150);
+    th_sleep_ms(150);
     if (c)
         llmretry_call_free(c);            /* mid-attempt */
     c = submit(e, &o, 0);
@@ -346,7 +339,7 @@ static void test_free_unfinished(llmretry_engine *e)
         return;
     opts_for(&o, "free_undrained", url, sizeof url);
     c = submit(e, &o, 0);
-    sleep_ms(100);
+    th_sleep_ms(100);
     if (c)
         llmretry_call_free(c);
 
@@ -472,7 +465,7 @@ static void test_engine_churn(void)
         for (int k = 0; k < n; k++)
             calls[k] = submit(e, &o, 0);
         if (i % 3 == 0)
-            sleep_ms(i % 20); /* sometimes while attempts are starting */
+            th_sleep_ms(i % 20); /* sometimes while attempts are starting */
         if (i % 7 == 1 && calls[0]) {
             llmretry_call_free(calls[0]); /* a call freed before its engine */
             calls[0] = NULL;

@@ -411,9 +411,6 @@ static int redis_has(const char *field, const char *value)
     return found;
 }
 
-#define EVENTUALLY_MS(cond, max_ms) ({ int64_t until_ = th_now_ms() + (max_ms); int ok_ = 0; \
-    while (!(ok_ = (cond)) && th_now_ms() < until_) { struct timespec ts_ = { 0, 5000000 }; \
-    nanosleep(&ts_, NULL); } ok_; })
 
 static void run_one(llmretry_engine *e, const llmretry_options *o)
 {
@@ -497,7 +494,7 @@ static void stricter_wins(const char *spec)
     run_one(t.b, &ob);
     /* a's claim is in force for b (through Redis, within a round). */
     llmretry_endpoint_stats st;
-    CHECK_MSG(EVENTUALLY_MS(stats_of(t.b, t.scen, &st) && st.rpm == 1200, 3000),
+    CHECK_MSG(TH_EVENTUALLY(stats_of(t.b, t.scen, &st) && st.rpm == 1200, 3000),
               "b paces at %lld a minute", (long long)st.rpm);
     enum { EACH = 12 };
     CHECK_INT(run_at_once(t.a, &oa, t.b, &ob, EACH), 2 * EACH);
@@ -524,7 +521,7 @@ static void learned_for_all(const char *spec)
     t.o.max_retries = 5;
     run_one(t.a, &t.o);
     if (spec[0] == 'r')                 /* a's news has reached Redis */
-        CHECK(EVENTUALLY_MS(redis_has("a2", "600"), 3000));
+        CHECK(TH_EVENTUALLY(redis_has("a2", "600"), 3000));
     enum { N = 12 };
     CHECK_INT(run_at_once(t.b, &t.o, NULL, NULL, N), N);
     check_few_refused(t.scen, spec);
@@ -628,7 +625,7 @@ static void hold_for_all(const char *spec, const char *which)
     int paused = spec[0] == 'r' ? redis_count("pz") : 0;
     run_one(a, &o);
     if (spec[0] == 'r')                 /* a's hold has reached Redis */
-        CHECK(EVENTUALLY_MS(redis_count("pz") > paused, 3000));
+        CHECK(TH_EVENTUALLY(redis_count("pz") > paused, 3000));
     o.deadline_ms = 1000;
     llmretry_call *c = th_submit(b, &o);
     const llmretry_result *r = wait_done(c, NULL);
