@@ -396,7 +396,7 @@ def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
         (bid,) = store.batches
         # Polling: it retrieved the batch at least twice.
         _until(lambda: (tmp_path / "failed.jsonl.batches").exists(), "the record")
-        time.sleep(0.05)
+        time.sleep(0.05)    # a poll or two after the record (the store counts none)
     finally:
         proc.kill()
         proc.communicate()

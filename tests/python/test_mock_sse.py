@@ -1023,6 +1023,8 @@ def test_stop_is_prompt_while_streaming() -> None:
         raw.head()
         socks.append(raw)
     assert wait_for(lambda: len(server.requests("s")) == 3)
+    # Heads read, the handlers go on into their 30 s split delays; nothing
+    # tells when they are in: a margin, so stop() meets the delays.
     time.sleep(0.1)
     t0 = time.monotonic()
     server.stop()
