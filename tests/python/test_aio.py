@@ -202,7 +202,7 @@ def test_300_calls_of_300_ms_overlap_with_no_thread_per_call(external_mock: str)
         t0 = time.monotonic()
         calls = [asyncio.ensure_future(client.acall_llm(BODY, base_url=url))
                  for _ in range(300)]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)    # a window for threads that must not start
         counts.append(len(_os_threads() - before))   # threads started since
         results = await asyncio.gather(*calls)
         assert all(r.meta.status == 200 for r in results)
@@ -310,7 +310,7 @@ def test_cancelling_a_call_queued_for_a_slot_never_sends_it() -> None:
         queued = asyncio.ensure_future(client.acall_llm(BODY, base_url=hang.url))
         while hang.accepted < 1:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)    # the second waits for the slot: nothing shows it
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
@@ -318,7 +318,7 @@ def test_cancelling_a_call_queued_for_a_slot_never_sends_it() -> None:
         with pytest.raises(asyncio.CancelledError):
             await first
         assert hang.wait_closed(1, 2.0)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)    # a look for a connection that must not come
 
     try:
         run(main())
@@ -336,7 +336,12 @@ def test_a_loop_closed_with_calls_in_flight_leaves_them_cancelled() -> None:
     try:
         tasks = [loop.create_task(client.acall_llm(BODY, base_url=hang.url))
                  for _ in range(5)]
-        loop.run_until_complete(asyncio.sleep(0.3))
+
+        async def all_sent() -> None:       # the loop runs while the calls go out
+            end = time.monotonic() + 10
+            while hang.received < 5 and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+        loop.run_until_complete(all_sent())
         assert hang.accepted == 5
         for t in tasks:
             t.cancel()
