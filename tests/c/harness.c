@@ -61,6 +61,13 @@ int64_t th_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+void th_sleep_ms(int64_t ms)
+{
+    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 char *th_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -549,6 +556,19 @@ int th_mock_put(th_mock *m, const char *path, const char *json)
     long st = control(m, "PUT", path, json, NULL);
     if (st < 200 || st >= 300) {
         th_fail(__FILE__, __LINE__, "setup: PUT %s failed (HTTP %ld)", path, st);
+        return -1;
+    }
+    return 0;
+}
+
+int th_mock_advance_clock(th_mock *m, const char *name, int64_t ms)
+{
+    char path[256], body[64];
+    snprintf(path, sizeof path, "/_mock/clock/%s", name);
+    snprintf(body, sizeof body, "{\"advance_ms\": %lld}", (long long)ms);
+    long st = control(m, "POST", path, body, NULL);
+    if (st < 200 || st >= 300) {
+        th_fail(__FILE__, __LINE__, "setup: advancing %s's clock failed (HTTP %ld)", name, st);
         return -1;
     }
     return 0;

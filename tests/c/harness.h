@@ -31,6 +31,18 @@ int th_summary(const char *suite);
 /* Milliseconds on the monotonic clock. */
 int64_t th_now_ms(void);
 
+/* Sleep ms milliseconds (resumed when a signal interrupts it). Tests wait for
+ * a condition with TH_EVENTUALLY; a bare sleep is for time that must pass
+ * (a client's own timeout, cooldown or deadline) and says so. */
+void th_sleep_ms(int64_t ms);
+
+/* Poll cond every 2 ms until it holds or max_ms pass: 1 if it held. The
+ * deadline is generous on purpose (a loaded machine is slow, not wrong). */
+#define TH_EVENTUALLY(cond, max_ms) ({ int64_t th_until_ = th_now_ms() + (max_ms); \
+    int th_ok_ = 0; \
+    while (!(th_ok_ = !!(cond)) && th_now_ms() < th_until_) { th_sleep_ms(2); } \
+    th_ok_; })
+
 /* Read a whole file (malloc'd, NUL-terminated), NULL on error. */
 char *th_read_file(const char *path, size_t *len);
 
@@ -55,6 +67,11 @@ int th_mock_script(th_mock *m, const char *name, const char *scenario_json);
 /* PUT `json` to a control path (e.g. "/_mock/batches"); 0 on a 2xx, else a
  * counted failure. */
 int th_mock_put(th_mock *m, const char *path, const char *json);
+
+/* POST /_mock/clock/<name> {"advance_ms": ms}: the scenario's clock moves on
+ * (a script with "clock": "manual" holds its step delays until then). 0 on
+ * success, else a counted failure. */
+int th_mock_advance_clock(th_mock *m, const char *name, int64_t ms);
 
 /* GET /_mock/requests/<name>: the JSON array of recorded requests
  * (malloc'd text), NULL on error. */

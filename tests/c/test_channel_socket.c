@@ -7,6 +7,7 @@
  * reader of the socket, which then takes them with llmretry_channel_poll. */
 #include "harness.h"
 #include "internal.h"
+#include "engine.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -61,6 +62,15 @@ static llmretry_call *new_call(void)
 }
 
 /* The notifier alone: where it listens, what accept takes, what it writes. */
+/* Is `c` on its channel's ready list (read under the engine's lock)? */
+static int on_ready_list(llmretry_engine *e, llmretry_call *c)
+{
+    pthread_mutex_lock(&e->mu);
+    int on = c->in_ready;
+    pthread_mutex_unlock(&e->mu);
+    return on;
+}
+
 static void test_bytes_on_edges(void)
 {
     lr_channel r;
@@ -221,11 +231,9 @@ static void test_engine_wakes_the_socket(void)
     o.deadline_ms = 0;
     llmretry_call *early = NULL;
     CHECK_INT(llmretry_engine_submit(e, &o, 0, &early, err, sizeof err), LLMRETRY_OK);
-    llmretry_call_wait(early, 2000);
-    int64_t settle = th_now_ms() + 200;
-    while (th_now_ms() < settle && !llmretry_call_result(early))
-        usleep(1000);
-    usleep(50 * 1000);                  /* published to the list by now */
+    /* Wait until the engine has put it on the channel's ready list (after
+     * its result: lr_publish, at the end of an I/O round). */
+    CHECK_MSG(TH_EVENTUALLY(on_ready_list(e, early), 10000), "the early call was never published");
     int host = connect_to(llmretry_channel_socket_path(ch));
     CHECK_INT(llmretry_channel_accept(ch, 1000, err, sizeof err), LLMRETRY_OK);
     CHECK_INT(bytes_within(host, 500), 1);

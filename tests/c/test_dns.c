@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "llmretry.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <time.h>
@@ -15,12 +16,25 @@
 #define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
 
 static th_mock mock;
+static int (*resolving)(void);  /* the shim's count of lookups under way */
 
-static void sleep_ms(int64_t ms)
+/* Threads of this process (/proc/self/task), -1 if unreadable. */
+static int threads(void)
 {
-    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Wait until one more lookup of the stuck name than `before` is under way. */
+static void until_resolving(int before)
+{
+    CHECK_MSG(TH_EVENTUALLY(resolving() > before, 10000), "the lookup never started");
 }
 
 static void base_opts(llmretry_options *o, const char *base_url)
@@ -82,11 +96,13 @@ static void test_stuck_dns(void)
     llmretry_call *a = submit(e, &stuck);
     /* Let the 300 ms attempt time out while its name is still resolving:
      * the I/O thread must not be stuck in that resolver's join now. */
-    sleep_ms(400);
+    int64_t a_ms = a && TH_EVENTUALLY(llmretry_call_result(a), 10000) ? th_now_ms() - t0 : -1;
+    CHECK_MSG(resolving() == 1, "the stuck lookup ended before the attempt (%d)", resolving());
     int64_t t1 = th_now_ms();
     llmretry_call *b = submit(e, &loop);
     int64_t b_ms = b ? wait_done(b, t1, 10000) : -1;
-    int64_t a_ms = a ? wait_done(a, t0, 10000) : -1;
+    if (a)
+        wait_done(a, t0, 10000);
     CHECK_MSG(a_ms >= 0 && a_ms < 1000, "the 300 ms attempt to a stuck name took %lld ms",
               (long long)a_ms);
     CHECK_MSG(b_ms >= 0 && b_ms < 1000, "a loopback call beside it took %lld ms", (long long)b_ms);
@@ -99,8 +115,9 @@ static void test_stuck_dns(void)
 
     /* A cancel and the engine's shutdown while a name is resolving. */
     stuck.timeout_ms = 5000;
+    int before = resolving();
     llmretry_call *c = submit(e, &stuck);
-    sleep_ms(200);
+    until_resolving(before);
     int64_t t2 = th_now_ms();
     if (c) {
         llmretry_call_cancel(c);
@@ -108,8 +125,9 @@ static void test_stuck_dns(void)
         CHECK_MSG(c_ms >= 0 && c_ms < 1000, "cancel of a resolving call took %lld ms",
                   (long long)c_ms);
     }
+    before = resolving();
     llmretry_call *d = submit(e, &stuck);
-    sleep_ms(200);
+    until_resolving(before);
     int64_t t3 = th_now_ms();
     llmretry_engine_free(e);
     int64_t free_ms = th_now_ms() - t3;
@@ -122,7 +140,8 @@ static void test_stuck_dns(void)
 int main(void)
 {
     int (*active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "slow_dns_active");
-    if (!active) {
+    resolving = (int (*)(void))dlsym(RTLD_DEFAULT, "slow_dns_resolving");
+    if (!active || !resolving) {
         CHECK_MSG(0, "slow_dns.so is not preloaded (run through ctest)");
         return th_summary("test_dns");
     }
@@ -134,8 +153,10 @@ int main(void)
     }
     test_stuck_dns();
     th_mock_stop(&mock);
-    /* Detached resolver threads end when their getaddrinfo returns; let
-     * them, so the leak checker sees them finished. */
-    sleep_ms(active() + 300);
+    /* Detached resolver threads end when their getaddrinfo returns; wait
+     * for them (the engine's own threads are joined), so the leak checker
+     * sees them finished. */
+    CHECK_MSG(TH_EVENTUALLY(resolving() == 0 && threads() == 1, active() + 10000),
+              "resolver threads left: %d lookups, %d threads", resolving(), threads());
     return th_summary("test_dns");
 }

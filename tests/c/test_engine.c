@@ -26,13 +26,6 @@ static th_mock mock;
 /* Helpers.                                                            */
 /* ------------------------------------------------------------------ */
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* Options for scenario `name` with fast, deterministic retries. */
 static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
 {
@@ -301,7 +294,7 @@ static void test_cancel_during_attempt(llmretry_engine *e)
     llmretry_call *c = submit(e, &o, 0);
     if (!c)
         return;
-    sleep_ms(200);
+    CHECK_MSG(TH_EVENTUALLY(recorded("cancel_attempt") == 1, 10000), "the attempt never started");
     int64_t t0 = th_now_ms();
     llmretry_call_cancel(c);
     CHECK_MSG(drain(c, &l, -1, 3000), "cancelled call did not finish");
@@ -366,9 +359,12 @@ static void test_free_unfinished(llmretry_engine *e)
     if (c)
         llmretry_call_free(c);            /* before its attempt even starts */
     c = submit(e, &o, 0);
-    sleep_ms(150);
-    if (c)
+    if (c) {
+        CHECK_MSG(drain(c, &l, LLMRETRY_EV_REQUEST_STARTED, 10000) &&
+                  TH_EVENTUALLY(recorded("free_early") >= 1, 10000), "the attempt never started");
+        log_free(&l);
         llmretry_call_free(c);            /* mid-attempt */
+    }
     c = submit(e, &o, 0);
     if (c) {
         drain(c, &l, LLMRETRY_EV_REQUEST_STARTED, 2000);
@@ -384,7 +380,7 @@ static void test_free_unfinished(llmretry_engine *e)
         return;
     opts_for(&o, "free_undrained", url, sizeof url);
     c = submit(e, &o, 0);
-    sleep_ms(100);
+    CHECK_MSG(c && TH_EVENTUALLY(llmretry_call_result(c), 10000), "the call never finished");
     if (c)
         llmretry_call_free(c);
 
@@ -510,7 +506,8 @@ static void test_engine_churn(void)
         for (int k = 0; k < n; k++)
             calls[k] = submit(e, &o, 0);
         if (i % 3 == 0)
-            sleep_ms(i % 20); /* sometimes while attempts are starting */
+            th_sleep_ms(i % 20); /* sometimes while attempts are starting: varied
+                                  * timing is what this churn is for */
         if (i % 7 == 1 && calls[0]) {
             llmretry_call_free(calls[0]); /* a call freed before its engine */
             calls[0] = NULL;

@@ -15,13 +15,6 @@
 
 static th_mock mock;
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 static void opts_for(llmretry_options *o, const char *name, char *url, size_t len,
                      llmretry_group *g)
 {
@@ -87,7 +80,7 @@ static void wait_all(llmretry_call **calls, int n, llmretry_group *g, int *max_a
             *max_active = st.active;
         if (all || th_now_ms() > end)
             break;
-        sleep_ms(2);
+        th_sleep_ms(2);
     }
 }
 
@@ -160,7 +153,7 @@ static void test_retry_after_pauses_the_batch(llmretry_engine *e)
     int64_t end = th_now_ms() + 3000;
     for (int seen = 0; !seen && th_now_ms() < end;) {
         free(request_times("g_pause", &seen));
-        sleep_ms(5);
+        th_sleep_ms(5);
     }
     if (submit_n(e, &o, calls + 1, N - 1) != 0) {
         llmretry_call_free(calls[0]);
@@ -293,7 +286,7 @@ static void test_cancel_and_early_free(llmretry_engine *e)
     llmretry_call_cancel(calls[3]);            /* waiting in the group */
     int64_t end = th_now_ms() + 3000;
     while (!done(calls[3]) && th_now_ms() < end)
-        sleep_ms(2);
+        th_sleep_ms(2);
     const llmretry_result *r = llmretry_call_result(calls[3]);
     CHECK_MSG(r && r->kind == LLMRETRY_ERR_CANCELLED && r->attempts == 0,
               "queued item not cancelled at once");

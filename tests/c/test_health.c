@@ -24,12 +24,6 @@
 
 static th_mock mock;
 
-static void th_sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
 static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
 {
     llmretry_options_defaults(o);
@@ -250,7 +244,8 @@ static void test_breaker_opens_probes_and_closes(void)
     llmretry_call_free(c);
     CHECK_INT(requests_of("brk"), 3);            /* nothing sent while open */
     CHECK(stats_of(e, "brk", &s) && s.short_circuited == 1);
-    /* The cooldown over: the probe meets the 4th 503 and opens it again. */
+    /* The cooldown over (the client's own timer: real time must pass): the
+     * probe meets the 4th 503 and opens it again. */
     th_sleep_ms(350);
     r = one(e, &o, &c, NULL, 0);
     CHECK(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->attempts == 1);
@@ -259,7 +254,8 @@ static void test_breaker_opens_probes_and_closes(void)
     r = one(e, &o, &c, NULL, 0);
     CHECK(r && r->kind == LLMRETRY_ERR_CIRCUIT_OPEN);
     llmretry_call_free(c);
-    /* The next probe meets a 200 (the script is over): closed again. */
+    /* The next probe, after the client's cooldown again, meets a 200 (the
+     * script is over): closed again. */
     th_sleep_ms(350);
     r = one(e, &o, &c, NULL, 0);
     CHECK(r && r->ok);
@@ -284,9 +280,10 @@ static void test_breaker_one_probe_and_4xx_resets(void)
     const llmretry_result *r;
     llmretry_endpoint_stats s;
     llmretry_engine *e = th_engine_new();
-    if (!e || th_mock_script(&mock, "probe", "{\"steps\": [{\"status\": 500}, {\"status\": 500}, "
-                             "{\"delay_ms\": 300}, {\"status\": 500}, {\"status\": 400}, "
-                             "{\"status\": 500}]}") != 0)
+    /* A manual clock: the probe's delay lasts until the test advances it. */
+    if (!e || th_mock_script(&mock, "probe", "{\"clock\": \"manual\", \"steps\": [{\"status\": 500}, "
+                             "{\"status\": 500}, {\"delay_ms\": 300}, {\"status\": 500}, "
+                             "{\"status\": 400}, {\"status\": 500}]}") != 0)
         goto out;
     opts_for(&o, "probe", url, sizeof url);
     o.max_retries = 0;
@@ -296,13 +293,14 @@ static void test_breaker_one_probe_and_4xx_resets(void)
         r = one(e, &o, &c, NULL, 0);
         llmretry_call_free(c);
     }
-    th_sleep_ms(150);
-    llmretry_call *probe = th_submit(e, &o);       /* meets the 300 ms success */
-    th_sleep_ms(50);
+    th_sleep_ms(150);                              /* the client's own 100 ms cooldown */
+    llmretry_call *probe = th_submit(e, &o);       /* meets the held success */
+    CHECK_MSG(TH_EVENTUALLY(requests_of("probe") == 3, 10000), "the probe never reached the mock");
     r = one(e, &o, &c, NULL, 0);
     CHECK_MSG(r && r->kind == LLMRETRY_ERR_CIRCUIT_OPEN && strstr(r->message, "probe is in flight"),
               "%s", r ? r->message : "");
     llmretry_call_free(c);
+    th_mock_advance_clock(&mock, "probe", 300);    /* the probe's answer comes */
     r = wait_done(probe, NULL, 0);
     CHECK(r && r->ok);
     llmretry_call_free(probe);

@@ -38,16 +38,10 @@ typedef struct srv {
     srv_mode mode;
     atomic_int requests;        /* requests read, all connections */
     atomic_int connections;
+    atomic_int unsolicited;     /* answers to nothing written */
     atomic_int stop;
     pthread_t thread;
 } srv;
-
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
 
 /* Read one request (headers and a Content-Length body); 0 at EOF. */
 static int read_request(int fd)
@@ -100,8 +94,9 @@ static void serve(srv *s, int fd)
         snprintf(content, sizeof content, "request %d", n);
         answer(fd, content);
         if (s->mode == MODE_UNSOLICITED) {
-            sleep_ms(20);
+            th_sleep_ms(20);    /* a separate write, after the client has its answer */
             answer(fd, "unsolicited");
+            atomic_fetch_add(&s->unsolicited, 1);
         }
     }
     close(fd);
@@ -197,7 +192,8 @@ static void test_unsolicited_response(void)
             CHECK_MSG(r && r->resends == 1, "call %d: %d free re-sends, expected 1", i,
                       r ? r->resends : -1);
         llmretry_call_free(c);
-        sleep_ms(100);          /* let the unsolicited answer arrive */
+        CHECK_MSG(TH_EVENTUALLY(atomic_load(&s.unsolicited) == i, 10000),
+                  "the unsolicited answer %d was never written", i);
     }
     CHECK_INT(atomic_load(&s.requests), 3);
     CHECK_INT(atomic_load(&s.connections), 3);
@@ -379,7 +375,7 @@ static void idle_closed(llmretry_retry_mode mode)
                                                                "idle_closed"));
         cJSON_Delete(a);
         if (!closed)
-            sleep_ms(5);
+            th_sleep_ms(5);
     }
     CHECK_MSG(closed, "%s: the mock never closed the idle connection", name);
     c = e ? run(e, &o) : NULL;

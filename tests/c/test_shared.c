@@ -227,12 +227,6 @@ static void test_refused(void)
 
 /* ---- Redis ------------------------------------------------------------------ */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
 static int64_t mono_us(void)
 {
     struct timespec ts;
@@ -293,9 +287,6 @@ static void test_redis_urls(void)
     }
 }
 
-/* Wait until cond holds (polling), at most max_ms: 1 if it did. */
-#define EVENTUALLY(cond, max_ms) ({ int64_t until_ = th_now_ms() + (max_ms); int ok_ = 0; \
-    while (!(ok_ = (cond)) && th_now_ms() < until_) sleep_ms(2); ok_; })
 
 /* The tests of what is shared give Redis a second (?timeout_ms=1000): on a
  * loaded machine a 50 ms stall of redis-server or of the store's thread is
@@ -331,7 +322,7 @@ static void test_redis_leases(const th_redis *r)
                 per[k]++;
             }
         }
-        sleep_ms(1);
+        th_sleep_ms(1);
     }
     int most = 0;
     for (int i = 0; i < n; i++) {
@@ -361,25 +352,25 @@ static void test_redis_health(const th_redis *r)
     lr_redis_ep *x = lr_shared_store_redis(a, 0x5678), *y = lr_shared_store_redis(b, 0x5678);
     lr_shared_ep *mx = lr_redis_mirror(x), *my = lr_redis_mirror(y);
     int64_t now = th_now_ms();
-    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
     for (int i = 0; i < 6; i++) {
         lr_redis_budget_request(x, now);
         lr_redis_budget_request(y, now);
     }
     int64_t req = 0, ret = 0;
-    CHECK_MSG(EVENTUALLY((lr_shared_budget_window(mx, th_now_ms(), &req, &ret), req == 12) &&
+    CHECK_MSG(TH_EVENTUALLY((lr_shared_budget_window(mx, th_now_ms(), &req, &ret), req == 12) &&
                          (lr_shared_budget_window(my, th_now_ms(), &req, &ret), req == 12), 2000),
               "window requests %lld, expected 12 in both", (long long)req);
     /* Three failures in a: the breaker opens for b. */
     for (int i = 0; i < 3; i++)
         lr_redis_breaker_failed(x, th_now_ms(), 3, 300, 0);
     CHECK(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_OPEN);
-    CHECK_MSG(EVENTUALLY(lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_OPEN, 2000),
+    CHECK_MSG(TH_EVENTUALLY(lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_OPEN, 2000),
               "b never saw the breaker open");
     int probe = 0;
     CHECK_INT(lr_redis_breaker_admits(y, th_now_ms(), 5000, &probe), 0);
     /* After the cooldown both ask; Redis names one holder. */
-    CHECK(EVENTUALLY(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_HALF_OPEN &&
+    CHECK(TH_EVENTUALLY(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_HALF_OPEN &&
                      lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_HALF_OPEN, 2000));
     int got[2] = { -1, -1 }, probes[2] = { 0, 0 };
     lr_redis_ep *both[2] = { x, y };
@@ -388,19 +379,19 @@ static void test_redis_health(const th_redis *r)
         for (int k = 0; k < 2; k++)
             if (got[k] < 0)
                 got[k] = lr_redis_breaker_admits(both[k], th_now_ms(), 5000, &probes[k]);
-        sleep_ms(1);
+        th_sleep_ms(1);
     }
     CHECK_MSG(got[0] + got[1] == 1 && probes[0] + probes[1] == 1,
               "admitted %d and %d, probes %d and %d", got[0], got[1], probes[0], probes[1]);
     /* The probe succeeds: closed for both. */
     lr_redis_ep *prober = probes[0] ? x : y;
     lr_redis_breaker_succeeded(prober);
-    CHECK(EVENTUALLY(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_CLOSED &&
+    CHECK(TH_EVENTUALLY(lr_shared_breaker_state(mx, th_now_ms()) == LR_SHARED_CLOSED &&
                      lr_shared_breaker_state(my, th_now_ms()) == LR_SHARED_CLOSED, 2000));
     CHECK_INT(lr_redis_breaker_admits(y, th_now_ms(), 5000, &probe), 1);
     /* A pause raised in one holds the other. */
     lr_redis_raise_pause(x, th_now_ms() + 5000);
-    CHECK(EVENTUALLY(atomic_load(&my->paused_until) > th_now_ms() + 4000, 2000));
+    CHECK(TH_EVENTUALLY(atomic_load(&my->paused_until) > th_now_ms() + 4000, 2000));
 out:
     lr_shared_store_close(a);
     lr_shared_store_close(b);
@@ -416,21 +407,21 @@ static void test_redis_down_and_back(th_redis *r)
     lr_redis_ep *x = lr_shared_store_redis(a, 0x9abc);
     char why[512];
     int64_t down_ms = -1;
-    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
     CHECK_INT(lr_redis_transition(x, why, sizeof why, &down_ms), 0);
     th_redis_kill(r);
     /* Nothing asks Redis until a call does: the take finds it gone. */
     int64_t t0 = mono_us(), w;
     while ((w = lr_redis_take(x, LR_REDIS_REQ, mono_us(), 1000, 0)) > 0 && mono_us() - t0 < 2000000)
-        sleep_ms(1);
+        th_sleep_ms(1);
     CHECK_MSG(w == 0 && mono_us() - t0 < 1000000, "took %lld us to fall back",
               (long long)(mono_us() - t0));
-    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
     CHECK_MSG(strstr(why, "127.0.0.1") != NULL, "%s", why);
     CHECK_INT(lr_redis_transition(x, why, sizeof why, &down_ms), 0);   /* once */
     if (th_redis_restart(r) != 0)
         goto out;
-    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
     CHECK(down_ms >= 0);
     CHECK_INT(lr_redis_transition(x, why, sizeof why, &down_ms), 0);
 out:
@@ -449,7 +440,7 @@ static void test_redis_stalled(th_redis *r)
     lr_redis_ep *x = lr_shared_store_redis(a, 0xdef0);
     char why[512];
     int64_t down_ms;
-    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
     kill(r->pid, SIGSTOP);
     int64_t t0 = mono_us(), w, longest = 0;
     int taken = 0;
@@ -462,14 +453,14 @@ static void test_redis_stalled(th_redis *r)
             taken++;
         else if (w > longest)
             longest = w;
-        sleep_ms(1);
+        th_sleep_ms(1);
     }
     CHECK_MSG(taken == 50, "%d taken in 3 s with Redis stalled", taken);
     CHECK_MSG(longest <= 50000, "a take was told to wait %lld us", (long long)longest);
-    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
     CHECK_MSG(strstr(why, "no answer within 50 ms"), "%s", why);
     kill(r->pid, SIGCONT);
-    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
     lr_shared_store_close(a);
 }
 
@@ -495,20 +486,20 @@ static void test_redis_refusing_writes(th_redis *r)
     lr_redis_ep *x = lr_shared_store_redis(a, 0x1357);
     char why[512] = "";
     int64_t down_ms;
-    CHECK(EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_hold_ms(x, th_now_ms()) == 0, 2000));
     CHECK(redis_config(r, "1"));
     lr_redis_raise_pause(x, th_now_ms() + 10);          /* news for Redis */
-    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+    CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
     CHECK_MSG(strstr(why, "OOM"), "%s", why);
     int64_t until = th_now_ms() + 700;
     int flapped = 0;
     while (th_now_ms() < until && !flapped) {
         flapped = lr_redis_transition(x, why, sizeof why, &down_ms) != 0;
-        sleep_ms(5);
+        th_sleep_ms(5);
     }
     CHECK_MSG(!flapped, "came back while Redis refused every round");
     CHECK(redis_config(r, "0"));
-    CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
+    CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 2, 3000));
     lr_shared_store_close(a);
 }
 
@@ -526,7 +517,7 @@ static void test_redis_wrong_password(void)
         lr_redis_ep *x = lr_shared_store_redis(a, 0x42);
         char why[512] = "";
         int64_t down_ms;
-        CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+        CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
         CHECK_MSG(strstr(why, "password") && strstr(why, "***@127.0.0.1") &&
                   !strstr(why, "WRONG-PASSWORD"), "%s", why);
         CHECK_INT(lr_redis_hold_ms(x, th_now_ms()), 0);
@@ -539,7 +530,7 @@ static void test_redis_wrong_password(void)
         lr_redis_ep *x = lr_shared_store_redis(a, 0x42);
         char why[512] = "";
         int64_t down_ms;
-        CHECK(EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+        CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
         CHECK_MSG(strstr(why, "password"), "%s", why);
         lr_shared_store_close(a);
     }

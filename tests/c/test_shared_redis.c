@@ -214,9 +214,10 @@ static void test_one_probe_across_engines(void)
 {
     llmretry_engine *a = engine_on(patient), *b = engine_on(patient);
     char url[128];
-    if (!a || !b || th_mock_script(&mock, "rdprobe", "{\"steps\": [{\"status\": 503}, "
-                                   "{\"status\": 503}, {\"status\": 503}], "
-                                   "\"after\": {\"delay_ms\": 400}}") != 0)
+    /* The probe's answer is held on a manual clock until b has asked. */
+    if (!a || !b || th_mock_script(&mock, "rdprobe", "{\"clock\": \"manual\", \"steps\": "
+                                   "[{\"status\": 503}, {\"status\": 503}, {\"status\": 503}, "
+                                   "{\"delay_ms\": 400}]}") != 0)
         goto out;
     llmretry_options o;
     opts_for(&o, "rdprobe", url, sizeof url);
@@ -229,18 +230,16 @@ static void test_one_probe_across_engines(void)
         CHECK(r && r->status == 503);
         llmretry_call_free(c);
     }
-    struct timespec ts = { 0, 400 * 1000000L };        /* past the cooldown */
-    nanosleep(&ts, NULL);
+    th_sleep_ms(400);      /* past the client's own 300 ms cooldown: real time */
     llmretry_call *first = th_submit(a, &o);
-    /* The probe is on the wire (its answer takes 400 ms) before b asks. */
-    int64_t until = th_now_ms() + 5000;
-    while (requests_of("rdprobe") < 4 && th_now_ms() < until)
-        nanosleep(&(struct timespec){ 0, 5 * 1000000L }, NULL);
+    /* The probe is on the wire (its answer held) before b asks. */
+    CHECK_MSG(TH_EVENTUALLY(requests_of("rdprobe") == 4, 10000), "the probe never went");
     llmretry_call *second = th_submit(b, &o);
     const llmretry_result *r2 = wait_done(second, NULL);
     CHECK_MSG(r2 && r2->kind == LLMRETRY_ERR_CIRCUIT_OPEN && r2->attempts == 0,
               "b's call while a probes: kind %d, %d attempts", r2 ? (int)r2->kind : -1,
               r2 ? r2->attempts : -1);
+    th_mock_advance_clock(&mock, "rdprobe", 400);      /* the probe's answer */
     const llmretry_result *r1 = wait_done(first, NULL);
     CHECK(r1 && r1->ok && r1->attempts == 1);
     CHECK_INT(requests_of("rdprobe"), 4);
@@ -248,14 +247,14 @@ static void test_one_probe_across_engines(void)
     llmretry_call_free(second);
     /* Closed for both: b's next call goes (once b has read it back). */
     int ok = 0;
-    until = th_now_ms() + 5000;
+    int64_t until = th_now_ms() + 5000;
     while (!ok && th_now_ms() < until) {
         llmretry_call *c = th_submit(b, &o);
         const llmretry_result *r = wait_done(c, NULL);
         ok = r && r->ok;
         llmretry_call_free(c);
         if (!ok)
-            nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+            th_sleep_ms(10);
     }
     CHECK_MSG(ok, "b never saw the breaker closed");
 out:
@@ -301,8 +300,7 @@ static void test_redis_killed_mid_batch(void)
             if (th_redis_restart(&redis) != 0)
                 break;
         }
-        struct timespec ts = { 0, 2 * 1000000L };
-        nanosleep(&ts, NULL);
+        th_sleep_ms(2);
     }
     CHECK_INT(ok, N);
     CHECK_MSG(s.unavailable == 1 && s.recovered == 1, "unavailable %d, recovered %d:\n%s",
@@ -411,9 +409,6 @@ static int redis_has(const char *field, const char *value)
     return found;
 }
 
-#define EVENTUALLY_MS(cond, max_ms) ({ int64_t until_ = th_now_ms() + (max_ms); int ok_ = 0; \
-    while (!(ok_ = (cond)) && th_now_ms() < until_) { struct timespec ts_ = { 0, 5000000 }; \
-    nanosleep(&ts_, NULL); } ok_; })
 
 static void run_one(llmretry_engine *e, const llmretry_options *o)
 {
@@ -497,7 +492,7 @@ static void stricter_wins(const char *spec)
     run_one(t.b, &ob);
     /* a's claim is in force for b (through Redis, within a round). */
     llmretry_endpoint_stats st;
-    CHECK_MSG(EVENTUALLY_MS(stats_of(t.b, t.scen, &st) && st.rpm == 1200, 3000),
+    CHECK_MSG(TH_EVENTUALLY(stats_of(t.b, t.scen, &st) && st.rpm == 1200, 3000),
               "b paces at %lld a minute", (long long)st.rpm);
     enum { EACH = 12 };
     CHECK_INT(run_at_once(t.a, &oa, t.b, &ob, EACH), 2 * EACH);
@@ -524,7 +519,7 @@ static void learned_for_all(const char *spec)
     t.o.max_retries = 5;
     run_one(t.a, &t.o);
     if (spec[0] == 'r')                 /* a's news has reached Redis */
-        CHECK(EVENTUALLY_MS(redis_has("a2", "600"), 3000));
+        CHECK(TH_EVENTUALLY(redis_has("a2", "600"), 3000));
     enum { N = 12 };
     CHECK_INT(run_at_once(t.b, &t.o, NULL, NULL, N), N);
     check_few_refused(t.scen, spec);
@@ -628,7 +623,7 @@ static void hold_for_all(const char *spec, const char *which)
     int paused = spec[0] == 'r' ? redis_count("pz") : 0;
     run_one(a, &o);
     if (spec[0] == 'r')                 /* a's hold has reached Redis */
-        CHECK(EVENTUALLY_MS(redis_count("pz") > paused, 3000));
+        CHECK(TH_EVENTUALLY(redis_count("pz") > paused, 3000));
     o.deadline_ms = 1000;
     llmretry_call *c = th_submit(b, &o);
     const llmretry_result *r = wait_done(c, NULL);

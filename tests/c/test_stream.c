@@ -6,7 +6,9 @@
  * Whole-result streaming (stream_chunks = 0) is in tests/vectors/stream_*.
  * Each test names the rule of the core it guards. */
 #include "harness.h"
+#include "internal.h"
 #include "llmretry.h"
+#include "stream.h"
 
 #include <cJSON.h>
 #include <stdlib.h>
@@ -18,13 +20,6 @@
 
 static th_mock mock;
 static llmretry_engine *eng;     /* tests 1-7 share one */
-
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
 
 static void opts_for(llmretry_options *o, const char *name, char *url, size_t urllen)
 {
@@ -131,7 +126,7 @@ static int read_mail(llmretry_call *c, reader *rd, int want, int slow, int64_t t
             rd->chunk[rd->n++] = label(d ? d : "", llmretry_chunk_event(ev));
             llmretry_event_free(ev);
             if (slow && rd->n % slow == 0)
-                sleep_ms(1);
+                th_sleep_ms(1);
             continue;
         }
         if (m == LLMRETRY_MAIL_EVENT) {
@@ -257,11 +252,20 @@ static const llmretry_result *result_of(llmretry_call *c)
     return r ? r : &none;
 }
 
+/* Bytes of chunks in c's mailbox, not yet read (under the call's lock). */
+static int64_t chunks_unread(llmretry_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int64_t n = c->st ? c->st->unread_bytes : 0;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 /* The result, once the engine has published it (without reading mail). */
 static const llmretry_result *wait_result(llmretry_call *c, int64_t ms)
 {
     for (int64_t end = th_now_ms() + ms; c && !llmretry_call_result(c) && th_now_ms() < end;)
-        sleep_ms(10);
+        th_sleep_ms(10);
     return result_of(c);
 }
 
@@ -437,7 +441,7 @@ static void test_cancel_mid_stream(void)
     CHECK(content && content[0] == 'a' && strlen(content) < 20);
     free(content);
     int gone = 0;
-    for (int64_t end = th_now_ms() + 3000; !gone && th_now_ms() < end; sleep_ms(20))
+    for (int64_t end = th_now_ms() + 3000; !gone && th_now_ms() < end; th_sleep_ms(20))
         gone = record_int("s_cancel", "client_gone") == 1;
     CHECK_MSG(gone, "the mock never saw the cancelled stream's client go");
     reader_free(&rd);
@@ -445,10 +449,7 @@ static void test_cancel_mid_stream(void)
 
     /* Cancelled with chunks in the mailbox but none read: not committed. */
     c = start("s_cancel", json, &o, &rd, 0);
-    for (int64_t end = th_now_ms() + 5000;
-         record_int("s_cancel", "events_sent") < 2 && th_now_ms() < end;)
-        sleep_ms(10);
-    sleep_ms(50);
+    CHECK_MSG(c && TH_EVENTUALLY(chunks_unread(c) > 0, 10000), "no chunk reached the mailbox");
     llmretry_call_cancel(c);
     r = wait_result(c, 2000);
     CHECK_INT(r->kind, LLMRETRY_ERR_CANCELLED);
@@ -520,7 +521,7 @@ static void test_backpressure(void)
     /* A reader away for 1 s, three idle timeouts: paused, not idle. */
     o.idle_timeout_ms = 300;
     c = start("s_slow", json, &o, &rd, 1);
-    sleep_ms(1000);
+    th_sleep_ms(1000);     /* the reader's absence is the subject: real time must pass */
     /* Paused on a full mailbox, it cannot have read to [DONE]. */
     CHECK_MSG(c && !llmretry_call_result(c), "the stream did not pause");
     CHECK(c && read_mail(c, &rd, -1, 0, 60000));
@@ -596,7 +597,7 @@ static void test_engine_free_mid_stream(void)
         llmretry_call *calls[N] = { 0 };
         for (int i = 0; i < N; i++)
             calls[i] = submit(e, &o);
-        sleep_ms(50 + 50 * round);
+        th_sleep_ms(50 + 50 * round);    /* each round frees them at another stage */
         reader rd = { 0 };
         for (int i = 0; i < N; i++) {
             if (i % 3 == 0 && calls[i])
@@ -629,7 +630,7 @@ static void test_engine_free_mid_stream(void)
 static int client_went(const char *name)
 {
     int gone = 0;
-    for (int64_t end = th_now_ms() + 3000; !gone && th_now_ms() < end; sleep_ms(20))
+    for (int64_t end = th_now_ms() + 3000; !gone && th_now_ms() < end; th_sleep_ms(20))
         gone = record_int(name, "client_gone") == 1;
     return gone;
 }

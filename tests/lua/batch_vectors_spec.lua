@@ -55,7 +55,7 @@ describe("batch vectors", function()
           opts[k] = v
         end
         local wait = (item.start_after_ms or 0) - (H.now_ms() - t0)
-        if wait > 0 then H.sleep_ms(wait) end
+        if wait > 0 then H.sleep_ms(wait) end   -- the vector's timed schedule
         local started = H.now_ms()
         local res, err = llm.call_llm(opts)
         return { res = res, err = err, ms = H.now_ms() - started }

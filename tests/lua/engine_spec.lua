@@ -290,7 +290,7 @@ describe("engine", function()
     local events = run_all(engine, { kept }, 5000)
     check(kept:done() and kept:result(), "the kept call failed")
     check(#events[kept] >= 2, "events of the kept call")
-    H.sleep_ms(100)
+    H.sleep_ms(100)   -- a look for news that must not come: only time can show it
     check(#engine:channel():poll() == 0, "news of collected handles")
     engine:close()
   end)

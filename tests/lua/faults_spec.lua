@@ -435,11 +435,8 @@ describe("fault matrix", function()
       scen.script({ { idle_close_ms = 20 } })
       local own = llm.new_engine()
       ok_result(H.run_call(scen, nil, { engine = own }))
-      local deadline = H.now_ms() + 5000
-      while scen.requests()[1].idle_closed ~= true and H.now_ms() < deadline do
-        H.sleep_ms(5)
-      end
-      check(scen.requests()[1].idle_closed == true, "the mock never closed the idle connection")
+      check(H.wait_until(function() return scen.requests()[1].idle_closed == true end),
+        "the mock never closed the idle connection")
       local out = H.run_call(scen, nil, { engine = own, retry_mode = mode })
       own:close()
       ok_result(out)

@@ -69,7 +69,7 @@ describe("endpoint health", function()
       err.attempts == 0, "%s", H.dump(err))
     check(H.now_ms() - t0 < 150, "at once")
     check(#scen.requests() == 2, "nothing sent while open")
-    H.sleep_ms(250)
+    H.sleep_ms(250)   -- the client's own 200 ms cooldown: real time must pass
     res, err = llm.call_llm(opts)
     check(res ~= nil, "probe: %s", H.dump(err))
     local s = stats_of(engine, scen)

@@ -37,7 +37,22 @@ H.VECTOR_DIR = H.REPO .. "/tests/vectors"
 -- Small utilities
 
 function H.now_ms() return system.gettime() * 1000.0 end
+-- A bare sleep is for time that must pass (a client's own timeout, cooldown
+-- or deadline, a look for something that must not come); to wait for
+-- something to happen, use H.wait_until.
 function H.sleep_ms(ms) system.sleep(ms / 1000.0) end
+
+-- Poll cond() every 10 ms until it gives a true value (returned) or
+-- timeout_ms (default 10 s: a loaded machine is slow, not wrong) pass; then
+-- its last, false value.
+function H.wait_until(cond, timeout_ms)
+  local deadline = H.now_ms() + (timeout_ms or 10000)
+  while true do
+    local got = cond()
+    if got or H.now_ms() > deadline then return got end
+    H.sleep_ms(10)
+  end
+end
 
 local function fail(level, fmt, ...)
   error(string.format(fmt, ...), level + 1)
@@ -243,12 +258,12 @@ function Mock:scen(hint)
   function s.script(steps, after) self:script(name, steps, after); return s end
   function s.requests() return self:requests(name) end
   function s.wait_requests(n, timeout_ms)
-    local deadline = H.now_ms() + (timeout_ms or 10000)
-    while true do
-      local recs = self:requests(name)
-      if #recs >= n or H.now_ms() > deadline then return recs end
-      H.sleep_ms(10)
-    end
+    local recs
+    H.wait_until(function()
+      recs = self:requests(name)
+      return #recs >= n
+    end, timeout_ms)
+    return recs
   end
   s.script({})
   return s
@@ -711,12 +726,12 @@ end
 
 -- Poll records() until pred(records) holds or timeout_ms passes; the last records.
 function Recorder:wait_for(pred, timeout_ms)
-  local deadline = H.now_ms() + (timeout_ms or 3000)
-  while true do
-    local recs = self:records()
-    if pred(recs) or H.now_ms() > deadline then return recs end
-    H.sleep_ms(10)
-  end
+  local recs
+  H.wait_until(function()
+    recs = self:records()
+    return pred(recs)
+  end, timeout_ms or 3000)
+  return recs
 end
 
 function Recorder:stop()

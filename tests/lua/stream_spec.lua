@@ -164,12 +164,11 @@ describe("the end of a stream", function()
 
   -- One request, and the connection the server held open closed by us.
   local function check_one_request_closed(scen)
-    local deadline, recs = H.now_ms() + 3000, nil
-    repeat
+    local recs
+    H.wait_until(function()
       recs = scen.requests()
-      if recs[#recs].client_gone == true then break end
-      H.sleep_ms(20)
-    until H.now_ms() > deadline
+      return recs[#recs].client_gone == true
+    end, 3000)
     check(#recs == 1, "the request was sent %d times", #recs)
     check(recs[#recs].client_gone == true, "the held connection was never closed")
   end

@@ -134,7 +134,7 @@ test("cancel stops a call in flight at once and frees it", function()
   check(nv.stats().pending == 1 and nv.stats().watching, "stats %s", vim.inspect(nv.stats()))
   check(T.wait_until(function() return #T.requests("cancel_flight") == 1 end, 3000, 20),
     "the request did not reach the server")
-  T.sleep(100)
+  T.sleep(100)   -- a look for an end that must not come: only time can show it
   check(not st.done, "done before cancel")
   local t_cancel = T.now_ms()
   st.handle.cancel()
@@ -174,7 +174,7 @@ test("cancel during a backoff wait: no attempt after it", function()
   check(T.wait_until(function() return st.done end, 2000), "no callback after cancel")
   check(st.t_done - t_cancel < 500, "the callback came %.0f ms after cancel", st.t_done - t_cancel)
   check(st.err and st.err.kind == "cancelled", "err %s", tostring(st.err))
-  T.sleep(2000)   -- past the 1.5 s backoff
+  T.sleep(2000)   -- past the 1.5 s backoff: a retry that must not come needs the time
   check(#T.requests("cancel_backoff") == 1, "the server saw %d requests",
     #T.requests("cancel_backoff"))
 end)
@@ -436,7 +436,7 @@ test("a coroutine can wait for a call; misuse raises at once, before any I/O", f
   raises(function() nv.map_with_concurrency({}, 0, function() end, function() end) end,
     "limit must be an integer >= 1")
   raises(function() nv.map_with_concurrency({}, 1, function() end) end, "on_done must be")
-  T.sleep(100)
+  T.sleep(100)   -- a look for requests that must not come: only time can show it
   check(#T.requests("misuse") == 0, "a bad call reached the server")
   check(nv.stats().pending == 0, "a bad call is pending")
 end)
@@ -468,9 +468,9 @@ test("a callback that raises is reported by Neovim and the next call still works
   T.script("raiser", {})
   vim.v.errmsg = ""
   nv.call_llm(T.opts("raiser"), function() error("callback failure (expected by the test)") end)
-  T.sleep(300)
-  check(vim.v.errmsg:find("callback failure (expected by the test)", 1, true),
-    "v:errmsg %q", vim.v.errmsg)
+  check(T.wait_until(function()
+    return vim.v.errmsg:find("callback failure (expected by the test)", 1, true)
+  end, 10000), "v:errmsg %q", vim.v.errmsg)
   check(nv.stats().pending == 0, "still pending")
   local st = start_call(T.opts("raiser"))
   check(T.wait_until(function() return st.done end, 5000), "the next call did not finish")
@@ -488,7 +488,7 @@ test("a logger that raises: one notification for the call, which still succeeds"
       error("logger failure (expected by the test)")
     end }))
     check(T.wait_until(function() return st.done end, 5000), "no callback within 5 s")
-    T.sleep(50)   -- the notification is scheduled
+    T.wait_until(function() return #notes >= 1 end, 10000)   -- the notification is scheduled
     check(st.res, "the call failed: %s", tostring(st.err))
     check(st.res.meta.attempts == 2, "attempts %s", tostring(st.res.meta.attempts))
     check(calls >= 4, "the logger ran %d times (every event goes to it)", calls)
@@ -502,7 +502,8 @@ test("a logger that raises: one notification for the call, which still succeeds"
 end)
 
 test("an idle session watches nothing", function()
-  T.sleep(50)
+  -- The last test's call ends its watch on the loop, soon after.
+  T.wait_until(function() return not nv.stats().watching end, 10000)
   local s = nv.stats()
   check(s.pending == 0 and s.watching == false and s.engine, "stats %s", vim.inspect(s))
 end)

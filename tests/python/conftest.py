@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -138,6 +138,19 @@ _names_lock = threading.Lock()
 _names_used: set = set()
 
 
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll cond every 10 ms until it gives a true value (returned) or
+    timeout s pass (then its last, false value). Tests wait for a condition
+    with this, never a bare sleep; the timeout is generous on purpose (a
+    loaded machine is slow, not wrong)."""
+    end = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got or time.monotonic() > end:
+            return got
+        time.sleep(0.01)
+
+
 def unique_name(hint: str) -> str:
     base = re.sub(r"[^a-z0-9_]+", "_", hint.lower()).strip("_")[:60] or "t"
     with _names_lock:
@@ -170,13 +183,15 @@ class Scenario:
         return self.server.requests(self.name)
 
     def wait_requests(self, n: int, timeout: float = 10.0) -> List[Dict[str, Any]]:
-        """Wait until the server has recorded at least n requests."""
-        end = time.monotonic() + timeout
-        while True:
-            recs = self.requests()
-            if len(recs) >= n or time.monotonic() > end:
-                return recs
-            time.sleep(0.01)
+        """Wait until the server has recorded at least n requests (the
+        records then, or as they are after timeout s)."""
+        recs: List[Dict[str, Any]] = []
+
+        def enough() -> bool:
+            recs[:] = self.requests()
+            return len(recs) >= n
+        wait_until(enough, timeout)
+        return recs
 
     def sub(self, suffix: str) -> "Scenario":
         """Another scenario for the same test."""

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Set
+from typing import Any, Callable, Dict, Iterator, List, Set
 
 import pytest
 
@@ -69,6 +69,7 @@ class HangingServer:
         self.sock.listen(64)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         self.accepted = 0
+        self.received = 0       # connections whose request bytes came in
         self.closed_at: List[float] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._serve, daemon=True).start()
@@ -84,22 +85,31 @@ class HangingServer:
             threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
 
     def _hold(self, conn: socket.socket) -> None:
+        first = True
         with conn:
             while True:
                 try:
                     data = conn.recv(65536)
                 except OSError:
                     data = b""
+                if data and first:
+                    first = False
+                    with self._lock:
+                        self.received += 1
                 if not data:
                     with self._lock:
                         self.closed_at.append(time.monotonic())
                     return
 
     def wait_closed(self, n: int, timeout: float = 5.0) -> bool:
+        return self.wait(lambda: len(self.closed_at) >= n, timeout)
+
+    def wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Poll cond (under the lock) until it holds or timeout passes."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             with self._lock:
-                if len(self.closed_at) >= n:
+                if cond():
                     return True
             time.sleep(0.01)
         return False
@@ -192,7 +202,7 @@ def test_300_calls_of_300_ms_overlap_with_no_thread_per_call(external_mock: str)
         t0 = time.monotonic()
         calls = [asyncio.ensure_future(client.acall_llm(BODY, base_url=url))
                  for _ in range(300)]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)    # a window for threads that must not start
         counts.append(len(_os_threads() - before))   # threads started since
         results = await asyncio.gather(*calls)
         assert all(r.meta.status == 200 for r in results)
@@ -251,15 +261,17 @@ def test_cancelling_an_attempt_in_flight_closes_the_connection_at_once() -> None
         task = asyncio.ensure_future(llmretry.acall_llm(
             BODY, base_url=hang.url, api_key=SECRET_KEY, logger=events.append,
             timeout_ms=30000, max_retries=0))
-        while hang.accepted < 1:
+        while hang.received < 1:            # the request is out: an attempt in flight
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
         t0 = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert hang.wait_closed(1, 2.0)
-        await asyncio.sleep(0.05)       # the call's last event comes on the loop
+        end = time.monotonic() + 10         # the call's last event comes on the loop
+        while not (events and events[-1]["event"] == "llm_request_gave_up") and \
+                time.monotonic() < end:
+            await asyncio.sleep(0.01)
         return hang.closed_at[0] - t0
 
     try:
@@ -284,7 +296,7 @@ def test_asyncio_timeout_cancels_a_backoff_wait(scen: Any) -> None:
 
     secs = run(main())
     assert secs < 1.0
-    time.sleep(0.2)
+    time.sleep(0.2)     # a look for a request that must not come: only time can show it
     assert len(scen.requests()) == 1      # the retry after the backoff never went
 
 
@@ -298,7 +310,7 @@ def test_cancelling_a_call_queued_for_a_slot_never_sends_it() -> None:
         queued = asyncio.ensure_future(client.acall_llm(BODY, base_url=hang.url))
         while hang.accepted < 1:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)    # the second waits for the slot: nothing shows it
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
@@ -306,7 +318,7 @@ def test_cancelling_a_call_queued_for_a_slot_never_sends_it() -> None:
         with pytest.raises(asyncio.CancelledError):
             await first
         assert hang.wait_closed(1, 2.0)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)    # a look for a connection that must not come
 
     try:
         run(main())
@@ -324,7 +336,12 @@ def test_a_loop_closed_with_calls_in_flight_leaves_them_cancelled() -> None:
     try:
         tasks = [loop.create_task(client.acall_llm(BODY, base_url=hang.url))
                  for _ in range(5)]
-        loop.run_until_complete(asyncio.sleep(0.3))
+
+        async def all_sent() -> None:       # the loop runs while the calls go out
+            end = time.monotonic() + 10
+            while hang.received < 5 and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+        loop.run_until_complete(all_sent())
         assert hang.accepted == 5
         for t in tasks:
             t.cancel()

@@ -304,7 +304,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from conftest import child_env  # noqa: E402
+from conftest import child_env, wait_until  # noqa: E402
 
 
 def _write_input(path: Path, bodies: List[Dict[str, Any]]) -> None:
@@ -336,13 +336,9 @@ def _start(mock: MockServer, tmp: Path, *extra: str) -> subprocess.Popen:
 
 
 def _until(cond: Any, what: str, timeout: float = 30.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+    got = wait_until(cond, timeout)
+    assert got, f"timed out waiting for {what}"
+    return got
 
 
 def _results(tmp: Path) -> List[Dict[str, Any]]:
@@ -396,7 +392,7 @@ def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
         (bid,) = store.batches
         # Polling: it retrieved the batch at least twice.
         _until(lambda: (tmp_path / "failed.jsonl.batches").exists(), "the record")
-        time.sleep(0.05)
+        time.sleep(0.05)    # a poll or two after the record (the store counts none)
     finally:
         proc.kill()
         proc.communicate()

@@ -104,7 +104,7 @@ def test_breaker_opens_fails_fast_probes_and_closes(scen: Any) -> None:
         assert len(scen.requests()) == 3                # nothing sent while open
         gave_up = [e for e in events if e["event"] == "llm_request_gave_up"][-1]
         assert gave_up["error_kind"] == "circuit_open" and gave_up["attempts"] == 0
-        time.sleep(0.35)
+        time.sleep(0.35)    # the client's own cooldown: real time must pass
         data, meta = client.call_llm(BODY, **opts)      # the probe: the script is over
         assert meta.attempts == 1
         s = stats_of(client, scen)
@@ -322,13 +322,15 @@ def test_a_429_falls_back_a_cancel_does_not(scen: Any) -> None:
         async def cancelled() -> None:
             task = asyncio.ensure_future(
                 client.acall_llm(BODY, base_url=scen.url, fallbacks=fallbacks))
-            await asyncio.sleep(0.2)
+            end = time.monotonic() + 10         # its attempt is at the primary
+            while len(scen.requests()) < 1 and time.monotonic() < end:
+                await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
         asyncio.run(cancelled())
-    time.sleep(0.2)
+    time.sleep(0.2)     # a look for a request that must not come: only time can show it
     assert len(backup.requests()) == 1          # only the 429's fallback
 
 

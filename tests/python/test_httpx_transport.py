@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from typing import Any, Dict, List
 
@@ -23,7 +22,7 @@ import pytest
 
 import llmretry
 import llmretry.httpx
-from conftest import (PYTHON_DIR, SECRET_KEY, Events, Scenario, check_event_shape,
+from conftest import (wait_until, PYTHON_DIR, SECRET_KEY, Events, Scenario, check_event_shape,
                       check_no_secrets)
 
 FAST: Dict[str, Any] = {"max_retries": 3, "base_delay_ms": 20, "jitter": "none"}
@@ -44,13 +43,7 @@ def async_sdk(scen: Scenario, **options: Any) -> openai.AsyncOpenAI:
                               http_client=httpx.AsyncClient(transport=transport))
 
 
-def wait_for(cond: Any, timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
+wait_for = wait_until          # conftest's poll
 
 
 # ---------------------------------------------------------------------------

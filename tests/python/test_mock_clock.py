@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
 import pytest
+from conftest import wait_until
 
 from llmretry.testing import MockServer, ScriptError
 from test_mock_limits import Response, request  # one way to send a request to the mock
@@ -41,11 +41,8 @@ def chat(mock: MockServer, name: str, timeout: float = 10.0) -> Response:
 
 def wait_for(condition: Callable[[], bool], what: str,
              deadline_s: float = 10.0) -> None:
-    """Poll ``condition`` every 10 ms; fail after ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    """Poll ``condition`` (conftest's wait_until); fail after ``deadline_s``."""
+    assert wait_until(condition, deadline_s), f"timed out waiting for {what}"
 
 
 class Pending:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import time
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
+from conftest import wait_until
 
 from llmretry.testing import MockServer, ScriptError
 
@@ -69,11 +69,8 @@ def raw_chat(mock: MockServer, name: str,
 
 def wait_for(condition: Callable[[], bool], what: str,
              deadline_s: float = 10.0) -> None:
-    """Poll ``condition`` every 20 ms; fail after ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    """Poll ``condition`` (conftest's wait_until); fail after ``deadline_s``."""
+    assert wait_until(condition, deadline_s), f"timed out waiting for {what}"
 
 
 # --------------------------------------------------------------------------

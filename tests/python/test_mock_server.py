@@ -796,6 +796,8 @@ def test_stop_is_prompt_while_stalled(step: Dict[str, Any]) -> None:
     deadline = time.monotonic() + 5
     while len(server.requests("stall")) < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
+    # Recorded, the handler goes on into its stall; nothing tells when it is
+    # in: a margin, so stop() meets the stall and not the steps before it.
     time.sleep(0.1)
     t0 = time.monotonic()
     server.stop()
@@ -895,7 +897,14 @@ def test_cli_port_serve_and_signal(sig: int, tmp_path: Path) -> None:
         stalled = socket.create_connection(("127.0.0.1", port), timeout=10)
         stalled.sendall(b"POST /s/st/v1/chat/completions HTTP/1.1\r\n"
                         b"Content-Length: 2\r\n\r\n{}")
-        time.sleep(0.2)
+        end = time.monotonic() + 10             # the server holds it (recorded first)
+        while time.monotonic() < end:
+            with urllib.request.urlopen(base + "/_mock/requests/st", timeout=10) as r:
+                if json.loads(r.read()):
+                    break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the stalled request never reached the server")
         t0 = time.monotonic()
         proc.send_signal(sig)
         assert proc.wait(timeout=10) == 0

@@ -130,9 +130,12 @@ def test_a_429_in_a_batch_pauses_a_plain_call(scen: Any) -> None:
     try:
         th = threading.Thread(target=lambda: got.append(client.call_many([BODY], limit=1)))
         th.start()
-        while not scen.requests():
+        # The 429 is in (its attempt over, nothing in flight): the wait is named.
+        end = time.monotonic() + 10
+        while not (scen.requests() and client.endpoint_stats()
+                   and client.endpoint_stats()[0]["in_flight"] == 0):
+            assert time.monotonic() < end, "the batch's 429 never came back"
             time.sleep(0.01)
-        time.sleep(0.1)
         res = client.call_llm(BODY)
         th.join(10)
     finally:

@@ -15,6 +15,7 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from conftest import wait_until
 
 import llmretry
 from llmretry.testing import MockServer
@@ -251,13 +252,7 @@ def test_cli_flag(redis: RedisServer, mock: MockServer, tmp_path: Any,
 
 # ---- what processes say of the limits (docs/shared.md), through either store ----
 
-def _poll(cond: Any, seconds: float = 3.0) -> bool:
-    until = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > until:
-            return False
-        time.sleep(0.01)
-    return True
+_poll = wait_until          # conftest's poll
 
 
 def test_the_stricter_limit_wins(store: str, mock: MockServer) -> None:

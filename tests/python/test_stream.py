@@ -84,8 +84,7 @@ def test_failures_before_the_first_read_are_retried(scen: Scenario) -> None:
     scen.script([{"stream": {"chunks": ["a", "b", "c"], "end": "drop", "after": 2}},
                  {"stream": {"chunks": ["x", "y"]}}])
     with llmretry.stream_llm(BODY, base_url=scen.url, logger=None, **FAST) as s:
-        scen.wait_requests(2)
-        time.sleep(0.1)
+        assert len(scen.wait_requests(2)) == 2     # attempt 1 is over, nothing read
         text = "".join(s.text_deltas())
         res = s.result()
     assert text == "xy"
@@ -292,7 +291,7 @@ def test_a_typed_stream_that_fails(scen: Scenario) -> None:
                  {"stream": {"chunks": [done], "end": "no_done", "finish_reason": None}}])
     with llmretry.stream_llm({"model": "m", "input": "x"}, url=scen.url + "/chat/completions",
                              logger=None, **FAST) as s:
-        time.sleep(0.2)
+        assert len(scen.wait_requests(2)) == 2     # failed and retried before any read
         res = s.result()
     assert res.data == {"id": "r2", "status": "completed"} and res.meta.attempts == 2
 

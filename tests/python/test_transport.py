@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 import llmretry
-from conftest import (FAST, SECRET_KEY, Outcome, Scenario, check_calling_thread, check_error,
+from conftest import (wait_until, FAST, SECRET_KEY, Outcome, Scenario, check_calling_thread, check_error,
                       check_event_sequence, check_outcome_secrets, request_checks, run_call,
                       serialised)
 from tls_server import RecordingServer, make_self_signed, tls_context
@@ -88,13 +88,7 @@ def other_server() -> Iterator[RecordingServer]:
         yield srv
 
 
-def wait_for(pred: Any, timeout: float = 3.0) -> bool:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
+wait_for = wait_until          # conftest's poll
 
 
 def error_kinds(out: Outcome) -> List[str]:
