@@ -202,19 +202,17 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
 # ---------------------------------------------------------------------------
 # Request and response: what events do not hold
 
-# The body keys _request_attributes reads besides "model": a body's keys are
-# intersected with them at once (a call's cost is per key looked at).
+# The body keys _request_settings reads: a body's keys are intersected with
+# them at once (a call's cost is per key looked at).
 _REQUEST_KEYS = frozenset(_REQUEST_SETTINGS) | {"stream", "n", "stop", "response_format"}
 
 
-def _request_attributes(body: Any) -> Dict[str, Any]:
-    """The span attributes of a request body's settings (never its text)."""
+def _request_settings(body: Any) -> Dict[str, Any]:
+    """The span attributes of a request body's settings but its model (the
+    span starts with that), never its text."""
     attrs: Dict[str, Any] = {}
     if not isinstance(body, dict):
         return attrs
-    model = body.get("model")
-    if isinstance(model, str):
-        attrs["gen_ai.request.model"] = model
     present = _REQUEST_KEYS.intersection(body)
     if not present:
         return attrs
