@@ -13,15 +13,15 @@ attributes only if the span records.
 from __future__ import annotations
 
 from time import time_ns
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opentelemetry import context as otel_context
 
 from ._bodies import _LazyBodies
 from ._otel_context import _Propagation
-from ._otel_instruments import _Telemetry
+from ._otel_instruments import _start_of, _Telemetry
 from ._otel_mapping import _targets_of
-from ._otel_record import _Call, _meta_read, _model_of, _start_span, _Tee
+from ._otel_record import _CLIENT, _Call, _meta_read, _model_of, _Tee
 from ._results import Result, _value_of
 from .errors import LLMError
 
@@ -33,12 +33,13 @@ class _Batch:
     come tagged with its request id, its value with its number in the run
     and its request id."""
 
-    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "encoded",
-                 "runnable", "propagation", "spans", "starts", "calls")
+    __slots__ = ("tel", "tracer", "targets", "policy", "parent", "start_ns", "items",
+                 "encoded", "runnable", "propagation", "by_model", "spans", "starts", "calls")
 
     def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any, encoded: Any,
                  runnable: Optional[List[int]]) -> None:
         self.tel = tel
+        self.tracer = tel.tracer
         self.targets = _targets_of(kwargs)
         self.policy = kwargs.get("policy")
         self.parent = otel_context.get_current()
@@ -55,16 +56,18 @@ class _Batch:
         # batch's items come with their own indices.
         self.runnable = runnable
         self.propagation = _Propagation(self.parent, kwargs.get("headers"))
+        # Model -> the span's starting name and attributes (_start_of's).
+        self.by_model: Dict[Any, Tuple[str, Dict[str, Any]]] = {}
         # Number in the run -> the item's span and start time, in flight.
         self.spans: Dict[int, Any] = {}
         self.starts: Dict[int, int] = {}
         self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
 
-    def _body(self, k: int) -> Any:
+    def _body(self, k: int) -> Tuple[Any, Optional[str]]:
         """The body and model of the run's ``k``-th item (None, None: not kept)."""
         index = self.runnable[k] if self.runnable is not None else k
         items = self.items
-        if items is None or not 0 <= index < len(items):
+        if items is None:
             return None, None
         body = items[index]
         model = self.encoded[index][1]
@@ -77,9 +80,15 @@ class _Batch:
         requests carry the batch's headers plus the span's context (None:
         the batch's alone)."""
         try:
+            model = self._body(k)[1]
+            start = self.by_model.get(model)
+            if start is None:
+                targets = self.targets
+                start = self.by_model[model] = _start_of(self.tel, targets.first,
+                                                         targets.single, model, self.policy)
             now = time_ns()
-            span = _start_span(self.tel, self.targets, self.parent, self._body(k)[1],
-                               self.policy, now)
+            span = self.tracer.start_span(start[0], self.parent, _CLIENT, start[1],
+                                          start_time=now)
             self.spans[k] = span
             self.starts[k] = now
             return self.propagation.lines(span)
@@ -108,45 +117,44 @@ class _Batch:
         return on_result
 
     def item_done(self, k: int, value: Any) -> None:
+        """The run's ``k``-th item ended with ``value``: its record ends."""
         try:
-            self._end(k, value)
+            span = self.spans.pop(k, None)
+            start_ns = self.starts.pop(k, None)
+            if type(value) is dict:
+                # An outcome the batch makes its value of (a failure; a body
+                # Python parses, or the validator accepted): the same here.
+                value = _value_of(value, None)
+            ok = isinstance(value, Result)
+            if not ok and not isinstance(value, LLMError):
+                return          # never sent (a bad input line)
+            call = None
+            if self.calls or span is None:
+                # Its events so far, by its request id (read from the
+                # result's meta only then: most items have none).
+                if ok:
+                    meta = _meta_read(value)
+                    rid, total_ms = meta.request_id, meta.total_ms
+                else:
+                    rid, total_ms = value.request_id, value.total_ms
+                call = self.calls.pop(rid, None)
+                if span is None:    # its start not seen (item_headers failed): no span yet
+                    # The call's own clock: from its submission, waits for a slot included.
+                    start_ns = max(self.start_ns,
+                                   time_ns() - int((total_ms or 0) * 1_000_000))
+            if call is None:
+                call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
+                             False, self.policy)
+            else:
+                call.start_ns = start_ns
+            call.span = span
+            call.body, call.model = self._body(k)
+            if ok:
+                call.end(result=value)
+            else:
+                call.end(error=value)
         except Exception:   # telemetry must never break a batch
             pass
-
-    def _end(self, k: int, value: Any) -> None:
-        span = self.spans.pop(k, None)
-        start_ns = self.starts.pop(k, None)
-        if type(value) is dict:
-            # An outcome the batch makes its value of (a failure; a body
-            # Python parses, or the validator accepted): the same here.
-            value = _value_of(value, None)
-        ok = isinstance(value, Result)
-        if not ok and not isinstance(value, LLMError):
-            return          # never sent (a bad input line)
-        call = None
-        if self.calls or span is None:
-            # Its events so far, by its request id (read from the result's
-            # meta only then: most items have none).
-            if ok:
-                meta = _meta_read(value)
-                rid, total_ms = meta.request_id, meta.total_ms
-            else:
-                rid, total_ms = value.request_id, value.total_ms
-            call = self.calls.pop(rid, None)
-            if span is None:    # its start not seen (item_headers failed): no span yet
-                # The call's own clock: from its submission, waits for a slot included.
-                start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
-        if call is None:
-            call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
-                         False, self.policy)
-        else:
-            call.start_ns = start_ns
-        call.span = span
-        call.body, call.model = self._body(k)
-        if ok:
-            call.end(result=value)
-        else:
-            call.end(error=value)
 
     def end_unfinished(self) -> None:
         """The batch is over: items it submitted that never finished (it
@@ -156,7 +164,10 @@ class _Batch:
             call = _Call(self.tel, self.targets, self.parent, self.starts.get(k),
                          policy=self.policy)
             call.span = span
-            call.body, call.model = self._body(k)
+            try:
+                call.body, call.model = self._body(k)
+            except Exception:   # telemetry must never break a batch
+                pass
             call.last["error.type"] = "cancelled"
             call.end()
         self.starts = {}

@@ -78,6 +78,14 @@ class _Counts:
                         if row[i + 1]]
         return observe
 
+    def add_attempts(self, key: Any, attrs: Dict[str, Any], attempts: int) -> None:
+        """add() of a call with no retry, 429 or refusal (most calls)."""
+        with self.lock:
+            row = self.totals.get(key)
+            if row is None:
+                row = self.totals[key] = [attrs, 0, 0, 0, 0]
+            row[1] += attempts
+
     def add(self, key: Any, attrs: Dict[str, Any], counts: Sequence[int]) -> None:
         with self.lock:
             row = self.totals.get(key)

@@ -255,94 +255,206 @@ class _Call:
             result = error = None
         self.end(result=result, error=error)
 
-    def _answered(self, meta: Any, end_ns: int) -> None:
-        """The attempt that answered, from the result's meta."""
-        fields = {"llmretry.attempt": meta.attempt}
-        if meta.status is not None:
-            fields["http.response.status_code"] = meta.status
-        if meta.duration_ms is not None:
-            fields["llmretry.duration_ms"] = meta.duration_ms
-        if meta.target:
-            fields["llmretry.target"] = meta.target
-        attempt = self.attempts.get(meta.attempt)
-        if attempt is None:
-            self.attempts[meta.attempt] = [end_ns, fields]
-        else:               # a caller's logger asked for its events too
-            attempt[0] = end_ns
-            attempt[1].update(fields)
-
     def _emit(self, result: Any, error: Optional[BaseException],
               end_ns: Optional[int]) -> None:
-        tel = self.tel
         end_ns = end_ns or time_ns()
-        last = self.last        # ended: no event adds to it any more
-        # What the metrics need, from the outcome (or the events); the
-        # span's attributes only if it records.
-        meta = None
-        usage = total_ms = ttfc = said_model = None
         if isinstance(result, Result):
-            meta = _meta_read(result)
-            usage = meta.usage_total or meta.usage
-            total_ms = meta.total_ms
-            attempts: Any = meta.attempts
-            target = meta.target
-            response_model = meta.response_model
-            said_model = meta.model
-            if meta.stream and meta.ttft_ms is not None:
-                ttfc = meta.ttft_ms * 0.001
-            failed = None
+            self._succeeded(result, end_ns)
         else:
-            if isinstance(error, LLMError):
-                usage = error.usage_total
-                total_ms = error.total_ms
-                attempts = error.attempts
-                target = error.target
-                said_model = error.model
-                failed = error.kind
-            else:
-                target = last.get("llmretry.target", 0)
-                attempts = last.get("llmretry.attempts")
-                if attempts is None:
-                    attempts = len(self.attempts)
-                failed = last.get("error.type")
-                if failed is None and error is not None:
-                    failed = type(error).__qualname__
-            response_model = last.get("gen_ai.response.model")
-            ttfc = last.get("gen_ai.response.time_to_first_chunk")
+            self._failed(error, end_ns)
+
+    def _succeeded(self, result: Result, end_ns: int) -> None:
+        """The span and metrics of a call that succeeded: its meta says most."""
+        meta = _meta_read(result)
+        last = self.last
+        targets = self.targets
+        target = meta.target
+        endpoint = targets[target] if target else targets.first
+        # The request's model names the call (a fallback's is the response's).
+        model = started = self.model
+        if model is None:
+            model = last.get("gen_ai.request.model") or meta.model or None
+        start_ns = self._start_ns(meta.total_ms, end_ns)
+        span = self.span
+        if span is None:        # never started: made now, with the times observed
+            span = self.span = _start_span(self.tel, targets, self.parent, model, self.policy,
+                                           start_ns)
+            started = model
+        usage = meta.usage_total or meta.usage
+        stream = meta.stream
+        if span.is_recording():
+            attrs = self._request_attributes()
+            attrs["llmretry.request_id"] = meta.request_id
+            attrs["llmretry.attempts"] = meta.attempts
+            if target:
+                attrs["llmretry.target"] = target
+            if meta.resends:
+                attrs["llmretry.resends"] = meta.resends
+            if meta.response_model:
+                attrs["gen_ai.response.model"] = meta.response_model
+            if meta.system_fingerprint:
+                attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
+            if stream:
+                attrs["gen_ai.request.stream"] = True
+                if meta.ttft_ms is not None:
+                    attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
+                if meta.chunks is not None:
+                    attrs["llmretry.chunks"] = meta.chunks
+            if usage:
+                _usage_attributes(attrs, usage)
+            _response_attributes(attrs, result.data, self.tel.capture)
+            # The attempt that answered (telemetry asked for no event of it).
+            answered = {"llmretry.attempt": meta.attempt}
+            if meta.status is not None:
+                answered["http.response.status_code"] = meta.status
+            if meta.duration_ms is not None:
+                answered["llmretry.duration_ms"] = meta.duration_ms
+            if target:
+                answered["llmretry.target"] = target
+            self._finish_span(span, attrs, endpoint, model, started, None, answered, end_ns)
+        span.end(end_time=end_ns)
         if usage:
             in_tokens = usage.get("prompt_tokens")
             out_tokens = usage.get("completion_tokens")
-        else:                           # the events' usage, if any
+        else:                   # the events' usage, if any
             in_tokens = last.get("gen_ai.usage.input_tokens")
             out_tokens = last.get("gen_ai.usage.output_tokens")
-        # The request's model names the call (a fallback's is the response's).
-        started_model = model = self.model
-        if model is None:
-            model = last.get("gen_ai.request.model") or said_model or None
+        ttfc = meta.ttft_ms * 0.001 if stream and meta.ttft_ms is not None else None
+        self._record(endpoint, model, meta.response_model, None, start_ns, end_ns, ttfc,
+                     in_tokens, out_tokens, meta.attempts)
+
+    def _failed(self, error: Optional[BaseException], end_ns: int) -> None:
+        """The span and metrics of a call that failed (``error``), or that
+        ended with no outcome (a stream left early, a batch stopped): what
+        the error and the events say."""
+        last = self.last
+        usage = total_ms = said_model = None
+        if isinstance(error, LLMError):
+            usage = error.usage_total
+            total_ms = error.total_ms
+            attempts: Any = error.attempts
+            target = error.target
+            said_model = error.model
+            failed = error.kind
+        else:
+            target = last.get("llmretry.target", 0)
+            attempts = last.get("llmretry.attempts")
+            if attempts is None:
+                attempts = len(self.attempts)
+            failed = last.get("error.type")
+            if failed is None and error is not None:
+                failed = type(error).__qualname__
         targets = self.targets
         endpoint = targets[target] if target else targets.first
+        model = started = self.model
+        if model is None:
+            model = last.get("gen_ai.request.model") or said_model or None
+        start_ns = self._start_ns(total_ms, end_ns)
+        span = self.span
+        if span is None:
+            span = self.span = _start_span(self.tel, targets, self.parent, model, self.policy,
+                                           start_ns)
+            started = model
+        if span.is_recording():
+            attrs = self._request_attributes()
+            if isinstance(error, LLMError):
+                attrs["llmretry.request_id"] = error.request_id
+                attrs["llmretry.attempts"] = error.attempts
+                if error.reason:
+                    attrs["llmretry.reason"] = error.reason
+                if error.resends:
+                    attrs["llmretry.resends"] = error.resends
+            attrs.setdefault("llmretry.attempts", attempts)
+            if failed:
+                attrs["error.type"] = failed
+            if not target:
+                attrs.pop("llmretry.target", None)
+            if usage:
+                _usage_attributes(attrs, usage)
+            self._finish_span(span, attrs, endpoint, model, started, failed, None, end_ns)
+        span.end(end_time=end_ns)
+        if usage:
+            in_tokens = usage.get("prompt_tokens")
+            out_tokens = usage.get("completion_tokens")
+        else:
+            in_tokens = last.get("gen_ai.usage.input_tokens")
+            out_tokens = last.get("gen_ai.usage.output_tokens")
+        self._record(endpoint, model, last.get("gen_ai.response.model"), failed, start_ns,
+                     end_ns, last.get("gen_ai.response.time_to_first_chunk"), in_tokens,
+                     out_tokens, attempts)
+
+    def _start_ns(self, total_ms: Any, end_ns: int) -> int:
+        """When the call started: when it was seen starting, else its end
+        less its total time."""
         start_ns = self.start_ns
         if start_ns is None and total_ms is not None:
             start_ns = end_ns - int(total_ms * 1_000_000)
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
-        span = self.span
-        if span is None:        # never started: made now, with the times observed
-            span = self.span = _start_span(tel, targets, self.parent, model, self.policy,
-                                           start_ns)
-            started_model = model
-        if span.is_recording():
-            self._attributes(span, result, meta, error, failed, attempts, target,
-                             in_tokens if usage else None, out_tokens if usage else None,
-                             endpoint, model, started_model, end_ns)
-        span.end(end_time=end_ns)
-        # Metrics: the conventions' attributes (low cardinality: no ids).
+        return start_ns
+
+    def _request_attributes(self) -> Dict[str, Any]:
+        """The span's attributes so far (the events', ended: none adds to
+        them any more) with the request's settings, read now."""
+        attrs = self.last
+        body = self.body
+        if body is not None:
+            if type(body) is not dict:
+                body = _parsed(body)
+            _request_settings(attrs, body)
+            if self.tel.capture:
+                messages = _input_messages(body)
+                if messages is not None:
+                    attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
+        if self.stream:
+            attrs["gen_ai.request.stream"] = True
+        return attrs
+
+    def _finish_span(self, span: Any, attrs: Dict[str, Any], endpoint: Any, model: Any,
+                     started: Any, failed: Optional[str], answered: Optional[Dict[str, Any]],
+                     end_ns: int) -> None:
+        """Set the span's attributes (those it did not start with) at once,
+        its name if the call turned out another, its attempt events (then
+        ``answered``'s, the attempt a result says answered) and its status."""
+        # The model and endpoint it started with are set already.
+        if model == started:
+            attrs.pop("gen_ai.request.model", None)
+        elif isinstance(model, str):
+            attrs["gen_ai.request.model"] = model
+        targets = self.targets
+        if not targets.single:          # the endpoint that answered (start had none)
+            attrs.update(endpoint.attrs)
+        if endpoint is not targets.first or model != started:
+            name = _span_name(endpoint, model)
+            if name != _span_name(targets.first, started):
+                span.update_name(name)
+        span.set_attributes(attrs)
+        attempts = self.attempts
+        if answered is not None and attempts:
+            known = attempts.get(answered["llmretry.attempt"])
+            if known is not None:       # a caller's logger asked for its events too
+                known[0] = end_ns
+                known[1].update(answered)
+                answered = None
+        for at, fields in attempts.values():
+            span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
+        if answered is not None:
+            span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, failed))
+
+    def _record(self, endpoint: Any, model: Any, response_model: Any, failed: Optional[str],
+                start_ns: int, end_ns: int, ttfc: Any, in_tokens: Any, out_tokens: Any,
+                attempts: Any) -> None:
+        """The call's metrics: the conventions' attributes (low cardinality:
+        no ids)."""
+        tel = self.tel
         sets = _metric_sets(tel, endpoint, model, response_model)
         counts = self.counts
         started = attempts if type(attempts) is int else 0
         if counts is None:
             if started:
-                tel.counts.add(sets[0], sets[1], (started, 0, 0, 0))
+                tel.counts.add_attempts(sets[0], sets[1], started)
         else:
             counts[0] = started
             if counts[0] or counts[1] or counts[2] or counts[3]:
@@ -357,76 +469,12 @@ class _Call:
         if type(out_tokens) is int:
             tel.tokens.record(out_tokens, sets[4])
 
-    def _attributes(self, span: Any, result: Any, meta: Any, error: Optional[BaseException],
-                    failed: Optional[str], attempts: Any, target: Any, in_tokens: Any,
-                    out_tokens: Any, endpoint: Any, model: Any, started_model: Any,
-                    end_ns: int) -> None:
-        """The span's attributes (those it did not start with), its name if
-        the call turned out another, its attempt events and status: set at
-        once, on a span that records."""
-        tel = self.tel
-        attrs = self.last
-        body = self.body
-        if body is not None:            # the request's settings
-            if type(body) is not dict:
-                body = _parsed(body)
-            attrs.update(_request_settings(body))
-            if tel.capture:
-                messages = _input_messages(body)
-                if messages is not None:
-                    attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
-        if self.stream:
-            attrs["gen_ai.request.stream"] = True
-        if meta is not None:
-            attrs["llmretry.request_id"] = meta.request_id
-            attrs["llmretry.attempts"] = attempts
-            if target:
-                attrs["llmretry.target"] = target
-            if meta.resends:
-                attrs["llmretry.resends"] = meta.resends
-            if meta.response_model:
-                attrs["gen_ai.response.model"] = meta.response_model
-            if meta.system_fingerprint:
-                attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
-            if meta.stream:
-                attrs["gen_ai.request.stream"] = True
-                if meta.ttft_ms is not None:
-                    attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
-                if meta.chunks is not None:
-                    attrs["llmretry.chunks"] = meta.chunks
-            attrs.update(_response_attributes(result.data, tel.capture))
-            self._answered(meta, end_ns)
-        else:
-            if isinstance(error, LLMError):
-                attrs["llmretry.request_id"] = error.request_id
-                attrs["llmretry.attempts"] = error.attempts
-                if error.reason:
-                    attrs["llmretry.reason"] = error.reason
-                if error.resends:
-                    attrs["llmretry.resends"] = error.resends
-            attrs.setdefault("llmretry.attempts", attempts)
-            if failed:
-                attrs["error.type"] = failed
-            if not target:
-                attrs.pop("llmretry.target", None)
-        if in_tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = in_tokens
-        if out_tokens is not None:
-            attrs["gen_ai.usage.output_tokens"] = out_tokens
-        # The model and endpoint it started with are set already.
-        if model == started_model:
-            attrs.pop("gen_ai.request.model", None)
-        elif isinstance(model, str):
-            attrs["gen_ai.request.model"] = model
-        targets = self.targets
-        if not targets.single:          # the endpoint that answered (start had none)
-            attrs.update(endpoint.attrs)
-        if endpoint is not targets.first or model != started_model:
-            name = _span_name(endpoint, model)
-            if name != _span_name(targets.first, started_model):
-                span.update_name(name)
-        span.set_attributes(attrs)
-        for at, fields in self.attempts.values():
-            span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
-        if failed:
-            span.set_status(Status(StatusCode.ERROR, failed))
+
+def _usage_attributes(attrs: Dict[str, Any], usage: Dict[str, Any]) -> None:
+    """A usage's tokens as the span's attributes."""
+    tokens = usage.get("prompt_tokens")
+    if tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = tokens
+    tokens = usage.get("completion_tokens")
+    if tokens is not None:
+        attrs["gen_ai.usage.output_tokens"] = tokens
