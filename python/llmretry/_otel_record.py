@@ -335,7 +335,7 @@ class _Call:
             attempts: Any = error.attempts
             target = error.target
             said_model = error.model
-            failed = error.kind
+            failed: Optional[str] = error.kind
         else:
             target = last.get("llmretry.target", 0)
             attempts = last.get("llmretry.attempts")
