@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 from opentelemetry import baggage, context, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.metrics import MeterProvider
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import (INVALID_SPAN, NonRecordingSpan, SpanContext, TraceFlags,
                                  TraceState)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import llmretry
 import llmretry.otel
@@ -123,7 +125,17 @@ def test_the_header_lines_are_the_default_propagators() -> None:
     """Spans sampled or not, with a trace state, invalid, under a parent with
     baggage or none, beside the caller's own lines of the same names: the
     lines written without the propagator are those it writes."""
-    assert type(propagate.get_global_textmap()) is CompositePropagator
+    before = propagate.get_global_textmap()
+    # The API's default (what OTEL_PROPAGATORS unset gives), whatever this run's.
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(),
+                                                      W3CBaggagePropagator()]))
+    try:
+        _check_lines()
+    finally:
+        propagate.set_global_textmap(before)
+
+
+def _check_lines() -> None:
     rng = random.Random(34)
     contexts = [SpanContext(rng.getrandbits(128) or 1, rng.getrandbits(64) or 1, False,
                             TraceFlags(flags), state)
