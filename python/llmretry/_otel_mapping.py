@@ -202,32 +202,27 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
 # ---------------------------------------------------------------------------
 # Request and response: what events do not hold
 
-# The body keys _request_attributes reads besides "model": a body's keys are
-# intersected with them at once (a call's cost is per key looked at).
+# The body keys _request_settings reads: a body's keys are intersected with
+# them at once (a call's cost is per key looked at).
 _REQUEST_KEYS = frozenset(_REQUEST_SETTINGS) | {"stream", "n", "stop", "response_format"}
 
 
-def _request_attributes(body: Any) -> Dict[str, Any]:
-    """The span attributes of a request body's settings (never its text)."""
-    attrs: Dict[str, Any] = {}
+def _request_settings(attrs: Dict[str, Any], body: Any) -> None:
+    """Add to ``attrs`` the span attributes of a request body's settings but
+    its model (the span starts with that), never its text."""
     if not isinstance(body, dict):
-        return attrs
-    model = body.get("model")
-    if isinstance(model, str):
-        attrs["gen_ai.request.model"] = model
+        return
     present = _REQUEST_KEYS.intersection(body)
     if not present:
-        return attrs
-    ranks: Dict[str, int] = {}
+        return
     for key in present:
         value = body[key]
         spec = _REQUEST_SETTINGS.get(key)
         if spec is not None:
             name, kind, rank = spec
-            if (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and ranks.get(name, 9) > rank):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                    not rank or _ranked_first(body, name, rank)):
                 attrs[name] = kind(value)
-                ranks[name] = rank
         elif key == "stream":
             if value is True:
                 attrs["gen_ai.request.stream"] = True
@@ -241,7 +236,17 @@ def _request_attributes(body: Any) -> Dict[str, Any]:
                 attrs["gen_ai.request.stop_sequences"] = list(value)
         elif isinstance(value, dict) and value.get("type") in ("json_object", "json_schema"):
             attrs["gen_ai.output.type"] = "json"        # response_format
-    return attrs
+
+
+def _ranked_first(body: Dict[str, Any], name: str, rank: int) -> bool:
+    """Whether no key of a lower rank naming attribute ``name`` has a number
+    in ``body`` (max_tokens over max_completion_tokens over max_output_tokens)."""
+    for key, (other, _kind, other_rank) in _REQUEST_SETTINGS.items():
+        if other == name and other_rank < rank:
+            value = body.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return False
+    return True
 
 
 def _parsed(body: Any) -> Any:
@@ -304,12 +309,11 @@ def _input_messages(body: Any) -> Optional[List[Dict[str, Any]]]:
     return None
 
 
-def _response_attributes(data: Any, capture: bool) -> Dict[str, Any]:
-    """The span attributes of a response: its id, finish reasons and (with
-    capture) its messages."""
-    attrs: Dict[str, Any] = {}
+def _response_attributes(attrs: Dict[str, Any], data: Any, capture: bool) -> None:
+    """Add to ``attrs`` the span attributes of a response: its id, finish
+    reasons and (with capture) its messages."""
     if not isinstance(data, dict):
-        return attrs
+        return
     rid = data.get("id")
     if isinstance(rid, str):
         attrs["gen_ai.response.id"] = rid
@@ -333,7 +337,6 @@ def _response_attributes(data: Any, capture: bool) -> Dict[str, Any]:
         out = [_message(item) for item in data["output"]
                if isinstance(item, dict) and item.get("type") == "message"]
         attrs["gen_ai.output.messages"] = json.dumps(out, ensure_ascii=False)
-    return attrs
 
 
 def _span_name(endpoint: _Endpoint, model: Any) -> str:

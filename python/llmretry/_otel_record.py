@@ -1,139 +1,97 @@
 """llmretry.otel's record of one call: its events and outcome made a span
-and metrics (_Call), with the instruments of one instrument() call
-(_Telemetry) and the counters llmretry sums itself (_Counts).
+and metrics (_Call), and the logger that feeds it (_Tee).
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from opentelemetry import metrics as otel_metrics
-from opentelemetry import propagate as otel_propagate
-from opentelemetry import trace as otel_trace
-from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import __version__
-from ._results import Result, _meta_of
-from ._otel_mapping import (_ATTEMPT_EVENT, _CONTENT_FIELDS, _ENDS, _SECONDS_BUCKETS,
-                            _TOKEN_BUCKETS, EVENT_FIELDS, _Endpoint, _input_messages,
-                            _metric_attributes, _parsed, _request_attributes,
-                            _response_attributes, _span_name, _Targets)
+from . import _llmretry
+from ._logging import event_mask_of
+from ._otel_context import _Propagation
+from ._otel_instruments import _metric_sets, _start_of, _Telemetry
+from ._otel_mapping import (_ATTEMPT_EVENT, _CONTENT_FIELDS, _ENDS, EVENT_FIELDS,
+                            _input_messages, _parsed, _request_settings, _response_attributes,
+                            _span_name, _Targets)
+from ._results import _LazyMeta, Result, _meta_of
 from .errors import LLMError, error_from_outcome
 
-_SCOPE = "llmretry"
 _CLIENT = SpanKind.CLIENT
-# The version of the conventions the names follow.
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
 
 # ---------------------------------------------------------------------------
-# The instruments
+# A call's logger
 
-class _Telemetry:
-    """A tracer, a meter and the instruments of one instrument() call."""
-
-    def __init__(self, tracer_provider: Any, meter_provider: Any, capture_content: bool) -> None:
-        self.capture = bool(capture_content)
-        self.tracer = otel_trace.get_tracer(_SCOPE, __version__, tracer_provider,
-                                            schema_url=SCHEMA_URL)
-        meter = otel_metrics.get_meter(_SCOPE, __version__, meter_provider,
-                                       schema_url=SCHEMA_URL)
-        self.duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", unit="s",
-            description="GenAI operation duration (every attempt and wait of a call)",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS)
-        self.tokens = meter.create_histogram(
-            "gen_ai.client.token.usage", unit="{token}",
-            description="Number of input and output tokens used",
-            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS)
-        self.ttfc = meter.create_histogram(
-            "gen_ai.client.operation.time_to_first_chunk", unit="s",
-            description="Time from the call's start to the first chunk of a stream",
-            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS)
-        self.counts = _counts_of(meter)
-        # (endpoint, model, response model) -> the metrics' attribute sets.
-        self.metric_sets: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+def _bits(*names: str) -> int:
+    return sum(1 << _llmretry.EVENT_NAMES.index(name) for name in names)
 
 
-class _Counts:
-    """The four counters (attempts, retries, 429s, circuit-open refusals),
-    summed here by attribute set and read by the SDK when it collects
-    (observable counters): a call adds to a list under a lock instead of
-    making an SDK measurement (whose cost, ~15 µs, is per measurement)."""
-
-    _INSTRUMENTS = (
-        ("llmretry.attempts", "{attempt}", "Attempts started"),
-        ("llmretry.retries", "{retry}", "Retries scheduled"),
-        ("llmretry.rate_limited", "{response}", "Attempts the server refused with 429"),
-        ("llmretry.circuit_open", "{call}",
-         "Calls refused because their endpoint's circuit breaker was open"),
-    )
-
-    def __init__(self, meter: Any) -> None:
-        self.lock = threading.Lock()
-        self.totals: Dict[Any, List[Any]] = {}   # key -> [attributes, 4 totals]
-        for i, (name, unit, description) in enumerate(self._INSTRUMENTS):
-            meter.create_observable_counter(name, callbacks=[self._observer(i)], unit=unit,
-                                            description=description)
-
-    def _observer(self, i: int) -> Callable[[Any], List[Observation]]:
-        def observe(_options: Any) -> List[Observation]:
-            with self.lock:
-                return [Observation(row[i + 1], row[0]) for row in self.totals.values()
-                        if row[i + 1]]
-        return observe
-
-    def add(self, key: Any, attrs: Dict[str, Any], counts: Sequence[int]) -> None:
-        with self.lock:
-            row = self.totals.get(key)
-            if row is None:
-                row = self.totals[key] = [attrs, 0, 0, 0, 0]
-            row[1] += counts[0]
-            row[2] += counts[1]
-            row[3] += counts[2]
-            row[4] += counts[3]
+# The events telemetry asks the engine for (failures, retries, give-ups);
+# a caller's logger adds those it keeps.
+_NEEDED = _bits("llm_request_failed", "llm_request_error", "llm_retry_scheduled",
+                "llm_request_gave_up")
+_ALL = (1 << len(_llmretry.EVENT_NAMES)) - 1
 
 
-# One _Counts per meter: the SDK keeps an observable instrument's first
-# registration (instrument() again on the same provider would register
-# callbacks nobody calls), so a meter's counters are made once.
-_meter_counts: "weakref.WeakKeyDictionary[Any, _Counts]" = weakref.WeakKeyDictionary()
+class _Tee:
+    """The logger a call (or a batch) gets: the telemetry's sink, then the
+    caller's own logger (which keeps its own levels, and fails as it did:
+    the engine reports it and goes on). The telemetry's errors go nowhere.
+    Its ``event_mask`` asks for the events either of them wants."""
+
+    __slots__ = ("sink", "user", "user_mask")
+
+    def __init__(self, sink: Callable[[Dict[str, Any]], None], user: Any) -> None:
+        self.sink = sink
+        self.user = user
+        self.user_mask = event_mask_of(user) if user is not None else None
+
+    def __call__(self, ev: Dict[str, Any]) -> None:
+        try:
+            self.sink(ev)
+        except Exception:   # telemetry must never break a call
+            pass
+        if self.user is not None:
+            self.user(ev)
+
+    def event_mask(self) -> int:
+        if self.user is None:
+            return _NEEDED
+        if self.user_mask is None:      # a plain callable gets every event
+            return _ALL
+        return _NEEDED | self.user_mask()
 
 
-def _counts_of(meter: Any) -> _Counts:
-    try:
-        counts = _meter_counts.get(meter)
-    except TypeError:           # a meter that cannot be weakly referenced
-        return _Counts(meter)
-    if counts is None:
-        counts = _meter_counts[meter] = _Counts(meter)
-    return counts
+def _model_of(body: Any) -> Tuple[Any, Optional[str]]:
+    """A request body as a dict when it can be read as one (a text body is
+    the caller's JSON), and the model it names."""
+    if type(body) is not dict:
+        body = _parsed(body)
+    model = body.get("model") if isinstance(body, dict) else None
+    return body, model if isinstance(model, str) else None
 
 
-def _metric_sets(tel: _Telemetry, endpoint: _Endpoint, model: Any,
-                 response_model: Any) -> Tuple[Any, ...]:
-    """The metrics' attribute sets of a call (made once per endpoint and
-    model, not per call): the counters' key and attributes, the histograms',
-    the token histogram's for input and output."""
-    sets = tel.metric_sets.get((endpoint, model, response_model))
-    if sets is None:
-        base = _metric_attributes(endpoint, model)
-        hist = dict(base)
-        if response_model:
-            hist["gen_ai.response.model"] = response_model
-        # The counters' key: endpoints alike count alike.
-        key = (endpoint.operation, endpoint.provider, endpoint.address, endpoint.port, model)
-        sets = (key, base, hist, dict(hist, **{"gen_ai.token.type": "input"}),
-                dict(hist, **{"gen_ai.token.type": "output"}))
-        if len(tel.metric_sets) >= 1024:    # a bound: a program has few endpoints and models
-            tel.metric_sets.clear()
-        tel.metric_sets[endpoint, model, response_model] = sets
-    return sets
+def _meta_read(result: Result) -> Any:
+    """A result's Meta, read without keeping it: a Meta the extension has
+    not built yet (a LazyMeta: one allocation the cyclic GC neither counts
+    nor visits) is built for telemetry and dropped, not stored in the
+    Result, so that a batch's results stay as small as without telemetry
+    (20,000 Metas kept would add 60,000 objects the GC counts). A caller
+    that reads ``result.meta`` builds its own, as it would have."""
+    m = result._meta
+    return m() if type(m) is _LazyMeta else m
+
+
+def _start_span(tel: _Telemetry, targets: _Targets, parent: Any, model: Optional[str],
+                policy: Any, start_ns: Optional[int]) -> Any:
+    """A call's span, started with what is known before it runs (the
+    samplers see it); its end adds the rest."""
+    name, attrs = _start_of(tel, targets.first, targets.single, model, policy)
+    return tel.tracer.start_span(name, parent, _CLIENT, attrs, start_time=start_ns)
 
 
 # ---------------------------------------------------------------------------
@@ -144,35 +102,41 @@ class _Call:
     when it ends.
 
     Telemetry asks the engine only for the events of failures, retries and
-    give-ups (otel._NEEDED): the attempt that succeeded is read from the result,
+    give-ups (_NEEDED): the attempt that succeeded is read from the result,
     so a call answered at once costs no event. Events arrive on the thread
     (or event loop) that waits for the call, so a call is never touched by
     two threads at once.
 
-    A call starts its span at once (start()): call_llm, stream_llm, their
-    asyncio forms, a transport's request, and a batch's item when the batch
-    submits it (Engine.call_many's item_headers), so that its context goes
-    to the server in the request's headers (``traceparent``); the
-    attributes and attempt events are added when it ends. A record that
-    never started (a batch item submitted elsewhere) makes its span when it
-    ends, with the times observed (the SDK takes explicit start and end times).
+    A call's span starts when the call does (start(): call_llm, stream_llm,
+    their asyncio forms, a transport's request; a batch starts its items'
+    spans itself, as it submits them), so that its context goes to the
+    server in the request's headers (``traceparent``). It starts with the
+    attributes a sampler may look at (_start_of); the rest, the request's
+    settings included, are set once at the end, and only if the span
+    records (OpenTelemetry's advice: a span sampled out costs no
+    attributes). A record that never started makes its span when it ends,
+    with the times observed (the SDK takes explicit start and end times).
     """
 
-    __slots__ = ("tel", "targets", "parent", "start_ns", "request", "inputs", "attempts",
-                 "last", "ended", "end_on_final", "counts", "span", "span_name")
+    __slots__ = ("tel", "targets", "parent", "start_ns", "body", "model", "stream", "policy",
+                 "attempts", "last", "ended", "end_on_final", "counts", "span")
 
     def __init__(self, tel: _Telemetry, targets: _Targets, parent: Any,
-                 start_ns: Optional[int], body: Any = None, end_on_final: bool = False,
-                 policy: Any = None) -> None:
+                 start_ns: Optional[int], body: Any = None, model: Optional[str] = None,
+                 stream: bool = False, end_on_final: bool = False, policy: Any = None) -> None:
         self.tel = tel
         self.targets = targets
         self.parent = parent
         self.start_ns = start_ns
-        self.request: Dict[str, Any] = {}
-        self.inputs: Optional[str] = None
+        # The request body, read at the end (its settings) if the span records.
+        if model is None and body is not None:
+            body, model = _model_of(body)
+        self.body = body
+        self.model = model      # the request's: it names the span
+        self.stream = stream
+        self.policy = policy
         self.attempts: Dict[Any, List[Any]] = {}   # attempt -> [end time, attributes]
-        # Span attributes from the events so far.
-        self.last: Dict[str, Any] = {"llmretry.policy": policy} if policy else {}
+        self.last: Dict[str, Any] = {}      # span attributes from the events so far
         self.ended = False
         self.end_on_final = end_on_final
         # Attempts started, retries, 429s, circuit-open refusals: added to
@@ -180,55 +144,18 @@ class _Call:
         # answered at once only has its attempt).
         self.counts: Optional[List[int]] = None
         self.span: Any = None
-        self.span_name: Optional[str] = None
-        if body is not None:
-            self.set_body(body)
 
     def start(self, headers: Optional[List[str]]) -> Optional[List[str]]:
         """Start the span (the call starts now) and return the call's header
-        lines with its context added, as the application's propagators write
-        it (by default W3C ``traceparent``): every attempt carries it.
-        The span starts with what is known now (the request's settings and,
-        for a call with one target, the endpoint's): the samplers see them,
-        and its end sets only what the call adds."""
+        lines with its context added, as the application's propagators
+        write it (by default W3C ``traceparent``): every attempt carries
+        it. None: the caller's headers as they are."""
         try:
-            targets = self.targets
-            endpoint = targets.first
-            request = attrs = self.request
-            if targets.single:
-                attrs = {**endpoint.attrs, **request} if request else endpoint.attrs
-            self.span_name = _span_name(endpoint, request.get("gen_ai.request.model"))
-            self.span = span = self.tel.tracer.start_span(
-                self.span_name, self.parent, _CLIENT, attrs, start_time=self.start_ns)
-            carrier: Dict[str, str] = {}
-            otel_propagate.get_global_textmap().inject(
-                carrier, otel_trace.set_span_in_context(span, self.parent))
+            self.span = span = _start_span(self.tel, self.targets, self.parent, self.model,
+                                           self.policy, self.start_ns)
+            return _Propagation(self.parent, headers).lines(span)
         except Exception:       # telemetry must never break a call
-            return headers
-        if not carrier:
-            return headers
-        lines = [f"{name}: {value}" for name, value in carrier.items()]
-        if not headers:
-            return lines
-        names = {name.lower() for name in carrier}
-        return [line for line in headers if line.split(":", 1)[0].lower() not in names] + lines
-
-    def set_body(self, body: Any) -> None:
-        if type(body) is not dict:
-            body = _parsed(body)
-        self.request = _request_attributes(body)
-        if self.tel.capture:
-            messages = _input_messages(body)
-            if messages is not None:
-                self.inputs = json.dumps(messages, ensure_ascii=False)
-
-    def take_events(self, other: "_Call") -> None:
-        """What ``other`` (a record of this call's events alone: a batch
-        item's, kept by request id until the item ends) saw."""
-        self.attempts = other.attempts
-        self.counts = other.counts
-        for key, value in other.last.items():
-            self.last.setdefault(key, value)
+            return None
 
     # -- events --------------------------------------------------------------
 
@@ -328,141 +255,206 @@ class _Call:
             result = error = None
         self.end(result=result, error=error)
 
-    def _answered(self, meta: Any, end_ns: int) -> None:
-        """The attempt that answered, from the result's meta."""
-        fields = {"llmretry.attempt": meta.attempt}
-        if meta.status is not None:
-            fields["http.response.status_code"] = meta.status
-        if meta.duration_ms is not None:
-            fields["llmretry.duration_ms"] = meta.duration_ms
-        if meta.target:
-            fields["llmretry.target"] = meta.target
-        attempt = self.attempts.get(meta.attempt)
-        if attempt is None:
-            self.attempts[meta.attempt] = [end_ns, fields]
-        else:               # a caller's logger asked for its events too
-            attempt[0] = end_ns
-            attempt[1].update(fields)
-
     def _emit(self, result: Any, error: Optional[BaseException],
               end_ns: Optional[int]) -> None:
-        tel = self.tel
         end_ns = end_ns or time_ns()
-        # The span's attributes from the events and the outcome (ended: no
-        # event adds to them any more); the request's come separately, as
-        # a started span has them already. Values the metrics need are kept
-        # in locals (this runs once per call: a batch's items too).
-        attrs = self.last
-        request = self.request
-        usage = total_ms = ttfc = None
-        attempts: Any
         if isinstance(result, Result):
-            meta = result.meta
-            usage = meta.usage_total or meta.usage
-            total_ms = meta.total_ms
+            self._succeeded(result, end_ns)
+        else:
+            self._failed(error, end_ns)
+
+    def _succeeded(self, result: Result, end_ns: int) -> None:
+        """The span and metrics of a call that succeeded: its meta says most."""
+        meta = _meta_read(result)
+        last = self.last
+        targets = self.targets
+        target = meta.target
+        endpoint = targets[target] if target else targets.first
+        # The request's model names the call (a fallback's is the response's).
+        model = started = self.model
+        if model is None:
+            model = last.get("gen_ai.request.model") or meta.model or None
+        start_ns = self._start_ns(meta.total_ms, end_ns)
+        span = self.span
+        if span is None:        # never started: made now, with the times observed
+            span = self.span = _start_span(self.tel, targets, self.parent, model, self.policy,
+                                           start_ns)
+            started = model
+        usage = meta.usage_total or meta.usage
+        stream = meta.stream
+        if span.is_recording():
+            attrs = self._request_attributes()
             attrs["llmretry.request_id"] = meta.request_id
-            attrs["llmretry.attempts"] = attempts = meta.attempts
-            target = meta.target
+            attrs["llmretry.attempts"] = meta.attempts
             if target:
                 attrs["llmretry.target"] = target
-            if meta.model and "gen_ai.request.model" not in attrs:
-                attrs["gen_ai.request.model"] = meta.model
             if meta.resends:
                 attrs["llmretry.resends"] = meta.resends
-            response_model = meta.response_model
-            if response_model:
-                attrs["gen_ai.response.model"] = response_model
+            if meta.response_model:
+                attrs["gen_ai.response.model"] = meta.response_model
             if meta.system_fingerprint:
                 attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
-            if meta.stream:
+            if stream:
                 attrs["gen_ai.request.stream"] = True
                 if meta.ttft_ms is not None:
-                    attrs["gen_ai.response.time_to_first_chunk"] = ttfc = meta.ttft_ms * 0.001
+                    attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
                 if meta.chunks is not None:
                     attrs["llmretry.chunks"] = meta.chunks
-            attrs.update(_response_attributes(result.data, tel.capture))
-            self._answered(meta, end_ns)
-            failed = None
+            if usage:
+                _usage_attributes(attrs, usage)
+            _response_attributes(attrs, result.data, self.tel.capture)
+            # The attempt that answered (telemetry asked for no event of it).
+            answered = {"llmretry.attempt": meta.attempt}
+            if meta.status is not None:
+                answered["http.response.status_code"] = meta.status
+            if meta.duration_ms is not None:
+                answered["llmretry.duration_ms"] = meta.duration_ms
+            if target:
+                answered["llmretry.target"] = target
+            self._finish_span(span, attrs, endpoint, model, started, None, answered, end_ns)
+        span.end(end_time=end_ns)
+        if usage:
+            in_tokens = usage.get("prompt_tokens")
+            out_tokens = usage.get("completion_tokens")
+        else:                   # the events' usage, if any
+            in_tokens = last.get("gen_ai.usage.input_tokens")
+            out_tokens = last.get("gen_ai.usage.output_tokens")
+        ttfc = meta.ttft_ms * 0.001 if stream and meta.ttft_ms is not None else None
+        self._record(endpoint, model, meta.response_model, None, start_ns, end_ns, ttfc,
+                     in_tokens, out_tokens, meta.attempts)
+
+    def _failed(self, error: Optional[BaseException], end_ns: int) -> None:
+        """The span and metrics of a call that failed (``error``), or that
+        ended with no outcome (a stream left early, a batch stopped): what
+        the error and the events say."""
+        last = self.last
+        usage = total_ms = said_model = None
+        if isinstance(error, LLMError):
+            usage = error.usage_total
+            total_ms = error.total_ms
+            attempts: Any = error.attempts
+            target = error.target
+            said_model = error.model
+            failed: Optional[str] = error.kind
         else:
+            target = last.get("llmretry.target", 0)
+            attempts = last.get("llmretry.attempts")
+            if attempts is None:
+                attempts = len(self.attempts)
+            failed = last.get("error.type")
+            if failed is None and error is not None:
+                failed = type(error).__qualname__
+        targets = self.targets
+        endpoint = targets[target] if target else targets.first
+        model = started = self.model
+        if model is None:
+            model = last.get("gen_ai.request.model") or said_model or None
+        start_ns = self._start_ns(total_ms, end_ns)
+        span = self.span
+        if span is None:
+            span = self.span = _start_span(self.tel, targets, self.parent, model, self.policy,
+                                           start_ns)
+            started = model
+        if span.is_recording():
+            attrs = self._request_attributes()
             if isinstance(error, LLMError):
-                usage = error.usage_total
-                total_ms = error.total_ms
-                attrs["error.type"] = error.kind
                 attrs["llmretry.request_id"] = error.request_id
                 attrs["llmretry.attempts"] = error.attempts
-                if error.model and "gen_ai.request.model" not in attrs:
-                    attrs["gen_ai.request.model"] = error.model
                 if error.reason:
                     attrs["llmretry.reason"] = error.reason
                 if error.resends:
                     attrs["llmretry.resends"] = error.resends
-                target = error.target
-            else:
-                target = attrs.get("llmretry.target", 0)
-                if error is not None and "error.type" not in attrs:
-                    attrs["error.type"] = type(error).__qualname__
+            attrs.setdefault("llmretry.attempts", attempts)
+            if failed:
+                attrs["error.type"] = failed
             if not target:
                 attrs.pop("llmretry.target", None)
-            attempts = attrs.get("llmretry.attempts")
-            if attempts is None:
-                attrs["llmretry.attempts"] = attempts = len(self.attempts)
-            failed = attrs.get("error.type")
-            response_model = attrs.get("gen_ai.response.model")
-            ttfc = attrs.get("gen_ai.response.time_to_first_chunk")
-        in_tokens = out_tokens = None
+            if usage:
+                _usage_attributes(attrs, usage)
+            self._finish_span(span, attrs, endpoint, model, started, failed, None, end_ns)
+        span.end(end_time=end_ns)
         if usage:
             in_tokens = usage.get("prompt_tokens")
-            if in_tokens is not None:
-                attrs["gen_ai.usage.input_tokens"] = in_tokens
             out_tokens = usage.get("completion_tokens")
-            if out_tokens is not None:
-                attrs["gen_ai.usage.output_tokens"] = out_tokens
-        else:                           # the events' usage, if any
-            in_tokens = attrs.get("gen_ai.usage.input_tokens")
-            out_tokens = attrs.get("gen_ai.usage.output_tokens")
-        # The request's model names the call (a fallback's is the response's).
-        model = request.get("gen_ai.request.model")
-        if model is None:
-            model = attrs.get("gen_ai.request.model")
-        elif "gen_ai.request.model" in attrs:
-            del attrs["gen_ai.request.model"]
-        targets = self.targets
-        endpoint = targets[target] if target else targets.first
-        if self.inputs is not None:
-            attrs["gen_ai.input.messages"] = self.inputs
+        else:
+            in_tokens = last.get("gen_ai.usage.input_tokens")
+            out_tokens = last.get("gen_ai.usage.output_tokens")
+        self._record(endpoint, model, last.get("gen_ai.response.model"), failed, start_ns,
+                     end_ns, last.get("gen_ai.response.time_to_first_chunk"), in_tokens,
+                     out_tokens, attempts)
+
+    def _start_ns(self, total_ms: Any, end_ns: int) -> int:
+        """When the call started: when it was seen starting, else its end
+        less its total time."""
         start_ns = self.start_ns
         if start_ns is None and total_ms is not None:
             start_ns = end_ns - int(total_ms * 1_000_000)
         if start_ns is None or start_ns > end_ns:
             start_ns = end_ns
-        span = self.span
-        if (span is not None and self.span_name is not None and endpoint is targets.first
-                and model == request.get("gen_ai.request.model")):
-            name = self.span_name       # what it started with
-        else:
-            name = _span_name(endpoint, model)
-        if span is None:
-            attrs.update(request)
+        return start_ns
+
+    def _request_attributes(self) -> Dict[str, Any]:
+        """The span's attributes so far (the events', ended: none adds to
+        them any more) with the request's settings, read now."""
+        attrs = self.last
+        body = self.body
+        if body is not None:
+            if type(body) is not dict:
+                body = _parsed(body)
+            _request_settings(attrs, body)
+            if self.tel.capture:
+                messages = _input_messages(body)
+                if messages is not None:
+                    attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
+        if self.stream:
+            attrs["gen_ai.request.stream"] = True
+        return attrs
+
+    def _finish_span(self, span: Any, attrs: Dict[str, Any], endpoint: Any, model: Any,
+                     started: Any, failed: Optional[str], answered: Optional[Dict[str, Any]],
+                     end_ns: int) -> None:
+        """Set the span's attributes (those it did not start with) at once,
+        its name if the call turned out another, its attempt events (then
+        ``answered``'s, the attempt a result says answered) and its status."""
+        # The model and endpoint it started with are set already.
+        if model == started:
+            attrs.pop("gen_ai.request.model", None)
+        elif isinstance(model, str):
+            attrs["gen_ai.request.model"] = model
+        targets = self.targets
+        if not targets.single:          # the endpoint that answered (start had none)
             attrs.update(endpoint.attrs)
-            span = tel.tracer.start_span(name, self.parent, _CLIENT, attrs, start_time=start_ns)
-        else:
-            if not targets.single:      # the endpoint that answered (start had none)
-                attrs.update(endpoint.attrs)
-            if name != self.span_name:
+        if endpoint is not targets.first or model != started:
+            name = _span_name(endpoint, model)
+            if name != _span_name(targets.first, started):
                 span.update_name(name)
-            span.set_attributes(attrs)
-        for at, fields in self.attempts.values():
+        span.set_attributes(attrs)
+        attempts = self.attempts
+        if answered is not None and attempts:
+            known = attempts.get(answered["llmretry.attempt"])
+            if known is not None:       # a caller's logger asked for its events too
+                known[0] = end_ns
+                known[1].update(answered)
+                answered = None
+        for at, fields in attempts.values():
             span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
+        if answered is not None:
+            span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
         if failed:
             span.set_status(Status(StatusCode.ERROR, failed))
-        span.end(end_time=end_ns)
-        # Metrics: the conventions' attributes (low cardinality: no ids).
+
+    def _record(self, endpoint: Any, model: Any, response_model: Any, failed: Optional[str],
+                start_ns: int, end_ns: int, ttfc: Any, in_tokens: Any, out_tokens: Any,
+                attempts: Any) -> None:
+        """The call's metrics: the conventions' attributes (low cardinality:
+        no ids)."""
+        tel = self.tel
         sets = _metric_sets(tel, endpoint, model, response_model)
         counts = self.counts
         started = attempts if type(attempts) is int else 0
         if counts is None:
             if started:
-                tel.counts.add(sets[0], sets[1], (started, 0, 0, 0))
+                tel.counts.add_attempts(sets[0], sets[1], started)
         else:
             counts[0] = started
             if counts[0] or counts[1] or counts[2] or counts[3]:
@@ -476,3 +468,13 @@ class _Call:
             tel.tokens.record(in_tokens, sets[3])
         if type(out_tokens) is int:
             tel.tokens.record(out_tokens, sets[4])
+
+
+def _usage_attributes(attrs: Dict[str, Any], usage: Dict[str, Any]) -> None:
+    """A usage's tokens as the span's attributes."""
+    tokens = usage.get("prompt_tokens")
+    if tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = tokens
+    tokens = usage.get("completion_tokens")
+    if tokens is not None:
+        attrs["gen_ai.usage.output_tokens"] = tokens

@@ -20,8 +20,10 @@ settings, the response id, the finish reasons). The mapping is documented in
 docs/observability.md.
 
 The parts: _otel_mapping (the table, endpoints, request and response
-attributes), _otel_record (a call's record made a span and metrics, the
-instruments) and this module (the hooks on the call paths, instrument()).
+attributes), _otel_instruments (the tracer and instruments, what calls
+alike share), _otel_context (the span's context in the request headers),
+_otel_record (a call's record made a span and metrics), _otel_batch (a
+batch's items) and this module (the hooks on the call paths, instrument()).
 
 No prompt, answer or response text is recorded unless ``capture_content``
 is True; the API key and the ``Authorization`` header never are (nothing
@@ -35,60 +37,22 @@ import os
 import threading
 import weakref
 from time import time_ns
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from opentelemetry import context as otel_context
 
-from . import _aio, _engine_batch, _llmretry, _streaming
+from . import _aio, _engine_batch, _streaming
 from ._aio import AsyncStream
-from ._bodies import _LazyBodies
-from ._client import Client, Result
+from ._client import Client
 from ._http_transport import TransportCore
-from ._logging import event_mask_of
+from ._otel_batch import _hook_engine_job
+from ._otel_instruments import SCHEMA_URL, _Telemetry
 from ._otel_mapping import EVENT_FIELDS, _targets_of
-from ._otel_record import SCHEMA_URL, _Call, _Telemetry
-from ._results import _value_of
+from ._otel_record import _Call, _Tee
 from ._stream import Stream
 from .errors import LLMError
 
 __all__ = ["instrument", "uninstrument", "EVENT_FIELDS", "SCHEMA_URL"]
-
-
-# ---------------------------------------------------------------------------
-# A call's logger
-
-def _bits(*names: str) -> int:
-    return sum(1 << _llmretry.EVENT_NAMES.index(name) for name in names)
-
-
-# The events telemetry asks the engine for (failures, retries, give-ups);
-# a caller's logger adds those it keeps.
-_NEEDED = _bits("llm_request_failed", "llm_request_error", "llm_retry_scheduled",
-                "llm_request_gave_up")
-_ALL = (1 << len(_llmretry.EVENT_NAMES)) - 1
-
-
-def _tee(call_sink: Callable[[Dict[str, Any]], None], user: Any) -> Callable[[Dict[str, Any]], None]:
-    """The logger a call gets: the telemetry's sink, then the caller's own
-    logger (which keeps its own levels, and fails as it did: the engine
-    reports it and goes on). The telemetry's errors go nowhere. Its
-    ``event_mask`` asks for the events either of them wants."""
-    def tee(ev: Dict[str, Any]) -> None:
-        try:
-            call_sink(ev)
-        except Exception:   # telemetry must never break a call
-            pass
-        if user is not None:
-            user(ev)
-
-    user_mask = event_mask_of(user) if user is not None else None
-    if user is None:
-        tee.event_mask = lambda: _NEEDED        # type: ignore[attr-defined]
-    elif user_mask is None:     # a plain callable gets every event
-        tee.event_mask = lambda: _ALL           # type: ignore[attr-defined]
-    else:
-        tee.event_mask = lambda: _NEEDED | user_mask()     # type: ignore[attr-defined]
-    return tee
 
 
 # ---------------------------------------------------------------------------
@@ -109,32 +73,23 @@ def _telemetry_of(client: Any) -> Optional[_Telemetry]:
 
 
 def _new_call(tel: _Telemetry, kwargs: Dict[str, Any], body: Any, stream: bool = False,
-              end_on_final: bool = False) -> _Call:
+              end_on_final: bool = False, model: Optional[str] = None) -> _Call:
     """The record of a call starting now, under the current span."""
-    call = _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), body,
-                 end_on_final=end_on_final, policy=kwargs.get("policy"))
-    if stream:
-        call.request["gen_ai.request.stream"] = True
-    return call
+    return _Call(tel, _targets_of(kwargs), otel_context.get_current(), time_ns(), body,
+                 model=model, stream=stream, end_on_final=end_on_final,
+                 policy=kwargs.get("policy"))
 
 
 def _wire(call: _Call, kwargs: Dict[str, Any]) -> Any:
     """Set a call's own engine keywords (``kwargs``, changed in place): its
     logger (the record's, then the caller's), its span started and its
     context in the headers. Returns the logger (its event_mask is the call's)."""
-    tee = _tee(call.on_event, kwargs.get("on_event"))
+    tee = _Tee(call.on_event, kwargs.get("on_event"))
     kwargs["on_event"] = tee
     headers = call.start(kwargs.get("headers"))
     if headers is not None:
         kwargs["headers"] = headers
     return tee
-
-
-def _with_sink(plan: Any, sink: Callable[[Dict[str, Any]], None]) -> Any:
-    """``plan`` whose logger is ``sink`` followed by the plan's own."""
-    new = plan.with_options([("logger", _tee(sink, plan.kwargs.get("on_event")))])
-    new.auto_key = plan.auto_key
-    return new
 
 
 def _started(plan: Any, call: _Call) -> Any:
@@ -216,7 +171,7 @@ def _hook_acall(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return await orig(client, engine, payload, extra, kwargs, finish)
-        with _Ending(_new_call(tel, kwargs, payload)) as call:
+        with _Ending(_new_call(tel, kwargs, payload, model=extra.get("model"))) as call:
             kwargs = dict(kwargs)
             extra = dict(extra, event_mask=_wire(call, kwargs).event_mask())
             return call.finished(await orig(client, engine, payload, extra, kwargs, finish))
@@ -244,7 +199,7 @@ def _hook_astream(orig: Callable[..., Any]) -> Callable[..., Any]:
         tel = _telemetry_of(client)
         if tel is None:
             return orig(client, engine, payload, extra, kwargs, finish, parse)
-        call = _new_call(tel, kwargs, payload, stream=True)
+        call = _new_call(tel, kwargs, payload, stream=True, model=extra.get("model"))
         kwargs = dict(kwargs)
         extra = dict(extra, event_mask=_wire(call, kwargs).event_mask())
         return orig(client, engine, payload, extra, kwargs, _Finish(finish, call), parse)
@@ -269,148 +224,6 @@ def _hook_aclose(orig: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _end_abandoned(self)
     return aclose
-
-
-class _Batch:
-    """The records of a batch's items. Each item's span starts when the
-    run submits it (Engine.call_many's ``item_headers``, on the batch's
-    thread), and its requests carry the span's context; the item's events
-    come tagged with its request id, its value with its number in the run
-    and its request id."""
-
-    __slots__ = ("tel", "targets", "policy", "parent", "start_ns", "items", "runnable",
-                 "headers", "started", "calls")
-
-    def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any,
-                 runnable: Optional[List[int]]) -> None:
-        self.tel = tel
-        self.targets = _targets_of(kwargs)
-        self.policy = kwargs.get("policy")
-        self.parent = otel_context.get_current()
-        self.start_ns = time_ns()
-        # A list's bodies are read back by index; a lazy batch keeps none
-        # (its memory stays flat): its spans lack the request's settings
-        # (the model comes from the result or the events) and its input messages.
-        self.items = items
-        # A list's run submits its runnable items (those not done before a
-        # resume), numbered from 0: the k-th is item runnable[k]. A lazy
-        # batch's items come with their own indices.
-        self.runnable = runnable
-        self.headers = kwargs.get("headers")
-        self.started: Dict[int, _Call] = {}     # number in the run -> record, in flight
-        self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
-
-    def item_headers(self, k: int) -> Optional[List[str]]:
-        """The run submits its ``k``-th item now: the item's record starts,
-        and its requests carry the batch's headers plus its span's context
-        (None: the batch's alone)."""
-        try:
-            index = self.runnable[k] if self.runnable is not None else k
-            items = self.items
-            body = items[index] if items is not None and 0 <= index < len(items) else None
-            call = _Call(self.tel, self.targets, self.parent, time_ns(), body,
-                         policy=self.policy)
-            self.started[k] = call
-            lines = call.start(self.headers)
-        except Exception:   # telemetry must never break a batch
-            return None
-        return None if lines is self.headers else lines
-
-    def on_event(self, ev: Dict[str, Any]) -> None:
-        rid = ev.get("request_id")
-        call = self.calls.get(rid)
-        if call is None:
-            call = self.calls[rid] = _Call(self.tel, self.targets, self.parent, None,
-                                           policy=self.policy)
-        call.on_event(ev)
-
-    def on_result(self, then: Any) -> Callable[[int, Any], Any]:
-        """The run's on_result (the engine's: the item's number in the run,
-        its Result or outcome dict): the item's record ends, then ``then``
-        (the run's own, if any) goes on. The batch records its items
-        its own way (at the end, unless something wants each one)."""
-        def on_result(k: int, value: Any) -> Any:
-            try:
-                self.item_done(k, value)
-            except Exception:   # telemetry must never break a batch
-                pass
-            if then is not None:
-                return then(k, value)
-            return None
-        return on_result
-
-    def item_done(self, k: int, value: Any) -> None:
-        call = self.started.pop(k, None)
-        if type(value) is dict:
-            # An outcome the batch makes its value of (a failure; a body
-            # Python parses, or the validator accepted): the same here.
-            value = _value_of(value, None)
-        rid: Optional[str]
-        if isinstance(value, Result):
-            rid, total_ms = value.meta.request_id, value.meta.total_ms
-        elif isinstance(value, LLMError):
-            rid, total_ms = value.request_id, value.total_ms
-        else:               # never sent (a bad input line)
-            return
-        events = self.calls.pop(rid, None) if self.calls else None
-        if call is None:    # its start not seen (item_headers failed): no span yet
-            call = events or _Call(self.tel, self.targets, self.parent, None,
-                                   policy=self.policy)
-            # The call's own clock: from its submission, waits for a slot included.
-            call.start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
-        elif events is not None:
-            call.take_events(events)
-        if isinstance(value, Result):
-            call.end(result=value)
-        else:
-            call.end(error=value)
-
-    def end_unfinished(self) -> None:
-        """The batch is over: items it submitted that never finished (it
-        was interrupted, or raised) end as cancelled."""
-        started, self.started = self.started, {}
-        for call in started.values():
-            call.last.setdefault("error.type", "cancelled")
-            call.end()
-
-
-class _Job:
-    """A batch's engine run (_engine_batch's) whose finish also ends the
-    records of the items left unfinished."""
-
-    __slots__ = ("engine", "args", "kwargs", "job", "records")
-
-    def __init__(self, job: Any, records: _Batch) -> None:
-        self.engine, self.args, self.kwargs = job.engine, job.args, job.kwargs
-        self.job = job
-        self.records = records
-
-    def finish(self) -> None:
-        try:
-            self.job.finish()
-        finally:
-            self.records.end_unfinished()
-
-
-def _hook_engine_job(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """_engine_batch._engine_job: every batch run on the engine (call_many,
-    acall_many, ``llmretry batch``): one record per item."""
-    def _engine_job(client: Client, batch: Any, encoded: Any, plan: Any, limit: int,
-                    deadline_ms: Any, adaptive: bool) -> Any:
-        tel = _telemetry_of(client)
-        if tel is None:
-            return orig(client, batch, encoded, plan, limit, deadline_ms, adaptive)
-        records = _Batch(tel, plan.kwargs, batch.items,
-                         None if isinstance(encoded, _LazyBodies) else batch.runnable)
-        job = orig(client, batch, encoded, _with_sink(plan, records.on_event), limit,
-                   deadline_ms, adaptive)
-        # Each item's start and end, from the engine's run itself: the
-        # batch's own bookkeeping stays as it is (its values recorded at
-        # the end when nothing else wants each one).
-        job.kwargs["item_headers"] = records.item_headers
-        job.kwargs["on_result"] = records.on_result(job.kwargs.get("on_result"))
-        return _Job(job, records)
-    return _engine_job
 
 
 # A transport's requests in flight -> their records (the outcome comes to
@@ -449,7 +262,7 @@ def _hook_done(orig: Callable[..., Any]) -> Callable[..., Any]:
 _HOOKS: Tuple[Tuple[Any, str, Callable[[Any], Any]], ...] = (
     (Client, "_run", _hook_run),
     (_streaming, "_start_stream", _hook_start_stream),
-    (_engine_batch, "_engine_job", _hook_engine_job),
+    (_engine_batch, "_engine_job", lambda orig: _hook_engine_job(_telemetry_of, orig)),
     (_aio, "acall", _hook_acall),
     (_aio, "astream", _hook_astream),
     (Stream, "close", _hook_close),

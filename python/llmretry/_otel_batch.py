@@ -1,0 +1,216 @@
+"""llmretry.otel's batches: a span per item of call_many and acall_many
+(and ``llmretry batch``), started as the batch submits the item, its
+requests carrying it, ended with the item's value.
+
+An item costs what its span needs and little more: the span starts with
+attributes made once per model (_start_of) and its header lines come from
+one _Propagation per batch; while it runs, the batch keeps its span and
+start time by the item's number in the run; its record (_Call) is made
+when it ends (or at its first event: a failure, a retry), and the
+attributes only if the span records.
+"""
+
+from __future__ import annotations
+
+from time import time_ns
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from opentelemetry import context as otel_context
+
+from ._bodies import _LazyBodies
+from ._otel_context import _Propagation
+from ._otel_instruments import _start_of, _Telemetry
+from ._otel_mapping import _targets_of
+from ._otel_record import _CLIENT, _Call, _meta_read, _model_of, _Tee
+from ._results import Result, _value_of
+from .errors import LLMError
+
+
+class _Batch:
+    """The records of a batch's items. Each item's span starts when the
+    run submits it (Engine.call_many's ``item_headers``, on the batch's
+    thread), and its requests carry the span's context; the item's events
+    come tagged with its request id, its value with its number in the run
+    and its request id."""
+
+    __slots__ = ("tel", "tracer", "targets", "policy", "parent", "start_ns", "items",
+                 "encoded", "runnable", "propagation", "by_model", "spans", "starts", "calls")
+
+    def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any, encoded: Any,
+                 runnable: Optional[List[int]]) -> None:
+        self.tel = tel
+        self.tracer = tel.tracer
+        self.targets = _targets_of(kwargs)
+        self.policy = kwargs.get("policy")
+        self.parent = otel_context.get_current()
+        self.start_ns = time_ns()
+        # A list's bodies are read back by index (its model from the body
+        # as encoded, the policy's filled in; its settings from the body
+        # given); a lazy batch keeps none (its memory stays flat): its
+        # spans lack the request's settings (the model comes from the
+        # result or the events) and its input messages.
+        self.items = items
+        self.encoded = encoded
+        # A list's run submits its runnable items (those not done before a
+        # resume), numbered from 0: the k-th is item runnable[k]. A lazy
+        # batch's items come with their own indices.
+        self.runnable = runnable
+        self.propagation = _Propagation(self.parent, kwargs.get("headers"))
+        # Model -> the span's starting name and attributes (_start_of's).
+        self.by_model: Dict[Any, Tuple[str, Dict[str, Any]]] = {}
+        # Number in the run -> the item's span and start time, in flight.
+        self.spans: Dict[int, Any] = {}
+        self.starts: Dict[int, int] = {}
+        self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
+
+    def _body(self, k: int) -> Tuple[Any, Optional[str]]:
+        """The body and model of the run's ``k``-th item (None, None: not kept)."""
+        index = self.runnable[k] if self.runnable is not None else k
+        items = self.items
+        if items is None:
+            return None, None
+        body = items[index]
+        model = self.encoded[index][1]
+        if model is None and type(body) is not dict:    # a text body: read for its model
+            body, model = _model_of(body)
+        return body, model
+
+    def item_headers(self, k: int) -> Optional[List[str]]:
+        """The run submits its ``k``-th item now: its span starts, and its
+        requests carry the batch's headers plus the span's context (None:
+        the batch's alone)."""
+        try:
+            model = self._body(k)[1]
+            start = self.by_model.get(model)
+            if start is None:
+                targets = self.targets
+                start = self.by_model[model] = _start_of(self.tel, targets.first,
+                                                         targets.single, model, self.policy)
+            now = time_ns()
+            span = self.tracer.start_span(start[0], self.parent, _CLIENT, start[1],
+                                          start_time=now)
+            self.spans[k] = span
+            self.starts[k] = now
+            return self.propagation.lines(span)
+        except Exception:   # telemetry must never break a batch
+            return None
+
+    def on_event(self, ev: Dict[str, Any]) -> None:
+        rid = ev.get("request_id")
+        call = self.calls.get(rid)
+        if call is None:
+            call = self.calls[rid] = _Call(self.tel, self.targets, self.parent, None,
+                                           policy=self.policy)
+        call.on_event(ev)
+
+    def on_result(self, then: Any) -> Callable[[int, Any], Any]:
+        """The run's on_result (the engine's: the item's number in the run,
+        its Result or outcome dict): the item's record ends, then ``then``
+        (the run's own, if any) goes on. The batch records its items
+        its own way (at the end, unless something wants each one)."""
+        if then is None:
+            return self.item_done
+
+        def on_result(k: int, value: Any) -> Any:
+            self.item_done(k, value)
+            return then(k, value)
+        return on_result
+
+    def item_done(self, k: int, value: Any) -> None:
+        """The run's ``k``-th item ended with ``value``: its record ends."""
+        try:
+            span = self.spans.pop(k, None)
+            start_ns = self.starts.pop(k, None)
+            if type(value) is dict:
+                # An outcome the batch makes its value of (a failure; a body
+                # Python parses, or the validator accepted): the same here.
+                value = _value_of(value, None)
+            ok = isinstance(value, Result)
+            if not ok and not isinstance(value, LLMError):
+                return          # never sent (a bad input line)
+            call = None
+            if self.calls or span is None:
+                # Its events so far, by its request id (read from the
+                # result's meta only then: most items have none).
+                if ok:
+                    meta = _meta_read(value)
+                    rid, total_ms = meta.request_id, meta.total_ms
+                else:
+                    rid, total_ms = value.request_id, value.total_ms
+                call = self.calls.pop(rid, None)
+                if span is None:    # its start not seen (item_headers failed): no span yet
+                    # The call's own clock: from its submission, waits for a slot included.
+                    start_ns = max(self.start_ns,
+                                   time_ns() - int((total_ms or 0) * 1_000_000))
+            if call is None:
+                call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
+                             False, self.policy)
+            else:
+                call.start_ns = start_ns
+            call.span = span
+            call.body, call.model = self._body(k)
+            if ok:
+                call.end(result=value)
+            else:
+                call.end(error=value)
+        except Exception:   # telemetry must never break a batch
+            pass
+
+    def end_unfinished(self) -> None:
+        """The batch is over: items it submitted that never finished (it
+        was interrupted, or raised) end as cancelled."""
+        spans, self.spans = self.spans, {}
+        for k, span in spans.items():
+            call = _Call(self.tel, self.targets, self.parent, self.starts.get(k),
+                         policy=self.policy)
+            call.span = span
+            try:
+                call.body, call.model = self._body(k)
+            except Exception:   # telemetry must never break a batch
+                pass
+            call.last["error.type"] = "cancelled"
+            call.end()
+        self.starts = {}
+
+
+class _Job:
+    """A batch's engine run (_engine_batch's) whose finish also ends the
+    records of the items left unfinished."""
+
+    __slots__ = ("engine", "args", "kwargs", "job", "records")
+
+    def __init__(self, job: Any, records: _Batch) -> None:
+        self.engine, self.args, self.kwargs = job.engine, job.args, job.kwargs
+        self.job = job
+        self.records = records
+
+    def finish(self) -> None:
+        try:
+            self.job.finish()
+        finally:
+            self.records.end_unfinished()
+
+
+def _hook_engine_job(telemetry_of: Callable[[Any], Optional[_Telemetry]],
+                     orig: Callable[..., Any]) -> Callable[..., Any]:
+    """_engine_batch._engine_job: every batch run on the engine (call_many,
+    acall_many, ``llmretry batch``): one record per item."""
+    def _engine_job(client: Any, batch: Any, encoded: Any, plan: Any, limit: int,
+                    deadline_ms: Any, adaptive: bool) -> Any:
+        tel = telemetry_of(client)
+        if tel is None:
+            return orig(client, batch, encoded, plan, limit, deadline_ms, adaptive)
+        lazy = isinstance(encoded, _LazyBodies)
+        records = _Batch(tel, plan.kwargs, None if lazy else batch.items,
+                         None if lazy else encoded, None if lazy else batch.runnable)
+        with_sink = plan.with_options([("logger", _Tee(records.on_event,
+                                                       plan.kwargs.get("on_event")))])
+        with_sink.auto_key = plan.auto_key
+        job = orig(client, batch, encoded, with_sink, limit, deadline_ms, adaptive)
+        # Each item's start and end, from the engine's run itself: the
+        # batch's own bookkeeping stays as it is (its values recorded at
+        # the end when nothing else wants each one).
+        job.kwargs["item_headers"] = records.item_headers
+        job.kwargs["on_result"] = records.on_result(job.kwargs.get("on_result"))
+        return _Job(job, records)
+    return _engine_job
