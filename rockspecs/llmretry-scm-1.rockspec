@@ -95,6 +95,7 @@ build = {
             "core/src/targets.c",
             "core/src/repair.c",
             "core/src/response.c",
+            "core/src/response_body.c",
             "core/src/schema.c",
             "core/src/schema_check.c",
             "core/src/schema_pattern.c",
