@@ -298,7 +298,11 @@ local function start_with_callback(opts, level, on_chunk, complete)
     if ctx.chunk_error ~= nil then return complete(nil, ctx.chunk_error) end
     complete(hh:result())
   end
-  step()
+  -- The first reading waits for the main loop too: a call that has already
+  -- ended (a fast answer, an early failure) must not run its callback inside
+  -- call_llm, where a raising callback would raise at the caller instead of
+  -- being reported by Neovim. Mail that comes before it is read then.
+  vim.schedule(step)
   local handle = { request_id = h:request_id() }
   function handle.cancel() if rec.h then rec.h:cancel() end end
   function handle.done() return finished end

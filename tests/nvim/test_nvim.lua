@@ -467,7 +467,13 @@ end)
 test("a callback that raises is reported by Neovim and the next call still works", function()
   T.script("raiser", {})
   vim.v.errmsg = ""
-  nv.call_llm(T.opts("raiser"), function() error("callback failure (expected by the test)") end)
+  local ran = false
+  nv.call_llm(T.opts("raiser"), function()
+    ran = true
+    error("callback failure (expected by the test)")
+  end)
+  -- Never inside call_llm, even for a call that has already ended.
+  check(not ran, "the callback ran inside call_llm")
   check(T.wait_until(function()
     return vim.v.errmsg:find("callback failure (expected by the test)", 1, true)
   end, 10000), "v:errmsg %q", vim.v.errmsg)
