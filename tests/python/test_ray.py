@@ -122,8 +122,10 @@ def test_actors_on_one_host_share_one_budget(events_log: Path, scen: Scenario) -
 def test_two_jobs_at_once_share_one_redis_budget(events_log: Path, scen: Scenario) -> None:
     # Two Ray jobs running at once (two actors each), all four actors on one
     # Redis budget (standing for jobs on several machines): the mock lets 25
-    # requests through in any second, each actor is allowed 25/s (rpm 1500),
-    # and together they send 25/s, so (almost) nothing is refused.
+    # requests through in any second, each actor is allowed 24/s (rpm 1440),
+    # and together they send 24/s, so (almost) nothing is refused. (24, not
+    # 25: through Redis on a loaded machine a request delayed on its way
+    # bunches with the next ones in the mock's window; see test_dask.py.)
     import threading
     from redis_server import RedisServer
     scen.server.script(scen.name, [], limits={"rpm": 25, "window_ms": 1000})
@@ -135,7 +137,7 @@ def test_two_jobs_at_once_share_one_redis_budget(events_log: Path, scen: Scenari
             rows = [{"body": body_text(100 * k + i)} for i in range(30)]
             got[k] = lray.map_calls(ray.data.from_items(rows, override_num_blocks=3),
                                     concurrency=2, limit=8, batch_size=10, shared=shared,
-                                    base_url=scen.url, rpm=1500).take_all()
+                                    base_url=scen.url, rpm=1440).take_all()
 
         threads = [threading.Thread(target=job, args=(k,)) for k in (1, 2)]
         for t in threads:
