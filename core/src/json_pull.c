@@ -289,11 +289,9 @@ static int skip_scalar(lr_jp *j)
     return lr_jp_literal(j, &what);
 }
 
-/* A member's key and its colon, p at the key: 0 with p at the value. */
-static int key_colon(lr_jp *j)
+int lr_jp_member_key(lr_jp *j, lr_jp_str *key)
 {
-    lr_jp_str key;
-    if (lr_jp_peek(j) != '"' || lr_jp_string(j, &key) != 0)
+    if (lr_jp_peek(j) != '"' || lr_jp_string(j, key) != 0)
         return -1;
     lr_jp_ws(j);
     if (lr_jp_peek(j) != ':')
@@ -309,6 +307,7 @@ int lr_jp_skip(lr_jp *j)
      * (above the caller's) is one bit each, set for an object. */
     unsigned char objects[(LR_JP_MAX_DEPTH + 7) / 8];
     const int base = j->depth;
+    lr_jp_str key;                 /* a member's, not kept */
     lr_jp_ws(j);
     for (;;) {
         char c = lr_jp_peek(j);
@@ -325,7 +324,7 @@ int lr_jp_skip(lr_jp *j)
                 j->p++;
                 j->depth--;
             } else {
-                if (c == '{' && key_colon(j) != 0)
+                if (c == '{' && lr_jp_member_key(j, &key) != 0)
                     return -1;
                 continue;          /* the first member's value */
             }
@@ -349,7 +348,7 @@ int lr_jp_skip(lr_jp *j)
                 return -1;
             j->p++;
             lr_jp_ws(j);
-            if (object && key_colon(j) != 0)
+            if (object && lr_jp_member_key(j, &key) != 0)
                 return -1;
             break;
         }

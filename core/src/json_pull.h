@@ -63,6 +63,9 @@ int lr_jp_literal(lr_jp *j, int *what);
 int lr_jp_skip(lr_jp *j);
 /* Into a container: p at '{' or '[' (-1 past LR_JP_MAX_DEPTH). */
 int lr_jp_enter(lr_jp *j);
+/* An object member's key and its colon, p at the key: 0 with the key in
+ * *key and p at the value (blanks skipped). */
+int lr_jp_member_key(lr_jp *j, lr_jp_str *key);
 
 /* A string's value (escapes decoded) into out, NUL-terminated: at most
  * cap - 1 bytes of it, up to its first U+0000 (the value a C string holds,

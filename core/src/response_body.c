@@ -202,13 +202,8 @@ static int find_members(lr_jp *j, const char *const *names, const char **at, siz
     }
     for (;;) {
         lr_jp_str key;
-        if (lr_jp_peek(j) != '"' || lr_jp_string(j, &key) != 0)
+        if (lr_jp_member_key(j, &key) != 0)
             return -1;
-        lr_jp_ws(j);
-        if (lr_jp_peek(j) != ':')
-            return -1;
-        j->p++;
-        lr_jp_ws(j);
         for (size_t i = 0; i < n; i++)
             if (!at[i] && key_is(&key, names[i], lens[i])) {
                 at[i] = j->p;
