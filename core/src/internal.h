@@ -490,9 +490,6 @@ void lr_target_use(llmretry_call *c, int i);
 int lr_target_next(llmretry_call *c);
 
 /* ---- response_body.c (a 2xx body), response.c (an HTTP error) ------- */
-/* The length of the UTF-8 sequence at s (n bytes left), 0 when invalid
- * (RFC 3629: no overlong forms, surrogates or code points above U+10FFFF). */
-size_t lr_utf8_seq(const unsigned char *s, size_t n);
 /* A copy of obj[key] when it is a string, else NULL. */
 char *lr_json_str(const struct cJSON *obj, const char *key);
 /* A 2xx body as the hosts will read it: NULL unless it is UTF-8 JSON with

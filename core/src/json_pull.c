@@ -42,28 +42,39 @@ static size_t unicode_escape(const unsigned char *p, const unsigned char *end, u
     return 11;
 }
 
-/* The length of the UTF-8 sequence at p (a lead byte >= 0x80), 0 when it
- * is not a valid one. */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
+/* Length of the UTF-8 sequence at s (n bytes left), 0 when invalid:
+ * overlong forms, surrogates and code points above U+10FFFF included
+ * (RFC 3629), as Python's decoder sees them. */
+size_t lr_utf8_seq(const unsigned char *s, size_t n)
 {
-    unsigned c = p[0];
-    size_t n;
-    unsigned min;
-    if (c >= 0xC2 && c <= 0xDF) n = 2, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) n = 3, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) n = 4, min = 0x10000;
-    else return 0;
-    if ((size_t)(end - p) < n)
+    unsigned char c = s[0];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;              /* no UTF-16 surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else {
         return 0;
-    unsigned cp = c & (0x7F >> n);
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        cp = cp << 6 | (p[i] & 0x3F);
     }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+    if (n < len || s[1] < lo || s[1] > hi)
         return 0;
-    return n;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return len;
 }
 
 int lr_jp_string(lr_jp *j, lr_jp_str *s)
@@ -126,7 +137,7 @@ int lr_jp_string(lr_jp *j, lr_jp_str *s)
             default:
                 return -1;
             }
-        } else if (!(n = utf8_seq(p, end))) {
+        } else if (!(n = lr_utf8_seq(p, (size_t)(end - p)))) {
             return -1;
         }
         p += n;

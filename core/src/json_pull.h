@@ -33,6 +33,12 @@ typedef struct lr_jp_str {
     int escaped;                   /* it holds an escape: raw is not its value */
 } lr_jp_str;
 
+/* The length of the UTF-8 sequence at s (n bytes left), 0 when invalid
+ * (RFC 3629: no overlong forms, surrogates or code points above U+10FFFF,
+ * as Python's decoder sees them). The one rule for every byte the core
+ * calls UTF-8: strings read here, a 2xx body, an error's text. */
+size_t lr_utf8_seq(const unsigned char *s, size_t n);
+
 static inline void lr_jp_init(lr_jp *j, const char *text, size_t len)
 {
     j->p = text;

@@ -6,6 +6,7 @@
  * the request (servers echo it: "... for <prompt>") or a credential;
  * errors never show those. Engine thread only. */
 #include "internal.h"
+#include "json_pull.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -9,41 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Length of the UTF-8 sequence at s (n bytes left), 0 when invalid:
- * overlong forms, surrogates and code points above U+10FFFF included
- * (RFC 3629), as Python's decoder sees them. */
-size_t lr_utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;              /* no UTF-16 surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if (s[i] < 0x80 || s[i] > 0xBF)
-            return 0;
-    return len;
-}
-
 /* The bytes a string's text can hold as they are: ASCII from 0x20 on,
  * but not '"' (0x22) or '\\' (0x5C). Looked up in one step in
  * json_text_problem's inner loop: every answer's body is scanned on the
