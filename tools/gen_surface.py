@@ -15,6 +15,11 @@ and ``END GENERATED <name>`` markers of:
 * python/llmretry/_llmretry.pyi: the extension's typed keywords
   (``EngineOptions``) and the kinds and reasons as Literal types;
 * docs/reliability.md: the options table (type, default, range, what it does);
+* python/llmretry/_api.py: call_llm's docstring's paragraph, before its
+  example, giving the built-in default of each call keyword its prose does
+  not show as ``name=value`` (none today): a docstring cannot hold comment
+  markers, so the paragraph is found by its first words
+  (CALL_DEFAULTS_HEAD);
 * from this script's own BATCH_KEYWORDS (Python's batch keywords), the
   keywords of the call_many, acall_many, map_with_concurrency and
   amap_with_concurrency signatures (module and Client), the calls that pass
@@ -362,6 +367,51 @@ def doc_table(t: Dict[str, Any]) -> List[str]:
     return out
 
 
+# ---- call_llm's docstring ----------------------------------------------------------
+
+CALL_DEFAULTS_HEAD = "Built-in defaults of the other keywords:"
+
+
+def call_defaults(doc: str, t: Dict[str, Any]) -> str:
+    """call_llm's docstring ``doc`` with its generated paragraph: the built-in
+    default of each call keyword the rest of it does not show as
+    ``name=value``, before the example (no paragraph when it shows them all).
+    Written here rather than at import, so that the source, IDEs and help()
+    all show it."""
+    doc = re.sub(rf"^    {re.escape(CALL_DEFAULTS_HEAD)}.*?\n\n", "", doc, flags=re.S | re.M)
+    shown = []
+    for o in t["options"]:
+        value = json.loads(o["builtin"])
+        if o["name"] in NOT_KEYWORDS or value is None or f"``{o['name']}=" in doc:
+            continue
+        text = f'"{value}"' if isinstance(value, str) else repr(value)
+        if "\\" in text or '"""' in text:   # would end or escape the docstring
+            raise SystemExit(f"gen_surface: {o['name']}'s default {text} cannot go into "
+                             "call_llm's docstring")
+        shown.append(f"``{o['name']}={text}``")
+    if not shown:
+        return doc
+    head, sep, example = doc.partition("    Example::")
+    if not sep:
+        raise SystemExit("gen_surface: call_llm's docstring in python/llmretry/_api.py has "
+                         "no '    Example::' to put the built-in defaults before")
+    lines, line = [], "   "
+    for word in f"{CALL_DEFAULTS_HEAD} {', '.join(shown)}.".split(" "):
+        if len(line) + 1 + len(word) > 76:
+            lines.append(line)
+            line = "   "
+        line += " " + word
+    return head + "\n".join(lines + [line]) + "\n\n" + sep + example
+
+
+def call_llm_doc(text: str, t: Dict[str, Any]) -> str:
+    """_api.py's text with call_llm's docstring as call_defaults writes it."""
+    m = re.search(r'^def call_llm\(.*?:\n    """(.*?)"""', text, re.S | re.M)
+    if not m:
+        raise SystemExit("gen_surface: python/llmretry/_api.py has no call_llm docstring")
+    return text[:m.start(1)] + call_defaults(m.group(1), t) + text[m.end(1):]
+
+
 # ---- checks of what stays hand-written ------------------------------------------
 
 # ---- the batch keywords (BATCH_KEYWORDS) ---------------------------------------
@@ -491,6 +541,8 @@ def render(root: Path, t: Dict[str, Any]) -> Dict[str, str]:
             for name, lines in parts:
                 text = replace_block(text, name, lines, file, note)
             out[file] = text
+    api = "python/llmretry/_api.py"
+    out[api] = call_llm_doc(out[api], t)
     return out
 
 

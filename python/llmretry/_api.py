@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
-from . import _aio, _llmretry
+from . import _aio
 from ._batch import BatchResult
 from ._client import Client, _client_or_default
 from ._logging import DEFAULT
@@ -24,6 +23,9 @@ elif TYPE_CHECKING:     # only type checkers read the annotations (PEP 563) befo
     from typing_extensions import Unpack
 
 
+# The docstring's paragraph "Built-in defaults of the other keywords:" (before its
+# example; absent while the prose shows every default) is written by tools/gen_surface.py
+# from the core's option table: `make generate` after adding an option, never by hand.
 @_needs_body
 def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[str] = None,
              **options: Unpack[CallOptions]) -> Result:
@@ -122,38 +124,6 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
         print(data["choices"][0]["message"]["content"], meta.usage)
     """
     return _client_or_default(client).call_llm(body, policy=policy, **options)
-
-
-def _with_builtin_defaults(doc: Optional[str]) -> Optional[str]:
-    """``doc`` with a paragraph, before its example, giving the built-in
-    default of each call keyword it does not show as ``name=value``: read
-    from the core's option table at import, so that an option added there
-    is in help() with its default without an edit here."""
-    if doc is None:                 # python -OO
-        return None
-    keywords = CallOptions.__annotations__
-    shown = []
-    for opt in _llmretry.describe()["options"]:
-        value = json.loads(opt["builtin"])
-        if opt["name"] not in keywords or value is None or f"``{opt['name']}=" in doc:
-            continue
-        text = f'"{value}"' if isinstance(value, str) else repr(value)
-        shown.append(f"``{opt['name']}={text}``")
-    if not shown:
-        return doc
-    words = ("Built-in defaults of the other keywords: " + ", ".join(shown) + ".").split(" ")
-    lines, line = [], "   "
-    for word in words:
-        if len(line) + 1 + len(word) > 76:
-            lines.append(line)
-            line = "   "
-        line += " " + word
-    paragraph = "\n".join(lines + [line]) + "\n\n"
-    head, sep, example = doc.partition("    Example::")
-    return head + paragraph + sep + example
-
-
-call_llm.__doc__ = _with_builtin_defaults(call_llm.__doc__)
 
 
 @_needs_body

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,79 @@ def test_a_new_batch_keyword_reaches_every_batch_signature() -> None:
         before = (ROOT / file).read_text(encoding="utf-8")
         assert before.count("# BEGIN GENERATED m") == signatures + calls, file
     assert "| `brand_new_batch` | `int` | `7` |" in out["docs/batch.md"]
+
+
+def run_generator(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = child_env()
+    env.pop("LD_PRELOAD", None)
+    return subprocess.run([sys.executable, str(GENERATOR), "--root", str(root), *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_stale_call_llm_defaults_paragraph_fails_check(tmp_path: Path) -> None:
+    """call_llm's docstring's built-in defaults are a generated block: in a
+    scratch copy whose prose stops showing ``max_retries=3`` the paragraph
+    is missing (stale), gen_surface.py writes it, and a hand edit of it is
+    stale again."""
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps(_llmretry.describe()), encoding="utf-8")
+    for file in load_generator().render(ROOT, _llmretry.describe()):
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text((ROOT / file).read_text(encoding="utf-8"),
+                                     encoding="utf-8")
+    api = tmp_path / "python" / "llmretry" / "_api.py"
+    text = api.read_text(encoding="utf-8")
+    assert text.count("``max_retries=3``") == 1
+    api.write_text(text.replace("``max_retries=3``", "three retries"), encoding="utf-8")
+    proc = run_generator(tmp_path, "--check", "--tables", str(tables))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "b/python/llmretry/_api.py" in proc.stdout
+    assert "+    Built-in defaults of the other keywords: ``max_retries=3``." in proc.stdout
+    proc = run_generator(tmp_path, "--tables", str(tables))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = api.read_text(encoding="utf-8")
+    assert "    Built-in defaults of the other keywords: ``max_retries=3``.\n\n" \
+           "    Example::" in text
+    assert run_generator(tmp_path, "--check", "--tables", str(tables)).returncode == 0
+    api.write_text(text.replace("keywords: ``max_retries=3``", "keywords: ``max_retries=5``"),
+                   encoding="utf-8")
+    proc = run_generator(tmp_path, "--check", "--tables", str(tables))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "-    Built-in defaults of the other keywords: ``max_retries=5``." in proc.stdout
+    assert "+    Built-in defaults of the other keywords: ``max_retries=3``." in proc.stdout
+
+
+def test_a_new_option_reaches_call_llm_help_with_no_hand_edit(tmp_path: Path) -> None:
+    """A row added to the core's option table shows in help(call_llm), with
+    its default, once gen_surface.py has run: in a scratch copy of the
+    package (the tables given as JSON, as a rebuilt core would report
+    them), imported by a fresh interpreter."""
+    t = json.loads(json.dumps(_llmretry.describe()))
+    t["options"].append(dict(t["options"][0], name="brand_new_option", type="int",
+                             builtin="7", flags=0, doc="a new option"))
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps(t), encoding="utf-8")
+    package = tmp_path / "python" / "llmretry"
+    shutil.copytree(ROOT / "python" / "llmretry", package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    extension = Path(_llmretry.__file__)
+    if not (package / extension.name).exists():     # an extension built elsewhere
+        shutil.copy2(extension, package / extension.name)
+    for doc in ("reliability.md", "batch.md"):
+        (tmp_path / "docs").mkdir(exist_ok=True)
+        shutil.copy2(ROOT / "docs" / doc, tmp_path / "docs" / doc)
+    proc = run_generator(tmp_path, "--tables", str(tables))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    env = child_env()
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = str(tmp_path / "python")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pydoc, llmretry; print(llmretry.__file__); "
+         "print(pydoc.render_doc(llmretry.call_llm, renderer=pydoc.plaintext))"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(str(package)), proc.stdout.splitlines()[0]
+    listed = proc.stdout.split("Built-in defaults of the other keywords:")[1]
+    assert "``brand_new_option=7``" in listed.split("Example::")[0], proc.stdout
+    # The real package's help is unchanged: nothing is added at import.
+    assert "brand_new_option" not in (llmretry.call_llm.__doc__ or "")
