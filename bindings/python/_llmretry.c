@@ -219,6 +219,10 @@ static PyMethodDef module_methods[] = {
       "schema_errors(schema_text, json_text) -> None or the JSON text of its errors." },
     { "_set_result_types", lr_set_result_types, METH_VARARGS,
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
+    { "_json_decode", lr_py_json_decode, METH_O,
+      "_json_decode(body) -> (value,) when the C decoder takes the body, else () (tests)." },
+    { "_parse_body", lr_py_parse_body, METH_O,
+      "_parse_body(body) -> Result.data of a 2xx body (ValueError: not JSON) (tests)." },
     { "stream_body", stream_body, METH_VARARGS,
       "stream_body(url, body_bytes, streamed) -> bytes or None: the body the core sends\n"
       "for an object the host encoded (\"stream\": true when streamed, usage asked)." },
