@@ -159,14 +159,31 @@ static PyObject *new_str(const lr_jp_str *s)
     return o;
 }
 
+/* A key's slot hash: its length and its first and last four bytes (or
+ * every byte of a shorter one), mixed. Cheap rather than thorough: keys
+ * that share it only probe one slot further (the bytes are compared). */
+static uint32_t key_hash(const char *p, size_t n)
+{
+    uint64_t x = n;
+    if (n >= 4) {
+        uint32_t a, b;
+        memcpy(&a, p, 4);
+        memcpy(&b, p + n - 4, 4);
+        x |= (uint64_t)a << 8 ^ (uint64_t)b << 32;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            x |= (uint64_t)(unsigned char)p[i] << (8 * i + 8);
+    }
+    x *= 0x9E3779B97F4A7C15u;
+    return (uint32_t)(x >> 32);
+}
+
 /* An object's key: the cache's str for these bytes, or a new one (kept). */
 static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
 {
     if (!c || s->escaped || s->len > KEY_MAX)
         return new_str(s);
-    uint32_t h = 2166136261u;                       /* FNV-1a */
-    for (size_t i = 0; i < s->len; i++)
-        h = (h ^ (unsigned char)s->raw[i]) * 16777619u;
+    uint32_t h = key_hash(s->raw, s->len);
     size_t i = h & (KEY_SLOTS - 1);
     for (; c->slot[i].key; i = (i + 1) & (KEY_SLOTS - 1)) {
         key_slot *k = &c->slot[i];
@@ -201,7 +218,9 @@ static PyObject *number(lr_jp *j)
     if (lr_jp_number(j, &unused) != 0)
         return NULL;
     size_t n = (size_t)(j->p - start);
-    int is_float = memchr(start, '.', n) || memchr(start, 'e', n) || memchr(start, 'E', n);
+    int is_float = 0;
+    for (const char *p = start; p < j->p; p++)
+        is_float |= *p == '.' || *p == 'e' || *p == 'E';
     if (!is_float && n <= 18) {                     /* fits an int64: no string */
         const char *p = start + (*start == '-');
         long long v = 0;

@@ -282,17 +282,23 @@ static int lazy_meta_field(const void *src, size_t i, llmretry_field *f)
  * the caller builds the Meta now). */
 static PyObject *new_lazy_meta(const module_state *st, const llmretry_result *r)
 {
-    llmretry_field f;
+    /* The fields read once (each read walks the shape's table) and the
+     * strings' lengths taken once: this runs for every success. */
+    llmretry_field fs[LR_SHAPE_MAX_FIELDS + 1];
+    size_t lens[LR_SHAPE_MAX_FIELDS];
     size_t n = 0, text = 0, usages = 0;
-    for (; llmretry_shape_field(LLMRETRY_SHAPE_META, r, n, &f) == 0; n++) {
+    for (; llmretry_shape_field(LLMRETRY_SHAPE_META, r, n, &fs[n]) == 0; n++) {
         if (n >= LR_SHAPE_MAX_FIELDS)
             return NULL;
-        if (f.type == LLMRETRY_FIELD_STRING)
-            text += f.s ? strlen(f.s) + 1 : 0;
-        else if (f.type == LLMRETRY_FIELD_USAGE && ++usages > LAZY_USAGES)
+        llmretry_field *f = &fs[n];
+        if (f->type == LLMRETRY_FIELD_STRING && !f->s)
+            f->type = LLMRETRY_FIELD_NULL;  /* as lr_str_or_none reads it */
+        if (f->type == LLMRETRY_FIELD_STRING)
+            text += (lens[n] = strlen(f->s) + 1);
+        else if (f->type == LLMRETRY_FIELD_USAGE && ++usages > LAZY_USAGES)
             return NULL;
-        else if (f.type != LLMRETRY_FIELD_INT && f.type != LLMRETRY_FIELD_BOOL &&
-                 f.type != LLMRETRY_FIELD_NULL && f.type != LLMRETRY_FIELD_USAGE)
+        else if (f->type != LLMRETRY_FIELD_INT && f->type != LLMRETRY_FIELD_BOOL &&
+                 f->type != LLMRETRY_FIELD_NULL && f->type != LLMRETRY_FIELD_USAGE)
             return NULL;            /* a list, JSON: not kept here */
     }
     LazyMetaObject *z = (LazyMetaObject *)st->lazy_meta_type->tp_alloc(
@@ -302,18 +308,15 @@ static PyObject *new_lazy_meta(const module_state *st, const llmretry_result *r)
     z->n = n;
     size_t at = 0, u = 0;
     for (size_t i = 0; i < n; i++) {
-        llmretry_shape_field(LLMRETRY_SHAPE_META, r, i, &f);
-        if (f.type == LLMRETRY_FIELD_STRING && !f.s)
-            f.type = LLMRETRY_FIELD_NULL;   /* as lr_str_or_none reads it */
-        z->type[i] = (unsigned char)f.type;
-        z->i[i] = f.i;
-        if (f.type == LLMRETRY_FIELD_STRING) {
-            size_t len = strlen(f.s) + 1;
-            memcpy(z->text + at, f.s, len);
+        const llmretry_field *f = &fs[i];
+        z->type[i] = (unsigned char)f->type;
+        z->i[i] = f->i;
+        if (f->type == LLMRETRY_FIELD_STRING) {
+            memcpy(z->text + at, f->s, lens[i]);
             z->i[i] = (int64_t)at;
-            at += len;
-        } else if (f.type == LLMRETRY_FIELD_USAGE) {
-            z->usage[u] = *f.usage;
+            at += lens[i];
+        } else if (f->type == LLMRETRY_FIELD_USAGE) {
+            z->usage[u] = *f->usage;
             z->i[i] = (int64_t)u++;
         }
     }
