@@ -379,6 +379,12 @@ def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], 
     TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
     bodies the scanner refuses (and for the JSON of validation errors)."""
 
+def encode_json(obj: Any) -> Optional[bytes]:
+    """``json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+    allow_nan=False).encode(obj).encode("utf-8")``, byte for byte, or None
+    when the object is not one it takes (a subclass, a non-str key, NaN, a
+    lone surrogate, deep nesting...): then json's encoder is to say."""
+
 def _json_decode(body: bytes) -> Tuple[Any, ...]:
     """``(value,)`` when the C decoder (json_decode.c) takes the body, ``()``
     when it leaves it to json's scanner (for the tests)."""
