@@ -65,7 +65,12 @@ static void key_cache_empty(lr_key_cache *c)
 
 lr_key_cache *lr_key_cache_new(void)
 {
+#ifdef Py_GIL_DISABLED
+    /* No GIL serialises the table's users there: each body's keys are its own. */
+    return NULL;
+#else
     return PyMem_Calloc(1, sizeof(lr_key_cache));
+#endif
 }
 
 void lr_key_cache_free(lr_key_cache *c)
