@@ -8,6 +8,7 @@
  * Python code on this same thread. The public API is python/llmretry; this
  * module's contract is python/llmretry/_llmretry.pyi. */
 #include "binding.h"
+#include "json_encode.h"
 #include "policies.h"
 #include "results.h"
 
@@ -219,6 +220,13 @@ static PyMethodDef module_methods[] = {
       "schema_errors(schema_text, json_text) -> None or the JSON text of its errors." },
     { "_set_result_types", lr_set_result_types, METH_VARARGS,
       "_set_result_types(Result, Meta, scan_once, parse): the classes call_many builds." },
+    { "encode_json", lr_py_json_encode, METH_O,
+      "encode_json(obj) -> bytes of json.dumps(obj, ensure_ascii=False, separators=(',', ':'),\n"
+      "allow_nan=False), or None when json's encoder is to say (see json_encode.c)." },
+    { "_json_decode", lr_py_json_decode, METH_O,
+      "_json_decode(body) -> (value,) when the C decoder takes the body, else () (tests)." },
+    { "_parse_body", lr_py_parse_body, METH_O,
+      "_parse_body(body) -> Result.data of a 2xx body (ValueError: not JSON) (tests)." },
     { "stream_body", stream_body, METH_VARARGS,
       "stream_body(url, body_bytes, streamed) -> bytes or None: the body the core sends\n"
       "for an object the host encoded (\"stream\": true when streamed, usage asked)." },

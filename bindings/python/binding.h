@@ -8,6 +8,8 @@
  *   batch.c         call_many: a batch on the engine thread (BatchRun)
  *   batch_items.c   a batch's items: slots, submission, totals (batch.h)
  *   pool.c          run_pool (threads), results.c (Result in C), policies.c
+ *   json_decode.c   a 2xx body's bytes to Result.data (json.loads' values, keys kept)
+ *   json_encode.c   a request body (dict) to the bytes json's encoder would send
  *   call_type.c     Call: one call in flight whose mailbox the host reads (streams, loops)
  *   channel_type.c  Channel and Group: an event loop's view of the engine */
 #ifndef LLMRETRY_PY_BINDING_H

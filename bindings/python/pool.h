@@ -39,6 +39,7 @@ typedef struct {
     PyObject *meta_fields[LR_SHAPE_MAX_FIELDS]; /* Meta's, in the core's meta order */
     PyObject *scan_once;            /* json's scanner: (text, index) -> (value, end) */
     PyObject *parse;                /* the package's parser, for what scan_once refuses */
+    struct lr_key_cache *key_cache; /* json_decode.c: object keys kept across bodies */
 } module_state;
 
 typedef struct lr_pool lr_pool;

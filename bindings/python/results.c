@@ -3,12 +3,17 @@
  * Why in C: a batch of 20,000 calls builds 20,000 Results on the one
  * thread that also waits for the engine; an outcome dict, a Python parse
  * function and a Meta built by setters cost that thread more than the
- * engine spends on the whole request. Here the body goes straight to
- * json's C scanner and the fields into Meta's and Result's slots, through
- * the slots' own descriptors (Meta is a frozen dataclass: its __setattr__
- * refuses, its slot descriptors are how dataclasses set them too). Meta's
- * fields are the core's meta shape (llmretry/shapes.h), walked in order. */
+ * engine spends on the whole request. Here the body's bytes go straight
+ * to Python values (json_decode.c: the core's pull reader, keys kept
+ * across bodies; json's C scanner only for what it leaves, so values and
+ * errors stay json.loads') and the fields into Meta's and Result's slots,
+ * through the slots' own descriptors (Meta is a frozen dataclass: its
+ * __setattr__ refuses, its slot descriptors are how dataclasses set them
+ * too). Meta's fields are the core's meta shape (llmretry/shapes.h),
+ * walked in order. */
 #include "results.h"
+
+#include "json_decode.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -59,6 +64,7 @@ PyObject *lr_set_result_types(PyObject *module, PyObject *args)
     }
     module_state *st = (module_state *)PyModule_GetState(module);
     lr_results_clear(st);
+    st->key_cache = lr_key_cache_new();     /* NULL: bodies go to json's scanner */
     Py_INCREF(result_type);
     Py_INCREF(meta_type);
     Py_INCREF(scan);
@@ -107,11 +113,15 @@ static int is_json_space(Py_UCS4 ch)
 }
 
 /* The body parsed as JSON: new reference, or NULL with the error set (a
- * ValueError for what is not UTF-8 JSON). Whitespace around the value is
- * skipped here, as json.loads does; anything else goes to the package's
+ * ValueError for what is not UTF-8 JSON). json_decode.c first; what it
+ * leaves goes to json's scanner, as before it: whitespace around the value
+ * is skipped here, as json.loads does; anything else goes to the package's
  * parser, whose ValueError says what is wrong. */
 static PyObject *parse_body(const module_state *st, const char *body, size_t len)
 {
+    PyObject *value = lr_json_decode(st->key_cache, body, len);
+    if (value)
+        return value;
     PyObject *text = PyUnicode_DecodeUTF8(body, (Py_ssize_t)len, NULL);
     if (!text)
         return NULL;
@@ -120,7 +130,6 @@ static PyObject *parse_body(const module_state *st, const char *body, size_t len
     const void *data = PyUnicode_DATA(text);
     while (start < n && is_json_space(PyUnicode_READ(kind, data, start)))
         start++;
-    PyObject *value = NULL;
     PyObject *index = PyLong_FromSsize_t(start);
     PyObject *pair = NULL;
     if (index) {
@@ -153,6 +162,34 @@ static PyObject *parse_body(const module_state *st, const char *body, size_t len
     }
     Py_XDECREF(pair);
     return value;
+}
+
+/* For the tests (tests/python/test_json_decode.py), which hold both paths
+ * to json.loads. _json_decode(bytes) -> (value,) when json_decode.c takes
+ * the body, () when it leaves it to json's scanner; _parse_body(bytes) ->
+ * Result.data of such a body (ValueError when Python's parser refuses it). */
+PyObject *lr_py_json_decode(PyObject *module, PyObject *arg)
+{
+    const module_state *st = PyModule_GetState(module);
+    if (!PyBytes_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "_json_decode wants bytes");
+    PyObject *v = lr_json_decode(st->key_cache, PyBytes_AS_STRING(arg),
+                                 (size_t)PyBytes_GET_SIZE(arg));
+    if (!v)
+        return PyTuple_New(0);
+    PyObject *t = PyTuple_Pack(1, v);
+    Py_DECREF(v);
+    return t;
+}
+
+PyObject *lr_py_parse_body(PyObject *module, PyObject *arg)
+{
+    const module_state *st = PyModule_GetState(module);
+    if (!PyBytes_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "_parse_body wants bytes");
+    if (!st->scan_once)
+        return PyErr_Format(PyExc_RuntimeError, "no parser registered");
+    return parse_body(st, PyBytes_AS_STRING(arg), (size_t)PyBytes_GET_SIZE(arg));
 }
 
 /* Set the slot behind descriptor d of obj, stealing v. */
@@ -245,17 +282,23 @@ static int lazy_meta_field(const void *src, size_t i, llmretry_field *f)
  * the caller builds the Meta now). */
 static PyObject *new_lazy_meta(const module_state *st, const llmretry_result *r)
 {
-    llmretry_field f;
+    /* The fields read once (each read walks the shape's table) and the
+     * strings' lengths taken once: this runs for every success. */
+    llmretry_field fs[LR_SHAPE_MAX_FIELDS + 1];
+    size_t lens[LR_SHAPE_MAX_FIELDS];
     size_t n = 0, text = 0, usages = 0;
-    for (; llmretry_shape_field(LLMRETRY_SHAPE_META, r, n, &f) == 0; n++) {
+    for (; llmretry_shape_field(LLMRETRY_SHAPE_META, r, n, &fs[n]) == 0; n++) {
         if (n >= LR_SHAPE_MAX_FIELDS)
             return NULL;
-        if (f.type == LLMRETRY_FIELD_STRING)
-            text += f.s ? strlen(f.s) + 1 : 0;
-        else if (f.type == LLMRETRY_FIELD_USAGE && ++usages > LAZY_USAGES)
+        llmretry_field *f = &fs[n];
+        if (f->type == LLMRETRY_FIELD_STRING && !f->s)
+            f->type = LLMRETRY_FIELD_NULL;  /* as lr_str_or_none reads it */
+        if (f->type == LLMRETRY_FIELD_STRING)
+            text += (lens[n] = strlen(f->s) + 1);
+        else if (f->type == LLMRETRY_FIELD_USAGE && ++usages > LAZY_USAGES)
             return NULL;
-        else if (f.type != LLMRETRY_FIELD_INT && f.type != LLMRETRY_FIELD_BOOL &&
-                 f.type != LLMRETRY_FIELD_NULL && f.type != LLMRETRY_FIELD_USAGE)
+        else if (f->type != LLMRETRY_FIELD_INT && f->type != LLMRETRY_FIELD_BOOL &&
+                 f->type != LLMRETRY_FIELD_NULL && f->type != LLMRETRY_FIELD_USAGE)
             return NULL;            /* a list, JSON: not kept here */
     }
     LazyMetaObject *z = (LazyMetaObject *)st->lazy_meta_type->tp_alloc(
@@ -265,18 +308,15 @@ static PyObject *new_lazy_meta(const module_state *st, const llmretry_result *r)
     z->n = n;
     size_t at = 0, u = 0;
     for (size_t i = 0; i < n; i++) {
-        llmretry_shape_field(LLMRETRY_SHAPE_META, r, i, &f);
-        if (f.type == LLMRETRY_FIELD_STRING && !f.s)
-            f.type = LLMRETRY_FIELD_NULL;   /* as lr_str_or_none reads it */
-        z->type[i] = (unsigned char)f.type;
-        z->i[i] = f.i;
-        if (f.type == LLMRETRY_FIELD_STRING) {
-            size_t len = strlen(f.s) + 1;
-            memcpy(z->text + at, f.s, len);
+        const llmretry_field *f = &fs[i];
+        z->type[i] = (unsigned char)f->type;
+        z->i[i] = f->i;
+        if (f->type == LLMRETRY_FIELD_STRING) {
+            memcpy(z->text + at, f->s, lens[i]);
             z->i[i] = (int64_t)at;
-            at += len;
-        } else if (f.type == LLMRETRY_FIELD_USAGE) {
-            z->usage[u] = *f.usage;
+            at += lens[i];
+        } else if (f->type == LLMRETRY_FIELD_USAGE) {
+            z->usage[u] = *f->usage;
             z->i[i] = (int64_t)u++;
         }
     }
@@ -397,4 +437,6 @@ void lr_results_clear(module_state *st)
         Py_CLEAR(st->result_fields[i]);
     for (int i = 0; i < LR_SHAPE_MAX_FIELDS; i++)
         Py_CLEAR(st->meta_fields[i]);
+    lr_key_cache_free(st->key_cache);
+    st->key_cache = NULL;
 }

@@ -11,6 +11,10 @@
 /* _set_result_types(Result, Meta, scan_once, parse): see results.c. */
 PyObject *lr_set_result_types(PyObject *module, PyObject *args);
 
+/* _json_decode(bytes), _parse_body(bytes): the body parsers, for the tests. */
+PyObject *lr_py_json_decode(PyObject *module, PyObject *arg);
+PyObject *lr_py_parse_body(PyObject *module, PyObject *arg);
+
 /* 1 with *out a new Result, 0 when r is not a success this module can build
  * (no types registered, or a body Python's JSON parser refuses: the caller
  * makes the outcome dict and the package says why), -1 on error. */

@@ -57,7 +57,9 @@ def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
     """The body as bytes, and its model when it is a dict naming one."""
     if isinstance(body, dict):
         try:
-            payload = _encode_json(body).encode("utf-8")
+            # The extension writes the bytes in one pass; what it does not
+            # take (a subclass, NaN, ...) json's encoder says.
+            payload = _llmretry.encode_json(body) or _encode_json(body).encode("utf-8")
         except (TypeError, ValueError) as exc:
             # The message names a type or a character, never the content.
             raise TypeError(f"body cannot be sent as JSON: {exc}") from None

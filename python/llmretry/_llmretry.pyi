@@ -379,6 +379,20 @@ def _set_result_types(result: type, meta: type, scan_once: Callable[[str, int], 
     TypeError), json's ``scan_once`` and the package's ``parse(bytes)`` for
     bodies the scanner refuses (and for the JSON of validation errors)."""
 
+def encode_json(obj: Any) -> Optional[bytes]:
+    """``json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+    allow_nan=False).encode(obj).encode("utf-8")``, byte for byte, or None
+    when the object is not one it takes (a subclass, a non-str key, NaN, a
+    lone surrogate, deep nesting...): then json's encoder is to say."""
+
+def _json_decode(body: bytes) -> Tuple[Any, ...]:
+    """``(value,)`` when the C decoder (json_decode.c) takes the body, ``()``
+    when it leaves it to json's scanner (for the tests)."""
+
+def _parse_body(body: bytes) -> Any:
+    """What ``Result.data`` is made of a 2xx body: the C decoder, else json's
+    scanner, else the package's parser (ValueError) (for the tests)."""
+
 def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[bytes]:
     """The body the core sends for an object the host encoded
     (llmretry_stream_body): ``"stream": true`` when ``streamed``, and a
