@@ -299,9 +299,9 @@ static int batch_run_step(BatchRunObject *r)
         return -1;
     }
     for (;;) {
-        while (!b->exhausted && b->in_flight < r->ahead)
-            if (lr_batch_submit_next(r->engine, b, &r->a.o) < 0)
-                return -1;
+        if (b->in_flight < r->ahead && lr_batch_submit(r->engine, b, &r->a.o,
+                                                       r->ahead - b->in_flight) < 0)
+            return -1;
         if (b->exhausted && b->in_flight == 0)
             return 1;
         llmretry_call *ready[64];
