@@ -29,10 +29,6 @@ static PyObject *pop_kw(PyObject *kw, const char *name, PyObject *dflt)
 
 /* ---- BatchRun: one batch, stepped by its host ------------------------------ */
 
-/* Items submitted beyond the limit when the host makes something per item
- * (item_headers): see batch_run_new. */
-#define HEADERS_AHEAD 16
-
 /* A batch in progress: its items, its group (one reader: group poll 1), the
  * results filled in place and the totals. step() does what can be done now
  * without waiting: Engine.call_many loops over it, waiting on fileno() with
@@ -271,15 +267,12 @@ static BatchRunObject *batch_run_new(EngineObject *self, PyObject *args, PyObjec
     r->a.o.group = r->g;
     r->rt = (mail_route){ r->on_event, r->a.o.events, mst, r->validate };
     /* Keep the engine's queue ahead of the pacer without holding every
-     * call record of a huge batch at once. With item_headers, what the
-     * host makes for an item as it submits it (llmretry.otel: the item's
-     * span) lives until the item's value is read: the queue is kept just
-     * deep enough (HEADERS_AHEAD items waiting for a slot) that an item is
-     * submitted, and its span started, about when its turn comes, not
-     * 4 x limit items before (a span alive that long only costs: ~16 GC
-     * tracked objects each, walked by every collection meanwhile). */
-    r->ahead = b->item_headers ? (Py_ssize_t)go.limit + HEADERS_AHEAD
-                               : 4 * (Py_ssize_t)go.limit + 64;
+     * call record of a huge batch at once. Not less with item_headers
+     * (llmretry.otel's spans, started as items are submitted, live that
+     * much longer): measured in issue 34's benchmark, limit + 16 ahead
+     * saved the SDK's GC ~5 µs a call and cost the I/O thread, left
+     * without queued work between the host's runs, 10-30. */
+    r->ahead = 4 * (Py_ssize_t)go.limit + 64;
     if (r->ahead > (Py_ssize_t)1 << 24)
         r->ahead = (Py_ssize_t)1 << 24;     /* a limit beyond any engine's max_in_flight */
     return r;

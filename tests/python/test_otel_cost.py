@@ -11,7 +11,6 @@ package fails the module) against the mock server.
 from __future__ import annotations
 
 import random
-import threading
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -21,7 +20,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -109,54 +108,6 @@ def test_a_batchs_results_keep_their_meta_unbuilt(scen: Scenario) -> None:
         span = spans[r.meta.request_id]
         assert span.attributes["llmretry.attempts"] == r.meta.attempts == 1
         assert span.attributes["gen_ai.usage.input_tokens"] == r.meta.usage["prompt_tokens"]
-
-
-class _Alive(SpanProcessor):
-    """Counts the spans started and not yet ended, and the most at once."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.alive = self.most = 0
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        with self.lock:
-            self.alive += 1
-            self.most = max(self.most, self.alive)
-
-    def on_end(self, span: Any) -> None:
-        with self.lock:
-            self.alive -= 1
-
-
-def test_a_batch_keeps_few_more_spans_alive_than_its_limit(scen: Scenario) -> None:
-    """A batch item's span starts as the batch hands the item to the engine,
-    which it now does about when the item's turn comes (at most 16 items
-    waiting for a slot beyond the limit, not 4 x limit + 64): a span alive
-    costs its ~16 objects in every GC meanwhile. Each span still starts
-    before its first attempt (its requests carry it: test_otel.py), under
-    the caller's span, and ends with its item."""
-    p = _Providers()
-    alive = _Alive()
-    p.tracer_provider.add_span_processor(alive)
-    limit, n = 4, 200
-    llmretry.otel.instrument(tracer_provider=p.tracer_provider, meter_provider=p.meter_provider)
-    try:
-        with p.tracer_provider.get_tracer("test").start_as_current_span("caller") as caller:
-            out = llmretry.call_many([secret_body(f"alive-{i}") for i in range(n)],
-                                     limit=limit, base_url=scen.url, **FAST)
-    finally:
-        llmretry.otel.uninstrument()
-    assert out.summary.ok == n
-    spans = [s for s in p.exporter.get_finished_spans() if s.name != "caller"]
-    assert len(spans) == n and alive.alive == 0
-    assert 1 <= alive.most - 1 <= limit + 16        # the caller's span is one of them
-    parent = caller.get_span_context()
-    for span in spans:
-        assert span.parent.span_id == parent.span_id
-        assert span.context.trace_id == parent.trace_id
-        assert span.start_time <= span.events[0].timestamp <= span.end_time
-    tps = {r["headers"]["traceparent"] for r in scen.requests()}
-    assert tps == {_traceparent(s.context) for s in spans}
 
 
 def _expected(span: Any, parent: Any, headers: Optional[List[str]]) -> Optional[List[str]]:
