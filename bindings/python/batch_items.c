@@ -299,9 +299,10 @@ static int batch_take(batch *b, batch_item *it)
  * item_headers' error, the engine's refusal). With item_headers, the
  * host's work for a run of items (llmretry.otel: each item's span, tens of
  * µs) comes first, then their submissions back to back: the engine's I/O
- * thread takes what was queued since it last looked at one wake-up, so
- * submissions spread out by the host's work woke it once per item (half
- * its CPU per call in issue 34's benchmark). When taking a run fails (an
+ * thread takes what was queued since it last looked at one wake-up, and
+ * submissions spread out by the host's work woke it once per item (issue
+ * 34's benchmark: its CPU per call under telemetry 57 -> 52 µs, its sleeps
+ * 0.45 -> 0.31 a call). When taking a run fails (an
  * item_headers error, a bad tuple), none of the run is submitted. */
 int lr_batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t want)
 {

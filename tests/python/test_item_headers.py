@@ -1,6 +1,6 @@
 """Engine.call_many's item_headers: one item's own header lines, asked for
-just before the item is submitted (llmretry.otel gives each batch item its
-span's traceparent through it)."""
+before the item is submitted, for a run of items at a time (llmretry.otel
+gives each batch item its span's traceparent through it)."""
 
 from __future__ import annotations
 
