@@ -46,6 +46,6 @@ void lr_batch_totals_add(batch_totals *t, const llmretry_result *r);
 int lr_batch_put_stats(const module_state *st, PyObject *stats, llmretry_group *g,
                        const batch_totals *t);
 int lr_batch_check(batch *b);
-int lr_batch_submit_next(EngineObject *self, batch *b, llmretry_options *o);
+int lr_batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t want);
 
 #endif

@@ -154,42 +154,41 @@ static int batch_submit_with(EngineObject *self, batch *b, llmretry_options *o,
                              Py_ssize_t index, PyObject *body, PyObject *model, PyObject *key,
                              PyObject *tokens);
 
-/* Submit one item (index: what on_result will get; what: how errors name
- * it); 0, or -1 with a Python error set. The core copies what it keeps.
- * With item_headers, the item's requests carry the header lines it gives
- * for that index instead of the batch's (None: the batch's): what a host
- * adds to one item alone (llmretry.otel: the item's span as traceparent),
- * asked for just before the item is submitted. */
-static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t index,
-                        PyObject *body, PyObject *model, PyObject *key, PyObject *tokens)
+/* One item taken from the batch, to submit: its index (what on_result will
+ * get; what errors name), body, model, key and tokens (borrowed from the
+ * sequences or from t, the iterator's tuple, owned), and with item_headers
+ * what it gave for the item (owned; None: the batch's lines). */
+typedef struct {
+    PyObject *t;
+    Py_ssize_t index;
+    PyObject *body, *model, *key, *tokens;
+    PyObject *given;
+} batch_item;
+
+/* Submit an item taken (0, or -1 with a Python error set). The core copies
+ * what it keeps. With item_headers, the item's requests carry the header
+ * lines it gave for its index instead of the batch's (None: the batch's):
+ * what a host adds to one item alone (llmretry.otel: the item's span as
+ * traceparent). */
+static int batch_submit(EngineObject *self, batch *b, llmretry_options *o, const batch_item *it)
 {
-    if (!b->item_headers)
-        return batch_submit_with(self, b, o, index, body, model, key, tokens);
-    PyObject *k = PyLong_FromSsize_t(index);
-    PyObject *given = k ? PyObject_CallOneArg(b->item_headers, k) : NULL;
-    Py_XDECREF(k);
-    if (!given)
-        return -1;
-    if (given == Py_None) {
-        Py_DECREF(given);
-        return batch_submit_with(self, b, o, index, body, model, key, tokens);
-    }
+    if (!it->given || it->given == Py_None)
+        return batch_submit_with(self, b, o, it->index, it->body, it->model, it->key, it->tokens);
     const char *const *batch_lines = o->headers;
     size_t batch_n = o->n_headers;
     PyObject *fast = NULL;
     const char **lines = NULL;
-    Py_ssize_t n = lr_py_header_lines(given, "item_headers()", &fast, &lines);
+    Py_ssize_t n = lr_py_header_lines(it->given, "item_headers()", &fast, &lines);
     int rc = -1;
     if (n >= 0) {
         o->headers = lines;
         o->n_headers = (size_t)n;
-        rc = batch_submit_with(self, b, o, index, body, model, key, tokens);
+        rc = batch_submit_with(self, b, o, it->index, it->body, it->model, it->key, it->tokens);
         o->headers = batch_lines;
         o->n_headers = batch_n;
     }
     PyMem_Free(lines);
     Py_XDECREF(fast);
-    Py_DECREF(given);
     return rc;
 }
 
@@ -240,18 +239,22 @@ static int batch_submit_with(EngineObject *self, batch *b, llmretry_options *o,
     return -1;
 }
 
-/* Submit the next item: 0 (also when there is none left: exhausted set),
- * or -1 with a Python error set (the iterator's own, a bad tuple). */
-int lr_batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
+/* Take the next item into *it: 1, 0 when there is none left (exhausted
+ * set), or -1 with a Python error set (the iterator's own, a bad tuple). */
+static int batch_take(batch *b, batch_item *it)
 {
+    *it = (batch_item){ 0 };
+    if (b->exhausted)
+        return 0;
     if (!b->iter) {
-        Py_ssize_t i = b->next++;
+        Py_ssize_t i = it->index = b->next++;
         if (b->next >= b->n)
             b->exhausted = 1;
-        return batch_submit(self, b, o, i, PySequence_Fast_GET_ITEM(b->bodies, i),
-                            b->models ? PySequence_Fast_GET_ITEM(b->models, i) : NULL,
-                            b->keys ? PySequence_Fast_GET_ITEM(b->keys, i) : NULL,
-                            b->tokens ? PySequence_Fast_GET_ITEM(b->tokens, i) : NULL);
+        it->body = PySequence_Fast_GET_ITEM(b->bodies, i);
+        it->model = b->models ? PySequence_Fast_GET_ITEM(b->models, i) : NULL;
+        it->key = b->keys ? PySequence_Fast_GET_ITEM(b->keys, i) : NULL;
+        it->tokens = b->tokens ? PySequence_Fast_GET_ITEM(b->tokens, i) : NULL;
+        return 1;
     }
     PyObject *t = PyIter_Next(b->iter);
     if (!t) {
@@ -260,7 +263,6 @@ int lr_batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
         b->exhausted = 1;
         return 0;
     }
-    int rc = -1;
     Py_ssize_t index;
     Py_ssize_t nt = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
     if (nt != 4 && nt != 5) {
@@ -278,10 +280,60 @@ int lr_batch_submit_next(EngineObject *self, batch *b, llmretry_options *o)
             PyErr_Format(PyExc_TypeError, "models[%zd] must be a str or None", index);
         else if (key != Py_None && !PyUnicode_Check(key))
             PyErr_Format(PyExc_TypeError, "idempotency_keys[%zd] must be a str or None", index);
-        else
-            rc = batch_submit(self, b, o, index, body, model, key,
-                              nt == 5 ? PyTuple_GET_ITEM(t, 4) : NULL);
+        else {
+            *it = (batch_item){ t, index, body, model, key,
+                                nt == 5 ? PyTuple_GET_ITEM(t, 4) : NULL, NULL };
+            return 1;       /* the tuple is released after the submission */
+        }
     }
-    Py_DECREF(t);                   /* the body is the core's copy now */
-    return rc;
+    Py_DECREF(t);
+    return -1;
+}
+
+/* Items handed to item_headers before any of them is submitted: see
+ * lr_batch_submit. */
+#define HEADERS_RUN 64
+
+/* Submit up to `want` more items: 0 (also when none is left: exhausted
+ * set), or -1 with a Python error set (the iterator's own, a bad tuple,
+ * item_headers' error, the engine's refusal). With item_headers, the
+ * host's work for a run of items (llmretry.otel: each item's span, tens of
+ * µs) comes first, then their submissions back to back: the engine's I/O
+ * thread takes what was queued since it last looked at one wake-up, and
+ * submissions spread out by the host's work woke it once per item (issue
+ * 34's benchmark: its CPU per call under telemetry 57 -> 52 µs, its sleeps
+ * 0.45 -> 0.31 a call). When taking a run fails (an
+ * item_headers error, a bad tuple), none of the run is submitted. */
+int lr_batch_submit(EngineObject *self, batch *b, llmretry_options *o, Py_ssize_t want)
+{
+    batch_item run[HEADERS_RUN];
+    while (want > 0 && !b->exhausted) {
+        Py_ssize_t most = b->item_headers ? (want < HEADERS_RUN ? want : HEADERS_RUN) : 1;
+        Py_ssize_t n = 0;
+        int rc = 0;
+        while (n < most && (rc = batch_take(b, &run[n])) > 0) {
+            batch_item *it = &run[n++];
+            if (b->item_headers) {
+                PyObject *k = PyLong_FromSsize_t(it->index);
+                it->given = k ? PyObject_CallOneArg(b->item_headers, k) : NULL;
+                Py_XDECREF(k);
+                if (!it->given) {
+                    rc = -1;
+                    break;
+                }
+            }
+        }
+        for (Py_ssize_t j = 0; j < n && rc >= 0; j++)
+            rc = batch_submit(self, b, o, &run[j]);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            Py_XDECREF(run[j].given);
+            Py_XDECREF(run[j].t);     /* the body is the core's copy now */
+        }
+        if (rc < 0)
+            return -1;
+        if (n == 0)
+            break;
+        want -= n;
+    }
+    return 0;
 }
