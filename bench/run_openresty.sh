@@ -9,6 +9,11 @@
 #
 # Knobs (environment): RUNS=3 SECS=10 CONNS=1000 LLMRETRY_BENCH_PORT=18089
 # LLMRETRY_GATEWAY_PORT=18093
+# BASELINE=<commit>: also measure that commit's llmretry.openresty in the same
+# rounds: its Lua module built from `git archive` into the run's temp folder,
+# served by a second gateway nginx (one worker, port LLMRETRY_GATEWAY_PORT+1),
+# the three gateways' runs in an order that rotates from round to round; one
+# more table row and ratio line. Without it the output is as it was.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,6 +23,8 @@ SECS=${SECS:-10}
 CONNS=${CONNS:-1000}
 UP_PORT=${LLMRETRY_BENCH_PORT:-18089}
 GW_PORT=${LLMRETRY_GATEWAY_PORT:-18093}
+BASELINE=${BASELINE:-}
+BGW_PORT=$((GW_PORT + 1))
 
 log() { printf '%s\n' "$*" >&2; }
 
@@ -48,22 +55,50 @@ bench_nginx_start "$UP_PORT"            # sets TMP, SLOW; stops on exit
 GW="$TMP/gateway"
 mkdir -p "$GW"
 chmod 755 "$GW"
-sed -e "s|__REPO__|$ROOT|g" -e "s|__GW_PORT__|$GW_PORT|g" -e "s|__UP_PORT__|$UP_PORT|g" \
-  "$ROOT/bench/openresty.conf" >"$GW/nginx.conf"
+BGW="$TMP/gateway-baseline"     # BASELINE only: the baseline's gateway
+if [ -n "$BASELINE" ]; then
+  log "== building the baseline $BASELINE's Lua module (tools/lua-test.sh --build-only)"
+  mkdir -p "$TMP/baseline" "$BGW"
+  chmod 755 "$TMP/baseline" "$BGW"
+  git -C "$ROOT" archive "$BASELINE" | tar -x -C "$TMP/baseline"
+  (cd "$TMP/baseline" && tools/lua-test.sh --build-only >&2) || {
+    log "the baseline $BASELINE does not build"; exit 1; }
+fi
+gateway_conf() { # repo port -> the gateway's nginx.conf on stdout
+  sed -e "s|__REPO__|$1|g" -e "s|__GW_PORT__|$2|g" -e "s|__UP_PORT__|$UP_PORT|g" \
+    "$ROOT/bench/openresty.conf"
+}
+gateway_conf "$ROOT" "$GW_PORT" >"$GW/nginx.conf"
+[ -z "$BASELINE" ] || gateway_conf "$TMP/baseline" "$BGW_PORT" >"$BGW/nginx.conf"
 stop_gateway() {
-  [ -f "$GW/nginx.pid" ] && "$NGINX" -p "$GW/" -e "$GW/error.log" -c "$GW/nginx.conf" -s stop 2>/dev/null || true
-  for _ in $(seq 50); do [ -f "$GW/nginx.pid" ] || break; sleep 0.1; done
+  local d
+  for d in "$GW" "$BGW"; do
+    [ -f "$d/nginx.pid" ] && "$NGINX" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" -s stop 2>/dev/null || true
+    for _ in $(seq 50); do [ -f "$d/nginx.pid" ] || break; sleep 0.1; done
+  done
   bench_nginx_stop
 }
 trap stop_gateway EXIT
 "$NGINX" -p "$GW/" -e "$GW/error.log" -c "$GW/nginx.conf" || { cat "$GW/error.log" >&2; exit 1; }
-for path in llmretry cosocket; do
+if [ -n "$BASELINE" ]; then
+  "$NGINX" -p "$BGW/" -e "$BGW/error.log" -c "$BGW/nginx.conf" || { cat "$BGW/error.log" >&2; exit 1; }
+fi
+PATHS=(llmretry cosocket)
+[ -z "$BASELINE" ] || PATHS+=(baseline)
+url_of() { # path -> the gateway URL that serves it
+  case $1 in
+    baseline) echo "http://127.0.0.1:$BGW_PORT/llmretry" ;;
+    *) echo "http://127.0.0.1:$GW_PORT/$1" ;;
+  esac
+}
+for path in "${PATHS[@]}"; do
   for _ in $(seq 50); do
-    [ "$(curl -s "http://127.0.0.1:$GW_PORT/$path" 2>/dev/null)" = "ok" ] && break
+    [ "$(curl -s "$(url_of "$path")" 2>/dev/null)" = "ok" ] && break
     sleep 0.1
   done
-  [ "$(curl -s "http://127.0.0.1:$GW_PORT/$path")" = "ok" ] || {
-    log "the gateway's /$path does not answer"; cat "$GW/error.log" >&2; exit 1; }
+  [ "$(curl -s "$(url_of "$path")")" = "ok" ] || {
+    log "the gateway's $(url_of "$path") does not answer"; cat "$GW/error.log" >&2
+    [ -z "$BASELINE" ] || cat "$BGW/error.log" >&2; exit 1; }
 done
 
 # ---- 3. the runs: wrk, CONNS connections, interleaved -------------------------
@@ -74,12 +109,14 @@ fi
 # CPU ticks (utime + stime) of the gateway worker: its main thread (nginx's
 # event loop, where Lua runs) and the others (llmretry's engine I/O thread).
 WORKER=$(pgrep -P "$(cat "$GW/nginx.pid")" | head -n 1)
+BWORKER=""
+[ -z "$BASELINE" ] || BWORKER=$(pgrep -P "$(cat "$BGW/nginx.pid")" | head -n 1)
 TICK=$(getconf CLK_TCK)
-ticks() { # -> "main others"
-  local main=0 others=0 t v
-  for t in /proc/"$WORKER"/task/*; do
+ticks() { # [worker] -> "main others"
+  local w=${1:-$WORKER} main=0 others=0 t v
+  for t in /proc/"$w"/task/*; do
     v=$(awk '{ print $14 + $15 }' "$t/stat")
-    if [ "${t##*/}" = "$WORKER" ]; then main=$((main + v)); else others=$((others + v)); fi
+    if [ "${t##*/}" = "$w" ]; then main=$((main + v)); else others=$((others + v)); fi
   done
   echo "$main $others"
 }
@@ -87,18 +124,25 @@ ticks() { # -> "main others"
 to_ms() { awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /ms$/) v = v; else if ($1 ~ /s$/) v *= 1000; printf "%.1f", v }'; }
 declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO
 run() { # path secs -> sets OUT
-  OUT=$(wrk -t2 -c"$CONNS" -d"$2"s --timeout 10s --latency "http://127.0.0.1:$GW_PORT/$1")
+  OUT=$(wrk -t2 -c"$CONNS" -d"$2"s --timeout 10s --latency "$(url_of "$1")")
 }
-for path in llmretry cosocket; do
+for path in "${PATHS[@]}"; do
   log "== warm-up /$path (3 s)"
   run "$path" 3
 done
 for r in $(seq "$RUNS"); do
-  for path in llmretry cosocket; do
+  order=("${PATHS[@]}")
+  if [ -n "$BASELINE" ]; then   # rotated: no gateway always runs first
+    k=$(( (r - 1) % ${#PATHS[@]} ))
+    order=("${PATHS[@]:k}" "${PATHS[@]:0:k}")
+  fi
+  for path in "${order[@]}"; do
     log "== run $r of $RUNS: /$path, $CONNS connections, $SECS s (load $(cut -d' ' -f1 /proc/loadavg))"
-    read -r m0 o0 < <(ticks)
+    w=$WORKER
+    [ "$path" != baseline ] || w=$BWORKER
+    read -r m0 o0 < <(ticks "$w")
     run "$path" "$SECS"
-    read -r m1 o1 < <(ticks)
+    read -r m1 o1 < <(ticks "$w")
     rps=$(printf '%s\n' "$OUT" | awk '/^Requests\/sec:/ { print $2 }')
     p50=$(printf '%s\n' "$OUT" | awk '$1 == "50%" { print $2 }' | to_ms)
     p99=$(printf '%s\n' "$OUT" | awk '$1 == "99%" { print $2 }' | to_ms)
@@ -119,6 +163,7 @@ for r in $(seq "$RUNS"); do
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 BAD=$(grep -c '\[error\]' "$GW/error.log" || true)
+[ -z "$BASELINE" ] || BAD="$BAD (the baseline's: $(grep -c '\[error\]' "$BGW/error.log" || true))"
 
 # ---- 4. the report ----------------------------------------------------------------
 median() { tr '/' '\n' <<<"$1" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
@@ -135,9 +180,10 @@ echo "One gateway worker (\`bench/openresty.conf\`) calls the 50 ms endpoint of 
 echo
 echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread |"
 echo "|---|---:|---|---:|---:|---|---|---:|"
-for path in llmretry cosocket; do
+for path in "${PATHS[@]}"; do
   case $path in
     llmretry) name="llmretry.openresty \`call_llm\` (one engine per worker, no thread pool)" ;;
+    baseline) name="the same at the baseline $BASELINE (its own gateway nginx, same config)" ;;
     cosocket) name="cosocket client + retry loop (\`bench/clients/resty_mini_http.lua\`, lua-resty-http style)" ;;
   esac
   echo "| $name | $(median "${RPS[$path]}") | ${RPS[$path]} | $(median "${P50[$path]}") | $(median "${P99[$path]}") | ${P99[$path]} | ${ERRS[$path]} | $(median "${CPU_MAIN[$path]}") + $(median "${CPU_IO[$path]}") |"
@@ -152,3 +198,10 @@ ratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "$
 echo "llmretry's gateway makes ${ratio}× the calls/s of the cosocket gateway. The ceiling is" \
   "$CONNS / 0.05 s = $((CONNS * 20)) calls/s; below it, the cores are the limit: the endpoint's" \
   "nginx, the gateway (its worker and, for llmretry, the engine's I/O thread) and wrk share them."
+if [ -n "$BASELINE" ]; then
+  echo
+  bratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "${RPS[baseline]}") }")
+  echo "Against the baseline $BASELINE (same rounds, order rotated): ${bratio}× its calls/s;" \
+    "worker CPU µs/call $(median "${CPU_MAIN[llmretry]}") + $(median "${CPU_IO[llmretry]}")" \
+    "against $(median "${CPU_MAIN[baseline]}") + $(median "${CPU_IO[baseline]}")."
+fi
