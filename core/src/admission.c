@@ -6,7 +6,8 @@
  *      end, so its retries are not paced again);
  *   2. its endpoint's rate budget (ratelimit.c: rpm, tpm, what the
  *      server's rate-limit headers say, a 429's pause, the slow-down 429s
- *      naming no wait teach), for every attempt;
+ *      naming no wait teach), for every attempt (a retry first, unless
+ *      it follows a 429: then behind the calls already waiting);
  *   3. the engine's max_in_flight (retries go before fresh calls);
  *   4. for an HTTPS origin that may multiplex, its connection gate: one
  *      attempt at a time waits for a new connection (origins.c).
@@ -198,7 +199,14 @@ void lr_admit_new(llmretry_engine *e, llmretry_call *c)
 
 void lr_admit_retry(llmretry_engine *e, llmretry_call *c)
 {
-    admit_budget(e, c, 1);
+    /* A retry goes before the calls waiting for its endpoint's budget,
+     * unless the endpoint refused it (a 429: its load, not this call):
+     * then it waits its turn behind them. While a server refuses every
+     * request for a while (its window full), each probe is then another
+     * waiting call's attempt; at the front, the one refused call was every
+     * probe and spent all its attempts in seconds, while the calls behind
+     * it had spent none. */
+    admit_budget(e, c, c->last_status != 429);
 }
 
 void lr_admission_pump(llmretry_engine *e)

@@ -393,6 +393,56 @@ static void test_paced_429_retries_are_attempts(void)
     llmretry_engine_free(e);
 }
 
+/* A server that refuses every request for a while with 429s naming no
+ * wait (LiteLLM's rpm window, full since another client used it), while
+ * calls wait for the endpoint's pace: each refusal is another call's
+ * attempt, none spends them all. Nothing configured: one call teaches the
+ * pace (x-ratelimit-limit-requests 1200, one each 51 ms), then six at once;
+ * the second of them is answered, then four requests in a row are refused.
+ * The refused call's retry (its backoff shorter than the pace) went to the
+ * front of the endpoint's queue, so it was every probe: four refusals, its
+ * four attempts, retries_exhausted, while the calls behind it had sent
+ * nothing (make interop: the openai SDK on llmretry.httpx2 lost 2 of 150
+ * this way). Behind them, the four refusals are four calls' one each. */
+static void test_refusals_in_a_row_are_spread_over_the_waiting_calls(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "probes", "{\"steps\": ["
+                             "{\"headers\": {\"x-ratelimit-limit-requests\": \"1200\"}}, {}, {}, "
+                             "{\"status\": 429}, {\"status\": 429}, {\"status\": 429}, "
+                             "{\"status\": 429}], \"after\": {}}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "probes", url, sizeof url);
+    o.max_retries = 3;
+    o.max_delay_ms = 20;
+    CHECK_MSG(run_all(e, &o, 1), "the first call teaches the pace");
+    llmretry_call *calls[6];
+    for (int i = 0; i < 6; i++)
+        calls[i] = th_submit(e, &o);
+    int ok = 0, most = 0;
+    for (int i = 0; i < 6; i++) {
+        const llmretry_result *r = th_wait_done(calls[i], 10000);
+        CHECK(r != NULL);
+        if (r) {
+            ok += r->ok;
+            if (r->attempts > most)
+                most = r->attempts;
+            CHECK_MSG(r->ok, "call %d: %s after %d attempts", i,
+                      llmretry_reason_name(r->reason), r->attempts);
+        }
+        llmretry_call_free(calls[i]);
+    }
+    CHECK_INT(ok, 6);
+    CHECK_MSG(most <= 2, "no call was refused more than once (one made %d attempts)", most);
+    CHECK_INT(requests_of("probes"), 11);
+out:
+    llmretry_engine_free(e);
+}
+
 /* A 429 with Retry-After: 1 pauses the endpoint: a call submitted after
  * it waits too, though it never saw the 429. */
 static void test_429_pauses_the_endpoint(void)
@@ -496,6 +546,7 @@ int main(void)
         { "stated_per_window", test_limit_stated_per_window },
         { "bare_429_slow_down", test_429s_naming_no_wait_slow_the_endpoint },
         { "paced_429_retries", test_paced_429_retries_are_attempts },
+        { "refusals_spread", test_refusals_in_a_row_are_spread_over_the_waiting_calls },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);

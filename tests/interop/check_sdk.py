@@ -34,6 +34,26 @@ class Events:
         return sum(1 for e in self.seen if e["event"] == name)
 
 
+def given_up(events: Events) -> str:
+    """What the calls that gave up went through: per call, each attempt's
+    status and the delay after it (ms, its source), then the reason."""
+    out = []
+    for ev in events.seen:
+        if ev["event"] != "llm_request_gave_up":
+            continue
+        steps = []
+        for e in events.seen:
+            if e["request_id"] != ev["request_id"]:
+                continue
+            if e["event"] == "llm_request_failed":
+                steps.append(str(e["status"]))
+            elif e["event"] == "llm_retry_scheduled":
+                steps.append(f"+{e['delay_ms']}ms {e['delay_source']}")
+        out.append(f"{ev['reason']} after {ev['attempts']} attempts in {ev['total_ms']} ms: "
+                   f"{', '.join(steps)}")
+    return "; ".join(out[:3]) or "no call gave up"
+
+
 def sdk(base_url: str, **options: Any) -> openai.OpenAI:
     transport = llmretry.httpx2.Transport(base_delay_ms=200, max_delay_ms=2000, **options)
     return openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0,
@@ -93,15 +113,23 @@ def main(base_url: str) -> int:
     def rate_limited() -> str:
         # LiteLLM's rpm limit answers 429s naming no wait: nothing is
         # configured, the transport slows the endpoint down, no call fails.
+        # (LiteLLM counts per calendar minute: check_litellm.py's batch may
+        # have used some of this one's, so the first wave can overflow it
+        # and the rest of the minute is refused.)
         events = Events()
         with sdk(base_url, logger=events) as client:
             def one(i: int) -> str:
-                return client.chat.completions.create(
-                    model="fake-limited-60",
-                    messages=[{"role": "user", "content": f"n{i}"}]).choices[0].message.content
+                try:
+                    return client.chat.completions.create(
+                        model="fake-limited-60",
+                        messages=[{"role": "user", "content": f"n{i}"}]
+                    ).choices[0].message.content or ""
+                except openai.APIError as exc:
+                    return f"{type(exc).__name__} {getattr(exc, 'status_code', '')}"
             with ThreadPoolExecutor(16) as pool:
                 texts = list(pool.map(one, range(150)))
-        assert texts == ["limited"] * 150, set(texts)
+        lost = [t for t in texts if t != "limited"]
+        assert not lost, f"{150 - len(lost)} of 150 ok; {lost[:2]}; {given_up(events)}"
         return (f"150 of 150 through 16 SDK threads, {events.count('llm_request_started')} "
                 f"requests")
 
