@@ -252,11 +252,14 @@ void lr_budget_slow_down(llmretry_engine *e, llmretry_call *c, const llmretry_fa
         double served = ok_rpm(ep, now), slow = slow_rate(ep);
         if (ep->slow_refusals == 0 && (served > 0 || slow > 0)) {
             /* Refused after a success: too fast. Half the rate it was
-             * serving at (or was slowed to, here or by another process
-             * sharing the endpoint, if that was less). */
-            double rate = served > 0 ? served : slow;
-            if (slow > 0 && slow < rate)
-                rate = slow;
+             * serving at, or the rate in force if that was less (a
+             * learned limit, a slow-down set here or by another process
+             * sharing the endpoint): the rate served, read from a few
+             * successes within 250 ms, can be well above the pace they
+             * went at, and half of it would not slow that pace at all. */
+            double rate = served > 0 ? served : slow, in_force = req_rate(ep);
+            if (in_force > 0 && in_force < rate)
+                rate = in_force;
             ep->slow_rpm = fmax(SLOW_MIN_RPM, rate * SLOW_CUT);
             say(ep, LR_SAID_SLOW_RPM, now, (int64_t)llround(ep->slow_rpm * 1000.0), 0);
         } else {

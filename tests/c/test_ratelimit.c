@@ -343,6 +343,40 @@ out:
     llmretry_engine_free(e);
 }
 
+/* A 429 naming no wait right after a success, on an endpoint paced at a
+ * learned limit: the slow-down halves the rate in force. Two calls at
+ * once, nothing configured: the first answer says limit 60 (none
+ * remaining: the learned pace is in force), the second, 100 ms later, is
+ * a bare 429. The rate served, read from one success within 250 ms, is
+ * 240 a minute; halving that (120) left the pace at 60, so a refused
+ * stretch was probed at the very pace the server had just refused (make
+ * interop: LiteLLM's window, rpm stayed 60 through every refusal). */
+static void test_a_bare_429_halves_the_learned_pace(void)
+{
+    char url[128];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "halve", "{\"steps\": ["
+                             "{\"headers\": {\"x-ratelimit-limit-requests\": \"60\", "
+                             "\"x-ratelimit-remaining-requests\": \"0\"}}, "
+                             "{\"status\": 429, \"delay_ms\": 100}], \"after\": {}}") != 0) {
+        CHECK_MSG(0, "setup: engine and script");
+        goto out;
+    }
+    opts_for(&o, "halve", url, sizeof url);
+    o.max_retries = 0;
+    llmretry_call *a = th_submit(e, &o), *b = th_submit(e, &o);
+    const llmretry_result *ra = th_wait_done(a, 10000), *rb = th_wait_done(b, 10000);
+    CHECK_MSG(ra && rb && ra->ok + rb->ok == 1, "one answered, one refused");
+    llmretry_endpoint_stats s = only_endpoint(e);
+    CHECK_MSG(s.rpm > 0 && s.rpm <= 30, "paced at half the learned 60 a minute (rpm %lld)",
+              (long long)s.rpm);
+    llmretry_call_free(a);
+    llmretry_call_free(b);
+out:
+    llmretry_engine_free(e);
+}
+
 /* One call against five 429s naming no wait, then an answer, on an
  * endpoint of its own (a 429 after a success there would slow the next
  * one down). */
@@ -547,6 +581,7 @@ int main(void)
         { "bare_429_slow_down", test_429s_naming_no_wait_slow_the_endpoint },
         { "paced_429_retries", test_paced_429_retries_are_attempts },
         { "refusals_spread", test_refusals_in_a_row_are_spread_over_the_waiting_calls },
+        { "bare_429_halves_learned", test_a_bare_429_halves_the_learned_pace },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);
