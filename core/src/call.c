@@ -83,39 +83,6 @@ static char *read_body(const char *body, size_t len, int want_model, int *bad_js
     return model;
 }
 
-/* Every call builds its list (the request id differs), so this is on the
- * submitting thread's path per item: the line is put together with memcpy
- * in a stack buffer (snprintf cost more than the rest of the list), and
- * only an unusually long value takes the heap. */
-static int append_header(struct curl_slist **list, const char *name, const char *value)
-{
-    size_t nl = strlen(name), vl = strlen(value), n = nl + vl + 3;
-    char small[256];
-    char *line = n <= sizeof small ? small : malloc(n);
-    if (!line)
-        return -1;
-    memcpy(line, name, nl);
-    memcpy(line + nl, ": ", 2);
-    memcpy(line + nl + 2, value, vl + 1);
-    struct curl_slist *l = curl_slist_append(*list, line);
-    if (line != small)
-        free(line);
-    if (!l)
-        return -1;
-    *list = l;
-    return 0;
-}
-
-/* A whole constant line: libcurl copies it, nothing to build. */
-static int append_line(struct curl_slist **list, const char *line)
-{
-    struct curl_slist *l = curl_slist_append(*list, line);
-    if (!l)
-        return -1;
-    *list = l;
-    return 0;
-}
-
 /* The endpoint's key for its rate budget (ratelimit.c): a hash of the
  * Authorization header's value, so the key itself is kept nowhere else. The
  * value only (from its first non-blank): "authorization: Bearer k" and
@@ -145,78 +112,116 @@ static int caller_sets(const char *const *lines, size_t n_lines, const char *nam
     return 0;
 }
 
+/* The request's header list is built on the submitting thread for every
+ * call (the request id differs), so it is one allocation, not libcurl's
+ * malloc + strdup per line: the curl_slist nodes, then every line's text.
+ * libcurl only reads the list (CURLOPT_HTTPHEADER), and nothing changes it
+ * after it is built (a fallback target has its own list, or shares target
+ * 0's), so one block freed at once (lr_call_headers_free) is the whole
+ * life of it. It is laid out in two passes of the same decisions
+ * (put_headers): the first counts lines and bytes, the second writes. */
+typedef struct {
+    struct curl_slist *node;        /* NULL in the counting pass */
+    char *text;
+    size_t lines, bytes;
+} header_block;
+
+/* One line: a then b, joined as they are ("Name: " and the value, or a
+ * whole constant line and ""). */
+static void put_line(header_block *hb, const char *a, size_t al, const char *b, size_t bl)
+{
+    if (hb->node) {
+        struct curl_slist *n = &hb->node[hb->lines];
+        memcpy(hb->text, a, al);
+        memcpy(hb->text + al, b, bl);
+        hb->text[al + bl] = '\0';
+        n->data = hb->text;
+        n->next = NULL;
+        if (hb->lines > 0)
+            n[-1].next = n;
+        hb->text += al + bl + 1;
+    }
+    hb->lines++;
+    hb->bytes += al + bl + 1;
+}
+
+static void put_const(header_block *hb, const char *line)
+{
+    put_line(hb, line, strlen(line), "", 0);
+}
+
 /* The caller's "Name: value" as libcurl must get it: "Name:" with nothing
  * but blanks after it would tell libcurl to drop the header (and its own
  * of that name), "Name;" sends it empty. */
-static int append_caller_header(struct curl_slist **list, const char *line)
+static void put_caller_line(header_block *hb, const char *line)
 {
     const char *colon = strchr(line, ':');
     const char *v = colon + 1;
     v += strspn(v, " \t");
-    struct curl_slist *l;
-    if (*v == '\0') {
-        char *semi = lr_strndup(line, (size_t)(colon - line) + 1);
-        if (!semi)
-            return -1;
-        semi[colon - line] = ';';
-        l = curl_slist_append(*list, semi);
-        free(semi);
-    } else {
-        l = curl_slist_append(*list, line);
+    if (*v == '\0')
+        put_line(hb, line, (size_t)(colon - line), ";", 1);
+    else
+        put_const(hb, line);
+}
+
+static void put_headers(header_block *hb, const llmretry_call *c, const char *const *lines,
+                        size_t n_lines, const char *api_key)
+{
+    static const char bearer[] = "Authorization: Bearer ";
+    if (api_key && *api_key)
+        put_line(hb, bearer, sizeof bearer - 1, api_key, strlen(api_key));
+    /* Only a POST has a body to describe. */
+    if (c->o.method == LLMRETRY_METHOD_POST && !caller_sets(lines, n_lines, "Content-Type")) {
+        if (c->o.content_type)
+            put_line(hb, "Content-Type: ", 14, c->o.content_type, strlen(c->o.content_type));
+        else
+            put_const(hb, "Content-Type: application/json");
     }
-    if (!l)
-        return -1;
-    *list = l;
-    return 0;
+    if (!caller_sets(lines, n_lines, "Accept"))
+        put_const(hb, c->o.raw_response ? "Accept: */*" : "Accept: application/json");
+    if (!caller_sets(lines, n_lines, "User-Agent"))
+        put_const(hb, "User-Agent: llmretry/" LLMRETRY_VERSION);
+    put_line(hb, "X-Client-Request-Id: ", 21, c->request_id, strlen(c->request_id));
+    if (c->o.idempotency_key)
+        put_line(hb, "Idempotency-Key: ", 17, c->o.idempotency_key,
+                 strlen(c->o.idempotency_key));
+    /* An empty Expect stops libcurl waiting for 100-continue on big bodies. */
+    put_const(hb, "Expect:");
+    for (size_t i = 0; i < n_lines; i++)
+        put_caller_line(hb, lines[i]);
 }
 
 int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n_lines,
                     const char *api_key, int key_from_env, struct curl_slist **out)
 {
-    struct curl_slist *h = NULL;
-    int rc = 0;
     *out = NULL;
     /* A key from the environment yields to the caller's own Authorization
      * (one for another provider, say): never two Authorization lines. An
      * explicit api_key with one was refused by llmretry_options_check. */
     if (key_from_env && caller_sets(lines, n_lines, "Authorization"))
         api_key = NULL;
-    if (api_key && *api_key) {
-        /* The key lives only in this list (and libcurl's copy of the line). */
-        static const char prefix[] = "Authorization: Bearer ";
-        size_t kl = strlen(api_key), n = sizeof prefix + kl;
-        char *line = malloc(n);
-        if (!line)
-            return -1;
-        memcpy(line, prefix, sizeof prefix - 1);
-        memcpy(line + sizeof prefix - 1, api_key, kl + 1);
-        h = curl_slist_append(NULL, line);
-        explicit_bzero(line, n);
-        free(line);
-        if (!h)
-            return -1;
-    }
-    /* Only a POST has a body to describe. */
-    if (c->o.method == LLMRETRY_METHOD_POST && !caller_sets(lines, n_lines, "Content-Type"))
-        rc |= c->o.content_type ? append_header(&h, "Content-Type", c->o.content_type)
-                                : append_line(&h, "Content-Type: application/json");
-    if (!caller_sets(lines, n_lines, "Accept"))
-        rc |= append_line(&h, c->o.raw_response ? "Accept: */*" : "Accept: application/json");
-    if (!caller_sets(lines, n_lines, "User-Agent"))
-        rc |= append_line(&h, "User-Agent: llmretry/" LLMRETRY_VERSION);
-    rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
-    if (c->o.idempotency_key)
-        rc |= append_header(&h, "Idempotency-Key", c->o.idempotency_key);
-    /* An empty Expect stops libcurl waiting for 100-continue on big bodies. */
-    struct curl_slist *l = curl_slist_append(h, "Expect:");
-    if (l)
-        h = l;
-    else
-        rc = -1;
-    for (size_t i = 0; i < n_lines && rc == 0; i++)
-        rc |= append_caller_header(&h, lines[i]);
-    *out = h;
-    return rc;
+    header_block count = { 0 };
+    put_headers(&count, c, lines, n_lines, api_key);
+    struct curl_slist *block = malloc(count.lines * sizeof *block + count.bytes);
+    if (!block)
+        return -1;
+    header_block fill = { block, (char *)(block + count.lines), 0, 0 };
+    put_headers(&fill, c, lines, n_lines, api_key);
+    *out = block;
+    return 0;
+}
+
+void lr_call_headers_free(struct curl_slist *h)
+{
+    if (!h)
+        return;
+    /* The key lives only in this block: wiped before it goes back. The
+     * text runs from the first line's to the end of the last's. */
+    const struct curl_slist *last = h;
+    while (last->next)
+        last = last->next;
+    explicit_bzero(h->data, (size_t)(last->data - h->data) + strlen(last->data) + 1);
+    free(h);
 }
 
 static void call_destroy(llmretry_call *c)
