@@ -455,6 +455,8 @@ int64_t lr_estimate_tokens(const char *url, const char *body, size_t len,
 int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n,
                     const char *api_key, int key_from_env, struct curl_slist **out);
 void lr_call_headers_free(struct curl_slist *headers);
+/* The engine's spare call records freed, and its spare_mu (at its end). */
+void lr_call_spares_free(llmretry_engine *e);
 uint64_t lr_call_key_hash(const struct curl_slist *headers);
 /* options.c: one "name: value" header as headers[] would be checked. */
 llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,
