@@ -83,39 +83,6 @@ static char *read_body(const char *body, size_t len, int want_model, int *bad_js
     return model;
 }
 
-/* Every call builds its list (the request id differs), so this is on the
- * submitting thread's path per item: the line is put together with memcpy
- * in a stack buffer (snprintf cost more than the rest of the list), and
- * only an unusually long value takes the heap. */
-static int append_header(struct curl_slist **list, const char *name, const char *value)
-{
-    size_t nl = strlen(name), vl = strlen(value), n = nl + vl + 3;
-    char small[256];
-    char *line = n <= sizeof small ? small : malloc(n);
-    if (!line)
-        return -1;
-    memcpy(line, name, nl);
-    memcpy(line + nl, ": ", 2);
-    memcpy(line + nl + 2, value, vl + 1);
-    struct curl_slist *l = curl_slist_append(*list, line);
-    if (line != small)
-        free(line);
-    if (!l)
-        return -1;
-    *list = l;
-    return 0;
-}
-
-/* A whole constant line: libcurl copies it, nothing to build. */
-static int append_line(struct curl_slist **list, const char *line)
-{
-    struct curl_slist *l = curl_slist_append(*list, line);
-    if (!l)
-        return -1;
-    *list = l;
-    return 0;
-}
-
 /* The endpoint's key for its rate budget (ratelimit.c): a hash of the
  * Authorization header's value, so the key itself is kept nowhere else. The
  * value only (from its first non-blank): "authorization: Bearer k" and
@@ -145,78 +112,203 @@ static int caller_sets(const char *const *lines, size_t n_lines, const char *nam
     return 0;
 }
 
+/* The request's header list is built on the submitting thread for every
+ * call (the request id differs), so it is one allocation, not libcurl's
+ * malloc + strdup per line: the curl_slist nodes, then every line's text.
+ * libcurl only reads the list (CURLOPT_HTTPHEADER), and nothing changes it
+ * after it is built (a fallback target has its own list, or shares target
+ * 0's), so one block freed at once (lr_call_headers_free) is the whole
+ * life of it. It is laid out in two passes of the same decisions
+ * (put_headers): the first counts lines and bytes, the second writes. */
+typedef struct {
+    struct curl_slist *node;        /* NULL in the counting pass */
+    char *text;
+    size_t lines, bytes;
+} header_block;
+
+/* One line: a then b, joined as they are ("Name: " and the value, or a
+ * whole constant line and ""). */
+static void put_line(header_block *hb, const char *a, size_t al, const char *b, size_t bl)
+{
+    if (hb->node) {
+        struct curl_slist *n = &hb->node[hb->lines];
+        memcpy(hb->text, a, al);
+        memcpy(hb->text + al, b, bl);
+        hb->text[al + bl] = '\0';
+        n->data = hb->text;
+        n->next = NULL;
+        if (hb->lines > 0)
+            n[-1].next = n;
+        hb->text += al + bl + 1;
+    }
+    hb->lines++;
+    hb->bytes += al + bl + 1;
+}
+
+static void put_const(header_block *hb, const char *line)
+{
+    put_line(hb, line, strlen(line), "", 0);
+}
+
 /* The caller's "Name: value" as libcurl must get it: "Name:" with nothing
  * but blanks after it would tell libcurl to drop the header (and its own
  * of that name), "Name;" sends it empty. */
-static int append_caller_header(struct curl_slist **list, const char *line)
+static void put_caller_line(header_block *hb, const char *line)
 {
     const char *colon = strchr(line, ':');
     const char *v = colon + 1;
     v += strspn(v, " \t");
-    struct curl_slist *l;
-    if (*v == '\0') {
-        char *semi = lr_strndup(line, (size_t)(colon - line) + 1);
-        if (!semi)
-            return -1;
-        semi[colon - line] = ';';
-        l = curl_slist_append(*list, semi);
-        free(semi);
-    } else {
-        l = curl_slist_append(*list, line);
+    if (*v == '\0')
+        put_line(hb, line, (size_t)(colon - line), ";", 1);
+    else
+        put_const(hb, line);
+}
+
+static void put_headers(header_block *hb, const llmretry_call *c, const char *const *lines,
+                        size_t n_lines, const char *api_key)
+{
+    static const char bearer[] = "Authorization: Bearer ";
+    if (api_key && *api_key)
+        put_line(hb, bearer, sizeof bearer - 1, api_key, strlen(api_key));
+    /* Only a POST has a body to describe. */
+    if (c->o.method == LLMRETRY_METHOD_POST && !caller_sets(lines, n_lines, "Content-Type")) {
+        if (c->o.content_type)
+            put_line(hb, "Content-Type: ", 14, c->o.content_type, strlen(c->o.content_type));
+        else
+            put_const(hb, "Content-Type: application/json");
     }
-    if (!l)
-        return -1;
-    *list = l;
-    return 0;
+    if (!caller_sets(lines, n_lines, "Accept"))
+        put_const(hb, c->o.raw_response ? "Accept: */*" : "Accept: application/json");
+    if (!caller_sets(lines, n_lines, "User-Agent"))
+        put_const(hb, "User-Agent: llmretry/" LLMRETRY_VERSION);
+    put_line(hb, "X-Client-Request-Id: ", 21, c->request_id, strlen(c->request_id));
+    if (c->o.idempotency_key)
+        put_line(hb, "Idempotency-Key: ", 17, c->o.idempotency_key,
+                 strlen(c->o.idempotency_key));
+    /* An empty Expect stops libcurl waiting for 100-continue on big bodies. */
+    put_const(hb, "Expect:");
+    for (size_t i = 0; i < n_lines; i++)
+        put_caller_line(hb, lines[i]);
 }
 
 int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n_lines,
                     const char *api_key, int key_from_env, struct curl_slist **out)
 {
-    struct curl_slist *h = NULL;
-    int rc = 0;
     *out = NULL;
     /* A key from the environment yields to the caller's own Authorization
      * (one for another provider, say): never two Authorization lines. An
      * explicit api_key with one was refused by llmretry_options_check. */
     if (key_from_env && caller_sets(lines, n_lines, "Authorization"))
         api_key = NULL;
-    if (api_key && *api_key) {
-        /* The key lives only in this list (and libcurl's copy of the line). */
-        static const char prefix[] = "Authorization: Bearer ";
-        size_t kl = strlen(api_key), n = sizeof prefix + kl;
-        char *line = malloc(n);
-        if (!line)
-            return -1;
-        memcpy(line, prefix, sizeof prefix - 1);
-        memcpy(line + sizeof prefix - 1, api_key, kl + 1);
-        h = curl_slist_append(NULL, line);
-        explicit_bzero(line, n);
-        free(line);
-        if (!h)
-            return -1;
+    header_block count = { 0 };
+    put_headers(&count, c, lines, n_lines, api_key);
+    struct curl_slist *block = malloc(count.lines * sizeof *block + count.bytes);
+    if (!block)
+        return -1;
+    header_block fill = { block, (char *)(block + count.lines), 0, 0 };
+    put_headers(&fill, c, lines, n_lines, api_key);
+    *out = block;
+    return 0;
+}
+
+void lr_call_headers_free(struct curl_slist *h)
+{
+    if (!h)
+        return;
+    /* The key lives only in this block: wiped before it goes back. The
+     * text runs from the first line's to the end of the last's. */
+    const struct curl_slist *last = h;
+    while (last->next)
+        last = last->next;
+    explicit_bzero(h->data, (size_t)(last->data - h->data) + strlen(last->data) + 1);
+    free(h);
+}
+
+/* A call's record (2.4 KB) from the engine's spares when it has one,
+ * zeroed as calloc's: glibc serves a block that size outside its per-thread
+ * cache, often consolidating its free lists first, and that cost the
+ * submitting thread more per call than the rest of its record. A record
+ * is only memory here (its mutex and condition variable are made and
+ * destroyed with the call), so a spare is as good as a fresh one. Not in a
+ * forked child (spare_mu may have been held by the parent's I/O thread):
+ * a child touches nothing of the parent's engine anyway. The spares,
+ * poisoned for AddressSanitizer and valgrind (all but their link), still
+ * show a use after free. At most 256 are kept (600 KB, no more than the
+ * engine's busiest moment had alive): a batch keeps about 4 x limit + 64
+ * records alive and frees them in runs; 32 kept missed half the time. */
+#define LR_SPARE_CALLS 256
+
+/* A spare's first bytes link it to the next spare; the rest is hidden. */
+typedef union spare {
+    union spare *next;
+    llmretry_call call;
+} spare;
+#define SPARE_REST(s) ((char *)(s) + sizeof(spare *))
+#define SPARE_REST_LEN (sizeof(spare) - sizeof(spare *))
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define SPARE_HIDE(s) ASAN_POISON_MEMORY_REGION(SPARE_REST(s), SPARE_REST_LEN)
+#define SPARE_SHOW(s) ASAN_UNPOISON_MEMORY_REGION(SPARE_REST(s), SPARE_REST_LEN)
+#elif defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define SPARE_HIDE(s) VALGRIND_MAKE_MEM_NOACCESS(SPARE_REST(s), SPARE_REST_LEN)
+#define SPARE_SHOW(s) VALGRIND_MAKE_MEM_UNDEFINED(SPARE_REST(s), SPARE_REST_LEN)
+#endif
+#endif
+#ifndef SPARE_HIDE
+#define SPARE_HIDE(s) ((void)(s))
+#define SPARE_SHOW(s) ((void)(s))
+#endif
+
+static llmretry_call *record_new(llmretry_engine *e)
+{
+    spare *s = NULL;
+    if (!lr_forked(e)) {
+        pthread_mutex_lock(&e->spare_mu);
+        if ((s = (spare *)e->spare) != NULL) {
+            SPARE_SHOW(s);
+            e->spare = (llmretry_call *)s->next;
+            e->n_spare--;
+        }
+        pthread_mutex_unlock(&e->spare_mu);
     }
-    /* Only a POST has a body to describe. */
-    if (c->o.method == LLMRETRY_METHOD_POST && !caller_sets(lines, n_lines, "Content-Type"))
-        rc |= c->o.content_type ? append_header(&h, "Content-Type", c->o.content_type)
-                                : append_line(&h, "Content-Type: application/json");
-    if (!caller_sets(lines, n_lines, "Accept"))
-        rc |= append_line(&h, c->o.raw_response ? "Accept: */*" : "Accept: application/json");
-    if (!caller_sets(lines, n_lines, "User-Agent"))
-        rc |= append_line(&h, "User-Agent: llmretry/" LLMRETRY_VERSION);
-    rc |= append_header(&h, "X-Client-Request-Id", c->request_id);
-    if (c->o.idempotency_key)
-        rc |= append_header(&h, "Idempotency-Key", c->o.idempotency_key);
-    /* An empty Expect stops libcurl waiting for 100-continue on big bodies. */
-    struct curl_slist *l = curl_slist_append(h, "Expect:");
-    if (l)
-        h = l;
-    else
-        rc = -1;
-    for (size_t i = 0; i < n_lines && rc == 0; i++)
-        rc |= append_caller_header(&h, lines[i]);
-    *out = h;
-    return rc;
+    if (!s)
+        return calloc(1, sizeof(llmretry_call));
+    memset(s, 0, sizeof *s);
+    return &s->call;
+}
+
+static void record_free(llmretry_engine *e, llmretry_call *c)
+{
+    if (e && !lr_forked(e)) {
+        pthread_mutex_lock(&e->spare_mu);
+        if (e->n_spare < LR_SPARE_CALLS) {
+            spare *s = (spare *)c;
+            s->next = (spare *)e->spare;
+            e->spare = c;
+            e->n_spare++;
+            SPARE_HIDE(s);
+            c = NULL;
+        }
+        pthread_mutex_unlock(&e->spare_mu);
+    }
+    free(c);
+}
+
+void lr_call_spares_free(llmretry_engine *e)
+{
+    spare *s = (spare *)e->spare;
+    while (s) {
+        SPARE_SHOW(s);
+        spare *next = s->next;
+        free(s);
+        s = next;
+    }
+    e->spare = NULL;
+    e->n_spare = 0;
+    pthread_mutex_destroy(&e->spare_mu);
 }
 
 static void call_destroy(llmretry_call *c)
@@ -261,7 +353,7 @@ static void call_destroy(llmretry_call *c)
         lr_group_unref(c->group);
     if (c->channel)
         lr_channel_unref(c->channel);
-    free(c);
+    record_free(e, c);              /* e is alive: c holds a reference */
     if (e)
         lr_engine_unref(e);
 }
@@ -302,7 +394,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
         lr_errf(err, errlen, "group belongs to another engine");
         return LLMRETRY_EINVAL;
     }
-    llmretry_call *c = calloc(1, sizeof *c);
+    llmretry_call *c = record_new(e);
     if (!c)
         return LLMRETRY_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
@@ -327,7 +419,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
      * the rest point at the current target's. */
     c->targets = calloc(1, sizeof *c->targets);
     if (!c->targets) {
-        free(c);
+        record_free(e, c);
         return LLMRETRY_ENOMEM;
     }
     c->n_targets = 1;

@@ -67,6 +67,7 @@ void lr_engine_unref(llmretry_engine *e)
         return;
     lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
+    lr_call_spares_free(e);
     free(e->heap);
     free(e->easy_pool);
     free(e);
@@ -266,6 +267,7 @@ static void engine_discard(llmretry_engine *e)
         curl_multi_cleanup(e->multi);
     lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
+    lr_call_spares_free(e);
     free(e);
 }
 
@@ -304,6 +306,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     e->max_in_flight = opts->max_in_flight;
     e->rng = lr_rng_seed();
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->spare_mu, NULL);
     e->multi = lr_channel_embed(&e->channel, e) == 0 ? curl_multi_init() : NULL;
     if (!e->multi) {
         lr_errf(err, errlen, "could not create the engine's notifier (%s) or multi handle",

@@ -49,6 +49,13 @@ struct llmretry_engine {
     unsigned fork_generation;      /* lr_forked: engine.c's count of forks at creation */
     int max_in_flight;
 
+    /* Records of freed calls kept for the next lr_call_new (call.c): a
+     * 2.4 KB calloc per call cost the submitting thread more than the rest
+     * of its record. Any thread, under spare_mu. */
+    pthread_mutex_t spare_mu;
+    llmretry_call *spare;
+    int n_spare;
+
     pthread_mutex_t mu;            /* guards everything down to `thread` */
     llmretry_call *ops_head, *ops_tail;
     llmretry_channel channel;      /* LLMRETRY_SUBMIT_POLL calls with news (owned) */

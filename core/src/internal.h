@@ -448,9 +448,15 @@ int lr_url_path_ends(const char *url, const char *suffix);
 int64_t lr_estimate_tokens(const char *url, const char *body, size_t len,
                            llmretry_token_counter count, void *ud, int64_t *limit);
 /* The request's header list: the key (if any), the defaults the caller's
- * lines do not replace, the ids of c, then the caller's lines. */
+ * lines do not replace, the ids of c, then the caller's lines. One block
+ * (not libcurl's list: never curl_slist_append to it nor
+ * curl_slist_free_all it); freed by lr_call_headers_free. 0, or -1 (out of
+ * memory, *out NULL). */
 int lr_call_headers(const llmretry_call *c, const char *const *lines, size_t n,
                     const char *api_key, int key_from_env, struct curl_slist **out);
+void lr_call_headers_free(struct curl_slist *headers);
+/* The engine's spare call records freed, and its spare_mu (at its end). */
+void lr_call_spares_free(llmretry_engine *e);
 uint64_t lr_call_key_hash(const struct curl_slist *headers);
 /* options.c: one "name: value" header as headers[] would be checked. */
 llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,

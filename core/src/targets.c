@@ -254,7 +254,7 @@ void lr_targets_free(llmretry_call *c)
         if (t->owns & OWN_URL)
             free(t->url);
         if (t->owns & OWN_HEADERS)
-            curl_slist_free_all(t->headers);
+            lr_call_headers_free(t->headers);
         if (t->owns & OWN_MODEL)
             free(t->model);
         if (t->owns & OWN_BODY)

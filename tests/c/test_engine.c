@@ -2,6 +2,7 @@
  * cancellation, deadlines, connection reuse, engine lifetime, poll mode,
  * the blocking call, host-side validation, argument errors and transport
  * failures. Scenario-style behaviour lives in tests/vectors/. */
+#include "engine.h"
 #include "harness.h"
 #include "llmretry.h"
 
@@ -812,6 +813,142 @@ static void test_sent_headers(llmretry_engine *e)
     CHECK(strstr(err, "request_id") != NULL);
 }
 
+/* Every header of request i (0 first) the mock recorded for a scenario,
+ * as "name=value\n" lines sorted by name, host and content-length left
+ * out (libcurl's); malloc'd, NULL when there is no such request. */
+static char *sent_lines(const char *name, int i)
+{
+    char *t = th_mock_requests(&mock, name);
+    cJSON *a = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    const cJSON *hs = cJSON_GetObjectItem(cJSON_GetArrayItem(a, i), "headers");
+    char *lines[64];
+    size_t n = 0, len = 1;
+    for (const cJSON *h = hs ? hs->child : NULL; h && n < 64; h = h->next) {
+        if (!strcmp(h->string, "host") || !strcmp(h->string, "content-length"))
+            continue;
+        size_t k = strlen(h->string) + strlen(h->valuestring) + 3;
+        lines[n] = malloc(k);
+        snprintf(lines[n], k, "%s=%s\n", h->string, h->valuestring);
+        len += k;
+        for (size_t j = n++; j > 0 && strcmp(lines[j - 1], lines[j]) > 0; j--) {
+            char *x = lines[j];
+            lines[j] = lines[j - 1];
+            lines[j - 1] = x;
+        }
+    }
+    char *out = hs ? calloc(1, len) : NULL;
+    for (size_t j = 0; j < n; j++) {
+        if (out)
+            strcat(out, lines[j]);
+        free(lines[j]);
+    }
+    cJSON_Delete(a);
+    return out;
+}
+
+/* The engine's spare call records (call.c), polled: a freed call's
+ * record becomes one once the I/O thread has let go of it too. */
+static int spares(llmretry_engine *e)
+{
+    pthread_mutex_lock(&e->spare_mu);
+    int n = e->n_spare;
+    pthread_mutex_unlock(&e->spare_mu);
+    return n;
+}
+
+static int wait_spares(llmretry_engine *e, int at_least)
+{
+    for (int i = 0; i < 5000 && spares(e) < at_least; i++)
+        usleep(1000);
+    return spares(e);
+}
+
+/* The request's header lines, exactly, for a call that has every kind of
+ * line (key, idempotency key, content type, the caller's own and a blank
+ * one, a fallback endpoint with its own key and headers), and for plain
+ * calls after it made in its record (an engine's spare, not a fresh
+ * allocation): none of the first call's lines (its key, ids, headers, its
+ * fallback's) nor its outcome reaches them. */
+static void test_header_lines(llmretry_engine *shared)
+{
+    char url[128], url2[128], fb[512], err[LLMRETRY_ERRBUF], *v;
+    llmretry_options o;
+    mail_log l = { 0 };
+    (void)shared;
+    /* An engine of its own: no other call's record turns up as a spare. */
+    llmretry_engine *e = th_engine_new();
+    if (!e || script("hl_a", "{\"steps\": [], \"after\": {\"status\": 503}}") != 0 ||
+        script("hl_fb", "{\"steps\": []}") != 0 || script("hl_b", "{\"steps\": []}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    static const char *const hs[] = { "X-Only-A: one", "X-Blank-A: \t" };
+    opts_for(&o, "hl_a", url, sizeof url);
+    o.api_key = "sk-call-a";
+    o.idempotency_key = "idem-a";
+    o.content_type = "application/json; charset=x-a";
+    o.request_id = "req-a";
+    o.headers = hs;
+    o.n_headers = 2;
+    o.max_retries = 0;
+    snprintf(fb, sizeof fb, "[{\"base_url\": \"%s\", \"api_key\": \"sk-fb-a\","
+             " \"headers\": {\"X-Fb\": \"fb-a\"}}]",
+             th_mock_scenario_url(&mock, "hl_fb", url2, sizeof url2));
+    CHECK_INT(llmretry_options_set_json(&o, "fallbacks", fb, err, sizeof err), LLMRETRY_OK);
+    llmretry_call *c = run(e, &o, &l, 5000);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK(r && r->ok && r->target == 1);
+    log_free(&l);
+    llmretry_call_free(c);
+    CHECK_STR((v = sent_lines("hl_a", 0)),
+              "accept=application/json\n"
+              "authorization=Bearer sk-call-a\n"
+              "content-type=application/json; charset=x-a\n"
+              "idempotency-key=idem-a\n"
+              "user-agent=llmretry/" LLMRETRY_VERSION "\n"
+              "x-blank-a=\n"
+              "x-client-request-id=req-a\n"
+              "x-only-a=one\n");
+    free(v);
+    CHECK_STR((v = sent_lines("hl_fb", 0)),
+              "accept=application/json\n"
+              "authorization=Bearer sk-fb-a\n"
+              "content-type=application/json; charset=x-a\n"
+              "idempotency-key=idem-a\n"
+              "user-agent=llmretry/" LLMRETRY_VERSION "\n"
+              "x-client-request-id=req-a\n"
+              "x-fb=fb-a\n");
+    free(v);
+
+    for (int i = 0; i < 2; i++) {
+        opts_for(&o, "hl_b", url, sizeof url);
+        o.api_key = "sk-call-b";
+        o.request_id = i ? "req-b1" : "req-b0";
+        /* The one call before this one was freed: its record is the spare. */
+        CHECK_INT(wait_spares(e, 1), 1);
+        c = submit(e, &o, 0);
+        CHECK_INT(spares(e), 0);        /* this call's record: that spare, no allocation */
+        memset(&l, 0, sizeof l);
+        CHECK(c && drain(c, &l, -1, 5000));
+        r = c ? llmretry_call_result(c) : NULL;
+        CHECK(r && r->ok && r->target == 0 && r->n_targets == 1 && r->attempts == 1);
+        CHECK_STR(c ? llmretry_call_request_id(c) : "", o.request_id);
+        log_free(&l);
+        llmretry_call_free(c);
+        char want[512];
+        snprintf(want, sizeof want,
+                 "accept=application/json\n"
+                 "authorization=Bearer sk-call-b\n"
+                 "content-type=application/json\n"
+                 "user-agent=llmretry/" LLMRETRY_VERSION "\n"
+                 "x-client-request-id=req-b%d\n", i);
+        CHECK_STR((v = sent_lines("hl_b", i)), want);
+        free(v);
+    }
+    llmretry_engine_free(e);
+}
+
 /* The head of the response a result keeps with keep_response: that line
  * of it, or NULL. */
 static const char *head_has(const llmretry_result *r, const char *line)
@@ -1241,6 +1378,7 @@ int main(void)
             { "validation", test_validation },
             { "absurd_usage", test_absurd_usage },
             { "sent_headers", test_sent_headers },
+            { "header_lines", test_header_lines },
             { "keep_response", test_keep_response },
             { "default_endpoint_needs_key", test_default_endpoint_needs_key },
             { "policy_in_events", test_policy_in_events },
