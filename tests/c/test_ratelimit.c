@@ -345,9 +345,9 @@ out:
 
 /* A 429 naming no wait right after a success, on an endpoint paced at a
  * learned limit: the slow-down halves the rate in force. Two calls at
- * once, nothing configured: the first answer says limit 60 (none
- * remaining: the learned pace is in force), the second, 100 ms later, is
- * a bare 429. The rate served, read from one success within 250 ms, is
+ * once, nothing configured (both sent before either answer: 300 ms, even
+ * under valgrind): the first answer says limit 60 (none remaining: the
+ * learned pace is in force), the second, 100 ms later, is a bare 429. The rate served, read from one success within 250 ms, is
  * 240 a minute; halving that (120) left the pace at 60, so a refused
  * stretch was probed at the very pace the server had just refused (make
  * interop: LiteLLM's window, rpm stayed 60 through every refusal). */
@@ -357,9 +357,9 @@ static void test_a_bare_429_halves_the_learned_pace(void)
     llmretry_options o;
     llmretry_engine *e = th_engine_new();
     if (!e || th_mock_script(&mock, "halve", "{\"steps\": ["
-                             "{\"headers\": {\"x-ratelimit-limit-requests\": \"60\", "
-                             "\"x-ratelimit-remaining-requests\": \"0\"}}, "
-                             "{\"status\": 429, \"delay_ms\": 100}], \"after\": {}}") != 0) {
+                             "{\"delay_ms\": 300, \"headers\": {\"x-ratelimit-limit-requests\": "
+                             "\"60\", \"x-ratelimit-remaining-requests\": \"0\"}}, "
+                             "{\"status\": 429, \"delay_ms\": 400}], \"after\": {}}") != 0) {
         CHECK_MSG(0, "setup: engine and script");
         goto out;
     }
