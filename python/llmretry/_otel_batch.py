@@ -4,10 +4,12 @@ requests carrying it, ended with the item's value.
 
 An item costs what its span needs and little more: the span starts with
 attributes made once per model (_start_of) and its header lines come from
-one _Propagation per batch; while it runs, the batch keeps its span and
-start time by the item's number in the run; its record (_Call) is made
-when it ends (or at its first event: a failure, a retry), and the
-attributes only if the span records.
+one _Propagation per batch; while it runs, the batch keeps its span, start
+time, body and model by the item's number in the run. An item that
+succeeds with no events (most) ends its span and records its metrics
+straight from its result (_Batch._succeeded); one that had events (a
+failure, a retry) or failed gets a record (_Call), made at its first
+event. Attributes are made only if the span records.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from ._bodies import _LazyBodies
 from ._otel_context import _Propagation
 from ._otel_instruments import _start_of, _Telemetry
 from ._otel_mapping import _targets_of
-from ._otel_record import _CLIENT, _Call, _meta_read, _model_of, _Tee
+from ._otel_record import (_CLIENT, _MODEL, _REQUEST_ID, _RESPONSE_MODEL, _STREAM, _TARGET,
+                           _TOTAL_MS, _TTFT_MS, _USAGE, _body_attributes, _Call, _end_span,
+                           _meta_values, _model_of, _record, _success_attributes, _Tee)
 from ._results import Result, _value_of
 from .errors import LLMError
 
@@ -34,7 +38,7 @@ class _Batch:
     and its request id."""
 
     __slots__ = ("tel", "tracer", "targets", "policy", "parent", "start_ns", "items",
-                 "encoded", "runnable", "propagation", "by_model", "spans", "starts", "calls")
+                 "encoded", "runnable", "propagation", "by_model", "spans", "calls")
 
     def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any, encoded: Any,
                  runnable: Optional[List[int]]) -> None:
@@ -58,9 +62,8 @@ class _Batch:
         self.propagation = _Propagation(self.parent, kwargs.get("headers"))
         # Model -> the span's starting name and attributes (_start_of's).
         self.by_model: Dict[Any, Tuple[str, Dict[str, Any]]] = {}
-        # Number in the run -> the item's span and start time, in flight.
-        self.spans: Dict[int, Any] = {}
-        self.starts: Dict[int, int] = {}
+        # Number in the run -> the item's (span, start time, body, model), in flight.
+        self.spans: Dict[int, Tuple[Any, int, Any, Optional[str]]] = {}
         self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
 
     def _body(self, k: int) -> Tuple[Any, Optional[str]]:
@@ -80,7 +83,17 @@ class _Batch:
         requests carry the batch's headers plus the span's context (None:
         the batch's alone)."""
         try:
-            model = self._body(k)[1]
+            # self._body(k), written out: this runs for every item.
+            items = self.items
+            if items is None:
+                body = model = None
+            else:
+                runnable = self.runnable
+                index = runnable[k] if runnable is not None else k
+                body = items[index]
+                model = self.encoded[index][1]
+                if model is None and type(body) is not dict:    # a text body
+                    body, model = _model_of(body)
             start = self.by_model.get(model)
             if start is None:
                 targets = self.targets
@@ -89,8 +102,7 @@ class _Batch:
             now = time_ns()
             span = self.tracer.start_span(start[0], self.parent, _CLIENT, start[1],
                                           start_time=now)
-            self.spans[k] = span
-            self.starts[k] = now
+            self.spans[k] = (span, now, body, model)
             return self.propagation.lines(span)
         except Exception:   # telemetry must never break a batch
             return None
@@ -119,36 +131,38 @@ class _Batch:
     def item_done(self, k: int, value: Any) -> None:
         """The run's ``k``-th item ended with ``value``: its record ends."""
         try:
-            span = self.spans.pop(k, None)
-            start_ns = self.starts.pop(k, None)
+            started = self.spans.pop(k, None)
             if type(value) is dict:
                 # An outcome the batch makes its value of (a failure; a body
                 # Python parses, or the validator accepted): the same here.
                 value = _value_of(value, None)
             ok = isinstance(value, Result)
-            if not ok and not isinstance(value, LLMError):
+            if ok:
+                values = _meta_values(value)
+                rid, total_ms = values[_REQUEST_ID], values[_TOTAL_MS]
+            elif isinstance(value, LLMError):
+                rid, total_ms = value.request_id, value.total_ms
+            else:
                 return          # never sent (a bad input line)
-            call = None
-            if self.calls or span is None:
-                # Its events so far, by its request id (read from the
-                # result's meta only then: most items have none).
-                if ok:
-                    meta = _meta_read(value)
-                    rid, total_ms = meta.request_id, meta.total_ms
-                else:
-                    rid, total_ms = value.request_id, value.total_ms
-                call = self.calls.pop(rid, None)
-                if span is None:    # its start not seen (item_headers failed): no span yet
-                    # The call's own clock: from its submission, waits for a slot included.
-                    start_ns = max(self.start_ns,
-                                   time_ns() - int((total_ms or 0) * 1_000_000))
+            # Its events so far, by its request id (most items have none).
+            call = self.calls.pop(rid, None) if self.calls else None
+            if started is not None:
+                span, start_ns, body, model = started
+                if call is None and ok:
+                    self._succeeded(span, start_ns, body, model, value, values)
+                    return
+            else:   # its start not seen (item_headers failed): no span yet
+                span = None
+                # The call's own clock: from its submission, waits for a slot included.
+                start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
+                body, model = self._body(k)
             if call is None:
                 call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
                              False, self.policy)
             else:
                 call.start_ns = start_ns
             call.span = span
-            call.body, call.model = self._body(k)
+            call.body, call.model = body, model
             if ok:
                 call.end(result=value)
             else:
@@ -156,21 +170,51 @@ class _Batch:
         except Exception:   # telemetry must never break a batch
             pass
 
+    def _succeeded(self, span: Any, start_ns: int, body: Any, model: Optional[str],
+                   result: Result, values: Tuple[Any, ...]) -> None:
+        """An item that succeeded with no events: its span and metrics, as
+        _Call._succeeded makes those of a record with no events, its span
+        started (``start_ns``) and its request's ``body`` and ``model``
+        known, without the record. ``values``: its meta's (_meta_values')."""
+        end_ns = time_ns()
+        if start_ns > end_ns:
+            start_ns = end_ns
+        targets = self.targets
+        target = values[_TARGET]
+        endpoint = targets[target] if target else targets.first
+        started = model
+        if model is None:       # the request's names the call, else the result's
+            model = values[_MODEL] or None
+        tel = self.tel
+        if span.is_recording():
+            attrs: Dict[str, Any] = {}
+            if body is not None:
+                _body_attributes(attrs, body, tel.capture)
+            answered = _success_attributes(attrs, values, result.data, tel.capture)
+            _end_span(span, attrs, targets, endpoint, model, started, None, answered, None,
+                      end_ns)
+        span.end(end_time=end_ns)
+        usage = values[_USAGE]
+        if usage:
+            in_tokens = usage.get("prompt_tokens")
+            out_tokens = usage.get("completion_tokens")
+        else:
+            in_tokens = out_tokens = None
+        ttft_ms = values[_TTFT_MS]
+        ttfc = ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None
+        _record(tel, None, endpoint, model, values[_RESPONSE_MODEL], None, start_ns, end_ns,
+                ttfc, in_tokens, out_tokens, values[1])
+
     def end_unfinished(self) -> None:
         """The batch is over: items it submitted that never finished (it
         was interrupted, or raised) end as cancelled."""
         spans, self.spans = self.spans, {}
-        for k, span in spans.items():
-            call = _Call(self.tel, self.targets, self.parent, self.starts.get(k),
-                         policy=self.policy)
+        for span, start_ns, body, model in spans.values():
+            call = _Call(self.tel, self.targets, self.parent, start_ns, policy=self.policy)
             call.span = span
-            try:
-                call.body, call.model = self._body(k)
-            except Exception:   # telemetry must never break a batch
-                pass
+            call.body, call.model = body, model
             call.last["error.type"] = "cancelled"
             call.end()
-        self.starts = {}
 
 
 class _Job:

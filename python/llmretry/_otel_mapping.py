@@ -202,8 +202,7 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
 # ---------------------------------------------------------------------------
 # Request and response: what events do not hold
 
-# The body keys _request_settings reads: a body's keys are intersected with
-# them at once (a call's cost is per key looked at).
+# The body keys _request_settings reads (a call's cost is per key looked at).
 _REQUEST_KEYS = frozenset(_REQUEST_SETTINGS) | {"stream", "n", "stop", "response_format"}
 
 
@@ -212,17 +211,17 @@ def _request_settings(attrs: Dict[str, Any], body: Any) -> None:
     its model (the span starts with that), never its text."""
     if not isinstance(body, dict):
         return
-    present = _REQUEST_KEYS.intersection(body)
-    if not present:
-        return
-    for key in present:
+    for key in body:        # a body has few keys: no set made of them
+        if key not in _REQUEST_KEYS:
+            continue
         value = body[key]
         spec = _REQUEST_SETTINGS.get(key)
         if spec is not None:
             name, kind, rank = spec
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            t = type(value)
+            if (t is kind or (t is not bool and isinstance(value, (int, float)))) and (
                     not rank or _ranked_first(body, name, rank)):
-                attrs[name] = kind(value)
+                attrs[name] = value if t is kind else kind(value)
         elif key == "stream":
             if value is True:
                 attrs["gen_ai.request.stream"] = True
@@ -319,12 +318,18 @@ def _response_attributes(attrs: Dict[str, Any], data: Any, capture: bool) -> Non
         attrs["gen_ai.response.id"] = rid
     choices = data.get("choices")
     if isinstance(choices, list):
-        try:
-            reasons = [c["finish_reason"] for c in choices]
-        except (TypeError, KeyError):
-            reasons = None
-        if reasons and all(type(r) is str for r in reasons):
-            attrs["gen_ai.response.finish_reasons"] = reasons
+        first = choices[0] if len(choices) == 1 else None
+        if type(first) is dict:         # one choice (most answers): no list walked
+            reason = first.get("finish_reason")
+            if type(reason) is str:
+                attrs["gen_ai.response.finish_reasons"] = [reason]
+        else:
+            try:
+                reasons = [c["finish_reason"] for c in choices]
+            except (TypeError, KeyError):
+                reasons = None
+            if reasons and all(type(r) is str for r in reasons):
+                attrs["gen_ai.response.finish_reasons"] = reasons
         if capture:
             out = []
             for c in choices:
