@@ -22,7 +22,7 @@ from opentelemetry import context as otel_context
 from ._bodies import _LazyBodies
 from ._otel_context import _Propagation
 from ._otel_instruments import _start_of, _Telemetry
-from ._otel_mapping import _targets_of
+from ._otel_mapping import _ATTEMPT_EVENT, _targets_of
 from ._otel_record import (_CLIENT, _MODEL, _REQUEST_ID, _RESPONSE_MODEL, _STREAM, _TARGET,
                            _TOTAL_MS, _TTFT_MS, _USAGE, _body_attributes, _Call, _end_span,
                            _meta_values, _model_of, _record, _success_attributes, _Tee)
@@ -38,7 +38,8 @@ class _Batch:
     and its request id."""
 
     __slots__ = ("tel", "tracer", "targets", "policy", "parent", "start_ns", "items",
-                 "encoded", "runnable", "propagation", "by_model", "spans", "calls")
+                 "encoded", "runnable", "propagation", "by_model", "spans", "calls",
+                 "attempt_sums")
 
     def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any, encoded: Any,
                  runnable: Optional[List[int]]) -> None:
@@ -65,6 +66,9 @@ class _Batch:
         # Number in the run -> the item's (span, start time, body, model), in flight.
         self.spans: Dict[int, Tuple[Any, int, Any, Optional[str]]] = {}
         self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
+        # The attempts of its items that end here (not through a record),
+        # summed without a lock: _Counts.start_batch's, once the run starts.
+        self.attempt_sums: Optional[Dict[Any, List[Any]]] = None
 
     def _body(self, k: int) -> Tuple[Any, Optional[str]]:
         """The body and model of the run's ``k``-th item (None, None: not kept)."""
@@ -129,81 +133,91 @@ class _Batch:
         return on_result
 
     def item_done(self, k: int, value: Any) -> None:
-        """The run's ``k``-th item ended with ``value``: its record ends."""
+        """The run's ``k``-th item ended with ``value``: its span ends. One
+        that succeeded with no events (most) ends here, made as
+        _Call._succeeded makes a record's with no events (with the same
+        helpers) without the record; any other through its record."""
         try:
             started = self.spans.pop(k, None)
             if type(value) is dict:
                 # An outcome the batch makes its value of (a failure; a body
                 # Python parses, or the validator accepted): the same here.
                 value = _value_of(value, None)
-            ok = isinstance(value, Result)
-            if ok:
-                values = _meta_values(value)
-                rid, total_ms = values[_REQUEST_ID], values[_TOTAL_MS]
-            elif isinstance(value, LLMError):
-                rid, total_ms = value.request_id, value.total_ms
-            else:
-                return          # never sent (a bad input line)
-            # Its events so far, by its request id (most items have none).
-            call = self.calls.pop(rid, None) if self.calls else None
-            if started is not None:
-                span, start_ns, body, model = started
-                if call is None and ok:
-                    self._succeeded(span, start_ns, body, model, value, values)
-                    return
-            else:   # its start not seen (item_headers failed): no span yet
-                span = None
-                # The call's own clock: from its submission, waits for a slot included.
-                start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
-                body, model = self._body(k)
-            if call is None:
-                call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
-                             False, self.policy)
-            else:
-                call.start_ns = start_ns
-            call.span = span
-            call.body, call.model = body, model
-            if ok:
-                call.end(result=value)
-            else:
-                call.end(error=value)
+            if not isinstance(value, Result):
+                if isinstance(value, LLMError):
+                    self._ended(k, started, value, value.request_id, value.total_ms)
+                return          # else never sent (a bad input line)
+            values = _meta_values(value)
+            calls = self.calls
+            if started is None or (calls and values[_REQUEST_ID] in calls):
+                self._ended(k, started, value, values[_REQUEST_ID], values[_TOTAL_MS])
+                return
+            span, start_ns, body, model = started
+            end_ns = time_ns()
+            if start_ns > end_ns:
+                start_ns = end_ns
+            targets = self.targets
+            target = values[_TARGET]
+            endpoint = targets[target] if target else targets.first
+            # The request's model names the call, else the result's.
+            named = model if model is not None else values[_MODEL] or None
+            tel = self.tel
+            if span.is_recording():
+                capture = tel.capture
+                attrs: Dict[str, Any] = {}
+                if body is not None:
+                    _body_attributes(attrs, body, capture)
+                answered = _success_attributes(attrs, values, value.data, capture)
+                if target or model is None or not targets.single:
+                    _end_span(span, attrs, targets, endpoint, named, model, None, answered,
+                              None, end_ns)
+                else:   # _end_span's work when nothing changed since the start
+                    span.set_attributes(attrs)
+                    span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
+            span.end(end_time=end_ns)
+            usage = values[_USAGE]
+            ttft_ms = values[_TTFT_MS]
+            _record(tel, None, endpoint, named, values[_RESPONSE_MODEL], None, start_ns, end_ns,
+                    ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None,
+                    usage.get("prompt_tokens") if usage else None,
+                    usage.get("completion_tokens") if usage else None, values[1],
+                    self.attempt_sums)
         except Exception:   # telemetry must never break a batch
             pass
 
-    def _succeeded(self, span: Any, start_ns: int, body: Any, model: Optional[str],
-                   result: Result, values: Tuple[Any, ...]) -> None:
-        """An item that succeeded with no events: its span and metrics, as
-        _Call._succeeded makes those of a record with no events, its span
-        started (``start_ns``) and its request's ``body`` and ``model``
-        known, without the record. ``values``: its meta's (_meta_values')."""
-        end_ns = time_ns()
-        if start_ns > end_ns:
-            start_ns = end_ns
-        targets = self.targets
-        target = values[_TARGET]
-        endpoint = targets[target] if target else targets.first
-        started = model
-        if model is None:       # the request's names the call, else the result's
-            model = values[_MODEL] or None
-        tel = self.tel
-        if span.is_recording():
-            attrs: Dict[str, Any] = {}
-            if body is not None:
-                _body_attributes(attrs, body, tel.capture)
-            answered = _success_attributes(attrs, values, result.data, tel.capture)
-            _end_span(span, attrs, targets, endpoint, model, started, None, answered, None,
-                      end_ns)
-        span.end(end_time=end_ns)
-        usage = values[_USAGE]
-        if usage:
-            in_tokens = usage.get("prompt_tokens")
-            out_tokens = usage.get("completion_tokens")
+    def _ended(self, k: int, started: Optional[Tuple[Any, int, Any, Optional[str]]],
+               value: Any, rid: Any, total_ms: Any) -> None:
+        """An item's end through its record (_Call): one that had events (a
+        failure, a retry: its record made at the first), failed, or whose
+        start was not seen (item_headers failed: no span yet)."""
+        call = self.calls.pop(rid, None) if self.calls else None
+        if started is not None:
+            span, start_ns, body, model = started
         else:
-            in_tokens = out_tokens = None
-        ttft_ms = values[_TTFT_MS]
-        ttfc = ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None
-        _record(tel, None, endpoint, model, values[_RESPONSE_MODEL], None, start_ns, end_ns,
-                ttfc, in_tokens, out_tokens, values[1])
+            span = None
+            # The call's own clock: from its submission, waits for a slot included.
+            start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
+            body, model = self._body(k)
+        if call is None:
+            call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
+                         False, self.policy)
+        else:
+            call.start_ns = start_ns
+        call.span = span
+        call.body, call.model = body, model
+        if isinstance(value, Result):
+            call.end(result=value)
+        else:
+            call.end(error=value)
+
+    def finish(self) -> None:
+        """The batch is over: its unfinished items end (end_unfinished) and
+        its items' attempts go to the counters' totals."""
+        try:
+            self.end_unfinished()
+        finally:
+            if self.attempt_sums is not None:
+                self.tel.counts.end_batch(self.attempt_sums)
 
     def end_unfinished(self) -> None:
         """The batch is over: items it submitted that never finished (it
@@ -232,7 +246,7 @@ class _Job:
         try:
             self.job.finish()
         finally:
-            self.records.end_unfinished()
+            self.records.finish()
 
 
 def _hook_engine_job(telemetry_of: Callable[[Any], Optional[_Telemetry]],
@@ -256,5 +270,7 @@ def _hook_engine_job(telemetry_of: Callable[[Any], Optional[_Telemetry]],
         # the end when nothing else wants each one).
         job.kwargs["item_headers"] = records.item_headers
         job.kwargs["on_result"] = records.on_result(job.kwargs.get("on_result"))
+        # From here _Job.finish ends it (the callers' finally).
+        records.attempt_sums = tel.counts.start_batch()
         return _Job(job, records)
     return _engine_job

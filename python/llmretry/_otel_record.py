@@ -200,30 +200,36 @@ def _end_span(span: Any, attrs: Dict[str, Any], targets: _Targets, endpoint: Any
 
 def _record(tel: _Telemetry, counts: Optional[List[int]], endpoint: Any, model: Any,
             response_model: Any, failed: Optional[str], start_ns: int, end_ns: int, ttfc: Any,
-            in_tokens: Any, out_tokens: Any, attempts: Any) -> None:
+            in_tokens: Any, out_tokens: Any, attempts: Any,
+            sums: Optional[Dict[Any, List[Any]]] = None) -> None:
     """A call's metrics: the conventions' attributes (low cardinality: no
     ids). ``counts``: its retries, 429s and refusals from its events (None:
-    it had none)."""
+    it had none). ``sums``: a running batch's attempts, where a call with
+    none of those adds its own (_Counts.start_batch)."""
     sets = tel.metric_sets.get((endpoint, model, response_model))
     if sets is None:
         sets = _metric_sets(tel, endpoint, model, response_model)
+    key, base, hist, input_set, output_set = sets
     started = attempts if type(attempts) is int else 0
-    if counts is None:
-        if started:
-            tel.counts.add_attempts(sets[0], sets[1], started)
-    else:
+    if counts is not None:
         counts[0] = started
         if counts[0] or counts[1] or counts[2] or counts[3]:
-            tel.counts.add(sets[0], sets[1], counts)
-    hist = sets[2]
+            tel.counts.add(key, base, counts)
+    elif sums is not None:
+        row = sums.get(key)
+        if row is None:
+            row = sums[key] = [base, 0]
+        row[1] += started
+    elif started:
+        tel.counts.add_attempts(key, base, started)
     tel.duration.record((end_ns - start_ns) / 1e9,
                         dict(hist, **{"error.type": failed}) if failed else hist)
     if ttfc is not None:
         tel.ttfc.record(ttfc, hist)
     if type(in_tokens) is int:
-        tel.tokens.record(in_tokens, sets[3])
+        tel.tokens.record(in_tokens, input_set)
     if type(out_tokens) is int:
-        tel.tokens.record(out_tokens, sets[4])
+        tel.tokens.record(out_tokens, output_set)
 
 
 def _start_span(tel: _Telemetry, targets: _Targets, parent: Any, model: Optional[str],
