@@ -22,10 +22,10 @@ from opentelemetry import context as otel_context
 from ._bodies import _LazyBodies
 from ._otel_context import _Propagation
 from ._otel_instruments import _start_of, _Telemetry
-from ._otel_mapping import _ATTEMPT_EVENT, _targets_of
+from ._otel_mapping import _ATTEMPT_EVENT, _body_attributes, _targets_of
 from ._otel_record import (_CLIENT, _MODEL, _REQUEST_ID, _RESPONSE_MODEL, _STREAM, _TARGET,
-                           _TOTAL_MS, _TTFT_MS, _USAGE, _body_attributes, _Call, _end_span,
-                           _meta_values, _model_of, _record, _success_attributes, _Tee)
+                           _TOTAL_MS, _TTFT_MS, _USAGE, _Call, _end_span, _meta_values,
+                           _model_of, _record, _success_attributes, _Tee)
 from ._results import Result, _value_of
 from .errors import LLMError
 
@@ -103,9 +103,9 @@ class _Batch:
                 targets = self.targets
                 start = self.by_model[model] = _start_of(self.tel, targets.first,
                                                          targets.single, model, self.policy)
+            name, attrs = start
             now = time_ns()
-            span = self.tracer.start_span(start[0], self.parent, _CLIENT, start[1],
-                                          start_time=now)
+            span = self.tracer.start_span(name, self.parent, _CLIENT, attrs, start_time=now)
             self.spans[k] = (span, now, body, model)
             return self.propagation.lines(span)
         except Exception:   # telemetry must never break a batch

@@ -202,15 +202,18 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
 # ---------------------------------------------------------------------------
 # Request and response: what events do not hold
 
-# The body keys _request_settings reads (a call's cost is per key looked at).
+# The body keys _body_attributes reads (a call's cost is per key looked at).
 _REQUEST_KEYS = frozenset(_REQUEST_SETTINGS) | {"stream", "n", "stop", "response_format"}
 
 
-def _request_settings(attrs: Dict[str, Any], body: Any) -> None:
-    """Add to ``attrs`` the span attributes of a request body's settings but
-    its model (the span starts with that), never its text."""
-    if not isinstance(body, dict):
-        return
+def _body_attributes(attrs: Dict[str, Any], body: Any, capture: bool) -> None:
+    """Add to ``attrs`` the span attributes of a request body (a dict, or
+    the caller's JSON text): its settings but its model (the span starts
+    with that), never its text; with ``capture`` its messages."""
+    if type(body) is not dict:
+        body = _parsed(body)
+        if not isinstance(body, dict):
+            return
     for key in body:        # a body has few keys: no set made of them
         if key not in _REQUEST_KEYS:
             continue
@@ -235,6 +238,10 @@ def _request_settings(attrs: Dict[str, Any], body: Any) -> None:
                 attrs["gen_ai.request.stop_sequences"] = list(value)
         elif isinstance(value, dict) and value.get("type") in ("json_object", "json_schema"):
             attrs["gen_ai.output.type"] = "json"        # response_format
+    if capture:
+        messages = _input_messages(body)
+        if messages is not None:
+            attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
 
 
 def _ranked_first(body: Dict[str, Any], name: str, rank: int) -> bool:

@@ -15,8 +15,8 @@ from . import _llmretry
 from ._logging import event_mask_of
 from ._otel_context import _Propagation
 from ._otel_instruments import _metric_sets, _start_of, _Telemetry
-from ._otel_mapping import (_ATTEMPT_EVENT, _CONTENT_FIELDS, _ENDS, EVENT_FIELDS,
-                            _input_messages, _parsed, _request_settings, _response_attributes,
+from ._otel_mapping import (_ATTEMPT_EVENT, _body_attributes, _CONTENT_FIELDS, _ENDS,
+                            EVENT_FIELDS, _parsed, _response_attributes,
                             _span_name, _Targets)
 from ._results import _LazyMeta, Meta, Result, _meta_of
 from .errors import LLMError, error_from_outcome
@@ -141,26 +141,18 @@ def _success_attributes(attrs: Dict[str, Any], values: Tuple[Any, ...], data: An
         if tokens is not None:
             attrs["gen_ai.usage.output_tokens"] = tokens
     _response_attributes(attrs, data, capture)
-    answered = {"llmretry.attempt": attempt}
-    if status is not None:
-        answered["http.response.status_code"] = status
-    if duration_ms is not None:
-        answered["llmretry.duration_ms"] = duration_ms
+    if status is not None and duration_ms is not None:     # (always, from the engine)
+        answered = {"llmretry.attempt": attempt, "http.response.status_code": status,
+                    "llmretry.duration_ms": duration_ms}
+    else:
+        answered = {"llmretry.attempt": attempt}
+        if status is not None:
+            answered["http.response.status_code"] = status
+        if duration_ms is not None:
+            answered["llmretry.duration_ms"] = duration_ms
     if target:
         answered["llmretry.target"] = target
     return answered
-
-
-def _body_attributes(attrs: Dict[str, Any], body: Any, capture: bool) -> None:
-    """Add to ``attrs`` the span attributes of a request body (not None):
-    its settings, and with ``capture`` its messages."""
-    if type(body) is not dict:
-        body = _parsed(body)
-    _request_settings(attrs, body)
-    if capture:
-        messages = _input_messages(body)
-        if messages is not None:
-            attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
 
 
 def _end_span(span: Any, attrs: Dict[str, Any], targets: _Targets, endpoint: Any, model: Any,
