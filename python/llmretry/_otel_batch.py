@@ -7,7 +7,7 @@ attributes made once per model (_start_of) and its header lines come from
 one _Propagation per batch; while it runs, the batch keeps its span, start
 time, body and model by the item's number in the run. An item that
 succeeds with no events (most) ends its span and records its metrics
-straight from its result (_Batch._succeeded); one that had events (a
+straight from its result (_Batch.item_done); one that had events (a
 failure, a retry) or failed gets a record (_Call), made at its first
 event. Attributes are made only if the span records.
 """

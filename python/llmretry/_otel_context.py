@@ -21,10 +21,13 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+from opentelemetry.trace import span as otel_span
 
 
 _HEX2 = tuple(f"{i:02x}" for i in range(256))     # trace flags are one byte
+# The empty trace state a context made without one holds (one object: told
+# by identity, where `not state` is a Python call).
+DEFAULT_TRACE_STATE = getattr(otel_span, "DEFAULT_TRACE_STATE", None)
 
 
 def _tuple_layout() -> Any:
@@ -36,7 +39,7 @@ def _tuple_layout() -> Any:
     try:
         if tuple(probe) == (probe.trace_id, probe.span_id, probe.is_remote, probe.trace_flags,
                             probe.trace_state, probe.is_valid) == (3, 5, False, 1,
-                                                                   DEFAULT_TRACE_STATE, True):
+                                                                   probe.trace_state, True):
             return SpanContext
     except Exception:
         pass

@@ -404,7 +404,7 @@ class _Call:
     def _succeeded(self, result: Result, end_ns: int) -> None:
         """The span and metrics of a call that succeeded: its meta says most
         (a batch's item with no events ends the same way without a record:
-        _otel_batch's _Batch._succeeded)."""
+        _otel_batch's _Batch.item_done)."""
         values = _meta_values(result)
         last = self.last
         targets = self.targets
