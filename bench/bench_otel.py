@@ -476,7 +476,8 @@ def main() -> None:
                     help="`slow`'s on_result CPU per item (about what `on` adds to the "
                          "calling thread)")
     ap.add_argument("--modes", default=",".join(_WHAT),
-                    help="the modes to run, comma-separated (off and on always run)")
+                    help="the modes to run, comma- or space-separated (off and on always "
+                         "run)")
     args = ap.parse_args()
     bodies = [{"model": "gpt-bench", "max_tokens": 16,
                "messages": [{"role": "user", "content": f"Item {i}"}]} for i in range(args.n)]
@@ -487,7 +488,13 @@ def main() -> None:
     providers = {"on": (tp, mp), "noop": (NoOpTracerProvider(), NoOpMeterProvider()),
                  "record": (_RecordingProvider(), NoOpMeterProvider()),
                  "traces": (tp, NoOpMeterProvider()), "metrics": (NoOpTracerProvider(), mp)}
-    wanted = set(args.modes.split(",")) | {"off", "on"}
+    # Commas or spaces (MODES="off record noop" in run_otel.sh); a name that
+    # is no mode fails rather than running off and on alone.
+    wanted = set(args.modes.replace(" ", ",").split(",")) - {""}
+    if wanted - set(_WHAT):
+        raise SystemExit(f"unknown modes: {', '.join(sorted(wanted - set(_WHAT)))} "
+                         f"(modes: {', '.join(_WHAT)})")
+    wanted |= {"off", "on"}
     modes = [m for m in _WHAT if m in wanted]
     results: Dict[str, List[Dict[str, float]]] = {m: [] for m in modes + list(_FLOORS)}
     script: Any = None

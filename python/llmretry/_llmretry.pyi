@@ -331,6 +331,10 @@ class LazyMeta:
     def __call__(self) -> Any:
         """A new Meta of the values."""
         ...
+    def pick(self, indices: tuple[int, ...], /) -> tuple[Any, ...]:
+        """The values of the fields at ``indices`` (places in Meta.__slots__),
+        as the Meta would hold them, without building it (llmretry.otel)."""
+        ...
 
 def run_pool(items: Sequence[Any], limit: int,
              worker: Callable[[Any, int], Any], return_exceptions: bool = False, *,

@@ -4,10 +4,12 @@ requests carrying it, ended with the item's value.
 
 An item costs what its span needs and little more: the span starts with
 attributes made once per model (_start_of) and its header lines come from
-one _Propagation per batch; while it runs, the batch keeps its span and
-start time by the item's number in the run; its record (_Call) is made
-when it ends (or at its first event: a failure, a retry), and the
-attributes only if the span records.
+one _Propagation per batch; while it runs, the batch keeps its span, start
+time, body and model by the item's number in the run. An item that
+succeeds with no events (most) ends its span and records its metrics
+straight from its result (_Batch.item_done); one that had events (a
+failure, a retry) or failed gets a record (_Call), made at its first
+event. Attributes are made only if the span records.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from opentelemetry import context as otel_context
 from ._bodies import _LazyBodies
 from ._otel_context import _Propagation
 from ._otel_instruments import _start_of, _Telemetry
-from ._otel_mapping import _targets_of
-from ._otel_record import _CLIENT, _Call, _meta_read, _model_of, _Tee
+from ._otel_mapping import _ATTEMPT_EVENT, _body_attributes, _targets_of
+from ._otel_record import (_CLIENT, _MODEL, _REQUEST_ID, _RESPONSE_MODEL, _STREAM, _TARGET,
+                           _TOTAL_MS, _TTFT_MS, _USAGE, _Call, _end_span, _meta_values,
+                           _model_of, _record, _success_attributes, _Tee)
 from ._results import Result, _value_of
 from .errors import LLMError
 
@@ -34,7 +38,8 @@ class _Batch:
     and its request id."""
 
     __slots__ = ("tel", "tracer", "targets", "policy", "parent", "start_ns", "items",
-                 "encoded", "runnable", "propagation", "by_model", "spans", "starts", "calls")
+                 "encoded", "runnable", "propagation", "by_model", "spans", "calls",
+                 "attempt_sums")
 
     def __init__(self, tel: _Telemetry, kwargs: Dict[str, Any], items: Any, encoded: Any,
                  runnable: Optional[List[int]]) -> None:
@@ -58,10 +63,12 @@ class _Batch:
         self.propagation = _Propagation(self.parent, kwargs.get("headers"))
         # Model -> the span's starting name and attributes (_start_of's).
         self.by_model: Dict[Any, Tuple[str, Dict[str, Any]]] = {}
-        # Number in the run -> the item's span and start time, in flight.
-        self.spans: Dict[int, Any] = {}
-        self.starts: Dict[int, int] = {}
+        # Number in the run -> the item's (span, start time, body, model), in flight.
+        self.spans: Dict[int, Tuple[Any, int, Any, Optional[str]]] = {}
         self.calls: Dict[Any, _Call] = {}       # request id -> an item's events so far
+        # The attempts of its items that end here (not through a record),
+        # summed without a lock: _Counts.start_batch's, once the run starts.
+        self.attempt_sums: Optional[Dict[Any, List[Any]]] = None
 
     def _body(self, k: int) -> Tuple[Any, Optional[str]]:
         """The body and model of the run's ``k``-th item (None, None: not kept)."""
@@ -80,17 +87,26 @@ class _Batch:
         requests carry the batch's headers plus the span's context (None:
         the batch's alone)."""
         try:
-            model = self._body(k)[1]
+            # self._body(k), written out: this runs for every item.
+            items = self.items
+            if items is None:
+                body = model = None
+            else:
+                runnable = self.runnable
+                index = runnable[k] if runnable is not None else k
+                body = items[index]
+                model = self.encoded[index][1]
+                if model is None and type(body) is not dict:    # a text body
+                    body, model = _model_of(body)
             start = self.by_model.get(model)
             if start is None:
                 targets = self.targets
                 start = self.by_model[model] = _start_of(self.tel, targets.first,
                                                          targets.single, model, self.policy)
+            name, attrs = start
             now = time_ns()
-            span = self.tracer.start_span(start[0], self.parent, _CLIENT, start[1],
-                                          start_time=now)
-            self.spans[k] = span
-            self.starts[k] = now
+            span = self.tracer.start_span(name, self.parent, _CLIENT, attrs, start_time=now)
+            self.spans[k] = (span, now, body, model)
             return self.propagation.lines(span)
         except Exception:   # telemetry must never break a batch
             return None
@@ -117,60 +133,102 @@ class _Batch:
         return on_result
 
     def item_done(self, k: int, value: Any) -> None:
-        """The run's ``k``-th item ended with ``value``: its record ends."""
+        """The run's ``k``-th item ended with ``value``: its span ends. One
+        that succeeded with no events (most) ends here, made as
+        _Call._succeeded makes a record's with no events (with the same
+        helpers) without the record; any other through its record."""
         try:
-            span = self.spans.pop(k, None)
-            start_ns = self.starts.pop(k, None)
+            started = self.spans.pop(k, None)
             if type(value) is dict:
                 # An outcome the batch makes its value of (a failure; a body
                 # Python parses, or the validator accepted): the same here.
                 value = _value_of(value, None)
-            ok = isinstance(value, Result)
-            if not ok and not isinstance(value, LLMError):
-                return          # never sent (a bad input line)
-            call = None
-            if self.calls or span is None:
-                # Its events so far, by its request id (read from the
-                # result's meta only then: most items have none).
-                if ok:
-                    meta = _meta_read(value)
-                    rid, total_ms = meta.request_id, meta.total_ms
-                else:
-                    rid, total_ms = value.request_id, value.total_ms
-                call = self.calls.pop(rid, None)
-                if span is None:    # its start not seen (item_headers failed): no span yet
-                    # The call's own clock: from its submission, waits for a slot included.
-                    start_ns = max(self.start_ns,
-                                   time_ns() - int((total_ms or 0) * 1_000_000))
-            if call is None:
-                call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
-                             False, self.policy)
-            else:
-                call.start_ns = start_ns
-            call.span = span
-            call.body, call.model = self._body(k)
-            if ok:
-                call.end(result=value)
-            else:
-                call.end(error=value)
+            if not isinstance(value, Result):
+                if isinstance(value, LLMError):
+                    self._ended(k, started, value, value.request_id, value.total_ms)
+                return          # else never sent (a bad input line)
+            values = _meta_values(value)
+            calls = self.calls
+            if started is None or (calls and values[_REQUEST_ID] in calls):
+                self._ended(k, started, value, values[_REQUEST_ID], values[_TOTAL_MS])
+                return
+            span, start_ns, body, model = started
+            end_ns = time_ns()
+            if start_ns > end_ns:
+                start_ns = end_ns
+            targets = self.targets
+            target = values[_TARGET]
+            endpoint = targets[target] if target else targets.first
+            # The request's model names the call, else the result's.
+            named = model if model is not None else values[_MODEL] or None
+            tel = self.tel
+            if span.is_recording():
+                capture = tel.capture
+                attrs: Dict[str, Any] = {}
+                if body is not None:
+                    _body_attributes(attrs, body, capture)
+                answered = _success_attributes(attrs, values, value.data, capture)
+                if target or model is None or not targets.single:
+                    _end_span(span, attrs, targets, endpoint, named, model, None, answered,
+                              None, end_ns)
+                else:   # _end_span's work when nothing changed since the start
+                    span.set_attributes(attrs)
+                    span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
+            span.end(end_time=end_ns)
+            usage = values[_USAGE]
+            ttft_ms = values[_TTFT_MS]
+            _record(tel, None, endpoint, named, values[_RESPONSE_MODEL], None, start_ns, end_ns,
+                    ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None,
+                    usage.get("prompt_tokens") if usage else None,
+                    usage.get("completion_tokens") if usage else None, values[1],
+                    self.attempt_sums)
         except Exception:   # telemetry must never break a batch
             pass
+
+    def _ended(self, k: int, started: Optional[Tuple[Any, int, Any, Optional[str]]],
+               value: Any, rid: Any, total_ms: Any) -> None:
+        """An item's end through its record (_Call): one that had events (a
+        failure, a retry: its record made at the first), failed, or whose
+        start was not seen (item_headers failed: no span yet)."""
+        call = self.calls.pop(rid, None) if self.calls else None
+        if started is not None:
+            span, start_ns, body, model = started
+        else:
+            span = None
+            # The call's own clock: from its submission, waits for a slot included.
+            start_ns = max(self.start_ns, time_ns() - int((total_ms or 0) * 1_000_000))
+            body, model = self._body(k)
+        if call is None:
+            call = _Call(self.tel, self.targets, self.parent, start_ns, None, None, False,
+                         False, self.policy)
+        else:
+            call.start_ns = start_ns
+        call.span = span
+        call.body, call.model = body, model
+        if isinstance(value, Result):
+            call.end(result=value)
+        else:
+            call.end(error=value)
+
+    def finish(self) -> None:
+        """The batch is over: its unfinished items end (end_unfinished) and
+        its items' attempts go to the counters' totals."""
+        try:
+            self.end_unfinished()
+        finally:
+            if self.attempt_sums is not None:
+                self.tel.counts.end_batch(self.attempt_sums)
 
     def end_unfinished(self) -> None:
         """The batch is over: items it submitted that never finished (it
         was interrupted, or raised) end as cancelled."""
         spans, self.spans = self.spans, {}
-        for k, span in spans.items():
-            call = _Call(self.tel, self.targets, self.parent, self.starts.get(k),
-                         policy=self.policy)
+        for span, start_ns, body, model in spans.values():
+            call = _Call(self.tel, self.targets, self.parent, start_ns, policy=self.policy)
             call.span = span
-            try:
-                call.body, call.model = self._body(k)
-            except Exception:   # telemetry must never break a batch
-                pass
+            call.body, call.model = body, model
             call.last["error.type"] = "cancelled"
             call.end()
-        self.starts = {}
 
 
 class _Job:
@@ -188,7 +246,7 @@ class _Job:
         try:
             self.job.finish()
         finally:
-            self.records.end_unfinished()
+            self.records.finish()
 
 
 def _hook_engine_job(telemetry_of: Callable[[Any], Optional[_Telemetry]],
@@ -212,5 +270,7 @@ def _hook_engine_job(telemetry_of: Callable[[Any], Optional[_Telemetry]],
         # the end when nothing else wants each one).
         job.kwargs["item_headers"] = records.item_headers
         job.kwargs["on_result"] = records.on_result(job.kwargs.get("on_result"))
+        # From here _Job.finish ends it (the callers' finally).
+        records.attempt_sums = tel.counts.start_batch()
         return _Job(job, records)
     return _engine_job

@@ -19,11 +19,34 @@ from opentelemetry import propagate as otel_propagate
 from opentelemetry import trace as otel_trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
-from opentelemetry.trace import INVALID_SPAN_CONTEXT
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import span as otel_span
 
 
 _HEX2 = tuple(f"{i:02x}" for i in range(256))     # trace flags are one byte
+# The empty trace state a context made without one holds (one object: told
+# by identity, where `not state` is a Python call).
+DEFAULT_TRACE_STATE = getattr(otel_span, "DEFAULT_TRACE_STATE", None)
+
+
+def _tuple_layout() -> Any:
+    """SpanContext when the API's is the tuple (trace_id, span_id,
+    is_remote, trace_flags, trace_state, is_valid) its properties read
+    (each a Python call: a span's context is read unpacked instead), else
+    None (another layout: read by its properties)."""
+    probe = SpanContext(3, 5, False, TraceFlags(1))
+    try:
+        if tuple(probe) == (probe.trace_id, probe.span_id, probe.is_remote, probe.trace_flags,
+                            probe.trace_state, probe.is_valid) == (3, 5, False, 1,
+                                                                   probe.trace_state, True):
+            return SpanContext
+    except Exception:
+        pass
+    return None
+
+
+_TUPLE_CONTEXT = _tuple_layout()
 
 
 def _w3c_parts(textmap: Any) -> Optional[Sequence[Any]]:
@@ -85,14 +108,19 @@ class _Propagation:
         caller's headers as they are)."""
         if self.fast:
             ctx = span.get_span_context()
-            if ctx.is_valid:
-                if not ctx.trace_state:
+            if type(ctx) is _TUPLE_CONTEXT:
+                trace_id, span_id, _remote, flags, state, valid = ctx
+            else:
+                trace_id, span_id, flags, state, valid = (ctx.trace_id, ctx.span_id,
+                                                          ctx.trace_flags, ctx.trace_state,
+                                                          ctx.is_valid)
+            if valid:
+                if state is DEFAULT_TRACE_STATE or not state:
                     # TraceContextTextMapPropagator.inject's header: its ids
                     # as 32 and 16 hex digits (what format(id, "032x") gives
                     # a valid one), its flags as 2.
-                    line = (f"traceparent: 00-{ctx.trace_id.to_bytes(16, 'big').hex()}-"
-                            f"{ctx.span_id.to_bytes(8, 'big').hex()}-"
-                            f"{_HEX2[ctx.trace_flags]}")
+                    line = (f"traceparent: 00-{trace_id.to_bytes(16, 'big').hex()}-"
+                            f"{span_id.to_bytes(8, 'big').hex()}-{_HEX2[flags]}")
                     if self.base or self.baggage:
                         return [*self.base, line, *self.baggage]
                     return [line]

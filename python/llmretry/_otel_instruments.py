@@ -67,6 +67,11 @@ class _Counts:
     def __init__(self, meter: Any) -> None:
         self.lock = threading.Lock()
         self.totals: Dict[Any, List[Any]] = {}   # key -> [attributes, 4 totals]
+        # The attempts of the batches running (key -> [attributes, attempts]
+        # each): a batch sums its items' itself, without the lock (its items
+        # end on one thread), and adds them to the totals when it ends; the
+        # attempts counter reads them meanwhile (start_batch, end_batch).
+        self.running: List[Dict[Any, List[Any]]] = []
         for i, (name, unit, description) in enumerate(self._INSTRUMENTS):
             meter.create_observable_counter(name, callbacks=[self._observer(i)], unit=unit,
                                             description=description)
@@ -74,9 +79,45 @@ class _Counts:
     def _observer(self, i: int) -> Callable[[Any], List[Observation]]:
         def observe(_options: Any) -> List[Observation]:
             with self.lock:
-                return [Observation(row[i + 1], row[0]) for row in self.totals.values()
+                rows = self._with_running() if i == 0 and self.running else self.totals
+                return [Observation(row[i + 1], row[0]) for row in rows.values()
                         if row[i + 1]]
         return observe
+
+    def _with_running(self) -> Dict[Any, List[Any]]:
+        """The totals with the running batches' attempts so far (the lock
+        held). A batch's thread may add a key meanwhile: its sums are read
+        at once (list() of a dict's items runs without a switch)."""
+        rows = {key: list(row) for key, row in self.totals.items()}
+        for sums in self.running:
+            for key, (attrs, attempts) in list(sums.items()):
+                row = rows.get(key)
+                if row is None:
+                    row = rows[key] = [attrs, 0, 0, 0, 0]
+                row[1] += attempts
+        return rows
+
+    def start_batch(self) -> Dict[Any, List[Any]]:
+        """A batch starts: the dict it sums its items' attempts in (by the
+        counters' key: [attributes, attempts]); end_batch adds them up."""
+        sums: Dict[Any, List[Any]] = {}
+        with self.lock:
+            self.running.append(sums)
+        return sums
+
+    def end_batch(self, sums: Dict[Any, List[Any]]) -> None:
+        with self.lock:
+            for i, running in enumerate(self.running):
+                if running is sums:
+                    del self.running[i]
+                    break
+            else:
+                return      # ended already
+            for key, (attrs, attempts) in sums.items():
+                row = self.totals.get(key)
+                if row is None:
+                    row = self.totals[key] = [attrs, 0, 0, 0, 0]
+                row[1] += attempts
 
     def add_attempts(self, key: Any, attrs: Dict[str, Any], attempts: int) -> None:
         """add() of a call with no retry, 429 or refusal (most calls)."""

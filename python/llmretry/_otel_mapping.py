@@ -202,27 +202,29 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
 # ---------------------------------------------------------------------------
 # Request and response: what events do not hold
 
-# The body keys _request_settings reads: a body's keys are intersected with
-# them at once (a call's cost is per key looked at).
+# The body keys _body_attributes reads (a call's cost is per key looked at).
 _REQUEST_KEYS = frozenset(_REQUEST_SETTINGS) | {"stream", "n", "stop", "response_format"}
 
 
-def _request_settings(attrs: Dict[str, Any], body: Any) -> None:
-    """Add to ``attrs`` the span attributes of a request body's settings but
-    its model (the span starts with that), never its text."""
-    if not isinstance(body, dict):
-        return
-    present = _REQUEST_KEYS.intersection(body)
-    if not present:
-        return
-    for key in present:
+def _body_attributes(attrs: Dict[str, Any], body: Any, capture: bool) -> None:
+    """Add to ``attrs`` the span attributes of a request body (a dict, or
+    the caller's JSON text): its settings but its model (the span starts
+    with that), never its text; with ``capture`` its messages."""
+    if type(body) is not dict:
+        body = _parsed(body)
+        if not isinstance(body, dict):
+            return
+    for key in body:        # a body has few keys: no set made of them
+        if key not in _REQUEST_KEYS:
+            continue
         value = body[key]
         spec = _REQUEST_SETTINGS.get(key)
         if spec is not None:
             name, kind, rank = spec
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            t = type(value)
+            if (t is kind or (t is not bool and isinstance(value, (int, float)))) and (
                     not rank or _ranked_first(body, name, rank)):
-                attrs[name] = kind(value)
+                attrs[name] = value if t is kind else kind(value)
         elif key == "stream":
             if value is True:
                 attrs["gen_ai.request.stream"] = True
@@ -236,6 +238,10 @@ def _request_settings(attrs: Dict[str, Any], body: Any) -> None:
                 attrs["gen_ai.request.stop_sequences"] = list(value)
         elif isinstance(value, dict) and value.get("type") in ("json_object", "json_schema"):
             attrs["gen_ai.output.type"] = "json"        # response_format
+    if capture:
+        messages = _input_messages(body)
+        if messages is not None:
+            attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
 
 
 def _ranked_first(body: Dict[str, Any], name: str, rank: int) -> bool:
@@ -319,12 +325,18 @@ def _response_attributes(attrs: Dict[str, Any], data: Any, capture: bool) -> Non
         attrs["gen_ai.response.id"] = rid
     choices = data.get("choices")
     if isinstance(choices, list):
-        try:
-            reasons = [c["finish_reason"] for c in choices]
-        except (TypeError, KeyError):
-            reasons = None
-        if reasons and all(type(r) is str for r in reasons):
-            attrs["gen_ai.response.finish_reasons"] = reasons
+        first = choices[0] if len(choices) == 1 else None
+        if type(first) is dict:         # one choice (most answers): no list walked
+            reason = first.get("finish_reason")
+            if type(reason) is str:
+                attrs["gen_ai.response.finish_reasons"] = [reason]
+        else:
+            try:
+                reasons = [c["finish_reason"] for c in choices]
+            except (TypeError, KeyError):
+                reasons = None
+            if reasons and all(type(r) is str for r in reasons):
+                attrs["gen_ai.response.finish_reasons"] = reasons
         if capture:
             out = []
             for c in choices:

@@ -5,6 +5,7 @@ and metrics (_Call), and the logger that feeds it (_Tee).
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 from time import time_ns
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -14,10 +15,10 @@ from . import _llmretry
 from ._logging import event_mask_of
 from ._otel_context import _Propagation
 from ._otel_instruments import _metric_sets, _start_of, _Telemetry
-from ._otel_mapping import (_ATTEMPT_EVENT, _CONTENT_FIELDS, _ENDS, EVENT_FIELDS,
-                            _input_messages, _parsed, _request_settings, _response_attributes,
+from ._otel_mapping import (_ATTEMPT_EVENT, _body_attributes, _CONTENT_FIELDS, _ENDS,
+                            EVENT_FIELDS, _parsed, _response_attributes,
                             _span_name, _Targets)
-from ._results import _LazyMeta, Result, _meta_of
+from ._results import _LazyMeta, Meta, Result, _meta_of
 from .errors import LLMError, error_from_outcome
 
 _CLIENT = SpanKind.CLIENT
@@ -75,15 +76,152 @@ def _model_of(body: Any) -> Tuple[Any, Optional[str]]:
     return body, model if isinstance(model, str) else None
 
 
-def _meta_read(result: Result) -> Any:
-    """A result's Meta, read without keeping it: a Meta the extension has
-    not built yet (a LazyMeta: one allocation the cyclic GC neither counts
-    nor visits) is built for telemetry and dropped, not stored in the
-    Result, so that a batch's results stay as small as without telemetry
-    (20,000 Metas kept would add 60,000 objects the GC counts). A caller
+# The Meta fields telemetry reads, in this order (_meta_values'; the last
+# is usage_total, or usage when that is empty).
+_READ = ("attempt", "attempts", "duration_ms", "total_ms", "status", "request_id", "model",
+         "response_model", "system_fingerprint", "resends", "stream", "ttft_ms", "chunks",
+         "target", "usage_total")
+_READ_AT = tuple(Meta.__slots__.index(name) for name in _READ)
+_USAGE_AT = (Meta.__slots__.index("usage"),)
+_read_meta = attrgetter(*_READ)
+# Where _meta_values puts what is read by place.
+_TOTAL_MS, _REQUEST_ID, _MODEL, _RESPONSE_MODEL, _STREAM, _TTFT_MS, _TARGET, _USAGE = (
+    3, 5, 6, 7, 10, 11, 13, 14)
+
+
+def _meta_values(result: Result) -> Tuple[Any, ...]:
+    """A result's Meta fields that telemetry reads (``_READ``'s), read
+    without building or keeping a Meta: a Meta the extension has not built
+    yet (a LazyMeta: one allocation the cyclic GC neither counts nor
+    visits) gives them at once (LazyMeta.pick), so that a batch's results
+    stay as small as without telemetry (20,000 Metas kept would add 60,000
+    objects the GC counts) and no Meta is built to be dropped. A caller
     that reads ``result.meta`` builds its own, as it would have."""
     m = result._meta
-    return m() if type(m) is _LazyMeta else m
+    if type(m) is _LazyMeta:
+        values = m.pick(_READ_AT)
+        if not values[_USAGE]:
+            values = values[:_USAGE] + m.pick(_USAGE_AT)
+        return values
+    values = _read_meta(m)
+    if not values[_USAGE]:
+        values = values[:_USAGE] + (m.usage,)
+    return values
+
+
+def _success_attributes(attrs: Dict[str, Any], values: Tuple[Any, ...], data: Any,
+                        capture: bool) -> Dict[str, Any]:
+    """Add to ``attrs`` the span attributes of a success (its Meta's
+    ``values``, _meta_values', and its response ``data``); return the
+    attributes of the attempt that answered (telemetry asked for no event
+    of it)."""
+    (attempt, attempts, duration_ms, _total_ms, status, request_id, _model, response_model,
+     fingerprint, resends, stream, ttft_ms, chunks, target, usage) = values
+    attrs["llmretry.request_id"] = request_id
+    attrs["llmretry.attempts"] = attempts
+    if target:
+        attrs["llmretry.target"] = target
+    if resends:
+        attrs["llmretry.resends"] = resends
+    if response_model:
+        attrs["gen_ai.response.model"] = response_model
+    if fingerprint:
+        attrs["openai.response.system_fingerprint"] = fingerprint
+    if stream:
+        attrs["gen_ai.request.stream"] = True
+        if ttft_ms is not None:
+            attrs["gen_ai.response.time_to_first_chunk"] = ttft_ms * 0.001
+        if chunks is not None:
+            attrs["llmretry.chunks"] = chunks
+    if usage:       # _usage_attributes, written out: this runs for every success
+        tokens = usage.get("prompt_tokens")
+        if tokens is not None:
+            attrs["gen_ai.usage.input_tokens"] = tokens
+        tokens = usage.get("completion_tokens")
+        if tokens is not None:
+            attrs["gen_ai.usage.output_tokens"] = tokens
+    _response_attributes(attrs, data, capture)
+    if status is not None and duration_ms is not None:     # (always, from the engine)
+        answered = {"llmretry.attempt": attempt, "http.response.status_code": status,
+                    "llmretry.duration_ms": duration_ms}
+    else:
+        answered = {"llmretry.attempt": attempt}
+        if status is not None:
+            answered["http.response.status_code"] = status
+        if duration_ms is not None:
+            answered["llmretry.duration_ms"] = duration_ms
+    if target:
+        answered["llmretry.target"] = target
+    return answered
+
+
+def _end_span(span: Any, attrs: Dict[str, Any], targets: _Targets, endpoint: Any, model: Any,
+              started: Any, failed: Optional[str], answered: Optional[Dict[str, Any]],
+              attempts: Optional[Dict[Any, List[Any]]], end_ns: int) -> None:
+    """Set a call's span's attributes (those it did not start with) at
+    once, its name if the call turned out another (``model`` and
+    ``endpoint`` against the ``started`` model and the first target), its
+    attempt events (``attempts``', then ``answered``'s, the attempt a result
+    says answered) and its status (not its end)."""
+    # The model and endpoint it started with are set already.
+    if model == started:
+        attrs.pop("gen_ai.request.model", None)
+    elif isinstance(model, str):
+        attrs["gen_ai.request.model"] = model
+    if not targets.single:          # the endpoint that answered (start had none)
+        attrs.update(endpoint.attrs)
+    if endpoint is not targets.first or model != started:
+        name = _span_name(endpoint, model)
+        if name != _span_name(targets.first, started):
+            span.update_name(name)
+    span.set_attributes(attrs)
+    if attempts:
+        if answered is not None:
+            known = attempts.get(answered["llmretry.attempt"])
+            if known is not None:       # a caller's logger asked for its events too
+                known[0] = end_ns
+                known[1].update(answered)
+                answered = None
+        for at, fields in attempts.values():
+            span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
+    if answered is not None:
+        span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
+    if failed:
+        span.set_status(Status(StatusCode.ERROR, failed))
+
+
+def _record(tel: _Telemetry, counts: Optional[List[int]], endpoint: Any, model: Any,
+            response_model: Any, failed: Optional[str], start_ns: int, end_ns: int, ttfc: Any,
+            in_tokens: Any, out_tokens: Any, attempts: Any,
+            sums: Optional[Dict[Any, List[Any]]] = None) -> None:
+    """A call's metrics: the conventions' attributes (low cardinality: no
+    ids). ``counts``: its retries, 429s and refusals from its events (None:
+    it had none). ``sums``: a running batch's attempts, where a call with
+    none of those adds its own (_Counts.start_batch)."""
+    sets = tel.metric_sets.get((endpoint, model, response_model))
+    if sets is None:
+        sets = _metric_sets(tel, endpoint, model, response_model)
+    key, base, hist, input_set, output_set = sets
+    started = attempts if type(attempts) is int else 0
+    if counts is not None:
+        counts[0] = started
+        if counts[0] or counts[1] or counts[2] or counts[3]:
+            tel.counts.add(key, base, counts)
+    elif sums is not None:
+        row = sums.get(key)
+        if row is None:
+            row = sums[key] = [base, 0]
+        row[1] += started
+    elif started:
+        tel.counts.add_attempts(key, base, started)
+    tel.duration.record((end_ns - start_ns) / 1e9,
+                        dict(hist, **{"error.type": failed}) if failed else hist)
+    if ttfc is not None:
+        tel.ttfc.record(ttfc, hist)
+    if type(in_tokens) is int:
+        tel.tokens.record(in_tokens, input_set)
+    if type(out_tokens) is int:
+        tel.tokens.record(out_tokens, output_set)
 
 
 def _start_span(tel: _Telemetry, targets: _Targets, parent: Any, model: Optional[str],
@@ -264,64 +402,41 @@ class _Call:
             self._failed(error, end_ns)
 
     def _succeeded(self, result: Result, end_ns: int) -> None:
-        """The span and metrics of a call that succeeded: its meta says most."""
-        meta = _meta_read(result)
+        """The span and metrics of a call that succeeded: its meta says most
+        (a batch's item with no events ends the same way without a record:
+        _otel_batch's _Batch.item_done)."""
+        values = _meta_values(result)
         last = self.last
         targets = self.targets
-        target = meta.target
+        target = values[_TARGET]
         endpoint = targets[target] if target else targets.first
         # The request's model names the call (a fallback's is the response's).
         model = started = self.model
         if model is None:
-            model = last.get("gen_ai.request.model") or meta.model or None
-        start_ns = self._start_ns(meta.total_ms, end_ns)
+            model = last.get("gen_ai.request.model") or values[_MODEL] or None
+        start_ns = self._start_ns(values[_TOTAL_MS], end_ns)
         span = self.span
         if span is None:        # never started: made now, with the times observed
             span = self.span = _start_span(self.tel, targets, self.parent, model, self.policy,
                                            start_ns)
             started = model
-        usage = meta.usage_total or meta.usage
-        stream = meta.stream
         if span.is_recording():
             attrs = self._request_attributes()
-            attrs["llmretry.request_id"] = meta.request_id
-            attrs["llmretry.attempts"] = meta.attempts
-            if target:
-                attrs["llmretry.target"] = target
-            if meta.resends:
-                attrs["llmretry.resends"] = meta.resends
-            if meta.response_model:
-                attrs["gen_ai.response.model"] = meta.response_model
-            if meta.system_fingerprint:
-                attrs["openai.response.system_fingerprint"] = meta.system_fingerprint
-            if stream:
-                attrs["gen_ai.request.stream"] = True
-                if meta.ttft_ms is not None:
-                    attrs["gen_ai.response.time_to_first_chunk"] = meta.ttft_ms * 0.001
-                if meta.chunks is not None:
-                    attrs["llmretry.chunks"] = meta.chunks
-            if usage:
-                _usage_attributes(attrs, usage)
-            _response_attributes(attrs, result.data, self.tel.capture)
-            # The attempt that answered (telemetry asked for no event of it).
-            answered = {"llmretry.attempt": meta.attempt}
-            if meta.status is not None:
-                answered["http.response.status_code"] = meta.status
-            if meta.duration_ms is not None:
-                answered["llmretry.duration_ms"] = meta.duration_ms
-            if target:
-                answered["llmretry.target"] = target
-            self._finish_span(span, attrs, endpoint, model, started, None, answered, end_ns)
+            answered = _success_attributes(attrs, values, result.data, self.tel.capture)
+            _end_span(span, attrs, targets, endpoint, model, started, None, answered,
+                      self.attempts, end_ns)
         span.end(end_time=end_ns)
+        usage = values[_USAGE]
         if usage:
             in_tokens = usage.get("prompt_tokens")
             out_tokens = usage.get("completion_tokens")
         else:                   # the events' usage, if any
             in_tokens = last.get("gen_ai.usage.input_tokens")
             out_tokens = last.get("gen_ai.usage.output_tokens")
-        ttfc = meta.ttft_ms * 0.001 if stream and meta.ttft_ms is not None else None
-        self._record(endpoint, model, meta.response_model, None, start_ns, end_ns, ttfc,
-                     in_tokens, out_tokens, meta.attempts)
+        ttft_ms = values[_TTFT_MS]
+        ttfc = ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None
+        _record(self.tel, self.counts, endpoint, model, values[_RESPONSE_MODEL], None, start_ns,
+                end_ns, ttfc, in_tokens, out_tokens, values[1])
 
     def _failed(self, error: Optional[BaseException], end_ns: int) -> None:
         """The span and metrics of a call that failed (``error``), or that
@@ -371,7 +486,8 @@ class _Call:
                 attrs.pop("llmretry.target", None)
             if usage:
                 _usage_attributes(attrs, usage)
-            self._finish_span(span, attrs, endpoint, model, started, failed, None, end_ns)
+            _end_span(span, attrs, targets, endpoint, model, started, failed, None,
+                      self.attempts, end_ns)
         span.end(end_time=end_ns)
         if usage:
             in_tokens = usage.get("prompt_tokens")
@@ -379,9 +495,9 @@ class _Call:
         else:
             in_tokens = last.get("gen_ai.usage.input_tokens")
             out_tokens = last.get("gen_ai.usage.output_tokens")
-        self._record(endpoint, model, last.get("gen_ai.response.model"), failed, start_ns,
-                     end_ns, last.get("gen_ai.response.time_to_first_chunk"), in_tokens,
-                     out_tokens, attempts)
+        _record(self.tel, self.counts, endpoint, model, last.get("gen_ai.response.model"), failed,
+                start_ns, end_ns, last.get("gen_ai.response.time_to_first_chunk"), in_tokens,
+                out_tokens, attempts)
 
     def _start_ns(self, total_ms: Any, end_ns: int) -> int:
         """When the call started: when it was seen starting, else its end
@@ -397,77 +513,11 @@ class _Call:
         """The span's attributes so far (the events', ended: none adds to
         them any more) with the request's settings, read now."""
         attrs = self.last
-        body = self.body
-        if body is not None:
-            if type(body) is not dict:
-                body = _parsed(body)
-            _request_settings(attrs, body)
-            if self.tel.capture:
-                messages = _input_messages(body)
-                if messages is not None:
-                    attrs["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False)
+        if self.body is not None:
+            _body_attributes(attrs, self.body, self.tel.capture)
         if self.stream:
             attrs["gen_ai.request.stream"] = True
         return attrs
-
-    def _finish_span(self, span: Any, attrs: Dict[str, Any], endpoint: Any, model: Any,
-                     started: Any, failed: Optional[str], answered: Optional[Dict[str, Any]],
-                     end_ns: int) -> None:
-        """Set the span's attributes (those it did not start with) at once,
-        its name if the call turned out another, its attempt events (then
-        ``answered``'s, the attempt a result says answered) and its status."""
-        # The model and endpoint it started with are set already.
-        if model == started:
-            attrs.pop("gen_ai.request.model", None)
-        elif isinstance(model, str):
-            attrs["gen_ai.request.model"] = model
-        targets = self.targets
-        if not targets.single:          # the endpoint that answered (start had none)
-            attrs.update(endpoint.attrs)
-        if endpoint is not targets.first or model != started:
-            name = _span_name(endpoint, model)
-            if name != _span_name(targets.first, started):
-                span.update_name(name)
-        span.set_attributes(attrs)
-        attempts = self.attempts
-        if answered is not None and attempts:
-            known = attempts.get(answered["llmretry.attempt"])
-            if known is not None:       # a caller's logger asked for its events too
-                known[0] = end_ns
-                known[1].update(answered)
-                answered = None
-        for at, fields in attempts.values():
-            span.add_event(_ATTEMPT_EVENT, fields, timestamp=at)
-        if answered is not None:
-            span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
-        if failed:
-            span.set_status(Status(StatusCode.ERROR, failed))
-
-    def _record(self, endpoint: Any, model: Any, response_model: Any, failed: Optional[str],
-                start_ns: int, end_ns: int, ttfc: Any, in_tokens: Any, out_tokens: Any,
-                attempts: Any) -> None:
-        """The call's metrics: the conventions' attributes (low cardinality:
-        no ids)."""
-        tel = self.tel
-        sets = _metric_sets(tel, endpoint, model, response_model)
-        counts = self.counts
-        started = attempts if type(attempts) is int else 0
-        if counts is None:
-            if started:
-                tel.counts.add_attempts(sets[0], sets[1], started)
-        else:
-            counts[0] = started
-            if counts[0] or counts[1] or counts[2] or counts[3]:
-                tel.counts.add(sets[0], sets[1], counts)
-        hist = sets[2]
-        tel.duration.record((end_ns - start_ns) / 1e9,
-                            dict(hist, **{"error.type": failed}) if failed else hist)
-        if ttfc is not None:
-            tel.ttfc.record(ttfc, hist)
-        if type(in_tokens) is int:
-            tel.tokens.record(in_tokens, sets[3])
-        if type(out_tokens) is int:
-            tel.tokens.record(out_tokens, sets[4])
 
 
 def _usage_attributes(attrs: Dict[str, Any], usage: Dict[str, Any]) -> None:

@@ -215,3 +215,72 @@ def test_a_batch_sends_its_parents_baggage_and_each_items_traceparent(scen: Scen
         h = req["headers"]
         assert h["baggage"] == "tenant=acme" and h["x-mine"] == "kept"
         assert h["traceparent"] == _traceparent(spans[h["x-client-request-id"]].context)
+
+
+def test_the_meta_fields_telemetry_reads_are_the_metas(scen: Scenario) -> None:
+    """LazyMeta.pick gives the fields as the Meta built later holds them
+    (telemetry reads them without building one); a built Meta gives the
+    same through _meta_values."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    scen.script([{"status": 503}, {"usage": usage, "system_fingerprint": "fp_pick"}],
+                after={"usage": None})
+    out = llmretry.call_many([secret_body(f"pick-{i}") for i in range(3)], limit=1,
+                             base_url=scen.url, **FAST)
+    assert out.summary.ok == 3
+    names = _otel_record._READ
+    seen_usage = 0
+    for res in out:
+        lazy = res._meta
+        assert type(lazy) is _llmretry.LazyMeta
+        values = _otel_record._meta_values(res)
+        assert type(res._meta) is _llmretry.LazyMeta        # still not built
+        assert lazy.pick(()) == ()
+        at = tuple(llmretry.Meta.__slots__.index(n) for n in ("request_id", "usage"))
+        picked = lazy.pick(at)
+        meta = res.meta
+        assert picked == (meta.request_id, meta.usage)
+        expected = tuple(getattr(meta, n) for n in names[:-1]) + (
+            meta.usage_total or meta.usage,)
+        assert values == expected
+        assert _otel_record._meta_values(res) == expected      # from the built Meta
+        seen_usage += meta.usage_total is not None
+        with pytest.raises(IndexError):
+            lazy.pick((len(llmretry.Meta.__slots__),))
+        with pytest.raises(IndexError):
+            lazy.pick((-1,))
+        with pytest.raises(TypeError):
+            lazy.pick([0])      # type: ignore[arg-type]
+    assert seen_usage == 1      # the retried call's; the others had none
+
+
+def test_the_attempts_counter_counts_a_running_batchs_items(scen: Scenario) -> None:
+    """A batch sums its items' attempts itself while it runs: the counter
+    read during the batch (at each item's on_result) counts every item
+    ended so far, and after it each attempt once (a second batch adds its
+    own)."""
+    p = _Providers()
+    llmretry.otel.instrument(tracer_provider=p.tracer_provider, meter_provider=p.meter_provider)
+
+    def attempts() -> int:
+        data = p.reader.get_metrics_data()
+        return sum(pt.value for rm in data.resource_metrics for sm in rm.scope_metrics
+                   for m in sm.metrics if m.name == "llmretry.attempts"
+                   for pt in m.data.data_points)
+
+    read: List[int] = []
+    done: List[int] = []
+    try:
+        scen.script([{"status": 503}], after={})
+        out = llmretry.call_many(
+            [secret_body(f"count-{i}") for i in range(6)], limit=1, base_url=scen.url,
+            on_result=lambda i, v: (done.append(v.meta.attempts), read.append(attempts())),
+            **FAST)
+        assert out.summary.ok == 6
+        assert sorted(done) == [1, 1, 1, 1, 1, 2]
+        assert read == [sum(done[:i + 1]) for i in range(6)]
+        assert attempts() == 7
+        llmretry.call_many([secret_body(f"count2-{i}") for i in range(3)], base_url=scen.url,
+                           **FAST)
+        assert attempts() == 10
+    finally:
+        llmretry.otel.uninstrument()
