@@ -83,66 +83,6 @@ void lr_key_cache_free(lr_key_cache *c)
 
 /* ---- strings ------------------------------------------------------------- */
 
-static unsigned hex_digit(unsigned char c)
-{
-    return c <= '9' ? c - '0' : (c | 32) - 'a' + 10;
-}
-
-static unsigned hex4(const char *p)
-{
-    return hex_digit((unsigned char)p[0]) << 12 | hex_digit((unsigned char)p[1]) << 8 |
-           hex_digit((unsigned char)p[2]) << 4 | hex_digit((unsigned char)p[3]);
-}
-
-/* The UTF-8 of an escaped string into out (at least s->len bytes: no
- * escape is shorter than what it stands for). The reader has checked it:
- * escapes well-formed, surrogates paired. */
-static size_t unescape(const lr_jp_str *s, char *out)
-{
-    const char *p = s->raw, *end = p + s->len;
-    size_t n = 0;
-    while (p < end) {
-        if (*p != '\\') {
-            out[n++] = *p++;
-            continue;
-        }
-        unsigned cp;
-        switch (p[1]) {
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u':
-            cp = hex4(p + 2);
-            if (cp >= 0xD800 && cp <= 0xDBFF) {     /* the low half follows */
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4(p + 8) - 0xDC00);
-                p += 6;
-            }
-            p += 4;
-            break;
-        default: cp = (unsigned char)p[1]; break;   /* " \ / */
-        }
-        p += 2;
-        if (cp < 0x80) {
-            out[n++] = (char)cp;
-        } else if (cp < 0x800) {
-            out[n++] = (char)(0xC0 | cp >> 6);
-            out[n++] = (char)(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            out[n++] = (char)(0xE0 | cp >> 12);
-            out[n++] = (char)(0x80 | (cp >> 6 & 0x3F));
-            out[n++] = (char)(0x80 | (cp & 0x3F));
-        } else {
-            out[n++] = (char)(0xF0 | cp >> 18);
-            out[n++] = (char)(0x80 | (cp >> 12 & 0x3F));
-            out[n++] = (char)(0x80 | (cp >> 6 & 0x3F));
-            out[n++] = (char)(0x80 | (cp & 0x3F));
-        }
-    }
-    return n;
-}
-
 /* A string read by lr_jp_string as a str (its bytes are valid UTF-8). */
 static PyObject *new_str(const lr_jp_str *s)
 {
@@ -157,7 +97,7 @@ static PyObject *new_str(const lr_jp_str *s)
     char local[256] = { 0 }, *buf = s->len <= sizeof local ? local : PyMem_Malloc(s->len);
     if (!buf)
         return PyErr_NoMemory();
-    size_t n = unescape(s, buf);
+    size_t n = lr_jp_unescape(s, buf);
     PyObject *o = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)n, NULL);
     if (buf != local)
         PyMem_Free(buf);

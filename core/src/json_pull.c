@@ -366,7 +366,10 @@ int lr_jp_skip(lr_jp *j)
     }
 }
 
-size_t lr_jp_decode(const lr_jp_str *s, char *out, size_t cap)
+/* The UTF-8 a string stands for, into out (cap bytes: what does not fit
+ * is counted, not written). A \u0000 ends it where C strings are wanted
+ * (nul_ends); otherwise it is one byte like any other. */
+static size_t unescape(const lr_jp_str *s, char *out, size_t cap, int nul_ends)
 {
     const unsigned char *p = (const unsigned char *)s->raw, *end = p + s->len;
     size_t n = 0;
@@ -394,7 +397,7 @@ size_t lr_jp_decode(const lr_jp_str *s, char *out, size_t cap)
             continue;
         }
         p += 1 + unicode_escape(p + 1, end, &cp);
-        if (cp == 0)
+        if (cp == 0 && nul_ends)
             break;                     /* where a C string ends */
         if (cp < 0x80) {
             PUT(cp);
@@ -413,7 +416,18 @@ size_t lr_jp_decode(const lr_jp_str *s, char *out, size_t cap)
         }
     }
 #undef PUT
+    return n;
+}
+
+size_t lr_jp_decode(const lr_jp_str *s, char *out, size_t cap)
+{
+    size_t n = unescape(s, out, cap, 1);
     if (cap)
         out[n < cap ? n : cap - 1] = '\0';
     return n;
+}
+
+size_t lr_jp_unescape(const lr_jp_str *s, char *out)
+{
+    return unescape(s, out, s->len, 0);
 }

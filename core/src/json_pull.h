@@ -79,5 +79,9 @@ int lr_jp_member_key(lr_jp *j, lr_jp_str *key);
  * may be more than cap - 1: then out holds its start). The string must
  * have been read by lr_jp_string. */
 size_t lr_jp_decode(const lr_jp_str *s, char *out, size_t cap);
+/* All of a checked string's UTF-8, a \u0000 included (as a NUL byte), into
+ * out, which holds s->len bytes (no escape is shorter than what it stands
+ * for); its length. For hosts whose strings may hold NULs. */
+size_t lr_jp_unescape(const lr_jp_str *s, char *out);
 
 #endif
