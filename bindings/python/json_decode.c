@@ -159,8 +159,7 @@ static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
 static PyObject *number(lr_jp *j)
 {
     const char *start = j->p;
-    double unused;
-    if (lr_jp_number(j, &unused) != 0)
+    if (lr_jp_number(j, NULL) != 0)     /* checked only: converted below, json's way */
         return NULL;
     size_t n = (size_t)(j->p - start);
     int is_float = 0;
@@ -251,8 +250,7 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
             top++;
             lr_jp_ws(&j);
             if (lr_jp_peek(&j) == (c == '{' ? '}' : ']')) {
-                j.p++;
-                j.depth--;
+                lr_jp_leave(&j);
                 v = close_frame(stack, &top);
             } else {
                 if (c == '{' && member_key(&j, cache, &f->key) != 0)
@@ -307,8 +305,7 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
             }
             if (c != (object ? '}' : ']'))
                 goto fail;
-            j.p++;
-            j.depth--;
+            lr_jp_leave(&j);
             v = close_frame(stack, &top);
         }
     }

@@ -254,7 +254,7 @@ int lr_jp_number(lr_jp *j, double *d)
         if (p == e)
             return -1;
     }
-    if (fast_double(digits, p, neg, d) != 0)
+    if (d && fast_double(digits, p, neg, d) != 0)
         *d = parse_double(s, (size_t)(p - s));
     j->p = p;
     return 0;
@@ -292,10 +292,8 @@ static int skip_scalar(lr_jp *j)
         lr_jp_str s;
         return lr_jp_string(j, &s);
     }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-        double d;
-        return lr_jp_number(j, &d);
-    }
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return lr_jp_number(j, NULL);
     int what;
     return lr_jp_literal(j, &what);
 }
@@ -332,8 +330,7 @@ int lr_jp_skip(lr_jp *j)
                 objects[level / 8] &= (unsigned char)~(1u << (level % 8));
             lr_jp_ws(j);
             if (lr_jp_peek(j) == (c == '{' ? '}' : ']')) {
-                j->p++;
-                j->depth--;
+                lr_jp_leave(j);
             } else {
                 if (c == '{' && lr_jp_member_key(j, &key) != 0)
                     return -1;
@@ -351,8 +348,7 @@ int lr_jp_skip(lr_jp *j)
             lr_jp_ws(j);
             c = lr_jp_peek(j);
             if (c == (object ? '}' : ']')) {
-                j->p++;
-                j->depth--;
+                lr_jp_leave(j);
                 continue;
             }
             if (c != ',')

@@ -62,13 +62,19 @@ static inline char lr_jp_peek(const lr_jp *j)
 /* Each reads the value at p (blanks already skipped) and moves past it:
  * 0, or -1 when the text is not JSON there. */
 int lr_jp_string(lr_jp *j, lr_jp_str *s);          /* p at '"' */
-int lr_jp_number(lr_jp *j, double *d);             /* p at '-' or a digit */
+int lr_jp_number(lr_jp *j, double *d);             /* p at '-' or a digit; d NULL: checked only */
 /* true, false or null: 1, 0 (true/false) or 2 (null) in *what. */
 int lr_jp_literal(lr_jp *j, int *what);
 /* Any value, containers and all, checked and not kept. */
 int lr_jp_skip(lr_jp *j);
 /* Into a container: p at '{' or '[' (-1 past LR_JP_MAX_DEPTH). */
 int lr_jp_enter(lr_jp *j);
+/* Out of a container: p at its closing '}' or ']'. */
+static inline void lr_jp_leave(lr_jp *j)
+{
+    j->p++;
+    j->depth--;
+}
 /* An object member's key and its colon, p at the key: 0 with the key in
  * *key and p at the value (blanks skipped). */
 int lr_jp_member_key(lr_jp *j, lr_jp_str *key);

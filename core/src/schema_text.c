@@ -74,8 +74,7 @@ static int check_array(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, i
         return not_json(w);
     lr_jp_ws(&w->j);
     if (lr_jp_peek(&w->j) == ']') {
-        w->j.p++;
-        w->j.depth--;
+        lr_jp_leave(&w->j);
         return bad;
     }
     for (size_t i = 0;; i++) {
@@ -98,8 +97,7 @@ static int check_array(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, i
         w->j.p++;
         lr_jp_ws(&w->j);
     }
-    w->j.p++;
-    w->j.depth--;
+    lr_jp_leave(&w->j);
     return bad;
 }
 
@@ -194,8 +192,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
     }
     lr_jp_ws(&w->j);
     if (lr_jp_peek(&w->j) == '}') {
-        w->j.p++;
-        w->j.depth--;
+        lr_jp_leave(&w->j);
     } else {
         for (;;) {
             if (bad && lr_v_stopped(v)) {
@@ -258,8 +255,7 @@ static int check_object(lr_vctx *v, walk *w, const node *n, mark m, int vdepth, 
             w->j.p++;
             lr_jp_ws(&w->j);
         }
-        w->j.p++;
-        w->j.depth--;
+        lr_jp_leave(&w->j);
     }
     for (size_t i = 0; i < n->n_req && !(bad && lr_v_stopped(v)); i++) {
         const required *r = &n->req[i];
