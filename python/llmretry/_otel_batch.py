@@ -22,7 +22,7 @@ from opentelemetry import context as otel_context
 from ._bodies import _LazyBodies
 from ._otel_context import _Propagation
 from ._otel_instruments import _start_of, _Telemetry
-from ._otel_mapping import _ATTEMPT_EVENT, _body_attributes, _targets_of
+from ._otel_mapping import _body_attributes, _targets_of
 from ._otel_record import (_CLIENT, _MODEL, _REQUEST_ID, _RESPONSE_MODEL, _STREAM, _TARGET,
                            _TOTAL_MS, _TTFT_MS, _USAGE, _Call, _end_span, _meta_values,
                            _model_of, _record, _success_attributes, _Tee)
@@ -168,12 +168,8 @@ class _Batch:
                 if body is not None:
                     _body_attributes(attrs, body, capture)
                 answered = _success_attributes(attrs, values, value.data, capture)
-                if target or model is None or not targets.single:
-                    _end_span(span, attrs, targets, endpoint, named, model, None, answered,
-                              None, end_ns)
-                else:   # _end_span's work when nothing changed since the start
-                    span.set_attributes(attrs)
-                    span.add_event(_ATTEMPT_EVENT, answered, timestamp=end_ns)
+                _end_span(span, attrs, targets, endpoint, named, model, None, answered, None,
+                          end_ns)
             span.end(end_time=end_ns)
             usage = values[_USAGE]
             ttft_ms = values[_TTFT_MS]
