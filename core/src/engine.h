@@ -30,15 +30,27 @@ typedef struct lr_goaway {
     unsigned long last_stream;
 } lr_goaway;
 
+/* A socket whose ports are known, by its ports (lr_socktab.index). */
+typedef struct lr_sock_slot {
+    uint32_t ports;                /* local << 16 | remote; 0 = empty */
+    curl_socket_t fd;
+} lr_sock_slot;
+
 typedef struct lr_socktab {
-    lr_sock *socks;
+    lr_sock *socks;                /* every open socket, in no order */
     size_t len, cap;
+    size_t unknown;                /* of them, how many have ports not yet learned */
+    lr_sock_slot *index;           /* open addressing, linear probing; a power of two */
+    size_t index_cap, index_len;
     lr_goaway goaways[LR_GOAWAYS]; /* the latest, oldest overwritten */
     unsigned next_goaway;
 } lr_socktab;
 
 /* Make the easy handle open and close its sockets through the table. */
 void lr_socktab_attach(lr_socktab *t, CURL *easy);
+/* What the handle's open and close callbacks do (tests call them too). */
+curl_socket_t lr_socktab_open(lr_socktab *t, int family, int socktype, int protocol);
+int lr_socktab_close(lr_socktab *t, curl_socket_t fd);
 /* The open socket with these ports, or CURL_SOCKET_BAD. */
 curl_socket_t lr_socktab_find(lr_socktab *t, int local_port, int remote_port);
 /* After curl_multi_cleanup: libcurl closes sockets through the table. */

@@ -61,11 +61,13 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-static const char *const captured_names[LR_H_COUNT] = {
-    "retry-after", "retry-after-ms", "x-should-retry",
-    "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
-    "x-ratelimit-limit-requests", "x-ratelimit-limit-tokens",
-    "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens",
+/* The response headers a call keeps (LR_H_*'s order), with their lengths. */
+#define CAPTURED(name) { name, sizeof(name) - 1 }
+static const struct { const char *name; size_t len; } captured[LR_H_COUNT] = {
+    CAPTURED("retry-after"), CAPTURED("retry-after-ms"), CAPTURED("x-should-retry"),
+    CAPTURED("x-ratelimit-reset-requests"), CAPTURED("x-ratelimit-reset-tokens"),
+    CAPTURED("x-ratelimit-limit-requests"), CAPTURED("x-ratelimit-limit-tokens"),
+    CAPTURED("x-ratelimit-remaining-requests"), CAPTURED("x-ratelimit-remaining-tokens"),
 };
 
 const char *lr_call_header(const llmretry_call *c, int i)
@@ -207,8 +209,12 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
         }
         return n;
     }
+    /* Every name kept starts with r or x: most lines (Date, Server...) stop here. */
+    char first = (char)(line[0] | 0x20);
+    if (first != 'r' && first != 'x')
+        return n;
     for (int i = 0; i < LR_H_COUNT; i++) {
-        if (strlen(captured_names[i]) != name_len || strncasecmp(line, captured_names[i], name_len) != 0)
+        if (captured[i].len != name_len || strncasecmp(line, captured[i].name, name_len) != 0)
             continue;
         const char *v = colon + 1, *end = line + n;
         while (v < end && (*v == ' ' || *v == '\t'))

@@ -1357,6 +1357,54 @@ static void test_unsafe_no_resend_on_reused_connection(void)
     llmretry_engine_free(e);
 }
 
+/* The engine's socket table (sockets.c) finds the socket of a reused
+ * connection by its ports, through an index: hundreds of connections, a
+ * third of them closed in between (the index's deletions move other
+ * entries), each still found, the closed ones never. */
+static void test_socket_index(void)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof a;
+    CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 512) == 0 &&
+          getsockname(lfd, (struct sockaddr *)&a, &al) == 0);
+    enum { N = 300 };
+    lr_socktab t;
+    memset(&t, 0, sizeof t);
+    curl_socket_t fds[N];
+    int lports[N], open_now[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = lr_socktab_open(&t, AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in l;
+        socklen_t ll = sizeof l;
+        CHECK(fds[i] >= 0 && connect(fds[i], (struct sockaddr *)&a, sizeof a) == 0 &&
+              getsockname(fds[i], (struct sockaddr *)&l, &ll) == 0);
+        lports[i] = ntohs(l.sin_port);
+        open_now[i] = 1;
+        /* Found as soon as it is asked for: its ports are learned then. */
+        if (i % 7 == 0)
+            CHECK_INT(lr_socktab_find(&t, lports[i], ntohs(a.sin_port)), fds[i]);
+    }
+    for (int i = 0; i < N; i += 3) {
+        CHECK_INT(lr_socktab_close(&t, fds[i]), 0);
+        open_now[i] = 0;
+    }
+    int wrong = 0;
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < N; i++)
+            wrong += lr_socktab_find(&t, lports[i], ntohs(a.sin_port)) !=
+                     (open_now[i] ? fds[i] : CURL_SOCKET_BAD);
+    CHECK_MSG(wrong == 0, "%d of %d lookups found the wrong socket", wrong, 2 * N);
+    CHECK_INT(lr_socktab_find(&t, 0, ntohs(a.sin_port)), CURL_SOCKET_BAD);
+    for (int i = 0; i < N; i++)
+        if (open_now[i])
+            lr_socktab_close(&t, fds[i]);
+    CHECK_INT((int)t.len, 0);
+    CHECK_INT((int)t.index_len, 0);
+    lr_socktab_free(&t);
+    close(lfd);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -1396,6 +1444,7 @@ int main(void)
     }
     struct { const char *name; void (*fn)(void); } own[] = {
         { "connection_reuse", test_connection_reuse },
+        { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },
         { "engine_churn", test_engine_churn },
         { "unsafe_no_resend", test_unsafe_no_resend_on_reused_connection },
