@@ -160,20 +160,50 @@ static void fire_timers(llmretry_engine *e)
     }
 }
 
-/* Hand every finished transfer to the policy; how many there were. */
+/* Hand every finished transfer to the policy; how many there were.
+ *
+ * Every end is read before any is handled: libcurl 7.88's
+ * curl_multi_remove_handle walks the queue of unread messages looking for
+ * its handle's, so removing each handle as its message was read walked
+ * the rest of the queue every time (with a thousand transfers, hundreds of
+ * ends come out of one curl_multi_perform: issue 36). A call detached
+ * while its end waited here (cancelled as another call ended) is skipped,
+ * as libcurl drops the message of a handle removed; a reference keeps the
+ * record meanwhile. */
 static int read_finished(llmretry_engine *e)
 {
     CURLMsg *m;
-    int left, n = 0;
+    int left, handled = 0;
+    size_t n = 0;
     while ((m = curl_multi_info_read(e->multi, &left))) {
         if (m->msg != CURLMSG_DONE)
             continue;
         llmretry_call *c = NULL;
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&c);
-        lr_attempt_finished(e, c, m->data.result);
-        n++;
+        if (n == e->done_cap) {
+            size_t cap = e->done_cap ? 2 * e->done_cap : 64;
+            struct lr_done *p = realloc(e->done, cap * sizeof *p);
+            if (!p) {
+                lr_attempt_finished(e, c, m->data.result);   /* the slower way */
+                handled++;
+                continue;
+            }
+            e->done = p;
+            e->done_cap = cap;
+        }
+        lr_call_ref(c);
+        c->done_queued = 1;
+        e->done[n++] = (struct lr_done){ c, m->easy_handle, m->data.result };
     }
-    return n;
+    for (size_t i = 0; i < n; i++) {
+        llmretry_call *c = e->done[i].call;
+        if (c->done_queued && c->easy == e->done[i].easy) {
+            c->done_queued = 0;
+            lr_attempt_finished(e, c, e->done[i].result);
+        }
+        lr_call_unref(c);
+    }
+    return handled + (int)n;
 }
 
 static int poll_timeout_ms(const llmretry_engine *e)
@@ -242,6 +272,9 @@ static void *io_main(void *arg)
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
+    free(e->done);
+    e->done = NULL;
+    e->done_cap = 0;
     return NULL;
 }
 

@@ -83,6 +83,9 @@ struct llmretry_engine {
     llmretry_group *groups;        /* groups with items to start */
     llmretry_call *live_head;      /* every unfinished call */
     int in_flight;
+    /* Transfers' ends read from libcurl, then handled (read_finished). */
+    struct lr_done { llmretry_call *call; CURL *easy; CURLcode result; } *done;
+    size_t done_cap;
     CURL **easy_pool;
     size_t n_easy;
     lr_socktab socks;              /* sockets of plain-http connections */
