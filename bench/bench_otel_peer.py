@@ -48,12 +48,13 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench_otel as bo  # noqa: E402  (puts python/ on sys.path, imports llmretry)
+import count_otel  # noqa: E402
 import llmretry  # noqa: E402
 import llmretry.otel  # noqa: E402
 from openai import OpenAI  # noqa: E402
@@ -326,6 +327,28 @@ def replay_peer(tracer: Any, script: List[Any], n: int, alive: int) -> Dict[str,
     return res
 
 
+# ---- the same, counted: Python bytecodes per call, not time ----------------
+
+_BENCH_FILES = ("bench_otel.py", "bench_otel_peer.py")
+
+
+def counted(fn: Callable[[], Any], n: int, skip: Tuple[str, ...] = ()) -> Dict[str, float]:
+    """The Python bytecodes and function calls this thread runs in ``fn()``,
+    per call of its ``n`` (count_otel.py's sys.settrace counter: other
+    threads, C and the kernel are not counted), leaving out the functions of
+    the files named in ``skip`` (the replay loops' own). Load does not move
+    them."""
+    counter = count_otel._Counter()
+    sys.settrace(counter)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    ops = sum(v for key, v in counter.ops.items() if key[0] not in skip)
+    calls = sum(v for key, v in counter.calls.items() if key[0] not in skip)
+    return {"ops": ops / n, "calls": calls / n}
+
+
 # ---- the report --------------------------------------------------------------
 
 def _client(who: str) -> str:
@@ -351,7 +374,8 @@ def _what(row: str, alive: Dict[str, int]) -> str:
 
 def report(args: argparse.Namespace, peers: List[str],
            results: Dict[str, List[Dict[str, float]]], counts: Dict[str, Dict[str, Any]],
-           scripts: Dict[str, List[Any]], alive: Dict[str, int]) -> None:
+           scripts: Dict[str, List[Any]], alive: Dict[str, int],
+           counts_ops: Dict[str, Dict[str, float]]) -> None:
     import platform
     import subprocess
     from importlib.metadata import version
@@ -452,6 +476,31 @@ def report(args: argparse.Namespace, peers: List[str],
     print("\n- The overhead round by round (process, on less off, µs): "
           + "; ".join(f"{w} " + " ".join(f"{x:+.0f}" for x in proc_rounds[w]) for w in clients)
           + ".")
+    if counts_ops:
+        c = counts_ops
+        print(f"\nCounted, not timed ({args.count} calls each, after the census; "
+              f"`count_otel.py`'s sys.settrace counter on the thread that runs the calls "
+              f"and their telemetry: llmretry's calling thread under `call_many`, the peer's "
+              f"calls made one after another on it; the span processor's thread, C and the "
+              f"kernel not counted; the SDK-alone floor counted the same way, one span at a "
+              f"time, without the replay loop's own functions). Python bytecodes and function calls per call; load does not move "
+              f"them:\n")
+        print("| per call | llmretry bytecodes | openai bytecodes | llmretry ÷ openai | "
+              "llmretry Python calls | openai Python calls |")
+        print("|---|---:|---:|---:|---:|---:|")
+
+        def both(label: str, f: Callable[[str, str], float]) -> None:
+            lo, oo = f("llmretry", "ops"), f("openai", "ops")
+            print(f"| {label} | {lo:,.0f} | {oo:,.0f} | "
+                  f"{f'{lo / oo:.2f}×' if oo > 0 else '—'} | {f('llmretry', 'calls'):,.0f} | "
+                  f"{f('openai', 'calls'):,.0f} |")
+        both("not instrumented", lambda w, k: c[f"{w} off"][k])
+        both("instrumented", lambda w, k: c[f"{w} on"][k])
+        both("**overhead**, on less off", lambda w, k: c[f"{w} on"][k] - c[f"{w} off"][k])
+        both("the SDK alone (its floor)", lambda w, k: c[f"{w} sdk"][k])
+        both("overhead less the SDK alone (the instrumentation's own Python)",
+             lambda w, k: c[f"{w} on"][k] - c[f"{w} off"][k] - c[f"{w} sdk"][k])
+        print()
     print(f"- The overhead as a share of an uninstrumented call (process): llmretry "
           f"{100 * proc['llmretry'] / med('llmretry off', 'cpu_us'):.0f} %, "
           + ", ".join(f"`{p}` {100 * proc[p] / med(f'{p} off', 'cpu_us'):.0f} %" for p in peers)
@@ -467,6 +516,8 @@ def main() -> None:
     ap.add_argument("--peer-workers", default="64,1",
                     help="the peer's pool sizes, comma- or space-separated (one batch each)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--count", type=int, default=500,
+                    help="calls per client counted in bytecodes (sys.settrace; 0: none)")
     ap.add_argument("--census", type=int, default=200,
                     help="calls per client in the census batch (in-memory providers)")
     args = ap.parse_args()
@@ -528,6 +579,55 @@ def main() -> None:
             for op in script:
                 print(f"  {op}", file=sys.stderr)
 
+        # Counted, on this thread: llmretry's calling thread runs call_many
+        # and every span and record; the peer's calls are made here one
+        # after another, on a client of their own (one connection: the
+        # 64-thread client's pool has 64, and httpx2 walks them in Python
+        # for every request, by a count that moves as nginx closes them).
+        # The SDK's processor thread is not counted for either.
+        counts_ops: Dict[str, Dict[str, float]] = {}
+        k = args.count
+        if k:
+            lone = Peer(args.base_url, 1)
+            lone.batch(range(200))
+
+            def peer_seq() -> None:
+                for i in range(k):
+                    if lone.call(i) != TOKENS:
+                        raise SystemExit("openai: a wrong answer")
+
+            def llm_batch_k() -> None:
+                if client.call_many(bodies[:k], limit=args.limit).summary.ok != k:
+                    raise SystemExit("llmretry: an item failed")
+            # The floors leave out the replay loops' own functions; what
+            # they call to read every thread's CPU before and after (the
+            # stdlib's Python) is counted alone and taken off.
+            probe = counted(lambda: (bo._thread_cpu(), bo._cpu(), bo._thread_cpu(), bo._cpu()),
+                            k, _BENCH_FILES)
+            llmretry.otel.instrument(tracer_provider=tp, meter_provider=mp)
+            counts_ops["llmretry sdk"] = counted(lambda: bo.replay(
+                llmretry.otel._everywhere, scripts["llmretry"], k, 1), k, _BENCH_FILES)
+            llmretry.otel.uninstrument()
+            counts_ops["openai sdk"] = counted(
+                lambda: replay_peer(ptap.tracer, scripts["openai"], k, 1), k, _BENCH_FILES)
+            for floor in ("llmretry sdk", "openai sdk"):
+                for key in ("ops", "calls"):
+                    counts_ops[floor][key] -= probe[key]
+            for mode in ("off", "on"):
+                if mode == "on":
+                    llmretry.otel.instrument(tracer_provider=tp, meter_provider=mp)
+                    instrumentor.instrument(tracer_provider=tp, meter_provider=mp)
+                try:
+                    counts_ops[f"llmretry {mode}"] = counted(llm_batch_k, k)
+                    counts_ops[f"openai {mode}"] = counted(peer_seq, k)
+                finally:
+                    if mode == "on":
+                        processor.force_flush()
+                        llmretry.otel.uninstrument()
+                        instrumentor.uninstrument()
+            lone.close()
+            print(f"COUNTED {counts_ops}", file=sys.stderr, flush=True)
+
         def measure(row: str) -> Dict[str, float]:
             who, mode = row.split(" ", 1)
             if who == "llmretry":
@@ -576,7 +676,7 @@ def main() -> None:
                 print(bo._line(row.replace(" ", "-"), args.n, res), file=sys.stderr, flush=True)
     for peer in peers.values():
         peer.close()
-    report(args, list(peers), results, counts, scripts, alive)
+    report(args, list(peers), results, counts, scripts, alive, counts_ops)
     tp.shutdown()
     mp.shutdown()
 

@@ -8,7 +8,8 @@
 # (the report in markdown on stdout, each batch's RESULT line on stderr)
 # Knobs: N=20000 (llmretry's calls per batch) PEER_N=4000 (the SDK's: a call
 # costs it ~30x the CPU) LIMIT=64 (call_many's) PEER_WORKERS="64 1" (the
-# peer's pool sizes, a batch each) ROUNDS=5 CENSUS=200 LLMRETRY_BENCH_PORT=18094
+# peer's pool sizes, a batch each) ROUNDS=5 CENSUS=200 COUNT=500 (calls counted
+# in bytecodes, 0: none) LLMRETRY_BENCH_PORT=18094
 # BUILD_DIR=build-bench PYTHON=python3 VENV=$BUILD_DIR/venv-otel. About 6
 # minutes on 2 cores with the defaults.
 #
@@ -57,4 +58,5 @@ bench_nginx_start "$PORT"     # sets TMP, FAST, SLOW; stops nginx on exit
 log "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$VPY" bench/bench_otel_peer.py --base-url "${FAST%/chat/completions}" \
   --n "${N:-20000}" --peer-n "${PEER_N:-4000}" --limit "${LIMIT:-64}" \
-  --peer-workers "${PEER_WORKERS:-64 1}" --rounds "${ROUNDS:-5}" --census "${CENSUS:-200}"
+  --peer-workers "${PEER_WORKERS:-64 1}" --rounds "${ROUNDS:-5}" --census "${CENSUS:-200}" \
+  --count "${COUNT:-500}"
