@@ -10,7 +10,7 @@
 # costs it ~30x the CPU) LIMIT=64 (call_many's) PEER_WORKERS="64 1" (the
 # peer's pool sizes, a batch each) ROUNDS=5 CENSUS=200 COUNT=500 (calls counted
 # in bytecodes, 0: none) LLMRETRY_BENCH_PORT=18094
-# BUILD_DIR=build-bench PYTHON=python3 VENV=$BUILD_DIR/venv-otel. About 6
+# BUILD_DIR=build-bench PYTHON=python3 VENV=$BUILD_DIR/venv-otel. About 7
 # minutes on 2 cores with the defaults.
 #
 # The peer and the OpenTelemetry SDK are pip-installed into a venv of the
