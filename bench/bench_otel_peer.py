@@ -613,18 +613,20 @@ def main() -> None:
             for floor in ("llmretry sdk", "openai sdk"):
                 for key in ("ops", "calls"):
                     counts_ops[floor][key] -= probe[key]
-            for mode in ("off", "on"):
-                if mode == "on":
-                    llmretry.otel.instrument(tracer_provider=tp, meter_provider=mp)
-                    instrumentor.instrument(tracer_provider=tp, meter_provider=mp)
-                try:
-                    counts_ops[f"llmretry {mode}"] = counted(llm_batch_k, k)
-                    counts_ops[f"openai {mode}"] = counted(peer_seq, k)
-                finally:
-                    if mode == "on":
-                        processor.force_flush()
-                        llmretry.otel.uninstrument()
-                        instrumentor.uninstrument()
+            counts_ops["llmretry off"] = counted(llm_batch_k, k)
+            counts_ops["openai off"] = counted(peer_seq, k)
+            # each instrumented alone, as in the timed batches
+            llmretry.otel.instrument(tracer_provider=tp, meter_provider=mp)
+            try:
+                counts_ops["llmretry on"] = counted(llm_batch_k, k)
+            finally:
+                llmretry.otel.uninstrument()
+            instrumentor.instrument(tracer_provider=tp, meter_provider=mp)
+            try:
+                counts_ops["openai on"] = counted(peer_seq, k)
+            finally:
+                instrumentor.uninstrument()
+            processor.force_flush()
             lone.close()
             print(f"COUNTED {counts_ops}", file=sys.stderr, flush=True)
 
