@@ -60,7 +60,7 @@ class _Batch:
         # resume), numbered from 0: the k-th is item runnable[k]. A lazy
         # batch's items come with their own indices.
         self.runnable = runnable
-        self.propagation = _Propagation(self.parent, kwargs.get("headers"))
+        self.propagation = _Propagation(self.parent, kwargs.get("headers"), shared=True)
         # Model -> the span's starting name and attributes (_start_of's).
         self.by_model: Dict[Any, Tuple[str, Dict[str, Any]]] = {}
         # Number in the run -> the item's (span, start time, body, model), in flight.
