@@ -139,7 +139,7 @@ class _Batch:
         helpers) without the record; any other through its record."""
         try:
             started = self.spans.pop(k, None)
-            if type(value) is not Result:       # (most are: one test)
+            if type(value) is not Result:       # (most are: one test for them)
                 if type(value) is dict:
                     # An outcome the batch makes its value of (a failure; a
                     # body Python parses, or the validator accepted): the same here.
