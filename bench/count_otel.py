@@ -6,11 +6,24 @@ spans that record and keep nothing), split by function. Counts do not
 depend on the machine's load, so a change's effect shows at once where
 bench/run_otel.sh's CPU figures need quiet rounds.
 
-    python3 bench/count_otel.py [--n 2000] [--top 25] [--modes off,noop,record]
+    python3 bench/count_otel.py [--n 2000] [--top 25] [--modes off,noop,record] [--parent]
 
 Against the project's mock server (in this process, its threads not
 traced: sys.settrace is the calling thread's alone). Only Python is
 counted: C functions (the extension, the interpreter's builtins) are not.
+``--parent``: the batches run under a (sampled) parent span, as a batch in
+an application's request would; without it their items' spans are roots.
+
+``--replay R`` times instead the per-item functions alone, on one thread:
+the batch's ``item_headers`` then ``item_done`` of each of its N real
+results (taken down during a batch), R times, best round's ns per item,
+for each instrumented mode. Run under cachegrind it counts what they cost
+with their C (load-independent too): the instructions of ``--replay 11``
+less those of ``--replay 1``, over 10 N::
+
+    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \
+        "$(python3 -c 'import sys; print(sys.executable)')" bench/count_otel.py \
+        --n 500 --modes record --replay 11
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections import Counter
 from typing import Any, Dict, Tuple
 
@@ -31,7 +45,8 @@ from llmretry.testing import MockServer  # noqa: E402
 from opentelemetry.metrics import NoOpMeterProvider  # noqa: E402
 from opentelemetry.trace import NoOpTracerProvider  # noqa: E402
 
-from bench_otel import _RecordingProvider  # noqa: E402
+from bench_otel import _Recording, _RecordingProvider  # noqa: E402
+from opentelemetry import trace  # noqa: E402
 
 Key = Tuple[str, str]
 
@@ -81,16 +96,69 @@ def count(client: llmretry.Client, bodies: Any, mode: str) -> _Counter:
     return counter
 
 
+def replay(client: llmretry.Client, bodies: Any, mode: str, rounds: int) -> float:
+    """The per-item functions of a batch of ``bodies`` made again ``rounds``
+    times on its own results, on this thread: the best round's ns per item."""
+    from llmretry import _otel_batch
+    tp = _RecordingProvider() if mode == "record" else NoOpTracerProvider()
+    llmretry.otel.instrument(tracer_provider=tp, meter_provider=NoOpMeterProvider())
+    taken: list = []
+    batches: list = []
+    real = _otel_batch._Batch.item_done
+
+    def item_done(self: Any, k: int, value: Any) -> None:
+        batches.append(self)
+        taken.append((k, value))
+        real(self, k, value)
+    _otel_batch._Batch.item_done = item_done     # type: ignore[method-assign]
+    try:
+        out = client.call_many(bodies)
+    finally:
+        _otel_batch._Batch.item_done = real     # type: ignore[method-assign]
+    try:
+        if out.summary.ok != len(bodies) or len(set(map(id, batches))) != 1:
+            raise SystemExit(f"{mode}: {out.summary.failed} items failed")
+        batch = batches[0]
+        batch.attempt_sums = {}     # as while it runs (finish() has set them aside)
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for k, value in taken:
+                batch.item_headers(k)
+                batch.item_done(k, value)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        llmretry.otel.uninstrument()
+    return best / len(taken) * 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--modes", default="off,noop,record")
+    ap.add_argument("--replay", type=int, default=0, metavar="R",
+                    help="time the per-item functions alone, R rounds (see above)")
+    ap.add_argument("--parent", action="store_true",
+                    help="run the batches under a parent span (the same trace as their items')")
     args = ap.parse_args()
+    if args.parent:
+        # The bench's recording spans all have one context: the parent's
+        # trace is theirs, as an SDK span's children's is.
+        trace.use_span(trace.NonRecordingSpan(_Recording._CTX)).__enter__()
     modes = args.modes.split(",")
     bodies = [{"model": "gpt-bench", "max_tokens": 16,
                "messages": [{"role": "user", "content": f"Item {i}"}]} for i in range(args.n)]
     n = args.n
+    if args.replay:
+        with MockServer() as server, llmretry.Client(base_url=server.base_url) as client:
+            client.call_many(bodies[:50])       # warm: caches, connections
+            print(f"Per batch item, item_headers + item_done on one thread, best of "
+                  f"{args.replay} rounds of {n:,}\n")
+            for mode in modes:
+                if mode != "off":
+                    print(f"| {mode} | {replay(client, bodies, mode, args.replay):.0f} ns |")
+        return
     results: Dict[str, _Counter] = {}
     with MockServer() as server, llmretry.Client(base_url=server.base_url) as client:
         for mode in modes:

@@ -60,7 +60,7 @@ class _Batch:
         # resume), numbered from 0: the k-th is item runnable[k]. A lazy
         # batch's items come with their own indices.
         self.runnable = runnable
-        self.propagation = _Propagation(self.parent, kwargs.get("headers"))
+        self.propagation = _Propagation(self.parent, kwargs.get("headers"), shared=True)
         # Model -> the span's starting name and attributes (_start_of's).
         self.by_model: Dict[Any, Tuple[str, Dict[str, Any]]] = {}
         # Number in the run -> the item's (span, start time, body, model), in flight.
@@ -139,14 +139,15 @@ class _Batch:
         helpers) without the record; any other through its record."""
         try:
             started = self.spans.pop(k, None)
-            if type(value) is dict:
-                # An outcome the batch makes its value of (a failure; a body
-                # Python parses, or the validator accepted): the same here.
-                value = _value_of(value, None)
-            if not isinstance(value, Result):
-                if isinstance(value, LLMError):
-                    self._ended(k, started, value, value.request_id, value.total_ms)
-                return          # else never sent (a bad input line)
+            if type(value) is not Result:       # (most are: one test for them)
+                if type(value) is dict:
+                    # An outcome the batch makes its value of (a failure; a
+                    # body Python parses, or the validator accepted): the same here.
+                    value = _value_of(value, None)
+                if not isinstance(value, Result):
+                    if isinstance(value, LLMError):
+                        self._ended(k, started, value, value.request_id, value.total_ms)
+                    return          # else never sent (a bad input line)
             values = _meta_values(value)
             calls = self.calls
             if started is None or (calls and values[_REQUEST_ID] in calls):
@@ -162,22 +163,26 @@ class _Batch:
             # The request's model names the call, else the result's.
             named = model if model is not None else values[_MODEL] or None
             tel = self.tel
+            usage = values[_USAGE]
+            if usage:
+                in_tokens = usage.get("prompt_tokens")
+                out_tokens = usage.get("completion_tokens")
+            else:
+                in_tokens = out_tokens = None
             if span.is_recording():
                 capture = tel.capture
                 attrs: Dict[str, Any] = {}
                 if body is not None:
                     _body_attributes(attrs, body, capture)
-                answered = _success_attributes(attrs, values, value.data, capture)
+                answered = _success_attributes(attrs, values, value.data, capture, in_tokens,
+                                               out_tokens)
                 _end_span(span, attrs, targets, endpoint, named, model, None, answered, None,
                           end_ns)
             span.end(end_time=end_ns)
-            usage = values[_USAGE]
             ttft_ms = values[_TTFT_MS]
             _record(tel, None, endpoint, named, values[_RESPONSE_MODEL], None, start_ns, end_ns,
                     ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None,
-                    usage.get("prompt_tokens") if usage else None,
-                    usage.get("completion_tokens") if usage else None, values[1],
-                    self.attempt_sums)
+                    in_tokens, out_tokens, values[1], self.attempt_sums)
         except Exception:   # telemetry must never break a batch
             pass
 

@@ -80,11 +80,13 @@ class _Propagation:
     they are formatted here: ``traceparent`` from the span's context (a
     span whose context has a ``tracestate`` goes through the propagator),
     ``baggage`` from the parent context's, written once (a span does not
-    change the context's baggage)."""
+    change the context's baggage). A batch's items (``shared``) under a
+    parent span have its trace id: their line's start up to the span id is
+    written once (``head``), and only each span id is formatted."""
 
-    __slots__ = ("textmap", "parent", "headers", "fast", "base", "baggage")
+    __slots__ = ("textmap", "parent", "headers", "fast", "base", "baggage", "extra", "head")
 
-    def __init__(self, parent: Any, headers: Optional[List[str]]) -> None:
+    def __init__(self, parent: Any, headers: Optional[List[str]], shared: bool = False) -> None:
         self.parent = parent
         self.headers = headers
         self.textmap = textmap = otel_propagate.get_global_textmap()
@@ -92,6 +94,9 @@ class _Propagation:
         self.fast = parts is not None
         self.baggage: List[str] = []
         self.base: List[str] = []
+        self.extra = False      # lines besides traceparent (base or baggage)
+        # (the parent's trace id, its line's start); 0: never a valid span's.
+        self.head = (0, "")
         if parts is None:
             return
         if len(parts) == 2:
@@ -100,6 +105,12 @@ class _Propagation:
             self.baggage = [f"{name}: {value}" for name, value in carrier.items()]
         replaced = {"traceparent"} | ({"baggage"} if self.baggage else set())
         self.base = [line for line in headers or () if _name(line) not in replaced]
+        self.extra = bool(self.base or self.baggage)
+        if shared:
+            ctx = otel_trace.get_current_span(parent).get_span_context()
+            if ctx.is_valid:
+                self.head = (ctx.trace_id,
+                             f"traceparent: 00-{ctx.trace_id.to_bytes(16, 'big').hex()}-")
 
     def lines(self, span: Any) -> Optional[List[str]]:
         """The request header lines of a call whose span is ``span``: the
@@ -118,10 +129,14 @@ class _Propagation:
                 if state is DEFAULT_TRACE_STATE or not state:
                     # TraceContextTextMapPropagator.inject's header: its ids
                     # as 32 and 16 hex digits (what format(id, "032x") gives
-                    # a valid one), its flags as 2.
-                    line = (f"traceparent: 00-{trace_id.to_bytes(16, 'big').hex()}-"
-                            f"{span_id.to_bytes(8, 'big').hex()}-{_HEX2[flags]}")
-                    if self.base or self.baggage:
+                    # a valid one, and faster), its flags as 2.
+                    known, head = self.head
+                    if trace_id == known:       # a child of the batch's parent
+                        line = f"{head}{span_id.to_bytes(8, 'big').hex()}-{_HEX2[flags]}"
+                    else:
+                        line = (f"traceparent: 00-{trace_id.to_bytes(16, 'big').hex()}-"
+                                f"{span_id.to_bytes(8, 'big').hex()}-{_HEX2[flags]}")
+                    if self.extra:
                         return [*self.base, line, *self.baggage]
                     return [line]
             elif ctx == INVALID_SPAN_CONTEXT and not self.baggage:

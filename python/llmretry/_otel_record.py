@@ -110,13 +110,13 @@ def _meta_values(result: Result) -> Tuple[Any, ...]:
 
 
 def _success_attributes(attrs: Dict[str, Any], values: Tuple[Any, ...], data: Any,
-                        capture: bool) -> Dict[str, Any]:
+                        capture: bool, in_tokens: Any, out_tokens: Any) -> Dict[str, Any]:
     """Add to ``attrs`` the span attributes of a success (its Meta's
-    ``values``, _meta_values', and its response ``data``); return the
-    attributes of the attempt that answered (telemetry asked for no event
-    of it)."""
+    ``values``, _meta_values', its response ``data`` and its tokens, which
+    the metrics record too: read once, by the caller); return the attributes
+    of the attempt that answered (telemetry asked for no event of it)."""
     (attempt, attempts, duration_ms, _total_ms, status, request_id, _model, response_model,
-     fingerprint, resends, stream, ttft_ms, chunks, target, usage) = values
+     fingerprint, resends, stream, ttft_ms, chunks, target, _usage) = values
     attrs["llmretry.request_id"] = request_id
     attrs["llmretry.attempts"] = attempts
     if target:
@@ -133,13 +133,10 @@ def _success_attributes(attrs: Dict[str, Any], values: Tuple[Any, ...], data: An
             attrs["gen_ai.response.time_to_first_chunk"] = ttft_ms * 0.001
         if chunks is not None:
             attrs["llmretry.chunks"] = chunks
-    if usage:       # _usage_attributes, written out: this runs for every success
-        tokens = usage.get("prompt_tokens")
-        if tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = tokens
-        tokens = usage.get("completion_tokens")
-        if tokens is not None:
-            attrs["gen_ai.usage.output_tokens"] = tokens
+    if in_tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = in_tokens
+    if out_tokens is not None:
+        attrs["gen_ai.usage.output_tokens"] = out_tokens
     _response_attributes(attrs, data, capture)
     if status is not None and duration_ms is not None:     # (always, from the engine)
         answered = {"llmretry.attempt": attempt, "http.response.status_code": status,
@@ -420,19 +417,20 @@ class _Call:
             span = self.span = _start_span(self.tel, targets, self.parent, model, self.policy,
                                            start_ns)
             started = model
-        if span.is_recording():
-            attrs = self._request_attributes()
-            answered = _success_attributes(attrs, values, result.data, self.tel.capture)
-            _end_span(span, attrs, targets, endpoint, model, started, None, answered,
-                      self.attempts, end_ns)
-        span.end(end_time=end_ns)
         usage = values[_USAGE]
         if usage:
             in_tokens = usage.get("prompt_tokens")
             out_tokens = usage.get("completion_tokens")
-        else:                   # the events' usage, if any
+        else:                   # the events' usage, if any (the span's already)
             in_tokens = last.get("gen_ai.usage.input_tokens")
             out_tokens = last.get("gen_ai.usage.output_tokens")
+        if span.is_recording():
+            attrs = self._request_attributes()
+            answered = _success_attributes(attrs, values, result.data, self.tel.capture,
+                                           in_tokens, out_tokens)
+            _end_span(span, attrs, targets, endpoint, model, started, None, answered,
+                      self.attempts, end_ns)
+        span.end(end_time=end_ns)
         ttft_ms = values[_TTFT_MS]
         ttfc = ttft_ms * 0.001 if values[_STREAM] and ttft_ms is not None else None
         _record(self.tel, self.counts, endpoint, model, values[_RESPONSE_MODEL], None, start_ns,

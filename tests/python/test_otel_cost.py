@@ -161,6 +161,37 @@ def _check_lines() -> None:
     assert checked == 2 * 4 * len(spans)
 
 
+def test_the_header_lines_of_spans_sharing_a_trace_are_the_propagators() -> None:
+    """A batch's items under one parent share its trace id, and the line's
+    start is kept for the last trace id seen: spans of one trace, with other
+    span ids and flags, then of another trace and back, and a real parent's
+    children: each line is the propagator's."""
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(),
+                                                      W3CBaggagePropagator()]))
+    try:
+        rng = random.Random(341)
+        one, other = rng.getrandbits(128) | 1, rng.getrandbits(128) | 1
+        tracer = TracerProvider().get_tracer("t")
+        parent_span = tracer.start_span("parent")
+        parent = trace.set_span_in_context(parent_span)
+        spans = [NonRecordingSpan(SpanContext(trace_id, rng.getrandbits(64) | 1, False,
+                                              TraceFlags(flags)))
+                 for trace_id in (one, one, other, one, other, other, 1, one)
+                 for flags in (1, 0, 255)]
+        spans += [tracer.start_span(f"item-{i}", parent) for i in range(5)]
+        spans.insert(7, spans[-1])          # a trace seen before, after others
+        for headers in (None, ["X-Mine: kept", "traceparent: 00-bad"]):
+            for ctx in (context.Context(), parent):
+                prop = _Propagation(ctx, headers, shared=True)
+                assert prop.fast
+                for span in spans:
+                    assert prop.lines(span) == _expected(span, ctx, headers), (
+                        span.get_span_context(), headers)
+    finally:
+        propagate.set_global_textmap(before)
+
+
 class _Custom(TextMapPropagator):
     """An application's own propagator (a subclass of nothing the API ships)."""
 
