@@ -138,9 +138,14 @@ llmretry_status llmretry_check_header(const char *name, size_t name_len, const c
 static llmretry_status check_header(const llmretry_options *o, const char *h, size_t i,
                                     char *err, size_t errlen)
 {
+    /* Every line of every call comes here: only a bad one pays for its
+     * label (an snprintf was a tenth of a header's checking). */
+    int has_key = o->api_key && *o->api_key;
+    if (check_line(h, "", has_key, NULL, 0) == LLMRETRY_OK)
+        return LLMRETRY_OK;
     char label[40];
     snprintf(label, sizeof label, "headers[%zu]", i);
-    return check_line(h, label, o->api_key && *o->api_key, err, errlen);
+    return check_line(h, label, has_key, err, errlen);
 }
 
 llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,
