@@ -14,6 +14,10 @@
 # served by a second gateway nginx (one worker, port LLMRETRY_GATEWAY_PORT+1),
 # the three gateways' runs in an order that rotates from round to round; one
 # more table row and ratio line. Without it the output is as it was.
+# PACE_MS=<ms>: each downstream connection waits that long before each of its
+# requests (bench/wrk_paced.lua): the same offered load for every gateway,
+# below their capacity, so that the latency columns compare service times
+# rather than queues (0, the default: as fast as each gateway answers).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,6 +28,7 @@ CONNS=${CONNS:-1000}
 UP_PORT=${LLMRETRY_BENCH_PORT:-18089}
 GW_PORT=${LLMRETRY_GATEWAY_PORT:-18093}
 BASELINE=${BASELINE:-}
+PACE_MS=${PACE_MS:-0}   # > 0: each connection waits this long before each request (bench/wrk_paced.lua)
 BGW_PORT=$((GW_PORT + 1))
 
 log() { printf '%s\n' "$*" >&2; }
@@ -123,8 +128,10 @@ ticks() { # [worker] -> "main others"
 # wrk's latency line "99%  123.45ms" in ms.
 to_ms() { awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /ms$/) v = v; else if ($1 ~ /s$/) v *= 1000; printf "%.1f", v }'; }
 declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO
+WRK_SCRIPT=()
+[ "$PACE_MS" = 0 ] || WRK_SCRIPT=(-s "$ROOT/bench/wrk_paced.lua")
 run() { # path secs -> sets OUT
-  OUT=$(wrk -t2 -c"$CONNS" -d"$2"s --timeout 10s --latency "$(url_of "$1")")
+  OUT=$(PACE_MS=$PACE_MS wrk -t2 -c"$CONNS" -d"$2"s --timeout 10s --latency "${WRK_SCRIPT[@]}" "$(url_of "$1")")
 }
 for path in "${PATHS[@]}"; do
   log "== warm-up /$path (3 s)"
@@ -175,7 +182,7 @@ echo "llmretry OpenResty benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc
 echo
 echo "One gateway worker (\`bench/openresty.conf\`) calls the 50 ms endpoint of \`bench/nginx.conf\`" \
   "(\`echo_sleep 0.05\`, its own nginx, one worker) for every downstream request and answers the" \
-  "model's content; \`wrk -t2 -c$CONNS -d${SECS}s --latency\` is the $CONNS downstream clients." \
+  "model's content; \`wrk -t2 -c$CONNS -d${SECS}s --latency\` is the $CONNS downstream clients$( [ "$PACE_MS" = 0 ] || echo ", each waiting $PACE_MS ms before each request (bench/wrk_paced.lua: the same offered load for every gateway)")." \
   "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each."
 echo
 echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread |"
