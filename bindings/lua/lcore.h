@@ -9,7 +9,8 @@
  *   options.c        a Lua table of options -> llmretry_options
  *   engine.c         engines and groups
  *   channel.c        channels (one consumer's view of an engine; OpenResty's socket)
- *   policies.c       named policies and ids, checked by the core */
+ *   policies.c       named policies and ids, checked by the core
+ *   ffi.c            plain C entry points for LuaJIT's FFI (lffi.h) */
 #ifndef LLMRETRY_LUA_LCORE_H
 #define LLMRETRY_LUA_LCORE_H
 
@@ -173,6 +174,9 @@ int channel_path(lua_State *L);
 int channel_poll(lua_State *L);
 int channel_tostring(lua_State *L);
 int channel_wait(lua_State *L);
+
+/* ffi.c: the LuaJIT FFI entry points (core._ffi) */
+int l_ffi_api(lua_State *L);
 
 /* policies.c: named policies and ids (the core's) */
 int l_parse_policies(lua_State *L);

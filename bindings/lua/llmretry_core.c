@@ -209,6 +209,7 @@ static const luaL_Reg module_functions[] = {
     { "parse_policies", l_parse_policies },
     { "uuid4", l_uuid4 },
     { "resolve_policy", l_resolve_policy },
+    { "_ffi", l_ffi_api },
     { NULL, NULL },
 };
 

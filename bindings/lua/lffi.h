@@ -1,0 +1,32 @@
+/* The LuaJIT FFI entry points (ffi.c): one table of plain C functions,
+ * handed to Lua by core._ffi(). lua/llmretry/ffi.lua declares the same
+ * struct in its cdef (tests/lua/ffi_spec.lua checks that they agree): a
+ * change here changes LR_FFI_ABI and the cdef with it. */
+#ifndef LLMRETRY_LUA_LFFI_H
+#define LLMRETRY_LUA_LFFI_H
+
+#include "llmretry.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LR_FFI_ABI 1
+#define LR_FFI_OK 1
+#define LR_FFI_RAW 2
+
+/* cdef begin */
+typedef struct lr_ffi_api {
+    int abi;
+    int (*drain)(void *handle);
+    const void *(*result)(void *handle, const char **body, size_t *len, int *flags);
+    void (*free)(void *handle);
+    uintptr_t (*key)(void *handle);
+    size_t (*poll)(void *channel, uintptr_t *keys, size_t max);
+    ptrdiff_t (*text_len)(const char *s);
+    int (*shape_field)(int shape, const void *obj, size_t i, llmretry_field *out);
+    size_t (*shape_field_count)(int shape);
+    const char *(*field_name)(int shape, size_t i);
+} lr_ffi_api;
+/* cdef end */
+
+#endif
