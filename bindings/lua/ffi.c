@@ -15,6 +15,8 @@
 #include "lcore.h"
 #include "lffi.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A call's mail for a host that listens to none of it, up to the end:
@@ -132,6 +134,129 @@ static const char *ffi_field_name(int s, size_t i)
     return f ? f->name : NULL;
 }
 
+/* ---- calls submitted through the FFI --------------------------------------
+ * A call_llm nobody listens to is also submitted from Lua (llmretry.ffi's
+ * submit): its options filled by the core's setters into one options
+ * struct per Lua state (prep), its handle a plain lr_handle in C memory
+ * that Lua owns by ffi.gc(h, handle_free) (never a userdata: only the
+ * classic API makes those). Anything these do not take, Lua sends through
+ * the classic engine:submit, which raises what it raises. */
+
+static void *ffi_prep_new(void)
+{
+    llmretry_options *o = calloc(1, sizeof *o);
+    if (o)
+        llmretry_options_defaults(o);
+    return o;
+}
+
+static void ffi_prep_free(void *o)
+{
+    free(o);
+}
+
+static void ffi_prep_reset(void *o)
+{
+    llmretry_options_defaults(o);
+}
+
+static int ffi_set_int(void *o, const char *name, int64_t v, char *err, size_t errlen)
+{
+    return llmretry_options_set_int(o, name, v, err, errlen);
+}
+
+static int ffi_set_bool(void *o, const char *name, int v, char *err, size_t errlen)
+{
+    return llmretry_options_set_bool(o, name, v, err, errlen);
+}
+
+static int ffi_set_text(void *o, const char *name, const char *v, char *err, size_t errlen)
+{
+    return llmretry_options_set_text(o, name, v, err, errlen);
+}
+
+static int ffi_set_number(void *o, const char *name, double v, char *err, size_t errlen)
+{
+    return llmretry_options_set_number(o, name, v, err, errlen);
+}
+
+/* The binding's own keys, as parse_opts sets them: the body (a table body
+ * encoded by Lua: stream_usage), validate and stream_chunks. */
+static void ffi_set_body(void *p, const char *body, size_t len, int stream_usage, int validate,
+                         int stream_chunks)
+{
+    llmretry_options *o = p;
+    o->body = body;
+    o->body_len = len;
+    o->stream_usage = stream_usage;
+    o->validate = validate;
+    o->stream_chunks = stream_chunks;
+}
+
+/* Option i of the core's table: its name and type (NULL past the end). */
+static const char *ffi_option(size_t i, int *type)
+{
+    const llmretry_option_info *opt = llmretry_option_at(i);
+    if (!opt)
+        return NULL;
+    *type = (int)opt->type;
+    return opt->name;
+}
+
+/* Submit o on the engine of engine_ud, reporting to the channel of
+ * channel_ud (NULL: the engine's own), in poll mode like engine:submit;
+ * table_model: a table body's model (parse_opts' rule). A new handle, or
+ * NULL with err set (a closed engine or channel says so too). */
+static struct lr_ffi_handle *ffi_submit(void *engine_ud, void *p, void *channel_ud,
+                                        const char *table_model, char *err, size_t errlen)
+{
+    llmretry_options *o = p;
+    llmretry_engine *e = lr_engine_of(engine_ud);
+    snprintf(err, errlen, "%s", "");
+    if (!e)
+        return NULL;
+    if (channel_ud) {
+        o->channel = lr_chan_open(channel_ud);
+        if (!o->channel)
+            return NULL;
+    }
+    if (table_model && !o->model && !o->content_type && o->method == LLMRETRY_METHOD_POST)
+        o->model = table_model;
+    lr_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    if (llmretry_engine_submit(e, o, LLMRETRY_SUBMIT_POLL, &h->call, err, errlen) !=
+        LLMRETRY_OK) {
+        free(h);
+        return NULL;
+    }
+    return (struct lr_ffi_handle *)(void *)h;
+}
+
+/* A handle of ffi_submit's: its call and itself (ffi.gc's finalizer, or
+ * llmretry.ffi's free once its result is read). */
+static void ffi_handle_free(void *ud)
+{
+    lr_handle *h = ud;
+    if (!h)
+        return;
+    ffi_free(h);
+    free(h);
+}
+
+static void ffi_cancel(void *ud)
+{
+    lr_handle *h = ud;
+    if (h->call)
+        llmretry_call_cancel(h->call);
+}
+
+static const char *ffi_request_id(void *ud)
+{
+    lr_handle *h = ud;
+    return h->call ? llmretry_call_request_id(h->call) : NULL;
+}
+
 static const lr_ffi_api API = {
     LR_FFI_ABI,
     ffi_drain,
@@ -143,6 +268,19 @@ static const lr_ffi_api API = {
     ffi_shape_field,
     ffi_shape_field_count,
     ffi_field_name,
+    ffi_prep_new,
+    ffi_prep_free,
+    ffi_prep_reset,
+    ffi_option,
+    ffi_set_int,
+    ffi_set_bool,
+    ffi_set_text,
+    ffi_set_number,
+    ffi_set_body,
+    ffi_submit,
+    ffi_handle_free,
+    ffi_cancel,
+    ffi_request_id,
 };
 
 /* core._ffi() -> light userdata: the table above (lua/llmretry/ffi.lua). */
@@ -150,4 +288,18 @@ int l_ffi_api(lua_State *L)
 {
     lua_pushlightuserdata(L, (void *)&API);
     return 1;
+}
+
+/* core._ffi_result(address) -> res | nil, err: what handle:result() gives,
+ * for a handle of ffi_submit's (its address as a number: LuaJIT has no
+ * light userdata from a cdata). For llmretry.ffi alone, on the rare path
+ * (a failure, text it does not convert): any other number is not a handle. */
+int l_ffi_result(lua_State *L)
+{
+    lr_handle *h = (lr_handle *)(uintptr_t)luaL_checknumber(L, 1);
+    const llmretry_result *r = h && h->call ? llmretry_call_result(h->call) : NULL;
+    if (!r)
+        return lr_fail(L, "the call is not finished");
+    lua_settop(L, 0);
+    return lr_push_result(L, r);
 }

@@ -10,11 +10,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LR_FFI_ABI 1
+#define LR_FFI_ABI 2
 #define LR_FFI_OK 1
 #define LR_FFI_RAW 2
 
 /* cdef begin */
+struct lr_ffi_handle;
 typedef struct lr_ffi_api {
     int abi;
     int (*drain)(void *handle);
@@ -26,6 +27,21 @@ typedef struct lr_ffi_api {
     int (*shape_field)(int shape, const void *obj, size_t i, llmretry_field *out);
     size_t (*shape_field_count)(int shape);
     const char *(*field_name)(int shape, size_t i);
+    void *(*prep_new)(void);
+    void (*prep_free)(void *prep);
+    void (*prep_reset)(void *prep);
+    const char *(*option)(size_t i, int *type);
+    int (*set_int)(void *prep, const char *name, int64_t v, char *err, size_t errlen);
+    int (*set_bool)(void *prep, const char *name, int v, char *err, size_t errlen);
+    int (*set_text)(void *prep, const char *name, const char *v, char *err, size_t errlen);
+    int (*set_number)(void *prep, const char *name, double v, char *err, size_t errlen);
+    void (*set_body)(void *prep, const char *body, size_t len, int stream_usage, int validate,
+                     int stream_chunks);
+    struct lr_ffi_handle *(*submit)(void *engine, void *prep, void *channel,
+                                    const char *table_model, char *err, size_t errlen);
+    void (*handle_free)(void *handle);
+    void (*cancel)(void *handle);
+    const char *(*request_id)(void *handle);
 } lr_ffi_api;
 /* cdef end */
 

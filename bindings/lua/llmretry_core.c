@@ -210,6 +210,7 @@ static const luaL_Reg module_functions[] = {
     { "uuid4", l_uuid4 },
     { "resolve_policy", l_resolve_policy },
     { "_ffi", l_ffi_api },
+    { "_ffi_result", l_ffi_result },
     { NULL, NULL },
 };
 

@@ -19,9 +19,11 @@
 --                 refuses (engine where every call runs on the host's own)
 --   report(ev, e) a logger's first error in a call (nil: stderr)
 --   check(level)  raise when a call cannot wait here (nil: it always can)
---   submit(sub, engine, pool, level) -> h, token: send the call (on which
---                 engine, channel, group is the host's), `pool` the running
---                 worker's pool context or nil, `engine` opts.engine
+--   submit(sub, engine, pool, level, plain) -> h, token: send the call (on
+--                 which engine, channel, group is the host's), `pool` the
+--                 running worker's pool context or nil, `engine` opts.engine;
+--                 plain: nobody listens to its mail (no logger, validate or
+--                 on_chunk), so llmretry.ffi may submit it
 --   wait(h, token)    return once h may have news (block, or yield)
 --   release(h, token) h's call has ended (nil: nothing to undo)
 --   free_early    true: a call_llm's call is freed as soon as its result is
@@ -115,8 +117,9 @@ function M.new(host)
   function A.start(opts, level, on_chunk, pool)
     local sub, ctx, engine = split_options(opts, level + 1, pool)
     ctx.on_chunk = on_chunk
-    local h, token = submit(sub, engine, pool, level + 1)
-    return h, ctx, token
+    local plain = lffi and not on_chunk and not ctx.logger and not ctx.validate
+    local h, token = submit(sub, engine, pool, level + 1, plain)
+    return h, ctx, token, plain
   end
   local start = A.start
 
@@ -127,8 +130,8 @@ function M.new(host)
   -- call freed once read rather than when the handle is collected.
   local function run(opts, level, on_chunk)
     if check then check(level + 1) end
-    local h, ctx, token = start(opts, level + 1, on_chunk, sched.current())
-    if lffi and not on_chunk and not ctx.logger and not ctx.validate then
+    local h, ctx, token, plain = start(opts, level + 1, on_chunk, sched.current())
+    if plain then
       local fdrain = lffi.drain
       while not fdrain(h) do wait(h, token) end
       if release then release(h, token) end

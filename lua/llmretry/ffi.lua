@@ -17,7 +17,8 @@
 -- is not UTF-8, a field of a kind not handled here) goes to the classic
 -- function, so that results and errors are the same either way.
 --
--- M.calls counts the results read here (tests: the path is taken).
+-- M.calls counts the results built here, M.submitted the calls submitted
+-- here (tests: the path is taken).
 local jit = rawget(_G, "jit")
 if type(jit) ~= "table" then return false end
 local ok_ffi, ffi = pcall(require, "ffi")
@@ -49,6 +50,7 @@ typedef struct llmretry_field {
         size_t size, n;
     } list;
 } llmretry_field;
+struct lr_ffi_handle;
 typedef struct lr_ffi_api {
     int abi;
     int (*drain)(void *handle);
@@ -60,22 +62,39 @@ typedef struct lr_ffi_api {
     int (*shape_field)(int shape, const void *obj, size_t i, llmretry_field *out);
     size_t (*shape_field_count)(int shape);
     const char *(*field_name)(int shape, size_t i);
+    void *(*prep_new)(void);
+    void (*prep_free)(void *prep);
+    void (*prep_reset)(void *prep);
+    const char *(*option)(size_t i, int *type);
+    int (*set_int)(void *prep, const char *name, int64_t v, char *err, size_t errlen);
+    int (*set_bool)(void *prep, const char *name, int v, char *err, size_t errlen);
+    int (*set_text)(void *prep, const char *name, const char *v, char *err, size_t errlen);
+    int (*set_number)(void *prep, const char *name, double v, char *err, size_t errlen);
+    void (*set_body)(void *prep, const char *body, size_t len, int stream_usage, int validate,
+                     int stream_chunks);
+    struct lr_ffi_handle *(*submit)(void *engine, void *prep, void *channel,
+                                    const char *table_model, char *err, size_t errlen);
+    void (*handle_free)(void *handle);
+    void (*cancel)(void *handle);
+    const char *(*request_id)(void *handle);
 } lr_ffi_api;
 ]]
-local ABI = 1
+local ABI = 2
 -- Another copy of this module (or of an older one) declared these already
 -- in this state: ffi.cdef raises on a redefinition, and then they are ours.
 pcall(ffi.cdef, CDEF)
 local ok_api, api = pcall(ffi.cast, "const lr_ffi_api *", core._ffi())
 if not ok_api or api.abi ~= ABI then return false end
 
-local tonumber, type = tonumber, type
-local ffi_string = ffi.string
-local decode = core.decode
+local tonumber, type, pairs, pcall, getmetatable, rawget =
+  tonumber, type, pairs, pcall, getmetatable, rawget
+local floor, find = math.floor, string.find
+local ffi_string, ffi_gc, ffi_cast = ffi.string, ffi.gc, ffi.cast
+local decode, encode, ffi_result = core.decode, core.encode, core._ffi_result
 local ok_new, new_tab = pcall(require, "table.new")
 if not ok_new then new_tab = function() return {} end end
 
-local M = { CDEF = CDEF, calls = 0 }
+local M = { CDEF = CDEF, calls = 0, submitted = 0 }
 
 -- llmretry_field_type's values (llmretry/shapes.h).
 local F_NULL, F_INT, F_STRING, F_USAGE, F_BOOL = 0, 1, 2, 3, 4
@@ -151,14 +170,122 @@ function M.result(h)
 end
 
 -- Free h's call now; h must not be used again (the classic methods raise
--- on it, as on any freed handle).
+-- on a freed userdata handle; a handle of M.submit is gone).
 function M.free(h)
-  api.free(h)
+  if type(h) == "cdata" then
+    ffi_gc(h, nil)
+    api.handle_free(h)
+  else
+    api.free(h)
+  end
 end
 
 -- The key channel polls name h's call by (M.poll).
 function M.key(h)
   return tonumber(api.key(h))
+end
+
+-- ---------------------------------------------------------------------------
+-- Submitting a call that nobody listens to: its options set by the core's
+-- setters from Lua (a trace runs through them), its handle a C object the
+-- GC frees (ffi.gc) unless M.free does first. Anything but plain options
+-- (text, integers, booleans, numbers; a table or string body; channel,
+-- validate, stream_chunks) goes to engine:submit, as does any option the
+-- core refuses here: its errors are the classic ones, word for word.
+
+local REG = debug.getregistry()
+local ENGINE_MT, CHANNEL_MT = REG["llmretry.engine"], REG["llmretry.channel"]
+local T_TEXT, T_INT, T_BOOL, T_ENUM, T_NUMBER = 1, 2, 3, 4, 7
+local KIND = {}         -- option name -> "text", "int", "bool", "number"
+do
+  local ty = ffi.new("int[1]")
+  local i = 0
+  while true do
+    local name = api.option(i, ty)
+    if name == nil then break end
+    local t = ty[0]
+    KIND[ffi_string(name)] = (t == T_TEXT or t == T_ENUM) and "text" or t == T_INT and "int"
+      or t == T_BOOL and "bool" or t == T_NUMBER and "number" or "classic"
+    i = i + 1
+  end
+end
+-- The binding's own keys this path takes (the others, group, are classic).
+KIND.body, KIND.channel, KIND.validate, KIND.stream_chunks = "own", "own", "own", "own"
+
+local ERRLEN = 512
+local errbuf = ffi.new("char[?]", ERRLEN)
+local prep = ffi_gc(api.prep_new(), api.prep_free)
+local TWO63 = 2 ^ 63
+
+-- A handle of M.submit: what the hosts ask of any handle.
+local handle_methods = {
+  cancel = function(h) api.cancel(h) end,
+  request_id = function(h)
+    local s = api.request_id(h)
+    if s == nil then return nil end
+    return ffi_string(s)
+  end,
+  -- The classic result, for what M.result does not build (a failure).
+  result = function(h) return ffi_result(tonumber(ffi_cast("uintptr_t", h))) end,
+}
+-- Once per state: a second copy of this module finds it set, to the same
+-- functions of the same core.
+pcall(ffi.metatype, "struct lr_ffi_handle", {
+  __index = handle_methods,
+  __tostring = function(h) return "llmretry.handle: " .. (handle_methods.request_id(h) or "(none)") end,
+})
+
+-- Set one option; false when it is not plain or the core refuses it here.
+local function set(k, v)
+  local kind = KIND[k]
+  if kind == "int" then
+    if type(v) ~= "number" or v ~= floor(v) or v < -TWO63 or v >= TWO63 then return false end
+    return api.set_int(prep, k, v, errbuf, ERRLEN) == 0
+  elseif kind == "text" then
+    if type(v) ~= "string" or find(v, "\0", 1, true) then return false end
+    return api.set_text(prep, k, v, errbuf, ERRLEN) == 0
+  elseif kind == "bool" then
+    if type(v) ~= "boolean" then return false end
+    return api.set_bool(prep, k, v and 1 or 0, errbuf, ERRLEN) == 0
+  elseif kind == "number" then
+    if type(v) ~= "number" then return false end
+    return api.set_number(prep, k, v, errbuf, ERRLEN) == 0
+  end
+  return kind == "own"
+end
+
+-- submit(engine, sub) -> handle, or nil: send it with engine:submit (the
+-- classic path raises what this one would not say). sub: engine:submit's
+-- options, the values kept alive by the caller until this returns.
+function M.submit(engine, sub)
+  if getmetatable(engine) ~= ENGINE_MT then return nil end
+  local ch = sub.channel
+  if ch ~= nil and getmetatable(ch) ~= CHANNEL_MT then return nil end
+  if sub.method ~= nil then return nil end
+  local validate, chunks = sub.validate, sub.stream_chunks
+  if (validate ~= nil and type(validate) ~= "boolean")
+      or (chunks ~= nil and type(chunks) ~= "boolean") then
+    return nil
+  end
+  api.prep_reset(prep)
+  for k, v in pairs(sub) do
+    if type(k) ~= "string" or not set(k, v) then return nil end
+  end
+  local body, model, usage = sub.body, nil, 0
+  if type(body) == "table" then
+    local m = rawget(body, "model")
+    if type(m) == "string" then model = m end
+    local ok, text = pcall(encode, body)
+    if not ok then return nil end
+    body, usage = text, 1
+  elseif type(body) ~= "string" or body == "" then
+    return nil
+  end
+  api.set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
+  local h = api.submit(engine, prep, ch, model, errbuf, ERRLEN)
+  if h == nil then return nil end
+  M.submitted = M.submitted + 1
+  return ffi_gc(h, api.handle_free)
 end
 
 -- poll(channel, fn, arg): fn(arg, key) for each call with news on the

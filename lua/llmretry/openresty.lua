@@ -39,6 +39,7 @@ local api = require("llmretry.api")
 -- LuaJIT's FFI path (llmretry.ffi): always there under OpenResty's
 -- LuaJIT; false when the FFI cannot be had, and then the classic one.
 local lffi = require("llmretry.ffi")
+local ffi_submit = lffi and lffi.submit
 
 local type, pairs, tostring, error, pcall, next = type, pairs, tostring, error, pcall, next
 local setmetatable, collectgarbage = setmetatable, collectgarbage
@@ -450,11 +451,13 @@ local A = api.new{
   check = check_phase,
   -- On the worker's engine, reporting to its dispatcher's channel; the
   -- token is the call's waiter (its semaphore, and the dispatch it is in).
-  submit = function(sub, _, _, level)
+  -- A plain call (nobody listens to its mail) through the FFI when its
+  -- options allow (llmretry.ffi.submit), else the classic engine:submit.
+  submit = function(sub, _, _, level, plain)
     local w = worker()
     local d = w.d
     sub.channel = d.channel
-    local h = api.submit(w.engine, sub, level + 1)
+    local h = plain and ffi_submit(w.engine, sub) or api.submit(w.engine, sub, level + 1)
     local waiter = take_waiter()
     waiter.w, waiter.d = w, d
     d.waiting[key_of(h)] = waiter

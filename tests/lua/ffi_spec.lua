@@ -67,7 +67,7 @@ describe("llmretry.ffi", function()
     local struct = header:match("/%* cdef begin %*/(.-)/%* cdef end %*/")
     check(struct, "lffi.h has no cdef markers")
     local function norm(s) return (s:gsub("%s+", " "):gsub("^ ", ""):gsub(" $", "")) end
-    local cdef = lffi.CDEF:match("(typedef struct lr_ffi_api.-} lr_ffi_api;)")
+    local cdef = lffi.CDEF:match("(struct lr_ffi_handle;.-} lr_ffi_api;)")
     check(cdef and norm(cdef) == norm(struct), "the cdef and lffi.h differ:\n%s\n%s",
       tostring(cdef), struct)
     local abi = header:match("#define LR_FFI_ABI (%d+)")
@@ -113,6 +113,68 @@ describe("llmretry.ffi", function()
       check(getmetatable(ef) == core.error_mt and ef.request_id == "ffi-fail-1",
         "error %s", H.dump(ef))
       check(tostring(ef):find("ffi-fail-1", 1, true), "tostring %s", tostring(ef))
+      engine:close()
+    end)
+
+    it("submits a plain call as engine:submit does, and leaves the rest to it", function()
+      if not IS_JIT then return end
+      local engine = llm.new_engine()
+      local scen = mock:scen("ffi_submit")
+      scen.script({ { status = 503 } })
+      local before = lffi.submitted
+      local o = opts(scen, { request_id = "ffi-sub-1", deadline_ms = 20000 })
+      local h = lffi.submit(engine, o)
+      check(type(h) == "cdata", "a plain call was not submitted through the FFI: %s",
+        tostring(h))
+      check(lffi.submitted == before + 1, "not counted")
+      check(h:request_id() == "ffi-sub-1", "request_id %s", tostring(h:request_id()))
+      check(tostring(h) == "llmretry.handle: ffi-sub-1", "tostring %s", tostring(h))
+      check(H.wait_until(function() return lffi.drain(h) end), "the call did not end")
+      local built = lffi.calls
+      local res = lffi.result(h)
+      check(lffi.calls == built + 1, "the FFI path did not build the result")
+      check(res.meta.attempts == 2 and res.meta.request_id == "ffi-sub-1"
+        and res.meta.model == "gpt-test", "meta %s", H.dump(res.meta))
+      -- The request went out as engine:submit sends it.
+      local h2 = engine:submit(H.merge(o, { request_id = "ffi-sub-2" }))
+      check(h2:wait(10000), "the classic call did not end")
+      local recs = scen.wait_requests(3)
+      check(#recs == 3, "%d requests", #recs)
+      check(recs[2].body == recs[3].body, "the bodies differ:\n%s\n%s", recs[2].body,
+        recs[3].body)
+      local hd, hc = recs[2].headers, recs[3].headers
+      check(hd.authorization == hc.authorization and hd["content-type"] == hc["content-type"],
+        "headers differ")
+      lffi.free(h)
+      -- Not plain: headers, a group, an unknown key, a bad value, a closed
+      -- engine: nil, and engine:submit says what it says.
+      local function refused(extra, e)
+        local o2 = H.merge(opts(scen), extra)
+        check(lffi.submit(e or engine, o2) == nil, "taken: %s", H.dump(extra))
+      end
+      refused({ headers = { ["X-A"] = "1" } })
+      refused({ group = engine:group{ limit = 1 } })
+      refused({ timeout = 5 })
+      refused({ timeout_ms = -5 })
+      refused({ timeout_ms = 1.5 })
+      refused({ jitter = "sometimes" })
+      refused({ body = "" })
+      local closed = llm.new_engine()
+      closed:close()
+      refused({}, closed)
+      refused({}, {})
+      check(lffi.submitted == before + 1, "a refused call was counted")
+      local ok, err = pcall(engine.submit, engine, H.merge(opts(scen), { timeout_ms = -5 }))
+      check(not ok and tostring(err):find("timeout_ms", 1, true), "classic: %s", tostring(err))
+      -- A failure through an FFI handle: the classic error table.
+      scen = mock:scen("ffi_submit_fail")
+      scen.script({ { status = 401 } })
+      h = lffi.submit(engine, opts(scen, { request_id = "ffi-sub-fail" }))
+      check(H.wait_until(function() return lffi.drain(h) end), "the call did not end")
+      local r, e = lffi.result(h)
+      check(r == nil and getmetatable(e) == core.error_mt and e.kind == "http_status"
+        and e.status == 401 and e.request_id == "ffi-sub-fail", "err %s", H.dump(e))
+      lffi.free(h)
       engine:close()
     end)
 

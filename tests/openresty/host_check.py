@@ -340,8 +340,10 @@ def test_ffi_path(ngx, mock):
     check(out["jit"] == "table" and out["ffi"] == "table",
           f"llmretry.ffi is not the FFI path under OpenResty: {out['ffi']}")
     fast, classic = out["fast"], out["classic"]
-    check(fast["built"] == 1, f"the call without a logger did not take the FFI path: {fast}")
-    check(classic["built"] == 0, f"the logged call took the FFI path: {classic}")
+    check(fast["built"] == 1 and fast["submitted"] == 1,
+          f"the call without a logger did not take the FFI path: {fast}")
+    check(classic["built"] == 0 and classic["submitted"] == 0,
+          f"the logged call took the FFI path: {classic}")
     check(fast["meta"]["attempts"] == 2 and fast["meta"]["usage"]["total_tokens"] == 15,
           f"meta {fast['meta']}")
     check(json.loads(fast["body"]) == fast["data"], f"body and data differ: {fast}")
