@@ -81,8 +81,10 @@ static void ffi_free(void *ud)
         llmretry_event_free(h->parked);
         h->parked = NULL;
     }
-    llmretry_call_free(h->call);
-    h->call = NULL;
+    if (h->call) {
+        llmretry_call_free(h->call);
+        h->call = NULL;
+    }
 }
 
 /* The key a channel's poll names this handle's call by (0 without one). */

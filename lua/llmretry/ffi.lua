@@ -170,14 +170,10 @@ function M.result(h)
 end
 
 -- Free h's call now; h must not be used again (the classic methods raise
--- on a freed userdata handle; a handle of M.submit is gone).
+-- on a freed handle). A handle of M.submit keeps its few bytes until the GC
+-- takes it: ffi.gc(h, nil) would end the trace here.
 function M.free(h)
-  if type(h) == "cdata" then
-    ffi_gc(h, nil)
-    api.handle_free(h)
-  else
-    api.free(h)
-  end
+  api.free(h)
 end
 
 -- The key channel polls name h's call by (M.poll).
