@@ -99,7 +99,7 @@ local M = { CDEF = CDEF, calls = 0, submitted = 0 }
 -- llmretry_field_type's values (llmretry/shapes.h).
 local F_NULL, F_INT, F_STRING, F_USAGE, F_BOOL = 0, 1, 2, 3, 4
 local SHAPE_META, SHAPE_USAGE = 0, 3
-local OK, RAW = 1, 2
+local OK = 1           -- flags: a success of JSON text (LR_FFI_OK, not LR_FFI_RAW)
 
 -- Each shape's field names, in the core's order, interned once.
 local function names_of(shape)
@@ -189,8 +189,12 @@ end
 -- validate, stream_chunks) goes to engine:submit, as does any option the
 -- core refuses here: its errors are the classic ones, word for word.
 
-local REG = debug.getregistry()
+-- The binding's metatables (its registry names), to check what submit is
+-- given: the C side takes a userdata's payload as what it says it is.
+local ok_reg, REG = pcall(function() return debug.getregistry() end)
+if not ok_reg or type(REG) ~= "table" then return false end
 local ENGINE_MT, CHANNEL_MT = REG["llmretry.engine"], REG["llmretry.channel"]
+if type(ENGINE_MT) ~= "table" or type(CHANNEL_MT) ~= "table" then return false end
 local T_TEXT, T_INT, T_BOOL, T_ENUM, T_NUMBER = 1, 2, 3, 4, 7
 local KIND = {}         -- option name -> "text", "int", "bool", "number"
 do
