@@ -22,6 +22,8 @@
  *   handle:next() -> "event", t | "validate", body | "done" | nil
  *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
  *   handle:cancel(), handle:request_id(), handle:done()
+ *   core._ffi(), core._ffi_result(address): for lua/llmretry/ffi.lua alone
+ *     (LuaJIT's FFI path, ffi.c)
  *   core.error_mt, core.VERSION, core.EVENT_NAMES, core.EVENTS_ALL,
  *   core.ERROR_KINDS, core.REASONS, core.STREAM_REASONS (the core's lists)
  *
