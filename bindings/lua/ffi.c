@@ -1,8 +1,9 @@
 /* The LuaJIT FFI entry points (issue 36): plain C functions that LuaJIT's
  * compiler can call from a trace, for the per-call path of a call nobody
- * listens to (no logger, no validate, no stream): drain its mailbox, read
- * its result, walk its meta, free it, and poll a channel. The classic
- * functions (handle:next, handle:result, channel:poll) stop a trace each.
+ * listens to (no logger, no validate, no stream): submit it (the core's
+ * option setters), drain its mailbox, read its result, walk its meta, free
+ * it, and poll a channel. The classic functions (engine:submit,
+ * handle:next, handle:result, channel:poll) stop a trace each.
  *
  * Lua reaches them through core._ffi(): a light userdata pointing at one
  * table of function pointers (lr_ffi_api, declared in lffi.h and, the same,
@@ -10,8 +11,9 @@
  * functions are always those of the module the state loaded. Each takes
  * the payload of a handle or channel userdata (LuaJIT passes a userdata to
  * a `void *` parameter as its payload): Lua never sees the binding's
- * structs. The handle stays the call's one owner: free() only frees it
- * early, as its __gc would. */
+ * structs. A handle is its call's one owner: a userdata's __gc, or, for
+ * a call submitted here, the ffi.gc finalizer Lua gives it (handle_free);
+ * free() only frees the call early. */
 #include "lcore.h"
 #include "lffi.h"
 
