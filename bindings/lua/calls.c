@@ -84,7 +84,7 @@ static void push_err(lua_State *L, const llmretry_result *r, const char *kind,
 }
 
 /* Push res (1 value) or nil, err (2 values). */
-static int push_result(lua_State *L, const llmretry_result *r)
+int lr_push_result(lua_State *L, const llmretry_result *r)
 {
     if (!r->ok) {
         lua_pushnil(L);
@@ -257,7 +257,7 @@ int handle_result(lua_State *L)
         return h->cached_err ? 2 : 1;
     }
     lua_settop(L, 1);
-    int n = push_result(L, r);
+    int n = lr_push_result(L, r);
     lua_pushvalue(L, -1);
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
     /* luaL_ref's refs are > 0; a nil result (never) would be LUA_REFNIL */

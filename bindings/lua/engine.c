@@ -76,6 +76,12 @@ typedef struct lr_engine {
     llmretry_engine *e;         /* NULL once closed */
 } lr_engine;
 
+/* The engine of an engine userdata's payload, NULL once closed (ffi.c). */
+llmretry_engine *lr_engine_of(const void *ud)
+{
+    return ((const lr_engine *)ud)->e;
+}
+
 static lr_engine *check_engine(lua_State *L)
 {
     return lr_check_self(L, ENGINE_MT, "an engine");

@@ -5,6 +5,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "json_pull.h"
+
 #include <ctype.h>
 #include <limits.h>
 #include <math.h>
@@ -247,6 +249,99 @@ static void push_json(lua_State *L, const cJSON *v, int array_mt, jtext *t)
     }
 }
 
+/* ---- the fast path: the core's pull reader, no tree -------------------------
+ * Most text decoded here is an answer the core has checked already: read
+ * with the core's strict reader (core/src/json_pull.h) straight into Lua
+ * values, there is no cJSON tree to allocate node by node and free. It
+ * takes strict JSON only (valid UTF-8, escapes paired, no raw controls):
+ * anything it refuses goes to cJSON below, which then decodes it or says
+ * why not in its own words, so the values and messages are the same as
+ * before. Numbers are the same doubles (strtod's, as cJSON's); a repeated
+ * key keeps its last value, as rawset in order did. */
+static int pull_string(lua_State *L, const lr_jp_str *s)
+{
+    if (!s->escaped) {
+        lua_pushlstring(L, s->raw, s->len);
+        return 0;
+    }
+    char small[256];
+    char *out = small;
+    if (s->len > sizeof small)
+        out = lua_newuserdata(L, s->len);   /* collected if anything raises */
+    size_t n = lr_jp_unescape(s, out);
+    lua_pushlstring(L, out, n);
+    if (out != small)
+        lua_remove(L, -2);
+    return 0;
+}
+
+/* Push the value at j->p (blanks skipped): 0, or -1 (the stack as it was,
+ * give or take what the caller drops) where the reader refuses the text. */
+static int pull_value(lua_State *L, lr_jp *j, int array_mt)
+{
+    luaL_checkstack(L, 4, "llmretry: JSON nested too deeply");
+    char c = lr_jp_peek(j);
+    lr_jp_str str;
+    if (c == '"') {
+        if (lr_jp_string(j, &str) != 0)
+            return -1;
+        return pull_string(L, &str);
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        double d;
+        if (lr_jp_number(j, &d) != 0)
+            return -1;
+        push_json_number(L, d);
+        return 0;
+    }
+    if (c == '[' || c == '{') {
+        if (lr_jp_enter(j) != 0)
+            return -1;
+        lua_createtable(L, c == '[' ? 4 : 0, c == '{' ? 4 : 0);
+        char close = c == '[' ? ']' : '}';
+        lr_jp_ws(j);
+        int i = 0;
+        if (lr_jp_peek(j) != close) {
+            for (;;) {
+                if (close == '}') {
+                    if (lr_jp_member_key(j, &str) != 0)
+                        return -1;
+                    pull_string(L, &str);
+                    if (pull_value(L, j, array_mt) != 0)
+                        return -1;
+                    lua_rawset(L, -3);
+                } else {
+                    if (pull_value(L, j, array_mt) != 0)
+                        return -1;
+                    lua_rawseti(L, -2, ++i);
+                }
+                lr_jp_ws(j);
+                c = lr_jp_peek(j);
+                if (c == close)
+                    break;
+                if (c != ',')
+                    return -1;
+                j->p++;
+                lr_jp_ws(j);
+            }
+        }
+        lr_jp_leave(j);
+        if (close == ']') {
+            lua_pushvalue(L, array_mt);
+            lua_setmetatable(L, -2);
+        }
+        return 0;
+    }
+    int what;
+    if (lr_jp_literal(j, &what) != 0)
+        return -1;
+    if (what == 2)
+        push_null(L);
+    else
+        lua_pushboolean(L, what);
+    return 0;
+}
+
 static int is_json_ws(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -266,6 +361,17 @@ int push_decoded(lua_State *L, const char *s, size_t n, char *err, size_t errlen
     int base = lua_gettop(L);
     luaL_checkstack(L, 6, "llmretry: out of stack space");
     luaL_getmetatable(L, ARRAY_MT);
+    lr_jp j;
+    lr_jp_init(&j, s + b, n - b);
+    if (pull_value(L, &j, base + 1) == 0) {
+        lr_jp_ws(&j);
+        if (j.p == j.end) {
+            lua_replace(L, base + 1);
+            lua_settop(L, base + 1);
+            return 1;
+        }
+    }
+    lua_settop(L, base + 1);                /* refused: cJSON's turn */
     jtree *t = lua_newuserdata(L, sizeof *t);
     t->root = NULL;
     luaL_getmetatable(L, JTREE_MT);

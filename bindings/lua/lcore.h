@@ -9,7 +9,8 @@
  *   options.c        a Lua table of options -> llmretry_options
  *   engine.c         engines and groups
  *   channel.c        channels (one consumer's view of an engine; OpenResty's socket)
- *   policies.c       named policies and ids, checked by the core */
+ *   policies.c       named policies and ids, checked by the core
+ *   ffi.c            plain C entry points for LuaJIT's FFI (lffi.h) */
 #ifndef LLMRETRY_LUA_LCORE_H
 #define LLMRETRY_LUA_LCORE_H
 
@@ -125,6 +126,7 @@ int err_tostring(lua_State *L);
 int handle_cancel(lua_State *L);
 int handle_done(lua_State *L);
 int lr_handle_gc(lua_State *L);
+int lr_push_result(lua_State *L, const llmretry_result *r);
 int handle_next(lua_State *L);
 int handle_request_id(lua_State *L);
 int handle_result(lua_State *L);
@@ -145,6 +147,7 @@ void rename_header_error(const llmretry_options *o, char *err, size_t errlen);
 
 /* engine.c: engines and groups */
 llmretry_engine *check_open_engine(lua_State *L);
+llmretry_engine *lr_engine_of(const void *ud);
 /* The handles with news from `src` (fetch: its poll), found through the
  * weak call -> handle table in the uservalue of the userdata at index 1. */
 typedef size_t (*poll_fn)(void *src, llmretry_call **calls, size_t max);
@@ -173,6 +176,10 @@ int channel_path(lua_State *L);
 int channel_poll(lua_State *L);
 int channel_tostring(lua_State *L);
 int channel_wait(lua_State *L);
+
+/* ffi.c: the LuaJIT FFI entry points (core._ffi, core._ffi_result) */
+int l_ffi_api(lua_State *L);
+int l_ffi_result(lua_State *L);
 
 /* policies.c: named policies and ids (the core's) */
 int l_parse_policies(lua_State *L);

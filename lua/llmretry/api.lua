@@ -19,11 +19,16 @@
 --                 refuses (engine where every call runs on the host's own)
 --   report(ev, e) a logger's first error in a call (nil: stderr)
 --   check(level)  raise when a call cannot wait here (nil: it always can)
---   submit(sub, engine, pool, level) -> h, token: send the call (on which
---                 engine, channel, group is the host's), `pool` the running
---                 worker's pool context or nil, `engine` opts.engine
+--   submit(sub, engine, pool, level, plain) -> h, token: send the call (on
+--                 which engine, channel, group is the host's), `pool` the
+--                 running worker's pool context or nil, `engine` opts.engine;
+--                 plain: nobody listens to its mail (no logger, validate or
+--                 on_chunk), so llmretry.ffi may submit it
 --   wait(h, token)    return once h may have news (block, or yield)
 --   release(h, token) h's call has ended (nil: nothing to undo)
+--   free_early    true: a call_llm's call is freed as soon as its result is
+--                 read (the host keeps no reference to its handle after
+--                 release)
 --   batch()       call_many's engine, channel and what it waits on (nil:
 --                 an engine of its own polled on this thread; see call_many)
 --   map(...), map_options, map_on_done: how map_with_concurrency's pool
@@ -33,6 +38,8 @@ local core = require("llmretry.core")
 local args = require("llmretry.args")
 local scheduler = require("llmretry.scheduler")
 local drain = require("llmretry.mailbox").drain
+-- The FFI path under LuaJIT, false elsewhere (decided once, at load).
+local lffi = require("llmretry.ffi")
 
 local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
 local getmetatable, rawget = getmetatable, rawget
@@ -74,8 +81,9 @@ end
 
 function M.new(host)
   local A = {}
-  local refused, report, check, submit, wait, release =
-    host.refused, host.report, host.check, host.submit, host.wait, host.release
+  local refused, report, check, submit, wait, release, free_early =
+    host.refused, host.report, host.check, host.submit, host.wait, host.release,
+    host.free_early
 
   -- This host's pools: sched.current() is the context of the pool whose
   -- worker is running ({ logger, group, ... }: the host's), and a worker
@@ -109,16 +117,28 @@ function M.new(host)
   function A.start(opts, level, on_chunk, pool)
     local sub, ctx, engine = split_options(opts, level + 1, pool)
     ctx.on_chunk = on_chunk
-    local h, token = submit(sub, engine, pool, level + 1)
-    return h, ctx, token
+    local plain = lffi and not on_chunk and not ctx.logger and not ctx.validate
+    local h, token = submit(sub, engine, pool, level + 1, plain)
+    return h, ctx, token, plain
   end
   local start = A.start
 
   -- One call, waited for the host's way: its mail delivered to the caller's
-  -- functions as it comes, on_chunk (stream_llm's) given each chunk.
+  -- functions as it comes, on_chunk (stream_llm's) given each chunk. A
+  -- call with none of them under LuaJIT: drained and read through the FFI
+  -- (llmretry.ffi), and, where the host says so (host.free_early), its
+  -- call freed once read rather than when the handle is collected.
   local function run(opts, level, on_chunk)
     if check then check(level + 1) end
-    local h, ctx, token = start(opts, level + 1, on_chunk, sched.current())
+    local h, ctx, token, plain = start(opts, level + 1, on_chunk, sched.current())
+    if plain then
+      local fdrain = lffi.drain
+      while not fdrain(h) do wait(h, token) end
+      if release then release(h, token) end
+      local res, err = lffi.result(h)
+      if free_early then lffi.free(h) end
+      return res, err
+    end
     while not drain(h, ctx) do wait(h, token) end
     if release then release(h, token) end
     if ctx.chunk_error ~= nil then error(ctx.chunk_error, 0) end

@@ -36,6 +36,10 @@ local semaphore = require("ngx.semaphore")
 local llm = require("llmretry")
 local args = require("llmretry.args")
 local api = require("llmretry.api")
+-- LuaJIT's FFI path (llmretry.ffi): always there under OpenResty's
+-- LuaJIT; false when the FFI cannot be had, and then the classic one.
+local lffi = require("llmretry.ffi")
+local ffi_submit = lffi and lffi.submit
 
 local type, pairs, tostring, error, pcall, next = type, pairs, tostring, error, pcall, next
 local setmetatable, collectgarbage = setmetatable, collectgarbage
@@ -81,7 +85,8 @@ end
 -- W = { engine, d, exiting }: one per worker (this chunk's upvalue; each
 -- worker has its own Lua VM). d = { channel, path, waiting, state }: the
 -- channel the worker's calls report to, and who waits for which:
--- waiting maps a handle to its waiter { sema, ready }, weak both ways, so
+-- waiting maps a call's key (key_of(h)) to its waiter { sema, ready,
+-- handles }, weak (the values; the keys too where they are handles), so
 -- that a request killed while it waits leaves nothing behind (its handles
 -- are collected, which cancels their calls). state: "starting" (the
 -- dispatcher has not connected yet), "running", or "stopped" (none: the
@@ -90,24 +95,32 @@ end
 
 local W = nil
 
+-- A call's key in d.waiting: under the FFI, a number the channel's poll
+-- names it by (no table of handles per poll); else the handle itself.
+local key_of = lffi and lffi.key or function(h) return h end
+local WAITING_MODE = lffi and "v" or "kv"
+
+-- The call of `key` has news: post its waiter. One pending post is
+-- enough: the waiter reads everything there is.
+local function post(waiting, key)
+  local waiter = waiting[key]
+  if waiter then
+    local ready = waiter.ready
+    if ready then ready[#ready + 1] = waiter.handles[key] end
+    local sema = waiter.sema
+    if sema:count() <= 0 then sema:post(1) end
+  end
+end
+
 -- Post the waiter of every call with news on d's channel, until it is empty.
 local function wake(d)
   local ch, waiting = d.channel, d.waiting
+  if lffi then return lffi.poll(ch, post, waiting) end
   while true do
     local hs = ch:poll()
     local n = #hs
     if n == 0 then return end
-    for i = 1, n do
-      local h = hs[i]
-      local waiter = waiting[h]
-      if waiter then
-        local ready = waiter.ready
-        if ready then ready[#ready + 1] = h end
-        -- One pending post is enough: the waiter reads everything there is.
-        local sema = waiter.sema
-        if sema:count() <= 0 then sema:post(1) end
-      end
-    end
+    for i = 1, n do post(waiting, hs[i]) end
   end
 end
 
@@ -126,7 +139,7 @@ end
 -- The call of h has ended: nobody waits for it. The last one of an exiting
 -- worker has the dispatcher look now rather than at its next second.
 local function release(w, d, h)
-  d.waiting[h] = nil
+  d.waiting[key_of(h)] = nil
   if w.exiting and next(d.waiting) == nil then d.kick:post(1) end
 end
 
@@ -239,7 +252,7 @@ end
 
 local function new_dispatch(w, channel, state)
   local d = { channel = channel, state = state, kick = semaphore.new(),
-    waiting = setmetatable({}, { __mode = "kv" }) }
+    waiting = setmetatable({}, { __mode = WAITING_MODE }) }
   w.d = d
   return d
 end
@@ -355,6 +368,7 @@ local function cancel_request()
   if live then cancel_all(live) end
 end
 
+-- Returns the request's set of calls, which h is in until it ends.
 local function watch_abort(h)
   local ctx = ngx.ctx
   local live = ctx[ABORT]
@@ -368,6 +382,7 @@ local function watch_abort(h)
   end
   if live.aborted then h:cancel() end
   live.calls[h] = true
+  return live
 end
 
 -- Cancel every call the current request has in flight: for a handler that
@@ -396,13 +411,19 @@ end
 -- What call_many waits on: a semaphore the dispatcher posts for any of the
 -- batch's calls, and the list of those with news.
 local function batch_source(w, d)
-  local waiter = { sema = semaphore.new(), ready = {} }
+  local waiter = { sema = semaphore.new(), ready = {}, handles = {} }
+  local handles = waiter.handles
   local src = {}
   function src.add(_, h)
-    d.waiting[h] = waiter
+    local key = key_of(h)
+    d.waiting[key] = waiter
+    handles[key] = h
     watch_abort(h)
   end
-  function src.forget(_, h) release(w, d, h) end
+  function src.forget(_, h)
+    handles[key_of(h)] = nil
+    release(w, d, h)
+  end
   function src.poll()
     local ready = waiter.ready
     waiter.ready = {}
@@ -430,15 +451,17 @@ local A = api.new{
   check = check_phase,
   -- On the worker's engine, reporting to its dispatcher's channel; the
   -- token is the call's waiter (its semaphore, and the dispatch it is in).
-  submit = function(sub, _, _, level)
+  -- A plain call (nobody listens to its mail) through the FFI when its
+  -- options allow (llmretry.ffi.submit), else the classic engine:submit.
+  submit = function(sub, _, _, level, plain)
     local w = worker()
     local d = w.d
     sub.channel = d.channel
-    local h = api.submit(w.engine, sub, level + 1)
+    local h = plain and ffi_submit(w.engine, sub) or api.submit(w.engine, sub, level + 1)
     local waiter = take_waiter()
     waiter.w, waiter.d = w, d
-    d.waiting[h] = waiter
-    watch_abort(h)
+    d.waiting[key_of(h)] = waiter
+    waiter.live = watch_abort(h)
     return h, waiter
   end,
   wait = function(_, waiter)
@@ -448,8 +471,12 @@ local A = api.new{
   end,
   release = function(h, waiter)
     release(waiter.w, waiter.d, h)
+    -- Out of the request's calls: its call may be freed now (free_early).
+    waiter.live.calls[h] = nil
+    waiter.live = nil
     give_waiter(waiter)
   end,
+  free_early = true,
   batch = function()
     local w = worker()
     local d = w.d

@@ -244,3 +244,60 @@ describe("log_usage", function()
       "logger got %s", H.dump(got))
   end)
 end)
+
+-- decode reads strict JSON with the core's pull reader and hands anything
+-- else to cJSON (issue 36): both must give the values dkjson, an unrelated
+-- decoder, reads from the same text.
+describe("decode, strict text and lenient text", function()
+  -- a (core.decode's) against b (dkjson's): core.null for null, array_mt
+  -- on arrays, the same keys, strings and numbers.
+  local function agree(a, b, path)
+    if b == json.null then
+      return a == llm.null or error(path .. ": not core.null: " .. H.dump(a))
+    end
+    if type(b) ~= "table" then
+      if a ~= b then error(path .. ": " .. H.dump(a) .. " vs " .. H.dump(b)) end
+      return true
+    end
+    check(type(a) == "table", "%s: %s", path, H.dump(a))
+    local is_array = getmetatable(b) and getmetatable(b).__jsontype == "array"
+    check((getmetatable(a) == llm.array_mt) == (is_array and true or false),
+      "%s: array marker %s", path, tostring(getmetatable(a)))
+    for k, v in pairs(b) do agree(a[k], v, path .. "." .. tostring(k)) end
+    for k in pairs(a) do check(b[k] ~= nil, "%s.%s: extra", path, tostring(k)) end
+    return true
+  end
+
+  it("gives the values of the text, escapes, numbers and nesting included", function()
+    local texts = {
+      '{"a":1,"b":[1,2.5,-3e2,0,-0.0,1E+2,12345678901234],"c":{"d":null,"e":true,"f":false}}',
+      '  [ "x" , "\\u00e9\\ud83d\\ude00\\n\\t\\"\\\\\\/" , [] , {} , [[[]]] ]  ',
+      '{"k\\u0000ey":"a\\u0000b","dup":1,"dup":2,"":""}',
+      '"just a string"', '42', '-0.5e-3', 'true', 'null',
+      '{"choices":[{"index":0,"message":{"role":"assistant","content":"h\\u00e9llo"}}],'
+        .. '"usage":{"prompt_tokens":12,"total_tokens":15}}',
+      '{"big":9007199254740992,"neg":-9007199254740992,"frac":0.1,"exp":1e-310}',
+    }
+    for _, t in ipairs(texts) do
+      local mine, err = llm.decode(t)
+      check(mine ~= nil or t == "null", "decode(%s): %s", t, tostring(err))
+      local want = json.decode(t, 1, json.null)
+      agree(mine, want, t)
+    end
+    local dup = llm.decode('{"dup":1,"dup":2}')
+    check(dup.dup == 2, "a repeated key kept %s", tostring(dup.dup))
+    local nul = llm.decode('{"k\\u0000ey":"a\\u0000b"}')
+    check(nul["k\0ey"] == "a\0b", "a \\u0000 cut a string: %s", H.dump(nul))
+  end)
+
+  it("hands lenient text to cJSON and refuses what cJSON refuses, as before", function()
+    -- cJSON takes these (the pull reader does not): the values are cJSON's.
+    local t = llm.decode('{"a":"raw\tcontrol","b":"\255x"}')
+    check(t and t.a == "raw\tcontrol" and t.b == "\239\191\189x", "lenient: %s", H.dump(t))
+    for _, bad in ipairs({ "{", "[1,]", '{"a" 1}', "tru", "1 2", "" }) do
+      local v, err = llm.decode(bad)
+      check(v == nil and type(err) == "string" and err:find("invalid JSON", 1, true),
+        "decode(%q): %s %s", bad, H.dump(v), tostring(err))
+    end
+  end)
+end)

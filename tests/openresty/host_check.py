@@ -331,6 +331,42 @@ def test_failure(ngx, mock):
     check(len(mock.requests("down")) == 2, "not 2 requests")
 
 
+def test_ffi_path(ngx, mock):
+    """Under OpenResty's LuaJIT a call nobody listens to goes through the FFI path (llmretry.ffi), and gives what the classic path gives: a retried success, a failure."""
+    mock.script("ffi_ok", [{"status": 503}, {}, {"status": 503}, {}])
+    status, text, _ = http("GET", ngx.base + "/llm_ffi?s=ffi_ok")
+    check(status == 200, f"/llm_ffi: {status} {text}")
+    out = json.loads(text)
+    check(out["jit"] == "table" and out["ffi"] == "table",
+          f"llmretry.ffi is not the FFI path under OpenResty: {out['ffi']}")
+    fast, classic = out["fast"], out["classic"]
+    check(fast["built"] == 1 and fast["submitted"] == 1,
+          f"the call without a logger did not take the FFI path: {fast}")
+    check(classic["built"] == 0 and classic["submitted"] == 0,
+          f"the logged call took the FFI path: {classic}")
+    check(fast["meta"]["attempts"] == 2 and fast["meta"]["usage"]["total_tokens"] == 15,
+          f"meta {fast['meta']}")
+    check(json.loads(fast["body"]) == fast["data"], f"body and data differ: {fast}")
+    for out_ in (fast, classic):    # the mock numbers and times its answers
+        out_["data"].pop("id")
+        out_["data"].pop("created")
+        out_.pop("body")
+    for k in ("data", "meta", "arrays_marked"):
+        check(fast[k] == classic[k], f"{k} differs: FFI {fast[k]!r}, classic {classic[k]!r}")
+    mock.script("ffi_down", [], after={"status": 503})
+    status, text, _ = http("GET", ngx.base + "/llm_ffi?s=ffi_down")
+    check(status == 200, f"/llm_ffi: {status} {text}")
+    out = json.loads(text)
+    fe, ce = out["fast"]["err"], out["classic"]["err"]
+    check(fe["is_error"] and fe["kind"] == "http_status" and fe["attempts"] == 2, f"err {fe}")
+    check(fe["request_id"] and f"[request_id={fe['request_id']}]" in fe["text"],
+          f"the error does not name its request id: {fe}")
+    for k in ("kind", "reason", "status", "attempts", "is_error"):
+        check(fe[k] == ce[k], f"err.{k} differs: FFI {fe[k]!r}, classic {ce[k]!r}")
+    check(fe["text"].replace(fe["request_id"], "ID") == ce["text"].replace(ce["request_id"], "ID"),
+          f"tostring(err) differs: {fe['text']!r} / {ce['text']!r}")
+
+
 def test_validate(ngx, mock):
     """validate is a plain function, run in the request; a rejection is retried."""
     mock.script("validate", [{"content": "not json"}, {"content": "{\"a\": 1}"}])
@@ -727,8 +763,8 @@ def test_no_secrets_logged(ngx, mock):
     check("SECRET-KEY" not in log and "SECRET-PROMPT" not in log, "a secret reached the log")
 
 
-TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_validate, test_misuse,
-         test_misuse_vectors,
+TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path, test_validate,
+         test_misuse, test_misuse_vectors,
          test_doc_examples, test_environment, test_engine_shared, test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,

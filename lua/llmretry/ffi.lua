@@ -1,0 +1,302 @@
+-- llmretry.ffi: the per-call path of a call nobody listens to, through
+-- LuaJIT's FFI (issue 36). Decided once, at load: under LuaJIT with its
+-- ffi module (OpenResty, Neovim, luajit) this module is a table of
+-- functions; under any other interpreter, or when the FFI cannot be had,
+-- it is false, and every call takes the classic path (handle:next,
+-- handle:result).
+--
+-- Why: a classic C function (lua_CFunction) ends a LuaJIT trace, so the
+-- Lua around handle:next and handle:result ran interpreted, and the
+-- interpreter makes every FFI call of lua-resty-core (semaphores, ngx.ctx)
+-- slow too. The functions here are plain C (bindings/lua/ffi.c), which a
+-- trace calls like any other: draining a call that has no logger, no
+-- validate and no stream, reading its result and meta (the tables built
+-- here, keys interned once), freeing its call, and polling a channel.
+-- Policy stays in the core; this converts values, nothing more. Anything
+-- out of the ordinary (a failure, a body that does not decode, text that
+-- is not UTF-8, a field of a kind not handled here) goes to the classic
+-- function, so that results and errors are the same either way.
+--
+-- M.calls counts the results built here, M.submitted the calls submitted
+-- here (tests: the path is taken).
+local jit = rawget(_G, "jit")
+if type(jit) ~= "table" then return false end
+local ok_ffi, ffi = pcall(require, "ffi")
+if not ok_ffi then return false end
+local core = require("llmretry.core")
+if type(core._ffi) ~= "function" then return false end
+
+-- The same struct as bindings/lua/lffi.h, between its cdef markers.
+local CDEF = [[
+typedef enum llmretry_field_type {
+    LLMRETRY_FIELD_NULL = 0,
+    LLMRETRY_FIELD_INT,
+    LLMRETRY_FIELD_STRING,
+    LLMRETRY_FIELD_USAGE,
+    LLMRETRY_FIELD_BOOL,
+    LLMRETRY_FIELD_LIST,
+    LLMRETRY_FIELD_JSON
+} llmretry_field_type;
+typedef struct llmretry_usage llmretry_usage;
+typedef struct llmretry_field {
+    const char *name;
+    llmretry_field_type type;
+    int64_t i;
+    const char *s;
+    const llmretry_usage *usage;
+    struct {
+        int shape;
+        const void *items;
+        size_t size, n;
+    } list;
+} llmretry_field;
+struct lr_ffi_handle;
+typedef struct lr_ffi_api {
+    int abi;
+    int (*drain)(void *handle);
+    const void *(*result)(void *handle, const char **body, size_t *len, int *flags);
+    void (*free)(void *handle);
+    uintptr_t (*key)(void *handle);
+    size_t (*poll)(void *channel, uintptr_t *keys, size_t max);
+    ptrdiff_t (*text_len)(const char *s);
+    int (*shape_field)(int shape, const void *obj, size_t i, llmretry_field *out);
+    size_t (*shape_field_count)(int shape);
+    const char *(*field_name)(int shape, size_t i);
+    void *(*prep_new)(void);
+    void (*prep_free)(void *prep);
+    void (*prep_reset)(void *prep);
+    const char *(*option)(size_t i, int *type);
+    int (*set_int)(void *prep, const char *name, int64_t v, char *err, size_t errlen);
+    int (*set_bool)(void *prep, const char *name, int v, char *err, size_t errlen);
+    int (*set_text)(void *prep, const char *name, const char *v, char *err, size_t errlen);
+    int (*set_number)(void *prep, const char *name, double v, char *err, size_t errlen);
+    void (*set_body)(void *prep, const char *body, size_t len, int stream_usage, int validate,
+                     int stream_chunks);
+    struct lr_ffi_handle *(*submit)(void *engine, void *prep, void *channel,
+                                    const char *table_model, char *err, size_t errlen);
+    void (*handle_free)(void *handle);
+    void (*cancel)(void *handle);
+    const char *(*request_id)(void *handle);
+} lr_ffi_api;
+]]
+local ABI = 2
+-- Another copy of this module (or of an older one) declared these already
+-- in this state: ffi.cdef raises on a redefinition, and then they are ours.
+pcall(ffi.cdef, CDEF)
+local ok_api, api = pcall(ffi.cast, "const lr_ffi_api *", core._ffi())
+if not ok_api or api.abi ~= ABI then return false end
+
+local tonumber, type, pairs, pcall, getmetatable, rawget =
+  tonumber, type, pairs, pcall, getmetatable, rawget
+local floor, find = math.floor, string.find
+local ffi_string, ffi_gc, ffi_cast = ffi.string, ffi.gc, ffi.cast
+local decode, encode, ffi_result = core.decode, core.encode, core._ffi_result
+local ok_new, new_tab = pcall(require, "table.new")
+if not ok_new then new_tab = function() return {} end end
+
+local M = { CDEF = CDEF, calls = 0, submitted = 0 }
+
+-- llmretry_field_type's values (llmretry/shapes.h).
+local F_NULL, F_INT, F_STRING, F_USAGE, F_BOOL = 0, 1, 2, 3, 4
+local SHAPE_META, SHAPE_USAGE = 0, 3
+local OK = 1           -- flags: a success of JSON text (LR_FFI_OK, not LR_FFI_RAW)
+
+-- Each shape's field names, in the core's order, interned once.
+local function names_of(shape)
+  local names = {}
+  for i = 0, tonumber(api.shape_field_count(shape)) - 1 do
+    names[i + 1] = ffi_string(api.field_name(shape, i))
+  end
+  return names
+end
+local NAMES = { [SHAPE_META] = names_of(SHAPE_META), [SHAPE_USAGE] = names_of(SHAPE_USAGE) }
+
+local field = ffi.new("llmretry_field")
+local body_p, len_p, flags_p = ffi.new("const char *[1]"), ffi.new("size_t[1]"), ffi.new("int[1]")
+local keys = ffi.new("uintptr_t[64]")
+
+-- The object `obj` of `shape` as a table, as the classic binding builds it
+-- (shapes.c: a null field absent); nil when a field needs the classic path.
+local function shape_table(shape, obj)
+  local names = NAMES[shape]
+  local n = #names
+  local t = new_tab(0, n)
+  for i = 0, n - 1 do
+    api.shape_field(shape, obj, i, field)
+    local ty = field.type
+    if ty == F_INT then
+      t[names[i + 1]] = tonumber(field.i)
+    elseif ty == F_STRING then
+      local s = field.s
+      local len = api.text_len(s)
+      if len < 0 then return nil end
+      t[names[i + 1]] = ffi_string(s, len)
+    elseif ty == F_BOOL then
+      t[names[i + 1]] = field.i ~= 0
+    elseif ty == F_USAGE then
+      local u = shape_table(SHAPE_USAGE, field.usage)
+      if u == nil then return nil end
+      t[names[i + 1]] = u
+    elseif ty ~= F_NULL then
+      return nil
+    end
+  end
+  return t
+end
+
+-- h's mail up to its end, for a call nobody listens to (no logger, no
+-- validate, no on_chunk): true once it is done.
+function M.drain(h)
+  return api.drain(h) ~= 0
+end
+
+-- h's result as handle:result() gives it: res, or nil, err. Only a
+-- success of JSON text is built here; anything else is the classic
+-- handle:result()'s.
+function M.result(h)
+  local r = api.result(h, body_p, len_p, flags_p)
+  if r ~= nil and flags_p[0] == OK then
+    local body = ffi_string(body_p[0], len_p[0])
+    local data = decode(body)
+    if data ~= nil then
+      local meta = shape_table(SHAPE_META, r)
+      if meta ~= nil then
+        M.calls = M.calls + 1
+        return { data = data, body = body, meta = meta }
+      end
+    end
+  end
+  return h:result()
+end
+
+-- Free h's call now; h must not be used again (the classic methods raise
+-- on a freed handle). A handle of M.submit keeps its few bytes until the GC
+-- takes it: ffi.gc(h, nil) would end the trace here.
+function M.free(h)
+  api.free(h)
+end
+
+-- The key channel polls name h's call by (M.poll).
+function M.key(h)
+  return tonumber(api.key(h))
+end
+
+-- ---------------------------------------------------------------------------
+-- Submitting a call that nobody listens to: its options set by the core's
+-- setters from Lua (a trace runs through them), its handle a C object the
+-- GC frees (ffi.gc) unless M.free does first. Anything but plain options
+-- (text, integers, booleans, numbers; a table or string body; channel,
+-- validate, stream_chunks) goes to engine:submit, as does any option the
+-- core refuses here: its errors are the classic ones, word for word.
+
+-- The binding's metatables (its registry names), to check what submit is
+-- given: the C side takes a userdata's payload as what it says it is.
+local ok_reg, REG = pcall(function() return debug.getregistry() end)
+if not ok_reg or type(REG) ~= "table" then return false end
+local ENGINE_MT, CHANNEL_MT = REG["llmretry.engine"], REG["llmretry.channel"]
+if type(ENGINE_MT) ~= "table" or type(CHANNEL_MT) ~= "table" then return false end
+local T_TEXT, T_INT, T_BOOL, T_ENUM, T_NUMBER = 1, 2, 3, 4, 7
+local KIND = {}         -- option name -> "text", "int", "bool", "number"
+do
+  local ty = ffi.new("int[1]")
+  local i = 0
+  while true do
+    local name = api.option(i, ty)
+    if name == nil then break end
+    local t = ty[0]
+    KIND[ffi_string(name)] = (t == T_TEXT or t == T_ENUM) and "text" or t == T_INT and "int"
+      or t == T_BOOL and "bool" or t == T_NUMBER and "number" or "classic"
+    i = i + 1
+  end
+end
+-- The binding's own keys this path takes (the others, group, are classic).
+KIND.body, KIND.channel, KIND.validate, KIND.stream_chunks = "own", "own", "own", "own"
+
+local ERRLEN = 512
+local errbuf = ffi.new("char[?]", ERRLEN)
+local prep = ffi_gc(api.prep_new(), api.prep_free)
+local TWO63 = 2 ^ 63
+
+-- A handle of M.submit: what the hosts ask of any handle.
+local handle_methods = {
+  cancel = function(h) api.cancel(h) end,
+  request_id = function(h)
+    local s = api.request_id(h)
+    if s == nil then return nil end
+    return ffi_string(s)
+  end,
+  -- The classic result, for what M.result does not build (a failure).
+  result = function(h) return ffi_result(tonumber(ffi_cast("uintptr_t", h))) end,
+}
+-- Once per state: a second copy of this module finds it set, to the same
+-- functions of the same core.
+pcall(ffi.metatype, "struct lr_ffi_handle", {
+  __index = handle_methods,
+  __tostring = function(h) return "llmretry.handle: " .. (handle_methods.request_id(h) or "(none)") end,
+})
+
+-- Set one option; false when it is not plain or the core refuses it here.
+local function set(k, v)
+  local kind = KIND[k]
+  if kind == "int" then
+    if type(v) ~= "number" or v ~= floor(v) or v < -TWO63 or v >= TWO63 then return false end
+    return api.set_int(prep, k, v, errbuf, ERRLEN) == 0
+  elseif kind == "text" then
+    if type(v) ~= "string" or find(v, "\0", 1, true) then return false end
+    return api.set_text(prep, k, v, errbuf, ERRLEN) == 0
+  elseif kind == "bool" then
+    if type(v) ~= "boolean" then return false end
+    return api.set_bool(prep, k, v and 1 or 0, errbuf, ERRLEN) == 0
+  elseif kind == "number" then
+    if type(v) ~= "number" then return false end
+    return api.set_number(prep, k, v, errbuf, ERRLEN) == 0
+  end
+  return kind == "own"
+end
+
+-- submit(engine, sub) -> handle, or nil: send it with engine:submit (the
+-- classic path raises what this one would not say). sub: engine:submit's
+-- options, the values kept alive by the caller until this returns.
+function M.submit(engine, sub)
+  if getmetatable(engine) ~= ENGINE_MT then return nil end
+  local ch = sub.channel
+  if ch ~= nil and getmetatable(ch) ~= CHANNEL_MT then return nil end
+  if sub.method ~= nil then return nil end
+  local validate, chunks = sub.validate, sub.stream_chunks
+  if (validate ~= nil and type(validate) ~= "boolean")
+      or (chunks ~= nil and type(chunks) ~= "boolean") then
+    return nil
+  end
+  api.prep_reset(prep)
+  for k, v in pairs(sub) do
+    if type(k) ~= "string" or not set(k, v) then return nil end
+  end
+  local body, model, usage = sub.body, nil, 0
+  if type(body) == "table" then
+    local m = rawget(body, "model")
+    if type(m) == "string" then model = m end
+    local ok, text = pcall(encode, body)
+    if not ok then return nil end
+    body, usage = text, 1
+  elseif type(body) ~= "string" or body == "" then
+    return nil
+  end
+  api.set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
+  local h = api.submit(engine, prep, ch, model, errbuf, ERRLEN)
+  if h == nil then return nil end
+  M.submitted = M.submitted + 1
+  return ffi_gc(h, api.handle_free)
+end
+
+-- poll(channel, fn, arg): fn(arg, key) for each call with news on the
+-- channel (a channel userdata), until it has none. The classic
+-- channel:poll() builds a table of handles each time.
+function M.poll(ch, fn, arg)
+  while true do
+    local n = tonumber(api.poll(ch, keys, 64))
+    for i = 0, n - 1 do fn(arg, tonumber(keys[i])) end
+    if n < 64 then return end
+  end
+end
+
+return M

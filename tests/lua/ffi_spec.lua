@@ -1,0 +1,203 @@
+-- llmretry.ffi (issue 36): under LuaJIT a call nobody listens to is drained
+-- and read through plain C functions by the FFI; elsewhere the classic
+-- methods. The path must be taken where it can be (no silent fallback),
+-- and give what the classic one gives: the same tables, the same errors.
+
+local H = require("helpers")
+local llm = require("llmretry")
+local core = require("llmretry.core")
+local check = H.check
+
+local lffi = require("llmretry.ffi")
+local IS_JIT = type(rawget(_G, "jit")) == "table"
+
+-- Deep equality, metatables included (decoded arrays carry array_mt).
+local function same(a, b, path)
+  path = path or "res"
+  if type(a) ~= type(b) then return false, path .. ": " .. type(a) .. " vs " .. type(b) end
+  if type(a) ~= "table" then
+    if a == b then return true end
+    return false, path .. ": " .. tostring(a) .. " vs " .. tostring(b)
+  end
+  if getmetatable(a) ~= getmetatable(b) then return false, path .. ": metatables differ" end
+  for k, v in pairs(a) do
+    local ok, why = same(v, b[k], path .. "." .. tostring(k))
+    if not ok then return false, why end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false, path .. "." .. tostring(k) .. ": missing" end
+  end
+  return true
+end
+
+local function opts(scen, extra)
+  return H.merge(H.FAST, { body = H.secret_body(scen.name), base_url = scen.url,
+    api_key = H.SECRET_KEY, event_mask = 0 }, extra)
+end
+
+-- Submit, wait for the end, then read the result both ways.
+local function both_ways(engine, o)
+  local h = engine:submit(o)
+  check(h:wait(10000), "the call did not end")
+  while true do
+    local kind = h:next()
+    if kind == "done" or kind == nil then break end
+  end
+  local before = lffi.calls
+  local res_f, err_f = lffi.result(h)
+  local built = lffi.calls - before
+  local res_c, err_c = h:result()
+  return res_f, err_f, res_c, err_c, built
+end
+
+describe("llmretry.ffi", function()
+  it("is the FFI path exactly where LuaJIT is the interpreter", function()
+    if IS_JIT then
+      check(type(lffi) == "table", "under LuaJIT llmretry.ffi is %s, not the FFI path",
+        tostring(lffi))
+      check(type(core._ffi()) == "userdata", "core._ffi() gives no entry points")
+    else
+      check(lffi == false, "under %s llmretry.ffi is %s", _VERSION, tostring(lffi))
+    end
+  end)
+
+  it("declares the entry points as bindings/lua/lffi.h does", function()
+    if not IS_JIT then return end
+    local header = H.read_file(H.REPO .. "/bindings/lua/lffi.h")
+    local struct = header:match("/%* cdef begin %*/(.-)/%* cdef end %*/")
+    check(struct, "lffi.h has no cdef markers")
+    local function norm(s) return (s:gsub("%s+", " "):gsub("^ ", ""):gsub(" $", "")) end
+    local cdef = lffi.CDEF:match("(struct lr_ffi_handle;.-} lr_ffi_api;)")
+    check(cdef and norm(cdef) == norm(struct), "the cdef and lffi.h differ:\n%s\n%s",
+      tostring(cdef), struct)
+    local abi = header:match("#define LR_FFI_ABI (%d+)")
+    check(tonumber(abi) == require("ffi").cast("const lr_ffi_api *", core._ffi()).abi,
+      "LR_FFI_ABI %s", tostring(abi))
+  end)
+
+  describe("against the mock", function()
+    local mock
+    setup(function() mock = H.start_mock() end)
+    teardown(function() if mock then mock:stop() end end)
+
+    it("reads a success, a retried success and a failure as the classic path does",
+      function()
+      if not IS_JIT then return end
+      local engine = llm.new_engine()
+      -- A plain success, with usage and the answering model.
+      local scen = mock:scen("ffi_ok")
+      local rf, ef, rc, ec, built = both_ways(engine, opts(scen))
+      check(rf and rc, "failed: %s / %s", tostring(ef), tostring(ec))
+      check(built == 1, "the FFI path did not build the result (fell back)")
+      check(rf ~= rc, "the FFI path gave the classic table itself")
+      local ok, why = same(rf, rc)
+      check(ok, "FFI and classic results differ: %s", tostring(why))
+      check(type(rf.meta.usage) == "table" and rf.meta.usage.total_tokens == 15,
+        "usage %s", H.dump(rf.meta.usage))
+      -- A success after a 503 (attempts 2), with a raw usage-less answer.
+      scen = mock:scen("ffi_retry")
+      scen.script({ { status = 503 } })
+      rf, ef, rc, ec, built = both_ways(engine, opts(scen))
+      check(rf and rc, "failed: %s / %s", tostring(ef), tostring(ec))
+      check(built == 1, "the FFI path did not build the retried result (fell back)")
+      check(rf.meta.attempts == 2, "attempts %s", tostring(rf.meta.attempts))
+      ok, why = same(rf, rc)
+      check(ok, "FFI and classic results differ after a retry: %s", tostring(why))
+      -- A failure: the classic error table itself, request id and all.
+      scen = mock:scen("ffi_fail")
+      scen.script({ { status = 400 } })
+      rf, ef, rc, ec, built = both_ways(engine, opts(scen, { request_id = "ffi-fail-1" }))
+      check(rf == nil and rc == nil, "a 400 succeeded")
+      check(built == 0, "a failure was counted as built by the FFI path")
+      check(ef == ec, "the failure is not the classic error table")
+      check(getmetatable(ef) == core.error_mt and ef.request_id == "ffi-fail-1",
+        "error %s", H.dump(ef))
+      check(tostring(ef):find("ffi-fail-1", 1, true), "tostring %s", tostring(ef))
+      engine:close()
+    end)
+
+    it("submits a plain call as engine:submit does, and leaves the rest to it", function()
+      if not IS_JIT then return end
+      local engine = llm.new_engine()
+      local scen = mock:scen("ffi_submit")
+      scen.script({ { status = 503 } })
+      local before = lffi.submitted
+      local o = opts(scen, { request_id = "ffi-sub-1", deadline_ms = 20000 })
+      local h = lffi.submit(engine, o)
+      check(type(h) == "cdata", "a plain call was not submitted through the FFI: %s",
+        tostring(h))
+      check(lffi.submitted == before + 1, "not counted")
+      check(h:request_id() == "ffi-sub-1", "request_id %s", tostring(h:request_id()))
+      check(tostring(h) == "llmretry.handle: ffi-sub-1", "tostring %s", tostring(h))
+      check(H.wait_until(function() return lffi.drain(h) end), "the call did not end")
+      local built = lffi.calls
+      local res = lffi.result(h)
+      check(lffi.calls == built + 1, "the FFI path did not build the result")
+      check(res.meta.attempts == 2 and res.meta.request_id == "ffi-sub-1"
+        and res.meta.model == "gpt-test", "meta %s", H.dump(res.meta))
+      -- The request went out as engine:submit sends it.
+      local h2 = engine:submit(H.merge(o, { request_id = "ffi-sub-2" }))
+      check(h2:wait(10000), "the classic call did not end")
+      local recs = scen.wait_requests(3)
+      check(#recs == 3, "%d requests", #recs)
+      check(recs[2].body == recs[3].body, "the bodies differ:\n%s\n%s", recs[2].body,
+        recs[3].body)
+      local hd, hc = recs[2].headers, recs[3].headers
+      check(hd.authorization == hc.authorization and hd["content-type"] == hc["content-type"],
+        "headers differ")
+      lffi.free(h)
+      -- Not plain: headers, a group, an unknown key, a bad value, a closed
+      -- engine: nil, and engine:submit says what it says.
+      local function refused(extra, e)
+        local o2 = H.merge(opts(scen), extra)
+        check(lffi.submit(e or engine, o2) == nil, "taken: %s", H.dump(extra))
+      end
+      refused({ headers = { ["X-A"] = "1" } })
+      refused({ group = engine:group{ limit = 1 } })
+      refused({ timeout = 5 })
+      refused({ timeout_ms = -5 })
+      refused({ timeout_ms = 1.5 })
+      refused({ jitter = "sometimes" })
+      refused({ body = "" })
+      local closed = llm.new_engine()
+      closed:close()
+      refused({}, closed)
+      refused({}, {})
+      check(lffi.submitted == before + 1, "a refused call was counted")
+      local ok, err = pcall(engine.submit, engine, H.merge(opts(scen), { timeout_ms = -5 }))
+      check(not ok and tostring(err):find("timeout_ms", 1, true), "classic: %s", tostring(err))
+      -- A failure through an FFI handle: the classic error table.
+      scen = mock:scen("ffi_submit_fail")
+      scen.script({ { status = 401 } })
+      h = lffi.submit(engine, opts(scen, { request_id = "ffi-sub-fail" }))
+      check(H.wait_until(function() return lffi.drain(h) end), "the call did not end")
+      local r, e = lffi.result(h)
+      check(r == nil and getmetatable(e) == core.error_mt and e.kind == "http_status"
+        and e.status == 401 and e.request_id == "ffi-sub-fail", "err %s", H.dump(e))
+      lffi.free(h)
+      engine:close()
+    end)
+
+    it("carries call_llm without a logger, and not a call with one", function()
+      local scen = mock:scen("ffi_call")
+      scen.script({ { status = 500 } })
+      local before = lffi and lffi.calls or 0
+      local res, err = llm.call_llm(H.merge(H.FAST, { body = H.secret_body(scen.name),
+        base_url = scen.url, api_key = H.SECRET_KEY }))
+      check(res, "call_llm failed: %s", tostring(err))
+      check(res.meta.attempts == 2 and res.data.choices[1].message.content == "ok",
+        "res %s", H.dump(res.meta))
+      if IS_JIT then
+        check(lffi.calls == before + 1, "call_llm did not take the FFI path (%d -> %d)",
+          before, lffi.calls)
+      end
+      local seen = 0
+      local res2 = llm.call_llm(H.merge(H.FAST, { body = H.secret_body(scen.name),
+        base_url = scen.url, api_key = H.SECRET_KEY, logger = function() seen = seen + 1 end }))
+      check(res2 and seen > 0, "the logged call: %s, %d events", tostring(res2), seen)
+      if IS_JIT then
+        check(lffi.calls == before + 1, "a logged call took the FFI path")
+      end
+    end)
+  end)
+end)
