@@ -287,18 +287,13 @@ static const lr_ffi_api API = {
     ffi_request_id,
 };
 
-/* core._ffi() -> light userdata: the table above (lua/llmretry/ffi.lua). */
-int l_ffi_api(lua_State *L)
-{
-    lua_pushlightuserdata(L, (void *)&API);
-    return 1;
-}
-
-/* core._ffi_result(address) -> res | nil, err: what handle:result() gives,
- * for a handle of ffi_submit's (its address as a number: LuaJIT has no
- * light userdata from a cdata). For llmretry.ffi alone, on the rare path
- * (a failure, text it does not convert): any other number is not a handle. */
-int l_ffi_result(lua_State *L)
+/* result(address) -> res | nil, err: what handle:result() gives, for a
+ * handle of ffi_submit's (its address as a number: LuaJIT has no light
+ * userdata from a cdata), on llmretry.ffi's rare path (a failure, text it
+ * does not convert). Any other number is not a handle, so this function
+ * is in no table: core._ffi() hands it to llmretry.ffi, and only where
+ * the FFI exists (Lua 5.1's API: LuaJIT), never to a Lua 5.4 state. */
+static int ffi_result_of_address(lua_State *L)
 {
     lr_handle *h = (lr_handle *)(uintptr_t)luaL_checknumber(L, 1);
     const llmretry_result *r = h && h->call ? llmretry_call_result(h->call) : NULL;
@@ -306,4 +301,17 @@ int l_ffi_result(lua_State *L)
         return lr_fail(L, "the call is not finished");
     lua_settop(L, 0);
     return lr_push_result(L, r);
+}
+
+/* core._ffi() -> the table above as a light userdata (lua/llmretry/ffi.lua)
+ * and, under LuaJIT, the result function above. */
+int l_ffi_api(lua_State *L)
+{
+    lua_pushlightuserdata(L, (void *)&API);
+#if LUA_VERSION_NUM == 501
+    lua_pushcfunction(L, ffi_result_of_address);
+    return 2;
+#else
+    return 1;
+#endif
 }

@@ -177,9 +177,8 @@ int channel_poll(lua_State *L);
 int channel_tostring(lua_State *L);
 int channel_wait(lua_State *L);
 
-/* ffi.c: the LuaJIT FFI entry points (core._ffi, core._ffi_result) */
+/* ffi.c: the LuaJIT FFI entry points (core._ffi) */
 int l_ffi_api(lua_State *L);
-int l_ffi_result(lua_State *L);
 
 /* policies.c: named policies and ids (the core's) */
 int l_parse_policies(lua_State *L);

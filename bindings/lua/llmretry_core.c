@@ -22,7 +22,7 @@
  *   handle:next() -> "event", t | "validate", body | "done" | nil
  *   handle:wait(ms), handle:validated(ok [, msg]), handle:result(),
  *   handle:cancel(), handle:request_id(), handle:done()
- *   core._ffi(), core._ffi_result(address): for lua/llmretry/ffi.lua alone
+ *   core._ffi(): for lua/llmretry/ffi.lua alone
  *     (LuaJIT's FFI path, ffi.c)
  *   core.error_mt, core.VERSION, core.EVENT_NAMES, core.EVENTS_ALL,
  *   core.ERROR_KINDS, core.REASONS, core.STREAM_REASONS (the core's lists)
@@ -212,7 +212,6 @@ static const luaL_Reg module_functions[] = {
     { "uuid4", l_uuid4 },
     { "resolve_policy", l_resolve_policy },
     { "_ffi", l_ffi_api },
-    { "_ffi_result", l_ffi_result },
     { NULL, NULL },
 };
 

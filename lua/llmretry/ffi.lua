@@ -83,14 +83,15 @@ local ABI = 2
 -- Another copy of this module (or of an older one) declared these already
 -- in this state: ffi.cdef raises on a redefinition, and then they are ours.
 pcall(ffi.cdef, CDEF)
-local ok_api, api = pcall(ffi.cast, "const lr_ffi_api *", core._ffi())
-if not ok_api or api.abi ~= ABI then return false end
+local api_address, ffi_result = core._ffi()
+local ok_api, api = pcall(ffi.cast, "const lr_ffi_api *", api_address)
+if not ok_api or api.abi ~= ABI or type(ffi_result) ~= "function" then return false end
 
 local tonumber, type, pairs, pcall, getmetatable, rawget =
   tonumber, type, pairs, pcall, getmetatable, rawget
 local floor, find = math.floor, string.find
 local ffi_string, ffi_gc, ffi_cast = ffi.string, ffi.gc, ffi.cast
-local decode, encode, ffi_result = core.decode, core.encode, core._ffi_result
+local decode, encode = core.decode, core.encode
 local ok_new, new_tab = pcall(require, "table.new")
 if not ok_new then new_tab = function() return {} end end
 

@@ -61,6 +61,17 @@ describe("llmretry.ffi", function()
     end
   end)
 
+  it("keeps the function that reads a handle by its address out of every table", function()
+    -- It takes any number for a handle's address: reachable from Lua, a
+    -- wrong number would crash the process. Only llmretry.ffi gets it, and
+    -- only under LuaJIT.
+    for name, value in pairs(core) do
+      check(name ~= "_ffi_result", "core.%s is %s", name, tostring(value))
+    end
+    local n = select("#", core._ffi())
+    check(n == (IS_JIT and 2 or 1), "core._ffi() gives %d values under %s", n, _VERSION)
+  end)
+
   it("declares the entry points as bindings/lua/lffi.h does", function()
     if not IS_JIT then return end
     local header = H.read_file(H.REPO .. "/bindings/lua/lffi.h")
