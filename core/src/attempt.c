@@ -44,7 +44,6 @@ void lr_detach_easy(llmretry_engine *e, llmretry_call *c)
     lr_origin_connected(c);         /* a connect that failed frees the gate too */
     lr_budget_detached(c);          /* no response (cancelled): nothing learned */
     lr_health_detached(c);
-    c->done_queued = 0;             /* a transfer's end read but not handled: dropped */
     curl_multi_remove_handle(e->multi, c->easy);
     easy_put(e, c->easy);
     c->easy = NULL;

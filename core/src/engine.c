@@ -167,9 +167,9 @@ static void fire_timers(llmretry_engine *e)
  * its handle's, so removing each handle as its message was read walked
  * the rest of the queue every time (with a thousand transfers, hundreds of
  * ends come out of one curl_multi_perform: issue 36). A call detached
- * while its end waited here (cancelled as another call ended) is skipped,
- * as libcurl drops the message of a handle removed; a reference keeps the
- * record meanwhile. */
+ * while its end waited here (cancelled as another call ended: its easy is
+ * gone, lr_detach_easy) is skipped, as libcurl drops the message of a
+ * handle removed; a reference keeps the record meanwhile. */
 static int read_finished(llmretry_engine *e)
 {
     CURLMsg *m;
@@ -192,15 +192,12 @@ static int read_finished(llmretry_engine *e)
             e->done_cap = cap;
         }
         lr_call_ref(c);
-        c->done_queued = 1;
         e->done[n++] = (struct lr_done){ c, m->easy_handle, m->data.result };
     }
     for (size_t i = 0; i < n; i++) {
         llmretry_call *c = e->done[i].call;
-        if (c->done_queued && c->easy == e->done[i].easy) {
-            c->done_queued = 0;
+        if (c->easy == e->done[i].easy)
             lr_attempt_finished(e, c, e->done[i].result);
-        }
         lr_call_unref(c);
     }
     return handled + (int)n;

@@ -267,7 +267,6 @@ struct llmretry_call {
     unsigned long h2_stream;       /* the request's HTTP/2 stream id, 0 = none */
     int conn_lport, conn_rport;    /* ports of the request's connection */
     int resend_pending;            /* lr_resend_why: on_prereq aborted to re-send */
-    int done_queued;               /* its transfer's end is read, not yet handled (engine.c) */
     int resend_refused;            /* lr_resend_why: a re-send that is not free */
     int attempt_resends;           /* free re-sends within this attempt */
     long sent_at_prereq;           /* CURLINFO_REQUEST_SIZE when the last request began */
