@@ -127,9 +127,8 @@ static lr_handle *check_handle(lua_State *L)
     return h;
 }
 
-int lr_handle_gc(lua_State *L)
+void lr_handle_release(lr_handle *h)
 {
-    lr_handle *h = lua_touserdata(L, 1);
     if (h->parked) {
         llmretry_event_free(h->parked);
         h->parked = NULL;
@@ -138,6 +137,12 @@ int lr_handle_gc(lua_State *L)
         llmretry_call_free(h->call);
         h->call = NULL;
     }
+}
+
+int lr_handle_gc(lua_State *L)
+{
+    lr_handle *h = lua_touserdata(L, 1);
+    lr_handle_release(h);
     if (h->cached_ref > 0) {
         luaL_unref(L, LUA_REGISTRYINDEX, h->cached_ref);
         h->cached_ref = 0;

@@ -78,15 +78,7 @@ static const void *ffi_result(void *ud, const char **body, size_t *len, int *fla
  * from then on, and its __gc has nothing left to do. */
 static void ffi_free(void *ud)
 {
-    lr_handle *h = ud;
-    if (h->parked) {
-        llmretry_event_free(h->parked);
-        h->parked = NULL;
-    }
-    if (h->call) {
-        llmretry_call_free(h->call);
-        h->call = NULL;
-    }
+    lr_handle_release(ud);
 }
 
 /* The key a channel's poll names this handle's call by (0 without one). */

@@ -125,6 +125,8 @@ int64_t check_timeout(lua_State *L, int idx);
 int err_tostring(lua_State *L);
 int handle_cancel(lua_State *L);
 int handle_done(lua_State *L);
+/* Free a handle's parked event and its call (its __gc, or an early free). */
+void lr_handle_release(lr_handle *h);
 int lr_handle_gc(lua_State *L);
 int lr_push_result(lua_State *L, const llmretry_result *r);
 int handle_next(lua_State *L);

@@ -81,6 +81,14 @@ describe("llmretry.ffi", function()
     local cdef = lffi.CDEF:match("(struct lr_ffi_handle;.-} lr_ffi_api;)")
     check(cdef and norm(cdef) == norm(struct), "the cdef and lffi.h differ:\n%s\n%s",
       tostring(cdef), struct)
+    -- The core's field record, which the FFI reads in place: as shapes.h has it.
+    local shapes = H.read_file(H.REPO .. "/core/include/llmretry/shapes.h"):gsub("/%*.-%*/", "")
+    for _, decl in ipairs({ "typedef enum llmretry_field_type {.-} llmretry_field_type;",
+                            "typedef struct llmretry_field {.-} list;%s*} llmretry_field;" }) do
+      local c, l = shapes:match(decl), lffi.CDEF:match(decl)
+      check(c and l and norm(c) == norm(l), "the cdef and shapes.h differ:\n%s\n%s",
+        tostring(l), tostring(c))
+    end
     local abi = header:match("#define LR_FFI_ABI (%d+)")
     check(tonumber(abi) == require("ffi").cast("const lr_ffi_api *", core._ffi()).abi,
       "LR_FFI_ABI %s", tostring(abi))
