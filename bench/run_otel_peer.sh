@@ -35,19 +35,17 @@ PINS=(
 )
 log() { printf '%s\n' "$*" >&2; }
 
-log "== building the extension (make build-python)"
-make --no-print-directory build-python PYTHON="$PYTHON" >/dev/null 2>&1 || {
-  log "make build-python failed:"; make --no-print-directory build-python PYTHON="$PYTHON" >&2; exit 1; }
-mkdir -p "$BUILD_DIR"
-[ -x "$VENV/bin/python" ] || { log "== creating the venv $VENV"; "$PYTHON" -m venv "$VENV"; }
-VPY="$VENV/bin/python"
-want=$(printf '%s\n' "${PINS[@]}" | sort)
-have=$("$VPY" -m pip freeze 2>/dev/null | grep -iFf <(printf '%s\n' "${PINS[@]%%==*}" | sed 's/$/==/') | sort || true)
-if [ "$(tr 'A-Z_' 'a-z-' <<<"$have")" != "$(tr 'A-Z_' 'a-z-' <<<"$want")" ]; then
-  log "== installing the peer into $VENV (pip): ${PINS[*]}"
-  "$VPY" -m pip install --quiet "${PINS[@]}" >"$BUILD_DIR/venv-otel-pip.log" 2>&1 || {
-    log "pip install failed:"; cat "$BUILD_DIR/venv-otel-pip.log" >&2; exit 1; }
-fi
+# The venv, holding exactly these pins (bench/peer_venv.sh).
+PEER_PKGS=("${PINS[@]}")
+PEER_CHECK='
+import sys, importlib.metadata as m
+for pin in sys.argv[1:]:
+    name, _, version = pin.partition("==")
+    assert m.version(name) == version, pin
+'
+PEER_LOG=venv-otel-pip.log
+# shellcheck source=bench/peer_venv.sh
+. "$ROOT/bench/peer_venv.sh"
 "$VPY" -c 'import llmretry.otel, opentelemetry.instrumentation.openai_v2, openai' || {
   log "llmretry, the instrumentation or openai does not import in $VPY"; exit 1; }
 
