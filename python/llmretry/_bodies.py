@@ -122,15 +122,19 @@ def _encode_call_body(body: Any, options: Mapping[str, Any]) -> Tuple[bytes, Opt
 def _encode_bodies(bodies: Sequence[Any], url: Optional[str]
                    ) -> List[Tuple[bytes, Optional[str]]]:
     """Every body of a batch encoded (_encode_batch_body), or the error of
-    the first bad one, naming its index."""
-    out = []
-    for i, body in enumerate(bodies):
+    the first bad one, naming its index. A list or tuple goes through the
+    extension's loop (encode_bodies: the plain dicts in C, the rest here)."""
+
+    def encode_one(i: int, body: Any) -> Tuple[bytes, Optional[str]]:
         try:
-            out.append(_encode_batch_body(body, url))
+            return _encode_batch_body(body, url)
         except (TypeError, ValueError) as exc:
             kind = TypeError if isinstance(exc, TypeError) else ValueError
             raise kind(f"bodies[{i}]: {exc}") from None
-    return out
+
+    if isinstance(bodies, (list, tuple)):
+        return _llmretry.encode_bodies(bodies, url, encode_one)
+    return [encode_one(i, body) for i, body in enumerate(bodies)]
 
 
 def _batch_items(bodies: Any) -> Union[Sequence[Any], Iterator[Any]]:

@@ -402,6 +402,14 @@ def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[byt
     (llmretry_stream_body): ``"stream": true`` when ``streamed``, and a
     streaming body asks for its usage; None when sent as it is."""
 
+def encode_bodies(bodies: Union[List[Any], Tuple[Any, ...]], url: Optional[str],
+                  encode_one: Callable[[int, Any], Tuple[bytes, Optional[str]]]
+                  ) -> List[Tuple[bytes, Optional[str]]]:
+    """A listed batch's bodies as sent, each ``(bytes, model)``: an exact
+    dict that :func:`encode_json` takes is done in C (its ``stream_body``
+    form, its ``"model"`` when a str); every other body is
+    ``encode_one(index, body)``'s, whose errors propagate."""
+
 def check_header(name: str, value: str, index: int) -> None:
     """The core's rule for one extra header (llmretry_check_header):
     ValueError naming header #index (never an invalid name) or the value's
