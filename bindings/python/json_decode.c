@@ -48,6 +48,7 @@ typedef struct {
     PyObject *key;                  /* NULL: empty */
     uint32_t hash;
     unsigned char len;
+    short next;                     /* the slot of the key read after it last time; -1: none */
     char bytes[KEY_MAX];
 } key_slot;
 
@@ -58,8 +59,10 @@ struct lr_key_cache {
 
 static void key_cache_empty(lr_key_cache *c)
 {
-    for (size_t i = 0; i < KEY_SLOTS; i++)
+    for (size_t i = 0; i < KEY_SLOTS; i++) {
         Py_CLEAR(c->slot[i].key);
+        c->slot[i].next = -1;
+    }
     c->held = 0;
 }
 
@@ -69,7 +72,10 @@ lr_key_cache *lr_key_cache_new(void)
     /* No GIL serialises the table's users there: each body's keys are its own. */
     return NULL;
 #else
-    return PyMem_Calloc(1, sizeof(lr_key_cache));
+    lr_key_cache *c = PyMem_Calloc(1, sizeof(lr_key_cache));
+    if (c)
+        key_cache_empty(c);         /* no key follows another yet */
+    return c;
 #endif
 }
 
@@ -123,9 +129,11 @@ static uint32_t key_hash(const char *p, size_t n)
     return (uint32_t)(x >> 32);
 }
 
-/* An object's key: the cache's str for these bytes, or a new one (kept). */
-static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
+/* An object's key: the cache's str for these bytes, or a new one (kept);
+ * *at: its slot, -1 when not cached. */
+static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s, int *at)
 {
+    *at = -1;
     if (!c || s->escaped || s->len > KEY_MAX)
         return new_str(s);
     uint32_t h = key_hash(s->raw, s->len);
@@ -134,6 +142,7 @@ static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
         key_slot *k = &c->slot[i];
         if (k->hash == h && k->len == s->len && memcmp(k->bytes, s->raw, s->len) == 0) {
             Py_INCREF(k->key);
+            *at = (int)i;
             return k->key;
         }
     }
@@ -149,9 +158,40 @@ static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
     k->key = o;
     k->hash = h;
     k->len = (unsigned char)s->len;
+    k->next = -1;
     memcpy(k->bytes, s->raw, s->len);
     c->held++;
+    *at = (int)i;
     return o;
+}
+
+/* The key the cache expects at j->p after the key in slot `prev` (the
+ * one that followed it last time: a batch's bodies have their keys in the
+ * same order), taken with its colon when the body holds exactly its bytes
+ * between quotes: those bytes were checked as a string when the key was
+ * cached (no quote, backslash or control byte; valid UTF-8), so they read
+ * the same again. New reference and its slot, or NULL (nothing read). */
+static PyObject *expected_key(lr_jp *j, lr_key_cache *c, int prev, int *at)
+{
+    if (!c || prev < 0 || c->slot[prev].next < 0)
+        return NULL;
+    const key_slot *k = &c->slot[c->slot[prev].next];
+    size_t n = k->len;
+    if (!k->key || (size_t)(j->end - j->p) < n + 2 || j->p[0] != '"' || j->p[n + 1] != '"' ||
+        memcmp(j->p + 1, k->bytes, n) != 0)
+        return NULL;
+    const char *back = j->p;
+    j->p += n + 2;
+    lr_jp_ws(j);
+    if (lr_jp_peek(j) != ':') {
+        j->p = back;                /* the reader's own path says what is wrong */
+        return NULL;
+    }
+    j->p++;
+    lr_jp_ws(j);
+    *at = c->slot[prev].next;
+    Py_INCREF(k->key);
+    return k->key;
 }
 
 /* ---- numbers ------------------------------------------------------------- */
@@ -200,14 +240,24 @@ typedef struct {
     int atomic;                     /* a dict holding no container the GC must see */
 } frame;
 
-/* A member's key and colon at j->p, the key into *key. */
-static int member_key(lr_jp *j, lr_key_cache *c, PyObject **key)
+/* A member's key and colon at j->p, the key into *key. *prev: the slot of
+ * the key read before it in the body (-1: none or not cached), updated. */
+static int member_key(lr_jp *j, lr_key_cache *c, PyObject **key, int *prev)
 {
+    int at;
+    if ((*key = expected_key(j, c, *prev, &at))) {
+        *prev = at;
+        return 0;
+    }
     lr_jp_str s;
     if (lr_jp_member_key(j, &s) != 0)
         return -1;
-    *key = key_str(c, &s);
-    return *key ? 0 : -1;
+    if (!(*key = key_str(c, &s, &at)))
+        return -1;
+    if (*prev >= 0 && at >= 0)
+        c->slot[*prev].next = (short)at;
+    *prev = at;
+    return 0;
 }
 
 /* The innermost container, closed: untracked when it is a dict holding
@@ -226,7 +276,7 @@ static PyObject *close_frame(frame *stack, int *top)
 PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
 {
     frame stack[DEPTH];
-    int top = 0;
+    int top = 0, prev = -1;         /* prev: the last key's slot in the cache */
     PyObject *v = NULL;
     lr_jp j;
     lr_jp_init(&j, text, len);
@@ -253,7 +303,7 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
                 lr_jp_leave(&j);
                 v = close_frame(stack, &top);
             } else {
-                if (c == '{' && member_key(&j, cache, &f->key) != 0)
+                if (c == '{' && member_key(&j, cache, &f->key, &prev) != 0)
                     goto fail;
                 continue;
             }
@@ -299,7 +349,7 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
             if (c == ',') {
                 j.p++;
                 lr_jp_ws(&j);
-                if (object && member_key(&j, cache, &f->key) != 0)
+                if (object && member_key(&j, cache, &f->key, &prev) != 0)
                     goto fail;
                 break;
             }
