@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _batch
-from ._bodies import _core_url, _encode_batch_body, _LazyBodies
+from ._bodies import _core_url, _encode_batch_body, _Encoded, _LazyBodies
 from ._options import _INT32_MAX, _Plan
 from ._policies import new_idempotency_key
 from ._results import _batch_value, _call_extra
@@ -62,10 +62,16 @@ class _EngineBatch:
         self._each = batch.needs_each_item()
         self._values: Optional[List[Any]] = [None] * len(to_run) if keep else None
         self._stats: Dict[str, int] = {}
-        self.args = ([encoded[i][0] for i in to_run],)
+        if isinstance(encoded, _Encoded) and len(to_run) == len(encoded):
+            # Every item runs (to_run is then 0..n-1): the lists as they are.
+            payloads, models = encoded.payloads, encoded.models
+        else:
+            payloads = [encoded[i][0] for i in to_run]
+            models = [encoded[i][1] for i in to_run]
+        self.args = (payloads,)
         # The extension reads limit as a C int: a larger one means the same
         # (no batch has 2**31 calls in flight).
-        self.kwargs = dict(models=[encoded[i][1] for i in to_run],
+        self.kwargs = dict(models=models,
                            limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
                            adaptive=adaptive, on_result=item_done if self._each else None,
                            results=self._values, keep_results=keep, stats=self._stats,

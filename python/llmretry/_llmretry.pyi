@@ -404,11 +404,12 @@ def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[byt
 
 def encode_bodies(bodies: Union[List[Any], Tuple[Any, ...]], url: Optional[str],
                   encode_one: Callable[[int, Any], Tuple[bytes, Optional[str]]]
-                  ) -> List[Tuple[bytes, Optional[str]]]:
-    """A listed batch's bodies as sent, each ``(bytes, model)``: an exact
-    dict that :func:`encode_json` takes is done in C (its ``stream_body``
-    form, its ``"model"`` when a str); every other body is
-    ``encode_one(index, body)``'s, whose errors propagate."""
+                  ) -> Tuple[List[bytes], List[Optional[str]]]:
+    """A listed batch's bodies as sent: ``(payloads, models)``, item i's
+    bytes and model. An exact dict that :func:`encode_json` takes is done
+    in C (its ``stream_body`` form, its ``"model"`` when a str); every
+    other body is ``encode_one(index, body)``'s ``(bytes, model)``, whose
+    errors propagate."""
 
 def check_header(name: str, value: str, index: int) -> None:
     """The core's rule for one extra header (llmretry_check_header):

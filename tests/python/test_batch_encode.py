@@ -1,7 +1,7 @@
 """A listed batch's bodies encoded in the extension's loop
 (bindings/python/batch_encode.c) are what the package's per-item path
-(_encode_batch_body) makes of each, values and errors, and the pairs it
-keeps for the batch are not left for the cyclic GC to visit."""
+(_encode_batch_body) makes of each, values and errors, and what a batch
+keeps of them adds no object per item for the cyclic GC to count."""
 
 from __future__ import annotations
 
@@ -64,8 +64,12 @@ def cases() -> List[Any]:
 @pytest.mark.parametrize("url", URLS)
 def test_the_loop_makes_what_each_item_made(url: Optional[str]) -> None:
     bodies = cases()
-    assert _bodies._encode_bodies(bodies, url) == per_item(bodies, url)
-    assert _bodies._encode_bodies(tuple(bodies), url) == per_item(bodies, url)
+    assert list(_bodies._encode_bodies(bodies, url)) == per_item(bodies, url)
+    assert list(_bodies._encode_bodies(tuple(bodies), url)) == per_item(bodies, url)
+    enc = _bodies._encode_bodies(bodies, url)
+    assert len(enc) == len(bodies)
+    assert list(zip(enc.payloads, enc.models)) == per_item(bodies, url)
+    assert enc[3] == per_item(bodies[3:4], url)[0] and enc[-1] == per_item(bodies[-1:], url)[0]
 
 
 @pytest.mark.parametrize("bad, kind", [
@@ -91,12 +95,24 @@ def test_a_circular_body_is_still_the_same_error() -> None:
 
 def test_an_iterable_that_is_not_a_list_is_still_encoded() -> None:
     bodies = cases()[:20]
-    assert _bodies._encode_bodies(collections.deque(bodies), None) == per_item(bodies, None)
+    assert list(_bodies._encode_bodies(collections.deque(bodies), None)) == per_item(bodies,
+                                                                                    None)
 
 
-def test_the_pairs_are_not_for_the_gc_to_visit() -> None:
-    # bytes and a str or None: in no cycle. A batch keeps one pair per item
-    # until it ends, and the GC walked them all on each full pass.
-    out = _bodies._encode_bodies([{"model": "m"}, {"messages": []},
-                                  {"model": "m", "stream": True}], None)
-    assert [gc.is_tracked(p) for p in out] == [False, False, False]
+def test_a_batch_s_bodies_add_no_object_per_item_for_the_gc() -> None:
+    # The GC collects when enough container objects were made since the
+    # last pass; a batch keeps what encoding made until it ends, so a pair
+    # per item was one more of them for each item (its results make six).
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": str(i)}]}
+              for i in range(2000)]
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(1 << 30, threshold[1], threshold[2])
+    try:
+        before = gc.get_count()[0]
+        enc = _bodies._encode_bodies(bodies, None)
+        made = gc.get_count()[0] - before
+    finally:
+        gc.set_threshold(*threshold)
+    assert len(enc) == 2000
+    assert made < 20, made
