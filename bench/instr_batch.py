@@ -4,15 +4,19 @@ benchmarks' local nginx), for bench/instr_batch.sh: counted under callgrind
 side of it in this process.
 
     python3 bench/instr_batch.py --base-url URL --n N [--limit 64]
-        [--logger none|default] [--gc-counts]
+        [--logger none|default] [--gc-counts] [--no-batch]
+
+``--no-batch`` does all but the measured ``call_many`` (the client, its
+warm-up batch, the N bodies): instr_batch.sh subtracts it, so that its
+count is the batch's alone. Either way the process ends with ``os._exit``
+once done (freeing the results is the caller's, whenever it drops them).
 
 ``--gc-counts`` runs the batch with the GC's automatic collections off
-(``gc.set_threshold(0)`` would disable them; a huge gen-0 threshold keeps
-the count running) and prints ``GC tracked=T`` (the net change of the
-gen-0 count over the batch ÷ N: GC-tracked objects allocated and still
-alive per item, what sets off collections and what they walk), then the
-same batch with the default thresholds and ``GC collections=g0/g1/g2``,
-each generation's collections over it.
+(a huge gen-0 threshold keeps the count running) and prints ``GC
+kept=K`` (the net change of the gen-0 count over the batch ÷ N: objects
+the GC counts, made and still alive after it, per item; what sets off
+its collections), then the same batch with the default thresholds and
+``collections=g0/g1/g2``, each generation's collections over it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=64)
     ap.add_argument("--logger", choices=("none", "default"), default="none")
     ap.add_argument("--gc-counts", action="store_true")
+    ap.add_argument("--no-batch", action="store_true")
     args = ap.parse_args()
     kwargs = {"base_url": args.base_url, "api_key": peers_python.API_KEY,
               "max_in_flight": max(256, args.limit)}
@@ -47,6 +52,8 @@ def main() -> None:
         client.call_many([peers_python.body_for(i) for i in range(8)], limit=args.limit)
         bodies = [peers_python.body_for(i) for i in range(args.n)]
         gc.collect()
+        if args.no_batch:
+            return
         if args.gc_counts:
             t = gc.get_threshold()
             gc.set_threshold(1 << 30, t[1], t[2])
@@ -62,7 +69,7 @@ def main() -> None:
         check(out, args.n)
         if args.gc_counts:
             s1 = [s["collections"] for s in gc.get_stats()]
-            print(f"GC tracked={tracked / args.n:.2f} collections="
+            print(f"GC kept={tracked / args.n:.2f} collections="
                   + "/".join(str(b - a) for a, b in zip(s0, s1)))
 
 
@@ -73,3 +80,5 @@ def check(out: "llmretry.BatchResult", n: int) -> None:
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)
