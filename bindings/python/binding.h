@@ -107,6 +107,8 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw);
 extern PyType_Spec BatchRun_spec;
 extern PyType_Spec LazyMeta_spec;      /* results.c */
 PyObject *Engine_batch(EngineObject *self, PyObject *args, PyObject *kw);
+/* batch_items.c: _batch_tally(values), a batch's values recorded at its end. */
+PyObject *lr_py_batch_tally(PyObject *module, PyObject *values);
 /* batch_encode.c: encode_bodies(bodies, url, encode_one). */
 PyObject *lr_py_encode_bodies(PyObject *module, PyObject *args);
 

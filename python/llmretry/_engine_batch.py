@@ -60,10 +60,16 @@ class _EngineBatch:
         # as it finishes (a record, progress, on_result); otherwise the
         # values are recorded once the run ends.
         self._each = batch.needs_each_item()
-        self._values: Optional[List[Any]] = [None] * len(to_run) if keep else None
+        every = len(to_run) == len(encoded)     # every item runs: to_run is 0..n-1
+        # Recorded at the end with every item run, the values go straight
+        # into the batch's own list (record_values then only converts the
+        # outcome dicts).
+        self._values: Optional[List[Any]] = (
+            None if not keep else batch.results if every and not self._each
+            else [None] * len(to_run))
         self._stats: Dict[str, int] = {}
-        if isinstance(encoded, _Encoded) and len(to_run) == len(encoded):
-            # Every item runs (to_run is then 0..n-1): the lists as they are.
+        if isinstance(encoded, _Encoded) and every:
+            # The lists as they are.
             payloads, models = encoded.payloads, encoded.models
         else:
             payloads = [encoded[i][0] for i in to_run]

@@ -402,6 +402,10 @@ def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[byt
     (llmretry_stream_body): ``"stream": true`` when ``streamed``, and a
     streaming body asks for its usage; None when sent as it is."""
 
+def _batch_tally(values: List[Any]) -> Tuple[int, List[int]]:
+    """Of a batch's values filled in place (None: not finished): how many
+    finished, and the indices of the outcome dicts among them."""
+
 def encode_bodies(bodies: Union[List[Any], Tuple[Any, ...]], url: Optional[str],
                   encode_one: Callable[[int, Any], Tuple[bytes, Optional[str]]]
                   ) -> Tuple[List[bytes], List[Optional[str]]]:
