@@ -52,9 +52,27 @@ typedef struct {
     char bytes[KEY_MAX];
 } key_slot;
 
+/* Short string values (a response's "object", "model", "role",
+ * "finish_reason", fingerprint...) repeat from body to body as keys do:
+ * one str per value while it keeps coming, in a direct-mapped table (a
+ * value takes its slot from whatever held it). Why: a batch keeps every
+ * result's strings alive, and each full pass of the cyclic GC reads each
+ * str a result's dicts hold (to see that it is not a container): shared
+ * ones are read once. Values are never compared by identity, and a str
+ * is not changed in place while the table, or anyone else, holds it. */
+#define VALUE_SLOTS 256             /* a power of two */
+#define VALUE_MAX 24                /* longer strings (prompts, answers, ids) are made each time */
+
+typedef struct {
+    PyObject *value;                /* NULL: empty */
+    unsigned char len;
+    char bytes[VALUE_MAX];
+} value_slot;
+
 struct lr_key_cache {
     size_t held;
     key_slot slot[KEY_SLOTS];
+    value_slot value[VALUE_SLOTS];
 };
 
 static void key_cache_empty(lr_key_cache *c)
@@ -84,6 +102,8 @@ void lr_key_cache_free(lr_key_cache *c)
     if (!c)
         return;
     key_cache_empty(c);
+    for (size_t i = 0; i < VALUE_SLOTS; i++)
+        Py_CLEAR(c->value[i].value);
     PyMem_Free(c);
 }
 
@@ -162,6 +182,24 @@ static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s, int *at)
     memcpy(k->bytes, s->raw, s->len);
     c->held++;
     *at = (int)i;
+    return o;
+}
+
+/* A string value: the table's str for these bytes, or a new one (kept in
+ * its slot when short and without escapes). */
+static PyObject *value_str(lr_key_cache *c, const lr_jp_str *s)
+{
+    if (!c || s->escaped || s->len > VALUE_MAX)
+        return new_str(s);
+    value_slot *v = &c->value[key_hash(s->raw, s->len) & (VALUE_SLOTS - 1)];
+    if (v->value && v->len == s->len && memcmp(v->bytes, s->raw, s->len) == 0)
+        return Py_NewRef(v->value);
+    PyObject *o = new_str(s);
+    if (!o)
+        return NULL;
+    Py_XSETREF(v->value, Py_NewRef(o));
+    v->len = (unsigned char)s->len;
+    memcpy(v->bytes, s->raw, s->len);
     return o;
 }
 
@@ -309,7 +347,7 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
             }
         } else if (c == '"') {
             lr_jp_str s;
-            if (lr_jp_string(&j, &s) != 0 || !(v = new_str(&s)))
+            if (lr_jp_string(&j, &s) != 0 || !(v = value_str(cache, &s)))
                 goto fail;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             if (!(v = number(&j)))

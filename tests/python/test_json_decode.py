@@ -334,6 +334,32 @@ def test_the_key_expected_next_is_taken_only_when_its_bytes_are_there() -> None:
         check(json.dumps({k: i for i, k in enumerate(long_keys)}).encode())
 
 
+def test_short_values_repeated_across_bodies_are_one_str() -> None:
+    # A batch keeps every result's strings alive and each full GC pass reads
+    # them: a short value that comes again ("object", "role", "stop", the
+    # model) is one str while it keeps coming; long or escaped ones are made
+    # each time; a value that takes another's place never reads as it.
+    def body(i: int) -> bytes:
+        return json.dumps({"object": "chat.completion", "model": "gpt-4.1-mini",
+                           "finish_reason": "stop", "n": "x" * 25, "e": "a\nb",
+                           "id": f"c{i}", "empty": ""}).encode()
+
+    a, b = (_llmretry._json_decode(body(i))[0] for i in (1, 2))
+    same(a, json.loads(body(1)))
+    same(b, json.loads(body(2)))
+    for k in ("object", "model", "finish_reason", "empty"):
+        assert (a[k] is b[k]) == SHARED_KEYS, k
+    assert a["n"] == b["n"] and a["n"] is not b["n"]
+    assert a["e"] == b["e"] and a["e"] is not b["e"]
+    # many different short values through the same slots: each one right
+    rng = random.Random(11)
+    values = [f"v{i}" for i in range(3000)] + [f"V{i}é" for i in range(3000)]
+    for _ in range(20):
+        picked = rng.sample(values, 50)
+        got = _llmretry._json_decode(json.dumps(picked, ensure_ascii=False).encode())[0]
+        assert got == picked
+
+
 def test_threads_decoding_at_once_get_their_own_keys() -> None:
     errors: List[BaseException] = []
 
