@@ -227,6 +227,13 @@ static PyMethodDef module_methods[] = {
       "_json_decode(body) -> (value,) when the C decoder takes the body, else () (tests)." },
     { "_parse_body", lr_py_parse_body, METH_O,
       "_parse_body(body) -> Result.data of a 2xx body (ValueError: not JSON) (tests)." },
+    { "_batch_tally", lr_py_batch_tally, METH_O,
+      "_batch_tally(values) -> (finished, outcomes): how many values are not None, and\n"
+      "the indices of the outcome dicts among them." },
+    { "encode_bodies", lr_py_encode_bodies, METH_VARARGS,
+      "encode_bodies(bodies, url, encode_one) -> [(bytes, model)]: a listed batch's bodies\n"
+      "as sent; encode_one(index, body) for each exact dict the C encoder leaves, and\n"
+      "every other body." },
     { "stream_body", stream_body, METH_VARARGS,
       "stream_body(url, body_bytes, streamed) -> bytes or None: the body the core sends\n"
       "for an object the host encoded (\"stream\": true when streamed, usage asked)." },

@@ -91,6 +91,41 @@ void lr_batch_totals_add(batch_totals *t, const llmretry_result *r)
     }
 }
 
+/* _batch_tally(values) -> (finished, outcomes): of a batch's values filled
+ * in place (None: not finished), how many finished and the indices of the
+ * outcome dicts among them (the items the package turns into errors).
+ * Why: a batch recorded at its end (no record, progress or on_result)
+ * looked at every value in Python, ~0.08 µs an item on the calling
+ * thread; most are Results and need nothing. */
+PyObject *lr_py_batch_tally(PyObject *module, PyObject *values)
+{
+    (void)module;
+    if (!PyList_Check(values))
+        return PyErr_Format(PyExc_TypeError, "_batch_tally wants a list");
+    PyObject *outcomes = PyList_New(0);
+    if (!outcomes)
+        return NULL;
+    Py_ssize_t finished = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (v == Py_None)
+            continue;
+        finished++;
+        if (PyDict_CheckExact(v)) {
+            PyObject *k = PyLong_FromSsize_t(i);
+            int rc = k ? PyList_Append(outcomes, k) : -1;
+            Py_XDECREF(k);
+            if (rc < 0) {
+                Py_DECREF(outcomes);
+                return NULL;
+            }
+        }
+    }
+    PyObject *out = Py_BuildValue("(nO)", finished, outcomes);
+    Py_DECREF(outcomes);
+    return out;
+}
+
 /* Fill the caller's stats dict: the group's pacing (the core's group
  * shape), the totals so far and their tokens (its usage shape). */
 int lr_batch_put_stats(const module_state *st, PyObject *stats, llmretry_group *g,

@@ -10,6 +10,7 @@
  *   pool.c          run_pool (threads), results.c (Result in C), policies.c
  *   json_decode.c   a 2xx body's bytes to Result.data (json.loads' values, keys kept)
  *   json_encode.c   a request body (dict) to the bytes json's encoder would send
+ *   batch_encode.c  a listed batch's bodies encoded in one loop (dicts json_encode.c takes)
  *   call_type.c     Call: one call in flight whose mailbox the host reads (streams, loops)
  *   channel_type.c  Channel and Group: an event loop's view of the engine */
 #ifndef LLMRETRY_PY_BINDING_H
@@ -106,5 +107,9 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw);
 extern PyType_Spec BatchRun_spec;
 extern PyType_Spec LazyMeta_spec;      /* results.c */
 PyObject *Engine_batch(EngineObject *self, PyObject *args, PyObject *kw);
+/* batch_items.c: _batch_tally(values), a batch's values recorded at its end. */
+PyObject *lr_py_batch_tally(PyObject *module, PyObject *values);
+/* batch_encode.c: encode_bodies(bodies, url, encode_one). */
+PyObject *lr_py_encode_bodies(PyObject *module, PyObject *args);
 
 #endif

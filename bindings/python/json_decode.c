@@ -48,18 +48,39 @@ typedef struct {
     PyObject *key;                  /* NULL: empty */
     uint32_t hash;
     unsigned char len;
+    short next;                     /* the slot of the key read after it last time; -1: none */
     char bytes[KEY_MAX];
 } key_slot;
+
+/* Short string values (a response's "object", "model", "role",
+ * "finish_reason", fingerprint...) repeat from body to body as keys do:
+ * one str per value while it keeps coming, in a direct-mapped table (a
+ * value takes its slot from whatever held it). Why: a batch keeps every
+ * result's strings alive, and each full pass of the cyclic GC reads each
+ * str a result's dicts hold (to see that it is not a container): shared
+ * ones are read once. Values are never compared by identity, and a str
+ * is not changed in place while the table, or anyone else, holds it. */
+#define VALUE_SLOTS 256             /* a power of two */
+#define VALUE_MAX 24                /* longer strings (prompts, answers, ids) are made each time */
+
+typedef struct {
+    PyObject *value;                /* NULL: empty */
+    unsigned char len;
+    char bytes[VALUE_MAX];
+} value_slot;
 
 struct lr_key_cache {
     size_t held;
     key_slot slot[KEY_SLOTS];
+    value_slot value[VALUE_SLOTS];
 };
 
 static void key_cache_empty(lr_key_cache *c)
 {
-    for (size_t i = 0; i < KEY_SLOTS; i++)
+    for (size_t i = 0; i < KEY_SLOTS; i++) {
         Py_CLEAR(c->slot[i].key);
+        c->slot[i].next = -1;
+    }
     c->held = 0;
 }
 
@@ -69,7 +90,10 @@ lr_key_cache *lr_key_cache_new(void)
     /* No GIL serialises the table's users there: each body's keys are its own. */
     return NULL;
 #else
-    return PyMem_Calloc(1, sizeof(lr_key_cache));
+    lr_key_cache *c = PyMem_Calloc(1, sizeof(lr_key_cache));
+    if (c)
+        key_cache_empty(c);         /* no key follows another yet */
+    return c;
 #endif
 }
 
@@ -78,6 +102,8 @@ void lr_key_cache_free(lr_key_cache *c)
     if (!c)
         return;
     key_cache_empty(c);
+    for (size_t i = 0; i < VALUE_SLOTS; i++)
+        Py_CLEAR(c->value[i].value);
     PyMem_Free(c);
 }
 
@@ -123,9 +149,11 @@ static uint32_t key_hash(const char *p, size_t n)
     return (uint32_t)(x >> 32);
 }
 
-/* An object's key: the cache's str for these bytes, or a new one (kept). */
-static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
+/* An object's key: the cache's str for these bytes, or a new one (kept);
+ * *at: its slot, -1 when not cached. */
+static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s, int *at)
 {
+    *at = -1;
     if (!c || s->escaped || s->len > KEY_MAX)
         return new_str(s);
     uint32_t h = key_hash(s->raw, s->len);
@@ -134,6 +162,7 @@ static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
         key_slot *k = &c->slot[i];
         if (k->hash == h && k->len == s->len && memcmp(k->bytes, s->raw, s->len) == 0) {
             Py_INCREF(k->key);
+            *at = (int)i;
             return k->key;
         }
     }
@@ -149,9 +178,58 @@ static PyObject *key_str(lr_key_cache *c, const lr_jp_str *s)
     k->key = o;
     k->hash = h;
     k->len = (unsigned char)s->len;
+    k->next = -1;
     memcpy(k->bytes, s->raw, s->len);
     c->held++;
+    *at = (int)i;
     return o;
+}
+
+/* A string value: the table's str for these bytes, or a new one (kept in
+ * its slot when short and without escapes). */
+static PyObject *value_str(lr_key_cache *c, const lr_jp_str *s)
+{
+    if (!c || s->escaped || s->len > VALUE_MAX)
+        return new_str(s);
+    value_slot *v = &c->value[key_hash(s->raw, s->len) & (VALUE_SLOTS - 1)];
+    if (v->value && v->len == s->len && memcmp(v->bytes, s->raw, s->len) == 0)
+        return Py_NewRef(v->value);
+    PyObject *o = new_str(s);
+    if (!o)
+        return NULL;
+    Py_XSETREF(v->value, Py_NewRef(o));
+    v->len = (unsigned char)s->len;
+    memcpy(v->bytes, s->raw, s->len);
+    return o;
+}
+
+/* The key the cache expects at j->p after the key in slot `prev` (the
+ * one that followed it last time: a batch's bodies have their keys in the
+ * same order), taken with its colon when the body holds exactly its bytes
+ * between quotes: those bytes were checked as a string when the key was
+ * cached (no quote, backslash or control byte; valid UTF-8), so they read
+ * the same again. New reference and its slot, or NULL (nothing read). */
+static PyObject *expected_key(lr_jp *j, lr_key_cache *c, int prev, int *at)
+{
+    if (!c || prev < 0 || c->slot[prev].next < 0)
+        return NULL;
+    const key_slot *k = &c->slot[c->slot[prev].next];
+    size_t n = k->len;
+    if (!k->key || (size_t)(j->end - j->p) < n + 2 || j->p[0] != '"' || j->p[n + 1] != '"' ||
+        memcmp(j->p + 1, k->bytes, n) != 0)
+        return NULL;
+    const char *back = j->p;
+    j->p += n + 2;
+    lr_jp_ws(j);
+    if (lr_jp_peek(j) != ':') {
+        j->p = back;                /* the reader's own path says what is wrong */
+        return NULL;
+    }
+    j->p++;
+    lr_jp_ws(j);
+    *at = c->slot[prev].next;
+    Py_INCREF(k->key);
+    return k->key;
 }
 
 /* ---- numbers ------------------------------------------------------------- */
@@ -200,14 +278,24 @@ typedef struct {
     int atomic;                     /* a dict holding no container the GC must see */
 } frame;
 
-/* A member's key and colon at j->p, the key into *key. */
-static int member_key(lr_jp *j, lr_key_cache *c, PyObject **key)
+/* A member's key and colon at j->p, the key into *key. *prev: the slot of
+ * the key read before it in the body (-1: none or not cached), updated. */
+static int member_key(lr_jp *j, lr_key_cache *c, PyObject **key, int *prev)
 {
+    int at;
+    if ((*key = expected_key(j, c, *prev, &at))) {
+        *prev = at;
+        return 0;
+    }
     lr_jp_str s;
     if (lr_jp_member_key(j, &s) != 0)
         return -1;
-    *key = key_str(c, &s);
-    return *key ? 0 : -1;
+    if (!(*key = key_str(c, &s, &at)))
+        return -1;
+    if (*prev >= 0 && at >= 0)
+        c->slot[*prev].next = (short)at;
+    *prev = at;
+    return 0;
 }
 
 /* The innermost container, closed: untracked when it is a dict holding
@@ -226,7 +314,7 @@ static PyObject *close_frame(frame *stack, int *top)
 PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
 {
     frame stack[DEPTH];
-    int top = 0;
+    int top = 0, prev = -1;         /* prev: the last key's slot in the cache */
     PyObject *v = NULL;
     lr_jp j;
     lr_jp_init(&j, text, len);
@@ -253,13 +341,13 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
                 lr_jp_leave(&j);
                 v = close_frame(stack, &top);
             } else {
-                if (c == '{' && member_key(&j, cache, &f->key) != 0)
+                if (c == '{' && member_key(&j, cache, &f->key, &prev) != 0)
                     goto fail;
                 continue;
             }
         } else if (c == '"') {
             lr_jp_str s;
-            if (lr_jp_string(&j, &s) != 0 || !(v = new_str(&s)))
+            if (lr_jp_string(&j, &s) != 0 || !(v = value_str(cache, &s)))
                 goto fail;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             if (!(v = number(&j)))
@@ -299,7 +387,7 @@ PyObject *lr_json_decode(lr_key_cache *cache, const char *text, size_t len)
             if (c == ',') {
                 j.p++;
                 lr_jp_ws(&j);
-                if (object && member_key(&j, cache, &f->key) != 0)
+                if (object && member_key(&j, cache, &f->key, &prev) != 0)
                     goto fail;
                 break;
             }

@@ -12,9 +12,10 @@
 #define WAKE_MS 50
 
 /* Keys made once (building a dict per call from C strings would create
- * and hash every key again each time): an outcome's own three here, the
- * fields of the core's shapes in module_state.shape_keys (shapes.c). */
-#define OUTCOME_KEYS(X) X(ok) X(body) X(headers)
+ * and hash every key again each time): an outcome's own three and the two
+ * a batch's bodies are read for (batch_encode.c) here, the fields of the
+ * core's shapes in module_state.shape_keys (shapes.c). */
+#define OUTCOME_KEYS(X) X(ok) X(body) X(headers) X(model) X(stream)
 #define KEY_ENUM(name) K_##name,
 enum { OUTCOME_KEYS(KEY_ENUM) K_COUNT };
 #undef KEY_ENUM

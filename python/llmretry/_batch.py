@@ -82,6 +82,7 @@ from ._batch_record import _write_all as _write_all, done_path_for as done_path_
 from ._batch_record import error_record as error_record, iter_lines as iter_lines
 from ._batch_record import read_done as read_done, read_failures as read_failures
 from ._batch_record import record_path as record_path, temp_beside as temp_beside
+from . import _llmretry
 from ._logging import DEFAULT
 from .errors import LLMError, error_from_outcome
 
@@ -444,23 +445,34 @@ class Batch:
         """Record a run not watched item by item: ``values[k]`` is item
         ``runnable[k]``'s value, None when it did not finish: a success, or
         an outcome dict that ``convert`` turns into (value, failed,
-        not_started)."""
+        not_started). ``values`` may be :attr:`results` itself, filled in
+        place by a run of every item."""
         results, to_run = self.results, self.runnable
         assert results is not None      # needs_each_item() when not kept
         ok = failed = not_started = 0
-        for k, value in enumerate(values):
-            if value is None:
-                continue
-            if type(value) is not dict:
-                ok += 1
-            else:
-                value, bad, late = convert(value)
-                if bad:
-                    failed += 1
-                    not_started += late
-                else:
+        if values is results:
+            # Filled in place (every item ran): only the outcome dicts to
+            # convert, found by the extension (most values are Results).
+            finished, outcomes = _llmretry._batch_tally(results)
+            for k in outcomes:
+                results[k], bad, late = convert(results[k])
+                failed += bad
+                not_started += bad and late
+            ok = finished - failed
+        else:
+            for k, value in enumerate(values):
+                if value is None:
+                    continue
+                if type(value) is not dict:
                     ok += 1
-            results[to_run[k]] = value
+                else:
+                    value, bad, late = convert(value)
+                    if bad:
+                        failed += 1
+                        not_started += late
+                    else:
+                        ok += 1
+                results[to_run[k]] = value
         with self._lock:
             self._done += ok + failed
             self._ok += ok

@@ -119,18 +119,45 @@ def _encode_call_body(body: Any, options: Mapping[str, Any]) -> Tuple[bytes, Opt
     return _encode_body(body)
 
 
-def _encode_bodies(bodies: Sequence[Any], url: Optional[str]
-                   ) -> List[Tuple[bytes, Optional[str]]]:
+class _Encoded(Sequence[Tuple[bytes, Optional[str]]]):
+    """A listed batch's bodies as sent: item i is ``(payloads[i], models[i])``.
+
+    Two lists rather than a pair per item: a batch keeps them until it
+    ends, and each pair was one more allocation counting toward the cyclic
+    GC's collections; a batch that runs every item hands the lists to the
+    engine as they are."""
+
+    __slots__ = ("payloads", "models")
+
+    def __init__(self, payloads: List[bytes], models: List[Optional[str]]) -> None:
+        self.payloads = payloads
+        self.models = models
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return list(zip(self.payloads[i], self.models[i]))
+        return self.payloads[i], self.models[i]
+
+
+def _encode_bodies(bodies: Sequence[Any], url: Optional[str]) -> _Encoded:
     """Every body of a batch encoded (_encode_batch_body), or the error of
-    the first bad one, naming its index."""
-    out = []
-    for i, body in enumerate(bodies):
+    the first bad one, naming its index. A list or tuple goes through the
+    extension's loop (encode_bodies: the plain dicts in C, the rest here)."""
+
+    def encode_one(i: int, body: Any) -> Tuple[bytes, Optional[str]]:
         try:
-            out.append(_encode_batch_body(body, url))
+            return _encode_batch_body(body, url)
         except (TypeError, ValueError) as exc:
             kind = TypeError if isinstance(exc, TypeError) else ValueError
             raise kind(f"bodies[{i}]: {exc}") from None
-    return out
+
+    if isinstance(bodies, (list, tuple)):
+        return _Encoded(*_llmretry.encode_bodies(bodies, url, encode_one))
+    pairs = [encode_one(i, body) for i, body in enumerate(bodies)]
+    return _Encoded([p for p, _ in pairs], [m for _, m in pairs])
 
 
 def _batch_items(bodies: Any) -> Union[Sequence[Any], Iterator[Any]]:

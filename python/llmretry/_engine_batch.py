@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _batch
-from ._bodies import _core_url, _encode_batch_body, _LazyBodies
+from ._bodies import _core_url, _encode_batch_body, _Encoded, _LazyBodies
 from ._options import _INT32_MAX, _Plan
 from ._policies import new_idempotency_key
 from ._results import _batch_value, _call_extra
@@ -60,12 +60,24 @@ class _EngineBatch:
         # as it finishes (a record, progress, on_result); otherwise the
         # values are recorded once the run ends.
         self._each = batch.needs_each_item()
-        self._values: Optional[List[Any]] = [None] * len(to_run) if keep else None
+        every = len(to_run) == len(encoded)     # every item runs: to_run is 0..n-1
+        # Recorded at the end with every item run, the values go straight
+        # into the batch's own list (record_values then only converts the
+        # outcome dicts).
+        self._values: Optional[List[Any]] = (
+            None if not keep else batch.results if every and not self._each
+            else [None] * len(to_run))
         self._stats: Dict[str, int] = {}
-        self.args = ([encoded[i][0] for i in to_run],)
+        if isinstance(encoded, _Encoded) and every:
+            # The lists as they are.
+            payloads, models = encoded.payloads, encoded.models
+        else:
+            payloads = [encoded[i][0] for i in to_run]
+            models = [encoded[i][1] for i in to_run]
+        self.args = (payloads,)
         # The extension reads limit as a C int: a larger one means the same
         # (no batch has 2**31 calls in flight).
-        self.kwargs = dict(models=[encoded[i][1] for i in to_run],
+        self.kwargs = dict(models=models,
                            limit=min(limit, _INT32_MAX), batch_deadline_ms=deadline_ms,
                            adaptive=adaptive, on_result=item_done if self._each else None,
                            results=self._values, keep_results=keep, stats=self._stats,

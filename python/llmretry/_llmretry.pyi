@@ -402,6 +402,19 @@ def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[byt
     (llmretry_stream_body): ``"stream": true`` when ``streamed``, and a
     streaming body asks for its usage; None when sent as it is."""
 
+def _batch_tally(values: List[Any]) -> Tuple[int, List[int]]:
+    """Of a batch's values filled in place (None: not finished): how many
+    finished, and the indices of the outcome dicts among them."""
+
+def encode_bodies(bodies: Union[List[Any], Tuple[Any, ...]], url: Optional[str],
+                  encode_one: Callable[[int, Any], Tuple[bytes, Optional[str]]]
+                  ) -> Tuple[List[bytes], List[Optional[str]]]:
+    """A listed batch's bodies as sent: ``(payloads, models)``, item i's
+    bytes and model. An exact dict that :func:`encode_json` takes is done
+    in C (its ``stream_body`` form, its ``"model"`` when a str); every
+    other body is ``encode_one(index, body)``'s ``(bytes, model)``, whose
+    errors propagate."""
+
 def check_header(name: str, value: str, index: int) -> None:
     """The core's rule for one extra header (llmretry_check_header):
     ValueError naming header #index (never an invalid name) or the value's

@@ -738,3 +738,32 @@ def test_ctrl_c_leaves_a_consistent_record_then_resume(scen: Scenario,
     assert n_requests >= len(ok1) + len(failed1)
     assert out2.summary.skipped == len(ok1) and out2.summary.failed == 0
     assert check_record(path, 40) == (set(range(40)), set())
+
+
+def test_a_batch_recorded_at_its_end_is_the_batch_watched_item_by_item(scen: Scenario) -> None:
+    """Nothing watching items (no record, progress or on_result), the run
+    fills the batch's own list and converts only the outcome dicts at its
+    end (_batch_tally): values and summary as when on_result watches each."""
+    def run(on_result: Any, deadline_ms: Any = None) -> llmretry.BatchResult:
+        scen.script([{}, {"status": 400}, {}, {"status": 400}, {"status": 400}, {}])
+        return llmretry.call_many(bodies_for(6), limit=1, on_result=on_result,
+                                  deadline_ms=deadline_ms, **opts(scen))
+
+    for deadline_ms in (None, 0):
+        seen: List[int] = []
+        at_end, watched = run(None, deadline_ms), run(lambda i, v: seen.append(i), deadline_ms)
+        assert sorted(seen) == list(range(6))
+        for out in (at_end, watched):
+            kinds = [type(v).__name__ for v in out]
+            if deadline_ms is None:
+                assert kinds == ["Result", "BadRequestError", "Result", "BadRequestError",
+                                 "BadRequestError", "Result"]
+            else:       # every item kept from starting: each an error, not_started
+                assert kinds == ["DeadlineExceededError"] * 6
+                assert all(v.attempts == 0 for v in out)
+        s, w = at_end.summary.as_dict(), watched.summary.as_dict()
+        s.pop("elapsed_ms")
+        w.pop("elapsed_ms")
+        assert s == w
+        assert (s["ok"], s["failed"], s["not_started"]) == (
+            (3, 3, 0) if deadline_ms is None else (0, 6, 6))

@@ -310,6 +310,56 @@ def test_keys_are_shared_across_bodies_and_never_mixed() -> None:
         assert list(got.items()) == [(k, i) for i, k in enumerate(keys)]
 
 
+def test_the_key_expected_next_is_taken_only_when_its_bytes_are_there() -> None:
+    # The cache expects, after a key, the key that followed it last time (a
+    # batch's bodies have one order); each body here has, at some place,
+    # something close to the expected key: every one decodes as json.loads.
+    order = ["id", "object", "created", "model", "choices", "usage"]
+    train = body_with(order, 0)
+    near = ["objec", "objects", "Object", "obj\u0065ct", "object\"", "\u006fbject", "",
+            "object\u0000", "ob\nject"]
+    for other in near:
+        text = '{"id":1,"%s":2,"created":3}' % other
+        for body in (train, text.encode(), train):
+            check(body, handled=reference(body)[0])
+    # the expected key's bytes, then not a key: spaces, no colon, the end
+    for tail in ('"object!:2}', '"object" :2}', '"object"\t:\n2}', '"object"2}', '"object"',
+                 '"object', '"object":', '"object"}', '"object" ,'):
+        check(train)
+        body = ('{"id":1,' + tail).encode()
+        check(body, handled=reference(body)[0])
+    # keys past the cache's length or escaped are never expected, still right
+    long_keys = ["id", "k" * 40, "object", "k" * 40]
+    for _ in range(3):
+        check(json.dumps({k: i for i, k in enumerate(long_keys)}).encode())
+
+
+def test_short_values_repeated_across_bodies_are_one_str() -> None:
+    # A batch keeps every result's strings alive and each full GC pass reads
+    # them: a short value that comes again ("object", "role", "stop", the
+    # model) is one str while it keeps coming; long or escaped ones are made
+    # each time; a value that takes another's place never reads as it.
+    def body(i: int) -> bytes:
+        return json.dumps({"object": "chat.completion", "model": "gpt-4.1-mini",
+                           "finish_reason": "stop", "n": "x" * 25, "e": "a\nb",
+                           "id": f"c{i}", "empty": ""}).encode()
+
+    a, b = (_llmretry._json_decode(body(i))[0] for i in (1, 2))
+    same(a, json.loads(body(1)))
+    same(b, json.loads(body(2)))
+    for k in ("object", "model", "finish_reason", "empty"):
+        assert (a[k] is b[k]) == SHARED_KEYS, k
+    assert a["n"] == b["n"] and a["n"] is not b["n"]
+    assert a["e"] == b["e"] and a["e"] is not b["e"]
+    # many different short values through the same slots: each one right
+    rng = random.Random(11)
+    values = [f"v{i}" for i in range(3000)] + [f"V{i}é" for i in range(3000)]
+    for _ in range(20):
+        picked = rng.sample(values, 50)
+        got = _llmretry._json_decode(json.dumps(picked, ensure_ascii=False).encode())[0]
+        assert got == picked
+
+
 def test_threads_decoding_at_once_get_their_own_keys() -> None:
     errors: List[BaseException] = []
 
