@@ -488,6 +488,72 @@ static void test_connection_reuse(void)
     llmretry_engine_free(e);
 }
 
+/* The process's epoll sets: the events loop's engine owns one. */
+static int epoll_sets(void)
+{
+    int n = 0;
+    char path[64], target[64];
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t len = readlink(path, target, sizeof target - 1);
+        if (len <= 0)
+            continue;
+        target[len] = 0;
+        n += strcmp(target, "anon_inode:[eventpoll]") == 0;
+    }
+    return n;
+}
+
+/* One engine per io_loop: each answers a call (and a second one, after the
+ * loop has gone to sleep: a submit must wake it). Only the events loop
+ * owns an epoll set; and th_engine_new, which the engine-level tests use,
+ * gives the loop LLMRETRY_TEST_IO_LOOP asks for (ctest's *_events runs). */
+static void test_io_loop(void)
+{
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_engine_options eo;
+    llmretry_engine *e = NULL;
+
+    llmretry_engine_options_defaults(&eo);
+    CHECK_INT(eo.io_loop, LLMRETRY_IO_LOOP_PERFORM);
+    eo.io_loop = 7;
+    CHECK_INT(th_engine_new_as_asked(&eo, &e, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "io_loop") != NULL, "error does not name io_loop: %s", err);
+    CHECK(e == NULL);
+    if (script("io_loop", "{\"steps\": []}") != 0)
+        return;
+    opts_for(&o, "io_loop", url, sizeof url);
+    static const int loops[] = { LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS };
+    for (int i = 0; i < 2; i++) {
+        int sets = epoll_sets();
+        llmretry_engine_options_defaults(&eo);
+        eo.io_loop = loops[i];
+        e = NULL;
+        CHECK_MSG(th_engine_new_as_asked(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
+        if (!e)
+            continue;
+        CHECK_MSG(epoll_sets() - sets == (loops[i] == LLMRETRY_IO_LOOP_EVENTS),
+                  "io_loop %d: %d epoll sets more", loops[i], epoll_sets() - sets);
+        for (int k = 0; k < 2; k++) {
+            mail_log l = { 0 };
+            llmretry_call *c = run(e, &o, &l, 5000);
+            const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+            CHECK_MSG(r && r->ok, "io_loop %d, call %d failed", loops[i], k);
+            log_free(&l);
+            llmretry_call_free(c);
+            struct timespec ts = { 0, 50 * 1000000 };
+            nanosleep(&ts, NULL);
+        }
+        llmretry_engine_free(e);
+        CHECK_INT(epoll_sets(), sets);
+    }
+    int sets = epoll_sets();
+    e = th_engine_new();
+    CHECK_INT(epoll_sets() - sets, th_io_loop() == LLMRETRY_IO_LOOP_EVENTS);
+    llmretry_engine_free(e);
+}
+
 /* Engines come and go, some with calls in flight that must end cancelled
  * and stay valid after the engine is gone. */
 static void test_engine_churn(void)
@@ -1443,6 +1509,7 @@ int main(void)
         llmretry_engine_free(e);
     }
     struct { const char *name; void (*fn)(void); } own[] = {
+        { "io_loop", test_io_loop },
         { "connection_reuse", test_connection_reuse },
         { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },
