@@ -132,13 +132,9 @@ void lr_events_drive(llmretry_engine *e)
     int running;
     int n = ev->n_ready;
     ev->n_ready = 0;
-    for (int i = 0; i < n; i++) {
-        int fd = ev->ready[i].data.fd;
-        if (fd == ev->wake.rfd)
-            lr_notifier_clear(&ev->wake);
-        else
-            curl_multi_socket_action(e->multi, fd, cselect_of(ev->ready[i].events), &running);
-    }
+    for (int i = 0; i < n; i++)
+        curl_multi_socket_action(e->multi, ev->ready[i].data.fd,
+                                 cselect_of(ev->ready[i].events), &running);
     /* Timers due (a transfer just added is due at once); a socket's action
      * above ran those that were due then. */
     long ms;
@@ -154,7 +150,17 @@ void lr_events_wait(llmretry_engine *e, int timeout_ms)
         timeout_ms = (int)ms;
     int n = epoll_wait(ev->epfd, ev->ready, READY_MAX, timeout_ms);
     if (n >= 0) {
-        ev->n_ready = n;
+        /* A wake-up is cleared here, before the loop takes the op queue (as
+         * curl_multi_poll drains curl_multi_wakeup's): cleared later, it
+         * would swallow the wake-up of an op queued after the take, which
+         * then waited for some socket's news or a timer. */
+        ev->n_ready = 0;
+        for (int i = 0; i < n; i++) {
+            if (ev->ready[i].data.fd == ev->wake.rfd)
+                lr_notifier_clear(&ev->wake);
+            else
+                ev->ready[ev->n_ready++] = ev->ready[i];
+        }
     } else if (errno != EINTR) {
         /* Not a reason to spin: wait a little as epoll would have. */
         struct timespec ts = { 0, 10 * 1000000 };
