@@ -554,6 +554,59 @@ static void test_io_loop(void)
     llmretry_engine_free(e);
 }
 
+static void spin_us(int us)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+}
+
+/* A call submitted while the I/O loop handles the wake-up of the one before
+ * starts at once, not at the loop's next socket news or timer (its longest
+ * wait is 1 s): each round submits a call the mock holds 3 s, then, 0 to
+ * 300 microseconds later (another gap each round), a quick one, which must
+ * end well within that second. The events loop once cleared its wake-up
+ * after taking the op queue, swallowing the quick call's. */
+static void test_wake_race(void)
+{
+    enum { ROUNDS = 1000 };
+    char url_slow[128], url_fast[128];
+    llmretry_options slow, fast;
+    llmretry_engine *e = new_engine();
+    if (!e || script("wake_slow", "{\"steps\": [], \"after\": {\"delay_ms\": 3000}}") != 0 ||
+        script("wake_fast", "{\"steps\": []}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    opts_for(&slow, "wake_slow", url_slow, sizeof url_slow);
+    opts_for(&fast, "wake_fast", url_fast, sizeof url_fast);
+    int late = 0, ok = 0;
+    int64_t worst = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        llmretry_call *a = submit(e, &slow, 0);
+        spin_us(i * 7 % 300);
+        int64_t t0 = th_now_ms();
+        llmretry_call *b = submit(e, &fast, 0);
+        mail_log l = { 0 };
+        if (b)
+            drain(b, &l, -1, 5000);
+        int64_t took = th_now_ms() - t0;
+        const llmretry_result *r = b ? llmretry_call_result(b) : NULL;
+        ok += r && r->ok;
+        late += took >= 500;
+        worst = took > worst ? took : worst;
+        log_free(&l);
+        llmretry_call_free(b);
+        llmretry_call_free(a);      /* cancelled */
+    }
+    CHECK_INT(ok, ROUNDS);
+    CHECK_MSG(late == 0, "%d of %d quick calls took 500 ms or more (worst %lld ms): a wake-up "
+              "was lost", late, ROUNDS, (long long)worst);
+    llmretry_engine_free(e);
+}
+
 /* Engines come and go, some with calls in flight that must end cancelled
  * and stay valid after the engine is gone. */
 static void test_engine_churn(void)
@@ -1510,6 +1563,7 @@ int main(void)
     }
     struct { const char *name; void (*fn)(void); } own[] = {
         { "io_loop", test_io_loop },
+        { "wake_race", test_wake_race },
         { "connection_reuse", test_connection_reuse },
         { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },
