@@ -567,8 +567,9 @@ static void spin_us(int us)
  * starts at once, not at the loop's next socket news or timer (its longest
  * wait is 1 s): each round submits a call the mock holds 3 s, then, 0 to
  * 300 microseconds later (another gap each round), a quick one, which must
- * end well within that second. The events loop once cleared its wake-up
- * after taking the op queue, swallowing the quick call's. */
+ * end within that second (a lost wake-up costs ~1000 ms; the margin is for
+ * an overloaded machine). The events loop once cleared its wake-up after
+ * taking the op queue, swallowing the quick call's. */
 static void test_wake_race(void)
 {
     enum { ROUNDS = 1000 };
@@ -595,14 +596,14 @@ static void test_wake_race(void)
         int64_t took = th_now_ms() - t0;
         const llmretry_result *r = b ? llmretry_call_result(b) : NULL;
         ok += r && r->ok;
-        late += took >= 500;
+        late += took >= 900;
         worst = took > worst ? took : worst;
         log_free(&l);
         llmretry_call_free(b);
         llmretry_call_free(a);      /* cancelled */
     }
     CHECK_INT(ok, ROUNDS);
-    CHECK_MSG(late == 0, "%d of %d quick calls took 500 ms or more (worst %lld ms): a wake-up "
+    CHECK_MSG(late == 0, "%d of %d quick calls took 900 ms or more (worst %lld ms): a wake-up "
               "was lost", late, ROUNDS, (long long)worst);
     llmretry_engine_free(e);
 }
