@@ -75,6 +75,7 @@ build = {
             "core/src/events.c",
             "core/src/group.c",
             "core/src/ids.c",
+            "core/src/io_events.c",
             "core/src/json.c",
             "core/src/json_pull.c",
             "core/src/mailbox.c",

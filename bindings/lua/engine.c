@@ -333,6 +333,11 @@ int l_new_engine(lua_State *L)
                                        "\"redis://host:port\", or nil");
         eo.shared = lua_tostring(L, 3);
     }
+    if (!lua_isnoneornil(L, 4)) {
+        static const char *const loops[] = { "perform", "events", NULL };
+        static const int values[] = { LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS };
+        eo.io_loop = values[luaL_checkoption(L, 4, NULL, loops)];
+    }
 
     lr_engine *eng = lr_newuserdata(L, sizeof *eng);
     eng->e = NULL;

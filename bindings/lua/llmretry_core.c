@@ -7,7 +7,8 @@
  *   core.null, core.array_mt, core.empty_array
  *   core.extract_json(s), core.assert_shape(v, shape [, path])
  *   core.check_options(opts)              raise as engine:submit would
- *   core.new_engine([max_in_flight[, max_host_connections]]) -> engine
+ *   core.new_engine([max_in_flight[, max_host_connections[, shared[, io_loop]]]]) -> engine
+ *     io_loop: "perform" (the default) or "events" (llmretry_engine_options)
  *     engine:submit(opts) -> handle        every call in poll mode
  *     engine:channel() -> the engine's own channel, where calls report
  *       without opts.group or opts.channel; engine:close()

@@ -221,6 +221,42 @@ static llmretry_call *take_ops(llmretry_engine *e, int *stopping)
     return ops;
 }
 
+/* The I/O loop's two steps, per the engine's io_loop (engine.h): run the
+ * transfers that have something to do, and wait until some may. */
+static void io_drive(llmretry_engine *e)
+{
+    if (e->events) {
+        lr_events_drive(e);
+        return;
+    }
+    int running = 0;
+    CURLMcode mrc = curl_multi_perform(e->multi, &running);
+    (void)mrc;  /* only CURLM_OUT_OF_MEMORY/INTERNAL: per-transfer
+                 * failures arrive through curl_multi_info_read */
+}
+
+static void io_wait(llmretry_engine *e, int timeout_ms)
+{
+    if (e->events) {
+        lr_events_wait(e, timeout_ms);
+        return;
+    }
+    if (curl_multi_poll(e->multi, NULL, 0, timeout_ms, NULL) != CURLM_OK) {
+        /* Not a reason to spin: wait a little as poll would have. */
+        struct timespec ts = { 0, 10 * 1000000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Wake the I/O loop's wait from another thread. */
+static void io_wake(llmretry_engine *e)
+{
+    if (e->events)
+        lr_events_wake(e->events);
+    else
+        curl_multi_wakeup(e->multi);
+}
+
 static void *io_main(void *arg)
 {
     llmretry_engine *e = arg;
@@ -235,20 +271,14 @@ static void *io_main(void *arg)
          * the next requests are on the wire before a host thread takes a
          * core to read the results (on 2 cores that thread would delay
          * them by the time it takes). */
-        int running = 0, finished;
+        int finished;
         do {
             lr_admission_pump(e);
-            CURLMcode mrc = curl_multi_perform(e->multi, &running);
-            (void)mrc;  /* only CURLM_OUT_OF_MEMORY/INTERNAL: per-transfer
-                         * failures arrive through curl_multi_info_read */
+            io_drive(e);
             finished = read_finished(e);
         } while (finished > 0);
         lr_publish(e);
-        if (curl_multi_poll(e->multi, NULL, 0, poll_timeout_ms(e), NULL) != CURLM_OK) {
-            /* Not a reason to spin: wait a little as poll would have. */
-            struct timespec ts = { 0, 10 * 1000000 };
-            nanosleep(&ts, NULL);
-        }
+        io_wait(e, poll_timeout_ms(e));
     }
     while (e->live_head)
         lr_cancel(e, e->live_head);
@@ -268,6 +298,8 @@ static void *io_main(void *arg)
     e->shared = NULL;
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
+    lr_events_free(e->events);      /* after: the cleanup told it of closed sockets */
+    e->events = NULL;
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
     free(e->done);
     e->done = NULL;
@@ -280,7 +312,7 @@ static void *io_main(void *arg)
 /* A Redis store's thread has news a waiting call may need. */
 static void wake_io(void *arg)
 {
-    curl_multi_wakeup(((llmretry_engine *)arg)->multi);
+    io_wake(arg);
 }
 
 void llmretry_engine_options_defaults(llmretry_engine_options *o)
@@ -288,6 +320,7 @@ void llmretry_engine_options_defaults(llmretry_engine_options *o)
     o->max_in_flight = DEFAULT_MAX_IN_FLIGHT;
     o->max_host_connections = 0;
     o->shared = NULL;
+    o->io_loop = LLMRETRY_IO_LOOP_PERFORM;
 }
 
 static void engine_discard(llmretry_engine *e)
@@ -295,6 +328,7 @@ static void engine_discard(llmretry_engine *e)
     lr_shared_store_close(e->shared);   /* its thread may wake the multi handle */
     if (e->multi)
         curl_multi_cleanup(e->multi);
+    lr_events_free(e->events);
     lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
     lr_call_spares_free(e);
@@ -321,6 +355,15 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     if (opts->max_host_connections < 0) {
         lr_errf(err, errlen, "max_host_connections must be >= 0 (got %d)",
                 opts->max_host_connections);
+        return LLMRETRY_EINVAL;
+    }
+    if (opts->io_loop != LLMRETRY_IO_LOOP_PERFORM && opts->io_loop != LLMRETRY_IO_LOOP_EVENTS) {
+        lr_errf(err, errlen, "io_loop must be LLMRETRY_IO_LOOP_PERFORM or LLMRETRY_IO_LOOP_EVENTS "
+                "(got %d)", opts->io_loop);
+        return LLMRETRY_EINVAL;
+    }
+    if (opts->io_loop == LLMRETRY_IO_LOOP_EVENTS && !lr_events_supported()) {
+        lr_errf(err, errlen, "io_loop: the events loop needs epoll (Linux)");
         return LLMRETRY_EINVAL;
     }
     pthread_once(&curl_once, curl_init_once);
@@ -361,6 +404,11 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
         engine_discard(e);
         return LLMRETRY_EINTERNAL;
     }
+    if (opts->io_loop == LLMRETRY_IO_LOOP_EVENTS && !(e->events = lr_events_open(e))) {
+        lr_errf(err, errlen, "could not set up the events loop: %s", strerror(errno));
+        engine_discard(e);
+        return LLMRETRY_EINTERNAL;
+    }
 
     if (opts->shared && *opts->shared &&
         lr_shared_store_open(opts->shared, &e->shared, err, errlen) != 0) {
@@ -393,7 +441,7 @@ void llmretry_engine_free(llmretry_engine *e)
         return;     /* a forked child: the thread and sockets are the parent's */
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
-    curl_multi_wakeup(e->multi);
+    io_wake(e);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
     lr_engine_unref(e);
@@ -423,7 +471,7 @@ int lr_queue_op(llmretry_call *c, unsigned op)
     }
     /* The I/O thread takes the whole list at once: one wakeup per batch. */
     if (was_empty)
-        curl_multi_wakeup(e->multi);
+        io_wake(e);
     pthread_mutex_unlock(&e->mu);
     return 0;
 }

@@ -7,6 +7,7 @@
  *   mailbox.c    what the engine publishes to hosts and the host side of it
  *   channel.c    ready lists with a notifier (eventfd or pipe)
  *   sockets.c    the engine's open sockets, found by their ports
+ *   io_events.c  the events loop: libcurl's socket interface on epoll
  *
  * Everything marked "I/O thread" is touched by that thread only. */
 #ifndef LR_ENGINE_PRIVATE_H
@@ -74,6 +75,9 @@ struct llmretry_engine {
     int stopping;
     int multi_gone;                /* the I/O thread has released `multi` */
     CURLM *multi;
+    /* LLMRETRY_IO_LOOP_EVENTS: the epoll set (io_events.c); NULL: the
+     * perform loop. Set before the thread starts, freed with `multi`. */
+    struct lr_io_events *events;
     pthread_t thread;
 
     /* I/O thread only. */
@@ -101,6 +105,22 @@ struct llmretry_engine {
     llmretry_call *pend_head;      /* calls with news, published once per loop, */
     llmretry_call *pend_tail;      /* in the order they had it */
 };
+
+/* ---- io_events.c: the events loop (LLMRETRY_IO_LOOP_EVENTS) --------------- */
+typedef struct lr_io_events lr_io_events;
+/* 1 where the events loop exists (epoll: Linux). */
+int lr_events_supported(void);
+/* The epoll set and its wake-up notifier, libcurl's socket callback set on
+ * e->multi; NULL when a system call fails. */
+lr_io_events *lr_events_open(llmretry_engine *e);
+void lr_events_free(lr_io_events *ev);
+/* Wake the loop's wait; any thread (curl_multi_wakeup's counterpart). */
+void lr_events_wake(lr_io_events *ev);
+/* Run the transfers whose sockets the last wait found ready and those
+ * whose libcurl timers are due (curl_multi_perform's counterpart). */
+void lr_events_drive(llmretry_engine *e);
+/* Wait for a socket, a wake-up, libcurl's next timer or timeout_ms. */
+void lr_events_wait(llmretry_engine *e, int timeout_ms);
 
 /* ---- timers.c ----------------------------------------------------------- */
 /* Place the call's one timer where its state says (a backoff's end, or the

@@ -61,6 +61,10 @@ M.is_error = llm.is_error
 -- The worker engine's max_in_flight when init_worker does not say: a
 -- gateway holds many long calls at once (the core's own default is 256).
 M.DEFAULT_MAX_IN_FLIGHT = 1024
+-- The gateway engine's I/O loop (docs/openresty.md): "events" touches only
+-- the transfers whose sockets are ready, where a gateway has hundreds of
+-- requests waiting on a slow server and few answering at each wake-up.
+M.DEFAULT_IO_LOOP = "events"
 
 -- A request waits this long (seconds) for its semaphore before it looks at
 -- its call itself: a wake-up lost to a bug costs a second, not the call.
@@ -293,7 +297,7 @@ end
 
 local function new_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
-    o.max_host_connections, shared_store(o))
+    o.max_host_connections, shared_store(o), o.io_loop or M.DEFAULT_IO_LOOP)
   local w = { engine = engine, exiting = false }
   local ok, err = pcall(start_dispatch, w)
   if not ok then
@@ -325,16 +329,23 @@ end
 -- start its dispatcher now rather than on the first call. opts:
 -- max_in_flight (default M.DEFAULT_MAX_IN_FLIGHT), max_host_connections
 -- (0: libcurl's default), shared ("shm:NAME" or "redis://...": the budgets
--- of every worker naming it are one; default LLMRETRY_SHARED).
+-- of every worker naming it are one; default LLMRETRY_SHARED), io_loop
+-- ("events", the default M.DEFAULT_IO_LOOP, or "perform": the engine's I/O
+-- loop, docs/openresty.md).
 function M.init_worker(opts)
   if opts ~= nil and type(opts) ~= "table" then argerror(2, "opts", "a table or nil", opts) end
   opts = opts or {}
   for k, v in pairs(opts) do
-    if k ~= "max_in_flight" and k ~= "max_host_connections" and k ~= "shared" then
+    if k ~= "max_in_flight" and k ~= "max_host_connections" and k ~= "shared"
+        and k ~= "io_loop" then
       error(string.format("llmretry: opts.%s is not an option of init_worker "
-        .. "(max_in_flight, max_host_connections, shared)", tostring(k)), 2)
+        .. "(max_in_flight, max_host_connections, shared, io_loop)", tostring(k)), 2)
     end
-    if k == "shared" then
+    if k == "io_loop" then
+      if v ~= "events" and v ~= "perform" then
+        argerror(2, "io_loop", '"events" or "perform"', v)
+      end
+    elseif k == "shared" then
       if type(v) ~= "string" then
         argerror(2, "shared", '"shm:NAME" or "redis://..." (a string)', v)
       end

@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -593,6 +594,40 @@ char *th_mock_get(th_mock *m, const char *path)
 }
 
 /* ---- engine-level plumbing ---------------------------------------------- */
+
+/* Every test executable is linked with -Wl,--wrap=llmretry_engine_new
+ * (CMakeLists.txt): under LLMRETRY_TEST_IO_LOOP=events (ctest's *_events
+ * entries) an engine asked for with the default loop gets the events loop,
+ * so the whole engine-level suite runs on both. */
+llmretry_status __real_llmretry_engine_new(const llmretry_engine_options *opts,
+                                           llmretry_engine **out, char *err, size_t errlen);
+llmretry_status __wrap_llmretry_engine_new(const llmretry_engine_options *opts,
+                                           llmretry_engine **out, char *err, size_t errlen);
+
+int th_io_loop(void)
+{
+    const char *v = getenv("LLMRETRY_TEST_IO_LOOP");
+    return v && strcmp(v, "events") == 0 ? LLMRETRY_IO_LOOP_EVENTS : LLMRETRY_IO_LOOP_PERFORM;
+}
+
+llmretry_status __wrap_llmretry_engine_new(const llmretry_engine_options *opts,
+                                           llmretry_engine **out, char *err, size_t errlen)
+{
+    llmretry_engine_options o;
+    if (opts)
+        o = *opts;
+    else
+        llmretry_engine_options_defaults(&o);
+    if (o.io_loop == LLMRETRY_IO_LOOP_PERFORM)
+        o.io_loop = th_io_loop();
+    return __real_llmretry_engine_new(&o, out, err, errlen);
+}
+
+int th_engine_new_as_asked(const llmretry_engine_options *opts,
+                           llmretry_engine **out, char *err, size_t errlen)
+{
+    return __real_llmretry_engine_new(opts, out, err, errlen);
+}
 
 llmretry_engine *th_engine_new(void)
 {

@@ -116,5 +116,11 @@ struct llmretry_result;
 struct llmretry_engine *th_engine_new(void);
 struct llmretry_call *th_submit(struct llmretry_engine *e, const struct llmretry_options *o);
 const struct llmretry_result *th_wait_done(struct llmretry_call *c, int64_t max_ms);
+/* The io_loop LLMRETRY_TEST_IO_LOOP asks every engine to run (the default
+ * loop when unset), and llmretry_engine_new without that override. */
+struct llmretry_engine_options;
+int th_io_loop(void);
+int th_engine_new_as_asked(const struct llmretry_engine_options *opts,
+                           struct llmretry_engine **out, char *err, size_t errlen);
 
 #endif

@@ -488,6 +488,126 @@ static void test_connection_reuse(void)
     llmretry_engine_free(e);
 }
 
+/* The process's epoll sets: the events loop's engine owns one. */
+static int epoll_sets(void)
+{
+    int n = 0;
+    char path[64], target[64];
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t len = readlink(path, target, sizeof target - 1);
+        if (len <= 0)
+            continue;
+        target[len] = 0;
+        n += strcmp(target, "anon_inode:[eventpoll]") == 0;
+    }
+    return n;
+}
+
+/* One engine per io_loop: each answers a call (and a second one, after the
+ * loop has gone to sleep: a submit must wake it). Only the events loop
+ * owns an epoll set; and th_engine_new, which the engine-level tests use,
+ * gives the loop LLMRETRY_TEST_IO_LOOP asks for (ctest's *_events runs). */
+static void test_io_loop(void)
+{
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_engine_options eo;
+    llmretry_engine *e = NULL;
+
+    llmretry_engine_options_defaults(&eo);
+    CHECK_INT(eo.io_loop, LLMRETRY_IO_LOOP_PERFORM);
+    eo.io_loop = 7;
+    CHECK_INT(th_engine_new_as_asked(&eo, &e, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "io_loop") != NULL, "error does not name io_loop: %s", err);
+    CHECK(e == NULL);
+    if (script("io_loop", "{\"steps\": []}") != 0)
+        return;
+    opts_for(&o, "io_loop", url, sizeof url);
+    static const int loops[] = { LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS };
+    for (int i = 0; i < 2; i++) {
+        int sets = epoll_sets();
+        llmretry_engine_options_defaults(&eo);
+        eo.io_loop = loops[i];
+        e = NULL;
+        CHECK_MSG(th_engine_new_as_asked(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
+        if (!e)
+            continue;
+        CHECK_MSG(epoll_sets() - sets == (loops[i] == LLMRETRY_IO_LOOP_EVENTS),
+                  "io_loop %d: %d epoll sets more", loops[i], epoll_sets() - sets);
+        for (int k = 0; k < 2; k++) {
+            mail_log l = { 0 };
+            llmretry_call *c = run(e, &o, &l, 5000);
+            const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+            CHECK_MSG(r && r->ok, "io_loop %d, call %d failed", loops[i], k);
+            log_free(&l);
+            llmretry_call_free(c);
+            struct timespec ts = { 0, 50 * 1000000 };
+            nanosleep(&ts, NULL);
+        }
+        llmretry_engine_free(e);
+        CHECK_INT(epoll_sets(), sets);
+    }
+    int sets = epoll_sets();
+    e = th_engine_new();
+    CHECK_INT(epoll_sets() - sets, th_io_loop() == LLMRETRY_IO_LOOP_EVENTS);
+    llmretry_engine_free(e);
+}
+
+static void spin_us(int us)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+}
+
+/* A call submitted while the I/O loop handles the wake-up of the one before
+ * starts at once, not at the loop's next socket news or timer (its longest
+ * wait is 1 s): each round submits a call the mock holds 3 s, then, 0 to
+ * 300 microseconds later (another gap each round), a quick one, which must
+ * end within that second (a lost wake-up costs ~1000 ms; the margin is for
+ * an overloaded machine). The events loop once cleared its wake-up after
+ * taking the op queue, swallowing the quick call's. */
+static void test_wake_race(void)
+{
+    enum { ROUNDS = 1000 };
+    char url_slow[128], url_fast[128];
+    llmretry_options slow, fast;
+    llmretry_engine *e = new_engine();
+    if (!e || script("wake_slow", "{\"steps\": [], \"after\": {\"delay_ms\": 3000}}") != 0 ||
+        script("wake_fast", "{\"steps\": []}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    opts_for(&slow, "wake_slow", url_slow, sizeof url_slow);
+    opts_for(&fast, "wake_fast", url_fast, sizeof url_fast);
+    int late = 0, ok = 0;
+    int64_t worst = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        llmretry_call *a = submit(e, &slow, 0);
+        spin_us(i * 7 % 300);
+        int64_t t0 = th_now_ms();
+        llmretry_call *b = submit(e, &fast, 0);
+        mail_log l = { 0 };
+        if (b)
+            drain(b, &l, -1, 5000);
+        int64_t took = th_now_ms() - t0;
+        const llmretry_result *r = b ? llmretry_call_result(b) : NULL;
+        ok += r && r->ok;
+        late += took >= 900;
+        worst = took > worst ? took : worst;
+        log_free(&l);
+        llmretry_call_free(b);
+        llmretry_call_free(a);      /* cancelled */
+    }
+    CHECK_INT(ok, ROUNDS);
+    CHECK_MSG(late == 0, "%d of %d quick calls took 900 ms or more (worst %lld ms): a wake-up "
+              "was lost", late, ROUNDS, (long long)worst);
+    llmretry_engine_free(e);
+}
+
 /* Engines come and go, some with calls in flight that must end cancelled
  * and stay valid after the engine is gone. */
 static void test_engine_churn(void)
@@ -1443,6 +1563,8 @@ int main(void)
         llmretry_engine_free(e);
     }
     struct { const char *name; void (*fn)(void); } own[] = {
+        { "io_loop", test_io_loop },
+        { "wake_race", test_wake_race },
         { "connection_reuse", test_connection_reuse },
         { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },

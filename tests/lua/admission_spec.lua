@@ -92,4 +92,22 @@ describe("admission", function()
     local ok, msg = pcall(llm.new_engine, 64, -1)
     check(not ok and tostring(msg):find("max_host_connections", 1, true), tostring(msg))
   end)
+
+  it("runs calls on either I/O loop: new_engine(n, conns, shared, io_loop)", function()
+    local scen = mock:scen("io_loop")
+    scen.script({}, { delay_ms = 100 })
+    for _, loop in ipairs({ "perform", "events" }) do
+      local engine = llm.new_engine(64, nil, nil, loop)
+      local results, errors = llm.map_with_concurrency({ 1, 2, 3, 4 }, 4, function(_, i)
+        local res, err = llm.call_llm({ body = H.secret_body("l" .. i), base_url = scen.url,
+          api_key = H.SECRET_KEY, timeout_ms = 5000 })
+        check(res, "%s loop, call %d: %s", loop, i, tostring(err))
+        return true
+      end, { engine = engine })
+      engine:close()
+      check(next(errors) == nil and results.n == 4, "%s loop: errors %s", loop, H.dump(errors))
+    end
+    local ok, msg = pcall(llm.new_engine, 64, nil, nil, "epoll")
+    check(not ok and tostring(msg):find("invalid option 'epoll'", 1, true), tostring(msg))
+  end)
 end)

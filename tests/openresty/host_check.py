@@ -471,6 +471,38 @@ def test_engine_shared(ngx, mock):
           f"connections {conns}: a new engine (or connection) per call")
 
 
+def epoll_sets(pid):
+    """The epoll sets a process holds open (nginx's own, the engine's)."""
+    d = f"/proc/{pid}/fd"
+    n = 0
+    for fd in os.listdir(d):
+        try:
+            n += os.readlink(os.path.join(d, fd)) == "anon_inode:[eventpoll]"
+        except OSError:
+            pass
+    return n
+
+
+def test_io_loop(ngx, mock):
+    """The worker's engine runs the events loop by default (an epoll set of its own); io_loop = "perform" is there too."""
+    mock.script("io_loop", [])
+    status, text, _ = http("GET", ngx.base + "/llm?s=io_loop")
+    check(status == 200, f"/llm: {status} {text}")
+    events = epoll_sets(worker_pid(ngx))
+    other = Nginx(ngx.repo, mock.root, init_opts='{ io_loop = "perform" }')
+    try:
+        other.start()
+        status, text, _ = http("GET", other.base + "/llm?s=io_loop")
+        check(status == 200, f"/llm with io_loop perform: {status} {text}")
+        perform = epoll_sets(worker_pid(other))
+    finally:
+        other.stop()
+        other.cleanup()
+    check(events == perform + 1,
+          f"epoll sets of the worker: {events} by default, {perform} with io_loop perform")
+    check(len(mock.requests("io_loop")) == 2, "not 2 requests")
+
+
 def refused_by_workers(repo, mock, shared, name):
     """40 downstream requests at once to a fresh nginx of 4 workers, each
     call paced at 600 a minute (10 a second) against the mock's 10 in any
@@ -765,7 +797,8 @@ def test_no_secrets_logged(ngx, mock):
 
 TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path, test_validate,
          test_misuse, test_misuse_vectors,
-         test_doc_examples, test_environment, test_engine_shared, test_500_calls_no_thread_pool,
+         test_doc_examples, test_environment, test_engine_shared, test_io_loop,
+         test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,
          test_reload_with_calls_in_flight, test_workers_share_a_budget]

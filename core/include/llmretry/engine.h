@@ -19,6 +19,20 @@ extern "C" {
 typedef struct llmretry_engine llmretry_engine;
 typedef struct llmretry_call llmretry_call;
 
+/* How an engine's I/O thread waits for its transfers (docs/reliability.md,
+ * "The I/O loop"). */
+typedef enum llmretry_io_loop {
+    /* curl_multi_perform, then curl_multi_poll: every transfer in flight is
+     * looked at on every wake-up. Cheapest when most of them have news at
+     * once (a batch whose calls answer together). The default. */
+    LLMRETRY_IO_LOOP_PERFORM = 0,
+    /* curl_multi_socket_action on the engine's own epoll set: a wake-up
+     * touches only the transfers whose sockets are ready. Cheaper with many
+     * transfers waiting on a slow server while few answer at a time (a
+     * gateway). Linux only: elsewhere llmretry_engine_new says ENOTSUP. */
+    LLMRETRY_IO_LOOP_EVENTS = 1
+} llmretry_io_loop;
+
 typedef struct llmretry_engine_options {
     /* Most HTTP attempts in flight at once; more calls queue. 256. */
     int max_in_flight;
@@ -28,6 +42,9 @@ typedef struct llmretry_engine_options {
      * process; "shm:NAME" = shared by every process on the host naming
      * NAME. Copied; checked by llmretry_engine_new (EINVAL names it). */
     const char *shared;
+    /* An llmretry_io_loop: LLMRETRY_IO_LOOP_PERFORM (the default) or
+     * LLMRETRY_IO_LOOP_EVENTS. */
+    int io_loop;
 } llmretry_engine_options;
 
 void llmretry_engine_options_defaults(llmretry_engine_options *o);
