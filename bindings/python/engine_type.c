@@ -19,12 +19,21 @@
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "max_in_flight", "max_host_connections", "shared", NULL };
+    static char *kwlist[] = { "max_in_flight", "max_host_connections", "shared", "io_loop",
+                              NULL };
     int max_in_flight = 256, max_host_connections = 0;
-    const char *shared = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iiz:Engine", kwlist, &max_in_flight,
-                                     &max_host_connections, &shared))
+    const char *shared = NULL, *io_loop = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iizz:Engine", kwlist, &max_in_flight,
+                                     &max_host_connections, &shared, &io_loop))
         return -1;
+    int loop = LLMRETRY_IO_LOOP_PERFORM;
+    if (io_loop && strcmp(io_loop, "events") == 0)
+        loop = LLMRETRY_IO_LOOP_EVENTS;
+    else if (io_loop && strcmp(io_loop, "perform") != 0) {
+        PyErr_Format(PyExc_ValueError, "io_loop must be 'perform' or 'events', not '%s'",
+                     io_loop);
+        return -1;
+    }
     if (self->engine) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
         return -1;
@@ -34,6 +43,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     eo.max_in_flight = max_in_flight;
     eo.max_host_connections = max_host_connections;
     eo.shared = shared;
+    eo.io_loop = loop;
     char err[LLMRETRY_ERRBUF] = "";
     llmretry_engine *e = NULL;
     llmretry_status st = llmretry_engine_new(&eo, &e, err, sizeof err);
@@ -270,7 +280,7 @@ static PyType_Slot Engine_slots[] = {
     { Py_tp_dealloc, Engine_dealloc },
     { Py_tp_methods, Engine_methods },
     { Py_tp_getset, Engine_getset },
-    { Py_tp_doc, "Engine(max_in_flight=256, max_host_connections=0, shared=None): an I/O thread and its "
+    { Py_tp_doc, "Engine(max_in_flight=256, max_host_connections=0, shared=None, io_loop='perform'): an I/O thread and its "
                  "connection cache." },
     { 0, NULL },
 };

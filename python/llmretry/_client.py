@@ -50,6 +50,8 @@ R = TypeVar("R")
 
 # What a client shows of itself, with the built-in values when not given.
 _SHOWN_IN_REPR = ("base_url", "timeout_ms", "max_retries", "deadline_ms")
+# Client(io_loop=...): the engine's I/O loops (core/include/llmretry/engine.h).
+_IO_LOOPS = ("perform", "events")
 
 
 # Live clients, so a forked child can drop its parent's engines.
@@ -81,6 +83,13 @@ class Client(_ClientBatches):
     (docs/shared.md). A Redis that is down or slow never fails a call: each
     process paces alone until it is back.
 
+    ``io_loop`` is how the engine's I/O thread runs its transfers
+    (docs/reliability.md, "The I/O loop"): ``"perform"`` (the default) looks
+    at every transfer in flight at each wake-up, cheapest for batches whose
+    calls answer together; ``"events"`` (Linux) runs only the transfers whose
+    sockets are ready, cheaper for a service holding hundreds of slow calls
+    at once of which few answer at a time (a gateway, an asyncio server).
+
     ``policies`` are named policies (a mapping ``{name: {key: value}}`` or
     a ``.toml``/``.json`` file, see :func:`llmretry.load_policies`), checked
     here; a call picks one with ``policy="name"``. For one call, explicit
@@ -101,6 +110,7 @@ class Client(_ClientBatches):
     def __init__(self, *, max_in_flight: int = 256, max_host_connections: int = 0,
                  shared: Optional[str] = None,
                  policies: Optional[PolicySource] = None,
+                 io_loop: str = "perform",
                  **defaults: Unpack[CallOptions]) -> None:
         _check_option_names(defaults, "Client()")
         max_in_flight = _int32("max_in_flight", max_in_flight)
@@ -112,6 +122,12 @@ class Client(_ClientBatches):
             raise TypeError(f"shared must be a str such as 'shm:NAME' or "
                             f"'redis://host:port' or None, not {type(shared).__name__}")
         self._shared = shared
+        if not isinstance(io_loop, str):
+            raise TypeError(f"io_loop must be 'perform' or 'events', not "
+                            f"{type(io_loop).__name__}")
+        if io_loop not in _IO_LOOPS:
+            raise ValueError(f"io_loop must be 'perform' or 'events', not {io_loop!r}")
+        self._io_loop = io_loop
         self._defaults: Dict[str, Any] = dict(defaults)
         self._plan = _BASE_PLAN.with_options(defaults.items())
         loaded = load_policies(policies) if policies is not None else {}
@@ -120,7 +136,7 @@ class Client(_ClientBatches):
         self._lock = threading.Lock()
         self._closed = False
         self._engine: Any = _llmretry.Engine(max_in_flight, self._max_host_connections,
-                                             shared)
+                                             shared, io_loop)
         _live_clients.add(self)
 
     @classmethod
@@ -190,7 +206,8 @@ class Client(_ClientBatches):
                 raise RuntimeError("this llmretry Client is closed")
             if self._engine is None:
                 self._engine = _llmretry.Engine(self._max_in_flight,
-                                                self._max_host_connections, self._shared)
+                                                self._max_host_connections, self._shared,
+                                                self._io_loop)
             return self._engine
 
     def _forget_engine_after_fork(self) -> None:
@@ -205,6 +222,8 @@ class Client(_ClientBatches):
         parts.append("api_key=<set>" if self._defaults.get("api_key") else "api_key=<unset>")
         if self._shared:
             parts.append(f"shared={_shown_shared(self._shared)!r}")
+        if self._io_loop != "perform":
+            parts.append(f"io_loop={self._io_loop!r}")
         if self._closed:
             parts.append("closed")
         return f"Client({', '.join(parts)})"

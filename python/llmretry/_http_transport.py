@@ -49,7 +49,7 @@ _REFUSED = {
                "header is passed on as it is)",
 }
 # Keywords of Client() that are not call options.
-_CLIENT_ONLY = ("max_in_flight", "max_host_connections", "shared", "policies")
+_CLIENT_ONLY = ("max_in_flight", "max_host_connections", "shared", "policies", "io_loop")
 
 # Request headers libcurl writes itself (framing, the connection) or that
 # would change what comes back (a compressed body the engine cannot read).

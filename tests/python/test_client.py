@@ -299,6 +299,61 @@ def test_max_host_connections_refused_when_negative() -> None:
         llmretry.Client(max_host_connections=-1)
 
 
+def _epoll_sets() -> int:
+    """The epoll instances this process holds (an events engine holds one)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventpoll]"
+        except OSError:
+            pass                    # the listing's own descriptor, gone
+    return n
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the events loop is epoll's")
+def test_io_loop_events_runs_calls_on_an_epoll_set(scen: Scenario) -> None:
+    """Client(io_loop="events"): the engine holds an epoll set of its own (a
+    "perform" one does not) and runs calls, a batch, a retry and a stream
+    with it; after a fork the child's new engine is an events one too."""
+    before = _epoll_sets()
+    with llmretry.Client(base_url=scen.url, api_key="k", logger=None):
+        assert _epoll_sets() == before
+    scen.script([{"status": 503}], after={"delay_ms": 20})
+    with llmretry.Client(io_loop="events", base_url=scen.url, api_key="k", logger=None,
+                         max_retries=2, base_delay_ms=1) as client:
+        assert _epoll_sets() == before + 1
+        assert "io_loop='events'" in repr(client)
+        data, meta = client.call_llm({"model": "m", "messages": []})
+        assert meta.status == 200 and meta.attempts == 2 and data["choices"]
+        out = client.call_many([{"model": "m", "messages": []}] * 50, limit=25)
+        assert out.summary.ok == 50
+        chunks = list(client.stream_llm({"model": "m", "messages": []}))
+        assert chunks
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                n = _epoll_sets()
+                res = client.call_llm({"model": "m", "messages": []})
+                # The child's engine is made anew, with the same loop.
+                code = 0 if res.meta.status == 200 and _epoll_sets() == n + 1 else 2
+            except BaseException:
+                code = 3
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
+    assert _epoll_sets() == before
+
+
+def test_io_loop_refused_unless_perform_or_events() -> None:
+    with pytest.raises(ValueError, match="io_loop must be 'perform' or 'events', not 'epoll'"):
+        llmretry.Client(io_loop="epoll")
+    with pytest.raises(TypeError, match="io_loop must be 'perform' or 'events', not int"):
+        llmretry.Client(io_loop=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="io_loop"):
+        llmretry._llmretry.Engine(16, 0, None, "poll")
+
+
 # getpid() counted in a child Python: a preloaded definition takes the place
 # of libc's for the extension and libcurl alike.
 GETPID_SHIM = r"""
