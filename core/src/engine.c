@@ -300,6 +300,7 @@ static void *io_main(void *arg)
     e->multi = NULL;
     lr_events_free(e->events);      /* after: the cleanup told it of closed sockets */
     e->events = NULL;
+    e->socks.watch = NULL;
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
     free(e->done);
     e->done = NULL;
@@ -329,6 +330,7 @@ static void engine_discard(llmretry_engine *e)
     if (e->multi)
         curl_multi_cleanup(e->multi);
     lr_events_free(e->events);
+    e->socks.watch = NULL;
     lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
     lr_call_spares_free(e);

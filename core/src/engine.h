@@ -45,6 +45,11 @@ typedef struct lr_socktab {
     size_t index_cap, index_len;
     lr_goaway goaways[LR_GOAWAYS]; /* the latest, oldest overwritten */
     unsigned next_goaway;
+    /* Told of each socket the table opens (open 1) and is about to close
+     * (open 0): the events loop keeps idle connections in its epoll set
+     * (io_events.c). NULL: nobody. */
+    void (*watch)(void *arg, curl_socket_t fd, int open);
+    void *watch_arg;
 } lr_socktab;
 
 /* Make the easy handle open and close its sockets through the table. */

@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,12 +32,65 @@
  * is level-triggered). */
 #define READY_MAX 256
 
+/* What the loop knows of a socket, by its number (sock_state). Only the
+ * connections the engine's socket table opened (CONN) are kept in the set
+ * while idle: libcurl says CURL_POLL_REMOVE when a transfer ends and the
+ * same socket again when the next request reuses the connection, two
+ * epoll_ctl per call for nothing. A socket libcurl opens itself (the
+ * resolver's socketpair) is added and deleted as libcurl says. */
+enum {
+    SOCK_IN = 1,                    /* in the set, for reading */
+    SOCK_OUT = 2,                   /* in the set, for writing */
+    SOCK_CONN = 4,                  /* opened by the socket table, open now */
+    SOCK_WATCHED = 8                /* libcurl watches it (not idle) */
+};
+
 struct lr_io_events {
     int epfd;
     lr_notifier wake;              /* other threads' wake-ups; in the set */
+    unsigned char *sock_state;     /* by socket number; NULL: none yet */
+    size_t sock_cap;
     struct epoll_event ready[READY_MAX];
     int n_ready;                   /* taken by the last wait, not yet run */
 };
+
+/* fd's state, the table grown to hold it when `grow`; NULL when it is
+ * beyond the table (or growing failed: the socket is then handled as
+ * libcurl says, without keeping it while idle). */
+static unsigned char *sock_state(lr_io_events *ev, curl_socket_t fd, int grow)
+{
+    if (fd < 0)
+        return NULL;
+    if ((size_t)fd >= ev->sock_cap) {
+        if (!grow)
+            return NULL;
+        size_t cap = ev->sock_cap ? ev->sock_cap : 64;
+        while (cap <= (size_t)fd)
+            cap *= 2;
+        unsigned char *p = realloc(ev->sock_state, cap);
+        if (!p)
+            return NULL;
+        memset(p + ev->sock_cap, 0, cap - ev->sock_cap);
+        ev->sock_state = p;
+        ev->sock_cap = cap;
+    }
+    return &ev->sock_state[fd];
+}
+
+/* The socket table opened fd, or is about to close it. A connection still
+ * in the set (idle) leaves it first: a forked child holding a copy of the
+ * socket would keep the closed one in the set, reported under a number
+ * that may by then be another socket's. */
+static void on_table_socket(void *arg, curl_socket_t fd, int open)
+{
+    lr_io_events *ev = arg;
+    unsigned char *st = sock_state(ev, fd, open);
+    if (!st)
+        return;
+    if (!open && (*st & (SOCK_IN | SOCK_OUT)))
+        epoll_ctl(ev->epfd, EPOLL_CTL_DEL, fd, NULL);
+    *st = open ? SOCK_CONN : 0;
+}
 
 int lr_events_supported(void)
 {
@@ -52,17 +106,34 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *s
     (void)easy;
     llmretry_engine *e = userp;
     lr_io_events *ev = e->events;
+    unsigned char *st = sock_state(ev, s, 0);
+    int conn = st && (*st & SOCK_CONN);
     if (what == CURL_POLL_REMOVE) {
+        if (conn && (*st & (SOCK_IN | SOCK_OUT)) == SOCK_IN) {
+            *st &= (unsigned char)~SOCK_WATCHED;   /* idle: stays, for reading */
+            return 0;
+        }
         epoll_ctl(ev->epfd, EPOLL_CTL_DEL, s, NULL);   /* ENOENT: never added */
+        if (st)
+            *st &= SOCK_CONN;
+        return 0;
+    }
+    unsigned char want = (unsigned char)((what & CURL_POLL_IN ? SOCK_IN : 0) |
+                                         (what & CURL_POLL_OUT ? SOCK_OUT : 0));
+    if (conn && (*st & (SOCK_IN | SOCK_OUT)) == want) {
+        *st |= SOCK_WATCHED;        /* an idle connection reused: in the set already */
         return 0;
     }
     struct epoll_event ee = { 0 };
-    ee.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) | (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+    ee.events = (want & SOCK_IN ? EPOLLIN : 0u) | (want & SOCK_OUT ? EPOLLOUT : 0u);
     ee.data.fd = s;
-    int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    int in_set = conn ? (*st & (SOCK_IN | SOCK_OUT)) != 0 : socketp != NULL;
+    int op = in_set ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     if (epoll_ctl(ev->epfd, op, s, &ee) != 0 &&
         epoll_ctl(ev->epfd, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, &ee) != 0)
         return -1;                  /* libcurl fails the transfer */
+    if (st)
+        *st = (unsigned char)((*st & SOCK_CONN) | want | SOCK_WATCHED);
     if (!socketp)
         curl_multi_assign(e->multi, s, e);
     return 0;
@@ -90,6 +161,8 @@ lr_io_events *lr_events_open(llmretry_engine *e)
     if (curl_multi_setopt(e->multi, CURLMOPT_SOCKETFUNCTION, on_socket) != CURLM_OK ||
         curl_multi_setopt(e->multi, CURLMOPT_SOCKETDATA, e) != CURLM_OK)
         goto fail;
+    e->socks.watch = on_table_socket;
+    e->socks.watch_arg = ev;
     return ev;
 fail:
     lr_notifier_close(&ev->wake);
@@ -104,6 +177,7 @@ void lr_events_free(lr_io_events *ev)
         return;
     lr_notifier_close(&ev->wake);
     close(ev->epfd);
+    free(ev->sock_state);
     free(ev);
 }
 
@@ -132,9 +206,21 @@ void lr_events_drive(llmretry_engine *e)
     int running;
     int n = ev->n_ready;
     ev->n_ready = 0;
-    for (int i = 0; i < n; i++)
-        curl_multi_socket_action(e->multi, ev->ready[i].data.fd,
-                                 cselect_of(ev->ready[i].events), &running);
+    for (int i = 0; i < n; i++) {
+        curl_socket_t fd = ev->ready[i].data.fd;
+        unsigned char *st = sock_state(ev, fd, 0);
+        if (st && (*st & SOCK_CONN) && !(*st & SOCK_WATCHED)) {
+            /* An idle connection has news (the server closed it, or sent
+             * an answer to nothing): out of the set, or it would be
+             * reported at every wait; libcurl finds it dead if it ever
+             * picks it again, and adds it back if not. */
+            if (*st & (SOCK_IN | SOCK_OUT))
+                epoll_ctl(ev->epfd, EPOLL_CTL_DEL, fd, NULL);
+            *st = SOCK_CONN;
+            continue;
+        }
+        curl_multi_socket_action(e->multi, fd, cselect_of(ev->ready[i].events), &running);
+    }
     /* Timers due (a transfer just added is due at once); a socket's action
      * above ran those that were due then. */
     long ms;

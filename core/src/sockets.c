@@ -146,6 +146,8 @@ curl_socket_t lr_socktab_open(lr_socktab *t, int family, int socktype, int proto
 #endif
     if (fd == CURL_SOCKET_BAD)
         return fd;
+    if (t->watch)
+        t->watch(t->watch_arg, fd, 1);
     if (t->len == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 16;
         lr_sock *p = realloc(t->socks, cap * sizeof *p);
@@ -172,6 +174,8 @@ int lr_socktab_close(lr_socktab *t, curl_socket_t fd)
             break;
         }
     }
+    if (t->watch)
+        t->watch(t->watch_arg, fd, 0);
     return close(fd);
 }
 

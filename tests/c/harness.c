@@ -2,6 +2,7 @@
  * launcher plus HTTP helpers for the mock server. The helpers use libcurl
  * easy handles directly: they are test utilities, not the system under
  * test, so they must not depend on the engine. */
+#include <stdatomic.h>
 #include "harness.h"
 #include "llmretry.h"
 
@@ -622,6 +623,20 @@ llmretry_status __wrap_llmretry_engine_new(const llmretry_engine_options *opts,
         o.io_loop = th_io_loop();
     return __real_llmretry_engine_new(&o, out, err, errlen);
 }
+
+#ifdef __linux__
+#include <sys/epoll.h>
+/* The core's epoll_ctl calls (-Wl,--wrap=epoll_ctl: only the statically
+ * linked core's, not libcurl's). */
+atomic_long th_epoll_ctls;
+int __real_epoll_ctl(int epfd, int op, int fd, struct epoll_event *event);
+int __wrap_epoll_ctl(int epfd, int op, int fd, struct epoll_event *event);
+int __wrap_epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
+{
+    atomic_fetch_add(&th_epoll_ctls, 1);
+    return __real_epoll_ctl(epfd, op, fd, event);
+}
+#endif
 
 int th_engine_new_as_asked(const llmretry_engine_options *opts,
                            llmretry_engine **out, char *err, size_t errlen)

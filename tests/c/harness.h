@@ -4,6 +4,7 @@
 #ifndef LLMRETRY_TEST_HARNESS_H
 #define LLMRETRY_TEST_HARNESS_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -120,6 +121,9 @@ const struct llmretry_result *th_wait_done(struct llmretry_call *c, int64_t max_
  * loop when unset), and llmretry_engine_new without that override. */
 struct llmretry_engine_options;
 int th_io_loop(void);
+/* How many times the core called epoll_ctl (every test is linked with
+ * -Wl,--wrap=epoll_ctl; libcurl's own calls are not counted). */
+extern atomic_long th_epoll_ctls;
 int th_engine_new_as_asked(const struct llmretry_engine_options *opts,
                            struct llmretry_engine **out, char *err, size_t errlen);
 

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -551,6 +552,77 @@ static void test_io_loop(void)
     int sets = epoll_sets();
     e = th_engine_new();
     CHECK_INT(epoll_sets() - sets, th_io_loop() == LLMRETRY_IO_LOOP_EVENTS);
+    llmretry_engine_free(e);
+}
+
+/* The process's CPU time (user + system), in ms. */
+static int64_t cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (int64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+}
+
+/* The events loop keeps an idle keep-alive connection in its epoll set:
+ * libcurl removes a socket when its transfer ends and asks for it again
+ * when the next request reuses the connection, two epoll_ctl a call for
+ * nothing (issue 36: ~2 of a gateway call's 7 system calls). When the
+ * server then closes the idle connection, the loop takes it out of the set
+ * once instead of waking for it at every wait, and the next call goes out
+ * on a new connection. */
+static void test_events_idle_connection(void)
+{
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_engine_options eo;
+    llmretry_engine *e = NULL;
+    if (script("events_idle", "{\"steps\": []}") != 0)
+        return;
+    opts_for(&o, "events_idle", url, sizeof url);
+    llmretry_engine_options_defaults(&eo);
+    eo.io_loop = LLMRETRY_IO_LOOP_EVENTS;
+    CHECK_MSG(th_engine_new_as_asked(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
+    if (!e)
+        return;
+    enum { CALLS = 20 };
+    long ctls = 0;
+    for (int k = 0; k <= CALLS; k++) {
+        if (k == 1)
+            ctls = atomic_load(&th_epoll_ctls);  /* the connection is open and idle */
+        mail_log l = { 0 };
+        llmretry_call *c = run(e, &o, &l, 5000);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && r->ok, "call %d failed", k);
+        log_free(&l);
+        llmretry_call_free(c);
+    }
+    ctls = atomic_load(&th_epoll_ctls) - ctls;
+    CHECK_MSG(recorded("events_idle") == CALLS + 1, "%d requests recorded",
+              recorded("events_idle"));
+    CHECK_MSG(ctls <= 2, "%ld epoll_ctl calls for %d calls on one idle connection", ctls, CALLS);
+
+    /* The server closes the idle connection 20 ms after its answer. */
+    if (script("events_idle", "{\"steps\": [{\"idle_close_ms\": 20}]}") != 0) {
+        llmretry_engine_free(e);
+        return;
+    }
+    mail_log l = { 0 };
+    llmretry_call *c = run(e, &o, &l, 5000);
+    CHECK_MSG(c && llmretry_call_result(c)->ok, "the call before the close failed");
+    log_free(&l);
+    llmretry_call_free(c);
+    th_sleep_ms(200);
+    int64_t t0 = th_now_ms(), cpu0 = cpu_ms();
+    th_sleep_ms(300);
+    int64_t spent = cpu_ms() - cpu0, wall = th_now_ms() - t0;
+    CHECK_MSG(spent < wall / 3, "%lld ms of CPU in %lld ms with an idle connection closed",
+              (long long)spent, (long long)wall);
+    c = run(e, &o, &l, 5000);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok, "the call after the close failed: %s", r && r->message ? r->message : "");
+    log_free(&l);
+    llmretry_call_free(c);
     llmretry_engine_free(e);
 }
 
@@ -1565,6 +1637,7 @@ int main(void)
     struct { const char *name; void (*fn)(void); } own[] = {
         { "io_loop", test_io_loop },
         { "wake_race", test_wake_race },
+        { "events_idle_connection", test_events_idle_connection },
         { "connection_reuse", test_connection_reuse },
         { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },
