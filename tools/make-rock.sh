@@ -22,9 +22,14 @@ command -v luarocks >/dev/null || { echo "make-rock: luarocks is not installed (
 
 name="llmretry-$version"
 # What the builtin build reads: the core, the Lua binding, the Lua modules.
-tar -C "$repo" -czf "$out/$name.tar.gz" --transform "s,^,$name/," \
-    --exclude='*.o' --exclude='*.so' \
-    core bindings/lua lua rockspecs README.md CHANGELOG.md
+# Named file by file rather than by folder: a `luarocks make` running beside
+# this (make test's other lane) writes its objects into core/src, and tar
+# fails on a folder that changes while it reads it.
+files="$(mktemp)"
+trap 'rm -f "$files"' EXIT
+(cd "$repo" && find core bindings/lua lua rockspecs -type f ! -name '*.o' ! -name '*.so' \
+   && echo README.md && echo CHANGELOG.md) | LC_ALL=C sort > "$files"
+tar -C "$repo" -czf "$out/$name.tar.gz" --transform "s,^,$name/," --files-from="$files"
 
 spec="$out/$name-1.rockspec"
 { echo "-- Made by tools/make-rock.sh from rockspecs/llmretry-scm-1.rockspec: build it"
