@@ -68,9 +68,14 @@ class _EngineBatch:
             None if not keep else batch.results if every and not self._each
             else [None] * len(to_run))
         self._stats: Dict[str, int] = {}
-        if isinstance(encoded, _Encoded) and every:
-            # The lists as they are.
+        if isinstance(encoded, _Encoded):
+            # The lists as they are when every item runs; else the runnable
+            # items' entries, read from the lists (not a pair made per item
+            # for each of them).
             payloads, models = encoded.payloads, encoded.models
+            if not every:
+                payloads = [payloads[i] for i in to_run]
+                models = [models[i] for i in to_run]
         else:
             payloads = [encoded[i][0] for i in to_run]
             models = [encoded[i][1] for i in to_run]
