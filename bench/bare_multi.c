@@ -10,6 +10,10 @@
  *   bare_multi URL N INFLIGHT [--rss]
  *
  * Prints one line:  RESULT prog=bare (bare-rss with --rss) n=.. ok=.. secs=.. rps=.. cpu_us=..
+ * With LLMRETRY_BENCH_SHARDS=K in the environment, handles past the first K
+ * get libcurl connection caches of their own, K handles to each (share
+ * handles with CURL_LOCK_DATA_CONNECT), as the engine spreads its transfers
+ * (core/src/conn_shards.c), and prog is bare-shards.
  * (cpu_us = user+sys CPU of the process over the timed run / N, in µs).
  * With --rss it also samples VmRSS (baseline before the handles exist, and
  * the peak during the run) and adds rss_base_kib, rss_peak_kib, kib_per_call.
@@ -165,6 +169,37 @@ static int check_response(slot *s, CURLcode rc)
     return ok;
 }
 
+/* LLMRETRY_BENCH_SHARDS: handles per connection cache, 0 = one cache. */
+static int shard_size(void)
+{
+    const char *env = getenv("LLMRETRY_BENCH_SHARDS");
+    return env ? atoi(env) : 0;
+}
+
+/* Handle i's connection cache: NULL (the multi's own) for the first K,
+ * then a share handle per K. Made once, kept for the process. */
+static CURLSH *share_for(int i)
+{
+    static CURLSH **shares;
+    static int n;
+    int k = shard_size();
+    if (k <= 0 || i < k)
+        return NULL;
+    int s = i / k - 1;
+    if (s >= n) {
+        CURLSH **more = realloc(shares, (size_t)(s + 1) * sizeof *more);
+        if (!more)
+            exit(1);
+        shares = more;
+        while (n <= s) {
+            shares[n] = curl_share_init();
+            curl_share_setopt(shares[n], CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+            n++;
+        }
+    }
+    return shares[s];
+}
+
 /* INFLIGHT easy handles, each with its own header list (a distinct request
  * id), set up for URL and ready to be added to the multi. */
 static void make_slots(slot *slots, struct curl_slist **hdrs, int inflight, const char *url,
@@ -194,6 +229,7 @@ static void make_slots(slot *slots, struct curl_slist **hdrs, int inflight, cons
         curl_easy_setopt(s->h, CURLOPT_TIMEOUT_MS, 60000L);
         curl_easy_setopt(s->h, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(s->h, CURLOPT_PRIVATE, s);
+        curl_easy_setopt(s->h, CURLOPT_SHARE, share_for(i));
     }
 }
 
@@ -365,7 +401,7 @@ int main(int argc, char **argv)
         pthread_join(samp, NULL);
     }
 
-    printf("RESULT prog=%s n=%ld ok=%ld secs=%.4f rps=%.0f cpu_us=%.2f", rss ? "bare-rss" : "bare", n,
+    printf("RESULT prog=%s n=%ld ok=%ld secs=%.4f rps=%.0f cpu_us=%.2f", rss ? "bare-rss" : shard_size() > 0 ? "bare-shards" : "bare", n,
            ok, secs, n / secs, cpu / n * 1e6);
     if (rss) {
         long peak = atomic_load(&rss_peak);

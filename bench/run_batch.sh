@@ -83,6 +83,9 @@ one() {   # one CLIENT ENDPOINT RUN
       local full=$FAST
       [ "$2" = fast ] || full=$SLOW
       run "endpoint=$2 run=$3" "$BUILD_DIR/bare_multi" "$full" "$n" "$LIMIT" ;;
+    bare-shards)    # the bare loop with the engine's connection caches of 64
+      run "endpoint=$2 run=$3" env LLMRETRY_BENCH_SHARDS=64 "$BUILD_DIR/bare_multi" "$FAST" "$n" \
+        "$LIMIT" ;;
     baseline)
       run "" env LLMRETRY_BENCH_TREE="$TMP/baseline/python" "$PYTHON" "$ROOT/bench/bench_batch.py" \
         run callmany-nolog --tag @baseline --base-url "$url" --n "$n" --limit "$LIMIT" \
@@ -95,6 +98,9 @@ one() {   # one CLIENT ENDPOINT RUN
 
 # ---- 3. interleaved runs, each client in a fresh process ------------------------
 FASTC=(bare callmany-nolog callmany map callmany-nolog-gcoff)
+# Past 64 in flight the engine spreads its connections over caches of 64
+# (core/src/conn_shards.c); the bare loop doing the same is the fair ceiling.
+[ "$LIMIT" -le 64 ] || FASTC+=(bare-shards)
 [ -z "$BASELINE" ] || FASTC+=(baseline)
 SLOWC=(bare callmany-nolog callmany)
 log "== warming nginx (2,000 requests of the bare loop, not counted)"

@@ -71,6 +71,7 @@ build = {
             "core/src/ca_bundle.c",
             "core/src/call.c",
             "core/src/channel.c",
+            "core/src/conn_shards.c",
             "core/src/engine.c",
             "core/src/events.c",
             "core/src/group.c",

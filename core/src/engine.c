@@ -260,6 +260,10 @@ static void io_wake(llmretry_engine *e)
 static void *io_main(void *arg)
 {
     llmretry_engine *e = arg;
+#ifdef __linux__
+    /* Told apart from the host's threads in top -H, perf and gdb. */
+    pthread_setname_np(pthread_self(), "llmretry-io");
+#endif
     int stopping = 0;
     while (!stopping) {
         process_ops(e, take_ops(e, &stopping));
@@ -298,6 +302,7 @@ static void *io_main(void *arg)
     e->shared = NULL;
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
+    lr_shards_free(e);              /* closes their connections: before the events set */
     lr_events_free(e->events);      /* after: the cleanup told it of closed sockets */
     e->events = NULL;
     e->socks.watch = NULL;
@@ -379,6 +384,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     atomic_init(&e->refs, 1);
     e->fork_generation = llmretry_fork_generation();
     e->max_in_flight = opts->max_in_flight;
+    e->max_host_connections = opts->max_host_connections;
     e->rng = lr_rng_seed();
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->spare_mu, NULL);

@@ -52,6 +52,13 @@ typedef struct lr_socktab {
     void *watch_arg;
 } lr_socktab;
 
+/* Connection caches, shard 0 the multi handle's own (conn_shards.c). */
+typedef struct lr_shards {
+    CURLSH **share;                /* [0] unused: the multi's cache */
+    int *load;                     /* transfers in each */
+    int n;                         /* shards opened */
+} lr_shards;
+
 /* Make the easy handle open and close its sockets through the table. */
 void lr_socktab_attach(lr_socktab *t, CURL *easy);
 /* What the handle's open and close callbacks do (tests call them too). */
@@ -98,6 +105,8 @@ struct llmretry_engine {
     CURL **easy_pool;
     size_t n_easy;
     lr_socktab socks;              /* sockets of plain-http connections */
+    lr_shards shards;              /* connection caches (conn_shards.c) */
+    int max_host_connections;      /* the option: 0 = none */
     struct lr_origin **origins;    /* https origins seen (origins.c) */
     size_t n_origins;
     uint64_t *reached;             /* hashes of the origins reached (origins.c) */
@@ -110,6 +119,16 @@ struct llmretry_engine {
     llmretry_call *pend_head;      /* calls with news, published once per loop, */
     llmretry_call *pend_tail;      /* in the order they had it */
 };
+
+/* ---- conn_shards.c: connection caches of SHARD_SIZE transfers ------------- */
+/* Give the call's easy handle (not yet added) its connection cache. */
+void lr_shard_attach(llmretry_engine *e, llmretry_call *c, CURL *easy);
+/* The call's easy handle is out of the multi handle for good. */
+void lr_shard_detach(llmretry_engine *e, llmretry_call *c);
+/* After the easy handles and the multi handle are cleaned up. */
+void lr_shards_free(llmretry_engine *e);
+/* How many shards were opened (tests). */
+int lr_shards_in_use(const llmretry_engine *e);
 
 /* ---- io_events.c: the events loop (LLMRETRY_IO_LOOP_EVENTS) --------------- */
 typedef struct lr_io_events lr_io_events;
@@ -167,6 +186,9 @@ void lr_origin_connecting(llmretry_engine *e, llmretry_call *c);
 void lr_origin_connected(llmretry_call *c);
 /* The TLS handshake's ALPN answer: 1 = HTTP/2, 0 = HTTP/1.x. */
 void lr_origin_learned(llmretry_call *c, int multiplexed);
+/* What the origin's first handshake said: -1 not known yet, 0 HTTP/1.x,
+ * 1 HTTP/2. */
+int lr_origin_multiplexes(const lr_origin *o);
 /* Start the held calls whose origin now admits them; how soon one may
  * start (0: now), at most `cap`. */
 void lr_origins_pump(llmretry_engine *e);

@@ -260,6 +260,7 @@ struct llmretry_call {
     int attempt;                   /* index of the current/next attempt */
     int attempts_started;
     CURL *easy;
+    int shard;                     /* its connection cache (conn_shards.c) */
     int64_t attempt_started_at;
     int cut_by_deadline;           /* this attempt's timeout is the deadline's */
     int prereq_calls;              /* requests libcurl began this attempt */

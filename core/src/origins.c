@@ -108,6 +108,11 @@ void lr_origin_connected(llmretry_call *c)
     c->origin->connecting--;
 }
 
+int lr_origin_multiplexes(const lr_origin *o)
+{
+    return o->multiplexed;
+}
+
 void lr_origin_learned(llmretry_call *c, int multiplexed)
 {
     if (c->origin)

@@ -638,6 +638,17 @@ int __wrap_epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
 }
 #endif
 
+/* Share handles the core made (-Wl,--wrap=curl_share_init): the engine's
+ * connection-cache shards (conn_shards.c). */
+atomic_long th_share_inits;
+CURLSH *__real_curl_share_init(void);
+CURLSH *__wrap_curl_share_init(void);
+CURLSH *__wrap_curl_share_init(void)
+{
+    atomic_fetch_add(&th_share_inits, 1);
+    return __real_curl_share_init();
+}
+
 int th_engine_new_as_asked(const llmretry_engine_options *opts,
                            llmretry_engine **out, char *err, size_t errlen)
 {

@@ -626,6 +626,106 @@ static void test_events_idle_connection(void)
     llmretry_engine_free(e);
 }
 
+/* TCP connections the mock has accepted since it started, -1 on error
+ * (the question's own connection included). */
+static int accepted(void)
+{
+    char *t = th_mock_get(&mock, "/_mock/connections");
+    cJSON *doc = t ? cJSON_Parse(t) : NULL;
+    const cJSON *n = cJSON_GetObjectItem(doc, "accepted");
+    int v = cJSON_IsNumber(n) ? n->valueint : -1;
+    free(t);
+    cJSON_Delete(doc);
+    return v;
+}
+
+/* Connections the engine opened since accepted() said `before`. */
+static int opened_since(int before)
+{
+    int now = accepted();
+    return before < 0 || now < 0 ? -1 : now - before - 1;
+}
+
+/* n calls at once on e; how many ended ok. */
+static int calls_at_once(llmretry_engine *e, const llmretry_options *o, int n)
+{
+    llmretry_call **calls = calloc((size_t)n, sizeof *calls);
+    int ok = 0;
+    if (!calls)
+        return 0;
+    for (int i = 0; i < n; i++)
+        calls[i] = th_submit(e, o);
+    for (int i = 0; i < n; i++) {
+        const llmretry_result *r = th_wait_done(calls[i], 30000);
+        ok += r && r->ok;
+        llmretry_call_free(calls[i]);
+    }
+    free(calls);
+    return ok;
+}
+
+/* Connection-cache shards (conn_shards.c): libcurl 7.88 walks its whole
+ * connection cache for every request, so past 64 HTTP/1.1 transfers in
+ * flight the engine gives the next ones caches of their own. Each shard
+ * reuses its connections; below 64 in flight, and with
+ * max_host_connections (which libcurl counts per cache), there is one. */
+static void test_conn_shards(void)
+{
+    char url[128], err[LLMRETRY_ERRBUF] = "";
+    llmretry_options o;
+    llmretry_engine_options eo;
+    llmretry_engine *e = NULL;
+    enum { MANY = 300, FEW = 40 };
+    if (script("shards", "{\"steps\": [], \"after\": {\"delay_ms\": 400}}") != 0)
+        return;
+    opts_for(&o, "shards", url, sizeof url);
+    o.max_retries = 0;
+    llmretry_engine_options_defaults(&eo);
+    eo.max_in_flight = 512;
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
+    if (!e)
+        return;
+    long shares0 = atomic_load(&th_share_inits);
+    int before = accepted();
+    CHECK_INT(calls_at_once(e, &o, MANY), MANY);
+    long shares = atomic_load(&th_share_inits) - shares0;
+    int conns = opened_since(before);
+    /* 300 in flight: shard 0 (the multi's own cache) and 4 share handles
+     * of at most 64 transfers each. */
+    CHECK_MSG(shares == (MANY - 1) / 64, "%ld share handles for %d calls in flight", shares,
+              MANY);
+    CHECK_MSG(conns >= 0 && conns <= MANY, "%d connections for %d calls", conns, MANY);
+    /* Again: every transfer finds an idle connection in its own shard. */
+    before = accepted();
+    CHECK_INT(calls_at_once(e, &o, MANY), MANY);
+    conns = opened_since(before);
+    CHECK_MSG(conns == 0, "the second round opened %d connections", conns);
+    CHECK_MSG(atomic_load(&th_share_inits) - shares0 == shares, "the second round made shares");
+    llmretry_engine_free(e);        /* the shards' idle connections are closed here */
+
+    /* Below 64 in flight: the multi's cache alone. */
+    e = th_engine_new();
+    shares0 = atomic_load(&th_share_inits);
+    CHECK_INT(calls_at_once(e, &o, FEW), FEW);
+    CHECK_MSG(atomic_load(&th_share_inits) == shares0, "a share for %d calls in flight", FEW);
+    llmretry_engine_free(e);
+
+    /* max_host_connections: libcurl counts a host's connections per cache. */
+    eo.max_host_connections = 100;
+    e = NULL;
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
+    if (!e)
+        return;
+    shares0 = atomic_load(&th_share_inits);
+    before = accepted();
+    CHECK_INT(calls_at_once(e, &o, MANY), MANY);
+    conns = opened_since(before);
+    CHECK_MSG(atomic_load(&th_share_inits) == shares0, "shares with max_host_connections");
+    CHECK_MSG(conns >= 0 && conns <= 100, "%d connections with max_host_connections = 100",
+              conns);
+    llmretry_engine_free(e);
+}
+
 static void spin_us(int us)
 {
     struct timespec t0, t;
@@ -1638,6 +1738,7 @@ int main(void)
         { "io_loop", test_io_loop },
         { "wake_race", test_wake_race },
         { "events_idle_connection", test_events_idle_connection },
+        { "conn_shards", test_conn_shards },
         { "connection_reuse", test_connection_reuse },
         { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },
