@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <cJSON.h>
+#include <dirent.h>
 #include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -624,6 +625,48 @@ static void test_events_idle_connection(void)
     log_free(&l);
     llmretry_call_free(c);
     llmretry_engine_free(e);
+}
+
+/* Threads of this process named `name` (/proc/self/task/<tid>/comm). */
+static int threads_named(const char *name)
+{
+    int n = 0;
+#ifdef __linux__
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char path[300], comm[64] = "";
+        if (de->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (f && fgets(comm, sizeof comm, f)) {
+            comm[strcspn(comm, "\n")] = 0;
+            n += strcmp(comm, name) == 0;
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+#else
+    (void)name;
+#endif
+    return n;
+}
+
+/* The I/O thread is named, so top -H and perf tell it from the host's. */
+static void test_thread_name(void)
+{
+    int before = threads_named("llmretry-io");
+    llmretry_engine *e = th_engine_new();
+#ifdef __linux__
+    CHECK_MSG(TH_EVENTUALLY(threads_named("llmretry-io") == before + 1, 2000),
+              "%d threads named llmretry-io, expected %d", threads_named("llmretry-io"),
+              before + 1);
+#endif
+    llmretry_engine_free(e);
+    CHECK_INT(threads_named("llmretry-io"), before);
 }
 
 /* TCP connections the mock has accepted since it started, -1 on error
@@ -1739,6 +1782,7 @@ int main(void)
         { "wake_race", test_wake_race },
         { "events_idle_connection", test_events_idle_connection },
         { "conn_shards", test_conn_shards },
+        { "thread_name", test_thread_name },
         { "connection_reuse", test_connection_reuse },
         { "socket_index", test_socket_index },
         { "poll_mode", test_poll_mode },
