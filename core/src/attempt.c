@@ -45,7 +45,7 @@ void lr_detach_easy(llmretry_engine *e, llmretry_call *c)
     lr_budget_detached(c);          /* no response (cancelled): nothing learned */
     lr_health_detached(c);
     curl_multi_remove_handle(e->multi, c->easy);
-    lr_shard_detach(e, c);
+    lr_shard_detach(e, c, c->easy);
     easy_put(e, c->easy);
     c->easy = NULL;
     e->in_flight--;
@@ -98,7 +98,7 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
     lr_shard_attach(e, c, easy);
     CURLMcode mrc = curl_multi_add_handle(e->multi, easy);
     if (mrc != CURLM_OK) {
-        lr_shard_detach(e, c);
+        lr_shard_detach(e, c, easy);
         easy_put(e, easy);
         char why[160];
         snprintf(why, sizeof why, "could not start an attempt: %s", curl_multi_strerror(mrc));
@@ -284,7 +284,7 @@ static int resend(llmretry_engine *e, llmretry_call *c)
     curl_multi_remove_handle(e->multi, c->easy);
     lr_call_setup_resend(c, timeout);
     if (curl_multi_add_handle(e->multi, c->easy) != CURLM_OK) {
-        lr_shard_detach(e, c);
+        lr_shard_detach(e, c, c->easy);
         easy_put(e, c->easy);
         c->easy = NULL;
         e->in_flight--;

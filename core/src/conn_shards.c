@@ -24,6 +24,14 @@
  * known yet) stays in shard 0, where its streams share few connections
  * (origins.c). With max_host_connections set, libcurl counts a host's
  * connections per cache, so the engine keeps the one cache.
+ *
+ * libcurl prunes a cache's dead connections only when one of its own
+ * transfers connects, so a shard nobody uses after a burst would keep its
+ * connections (and their descriptors) for the engine's life. A shard with
+ * no transfer for SHARD_IDLE_MS is closed instead: libcurl's own rule
+ * (CURLOPT_MAXAGE_CONN, 118 s) would not reuse those connections anyway.
+ * A transfer's easy handle leaves its share when the transfer ends, so that
+ * a share nobody uses is free to be cleaned up.
  * I/O thread only. */
 #include "engine.h"
 
@@ -34,6 +42,10 @@
 /* The most shards: 64 x 64 = 4,096 transfers in flight, beyond which the
  * last shard takes the rest. */
 #define MAX_SHARDS 64
+/* A shard idle this long is closed: libcurl's CURLOPT_MAXAGE_CONN default. */
+#define SHARD_IDLE_MS 118000
+/* How often idle shards are looked for. */
+#define TIDY_EVERY_MS 1000
 
 /* May this call leave shard 0? */
 static int shardable(llmretry_engine *e, llmretry_call *c)
@@ -44,63 +56,99 @@ static int shardable(llmretry_engine *e, llmretry_call *c)
     return !o || lr_origin_multiplexes(o) == 0;
 }
 
-/* The lowest shard with room, made when first needed (-1: none could be). */
-static int pick(llmretry_engine *e)
+static void shards_release(lr_shards *s)
 {
-    lr_shards *s = &e->shards;
+    free(s->share);
+    free(s->load);
+    free(s->idle_since);
+    s->share = NULL;
+    s->load = NULL;
+    s->idle_since = NULL;
+    s->n = 0;
+}
+
+static int shards_alloc(lr_shards *s)
+{
+    s->share = calloc(MAX_SHARDS, sizeof *s->share);
+    s->load = calloc(MAX_SHARDS, sizeof *s->load);
+    s->idle_since = calloc(MAX_SHARDS, sizeof *s->idle_since);
+    if (s->share && s->load && s->idle_since) {
+        if (!s->idle_ms)
+            s->idle_ms = SHARD_IDLE_MS;
+        return 0;
+    }
+    shards_release(s);
+    return -1;
+}
+
+/* The lowest shard with room, its share handle made when first needed
+ * (again after it was closed); -1 when none could be made. */
+static int pick(lr_shards *s)
+{
     int i = 0;
     while (i < MAX_SHARDS - 1 && i < s->n && s->load[i] >= SHARD_SIZE)
         i++;
-    if (i < s->n)
-        return i;
-    if (i == 0) {               /* shard 0 needs no share handle */
-        s->n = 1;
-        s->load[0] = 0;
-        s->share[0] = NULL;
-        return 0;
+    if (i > 0 && !s->share[i]) {
+        CURLSH *sh = curl_share_init();
+        if (!sh)
+            return -1;
+        if (curl_share_setopt(sh, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK) {
+            curl_share_cleanup(sh);
+            return -1;
+        }
+        s->share[i] = sh;
     }
-    CURLSH *sh = curl_share_init();
-    if (!sh)
-        return -1;
-    if (curl_share_setopt(sh, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK) {
-        curl_share_cleanup(sh);
-        return -1;
-    }
-    s->share[i] = sh;
-    s->load[i] = 0;
-    s->n = i + 1;
+    if (i >= s->n)
+        s->n = i + 1;
     return i;
 }
 
 void lr_shard_attach(llmretry_engine *e, llmretry_call *c, CURL *easy)
 {
     lr_shards *s = &e->shards;
-    if (!s->share) {
-        s->share = calloc(MAX_SHARDS, sizeof *s->share);
-        s->load = calloc(MAX_SHARDS, sizeof *s->load);
-        if (!s->share || !s->load) {
-            free(s->share);
-            free(s->load);
-            s->share = NULL;
-            s->load = NULL;
-        }
-    }
-    int i = s->share && shardable(e, c) ? pick(e) : -1;
+    int i = 0;
+    if ((s->share || shards_alloc(s) == 0) && shardable(e, c))
+        i = pick(s);
+    /* Out of memory, or not shardable: the multi's own cache. */
+    if (i > 0 && curl_easy_setopt(easy, CURLOPT_SHARE, s->share[i]) != CURLE_OK)
+        i = 0;
     if (i < 0)
-        i = 0;      /* out of memory, or not shardable: the multi's own cache */
-    /* A pooled handle keeps the share of its last transfer: always set. */
-    if (curl_easy_setopt(easy, CURLOPT_SHARE, i > 0 ? s->share[i] : NULL) != CURLE_OK)
         i = 0;
     c->shard = i;
     if (s->load)
         s->load[i]++;
 }
 
-void lr_shard_detach(llmretry_engine *e, llmretry_call *c)
+void lr_shard_detach(llmretry_engine *e, llmretry_call *c, CURL *easy)
 {
-    if (c->shard >= 0 && e->shards.load)
-        e->shards.load[c->shard]--;
+    lr_shards *s = &e->shards;
+    int i = c->shard;
     c->shard = -1;
+    if (i < 0 || !s->load)
+        return;
+    if (i > 0)
+        curl_easy_setopt(easy, CURLOPT_SHARE, NULL);
+    if (--s->load[i] == 0)
+        s->idle_since[i] = lr_mono_ms();
+}
+
+void lr_shards_tidy(llmretry_engine *e, int64_t now)
+{
+    lr_shards *s = &e->shards;
+    if (now < s->next_tidy || !s->share)
+        return;
+    s->next_tidy = now + TIDY_EVERY_MS;
+    for (int i = 1; i < s->n; i++)
+        if (s->share[i] && s->load[i] == 0 && now - s->idle_since[i] >= s->idle_ms &&
+            curl_share_cleanup(s->share[i]) == CURLSHE_OK)
+            s->share[i] = NULL;
+    while (s->n > 1 && !s->share[s->n - 1] && s->load[s->n - 1] == 0)
+        s->n--;
+}
+
+void lr_shards_set_idle_ms(llmretry_engine *e, int64_t ms)
+{
+    e->shards.idle_ms = ms;
 }
 
 void lr_shards_free(llmretry_engine *e)
@@ -109,15 +157,7 @@ void lr_shards_free(llmretry_engine *e)
     /* After every easy handle is cleaned up: a share in use is not freed.
      * Its idle connections are closed here, through the socket table. */
     for (int i = 1; i < s->n; i++)
-        curl_share_cleanup(s->share[i]);
-    free(s->share);
-    free(s->load);
-    s->share = NULL;
-    s->load = NULL;
-    s->n = 0;
-}
-
-int lr_shards_in_use(const llmretry_engine *e)
-{
-    return e->shards.n;
+        if (s->share[i])
+            curl_share_cleanup(s->share[i]);
+    shards_release(s);
 }

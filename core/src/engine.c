@@ -270,6 +270,7 @@ static void *io_main(void *arg)
         if (stopping)
             break;
         fire_timers(e);
+        lr_shards_tidy(e, lr_mono_ms());
         /* Refill the slots that finished transfers free, and send, before
          * waking the hosts: with every call of a batch answering at once,
          * the next requests are on the wire before a host thread takes a

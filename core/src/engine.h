@@ -54,9 +54,12 @@ typedef struct lr_socktab {
 
 /* Connection caches, shard 0 the multi handle's own (conn_shards.c). */
 typedef struct lr_shards {
-    CURLSH **share;                /* [0] unused: the multi's cache */
+    CURLSH **share;                /* [0] unused: the multi's cache; NULL: closed */
     int *load;                     /* transfers in each */
-    int n;                         /* shards opened */
+    int64_t *idle_since;           /* when its load last fell to 0 (monotonic ms) */
+    int n;                         /* shards in use: the highest opened + 1 */
+    int64_t idle_ms;               /* a shard idle this long is closed */
+    int64_t next_tidy;             /* when lr_shards_tidy looks again */
 } lr_shards;
 
 /* Make the easy handle open and close its sockets through the table. */
@@ -124,11 +127,13 @@ struct llmretry_engine {
 /* Give the call's easy handle (not yet added) its connection cache. */
 void lr_shard_attach(llmretry_engine *e, llmretry_call *c, CURL *easy);
 /* The call's easy handle is out of the multi handle for good. */
-void lr_shard_detach(llmretry_engine *e, llmretry_call *c);
+void lr_shard_detach(llmretry_engine *e, llmretry_call *c, CURL *easy);
+/* Close the shards idle for their idle time (looks once a second). */
+void lr_shards_tidy(llmretry_engine *e, int64_t now);
+/* Tests: a shard's idle time before it is closed (before any call). */
+void lr_shards_set_idle_ms(llmretry_engine *e, int64_t ms);
 /* After the easy handles and the multi handle are cleaned up. */
 void lr_shards_free(llmretry_engine *e);
-/* How many shards were opened (tests). */
-int lr_shards_in_use(const llmretry_engine *e);
 
 /* ---- io_events.c: the events loop (LLMRETRY_IO_LOOP_EVENTS) --------------- */
 typedef struct lr_io_events lr_io_events;

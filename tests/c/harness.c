@@ -638,8 +638,8 @@ int __wrap_epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
 }
 #endif
 
-/* Share handles the core made (-Wl,--wrap=curl_share_init): the engine's
- * connection-cache shards (conn_shards.c). */
+/* Share handles the core made and freed (-Wl,--wrap=curl_share_init,
+ * curl_share_cleanup): the engine's connection-cache shards (conn_shards.c). */
 atomic_long th_share_inits;
 CURLSH *__real_curl_share_init(void);
 CURLSH *__wrap_curl_share_init(void);
@@ -647,6 +647,17 @@ CURLSH *__wrap_curl_share_init(void)
 {
     atomic_fetch_add(&th_share_inits, 1);
     return __real_curl_share_init();
+}
+
+atomic_long th_share_cleanups;
+CURLSHcode __real_curl_share_cleanup(CURLSH *share);
+CURLSHcode __wrap_curl_share_cleanup(CURLSH *share);
+CURLSHcode __wrap_curl_share_cleanup(CURLSH *share)
+{
+    CURLSHcode rc = __real_curl_share_cleanup(share);
+    if (rc == CURLSHE_OK)
+        atomic_fetch_add(&th_share_cleanups, 1);
+    return rc;
 }
 
 int th_engine_new_as_asked(const llmretry_engine_options *opts,

@@ -124,9 +124,10 @@ int th_io_loop(void);
 /* How many times the core called epoll_ctl (every test is linked with
  * -Wl,--wrap=epoll_ctl; libcurl's own calls are not counted). */
 extern atomic_long th_epoll_ctls;
-/* How many share handles the core made (curl_share_init, wrapped as
- * epoll_ctl is): the engine's connection-cache shards. */
-extern atomic_long th_share_inits;
+/* How many share handles the core made and freed (curl_share_init and
+ * curl_share_cleanup, wrapped as epoll_ctl is): the engine's
+ * connection-cache shards. */
+extern atomic_long th_share_inits, th_share_cleanups;
 int th_engine_new_as_asked(const struct llmretry_engine_options *opts,
                            struct llmretry_engine **out, char *err, size_t errlen);
 

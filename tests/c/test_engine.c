@@ -490,20 +490,28 @@ static void test_connection_reuse(void)
     llmretry_engine_free(e);
 }
 
-/* The process's epoll sets: the events loop's engine owns one. */
-static int epoll_sets(void)
+/* The process's descriptors whose /proc/self/fd link starts with `kind`
+ * ("anon_inode:[eventpoll]": epoll sets, "socket:"). */
+static int fds_of(const char *kind)
 {
     int n = 0;
     char path[64], target[64];
+    size_t klen = strlen(kind);
     for (int fd = 0; fd < 4096; fd++) {
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
         ssize_t len = readlink(path, target, sizeof target - 1);
         if (len <= 0)
             continue;
         target[len] = 0;
-        n += strcmp(target, "anon_inode:[eventpoll]") == 0;
+        n += strncmp(target, kind, klen) == 0;
     }
     return n;
+}
+
+/* The process's epoll sets: the events loop's engine owns one. */
+static int epoll_sets(void)
+{
+    return fds_of("anon_inode:[eventpoll]");
 }
 
 /* One engine per io_loop: each answers a call (and a second one, after the
@@ -766,6 +774,29 @@ static void test_conn_shards(void)
     CHECK_MSG(atomic_load(&th_share_inits) == shares0, "shares with max_host_connections");
     CHECK_MSG(conns >= 0 && conns <= 100, "%d connections with max_host_connections = 100",
               conns);
+    llmretry_engine_free(e);
+
+    /* A shard nobody uses for its idle time is closed with its connections
+     * (libcurl would keep them until a transfer of its own connects), and
+     * opened again when a burst needs it. */
+    eo.max_host_connections = 0;
+    e = NULL;
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
+    if (!e)
+        return;
+    lr_shards_set_idle_ms(e, 300);
+    shares0 = atomic_load(&th_share_inits);
+    long freed0 = atomic_load(&th_share_cleanups);
+    CHECK_INT(calls_at_once(e, &o, MANY), MANY);
+    int socks = fds_of("socket:");
+    CHECK_MSG(TH_EVENTUALLY(atomic_load(&th_share_cleanups) - freed0 == (MANY - 1) / 64, 5000),
+              "%ld of %d idle shards closed", atomic_load(&th_share_cleanups) - freed0,
+              (MANY - 1) / 64);
+    int closed = socks - fds_of("socket:");
+    CHECK_MSG(closed >= MANY - 64, "%d connections closed with the idle shards", closed);
+    CHECK_INT(calls_at_once(e, &o, MANY), MANY);
+    CHECK_MSG(atomic_load(&th_share_inits) - shares0 == 2 * ((MANY - 1) / 64),
+              "%ld shares made for two bursts", atomic_load(&th_share_inits) - shares0);
     llmretry_engine_free(e);
 }
 

@@ -123,11 +123,30 @@ def main(base_url: str) -> int:
             c.close()
         raise AssertionError("no error")
 
+    def burst_over_cache_shards() -> str:
+        # Past 64 HTTP/1.1 calls in flight the engine spreads them over
+        # connection caches of 64 (core/src/conn_shards.c): two bursts of 200
+        # at once against uvicorn, every answer whole, the second on the
+        # first's connections.
+        lines = []
+        for round_ in (1, 2):
+            t0 = time.monotonic()
+            out = client.call_many([body("fake-ok", f"b{i}") for i in range(200)], limit=200)
+            texts = [r.data["choices"][0]["message"]["content"]
+                     for r in out if isinstance(r, llmretry.Result)]
+            lost = [repr(v)[:120] for v in out if not isinstance(v, llmretry.Result)]
+            assert out.summary.ok == 200, f"round {round_}: {out.summary.ok} of 200 ok; {lost[:2]}"
+            assert texts == ["hello from litellm"] * 200, texts[:3]
+            lines.append(f"round {round_}: 200 of 200 ok, {out.summary.attempts} attempts, "
+                         f"{time.monotonic() - t0:.1f} s")
+        return "; ".join(lines)
+
     check("a plain call", plain)
     check("a 500 is retried, the error names the path", server_error_retried)
     check("an idle keep-alive connection uvicorn closed", idle_keepalive_resent)
     check("batches over LiteLLM's rpm limits, nothing configured", rate_limited_batches)
     check("a wrong base_url names the path", bad_path_named)
+    check("two bursts of 200 calls at once (connection caches of 64)", burst_over_cache_shards)
     check("a malformed answer is retried, every attempt's tokens counted",
           malformed_answer_retried_and_counted)
     client.close()
