@@ -106,17 +106,17 @@ static int pick(lr_shards *s)
 void lr_shard_attach(llmretry_engine *e, llmretry_call *c, CURL *easy)
 {
     lr_shards *s = &e->shards;
-    int i = 0;
-    if ((s->share || shards_alloc(s) == 0) && shardable(e, c))
-        i = pick(s);
-    /* Out of memory, or not shardable: the multi's own cache. */
+    c->shard = -1;
+    if (!s->share && shards_alloc(s) != 0)
+        return;                 /* out of memory: the multi's own cache, uncounted */
+    int i = shardable(e, c) ? pick(s) : 0;
+    /* No share handle could be made or set: the multi's own cache. */
     if (i > 0 && curl_easy_setopt(easy, CURLOPT_SHARE, s->share[i]) != CURLE_OK)
         i = 0;
     if (i < 0)
         i = 0;
     c->shard = i;
-    if (s->load)
-        s->load[i]++;
+    s->load[i]++;
 }
 
 void lr_shard_detach(llmretry_engine *e, llmretry_call *c, CURL *easy)
@@ -124,7 +124,7 @@ void lr_shard_detach(llmretry_engine *e, llmretry_call *c, CURL *easy)
     lr_shards *s = &e->shards;
     int i = c->shard;
     c->shard = -1;
-    if (i < 0 || !s->load)
+    if (i < 0)
         return;
     if (i > 0)
         curl_easy_setopt(easy, CURLOPT_SHARE, NULL);
