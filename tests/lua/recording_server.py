@@ -44,12 +44,16 @@ class FileRecordingServer(tls_server.RecordingServer):
         self._dump()
 
     def _dump(self) -> None:
-        reqs = [{"method": r["method"], "path": r["path"], "headers": r["headers"],
-                 "body": r["body"].decode("utf-8", "replace")} for r in self.requests]
-        doc: Dict[str, Any] = {"connections": len(self.connections),
-                               "handshake_failures": len(self.handshake_failures),
-                               "requests": reqs}
+        # The snapshot is taken under the lock: two handler threads recording
+        # at once could otherwise write in the other order, the later file
+        # holding the older snapshot (a request recorded, then gone from the
+        # file: transport_spec's "the server saw 1 requests" of 2).
         with self._dump_lock:
+            reqs = [{"method": r["method"], "path": r["path"], "headers": r["headers"],
+                     "body": r["body"].decode("utf-8", "replace")} for r in self.requests]
+            doc: Dict[str, Any] = {"connections": len(self.connections),
+                                   "handshake_failures": len(self.handshake_failures),
+                                   "requests": reqs}
             tmp = self.records_path.with_name(self.records_path.name + ".tmp")
             tmp.write_text(json.dumps(doc))
             os.replace(tmp, self.records_path)
