@@ -304,9 +304,7 @@ static void *io_main(void *arg)
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
     lr_shards_free(e);              /* closes their connections: before the events set */
-    lr_events_free(e->events);      /* after: the cleanup told it of closed sockets */
-    e->events = NULL;
-    e->socks.watch = NULL;
+    lr_events_free(e);              /* after: the cleanup told it of closed sockets */
     lr_socktab_free(&e->socks);     /* libcurl closed the last ones through it */
     free(e->done);
     e->done = NULL;
@@ -335,8 +333,7 @@ static void engine_discard(llmretry_engine *e)
     lr_shared_store_close(e->shared);   /* its thread may wake the multi handle */
     if (e->multi)
         curl_multi_cleanup(e->multi);
-    lr_events_free(e->events);
-    e->socks.watch = NULL;
+    lr_events_free(e);
     lr_channel_close(&e->channel.ch);
     pthread_mutex_destroy(&e->mu);
     lr_call_spares_free(e);

@@ -142,7 +142,8 @@ int lr_events_supported(void);
 /* The epoll set and its wake-up notifier, libcurl's socket callback set on
  * e->multi; NULL when a system call fails. */
 lr_io_events *lr_events_open(llmretry_engine *e);
-void lr_events_free(lr_io_events *ev);
+/* Free e->events and take its hook off the socket table. */
+void lr_events_free(llmretry_engine *e);
 /* Wake the loop's wait; any thread (curl_multi_wakeup's counterpart). */
 void lr_events_wake(lr_io_events *ev);
 /* Run the transfers whose sockets the last wait found ready and those

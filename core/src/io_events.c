@@ -171,10 +171,14 @@ fail:
     return NULL;
 }
 
-void lr_events_free(lr_io_events *ev)
+void lr_events_free(llmretry_engine *e)
 {
+    lr_io_events *ev = e->events;
     if (!ev)
         return;
+    e->events = NULL;
+    e->socks.watch = NULL;          /* lr_events_open's hook: nothing to tell now */
+    e->socks.watch_arg = NULL;
     lr_notifier_close(&ev->wake);
     close(ev->epfd);
     free(ev->sock_state);
@@ -267,9 +271,9 @@ lr_io_events *lr_events_open(llmretry_engine *e)
     return NULL;
 }
 
-void lr_events_free(lr_io_events *ev)
+void lr_events_free(llmretry_engine *e)
 {
-    (void)ev;
+    (void)e;
 }
 
 void lr_events_wake(lr_io_events *ev)

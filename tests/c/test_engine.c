@@ -181,13 +181,20 @@ static const char *reason_name(const llmretry_result *r)
     return k ? k : "none";
 }
 
-static llmretry_engine *new_engine(void)
+/* An engine with these options (NULL: the defaults); NULL, counted as a
+ * failure, when it cannot be made. */
+static llmretry_engine *new_engine_with(const llmretry_engine_options *eo)
 {
     llmretry_engine *e = NULL;
     char err[LLMRETRY_ERRBUF] = "";
-    llmretry_status st = llmretry_engine_new(NULL, &e, err, sizeof err);
+    llmretry_status st = llmretry_engine_new(eo, &e, err, sizeof err);
     CHECK_MSG(st == LLMRETRY_OK && e, "engine_new: %s (%s)", llmretry_status_name(st), err);
     return e;
+}
+
+static llmretry_engine *new_engine(void)
+{
+    return new_engine_with(NULL);
 }
 
 /* A UUID v4 in canonical text form. */
@@ -722,7 +729,7 @@ static int calls_at_once(llmretry_engine *e, const llmretry_options *o, int n)
  * max_host_connections (which libcurl counts per cache), there is one. */
 static void test_conn_shards(void)
 {
-    char url[128], err[LLMRETRY_ERRBUF] = "";
+    char url[128];
     llmretry_options o;
     llmretry_engine_options eo;
     llmretry_engine *e = NULL;
@@ -733,8 +740,7 @@ static void test_conn_shards(void)
     o.max_retries = 0;
     llmretry_engine_options_defaults(&eo);
     eo.max_in_flight = 512;
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
-    if (!e)
+    if (!(e = new_engine_with(&eo)))
         return;
     long shares0 = atomic_load(&th_share_inits);
     int before = accepted();
@@ -763,9 +769,7 @@ static void test_conn_shards(void)
 
     /* max_host_connections: libcurl counts a host's connections per cache. */
     eo.max_host_connections = 100;
-    e = NULL;
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
-    if (!e)
+    if (!(e = new_engine_with(&eo)))
         return;
     shares0 = atomic_load(&th_share_inits);
     before = accepted();
@@ -780,9 +784,7 @@ static void test_conn_shards(void)
      * (libcurl would keep them until a transfer of its own connects), and
      * opened again when a burst needs it. */
     eo.max_host_connections = 0;
-    e = NULL;
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
-    if (!e)
+    if (!(e = new_engine_with(&eo)))
         return;
     lr_shards_set_idle_ms(e, 300);
     shares0 = atomic_load(&th_share_inits);
