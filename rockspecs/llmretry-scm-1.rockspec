@@ -75,6 +75,8 @@ build = {
             "core/src/engine.c",
             "core/src/events.c",
             "core/src/group.c",
+            "core/src/host_io.c",
+            "core/src/http1.c",
             "core/src/ids.c",
             "core/src/io_events.c",
             "core/src/json.c",

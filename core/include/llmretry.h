@@ -7,6 +7,7 @@
  *   llmretry/group.h     batches            llmretry/policy.h   retry rules, pacer
  *   llmretry/policies.h  named policies     llmretry/json.h     JSON helpers
  *   llmretry/shapes.h    what hosts are handed, field by field
+ *   llmretry/host_io.h   engines whose host moves the bytes (io_loop host)
  *
  * llmretry wraps calls to an OpenAI-compatible chat API in a production
  * policy: a timeout per attempt, one total deadline, retries of transient
@@ -45,6 +46,7 @@
 #include "llmretry/policies.h"
 #include "llmretry/channel.h"
 #include "llmretry/json.h"
+#include "llmretry/host_io.h"
 
 /* The version this library was compiled as (LLMRETRY_VERSION then): tells a
  * program which core it runs against, whatever headers it was built with. */

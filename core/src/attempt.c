@@ -44,12 +44,16 @@ void lr_detach_easy(llmretry_engine *e, llmretry_call *c)
     lr_origin_connected(c);         /* a connect that failed frees the gate too */
     lr_budget_detached(c);          /* no response (cancelled): nothing learned */
     lr_health_detached(c);
+    e->in_flight--;
+    lr_timer_remove(e, c);          /* a stream's: the attempt is over */
+    if (e->host_io) {
+        lr_host_attempt_detach(c);
+        return;
+    }
     curl_multi_remove_handle(e->multi, c->easy);
     lr_shard_detach(e, c, c->easy);
     easy_put(e, c->easy);
     c->easy = NULL;
-    e->in_flight--;
-    lr_timer_remove(e, c);          /* a stream's: the attempt is over */
 }
 
 /* ---- attempts ------------------------------------------------------------ */
@@ -72,12 +76,41 @@ static void fail_to_start(llmretry_engine *e, llmretry_call *c, const char *why)
     lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
 }
 
+/* io_loop host: the attempt goes to the host (host_io.c), which enforces
+ * its timeout; streams are not taken by such engines (submit refuses). */
+static void host_attempt_start(llmretry_engine *e, llmretry_call *c, int64_t now, int64_t left)
+{
+    int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
+    c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE && left < c->o.timeout_ms;
+    const char *why = NULL;
+    if (lr_host_attempt_start(c, timeout, &why) != 0) {
+        fail_to_start(e, c, why);
+        return;
+    }
+    llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_STARTED);
+    if (ev) {
+        ev->timeout_ms = timeout;
+        ev->deadline_left_ms = left;
+        lr_post(c, ev);
+    }
+    c->attempt_started_at = now;
+    c->attempt_resends = 0;
+    c->attempts_started = c->attempt + 1;
+    c->state = LR_RUNNING;
+    e->in_flight++;
+    lr_health_attempt_started(e, c);
+}
+
 void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
 {
     int64_t now = lr_mono_ms();
     int64_t left = deadline_left(c, now);
     if (left == 0) {
         lr_give_up(e, c, LLMRETRY_REASON_DEADLINE);
+        return;
+    }
+    if (e->host_io) {
+        host_attempt_start(e, c, now, left);
         return;
     }
     CURL *easy = easy_get(e);

@@ -315,6 +315,7 @@ static void call_destroy(llmretry_call *c)
 {
     /* The mailbox is empty here: each queued event held a reference. */
     lr_stream_free(c);
+    lr_host_xfer_free(c);
     lr_targets_free(c);
     free(c->policy);
     free(c->ca_file);

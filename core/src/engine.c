@@ -251,40 +251,47 @@ static void io_wait(llmretry_engine *e, int timeout_ms)
 /* Wake the I/O loop's wait from another thread. */
 static void io_wake(llmretry_engine *e)
 {
+    if (e->host_io)
+        return;                     /* the host runs the engine when it will */
     if (e->events)
         lr_events_wake(e->events);
     else
         curl_multi_wakeup(e->multi);
 }
 
-static void *io_main(void *arg)
+/* One turn of the loop, short of its wait; 1 once the engine is stopping. */
+static int io_turn(llmretry_engine *e)
 {
-    llmretry_engine *e = arg;
-#ifdef __linux__
-    /* Told apart from the host's threads in top -H, perf and gdb. */
-    pthread_setname_np(pthread_self(), "llmretry-io");
-#endif
     int stopping = 0;
-    while (!stopping) {
-        process_ops(e, take_ops(e, &stopping));
-        if (stopping)
-            break;
-        fire_timers(e);
-        lr_shards_tidy(e, lr_mono_ms());
-        /* Refill the slots that finished transfers free, and send, before
-         * waking the hosts: with every call of a batch answering at once,
-         * the next requests are on the wire before a host thread takes a
-         * core to read the results (on 2 cores that thread would delay
-         * them by the time it takes). */
-        int finished;
-        do {
-            lr_admission_pump(e);
-            io_drive(e);
-            finished = read_finished(e);
-        } while (finished > 0);
+    process_ops(e, take_ops(e, &stopping));
+    if (stopping)
+        return 1;
+    fire_timers(e);
+    if (e->host_io) {
+        /* The host's exchanges end in its own calls (host_io.c). */
+        lr_admission_pump(e);
         lr_publish(e);
-        io_wait(e, poll_timeout_ms(e));
+        return 0;
     }
+    lr_shards_tidy(e, lr_mono_ms());
+    /* Refill the slots that finished transfers free, and send, before
+     * waking the hosts: with every call of a batch answering at once,
+     * the next requests are on the wire before a host thread takes a
+     * core to read the results (on 2 cores that thread would delay
+     * them by the time it takes). */
+    int finished;
+    do {
+        lr_admission_pump(e);
+        io_drive(e);
+        finished = read_finished(e);
+    } while (finished > 0);
+    lr_publish(e);
+    return 0;
+}
+
+/* The engine's end: every unfinished call cancelled, everything freed. */
+static void io_teardown(llmretry_engine *e)
+{
     while (e->live_head)
         lr_cancel(e, e->live_head);
     lr_admission_unlist_all(e);
@@ -309,7 +316,38 @@ static void *io_main(void *arg)
     free(e->done);
     e->done = NULL;
     e->done_cap = 0;
+}
+
+static void *io_main(void *arg)
+{
+    llmretry_engine *e = arg;
+#ifdef __linux__
+    /* Told apart from the host's threads in top -H, perf and gdb. */
+    pthread_setname_np(pthread_self(), "llmretry-io");
+#endif
+    while (!io_turn(e))
+        io_wait(e, poll_timeout_ms(e));
+    io_teardown(e);
     return NULL;
+}
+
+llmretry_status llmretry_engine_run(llmretry_engine *e, int64_t *next_ms)
+{
+    if (next_ms)
+        *next_ms = MAX_POLL_MS;
+    if (!e)
+        return LLMRETRY_EINVAL;
+    if (!e->host_io || lr_forked(e))
+        return LLMRETRY_ESTATE;
+    pthread_mutex_lock(&e->mu);
+    int gone = e->multi_gone;
+    pthread_mutex_unlock(&e->mu);
+    if (gone)
+        return LLMRETRY_ESTATE;
+    io_turn(e);
+    if (next_ms)
+        *next_ms = poll_timeout_ms(e);
+    return LLMRETRY_OK;
 }
 
 /* ---- public: engines --------------------------------------------------- */
@@ -362,9 +400,10 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
                 opts->max_host_connections);
         return LLMRETRY_EINVAL;
     }
-    if (opts->io_loop != LLMRETRY_IO_LOOP_PERFORM && opts->io_loop != LLMRETRY_IO_LOOP_EVENTS) {
-        lr_errf(err, errlen, "io_loop must be LLMRETRY_IO_LOOP_PERFORM or LLMRETRY_IO_LOOP_EVENTS "
-                "(got %d)", opts->io_loop);
+    if (opts->io_loop != LLMRETRY_IO_LOOP_PERFORM && opts->io_loop != LLMRETRY_IO_LOOP_EVENTS &&
+        opts->io_loop != LLMRETRY_IO_LOOP_HOST) {
+        lr_errf(err, errlen, "io_loop must be LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS "
+                "or LLMRETRY_IO_LOOP_HOST (got %d)", opts->io_loop);
         return LLMRETRY_EINVAL;
     }
     if (opts->io_loop == LLMRETRY_IO_LOOP_EVENTS && !lr_events_supported()) {
@@ -423,6 +462,11 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
     }
     if (e->shared)
         lr_shared_store_on_news(e->shared, wake_io, e);
+    if (opts->io_loop == LLMRETRY_IO_LOOP_HOST) {
+        e->host_io = 1;             /* no thread: the host runs it */
+        *out = e;
+        return LLMRETRY_OK;
+    }
 
     /* The I/O thread takes no signals: Ctrl-C belongs to the host. */
     sigset_t all, old;
@@ -449,7 +493,10 @@ void llmretry_engine_free(llmretry_engine *e)
     e->stopping = 1;
     io_wake(e);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+    if (e->host_io)
+        io_teardown(e);             /* the loop's end, on the host's thread */
+    else
+        pthread_join(e->thread, NULL);
     lr_engine_unref(e);
 }
 
@@ -506,6 +553,17 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
     llmretry_status st = lr_call_new(e, opts, flags, &c, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
+    if (e->host_io && (c->stream_req || opts->ca_file)) {
+        int streams = c->stream_req;
+        c->engine = NULL;           /* no engine reference was taken yet */
+        lr_call_unref(c);
+        lr_errf(err, errlen, streams
+                ? "stream: an engine whose host performs the attempts (io_loop host) does not "
+                  "stream; stream on an engine with an I/O thread"
+                : "ca_file: an engine whose host performs the attempts (io_loop host) verifies "
+                  "TLS with the host's trust store (nginx: lua_ssl_trusted_certificate)");
+        return LLMRETRY_EINVAL;
+    }
     if (c->group && c->group->poll) {
         c->ready_to = &c->group->ready.ch;
     } else if (opts->channel && !opts->channel->owned) {

@@ -93,6 +93,9 @@ struct llmretry_engine {
     /* LLMRETRY_IO_LOOP_EVENTS: the epoll set (io_events.c); NULL: the
      * perform loop. Set before the thread starts, freed with `multi`. */
     struct lr_io_events *events;
+    /* LLMRETRY_IO_LOOP_HOST: no thread; the host runs the loop's turns
+     * (llmretry_engine_run) and performs the attempts (host_io.c). */
+    int host_io;
     pthread_t thread;
 
     /* I/O thread only. */

@@ -285,6 +285,7 @@ struct llmretry_call {
     int sse;                       /* this response says text/event-stream */
     int stream_req;                /* the body asks to stream ("stream": true) */
     struct lr_stream *st;          /* streaming state (stream.c), or NULL */
+    struct lr_host_xfer *hx;       /* io_loop host: the exchange (host_io.c), or NULL */
     char curl_err[CURL_ERROR_SIZE];
     size_t heap_index;             /* in the timer heap, or LR_NO_TIMER */
     int64_t wake_at;               /* the timer's time (heap key) */
@@ -416,6 +417,22 @@ void lr_call_reset_response(llmretry_call *c);
  * value (the policy's slots, LR_H_*). */
 void lr_call_forget_headers(llmretry_call *c);
 const char *lr_call_header(const llmretry_call *c, int i);
+/* libcurl's write and header callbacks of an attempt; a host's response
+ * goes through them too (host_io.c), so both are read alike. */
+size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud);
+size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud);
+/* The attempt's HTTP status so far (0 = none yet), from libcurl or the host's. */
+long lr_call_status(const llmretry_call *c);
+
+/* ---- host_io.c: attempts the host performs (io_loop host) ---------------- */
+struct lr_host_xfer;
+/* Hand the call's attempt to the host, timeout_ms for it (0 = none); -1
+ * with why (a static message) when it cannot be set up. */
+int lr_host_attempt_start(llmretry_call *c, int64_t timeout_ms, const char **why);
+/* The attempt is over (ended, or taken off: cancelled): no more feeds. */
+void lr_host_attempt_detach(llmretry_call *c);
+long lr_host_status(const llmretry_call *c);
+void lr_host_xfer_free(llmretry_call *c);
 
 /* The outcome of a finished transfer, before the policy sees it. */
 #define LR_VALIDATION_PATH_MAX 192

@@ -56,6 +56,8 @@ lr_origin *lr_origin_of(llmretry_engine *e, llmretry_call *c)
     if (c->origin_known)
         return c->origin;
     c->origin_known = 1;
+    if (e->host_io)
+        return NULL;                /* its host's connections: HTTP/1.1, nothing to wait for */
     size_t n = origin_len(c->url);
     if (n == 0)
         return NULL;

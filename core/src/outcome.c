@@ -136,8 +136,7 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
 {
     memset(out, 0, sizeof *out);
     out->duration_ms = lr_mono_ms() - c->attempt_started_at;
-    long status = 0;
-    curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+    long status = lr_call_status(c);
     out->f.status = (int)status;
     /* A stream begins at its first body bytes (transfer.c): a 2xx event
      * stream with an empty body never began. It is still a stream, one that

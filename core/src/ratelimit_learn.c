@@ -165,8 +165,8 @@ void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usa
             say(ep, LR_SAID_LEARNED_TPM, now, (int64_t)ceil(learned_rate(&ep->tok)), 0);
         share_hold(ep, c, now);
         long status = 0;
-        if (!ok && !atomic_load(&ep->sh->start_over) && c->easy)
-            curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+        if (!ok && !atomic_load(&ep->sh->start_over))
+            status = lr_call_status(c);
         if ((ok || status > 0) && !atomic_load(&ep->sh->start_over)) {
             if (ep->rd)
                 lr_redis_start_over(ep->rd);

@@ -27,12 +27,21 @@ static int streams_now(llmretry_call *c)
         return 1;
     if (!c->sse)
         return 0;
-    long status = 0;
-    curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+    long status = lr_call_status(c);
     return status >= 200 && status < 300 ? 1 : 0;
 }
 
-static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
+long lr_call_status(const llmretry_call *c)
+{
+    if (c->hx)
+        return lr_host_status(c);
+    long status = 0;
+    if (c->easy)
+        curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+    return status;
+}
+
+size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
@@ -161,7 +170,7 @@ static int is_interim(const char *line, size_t n)
     return sp && (size_t)(sp - line) + 1 < n && sp[1] == '1';
 }
 
-static size_t on_header(char *line, size_t size, size_t nmemb, void *ud)
+size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
@@ -435,9 +444,9 @@ void lr_call_setup_easy(llmretry_call *c, CURL *easy, int64_t timeout_ms)
     }
     set_body(c, easy);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
-    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, lr_call_on_body);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
-    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, lr_call_on_header);
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, c->curl_err);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);   /* 0 = none */

@@ -30,7 +30,13 @@ typedef enum llmretry_io_loop {
      * touches only the transfers whose sockets are ready. Cheaper with many
      * transfers waiting on a slow server while few answer at a time (a
      * gateway). Linux only: elsewhere llmretry_engine_new says ENOTSUP. */
-    LLMRETRY_IO_LOOP_EVENTS = 1
+    LLMRETRY_IO_LOOP_EVENTS = 1,
+    /* No I/O thread: the host runs the engine (llmretry_engine_run) and
+     * performs each attempt's HTTP/1.1 exchange on its own sockets
+     * (llmretry/host_io.h). For a host whose own event loop must do the
+     * I/O: an nginx worker and its cosockets. The policy is the engine's
+     * as ever; only who moves the bytes differs. */
+    LLMRETRY_IO_LOOP_HOST = 2
 } llmretry_io_loop;
 
 typedef struct llmretry_engine_options {
@@ -42,8 +48,8 @@ typedef struct llmretry_engine_options {
      * process; "shm:NAME" = shared by every process on the host naming
      * NAME. Copied; checked by llmretry_engine_new (EINVAL names it). */
     const char *shared;
-    /* An llmretry_io_loop: LLMRETRY_IO_LOOP_PERFORM (the default) or
-     * LLMRETRY_IO_LOOP_EVENTS. */
+    /* An llmretry_io_loop: LLMRETRY_IO_LOOP_PERFORM (the default),
+     * LLMRETRY_IO_LOOP_EVENTS or LLMRETRY_IO_LOOP_HOST. */
     int io_loop;
 } llmretry_engine_options;
 
