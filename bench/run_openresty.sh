@@ -14,6 +14,11 @@
 # served by a second gateway nginx (one worker, port LLMRETRY_GATEWAY_PORT+1),
 # the three gateways' runs in an order that rotates from round to round; one
 # more table row and ratio line. Without it the output is as it was.
+# The gateway with transport "cosocket" (llmretry.openresty's thread-less
+# engine, its attempts on the worker's cosockets) is a third nginx on port
+# LLMRETRY_GATEWAY_PORT+2, same config but for init_worker's transport: the
+# row /llmretry-cosocket, its runs rotated with the others'. TRANSPORTS=engine
+# leaves it out.
 # PACE_MS=<ms>: each downstream connection waits that long before each of its
 # requests (bench/wrk_paced.lua): the same offered load for every gateway,
 # below their capacity, so that the latency columns compare service times
@@ -30,6 +35,8 @@ GW_PORT=${LLMRETRY_GATEWAY_PORT:-18093}
 BASELINE=${BASELINE:-}
 PACE_MS=${PACE_MS:-0}   # > 0: each connection waits this long before each request (bench/wrk_paced.lua)
 BGW_PORT=$((GW_PORT + 1))
+CGW_PORT=$((GW_PORT + 2))
+TRANSPORTS=${TRANSPORTS:-engine cosocket}
 
 log() { printf '%s\n' "$*" >&2; }
 
@@ -61,6 +68,9 @@ GW="$TMP/gateway"
 mkdir -p "$GW"
 chmod 755 "$GW"
 BGW="$TMP/gateway-baseline"     # BASELINE only: the baseline's gateway
+CGW="$TMP/gateway-cosocket"     # the transport "cosocket"'s gateway
+mkdir -p "$CGW"
+chmod 755 "$CGW"
 if [ -n "$BASELINE" ]; then
   log "== building the baseline $BASELINE's Lua module (tools/lua-test.sh --build-only)"
   mkdir -p "$TMP/baseline" "$BGW"
@@ -69,15 +79,16 @@ if [ -n "$BASELINE" ]; then
   (cd "$TMP/baseline" && tools/lua-test.sh --build-only >&2) || {
     log "the baseline $BASELINE does not build"; exit 1; }
 fi
-gateway_conf() { # repo port -> the gateway's nginx.conf on stdout
+gateway_conf() { # repo port [init_worker options] -> the gateway's nginx.conf on stdout
   sed -e "s|__REPO__|$1|g" -e "s|__GW_PORT__|$2|g" -e "s|__UP_PORT__|$UP_PORT|g" \
-    "$ROOT/bench/openresty.conf"
+    -e "s|__INIT_EXTRA__|${3:-}|g" "$ROOT/bench/openresty.conf"
 }
 gateway_conf "$ROOT" "$GW_PORT" >"$GW/nginx.conf"
+gateway_conf "$ROOT" "$CGW_PORT" ', transport = "cosocket"' >"$CGW/nginx.conf"
 [ -z "$BASELINE" ] || gateway_conf "$TMP/baseline" "$BGW_PORT" >"$BGW/nginx.conf"
 stop_gateway() {
   local d
-  for d in "$GW" "$BGW"; do
+  for d in "$GW" "$BGW" "$CGW"; do
     [ -f "$d/nginx.pid" ] && "$NGINX" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" -s stop 2>/dev/null || true
     for _ in $(seq 50); do [ -f "$d/nginx.pid" ] || break; sleep 0.1; done
   done
@@ -88,11 +99,18 @@ trap stop_gateway EXIT
 if [ -n "$BASELINE" ]; then
   "$NGINX" -p "$BGW/" -e "$BGW/error.log" -c "$BGW/nginx.conf" || { cat "$BGW/error.log" >&2; exit 1; }
 fi
+WITH_COSOCKET=0
+case " $TRANSPORTS " in *" cosocket "*) WITH_COSOCKET=1 ;; esac
+if [ "$WITH_COSOCKET" = 1 ]; then
+  "$NGINX" -p "$CGW/" -e "$CGW/error.log" -c "$CGW/nginx.conf" || { cat "$CGW/error.log" >&2; exit 1; }
+fi
 PATHS=(llmretry cosocket)
+[ "$WITH_COSOCKET" = 0 ] || PATHS+=(llmretry-cosocket)
 [ -z "$BASELINE" ] || PATHS+=(baseline)
 url_of() { # path -> the gateway URL that serves it
   case $1 in
     baseline) echo "http://127.0.0.1:$BGW_PORT/llmretry" ;;
+    llmretry-cosocket) echo "http://127.0.0.1:$CGW_PORT/llmretry" ;;
     *) echo "http://127.0.0.1:$GW_PORT/$1" ;;
   esac
 }
@@ -116,6 +134,8 @@ fi
 WORKER=$(pgrep -P "$(cat "$GW/nginx.pid")" | head -n 1)
 BWORKER=""
 [ -z "$BASELINE" ] || BWORKER=$(pgrep -P "$(cat "$BGW/nginx.pid")" | head -n 1)
+CWORKER=""
+[ "$WITH_COSOCKET" = 0 ] || CWORKER=$(pgrep -P "$(cat "$CGW/nginx.pid")" | head -n 1)
 TICK=$(getconf CLK_TCK)
 ticks() { # [worker] -> "main others"
   local w=${1:-$WORKER} main=0 others=0 t v
@@ -139,7 +159,7 @@ for path in "${PATHS[@]}"; do
 done
 for r in $(seq "$RUNS"); do
   order=("${PATHS[@]}")
-  if [ -n "$BASELINE" ]; then   # rotated: no gateway always runs first
+  if [ ${#PATHS[@]} -gt 2 ]; then   # rotated: no gateway always runs first
     k=$(( (r - 1) % ${#PATHS[@]} ))
     order=("${PATHS[@]:k}" "${PATHS[@]:0:k}")
   fi
@@ -147,6 +167,7 @@ for r in $(seq "$RUNS"); do
     log "== run $r of $RUNS: /$path, $CONNS connections, $SECS s (load $(cut -d' ' -f1 /proc/loadavg))"
     w=$WORKER
     [ "$path" != baseline ] || w=$BWORKER
+    [ "$path" != llmretry-cosocket ] || w=$CWORKER
     read -r m0 o0 < <(ticks "$w")
     run "$path" "$SECS"
     read -r m1 o1 < <(ticks "$w")
@@ -191,6 +212,7 @@ for path in "${PATHS[@]}"; do
   case $path in
     llmretry) name="llmretry.openresty \`call_llm\` (one engine per worker, no thread pool)" ;;
     baseline) name="the same at the baseline $BASELINE (its own gateway nginx, same config)" ;;
+    llmretry-cosocket) name="llmretry.openresty \`call_llm\`, \`transport = \"cosocket\"\` (no engine thread: attempts on the worker's cosockets; its own gateway nginx)" ;;
     cosocket) name="cosocket client + retry loop (\`bench/clients/resty_mini_http.lua\`, lua-resty-http style)" ;;
   esac
   echo "| $name | $(median "${RPS[$path]}") | ${RPS[$path]} | $(median "${P50[$path]}") | $(median "${P99[$path]}") | ${P99[$path]} | ${ERRS[$path]} | $(median "${CPU_MAIN[$path]}") + $(median "${CPU_IO[$path]}") |"
@@ -205,6 +227,13 @@ ratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "$
 echo "llmretry's gateway makes ${ratio}× the calls/s of the cosocket gateway. The ceiling is" \
   "$CONNS / 0.05 s = $((CONNS * 20)) calls/s; below it, the cores are the limit: the endpoint's" \
   "nginx, the gateway (its worker and, for llmretry, the engine's I/O thread) and wrk share them."
+if [ "$WITH_COSOCKET" = 1 ]; then
+  echo
+  cratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry-cosocket]}") / $(median "${RPS[cosocket]}") }")
+  echo "With \`transport = \"cosocket\"\` llmretry's gateway makes ${cratio}× the calls/s of the cosocket" \
+    "gateway, p99 $(median "${P99[llmretry-cosocket]}") ms against $(median "${P99[cosocket]}") ms;" \
+    "worker CPU µs/call $(median "${CPU_MAIN[llmretry-cosocket]}") + $(median "${CPU_IO[llmretry-cosocket]}")."
+fi
 if [ -n "$BASELINE" ]; then
   echo
   bratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "${RPS[baseline]}") }")

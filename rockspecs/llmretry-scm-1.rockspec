@@ -141,5 +141,6 @@ build = {
       ["llmretry.policies"] = "lua/llmretry/policies.lua",
       ["llmretry.scheduler"] = "lua/llmretry/scheduler.lua",
       ["llmretry.client"] = "lua/llmretry/client.lua",
+      ["llmretry.cosocket"] = "lua/llmretry/cosocket.lua",
    },
 }

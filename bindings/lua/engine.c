@@ -334,8 +334,11 @@ int l_new_engine(lua_State *L)
         eo.shared = lua_tostring(L, 3);
     }
     if (!lua_isnoneornil(L, 4)) {
-        static const char *const loops[] = { "perform", "events", NULL };
-        static const int values[] = { LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS };
+        /* "host": no thread; llmretry.openresty runs it through llmretry.ffi
+         * (run, exchange, feed, failed) and moves the bytes on cosockets. */
+        static const char *const loops[] = { "perform", "events", "host", NULL };
+        static const int values[] = { LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS,
+                                      LLMRETRY_IO_LOOP_HOST };
         eo.io_loop = values[luaL_checkoption(L, 4, NULL, loops)];
     }
 

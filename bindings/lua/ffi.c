@@ -253,6 +253,37 @@ static const char *ffi_request_id(void *ud)
     return h->call ? llmretry_call_request_id(h->call) : NULL;
 }
 
+/* ---- io_loop "host": llmretry.openresty's cosocket transport ---------- */
+
+/* The engine's turn (llmretry_engine_run): its status; *next_ms how soon
+ * it must run again. A closed engine says ESTATE. */
+static int ffi_run(void *engine_ud, int64_t *next_ms)
+{
+    llmretry_engine *e = lr_engine_of(engine_ud);
+    *next_ms = 1000;
+    return e ? (int)llmretry_engine_run(e, next_ms) : (int)LLMRETRY_ESTATE;
+}
+
+static int ffi_exchange(void *ud, llmretry_exchange *x)
+{
+    lr_handle *h = ud;
+    return h->call ? llmretry_call_exchange(h->call, x) : 0;
+}
+
+static int ffi_feed(void *ud, unsigned token, const char *data, size_t len)
+{
+    lr_handle *h = ud;
+    return h->call ? (int)llmretry_call_exchange_feed(h->call, token, data, len)
+                   : (int)LLMRETRY_FEED_GONE;
+}
+
+static void ffi_failed(void *ud, unsigned token, int why, int reused, const char *message)
+{
+    lr_handle *h = ud;
+    if (h->call)
+        llmretry_call_exchange_failed(h->call, token, (llmretry_xfer_error)why, reused, message);
+}
+
 static const lr_ffi_api API = {
     LR_FFI_ABI,
     ffi_drain,
@@ -277,6 +308,10 @@ static const lr_ffi_api API = {
     ffi_handle_free,
     ffi_cancel,
     ffi_request_id,
+    ffi_run,
+    ffi_exchange,
+    ffi_feed,
+    ffi_failed,
 };
 
 /* result(address) -> res | nil, err: what handle:result() gives, for a

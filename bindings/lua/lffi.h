@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LR_FFI_ABI 2
+#define LR_FFI_ABI 3
 #define LR_FFI_OK 1
 #define LR_FFI_RAW 2
 
@@ -42,6 +42,12 @@ typedef struct lr_ffi_api {
     void (*handle_free)(void *handle);
     void (*cancel)(void *handle);
     const char *(*request_id)(void *handle);
+    /* io_loop "host" (llmretry/host_io.h): the engine's turn, and the
+     * attempts its host performs. */
+    int (*run)(void *engine, int64_t *next_ms);
+    int (*exchange)(void *handle, llmretry_exchange *x);
+    int (*feed)(void *handle, unsigned token, const char *data, size_t len);
+    void (*failed)(void *handle, unsigned token, int why, int reused, const char *message);
 } lr_ffi_api;
 /* cdef end */
 

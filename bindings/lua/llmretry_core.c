@@ -8,7 +8,8 @@
  *   core.extract_json(s), core.assert_shape(v, shape [, path])
  *   core.check_options(opts)              raise as engine:submit would
  *   core.new_engine([max_in_flight[, max_host_connections[, shared[, io_loop]]]]) -> engine
- *     io_loop: "perform" (the default) or "events" (llmretry_engine_options)
+ *     io_loop: "perform" (the default), "events" or "host" (llmretry_engine_options;
+ *     "host" is driven through core._ffi(): llmretry.openresty's cosocket transport)
  *     engine:submit(opts) -> handle        every call in poll mode
  *     engine:channel() -> the engine's own channel, where calls report
  *       without opts.group or opts.channel; engine:close()

@@ -38,6 +38,16 @@ typedef enum llmretry_field_type {
     LLMRETRY_FIELD_JSON
 } llmretry_field_type;
 typedef struct llmretry_usage llmretry_usage;
+typedef struct llmretry_exchange {
+    unsigned token;
+    const char *host;
+    int port;
+    int tls;
+    const char *pool_key;
+    const char *request;
+    size_t request_len;
+    int64_t timeout_ms;
+} llmretry_exchange;
 typedef struct llmretry_field {
     const char *name;
     llmretry_field_type type;
@@ -77,9 +87,13 @@ typedef struct lr_ffi_api {
     void (*handle_free)(void *handle);
     void (*cancel)(void *handle);
     const char *(*request_id)(void *handle);
+    int (*run)(void *engine, int64_t *next_ms);
+    int (*exchange)(void *handle, llmretry_exchange *x);
+    int (*feed)(void *handle, unsigned token, const char *data, size_t len);
+    void (*failed)(void *handle, unsigned token, int why, int reused, const char *message);
 } lr_ffi_api;
 ]]
-local ABI = 2
+local ABI = 3
 -- Another copy of this module (or of an older one) declared these already
 -- in this state: ffi.cdef raises on a redefinition, and then they are ours.
 pcall(ffi.cdef, CDEF)
@@ -287,6 +301,46 @@ function M.submit(engine, sub)
   if h == nil then return nil end
   M.submitted = M.submitted + 1
   return ffi_gc(h, api.handle_free)
+end
+
+-- ---------------------------------------------------------------------------
+-- io_loop "host" (llmretry/host_io.h): an engine with no thread, which
+-- llmretry.openresty runs and whose attempts it performs on cosockets
+-- (llmretry.cosocket). The engine builds each request's bytes and parses
+-- the response's; these only carry them.
+
+-- llmretry_feed's and llmretry_xfer_error's values.
+M.FEED = { MORE = 0, DONE = 1, DONE_CLOSE = 2, FAILED = 3, GONE = 4 }
+M.XFER = { RESOLVE = 1, CONNECT = 2, TLS = 3, TLS_VERIFY = 4, TIMEOUT = 5, SEND = 6,
+  CLOSED = 7 }
+
+local next_ms_p = ffi.new("int64_t[1]")
+local exchange_p = ffi.new("llmretry_exchange")
+
+-- run(engine) -> status (0: OK), next_ms: the engine's turn, and how soon
+-- (ms) it must run again at the latest.
+function M.run(engine)
+  local st = api.run(engine, next_ms_p)
+  return st, tonumber(next_ms_p[0])
+end
+
+-- exchange(h) -> nil, or token, host, port, tls, pool_key, request,
+-- timeout_ms: the attempt of h's call that waits for its host.
+function M.exchange(h)
+  if api.exchange(h, exchange_p) == 0 then return nil end
+  local x = exchange_p
+  return x.token, ffi_string(x.host), x.port, x.tls ~= 0, ffi_string(x.pool_key),
+    ffi_string(x.request, x.request_len), tonumber(x.timeout_ms)
+end
+
+-- feed(h, token, data) -> one of M.FEED: data, the response's next bytes.
+function M.feed(h, token, data)
+  return api.feed(h, token, data, #data)
+end
+
+-- failed(h, token, why, reused, message): the exchange ended first.
+function M.failed(h, token, why, reused, message)
+  api.failed(h, token, why, reused and 1 or 0, message)
 end
 
 -- poll(channel, fn, arg): fn(arg, key) for each call with news on the

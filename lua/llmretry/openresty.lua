@@ -27,6 +27,17 @@
 -- exits (reload, quit) lets its calls in flight finish, then stops its
 -- dispatcher so that the worker can exit.
 --
+-- The transport "cosocket" (init_worker{ transport = "cosocket" }): the
+-- worker's engine then has no thread at all (io_loop "host"). A request
+-- runs the engine itself (llmretry.ffi.run) and performs its call's
+-- attempts on the worker's cosockets (llmretry.cosocket): the engine
+-- builds each request and parses each response as the bytes come, so its
+-- policy (timeouts, retries, Retry-After, the deadline, budgets, breakers,
+-- fallbacks, events) is the same. No thread hand-off, no dispatcher: a
+-- call is a cosocket exchange plus the engine's work, on the worker.
+-- Streams (stream_llm, a body with "stream": true) still run on an engine
+-- with a thread, made for them on the first one.
+--
 -- Usable where ngx.semaphore can wait: rewrite_by_lua*, access_by_lua*,
 -- content_by_lua*, ngx.timer callbacks (Debian 12: nginx 1.22 with
 -- libnginx-mod-http-lua 0.10.23 and lua-resty-core).
@@ -65,6 +76,9 @@ M.DEFAULT_MAX_IN_FLIGHT = 1024
 -- the transfers whose sockets are ready, where a gateway has hundreds of
 -- requests waiting on a slow server and few answering at each wake-up.
 M.DEFAULT_IO_LOOP = "events"
+-- Who moves the bytes of the worker's calls (init_worker's transport):
+-- "engine" (its I/O thread, libcurl) or "cosocket" (the worker itself).
+M.DEFAULT_TRANSPORT = "engine"
 
 -- A request waits this long (seconds) for its semaphore before it looks at
 -- its call itself: a wake-up lost to a bug costs a second, not the call.
@@ -98,6 +112,7 @@ end
 -- channel.
 
 local W = nil
+local HW = nil      -- the transport "cosocket"'s engine (below), or nil
 
 -- A call's key in d.waiting: under the FFI, a number the channel's poll
 -- names it by (no table of handles per poll); else the handle itself.
@@ -144,7 +159,7 @@ end
 -- worker has the dispatcher look now rather than at its next second.
 local function release(w, d, h)
   d.waiting[key_of(h)] = nil
-  if w.exiting and next(d.waiting) == nil then d.kick:post(1) end
+  if d.kick and w.exiting and next(d.waiting) == nil then d.kick:post(1) end
 end
 
 -- A call_llm's waiter { sema }: kept for the next call once its call has
@@ -295,6 +310,10 @@ local function shared_store(o)
   return env ~= "" and env or nil
 end
 
+-- init_worker's options, for an engine made later (the transport
+-- "cosocket" makes its threaded engine on the first stream).
+local CONFIG = {}
+
 local function new_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
     o.max_host_connections, shared_store(o), o.io_loop or M.DEFAULT_IO_LOOP)
@@ -315,7 +334,7 @@ end
 local function worker()
   local w = W
   if w == nil or w.engine:forked() then
-    w = new_worker({})
+    w = new_worker(CONFIG)
   end
   local d = w.d
   if d.closed or (d.state == "stopped" and not w.exiting and not ngx.worker.exiting()
@@ -323,6 +342,95 @@ local function worker()
     start_dispatch(w)
   end
   return w
+end
+
+-- ---------------------------------------------------------------------------
+-- The transport "cosocket": the worker's engine has no thread.
+--
+-- HW = { engine, channel, waiting }: the engine (io_loop "host"), the one
+-- channel its calls report to, and who waits for which (as d.waiting). No
+-- dispatcher: whoever runs the engine (host_turn: every waiting request,
+-- after each exchange, and at each wake-up) hands its news out at once.
+-- Timers (backoffs, deadlines, budgets) are run by the requests whose calls
+-- wait for them: each sleeps at most until the engine's next due time.
+
+local cosocket = lffi and require("llmretry.cosocket")
+local lffi_run, lffi_exchange = lffi and lffi.run, lffi and lffi.exchange
+
+local function new_host_worker(o)
+  local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
+    o.max_host_connections, shared_store(o), "host")
+  HW = { engine = engine, channel = engine:new_channel(),
+    waiting = setmetatable({}, { __mode = WAITING_MODE }) }
+  return HW
+end
+
+local function host_worker()
+  local hw = HW
+  if hw == nil or hw.engine:forked() then hw = new_host_worker(CONFIG) end
+  return hw
+end
+
+-- The engine's turn, then every waiter whose call has news posted. Returns
+-- how soon (s) the engine wants to run again at the latest.
+local function host_turn(hw)
+  local _, next_ms = lffi_run(hw.engine)
+  lffi.poll(hw.channel, post, hw.waiting)
+  if next_ms < 1 then next_ms = 1 end
+  return next_ms / 1000
+end
+
+-- Perform the attempt of h's call that waits for its host, if any, in this
+-- light thread; true when there was one.
+-- A call's exchange in a light thread of its own (the request's): what
+-- a client abort needs, since only killing that thread ends the exchange
+-- before its answer.
+local function exchange_thread(waiter, hw, h, ...)
+  cosocket.perform(h, ...)
+  waiter.xthread = nil
+  host_turn(hw)
+  -- The request looks at its call now: a failed attempt of a call nobody
+  -- listens to brings no news (its retry's timer is the request's to wait).
+  local sema = waiter.sema
+  if sema:count() <= 0 then sema:post(1) end
+end
+
+-- The attempt of h's call that waits for its host, if any: performed in
+-- this light thread (true when done), or, when the request's client may
+-- go away (its abort handler is set), started in a thread of its own.
+local function perform_pending(hw, h, waiter)
+  if waiter.xthread ~= nil then return false end
+  local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h)
+  if not token then return false end
+  if not waiter.live.abortable then
+    cosocket.perform(h, token, host, port, tls, key, request, timeout_ms)
+    host_turn(hw)
+    return true
+  end
+  waiter.xthread = true       -- taken off by the thread: it may end before spawn returns
+  local th, err = ngx.thread.spawn(exchange_thread, waiter, hw, h, token, host, port, tls, key,
+    request, timeout_ms)
+  if not th then
+    waiter.xthread = nil
+    lffi.failed(h, token, lffi.XFER.CONNECT, false, "ngx.thread.spawn: " .. tostring(err))
+    host_turn(hw)
+    return true
+  end
+  if waiter.xthread then waiter.xthread = th end
+  return false
+end
+
+-- The exchange thread of a call that ended without it (cancelled) ends.
+local function end_exchange(waiter)
+  local th = waiter.xthread
+  waiter.xthread = nil
+  if type(th) == "thread" then ngx.thread.kill(th) end
+end
+
+-- Does this call stream (the threaded engine's, then)?
+local function streams(sub)
+  local body = sub.body
+  return sub.stream_chunks == true or (type(body) == "table" and rawget(body, "stream") == true)
 end
 
 -- init_worker([opts]) in init_worker_by_lua*: make the worker's engine and
@@ -337,11 +445,19 @@ function M.init_worker(opts)
   opts = opts or {}
   for k, v in pairs(opts) do
     if k ~= "max_in_flight" and k ~= "max_host_connections" and k ~= "shared"
-        and k ~= "io_loop" then
+        and k ~= "io_loop" and k ~= "transport" then
       error(string.format("llmretry: opts.%s is not an option of init_worker "
-        .. "(max_in_flight, max_host_connections, shared, io_loop)", tostring(k)), 2)
+        .. "(max_in_flight, max_host_connections, shared, io_loop, transport)", tostring(k)), 2)
     end
-    if k == "io_loop" then
+    if k == "transport" then
+      if v ~= "engine" and v ~= "cosocket" then
+        argerror(2, "transport", '"engine" or "cosocket"', v)
+      end
+      if v == "cosocket" and not lffi then
+        error("llmretry: transport \"cosocket\" needs LuaJIT's FFI (llmretry.ffi), "
+          .. "which this Lua does not have", 2)
+      end
+    elseif k == "io_loop" then
       if v ~= "events" and v ~= "perform" then
         argerror(2, "io_loop", '"events" or "perform"', v)
       end
@@ -353,11 +469,16 @@ function M.init_worker(opts)
       argerror(2, k, k == "max_in_flight" and "an integer >= 1" or "an integer >= 0", v)
     end
   end
-  if W ~= nil and not W.engine:forked() then
+  if (W ~= nil and not W.engine:forked()) or (HW ~= nil and not HW.engine:forked()) then
     error("llmretry: init_worker: this worker's engine exists already (call init_worker "
       .. "in init_worker_by_lua*, before any call)", 2)
   end
-  new_worker(opts)
+  CONFIG = opts
+  if (opts.transport or M.DEFAULT_TRANSPORT) == "cosocket" then
+    new_host_worker(opts)
+  else
+    new_worker(opts)
+  end
 end
 
 -- ---------------------------------------------------------------------------
@@ -369,6 +490,9 @@ local WEAK_KEYS = { __mode = "k" }
 local function cancel_all(live)
   live.aborted = true
   for h in pairs(live.calls) do h:cancel() end
+
+  -- The transport "cosocket": nobody else may run the engine soon.
+  if HW ~= nil then host_turn(HW) end
 end
 
 -- The request's abort handler: one function for every request (it runs in
@@ -389,7 +513,10 @@ local function watch_abort(h)
     -- nil, "lua_check_client_abort is off", nil, "duplicate call" (the
     -- handler registered its own: it may call cancel_calls), or a timer
     -- (no client): the calls go on to their end.
-    pcall(ngx.on_abort, cancel_request)
+    local ok, set, why = pcall(ngx.on_abort, cancel_request)
+    -- abortable: the client's going may cancel the calls (the transport
+    -- "cosocket" then runs each exchange in a thread it can kill).
+    live.abortable = ok and (set == 1 or why == "duplicate call")
   end
   if live.aborted then h:cancel() end
   live.calls[h] = true
@@ -417,6 +544,80 @@ local function check_phase(level)
     error(string.format("llmretry: a call cannot wait in the %s phase (use rewrite_by_lua*, "
       .. "access_by_lua*, content_by_lua* or a timer)", phase), level + 1)
   end
+end
+
+-- What call_many waits on under the transport "cosocket": the batch's
+-- semaphore and ready list (as batch_source), and each attempt of its
+-- calls performed in a light thread of the request's own, started as the
+-- engine hands it out (the engine's news names the call).
+local function host_batch_source(hw)
+  local waiter = { sema = semaphore.new(), ready = {}, handles = {} }
+  local handles, performing = waiter.handles, {}
+  local src = {}
+  function src.add(_, h)
+    local key = key_of(h)
+    hw.waiting[key] = waiter
+    handles[key] = h
+    watch_abort(h)
+  end
+  function src.forget(_, h)
+    local key = key_of(h)
+    handles[key] = nil
+    hw.waiting[key] = nil
+    local th = performing[h]
+    performing[h] = nil
+    if type(th) == "thread" then
+      ngx.thread.kill(th)       -- a cancelled call's exchange: nobody reads it
+    end
+  end
+  local function perform(h, ...)
+    cosocket.perform(h, ...)
+    performing[h] = nil
+    host_turn(hw)
+    -- The loop looks again (a retry's timer may be sooner than its wait).
+    local sema = waiter.sema
+    if sema:count() <= 0 then sema:post(1) end
+  end
+  local function start_exchanges()
+    for _, h in pairs(handles) do
+      if not performing[h] then
+        local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h)
+        if token then
+          -- The thread runs up to its first wait before spawn returns: it
+          -- may have ended already (a refused connect), and then it has
+          -- taken its mark off.
+          performing[h] = true
+          local th, err = ngx.thread.spawn(perform, h, token, host, port, tls, key, request,
+            timeout_ms)
+          if not th then
+            performing[h] = nil
+            lffi.failed(h, token, lffi.XFER.CONNECT, false, "ngx.thread.spawn: " .. tostring(err))
+          elseif performing[h] then
+            performing[h] = th
+          end
+        end
+      end
+    end
+  end
+  function src.poll()
+    host_turn(hw)
+    start_exchanges()
+    local ready = waiter.ready
+    waiter.ready = {}
+    return ready
+  end
+  function src.wait(_, ms)
+    local due = host_turn(hw)
+    start_exchanges()
+    if #waiter.ready == 0 then
+      local s = ms / 1000
+      waiter.sema:wait(due < s and due or s)
+      host_turn(hw)
+      start_exchanges()
+    end
+    return #waiter.ready > 0
+  end
+  return src
 end
 
 -- What call_many waits on: a semaphore the dispatcher posts for any of the
@@ -465,6 +666,16 @@ local A = api.new{
   -- A plain call (nobody listens to its mail) through the FFI when its
   -- options allow (llmretry.ffi.submit), else the classic engine:submit.
   submit = function(sub, _, _, level, plain)
+    if (HW ~= nil or CONFIG.transport == "cosocket") and not streams(sub) then
+      local hw = host_worker()
+      sub.channel = hw.channel
+      local h = plain and ffi_submit(hw.engine, sub) or api.submit(hw.engine, sub, level + 1)
+      local waiter = take_waiter()
+      waiter.hw = hw
+      hw.waiting[key_of(h)] = waiter
+      waiter.live = watch_abort(h)
+      return h, waiter
+    end
     local w = worker()
     local d = w.d
     sub.channel = d.channel
@@ -475,13 +686,30 @@ local A = api.new{
     waiter.live = watch_abort(h)
     return h, waiter
   end,
-  wait = function(_, waiter)
+  wait = function(h, waiter)
+    local hw = waiter.hw
+    if hw then
+      -- Its attempt, when the engine has one for it, in this thread; else
+      -- a sleep until its news or the engine's next due time.
+      local due = host_turn(hw)
+      if perform_pending(hw, h, waiter) then return end
+      waiter.sema:wait(due < WAIT_S and due or WAIT_S)
+      host_turn(hw)
+      if waiter.xthread ~= nil and lffi_exchange(h) == nil then end_exchange(waiter) end
+      return
+    end
     local d = waiter.d
     local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
     if not ok then wake(d) end      -- nobody woke us: look for ourselves
   end,
   release = function(h, waiter)
-    release(waiter.w, waiter.d, h)
+    if waiter.hw then
+      waiter.hw.waiting[key_of(h)] = nil
+      waiter.hw = nil
+      end_exchange(waiter)
+    else
+      release(waiter.w, waiter.d, h)
+    end
     -- Out of the request's calls: its call may be freed now (free_early).
     waiter.live.calls[h] = nil
     waiter.live = nil
@@ -489,6 +717,10 @@ local A = api.new{
   end,
   free_early = true,
   batch = function()
+    if HW ~= nil or CONFIG.transport == "cosocket" then
+      local hw = host_worker()
+      return hw.engine, hw.channel, host_batch_source(hw)
+    end
     local w = worker()
     local d = w.d
     return w.engine, d.channel, batch_source(w, d)
@@ -518,16 +750,29 @@ end
 
 -- { engine = bool, dispatcher = "starting" | "running" | "stopped" | nil,
 --   waiting = calls waited for now, exiting = bool }
+-- transport = "engine" | "cosocket" (and, under "cosocket", the calls its
+-- engine has waiting: host_waiting).
 function M.stats()
   local w = W
-  if w == nil then return { engine = false, waiting = 0, exiting = false } end
+  local transport = CONFIG.transport or M.DEFAULT_TRANSPORT
+  local hn = 0
+  if HW ~= nil then
+    for _ in pairs(HW.waiting) do hn = hn + 1 end
+  end
+  if w == nil then
+    return { engine = HW ~= nil, waiting = hn, exiting = false, transport = transport,
+      host_waiting = hn }
+  end
   local n = 0
   for _ in pairs(w.d.waiting) do n = n + 1 end
-  return { engine = true, dispatcher = w.d.state, waiting = n, exiting = w.exiting }
+  return { engine = true, dispatcher = w.d.state, waiting = n + hn, exiting = w.exiting,
+    transport = transport, host_waiting = hn }
 end
 
--- What the worker's engine knows of each endpoint (llmretry.endpoint_stats).
+-- What the worker's engine knows of each endpoint (llmretry.endpoint_stats):
+-- under the transport "cosocket", its thread-less engine's.
 function M.endpoint_stats()
+  if HW ~= nil then return HW.engine:endpoint_stats() end
   local w = W
   if w == nil then return {} end
   return w.engine:endpoint_stats()

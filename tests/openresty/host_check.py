@@ -35,6 +35,9 @@ import urllib.error
 import urllib.request
 
 FIGURES = {}
+# init_worker's options for every nginx of the run: --transport cosocket
+# runs every test with the worker's engine thread-less (llmretry.cosocket).
+TRANSPORT_OPTS = ""
 
 
 DOCS = ["README.md", "docs/openresty.md"]
@@ -117,6 +120,8 @@ class Nginx:
     reuseport when more than one (the kernel spreads the connections)."""
 
     def __init__(self, repo, mock_url, init_worker=True, init_opts="", workers=1):
+        if TRANSPORT_OPTS:
+            init_opts = "{ " + TRANSPORT_OPTS + (", " + init_opts.strip()[1:-1] if init_opts else "") + " }"
         self.repo = repo
         self.prefix = tempfile.mkdtemp(prefix="llmretry-openresty-")
         self.port = free_port()
@@ -268,8 +273,12 @@ def sse_payloads(raw):
 
 def test_one_call(ngx, mock):
     """A call on the worker's engine: the result as llmretry.call_llm's, the events in the request."""
-    check(ngx.stats()["dispatcher"] == "running",
-          f"init_worker did not start the dispatcher: {ngx.stats()}")
+    if TRANSPORT_OPTS:
+        check(ngx.stats()["transport"] == "cosocket" and ngx.stats()["engine"],
+              f"init_worker did not make the cosocket transport's engine: {ngx.stats()}")
+    else:
+        check(ngx.stats()["dispatcher"] == "running",
+              f"init_worker did not start the dispatcher: {ngx.stats()}")
     mock.script("one", [{}])
     status, text, _ = http("GET", ngx.base + "/llm?s=one")
     check(status == 200, f"/llm: {status} {text}")
@@ -808,8 +817,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", required=True)
     ap.add_argument("--mock", required=True, help="the mock server's root URL")
+    ap.add_argument("--transport", choices=["engine", "cosocket"], default="engine",
+                    help="init_worker's transport for every nginx (default: engine)")
     ap.add_argument("tests", nargs="*", help="run only these tests (names)")
     a = ap.parse_args()
+    global TRANSPORT_OPTS
+    if a.transport == "cosocket":
+        TRANSPORT_OPTS = 'transport = "cosocket"'
     repo = os.path.abspath(a.repo)
     mock = Mock(a.mock)
     ngx = Nginx(repo, a.mock)
