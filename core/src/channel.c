@@ -39,7 +39,8 @@ int lr_channel_add(lr_channel *r, llmretry_call *c)
         r->tail->ready_next = c;
     } else {
         r->head = c;
-        lr_notifier_signal(&r->notifier);
+        if (!r->quiet)
+            lr_notifier_signal(&r->notifier);
     }
     r->tail = c;
     return 1;
@@ -59,7 +60,8 @@ size_t lr_channel_take(lr_channel *r, llmretry_call **calls, size_t max)
     }
     if (!r->head) {
         r->tail = NULL;
-        lr_notifier_clear(&r->notifier);
+        if (!r->quiet)
+            lr_notifier_clear(&r->notifier);
     }
     return n;
 }
@@ -78,7 +80,7 @@ void lr_channel_remove(lr_channel *r, llmretry_call *c)
         r->tail = prev;
     c->in_ready = 0;
     c->ready_next = NULL;
-    if (!r->head)
+    if (!r->head && !r->quiet)
         lr_notifier_clear(&r->notifier);
 }
 
@@ -122,9 +124,25 @@ static llmretry_status channel_new(llmretry_engine *e, int socket, llmretry_chan
     }
     atomic_init(&ch->refs, 1);
     ch->engine = e;
+    ch->ch.quiet = e->host_io && !socket;
     lr_engine_ref(e);
     *out = ch;
     return LLMRETRY_OK;
+}
+
+/* A host asks for the notifier: from now on it is readable exactly while
+ * the channel has news. */
+static void wake_up(llmretry_channel *ch)
+{
+    if (!ch->ch.quiet || lr_forked(ch->engine))
+        return;
+    pthread_mutex_lock(&ch->engine->mu);
+    if (ch->ch.quiet) {
+        ch->ch.quiet = 0;
+        if (ch->ch.head)
+            lr_notifier_signal(&ch->ch.notifier);
+    }
+    pthread_mutex_unlock(&ch->engine->mu);
 }
 
 llmretry_status llmretry_channel_new(llmretry_engine *e, llmretry_channel **out,
@@ -189,6 +207,7 @@ void llmretry_channel_free(llmretry_channel *ch)
 
 int llmretry_channel_fd(const llmretry_channel *ch)
 {
+    wake_up((llmretry_channel *)ch);
     return ch->ch.notifier.rfd;
 }
 
@@ -206,5 +225,6 @@ llmretry_status llmretry_channel_wait(llmretry_channel *ch, int64_t timeout_ms)
 {
     if (ch->ch.notifier.is_socket)
         return LLMRETRY_ESTATE;     /* its host waits at its own end of the socket */
+    wake_up(ch);
     return lr_channel_wait(&ch->ch, timeout_ms);
 }

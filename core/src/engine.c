@@ -464,6 +464,7 @@ llmretry_status llmretry_engine_new(const llmretry_engine_options *opts,
         lr_shared_store_on_news(e->shared, wake_io, e);
     if (opts->io_loop == LLMRETRY_IO_LOOP_HOST) {
         e->host_io = 1;             /* no thread: the host runs it */
+        e->channel.ch.quiet = 1;    /* until a host asks for its fd */
         *out = e;
         return LLMRETRY_OK;
     }

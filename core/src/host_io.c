@@ -6,6 +6,9 @@
  * CURLcode libcurl would have given, so the policy and the outcome are read
  * exactly as for the engine's own transfers. Host thread (which is the
  * engine's, with io_loop host). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE             /* memmem */
+#endif
 #include "engine.h"
 #include "http1.h"
 
@@ -20,6 +23,7 @@ struct lr_host_xfer {
     char *host;                    /* curl_url's, without IPv6 brackets */
     char *pool_key;
     int port, tls;
+    size_t vary_at, vary_len;      /* the request id's line in req */
     unsigned token;                /* bumped by each attempt */
     int pending;                   /* the host has this attempt to perform */
     int received;                  /* a byte of the response came back */
@@ -176,6 +180,12 @@ static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
         memcpy(b->data + host_at, h.data, h.len);
         free(h.data);
     }
+    static const char id_line[] = "\r\nX-Client-Request-Id: ";
+    const char *id = memmem(b->data, b->len, id_line, sizeof id_line - 1);
+    const char *id_end = id ? memmem(id + 2, b->len - (size_t)(id + 2 - b->data), "\r\n", 2)
+                            : NULL;
+    hx->vary_at = id_end ? (size_t)(id + 2 - b->data) : 0;
+    hx->vary_len = id_end ? (size_t)(id_end + 2 - (id + 2)) : 0;
     if (c->o.method == LLMRETRY_METHOD_POST) {
         snprintf(line, sizeof line, "Content-Length: %zu\r\n", c->o.body_len);
         if (puts_(b, line))
@@ -246,6 +256,8 @@ int llmretry_call_exchange(llmretry_call *c, llmretry_exchange *x)
     x->pool_key = hx->pool_key;
     x->request = hx->req.data;
     x->request_len = hx->req.len;
+    x->vary_at = hx->vary_at;
+    x->vary_len = hx->vary_len;
     x->timeout_ms = hx->timeout_ms;
     return 1;
 }

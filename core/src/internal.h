@@ -126,6 +126,10 @@ void lr_notifier_socket_close(lr_notifier *n);
 typedef struct lr_channel {
     llmretry_call *head, *tail;
     lr_notifier notifier;
+    /* The notifier is left alone until a host asks for it (its fd, a
+     * wait): a channel of an io_loop host engine, polled by its host right
+     * after each turn, would otherwise cost a write and a read per call. */
+    int quiet;
 } lr_channel;
 
 int lr_channel_init(lr_channel *r);

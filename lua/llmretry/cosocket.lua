@@ -62,7 +62,6 @@ end
 -- nil once it has passed. No deadline: the cosocket's longest wait.
 local function left_ms(deadline)
   if deadline == nil then return NO_TIMEOUT end
-  ngx.update_time()
   local left = (deadline - ngx.now()) * 1000
   if left < 1 then return nil end
   return min(left, NO_TIMEOUT)
@@ -74,6 +73,9 @@ end
 -- cannot be closed while another light thread reads it: to end an
 -- exchange early, run it in a light thread of its own and kill that.)
 function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
+  -- ngx.now() is the time of the event loop's turn (at most that stale):
+  -- taken fresh once, for the deadline.
+  if timeout_ms > 0 then ngx.update_time() end
   local deadline = timeout_ms > 0 and ngx.now() + timeout_ms / 1000 or nil
   local sock = ngx.socket.tcp()
   sock:settimeout(left_ms(deadline) or 1)

@@ -126,6 +126,9 @@ local function post(waiting, key)
   if waiter then
     local ready = waiter.ready
     if ready then ready[#ready + 1] = waiter.handles[key] end
+    -- A call_llm of the transport "cosocket" that is not asleep reads its
+    -- mail before it sleeps: a post would only be taken back (issue 36).
+    if waiter.awake then return end
     local sema = waiter.sema
     if sema:count() <= 0 then sema:post(1) end
   end
@@ -172,7 +175,7 @@ local spare, SPARE_MAX = {}, 256
 
 local function take_waiter()
   local n = #spare
-  if n == 0 then return { sema = semaphore.new() } end
+  if n == 0 then return { sema = semaphore.new(), request = {} } end
   local waiter = spare[n]
   spare[n] = nil
   return waiter
@@ -392,7 +395,7 @@ local function exchange_thread(waiter, hw, h, ...)
   -- The request looks at its call now: a failed attempt of a call nobody
   -- listens to brings no news (its retry's timer is the request's to wait).
   local sema = waiter.sema
-  if sema:count() <= 0 then sema:post(1) end
+  if not waiter.awake and sema:count() <= 0 then sema:post(1) end
 end
 
 -- The attempt of h's call that waits for its host, if any: performed in
@@ -400,7 +403,7 @@ end
 -- go away (its abort handler is set), started in a thread of its own.
 local function perform_pending(hw, h, waiter)
   if waiter.xthread ~= nil then return false end
-  local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h)
+  local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
   if not token then return false end
   if not waiter.live.abortable then
     cosocket.perform(h, token, host, port, tls, key, request, timeout_ms)
@@ -581,7 +584,7 @@ local function host_batch_source(hw)
   local function start_exchanges()
     for _, h in pairs(handles) do
       if not performing[h] then
-        local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h)
+        local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, {})
         if token then
           -- The thread runs up to its first wait before spawn returns: it
           -- may have ended already (a refused connect), and then it has
@@ -672,6 +675,7 @@ local A = api.new{
       local h = plain and ffi_submit(hw.engine, sub) or api.submit(hw.engine, sub, level + 1)
       local waiter = take_waiter()
       waiter.hw = hw
+      waiter.awake = true
       hw.waiting[key_of(h)] = waiter
       waiter.live = watch_abort(h)
       return h, waiter
@@ -693,7 +697,9 @@ local A = api.new{
       -- a sleep until its news or the engine's next due time.
       local due = host_turn(hw)
       if perform_pending(hw, h, waiter) then return end
+      waiter.awake = false
       waiter.sema:wait(due < WAIT_S and due or WAIT_S)
+      waiter.awake = true
       host_turn(hw)
       if waiter.xthread ~= nil and lffi_exchange(h) == nil then end_exchange(waiter) end
       return
@@ -706,6 +712,7 @@ local A = api.new{
     if waiter.hw then
       waiter.hw.waiting[key_of(h)] = nil
       waiter.hw = nil
+      waiter.awake = nil
       end_exchange(waiter)
     else
       release(waiter.w, waiter.d, h)

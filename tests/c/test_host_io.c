@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -596,6 +597,14 @@ static void test_cancel_and_refusals(void)
     llmretry_exchange x;
     llmretry_engine_run(e, NULL);
     CHECK(c && llmretry_call_exchange(c, &x) == 1);
+    /* The line that differs from call to call: its request id's. */
+    char id_line[80];
+    snprintf(id_line, sizeof id_line, "X-Client-Request-Id: %s\r\n",
+             c ? llmretry_call_request_id(c) : "");
+    CHECK_MSG(x.vary_len == strlen(id_line) && x.vary_at + x.vary_len < x.request_len &&
+              memcmp(x.request + x.vary_at, id_line, x.vary_len) == 0,
+              "vary_at %zu vary_len %zu", x.vary_at, x.vary_len);
+    CHECK(x.timeout_ms == 5000 && x.port == mock.port && !x.tls);
     llmretry_call_cancel(c);
     llmretry_engine_run(e, NULL);
     CHECK(c && llmretry_call_exchange(c, &x) == 0);
@@ -628,6 +637,35 @@ static void test_cancel_and_refusals(void)
     CHECK_INT(llmretry_engine_new(NULL, &t, err, sizeof err), LLMRETRY_OK);
     CHECK_INT(llmretry_engine_run(t, NULL), LLMRETRY_ESTATE);
     llmretry_engine_free(t);
+}
+
+/* A host engine's channel: polled after each turn, its fd left alone until
+ * a host asks for it, and then readable exactly while it has news. */
+static void test_channel(void)
+{
+    llmretry_engine *e = host_engine();
+    llmretry_channel *ch = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    CHECK_INT(e ? (int)llmretry_channel_new(e, &ch, err, sizeof err) : -1, LLMRETRY_OK);
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "host_channel", url, sizeof url);
+    o.channel = ch;
+    llmretry_call *c = e && ch ? submit(e, &o) : NULL;
+    llmretry_engine_run(e, NULL);
+    llmretry_call *got[4];
+    CHECK_INT(ch ? llmretry_channel_poll(ch, got, 4) : 0, 1);    /* its exchange is waiting */
+    CHECK(got[0] == c);
+    llmretry_call_cancel(c);
+    llmretry_engine_run(e, NULL);               /* news: cancelled */
+    int fd = ch ? llmretry_channel_fd(ch) : -1;
+    struct pollfd p = { fd, POLLIN, 0 };
+    CHECK_MSG(fd >= 0 && poll(&p, 1, 0) == 1, "the fd asked for with news waiting is not readable");
+    CHECK_INT(ch ? llmretry_channel_poll(ch, got, 4) : 0, 1);
+    CHECK_MSG(poll(&p, 1, 0) == 0, "the fd stays readable once the news is taken");
+    llmretry_call_free(c);
+    llmretry_channel_free(ch);
+    llmretry_engine_free(e);
 }
 
 /* An engine freed with calls in flight cancels them, on the host's thread. */
@@ -673,6 +711,7 @@ int main(void)
         { "reused_died", test_reused_died },
         { "bad_answers", test_bad_answers },
         { "cancel_and_refusals", test_cancel_and_refusals },
+        { "channel", test_channel },
         { "free_in_flight", test_free_in_flight },
     };
     TH_RUN(cases);

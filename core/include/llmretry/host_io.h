@@ -61,6 +61,11 @@ typedef struct llmretry_exchange {
                                 * kept-alive connections may carry it */
     const char *request;       /* the whole request, head and body */
     size_t request_len;
+    /* Where in `request` the bytes that differ from call to call are (its
+     * request id's header line), for a host that interns strings: LuaJIT
+     * hashes a long string by a few of its bytes, and requests that differ
+     * only there would all collide. 0, 0 when there are none. */
+    size_t vary_at, vary_len;
     int64_t timeout_ms;        /* for the whole exchange, from connect to the
                                 * last byte; 0 = none */
 } llmretry_exchange;
