@@ -81,15 +81,18 @@ static void ffi_free(void *ud)
     lr_handle_release(ud);
 }
 
-/* The key a channel's poll names this handle's call by (0 without one). */
-static uintptr_t ffi_key(void *ud)
+/* The key a channel's poll names this handle's call by (0 without one):
+ * its address as a double (exact: user-space addresses are below 2^53), a
+ * plain Lua number where a uintptr_t would be a boxed 64-bit cdata, made
+ * by the interpreter on every read. */
+static double ffi_key(void *ud)
 {
-    return (uintptr_t)((lr_handle *)ud)->call;
+    return (double)(uintptr_t)((lr_handle *)ud)->call;
 }
 
 /* Up to max keys (ffi_key) of the calls with news on the channel; 0 once
  * it (or its owner) is closed. */
-static size_t ffi_poll(void *ud, uintptr_t *keys, size_t max)
+static size_t ffi_poll(void *ud, double *keys, size_t max)
 {
     llmretry_channel *ch = lr_chan_open(ud);
     llmretry_call *calls[POLL_BATCH];
@@ -99,7 +102,7 @@ static size_t ffi_poll(void *ud, uintptr_t *keys, size_t max)
         max = POLL_BATCH;
     size_t n = llmretry_channel_poll(ch, calls, max);
     for (size_t i = 0; i < n; i++)
-        keys[i] = (uintptr_t)calls[i];
+        keys[i] = (double)(uintptr_t)calls[i];
     return n;
 }
 
@@ -128,6 +131,58 @@ static const char *ffi_field_name(int s, size_t i)
 {
     const llmretry_field_info *f = llmretry_shape_field_info((llmretry_shape)s, i);
     return f ? f->name : NULL;
+}
+
+/* Field i's declared type (an llmretry_field_type), -1 past the end. */
+static int ffi_field_type(int s, size_t i)
+{
+    const llmretry_field_info *f = llmretry_shape_field_info((llmretry_shape)s, i);
+    return f ? (int)f->type : -1;
+}
+
+/* Every field of obj (of shape s) in one call, by index, for a table
+ * constructor generated from the shape (llmretry.ffi): a number in nums[i]
+ * (INT; BOOL as 0 or 1; a null INT is NaN), a text in strs[i] and its length
+ * in lens[i] (NULL when null), an object in objs[i] (USAGE; NULL when null).
+ * One call instead of one per field, and no boxed 64-bit integer per
+ * field, which the interpreter made of every int64_t read (issue 36). -1
+ * when a field is of another type or a text is not UTF-8: the classic
+ * path, whose replacement rules apply. */
+static int ffi_shape_values(int s, const void *obj, double *nums, const char **strs,
+                            double *lens, const void **objs)
+{
+    size_t n = llmretry_shape_field_count((llmretry_shape)s);
+    for (size_t i = 0; i < n; i++) {
+        llmretry_field f;
+        if (llmretry_shape_field((llmretry_shape)s, obj, i, &f) != 0)
+            return -1;
+        nums[i] = 0.0 / 0.0;
+        strs[i] = NULL;
+        lens[i] = 0;
+        objs[i] = NULL;
+        switch (f.type) {
+        case LLMRETRY_FIELD_NULL:
+            break;
+        case LLMRETRY_FIELD_INT:
+        case LLMRETRY_FIELD_BOOL:
+            nums[i] = (double)f.i;
+            break;
+        case LLMRETRY_FIELD_STRING: {
+            size_t len = strlen(f.s);
+            if (utf8_invalid_at(f.s, len) != len)
+                return -1;
+            strs[i] = f.s;
+            lens[i] = (double)len;
+            break;
+        }
+        case LLMRETRY_FIELD_USAGE:
+            objs[i] = f.usage;
+            break;
+        default:
+            return -1;
+        }
+    }
+    return (int)n;
 }
 
 /* ---- calls submitted through the FFI --------------------------------------
@@ -257,11 +312,13 @@ static const char *ffi_request_id(void *ud)
 
 /* The engine's turn (llmretry_engine_run): its status; *next_ms how soon
  * it must run again. A closed engine says ESTATE. */
-static int ffi_run(void *engine_ud, int64_t *next_ms)
+static int ffi_run(void *engine_ud, double *next_ms)
 {
     llmretry_engine *e = lr_engine_of(engine_ud);
-    *next_ms = 1000;
-    return e ? (int)llmretry_engine_run(e, next_ms) : (int)LLMRETRY_ESTATE;
+    int64_t next = 1000;
+    int st = e ? (int)llmretry_engine_run(e, &next) : (int)LLMRETRY_ESTATE;
+    *next_ms = (double)next;        /* a Lua number, not a boxed int64 */
+    return st;
 }
 
 static int ffi_exchange(void *ud, llmretry_exchange *x)
@@ -312,6 +369,8 @@ static const lr_ffi_api API = {
     ffi_exchange,
     ffi_feed,
     ffi_failed,
+    ffi_field_type,
+    ffi_shape_values,
 };
 
 /* result(address) -> res | nil, err: what handle:result() gives, for a

@@ -14,6 +14,9 @@
 #define LR_FFI_OK 1
 #define LR_FFI_RAW 2
 
+/* The last six: io_loop "host" (llmretry/host_io.h: the engine's turn and
+ * the attempts its host performs, ffi.c), then every field of an object at
+ * once, for llmretry.ffi's generated builders. */
 /* cdef begin */
 struct lr_ffi_handle;
 typedef struct lr_ffi_api {
@@ -21,8 +24,8 @@ typedef struct lr_ffi_api {
     int (*drain)(void *handle);
     const void *(*result)(void *handle, const char **body, size_t *len, int *flags);
     void (*free)(void *handle);
-    uintptr_t (*key)(void *handle);
-    size_t (*poll)(void *channel, uintptr_t *keys, size_t max);
+    double (*key)(void *handle);
+    size_t (*poll)(void *channel, double *keys, size_t max);
     ptrdiff_t (*text_len)(const char *s);
     int (*shape_field)(int shape, const void *obj, size_t i, llmretry_field *out);
     size_t (*shape_field_count)(int shape);
@@ -42,12 +45,13 @@ typedef struct lr_ffi_api {
     void (*handle_free)(void *handle);
     void (*cancel)(void *handle);
     const char *(*request_id)(void *handle);
-    /* io_loop "host" (llmretry/host_io.h): the engine's turn, and the
-     * attempts its host performs. */
-    int (*run)(void *engine, int64_t *next_ms);
+    int (*run)(void *engine, double *next_ms);
     int (*exchange)(void *handle, llmretry_exchange *x);
     int (*feed)(void *handle, unsigned token, const char *data, size_t len);
     void (*failed)(void *handle, unsigned token, int why, int reused, const char *message);
+    int (*field_type)(int shape, size_t i);
+    int (*shape_values)(int shape, const void *obj, double *nums, const char **strs,
+                        double *lens, const void **objs);
 } lr_ffi_api;
 /* cdef end */
 

@@ -304,6 +304,7 @@ static void io_teardown(llmretry_engine *e)
     process_ops(e, late);           /* only cancels of finished calls remain */
     lr_publish(e);
     lr_easy_pool_clear(e);
+    lr_host_io_free(e);
     lr_origins_free(e);
     lr_endpoints_free(e);
     lr_shared_store_close(e->shared);   /* no endpoint points into it now */
@@ -579,6 +580,25 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
     }
     lr_engine_ref(e);
     lr_call_ref(c);                 /* the engine's, until it finishes */
+    if (e->host_io) {
+        /* The host's thread is the engine's: the call is admitted now and
+         * its first attempt, when admitted, handed out at once, not at the
+         * host's next turn (a turn less per call: issue 36). */
+        pthread_mutex_lock(&e->mu);
+        int gone = e->multi_gone || e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (gone) {
+            lr_call_unref(c);
+            lr_call_unref(c);
+            lr_errf(err, errlen, "the engine has been shut down");
+            return LLMRETRY_ESTATE;
+        }
+        c->heap_index = LR_NO_TIMER;
+        live_link(e, c);
+        lr_admit_new(e, c);
+        *out = c;
+        return LLMRETRY_OK;
+    }
     if (lr_queue_op(c, LR_OP_SUBMIT) != 0) {
         lr_call_unref(c);
         lr_call_unref(c);

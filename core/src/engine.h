@@ -96,6 +96,7 @@ struct llmretry_engine {
     /* LLMRETRY_IO_LOOP_HOST: no thread; the host runs the loop's turns
      * (llmretry_engine_run) and performs the attempts (host_io.c). */
     int host_io;
+    struct lr_host_url *host_url;  /* host_io.c: the URL parsed last (host thread) */
     pthread_t thread;
 
     /* I/O thread only. */

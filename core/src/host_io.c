@@ -6,9 +6,6 @@
  * CURLcode libcurl would have given, so the policy and the outcome are read
  * exactly as for the engine's own transfers. Host thread (which is the
  * engine's, with io_loop host). */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE             /* memmem */
-#endif
 #include "engine.h"
 #include "http1.h"
 
@@ -20,8 +17,8 @@
 struct lr_host_xfer {
     lr_http1 parser;
     lr_buf req;                    /* the request's bytes */
-    char *host;                    /* curl_url's, without IPv6 brackets */
-    char *pool_key;
+    char host[256];                /* to connect to, without IPv6 brackets */
+    char pool_key[300];
     int port, tls;
     size_t vary_at, vary_len;      /* the request id's line in req */
     unsigned token;                /* bumped by each attempt */
@@ -42,8 +39,6 @@ void lr_host_xfer_free(llmretry_call *c)
         return;
     lr_http1_free(&hx->parser);
     free(hx->req.data);
-    free(hx->host);
-    free(hx->pool_key);
     free(hx);
     c->hx = NULL;
 }
@@ -82,8 +77,9 @@ static int named(const char *line, const char *name)
 
 /* The header lines as libcurl would send them: "Name:" with nothing after
  * it removes a header libcurl would add (none is added here but Host and
- * Content-Length), "Name;" sends it empty. */
-static int put_header_lines(lr_buf *b, const struct curl_slist *h, int *has_host)
+ * Content-Length), "Name;" sends it empty. The request id's line is marked
+ * in hx (vary_at, vary_len). */
+static int put_header_lines(lr_buf *b, const struct curl_slist *h, struct lr_host_xfer *hx)
 {
     for (; h; h = h->next) {
         const char *line = h->data;
@@ -102,10 +98,13 @@ static int put_header_lines(lr_buf *b, const struct curl_slist *h, int *has_host
         if (named(line, "Content-Length") || named(line, "Transfer-Encoding") ||
             named(line, "Connection"))
             continue;               /* the framing is the engine's */
-        if (named(line, "Host"))
-            *has_host = 1;
+        size_t at = b->len;
         if (puts_(b, line) || puts_(b, "\r\n"))
             return -1;
+        if (named(line, "X-Client-Request-Id")) {
+            hx->vary_at = at;
+            hx->vary_len = b->len - at;
+        }
     }
     return 0;
 }
@@ -115,30 +114,57 @@ static const char *method_name(llmretry_method m)
     return m == LLMRETRY_METHOD_POST ? "POST" : m == LLMRETRY_METHOD_DELETE ? "DELETE" : "GET";
 }
 
-/* The URL's parts and the request's bytes into hx. */
-static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
+/* What the engine keeps of the URL it parsed last (io_loop host): a
+ * gateway sends every call to one URL, and curl_url's parse and five
+ * copies were a good part of an attempt's start. Host thread. */
+struct lr_host_url {
+    char *url;                     /* the URL as given */
+    char *target;                  /* path and query: the request line's */
+    char *host_line;               /* "Host: name[:port]\r\n" */
+    char host[256];                /* to connect to, no IPv6 brackets */
+    char pool_key[300];
+    int port, tls;
+};
+
+void lr_host_io_free(llmretry_engine *e)
 {
-    CURLU *u = curl_url();
-    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *query = NULL;
-    int rc = -1;
-    *why = "out of memory building the request";
+    struct lr_host_url *u = e->host_url;
     if (!u)
-        return -1;
-    if (curl_url_set(u, CURLUPART_URL, c->url, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK) {
+        return;
+    free(u->url);
+    free(u->target);
+    free(u->host_line);
+    free(u);
+    e->host_url = NULL;
+}
+
+/* url's parts, parsed now or remembered; NULL with *why. */
+static const struct lr_host_url *url_parts(llmretry_engine *e, const char *url, const char **why)
+{
+    if (e->host_url && strcmp(e->host_url->url, url) == 0)
+        return e->host_url;
+    CURLU *cu = curl_url();
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *query = NULL;
+    struct lr_host_url *u = calloc(1, sizeof *u);
+    const struct lr_host_url *out = NULL;
+    *why = "out of memory building the request";
+    if (!cu || !u)
+        goto done;
+    if (curl_url_set(cu, CURLUPART_URL, url, 0) != CURLUE_OK ||
+        curl_url_get(cu, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        curl_url_get(cu, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        curl_url_get(cu, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        curl_url_get(cu, CURLUPART_PATH, &path, 0) != CURLUE_OK) {
         *why = "bad URL (not retried)";
-        goto out;
+        goto done;
     }
-    curl_url_get(u, CURLUPART_QUERY, &query, 0);
-    int tls = strcasecmp(scheme, "https") == 0;
-    if (!tls && strcasecmp(scheme, "http") != 0) {
+    curl_url_get(cu, CURLUPART_QUERY, &query, 0);
+    u->tls = strcasecmp(scheme, "https") == 0;
+    if (!u->tls && strcasecmp(scheme, "http") != 0) {
         *why = "bad URL (not retried): only http and https";
-        goto out;
+        goto done;
     }
-    int portn = atoi(port);
+    u->port = atoi(port);
     /* The Host header keeps the URL's brackets; the connect goes without. */
     size_t hl = strlen(host);
     const char *bare = host;
@@ -146,63 +172,87 @@ static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
         bare = host + 1;
         hl -= 2;
     }
-    free(hx->host);
-    free(hx->pool_key);
-    hx->host = lr_strndup(bare, hl);
-    char key[300];
-    snprintf(key, sizeof key, "%s%.*s:%d", tls ? "tls:" : "", (int)hl, bare, portn);
-    hx->pool_key = lr_strdup(key);
-    if (!hx->host || !hx->pool_key)
-        goto out;
-    hx->port = portn;
-    hx->tls = tls;
-
-    lr_buf *b = &hx->req;
-    b->len = 0;
-    int has_host = 0, default_port = portn == (tls ? 443 : 80);
-    char line[64];
-    if (puts_(b, method_name(c->o.method)) || puts_(b, " ") || puts_(b, path) ||
-        (query && (puts_(b, "?") || puts_(b, query))) || puts_(b, " HTTP/1.1\r\n"))
-        goto out;
-    size_t host_at = b->len;
-    if (put_header_lines(b, c->headers, &has_host) != 0)
-        goto out;
-    if (!has_host) {
-        /* Host first, as libcurl sends it: put it before the others. */
-        lr_buf h = { 0 };
-        snprintf(line, sizeof line, ":%d", portn);
-        if (puts_(&h, "Host: ") || puts_(&h, host) || (!default_port && puts_(&h, line)) ||
-            puts_(&h, "\r\n") || put(b, h.data, h.len)) {
-            free(h.data);
-            goto out;
-        }
-        memmove(b->data + host_at + h.len, b->data + host_at, b->len - h.len - host_at);
-        memcpy(b->data + host_at, h.data, h.len);
-        free(h.data);
+    if (hl >= sizeof u->host) {
+        *why = "bad URL (not retried): its host name is too long";
+        goto done;
     }
-    static const char id_line[] = "\r\nX-Client-Request-Id: ";
-    const char *id = memmem(b->data, b->len, id_line, sizeof id_line - 1);
-    const char *id_end = id ? memmem(id + 2, b->len - (size_t)(id + 2 - b->data), "\r\n", 2)
-                            : NULL;
-    hx->vary_at = id_end ? (size_t)(id + 2 - b->data) : 0;
-    hx->vary_len = id_end ? (size_t)(id_end + 2 - (id + 2)) : 0;
-    if (c->o.method == LLMRETRY_METHOD_POST) {
-        snprintf(line, sizeof line, "Content-Length: %zu\r\n", c->o.body_len);
-        if (puts_(b, line))
-            goto out;
+    memcpy(u->host, bare, hl);
+    u->host[hl] = '\0';
+    snprintf(u->pool_key, sizeof u->pool_key, "%s%s:%d", u->tls ? "tls:" : "", u->host, u->port);
+    int default_port = u->port == (u->tls ? 443 : 80);
+    size_t n = strlen(host) + 32;
+    u->host_line = malloc(n);
+    size_t tn = strlen(path) + (query ? strlen(query) + 1 : 0) + 1;
+    u->target = malloc(tn);
+    u->url = lr_strdup(url);
+    if (!u->host_line || !u->target || !u->url)
+        goto done;
+    if (default_port)
+        snprintf(u->host_line, n, "Host: %s\r\n", host);
+    else
+        snprintf(u->host_line, n, "Host: %s:%d\r\n", host, u->port);
+    snprintf(u->target, tn, "%s%s%s", path, query ? "?" : "", query ? query : "");
+    lr_host_io_free(e);
+    e->host_url = u;
+    out = u;
+    u = NULL;
+done:
+    if (u) {
+        free(u->url);
+        free(u->target);
+        free(u->host_line);
+        free(u);
     }
-    if (puts_(b, "\r\n") ||
-        (c->o.method == LLMRETRY_METHOD_POST && c->o.body_len && put(b, c->body, c->o.body_len)))
-        goto out;
-    rc = 0;
-out:
     curl_free(scheme);
     curl_free(host);
     curl_free(port);
     curl_free(path);
     curl_free(query);
-    curl_url_cleanup(u);
-    return rc;
+    curl_url_cleanup(cu);
+    return out;
+}
+
+/* "Content-Length: n\r\n" for n. */
+static int put_length(lr_buf *b, size_t n)
+{
+    char digits[24];
+    int i = (int)sizeof digits;
+    do {
+        digits[--i] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0);
+    return puts_(b, "Content-Length: ") || put(b, digits + i, sizeof digits - (size_t)i) ||
+           puts_(b, "\r\n");
+}
+
+/* The URL's parts and the request's bytes into hx. */
+static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
+{
+    const struct lr_host_url *u = url_parts(c->engine, c->url, why);
+    if (!u)
+        return -1;
+    memcpy(hx->host, u->host, sizeof hx->host);
+    memcpy(hx->pool_key, u->pool_key, sizeof hx->pool_key);
+    hx->port = u->port;
+    hx->tls = u->tls;
+    *why = "out of memory building the request";
+
+    int has_host = 0;
+    for (const struct curl_slist *h = c->headers; h; h = h->next)
+        has_host |= named(h->data, "Host");
+    lr_buf *b = &hx->req;
+    b->len = 0;
+    hx->vary_at = hx->vary_len = 0;
+    if (puts_(b, method_name(c->o.method)) || puts_(b, " ") || puts_(b, u->target) ||
+        puts_(b, " HTTP/1.1\r\n") || (!has_host && puts_(b, u->host_line)) ||
+        put_header_lines(b, c->headers, hx) != 0)
+        return -1;
+    if (c->o.method == LLMRETRY_METHOD_POST && put_length(b, c->o.body_len))
+        return -1;
+    if (puts_(b, "\r\n") ||
+        (c->o.method == LLMRETRY_METHOD_POST && c->o.body_len && put(b, c->body, c->o.body_len)))
+        return -1;
+    return 0;
 }
 
 int lr_host_attempt_start(llmretry_call *c, int64_t timeout_ms, const char **why)

@@ -437,6 +437,8 @@ int lr_host_attempt_start(llmretry_call *c, int64_t timeout_ms, const char **why
 void lr_host_attempt_detach(llmretry_call *c);
 long lr_host_status(const llmretry_call *c);
 void lr_host_xfer_free(llmretry_call *c);
+/* The engine's end: what host_io.c keeps on it. */
+void lr_host_io_free(llmretry_engine *e);
 
 /* The outcome of a finished transfer, before the policy sees it. */
 #define LR_VALIDATION_PATH_MAX 192

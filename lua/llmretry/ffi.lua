@@ -67,8 +67,8 @@ typedef struct lr_ffi_api {
     int (*drain)(void *handle);
     const void *(*result)(void *handle, const char **body, size_t *len, int *flags);
     void (*free)(void *handle);
-    uintptr_t (*key)(void *handle);
-    size_t (*poll)(void *channel, uintptr_t *keys, size_t max);
+    double (*key)(void *handle);
+    size_t (*poll)(void *channel, double *keys, size_t max);
     ptrdiff_t (*text_len)(const char *s);
     int (*shape_field)(int shape, const void *obj, size_t i, llmretry_field *out);
     size_t (*shape_field_count)(int shape);
@@ -88,10 +88,13 @@ typedef struct lr_ffi_api {
     void (*handle_free)(void *handle);
     void (*cancel)(void *handle);
     const char *(*request_id)(void *handle);
-    int (*run)(void *engine, int64_t *next_ms);
+    int (*run)(void *engine, double *next_ms);
     int (*exchange)(void *handle, llmretry_exchange *x);
     int (*feed)(void *handle, unsigned token, const char *data, size_t len);
     void (*failed)(void *handle, unsigned token, int why, int reused, const char *message);
+    int (*field_type)(int shape, size_t i);
+    int (*shape_values)(int shape, const void *obj, double *nums, const char **strs,
+                        double *lens, const void **objs);
 } lr_ffi_api;
 ]]
 local ABI = 3
@@ -129,7 +132,7 @@ local NAMES = { [SHAPE_META] = names_of(SHAPE_META), [SHAPE_USAGE] = names_of(SH
 
 local field = ffi.new("llmretry_field")
 local body_p, len_p, flags_p = ffi.new("const char *[1]"), ffi.new("size_t[1]"), ffi.new("int[1]")
-local keys = ffi.new("uintptr_t[64]")
+local keys = ffi.new("double[64]")
 
 -- The object `obj` of `shape` as a table, as the classic binding builds it
 -- (shapes.c: a null field absent); nil when a field needs the classic path.
@@ -160,6 +163,79 @@ local function shape_table(shape, obj)
   return t
 end
 
+-- A shape's objects as tables, by a function generated from the shape
+-- once (its field names and types, as the core lists them): every value
+-- read by one call (api.shape_values), then one table constructor. The
+-- field by field walk above made an FFI call and, interpreted, a boxed
+-- 64-bit integer per field: it was the biggest part of a result's cost
+-- and of its garbage (issue 36). Same table as shape_table's; nil when a
+-- value needs the classic path.
+local MAX_FIELDS = 64
+local nums = ffi.new("double[?]", MAX_FIELDS)
+local strs = ffi.new("const char *[?]", MAX_FIELDS)
+local lens = ffi.new("double[?]", MAX_FIELDS)
+local objs = ffi.new("const void *[?]", MAX_FIELDS)
+local BUILDERS = {}
+
+local function builder_of(shape)
+  local names = NAMES[shape] or names_of(shape)
+  local n = #names
+  if n > MAX_FIELDS then return nil end
+  local locals, fields = {}, {}
+  for i = 0, n - 1 do
+    local ty, name = tonumber(api.field_type(shape, i)), names[i + 1]
+    if not name:match("^[%a_][%w_]*$") then return nil end
+    local v = "v" .. i
+    if ty == F_INT then
+      locals[#locals + 1] = ("local %s = nums[%d]; if %s ~= %s then %s = nil end")
+        :format(v, i, v, v, v)
+    elseif ty == F_BOOL then
+      locals[#locals + 1] = ("local %s = nums[%d]; if %s ~= %s then %s = nil else %s = %s ~= 0 end")
+        :format(v, i, v, v, v, v, v)
+    elseif ty == F_STRING then
+      locals[#locals + 1] = ("local %s = strs[%d]; if %s ~= nil then %s = ffi_string(%s, lens[%d]) else %s = nil end")
+        :format(v, i, v, v, v, i, v)
+    elseif ty == F_USAGE then
+      locals[#locals + 1] = ("local %s = objs[%d]; if %s ~= nil then %s = usage(%s); if %s == nil then return nil end else %s = nil end")
+        :format(v, i, v, v, v, v, v)
+    else
+      return nil
+    end
+    fields[#fields + 1] = ("%s = %s"):format(name, v)
+  end
+  -- A usage object's values are read after the outer ones: locals first.
+  local src = "local nums, strs, lens, objs, ffi_string, usage = ...\n"
+    .. "return function()\n" .. table.concat(locals, "\n")
+    .. "\nreturn { " .. table.concat(fields, ", ") .. " }\nend"
+  local chunk = load(src, "=llmretry.ffi builder")
+  return chunk
+end
+
+-- obj of `shape` as a table (shape_table's), through the generated builder.
+local function shape_fast(shape, obj)
+  local b = BUILDERS[shape]
+  if b == nil then return shape_table(shape, obj) end
+  if api.shape_values(shape, obj, nums, strs, lens, objs) < 0 then return nil end
+  return b()
+end
+
+do
+  -- The usage builder reads its own values: its arrays, not the outer ones
+  -- (still being read when a usage field comes).
+  local unums = ffi.new("double[?]", MAX_FIELDS)
+  local ustrs = ffi.new("const char *[?]", MAX_FIELDS)
+  local ulens = ffi.new("double[?]", MAX_FIELDS)
+  local uobjs = ffi.new("const void *[?]", MAX_FIELDS)
+  local uchunk = builder_of(SHAPE_USAGE)
+  local ubuild = uchunk and uchunk(unums, ustrs, ulens, uobjs, ffi_string, nil)
+  local function usage(obj)
+    if api.shape_values(SHAPE_USAGE, obj, unums, ustrs, ulens, uobjs) < 0 then return nil end
+    return ubuild()
+  end
+  local mchunk = ubuild and builder_of(SHAPE_META)
+  if mchunk then BUILDERS[SHAPE_META] = mchunk(nums, strs, lens, objs, ffi_string, usage) end
+end
+
 -- h's mail up to its end, for a call nobody listens to (no logger, no
 -- validate, no on_chunk): true once it is done.
 function M.drain(h)
@@ -175,7 +251,7 @@ function M.result(h)
     local body = ffi_string(body_p[0], len_p[0])
     local data = decode(body)
     if data ~= nil then
-      local meta = shape_table(SHAPE_META, r)
+      local meta = shape_fast(SHAPE_META, r)
       if meta ~= nil then
         M.calls = M.calls + 1
         return { data = data, body = body, meta = meta }
@@ -194,7 +270,7 @@ end
 
 -- The key channel polls name h's call by (M.poll).
 function M.key(h)
-  return tonumber(api.key(h))
+  return api.key(h)
 end
 
 -- ---------------------------------------------------------------------------
@@ -315,14 +391,14 @@ M.FEED = { MORE = 0, DONE = 1, DONE_CLOSE = 2, FAILED = 3, GONE = 4 }
 M.XFER = { RESOLVE = 1, CONNECT = 2, TLS = 3, TLS_VERIFY = 4, TIMEOUT = 5, SEND = 6,
   CLOSED = 7 }
 
-local next_ms_p = ffi.new("int64_t[1]")
+local next_ms_p = ffi.new("double[1]")
 local exchange_p = ffi.new("llmretry_exchange")
 
 -- run(engine) -> status (0: OK), next_ms: the engine's turn, and how soon
 -- (ms) it must run again at the latest.
 function M.run(engine)
   local st = api.run(engine, next_ms_p)
-  return st, tonumber(next_ms_p[0])
+  return st, next_ms_p[0]
 end
 
 -- exchange(h) -> nil, or token, host, port, tls, pool_key, request,
@@ -350,6 +426,11 @@ function M.exchange(h, into)
     request, tonumber(x.timeout_ms)
 end
 
+-- Has h's call an attempt waiting for its host (or one it is performing)?
+function M.has_exchange(h)
+  return api.exchange(h, exchange_p) ~= 0
+end
+
 -- feed(h, token, data) -> one of M.FEED: data, the response's next bytes.
 function M.feed(h, token, data)
   return api.feed(h, token, data, #data)
@@ -363,12 +444,25 @@ end
 -- poll(channel, fn, arg): fn(arg, key) for each call with news on the
 -- channel (a channel userdata), until it has none. The classic
 -- channel:poll() builds a table of handles each time.
-function M.poll(ch, fn, arg)
+local function poll_all(ch, fn, arg)
   while true do
     local n = tonumber(api.poll(ch, keys, 64))
-    for i = 0, n - 1 do fn(arg, tonumber(keys[i])) end
+    for i = 0, n - 1 do fn(arg, keys[i]) end
     if n < 64 then return end
   end
+end
+
+-- A poll mostly finds none or one (the transport "cosocket" polls after
+-- each turn of its engine): those take no loop, which would stop LuaJIT
+-- compiling the caller ("inner loop in root trace").
+function M.poll(ch, fn, arg)
+  local n = tonumber(api.poll(ch, keys, 1))
+  if n == 0 then return end
+  fn(arg, keys[0])
+  n = tonumber(api.poll(ch, keys, 1))
+  if n == 0 then return end
+  fn(arg, keys[0])
+  return poll_all(ch, fn, arg)
 end
 
 return M

@@ -488,7 +488,6 @@ end
 -- Client aborts: the calls of a request whose client went away are cancelled.
 
 local ABORT = {}    -- ngx.ctx key: { calls = weak set of handles, aborted }
-local WEAK_KEYS = { __mode = "k" }
 
 local function cancel_all(live)
   live.aborted = true
@@ -507,19 +506,26 @@ local function cancel_request()
 end
 
 -- Returns the request's set of calls, which h is in until it ends.
+local UNWATCHED = { calls = {}, aborted = false, abortable = false }
+
 local function watch_abort(h)
+  -- nil, "lua_check_client_abort is off", or a timer (no client): no abort
+  -- can reach this request, and its calls go on to their end; nothing is
+  -- kept (ngx.ctx, the first time a request touches it, was the biggest
+  -- part of a call's cost on the worker: issue 36). 1: registered now;
+  -- "duplicate call": registered by an earlier call of this request, or by
+  -- the handler itself (which may call cancel_calls).
+  local ok, set, why = pcall(ngx.on_abort, cancel_request)
+  if not ok or (set ~= 1 and why ~= "duplicate call") then return UNWATCHED end
   local ctx = ngx.ctx
   local live = ctx[ABORT]
   if live == nil then
-    live = { calls = setmetatable({}, WEAK_KEYS), aborted = false }
-    ctx[ABORT] = live
-    -- nil, "lua_check_client_abort is off", nil, "duplicate call" (the
-    -- handler registered its own: it may call cancel_calls), or a timer
-    -- (no client): the calls go on to their end.
-    local ok, set, why = pcall(ngx.on_abort, cancel_request)
+    -- calls: not weak; a call leaves it when it ends (release), and one
+    -- of a request killed meanwhile goes with the request's ngx.ctx.
     -- abortable: the client's going may cancel the calls (the transport
     -- "cosocket" then runs each exchange in a thread it can kill).
-    live.abortable = ok and (set == 1 or why == "duplicate call")
+    live = { calls = {}, aborted = false, abortable = true }
+    ctx[ABORT] = live
   end
   if live.aborted then h:cancel() end
   live.calls[h] = true
@@ -557,16 +563,18 @@ local function host_batch_source(hw)
   local waiter = { sema = semaphore.new(), ready = {}, handles = {} }
   local handles, performing = waiter.handles, {}
   local src = {}
+  local live
   function src.add(_, h)
     local key = key_of(h)
     hw.waiting[key] = waiter
     handles[key] = h
-    watch_abort(h)
+    live = watch_abort(h)
   end
   function src.forget(_, h)
     local key = key_of(h)
     handles[key] = nil
     hw.waiting[key] = nil
+    if live then live.calls[h] = nil end
     local th = performing[h]
     performing[h] = nil
     if type(th) == "thread" then
@@ -629,15 +637,17 @@ local function batch_source(w, d)
   local waiter = { sema = semaphore.new(), ready = {}, handles = {} }
   local handles = waiter.handles
   local src = {}
+  local live
   function src.add(_, h)
     local key = key_of(h)
     d.waiting[key] = waiter
     handles[key] = h
-    watch_abort(h)
+    live = watch_abort(h)
   end
   function src.forget(_, h)
     handles[key_of(h)] = nil
     release(w, d, h)
+    if live then live.calls[h] = nil end
   end
   function src.poll()
     local ready = waiter.ready
@@ -695,13 +705,15 @@ local A = api.new{
     if hw then
       -- Its attempt, when the engine has one for it, in this thread; else
       -- a sleep until its news or the engine's next due time.
+      -- Its attempt, handed out at submit or by the last turn, first.
+      if perform_pending(hw, h, waiter) then return end
       local due = host_turn(hw)
       if perform_pending(hw, h, waiter) then return end
       waiter.awake = false
       waiter.sema:wait(due < WAIT_S and due or WAIT_S)
       waiter.awake = true
       host_turn(hw)
-      if waiter.xthread ~= nil and lffi_exchange(h) == nil then end_exchange(waiter) end
+      if waiter.xthread ~= nil and not lffi.has_exchange(h) then end_exchange(waiter) end
       return
     end
     local d = waiter.d

@@ -89,6 +89,12 @@ describe("llmretry.ffi", function()
       check(c and l and norm(c) == norm(l), "the cdef and shapes.h differ:\n%s\n%s",
         tostring(l), tostring(c))
     end
+    -- The exchange of an io_loop "host" engine, read in place: as host_io.h has it.
+    local host_io = H.read_file(H.REPO .. "/core/include/llmretry/host_io.h"):gsub("/%*.-%*/", "")
+    local decl = "typedef struct llmretry_exchange {.-} llmretry_exchange;"
+    local c, l = host_io:match(decl), lffi.CDEF:match(decl)
+    check(c and l and norm(c) == norm(l), "the cdef and host_io.h differ:\n%s\n%s",
+      tostring(l), tostring(c))
     local abi = header:match("#define LR_FFI_ABI (%d+)")
     check(tonumber(abi) == require("ffi").cast("const lr_ffi_api *", core._ffi()).abi,
       "LR_FFI_ABI %s", tostring(abi))
