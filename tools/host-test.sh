@@ -6,7 +6,8 @@
 #     tests/nvim/docs.lua: the Neovim examples of README.md and docs/.
 #   * OpenResty: tests/openresty/host_check.py starts Debian's nginx with
 #     libnginx-mod-http-lua (LuaJIT) on loopback (tests/openresty/nginx.conf.in)
-#     and calls the mock model through llmretry.openresty.
+#     and calls the mock model through llmretry.openresty; then again with
+#     init_worker{ transport = "cosocket" } (no engine thread).
 # Both talk to one mock server (python3 -m llmretry.testing) started here.
 #
 # Installs what is missing with apt-get (as root, else sudo), builds the
@@ -138,6 +139,15 @@ timeout -s KILL 300 python3 "$repo/tests/openresty/host_check.py" --repo "$repo"
   >"$work/openresty.log" 2>&1 || rc=$?
 cat "$work/openresty.log"
 tally "$work/openresty.log" "$rc" "openresty: host_check.py"
+
+# The same tests with the worker's engine thread-less: its attempts on the
+# worker's cosockets (init_worker's transport "cosocket", llmretry.cosocket).
+echo "host-test: OpenResty, transport \"cosocket\" (tests/openresty/host_check.py --transport cosocket)"
+rc=0
+timeout -s KILL 300 python3 "$repo/tests/openresty/host_check.py" --repo "$repo" --mock "$LLMRETRY_MOCK" \
+  --transport cosocket >"$work/openresty-cosocket.log" 2>&1 || rc=$?
+cat "$work/openresty-cosocket.log"
+tally "$work/openresty-cosocket.log" "$rc" "openresty (cosocket): host_check.py"
 
 echo "host-tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -71,6 +71,10 @@ python3 tests/interop/check_streaming.py "http://127.0.0.1:$port/v1" "$out/litel
   || status=1
 python3 tests/interop/check_sdk.py "http://127.0.0.1:$port/v1" || status=1
 python3 tests/interop/check_endpoints.py "http://127.0.0.1:$port/v1" || status=1
+# llmretry.openresty with transport "cosocket": the core's HTTP/1.1 parser
+# on uvicorn's answers (needs the LuaJIT build of the module).
+tools/lua-test.sh --build-only >/dev/null
+python3 tests/interop/check_openresty.py "http://127.0.0.1:$port/v1" || status=1
 # LiteLLM stays up: the fallback checks (3.) go from it to llama.cpp's server.
 
 # -- 2. llama-cpp-python's server ----------------------------------------------
