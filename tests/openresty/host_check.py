@@ -139,7 +139,24 @@ class Nginx:
                 + init_opts + ') }' if init_worker else "")
         with open(os.path.join(repo, "tests/openresty/nginx.conf.in")) as f:
             conf = f.read()
-        for k, v in {"@PREFIX@": self.prefix, "@PORT@": str(self.port), "@REPO@": repo,
+        # Two self-signed certificates naming 127.0.0.1 (an IP SAN for
+        # libcurl, a DNS SAN for nginx's host check): one trusted, one not.
+        tls = {}
+        for name in ("trusted", "untrusted"):
+            cert = os.path.join(self.prefix, f"{name}.crt")
+            key = os.path.join(self.prefix, f"{name}.key")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", cert,
+                            "-addext", "subjectAltName=IP:127.0.0.1,DNS:127.0.0.1"],
+                           check=True, capture_output=True)
+            tls[name] = (cert, key, free_port())
+        self.tls_port = tls["trusted"][2]
+        for k, v in {"@TLS_CERT@": tls["trusted"][0], "@TLS_KEY@": tls["trusted"][1],
+                     "@TLS_PORT@": str(tls["trusted"][2]),
+                     "@TLS_UNTRUSTED_CERT@": tls["untrusted"][0],
+                     "@TLS_UNTRUSTED_KEY@": tls["untrusted"][1],
+                     "@TLS_UNTRUSTED_PORT@": str(tls["untrusted"][2]),
+                     "@PREFIX@": self.prefix, "@PORT@": str(self.port), "@REPO@": repo,
                      "@MOCK@": mock_url.rstrip("/"), "@USER_LINE@": user_line,
                      "@INIT_WORKER@": init, "@WORKERS@": str(workers),
                      "@LISTEN_OPTS@": " reuseport" if workers > 1 else "",
@@ -716,6 +733,29 @@ def test_client_abort_cancels_call(ngx, mock):
     check(len(mock.requests("abort_call")) == 1, "the cancelled call was retried")
 
 
+def test_tls(ngx, mock):
+    """Calls over TLS: a trusted certificate answers (after a 503, retried), an untrusted one fails at once, not retried."""
+    mock.script("tls", [{"status": 503}, {}])
+    ca = "" if TRANSPORT_OPTS else "&ca=1"
+    status, text, _ = http("GET", f"{ngx.base}/llm_tls?s=tls{ca}")
+    out = json.loads(text)
+    check(status == 200 and out["ok"] and out["content"] == "ok" and out["attempts"] == 2,
+          f"over TLS: {out}")
+    check(len(mock.requests("tls")) == 2, f"{len(mock.requests('tls'))} requests reached the mock")
+    mock.script("tls_untrusted", [])
+    status, text, _ = http("GET", f"{ngx.base}/llm_tls?s=tls_untrusted&untrusted=1{ca}")
+    out = json.loads(text)
+    check(not out["ok"] and out["kind"] == "network" and out["attempts"] == 1
+          and "TLS verification failed (not retried)" in out["message"],
+          f"an untrusted certificate: {out}")
+    check(len(mock.requests("tls_untrusted")) == 0, "a request went through an untrusted TLS server")
+    if TRANSPORT_OPTS:
+        # ca_file is the threaded engine's way: the cosocket transport says so.
+        status, text, _ = http("GET", f"{ngx.base}/llm_tls?s=tls&ca=1")
+        check(status == 500 and "lua_ssl_trusted_certificate" in ngx.error_log(),
+              f"ca_file under the cosocket transport: {status} {text}")
+
+
 def test_call_many(ngx, mock):
     """call_many in a handler: 30 bodies, 5 at once, each logged in the request."""
     mock.script("many", [], after={"delay_ms": 100})
@@ -809,7 +849,7 @@ TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path,
          test_doc_examples, test_environment, test_engine_shared, test_io_loop,
          test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
-         test_client_abort_cancels_call, test_call_many, test_no_secrets_logged,
+         test_client_abort_cancels_call, test_call_many, test_tls, test_no_secrets_logged,
          test_reload_with_calls_in_flight, test_workers_share_a_budget]
 
 
