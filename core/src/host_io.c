@@ -95,13 +95,14 @@ static int put_header_lines(lr_buf *b, const struct curl_slist *h, struct lr_hos
         v += strspn(v, " \t");
         if (*v == '\0')
             continue;               /* "Name:": libcurl's way to drop a header */
-        if (named(line, "Content-Length") || named(line, "Transfer-Encoding") ||
-            named(line, "Connection"))
+        char first = (char)(line[0] | 0x20);  /* the names below start with c, t or x */
+        if ((first == 'c' && (named(line, "Content-Length") || named(line, "Connection"))) ||
+            (first == 't' && named(line, "Transfer-Encoding")))
             continue;               /* the framing is the engine's */
         size_t at = b->len;
         if (puts_(b, line) || puts_(b, "\r\n"))
             return -1;
-        if (named(line, "X-Client-Request-Id")) {
+        if (first == 'x' && named(line, "X-Client-Request-Id")) {
             hx->vary_at = at;
             hx->vary_len = b->len - at;
         }
@@ -239,7 +240,7 @@ static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
 
     int has_host = 0;
     for (const struct curl_slist *h = c->headers; h; h = h->next)
-        has_host |= named(h->data, "Host");
+        has_host |= (h->data[0] | 0x20) == 'h' && named(h->data, "Host");
     lr_buf *b = &hx->req;
     b->len = 0;
     hx->vary_at = hx->vary_len = 0;

@@ -87,10 +87,12 @@ const char *lr_call_header(const llmretry_call *c, int i)
 void lr_call_forget_headers(llmretry_call *c)
 {
     for (int i = 0; i < LR_H_COUNT; i++) {
-        free(c->hdr_long[i]);
-        c->hdr_long[i] = NULL;
-        c->hdr_set[i] = 0;
+        if (c->hdr_long[i]) {           /* rare: most calls never have one */
+            free(c->hdr_long[i]);
+            c->hdr_long[i] = NULL;
+        }
     }
+    memset(c->hdr_set, 0, sizeof c->hdr_set);
     c->resp_head.len = 0;
     c->body_begun = 0;
 }
