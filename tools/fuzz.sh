@@ -19,7 +19,7 @@ ROOT=$PWD
 # SECONDS is read from the environment, first thing.
 RUN_SECONDS=$(env | sed -n 's/^SECONDS=//p')
 RUN_SECONDS=${FUZZ_SECONDS:-${RUN_SECONDS:-20}}
-ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response fuzz_sse fuzz_assembly fuzz_schema fuzz_schema_text"
+ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response fuzz_sse fuzz_assembly fuzz_schema fuzz_schema_text fuzz_http1"
 TARGETS=${*:-$ALL_TARGETS}
 
 # Installs Debian packages (a fresh CI machine has none of these); one

@@ -380,7 +380,7 @@ out:
 
 void lr_http1_eof(lr_http1 *p)
 {
-    if (p->state == LR_H1_BODY_CLOSE) {
+    if (p->state == LR_H1_BODY_CLOSE && !p->aborted) {
         p->state = LR_H1_DONE;
         p->keep_alive = 0;
     }

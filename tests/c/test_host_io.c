@@ -145,6 +145,29 @@ static void test_parser_framings(void)
     lr_http1_free(&p);
 }
 
+static size_t refuse_body(char *d, size_t s, size_t n, void *ud)
+{
+    (void)d;
+    (void)s;
+    (void)n;
+    (void)ud;
+    return 0;                       /* as max_response_bytes refuses */
+}
+
+/* A body its sink refused is never complete, even one read to the close. */
+static void test_parser_refused_body(void)
+{
+    lr_http1 p;
+    lr_http1_init(&p, NULL, refuse_body, NULL);
+    static const char text[] = "HTTP/1.1 200 OK\r\n\r\ntoo much";
+    size_t took = lr_http1_feed(&p, text, strlen(text));
+    CHECK(p.aborted);
+    CHECK_INT(took, strlen(text) - 8);
+    lr_http1_eof(&p);
+    CHECK_MSG(p.state != LR_H1_DONE, "a refused body read to the close reads as complete");
+    lr_http1_free(&p);
+}
+
 static void test_parser_refuses(void)
 {
     static const char *bad[] = {
@@ -697,6 +720,7 @@ int main(void)
     static const th_case pure[] = {
         { "parser_framings", test_parser_framings },
         { "parser_refuses", test_parser_refuses },
+        { "parser_refused_body", test_parser_refused_body },
     };
     TH_RUN(pure);
     if (th_mock_start(&mock) != 0) {
