@@ -15,12 +15,14 @@
 int lr_channel_init(lr_channel *r)
 {
     r->head = r->tail = NULL;
+    r->quiet = 0;
     return lr_notifier_open(&r->notifier);
 }
 
 int lr_channel_init_socket(lr_channel *r, char *err, size_t errlen)
 {
     r->head = r->tail = NULL;
+    r->quiet = 0;
     return lr_notifier_listen(&r->notifier, err, errlen);
 }
 
