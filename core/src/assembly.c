@@ -74,28 +74,6 @@ static int reserve_slot(void *slots, int *cap, int i)
 
 /* ---- building blocks --------------------------------------------------- */
 
-/* Append n bytes, keeping a NUL after them. Allocates even for n == 0, so
- * data != NULL records that the field came (content "" is not null). */
-static int buf_add(lr_buf *b, const char *s, size_t n)
-{
-    if (!b->data || b->cap - b->len <= n) {
-        if (n > SIZE_MAX / 2 - b->len)
-            return -1;
-        size_t cap = b->cap ? b->cap : 16;
-        while (cap <= b->len + n)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
 static const cJSON *get(const cJSON *obj, const char *key)
 {
     return cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -170,7 +148,7 @@ static int add_tool_call(choice *ch, const cJSON *t)
     const char *args = str_at(fn, "arguments");
     if (keep_first(&tc->name, fn, "name"))
         return -1;
-    return args ? buf_add(&tc->args, args, strlen(args)) : 0;
+    return args ? lr_buf_add(&tc->args, args, strlen(args)) : 0;
 }
 
 static int add_delta(choice *ch, const cJSON *d)
@@ -179,7 +157,7 @@ static int add_delta(choice *ch, const cJSON *d)
         return -1;
     for (int f = 0; f < F_COUNT; f++) {
         const char *s = str_at(d, text_key[f]);
-        if (s && buf_add(&ch->text[f], s, strlen(s)))
+        if (s && lr_buf_add(&ch->text[f], s, strlen(s)))
             return -1;
     }
     const cJSON *calls = get(d, "tool_calls"), *t;

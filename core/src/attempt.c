@@ -76,50 +76,14 @@ static void fail_to_start(llmretry_engine *e, llmretry_call *c, const char *why)
     lr_give_up(e, c, LLMRETRY_REASON_NOT_RETRYABLE);
 }
 
-/* io_loop host: the attempt goes to the host (host_io.c), which enforces
- * its timeout; streams are not taken by such engines (submit refuses). */
-static void host_attempt_start(llmretry_engine *e, llmretry_call *c, int64_t now, int64_t left)
+/* The attempt on its way through libcurl: 0, or -1 when the call failed. */
+static int curl_attempt_start(llmretry_engine *e, llmretry_call *c, int64_t timeout, int64_t left)
 {
-    int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
-    c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE && left < c->o.timeout_ms;
-    const char *why = NULL;
-    if (lr_host_attempt_start(c, timeout, &why) != 0) {
-        fail_to_start(e, c, why);
-        return;
-    }
-    llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_STARTED);
-    if (ev) {
-        ev->timeout_ms = timeout;
-        ev->deadline_left_ms = left;
-        lr_post(c, ev);
-    }
-    c->attempt_started_at = now;
-    c->attempt_resends = 0;
-    c->attempts_started = c->attempt + 1;
-    c->state = LR_RUNNING;
-    e->in_flight++;
-    lr_health_attempt_started(e, c);
-}
-
-void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
-{
-    int64_t now = lr_mono_ms();
-    int64_t left = deadline_left(c, now);
-    if (left == 0) {
-        lr_give_up(e, c, LLMRETRY_REASON_DEADLINE);
-        return;
-    }
-    if (e->host_io) {
-        host_attempt_start(e, c, now, left);
-        return;
-    }
     CURL *easy = easy_get(e);
     if (!easy) {
         fail_to_start(e, c, "out of memory starting an attempt");
-        return;
+        return -1;
     }
-    int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
-    c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE && left < c->o.timeout_ms;
     int64_t curl_timeout = timeout;
     if (c->stream_req) {
         /* timeout_ms bounds a stream up to its first chunk (the engine's
@@ -136,15 +100,42 @@ void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
         char why[160];
         snprintf(why, sizeof why, "could not start an attempt: %s", curl_multi_strerror(mrc));
         fail_to_start(e, c, why);
+        return -1;
+    }
+    c->easy = easy;
+    return 0;
+}
+
+/* io_loop host: the attempt goes to the host (host_io.c), which enforces
+ * its timeout; streams are not taken by such engines (submit refuses). */
+static int host_attempt_start(llmretry_engine *e, llmretry_call *c, int64_t timeout)
+{
+    const char *why = NULL;
+    if (lr_host_attempt_start(c, timeout, &why) != 0) {
+        fail_to_start(e, c, why);
+        return -1;
+    }
+    return 0;
+}
+
+void lr_attempt_start(llmretry_engine *e, llmretry_call *c)
+{
+    int64_t now = lr_mono_ms();
+    int64_t left = deadline_left(c, now);
+    if (left == 0) {
+        lr_give_up(e, c, LLMRETRY_REASON_DEADLINE);
         return;
     }
+    int64_t timeout = llmretry_attempt_timeout_ms(c->o.timeout_ms, left);
+    c->cut_by_deadline = left != LLMRETRY_NO_DEADLINE && left < c->o.timeout_ms;
+    if (e->host_io ? host_attempt_start(e, c, timeout) : curl_attempt_start(e, c, timeout, left))
+        return;
     llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_STARTED);
     if (ev) {
         ev->timeout_ms = timeout;
         ev->deadline_left_ms = left;
         lr_post(c, ev);
     }
-    c->easy = easy;
     lr_origin_connecting(e, c);
     c->attempt_started_at = now;
     c->attempt_resends = 0;

@@ -45,27 +45,9 @@ void lr_host_xfer_free(llmretry_call *c)
 
 /* ---- the request's bytes ----------------------------------------------- */
 
-static int put(lr_buf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
 static int puts_(lr_buf *b, const char *s)
 {
-    return put(b, s, strlen(s));
+    return lr_buf_add(b, s, strlen(s));
 }
 
 /* Is the header list's line `line` named `name` (NUL-terminated)? */
@@ -85,7 +67,7 @@ static int put_header_lines(lr_buf *b, const struct curl_slist *h, struct lr_hos
         const char *line = h->data;
         const char *colon = strchr(line, ':'), *semi = strchr(line, ';');
         if (semi && (!colon || semi < colon) && semi[1] == '\0') {
-            if (put(b, line, (size_t)(semi - line)) || puts_(b, ":\r\n"))
+            if (lr_buf_add(b, line, (size_t)(semi - line)) || puts_(b, ":\r\n"))
                 return -1;
             continue;
         }
@@ -222,7 +204,7 @@ static int put_length(lr_buf *b, size_t n)
         digits[--i] = (char)('0' + n % 10);
         n /= 10;
     } while (n > 0);
-    return puts_(b, "Content-Length: ") || put(b, digits + i, sizeof digits - (size_t)i) ||
+    return puts_(b, "Content-Length: ") || lr_buf_add(b, digits + i, sizeof digits - (size_t)i) ||
            puts_(b, "\r\n");
 }
 
@@ -244,6 +226,17 @@ static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
     lr_buf *b = &hx->req;
     b->len = 0;
     hx->vary_at = hx->vary_len = 0;
+    /* Room for the whole request at once: it would grow from 16 bytes. */
+    size_t need = strlen(u->target) + strlen(u->host_line) + c->o.body_len + 64;
+    for (const struct curl_slist *h = c->headers; h; h = h->next)
+        need += strlen(h->data) + 2;
+    if (b->cap < need) {
+        char *p = realloc(b->data, need);
+        if (!p)
+            return -1;
+        b->data = p;
+        b->cap = need;
+    }
     if (puts_(b, method_name(c->o.method)) || puts_(b, " ") || puts_(b, u->target) ||
         puts_(b, " HTTP/1.1\r\n") || (!has_host && puts_(b, u->host_line)) ||
         put_header_lines(b, c->headers, hx) != 0)
@@ -251,7 +244,7 @@ static int build(llmretry_call *c, struct lr_host_xfer *hx, const char **why)
     if (c->o.method == LLMRETRY_METHOD_POST && put_length(b, c->o.body_len))
         return -1;
     if (puts_(b, "\r\n") ||
-        (c->o.method == LLMRETRY_METHOD_POST && c->o.body_len && put(b, c->body, c->o.body_len)))
+        (c->o.method == LLMRETRY_METHOD_POST && c->o.body_len && lr_buf_add(b, c->body, c->o.body_len)))
         return -1;
     return 0;
 }

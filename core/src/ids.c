@@ -124,6 +124,28 @@ char *lr_strndup(const char *s, size_t n)
     return p;
 }
 
+/* Append n bytes, keeping a NUL after them. Allocates even for n == 0, so
+ * data != NULL records that the field came (content "" is not null). */
+int lr_buf_add(lr_buf *b, const char *s, size_t n)
+{
+    if (!b->data || b->cap - b->len <= n) {
+        if (n > SIZE_MAX / 2 - b->len)
+            return -1;
+        size_t cap = b->cap ? b->cap : 16;
+        while (cap <= b->len + n)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p)
+            return -1;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
 void lr_errf(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0)

@@ -78,6 +78,10 @@ typedef struct lr_buf {
     size_t len, cap;
 } lr_buf;
 
+/* ids.c: append n bytes, keeping a NUL after them; -1 when out of memory.
+ * Allocates even for n == 0 (data != NULL says something came). */
+int lr_buf_add(lr_buf *b, const char *s, size_t n);
+
 typedef enum lr_state {
     LR_NEW,          /* submitted, not yet seen by the engine thread */
     LR_GROUP_QUEUED, /* waiting for its group's pacer */
