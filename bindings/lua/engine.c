@@ -340,6 +340,14 @@ int l_new_engine(lua_State *L)
         static const int values[] = { LLMRETRY_IO_LOOP_PERFORM, LLMRETRY_IO_LOOP_EVENTS,
                                       LLMRETRY_IO_LOOP_HOST };
         eo.io_loop = values[luaL_checkoption(L, 4, NULL, loops)];
+#if LUA_VERSION_NUM != 501
+        /* Only LuaJIT's FFI drives such an engine (core._ffi): elsewhere its
+         * calls would wait for ever. */
+        if (eo.io_loop == LLMRETRY_IO_LOOP_HOST)
+            return luaL_argerror(L, 4, "io_loop \"host\" is run through LuaJIT's FFI "
+                                       "(llmretry.openresty's transport \"cosocket\"), not "
+                                       "under this Lua");
+#endif
     }
 
     lr_engine *eng = lr_newuserdata(L, sizeof *eng);

@@ -1,12 +1,12 @@
 /* libFuzzer target: the response handling of the core on arbitrary server
- * data — header capture (transfer.c's on_header, including the
+ * data — header capture (transfer.c's lr_call_on_header, including the
  * Content-Length limit and values too long for the inline buffer), body
- * capture within max_response_bytes (on_body), the success fields
+ * capture within max_response_bytes (lr_call_on_body), the success fields
  * (lr_read_success: usage, model, system_fingerprint), the HTTP error text
  * (lr_http_error via lr_call_read_outcome) and the preview.
  *
- * on_header and on_body are static, so this file includes transfer.c
- * itself (and is linked with the other core sources, not transfer.c). No network: the call
+ * This file includes transfer.c itself (it was written when those two were
+ * static) and is linked with the other core sources, not transfer.c. No network: the call
  * record is built by hand and lr_call_read_outcome runs with no easy
  * handle (HTTP status 0, i.e. the error-body path).
  *
@@ -33,7 +33,7 @@ static int same_text(const char *a, const char *b)
 static int feed_header(llmretry_call *c, const uint8_t *line, size_t n)
 {
     char *buf = copy(line, n);
-    size_t r = on_header(buf, 1, n, c);
+    size_t r = lr_call_on_header(buf, 1, n, c);
     free(buf);
     if (r != n && r != 0)
         fail("on_header returned neither n nor 0");
@@ -91,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (!aborted && fed < body_len) {
         size_t n = body_len - fed < chunk ? body_len - fed : chunk;
         char *buf = copy(body + fed, n);
-        size_t r = on_body(buf, 1, n, c);
+        size_t r = lr_call_on_body(buf, 1, n, c);
         free(buf);
         if (r == 0) {
             if (!c->too_large || (int64_t)(fed + n) <= c->o.max_response_bytes)

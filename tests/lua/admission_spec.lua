@@ -109,5 +109,15 @@ describe("admission", function()
     end
     local ok, msg = pcall(llm.new_engine, 64, nil, nil, "epoll")
     check(not ok and tostring(msg):find("invalid option 'epoll'", 1, true), tostring(msg))
+    -- "host" (no thread) is run through LuaJIT's FFI only: elsewhere its
+    -- calls would wait for ever, so it is refused there.
+    local ok_host, e = pcall(llm.new_engine, 8, nil, nil, "host")
+    if rawget(_G, "jit") then
+      check(ok_host, "io_loop host under LuaJIT: %s", tostring(e))
+      e:close()
+    else
+      check(not ok_host and tostring(e):find('io_loop "host" is run through LuaJIT', 1, true),
+        tostring(e))
+    end
   end)
 end)

@@ -497,6 +497,26 @@ def test_engine_shared(ngx, mock):
           f"connections {conns}: a new engine (or connection) per call")
 
 
+def test_big_answer_and_idle_close(ngx, mock):
+    """A 300 KB answer arrives whole; a kept-alive connection the server closed while idle is not used again."""
+    mock.script("big", [{"fault": "huge", "size": 300000}])
+    status, text, _ = http("GET", ngx.base + "/llm?s=big")
+    out = json.loads(text)
+    check(status == 200 and out["ok"] and len(out["content"]) > 250000 and out["attempts"] == 1,
+          f"a 300 KB answer: {status} {text[:300]}")
+    mock.script("idle", [{"idle_close_ms": 20}, {}])
+    status, text, _ = http("GET", ngx.base + "/llm?s=idle")
+    check(status == 200 and json.loads(text)["ok"], f"the first call: {status} {text}")
+    check(wait_for(lambda: mock.requests("idle")[0].get("idle_closed"), 5) is not None,
+          "the mock did not close the idle connection")
+    status, text, _ = http("GET", ngx.base + "/llm?s=idle")
+    out = json.loads(text)
+    check(status == 200 and out["ok"] and out["attempts"] == 1, f"after the idle close: {out}")
+    recs = mock.requests("idle")
+    check(len(recs) == 2 and recs[0]["connection"] != recs[1]["connection"],
+          f"requests {[(r['connection'], r.get('idle_closed')) for r in recs]}")
+
+
 def epoll_sets(pid):
     """The epoll sets a process holds open (nginx's own, the engine's)."""
     d = f"/proc/{pid}/fd"
@@ -849,7 +869,8 @@ TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path,
          test_doc_examples, test_environment, test_engine_shared, test_io_loop,
          test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
-         test_client_abort_cancels_call, test_call_many, test_tls, test_no_secrets_logged,
+         test_client_abort_cancels_call, test_call_many, test_tls,
+         test_big_answer_and_idle_close, test_no_secrets_logged,
          test_reload_with_calls_in_flight, test_workers_share_a_budget]
 
 
