@@ -606,6 +606,27 @@ static void test_bad_answers(void)
     llmretry_engine_free(e);
 }
 
+/* A server that answers an event stream to a call that did not ask for
+ * one: read as the engine's own transfers read it (an assembled answer). */
+static void test_unasked_stream(void)
+{
+    if (th_mock_script(&mock, "host_sse", "{\"steps\": [{\"stream\": {\"chunks\": 5}}]}") != 0)
+        return;
+    llmretry_engine *e = host_engine();
+    host h = { 0 };
+    char url[128];
+    llmretry_options o;
+    opts_for(&o, "host_sse", url, sizeof url);
+    o.max_retries = 0;
+    llmretry_call *c = e ? submit(e, &o) : NULL;
+    const llmretry_result *r = c ? drive(e, &h, c, NULL) : NULL;
+    CHECK_MSG(r && r->ok && r->stream, "ok=%d stream=%d kind=%d %s", r ? r->ok : -1,
+              r ? r->stream : -1, r ? (int)r->kind : -1, r && r->message ? r->message : "");
+    llmretry_call_free(c);
+    pool_clear(&h);
+    llmretry_engine_free(e);
+}
+
 /* A cancelled call's exchange is gone; streams and ca_file are refused at
  * submit; run is for host engines only. */
 static void test_cancel_and_refusals(void)
@@ -734,6 +755,7 @@ int main(void)
         { "timeout_and_refused", test_timeout_and_refused },
         { "reused_died", test_reused_died },
         { "bad_answers", test_bad_answers },
+        { "unasked_stream", test_unasked_stream },
         { "cancel_and_refusals", test_cancel_and_refusals },
         { "channel", test_channel },
         { "free_in_flight", test_free_in_flight },
