@@ -419,7 +419,10 @@ local function perform_pending(hw, h, waiter)
     host_turn(hw)
     return true
   end
-  if waiter.xthread then waiter.xthread = th end
+  if waiter.xthread == nil then
+    return true               -- it has ended already (a refused connect): look now
+  end
+  waiter.xthread = th
   return false
 end
 

@@ -497,6 +497,27 @@ def test_engine_shared(ngx, mock):
           f"connections {conns}: a new engine (or connection) per call")
 
 
+def test_refused_connect(ngx, mock):
+    """A port nobody listens on (and, on cosockets, a name that does not resolve): a network error after 3 attempts, their backoffs and no more."""
+    port = free_port()
+    cases = [("a refused port", f"port={port}")]
+    if TRANSPORT_OPTS:
+        # With no resolver directive here, nginx fails a name at once, before
+        # any wait: the exchange has ended before the request would sleep on
+        # it. (libcurl asks the system's resolver, which may be slow here.)
+        cases.append(("a name that does not resolve", f"host=nowhere.invalid&port={port}"))
+    for what, query in cases:
+        t0 = time.monotonic()
+        status, text, _ = http("GET", f"{ngx.base}/llm_port?{query}")
+        took = time.monotonic() - t0
+        out = json.loads(text)
+        check(status == 200 and not out["ok"] and out["kind"] == "network"
+              and out["attempts"] == 3, f"{what}: {out}")
+        # A request that slept for news it had already had would wait its
+        # wait's bound (a second) at the end.
+        check(took < 0.9, f"{what}: 3 attempts took {took:.2f} s")
+
+
 def test_big_answer_and_idle_close(ngx, mock):
     """A 300 KB answer arrives whole; a kept-alive connection the server closed while idle is not used again."""
     mock.script("big", [{"fault": "huge", "size": 300000}])
@@ -870,7 +891,7 @@ TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path,
          test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_tls,
-         test_big_answer_and_idle_close, test_no_secrets_logged,
+         test_big_answer_and_idle_close, test_refused_connect, test_no_secrets_logged,
          test_reload_with_calls_in_flight, test_workers_share_a_budget]
 
 
