@@ -21,31 +21,6 @@
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
-/* Bumped in every child of fork(): an engine made before the fork sees a
- * generation other than its own. Every entry point checks it (a batch
- * several times per call), so it is an atomic load here, not getpid(): a
- * system call each time, the calling thread's most frequent one. fork(),
- * os.fork() and multiprocessing run pthread_atfork handlers; only a raw
- * clone(2) would not, and nothing that clones so uses the engine after. */
-static atomic_uint fork_generation;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-
-static void after_fork_in_child(void)
-{
-    atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
-}
-
-static void fork_watch(void)
-{
-    pthread_atfork(NULL, NULL, after_fork_in_child);
-}
-
-unsigned llmretry_fork_generation(void)
-{
-    pthread_once(&fork_once, fork_watch);
-    return atomic_load_explicit(&fork_generation, memory_order_relaxed);
-}
-
 static void curl_init_once(void)
 {
     curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -71,16 +46,6 @@ void lr_engine_unref(llmretry_engine *e)
     free(e->heap);
     free(e->easy_pool);
     free(e);
-}
-
-int lr_forked(const llmretry_engine *e)
-{
-    return atomic_load_explicit(&fork_generation, memory_order_relaxed) != e->fork_generation;
-}
-
-int llmretry_engine_forked(const llmretry_engine *e)
-{
-    return e && lr_forked(e);
 }
 
 /* ---- the engine's unfinished calls (cancelled at shutdown) ------------- */

@@ -1,6 +1,7 @@
 /* The engine's private parts, shared by the files that make it up:
  *
  *   engine.c     the I/O thread's loop, the op queue, the public engine API
+ *   fork.c       which process an engine belongs to (lr_forked)
  *   timers.c     one timer per call: its deadline, backoff and not-before
  *   admission.c  what an attempt passes before it starts (slots, pacers)
  *   attempt.c    attempts on the wire and what the policy makes of them

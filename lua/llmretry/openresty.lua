@@ -28,15 +28,9 @@
 -- dispatcher so that the worker can exit.
 --
 -- The transport "cosocket" (init_worker{ transport = "cosocket" }): the
--- worker's engine then has no thread at all (io_loop "host"). A request
--- runs the engine itself (llmretry.ffi.run) and performs its call's
--- attempts on the worker's cosockets (llmretry.cosocket): the engine
--- builds each request and parses each response as the bytes come, so its
--- policy (timeouts, retries, Retry-After, the deadline, budgets, breakers,
--- fallbacks, events) is the same. No thread hand-off, no dispatcher: a
--- call is a cosocket exchange plus the engine's work, on the worker.
--- Streams (stream_llm, a body with "stream": true) still run on an engine
--- with a thread, made for them on the first one.
+-- worker's engine has no thread; a request runs it and carries its call's
+-- bytes on the worker's cosockets (llmretry.openresty_host, llmretry.cosocket).
+-- Streams still run on an engine with a thread, made on the first one.
 --
 -- Usable where ngx.semaphore can wait: rewrite_by_lua*, access_by_lua*,
 -- content_by_lua*, ngx.timer callbacks (Debian 12: nginx 1.22 with
@@ -348,17 +342,11 @@ local function worker()
 end
 
 -- ---------------------------------------------------------------------------
--- The transport "cosocket": the worker's engine has no thread.
---
--- HW = { engine, channel, waiting }: the engine (io_loop "host"), the one
--- channel its calls report to, and who waits for which (as d.waiting). No
--- dispatcher: whoever runs the engine (host_turn: every waiting request,
--- after each exchange, and at each wake-up) hands its news out at once.
--- Timers (backoffs, deadlines, budgets) are run by the requests whose calls
--- wait for them: each sleeps at most until the engine's next due time.
-
-local cosocket = lffi and require("llmretry.cosocket")
-local lffi_run, lffi_exchange = lffi and lffi.run, lffi and lffi.exchange
+-- The transport "cosocket": HW = { engine, channel, waiting }, the worker's
+-- thread-less engine; its waiting side is llmretry.openresty_host's (bound
+-- below, once watch_abort exists).
+local hostio = lffi and require("llmretry.openresty_host")
+local HOST = nil
 
 local function new_host_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
@@ -372,71 +360,6 @@ local function host_worker()
   local hw = HW
   if hw == nil or hw.engine:forked() then hw = new_host_worker(CONFIG) end
   return hw
-end
-
--- The engine's turn, then every waiter whose call has news posted. Returns
--- how soon (s) the engine wants to run again at the latest.
-local function host_turn(hw)
-  local _, next_ms = lffi_run(hw.engine)
-  lffi.poll(hw.channel, post, hw.waiting)
-  if next_ms < 1 then next_ms = 1 end
-  return next_ms / 1000
-end
-
--- Perform the attempt of h's call that waits for its host, if any, in this
--- light thread; true when there was one.
--- A call's exchange in a light thread of its own (the request's): what
--- a client abort needs, since only killing that thread ends the exchange
--- before its answer.
-local function exchange_thread(waiter, hw, h, ...)
-  cosocket.perform(h, ...)
-  waiter.xthread = nil
-  host_turn(hw)
-  -- The request looks at its call now: a failed attempt of a call nobody
-  -- listens to brings no news (its retry's timer is the request's to wait).
-  local sema = waiter.sema
-  if not waiter.awake and sema:count() <= 0 then sema:post(1) end
-end
-
--- The attempt of h's call that waits for its host, if any: performed in
--- this light thread (true when done), or, when the request's client may
--- go away (its abort handler is set), started in a thread of its own.
-local function perform_pending(hw, h, waiter)
-  if waiter.xthread ~= nil then return false end
-  local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
-  if not token then return false end
-  if not waiter.live.abortable then
-    cosocket.perform(h, token, host, port, tls, key, request, timeout_ms)
-    host_turn(hw)
-    return true
-  end
-  waiter.xthread = true       -- taken off by the thread: it may end before spawn returns
-  local th, err = ngx.thread.spawn(exchange_thread, waiter, hw, h, token, host, port, tls, key,
-    request, timeout_ms)
-  if not th then
-    waiter.xthread = nil
-    lffi.failed(h, token, lffi.XFER.CONNECT, false, "ngx.thread.spawn: " .. tostring(err))
-    host_turn(hw)
-    return true
-  end
-  if waiter.xthread == nil then
-    return true               -- it has ended already (a refused connect): look now
-  end
-  waiter.xthread = th
-  return false
-end
-
--- The exchange thread of a call that ended without it (cancelled) ends.
-local function end_exchange(waiter)
-  local th = waiter.xthread
-  waiter.xthread = nil
-  if type(th) == "thread" then ngx.thread.kill(th) end
-end
-
--- Does this call stream (the threaded engine's, then)?
-local function streams(sub)
-  local body = sub.body
-  return sub.stream_chunks == true or (type(body) == "table" and rawget(body, "stream") == true)
 end
 
 -- init_worker([opts]) in init_worker_by_lua*: make the worker's engine and
@@ -488,59 +411,14 @@ function M.init_worker(opts)
 end
 
 -- ---------------------------------------------------------------------------
--- Client aborts: the calls of a request whose client went away are cancelled.
+-- Client aborts (llmretry.openresty_abort): the calls of a request whose
+-- client went away are cancelled.
 
-local ABORT = {}    -- ngx.ctx key: { calls = weak set of handles, aborted }
-
-local function cancel_all(live)
-  live.aborted = true
-  for h in pairs(live.calls) do h:cancel() end
-
-  -- The transport "cosocket": nobody else may run the engine soon.
-  if HW ~= nil then host_turn(HW) end
-end
-
--- The request's abort handler: one function for every request (it runs in
--- the request, so ngx.ctx is that request's), not a closure made per
--- request (garbage, and NYI for LuaJIT's compiler: FNEW).
-local function cancel_request()
-  local live = ngx.ctx[ABORT]
-  if live then cancel_all(live) end
-end
-
--- Returns the request's set of calls, which h is in until it ends.
-local UNWATCHED = { calls = {}, aborted = false, abortable = false }
-
-local function watch_abort(h)
-  -- nil, "lua_check_client_abort is off", or a timer (no client): no abort
-  -- can reach this request, and its calls go on to their end; nothing is
-  -- kept (ngx.ctx, the first time a request touches it, was the biggest
-  -- part of a call's cost on the worker: issue 36). 1: registered now;
-  -- "duplicate call": registered by an earlier call of this request, or by
-  -- the handler itself (which may call cancel_calls).
-  local ok, set, why = pcall(ngx.on_abort, cancel_request)
-  if not ok or (set ~= 1 and why ~= "duplicate call") then return UNWATCHED end
-  local ctx = ngx.ctx
-  local live = ctx[ABORT]
-  if live == nil then
-    -- calls: not weak; a call leaves it when it ends (release), and one
-    -- of a request killed meanwhile goes with the request's ngx.ctx.
-    -- abortable: the client's going may cancel the calls (the transport
-    -- "cosocket" then runs each exchange in a thread it can kill).
-    live = { calls = {}, aborted = false, abortable = true }
-    ctx[ABORT] = live
-  end
-  if live.aborted then h:cancel() end
-  live.calls[h] = true
-  return live
-end
-
--- Cancel every call the current request has in flight: for a handler that
--- registers its own ngx.on_abort (this module's then cannot be).
-function M.cancel_calls()
-  local live = ngx.ctx[ABORT]
-  if live then cancel_all(live) end
-end
+local abort = require("llmretry.openresty_abort")
+local watch_abort = abort.watch
+-- The transport "cosocket": nobody else may run the engine soon.
+abort.after_cancel = function() if HW ~= nil then HOST.turn(HW) end end
+M.cancel_calls = abort.cancel_calls
 
 -- ---------------------------------------------------------------------------
 -- Calls
@@ -558,81 +436,7 @@ local function check_phase(level)
   end
 end
 
--- What call_many waits on under the transport "cosocket": the batch's
--- semaphore and ready list (as batch_source), and each attempt of its
--- calls performed in a light thread of the request's own, started as the
--- engine hands it out (the engine's news names the call).
-local function host_batch_source(hw)
-  local waiter = { sema = semaphore.new(), ready = {}, handles = {} }
-  local handles, performing = waiter.handles, {}
-  local src = {}
-  local live
-  function src.add(_, h)
-    local key = key_of(h)
-    hw.waiting[key] = waiter
-    handles[key] = h
-    live = watch_abort(h)
-  end
-  function src.forget(_, h)
-    local key = key_of(h)
-    handles[key] = nil
-    hw.waiting[key] = nil
-    if live then live.calls[h] = nil end
-    local th = performing[h]
-    performing[h] = nil
-    if type(th) == "thread" then
-      ngx.thread.kill(th)       -- a cancelled call's exchange: nobody reads it
-    end
-  end
-  local function perform(h, ...)
-    cosocket.perform(h, ...)
-    performing[h] = nil
-    host_turn(hw)
-    -- The loop looks again (a retry's timer may be sooner than its wait).
-    local sema = waiter.sema
-    if sema:count() <= 0 then sema:post(1) end
-  end
-  local function start_exchanges()
-    for _, h in pairs(handles) do
-      if not performing[h] then
-        local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, {})
-        if token then
-          -- The thread runs up to its first wait before spawn returns: it
-          -- may have ended already (a refused connect), and then it has
-          -- taken its mark off.
-          performing[h] = true
-          local th, err = ngx.thread.spawn(perform, h, token, host, port, tls, key, request,
-            timeout_ms)
-          if not th then
-            performing[h] = nil
-            lffi.failed(h, token, lffi.XFER.CONNECT, false, "ngx.thread.spawn: " .. tostring(err))
-          elseif performing[h] then
-            performing[h] = th
-          end
-        end
-      end
-    end
-  end
-  function src.poll()
-    host_turn(hw)
-    start_exchanges()
-    local ready = waiter.ready
-    waiter.ready = {}
-    return ready
-  end
-  function src.wait(_, ms)
-    local due = host_turn(hw)
-    start_exchanges()
-    if #waiter.ready == 0 then
-      local s = ms / 1000
-      waiter.sema:wait(due < s and due or s)
-      host_turn(hw)
-      start_exchanges()
-    end
-    return #waiter.ready > 0
-  end
-  return src
-end
+HOST = hostio and hostio.new(post, key_of, watch_abort)
 
 -- What call_many waits on: a semaphore the dispatcher posts for any of the
 -- batch's calls, and the list of those with news.
@@ -682,7 +486,7 @@ local A = api.new{
   -- A plain call (nobody listens to its mail) through the FFI when its
   -- options allow (llmretry.ffi.submit), else the classic engine:submit.
   submit = function(sub, _, _, level, plain)
-    if (HW ~= nil or CONFIG.transport == "cosocket") and not streams(sub) then
+    if (HW ~= nil or CONFIG.transport == "cosocket") and not hostio.streams(sub) then
       local hw = host_worker()
       sub.channel = hw.channel
       local h = plain and ffi_submit(hw.engine, sub) or api.submit(hw.engine, sub, level + 1)
@@ -706,17 +510,7 @@ local A = api.new{
   wait = function(h, waiter)
     local hw = waiter.hw
     if hw then
-      -- Its attempt, when the engine has one for it, in this thread; else
-      -- a sleep until its news or the engine's next due time.
-      -- Its attempt, handed out at submit or by the last turn, first.
-      if perform_pending(hw, h, waiter) then return end
-      local due = host_turn(hw)
-      if perform_pending(hw, h, waiter) then return end
-      waiter.awake = false
-      waiter.sema:wait(due < WAIT_S and due or WAIT_S)
-      waiter.awake = true
-      host_turn(hw)
-      if waiter.xthread ~= nil and not lffi.has_exchange(h) then end_exchange(waiter) end
+      HOST.wait(hw, h, waiter, WAIT_S)
       return
     end
     local d = waiter.d
@@ -728,7 +522,7 @@ local A = api.new{
       waiter.hw.waiting[key_of(h)] = nil
       waiter.hw = nil
       waiter.awake = nil
-      end_exchange(waiter)
+      HOST.end_exchange(waiter)
     else
       release(waiter.w, waiter.d, h)
     end
@@ -741,7 +535,7 @@ local A = api.new{
   batch = function()
     if HW ~= nil or CONFIG.transport == "cosocket" then
       local hw = host_worker()
-      return hw.engine, hw.channel, host_batch_source(hw)
+      return hw.engine, hw.channel, HOST.batch_source(hw)
     end
     local w = worker()
     local d = w.d
