@@ -551,7 +551,25 @@ def epoll_sets(pid):
 
 
 def test_io_loop(ngx, mock):
-    """The worker's engine runs the events loop by default (an epoll set of its own); io_loop = "perform" is there too."""
+    """The worker's engine runs the events loop by default (an epoll set of its own); io_loop = "perform" is there too; the transport "cosocket" has neither, nor a thread."""
+    if TRANSPORT_OPTS:
+        # A fresh worker (no stream has made a threaded engine in it yet):
+        # its calls add no epoll set and no thread to nginx's own.
+        mock.script("io_loop", [])
+        fresh = Nginx(ngx.repo, mock.root)
+        try:
+            fresh.start()
+            status, text, _ = http("GET", fresh.base + "/llm?s=io_loop")
+            check(status == 200, f"/llm: {status} {text}")
+            pid = worker_pid(fresh)
+            sets, threads = epoll_sets(pid), len(os.listdir(f"/proc/{pid}/task"))
+        finally:
+            fresh.stop()
+            fresh.cleanup()
+        check(sets == 1 and threads == 1,
+              f"a worker of the transport cosocket: {sets} epoll sets, {threads} threads")
+        check(len(mock.requests("io_loop")) == 1, "not 1 request")
+        return
     mock.script("io_loop", [])
     status, text, _ = http("GET", ngx.base + "/llm?s=io_loop")
     check(status == 200, f"/llm: {status} {text}")
