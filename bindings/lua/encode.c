@@ -40,10 +40,19 @@ typedef struct frame {
     long long index;         /* 1-based, as Lua code wrote it */
 } frame;
 
+/* A table being encoded, and the one it is in: the chain from the root,
+ * on the C stack. A table already on it holds itself (a cycle); a table
+ * met twice elsewhere is only shared, and encoded twice. A Lua table of
+ * the open ones cost an allocation or three per encode. */
+typedef struct open_table {
+    const void *table;
+    const struct open_table *up;
+} open_table;
+
 typedef struct enc {
     lua_State *L;
     sbuf *b;
-    int seen;                /* stack index: tables being encoded (cycles) */
+    const open_table *open;  /* the innermost table being encoded */
     int array_mt;            /* stack index of core.array_mt */
     const char *root;        /* "value", "body", "shape" */
 } enc;
@@ -306,25 +315,19 @@ static void enc_table(enc *e, int idx, const frame *f, int depth)
         enc_fail(e, f, what);
     }
     luaL_checkstack(L, 8, "llmretry: value nested too deeply");
-    lua_pushvalue(L, idx);
-    lua_rawget(L, e->seen);
-    int cycle = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (cycle)
-        enc_fail(e, f, "contains a cycle (a table that holds itself)");
-    lua_pushvalue(L, idx);
-    lua_pushboolean(L, 1);
-    lua_rawset(L, e->seen);
+    const void *self = lua_topointer(L, idx);
+    for (const open_table *o = e->open; o; o = o->up)
+        if (o->table == self)
+            enc_fail(e, f, "contains a cycle (a table that holds itself)");
+    open_table me = { self, e->open };
+    e->open = &me;
 
     size_t n;
     if (table_is_array(e, idx, &n))
         enc_array(e, idx, f, depth, n);
     else
         enc_object(e, idx, f, depth);
-
-    lua_pushvalue(L, idx);
-    lua_pushnil(L);
-    lua_rawset(L, e->seen);
+    e->open = me.up;
 }
 
 static void enc_value(enc *e, int idx, const frame *f, int depth)
@@ -403,9 +406,8 @@ void push_encoded(lua_State *L, int idx, const char *root)
     int base = lua_gettop(L);
     luaL_checkstack(L, 10, "llmretry: out of stack space");
     luaL_getmetatable(L, ARRAY_MT);
-    lua_newtable(L);
     sbuf *b = shared_sbuf(L);
-    enc e = { L, b, base + 2, base + 1, root };
+    enc e = { L, b, NULL, base + 1, root };
     frame top = { NULL, 0, 0 };
     enc_value(&e, idx, &top, 1);
     lua_pushlstring(L, b->data ? b->data : "", b->len);

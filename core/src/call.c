@@ -308,6 +308,7 @@ void lr_call_spares_free(llmretry_engine *e)
     }
     e->spare = NULL;
     e->n_spare = 0;
+    lr_host_xfer_spares_free(e);
     pthread_mutex_destroy(&e->spare_mu);
 }
 
@@ -418,11 +419,7 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
     int oom = 0;
     /* Target 0 owns the caller's URL, body, model and headers; c->url and
      * the rest point at the current target's. */
-    c->targets = calloc(1, sizeof *c->targets);
-    if (!c->targets) {
-        record_free(e, c);
-        return LLMRETRY_ENOMEM;
-    }
+    c->targets = &c->target0;      /* zeroed with the record */
     c->n_targets = 1;
     lr_target *t0 = &c->targets[0];
     t0->owns = ~0u;

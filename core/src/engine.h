@@ -84,6 +84,9 @@ struct llmretry_engine {
     pthread_mutex_t spare_mu;
     llmretry_call *spare;
     int n_spare;
+    /* io_loop host: freed calls' exchanges (host_io.c), under spare_mu too. */
+    struct lr_host_xfer *spare_xfer;
+    int n_spare_xfer;
 
     pthread_mutex_t mu;            /* guards everything down to `thread` */
     llmretry_call *ops_head, *ops_tail;

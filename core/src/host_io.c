@@ -25,6 +25,7 @@ struct lr_host_xfer {
     int pending;                   /* the host has this attempt to perform */
     int received;                  /* a byte of the response came back */
     int64_t timeout_ms;
+    struct lr_host_xfer *next_spare;   /* in the engine's spare_xfer */
 };
 
 long lr_host_status(const llmretry_call *c)
@@ -32,15 +33,73 @@ long lr_host_status(const llmretry_call *c)
     return c->hx->parser.status;
 }
 
-void lr_host_xfer_free(llmretry_call *c)
+/* A freed call's exchange is kept for the next call's first attempt, its
+ * request buffer and the parser's line buffer with it: a gateway's calls
+ * are all alike, and the calloc, the buffer's malloc and the line's
+ * realloc were three of a call's dozen allocations (issue 36). At most
+ * LR_SPARE_XFERS (1 MB), none in a forked child (as call records). */
+#define LR_SPARE_XFERS 256
+
+static void xfer_destroy(struct lr_host_xfer *hx)
 {
-    struct lr_host_xfer *hx = c->hx;
-    if (!hx)
-        return;
     lr_http1_free(&hx->parser);
     free(hx->req.data);
     free(hx);
+}
+
+void lr_host_xfer_free(llmretry_call *c)
+{
+    struct lr_host_xfer *hx = c->hx;
+    llmretry_engine *e = c->engine;
+    if (!hx)
+        return;
     c->hx = NULL;
+    if (e && !lr_forked(e)) {
+        pthread_mutex_lock(&e->spare_mu);
+        if (e->n_spare_xfer < LR_SPARE_XFERS) {
+            hx->next_spare = e->spare_xfer;
+            e->spare_xfer = hx;
+            e->n_spare_xfer++;
+            hx = NULL;
+        }
+        pthread_mutex_unlock(&e->spare_mu);
+    }
+    if (hx)
+        xfer_destroy(hx);
+}
+
+/* A spare exchange for c (its buffers kept, its parser reporting to c), or
+ * a new one; NULL when out of memory. */
+static struct lr_host_xfer *xfer_new(llmretry_call *c)
+{
+    llmretry_engine *e = c->engine;
+    struct lr_host_xfer *hx = NULL;
+    if (!lr_forked(e)) {
+        pthread_mutex_lock(&e->spare_mu);
+        if ((hx = e->spare_xfer) != NULL) {
+            e->spare_xfer = hx->next_spare;
+            e->n_spare_xfer--;
+        }
+        pthread_mutex_unlock(&e->spare_mu);
+    }
+    if (hx) {
+        hx->next_spare = NULL;
+        hx->parser.ud = c;
+        return hx;
+    }
+    if ((hx = calloc(1, sizeof *hx)) != NULL)
+        lr_http1_init(&hx->parser, lr_call_on_header, lr_call_on_body, c);
+    return hx;
+}
+
+void lr_host_xfer_spares_free(llmretry_engine *e)
+{
+    while (e->spare_xfer) {
+        struct lr_host_xfer *hx = e->spare_xfer;
+        e->spare_xfer = hx->next_spare;
+        xfer_destroy(hx);
+    }
+    e->n_spare_xfer = 0;
 }
 
 /* ---- the request's bytes ----------------------------------------------- */
@@ -253,12 +312,10 @@ int lr_host_attempt_start(llmretry_call *c, int64_t timeout_ms, const char **why
 {
     struct lr_host_xfer *hx = c->hx;
     if (!hx) {
-        hx = calloc(1, sizeof *hx);
-        if (!hx) {
+        if (!(hx = xfer_new(c))) {
             *why = "out of memory starting an attempt";
             return -1;
         }
-        lr_http1_init(&hx->parser, lr_call_on_header, lr_call_on_body, c);
         c->hx = hx;
     }
     lr_call_reset_response(c);

@@ -252,7 +252,8 @@ struct llmretry_call {
     char request_id_buf[37];
     /* The targets (targets.c) and the current one's request, borrowed
      * from it: the engine switches target on a fallback. */
-    lr_target *targets;
+    lr_target *targets;            /* &target0 until fallbacks make an array */
+    lr_target target0;             /* the call's own: no allocation of its own */
     int n_targets, target;
     int target_first_attempt;      /* the attempt index its first attempt had */
     char *url, *body, *model;
@@ -441,6 +442,8 @@ int lr_host_attempt_start(llmretry_call *c, int64_t timeout_ms, const char **why
 void lr_host_attempt_detach(llmretry_call *c);
 long lr_host_status(const llmretry_call *c);
 void lr_host_xfer_free(llmretry_call *c);
+/* The engine's spare exchanges freed (at its end, before spare_mu goes). */
+void lr_host_xfer_spares_free(llmretry_engine *e);
 /* The engine's end: what host_io.c keeps on it. */
 void lr_host_io_free(llmretry_engine *e);
 

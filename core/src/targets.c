@@ -231,11 +231,14 @@ int lr_targets_build(llmretry_call *c, const char *fallbacks)
     cJSON *doc = cJSON_Parse(fallbacks);
     int n = cJSON_GetArraySize(doc);
     /* Target 0 was made alone; its fields are pointed at, not the array. */
-    lr_target *more = doc ? realloc(c->targets, (size_t)(1 + n) * sizeof *more) : NULL;
+    lr_target *more = doc ? malloc((size_t)(1 + n) * sizeof *more) : NULL;
     if (!more) {
         cJSON_Delete(doc);
         return -1;
     }
+    more[0] = c->targets[0];
+    if (c->targets != &c->target0)
+        free(c->targets);
     c->targets = more;
     memset(more + 1, 0, (size_t)n * sizeof *more);
     int rc = 0, i = 1;
@@ -260,7 +263,8 @@ void lr_targets_free(llmretry_call *c)
         if (t->owns & OWN_BODY)
             free(t->body);
     }
-    free(c->targets);
+    if (c->targets != &c->target0)
+        free(c->targets);
     c->targets = NULL;
     c->n_targets = 0;
 }

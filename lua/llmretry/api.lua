@@ -91,11 +91,10 @@ function M.new(host)
   local sched = scheduler.new(host.name)
   A.sched = sched
 
-  -- Split call options into what engine:submit takes and the call's
-  -- context for the mailbox (llmretry.mailbox.drain). `defaults` (nil or a
-  -- pool's context) gives the logger when opts has none. Returns sub, ctx,
-  -- opts.engine.
-  function A.split_options(opts, level, defaults)
+  -- Split call options into what engine:submit takes and what the host
+  -- module keeps: sub, logger, validate, opts.engine. `defaults` (nil or a
+  -- pool's context) gives the logger when opts has none.
+  local function split(opts, level, defaults)
     local sub, logger, validate = args.split_call_options(opts, level + 1, LUA_OPTIONS,
       defaults and defaults.logger)
     local engine = opts.engine
@@ -108,16 +107,29 @@ function M.new(host)
     if engine ~= nil and not is_engine(engine) then
       argerror(level + 1, "engine", "an engine (llmretry.new_engine()) or nil", engine)
     end
+    return sub, logger, validate, engine
+  end
+
+  -- split's, with the call's context for the mailbox (llmretry.mailbox.drain)
+  -- in place of logger and validate: sub, ctx, opts.engine.
+  function A.split_options(opts, level, defaults)
+    local sub, logger, validate, engine = split(opts, level + 1, defaults)
     return sub, { logger = logger, validate = validate, reported = false, report = report }, engine
   end
   local split_options = A.split_options
 
-  -- Check and send one call: h, its mailbox context, the host's token.
-  -- `pool`: the context of the pool whose worker makes the call, or nil.
-  function A.start(opts, level, on_chunk, pool)
-    local sub, ctx, engine = split_options(opts, level + 1, pool)
-    ctx.on_chunk = on_chunk
-    local plain = lffi and not on_chunk and not ctx.logger and not ctx.validate
+  -- Check and send one call: h, its mailbox context, the host's token,
+  -- plain (nobody listens to its mail: llmretry.ffi drains it). `pool`: the
+  -- context of the pool whose worker makes the call, or nil. no_ctx: a
+  -- plain call gets no context (nil), which only its drain would read.
+  function A.start(opts, level, on_chunk, pool, no_ctx)
+    local sub, logger, validate, engine = split(opts, level + 1, pool)
+    local plain = lffi and not on_chunk and not logger and not validate
+    local ctx = nil
+    if not (plain and no_ctx) then
+      ctx = { logger = logger, validate = validate, reported = false, report = report,
+        on_chunk = on_chunk }
+    end
     local h, token = submit(sub, engine, pool, level + 1, plain)
     return h, ctx, token, plain
   end
@@ -130,7 +142,7 @@ function M.new(host)
   -- call freed once read rather than when the handle is collected.
   local function run(opts, level, on_chunk)
     if check then check(level + 1) end
-    local h, ctx, token, plain = start(opts, level + 1, on_chunk, sched.current())
+    local h, ctx, token, plain = start(opts, level + 1, on_chunk, sched.current(), true)
     if plain then
       local fdrain = lffi.drain
       while not fdrain(h) do wait(h, token) end

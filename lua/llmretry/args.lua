@@ -4,6 +4,10 @@ local core = require("llmretry.core")
 
 local M = {}
 
+-- table.new(narr, nrec) where the Lua has it (LuaJIT), else {}.
+local ok_new, new_tab = pcall(require, "table.new")
+if not ok_new then new_tab = function() return {} end end
+
 -- type(v), but "null" for llmretry's (and lua-cjson's) null.
 function M.typename(v)
   local t = type(v)
@@ -75,7 +79,11 @@ function M.split_call_options(opts, level, host_keys, default_logger)
   if validate ~= nil and validate ~= false and not M.is_callable(validate) then
     M.argerror(level + 1, "validate", "a function or nil", validate)
   end
-  local sub = {}
+  -- Sized once (the engine's keys below included): grown key by key, it
+  -- was five allocations per call.
+  local n = 2
+  for _ in pairs(opts) do n = n + 1 end
+  local sub = new_tab(0, n)
   for k, v in pairs(opts) do
     if not host_keys[k] then sub[k] = v end
   end

@@ -105,6 +105,16 @@ local api_address, ffi_result = core._ffi()
 local ok_api, api = pcall(ffi.cast, "const lr_ffi_api *", api_address)
 if not ok_api or api.abi ~= ABI or type(ffi_result) ~= "function" then return false end
 
+-- The hot entry points, each read from the table once: read at each call,
+-- a field of a struct of function pointers is a new cdata (an allocation)
+-- wherever LuaJIT interprets the caller rather than compiles it.
+local api_drain, api_result, api_free, api_key, api_poll = api.drain, api.result, api.free,
+  api.key, api.poll
+local api_prep_reset, api_set_int, api_set_bool, api_set_text, api_set_number, api_set_body =
+  api.prep_reset, api.set_int, api.set_bool, api.set_text, api.set_number, api.set_body
+local api_submit, api_run, api_exchange, api_feed, api_failed, api_shape_values = api.submit,
+  api.run, api.exchange, api.feed, api.failed, api.shape_values
+
 local tonumber, type, pairs, pcall, getmetatable, rawget =
   tonumber, type, pairs, pcall, getmetatable, rawget
 local floor, find = math.floor, string.find
@@ -215,7 +225,7 @@ end
 local function shape_fast(shape, obj)
   local b = BUILDERS[shape]
   if b == nil then return shape_table(shape, obj) end
-  if api.shape_values(shape, obj, nums, strs, lens, objs) < 0 then return nil end
+  if api_shape_values(shape, obj, nums, strs, lens, objs) < 0 then return nil end
   return b()
 end
 
@@ -229,7 +239,7 @@ do
   local uchunk = builder_of(SHAPE_USAGE)
   local ubuild = uchunk and uchunk(unums, ustrs, ulens, uobjs, ffi_string, nil)
   local function usage(obj)
-    if api.shape_values(SHAPE_USAGE, obj, unums, ustrs, ulens, uobjs) < 0 then return nil end
+    if api_shape_values(SHAPE_USAGE, obj, unums, ustrs, ulens, uobjs) < 0 then return nil end
     return ubuild()
   end
   local mchunk = ubuild and builder_of(SHAPE_META)
@@ -239,14 +249,14 @@ end
 -- h's mail up to its end, for a call nobody listens to (no logger, no
 -- validate, no on_chunk): true once it is done.
 function M.drain(h)
-  return api.drain(h) ~= 0
+  return api_drain(h) ~= 0
 end
 
 -- h's result as handle:result() gives it: res, or nil, err. Only a
 -- success of JSON text is built here; anything else is the classic
 -- handle:result()'s.
 function M.result(h)
-  local r = api.result(h, body_p, len_p, flags_p)
+  local r = api_result(h, body_p, len_p, flags_p)
   if r ~= nil and flags_p[0] == OK then
     local body = ffi_string(body_p[0], len_p[0])
     local data = decode(body)
@@ -265,12 +275,12 @@ end
 -- on a freed handle). A handle of M.submit keeps its few bytes until the GC
 -- takes it: ffi.gc(h, nil) would end the trace here.
 function M.free(h)
-  api.free(h)
+  api_free(h)
 end
 
 -- The key channel polls name h's call by (M.poll).
 function M.key(h)
-  return api.key(h)
+  return api_key(h)
 end
 
 -- ---------------------------------------------------------------------------
@@ -332,16 +342,16 @@ local function set(k, v)
   local kind = KIND[k]
   if kind == "int" then
     if type(v) ~= "number" or v ~= floor(v) or v < -TWO63 or v >= TWO63 then return false end
-    return api.set_int(prep, k, v, errbuf, ERRLEN) == 0
+    return api_set_int(prep, k, v, errbuf, ERRLEN) == 0
   elseif kind == "text" then
     if type(v) ~= "string" or find(v, "\0", 1, true) then return false end
-    return api.set_text(prep, k, v, errbuf, ERRLEN) == 0
+    return api_set_text(prep, k, v, errbuf, ERRLEN) == 0
   elseif kind == "bool" then
     if type(v) ~= "boolean" then return false end
-    return api.set_bool(prep, k, v and 1 or 0, errbuf, ERRLEN) == 0
+    return api_set_bool(prep, k, v and 1 or 0, errbuf, ERRLEN) == 0
   elseif kind == "number" then
     if type(v) ~= "number" then return false end
-    return api.set_number(prep, k, v, errbuf, ERRLEN) == 0
+    return api_set_number(prep, k, v, errbuf, ERRLEN) == 0
   end
   return kind == "own"
 end
@@ -359,7 +369,7 @@ function M.submit(engine, sub)
       or (chunks ~= nil and type(chunks) ~= "boolean") then
     return nil
   end
-  api.prep_reset(prep)
+  api_prep_reset(prep)
   for k, v in pairs(sub) do
     if type(k) ~= "string" or not set(k, v) then return nil end
   end
@@ -373,8 +383,8 @@ function M.submit(engine, sub)
   elseif type(body) ~= "string" or body == "" then
     return nil
   end
-  api.set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
-  local h = api.submit(engine, prep, ch, model, errbuf, ERRLEN)
+  api_set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
+  local h = api_submit(engine, prep, ch, model, errbuf, ERRLEN)
   if h == nil then return nil end
   M.submitted = M.submitted + 1
   return ffi_gc(h, api.handle_free)
@@ -397,7 +407,7 @@ local exchange_p = ffi.new("llmretry_exchange")
 -- run(engine) -> status (0: OK), next_ms: the engine's turn, and how soon
 -- (ms) it must run again at the latest.
 function M.run(engine)
-  local st = api.run(engine, next_ms_p)
+  local st = api_run(engine, next_ms_p)
   return st, next_ms_p[0]
 end
 
@@ -411,7 +421,7 @@ end
 -- `into` (a table) gets the pieces and is the request returned: the
 -- caller's to keep for its next exchange (a table less per call).
 function M.exchange(h, into)
-  if api.exchange(h, exchange_p) == 0 then return nil end
+  if api_exchange(h, exchange_p) == 0 then return nil end
   local x = exchange_p
   local req, n = x.request, tonumber(x.request_len)
   local at, len = tonumber(x.vary_at), tonumber(x.vary_len)
@@ -428,17 +438,17 @@ end
 
 -- Has h's call an attempt waiting for its host (or one it is performing)?
 function M.has_exchange(h)
-  return api.exchange(h, exchange_p) ~= 0
+  return api_exchange(h, exchange_p) ~= 0
 end
 
 -- feed(h, token, data) -> one of M.FEED: data, the response's next bytes.
 function M.feed(h, token, data)
-  return api.feed(h, token, data, #data)
+  return api_feed(h, token, data, #data)
 end
 
 -- failed(h, token, why, reused, message): the exchange ended first.
 function M.failed(h, token, why, reused, message)
-  api.failed(h, token, why, reused and 1 or 0, message)
+  api_failed(h, token, why, reused and 1 or 0, message)
 end
 
 -- poll(channel, fn, arg): fn(arg, key) for each call with news on the
@@ -446,7 +456,7 @@ end
 -- channel:poll() builds a table of handles each time.
 local function poll_all(ch, fn, arg)
   while true do
-    local n = tonumber(api.poll(ch, keys, 64))
+    local n = tonumber(api_poll(ch, keys, 64))
     for i = 0, n - 1 do fn(arg, keys[i]) end
     if n < 64 then return end
   end
@@ -456,10 +466,10 @@ end
 -- each turn of its engine): those take no loop, which would stop LuaJIT
 -- compiling the caller ("inner loop in root trace").
 function M.poll(ch, fn, arg)
-  local n = tonumber(api.poll(ch, keys, 1))
+  local n = tonumber(api_poll(ch, keys, 1))
   if n == 0 then return end
   fn(arg, keys[0])
-  n = tonumber(api.poll(ch, keys, 1))
+  n = tonumber(api_poll(ch, keys, 1))
   if n == 0 then return end
   fn(arg, keys[0])
   return poll_all(ch, fn, arg)
