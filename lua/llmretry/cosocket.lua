@@ -58,13 +58,24 @@ local function tls_error(err)
   return XFER.TLS
 end
 
--- The time left before `deadline` (ngx.now() seconds) in ms, at least 1;
--- nil once it has passed. No deadline: the cosocket's longest wait.
-local function left_ms(deadline)
-  if deadline == nil then return NO_TIMEOUT end
-  local left = (deadline - ngx.now()) * 1000
+-- The socket's timeout for its next operation: what is left before
+-- `deadline` (ngx.now() seconds; nil: none, the cosocket's longest wait),
+-- set when the loop's time has moved since `at` (when it was last set):
+-- connect from the pool, send and the first read come in one turn, and
+-- each settimeout was a call out of the trace. Returns the time it is set
+-- at, or nil once the deadline has passed.
+local FOREVER = -1
+local function arm(sock, deadline, at)
+  if deadline == nil then
+    if at ~= FOREVER then sock:settimeout(NO_TIMEOUT) end
+    return FOREVER
+  end
+  local now = ngx.now()
+  if at == now then return at end
+  local left = (deadline - now) * 1000
   if left < 1 then return nil end
-  return min(left, NO_TIMEOUT)
+  sock:settimeout(min(left, NO_TIMEOUT))
+  return now
 end
 
 -- perform(h, token, host, port, tls, pool_key, request, timeout_ms): the
@@ -78,7 +89,11 @@ function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
   if timeout_ms > 0 then ngx.update_time() end
   local deadline = timeout_ms > 0 and ngx.now() + timeout_ms / 1000 or nil
   local sock = ngx.socket.tcp()
-  sock:settimeout(left_ms(deadline) or 1)
+  local at = arm(sock, deadline, nil)
+  if not at then
+    failed(h, token, XFER.TIMEOUT, false, "timed out before connecting")
+    return
+  end
   local ok, err = sock:connect(host, port, opts_of(pool_key))
   if not ok then
     failed(h, token, connect_error(err), false, "could not connect to " .. pool_key .. ": " .. err)
@@ -86,13 +101,12 @@ function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
   end
   local reused = (sock:getreusedtimes() or 0) > 0
   if tls and not reused then
-    local t = left_ms(deadline)
-    if t == nil then
+    at = arm(sock, deadline, at)
+    if not at then
       sock:close()
       failed(h, token, XFER.TIMEOUT, false, "timed out before the TLS handshake")
       return
     end
-    sock:settimeout(t)
     ok, err = sock:sslhandshake(nil, host, true)
     if not ok then
       sock:close()
@@ -100,13 +114,12 @@ function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
       return
     end
   end
-  local t = left_ms(deadline)
-  if t == nil then
+  at = arm(sock, deadline, at)
+  if not at then
     sock:close()
     failed(h, token, XFER.TIMEOUT, reused, "timed out before sending")
     return
   end
-  sock:settimeout(t)
   ok, err = sock:send(request)
   if not ok then
     sock:close()
@@ -114,13 +127,12 @@ function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
     return
   end
   while true do
-    t = left_ms(deadline)
-    if t == nil then
+    at = arm(sock, deadline, at)
+    if not at then
       sock:close()
       failed(h, token, XFER.TIMEOUT, reused, "timed out")
       return
     end
-    sock:settimeout(t)
     local data
     data, err = sock:receiveany(READ_SIZE)
     if not data then

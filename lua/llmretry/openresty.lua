@@ -351,14 +351,19 @@ local HOST = nil
 local function new_host_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
     o.max_host_connections, shared_store(o), "host")
-  HW = { engine = engine, channel = engine:new_channel(),
+  HW = { engine = engine, channel = engine:new_channel(), pid = ngx.worker.pid(),
     waiting = setmetatable({}, { __mode = WAITING_MODE }) }
   return HW
 end
 
+-- A forked worker's engine is its parent's: it makes its own. The pid is
+-- asked of nginx (an FFI call a trace makes) rather than of the engine (a
+-- C method: out of the trace, on every call).
+local worker_pid = ngx.worker.pid
+
 local function host_worker()
   local hw = HW
-  if hw == nil or hw.engine:forked() then hw = new_host_worker(CONFIG) end
+  if hw == nil or hw.pid ~= worker_pid() then hw = new_host_worker(CONFIG) end
   return hw
 end
 
