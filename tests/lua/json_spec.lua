@@ -96,6 +96,22 @@ describe("encode and decode", function()
     check(llm.encode(3) == "3", "integer %s", llm.encode(3))
   end)
 
+  it("encodes a table met twice (not a cycle) each time, and refuses a cycle at any depth", function()
+    local shared = { 1, { x = "y" } }
+    local text = llm.encode({ a = shared, b = { shared, shared } })
+    local back = llm.decode(text)
+    check(back.a[2].x == "y" and back.b[1][1] == 1 and back.b[2][2].x == "y", "shared %s", text)
+    -- After an encode that raised, the next one starts clean (no table left
+    -- marked as open).
+    local deep = { l1 = { l2 = { l3 = {} } } }
+    deep.l1.l2.l3.back = deep.l1
+    local ok, err = pcall(llm.encode, deep)
+    check(not ok and tostring(err):find("value.l1.l2.l3.back contains a cycle", 1, true),
+      "cycle: %s", tostring(err))
+    deep.l1.l2.l3.back = nil
+    check(llm.encode(deep) == '{"l1":{"l2":{"l3":{}}}}', "after: %s", llm.encode(deep))
+  end)
+
   it("decodes arrays with array_mt, so they round-trip", function()
     local v = llm.decode('{"a": [], "b": [1, {"c": null}], "d": {}}')
     check(getmetatable(v.a) == llm.array_mt and getmetatable(v.b) == llm.array_mt, "array_mt")
