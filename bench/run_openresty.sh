@@ -19,6 +19,10 @@
 # LLMRETRY_GATEWAY_PORT+2, same config but for init_worker's transport: the
 # row /llmretry-cosocket, its runs rotated with the others'. TRANSPORTS=engine
 # leaves it out.
+# GC_STEPMUL=<n>: every gateway's worker runs collectgarbage("setstepmul", n)
+# in init_worker (LuaJIT's default is 200): the same GC setting on every
+# side (BENCHMARKS.md, "Fewer allocations per call": it moved both alike).
+# Unset: LuaJIT's default, as before.
 # PACE_MS=<ms>: each downstream connection waits that long before each of its
 # requests (bench/wrk_paced.lua): the same offered load for every gateway,
 # below their capacity, so that the latency columns compare service times
@@ -33,6 +37,10 @@ CONNS=${CONNS:-1000}
 UP_PORT=${LLMRETRY_BENCH_PORT:-18089}
 GW_PORT=${LLMRETRY_GATEWAY_PORT:-18093}
 BASELINE=${BASELINE:-}
+GC_STEPMUL=${GC_STEPMUL:-}
+case $GC_STEPMUL in ''|*[!0-9]*) [ -z "$GC_STEPMUL" ] || { echo "GC_STEPMUL must be a whole number" >&2; exit 2; } ;; esac
+GC_TUNING=""
+[ -z "$GC_STEPMUL" ] || GC_TUNING="collectgarbage(\"setstepmul\", $GC_STEPMUL)"
 PACE_MS=${PACE_MS:-0}   # > 0: each connection waits this long before each request (bench/wrk_paced.lua)
 BGW_PORT=$((GW_PORT + 1))
 CGW_PORT=$((GW_PORT + 2))
@@ -81,7 +89,7 @@ if [ -n "$BASELINE" ]; then
 fi
 gateway_conf() { # repo port [init_worker options] -> the gateway's nginx.conf on stdout
   sed -e "s|__REPO__|$1|g" -e "s|__GW_PORT__|$2|g" -e "s|__UP_PORT__|$UP_PORT|g" \
-    -e "s|__INIT_EXTRA__|${3:-}|g" "$ROOT/bench/openresty.conf"
+    -e "s|__INIT_EXTRA__|${3:-}|g" -e "s|__GC_TUNING__|$GC_TUNING|g" "$ROOT/bench/openresty.conf"
 }
 gateway_conf "$ROOT" "$GW_PORT" >"$GW/nginx.conf"
 gateway_conf "$ROOT" "$CGW_PORT" ', transport = "cosocket"' >"$CGW/nginx.conf"
@@ -204,7 +212,7 @@ echo
 echo "One gateway worker (\`bench/openresty.conf\`) calls the 50 ms endpoint of \`bench/nginx.conf\`" \
   "(\`echo_sleep 0.05\`, its own nginx, one worker) for every downstream request and answers the" \
   "model's content; \`wrk -t2 -c$CONNS -d${SECS}s --latency\` is the $CONNS downstream clients$( [ "$PACE_MS" = 0 ] || echo ", each waiting $PACE_MS ms before each request (bench/wrk_paced.lua: the same offered load for every gateway)")." \
-  "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each."
+  "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each.$( [ -z "$GC_STEPMUL" ] || echo " Every gateway's worker runs \`collectgarbage(\"setstepmul\", $GC_STEPMUL)\` (LuaJIT's default: 200).")"
 echo
 echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread |"
 echo "|---|---:|---|---:|---:|---|---|---:|"
