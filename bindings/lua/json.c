@@ -295,9 +295,13 @@ static int pull_value(lua_State *L, lr_jp *j, int array_mt)
         return 0;
     }
     if (c == '[' || c == '{') {
+        /* The outermost object (a chat.completion: id, object, created,
+         * model, choices, usage, system_fingerprint...) sized for 8 keys:
+         * from 4 it was resized once for every answer. */
+        int top_object = c == '{' && j->depth == 0;
         if (lr_jp_enter(j) != 0)
             return -1;
-        lua_createtable(L, c == '[' ? 4 : 0, c == '{' ? 4 : 0);
+        lua_createtable(L, c == '[' ? 4 : 0, c == '{' ? (top_object ? 8 : 4) : 0);
         char close = c == '[' ? ']' : '}';
         lr_jp_ws(j);
         int i = 0;
