@@ -141,6 +141,7 @@ build = {
       ["llmretry.openresty"] = "lua/llmretry/openresty.lua",
       ["llmretry.openresty_abort"] = "lua/llmretry/openresty_abort.lua",
       ["llmretry.openresty_host"] = "lua/llmretry/openresty_host.lua",
+      ["llmretry.openresty_dispatch"] = "lua/llmretry/openresty_dispatch.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",
       ["llmretry.scheduler"] = "lua/llmretry/scheduler.lua",
       ["llmretry.client"] = "lua/llmretry/client.lua",

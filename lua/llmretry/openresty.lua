@@ -25,7 +25,7 @@
 -- A call whose client goes away is cancelled (with lua_check_client_abort
 -- on: this module registers the request's ngx.on_abort); a worker that
 -- exits (reload, quit) lets its calls in flight finish, then stops its
--- dispatcher so that the worker can exit.
+-- dispatcher so that the worker can exit (llmretry.openresty_dispatch).
 --
 -- The transport "cosocket" (init_worker{ transport = "cosocket" }): the
 -- worker's engine has no thread; a request runs it and carries its call's
@@ -47,7 +47,7 @@ local lffi = require("llmretry.ffi")
 local ffi_submit = lffi and lffi.submit
 
 local type, pairs, tostring, error, pcall, next = type, pairs, tostring, error, pcall, next
-local setmetatable, collectgarbage = setmetatable, collectgarbage
+local setmetatable = setmetatable
 local string = string
 local ngx = ngx
 
@@ -79,10 +79,6 @@ M.DEFAULT_TRANSPORT = "engine"
 -- Without a dispatcher (it failed, or the worker is exiting) requests look
 -- every POLL_S instead.
 local WAIT_S, POLL_S = 1, 0.02
--- The dispatcher's read timeout (ms): as long as the cosocket allows, since
--- nginx logs every cosocket timeout; it wakes on news or the channel's end.
-local READ_TIMEOUT_MS = 2 ^ 31 - 1
-
 local function log_err(...) ngx.log(ngx.ERR, "llmretry: ", ...) end
 
 -- The first error a call's logger raises goes to the error log (the call goes on).
@@ -128,29 +124,10 @@ local function post(waiting, key)
   end
 end
 
--- Post the waiter of every call with news on d's channel, until it is empty.
-local function wake(d)
-  local ch, waiting = d.channel, d.waiting
-  if lffi then return lffi.poll(ch, post, waiting) end
-  while true do
-    local hs = ch:poll()
-    local n = #hs
-    if n == 0 then return end
-    for i = 1, n do post(waiting, hs[i]) end
-  end
-end
-
--- Nobody waits on d. Entries of requests killed while they waited go with
--- their handles, at a full collection: one a second at most (an exiting
--- worker asks on every wake-up).
-local function idle(d)
-  if next(d.waiting) == nil then return true end
-  local now = ngx.now()
-  if now - (d.collected_at or 0) < 1 then return false end
-  d.collected_at = now
-  collectgarbage()
-  return next(d.waiting) == nil
-end
+-- The transport "engine"'s dispatcher (llmretry.openresty_dispatch).
+local DISPATCH = require("llmretry.openresty_dispatch").new{ post = post,
+  waiting_mode = WAITING_MODE, poll_s = POLL_S, log_err = log_err }
+local wake, start_dispatch, on_exit = DISPATCH.wake, DISPATCH.start_dispatch, DISPATCH.on_exit
 
 -- The call of h has ended: nobody waits for it. The last one of an exiting
 -- worker has the dispatcher look now rather than at its next second.
@@ -182,122 +159,6 @@ local function give_waiter(waiter)
   if n < SPARE_MAX and sema:count() == 0 then spare[n + 1] = waiter end
 end
 
--- No more dispatch on d: the channel goes once its calls are gone, and its
--- end of the dispatcher's connection with it.
-local function stop(d)
-  d.state = "stopped"
-  d.closed = true
-  d.channel:close()
-end
-
--- The dispatcher's reader (a light thread): every byte on the connection
--- means "news", which wake() hands out. Returns why the connection ended.
-local function read_loop(d, sock)
-  while true do
-    local data, err = sock:receiveany(4096)
-    if not data and err ~= "timeout" then
-      d.reader_end = err
-      d.kick:post(1)
-      return
-    end
-    wake(d)
-  end
-end
-
--- The dispatcher: an ngx.timer callback. It connects to the channel, reads
--- in a light thread of its own (read_loop), and itself waits on d.kick
--- (posted when the reader ends or the worker starts exiting; else a look
--- every second, which logs nothing, unlike a cosocket's timeout): an
--- exiting worker lets its calls in flight finish, then stops the reader,
--- whose endless read would otherwise hold the worker for ever.
-local function dispatch(premature, d)
-  if premature then
-    stop(d)         -- the worker exits before the dispatcher ever ran
-    return
-  end
-  local sock = ngx.socket.tcp()
-  local ok, err = sock:connect("unix:" .. d.path)
-  if ok then ok, err = d.channel:accept(1000) end
-  if not ok then
-    log_err("the dispatcher could not connect to its engine's channel (", tostring(err),
-      "); the calls of this worker look for their news every ", POLL_S * 1000, " ms instead")
-    sock:close()
-    d.failed_at = ngx.now()
-    stop(d)
-    return
-  end
-  sock:settimeouts(1000, 1000, READ_TIMEOUT_MS)
-  d.state = "running"
-  local reader = ngx.thread.spawn(read_loop, d, sock)
-  while true do
-    d.kick:wait(1)
-    if d.reader_end then
-      if d.state == "running" then
-        log_err("the dispatcher's connection to its engine's channel ended (",
-          tostring(d.reader_end), ")")
-        d.failed_at = ngx.now()
-      end
-      break
-    end
-    if d.state ~= "running" or (ngx.worker.exiting() and idle(d)) then break end
-  end
-  if not d.reader_end then ngx.thread.kill(reader) end
-  sock:close()
-  if d.state ~= "stopped" then stop(d) end
-end
-
--- A worker that exits stops an idle dispatcher at once, a busy one once its
--- calls have ended (the dispatcher looks every second, and on each news).
--- A semaphore posted from here would wake nobody before the next event
--- (nginx runs this while closing idle connections, outside its event
--- loop), so the channel is closed instead: the core closes its end of the
--- reader's connection, and that is an event. Handles of finished calls
--- still hold the C channel: collected first.
-local function on_exit(premature, w)
-  if not premature then
-    ngx.timer.at(86400, on_exit, w)     -- a day has passed: wait another
-    return
-  end
-  w.exiting = true
-  local d = w.d
-  if d.state ~= "stopped" and next(d.waiting) == nil then
-    collectgarbage()
-    if next(d.waiting) == nil then stop(d) end
-  end
-end
-
-local function new_dispatch(w, channel, state)
-  local d = { channel = channel, state = state, kick = semaphore.new(),
-    waiting = setmetatable({}, { __mode = WAITING_MODE }) }
-  w.d = d
-  return d
-end
-
--- A new channel on w's engine for its calls from now on: a socket channel
--- and its dispatcher, or, when there can be none (the worker exits, the
--- last one failed within the second, no timer), a plain channel that the
--- waiting requests look at themselves (state "stopped"). Either way no
--- socket path is left behind: a socket channel exists only with a
--- dispatcher on its way to connect to it.
-local function start_dispatch(w)
-  local prev = w.d
-  local failed_at = prev and prev.failed_at
-  if w.exiting or ngx.worker.exiting() or (failed_at and ngx.now() - failed_at < 1) then
-    new_dispatch(w, w.engine:new_channel(), "stopped").failed_at = failed_at
-    return
-  end
-  local ch = w.engine:new_channel{ socket = true }
-  local d = new_dispatch(w, ch, "starting")
-  d.path = ch:path()
-  local ok, err = ngx.timer.at(0, dispatch, d)
-  if not ok then
-    log_err("cannot start the dispatcher (ngx.timer.at: ", tostring(err), "); the calls of "
-      .. "this worker look for their news every ", POLL_S * 1000, " ms instead")
-    ch:close()
-    new_dispatch(w, w.engine:new_channel(), "stopped").failed_at = ngx.now()
-  end
-end
-
 -- The worker's shared store (docs/shared.md): init_worker's `shared`, else
 -- LLMRETRY_SHARED (which nginx passes only with `env LLMRETRY_SHARED;`).
 -- Every worker naming one store paces one budget per endpoint.
@@ -311,10 +172,16 @@ end
 -- "cosocket" makes its threaded engine on the first stream).
 local CONFIG = {}
 
+-- A forked worker's engine is its parent's: it makes its own. Each engine
+-- notes the pid it was made in, and each call compares it with nginx's
+-- (an FFI call a trace makes) rather than asking the engine (a C method:
+-- out of the trace, on every call).
+local worker_pid = ngx.worker.pid
+
 local function new_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
     o.max_host_connections, shared_store(o), o.io_loop or M.DEFAULT_IO_LOOP)
-  local w = { engine = engine, exiting = false }
+  local w = { engine = engine, exiting = false, pid = worker_pid() }
   local ok, err = pcall(start_dispatch, w)
   if not ok then
     engine:close()
@@ -330,7 +197,7 @@ end
 -- failed) or, a second after a failure, to try a dispatcher again.
 local function worker()
   local w = W
-  if w == nil or w.engine:forked() then
+  if w == nil or w.pid ~= worker_pid() then
     w = new_worker(CONFIG)
   end
   local d = w.d
@@ -351,15 +218,10 @@ local HOST = nil
 local function new_host_worker(o)
   local engine = core.new_engine(o.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT,
     o.max_host_connections, shared_store(o), "host")
-  HW = { engine = engine, channel = engine:new_channel(), pid = ngx.worker.pid(),
+  HW = { engine = engine, channel = engine:new_channel(), pid = worker_pid(),
     waiting = setmetatable({}, { __mode = WAITING_MODE }) }
   return HW
 end
-
--- A forked worker's engine is its parent's: it makes its own. The pid is
--- asked of nginx (an FFI call a trace makes) rather than of the engine (a
--- C method: out of the trace, on every call).
-local worker_pid = ngx.worker.pid
 
 local function host_worker()
   local hw = HW
