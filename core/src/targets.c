@@ -230,7 +230,8 @@ int lr_targets_build(llmretry_call *c, const char *fallbacks)
         return 0;
     cJSON *doc = cJSON_Parse(fallbacks);
     int n = cJSON_GetArraySize(doc);
-    /* Target 0 was made alone; its fields are pointed at, not the array. */
+    /* Target 0 lives in the record (target0) until now: copied to the
+     * array's head; c->url and the rest point at its strings, not at it. */
     lr_target *more = doc ? malloc((size_t)(1 + n) * sizeof *more) : NULL;
     if (!more) {
         cJSON_Delete(doc);
