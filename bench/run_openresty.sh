@@ -27,6 +27,11 @@
 # requests (bench/wrk_paced.lua): the same offered load for every gateway,
 # below their capacity, so that the latency columns compare service times
 # rather than queues (0, the default: as fast as each gateway answers).
+# PEER_SPIN=<n>: the cosocket gateway turns a busy loop n times per request
+# before its call (~1.9 ns a turn on the machine of BENCHMARKS.md): the same
+# peer with more CPU per call, to see how calls/s and p99 follow a gateway
+# worker's CPU per call near its knee (BENCHMARKS.md, "The knee"). 0, the
+# default: none.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,6 +46,8 @@ GC_STEPMUL=${GC_STEPMUL:-}
 case $GC_STEPMUL in ''|*[!0-9]*) [ -z "$GC_STEPMUL" ] || { echo "GC_STEPMUL must be a whole number" >&2; exit 2; } ;; esac
 GC_TUNING=""
 [ -z "$GC_STEPMUL" ] || GC_TUNING="collectgarbage(\"setstepmul\", $GC_STEPMUL)"
+PEER_SPIN=${PEER_SPIN:-0}
+case $PEER_SPIN in ''|*[!0-9]*) echo "PEER_SPIN must be a whole number" >&2; exit 2 ;; esac
 PACE_MS=${PACE_MS:-0}   # > 0: each connection waits this long before each request (bench/wrk_paced.lua)
 BGW_PORT=$((GW_PORT + 1))
 CGW_PORT=$((GW_PORT + 2))
@@ -89,7 +96,8 @@ if [ -n "$BASELINE" ]; then
 fi
 gateway_conf() { # repo port [init_worker options] -> the gateway's nginx.conf on stdout
   sed -e "s|__REPO__|$1|g" -e "s|__GW_PORT__|$2|g" -e "s|__UP_PORT__|$UP_PORT|g" \
-    -e "s|__INIT_EXTRA__|${3:-}|g" -e "s|__GC_TUNING__|$GC_TUNING|g" "$ROOT/bench/openresty.conf"
+    -e "s|__INIT_EXTRA__|${3:-}|g" -e "s|__GC_TUNING__|$GC_TUNING|g" \
+    -e "s|__PEER_SPIN__|$PEER_SPIN|g" "$ROOT/bench/openresty.conf"
 }
 gateway_conf "$ROOT" "$GW_PORT" >"$GW/nginx.conf"
 gateway_conf "$ROOT" "$CGW_PORT" ', transport = "cosocket"' >"$CGW/nginx.conf"
@@ -212,7 +220,7 @@ echo
 echo "One gateway worker (\`bench/openresty.conf\`) calls the 50 ms endpoint of \`bench/nginx.conf\`" \
   "(\`echo_sleep 0.05\`, its own nginx, one worker) for every downstream request and answers the" \
   "model's content; \`wrk -t2 -c$CONNS -d${SECS}s --latency\` is the $CONNS downstream clients$( [ "$PACE_MS" = 0 ] || echo ", each waiting $PACE_MS ms before each request (bench/wrk_paced.lua: the same offered load for every gateway)")." \
-  "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each.$( [ -z "$GC_STEPMUL" ] || echo " Every gateway's worker runs \`collectgarbage(\"setstepmul\", $GC_STEPMUL)\` (LuaJIT's default: 200).")"
+  "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each.$( [ -z "$GC_STEPMUL" ] || echo " Every gateway's worker runs \`collectgarbage(\"setstepmul\", $GC_STEPMUL)\` (LuaJIT's default: 200).")$( [ "$PEER_SPIN" = 0 ] || echo " The cosocket gateway turns a busy loop $PEER_SPIN times per request (PEER_SPIN) before its call.")"
 echo
 echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread |"
 echo "|---|---:|---|---:|---:|---|---|---:|"
