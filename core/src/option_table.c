@@ -11,6 +11,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,10 +259,16 @@ llmretry_status lr_option_check_int(const llmretry_option_info *opt, int64_t v, 
     return LLMRETRY_OK;
 }
 
-void llmretry_options_defaults(llmretry_options *o)
+/* The defaults, read from the table once: every call's options start from
+ * them (each binding's parse, a host's FFI prep), and reading the built-in
+ * texts again (a strtoll or strtod per option) was a share of every call
+ * (issue 36). */
+static llmretry_options defaults;
+static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
+
+static void defaults_init(void)
 {
-    if (!o)
-        return;
+    llmretry_options *o = &defaults;
     memset(o, 0, sizeof *o);
     for (size_t i = 0; i < N_TABLE; i++) {
         const llmretry_option_info *opt = &TABLE[i];
@@ -275,6 +282,14 @@ void llmretry_options_defaults(llmretry_options *o)
     }
     o->deadline_ms = LLMRETRY_NO_DEADLINE;
     o->use_env_api_key = 1;
+}
+
+void llmretry_options_defaults(llmretry_options *o)
+{
+    if (!o)
+        return;
+    pthread_once(&defaults_once, defaults_init);
+    *o = defaults;
 }
 
 static const llmretry_option_info *settable(const char *name, llmretry_option_type want,

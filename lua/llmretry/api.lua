@@ -44,6 +44,7 @@ local lffi = require("llmretry.ffi")
 local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
 local getmetatable, rawget = getmetatable, rawget
 local string = string
+local release_sub = args.release_sub
 local argerror, is_callable, is_integer, check_array =
   args.argerror, args.is_callable, args.is_integer, args.check_array
 
@@ -131,6 +132,8 @@ function M.new(host)
         on_chunk = on_chunk }
     end
     local h, token = submit(sub, engine, pool, level + 1, plain)
+    -- The core has copied what it needs of sub: the next call's to fill.
+    release_sub(sub)
     return h, ctx, token, plain
   end
   local start = A.start

@@ -7,6 +7,18 @@ local M = {}
 -- table.new(narr, nrec) where the Lua has it (LuaJIT), else {}.
 local ok_new, new_tab = pcall(require, "table.new")
 if not ok_new then new_tab = function() return {} end end
+-- table.clear(t) where the Lua has it (LuaJIT), else a loop.
+local ok_clear, clear_tab = pcall(require, "table.clear")
+if not ok_clear then
+  clear_tab = function(t)
+    for k in pairs(t) do t[k] = nil end
+  end
+end
+
+-- A `sub` of split_call_options that its caller handed back (release_sub)
+-- once the core had read it: the next split fills it rather than making
+-- one (a table and its hash part less per call: issue 36).
+local spare_sub = nil
 
 -- type(v), but "null" for llmretry's (and lua-cjson's) null.
 function M.typename(v)
@@ -79,17 +91,30 @@ function M.split_call_options(opts, level, host_keys, default_logger)
   if validate ~= nil and validate ~= false and not M.is_callable(validate) then
     M.argerror(level + 1, "validate", "a function or nil", validate)
   end
-  -- Sized once (the engine's keys below included): grown key by key, it
-  -- was five allocations per call.
-  local n = 2
-  for _ in pairs(opts) do n = n + 1 end
-  local sub = new_tab(0, n)
+  local sub = spare_sub
+  if sub ~= nil then
+    spare_sub = nil
+  else
+    -- Sized once (the engine's keys below included): grown key by key, it
+    -- was five allocations per call.
+    local n = 2
+    for _ in pairs(opts) do n = n + 1 end
+    sub = new_tab(0, n)
+  end
   for k, v in pairs(opts) do
     if not host_keys[k] then sub[k] = v end
   end
   if validate then sub.validate = true end
   if not logger and sub.event_mask == nil then sub.event_mask = 0 end
   return sub, logger or nil, validate or nil
+end
+
+-- release_sub(sub): split_call_options's sub back, for its next call.
+-- Only once nothing holds it: engine:submit and llmretry.ffi.submit read it
+-- and keep nothing of it (llmretry.api's start hands it back after them).
+function M.release_sub(sub)
+  clear_tab(sub)
+  spare_sub = sub
 end
 
 -- map_with_concurrency's arguments, checked alike in every host: items an

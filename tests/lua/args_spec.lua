@@ -169,3 +169,47 @@ describe("argument errors never echo a value that may be a secret", function()
     end
   end)
 end)
+
+-- llmretry.api hands a call's options for the core (split_call_options's
+-- sub) back once submitted, and the next call fills the same table: nothing
+-- of one call's options may reach the next (issue 36).
+describe("the options table a call hands back", function()
+  local args = require("llmretry.args")
+  local HOST_KEYS = { logger = true, validate = true, engine = true }
+
+  it("is filled afresh: none of the last call's options is left in it", function()
+    local first = args.split_call_options({ url = "http://a.test/v1", model = "leak",
+      timeout_ms = 5, idempotency_key = "k" }, 1, HOST_KEYS)
+    args.release_sub(first)
+    local second = args.split_call_options({ url = "http://b.test/v1" }, 1, HOST_KEYS)
+    check(second == first, "the table handed back was not reused")
+    check(second.model == nil and second.timeout_ms == nil and second.idempotency_key == nil,
+      "the last call's options are left in it: %s", H.dump(second))
+    check(second.url == "http://b.test/v1" and second.event_mask == 0,
+      "not this call's options: %s", H.dump(second))
+  end)
+
+  it("is never the options of two calls at once", function()
+    local a = args.split_call_options({ url = "http://a.test/v1" }, 1, HOST_KEYS)
+    local b = args.split_call_options({ url = "http://b.test/v1" }, 1, HOST_KEYS)
+    check(a ~= b and a.url == "http://a.test/v1", "two calls share one table: %s", H.dump(a))
+  end)
+
+  it("carries nothing from one call_llm to the next", function()
+    local mock = H.start_mock()
+    local scen = mock:scen("handed_back")
+    local ok, err = pcall(function()
+      local first = assert(llm.call_llm{ body = H.secret_body("handed_back", "body-model"),
+        base_url = scen.url, api_key = H.SECRET_KEY, model = "first-call-model" })
+      check(first.meta.model == "first-call-model", "first: meta.model %s",
+        tostring(first.meta.model))
+      local second = assert(llm.call_llm{ body = H.secret_body("handed_back", "body-model"),
+        base_url = scen.url, api_key = H.SECRET_KEY })
+      check(second.meta.model == "body-model",
+        "the second call's model is %s: the first call's option reached it",
+        tostring(second.meta.model))
+    end)
+    mock:stop()
+    assert(ok, err)
+  end)
+end)
