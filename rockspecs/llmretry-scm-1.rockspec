@@ -109,6 +109,7 @@ build = {
             "core/src/schema_walk.c",
             "core/src/schema_validate.c",
             "core/src/sockets.c",
+            "core/src/spares.c",
             "core/src/sse.c",
             "core/src/stream.c",
             "core/src/stream_body.c",

@@ -229,9 +229,8 @@ void lr_call_headers_free(struct curl_slist *h)
  * cache, often consolidating its free lists first, and that cost the
  * submitting thread more per call than the rest of its record. A record
  * is only memory here (its mutex and condition variable are made and
- * destroyed with the call), so a spare is as good as a fresh one. Not in a
- * forked child (spare_mu may have been held by the parent's I/O thread):
- * a child touches nothing of the parent's engine anyway. The spares,
+ * destroyed with the call), so a spare is as good as a fresh one (kept
+ * and taken as spares.c says: none in a forked child). The spares,
  * poisoned for AddressSanitizer and valgrind (all but their link), still
  * show a use after free. At most 256 are kept (600 KB, no more than the
  * engine's busiest moment had alive): a batch keeps about 4 x limit + 64
@@ -264,50 +263,32 @@ typedef union spare {
 
 static llmretry_call *record_new(llmretry_engine *e)
 {
-    spare *s = NULL;
-    if (!lr_forked(e)) {
-        pthread_mutex_lock(&e->spare_mu);
-        if ((s = (spare *)e->spare) != NULL) {
-            SPARE_SHOW(s);
-            e->spare = (llmretry_call *)s->next;
-            e->n_spare--;
-        }
-        pthread_mutex_unlock(&e->spare_mu);
-    }
+    spare *s = lr_spares_take(e, &e->spare_calls);
     if (!s)
         return calloc(1, sizeof(llmretry_call));
+    SPARE_SHOW(s);
     memset(s, 0, sizeof *s);
     return &s->call;
 }
 
 static void record_free(llmretry_engine *e, llmretry_call *c)
 {
-    if (e && !lr_forked(e)) {
-        pthread_mutex_lock(&e->spare_mu);
-        if (e->n_spare < LR_SPARE_CALLS) {
-            spare *s = (spare *)c;
-            s->next = (spare *)e->spare;
-            e->spare = c;
-            e->n_spare++;
-            SPARE_HIDE(s);
-            c = NULL;
-        }
-        pthread_mutex_unlock(&e->spare_mu);
-    }
+    /* Hidden before it is on the list: from then on another thread may
+     * take it, and shows it first. */
+    SPARE_HIDE((spare *)c);
+    if (e && lr_spares_put(e, &e->spare_calls, c, LR_SPARE_CALLS))
+        return;
+    SPARE_SHOW((spare *)c);
     free(c);
 }
 
 void lr_call_spares_free(llmretry_engine *e)
 {
-    spare *s = (spare *)e->spare;
-    while (s) {
+    spare *s;
+    while ((s = lr_spares_pop(&e->spare_calls)) != NULL) {
         SPARE_SHOW(s);
-        spare *next = s->next;
         free(s);
-        s = next;
     }
-    e->spare = NULL;
-    e->n_spare = 0;
     lr_host_xfer_spares_free(e);
     pthread_mutex_destroy(&e->spare_mu);
 }

@@ -9,6 +9,7 @@
  *   channel.c    ready lists with a notifier (eventfd or pipe)
  *   sockets.c    the engine's open sockets, found by their ports
  *   io_events.c  the events loop: libcurl's socket interface on epoll
+ *   spares.c     freed call records and exchanges kept for the next call
  *
  * Everything marked "I/O thread" is touched by that thread only. */
 #ifndef LR_ENGINE_PRIVATE_H
@@ -19,6 +20,12 @@
 #include <stdint.h>
 
 #define LR_NO_TIMER SIZE_MAX        /* heap_index of a call without a timer */
+
+/* A list of freed objects of one kind (spares.c). */
+typedef struct lr_spares {
+    void *head;
+    int n;
+} lr_spares;
 
 /* ---- sockets.c ------------------------------------------------------------ */
 typedef struct lr_sock {
@@ -78,15 +85,12 @@ struct llmretry_engine {
     unsigned fork_generation;      /* lr_forked: engine.c's count of forks at creation */
     int max_in_flight;
 
-    /* Records of freed calls kept for the next lr_call_new (call.c): a
-     * 2.4 KB calloc per call cost the submitting thread more than the rest
-     * of its record. Any thread, under spare_mu. */
+    /* Freed objects kept for the next of their kind (spares.c), under
+     * spare_mu: call records (call.c: a 2.4 KB calloc per call cost the
+     * submitting thread more than the rest of its record) and, io_loop
+     * host, exchanges with their buffers (host_io.c). */
     pthread_mutex_t spare_mu;
-    llmretry_call *spare;
-    int n_spare;
-    /* io_loop host: freed calls' exchanges (host_io.c), under spare_mu too. */
-    struct lr_host_xfer *spare_xfer;
-    int n_spare_xfer;
+    lr_spares spare_calls, spare_xfers;
 
     pthread_mutex_t mu;            /* guards everything down to `thread` */
     llmretry_call *ops_head, *ops_tail;
@@ -282,6 +286,15 @@ void lr_publish(llmretry_engine *e);
 void lr_mail_done(llmretry_call *c);
 /* Hand a 2xx body to the host's validator. */
 void lr_mail_validate(llmretry_call *c);
+
+/* ---- spares.c -------------------------------------------------------------- */
+/* Take a kept object (NULL: none, or a forked child); keep one (1) unless
+ * `max` are kept already or the engine is forked (0: the caller frees it);
+ * pop one at the engine's end (no lock: nobody else is left). An object's
+ * first pointer-sized bytes are the list's while it is kept. */
+void *lr_spares_take(llmretry_engine *e, lr_spares *s);
+int lr_spares_put(llmretry_engine *e, lr_spares *s, void *p, int max);
+void *lr_spares_pop(lr_spares *s);
 
 /* ---- engine.c -------------------------------------------------------------- */
 /* 1 in a process forked from the one that made the engine. Every public

@@ -15,6 +15,7 @@
 #include <strings.h>
 
 struct lr_host_xfer {
+    void *spare_link;              /* first: the engine's spare_xfers' (spares.c) */
     lr_http1 parser;
     lr_buf req;                    /* the request's bytes */
     char host[256];                /* to connect to, without IPv6 brackets */
@@ -25,7 +26,6 @@ struct lr_host_xfer {
     int pending;                   /* the host has this attempt to perform */
     int received;                  /* a byte of the response came back */
     int64_t timeout_ms;
-    struct lr_host_xfer *next_spare;   /* in the engine's spare_xfer */
 };
 
 long lr_host_status(const llmretry_call *c)
@@ -37,7 +37,7 @@ long lr_host_status(const llmretry_call *c)
  * request buffer and the parser's line buffer with it: a gateway's calls
  * are all alike, and the calloc, the buffer's malloc and the line's
  * realloc were three of a call's dozen allocations (issue 36). At most
- * LR_SPARE_XFERS (1 MB), none in a forked child (as call records). */
+ * LR_SPARE_XFERS (1 MB), kept and taken as spares.c says. */
 #define LR_SPARE_XFERS 256
 
 static void xfer_destroy(struct lr_host_xfer *hx)
@@ -54,17 +54,7 @@ void lr_host_xfer_free(llmretry_call *c)
     if (!hx)
         return;
     c->hx = NULL;
-    if (e && !lr_forked(e)) {
-        pthread_mutex_lock(&e->spare_mu);
-        if (e->n_spare_xfer < LR_SPARE_XFERS) {
-            hx->next_spare = e->spare_xfer;
-            e->spare_xfer = hx;
-            e->n_spare_xfer++;
-            hx = NULL;
-        }
-        pthread_mutex_unlock(&e->spare_mu);
-    }
-    if (hx)
+    if (!e || !lr_spares_put(e, &e->spare_xfers, hx, LR_SPARE_XFERS))
         xfer_destroy(hx);
 }
 
@@ -72,18 +62,8 @@ void lr_host_xfer_free(llmretry_call *c)
  * a new one; NULL when out of memory. */
 static struct lr_host_xfer *xfer_new(llmretry_call *c)
 {
-    llmretry_engine *e = c->engine;
-    struct lr_host_xfer *hx = NULL;
-    if (!lr_forked(e)) {
-        pthread_mutex_lock(&e->spare_mu);
-        if ((hx = e->spare_xfer) != NULL) {
-            e->spare_xfer = hx->next_spare;
-            e->n_spare_xfer--;
-        }
-        pthread_mutex_unlock(&e->spare_mu);
-    }
+    struct lr_host_xfer *hx = lr_spares_take(c->engine, &c->engine->spare_xfers);
     if (hx) {
-        hx->next_spare = NULL;
         hx->parser.ud = c;
         return hx;
     }
@@ -94,12 +74,9 @@ static struct lr_host_xfer *xfer_new(llmretry_call *c)
 
 void lr_host_xfer_spares_free(llmretry_engine *e)
 {
-    while (e->spare_xfer) {
-        struct lr_host_xfer *hx = e->spare_xfer;
-        e->spare_xfer = hx->next_spare;
+    struct lr_host_xfer *hx;
+    while ((hx = lr_spares_pop(&e->spare_xfers)) != NULL)
         xfer_destroy(hx);
-    }
-    e->n_spare_xfer = 0;
 }
 
 /* ---- the request's bytes ----------------------------------------------- */

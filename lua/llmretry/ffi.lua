@@ -114,6 +114,7 @@ local api_prep_reset, api_set_int, api_set_bool, api_set_text, api_set_number, a
   api.prep_reset, api.set_int, api.set_bool, api.set_text, api.set_number, api.set_body
 local api_submit, api_run, api_exchange, api_feed, api_failed, api_shape_values = api.submit,
   api.run, api.exchange, api.feed, api.failed, api.shape_values
+local api_handle_free = api.handle_free
 
 local tonumber, type, pairs, pcall, getmetatable, rawget =
   tonumber, type, pairs, pcall, getmetatable, rawget
@@ -387,7 +388,7 @@ function M.submit(engine, sub)
   local h = api_submit(engine, prep, ch, model, errbuf, ERRLEN)
   if h == nil then return nil end
   M.submitted = M.submitted + 1
-  return ffi_gc(h, api.handle_free)
+  return ffi_gc(h, api_handle_free)
 end
 
 -- ---------------------------------------------------------------------------

@@ -1225,7 +1225,7 @@ static char *sent_lines(const char *name, int i)
 static int spares(llmretry_engine *e)
 {
     pthread_mutex_lock(&e->spare_mu);
-    int n = e->n_spare;
+    int n = e->spare_calls.n;
     pthread_mutex_unlock(&e->spare_mu);
     return n;
 }
