@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#pragma GCC visibility push(hidden)
 
 #define ENGINE_MT "llmretry.engine"
 #define GROUP_MT "llmretry.group"
@@ -191,4 +192,5 @@ int l_uuid4(lua_State *L);
 #pragma GCC visibility pop
 #endif
 
+#pragma GCC visibility pop
 #endif

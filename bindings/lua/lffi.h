@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#pragma GCC visibility push(hidden)
 
 #define LR_FFI_ABI 3
 #define LR_FFI_OK 1
@@ -55,4 +56,5 @@ typedef struct lr_ffi_api {
 } lr_ffi_api;
 /* cdef end */
 
+#pragma GCC visibility pop
 #endif

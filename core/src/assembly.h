@@ -42,6 +42,7 @@
 
 #include <stddef.h>
 #include "llmretry/result.h"
+#pragma GCC visibility push(hidden)
 
 struct cJSON;
 
@@ -90,4 +91,5 @@ typedef struct lr_asm_stats {
 /* Valid while a lives; changes as chunks are added. */
 const lr_asm_stats *lr_asm_stats_of(const lr_asm *a);
 
+#pragma GCC visibility pop
 #endif

@@ -14,6 +14,7 @@
 
 #include "engine.h"
 #include "shared.h"
+#pragma GCC visibility push(hidden)
 
 /* The health options in force for an endpoint (the latest call's). The
  * numbers they act on live in the endpoint's lr_shared_ep (shared.h). */
@@ -84,4 +85,5 @@ uint64_t lr_endpoint_id(const char *url, uint64_t key_hash);
 /* ratelimit.c: the request rate in force, a minute's worth (0: none). */
 int64_t lr_budget_rpm(const lr_endpoint *ep);
 
+#pragma GCC visibility pop
 #endif

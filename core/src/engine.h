@@ -18,6 +18,7 @@
 #include "internal.h"
 
 #include <stdint.h>
+#pragma GCC visibility push(hidden)
 
 #define LR_NO_TIMER SIZE_MAX        /* heap_index of a call without a timer */
 
@@ -310,4 +311,5 @@ void lr_live_unlink(llmretry_engine *e, llmretry_call *c);
 void lr_queue_push(lr_queue *q, llmretry_call *c, int front);
 void lr_queue_unlink(lr_queue *q, llmretry_call *c);
 
+#pragma GCC visibility pop
 #endif

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#pragma GCC visibility push(hidden)
 
 typedef enum lr_h1_state {
     LR_H1_STATUS,          /* reading a status line */
@@ -62,4 +63,5 @@ size_t lr_http1_feed(lr_http1 *p, const char *data, size_t len);
  * anything else unfinished stays as it is (the caller knows it is cut). */
 void lr_http1_eof(lr_http1 *p);
 
+#pragma GCC visibility pop
 #endif

@@ -9,6 +9,16 @@
 #include <stdatomic.h>
 #include <sys/types.h>
 
+/* The core's private functions are not exported from the module that
+ * holds it: a host that loads other modules (nginx, Neovim) cannot have
+ * one of theirs bind in place of ours, and calls between the core's files
+ * are direct, not through the PLT. Each private header brackets its
+ * declarations so, after its #includes (a system header's must keep their
+ * visibility): luarocks' builtin build takes no -fvisibility=hidden, which
+ * setup.py passes for Python's module. The public llmretry_* API is
+ * declared in core/include, outside any bracket. */
+#pragma GCC visibility push(hidden)
+
 /* ---- ids.c: clocks, randomness, ids ---------------------------------- */
 int64_t lr_mono_ms(void);
 int64_t lr_unix_ms(void);
@@ -578,4 +588,5 @@ void lr_engine_unref(llmretry_engine *e);
 pthread_mutex_t *lr_engine_mutex(llmretry_engine *e);
 void lr_group_unref(llmretry_group *g);
 
+#pragma GCC visibility pop
 #endif

@@ -15,6 +15,7 @@
 #define LLMRETRY_JSON_PULL_H
 
 #include <stddef.h>
+#pragma GCC visibility push(hidden)
 
 #define LR_JP_MAX_DEPTH 1000
 
@@ -90,4 +91,5 @@ size_t lr_jp_decode(const lr_jp_str *s, char *out, size_t cap);
  * for); its length. For hosts whose strings may hold NULs. */
 size_t lr_jp_unescape(const lr_jp_str *s, char *out);
 
+#pragma GCC visibility pop
 #endif

@@ -8,6 +8,7 @@
 #include "endpoint.h"
 
 #include <math.h>
+#pragma GCC visibility push(hidden)
 
 /* Pace at this share of a limit: at exactly the limit, a call that comes a
  * little early (a timer, the network) lands in the window of the one a
@@ -197,4 +198,5 @@ static inline double tokens_of(const lr_endpoint *ep, llmretry_call *c)
            ? (double)estimate(c) : 0.0;
 }
 
+#pragma GCC visibility pop
 #endif

@@ -40,6 +40,7 @@
 #define LLMRETRY_SCHEMA_H
 
 #include <stddef.h>
+#pragma GCC visibility push(hidden)
 
 struct cJSON;
 
@@ -94,4 +95,5 @@ int lr_schema_validate_text(const lr_schema *s, const char *text, size_t len,
  * (malloc'd; NULL when out of memory). */
 char *lr_schema_errors_json(const lr_schema_errors *errs);
 
+#pragma GCC visibility pop
 #endif

@@ -7,6 +7,7 @@
 #define LLMRETRY_SCHEMA_CHECK_H
 
 #include "schema_tree.h"
+#pragma GCC visibility push(hidden)
 
 /* One step of the path to the value being checked: a key or an array
  * index. Paths are formatted only for an error: a valid answer costs no
@@ -99,4 +100,5 @@ const node *lr_any_of_only(const node *n, unsigned t);
 /* Property of key (len bytes, no NUL in them), NULL when none. */
 const prop *lr_find_prop(const node *n, const char *key, size_t len);
 
+#pragma GCC visibility pop
 #endif

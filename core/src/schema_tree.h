@@ -10,6 +10,7 @@
 #include <regex.h>
 #include <stdatomic.h>
 #include <string.h>
+#pragma GCC visibility push(hidden)
 
 /* Types as bits; an integral number is a number too. */
 enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_NUM = 8, T_STR = 16, T_ARR = 32, T_OBJ = 64 };
@@ -79,4 +80,5 @@ static inline int lr_schema_prop_cmp(const void *a, const void *b)
  * 0, or -1 with why (regfree is the caller's only after a 0). */
 int lr_schema_pattern_compile(regex_t *re, const char *pattern, char *why, size_t whylen);
 
+#pragma GCC visibility pop
 #endif

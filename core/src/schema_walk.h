@@ -6,6 +6,7 @@
 
 #include "json_pull.h"
 #include "schema_check.h"
+#pragma GCC visibility push(hidden)
 
 typedef struct walk {
     lr_jp j;
@@ -58,4 +59,5 @@ int lr_walk_scalar_equals(const scalar *sc, const cJSON *x, int *oom);
 /* Does the container at m equal x? Leaves the walk at m. */
 int lr_walk_container_equals(walk *w, mark m, const cJSON *x, int *oom);
 
+#pragma GCC visibility pop
 #endif

@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#pragma GCC visibility push(hidden)
 
 /* The retry budget's window: this many one-second slots. */
 #define LR_SHARED_BUDGET_SLOTS 10
@@ -248,4 +249,5 @@ int lr_redis_start_take(lr_redis_ep *x, int64_t now_ms);
 int lr_redis_start_room(lr_redis_ep *x, int64_t now_ms);
 void lr_redis_start_over(lr_redis_ep *x);
 
+#pragma GCC visibility pop
 #endif

@@ -21,6 +21,7 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <time.h>
+#pragma GCC visibility push(hidden)
 
 #define FAIL_OPEN_MS 50                 /* the longest a call waits for Redis (default) */
 #define SYNC_MS 50                      /* an active endpoint's numbers are read this often */
@@ -183,4 +184,5 @@ int lr_redis_parse(const char *spec, lr_redis *st, char *err, size_t len);
 int lr_redis_dial(lr_redis *st, char *why, size_t len);
 int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *why, size_t len);
 
+#pragma GCC visibility pop
 #endif

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "llmretry.h"
+#pragma GCC visibility push(hidden)
 
 struct cJSON;
 
@@ -204,4 +205,5 @@ void lr_sse_payload_failure(const lr_sse_payload *p, llmretry_failure *f);
  * so it stays free of JSON and the engine parses each chunk once. */
 void lr_sse_note(lr_sse_reader *r, const lr_sse_payload *p);
 
+#pragma GCC visibility pop
 #endif /* LLMRETRY_SSE_H */

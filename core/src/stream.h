@@ -28,6 +28,7 @@
 #include "engine.h"
 #include "assembly.h"
 #include "sse.h"
+#pragma GCC visibility push(hidden)
 
 /* How long after its terminal event a stream waits for the end of its
  * body before the engine ends the transfer itself. A server that ends its
@@ -121,4 +122,5 @@ int lr_stream_delivered(llmretry_call *c, size_t len);
 /* Engine side of LR_OP_RESUME. */
 void lr_stream_resume(llmretry_engine *e, llmretry_call *c);
 
+#pragma GCC visibility pop
 #endif
