@@ -32,6 +32,10 @@
 # peer with more CPU per call, to see how calls/s and p99 follow a gateway
 # worker's CPU per call near its knee (BENCHMARKS.md, "The knee"). 0, the
 # default: none.
+# PROFILE=1: `perf record -F 999` of each gateway's worker (all its threads)
+# during its run of the last round, then a table of its CPU per call by
+# library (bench/perf_by_dso.py): where the time goes (issue 36). Needs perf
+# (Debian: linux-perf). Unset: no profile.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -52,6 +56,9 @@ PACE_MS=${PACE_MS:-0}   # > 0: each connection waits this long before each reque
 BGW_PORT=$((GW_PORT + 1))
 CGW_PORT=$((GW_PORT + 2))
 TRANSPORTS=${TRANSPORTS:-engine cosocket}
+PROFILE=${PROFILE:-0}
+[ "$PROFILE" = 0 ] || command -v perf >/dev/null 2>&1 || {
+  echo "PROFILE=1 needs perf (Debian: apt-get install linux-perf)" >&2; exit 2; }
 
 log() { printf '%s\n' "$*" >&2; }
 
@@ -163,7 +170,7 @@ ticks() { # [worker] -> "main others"
 }
 # wrk's latency line "99%  123.45ms" in ms.
 to_ms() { awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /ms$/) v = v; else if ($1 ~ /s$/) v *= 1000; printf "%.1f", v }'; }
-declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO
+declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO PROF
 WRK_SCRIPT=()
 [ "$PACE_MS" = 0 ] || WRK_SCRIPT=(-s "$ROOT/bench/wrk_paced.lua")
 run() { # path secs -> sets OUT
@@ -185,8 +192,16 @@ for r in $(seq "$RUNS"); do
     [ "$path" != baseline ] || w=$BWORKER
     [ "$path" != llmretry-cosocket ] || w=$CWORKER
     read -r m0 o0 < <(ticks "$w")
+    prof=""
+    if [ "$PROFILE" != 0 ] && [ "$r" = "$RUNS" ]; then
+      # The middle of the run: from its first second to one before its end.
+      (sleep 1; exec perf record -q -F 999 -p "$w" -o "$TMP/perf.$path" -- sleep $((SECS - 2))) \
+        >/dev/null 2>&1 &
+      prof=$!
+    fi
     run "$path" "$SECS"
     read -r m1 o1 < <(ticks "$w")
+    [ -z "$prof" ] || wait "$prof" || log "   perf record failed for /$path"
     rps=$(printf '%s\n' "$OUT" | awk '/^Requests\/sec:/ { print $2 }')
     p50=$(printf '%s\n' "$OUT" | awk '$1 == "50%" { print $2 }' | to_ms)
     p99=$(printf '%s\n' "$OUT" | awk '$1 == "99%" { print $2 }' | to_ms)
@@ -197,6 +212,7 @@ for r in $(seq "$RUNS"); do
     cpu_main=$(awk "BEGIN { printf \"%.0f\", ($m1 - $m0) / $TICK * 1e6 / $calls }")
     cpu_io=$(awk "BEGIN { printf \"%.0f\", ($o1 - $o0) / $TICK * 1e6 / $calls }")
     log "   $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $errs, CPU µs/call $cpu_main + $cpu_io"
+    [ -z "$prof" ] || PROF[$path]="$TMP/perf.$path:$rps"
     CPU_MAIN[$path]+="${CPU_MAIN[$path]:+/}$cpu_main"
     CPU_IO[$path]+="${CPU_IO[$path]:+/}$cpu_io"
     RPS[$path]+="${RPS[$path]:+/}$rps"
@@ -256,4 +272,14 @@ if [ -n "$BASELINE" ]; then
   echo "Against the baseline $BASELINE (same rounds, order rotated): ${bratio}× its calls/s;" \
     "worker CPU µs/call $(median "${CPU_MAIN[llmretry]}") + $(median "${CPU_IO[llmretry]}")" \
     "against $(median "${CPU_MAIN[baseline]}") + $(median "${CPU_IO[baseline]}")."
+fi
+if [ "$PROFILE" != 0 ]; then
+  echo
+  echo "Where each gateway worker's CPU goes (PROFILE=1): \`perf record -F 999\` of the worker, all its" \
+    "threads, over $((SECS - 2)) s in the middle of its run of the last round; µs per call by library" \
+    "(samples ÷ 999 ÷ the run's calls/s ÷ $((SECS - 2)) s):"
+  echo
+  args=()
+  for path in "${PATHS[@]}"; do [ -z "${PROF[$path]:-}" ] || args+=("$path=${PROF[$path]}"); done
+  python3 "$ROOT/bench/perf_by_dso.py" --freq 999 --secs $((SECS - 2)) "${args[@]}"
 fi
