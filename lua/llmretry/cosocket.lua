@@ -78,67 +78,27 @@ local function arm(sock, deadline, at)
   return now
 end
 
--- perform(h, token, host, port, tls, pool_key, request, timeout_ms): the
--- exchange (llmretry.ffi.exchange's values) of h's call, to its end.
--- Yields the light thread while it waits on the network. (A cosocket
--- cannot be closed while another light thread reads it: to end an
--- exchange early, run it in a light thread of its own and kill that.)
-function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
-  -- ngx.now() is the time of the event loop's turn (at most that stale):
-  -- taken fresh once, for the deadline.
-  if timeout_ms > 0 then ngx.update_time() end
-  local deadline = timeout_ms > 0 and ngx.now() + timeout_ms / 1000 or nil
-  local sock = ngx.socket.tcp()
-  local at = arm(sock, deadline, nil)
-  if not at then
-    failed(h, token, XFER.TIMEOUT, false, "timed out before connecting")
-    return
-  end
-  local ok, err = sock:connect(host, port, opts_of(pool_key))
-  if not ok then
-    failed(h, token, connect_error(err), false, "could not connect to " .. pool_key .. ": " .. err)
-    return
-  end
-  local reused = (sock:getreusedtimes() or 0) > 0
-  if tls and not reused then
-    at = arm(sock, deadline, at)
-    if not at then
-      sock:close()
-      failed(h, token, XFER.TIMEOUT, false, "timed out before the TLS handshake")
-      return
-    end
-    ok, err = sock:sslhandshake(nil, host, true)
-    if not ok then
-      sock:close()
-      failed(h, token, tls_error(err), false, "TLS handshake: " .. err)
-      return
-    end
-  end
-  at = arm(sock, deadline, at)
-  if not at then
-    sock:close()
-    failed(h, token, XFER.TIMEOUT, reused, "timed out before sending")
-    return
-  end
-  ok, err = sock:send(request)
-  if not ok then
-    sock:close()
-    failed(h, token, err == "timeout" and XFER.TIMEOUT or XFER.SEND, reused, "send: " .. err)
-    return
-  end
+-- The exchange has ended: then(arg), if given, as a tail call.
+local function ended(then_, arg)
+  if then_ ~= nil then return then_(arg) end
+end
+
+-- The response's bytes, read and handed to the engine to its end; then
+-- ended(then_, arg). perform's second half, reached by a tail call: the
+-- request's light thread waits on the socket from this frame alone.
+local function read_answer(h, token, sock, deadline, at, reused, then_, arg)
   while true do
     at = arm(sock, deadline, at)
     if not at then
       sock:close()
       failed(h, token, XFER.TIMEOUT, reused, "timed out")
-      return
+      return ended(then_, arg)
     end
-    local data
-    data, err = sock:receiveany(READ_SIZE)
+    local data, err = sock:receiveany(READ_SIZE)
     if not data then
       sock:close()
       failed(h, token, err == "timeout" and XFER.TIMEOUT or XFER.CLOSED, reused, "receive: " .. err)
-      return
+      return ended(then_, arg)
     end
     local f = feed(h, token, data)
     if f ~= FEED_MORE then
@@ -147,9 +107,67 @@ function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms)
       else
         sock:close()
       end
-      return
+      return ended(then_, arg)
     end
   end
+end
+
+-- perform(h, token, host, port, tls, pool_key, request, timeout_ms
+-- [, then_, arg]): the exchange (llmretry.ffi.exchange's values) of h's
+-- call, to its end; then then_(arg) (the waiter's turn of the engine), its
+-- results perform's. Yields the light thread while it waits on the
+-- network. It ends in tail calls: reached by tail calls too
+-- (llmretry.openresty_host), a request waits on the socket with few frames
+-- under read_answer's. ngx_lua keeps its request coroutines and LuaJIT
+-- shrinks a stack of over ~90 slots that it finds mostly empty: deeper,
+-- each request's stack was shrunk between requests and grown again
+-- (issue 36). (A cosocket cannot be closed while another light thread
+-- reads it: to end an exchange early, run it in a light thread of its own
+-- and kill that.)
+function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms, then_, arg)
+  -- ngx.now() is the time of the event loop's turn (at most that stale):
+  -- taken fresh once, for the deadline.
+  if timeout_ms > 0 then ngx.update_time() end
+  local deadline = timeout_ms > 0 and ngx.now() + timeout_ms / 1000 or nil
+  local sock = ngx.socket.tcp()
+  local at = arm(sock, deadline, nil)
+  if not at then
+    failed(h, token, XFER.TIMEOUT, false, "timed out before connecting")
+    return ended(then_, arg)
+  end
+  local ok, err = sock:connect(host, port, opts_of(pool_key))
+  if not ok then
+    failed(h, token, connect_error(err), false, "could not connect to " .. pool_key .. ": " .. err)
+    return ended(then_, arg)
+  end
+  local reused = (sock:getreusedtimes() or 0) > 0
+  if tls and not reused then
+    at = arm(sock, deadline, at)
+    if not at then
+      sock:close()
+      failed(h, token, XFER.TIMEOUT, false, "timed out before the TLS handshake")
+      return ended(then_, arg)
+    end
+    ok, err = sock:sslhandshake(nil, host, true)
+    if not ok then
+      sock:close()
+      failed(h, token, tls_error(err), false, "TLS handshake: " .. err)
+      return ended(then_, arg)
+    end
+  end
+  at = arm(sock, deadline, at)
+  if not at then
+    sock:close()
+    failed(h, token, XFER.TIMEOUT, reused, "timed out before sending")
+    return ended(then_, arg)
+  end
+  ok, err = sock:send(request)
+  if not ok then
+    sock:close()
+    failed(h, token, err == "timeout" and XFER.TIMEOUT or XFER.SEND, reused, "send: " .. err)
+    return ended(then_, arg)
+  end
+  return read_answer(h, token, sock, deadline, at, reused, then_, arg)
 end
 
 return M

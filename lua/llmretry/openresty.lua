@@ -376,10 +376,8 @@ local A = api.new{
   end,
   wait = function(h, waiter)
     local hw = waiter.hw
-    if hw then
-      HOST.wait(hw, h, waiter, WAIT_S)
-      return
-    end
+    -- A tail call (llmretry.cosocket.perform says why).
+    if hw then return HOST.wait(hw, h, waiter, WAIT_S) end
     local d = waiter.d
     local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
     if not ok then wake(d) end      -- nobody woke us: look for ourselves

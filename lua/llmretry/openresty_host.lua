@@ -18,7 +18,8 @@ local semaphore = require("ngx.semaphore")
 
 local type, pairs, tostring, rawget = type, pairs, tostring, rawget
 local ngx = ngx
-local lffi_run, lffi_exchange, lffi_poll = lffi.run, lffi.exchange, lffi.poll
+local lffi_run, lffi_exchange, lffi_poll, lffi_has_exchange = lffi.run, lffi.exchange,
+  lffi.poll, lffi.has_exchange
 
 local M = {}
 
@@ -55,18 +56,28 @@ function M.new(post, key_of, watch_abort)
     if not waiter.awake and sema:count() <= 0 then sema:post(1) end
   end
 
-  -- The attempt of h's call that waits for its host, if any: performed in
-  -- this light thread (true when done), or, when the request's client may
-  -- go away (its abort handler is set), started in a thread of its own.
-  local function perform_pending(hw, h, waiter)
+  -- Is the attempt of h's call that waits for its host, if any, to be
+  -- performed in this light thread? Not when the request's client may go
+  -- away (its abort handler is set): then in a thread of its own.
+  local function here(h, waiter)
+    return waiter.xthread == nil and not waiter.live.abortable and lffi_has_exchange(h)
+  end
+
+  -- That attempt, performed in this light thread, then the engine's turn:
+  -- reached by a tail call from wait, it waits on the socket from frames
+  -- of llmretry.cosocket's alone (its comment says why).
+  local function perform_here(hw, h, waiter)
+    local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
+    if not token then return turn(hw) end
+    return cosocket.perform(h, token, host, port, tls, key, request, timeout_ms, turn, hw)
+  end
+
+  -- Or started in a thread of its own (true: it has ended already, look
+  -- now).
+  local function spawn_pending(hw, h, waiter)
     if waiter.xthread ~= nil then return false end
     local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
     if not token then return false end
-    if not waiter.live.abortable then
-      cosocket.perform(h, token, host, port, tls, key, request, timeout_ms)
-      turn(hw)
-      return true
-    end
     waiter.xthread = true     -- taken off by the thread: it may end before spawn returns
     local th, err = ngx.thread.spawn(exchange_thread, waiter, hw, h, token, host, port, tls,
       key, request, timeout_ms)
@@ -94,9 +105,11 @@ function M.new(post, key_of, watch_abort)
   -- turn, in this thread; else a sleep until its news or the engine's next
   -- due time (at most max_s).
   function T.wait(hw, h, waiter, max_s)
-    if perform_pending(hw, h, waiter) then return end
+    if here(h, waiter) then return perform_here(hw, h, waiter) end
+    if spawn_pending(hw, h, waiter) then return end
     local due = turn(hw)
-    if perform_pending(hw, h, waiter) then return end
+    if here(h, waiter) then return perform_here(hw, h, waiter) end
+    if spawn_pending(hw, h, waiter) then return end
     waiter.awake = false
     waiter.sema:wait(due < max_s and due or max_s)
     waiter.awake = true

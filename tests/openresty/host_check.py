@@ -815,6 +815,46 @@ def test_tls(ngx, mock):
               f"ca_file under the cosocket transport: {status} {text}")
 
 
+def test_exchange_in_the_request(ngx, mock):
+    """With nobody to abort a call (nginx's default), the transport "cosocket" performs each attempt in the request: a retried success, a refused port, TLS trusted and not, each ending at once; and the request waits on its socket from a shallow stack (LuaJIT shrinks a stack of over ~90 slots between requests, and one this deep was grown again on every call: issue 36)."""
+    mock.script("here", [{"status": 503}, {}])
+    status, text, _ = http("GET", f"{ngx.base}/llm_here?to=mock&s=here")
+    out = json.loads(text)
+    check(status == 200 and out["ok"] and out["content"] == "ok" and out["attempts"] == 2,
+          f"a retried call: {status} {out}")
+    if TRANSPORT_OPTS:
+        check(out["reads"] >= 2, f"the request read no socket of its own: {out}")
+        # call_llm, its run loop and llmretry.cosocket's reader: with a
+        # handler's own frame under them and a C function's 20 slots on top
+        # they stay within ~90 (97 before, in six frames).
+        check(out["slots"] <= 48, f"{out['slots']} stack slots of llmretry's frames under the socket read")
+    else:
+        check(out["reads"] == 0, f"the engine's transport read a socket in the request: {out}")
+    port = free_port()
+    t0 = time.monotonic()
+    status, text, _ = http("GET", f"{ngx.base}/llm_here?to=refused&port={port}")
+    took = time.monotonic() - t0
+    out = json.loads(text)
+    check(status == 200 and not out["ok"] and out["kind"] == "network" and out["attempts"] == 3,
+          f"a refused port: {out}")
+    # A request that slept for news it had already had would wait its
+    # wait's bound (a second) at the end.
+    check(took < 0.9, f"a refused port: 3 attempts took {took:.2f} s")
+    if TRANSPORT_OPTS:
+        mock.script("here_tls", [{"status": 503}, {}])
+        status, text, _ = http("GET", f"{ngx.base}/llm_here?to=tls&s=here_tls")
+        out = json.loads(text)
+        check(status == 200 and out["ok"] and out["attempts"] == 2, f"over TLS: {out}")
+        t0 = time.monotonic()
+        status, text, _ = http("GET", f"{ngx.base}/llm_here?to=untrusted&s=here_tls")
+        took = time.monotonic() - t0
+        out = json.loads(text)
+        check(not out["ok"] and out["attempts"] == 1
+              and "TLS verification failed (not retried)" in out["message"],
+              f"an untrusted certificate: {out}")
+        check(took < 0.9, f"an untrusted certificate took {took:.2f} s")
+
+
 def test_call_many(ngx, mock):
     """call_many in a handler: 30 bodies, 5 at once, each logged in the request."""
     mock.script("many", [], after={"delay_ms": 100})
@@ -908,7 +948,7 @@ TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path,
          test_doc_examples, test_environment, test_engine_shared, test_io_loop,
          test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
-         test_client_abort_cancels_call, test_call_many, test_tls,
+         test_client_abort_cancels_call, test_call_many, test_tls, test_exchange_in_the_request,
          test_big_answer_and_idle_close, test_refused_connect, test_no_secrets_logged,
          test_reload_with_calls_in_flight, test_workers_share_a_budget]
 
