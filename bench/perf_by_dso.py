@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import Callable
 
 # (row, test on the library's name), first match wins; in the table's order.
-GROUPS: list[tuple[str, object]] = [
+GROUPS: list[tuple[str, Callable[[str], bool]]] = [
     ("kernel (syscalls, TCP, wake-ups)", lambda d: d.startswith("[kernel")),
     ("llmretry's C core (core.so)", lambda d: d == "core.so"),
     ("libcurl", lambda d: d.startswith("libcurl")),
@@ -46,7 +47,7 @@ def samples_by_dso(path: str) -> dict[str, int]:
 
 def group_of(dso: str) -> str:
     for row, test in GROUPS:
-        if test(dso):           # type: ignore[operator]
+        if test(dso):
             return row
     return OTHER
 

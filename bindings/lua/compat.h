@@ -12,7 +12,6 @@
 #include <lua.h>
 
 #include <stdint.h>
-#pragma GCC visibility push(hidden)
 
 #if LUA_VERSION_NUM >= 502
 #define lr_rawlen(L, i) lua_rawlen((L), (i))
@@ -79,5 +78,4 @@ static inline void *lr_testudata(lua_State *L, int i, const char *tname)
 #define lr_pushint(L, v) lua_pushnumber((L), (lua_Number)(v))
 #endif
 
-#pragma GCC visibility pop
 #endif /* LLMRETRY_LUA_COMPAT_H */

@@ -11,7 +11,6 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
-#pragma GCC visibility push(hidden)
 
 static inline int64_t lr_cond_now_ms(void)
 {
@@ -54,5 +53,4 @@ static inline int lr_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, in
 #endif
 }
 
-#pragma GCC visibility pop
 #endif

@@ -12,11 +12,11 @@
 /* The core's private functions are not exported from the module that
  * holds it: a host that loads other modules (nginx, Neovim) cannot have
  * one of theirs bind in place of ours, and calls between the core's files
- * are direct, not through the PLT. Each private header brackets its
- * declarations so, after its #includes (a system header's must keep their
- * visibility): luarocks' builtin build takes no -fvisibility=hidden, which
- * setup.py passes for Python's module. The public llmretry_* API is
- * declared in core/include, outside any bracket. */
+ * are direct, not through the PLT. Each private header that declares
+ * functions brackets them so, after its #includes (a system header's must
+ * keep their visibility): luarocks' builtin build takes no
+ * -fvisibility=hidden, which setup.py passes for Python's module. The
+ * public llmretry_* API is declared in core/include, outside any bracket. */
 #pragma GCC visibility push(hidden)
 
 /* ---- ids.c: clocks, randomness, ids ---------------------------------- */

@@ -83,6 +83,15 @@ local function ended(then_, arg)
   if then_ ~= nil then return then_(arg) end
 end
 
+-- The exchange failed (`why`, one of XFER; `reused`: on a kept-alive
+-- connection): its socket closed (when it has one), the engine told, then
+-- ended(then_, arg).
+local function fail(sock, h, token, why, reused, message, then_, arg)
+  if sock ~= nil then sock:close() end
+  failed(h, token, why, reused, message)
+  return ended(then_, arg)
+end
+
 -- The response's bytes, read and handed to the engine to its end; then
 -- ended(then_, arg). perform's second half, reached by a tail call: the
 -- request's light thread waits on the socket from this frame alone.
@@ -90,15 +99,12 @@ local function read_answer(h, token, sock, deadline, at, reused, then_, arg)
   while true do
     at = arm(sock, deadline, at)
     if not at then
-      sock:close()
-      failed(h, token, XFER.TIMEOUT, reused, "timed out")
-      return ended(then_, arg)
+      return fail(sock, h, token, XFER.TIMEOUT, reused, "timed out", then_, arg)
     end
     local data, err = sock:receiveany(READ_SIZE)
     if not data then
-      sock:close()
-      failed(h, token, err == "timeout" and XFER.TIMEOUT or XFER.CLOSED, reused, "receive: " .. err)
-      return ended(then_, arg)
+      return fail(sock, h, token, err == "timeout" and XFER.TIMEOUT or XFER.CLOSED, reused,
+        "receive: " .. err, then_, arg)
     end
     local f = feed(h, token, data)
     if f ~= FEED_MORE then
@@ -132,40 +138,34 @@ function M.perform(h, token, host, port, tls, pool_key, request, timeout_ms, the
   local sock = ngx.socket.tcp()
   local at = arm(sock, deadline, nil)
   if not at then
-    failed(h, token, XFER.TIMEOUT, false, "timed out before connecting")
-    return ended(then_, arg)
+    return fail(nil, h, token, XFER.TIMEOUT, false, "timed out before connecting", then_,
+      arg)
   end
   local ok, err = sock:connect(host, port, opts_of(pool_key))
   if not ok then
-    failed(h, token, connect_error(err), false, "could not connect to " .. pool_key .. ": " .. err)
-    return ended(then_, arg)
+    return fail(nil, h, token, connect_error(err), false,
+      "could not connect to " .. pool_key .. ": " .. err, then_, arg)
   end
   local reused = (sock:getreusedtimes() or 0) > 0
   if tls and not reused then
     at = arm(sock, deadline, at)
     if not at then
-      sock:close()
-      failed(h, token, XFER.TIMEOUT, false, "timed out before the TLS handshake")
-      return ended(then_, arg)
+      return fail(sock, h, token, XFER.TIMEOUT, false, "timed out before the TLS handshake",
+        then_, arg)
     end
     ok, err = sock:sslhandshake(nil, host, true)
     if not ok then
-      sock:close()
-      failed(h, token, tls_error(err), false, "TLS handshake: " .. err)
-      return ended(then_, arg)
+      return fail(sock, h, token, tls_error(err), false, "TLS handshake: " .. err, then_, arg)
     end
   end
   at = arm(sock, deadline, at)
   if not at then
-    sock:close()
-    failed(h, token, XFER.TIMEOUT, reused, "timed out before sending")
-    return ended(then_, arg)
+    return fail(sock, h, token, XFER.TIMEOUT, reused, "timed out before sending", then_, arg)
   end
   ok, err = sock:send(request)
   if not ok then
-    sock:close()
-    failed(h, token, err == "timeout" and XFER.TIMEOUT or XFER.SEND, reused, "send: " .. err)
-    return ended(then_, arg)
+    return fail(sock, h, token, err == "timeout" and XFER.TIMEOUT or XFER.SEND, reused,
+      "send: " .. err, then_, arg)
   end
   return read_answer(h, token, sock, deadline, at, reused, then_, arg)
 end

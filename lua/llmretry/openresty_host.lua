@@ -18,8 +18,7 @@ local semaphore = require("ngx.semaphore")
 
 local type, pairs, tostring, rawget = type, pairs, tostring, rawget
 local ngx = ngx
-local lffi_run, lffi_exchange, lffi_poll, lffi_has_exchange = lffi.run, lffi.exchange,
-  lffi.poll, lffi.has_exchange
+local lffi_run, lffi_exchange, lffi_poll = lffi.run, lffi.exchange, lffi.poll
 
 local M = {}
 
@@ -56,24 +55,9 @@ function M.new(post, key_of, watch_abort)
     if not waiter.awake and sema:count() <= 0 then sema:post(1) end
   end
 
-  -- Is the attempt of h's call that waits for its host, if any, to be
-  -- performed in this light thread? Not when the request's client may go
-  -- away (its abort handler is set): then in a thread of its own.
-  local function here(h, waiter)
-    return waiter.xthread == nil and not waiter.live.abortable and lffi_has_exchange(h)
-  end
-
-  -- That attempt, performed in this light thread, then the engine's turn:
-  -- reached by a tail call from wait, it waits on the socket from frames
-  -- of llmretry.cosocket's alone (its comment says why).
-  local function perform_here(hw, h, waiter)
-    local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
-    if not token then return turn(hw) end
-    return cosocket.perform(h, token, host, port, tls, key, request, timeout_ms, turn, hw)
-  end
-
-  -- Or started in a thread of its own (true: it has ended already, look
-  -- now).
+  -- The attempt of h's call that waits for its host, if any, when the
+  -- request's client may go away (its abort handler is set): started in a
+  -- light thread of its own (true: it has ended already, look now).
   local function spawn_pending(hw, h, waiter)
     if waiter.xthread ~= nil then return false end
     local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
@@ -101,20 +85,39 @@ function M.new(post, key_of, watch_abort)
     if type(th) == "thread" then ngx.thread.kill(th) end
   end
 
-  -- call_llm's wait: its attempt, handed out at submit or by the last
-  -- turn, in this thread; else a sleep until its news or the engine's next
-  -- due time (at most max_s).
-  function T.wait(hw, h, waiter, max_s)
-    if here(h, waiter) then return perform_here(hw, h, waiter) end
-    if spawn_pending(hw, h, waiter) then return end
-    local due = turn(hw)
-    if here(h, waiter) then return perform_here(hw, h, waiter) end
-    if spawn_pending(hw, h, waiter) then return end
+  -- A sleep until the call's news or the engine's next due time `due` (s,
+  -- at most max_s), then the engine's turn.
+  local function sleep(hw, h, waiter, due, max_s)
     waiter.awake = false
     waiter.sema:wait(due < max_s and due or max_s)
     waiter.awake = true
     turn(hw)
     if waiter.xthread ~= nil and not lffi.has_exchange(h) then T.end_exchange(waiter) end
+  end
+
+  -- call_llm's wait when nobody can abort the request: the attempt handed
+  -- out (at submit or by the last turn) performed in this light thread,
+  -- then the engine's turn; none: the engine's turn (due == nil) and a
+  -- look again, then the sleep. By tail calls only, down to the socket
+  -- read (llmretry.cosocket.perform says why).
+  local function in_request(hw, h, waiter, max_s, due)
+    local token, host, port, tls, key, request, timeout_ms = lffi_exchange(h, waiter.request)
+    if token then
+      return cosocket.perform(h, token, host, port, tls, key, request, timeout_ms, turn, hw)
+    end
+    if due == nil then return in_request(hw, h, waiter, max_s, turn(hw)) end
+    return sleep(hw, h, waiter, due, max_s)
+  end
+
+  -- call_llm's wait: its attempt in this light thread (or, when the client
+  -- may go away, in one of its own), else a sleep until its news or the
+  -- engine's next due time (at most max_s).
+  function T.wait(hw, h, waiter, max_s)
+    if not waiter.live.abortable then return in_request(hw, h, waiter, max_s, nil) end
+    if spawn_pending(hw, h, waiter) then return end
+    local due = turn(hw)
+    if spawn_pending(hw, h, waiter) then return end
+    return sleep(hw, h, waiter, due, max_s)
   end
 
   -- What call_many waits on: the batch's semaphore and ready list (as
