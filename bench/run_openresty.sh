@@ -14,6 +14,9 @@
 # served by a second gateway nginx (one worker, port LLMRETRY_GATEWAY_PORT+1),
 # the three gateways' runs in an order that rotates from round to round; one
 # more table row and ratio line. Without it the output is as it was.
+# BASELINE_TRANSPORT=engine|cosocket: the transport of the baseline's gateway
+# (default engine) and of the gateway it is compared with in the last line
+# (the default one, or the transport "cosocket"'s).
 # The gateway with transport "cosocket" (llmretry.openresty's thread-less
 # engine, its attempts on the worker's cosockets) is a third nginx on port
 # LLMRETRY_GATEWAY_PORT+2, same config but for init_worker's transport: the
@@ -46,6 +49,12 @@ CONNS=${CONNS:-1000}
 UP_PORT=${LLMRETRY_BENCH_PORT:-18089}
 GW_PORT=${LLMRETRY_GATEWAY_PORT:-18093}
 BASELINE=${BASELINE:-}
+BASELINE_TRANSPORT=${BASELINE_TRANSPORT:-engine}
+case $BASELINE_TRANSPORT in engine|cosocket) ;; *) echo "BASELINE_TRANSPORT must be engine or cosocket" >&2; exit 2 ;; esac
+case " ${TRANSPORTS:-engine cosocket} " in
+  *" cosocket "*) ;;
+  *) [ "$BASELINE_TRANSPORT" = engine ] || { echo "BASELINE_TRANSPORT=cosocket needs the transport \"cosocket\"'s gateway (TRANSPORTS)" >&2; exit 2; } ;;
+esac
 GC_STEPMUL=${GC_STEPMUL:-}
 case $GC_STEPMUL in ''|*[!0-9]*) [ -z "$GC_STEPMUL" ] || { echo "GC_STEPMUL must be a whole number" >&2; exit 2; } ;; esac
 GC_TUNING=""
@@ -108,7 +117,9 @@ gateway_conf() { # repo port [init_worker options] -> the gateway's nginx.conf o
 }
 gateway_conf "$ROOT" "$GW_PORT" >"$GW/nginx.conf"
 gateway_conf "$ROOT" "$CGW_PORT" ', transport = "cosocket"' >"$CGW/nginx.conf"
-[ -z "$BASELINE" ] || gateway_conf "$TMP/baseline" "$BGW_PORT" >"$BGW/nginx.conf"
+BEXTRA=""
+[ "$BASELINE_TRANSPORT" = engine ] || BEXTRA=', transport = "cosocket"'
+[ -z "$BASELINE" ] || gateway_conf "$TMP/baseline" "$BGW_PORT" "$BEXTRA" >"$BGW/nginx.conf"
 stop_gateway() {
   local d
   for d in "$GW" "$BGW" "$CGW"; do
@@ -243,7 +254,7 @@ echo "|---|---:|---|---:|---:|---|---|---:|"
 for path in "${PATHS[@]}"; do
   case $path in
     llmretry) name="llmretry.openresty \`call_llm\` (one engine per worker, no thread pool)" ;;
-    baseline) name="the same at the baseline $BASELINE (its own gateway nginx, same config)" ;;
+    baseline) name="the same at the baseline $BASELINE (its own gateway nginx, same config, transport \"$BASELINE_TRANSPORT\")" ;;
     llmretry-cosocket) name="llmretry.openresty \`call_llm\`, \`transport = \"cosocket\"\` (no engine thread: attempts on the worker's cosockets; its own gateway nginx)" ;;
     cosocket) name="cosocket client + retry loop (\`bench/clients/resty_mini_http.lua\`, lua-resty-http style)" ;;
   esac
@@ -268,10 +279,13 @@ if [ "$WITH_COSOCKET" = 1 ]; then
 fi
 if [ -n "$BASELINE" ]; then
   echo
-  bratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "${RPS[baseline]}") }")
-  echo "Against the baseline $BASELINE (same rounds, order rotated): ${bratio}× its calls/s;" \
-    "worker CPU µs/call $(median "${CPU_MAIN[llmretry]}") + $(median "${CPU_IO[llmretry]}")" \
-    "against $(median "${CPU_MAIN[baseline]}") + $(median "${CPU_IO[baseline]}")."
+  mine=llmretry
+  [ "$BASELINE_TRANSPORT" = engine ] || mine=llmretry-cosocket
+  bratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[$mine]}") / $(median "${RPS[baseline]}") }")
+  echo "Against the baseline $BASELINE, transport \"$BASELINE_TRANSPORT\" on both (same rounds, order" \
+    "rotated): ${bratio}× its calls/s, p99 $(median "${P99[$mine]}") ms against" \
+    "$(median "${P99[baseline]}") ms; worker CPU µs/call $(median "${CPU_MAIN[$mine]}") +" \
+    "$(median "${CPU_IO[$mine]}") against $(median "${CPU_MAIN[baseline]}") + $(median "${CPU_IO[baseline]}")."
 fi
 if [ "$PROFILE" != 0 ]; then
   echo

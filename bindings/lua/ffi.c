@@ -263,21 +263,28 @@ static struct lr_ffi_handle *ffi_submit(void *engine_ud, void *p, void *channel_
 {
     llmretry_options *o = p;
     llmretry_engine *e = lr_engine_of(engine_ud);
-    snprintf(err, errlen, "%s", "");
+    if (errlen)
+        err[0] = '\0';
     if (!e)
         return NULL;
-    if (channel_ud) {
-        o->channel = lr_chan_open(channel_ud);
-        if (!o->channel)
-            return NULL;
-    }
-    if (table_model && !o->model && !o->content_type && o->method == LLMRETRY_METHOD_POST)
-        o->model = table_model;
     lr_handle *h = calloc(1, sizeof *h);
     if (!h)
         return NULL;
-    if (llmretry_engine_submit(e, o, LLMRETRY_SUBMIT_POLL, &h->call, err, errlen) !=
-        LLMRETRY_OK) {
+    /* The channel and the table's model are this call's only: prep goes
+     * back as the setters left it, for the next call with the same
+     * options (llmretry.ffi sets them once). */
+    llmretry_channel *channel = o->channel;
+    const char *model = o->model;
+    int ok = 1;
+    if (channel_ud)
+        ok = (o->channel = lr_chan_open(channel_ud)) != NULL;
+    if (table_model && !o->model && !o->content_type && o->method == LLMRETRY_METHOD_POST)
+        o->model = table_model;
+    ok = ok && llmretry_engine_submit(e, o, LLMRETRY_SUBMIT_POLL, &h->call, err, errlen) ==
+                   LLMRETRY_OK;
+    o->channel = channel;
+    o->model = model;
+    if (!ok) {
         free(h);
         return NULL;
     }

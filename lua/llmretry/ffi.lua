@@ -123,6 +123,12 @@ local ffi_string, ffi_gc, ffi_cast = ffi.string, ffi.gc, ffi.cast
 local decode, encode = core.decode, core.encode
 local ok_new, new_tab = pcall(require, "table.new")
 if not ok_new then new_tab = function() return {} end end
+local ok_clear, clear_tab = pcall(require, "table.clear")
+if not ok_clear then
+  clear_tab = function(t)
+    for k in pairs(t) do t[k] = nil end
+  end
+end
 
 local M = { CDEF = CDEF, calls = 0, submitted = 0 }
 
@@ -357,6 +363,27 @@ local function set(k, v)
   return kind == "own"
 end
 
+-- The options `prep` holds now (what set() put there, not the binding's
+-- own keys) and how many, -1 while it holds none a call may reuse: a
+-- gateway sends every call with the options of the one before, and
+-- setting them again was a reset of the whole struct and an FFI call and
+-- a name lookup per option (issue 36). Equal Lua strings are one object,
+-- so an equal value is the very string prep points into, kept alive here.
+local in_prep, in_prep_n = {}, -1
+
+-- Does prep hold sub's options, and no other?
+local function same_options(sub)
+  if in_prep_n < 0 then return false end
+  local n = 0
+  for k, v in pairs(sub) do
+    if KIND[k] ~= "own" then
+      if in_prep[k] ~= v then return false end
+      n = n + 1
+    end
+  end
+  return n == in_prep_n
+end
+
 -- submit(engine, sub) -> handle, or nil: send it with engine:submit (the
 -- classic path raises what this one would not say). sub: engine:submit's
 -- options, the values kept alive by the caller until this returns.
@@ -370,9 +397,19 @@ function M.submit(engine, sub)
       or (chunks ~= nil and type(chunks) ~= "boolean") then
     return nil
   end
-  api_prep_reset(prep)
-  for k, v in pairs(sub) do
-    if type(k) ~= "string" or not set(k, v) then return nil end
+  if not same_options(sub) then
+    api_prep_reset(prep)
+    clear_tab(in_prep)
+    in_prep_n = -1
+    local n = 0
+    for k, v in pairs(sub) do
+      if type(k) ~= "string" or not set(k, v) then return nil end
+      if KIND[k] ~= "own" then
+        in_prep[k] = v
+        n = n + 1
+      end
+    end
+    in_prep_n = n
   end
   local body, model, usage = sub.body, nil, 0
   if type(body) == "table" then

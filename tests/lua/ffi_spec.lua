@@ -203,6 +203,76 @@ describe("llmretry.ffi", function()
       engine:close()
     end)
 
+    -- llmretry.ffi keeps a call's options set for the next call that has
+    -- the same (issue 36): a call must still get exactly its own, never
+    -- one left over from the call before (an option it leaves out, another
+    -- value, the model of a table body, a channel, a refused option).
+    it("gives each call its own options, whatever the call before had", function()
+      if not IS_JIT then return end
+      local engine = llm.new_engine()
+      local scen = mock:scen("ffi_reuse")
+      local function run(o)
+        local before = lffi.submitted
+        local h = lffi.submit(engine, o)
+        check(h ~= nil and lffi.submitted == before + 1, "not submitted through the FFI: %s",
+          H.dump(o))
+        check(H.wait_until(function() return lffi.drain(h) end), "the call did not end")
+        local res, err = lffi.result(h)
+        lffi.free(h)
+        return res, err
+      end
+      local base = opts(scen, { request_id = "ffi-reuse-1" })
+      local res = run(base)
+      check(res and res.meta.request_id == "ffi-reuse-1", "first %s", H.dump(res))
+      -- The same options but request_id: a fresh id, not the last one.
+      local o2 = H.merge(base)
+      o2.request_id = nil
+      res = run(o2)
+      check(res and res.meta.request_id ~= "ffi-reuse-1" and #res.meta.request_id == 36,
+        "an option left out was kept: request_id %s", res and res.meta.request_id)
+      -- The same again: the same options, a new id each time.
+      local again = run(o2)
+      check(again and again.meta.request_id ~= res.meta.request_id, "the id was reused")
+      -- Another value: max_retries 0 against a 503 fails; then 1 retries.
+      scen.script({ { status = 503 } })
+      local r, e = run(H.merge(o2, { max_retries = 0 }))
+      check(r == nil and e.status == 503 and e.attempts == 1, "max_retries 0: %s", H.dump(e))
+      scen.script({ { status = 503 } })
+      r = run(H.merge(o2, { max_retries = 1 }))
+      check(r and r.meta.attempts == 2, "max_retries 1: %s", H.dump(r and r.meta))
+      -- A table body's model is its call's: a string body after it names
+      -- its own (read from the text).
+      r = run(H.merge(o2, { body = H.secret_body(scen.name, "model-table") }))
+      check(r and r.meta.model == "model-table", "table body model %s", r and r.meta.model)
+      r = run(H.merge(o2, { body = core.encode(H.secret_body(scen.name, "model-text")) }))
+      check(r and r.meta.model == "model-text", "a table body's model was kept: %s",
+        r and r.meta.model)
+      -- A channel is its call's: the next call, without one, reports to none.
+      local ch = engine:new_channel()
+      local heard = {}
+      local function listen()
+        lffi.poll(ch, function(_, key) heard[#heard + 1] = key end, nil)
+        return #heard > 0
+      end
+      local h1 = lffi.submit(engine, H.merge(o2, { channel = ch }))
+      check(H.wait_until(listen), "h1's channel heard nothing")
+      check(heard[1] == lffi.key(h1), "the channel heard another call")
+      check(H.wait_until(function() return lffi.drain(h1) end), "h1 did not end")
+      heard = {}
+      local h2 = lffi.submit(engine, o2)
+      check(H.wait_until(function() return lffi.drain(h2) end), "h2 did not end")
+      listen()
+      check(#heard == 0, "a call without a channel reported to the last call's")
+      lffi.free(h1)
+      lffi.free(h2)
+      -- A refused option in between (the classic path): the next call is
+      -- set from nothing again.
+      check(lffi.submit(engine, H.merge(o2, { timeout_ms = -5 })) == nil, "-5 was taken")
+      r = run(H.merge(o2, { request_id = "ffi-reuse-2" }))
+      check(r and r.meta.request_id == "ffi-reuse-2", "after a refusal %s", H.dump(r))
+      engine:close()
+    end)
+
     it("carries call_llm without a logger, and not a call with one", function()
       local scen = mock:scen("ffi_call")
       scen.script({ { status = 500 } })
