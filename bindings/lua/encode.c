@@ -2,6 +2,7 @@
  * (core.null, the array marker, empty arrays), with errors that name the
  * path of the value that cannot be encoded. */
 #include "lcore.h"
+#include "json_escape.h"
 
 #include <cjson/cJSON.h>
 
@@ -57,7 +58,8 @@ typedef struct enc {
     const char *root;        /* "value", "body", "shape" */
 } enc;
 
-static void put(enc *e, const char *s, size_t n)
+/* Room for n more bytes at the end of the buffer: it doubles until they fit. */
+static char *reserve(enc *e, size_t n)
 {
     sbuf *b = e->b;
     if (b->cap - b->len < n) {
@@ -73,8 +75,22 @@ static void put(enc *e, const char *s, size_t n)
         b->data = p;
         b->cap = cap;
     }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
+    return b->data + b->len;
+}
+
+static void put(enc *e, const char *s, size_t n)
+{
+    memcpy(reserve(e, n), s, n);
+    e->b->len += n;
+}
+
+/* One byte: the punctuation, most of what is written by count. */
+static void put_char(enc *e, char c)
+{
+    sbuf *b = e->b;
+    if (b->len == b->cap)
+        reserve(e, 1);
+    b->data[b->len++] = c;
 }
 
 static void put_lit(enc *e, const char *s)
@@ -173,37 +189,29 @@ static void check_utf8(enc *e, const frame *f, const char *s, size_t n, const ch
     }
 }
 
+/* s as a JSON string, written straight into the buffer: room for it and
+ * its quotes is made once, and again only where an escape needs more (a
+ * put per run of plain bytes and per quote was most of an encoding's
+ * instructions for a chat request's short strings: issue 36). */
 static void put_string(enc *e, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
-    put(e, "\"", 1);
-    size_t run = 0;
+    sbuf *b = e->b;
+    if (n > SIZE_MAX - 8)
+        lr_fail(e->L, "out of memory while encoding JSON");
+    char *o = reserve(e, n + 2);
+    *o++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        put(e, s + run, i - run);
-        run = i + 1;
-        char esc[7] = { '\\', 0, 0, 0, 0, 0, 0 };
-        switch (c) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        default:
-            memcpy(esc + 1, "u00", 3);
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            put(e, esc, 6);
+        if (c >= 0x80 || !lr_json_needs_escape(c)) {
+            *o++ = (char)c;
             continue;
         }
-        put(e, esc, 2);
+        /* Up to six bytes for this one, then the rest and the quote. */
+        b->len = (size_t)(o - b->data);
+        o = lr_json_escape(reserve(e, 6 + (n - i - 1) + 1), c);
     }
-    put(e, s + run, n - run);
-    put(e, "\"", 1);
+    *o++ = '"';
+    b->len = (size_t)(o - b->data);
 }
 
 static void enc_value(enc *e, int idx, const frame *f, int depth);
@@ -247,28 +255,28 @@ static int table_is_array(enc *e, int idx, size_t *n)
 static void enc_array(enc *e, int idx, const frame *f, int depth, size_t n)
 {
     lua_State *L = e->L;
-    put(e, "[", 1);
+    put_char(e, '[');
     for (size_t i = 1; i <= n; i++) {
         if (i > 1)
-            put(e, ",", 1);
+            put_char(e, ',');
         lua_rawgeti(L, idx, (int)i);
         frame child = { f, 0, (long long)i };
         enc_value(e, lua_gettop(L), &child, depth + 1);
         lua_pop(L, 1);
     }
-    put(e, "]", 1);
+    put_char(e, ']');
 }
 
 static void enc_object(enc *e, int idx, const frame *f, int depth)
 {
     lua_State *L = e->L;
     int first = 1, strings = 0, numbers = 0;
-    put(e, "{", 1);
+    put_char(e, '{');
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         int key = lua_gettop(L) - 1;
         if (!first)
-            put(e, ",", 1);
+            put_char(e, ',');
         first = 0;
         /* Number keys become names ("50256" in a logit_bias map), so mixed
          * with string keys ({1, 2, x = 3}: an array with a field) they
@@ -297,12 +305,12 @@ static void enc_object(enc *e, int idx, const frame *f, int depth)
                      luaL_typename(L, key));
             enc_fail(e, f, what);
         }
-        put(e, ":", 1);
+        put_char(e, ':');
         frame child = { f, key, 0 };
         enc_value(e, key + 1, &child, depth + 1);
         lua_pop(L, 1);
     }
-    put(e, "}", 1);
+    put_char(e, '}');
 }
 
 static void enc_table(enc *e, int idx, const frame *f, int depth)
@@ -405,7 +413,7 @@ void push_encoded(lua_State *L, int idx, const char *root)
     idx = lr_absindex(L, idx);
     int base = lua_gettop(L);
     luaL_checkstack(L, 10, "llmretry: out of stack space");
-    luaL_getmetatable(L, ARRAY_MT);
+    lr_push_array_mt(L);
     sbuf *b = shared_sbuf(L);
     enc e = { L, b, NULL, base + 1, root };
     frame top = { NULL, 0, 0 };

@@ -279,7 +279,6 @@ static int pull_string(lua_State *L, const lr_jp_str *s)
  * give or take what the caller drops) where the reader refuses the text. */
 static int pull_value(lua_State *L, lr_jp *j, int array_mt)
 {
-    luaL_checkstack(L, 4, "llmretry: JSON nested too deeply");
     char c = lr_jp_peek(j);
     lr_jp_str str;
     if (c == '"') {
@@ -301,6 +300,9 @@ static int pull_value(lua_State *L, lr_jp *j, int array_mt)
         int top_object = c == '{' && j->depth == 0;
         if (lr_jp_enter(j) != 0)
             return -1;
+        /* The table, a key and a value: a scalar pushes one value into
+         * the room its container (or push_decoded) made. */
+        luaL_checkstack(L, 4, "llmretry: JSON nested too deeply");
         lua_createtable(L, c == '[' ? 4 : 0, c == '{' ? (top_object ? 8 : 4) : 0);
         char close = c == '[' ? ']' : '}';
         lr_jp_ws(j);
@@ -364,7 +366,7 @@ int push_decoded(lua_State *L, const char *s, size_t n, char *err, size_t errlen
     }
     int base = lua_gettop(L);
     luaL_checkstack(L, 6, "llmretry: out of stack space");
-    luaL_getmetatable(L, ARRAY_MT);
+    lr_push_array_mt(L);
     lr_jp j;
     lr_jp_init(&j, s + b, n - b);
     if (pull_value(L, &j, base + 1) == 0) {

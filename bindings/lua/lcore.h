@@ -117,6 +117,8 @@ int l_decode(lua_State *L);
 int l_encode(lua_State *L);
 int l_extract_json(lua_State *L);
 int push_decoded(lua_State *L, const char *s, size_t n, char *err, size_t errlen);
+/* Push core.array_mt (llmretry_core.c): by a registry key, not its name. */
+void lr_push_array_mt(lua_State *L);
 void push_encoded(lua_State *L, int idx, const char *root);
 void push_text0(lua_State *L, const char *s);
 int sbuf_gc(lua_State *L);

@@ -219,6 +219,17 @@ static const luaL_Reg module_functions[] = {
 
 /* luaL_newmetatable that also sets __name on 5.1 (5.3+ does it itself),
  * leaving the metatable on the stack. */
+/* core.array_mt is also kept under this light userdata's key of the
+ * registry: every encode and decode looks it up, and a lookup by its name
+ * interns and hashes the name first (issue 36). */
+static char array_mt_key;
+
+void lr_push_array_mt(lua_State *L)
+{
+    lua_pushlightuserdata(L, &array_mt_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+}
+
 static void new_metatable(lua_State *L, const char *name)
 {
     luaL_newmetatable(L, name);
@@ -276,6 +287,9 @@ static void register_types(lua_State *L)
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
     new_metatable(L, ARRAY_MT);
+    lua_pushlightuserdata(L, &array_mt_key);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
     lua_pop(L, 1);
 }
 

@@ -13,6 +13,7 @@
  * limit, nesting past DEPTH, a cycle) returns NULL with no error and the
  * caller takes json's encoder, whose output or error stands. */
 #include "json_encode.h"
+#include "json_escape.h"
 
 #include <math.h>
 #include <string.h>
@@ -60,7 +61,6 @@ static inline int put_c(out_buf *b, char c)
  * as it is. */
 static int put_str(out_buf *b, PyObject *s)
 {
-    static const char HEX[] = "0123456789abcdef";
     Py_ssize_t len = PyUnicode_GET_LENGTH(s);
     int kind = PyUnicode_KIND(s);
     const void *data = PyUnicode_DATA(s);
@@ -94,25 +94,10 @@ static int put_str(out_buf *b, PyObject *s)
             room = STR_CHUNK - 1;
         }
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+        if (c < 0x80 && !lr_json_needs_escape(c)) {
             *o++ = (char)c;
         } else if (c < 0x80) {
-            *o++ = '\\';
-            switch (c) {
-            case '"': *o++ = '"'; break;
-            case '\\': *o++ = '\\'; break;
-            case '\b': *o++ = 'b'; break;
-            case '\f': *o++ = 'f'; break;
-            case '\n': *o++ = 'n'; break;
-            case '\r': *o++ = 'r'; break;
-            case '\t': *o++ = 't'; break;
-            default:
-                *o++ = 'u';
-                *o++ = '0';
-                *o++ = '0';
-                *o++ = HEX[c >> 4];
-                *o++ = HEX[c & 0xF];
-            }
+            o = lr_json_escape(o, c);
         } else if (c < 0x800) {
             *o++ = (char)(0xC0 | c >> 6);
             *o++ = (char)(0x80 | (c & 0x3F));

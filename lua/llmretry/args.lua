@@ -15,6 +15,8 @@ if not ok_clear then
   end
 end
 
+M.new_tab, M.clear_tab = new_tab, clear_tab
+
 -- A `sub` of split_call_options that its caller handed back (release_sub)
 -- once the core had read it: the next split fills it rather than making
 -- one (a table and its hash part less per call: issue 36).

@@ -121,14 +121,8 @@ local tonumber, type, pairs, pcall, getmetatable, rawget =
 local floor, find = math.floor, string.find
 local ffi_string, ffi_gc, ffi_cast = ffi.string, ffi.gc, ffi.cast
 local decode, encode = core.decode, core.encode
-local ok_new, new_tab = pcall(require, "table.new")
-if not ok_new then new_tab = function() return {} end end
-local ok_clear, clear_tab = pcall(require, "table.clear")
-if not ok_clear then
-  clear_tab = function(t)
-    for k in pairs(t) do t[k] = nil end
-  end
-end
+local args = require("llmretry.args")
+local new_tab, clear_tab = args.new_tab, args.clear_tab
 
 local M = { CDEF = CDEF, calls = 0, submitted = 0 }
 
