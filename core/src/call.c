@@ -232,10 +232,10 @@ void lr_call_headers_free(struct curl_slist *h)
  * destroyed with the call), so a spare is as good as a fresh one (kept
  * and taken as spares.c says: none in a forked child). The spares,
  * poisoned for AddressSanitizer and valgrind (all but their link), still
- * show a use after free. At most 256 are kept (600 KB, no more than the
- * engine's busiest moment had alive): a batch keeps about 4 x limit + 64
- * records alive and frees them in runs; 32 kept missed half the time. */
-#define LR_SPARE_CALLS 256
+ * show a use after free. At most lr_spares_cap(e) are kept (2.4 KB each,
+ * no more than the engine's busiest moment had alive): a batch keeps about
+ * 4 x limit + 64 records alive and frees them in runs; 32 kept missed half
+ * the time. */
 
 /* A spare's first bytes link it to the next spare; the rest is hidden. */
 typedef union spare {
@@ -276,7 +276,7 @@ static void record_free(llmretry_engine *e, llmretry_call *c)
     /* Hidden before it is on the list: from then on another thread may
      * take it, and shows it first. */
     SPARE_HIDE((spare *)c);
-    if (e && lr_spares_put(e, &e->spare_calls, c, LR_SPARE_CALLS))
+    if (e && lr_spares_put(e, &e->spare_calls, c, lr_spares_cap(e)))
         return;
     SPARE_SHOW((spare *)c);
     free(c);

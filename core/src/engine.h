@@ -293,6 +293,7 @@ void lr_mail_validate(llmretry_call *c);
  * `max` are kept already or the engine is forked (0: the caller frees it);
  * pop one at the engine's end (no lock: nobody else is left). An object's
  * first pointer-sized bytes are the list's while it is kept. */
+int lr_spares_cap(const llmretry_engine *e);
 void *lr_spares_take(llmretry_engine *e, lr_spares *s);
 int lr_spares_put(llmretry_engine *e, lr_spares *s, void *p, int max);
 void *lr_spares_pop(lr_spares *s);

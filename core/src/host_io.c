@@ -37,8 +37,7 @@ long lr_host_status(const llmretry_call *c)
  * request buffer and the parser's line buffer with it: a gateway's calls
  * are all alike, and the calloc, the buffer's malloc and the line's
  * realloc were three of a call's dozen allocations (issue 36). At most
- * LR_SPARE_XFERS (1 MB), kept and taken as spares.c says. */
-#define LR_SPARE_XFERS 256
+ * lr_spares_cap(e), kept and taken as spares.c says. */
 
 static void xfer_destroy(struct lr_host_xfer *hx)
 {
@@ -54,7 +53,7 @@ void lr_host_xfer_free(llmretry_call *c)
     if (!hx)
         return;
     c->hx = NULL;
-    if (!e || !lr_spares_put(e, &e->spare_xfers, hx, LR_SPARE_XFERS))
+    if (!e || !lr_spares_put(e, &e->spare_xfers, hx, lr_spares_cap(e)))
         xfer_destroy(hx);
 }
 

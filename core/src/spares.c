@@ -9,6 +9,17 @@
 
 #include <string.h>
 
+/* How many of a kind an engine keeps: as many as it runs at once
+ * (max_in_flight), 256 at the least and 4,096 at the most. A list never
+ * holds more than were alive at once: an object is only made when the
+ * list is empty. A gateway's engine holds a thousand calls and frees them
+ * in bursts; kept to 256, 1.5 records a call were made anew (issue 36). */
+int lr_spares_cap(const llmretry_engine *e)
+{
+    int n = e ? e->max_in_flight : 0;
+    return n < 256 ? 256 : n > 4096 ? 4096 : n;
+}
+
 void *lr_spares_take(llmretry_engine *e, lr_spares *s)
 {
     void *p = NULL;

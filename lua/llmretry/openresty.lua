@@ -141,8 +141,16 @@ end
 -- entry for the GC) and the pair was garbage on every call (issue 36). A
 -- post that came after the last drain is taken back first: a waiter comes
 -- out of the pool with nothing pending, and nobody posts it any more (its
--- handle left d.waiting before).
-local spare, SPARE_MAX = {}, 256
+-- handle left d.waiting before). At most as many as the worker's engine
+-- runs at once (256 to 4,096, as the core keeps its records: spares.c): a
+-- gateway's thousand calls end in bursts, and past 256 most of a burst's
+-- waiters were garbage, each with a semaphore to finalize.
+local spare = {}
+local function spare_max(max_in_flight)
+  local n = max_in_flight or M.DEFAULT_MAX_IN_FLIGHT
+  return n < 256 and 256 or n > 4096 and 4096 or n
+end
+local SPARE_MAX = spare_max(nil)
 
 local function take_waiter()
   local n = #spare
@@ -270,6 +278,7 @@ function M.init_worker(opts)
       .. "in init_worker_by_lua*, before any call)", 2)
   end
   CONFIG = opts
+  SPARE_MAX = spare_max(opts.max_in_flight)
   if (opts.transport or M.DEFAULT_TRANSPORT) == "cosocket" then
     new_host_worker(opts)
   else
@@ -432,7 +441,8 @@ end
 -- { engine = bool, dispatcher = "starting" | "running" | "stopped" | nil,
 --   waiting = calls waited for now, exiting = bool }
 -- transport = "engine" | "cosocket" (and, under "cosocket", the calls its
--- engine has waiting: host_waiting).
+-- engine has waiting: host_waiting), waiters_kept = call_llm's waiters
+-- kept for the next calls.
 function M.stats()
   local w = W
   local transport = CONFIG.transport or M.DEFAULT_TRANSPORT
@@ -442,12 +452,12 @@ function M.stats()
   end
   if w == nil then
     return { engine = HW ~= nil, waiting = hn, exiting = false, transport = transport,
-      host_waiting = hn }
+      host_waiting = hn, waiters_kept = #spare }
   end
   local n = 0
   for _ in pairs(w.d.waiting) do n = n + 1 end
   return { engine = true, dispatcher = w.d.state, waiting = n + hn, exiting = w.exiting,
-    transport = transport, host_waiting = hn }
+    transport = transport, host_waiting = hn, waiters_kept = #spare }
 end
 
 -- What the worker's engine knows of each endpoint (llmretry.endpoint_stats):
