@@ -281,7 +281,8 @@ end
 
 -- The key channel polls name h's call by (M.poll).
 function M.key(h)
-  return api_key(h)
+  local key = api_key(h)      -- not a tail call: see submit_prepared
+  return key
 end
 
 -- ---------------------------------------------------------------------------
@@ -378,6 +379,25 @@ local function same_options(sub)
   return n == in_prep_n
 end
 
+-- The submit of a call whose options prep holds: its body set, the call
+-- sent, its handle given a finalizer. A function of its own, with no loop:
+-- LuaJIT compiles it as a trace of its own. Left at the end of submit,
+-- after the loops over the options (a trace ends where one of those loops
+-- returns), it ran in the interpreter, and so did its FFI calls, each
+-- converting its arguments one by one (issue 36).
+local function submit_prepared(engine, ch, body, model, usage, validate, chunks)
+  api_set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
+  local h = api_submit(engine, prep, ch, model, errbuf, ERRLEN)
+  if h == nil then return nil end
+  M.submitted = M.submitted + 1
+  -- Not a tail call: LuaJIT cannot compile a return from a tail call to a
+  -- fast function with side effects (ffi.gc, a C function through the FFI):
+  -- it abandons the trace ("leaving loop in root trace"), and after a few
+  -- tries runs the function in its interpreter for good.
+  h = ffi_gc(h, api_handle_free)
+  return h
+end
+
 -- submit(engine, sub) -> handle, or nil: send it with engine:submit (the
 -- classic path raises what this one would not say). sub: engine:submit's
 -- options, the values kept alive by the caller until this returns.
@@ -415,11 +435,7 @@ function M.submit(engine, sub)
   elseif type(body) ~= "string" or body == "" then
     return nil
   end
-  api_set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
-  local h = api_submit(engine, prep, ch, model, errbuf, ERRLEN)
-  if h == nil then return nil end
-  M.submitted = M.submitted + 1
-  return ffi_gc(h, api_handle_free)
+  return submit_prepared(engine, ch, body, model, usage, validate, chunks)
 end
 
 -- ---------------------------------------------------------------------------
@@ -475,7 +491,8 @@ end
 
 -- feed(h, token, data) -> one of M.FEED: data, the response's next bytes.
 function M.feed(h, token, data)
-  return api_feed(h, token, data, #data)
+  local f = api_feed(h, token, data, #data)     -- not a tail call: see submit_prepared
+  return f
 end
 
 -- failed(h, token, why, reused, message): the exchange ended first.
