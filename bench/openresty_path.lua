@@ -48,11 +48,16 @@ local function submit()
   return h
 end
 
+-- Who waits for which call, by the key the channel's poll names it by (as
+-- llmretry.openresty's waiting map).
+local waiting = {}
 local function posted() end
 local inflight, request, done, started = {}, {}, 0, 0
 while done < N do
   while #inflight < WINDOW and started < N do
-    inflight[#inflight + 1] = submit()
+    local h = submit()
+    inflight[#inflight + 1] = h
+    waiting[lffi.key(h)] = h
     started = started + 1
   end
   lffi.run(engine)
@@ -62,7 +67,7 @@ while done < N do
     if token and lffi.feed(h, token, ANSWER) ~= DONE then error("the answer was not taken") end
   end
   lffi.run(engine)
-  lffi.poll(channel, posted, nil)
+  lffi.poll(channel, posted, waiting)
   local still = {}
   for i = 1, #inflight do
     local h = inflight[i]
@@ -72,6 +77,7 @@ while done < N do
           and res.meta.usage.total_tokens == 13) then
         error("a call failed: " .. tostring(err))
       end
+      waiting[lffi.key(h)] = nil
       lffi.free(h)
       done = done + 1
     else

@@ -380,11 +380,11 @@ local function same_options(sub)
 end
 
 -- The submit of a call whose options prep holds: its body set, the call
--- sent, its handle given a finalizer. A function of its own, with no loop:
--- LuaJIT compiles it as a trace of its own. Left at the end of submit,
--- after the loops over the options (a trace ends where one of those loops
--- returns), it ran in the interpreter, and so did its FFI calls, each
--- converting its arguments one by one (issue 36).
+-- sent, its handle given a finalizer. A function of its own, with no loop,
+-- so that LuaJIT compiles it from its entry: at the end of submit it was
+-- reached only through the traces of the loops over the options, which end
+-- where those loops' functions return, and it ran in the interpreter, each
+-- FFI call converting its arguments one by one (issue 36).
 local function submit_prepared(engine, ch, body, model, usage, validate, chunks)
   api_set_body(prep, body, #body, usage, validate and 1 or 0, chunks and 1 or 0)
   local h = api_submit(engine, prep, ch, model, errbuf, ERRLEN)

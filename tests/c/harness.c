@@ -676,6 +676,19 @@ llmretry_engine *th_engine_new(void)
     return e;
 }
 
+llmretry_engine *th_host_engine_new(int max_in_flight)
+{
+    llmretry_engine_options eo;
+    llmretry_engine_options_defaults(&eo);
+    eo.io_loop = LLMRETRY_IO_LOOP_HOST;
+    if (max_in_flight > 0)
+        eo.max_in_flight = max_in_flight;
+    llmretry_engine *e = NULL;
+    char err[LLMRETRY_ERRBUF] = "";
+    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
+    return e;
+}
+
 llmretry_call *th_submit(llmretry_engine *e, const llmretry_options *o)
 {
     llmretry_call *c = NULL;

@@ -115,6 +115,9 @@ struct llmretry_call;
 struct llmretry_options;
 struct llmretry_result;
 struct llmretry_engine *th_engine_new(void);
+/* An engine whose host moves the bytes (io_loop host); max_in_flight 0:
+ * the default. */
+struct llmretry_engine *th_host_engine_new(int max_in_flight);
 struct llmretry_call *th_submit(struct llmretry_engine *e, const struct llmretry_options *o);
 const struct llmretry_result *th_wait_done(struct llmretry_call *c, int64_t max_ms);
 /* The io_loop LLMRETRY_TEST_IO_LOOP asks every engine to run (the default

@@ -349,17 +349,6 @@ static const llmretry_result *drive(llmretry_engine *e, host *h, llmretry_call *
     return NULL;
 }
 
-static llmretry_engine *host_engine(void)
-{
-    llmretry_engine_options eo;
-    llmretry_engine_options_defaults(&eo);
-    eo.io_loop = LLMRETRY_IO_LOOP_HOST;
-    llmretry_engine *e = NULL;
-    char err[LLMRETRY_ERRBUF] = "";
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
-    return e;
-}
-
 #define BODY "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}"
 
 static void opts_for(llmretry_options *o, const char *name, char *url, size_t len)
@@ -397,7 +386,7 @@ static void test_call_succeeds(void)
 {
     if (th_mock_script(&mock, "host_ok", "{\"steps\": [{\"content\": \"hello host\"}]}") != 0)
         return;
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     host h = { 0 };
     char url[128];
     llmretry_options o;
@@ -431,7 +420,7 @@ static void test_keep_alive(void)
 {
     if (th_mock_script(&mock, "host_keep", "{\"steps\": []}") != 0)
         return;
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     host h = { 0 };
     char url[128];
     llmretry_options o;
@@ -458,7 +447,7 @@ static void test_retries(void)
     if (th_mock_script(&mock, "host_retry", "{\"steps\": [{\"status\": 503}, "
                        "{\"status\": 429, \"retry_after\": \"0.3\"}, {}]}") != 0)
         return;
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     host h = { 0 };
     char url[128];
     llmretry_options o;
@@ -496,7 +485,7 @@ static void test_timeout_and_refused(void)
 {
     if (th_mock_script(&mock, "host_slow", "{\"steps\": [{\"delay_ms\": 2000}]}") != 0)
         return;
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     host h = { 0 };
     char url[128];
     llmretry_options o;
@@ -541,7 +530,7 @@ static void test_reused_died(void)
         if (th_mock_script(&mock, "host_reset",
                            "{\"steps\": [{}, {\"fault\": \"reset\"}, {}]}") != 0)
             return;
-        llmretry_engine *e = host_engine();
+        llmretry_engine *e = th_host_engine_new(0);
         host h = { 0 };
         char url[128];
         llmretry_options o;
@@ -583,7 +572,7 @@ static void test_bad_answers(void)
         { "{\"fault\": \"invalid_json\"}", LLMRETRY_ERR_INVALID_RESPONSE },
         { "{\"fault\": \"close\"}", LLMRETRY_ERR_NETWORK },
     };
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     for (size_t i = 0; i < sizeof cases / sizeof *cases && e; i++) {
         char script[256];
         snprintf(script, sizeof script, "{\"steps\": [%s]}", cases[i].step);
@@ -612,7 +601,7 @@ static void test_unasked_stream(void)
 {
     if (th_mock_script(&mock, "host_sse", "{\"steps\": [{\"stream\": {\"chunks\": 5}}]}") != 0)
         return;
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     host h = { 0 };
     char url[128];
     llmretry_options o;
@@ -633,7 +622,7 @@ static void test_cancel_and_refusals(void)
 {
     if (th_mock_script(&mock, "host_cancel", "{\"steps\": []}") != 0)
         return;
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     char url[128];
     llmretry_options o;
     opts_for(&o, "host_cancel", url, sizeof url);
@@ -687,7 +676,7 @@ static void test_cancel_and_refusals(void)
  * a host asks for it, and then readable exactly while it has news. */
 static void test_channel(void)
 {
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     llmretry_channel *ch = NULL;
     char err[LLMRETRY_ERRBUF] = "";
     CHECK_INT(e ? (int)llmretry_channel_new(e, &ch, err, sizeof err) : -1, LLMRETRY_OK);
@@ -715,7 +704,7 @@ static void test_channel(void)
 /* An engine freed with calls in flight cancels them, on the host's thread. */
 static void test_free_in_flight(void)
 {
-    llmretry_engine *e = host_engine();
+    llmretry_engine *e = th_host_engine_new(0);
     char url[128];
     llmretry_options o;
     opts_for(&o, "host_free", url, sizeof url);

@@ -18,18 +18,6 @@ static int kept(llmretry_engine *e, lr_spares *s)
     return n;
 }
 
-static llmretry_engine *host_engine(int max_in_flight)
-{
-    llmretry_engine_options eo;
-    llmretry_engine_options_defaults(&eo);
-    eo.io_loop = LLMRETRY_IO_LOOP_HOST;
-    eo.max_in_flight = max_in_flight;
-    llmretry_engine *e = NULL;
-    char err[LLMRETRY_ERRBUF] = "";
-    CHECK_MSG(llmretry_engine_new(&eo, &e, err, sizeof err) == LLMRETRY_OK, "%s", err);
-    return e;
-}
-
 #define BODY "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}"
 enum { N = 600 };
 
@@ -38,7 +26,7 @@ enum { N = 600 };
  * them back. */
 static void test_keeps_what_it_ran(void)
 {
-    llmretry_engine *e = host_engine(1000);
+    llmretry_engine *e = th_host_engine_new(1000);
     if (!e)
         return;
     llmretry_options o;
@@ -95,7 +83,7 @@ static void test_bounds(void)
         { 1, 256 }, { 256, 256 }, { 1000, 1000 }, { 4096, 4096 }, { 100000, 4096 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        llmretry_engine *e = host_engine(cases[i].max_in_flight);
+        llmretry_engine *e = th_host_engine_new(cases[i].max_in_flight);
         if (!e)
             continue;
         CHECK_INT(lr_spares_cap(e), cases[i].cap);

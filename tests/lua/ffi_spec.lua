@@ -110,48 +110,15 @@ describe("llmretry.ffi", function()
   -- LuaJIT of its own under jit.v, which lists every abandoned trace.
   it("runs a call's path with no trace of llmretry.ffi abandoned at a return", function()
     if not IS_JIT then return end
-    local script, log = os.tmpname(), os.tmpname()
-    local f = assert(io.open(script, "w"))
-    f:write([==[
-local core, args, lffi = require("llmretry.core"), require("llmretry.args"), require("llmretry.ffi")
-local body = '{"id":"c","object":"chat.completion","created":1,"model":"m","choices":'
-  .. '[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
-  .. '"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
-local answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-  .. #body .. "\r\n\r\n" .. body
-local engine = core.new_engine(256, 0, nil, "host")
-local channel = engine:new_channel()
-local request, keep = {}, { logger = true, validate = true, engine = true }
-for _ = 1, 3000 do
-  local sub = args.split_call_options({ url = "http://127.0.0.1:9/v1/chat/completions",
-    api_key = "sk-x", body = { model = "m", messages = { { role = "user", content = "hi" } } },
-    timeout_ms = 20000, max_retries = 2 }, 1, keep, nil)
-  sub.channel = channel
-  local h = assert(lffi.submit(engine, sub), "not submitted through the FFI")
-  args.release_sub(sub)
-  lffi.run(engine)
-  local token = lffi.exchange(h, request)
-  assert(token and lffi.feed(h, token, answer) == lffi.FEED.DONE, "the answer")
-  lffi.run(engine)
-  lffi.poll(channel, function() end, nil)
-  assert(lffi.drain(h), "the call did not end")
-  local res = lffi.result(h)
-  assert(res and res.meta.usage.total_tokens == 2, "the result")
-  lffi.key(h)
-  lffi.free(h)
-end
-engine:close()
-print("done")
-]==])
-    f:close()
-    local p = assert(io.popen("luajit -jv=" .. log .. " " .. script .. " 2>&1"))
+    -- The path bench/instr_openresty.sh counts: one loop for both.
+    local script, log = H.REPO .. "/bench/openresty_path.lua", os.tmpname()
+    local p = assert(io.popen("luajit -jv=" .. log .. " " .. script .. " 3000 200; echo rc=$?"))
     local out = p:read("*a")
     p:close()
-    check(out:find("done", 1, true), "the loop failed: %s", out)
+    check(out:find("rc=0", 1, true), "the loop failed: %s", out)
     local lf = assert(io.open(log))
     local text = lf:read("*a")
     lf:close()
-    os.remove(script)
     os.remove(log)
     check(text:find("TRACE", 1, true), "jit.v wrote no trace: %s", text)
     -- "[TRACE --- ffi.lua:387 -- leaving loop in root trace at ffi.gc]": a
