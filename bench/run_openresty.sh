@@ -179,9 +179,24 @@ ticks() { # [worker] -> "main others"
   done
   echo "$main $others"
 }
+# The machine's busy and idle ticks (/proc/stat's "cpu" line, every core):
+# busy is user + nice + system + irq + softirq + steal, idle is idle +
+# iowait. What every process of a run spends (wrk, the endpoint, the
+# gateway), for the machine's CPU a call and how idle its cores stayed.
+machine_ticks() {
+  awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat
+}
+# The scheduler's account of the gateway worker's threads (schedstat: time
+# on a core, time runnable but waiting for one, and slices, one per
+# wake-up or preemption), all threads summed: "run_ns wait_ns slices".
+# The wait a call and the slices a call say whether a gateway's threads
+# queue for the cores (the machine's other processes compete for them).
+sched() { # worker
+  cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ r += $1; w += $2; s += $3 } END { print r + 0, w + 0, s + 0 }'
+}
 # wrk's latency line "99%  123.45ms" in ms.
 to_ms() { awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /ms$/) v = v; else if ($1 ~ /s$/) v *= 1000; printf "%.1f", v }'; }
-declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO PROF
+declare -A RPS P50 P99 ERRS CPU_MAIN CPU_IO CPU_ALL IDLE WAIT SLICES PROF
 WRK_SCRIPT=()
 [ "$PACE_MS" = 0 ] || WRK_SCRIPT=(-s "$ROOT/bench/wrk_paced.lua")
 run() { # path secs -> sets OUT
@@ -203,6 +218,8 @@ for r in $(seq "$RUNS"); do
     [ "$path" != baseline ] || w=$BWORKER
     [ "$path" != llmretry-cosocket ] || w=$CWORKER
     read -r m0 o0 < <(ticks "$w")
+    read -r b0 i0 < <(machine_ticks)
+    read -r _ sw0 ss0 < <(sched "$w")
     prof=""
     if [ "$PROFILE" != 0 ] && [ "$r" = "$RUNS" ]; then
       # The middle of the run: from its first second to one before its end.
@@ -212,6 +229,8 @@ for r in $(seq "$RUNS"); do
     fi
     run "$path" "$SECS"
     read -r m1 o1 < <(ticks "$w")
+    read -r b1 i1 < <(machine_ticks)
+    read -r _ sw1 ss1 < <(sched "$w")
     [ -z "$prof" ] || wait "$prof" || log "   perf record failed for /$path"
     rps=$(printf '%s\n' "$OUT" | awk '/^Requests\/sec:/ { print $2 }')
     p50=$(printf '%s\n' "$OUT" | awk '$1 == "50%" { print $2 }' | to_ms)
@@ -222,10 +241,19 @@ for r in $(seq "$RUNS"); do
     calls=$(printf '%s\n' "$OUT" | awk '/requests in/ { print $1 }')
     cpu_main=$(awk "BEGIN { printf \"%.0f\", ($m1 - $m0) / $TICK * 1e6 / $calls }")
     cpu_io=$(awk "BEGIN { printf \"%.0f\", ($o1 - $o0) / $TICK * 1e6 / $calls }")
-    log "   $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $errs, CPU µs/call $cpu_main + $cpu_io"
+    cpu_all=$(awk "BEGIN { printf \"%.0f\", ($b1 - $b0) / $TICK * 1e6 / $calls }")
+    wait=$(awk "BEGIN { printf \"%.1f\", ($sw1 - $sw0) / 1000 / $calls }")
+    slices=$(awk "BEGIN { printf \"%.2f\", ($ss1 - $ss0) / $calls }")
+    idle=$(awk "BEGIN { t = ($b1 - $b0) + ($i1 - $i0); printf \"%.0f\", (t > 0) ? ($i1 - $i0) * 100 / t : 0 }")
+    log "   $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $errs, CPU µs/call $cpu_main + $cpu_io," \
+      "machine $cpu_all µs/call, idle $idle %, run-queue wait $wait µs/call, $slices slices/call"
     [ -z "$prof" ] || PROF[$path]="$TMP/perf.$path:$rps"
     CPU_MAIN[$path]+="${CPU_MAIN[$path]:+/}$cpu_main"
     CPU_IO[$path]+="${CPU_IO[$path]:+/}$cpu_io"
+    CPU_ALL[$path]+="${CPU_ALL[$path]:+/}$cpu_all"
+    IDLE[$path]+="${IDLE[$path]:+/}$idle"
+    WAIT[$path]+="${WAIT[$path]:+/}$wait"
+    SLICES[$path]+="${SLICES[$path]:+/}$slices"
     RPS[$path]+="${RPS[$path]:+/}$rps"
     P50[$path]+="${P50[$path]:+/}$p50"
     P99[$path]+="${P99[$path]:+/}$p99"
@@ -249,8 +277,8 @@ echo "One gateway worker (\`bench/openresty.conf\`) calls the 50 ms endpoint of 
   "model's content; \`wrk -t2 -c$CONNS -d${SECS}s --latency\` is the $CONNS downstream clients$( [ "$PACE_MS" = 0 ] || echo ", each waiting $PACE_MS ms before each request (bench/wrk_paced.lua: the same offered load for every gateway)")." \
   "All three share the machine's cores. Median of $RUNS interleaved runs, after a 3 s warm-up of each.$( [ -z "$GC_STEPMUL" ] || echo " Every gateway's worker runs \`collectgarbage(\"setstepmul\", $GC_STEPMUL)\` (LuaJIT's default: 200).")$( [ "$PEER_SPIN" = 0 ] || echo " The cosocket gateway turns a busy loop $PEER_SPIN times per request (PEER_SPIN) before its call.")"
 echo
-echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread |"
-echo "|---|---:|---|---:|---:|---|---|---:|"
+echo "| gateway | calls/s | runs | p50 ms | p99 ms | runs (p99) | errors | worker CPU µs/call: event loop + I/O thread | machine CPU µs/call | idle % | worker's run-queue wait µs/call | worker's slices/call |"
+echo "|---|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|"
 for path in "${PATHS[@]}"; do
   case $path in
     llmretry) name="llmretry.openresty \`call_llm\` (one engine per worker, no thread pool)" ;;
@@ -258,12 +286,17 @@ for path in "${PATHS[@]}"; do
     llmretry-cosocket) name="llmretry.openresty \`call_llm\`, \`transport = \"cosocket\"\` (no engine thread: attempts on the worker's cosockets; its own gateway nginx)" ;;
     cosocket) name="cosocket client + retry loop (\`bench/clients/resty_mini_http.lua\`, lua-resty-http style)" ;;
   esac
-  echo "| $name | $(median "${RPS[$path]}") | ${RPS[$path]} | $(median "${P50[$path]}") | $(median "${P99[$path]}") | ${P99[$path]} | ${ERRS[$path]} | $(median "${CPU_MAIN[$path]}") + $(median "${CPU_IO[$path]}") |"
+  echo "| $name | $(median "${RPS[$path]}") | ${RPS[$path]} | $(median "${P50[$path]}") | $(median "${P99[$path]}") | ${P99[$path]} | ${ERRS[$path]} | $(median "${CPU_MAIN[$path]}") + $(median "${CPU_IO[$path]}") | $(median "${CPU_ALL[$path]}") | $(median "${IDLE[$path]}") | $(median "${WAIT[$path]}") | $(median "${SLICES[$path]}") |"
 done
 echo
 cpu_note="*Worker CPU* is the gateway worker's user + system CPU over the run ÷ calls (\`/proc\`): its"
 cpu_note+=" main thread (nginx's event loop, where the Lua runs) + its other threads (llmretry's engine"
-cpu_note+=" I/O thread, which runs libcurl and the retry policy)."
+cpu_note+=" I/O thread, which runs libcurl and the retry policy). *Machine CPU* is every process's"
+cpu_note+=" (wrk, the endpoint, the gateway: \`/proc/stat\`, all cores, steal included) over the run ÷ calls;"
+cpu_note+=" *idle* the share of the cores' time nobody used. The worker's *run-queue wait* and *slices*"
+cpu_note+=" are the scheduler's (\`/proc/<pid>/task/*/schedstat\`, all its threads) over the run ÷ calls:"
+cpu_note+=" how long its threads were ready to run but waited for a core, and how often they were put on"
+cpu_note+=" one (each wake-up or preemption is a slice)."
 echo "$cpu_note"
 echo
 ratio=$(awk "BEGIN { printf \"%.2f\", $(median "${RPS[llmretry]}") / $(median "${RPS[cosocket]}") }")
