@@ -16,6 +16,7 @@
  * free() only frees the call early. */
 #include "lcore.h"
 #include "lffi.h"
+#include "submit_checked.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,42 +194,63 @@ static int ffi_shape_values(int s, const void *obj, double *nums, const char **s
  * classic API makes those). Anything these do not take, Lua sends through
  * the classic engine:submit, which raises what it raises. */
 
+/* prep: the options, and whether they passed llmretry_options_check on a
+ * submit and have not been set since (but for what ffi_set_body and
+ * ffi_submit set anew each call). A gateway sends every call with the
+ * options of the one before; the next call's submit then checks only its
+ * body (LR_SUBMIT_CHECKED): the whole check was ~1.5k instructions a call
+ * (issue 36). Every setter and the reset clear the mark. */
+struct ffi_prep {
+    llmretry_options o;             /* first: the setters take a prep as options */
+    int checked;
+};
+
 static void *ffi_prep_new(void)
 {
-    llmretry_options *o = calloc(1, sizeof *o);
-    if (o)
-        llmretry_options_defaults(o);
-    return o;
+    struct ffi_prep *p = calloc(1, sizeof *p);
+    if (p)
+        llmretry_options_defaults(&p->o);
+    return p;
 }
 
-static void ffi_prep_free(void *o)
+static void ffi_prep_free(void *p)
 {
-    free(o);
+    free(p);
 }
 
-static void ffi_prep_reset(void *o)
+static void ffi_prep_reset(void *p)
 {
-    llmretry_options_defaults(o);
+    struct ffi_prep *prep = p;
+    prep->checked = 0;
+    llmretry_options_defaults(&prep->o);
 }
 
-static int ffi_set_int(void *o, const char *name, int64_t v, char *err, size_t errlen)
+static int ffi_set_int(void *p, const char *name, int64_t v, char *err, size_t errlen)
 {
-    return llmretry_options_set_int(o, name, v, err, errlen);
+    struct ffi_prep *prep = p;
+    prep->checked = 0;
+    return llmretry_options_set_int(&prep->o, name, v, err, errlen);
 }
 
-static int ffi_set_bool(void *o, const char *name, int v, char *err, size_t errlen)
+static int ffi_set_bool(void *p, const char *name, int v, char *err, size_t errlen)
 {
-    return llmretry_options_set_bool(o, name, v, err, errlen);
+    struct ffi_prep *prep = p;
+    prep->checked = 0;
+    return llmretry_options_set_bool(&prep->o, name, v, err, errlen);
 }
 
-static int ffi_set_text(void *o, const char *name, const char *v, char *err, size_t errlen)
+static int ffi_set_text(void *p, const char *name, const char *v, char *err, size_t errlen)
 {
-    return llmretry_options_set_text(o, name, v, err, errlen);
+    struct ffi_prep *prep = p;
+    prep->checked = 0;
+    return llmretry_options_set_text(&prep->o, name, v, err, errlen);
 }
 
-static int ffi_set_number(void *o, const char *name, double v, char *err, size_t errlen)
+static int ffi_set_number(void *p, const char *name, double v, char *err, size_t errlen)
 {
-    return llmretry_options_set_number(o, name, v, err, errlen);
+    struct ffi_prep *prep = p;
+    prep->checked = 0;
+    return llmretry_options_set_number(&prep->o, name, v, err, errlen);
 }
 
 /* The binding's own keys, as parse_opts sets them: the body (a table body
@@ -236,7 +258,7 @@ static int ffi_set_number(void *o, const char *name, double v, char *err, size_t
 static void ffi_set_body(void *p, const char *body, size_t len, int stream_usage, int validate,
                          int stream_chunks)
 {
-    llmretry_options *o = p;
+    llmretry_options *o = &((struct ffi_prep *)p)->o;
     o->body = body;
     o->body_len = len;
     o->stream_usage = stream_usage;
@@ -261,7 +283,8 @@ static const char *ffi_option(size_t i, int *type)
 static struct lr_ffi_handle *ffi_submit(void *engine_ud, void *p, void *channel_ud,
                                         const char *table_model, char *err, size_t errlen)
 {
-    llmretry_options *o = p;
+    struct ffi_prep *prep = p;
+    llmretry_options *o = &prep->o;
     llmretry_engine *e = lr_engine_of(engine_ud);
     if (errlen)
         err[0] = '\0';
@@ -280,14 +303,15 @@ static struct lr_ffi_handle *ffi_submit(void *engine_ud, void *p, void *channel_
         ok = (o->channel = lr_chan_open(channel_ud)) != NULL;
     if (table_model && !o->model && !o->content_type && o->method == LLMRETRY_METHOD_POST)
         o->model = table_model;
-    ok = ok && llmretry_engine_submit(e, o, LLMRETRY_SUBMIT_POLL, &h->call, err, errlen) ==
-                   LLMRETRY_OK;
+    unsigned flags = LLMRETRY_SUBMIT_POLL | (prep->checked ? LR_SUBMIT_CHECKED : 0u);
+    ok = ok && lr_engine_submit(e, o, flags, &h->call, err, errlen) == LLMRETRY_OK;
     o->channel = channel;
     o->model = model;
     if (!ok) {
         free(h);
         return NULL;
     }
+    prep->checked = 1;
     return (struct lr_ffi_handle *)(void *)h;
 }
 

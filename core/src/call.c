@@ -370,9 +370,11 @@ static int copy_headers(llmretry_call *c, const llmretry_options *opts)
 llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
                             unsigned flags, llmretry_call **out, char *err, size_t errlen)
 {
-    llmretry_status st = llmretry_options_check(opts, err, errlen);
+    llmretry_status st = flags & LR_SUBMIT_CHECKED ? lr_options_check_body(opts, err, errlen)
+                                                   : llmretry_options_check(opts, err, errlen);
     if (st != LLMRETRY_OK)
         return st;
+    flags &= ~LR_SUBMIT_CHECKED;
     if (opts->group && opts->group->engine != e) {
         lr_errf(err, errlen, "group belongs to another engine");
         return LLMRETRY_EINVAL;

@@ -500,6 +500,12 @@ llmretry_status llmretry_engine_submit(llmretry_engine *e, const llmretry_option
                                        unsigned flags, llmretry_call **out,
                                        char *err, size_t errlen)
 {
+    return lr_engine_submit(e, opts, flags & ~LR_SUBMIT_CHECKED, out, err, errlen);
+}
+
+llmretry_status lr_engine_submit(llmretry_engine *e, const llmretry_options *opts,
+                                 unsigned flags, llmretry_call **out, char *err, size_t errlen)
+{
     if (!e || !opts || !out) {
         lr_errf(err, errlen, "%s must not be NULL", !e ? "engine" : !opts ? "options" : "out");
         return LLMRETRY_EINVAL;

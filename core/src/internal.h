@@ -3,6 +3,7 @@
 #define LLMRETRY_INTERNAL_H
 
 #include "llmretry.h"
+#include "submit_checked.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -421,6 +422,9 @@ void lr_goaway_forget(llmretry_engine *e, int lport, int rport);
 int lr_resend_allowed(llmretry_call *c, lr_resend_why why);
 
 /* ---- call.c: building requests and reading responses ----------------- */
+/* options.c: the body's part of llmretry_options_check (method, body,
+ * body_len, content_type). */
+llmretry_status lr_options_check_body(const llmretry_options *o, char *err, size_t errlen);
 /* Build the call record from options (host thread). EINVAL names a field. */
 llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
                             unsigned flags, llmretry_call **out, char *err, size_t errlen);

@@ -179,6 +179,23 @@ static llmretry_status check_id(const char *name, const char *v, char *err, size
     return LLMRETRY_OK;
 }
 
+llmretry_status lr_options_check_body(const llmretry_options *o, char *err, size_t errlen)
+{
+    if (o->method != LLMRETRY_METHOD_POST) {
+        const char *m = o->method == LLMRETRY_METHOD_GET ? "GET" : "DELETE";
+        if (o->body && o->body_len > 0)
+            return fail(err, errlen, "a %s sends no body (body_len is %zu; method POST has one)",
+                        m, o->body_len);
+        if (o->content_type)
+            return fail(err, errlen, "content_type is for a POST's body (method is %s)", m);
+    } else if (!o->body) {
+        return fail(err, errlen, "body is required (got NULL)");
+    } else if (o->body_len == 0) {
+        return fail(err, errlen, "body must not be empty (body_len is 0)");
+    }
+    return LLMRETRY_OK;
+}
+
 llmretry_status llmretry_options_check(const llmretry_options *o, char *err, size_t errlen)
 {
     llmretry_status st;
@@ -202,18 +219,8 @@ llmretry_status llmretry_options_check(const llmretry_options *o, char *err, siz
     /* The key goes into a header; the message must never show it. */
     if (o->api_key && has_ctl(o->api_key))
         return fail(err, errlen, "api_key must not contain control characters");
-    if (o->method != LLMRETRY_METHOD_POST) {
-        const char *m = o->method == LLMRETRY_METHOD_GET ? "GET" : "DELETE";
-        if (o->body && o->body_len > 0)
-            return fail(err, errlen, "a %s sends no body (body_len is %zu; method POST has one)",
-                        m, o->body_len);
-        if (o->content_type)
-            return fail(err, errlen, "content_type is for a POST's body (method is %s)", m);
-    } else if (!o->body) {
-        return fail(err, errlen, "body is required (got NULL)");
-    } else if (o->body_len == 0) {
-        return fail(err, errlen, "body must not be empty (body_len is 0)");
-    }
+    if ((st = lr_options_check_body(o, err, errlen)) != LLMRETRY_OK)
+        return st;
     if (o->content_type && (!*o->content_type || has_ctl(o->content_type)))
         return fail(err, errlen, "content_type must be a non-empty header value without control "
                     "characters");

@@ -1602,6 +1602,18 @@ static void test_bad_input(llmretry_engine *e)
         if (st == LLMRETRY_OK)
             llmretry_call_free(c);
 
+        /* No bit of a caller's flags skips the check: the core's own
+         * "checked already" bit (submit_checked.h, llmretry.ffi's) is not
+         * the public API's. */
+        c = NULL;
+        err[0] = '\0';
+        st = llmretry_engine_submit(e, &o, 1u << 31, &c, err, sizeof err);
+        CHECK_MSG(st == LLMRETRY_EINVAL && strstr(err, fields[i]),
+                  "bad %s: submit with flag bit 31 returned %s (%s)", fields[i],
+                  llmretry_status_name(st), err);
+        if (st == LLMRETRY_OK)
+            llmretry_call_free(c);
+
         c = NULL;
         err[0] = '\0';
         st = llmretry_call_blocking(e, &o, NULL, NULL, &c, err, sizeof err);

@@ -299,6 +299,16 @@ describe("llmretry.ffi", function()
       check(#heard == 0, "a call without a channel reported to the last call's")
       lffi.free(h1)
       lffi.free(h2)
+      -- Options the core checked at the call before are not checked again
+      -- (LR_SUBMIT_CHECKED); any change is: values the setters take and
+      -- only the check refuses (a header's line break in the key, a
+      -- request id with a tab), right after a checked call.
+      run(o2)
+      check(lffi.submit(engine, H.merge(o2, { api_key = "sk-x\r\nX-Injected: 1" })) == nil,
+        "an api_key with a line break was taken after a checked call")
+      run(o2)
+      check(lffi.submit(engine, H.merge(o2, { request_id = "tab\tin it" })) == nil,
+        "a request_id with a tab was taken after a checked call")
       -- A refused option in between (the classic path): the next call is
       -- set from nothing again.
       check(lffi.submit(engine, H.merge(o2, { timeout_ms = -5 })) == nil, "-5 was taken")
