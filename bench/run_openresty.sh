@@ -39,6 +39,14 @@
 # during its run of the last round, then a table of its CPU per call by
 # library (bench/perf_by_dso.py): where the time goes (issue 36). Needs perf
 # (Debian: linux-perf). Unset: no profile.
+# TIMING=1: each gateway's locations time their calls (bench/clients/
+# bench_timing.lua): the handler's wall time from before its call to after
+# it and, for llmretry, meta.total_ms (the core's submit to finish) and
+# meta.duration_ms (the attempt); after each run the script reads them
+# (/timing) and adds a table of their medians over the runs, beside wrk's.
+# Where the latency goes: before the handler (the event loop's queue), in
+# the hand-offs (wall less total), the attempt less the endpoint's 50 ms.
+# Unset: the locations skip it (one table lookup a request).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -66,6 +74,8 @@ BGW_PORT=$((GW_PORT + 1))
 CGW_PORT=$((GW_PORT + 2))
 TRANSPORTS=${TRANSPORTS:-engine cosocket}
 PROFILE=${PROFILE:-0}
+TIMING=${TIMING:-0}
+case $TIMING in 0) TIMING_ON=false ;; 1) TIMING_ON=true ;; *) echo "TIMING must be 0 or 1" >&2; exit 2 ;; esac
 [ "$PROFILE" = 0 ] || command -v perf >/dev/null 2>&1 || {
   echo "PROFILE=1 needs perf (Debian: apt-get install linux-perf)" >&2; exit 2; }
 
@@ -113,7 +123,8 @@ fi
 gateway_conf() { # repo port [init_worker options] -> the gateway's nginx.conf on stdout
   sed -e "s|__REPO__|$1|g" -e "s|__GW_PORT__|$2|g" -e "s|__UP_PORT__|$UP_PORT|g" \
     -e "s|__INIT_EXTRA__|${3:-}|g" -e "s|__GC_TUNING__|$GC_TUNING|g" \
-    -e "s|__PEER_SPIN__|$PEER_SPIN|g" "$ROOT/bench/openresty.conf"
+    -e "s|__PEER_SPIN__|$PEER_SPIN|g" -e "s|__BENCH__|$ROOT/bench|g" \
+    -e "s|__TIMING__|$TIMING_ON|g" "$ROOT/bench/openresty.conf"
 }
 gateway_conf "$ROOT" "$GW_PORT" >"$GW/nginx.conf"
 gateway_conf "$ROOT" "$CGW_PORT" ', transport = "cosocket"' >"$CGW/nginx.conf"
@@ -202,10 +213,29 @@ WRK_SCRIPT=()
 run() { # path secs -> sets OUT
   OUT=$(PACE_MS=$PACE_MS wrk -t2 -c"$CONNS" -d"$2"s --timeout 10s --latency "${WRK_SCRIPT[@]}" "$(url_of "$1")")
 }
+# TIMING=1: a run's timings (bench/clients/bench_timing.lua), read from its
+# gateway's /timing: "wall_mean wall_p50 wall_p99 total_p50 total_p99
+# attempt_p50 attempt_p99" in ms (- where it has none).
+timings() { # path
+  local url loc
+  url=$(url_of "$1")
+  loc=llmretry
+  [ "$1" != cosocket ] || loc=cosocket
+  curl -s "${url%/*}/timing" | python3 -c '
+import json, sys
+d = json.load(sys.stdin).get(sys.argv[1]) or {}
+f = lambda k, i: "-" if not d.get(k) or d[k][i] is None else "%.1f" % d[k][i]
+print(f("wall", 0), f("wall", 1), f("wall", 2), f("total", 1), f("total", 2), f("attempt", 1), f("attempt", 2))
+' "$loc"
+}
 for path in "${PATHS[@]}"; do
   log "== warm-up /$path (3 s)"
   run "$path" 3
 done
+if [ "$TIMING" = 1 ]; then
+  for path in "${PATHS[@]}"; do timings "$path" >/dev/null; done   # the warm-ups' figures go
+fi
+declare -A T_WALL T_WALL50 T_WALL99 T_TOT50 T_TOT99 T_ATT50 T_ATT99
 for r in $(seq "$RUNS"); do
   order=("${PATHS[@]}")
   if [ ${#PATHS[@]} -gt 2 ]; then   # rotated: no gateway always runs first
@@ -248,6 +278,18 @@ for r in $(seq "$RUNS"); do
     log "   $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $errs, CPU µs/call $cpu_main + $cpu_io," \
       "machine $cpu_all µs/call, idle $idle %, run-queue wait $wait µs/call, $slices slices/call"
     [ -z "$prof" ] || PROF[$path]="$TMP/perf.$path:$rps"
+    if [ "$TIMING" = 1 ]; then
+      read -r tw tw50 tw99 tt50 tt99 ta50 ta99 < <(timings "$path")
+      log "   timings (ms): handler wall mean $tw, p50 $tw50, p99 $tw99; core total p50 $tt50," \
+        "p99 $tt99; attempt p50 $ta50, p99 $ta99"
+      T_WALL[$path]+="${T_WALL[$path]:+/}$tw"
+      T_WALL50[$path]+="${T_WALL50[$path]:+/}$tw50"
+      T_WALL99[$path]+="${T_WALL99[$path]:+/}$tw99"
+      T_TOT50[$path]+="${T_TOT50[$path]:+/}$tt50"
+      T_TOT99[$path]+="${T_TOT99[$path]:+/}$tt99"
+      T_ATT50[$path]+="${T_ATT50[$path]:+/}$ta50"
+      T_ATT99[$path]+="${T_ATT99[$path]:+/}$ta99"
+    fi
     CPU_MAIN[$path]+="${CPU_MAIN[$path]:+/}$cpu_main"
     CPU_IO[$path]+="${CPU_IO[$path]:+/}$cpu_io"
     CPU_ALL[$path]+="${CPU_ALL[$path]:+/}$cpu_all"
@@ -329,4 +371,19 @@ if [ "$PROFILE" != 0 ]; then
   args=()
   for path in "${PATHS[@]}"; do [ -z "${PROF[$path]:-}" ] || args+=("$path=${PROF[$path]}"); done
   python3 "$ROOT/bench/perf_by_dso.py" --freq 999 --secs $((SECS - 2)) "${args[@]}"
+fi
+if [ "$TIMING" = 1 ]; then
+  mid() { case $1 in -*|'') echo "-" ;; *) median "$1" ;; esac; }
+  echo
+  echo "Where the latency goes (TIMING=1, bench/clients/bench_timing.lua; medians over the runs, ms):" \
+    "wrk's latency, the handler's wall time (from before its call to after it), the core's" \
+    "meta.total_ms (submit to finish) and meta.duration_ms (the attempt, the endpoint's 50 ms in it)."
+  echo
+  echo "| gateway | wrk p50 | wrk p99 | handler mean | handler p50 | handler p99 | core total p50 | core total p99 | attempt p50 | attempt p99 |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for path in "${PATHS[@]}"; do
+    echo "| /$path | $(median "${P50[$path]}") | $(median "${P99[$path]}") | $(mid "${T_WALL[$path]}") |" \
+      "$(mid "${T_WALL50[$path]}") | $(mid "${T_WALL99[$path]}") | $(mid "${T_TOT50[$path]}") |" \
+      "$(mid "${T_TOT99[$path]}") | $(mid "${T_ATT50[$path]}") | $(mid "${T_ATT99[$path]}") |"
+  done
 fi
