@@ -422,9 +422,6 @@ void lr_goaway_forget(llmretry_engine *e, int lport, int rport);
 int lr_resend_allowed(llmretry_call *c, lr_resend_why why);
 
 /* ---- call.c: building requests and reading responses ----------------- */
-/* options.c: the body's part of llmretry_options_check (method, body,
- * body_len, content_type). */
-llmretry_status lr_options_check_body(const llmretry_options *o, char *err, size_t errlen);
 /* Build the call record from options (host thread). EINVAL names a field. */
 llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
                             unsigned flags, llmretry_call **out, char *err, size_t errlen);
@@ -503,6 +500,9 @@ void lr_call_headers_free(struct curl_slist *headers);
 /* The engine's spare call records freed, and its spare_mu (at its end). */
 void lr_call_spares_free(llmretry_engine *e);
 uint64_t lr_call_key_hash(const struct curl_slist *headers);
+/* options.c: the body's part of llmretry_options_check (method, body,
+ * body_len, content_type). */
+llmretry_status lr_options_check_body(const llmretry_options *o, char *err, size_t errlen);
 /* options.c: one "name: value" header as headers[] would be checked. */
 llmretry_status lr_check_header_parts(const char *name, const char *value, const char *label,
                                       int has_key, char *err, size_t errlen);
