@@ -235,7 +235,7 @@ done
 if [ "$TIMING" = 1 ]; then
   for path in "${PATHS[@]}"; do timings "$path" >/dev/null; done   # the warm-ups' figures go
 fi
-declare -A T_WALL T_WALL50 T_WALL99 T_TOT50 T_TOT99 T_ATT50 T_ATT99
+declare -A TIMES   # path -> each run's timings() line, one per line
 for r in $(seq "$RUNS"); do
   order=("${PATHS[@]}")
   if [ ${#PATHS[@]} -gt 2 ]; then   # rotated: no gateway always runs first
@@ -282,13 +282,7 @@ for r in $(seq "$RUNS"); do
       read -r tw tw50 tw99 tt50 tt99 ta50 ta99 < <(timings "$path")
       log "   timings (ms): handler wall mean $tw, p50 $tw50, p99 $tw99; core total p50 $tt50," \
         "p99 $tt99; attempt p50 $ta50, p99 $ta99"
-      T_WALL[$path]+="${T_WALL[$path]:+/}$tw"
-      T_WALL50[$path]+="${T_WALL50[$path]:+/}$tw50"
-      T_WALL99[$path]+="${T_WALL99[$path]:+/}$tw99"
-      T_TOT50[$path]+="${T_TOT50[$path]:+/}$tt50"
-      T_TOT99[$path]+="${T_TOT99[$path]:+/}$tt99"
-      T_ATT50[$path]+="${T_ATT50[$path]:+/}$ta50"
-      T_ATT99[$path]+="${T_ATT99[$path]:+/}$ta99"
+      TIMES[$path]+="$tw $tw50 $tw99 $tt50 $tt99 $ta50 $ta99"$'\n'
     fi
     CPU_MAIN[$path]+="${CPU_MAIN[$path]:+/}$cpu_main"
     CPU_IO[$path]+="${CPU_IO[$path]:+/}$cpu_io"
@@ -373,7 +367,11 @@ if [ "$PROFILE" != 0 ]; then
   python3 "$ROOT/bench/perf_by_dso.py" --freq 999 --secs $((SECS - 2)) "${args[@]}"
 fi
 if [ "$TIMING" = 1 ]; then
-  mid() { case $1 in -*|'') echo "-" ;; *) median "$1" ;; esac; }
+  mid() { # path column -> that column's median over the runs, - where it has none
+    local runs
+    runs=$(awk -v c="$2" 'NF { printf "%s%s", sep, $c; sep = "/" }' <<<"${TIMES[$1]}")
+    case $runs in -*|'') echo "-" ;; *) median "$runs" ;; esac
+  }
   echo
   echo "Where the latency goes (TIMING=1, bench/clients/bench_timing.lua; medians over the runs, ms):" \
     "wrk's latency, the handler's wall time (from before its call to after it), the core's" \
@@ -382,8 +380,8 @@ if [ "$TIMING" = 1 ]; then
   echo "| gateway | wrk p50 | wrk p99 | handler mean | handler p50 | handler p99 | core total p50 | core total p99 | attempt p50 | attempt p99 |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for path in "${PATHS[@]}"; do
-    echo "| /$path | $(median "${P50[$path]}") | $(median "${P99[$path]}") | $(mid "${T_WALL[$path]}") |" \
-      "$(mid "${T_WALL50[$path]}") | $(mid "${T_WALL99[$path]}") | $(mid "${T_TOT50[$path]}") |" \
-      "$(mid "${T_TOT99[$path]}") | $(mid "${T_ATT50[$path]}") | $(mid "${T_ATT99[$path]}") |"
+    row="| /$path | $(median "${P50[$path]}") | $(median "${P99[$path]}") |"
+    for col in 1 2 3 4 5 6 7; do row+=" $(mid "$path" "$col") |"; done
+    echo "$row"
   done
 fi

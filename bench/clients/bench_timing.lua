@@ -33,9 +33,9 @@ function M.stop(location, t1, meta)
   end
 end
 
+-- t sorted.
 local function pct(t, q)
   if #t == 0 then return "null" end
-  sort(t)
   return format("%.1f", t[math.max(1, floor(#t * q + 0.5))])
 end
 
@@ -54,6 +54,7 @@ function M.dump()
     local parts = {}
     for _, k in ipairs({ "wall", "total", "attempt" }) do
       local t = s[k]
+      sort(t)
       parts[#parts + 1] = format('"%s": [%s, %s, %s]', k, mean(t), pct(t, 0.5), pct(t, 0.99))
     end
     out[#out + 1] = format('"%s": {"n": %d, %s}', location, #s.wall, concat(parts, ", "))

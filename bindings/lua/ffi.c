@@ -218,39 +218,38 @@ static void ffi_prep_free(void *p)
     free(p);
 }
 
-static void ffi_prep_reset(void *p)
+/* prep's options for the reset or a setter: set anew, they are checked
+ * again. */
+static llmretry_options *unchecked(void *p)
 {
     struct ffi_prep *prep = p;
     prep->checked = 0;
-    llmretry_options_defaults(&prep->o);
+    return &prep->o;
+}
+
+static void ffi_prep_reset(void *p)
+{
+    llmretry_options_defaults(unchecked(p));
 }
 
 static int ffi_set_int(void *p, const char *name, int64_t v, char *err, size_t errlen)
 {
-    struct ffi_prep *prep = p;
-    prep->checked = 0;
-    return llmretry_options_set_int(&prep->o, name, v, err, errlen);
+    return llmretry_options_set_int(unchecked(p), name, v, err, errlen);
 }
 
 static int ffi_set_bool(void *p, const char *name, int v, char *err, size_t errlen)
 {
-    struct ffi_prep *prep = p;
-    prep->checked = 0;
-    return llmretry_options_set_bool(&prep->o, name, v, err, errlen);
+    return llmretry_options_set_bool(unchecked(p), name, v, err, errlen);
 }
 
 static int ffi_set_text(void *p, const char *name, const char *v, char *err, size_t errlen)
 {
-    struct ffi_prep *prep = p;
-    prep->checked = 0;
-    return llmretry_options_set_text(&prep->o, name, v, err, errlen);
+    return llmretry_options_set_text(unchecked(p), name, v, err, errlen);
 }
 
 static int ffi_set_number(void *p, const char *name, double v, char *err, size_t errlen)
 {
-    struct ffi_prep *prep = p;
-    prep->checked = 0;
-    return llmretry_options_set_number(&prep->o, name, v, err, errlen);
+    return llmretry_options_set_number(unchecked(p), name, v, err, errlen);
 }
 
 /* The binding's own keys, as parse_opts sets them: the body (a table body
