@@ -120,7 +120,10 @@ local function post(waiting, key)
     -- mail before it sleeps: a post would only be taken back (issue 36).
     if waiter.awake then return end
     local sema = waiter.sema
-    if sema:count() <= 0 then sema:post(1) end
+    if sema:count() <= 0 then
+      waiter.posted = true
+      sema:post(1)
+    end
   end
 end
 
@@ -144,7 +147,12 @@ end
 -- handle left d.waiting before). At most as many as the worker's engine
 -- runs at once (256 to 4,096, as the core keeps its records: spares.c): a
 -- gateway's thousand calls end in bursts, and past 256 most of a burst's
--- waiters were garbage, each with a semaphore to finalize.
+-- waiters were garbage, each with a semaphore to finalize. posted: its
+-- semaphore was posted since it left the pool (post, and the transport
+-- "cosocket"'s exchange threads, set it). Only then is the semaphore
+-- looked at here: most calls of the transport "cosocket" are never posted,
+-- and two looks into memory nobody touched for the call's 50 ms were a
+-- visible part of a call's cost on the worker (issue 36).
 local spare = {}
 local function spare_max(max_in_flight)
   local n = max_in_flight or M.DEFAULT_MAX_IN_FLIGHT
@@ -154,17 +162,21 @@ local SPARE_MAX = spare_max(nil)
 
 local function take_waiter()
   local n = #spare
-  if n == 0 then return { sema = semaphore.new(), request = {} } end
+  if n == 0 then return { sema = semaphore.new(), request = {}, posted = false } end
   local waiter = spare[n]
   spare[n] = nil
   return waiter
 end
 
 local function give_waiter(waiter)
-  local sema = waiter.sema
-  if sema:count() > 0 then sema:wait(0) end
+  if waiter.posted then
+    local sema = waiter.sema
+    if sema:count() > 0 then sema:wait(0) end
+    if sema:count() ~= 0 then return end
+    waiter.posted = false
+  end
   local n = #spare
-  if n < SPARE_MAX and sema:count() == 0 then spare[n + 1] = waiter end
+  if n < SPARE_MAX then spare[n + 1] = waiter end
 end
 
 -- The worker's shared store (docs/shared.md): init_worker's `shared`, else
@@ -442,7 +454,8 @@ end
 --   waiting = calls waited for now, exiting = bool }
 -- transport = "engine" | "cosocket" (and, under "cosocket", the calls its
 -- engine has waiting: host_waiting), waiters_kept = call_llm's waiters
--- kept for the next calls.
+-- kept for the next calls, waiters_pending = those of them with a post
+-- still pending (0: a kept waiter never wakes its next call for nothing).
 function M.stats()
   local w = W
   local transport = CONFIG.transport or M.DEFAULT_TRANSPORT
@@ -450,14 +463,18 @@ function M.stats()
   if HW ~= nil then
     for _ in pairs(HW.waiting) do hn = hn + 1 end
   end
+  local pending = 0
+  for i = 1, #spare do
+    if spare[i].sema:count() ~= 0 then pending = pending + 1 end
+  end
   if w == nil then
     return { engine = HW ~= nil, waiting = hn, exiting = false, transport = transport,
-      host_waiting = hn, waiters_kept = #spare }
+      host_waiting = hn, waiters_kept = #spare, waiters_pending = pending }
   end
   local n = 0
   for _ in pairs(w.d.waiting) do n = n + 1 end
   return { engine = true, dispatcher = w.d.state, waiting = n + hn, exiting = w.exiting,
-    transport = transport, host_waiting = hn, waiters_kept = #spare }
+    transport = transport, host_waiting = hn, waiters_kept = #spare, waiters_pending = pending }
 end
 
 -- What the worker's engine knows of each endpoint (llmretry.endpoint_stats):

@@ -341,6 +341,11 @@ def test_events_as_they_happen(ngx, mock):
     check(ms["llm_request_succeeded#2"] - ms["llm_request_started#2"] >= 250,
           f"the 0.3 s answer is not between the events: {ms}")
     check(len(mock.requests("retried")) == 3, "not 3 requests")
+    # Each event was posted to the request: one posted after its last look
+    # is taken back before the waiter is kept for the next call.
+    st = ngx.stats()
+    check(st["waiters_kept"] >= 1 and st["waiters_pending"] == 0,
+          f"kept waiters {st['waiters_kept']}, with a post pending {st['waiters_pending']}")
 
 
 def test_failure(ngx, mock):
@@ -707,8 +712,12 @@ def test_500_calls_no_thread_pool(ngx, mock):
     check(wall < 10, f"the test took {wall:.1f} s")
     # Every call's waiter is kept for the next calls (up to the engine's
     # max_in_flight, 1,024 here): past 256 most of a burst's were garbage.
-    kept = ngx.stats()["waiters_kept"]
+    st = ngx.stats()
+    kept = st["waiters_kept"]
     check(kept >= n, f"{kept} waiters kept after {n} calls at once")
+    # A post that came after a call's last look is taken back before its
+    # waiter is kept: else the waiter's next call wakes for nothing.
+    check(st["waiters_pending"] == 0, f"{st['waiters_pending']} kept waiters have a post pending")
 
 
 def test_control_blocking(ngx, mock):
