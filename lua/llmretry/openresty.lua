@@ -141,8 +141,8 @@ end
 
 -- A call_llm's waiter { sema }: kept for the next call once its call has
 -- ended, since a semaphore is an FFI object with a finalizer (a weak-table
--- entry for the GC) and the pair was garbage on every call (issue 36). A
--- post that came after the last drain is taken back first: a waiter comes
+-- entry for the GC) and the pair was garbage on every call (issue 36).
+-- Posts that came after the last drain are taken back first: a waiter comes
 -- out of the pool with nothing pending, and nobody posts it any more (its
 -- handle left d.waiting before). At most as many as the worker's engine
 -- runs at once (256 to 4,096, as the core keeps its records: spares.c): a
@@ -170,8 +170,13 @@ end
 
 local function give_waiter(waiter)
   if waiter.posted then
+    -- Every post is taken back: two are pending when the engine's turn and
+    -- the exchange thread both posted while the request's wait was timing
+    -- out (its timeout takes it off the queue, not the posts).
     local sema = waiter.sema
-    if sema:count() > 0 then sema:wait(0) end
+    while sema:count() > 0 do
+      if not sema:wait(0) then break end
+    end
     if sema:count() ~= 0 then return end
     waiter.posted = false
   end
