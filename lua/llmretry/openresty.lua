@@ -148,8 +148,8 @@ end
 -- runs at once (256 to 4,096, as the core keeps its records: spares.c): a
 -- gateway's thousand calls end in bursts, and past 256 most of a burst's
 -- waiters were garbage, each with a semaphore to finalize. posted: its
--- semaphore was posted since it left the pool (post, and the transport
--- "cosocket"'s exchange threads, set it). Only then is the semaphore
+-- semaphore was posted since it left the pool (post sets it, for news and
+-- for the transport "cosocket"'s exchange threads). Only then is the semaphore
 -- looked at here: most calls of the transport "cosocket" are never posted,
 -- and two looks into memory nobody touched for the call's 50 ms were a
 -- visible part of a call's cost on the worker (issue 36).

@@ -51,11 +51,9 @@ function M.new(post, key_of, watch_abort)
     turn(hw)
     -- The request looks at its call now: a failed attempt of a call nobody
     -- listens to brings no news (its retry's timer is the request's to wait).
-    local sema = waiter.sema
-    if not waiter.awake and sema:count() <= 0 then
-      waiter.posted = true
-      sema:post(1)
-    end
+    -- Posted as news is (llmretry.openresty's post: a sleeping waiter only,
+    -- marked posted for the pool).
+    post(hw.waiting, key_of(h))
   end
 
   -- The attempt of h's call that waits for its host, if any, when the
