@@ -201,9 +201,12 @@ class _SigintCancels:
         if n > 0:
             self.tasks[task] = n
         elif not self.tasks and self.prev is not None:
-            prev, self.prev = self.prev, None
+            # Put the host's handler back before forgetting it: a SIGINT
+            # handled in between (Python runs handlers between any two
+            # bytecodes) still finds it in self.prev and is passed on.
             if signal.getsignal(signal.SIGINT) == self.handler:
-                signal.signal(signal.SIGINT, prev)
+                signal.signal(signal.SIGINT, self.prev)
+            self.prev = None
 
     def handler(self, signum: int, frame: Any) -> None:
         by_loop: Dict[Any, List["asyncio.Task[Any]"]] = {}
@@ -213,8 +216,9 @@ class _SigintCancels:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_cancel_waiting, tasks)
         prev = self.prev
-        if callable(prev):
-            prev(signum, frame)     # asyncio.run's, a kernel's, or KeyboardInterrupt
+        if not callable(prev):      # never swallow a Ctrl-C: Python's own
+            prev = signal.default_int_handler
+        prev(signum, frame)         # asyncio.run's, a kernel's, or KeyboardInterrupt
 
 
 def _cancel_waiting(tasks: List["asyncio.Task[Any]"]) -> None:
