@@ -143,6 +143,7 @@ build = {
       ["llmretry.openresty_abort"] = "lua/llmretry/openresty_abort.lua",
       ["llmretry.openresty_host"] = "lua/llmretry/openresty_host.lua",
       ["llmretry.openresty_dispatch"] = "lua/llmretry/openresty_dispatch.lua",
+      ["llmretry.openresty_waiters"] = "lua/llmretry/openresty_waiters.lua",
       ["llmretry.policies"] = "lua/llmretry/policies.lua",
       ["llmretry.scheduler"] = "lua/llmretry/scheduler.lua",
       ["llmretry.client"] = "lua/llmretry/client.lua",

@@ -109,23 +109,10 @@ local HW = nil      -- the transport "cosocket"'s engine (below), or nil
 local key_of = lffi and lffi.key or function(h) return h end
 local WAITING_MODE = lffi and "v" or "kv"
 
--- The call of `key` has news: post its waiter. One pending post is
--- enough: the waiter reads everything there is.
-local function post(waiting, key)
-  local waiter = waiting[key]
-  if waiter then
-    local ready = waiter.ready
-    if ready then ready[#ready + 1] = waiter.handles[key] end
-    -- A call_llm of the transport "cosocket" that is not asleep reads its
-    -- mail before it sleeps: a post would only be taken back (issue 36).
-    if waiter.awake then return end
-    local sema = waiter.sema
-    if sema:count() <= 0 then
-      waiter.posted = true
-      sema:post(1)
-    end
-  end
-end
+-- What requests wait on, who posts them, and call_llm's pool of them.
+local waiters = require("llmretry.openresty_waiters")
+local post, take_waiter, give_waiter = waiters.post, waiters.take, waiters.give
+waiters.set_max_in_flight(M.DEFAULT_MAX_IN_FLIGHT)
 
 -- The transport "engine"'s dispatcher (llmretry.openresty_dispatch).
 local DISPATCH = require("llmretry.openresty_dispatch").new{ post = post,
@@ -137,51 +124,6 @@ local wake, start_dispatch, on_exit = DISPATCH.wake, DISPATCH.start_dispatch, DI
 local function release(w, d, h)
   d.waiting[key_of(h)] = nil
   if d.kick and w.exiting and next(d.waiting) == nil then d.kick:post(1) end
-end
-
--- A call_llm's waiter { sema }: kept for the next call once its call has
--- ended, since a semaphore is an FFI object with a finalizer (a weak-table
--- entry for the GC) and the pair was garbage on every call (issue 36).
--- Posts that came after the last drain are taken back first: a waiter comes
--- out of the pool with nothing pending, and nobody posts it any more (its
--- handle left d.waiting before). At most as many as the worker's engine
--- runs at once (256 to 4,096, as the core keeps its records: spares.c): a
--- gateway's thousand calls end in bursts, and past 256 most of a burst's
--- waiters were garbage, each with a semaphore to finalize. posted: its
--- semaphore was posted since it left the pool (post sets it, for news and
--- for the transport "cosocket"'s exchange threads). Only then is the semaphore
--- looked at here: most calls of the transport "cosocket" are never posted,
--- and two looks into memory nobody touched for the call's 50 ms were a
--- visible part of a call's cost on the worker (issue 36).
-local spare = {}
-local function spare_max(max_in_flight)
-  local n = max_in_flight or M.DEFAULT_MAX_IN_FLIGHT
-  return n < 256 and 256 or n > 4096 and 4096 or n
-end
-local SPARE_MAX = spare_max(nil)
-
-local function take_waiter()
-  local n = #spare
-  if n == 0 then return { sema = semaphore.new(), request = {}, posted = false } end
-  local waiter = spare[n]
-  spare[n] = nil
-  return waiter
-end
-
-local function give_waiter(waiter)
-  if waiter.posted then
-    -- Every post is taken back: two are pending when the engine's turn and
-    -- the exchange thread both posted while the request's wait was timing
-    -- out (its timeout takes it off the queue, not the posts).
-    local sema = waiter.sema
-    while sema:count() > 0 do
-      if not sema:wait(0) then break end
-    end
-    if sema:count() ~= 0 then return end
-    waiter.posted = false
-  end
-  local n = #spare
-  if n < SPARE_MAX then spare[n + 1] = waiter end
 end
 
 -- The worker's shared store (docs/shared.md): init_worker's `shared`, else
@@ -295,7 +237,7 @@ function M.init_worker(opts)
       .. "in init_worker_by_lua*, before any call)", 2)
   end
   CONFIG = opts
-  SPARE_MAX = spare_max(opts.max_in_flight)
+  waiters.set_max_in_flight(opts.max_in_flight or M.DEFAULT_MAX_IN_FLIGHT)
   if (opts.transport or M.DEFAULT_TRANSPORT) == "cosocket" then
     new_host_worker(opts)
   else
@@ -468,18 +410,15 @@ function M.stats()
   if HW ~= nil then
     for _ in pairs(HW.waiting) do hn = hn + 1 end
   end
-  local pending = 0
-  for i = 1, #spare do
-    if spare[i].sema:count() ~= 0 then pending = pending + 1 end
-  end
+  local kept, pending = waiters.stats()
   if w == nil then
     return { engine = HW ~= nil, waiting = hn, exiting = false, transport = transport,
-      host_waiting = hn, waiters_kept = #spare, waiters_pending = pending }
+      host_waiting = hn, waiters_kept = kept, waiters_pending = pending }
   end
   local n = 0
   for _ in pairs(w.d.waiting) do n = n + 1 end
   return { engine = true, dispatcher = w.d.state, waiting = n + hn, exiting = w.exiting,
-    transport = transport, host_waiting = hn, waiters_kept = #spare, waiters_pending = pending }
+    transport = transport, host_waiting = hn, waiters_kept = kept, waiters_pending = pending }
 end
 
 -- What the worker's engine knows of each endpoint (llmretry.endpoint_stats):

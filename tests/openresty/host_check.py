@@ -491,6 +491,26 @@ def test_environment(ngx, mock):
           "the environment's key was not sent")
 
 
+def test_waiter_pool(ngx, mock):
+    """Kept waiters come back with nothing pending (two posts in a timeout, one never read).
+
+    And an awake waiter is not posted. On real semaphores, in one request."""
+    status, text, _ = http("GET", ngx.base + "/waiter_pool")
+    check(status == 200, f"/waiter_pool: {status} {text}")
+    got = json.loads(text)
+    # The setup reproduced CI's case, or the test means nothing.
+    check(got["timeout_woken"] is False and got["timeout_pending"] == 2,
+          f"two posts during a timeout: woken {got['timeout_woken']}, "
+          f"{got['timeout_pending']} pending (want False, 2)")
+    check(got["timeout_kept"] and got["timeout_clean"],
+          f"after two posts during a timeout: kept {got['timeout_kept']}, "
+          f"clean {got['timeout_clean']}")
+    check(got["unread_pending"] == 1 and got["unread_kept"] and got["unread_clean"],
+          f"a post never waited for: {got}")
+    check(got["awake_pending"] == 0 and got["awake_posted"] is False,
+          f"an awake waiter was posted: {got}")
+
+
 def test_engine_shared(ngx, mock):
     """Requests one after another share the worker's engine and its connection."""
     mock.script("reuse", [])
@@ -958,7 +978,7 @@ def test_no_secrets_logged(ngx, mock):
 
 TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path, test_validate,
          test_misuse, test_misuse_vectors,
-         test_doc_examples, test_environment, test_engine_shared, test_io_loop,
+         test_doc_examples, test_environment, test_waiter_pool, test_engine_shared, test_io_loop,
          test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_tls, test_exchange_in_the_request,
