@@ -6,6 +6,8 @@ which cancels the call on the engine)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import queue
 import signal
 import subprocess
@@ -15,6 +17,8 @@ import time
 from typing import List, Optional
 
 import pytest
+
+from llmretry._aio import _SigintCancels
 
 from conftest import SECRET_KEY, Scenario, child_env
 
@@ -241,7 +245,6 @@ class _TaskOfAClosedLoop:
     schedules nothing on it and only the chaining is exercised)."""
 
     def __init__(self) -> None:
-        import asyncio
         self._loop = asyncio.new_event_loop()
         self._loop.close()
 
@@ -255,8 +258,6 @@ def test_every_sigint_reaches_the_host_handler_whatever_the_moment() -> None:
     swallowed. Lost once in CI (the astream test above, which then waited
     out the stall): the handler had found the host's handler already
     forgotten but not yet put back."""
-    from llmretry._aio import _SigintCancels
-    import os
     seen: List[int] = []
     host = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
     try:
@@ -268,6 +269,8 @@ def test_every_sigint_reaches_the_host_handler_whatever_the_moment() -> None:
 
         def send() -> None:
             for i in range(sent):
+                if done.is_set():   # the main thread gave up: send no more
+                    break
                 before = len(seen)
                 os.kill(os.getpid(), signal.SIGINT)
                 end = time.monotonic() + 0.25
@@ -279,12 +282,15 @@ def test_every_sigint_reaches_the_host_handler_whatever_the_moment() -> None:
 
         sender = threading.Thread(target=send)
         sender.start()
-        # The main thread (where Python runs signal handlers) does what each
-        # wait does: add the task, then discard it.
-        while not done.is_set():
-            chain.add(task)         # type: ignore[arg-type]
-            chain.discard(task)     # type: ignore[arg-type]
-        sender.join()
+        try:
+            # The main thread (where Python runs signal handlers) does what
+            # each wait does: add the task, then discard it.
+            while not done.is_set():
+                chain.add(task)         # type: ignore[arg-type]
+                chain.discard(task)     # type: ignore[arg-type]
+        finally:
+            done.set()
+            sender.join()           # no SIGINT may come after the host's handler is back
     finally:
         signal.signal(signal.SIGINT, host)
     assert not lost, f"{len(lost)} of {sent} SIGINTs never reached the host's handler"
