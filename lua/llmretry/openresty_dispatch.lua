@@ -7,7 +7,7 @@
 --
 -- new{ post, waiting_mode, poll_s, log_err } -> { wake, idle, on_exit,
 -- start_dispatch }, bound to llmretry.openresty's own: post(waiting, key)
--- wakes a call's waiter, waiting_mode is d.waiting's __mode, log_err logs.
+-- wakes a call's waiter (llmretry.openresty_waiters), waiting_mode is d.waiting's __mode, log_err logs.
 -- d = { channel, path, waiting, state, kick } is a dispatch (see
 -- llmretry.openresty's W).
 

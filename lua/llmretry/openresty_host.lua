@@ -8,7 +8,8 @@
 -- until the engine's next due time. The bytes go through llmretry.cosocket.
 --
 -- new(post, key_of, watch_abort) -> the functions below, bound to
--- llmretry.openresty's own: post(waiting, key) wakes a call's waiter,
+-- llmretry.openresty's own: post(waiting, key) wakes a call's waiter
+-- (llmretry.openresty_waiters),
 -- key_of(h) names a call in `waiting`, watch_abort(h) -> the request's
 -- abort record (live.abortable, live.calls).
 
@@ -51,8 +52,8 @@ function M.new(post, key_of, watch_abort)
     turn(hw)
     -- The request looks at its call now: a failed attempt of a call nobody
     -- listens to brings no news (its retry's timer is the request's to wait).
-    -- Posted as news is (llmretry.openresty's post: a sleeping waiter only,
-    -- marked posted for the pool).
+    -- Posted as news is (llmretry.openresty_waiters.post: a sleeping waiter
+    -- only, and once; marked posted for the pool).
     post(hw.waiting, key_of(h))
   end
 

@@ -4,8 +4,9 @@
 --
 -- A waiter is { sema, request, posted } for call_llm (take/give), or a
 -- batch's { sema, ready, handles } (made by the batch). Its fields:
---   awake   the transport "cosocket": false while the request sleeps; nil
---           on the transport "engine" (its requests are always posted).
+--   awake   the transport "cosocket": false while the request sleeps and
+--           nobody has posted it yet; nil on the transport "engine" (its
+--           requests are posted whenever their call has news).
 --   posted  its semaphore was posted since it left the pool (post sets it).
 --   ready   a batch's list of handles with news (post appends to it).
 --
@@ -51,9 +52,10 @@ end
 -- pending posts taken back (a waiter that keeps one is dropped).
 function M.give(waiter)
   if waiter.posted then
-    -- Every post is taken back: two are pending when two posts came while
-    -- the request's wait was timing out (its timeout takes it off the
-    -- semaphore's queue, not the posts; the second post saw a count of 0).
+    -- Every post is taken back: on the transport "engine", two are pending
+    -- when two posts came while the request's wait was timing out (its
+    -- timeout takes it off the semaphore's queue, not the posts; the second
+    -- post saw a count of 0).
     local sema = waiter.sema
     while sema:count() > 0 do
       if not sema:wait(0) then break end
@@ -79,6 +81,10 @@ function M.post(waiting, key)
     if sema:count() <= 0 then
       waiter.posted = true
       sema:post(1)
+      -- A sleeping request of the transport "cosocket" is posted once: a
+      -- second post before it runs (count() is posts less waiters: 0 while
+      -- the first waits to be delivered) would only stay pending.
+      if waiter.awake == false then waiter.awake = true end
     end
   end
 end

@@ -494,7 +494,8 @@ def test_environment(ngx, mock):
 def test_waiter_pool(ngx, mock):
     """Kept waiters come back with nothing pending (two posts in a timeout, one never read).
 
-    And an awake waiter is not posted. On real semaphores, in one request."""
+    A sleeping request of the transport "cosocket" is posted once, an awake one
+    not at all. On real semaphores, in one request."""
     status, text, _ = http("GET", ngx.base + "/waiter_pool")
     check(status == 200, f"/waiter_pool: {status} {text}")
     got = json.loads(text)
@@ -505,6 +506,11 @@ def test_waiter_pool(ngx, mock):
     check(got["timeout_kept"] and got["timeout_clean"],
           f"after two posts during a timeout: kept {got['timeout_kept']}, "
           f"clean {got['timeout_clean']}")
+    # The transport "cosocket" knows its request sleeps: it posts it once.
+    check(got["asleep_woken"] is False and got["asleep_pending"] == 1,
+          f"two posts during a sleeping request's timeout: woken {got['asleep_woken']}, "
+          f"{got['asleep_pending']} pending (want False, 1)")
+    check(got["asleep_kept"] and got["asleep_clean"], f"a sleeping request's waiter: {got}")
     check(got["unread_pending"] == 1 and got["unread_kept"] and got["unread_clean"],
           f"a post never waited for: {got}")
     check(got["awake_pending"] == 0 and got["awake_posted"] is False,
