@@ -273,7 +273,7 @@ def test_every_sigint_reaches_the_host_handler_whatever_the_moment() -> None:
                     break
                 before = len(seen)
                 os.kill(os.getpid(), signal.SIGINT)
-                end = time.monotonic() + 0.25
+                end = time.monotonic() + 2.0     # ~µs when handled; 2 s for a starved CI worker
                 while len(seen) == before and time.monotonic() < end:
                     time.sleep(0.0002)
                 if len(seen) == before:
