@@ -28,6 +28,10 @@
 
 #define BODY "{\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
 
+/* How long after its answer the server sends an answer to nothing
+ * (test_unsolicited_response says why it matters). */
+#define UNSOLICITED_GAP_MS 50
+
 typedef enum {
     MODE_UNSOLICITED,   /* after each answer, an answer to nothing */
     MODE_HANGUP_REUSED, /* the second request of a connection: read, then close */
@@ -94,7 +98,7 @@ static void serve(srv *s, int fd)
         snprintf(content, sizeof content, "request %d", n);
         answer(fd, content);
         if (s->mode == MODE_UNSOLICITED) {
-            th_sleep_ms(20);    /* a separate write, after the client has its answer */
+            th_sleep_ms(UNSOLICITED_GAP_MS);    /* a separate write, after the answer */
             answer(fd, "unsolicited");
             atomic_fetch_add(&s->unsolicited, 1);
         }
@@ -167,7 +171,17 @@ static int says(const llmretry_result *r, const char *content)
 
 /* Each call gets its own answer, though the server put an answer to
  * nothing on every idle connection: a connection with unread bytes is
- * never reused (its bytes would be read as the next call's answer). */
+ * never reused (its bytes would be read as the next call's answer).
+ * Who notices decides the count. Normally the stray answer comes while
+ * the connection is idle, and the engine's check before the next request
+ * is written (transfer.c, connection_is_stale) makes it one free re-send.
+ * But an I/O thread that reads the real answer late (CI, under ASan on a
+ * loaded machine) gets both in one read: libcurl calls the rest excess and
+ * closes the connection itself, and the next call's new connection makes
+ * it none (a server writing both at once makes every call so). The stray
+ * answer comes UNSOLICITED_GAP_MS after the real one, and over four reuses
+ * the engine's own check must have caught at least one. */
+#define UNSOLICITED_CALLS 5
 static void test_unsolicited_response(void)
 {
     srv s;
@@ -180,7 +194,8 @@ static void test_unsolicited_response(void)
     CHECK(llmretry_engine_new(NULL, &e, err, sizeof err) == LLMRETRY_OK);
     llmretry_options o;
     opts_for(&o, &s, url, sizeof url);
-    for (int i = 1; e && i <= 3; i++) {
+    int caught = 0;
+    for (int i = 1; e && i <= UNSOLICITED_CALLS; i++) {
         llmretry_call *c = run(e, &o);
         const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
         char want[32];
@@ -188,15 +203,18 @@ static void test_unsolicited_response(void)
         CHECK_MSG(says(r, want), "call %d got %.*s, expected %s", i,
                   r && r->body ? (int)r->body_len : 6, r && r->body ? r->body : "(none)", want);
         CHECK_MSG(r && r->attempts == 1, "call %d took %d attempts", i, r ? r->attempts : -1);
-        if (i > 1)
-            CHECK_MSG(r && r->resends == 1, "call %d: %d free re-sends, expected 1", i,
-                      r ? r->resends : -1);
+        CHECK_MSG(r && r->resends <= (i > 1), "call %d: %d free re-sends, expected %s", i,
+                  r ? r->resends : -1, i > 1 ? "0 or 1" : "0");
+        caught += r && r->resends == 1;
         llmretry_call_free(c);
         CHECK_MSG(TH_EVENTUALLY(atomic_load(&s.unsolicited) == i, 10000),
                   "the unsolicited answer %d was never written", i);
     }
-    CHECK_INT(atomic_load(&s.requests), 3);
-    CHECK_INT(atomic_load(&s.connections), 3);
+    CHECK_MSG(caught >= 1, "the engine's own check caught none of %d stale connections",
+              UNSOLICITED_CALLS - 1);
+    /* Never a request on a stale connection: one per call, each on its own. */
+    CHECK_INT(atomic_load(&s.requests), UNSOLICITED_CALLS);
+    CHECK_INT(atomic_load(&s.connections), UNSOLICITED_CALLS);
     llmretry_engine_free(e);
     srv_stop(&s);
 }
