@@ -111,11 +111,11 @@ local WAITING_MODE = lffi and "v" or "kv"
 
 -- What requests wait on, who posts them, and call_llm's pool of them.
 local waiters = require("llmretry.openresty_waiters")
-local post, take_waiter, give_waiter = waiters.post, waiters.take, waiters.give
+local take_waiter, give_waiter = waiters.take, waiters.give
 waiters.set_max_in_flight(M.DEFAULT_MAX_IN_FLIGHT)
 
 -- The transport "engine"'s dispatcher (llmretry.openresty_dispatch).
-local DISPATCH = require("llmretry.openresty_dispatch").new{ post = post,
+local DISPATCH = require("llmretry.openresty_dispatch").new{
   waiting_mode = WAITING_MODE, poll_s = POLL_S, log_err = log_err }
 local wake, start_dispatch, on_exit = DISPATCH.wake, DISPATCH.start_dispatch, DISPATCH.on_exit
 
@@ -271,7 +271,7 @@ local function check_phase(level)
   end
 end
 
-HOST = hostio and hostio.new(post, key_of, watch_abort)
+HOST = hostio and hostio.new(key_of, watch_abort)
 
 -- What call_many waits on: a semaphore the dispatcher posts for any of the
 -- batch's calls, and the list of those with news.

@@ -5,14 +5,15 @@
 -- call's news to its waiting request. Without a dispatcher (it failed, or
 -- the worker exits) the requests look for themselves every poll_s.
 --
--- new{ post, waiting_mode, poll_s, log_err } -> { wake, idle, on_exit,
--- start_dispatch }, bound to llmretry.openresty's own: post(waiting, key)
--- wakes a call's waiter (llmretry.openresty_waiters), waiting_mode is d.waiting's __mode, log_err logs.
+-- new{ waiting_mode, poll_s, log_err } -> { wake, idle, on_exit,
+-- start_dispatch }: waiting_mode is d.waiting's __mode, log_err logs; each
+-- call's waiter is woken by llmretry.openresty_waiters.post.
 -- d = { channel, path, waiting, state, kick } is a dispatch (see
 -- llmretry.openresty's W).
 
 local lffi = require("llmretry.ffi")
 local semaphore = require("ngx.semaphore")
+local post = require("llmretry.openresty_waiters").post
 
 local tostring, next, setmetatable, collectgarbage = tostring, next, setmetatable, collectgarbage
 local ngx = ngx
@@ -24,7 +25,7 @@ local READ_TIMEOUT_MS = 2 ^ 31 - 1
 local M = {}
 
 function M.new(o)
-  local post, waiting_mode, POLL_S, log_err = o.post, o.waiting_mode, o.poll_s, o.log_err
+  local waiting_mode, POLL_S, log_err = o.waiting_mode, o.poll_s, o.log_err
   local D = {}
 
   -- Post the waiter of every call with news on d's channel, until it is empty.

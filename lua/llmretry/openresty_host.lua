@@ -7,15 +7,15 @@
 -- whose calls wait for a timer (backoff, deadline, budget) sleep at most
 -- until the engine's next due time. The bytes go through llmretry.cosocket.
 --
--- new(post, key_of, watch_abort) -> the functions below, bound to
--- llmretry.openresty's own: post(waiting, key) wakes a call's waiter
--- (llmretry.openresty_waiters),
--- key_of(h) names a call in `waiting`, watch_abort(h) -> the request's
--- abort record (live.abortable, live.calls).
+-- new(key_of, watch_abort) -> the functions below, bound to
+-- llmretry.openresty's own: key_of(h) names a call in `waiting`,
+-- watch_abort(h) -> the request's abort record (live.abortable,
+-- live.calls). A call's waiter is woken by llmretry.openresty_waiters.post.
 
 local lffi = require("llmretry.ffi")
 local cosocket = require("llmretry.cosocket")
 local semaphore = require("ngx.semaphore")
+local post = require("llmretry.openresty_waiters").post
 
 local type, pairs, tostring, rawget = type, pairs, tostring, rawget
 local ngx = ngx
@@ -29,7 +29,7 @@ function M.streams(sub)
   return sub.stream_chunks == true or (type(body) == "table" and rawget(body, "stream") == true)
 end
 
-function M.new(post, key_of, watch_abort)
+function M.new(key_of, watch_abort)
   local T = {}
 
   -- The engine's turn, then every waiter whose call has news posted.
