@@ -126,9 +126,16 @@ def test_two_jobs_at_once_share_one_redis_budget(events_log: Path, scen: Scenari
     # and together they send 24/s, so (almost) nothing is refused. (24, not
     # 25: through Redis on a loaded machine a request delayed on its way
     # bunches with the next ones in the mock's window; see test_dask.py.)
+    # The first 16 answers (the first job's first wave: 8 in flight for each
+    # of its actors) come after 8 s: Ray starts at most two worker processes
+    # at once here (num_cpus=2), so on a loaded machine one job's actors were
+    # up 1.5-3.6 s after the other's, while a job sent its 30 requests in
+    # 1.4 s, and the jobs ran one after the other. Held, the first job's
+    # requests span the second's start.
     import threading
     from redis_server import RedisServer
-    scen.server.script(scen.name, [], limits={"rpm": 25, "window_ms": 1000})
+    scen.server.script(scen.name, [{"delay_ms": 8000}] * 16,
+                       limits={"rpm": 25, "window_ms": 1000})
     got: dict = {}
     with RedisServer() as redis:
         shared = redis.url + "?timeout_ms=1000"     # a loaded machine's stall is no outage
