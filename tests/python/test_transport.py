@@ -11,7 +11,6 @@ timeout and invalid-JSON faults.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import json
 import socket
@@ -214,11 +213,9 @@ def test_tls_self_signed_fails_without_retry(tls_server: RecordingServer) -> Non
 
 def test_tls_with_ca_file_succeeds(tls_cert: Tuple[Path, Path],
                                    tls_server: RecordingServer) -> None:
-    if "ca_file" not in inspect.signature(llmretry.call_llm).parameters:
-        pytest.skip("llmretry.call_llm has no ca_file option")
     cert, _ = tls_cert
     res = llmretry.call_llm(body(), base_url=tls_server.base_url, api_key=SECRET_KEY,
-                            ca_file=str(cert), logger=None,  # type: ignore[call-arg]
+                            ca_file=str(cert), logger=None,
                             **FAST)
     assert res.data["choices"][0]["message"]["content"] == "over tls"
     assert res.meta.attempts == 1
@@ -230,11 +227,9 @@ def test_tls_ca_file_is_per_call(tls_cert: Tuple[Path, Path],
                                  tls_server: RecordingServer) -> None:
     """On one Client, a verified connection made with ca_file does not let a
     later call without ca_file through (nothing cached skips verification)."""
-    if "ca_file" not in inspect.signature(llmretry.call_llm).parameters:
-        pytest.skip("llmretry.call_llm has no ca_file option")
     cert, _ = tls_cert
     with llmretry.Client(api_key=SECRET_KEY, **FAST) as client:
-        res = client.call_llm(body(), base_url=tls_server.base_url,  # type: ignore[call-arg]
+        res = client.call_llm(body(), base_url=tls_server.base_url,
                               ca_file=str(cert), logger=None)
         assert res.data["choices"][0]["message"]["content"] == "over tls"
         with pytest.raises(llmretry.NetworkError) as info:
