@@ -1118,6 +1118,8 @@ static void test_absurd_usage(llmretry_engine *e)
     opts_for(&o, "edge_usage", url, sizeof url);
     c = run(e, &o, &l, 5000);
     r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok && r->usage.present, "edge usage: ok=%d (%s)", r ? r->ok : -1,
+              r && r->message ? r->message : "no result");
     if (r && r->ok) {
         CHECK_INT(r->usage.completion_tokens, INT64_C(9007199254740992));
         CHECK_INT(r->usage.total_tokens, 3);
