@@ -131,9 +131,11 @@ static void test_group_queued_fails_at_deadline(void)
     llmretry_group_options go;
     llmretry_group_options_defaults(&go);
     go.limit = 1;
-    char err[LLMRETRY_ERRBUF];
+    char err[LLMRETRY_ERRBUF] = "";
     if (!e || llmretry_group_new(e, &go, &g, err, sizeof err) != LLMRETRY_OK ||
         th_mock_script(&mock, "slow_group", "{\"steps\": [{\"delay_ms\": 2000}]}") != 0) {
+        if (e && !g)
+            CHECK_MSG(0, "setup: group_new: %s", err);
         llmretry_group_free(g);
         llmretry_engine_free(e);
         return;
@@ -171,10 +173,12 @@ static void test_too_long_retry_after_pauses_nothing(void)
     llmretry_group_options go;
     llmretry_group_options_defaults(&go);
     go.limit = 1;
-    char err[LLMRETRY_ERRBUF];
+    char err[LLMRETRY_ERRBUF] = "";
     if (!e || llmretry_group_new(e, &go, &g, err, sizeof err) != LLMRETRY_OK ||
         th_mock_script(&mock, "long_429",
                        "{\"steps\": [{\"status\": 429, \"retry_after\": \"100000\"}]}") != 0) {
+        if (e && !g)
+            CHECK_MSG(0, "setup: group_new: %s", err);
         llmretry_group_free(g);
         llmretry_engine_free(e);
         return;
@@ -214,7 +218,7 @@ static void test_too_long_retry_after_pauses_nothing(void)
  * overflow. The calls wait; a cancel ends them. */
 static void test_huge_times_saturate(void)
 {
-    char url[128], err[LLMRETRY_ERRBUF];
+    char url[128], err[LLMRETRY_ERRBUF] = "";
     llmretry_options o;
     llmretry_engine *e = engine_with(8);
     llmretry_group *g = NULL;
@@ -223,6 +227,8 @@ static void test_huge_times_saturate(void)
     go.deadline_ms = INT64_MAX;
     if (!e || llmretry_group_new(e, &go, &g, err, sizeof err) != LLMRETRY_OK ||
         th_mock_script(&mock, "huge_times", "{\"steps\": [], \"after\": {\"status\": 503}}") != 0) {
+        if (e && !g)
+            CHECK_MSG(0, "setup: group_new: %s", err);
         llmretry_group_free(g);
         llmretry_engine_free(e);
         return;
