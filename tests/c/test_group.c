@@ -368,10 +368,12 @@ static void test_two_batches_poll_their_own_groups(llmretry_engine *e)
 static void test_wrong_engine(llmretry_engine *e)
 {
     llmretry_engine *other = NULL;
-    if (llmretry_engine_new(NULL, &other, NULL, 0) != LLMRETRY_OK)
-        return;
-    llmretry_group *g = new_group(other, 2, LLMRETRY_NO_DEADLINE, 1);
     char url[128], err[LLMRETRY_ERRBUF] = "";
+    if (llmretry_engine_new(NULL, &other, err, sizeof err) != LLMRETRY_OK) {
+        CHECK_MSG(0, "setup: engine_new: %s", err);
+        return;
+    }
+    llmretry_group *g = new_group(other, 2, LLMRETRY_NO_DEADLINE, 1);
     llmretry_options o;
     opts_for(&o, "g_wrong", url, sizeof url, g);
     llmretry_call *c = NULL;
@@ -432,7 +434,9 @@ int main(void)
         return th_summary("test_group");
     }
     llmretry_engine *e = NULL;
-    if (llmretry_engine_new(NULL, &e, NULL, 0) == LLMRETRY_OK) {
+    char err[LLMRETRY_ERRBUF] = "";
+    CHECK_MSG(llmretry_engine_new(NULL, &e, err, sizeof err) == LLMRETRY_OK, "engine_new: %s", err);
+    if (e) {
         test_limit_holds(e);
         test_retry_after_pauses_the_batch(e);
         test_pause_stops_new_starts_in_a_wide_batch(e);
