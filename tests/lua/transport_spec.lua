@@ -42,17 +42,15 @@ local function target(url)
 end
 
 -- One TLS recorder for the whole file (making its certificate takes a
--- while); tests compare its records before and after. nil (and the test
--- marked pending) when the openssl tool is missing.
+-- while); tests compare its records before and after. A missing openssl
+-- tool fails the test: tools/ensure-deps.sh installs it.
 local tls_srv, tls_why
 local function tls_recorder()
   if not tls_srv and not tls_why then
     tls_srv, tls_why = H.start_recorder({ tls = true })
   end
-  if not tls_srv then
-    pending("the openssl command line tool is not installed (apt-get install -y openssl): "
-      .. tostring(tls_why))
-  end
+  check(tls_srv, "the TLS recorder did not start: %s (the openssl command line tool: "
+    .. "tools/ensure-deps.sh installs it)", tostring(tls_why))
   return tls_srv
 end
 
@@ -151,7 +149,6 @@ describe("transport faults", function()
   describe("TLS", function()
     it("to a self-signed server fails without retry and says why", function()
       local srv = tls_recorder()
-      if not srv then return end
       local before = srv:records()
       local out = H.run_call(target(srv.base_url), nil, { max_retries = 3 })
       H.check_error(out.err, "network", { reason = "not_retryable", attempts = 1,
@@ -171,7 +168,6 @@ describe("transport faults", function()
 
     it("ca_file makes it work, per call: a later call without it still fails", function()
       local srv = tls_recorder()
-      if not srv then return end
       local before = srv:records()
       local engine = llm.new_engine()
       finally(function() engine:close() end)
@@ -202,7 +198,6 @@ describe("transport faults", function()
     -- to cost one attempt and read "TLS verification failed".
     it("a ca_file that cannot be read raises, naming it, sending nothing", function()
       local srv = tls_recorder()
-      if not srv then return end
       local before = srv:records()
       local missing = "/nonexistent/llmretry-ca.pem"
       local ok, why = pcall(H.run_call, target(srv.base_url), nil, { ca_file = missing })
@@ -403,7 +398,6 @@ io.write("CHILD-OK\n")
 
     it("TLS: a self-signed server fails every item unretried; ca_file fixes it", function()
       local srv = tls_recorder()
-      if not srv then return end
       local before = srv:records()
       local bodies = { H.secret_body("t1"), H.secret_body("t2") }
       local outs, rec = many(bodies, { base_url = srv.base_url })
