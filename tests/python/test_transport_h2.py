@@ -7,9 +7,10 @@ attempt, in both retry modes. And more calls in flight than one connection's
 stream limit must share a few connections, not open one each.
 
 nginx and its echo module are installed with apt-get when missing
-(tools/ensure-deps.sh installs them too); the tests skip only when that is
-impossible. nginx logs ``$connection $connection_requests`` per request, so
-the tests count the requests the server saw and the connections they used.
+(tools/ensure-deps.sh installs them too, and openssl); when that is
+impossible the tests fail, they never skip. nginx logs ``$connection
+$connection_requests`` per request, so the tests count the requests the
+server saw and the connections they used.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def _nginx_binary() -> str:
                                    "libnginx-mod-http-echo", "openssl"],
                            check=True, env=env, capture_output=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as exc:
-            pytest.skip(f"nginx with the echo module is not installed and apt-get "
-                        f"could not install it: {exc}")
+            pytest.fail(f"nginx with the echo module is not installed and apt-get "
+                        f"could not install it (tools/ensure-deps.sh does): {exc}",
+                        pytrace=False)
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
 
@@ -154,7 +156,8 @@ def _log_of(nginx: Nginx, n: int) -> List[Tuple[int, int, str, str]]:
 @pytest.fixture(scope="module")
 def nginx() -> Iterator[Nginx]:
     if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed (needed for a test certificate)")
+        pytest.fail("openssl is not installed (needed for a test certificate; "
+                    "tools/ensure-deps.sh installs it)", pytrace=False)
     n = Nginx(keepalive_requests=100).start()
     yield n
     n.stop()
@@ -168,7 +171,8 @@ def nginx_stock() -> Iterator[Nginx]:
     each refused stream itself, on a connection of its own, out of the
     engine's sight (the rotation tests above cover those re-sends)."""
     if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed (needed for a test certificate)")
+        pytest.fail("openssl is not installed (needed for a test certificate; "
+                    "tools/ensure-deps.sh installs it)", pytrace=False)
     n = Nginx(keepalive_requests=1000).start()
     yield n
     n.stop()
