@@ -169,8 +169,11 @@ static void test_ids_batched_and_fork_safe(void)
         CHECK_MSG(strcmp(id, prev) != 0, "the same id twice: %s", id);
         memcpy(prev, id, sizeof id);
     }
+    /* 200 ids of 16 bytes are 3,200 bytes: 12 batches of 256 at the least
+     * (one may be left over from earlier ids), 14 at the most. None seen is
+     * not batching but a source this count does not see: a failure too. */
     long made = atomic_load(&getentropy_calls) - before;
-    CHECK_MSG(made <= 14, "%ld getentropy() calls for 200 ids", made);
+    CHECK_MSG(made >= 12 && made <= 14, "%ld getentropy() calls for 200 ids", made);
     /* Three forks, an id apart: at most one finds the pool used up. */
     for (int k = 0; k < 3; k++) {
         int fds[2];
