@@ -15,12 +15,12 @@ import time
 from typing import Any, Awaitable, Callable, Dict, List, Tuple, TypeVar
 
 import pytest
+# tools/ensure-deps.sh installs uvloop (>= 0.18, for uvloop.run): not
+# installed is an error here, never a skip.
+import uvloop
 
 import llmretry
 from conftest import FAST, SECRET_KEY, Scenario, secret_body
-
-uvloop = pytest.importorskip("uvloop", reason="uvloop not installed "
-                             "(tools/ensure-deps.sh installs it)")
 
 T = TypeVar("T")
 
