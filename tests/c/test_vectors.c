@@ -728,7 +728,8 @@ static void run_vector(llmretry_engine *e, th_mock *m, const char *file)
                 llmretry_call_free(call);
             char *text = th_mock_requests(m, name);
             cJSON *recs = text ? cJSON_Parse(text) : NULL;
-            VCHECK(cJSON_GetArraySize(recs) == 0, "the server saw a request");
+            VCHECK(cJSON_IsArray(recs) && cJSON_GetArraySize(recs) == 0,
+                   recs ? "the server saw a request" : "could not read the mock's records");
             cJSON_Delete(recs);
             free(text);
         }
