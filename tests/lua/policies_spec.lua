@@ -283,7 +283,9 @@ describe("policies", function()
         check(key and not keys[key], "key %s missing or reused", tostring(key))
         keys[key] = true
       end
-      for _, ev in ipairs(rec.of("llm_request_started")) do
+      local started = rec.of("llm_request_started")
+      check(#started == 3, "%d started events for 3 items", #started)
+      for _, ev in ipairs(started) do
         check(ev.policy == "sidefx" and ev.timeout_ms == 3000, "started %s", H.dump(ev))
       end
     end)
@@ -304,10 +306,14 @@ describe("policies", function()
         H.dump(seen))
       -- opts.policy: the pool's calls without one of their own.
       rec = H.recorder()
-      c:map_with_concurrency({ 1, 2 }, 2, function()
+      results = c:map_with_concurrency({ 1, 2 }, 2, function()
         return (c:call_llm{ body = H.secret_body(scen.name) })
       end, { logger = rec.fn, policy = "slow" })
-      for _, ev in ipairs(rec.of("llm_request_started")) do
+      check(results.n == 2 and results[1] and results[2], "pool policy results %s",
+        H.dump(results))
+      local started = rec.of("llm_request_started")
+      check(#started == 2, "%d started events for the pool's 2 calls", #started)
+      for _, ev in ipairs(started) do
         check(ev.policy == "slow" and ev.timeout_ms == 7000, "pool policy %s", H.dump(ev))
       end
     end)
