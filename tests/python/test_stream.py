@@ -13,7 +13,8 @@ from typing import Any, Dict, List
 import pytest
 
 import llmretry
-from conftest import SECRET_KEY, Events, Scenario, check_event_shape, check_no_secrets
+from conftest import (SECRET_KEY, Events, Scenario, check_event_shape, check_no_secrets,
+                      rss_bytes)
 
 BODY: Dict[str, Any] = {"model": "gpt-test",
                         "messages": [{"role": "user", "content": "SECRET-PROMPT-stream"}]}
@@ -315,14 +316,6 @@ def test_a_thousand_streams_open_at_once(scen: Scenario) -> None:
     assert len(scen.requests()) == 1000
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 @pytest.mark.slow
 def test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat(tmp_path: Any) -> None:
     """A 50 MB stream of LLM-sized chunks (260,000 deltas of 4 characters)
@@ -348,7 +341,7 @@ def test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat(tmp_path: Any) -> None:
                                      data=json.dumps(script).encode(),
                                      headers={"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=60).read()
-        before = _rss_kib()
+        before = rss_bytes()
         peak, got = before, 0
         # The mock builds its 260,000 chunks before the first: no first-chunk
         # timeout here (a retry would get the default answer, and show below).
@@ -358,11 +351,11 @@ def test_a_slow_reader_of_a_50_mb_stream_keeps_rss_flat(tmp_path: Any) -> None:
                 got += len(text)
                 if i % 5000 == 0:
                     time.sleep(0.02)        # slower than the server
-                    peak = max(peak, _rss_kib())
+                    peak = max(peak, rss_bytes())
         assert got == n * size
         meta = s.result().meta
         assert meta.chunks >= n and meta.attempts == 1
-        growth_mib = (peak - before) / 1024
+        growth_mib = (peak - before) / (1024 * 1024)
         assert growth_mib < 16, f"RSS grew {growth_mib:.1f} MiB reading a 50 MB stream"
     finally:
         proc.terminate()
