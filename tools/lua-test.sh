@@ -5,7 +5,9 @@
 # Fails when any run fails.
 #
 # Installs what is missing with apt-get (as root, else sudo); lua-socket is
-# for tests/lua/channel_spec.lua, which connects to a socket channel. LuaJIT comes
+# for tests/lua/channel_spec.lua, which connects to a socket channel; openssl
+# makes transport_spec.lua's test certificate (its TLS tests fail without it);
+# lua-cjson is what json_spec.lua checks llmretry's null against. LuaJIT comes
 # from luajit2 / libluajit2-5.1-dev, not luajit / libluajit-5.1-dev: those
 # conflict with Debian's nginx Lua module (libnginx-mod-http-lua replaces libluajit-5.1-2). The mock
 # server is the Python package's llmretry.testing, so the Python extension
@@ -30,7 +32,8 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
 debs=(lua5.4 liblua5.4-dev luajit2 libluajit2-5.1-dev liblua5.1-0-dev luarocks lua-busted lua-socket
-      curl libcurl4-openssl-dev libcjson-dev libhiredis-dev redis-server gcc make python3)
+      curl libcurl4-openssl-dev libcjson-dev libhiredis-dev redis-server gcc make python3 openssl
+      lua-cjson)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
