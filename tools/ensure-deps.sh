@@ -46,7 +46,8 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 # asyncio API (test_aio_uvloop.py: uvloop.run needs 0.18), mypy checks the
 # async examples' types (test_typing.py), the openai SDK and both httpx
 # flavours run on llmretry.httpx / llmretry.httpx2 (test_httpx_transport.py;
-# the SDK 3.x brings httpx2); pydantic 2 for response_model
+# the SDK 3.x brings httpx2, installed here too for an SDK 2.x already
+# there); pydantic 2 for response_model
 # (test_response_model.py; the SDK brings it too); pytest-xdist runs the
 # suite's tests a few at a time (they mostly wait: see PYTEST_JOBS in the
 # Makefile); gunicorn runs docs/shared.md's four workers; langchain-openai
@@ -62,7 +63,7 @@ command -v cmake >/dev/null || python3 -m pip install -q cmake
 py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
          "ipykernel ipykernel>=6.20" "tqdm tqdm>=4.66"
          "ipywidgets ipywidgets>=8" "uvloop uvloop>=0.18" "mypy mypy>=1.8" "openai openai"
-         "httpx httpx" "pydantic pydantic>=2" "gunicorn gunicorn"
+         "httpx httpx" "httpx2 httpx2" "pydantic pydantic>=2" "gunicorn gunicorn"
          "langchain_openai langchain-openai"
          "opentelemetry.sdk opentelemetry-sdk>=1.27"
          "opentelemetry.exporter.otlp.proto.http opentelemetry-exporter-otlp-proto-http>=1.27"

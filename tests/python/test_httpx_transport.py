@@ -432,7 +432,9 @@ def test_importing_llmretry_does_not_import_httpx() -> None:
 
 
 def test_the_httpx2_flavour(scen: Scenario) -> None:
-    httpx2 = pytest.importorskip("httpx2", reason="the openai SDK 3.x brings it")
+    # tools/ensure-deps.sh installs httpx2 (the openai SDK 3.x brings it):
+    # not installed is an error here, never a skip.
+    import httpx2
     import llmretry.httpx2
     scen.script([{"status": 503}, {"headers": {"x-request-id": "req-h2"}}])
     client = openai.OpenAI(api_key=SECRET_KEY, base_url=scen.url, max_retries=0,
