@@ -518,8 +518,10 @@ print("MAIN", ident(interpreters.get_current()), "llmretry" in sys.modules)
 """
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 13),
+                    reason="Python 3.13 renamed _xxsubinterpreters to _interpreters, with "
+                    "another API: this test is not ported to it yet")
 def test_pool_workers_run_in_the_pools_interpreter(tmp_path: Path) -> None:
-    pytest.importorskip("_xxsubinterpreters")
     out = tmp_path / "sub.out"
     p = subprocess.run([sys.executable, "-c", SUBINTERPRETER_CHILD, str(out)],
                        capture_output=True, text=True, env=child_env(), timeout=60)
