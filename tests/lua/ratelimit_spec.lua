@@ -25,9 +25,12 @@ describe("rate limits", function()
     return scen
   end
 
+  -- The requests the mock refused; every record must say (a record without
+  -- rate_limited is a scenario the mock enforces no limit on: not "none").
   local function refused(scen)
     local n = 0
-    for _, r in ipairs(scen.requests()) do
+    for i, r in ipairs(scen.requests()) do
+      check(type(r.rate_limited) == "boolean", "record %d has no rate_limited: %s", i, H.dump(r))
       if r.rate_limited then n = n + 1 end
     end
     return n
