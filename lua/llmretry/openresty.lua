@@ -338,6 +338,7 @@ local A = api.new{
     local h = plain and ffi_submit(w.engine, sub) or api.submit(w.engine, sub, level + 1)
     local waiter = take_waiter()
     waiter.w, waiter.d = w, d
+    waiter.awake = true
     d.waiting[key_of(h)] = waiter
     waiter.live = watch_abort(h)
     return h, waiter
@@ -347,18 +348,21 @@ local A = api.new{
     -- A tail call (llmretry.cosocket.perform says why).
     if hw then return HOST.wait(hw, h, waiter, WAIT_S) end
     local d = waiter.d
+    -- Asleep until posted: post wakes it once (llmretry.openresty_waiters).
+    waiter.awake = false
     local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
+    waiter.awake = true
     if not ok then wake(d) end      -- nobody woke us: look for ourselves
   end,
   release = function(h, waiter)
     if waiter.hw then
       waiter.hw.waiting[key_of(h)] = nil
       waiter.hw = nil
-      waiter.awake = nil
       HOST.end_exchange(waiter)
     else
       release(waiter.w, waiter.d, h)
     end
+    waiter.awake = nil
     -- Out of the request's calls: its call may be freed now (free_early).
     waiter.live.calls[h] = nil
     waiter.live = nil

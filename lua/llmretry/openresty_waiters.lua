@@ -4,9 +4,9 @@
 --
 -- A waiter is { sema, request, posted } for call_llm (take/give), or a
 -- batch's { sema, ready, handles } (made by the batch). Its fields:
---   awake   the transport "cosocket": false while the request sleeps and
---           nobody has posted it yet; nil on the transport "engine" (its
---           requests are posted whenever their call has news).
+--   awake   a call_llm's (either transport): false while the request
+--           sleeps and nobody has posted it yet, true otherwise; nil for a
+--           batch's waiter (posted whenever one of its calls has news).
 --   posted  its semaphore was posted since it left the pool (post sets it).
 --   ready   a batch's list of handles with news (post appends to it).
 --
@@ -52,10 +52,10 @@ end
 -- pending posts taken back (a waiter that keeps one is dropped).
 function M.give(waiter)
   if waiter.posted then
-    -- Every post is taken back: on the transport "engine", two are pending
-    -- when two posts came while the request's wait was timing out (its
-    -- timeout takes it off the semaphore's queue, not the posts; the second
-    -- post saw a count of 0).
+    -- Every post is taken back: one is pending when a post came while the
+    -- request's wait was timing out (its timeout takes it off the
+    -- semaphore's queue, not the post), two for a waiter that never says
+    -- it sleeps (the second post saw a count of 0).
     local sema = waiter.sema
     while sema:count() > 0 do
       if not sema:wait(0) then break end
@@ -74,16 +74,16 @@ function M.post(waiting, key)
   if waiter then
     local ready = waiter.ready
     if ready then ready[#ready + 1] = waiter.handles[key] end
-    -- A call_llm of the transport "cosocket" that is not asleep reads its
-    -- mail before it sleeps: a post would only be taken back (issue 36).
+    -- A call_llm that is not asleep reads its mail before it sleeps: a
+    -- post would only be taken back (issue 36).
     if waiter.awake then return end
     local sema = waiter.sema
     if sema:count() <= 0 then
       waiter.posted = true
       sema:post(1)
-      -- A sleeping request of the transport "cosocket" is posted once: a
-      -- second post before it runs (count() is posts less waiters: 0 while
-      -- the first waits to be delivered) would only stay pending.
+      -- A sleeping call_llm is posted once: a second post before it runs
+      -- (count() is posts less waiters: 0 while the first waits to be
+      -- delivered) would only stay pending.
       if waiter.awake == false then waiter.awake = true end
     end
   end

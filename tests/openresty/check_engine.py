@@ -23,8 +23,8 @@ from harness import FIGURES, Nginx, alive, check, http, percentile, wait_for
 def test_waiter_pool(ngx, mock):
     """Kept waiters come back with nothing pending (two posts in a timeout, one never read).
 
-    A sleeping request of the transport "cosocket" is posted once, an awake one
-    not at all. On real semaphores, in one request."""
+    A sleeping call_llm (either transport) is posted once, an awake one not at
+    all. On real semaphores, in one request."""
     status, text, _ = http("GET", ngx.base + "/waiter_pool")
     check(status == 200, f"/waiter_pool: {status} {text}")
     got = json.loads(text)
@@ -35,7 +35,7 @@ def test_waiter_pool(ngx, mock):
     check(got["timeout_kept"] and got["timeout_clean"],
           f"after two posts during a timeout: kept {got['timeout_kept']}, "
           f"clean {got['timeout_clean']}")
-    # The transport "cosocket" knows its request sleeps: it posts it once.
+    # A call_llm's waiter says when its request sleeps: posted once.
     check(got["asleep_woken"] is False and got["asleep_pending"] == 1,
           f"two posts during a sleeping request's timeout: woken {got['asleep_woken']}, "
           f"{got['asleep_pending']} pending (want False, 1)")
