@@ -79,6 +79,10 @@ M.DEFAULT_TRANSPORT = "engine"
 -- Without a dispatcher (it failed, or the worker is exiting) requests look
 -- every POLL_S instead.
 local WAIT_S, POLL_S = 1, 0.02
+-- Waits of the transport "engine" that ran out with nobody posting them
+-- (M.stats' wait_timeouts): a call slower than WAIT_S has one a second;
+-- on calls quicker than that, each is a lost wake-up.
+local wait_timeouts = 0
 local function log_err(...) ngx.log(ngx.ERR, "llmretry: ", ...) end
 
 -- The first error a call's logger raises goes to the error log (the call goes on).
@@ -352,7 +356,10 @@ local A = api.new{
     waiter.awake = false
     local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
     waiter.awake = true
-    if not ok then wake(d) end      -- nobody woke us: look for ourselves
+    if not ok then                  -- nobody woke us: look for ourselves
+      wait_timeouts = wait_timeouts + 1
+      wake(d)
+    end
   end,
   release = function(h, waiter)
     if waiter.hw then
@@ -406,7 +413,10 @@ end
 -- transport = "engine" | "cosocket" (and, under "cosocket", the calls its
 -- engine has waiting: host_waiting), waiters_kept = call_llm's waiters
 -- kept for the next calls, waiters_pending = those of them with a post
--- still pending (0: a kept waiter never wakes its next call for nothing).
+-- still pending (0: a kept waiter never wakes its next call for nothing),
+-- wait_timeouts = the transport "engine"'s waits that ran out with nobody
+-- posting them (one a second for a call slower than a second; on quicker
+-- calls, each is a wake-up lost: the call was a second late).
 function M.stats()
   local w = W
   local transport = CONFIG.transport or M.DEFAULT_TRANSPORT
@@ -417,12 +427,14 @@ function M.stats()
   local kept, pending = waiters.stats()
   if w == nil then
     return { engine = HW ~= nil, waiting = hn, exiting = false, transport = transport,
-      host_waiting = hn, waiters_kept = kept, waiters_pending = pending }
+      host_waiting = hn, waiters_kept = kept, waiters_pending = pending,
+      wait_timeouts = wait_timeouts }
   end
   local n = 0
   for _ in pairs(w.d.waiting) do n = n + 1 end
   return { engine = true, dispatcher = w.d.state, waiting = n + hn, exiting = w.exiting,
-    transport = transport, host_waiting = hn, waiters_kept = kept, waiters_pending = pending }
+    transport = transport, host_waiting = hn, waiters_kept = kept, waiters_pending = pending,
+    wait_timeouts = wait_timeouts }
 end
 
 -- What the worker's engine knows of each endpoint (llmretry.endpoint_stats):

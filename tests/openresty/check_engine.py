@@ -237,6 +237,34 @@ def test_500_calls_no_thread_pool(ngx, mock):
     check(st["waiters_pending"] == 0, f"{st['waiters_pending']} kept waiters have a post pending")
 
 
+def test_no_lost_wakeups(ngx, mock):
+    """A sleeping request is woken by the dispatcher, never by its wait's second running out.
+
+    The transport "engine"'s wait says its request sleeps (waiter.awake):
+    llmretry.openresty_waiters.post posts a sleeping request and skips an
+    awake one, so a wait that did not say so would sleep out its second on
+    every call. 40 calls at once, each answered in 50 ms: no wait may run
+    out (stats' wait_timeouts). The transport "cosocket" carries its calls
+    in the request and never waits so: the count must stay 0 there too."""
+    n = 40
+    mock.script("wakeups", [], after={"delay_ms": 50})
+    status, text, _ = http("GET", ngx.base + "/llm?s=wakeups")   # the dispatcher is up
+    check(status == 200, f"/llm: {status} {text}")
+    before = ngx.stats()["wait_timeouts"]
+    load = subprocess.run([sys.executable, os.path.join(ngx.repo, "tests/openresty/load.py"),
+                           "127.0.0.1", str(ngx.port), "/llm?s=wakeups", str(n)],
+                          stdout=subprocess.PIPE, text=True, timeout=60)
+    out = json.loads(load.stdout)
+    statuses = [r[0] for r in out["results"]]
+    check(statuses.count(200) == n, f"{statuses.count(200)} of {n} answered 200 "
+          f"(errors {out['errors']})")
+    check(len(mock.requests("wakeups")) == n + 1,
+          f"the mock saw {len(mock.requests('wakeups'))} requests, want {n + 1}")
+    after = ngx.stats()["wait_timeouts"]
+    check(after - before == 0, f"{after - before} of {n} calls of 50 ms were woken by their "
+          "wait's timeout, not by the dispatcher (a lost wake-up each)")
+
+
 def test_control_blocking(ngx, mock):
     """Control: a call made in the handler itself blocks the worker, and /ping is seen to stall."""
     mock.script("slow_blocking", [], after={"delay_ms": 1000})
