@@ -943,3 +943,16 @@ def test_each_api_path_answers_in_its_shape(mock: MockServer) -> None:
     assert [r["path"] for r in mock.requests("api")] == [
         "/s/api/v1/embeddings", "/s/api/v1/embeddings", "/s/api/v1/responses",
         "/s/api/v1/completions"]
+
+
+def test_repr_says_where_it_serves() -> None:
+    """A MockServer's repr names its base URL once started, and its state
+    before and after (the default object repr said nothing)."""
+    server = MockServer(strict=True)
+    assert repr(server) == "MockServer(not started, strict=True)"
+    with server:
+        assert repr(server) == (f"MockServer(base_url='http://127.0.0.1:{server.port}/v1', "
+                                "strict=True)")
+    assert repr(server) == "MockServer(stopped, strict=True)"
+    with MockServer() as plain:
+        assert repr(plain) == f"MockServer(base_url={plain.base_url!r})"

@@ -164,6 +164,16 @@ class MockServer:
             self._thread.join(timeout=0.2)
         server.join_handlers(timeout=0.5)
 
+    def __repr__(self) -> str:
+        if self._stopped:
+            state = "stopped"
+        elif self._server is None:
+            state = "not started"
+        else:
+            state = f"base_url={self.base_url!r}"
+        strict = ", strict=True" if self.strict else ""
+        return f"MockServer({state}{strict})"
+
     def __enter__(self) -> "MockServer":
         return self.start()
 
