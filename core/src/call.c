@@ -36,19 +36,61 @@ char *lr_call_url(const char *url, const char *base, llmretry_api api, int *is_d
         if (is_default)
             *is_default = 1;
     }
-    size_t n = strlen(base);
+    /* A base URL's query (Azure's "?api-version=...") stays a query: the
+     * path goes before it. Its fragment is not sent: dropped. */
+    const char *after = strstr(base, "://");
+    after = after ? after + 3 : base;
+    size_t n = (size_t)(after - base) + strcspn(after, "?#");
+    const char *query = base[n] == '?' ? base + n : "";
+    size_t qlen = strcspn(query, "#");
     while (n > 0 && base[n - 1] == '/')
         n--;
     static const char *const paths[] = { "/chat/completions", "/completions", "/embeddings",
                                          "/responses" };
     const char *path = (unsigned)api < sizeof paths / sizeof paths[0] ? paths[api] : paths[0];
     size_t plen = strlen(path);
-    char *full = malloc(n + plen + 1);
+    char *full = malloc(n + plen + qlen + 1);
     if (full) {
         memcpy(full, base, n);
-        memcpy(full + n, path, plen + 1);
+        memcpy(full + n, path, plen);
+        memcpy(full + n + plen, query, qlen);
+        full[n + plen + qlen] = '\0';
     }
     return full;
+}
+
+char *lr_url_shown(const char *url)
+{
+    const char *after = strstr(url, "://");
+    after = after ? after + 3 : url;
+    size_t authority = strcspn(after, "/?#");
+    const char *host = after;
+    for (size_t i = authority; i > 0; i--) {
+        if (after[i - 1] == '@') {      /* the last '@' before the host, as libcurl reads it */
+            host = after + i - 1;
+            break;
+        }
+    }
+    size_t head = (size_t)(after - url), rest = strcspn(host, "?#");
+    int userinfo = host != after, query = host[rest] == '?';
+    char *out = malloc(head + 3 + rest + 4 + 1);
+    if (!out)
+        return NULL;
+    size_t len = 0;
+    memcpy(out, url, head);
+    len += head;
+    if (userinfo) {
+        memcpy(out + len, "***", 3);
+        len += 3;
+    }
+    memcpy(out + len, host, rest);
+    len += rest;
+    if (query) {
+        memcpy(out + len, "?***", 4);
+        len += 4;
+    }
+    out[len] = '\0';
+    return out;
 }
 
 int lr_url_path_ends(const char *url, const char *suffix)

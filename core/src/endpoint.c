@@ -14,7 +14,11 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     lr_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
         return NULL;
-    if (!(ep->url = lr_strdup(c->url))) {
+    ep->url = lr_strdup(c->url);
+    ep->shown_url = lr_url_shown(c->url);
+    if (!ep->url || !ep->shown_url) {
+        free(ep->url);
+        free(ep->shown_url);
         free(ep);
         return NULL;
     }
@@ -34,7 +38,9 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
             ep->rd = lr_shared_store_redis(e->shared, id);
         }
     }
-    ep->stats.url = ep->url;
+    /* Never the URL's user info or query in the stats (a key could be
+     * there): they reach logs and dashboards. */
+    ep->stats.url = ep->shown_url;
     ep->stats.has_key = c->key_hash != 0;
     ep->stats.breaker = "closed";
     /* Hosts read the array under the mutex: grow it under it. */
@@ -47,6 +53,7 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     pthread_mutex_unlock(&e->mu);
     if (!more) {
         free(ep->url);
+        free(ep->shown_url);
         free(ep);
         return NULL;
     }
@@ -148,6 +155,7 @@ void lr_endpoints_free(llmretry_engine *e)
     pthread_mutex_unlock(&e->mu);
     for (size_t i = 0; i < n; i++) {
         free(eps[i]->url);
+        free(eps[i]->shown_url);
         free(eps[i]);
     }
     free(eps);

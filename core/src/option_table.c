@@ -46,8 +46,8 @@ static const llmretry_option_info TABLE[] = {
     { "url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(url), 0, 0, NULL, NULL, "null",
       "the full endpoint URL, used as is (instead of base_url + / + endpoint)" },
     { "base_url", LLMRETRY_OPTTYPE_TEXT, NUL | POL, OFF(base_url), 0, 0, NULL, NULL, "null",
-      "the API's base URL, / + endpoint appended (else $OPENAI_BASE_URL, else "
-      "https://api.openai.com/v1)" },
+      "the API's base URL, / + endpoint appended before its query, if any (else "
+      "$OPENAI_BASE_URL, else https://api.openai.com/v1)" },
     { "endpoint", LLMRETRY_OPTTYPE_ENUM, POL, OFF(endpoint), 0, 0, NULL, APIS,
       "\"chat/completions\"",
       "the API path appended to base_url (docs/endpoints.md); url, when set, wins" },

@@ -56,8 +56,8 @@ class EngineOptions(TypedDict, total=False):
 
     #: the full endpoint URL, used as is (instead of base_url + / + endpoint)
     url: Optional[str]
-    #: the API's base URL, / + endpoint appended (else $OPENAI_BASE_URL, else
-    #: https://api.openai.com/v1)
+    #: the API's base URL, / + endpoint appended before its query, if any (else
+    #: $OPENAI_BASE_URL, else https://api.openai.com/v1)
     base_url: Optional[str]
     #: the API path appended to base_url (docs/endpoints.md); url, when set, wins
     endpoint: Literal["chat/completions", "completions", "embeddings", "responses"]

@@ -12,6 +12,8 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
+from ._urls import joined_url
+
 # ---------------------------------------------------------------------------
 # The mapping: engine event fields -> telemetry. One table, read by the
 # span, its attempt events and the metrics alike (docs/observability.md
@@ -149,7 +151,7 @@ def _url_of(url: Any, base: Any, endpoint: Any = None) -> str:
     root = base if isinstance(base, str) and base else (
         os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE)
     path = endpoint if isinstance(endpoint, str) and endpoint else "chat/completions"
-    return root.rstrip("/") + "/" + path
+    return joined_url(root, "/" + path)
 
 
 class _Targets:

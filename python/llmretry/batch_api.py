@@ -333,7 +333,7 @@ class BatchJob:
         opts = dict(options)
         if "url" not in opts:
             opts.pop("base_url", None)      # the batch's endpoint, on the batch's base URL
-        opts.setdefault("url", api.base_url + self.endpoint[len("/v1"):])
+        opts.setdefault("url", api.url_of(self.endpoint[len("/v1"):]))
         opts.setdefault("api_key", api.api_key)
         if api.headers:
             opts.setdefault("headers", api.headers)

@@ -537,6 +537,47 @@ static void test_breaker_shared_by_engines(void)
     CHECK_MSG(!bad && strstr(err, "shared") != NULL, "%s", err);
 }
 
+/* A base_url's query stays the request's query (after the endpoint's
+ * path, as Azure's "?api-version=" needs), and the endpoint's stats never
+ * show the URL's user info or query: a password or a key can be there,
+ * and stats go to logs and dashboards. */
+static void test_endpoint_url_shown(void)
+{
+    char base[128], url[320], want[320];
+    llmretry_options o;
+    llmretry_engine *e = th_engine_new();
+    if (!e || th_mock_script(&mock, "shown", "{\"steps\": []}") != 0 ||
+        !th_mock_scenario_url(&mock, "shown", base, sizeof base)) {
+        CHECK_MSG(0, "setup failed");
+        goto out;
+    }
+    const char *host = base + strlen("http://");       /* 127.0.0.1:PORT/s/shown/v1 */
+    snprintf(url, sizeof url, "http://user:pw-SECRET@%s/?api-version=7&key=QSECRET#frag", host);
+    opts_for(&o, "shown", base, sizeof base);
+    o.base_url = url;
+    llmretry_call *c = th_submit(e, &o);
+    const llmretry_result *r = wait_done(c, NULL, 0);
+    CHECK_MSG(r && r->ok, "%s", r && r->message ? r->message : "(no result)");
+    llmretry_call_free(c);
+    char *text = th_mock_requests(&mock, "shown");
+    cJSON *recs = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *path = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(recs, 0), "path");
+    CHECK_MSG(cJSON_GetArraySize(recs) == 1 && cJSON_IsString(path) &&
+              strcmp(path->valuestring, "/s/shown/v1/chat/completions?api-version=7&key=QSECRET")
+                  == 0,
+              "the mock saw %s", cJSON_IsString(path) ? path->valuestring : "(no request)");
+    cJSON_Delete(recs);
+    llmretry_endpoint_stats s;
+    CHECK(stats_of(e, "shown", &s));
+    snprintf(want, sizeof want, "http://***@%.*s/chat/completions?***",
+             (int)strcspn(host, "?"), host);
+    CHECK_STR(s.url, want);
+    CHECK_MSG(!strstr(s.url, "SECRET") && !strstr(s.url, "frag"), "%s", s.url);
+out:
+    llmretry_engine_free(e);
+}
+
 int main(void)
 {
     if (th_mock_start(&mock) != 0) {
@@ -553,6 +594,7 @@ int main(void)
         { "fallback_rules", test_fallback_rules },
         { "bad_fallbacks", test_bad_fallbacks_are_refused },
         { "breaker_shared", test_breaker_shared_by_engines },
+        { "endpoint_url_shown", test_endpoint_url_shown },
     };
     TH_RUN(tests);
     th_mock_stop(&mock);

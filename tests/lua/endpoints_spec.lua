@@ -43,4 +43,20 @@ describe("endpoint", function()
     check(path_of(other, 1) == "/s/" .. other.name .. "/v1/responses", "path %s",
       path_of(other, 1))
   end)
+
+  it("a base_url's query follows the path; stats show no user info or query", function()
+    local scen = mock:scen("shown")
+    local origin, path = scen.url:match("^http://([^/]+)(/.*)$")
+    local e = llm.new_engine()
+    local res, err = llm.call_llm{ body = { model = "m", messages = {} }, engine = e,
+      base_url = "http://user:pw-SECRET@" .. origin .. path .. "?api-version=7&key=QSECRET",
+      api_key = H.SECRET_KEY, logger = false }
+    check(res ~= nil, "call failed: %s", H.dump(err))
+    check(path_of(scen, 1) == path .. "/chat/completions?api-version=7&key=QSECRET", "path %s",
+      path_of(scen, 1))
+    local stats = llm.endpoint_stats(e)
+    check(#stats == 1 and stats[1].url == "http://***@" .. origin .. path
+      .. "/chat/completions?***", "stats %s", H.dump(stats))
+    e:close()
+  end)
 end)

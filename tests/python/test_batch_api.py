@@ -578,6 +578,22 @@ def test_files_calls_methods_and_raw_content(mock: MockServer) -> None:
     store.fail = 0
 
 
+def test_base_url_with_a_query_and_user_info(mock: MockServer) -> None:
+    """A base URL's query stays a query, after the Files API's path (as the
+    core joins base_url and an endpoint), and the Api's repr shows neither
+    its user info nor its query."""
+    store = mock.batch_api()
+    base = mock.base_url.replace("http://", "http://user:pw-SECRET@") + "?api-version=7"
+    api = batch_api.Api(llmretry.Client(logger=None), base, KEY, None, {"max_retries": 0}, None)
+    assert api.url_of("/files") == mock.base_url.replace(
+        "http://", "http://user:pw-SECRET@") + "/files?api-version=7"
+    f = api.upload("in.jsonl", b'{"custom_id": "a"}\n')
+    assert f["id"] in store.files
+    shown = mock.base_url.replace("http://", "http://***@") + "?***"
+    assert repr(api) == f"Api(base_url={shown!r})"
+    assert "SECRET" not in repr(api)
+
+
 def test_call_llm_sends_an_upload_a_get_and_a_delete(mock: MockServer) -> None:
     # The public call_llm takes the core's method / content_type /
     # raw_response: a multipart body as is, a GET and a DELETE with no body,

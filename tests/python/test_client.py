@@ -138,6 +138,44 @@ def test_repr_hides_the_key(scen: Scenario) -> None:
         bare.close()
 
 
+def test_base_url_secrets_stay_out_of_repr_and_stats(scen: Scenario) -> None:
+    """A base_url's user info and query (a password, a provider's key) are
+    ``***`` in the Client's repr and in endpoint_stats (the core's rule,
+    lr_url_shown, and llmretry._urls.shown_url agree); the query is still
+    sent, after the endpoint's path (Azure's ``?api-version=``)."""
+    from llmretry._urls import joined_url, shown_url
+    origin, path = scen.url.split("://", 1)[1].split("/", 1)
+    base = f"http://user:pw-SECRET@{origin}/{path}/?api-version=7&key=QSECRET#frag"
+    with llmretry.Client(base_url=base, api_key=SECRET_KEY, logger=None) as c:
+        shown = repr(c)
+        assert c.call_llm(secret_body("shown")).meta.status == 200
+        stats = c.endpoint_stats()
+    assert f"base_url='http://***@{origin}/{path}/?***'" in shown
+    assert [s["url"] for s in stats] == [
+        f"http://***@{origin}/{path}/chat/completions?***"]
+    assert stats[0]["url"] == shown_url(joined_url(base, "/chat/completions"))
+    for text in (shown, str(stats)):
+        assert "SECRET" not in text and "frag" not in text
+    assert [r["path"] for r in scen.requests()] == [
+        f"/{path}/chat/completions?api-version=7&key=QSECRET"]
+
+
+@pytest.mark.parametrize("url, joined, shown", [
+    ("https://h/v1", "https://h/v1/x", "https://h/v1"),
+    ("https://h/v1/", "https://h/v1/x", "https://h/v1/"),
+    ("https://u@h/v1?a=1", "https://u@h/v1/x?a=1", "https://***@h/v1?***"),
+    ("https://u:p@w@h:8/v1?a=1#f", "https://u:p@w@h:8/v1/x?a=1", "https://***@h:8/v1?***"),
+    ("https://h/p@q#f", "https://h/p@q/x", "https://h/p@q"),
+    ("https://h?a=b/c", "https://h/x?a=b/c", "https://h?***"),
+    ("h/v1", "h/v1/x", "h/v1"),
+])
+def test_url_text_rules(url: str, joined: str, shown: str) -> None:
+    """How a base URL and a path join, and how a URL is shown (llmretry._urls)."""
+    from llmretry._urls import joined_url, shown_url
+    assert joined_url(url, "/x") == joined
+    assert shown_url(url) == shown
+
+
 def test_repr_with_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY)
     c = llmretry.Client()

@@ -153,7 +153,8 @@ llmretry_status llmretry_call_target_report(const llmretry_call *c, size_t i,
 /* What the engine knows of one endpoint (a URL and the key sent to it):
  * its retry budget, circuit breaker and rate budget. */
 typedef struct llmretry_endpoint_stats {
-    const char *url;               /* valid until llmretry_engine_free */
+    const char *url;               /* valid until llmretry_engine_free; its user
+                                    * info and query shown as "***" (secrets) */
     int has_key;                   /* its calls send an Authorization header */
     int64_t requests;              /* first attempts sent, ever */
     int64_t retries;               /* retries sent, ever */
