@@ -79,9 +79,9 @@ M.DEFAULT_TRANSPORT = "engine"
 -- Without a dispatcher (it failed, or the worker is exiting) requests look
 -- every POLL_S instead.
 local WAIT_S, POLL_S = 1, 0.02
--- Waits of the transport "engine" that ran out with nobody posting them
--- (M.stats' wait_timeouts): a call slower than WAIT_S has one a second;
--- on calls quicker than that, each is a lost wake-up.
+-- Waits of the transport "engine" that ran out with a dispatcher to post
+-- them (M.stats' wait_timeouts): a call slower than WAIT_S has one a
+-- second; on calls quicker than that, each is a lost wake-up.
 local wait_timeouts = 0
 local function log_err(...) ngx.log(ngx.ERR, "llmretry: ", ...) end
 
@@ -354,10 +354,11 @@ local A = api.new{
     local d = waiter.d
     -- Asleep until posted: post wakes it once (llmretry.openresty_waiters).
     waiter.awake = false
-    local ok = waiter.sema:wait(d.state == "stopped" and POLL_S or WAIT_S)
+    local polling = d.state == "stopped"    -- no dispatcher: a look every POLL_S
+    local ok = waiter.sema:wait(polling and POLL_S or WAIT_S)
     waiter.awake = true
     if not ok then                  -- nobody woke us: look for ourselves
-      wait_timeouts = wait_timeouts + 1
+      if not polling then wait_timeouts = wait_timeouts + 1 end
       wake(d)
     end
   end,
@@ -415,8 +416,10 @@ end
 -- kept for the next calls, waiters_pending = those of them with a post
 -- still pending (0: a kept waiter never wakes its next call for nothing),
 -- wait_timeouts = the transport "engine"'s waits that ran out with nobody
--- posting them (one a second for a call slower than a second; on quicker
--- calls, each is a wake-up lost: the call was a second late).
+-- posting them while a dispatcher could (one a second for a call slower
+-- than a second; on quicker calls, each is a wake-up lost: the call was a
+-- second late). Without a dispatcher requests look every POLL_S: not
+-- counted.
 function M.stats()
   local w = W
   local transport = CONFIG.transport or M.DEFAULT_TRANSPORT
