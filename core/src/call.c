@@ -72,24 +72,11 @@ char *lr_url_shown(const char *url)
         }
     }
     size_t head = (size_t)(after - url), rest = strcspn(host, "?#");
-    int userinfo = host != after, query = host[rest] == '?';
-    char *out = malloc(head + 3 + rest + 4 + 1);
-    if (!out)
-        return NULL;
-    size_t len = 0;
-    memcpy(out, url, head);
-    len += head;
-    if (userinfo) {
-        memcpy(out + len, "***", 3);
-        len += 3;
-    }
-    memcpy(out + len, host, rest);
-    len += rest;
-    if (query) {
-        memcpy(out + len, "?***", 4);
-        len += 4;
-    }
-    out[len] = '\0';
+    size_t size = head + 3 + rest + 4 + 1;
+    char *out = malloc(size);
+    if (out)
+        snprintf(out, size, "%.*s%s%.*s%s", (int)head, url, host != after ? "***" : "",
+                 (int)rest, host, host[rest] == '?' ? "?***" : "");
     return out;
 }
 
