@@ -190,6 +190,10 @@ int l_parse_policies(lua_State *L);
 int l_resolve_policy(lua_State *L);
 int l_uuid4(lua_State *L);
 
+/* url.c: URL text, the core's rules */
+int l_url_join(lua_State *L);
+int l_url_shown(lua_State *L);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

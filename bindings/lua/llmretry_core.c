@@ -212,6 +212,8 @@ static const luaL_Reg module_functions[] = {
     { "check_options", l_check_options },
     { "parse_policies", l_parse_policies },
     { "uuid4", l_uuid4 },
+    { "url_join", l_url_join },
+    { "url_shown", l_url_shown },
     { "resolve_policy", l_resolve_policy },
     { "_ffi", l_ffi_api },
     { NULL, NULL },

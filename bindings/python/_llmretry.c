@@ -208,6 +208,38 @@ static PyObject *stream_body(PyObject *module, PyObject *args)
     return bytes;
 }
 
+/* A str from the core's malloc'd text (freed here); MemoryError for NULL. */
+static PyObject *str_of_core_text(char *text)
+{
+    if (!text)
+        return PyErr_NoMemory();
+    PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "surrogateescape");
+    llmretry_free(text);
+    return s;
+}
+
+/* url_join(base, path): llmretry_url_join, the engine's join of a base URL
+ * and a path (before the base's query). */
+static PyObject *url_join(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *base, *path;
+    if (!PyArg_ParseTuple(args, "ss:url_join", &base, &path))
+        return NULL;
+    return str_of_core_text(llmretry_url_join(base, path));
+}
+
+/* url_shown(url): llmretry_url_shown, the URL without its user info and
+ * query (each "***"), as the endpoint stats show it. */
+static PyObject *url_shown(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    const char *url = PyUnicode_AsUTF8(arg);
+    if (!url)
+        return NULL;
+    return str_of_core_text(llmretry_url_shown(url));
+}
+
 static PyMethodDef module_methods[] = {
     { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
       "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
@@ -237,6 +269,12 @@ static PyMethodDef module_methods[] = {
     { "stream_body", stream_body, METH_VARARGS,
       "stream_body(url, body_bytes, streamed) -> bytes or None: the body the core sends\n"
       "for an object the host encoded (\"stream\": true when streamed, usage asked)." },
+    { "url_join", url_join, METH_VARARGS,
+      "url_join(base, path) -> str: the engine's join of a base URL and a path ('/files'):\n"
+      "trailing slashes trimmed, the path before the base's query, no fragment." },
+    { "url_shown", url_shown, METH_O,
+      "url_shown(url) -> str: the URL with its user info and query each '***', no fragment\n"
+      "(as endpoint_stats shows it)." },
     { "check_header", check_header, METH_VARARGS,
       "check_header(name, value, index): ValueError unless the core would send the header." },
     { "estimate_tokens", estimate_tokens, METH_VARARGS,

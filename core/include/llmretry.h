@@ -8,6 +8,7 @@
  *   llmretry/policies.h  named policies     llmretry/json.h     JSON helpers
  *   llmretry/shapes.h    what hosts are handed, field by field
  *   llmretry/host_io.h   engines whose host moves the bytes (io_loop host)
+ *   llmretry/url.h       joining a base URL and a path, showing a URL
  *
  * llmretry wraps calls to an OpenAI-compatible chat API in a production
  * policy: a timeout per attempt, one total deadline, retries of transient
@@ -47,6 +48,7 @@
 #include "llmretry/channel.h"
 #include "llmretry/json.h"
 #include "llmretry/host_io.h"
+#include "llmretry/url.h"
 
 /* The version this library was compiled as (LLMRETRY_VERSION then): tells a
  * program which core it runs against, whatever headers it was built with. */

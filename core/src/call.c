@@ -36,58 +36,10 @@ char *lr_call_url(const char *url, const char *base, llmretry_api api, int *is_d
         if (is_default)
             *is_default = 1;
     }
-    /* A base URL's query (Azure's "?api-version=...") stays a query: the
-     * path goes before it. Its fragment is not sent: dropped. */
-    const char *after = strstr(base, "://");
-    after = after ? after + 3 : base;
-    size_t n = (size_t)(after - base) + strcspn(after, "?#");
-    const char *query = base[n] == '?' ? base + n : "";
-    size_t qlen = strcspn(query, "#");
-    while (n > 0 && base[n - 1] == '/')
-        n--;
     static const char *const paths[] = { "/chat/completions", "/completions", "/embeddings",
                                          "/responses" };
     const char *path = (unsigned)api < sizeof paths / sizeof paths[0] ? paths[api] : paths[0];
-    size_t plen = strlen(path);
-    char *full = malloc(n + plen + qlen + 1);
-    if (full) {
-        memcpy(full, base, n);
-        memcpy(full + n, path, plen);
-        memcpy(full + n + plen, query, qlen);
-        full[n + plen + qlen] = '\0';
-    }
-    return full;
-}
-
-char *lr_url_shown(const char *url)
-{
-    const char *after = strstr(url, "://");
-    after = after ? after + 3 : url;
-    size_t authority = strcspn(after, "/?#");
-    const char *host = after;
-    for (size_t i = authority; i > 0; i--) {
-        if (after[i - 1] == '@') {      /* the last '@' before the host, as libcurl reads it */
-            host = after + i - 1;
-            break;
-        }
-    }
-    size_t head = (size_t)(after - url), rest = strcspn(host, "?#");
-    size_t size = head + 3 + rest + 4 + 1;
-    char *out = malloc(size);
-    if (out)
-        snprintf(out, size, "%.*s%s%.*s%s", (int)head, url, host != after ? "***" : "",
-                 (int)rest, host, host[rest] == '?' ? "?***" : "");
-    return out;
-}
-
-int lr_url_path_ends(const char *url, const char *suffix)
-{
-    const char *s = strstr(url, "://");
-    s = s ? s + 3 : url;
-    size_t n = strcspn(s, "?#"), k = strlen(suffix);
-    while (n > 0 && s[n - 1] == '/')
-        n--;
-    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
+    return llmretry_url_join(base, path);
 }
 
 /* What the request body says, read with one parse and only when needed:

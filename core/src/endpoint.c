@@ -15,7 +15,7 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     if (!ep)
         return NULL;
     ep->url = lr_strdup(c->url);
-    ep->shown_url = lr_url_shown(c->url);
+    ep->shown_url = llmretry_url_shown(c->url);
     if (!ep->url || !ep->shown_url) {
         free(ep->url);
         free(ep->shown_url);

@@ -41,7 +41,7 @@ typedef struct lr_stated {
 
 struct lr_endpoint {
     char *url;
-    char *shown_url;                   /* url for the stats (lr_url_shown) */
+    char *shown_url;                   /* url for the stats (llmretry_url_shown) */
     uint64_t key_hash;
     /* The rate budget (ratelimit.c). */
     int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */

@@ -480,17 +480,11 @@ char *lr_call_preview(const llmretry_call *c);
 /* ---- building a request (call.c, targets.c) ----------------------------- */
 /* url as is, else base_url + "/" + api's path, e.g. "/chat/completions"
  * (else $OPENAI_BASE_URL, else OpenAI's, when is_default is non-NULL: it
- * is set when that is used); a base_url's query after the path, its
- * fragment dropped. malloc'd; NULL when out of memory. */
+ * is set when that is used), joined as llmretry_url_join says. malloc'd;
+ * NULL when out of memory. */
 char *lr_call_url(const char *url, const char *base_url, llmretry_api api, int *is_default);
-/* url as stats may show it: user info and query hold secrets at times (a
- * password, "?key=..."), so each is "***" when there is one, and there is
- * no fragment: https://u:p@h/v1?k=1#f is shown as https:// then ***@h/v1?***.
- * malloc'd; NULL when out of memory. The Python package's reprs follow the same rule
- * (llmretry._client._shown_url). */
-char *lr_url_shown(const char *url);
 /* Does url's path (query and trailing slashes aside) end with suffix, e.g.
- * "/embeddings"? Case-insensitive. */
+ * "/embeddings"? Case-insensitive. url.c. */
 int lr_url_path_ends(const char *url, const char *suffix);
 /* llmretry_estimate_tokens, also giving the body's completion bound
  * (*limit: -1 = none set; 0 for embeddings). estimate.c. */

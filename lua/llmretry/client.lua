@@ -8,7 +8,7 @@
 local core = require("llmretry.core")
 local args = require("llmretry.args")
 
-local type, pairs, error, pcall = type, pairs, error, pcall
+local type, pairs, ipairs, error, pcall, tostring = type, pairs, ipairs, error, pcall, tostring
 local setmetatable, getmetatable = setmetatable, getmetatable
 local string, table = string, table
 local argerror = args.argerror
@@ -36,6 +36,27 @@ return function(M, split_options, sched)
   local Client = {}
   Client.__index = Client
   Client.__name = "llmretry.client"
+
+  -- tostring(client): its endpoint (user info and query as ***: core.url_shown),
+  -- the retry settings it was given and whether it has a key, never the key
+  -- (as Python's Client repr).
+  function Client.__tostring(self)
+    local d = self.defaults
+    local name = d.url ~= nil and "url" or "base_url"
+    local url = d[name]
+    local parts = { name .. "=" .. (type(url) == "string" and string.format("%q",
+      core.url_shown(url)) or "nil") }
+    for _, k in ipairs{ "timeout_ms", "max_retries", "deadline_ms" } do
+      if d[k] ~= nil then parts[#parts + 1] = k .. "=" .. tostring(d[k]) end
+    end
+    if self.default_policy ~= nil then
+      parts[#parts + 1] = string.format("policy=%q", self.default_policy)
+    end
+    local key = d.api_key
+    parts[#parts + 1] = (type(key) == "string" and key ~= "") and "api_key=<set>"
+      or "api_key=<unset>"
+    return "llmretry.client(" .. table.concat(parts, ", ") .. ")"
+  end
 
   function M.client(opts)
     if opts == nil then opts = {} end

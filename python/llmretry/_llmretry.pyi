@@ -397,6 +397,15 @@ def _parse_body(body: bytes) -> Any:
     """What ``Result.data`` is made of a 2xx body: the C decoder, else json's
     scanner, else the package's parser (ValueError) (for the tests)."""
 
+def url_join(base: str, path: str) -> str:
+    """The engine's join of a base URL and a path (``"/files"``): the base's
+    trailing slashes trimmed, the path before its query, no fragment
+    (llmretry_url_join)."""
+
+def url_shown(url: str) -> str:
+    """``url`` with its user info and its query each ``***``, no fragment:
+    how the endpoint stats and reprs show a URL (llmretry_url_shown)."""
+
 def stream_body(url: Optional[str], body: bytes, streamed: bool) -> Optional[bytes]:
     """The body the core sends for an object the host encoded
     (llmretry_stream_body): ``"stream": true`` when ``streamed``, and a

@@ -574,6 +574,21 @@ static void test_endpoint_url_shown(void)
              (int)strcspn(host, "?"), host);
     CHECK_STR(s.url, want);
     CHECK_MSG(!strstr(s.url, "SECRET") && !strstr(s.url, "frag"), "%s", s.url);
+    /* The two rules on their own (llmretry/url.h), for hosts. */
+    static const char *const cases[][3] = {   /* url, joined with "/x", shown */
+        { "https://h/v1/", "https://h/v1/x", "https://h/v1/" },
+        { "https://u:p@w@h:8/v1?a=1#f", "https://u:p@w@h:8/v1/x?a=1", "https://***@h:8/v1?***" },
+        { "https://h/p@q#f", "https://h/p@q/x", "https://h/p@q" },
+        { "https://h?a=b/c", "https://h/x?a=b/c", "https://h?***" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *joined = llmretry_url_join(cases[i][0], "/x");
+        char *shown = llmretry_url_shown(cases[i][0]);
+        CHECK_STR(joined ? joined : "(null)", cases[i][1]);
+        CHECK_STR(shown ? shown : "(null)", cases[i][2]);
+        llmretry_free(joined);
+        llmretry_free(shown);
+    }
 out:
     llmretry_engine_free(e);
 }

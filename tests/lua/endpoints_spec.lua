@@ -59,4 +59,19 @@ describe("endpoint", function()
       .. "/chat/completions?***", "stats %s", H.dump(stats))
     e:close()
   end)
+
+  it("a client's tostring shows its endpoint without user info or query, never the key", function()
+    local base = "http://user:pw-SECRET@h.example/v1?key=QSECRET"
+    local c = llm.client{ base_url = base, api_key = H.SECRET_KEY, timeout_ms = 5000,
+      logger = false }
+    local shown = tostring(c)
+    check(shown == 'llmretry.client(base_url="http://***@h.example/v1?***", timeout_ms=5000, '
+      .. "api_key=<set>)", "tostring %s", shown)
+    check(not shown:find("SECRET", 1, true), "a secret in %s", shown)
+    check(tostring(llm.client{ logger = false }) == "llmretry.client(base_url=nil, api_key=<unset>)",
+      "bare: %s", tostring(llm.client{ logger = false }))
+    local core = require("llmretry.core")
+    check(core.url_join(base, "/files") == "http://user:pw-SECRET@h.example/v1/files?key=QSECRET",
+      "url_join %s", core.url_join(base, "/files"))
+  end)
 end)
