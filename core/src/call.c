@@ -36,10 +36,14 @@ char *lr_call_url(const char *url, const char *base, llmretry_api api, int *is_d
         if (is_default)
             *is_default = 1;
     }
+    return llmretry_url_join(base, lr_api_path(api));
+}
+
+const char *lr_api_path(llmretry_api api)
+{
     static const char *const paths[] = { "/chat/completions", "/completions", "/embeddings",
                                          "/responses" };
-    const char *path = (unsigned)api < sizeof paths / sizeof paths[0] ? paths[api] : paths[0];
-    return llmretry_url_join(base, path);
+    return (unsigned)api < sizeof paths / sizeof paths[0] ? paths[api] : paths[0];
 }
 
 /* What the request body says, read with one parse and only when needed:

@@ -159,6 +159,31 @@ static int fall_back(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reaso
     return 0;
 }
 
+/* The endpoint path a call's base_url ended with, so that its request has
+ * two ("/v1/chat/completions/chat/completions": a whole URL given as the
+ * base), or NULL. Target 0 only: a fallback's URL may be its own url. */
+static const char *doubled_path(const llmretry_call *c)
+{
+    if (c->target > 0 || strncmp(c->url_option, "base_url", 8) != 0)
+        return NULL;
+    const char *s = strstr(c->url, "://");
+    s = s ? s + 3 : c->url;
+    s += strcspn(s, "/?#");                 /* the path */
+    size_t n = strcspn(s, "?#");
+    const char *mine = lr_api_path(c->o.endpoint);
+    size_t k = strlen(mine);
+    if (n < k || strncmp(s + n - k, mine, k) != 0)
+        return NULL;
+    n -= k;                                 /* what the base's path was */
+    for (int api = 0; api <= LLMRETRY_API_RESPONSES; api++) {
+        const char *p = lr_api_path((llmretry_api)api);
+        size_t pl = strlen(p);
+        if (n >= pl && strncmp(s + n - pl, p, pl) == 0)
+            return p;
+    }
+    return NULL;
+}
+
 void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason)
 {
     if (falls_back(c, reason) && fall_back(e, c, reason) == 0)
@@ -194,7 +219,7 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
         r->body_len = c->resp.len;
     }
     int n = c->attempts_started;
-    char buf[1024], on[40] = "", never[400] = "";
+    char buf[1024], on[40] = "", hint[400] = "";
     if (c->target > 0)
         snprintf(on, sizeof on, " on %d targets", c->target + 1);
     if (r->kind == LLMRETRY_ERR_NETWORK && c->last_no_connect &&
@@ -205,13 +230,19 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
          * says where to look. Only the origin: no path, no user info. */
         char origin[256];
         lr_origin_text(c->url, origin, sizeof origin);
-        snprintf(never, sizeof never, "; never reached %s (no connection to it has worked "
+        snprintf(hint, sizeof hint, "; never reached %s (no connection to it has worked "
                  "yet): check %s", origin,
                  c->target > 0 ? "the fallback's base_url or url" : c->url_option);
+    } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && (r->status == 404 || r->status == 405)) {
+        const char *twice = doubled_path(c);
+        if (twice)
+            snprintf(hint, sizeof hint, "; check %s: it ends with %s, which each call "
+                     "appends (give the API's base, such as https://api.openai.com/v1, or the "
+                     "whole URL as url)", c->url_option, twice);
     }
     if (c->last_message)
         snprintf(buf, sizeof buf, "%s%s; gave up after %d attempt%s%s: %s",
-                 c->last_message, never, n, n == 1 ? "" : "s", on, reason_text(reason));
+                 c->last_message, hint, n, n == 1 ? "" : "s", on, reason_text(reason));
     else
         snprintf(buf, sizeof buf, "gave up after %d attempt%s%s: %s", n, n == 1 ? "" : "s",
                  on, reason_text(reason));

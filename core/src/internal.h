@@ -483,6 +483,8 @@ char *lr_call_preview(const llmretry_call *c);
  * is set when that is used), joined as llmretry_url_join says. malloc'd;
  * NULL when out of memory. */
 char *lr_call_url(const char *url, const char *base_url, llmretry_api api, int *is_default);
+/* The path an endpoint appends to base_url: "/chat/completions", ... */
+const char *lr_api_path(llmretry_api api);
 /* Does url's path (query and trailing slashes aside) end with suffix, e.g.
  * "/embeddings"? Case-insensitive. url.c. */
 int lr_url_path_ends(const char *url, const char *suffix);

@@ -497,6 +497,46 @@ static int closed_port(void)
     return p;
 }
 
+/* A base_url that ends with the endpoint's path (the whole URL pasted in)
+ * has it twice in the request; a 404 then says which part to drop. Not for
+ * a url given whole, nor for a base_url that does not end so. */
+static void test_doubled_path_hint(void)
+{
+    char url[160];
+    llmretry_options o;
+    set_response("HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n",
+                 "{\"error\":{\"message\":\"Invalid URL\"}}", 35);
+    opts(&o, url, sizeof url);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions/", port);
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->status == 404 && r->message &&
+              strstr(r->message, "HTTP 404 from /v1/chat/completions/chat/completions") &&
+              strstr(r->message, "\"Invalid URL\"; check base_url: it ends with "
+                                 "/chat/completions, which each call appends (give the API's "
+                                 "base, such as https://api.openai.com/v1, or the whole URL as "
+                                 "url); gave up after 1 attempt"),
+              "doubled: message %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+    /* The same path, given whole as url: the caller wrote it. */
+    opts(&o, url, sizeof url);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions/chat/completions", port);
+    o.base_url = NULL;
+    o.url = url;
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->status == 404 && r->message && !strstr(r->message, "check"),
+              "url: message %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+    /* A base_url of the API's base: a 404 is the server's word alone. */
+    opts(&o, url, sizeof url);
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->status == 404 && r->message && !strstr(r->message, "check"),
+              "plain 404: message %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+}
+
 /* A network failure where nothing of the URL's origin ever answered (issue
  * 32 item 6): the message says the call never reached it and to check the
  * option that named it; the retries are as ever. Where the origin answered
@@ -571,6 +611,7 @@ int main(void)
         { "error_code_screened", test_error_code_screened },
         { "error_message_shown", test_error_message_shown },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
+        { "doubled_path_hint", test_doubled_path_hint },
         { "never_reached", test_never_reached },        /* last: it stops the server */
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -42,3 +42,17 @@ describe("a network failure", function()
     check(not err.message:find("never reached", 1, true), "message: %s", err.message)
   end)
 end)
+
+describe("a 404", function()
+  it("through a base_url ending with the endpoint's path says which part to drop", function()
+    local mock = H.start_mock()
+    local scen = mock:scen("twice").script({ { status = 404 } })
+    local res, err = llm.call_llm(opts({ base_url = scen.url .. "/chat/completions" }))
+    mock:stop()
+    check(res == nil, "the 404 was a success")
+    H.check_error(err, "http_status", { status = 404, attempts = 1 })
+    check(err.message:find("; check base_url: it ends with /chat/completions, which each call "
+      .. "appends (give the API's base, such as https://api.openai.com/v1, or the whole URL "
+      .. "as url); gave up after 1 attempt", 1, true), "message: %s", err.message)
+  end)
+end)

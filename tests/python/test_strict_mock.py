@@ -34,3 +34,28 @@ def test_strict_mock_fails_a_typo_in_base_url_and_a_body_without_messages() -> N
         data, meta = llmretry.call_llm(secret_body("ok"), base_url=mock.base_url,
                                        api_key=SECRET_KEY, logger=None, **FAST)
         assert data["choices"][0]["message"]["content"] == "ok" and meta.attempts == 1
+
+
+def test_a_whole_url_as_base_url_is_refused_and_the_error_says_why() -> None:
+    """base_url ending with the endpoint's path (the whole URL pasted in) has
+    it twice in the request: OpenAI answers 404, as the strict mock does, and
+    the error says which part of base_url to drop. A url given whole that has
+    it twice gets no such hint (the caller wrote that URL)."""
+    with MockServer(strict=True) as mock:
+        err = call(secret_body("twice"), mock.base_url + "/chat/completions/")
+        assert err.status == 404 and err.attempts == 1
+        assert ("Invalid URL (POST /v1/chat/completions/chat/completions)\"; check base_url: "
+                "it ends with /chat/completions, which each call appends (give the API's "
+                "base, such as https://api.openai.com/v1, or the whole URL as url); gave up "
+                "after 1 attempt") in str(err), str(err)
+        with pytest.raises(llmretry.HTTPStatusError) as info:
+            llmretry.call_llm({"model": "e", "input": "SECRET-PROMPT-e"}, endpoint="embeddings",
+                              base_url=mock.base_url + "/embeddings", api_key=SECRET_KEY,
+                              logger=None, **FAST)
+        assert "check base_url: it ends with /embeddings," in str(info.value)
+        with pytest.raises(llmretry.HTTPStatusError) as info:
+            llmretry.call_llm(secret_body("url"), url=mock.base_url + "/chat/completions"
+                              "/chat/completions", api_key=SECRET_KEY, logger=None, **FAST)
+        assert info.value.status == 404 and "check" not in str(info.value), str(info.value)
+        check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], str(err), repr(err), str(info.value))
+        assert mock.requests("default") == []               # none reached a step

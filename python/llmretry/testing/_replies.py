@@ -148,6 +148,7 @@ def _error_body(status: int, error_code: Any) -> Dict[str, Any]:
 # changes: a request that passes gets its scenario's step as usual.
 _OPENAI_PATH = re.compile(
     r"/v1/(chat/completions|completions|responses|embeddings|files|batches|models)(?:/|$)")
+_ENDPOINT_PATHS = ("/chat/completions", "/completions", "/responses", "/embeddings")
 # Each endpoint's required body fields, with the JSON type each must have.
 _REQUIRED: Dict[str, Tuple[Tuple[str, Any, str], ...]] = {
     "chat/completions": (("model", str, "a string"), ("messages", list, "an array of objects")),
@@ -171,7 +172,10 @@ def _strict_refusal(method: str, path: str,
         rest = rest[3:]
         rest = rest[rest.find("/"):] if "/" in rest else ""
     match = _OPENAI_PATH.match(rest)
-    if match is None:
+    if match is None or (method == "POST" and rest != f"/v1/{match.group(1)}" and
+                         rest.endswith(_ENDPOINT_PATHS)):
+        # (A path with an endpoint's twice, "/v1/chat/completions/chat/completions",
+        # is a whole URL given as a base_url: OpenAI has no such route.)
         return 404, _openai_error(f"Invalid URL ({method} {path})")
     required = _REQUIRED.get(match.group(1)) if method == "POST" and \
         rest == f"/v1/{match.group(1)}" else None
