@@ -159,13 +159,17 @@ static int fall_back(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reaso
     return 0;
 }
 
-/* The endpoint path a call's base_url ended with, so that its request has
- * two ("/v1/chat/completions/chat/completions": a whole URL given as the
- * base), or NULL. Target 0 only: a fallback's URL may be its own url. */
-static const char *doubled_path(const llmretry_call *c)
+/* What to check when a call's base_url was answered 404 or 405 (a wrong
+ * path, most likely the base's), into hint; nothing when the base looks
+ * right. Two mistakes are common: the whole URL given as the base (the
+ * request has the endpoint's path twice, ".../chat/completions/chat/
+ * completions") and a base without a path ("http://localhost:8000", where
+ * OpenAI-compatible servers answer under /v1). Target 0 only: a fallback's
+ * URL may be its own url. */
+static void base_url_hint(const llmretry_call *c, char *hint, size_t size)
 {
     if (c->target > 0 || strncmp(c->url_option, "base_url", 8) != 0)
-        return NULL;
+        return;
     const char *s = strstr(c->url, "://");
     s = s ? s + 3 : c->url;
     s += strcspn(s, "/?#");                 /* the path */
@@ -173,15 +177,23 @@ static const char *doubled_path(const llmretry_call *c)
     const char *mine = lr_api_path(c->o.endpoint);
     size_t k = strlen(mine);
     if (n < k || strncmp(s + n - k, mine, k) != 0)
-        return NULL;
+        return;
     n -= k;                                 /* what the base's path was */
+    if (n == 0) {
+        snprintf(hint, size, "; check %s: it has no path, and OpenAI-compatible servers "
+                 "answer under one, most often /v1 (http://host:port/v1)", c->url_option);
+        return;
+    }
     for (int api = 0; api <= LLMRETRY_API_RESPONSES; api++) {
         const char *p = lr_api_path((llmretry_api)api);
         size_t pl = strlen(p);
-        if (n >= pl && strncmp(s + n - pl, p, pl) == 0)
-            return p;
+        if (n >= pl && strncmp(s + n - pl, p, pl) == 0) {
+            snprintf(hint, size, "; check %s: it ends with %s, which each call appends (give "
+                     "the API's base, such as https://api.openai.com/v1, or the whole URL as "
+                     "url)", c->url_option, p);
+            return;
+        }
     }
-    return NULL;
 }
 
 void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason)
@@ -234,11 +246,7 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
                  "yet): check %s", origin,
                  c->target > 0 ? "the fallback's base_url or url" : c->url_option);
     } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && (r->status == 404 || r->status == 405)) {
-        const char *twice = doubled_path(c);
-        if (twice)
-            snprintf(hint, sizeof hint, "; check %s: it ends with %s, which each call "
-                     "appends (give the API's base, such as https://api.openai.com/v1, or the "
-                     "whole URL as url)", c->url_option, twice);
+        base_url_hint(c, hint, sizeof hint);
     }
     if (c->last_message)
         snprintf(buf, sizeof buf, "%s%s; gave up after %d attempt%s%s: %s",

@@ -498,8 +498,9 @@ static int closed_port(void)
 }
 
 /* A base_url that ends with the endpoint's path (the whole URL pasted in)
- * has it twice in the request; a 404 then says which part to drop. Not for
- * a url given whole, nor for a base_url that does not end so. */
+ * has it twice in the request, and one with no path misses the API's /v1:
+ * a 404 then says what to check. Not for a url given whole, nor for a
+ * base_url of the API's base. */
 static void test_doubled_path_hint(void)
 {
     char url[160];
@@ -527,6 +528,18 @@ static void test_doubled_path_hint(void)
     r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && !r->ok && r->status == 404 && r->message && !strstr(r->message, "check"),
               "url: message %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+    /* A base_url with no path: OpenAI-compatible servers answer under /v1. */
+    opts(&o, url, sizeof url);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", port);
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->status == 404 && r->message &&
+              strstr(r->message, "HTTP 404 from /chat/completions") &&
+              strstr(r->message, "; check base_url: it has no path, and OpenAI-compatible "
+                                 "servers answer under one, most often /v1 "
+                                 "(http://host:port/v1); gave up after 1 attempt"),
+              "no path: message %s", r && r->message ? r->message : "(none)");
     llmretry_call_free(c);
     /* A base_url of the API's base: a 404 is the server's word alone. */
     opts(&o, url, sizeof url);

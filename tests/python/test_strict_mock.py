@@ -39,8 +39,9 @@ def test_strict_mock_fails_a_typo_in_base_url_and_a_body_without_messages() -> N
 def test_a_whole_url_as_base_url_is_refused_and_the_error_says_why() -> None:
     """base_url ending with the endpoint's path (the whole URL pasted in) has
     it twice in the request: OpenAI answers 404, as the strict mock does, and
-    the error says which part of base_url to drop. A url given whole that has
-    it twice gets no such hint (the caller wrote that URL)."""
+    the error says which part of base_url to drop; one without a path, that
+    the API is under /v1. A url given whole that has the path twice gets no
+    such hint (the caller wrote that URL)."""
     with MockServer(strict=True) as mock:
         err = call(secret_body("twice"), mock.base_url + "/chat/completions/")
         assert err.status == 404 and err.attempts == 1
@@ -58,4 +59,10 @@ def test_a_whole_url_as_base_url_is_refused_and_the_error_says_why() -> None:
                               "/chat/completions", api_key=SECRET_KEY, logger=None, **FAST)
         assert info.value.status == 404 and "check" not in str(info.value), str(info.value)
         check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], str(err), repr(err), str(info.value))
+        # A base_url without a path: OpenAI-compatible servers answer under /v1.
+        err = call(secret_body("bare"), mock.base_url[:-len("/v1")])
+        assert err.status == 404 and ("Invalid URL (POST /chat/completions)\"; check base_url: "
+                                      "it has no path, and OpenAI-compatible servers answer under "
+                                      "one, most often /v1 (http://host:port/v1); gave up") \
+            in str(err), str(err)
         assert mock.requests("default") == []               # none reached a step
