@@ -196,6 +196,18 @@ static void base_url_hint(const llmretry_call *c, char *hint, size_t size)
     }
 }
 
+/* Did the call's request carry a credential (an Authorization header, an
+ * api-key, ...)? A 401 without one says what is missing. */
+static int sent_credential(const llmretry_call *c)
+{
+    for (const struct curl_slist *h = c->headers; h; h = h->next) {
+        const char *colon = strchr(h->data, ':');
+        if (colon && lr_credential_header(h->data, (size_t)(colon - h->data)))
+            return 1;
+    }
+    return 0;
+}
+
 void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason reason)
 {
     if (falls_back(c, reason) && fall_back(e, c, reason) == 0)
@@ -247,6 +259,9 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
                  c->target > 0 ? "the fallback's base_url or url" : c->url_option);
     } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && (r->status == 404 || r->status == 405)) {
         base_url_hint(c, hint, sizeof hint);
+    } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 401 && !sent_credential(c)) {
+        snprintf(hint, sizeof hint, "; no API key was sent (%s)", c->target > 0
+                 ? "give the fallback its api_key" : "give api_key, or set OPENAI_API_KEY");
     }
     if (c->last_message)
         snprintf(buf, sizeof buf, "%s%s; gave up after %d attempt%s%s: %s",

@@ -503,6 +503,10 @@ void lr_call_headers_free(struct curl_slist *headers);
 /* The engine's spare call records freed, and its spare_mu (at its end). */
 void lr_call_spares_free(llmretry_engine *e);
 uint64_t lr_call_key_hash(const struct curl_slist *headers);
+/* Is a header of this name a credential (Authorization, api-key,
+ * x-goog-api-key: a name holding auth, key, token, secret, cookie or
+ * password)? response.c. */
+int lr_credential_header(const char *name, size_t n);
 /* options.c: the body's part of llmretry_options_check (method, body,
  * body_len, content_type). */
 llmretry_status lr_options_check_body(const llmretry_options *o, char *err, size_t errlen);

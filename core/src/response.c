@@ -101,10 +101,9 @@ static void texts_add_strings(req_texts *t, const cJSON *item)
         texts_add_strings(t, child);
 }
 
-/* Is a header of this name a credential (Authorization, api-key,
- * x-goog-api-key, a token, a cookie)? Other headers (an organization, a
- * title) are not secrets, and a message naming them helps. */
-static int credential_header(const char *name, size_t n)
+/* Other headers (an organization, a title) are not secrets, and a message
+ * naming them helps. */
+int lr_credential_header(const char *name, size_t n)
 {
     static const char *const words[] = { "auth", "key", "token", "secret", "cookie",
                                          "password" };
@@ -133,7 +132,7 @@ static void texts_init(const llmretry_call *c, req_texts *t)
         texts_add_strings(t, cJSON_GetObjectItemCaseSensitive(t->doc, keys[k]));
     for (const struct curl_slist *h = c->headers; h; h = h->next) {
         const char *colon = strchr(h->data, ':');
-        if (!colon || !credential_header(h->data, (size_t)(colon - h->data)))
+        if (!colon || !lr_credential_header(h->data, (size_t)(colon - h->data)))
             continue;
         const char *v = colon + 1 + strspn(colon + 1, " \t");
         size_t vn = strlen(v);

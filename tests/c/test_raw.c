@@ -550,6 +550,35 @@ static void test_doubled_path_hint(void)
     llmretry_call_free(c);
 }
 
+/* A 401 to a request that carried no credential says what is missing; one
+ * that carried a key, or a key in a header of another name (Azure's
+ * api-key), is the server's word alone. */
+static void test_no_key_hint(void)
+{
+    char url[128];
+    llmretry_options o;
+    static const char *api_key_header[] = { "api-key: k-123456789" };
+    set_response("HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n",
+                 "{\"error\":{\"message\":\"no key\"}}", 30);
+    for (int i = 0; i < 3; i++) {
+        opts(&o, url, sizeof url);
+        if (i != 1)
+            o.api_key = NULL;
+        if (i == 2) {
+            o.headers = api_key_header;
+            o.n_headers = 1;
+        }
+        llmretry_call *c = run(&o);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        int hinted = r && r->message && strstr(r->message, "\"no key\"; no API key was sent "
+                                                  "(give api_key, or set OPENAI_API_KEY); gave "
+                                                  "up after 1 attempt") != NULL;
+        CHECK_MSG(r && !r->ok && r->status == 401 && hinted == (i == 0),
+                  "case %d: message %s", i, r && r->message ? r->message : "(none)");
+        llmretry_call_free(c);
+    }
+}
+
 /* A network failure where nothing of the URL's origin ever answered (issue
  * 32 item 6): the message says the call never reached it and to check the
  * option that named it; the retries are as ever. Where the origin answered
@@ -625,6 +654,7 @@ int main(void)
         { "error_message_shown", test_error_message_shown },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
         { "doubled_path_hint", test_doubled_path_hint },
+        { "no_key_hint", test_no_key_hint },
         { "never_reached", test_never_reached },        /* last: it stops the server */
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -66,3 +66,21 @@ def test_a_whole_url_as_base_url_is_refused_and_the_error_says_why() -> None:
                                       "one, most often /v1 (http://host:port/v1); gave up") \
             in str(err), str(err)
         assert mock.requests("default") == []               # none reached a step
+
+
+def test_a_401_without_a_key_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 401 to a request that carried no credential (no api_key, no
+    OPENAI_API_KEY, no key header) says what is missing; with a key, or a
+    key in a header of another name (Azure's api-key), the server's word
+    alone."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with MockServer(strict=True) as mock:
+        mock.script("auth", [{"status": 401}] * 3)
+        url = mock.scenario_url("auth")
+        hint = "; no API key was sent (give api_key, or set OPENAI_API_KEY); gave up"
+        for kwargs, hinted in (({}, True), ({"api_key": SECRET_KEY}, False),
+                               ({"headers": {"api-key": SECRET_KEY}}, False)):
+            with pytest.raises(llmretry.AuthenticationError) as info:
+                llmretry.call_llm(secret_body("k"), base_url=url, logger=None, **kwargs, **FAST)
+            assert (hint in str(info.value)) is hinted, (kwargs, str(info.value))
+            check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], str(info.value), repr(info.value))
