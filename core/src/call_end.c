@@ -197,9 +197,12 @@ static void base_url_hint(const llmretry_call *c, char *hint, size_t size)
 }
 
 /* Did the call's request carry a credential (an Authorization header, an
- * api-key, ...)? A 401 without one says what is missing. */
+ * api-key, ...)? A 401 without one says what is missing. A URL with a
+ * query may carry one there (?key=...): not said to have none. */
 static int sent_credential(const llmretry_call *c)
 {
+    if (strchr(c->url, '?'))
+        return 1;
     for (const struct curl_slist *h = c->headers; h; h = h->next) {
         const char *colon = strchr(h->data, ':');
         if (colon && lr_credential_header(h->data, (size_t)(colon - h->data)))

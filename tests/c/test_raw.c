@@ -551,8 +551,8 @@ static void test_doubled_path_hint(void)
 }
 
 /* A 401 to a request that carried no credential says what is missing; one
- * that carried a key, or a key in a header of another name (Azure's
- * api-key), is the server's word alone. */
+ * that carried a key, in a header of another name (Azure's api-key) or in
+ * its URL's query, is the server's word alone. */
 static void test_no_key_hint(void)
 {
     char url[128];
@@ -560,7 +560,7 @@ static void test_no_key_hint(void)
     static const char *api_key_header[] = { "api-key: k-123456789" };
     set_response("HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n",
                  "{\"error\":{\"message\":\"no key\"}}", 30);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {           /* none, a key, an api-key header, ?key= */
         opts(&o, url, sizeof url);
         if (i != 1)
             o.api_key = NULL;
@@ -568,6 +568,8 @@ static void test_no_key_hint(void)
             o.headers = api_key_header;
             o.n_headers = 1;
         }
+        if (i == 3)
+            snprintf(url, sizeof url, "http://127.0.0.1:%d/v1?key=k-123456789", port);
         llmretry_call *c = run(&o);
         const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
         int hinted = r && r->message && strstr(r->message, "\"no key\"; no API key was sent "
