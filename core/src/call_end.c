@@ -159,6 +159,13 @@ static int fall_back(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reaso
     return 0;
 }
 
+/* Do the n bytes at s end with suffix? */
+static int ends_with(const char *s, size_t n, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    return n >= k && memcmp(s + n - k, suffix, k) == 0;
+}
+
 /* What to check when a call's base_url was answered 404 or 405 (a wrong
  * path, most likely the base's), into hint; nothing when the base looks
  * right. Two mistakes are common: the whole URL given as the base (the
@@ -170,15 +177,13 @@ static void base_url_hint(const llmretry_call *c, char *hint, size_t size)
 {
     if (c->target > 0 || strncmp(c->url_option, "base_url", 8) != 0)
         return;
-    const char *s = strstr(c->url, "://");
-    s = s ? s + 3 : c->url;
-    s += strcspn(s, "/?#");                 /* the path */
-    size_t n = strcspn(s, "?#");
+    const char *s;
+    size_t n;
+    lr_url_path(c->url, &s, &n);
     const char *mine = lr_api_path(c->o.endpoint);
-    size_t k = strlen(mine);
-    if (n < k || strncmp(s + n - k, mine, k) != 0)
+    if (!ends_with(s, n, mine))
         return;
-    n -= k;                                 /* what the base's path was */
+    n -= strlen(mine);                      /* what the base's path was */
     if (n == 0) {
         snprintf(hint, size, "; check %s: it has no path, and OpenAI-compatible servers "
                  "answer under one, most often /v1 (http://host:port/v1)", c->url_option);
@@ -186,8 +191,7 @@ static void base_url_hint(const llmretry_call *c, char *hint, size_t size)
     }
     for (int api = 0; api <= LLMRETRY_API_RESPONSES; api++) {
         const char *p = lr_api_path((llmretry_api)api);
-        size_t pl = strlen(p);
-        if (n >= pl && strncmp(s + n - pl, p, pl) == 0) {
+        if (ends_with(s, n, p)) {
             snprintf(hint, size, "; check %s: it ends with %s, which each call appends (give "
                      "the API's base, such as https://api.openai.com/v1, or the whole URL as "
                      "url)", c->url_option, p);
@@ -203,11 +207,9 @@ static int sent_credential(const llmretry_call *c)
 {
     if (strchr(c->url, '?'))
         return 1;
-    for (const struct curl_slist *h = c->headers; h; h = h->next) {
-        const char *colon = strchr(h->data, ':');
-        if (colon && lr_credential_header(h->data, (size_t)(colon - h->data)))
+    for (const struct curl_slist *h = c->headers; h; h = h->next)
+        if (lr_credential_value(h->data))
             return 1;
-    }
     return 0;
 }
 

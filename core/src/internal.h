@@ -485,6 +485,9 @@ char *lr_call_preview(const llmretry_call *c);
 char *lr_call_url(const char *url, const char *base_url, llmretry_api api, int *is_default);
 /* The path an endpoint appends to base_url: "/chat/completions", ... */
 const char *lr_api_path(llmretry_api api);
+/* url's path, without its query or fragment ("/" when it has none): *path
+ * and its *len, within url. url.c. */
+void lr_url_path(const char *url, const char **path, size_t *len);
 /* Does url's path (query and trailing slashes aside) end with suffix, e.g.
  * "/embeddings"? Case-insensitive. url.c. */
 int lr_url_path_ends(const char *url, const char *suffix);
@@ -503,10 +506,11 @@ void lr_call_headers_free(struct curl_slist *headers);
 /* The engine's spare call records freed, and its spare_mu (at its end). */
 void lr_call_spares_free(llmretry_engine *e);
 uint64_t lr_call_key_hash(const struct curl_slist *headers);
-/* Is a header of this name a credential (Authorization, api-key,
- * x-goog-api-key: a name holding auth, key, token, secret, cookie or
- * password)? response.c. */
-int lr_credential_header(const char *name, size_t n);
+/* The value of a header line ("Name: value") whose name is a credential's
+ * (Authorization, api-key, x-goog-api-key: a name holding auth, key,
+ * token, secret, cookie or password), its leading blanks skipped; NULL for
+ * any other line. response.c. */
+const char *lr_credential_value(const char *line);
 /* options.c: the body's part of llmretry_options_check (method, body,
  * body_len, content_type). */
 llmretry_status lr_options_check_body(const llmretry_options *o, char *err, size_t errlen);

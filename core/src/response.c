@@ -101,9 +101,10 @@ static void texts_add_strings(req_texts *t, const cJSON *item)
         texts_add_strings(t, child);
 }
 
-/* Other headers (an organization, a title) are not secrets, and a message
- * naming them helps. */
-int lr_credential_header(const char *name, size_t n)
+/* Is a header of this name a credential's (Authorization, api-key,
+ * x-goog-api-key, a token, a cookie)? Other headers (an organization, a
+ * title) are not secrets, and a message naming them helps. */
+static int credential_name(const char *name, size_t n)
 {
     static const char *const words[] = { "auth", "key", "token", "secret", "cookie",
                                          "password" };
@@ -114,6 +115,14 @@ int lr_credential_header(const char *name, size_t n)
                 return 1;
     }
     return 0;
+}
+
+const char *lr_credential_value(const char *line)
+{
+    const char *colon = strchr(line, ':');
+    if (!colon || !credential_name(line, (size_t)(colon - line)))
+        return NULL;
+    return colon + 1 + strspn(colon + 1, " \t");
 }
 
 /* The texts of c's request an error must not quote: the strings of its
@@ -131,10 +140,9 @@ static void texts_init(const llmretry_call *c, req_texts *t)
     for (size_t k = 0; t->doc && k < sizeof keys / sizeof *keys; k++)
         texts_add_strings(t, cJSON_GetObjectItemCaseSensitive(t->doc, keys[k]));
     for (const struct curl_slist *h = c->headers; h; h = h->next) {
-        const char *colon = strchr(h->data, ':');
-        if (!colon || !lr_credential_header(h->data, (size_t)(colon - h->data)))
+        const char *v = lr_credential_value(h->data);
+        if (!v)
             continue;
-        const char *v = colon + 1 + strspn(colon + 1, " \t");
         size_t vn = strlen(v);
         while (vn > 0 && (v[vn - 1] == ' ' || v[vn - 1] == '\t'))
             vn--;
@@ -268,15 +276,6 @@ static const char *provider_message(const cJSON *doc)
 }
 
 /* The path of a URL: no scheme, no credentials or host, no query. */
-static void url_path(const char *url, const char **p, size_t *n)
-{
-    const char *s = strstr(url, "://");
-    s = s ? s + 3 : url;
-    s += strcspn(s, "/?#");
-    *p = *s == '/' ? s : "/";
-    *n = *s == '/' ? strcspn(s, "?#") : 1;
-}
-
 char *lr_http_error(const llmretry_call *c, long status, char **error_code)
 {
     const char *body = c->resp.data ? c->resp.data : "";
@@ -298,7 +297,7 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code)
     char buf[LR_HTTP_ERROR_MAX + 1];
     const char *path;
     size_t plen;
-    url_path(c->url, &path, &plen);
+    lr_url_path(c->url, &path, &plen);
     size_t len = (size_t)snprintf(buf, sizeof buf, "HTTP %ld from ", status);
     len = put_escaped(buf, len, 256, path, plen);
     char st[16];

@@ -52,10 +52,19 @@ char *llmretry_url_shown(const char *url)
     return out;
 }
 
-int lr_url_path_ends(const char *url, const char *suffix)
+void lr_url_path(const char *url, const char **path, size_t *len)
 {
     const char *s = authority_of(url);
-    size_t n = strcspn(s, "?#"), k = strlen(suffix);
+    s += strcspn(s, "/?#");
+    *path = *s == '/' ? s : "/";
+    *len = *s == '/' ? strcspn(s, "?#") : 1;
+}
+
+int lr_url_path_ends(const char *url, const char *suffix)
+{
+    const char *s;
+    size_t n, k = strlen(suffix);
+    lr_url_path(url, &s, &n);
     while (n > 0 && s[n - 1] == '/')
         n--;
     return n >= k && strncasecmp(s + n - k, suffix, k) == 0;

@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ._batch_api_answers import plain_id
-from ._urls import joined_url, shown_url
+from ._llmretry import url_join, url_shown
 from .errors import HTTPStatusError, InvalidResponseError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -50,12 +50,12 @@ class Api:
         self.options["deadline_ms"] = CALL_DEADLINE_MS if deadline is None else deadline
 
     def __repr__(self) -> str:        # never the key, nor the URL's user info or query
-        return f"Api(base_url={shown_url(self.base_url)!r})"
+        return f"Api(base_url={url_shown(self.base_url)!r})"
 
     def url_of(self, path: str) -> str:
         """The URL of ``path`` ("/files") on this API's base URL (before its
         query, as the core joins a base_url and an endpoint)."""
-        return joined_url(self.base_url, path)
+        return url_join(self.base_url, path)
 
     def _options(self, path: str, **more: Any) -> Dict[str, Any]:
         opts: Dict[str, Any] = dict(self.options, url=self.url_of(path),

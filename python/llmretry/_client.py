@@ -37,7 +37,6 @@ from ._results import Meta, Result, _call_extra, _parse_json, _result_of, _Valid
 from ._stream import Stream
 from ._streaming import _client_stream, _stream_call
 from ._tokens import estimate_tokens
-from ._urls import shown_url
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -220,7 +219,7 @@ class Client(_ClientBatches):
     def __repr__(self) -> str:
         shown = {k: self._defaults.get(k, BUILTIN_DEFAULTS.get(k)) for k in _SHOWN_IN_REPR}
         if isinstance(shown["base_url"], str):      # never its user info or query
-            shown["base_url"] = shown_url(shown["base_url"])
+            shown["base_url"] = _llmretry.url_shown(shown["base_url"])
         parts = [f"{k}={v!r}" for k, v in shown.items()]
         parts.append("api_key=<set>" if self._defaults.get("api_key") else "api_key=<unset>")
         if self._shared:
@@ -431,7 +430,7 @@ def _shown_shared(spec: str) -> str:
     """``shared`` as a repr may show it: a Redis URL's password (and user)
     as ``***``, up to the last ``@`` before the host, as the core reads it
     and its events show it. Its query stays: the store's own options
-    (``timeout_ms``), not a provider's (a base_url's is ``shown_url``'s)."""
+    (``timeout_ms``), not a provider's (a base_url's is ``_llmretry.url_shown``'s)."""
     scheme, sep, rest = spec.partition("://")
     if not sep:
         return spec

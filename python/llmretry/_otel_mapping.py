@@ -12,7 +12,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from ._urls import joined_url
+from ._llmretry import url_join
 
 # ---------------------------------------------------------------------------
 # The mapping: engine event fields -> telemetry. One table, read by the
@@ -151,7 +151,7 @@ def _url_of(url: Any, base: Any, endpoint: Any = None) -> str:
     root = base if isinstance(base, str) and base else (
         os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE)
     path = endpoint if isinstance(endpoint, str) and endpoint else "chat/completions"
-    return joined_url(root, "/" + path)
+    return url_join(root, "/" + path)
 
 
 class _Targets:

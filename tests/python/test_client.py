@@ -141,9 +141,9 @@ def test_repr_hides_the_key(scen: Scenario) -> None:
 def test_base_url_secrets_stay_out_of_repr_and_stats(scen: Scenario) -> None:
     """A base_url's user info and query (a password, a provider's key) are
     ``***`` in the Client's repr and in endpoint_stats (the core's rule,
-    lr_url_shown, and llmretry._urls.shown_url agree); the query is still
+    llmretry_url_shown, as _llmretry.url_shown gives it); the query is still
     sent, after the endpoint's path (Azure's ``?api-version=``)."""
-    from llmretry._urls import joined_url, shown_url
+    from llmretry._llmretry import url_join, url_shown
     origin, path = scen.url.split("://", 1)[1].split("/", 1)
     base = f"http://user:pw-SECRET@{origin}/{path}/?api-version=7&key=QSECRET#frag"
     with llmretry.Client(base_url=base, api_key=SECRET_KEY, logger=None) as c:
@@ -153,7 +153,7 @@ def test_base_url_secrets_stay_out_of_repr_and_stats(scen: Scenario) -> None:
     assert f"base_url='http://***@{origin}/{path}/?***'" in shown
     assert [s["url"] for s in stats] == [
         f"http://***@{origin}/{path}/chat/completions?***"]
-    assert stats[0]["url"] == shown_url(joined_url(base, "/chat/completions"))
+    assert stats[0]["url"] == url_shown(url_join(base, "/chat/completions"))
     for text in (shown, str(stats)):
         assert "SECRET" not in text and "frag" not in text
     assert [r["path"] for r in scen.requests()] == [
@@ -170,10 +170,10 @@ def test_base_url_secrets_stay_out_of_repr_and_stats(scen: Scenario) -> None:
     ("h/v1", "h/v1/x", "h/v1"),
 ])
 def test_url_text_rules(url: str, joined: str, shown: str) -> None:
-    """How a base URL and a path join, and how a URL is shown (llmretry._urls)."""
-    from llmretry._urls import joined_url, shown_url
-    assert joined_url(url, "/x") == joined
-    assert shown_url(url) == shown
+    """How a base URL and a path join, and how a URL is shown (the core's llmretry/url.h, through _llmretry)."""
+    from llmretry._llmretry import url_join, url_shown
+    assert url_join(url, "/x") == joined
+    assert url_shown(url) == shown
 
 
 def test_repr_with_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
