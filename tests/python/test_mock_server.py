@@ -365,6 +365,31 @@ def test_record_fields(mock: MockServer) -> None:
         [rec]
 
 
+def test_record_time_is_the_arrival_not_the_read(mock: MockServer) -> None:
+    """A request that waits in the kernel for a busy handler is timed at its
+    arrival: the second request on a connection comes 100 ms after the
+    first, while the mock still delays the first's answer by 600 ms."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the kernel's receive times are Linux's")
+    mock.script("late", [{"delay_ms": 600}, {}])
+    sock = socket.create_connection(("127.0.0.1", mock.port), timeout=10)
+    req = (b"POST /s/late/v1/chat/completions HTTP/1.1\r\nHost: h\r\n"
+           b"Content-Length: 2\r\n\r\n{}")
+    try:
+        sock.sendall(req)
+        time.sleep(0.1)
+        sock.sendall(req)
+        first = recv_until(sock, b'"usage"')
+        rest = first.split(b'"usage"', 1)[1]
+        if b'"usage"' not in rest:
+            recv_until(sock, b'"usage"')
+    finally:
+        sock.close()
+    first_rec, second_rec = mock.requests("late")
+    gap = second_rec["time"] - first_rec["time"]
+    assert 0.05 <= gap < 0.45, f"the second request was timed {gap:.3f} s after the first"
+
+
 def test_records_before_step_is_executed(mock: MockServer) -> None:
     mock.script("early", [{"fault": "no_headers", "stall_ms": 5000}])
     sock = raw_chat(mock, "early")

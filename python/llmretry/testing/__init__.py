@@ -77,8 +77,10 @@ Control API (JSON in and out)
     ``index`` is the 0-based ordinal of the request among those the scenario
     received since it was last scripted (so it equals ``step`` while steps
     remain and no request was refused by limits); ``DELETE`` clears records
-    but does not reset it. ``time`` is taken when the request has been fully
-    read. ``path`` is the request target as
+    but does not reset it. ``time`` is when the request line arrived: the
+    kernel's time of receipt where it gives one (Linux), else when the
+    mock read the line; records are in the order the mock handled them,
+    which for requests on several connections may differ. ``path`` is the request target as
     sent (query included). A header sent more than once is joined with
     ``", "``. ``body`` is the body decoded as UTF-8 (invalid bytes replaced).
     ``connection`` is the server-assigned id of the TCP connection (1-based,

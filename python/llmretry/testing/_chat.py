@@ -7,7 +7,6 @@ import copy
 import json
 import selectors
 import socket
-import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from . import _sse
@@ -33,7 +32,7 @@ class _ChatReplies(_Connection):
             headers[key] = f"{headers[key]}, {value}" if key in headers \
                 else value
         record: Record = {
-            "index": 0, "time": time.time(), "method": self.command,
+            "index": 0, "time": self.arrival, "method": self.command,
             "path": self.path, "headers": headers,
             "body": body.decode("utf-8", errors="replace"),
             "client_port": int(self.client_address[1]),
