@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# libFuzzer targets for every parser that reads server data (tests/fuzz/).
+# libFuzzer targets for every parser that reads server data, and for the URL
+# text a user's base_url goes through (tests/fuzz/).
 #
 #   tools/fuzz.sh                 build and run every target 20 s each
 #   FUZZ_SECONDS=120 tools/fuzz.sh fuzz_response
@@ -19,7 +20,7 @@ ROOT=$PWD
 # SECONDS is read from the environment, first thing.
 RUN_SECONDS=$(env | sed -n 's/^SECONDS=//p')
 RUN_SECONDS=${FUZZ_SECONDS:-${RUN_SECONDS:-20}}
-ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response fuzz_sse fuzz_assembly fuzz_schema fuzz_schema_text fuzz_http1"
+ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response fuzz_sse fuzz_assembly fuzz_schema fuzz_schema_text fuzz_http1 fuzz_url"
 TARGETS=${*:-$ALL_TARGETS}
 
 # Installs Debian packages (a fresh CI machine has none of these); one

@@ -9,11 +9,16 @@
 #include <string.h>
 #include <strings.h>
 
-/* Where url's authority (user info, host, port) starts: past "scheme://". */
+/* Where url's authority (user info, host, port) starts: past the first
+ * "://" when no '/', '?' or '#' comes before it (a scheme, even a
+ * misspelt one: "htps://user:pw@host" still has its user info hidden),
+ * else at url's start, as libcurl guesses "http://" for "host:8000/v1".
+ * A "://" after a '/' or a '?' is in a path or a query
+ * ("h/v1?next=https://u:pw@x/"), not a scheme's. */
 static const char *authority_of(const char *url)
 {
     const char *sep = strstr(url, "://");
-    return sep ? sep + 3 : url;
+    return sep && strcspn(url, "/?#") >= (size_t)(sep - url) ? sep + 3 : url;
 }
 
 char *llmretry_url_join(const char *base, const char *path)
@@ -34,21 +39,18 @@ char *llmretry_url_join(const char *base, const char *path)
 char *llmretry_url_shown(const char *url)
 {
     const char *auth = authority_of(url);
-    const char *host = auth;
+    const char *at = NULL;
     /* The last '@' before the first '/', '?' or '#' ends the user info,
      * as libcurl reads it. */
-    for (size_t i = strcspn(auth, "/?#"); i > 0; i--) {
-        if (auth[i - 1] == '@') {
-            host = auth + i - 1;
-            break;
-        }
-    }
+    for (size_t i = strcspn(auth, "/?#"); i > 0 && !at; i--)
+        at = auth[i - 1] == '@' ? auth + i - 1 : NULL;
+    const char *host = at ? at : auth;      /* "@host..." when there is user info */
     size_t head = (size_t)(auth - url), rest = strcspn(host, "?#");
     size_t size = head + 3 + rest + 4 + 1;
     char *out = malloc(size);
     if (out)
-        snprintf(out, size, "%.*s%s%.*s%s", (int)head, url, host != auth ? "***" : "",
-                 (int)rest, host, host[rest] == '?' ? "?***" : "");
+        snprintf(out, size, "%.*s%s%.*s%s", (int)head, url, at ? "***" : "", (int)rest, host,
+                 host[rest] == '?' ? "?***" : "");
     return out;
 }
 

@@ -580,6 +580,14 @@ static void test_endpoint_url_shown(void)
         { "https://u:p@w@h:8/v1?a=1#f", "https://u:p@w@h:8/v1/x?a=1", "https://***@h:8/v1?***" },
         { "https://h/p@q#f", "https://h/p@q/x", "https://h/p@q" },
         { "https://h?a=b/c", "https://h/x?a=b/c", "https://h?***" },
+        /* No scheme (libcurl guesses http://): a URL in the query is not
+         * the authority. */
+        { "u:pw@h:8/v1?next=https://a@b/c", "u:pw@h:8/v1/x?next=https://a@b/c",
+          "***@h:8/v1?***" },
+        { "h/v1?r=http://x", "h/v1/x?r=http://x", "h/v1?***" },
+        /* A misspelt scheme is still one: the password stays hidden. */
+        { "htps://u:pw@h/v1", "htps://u:pw@h/v1/x", "htps://***@h/v1" },
+        { "-x://@h", "-x://@h/x", "-x://***@h" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *joined = llmretry_url_join(cases[i][0], "/x");
