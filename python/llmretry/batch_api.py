@@ -48,6 +48,7 @@ from ._batch_api_lines import (ENDPOINTS, _error_of, _fingerprint, _indices,  # 
                                _lines_of, _parts, _ranges)
 from ._batch_api_wait import (BatchDetached, _detach_or_cancel,  # noqa: F401
                               _interruptible_wait, _say, _sleep)
+from ._llmretry import url_shown
 from ._logging import DEFAULT
 from ._client import Client, _client_or_default
 from .errors import HTTPStatusError, LLMError
@@ -419,7 +420,7 @@ def _new_job(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
         bodies, endpoint, client, record, failures_path, options)
     _parts(lines, models, max_lines, max_bytes)     # a line too big: refused now
     doc: Dict[str, Any] = {"llmretry_batch_api": RECORD_VERSION, "items": len(lines),
-                           "endpoint": ep, "base_url": api.base_url,
+                           "endpoint": ep, "base_url": url_shown(api.base_url),
                            "input_sha256": _fingerprint(cids, lines), "batches": [],
                            "max_lines": max_lines, "max_bytes": max_bytes}
     if metadata:

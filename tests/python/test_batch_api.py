@@ -386,7 +386,9 @@ def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
                                                               tmp_path: Path) -> None:
     _write_input(tmp_path / "in.jsonl", _bodies(12))
     store = mock.batch_api()
-    proc = _start(mock, tmp_path)
+    # A base URL with a password: the record (a file left on disk) never has it.
+    proc = _start(mock, tmp_path, "--base-url",
+                  mock.base_url.replace("http://", "http://user:pw-SECRET@"))
     try:
         _until(lambda: store.batches, "the batch")
         (bid,) = store.batches
@@ -396,7 +398,10 @@ def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
     finally:
         proc.kill()
         proc.communicate()
-    record = json.loads((tmp_path / "failed.jsonl.batches").read_text())
+    text = (tmp_path / "failed.jsonl.batches").read_text()
+    assert "SECRET" not in text     # not the key, nor the base URL's password
+    record = json.loads(text)
+    assert record["base_url"] == mock.base_url.replace("http://", "http://***@")
     assert [b["id"] for b in record["batches"]] == [bid]
     assert record["batches"][0]["ranges"] == [[0, 11]]
     store.advance(bid, to="completed")
