@@ -84,3 +84,14 @@ def test_a_401_without_a_key_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
                 llmretry.call_llm(secret_body("k"), base_url=url, logger=None, **kwargs, **FAST)
             assert (hint in str(info.value)) is hinted, (kwargs, str(info.value))
             check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], str(info.value), repr(info.value))
+        # A fallback with a URL of its own sends only its own key: none here.
+        mock.script("down", [{"status": 503}])
+        mock.script("auth", [{"status": 401}])
+        with pytest.raises(llmretry.AuthenticationError) as info:
+            llmretry.call_llm(secret_body("k"), base_url=mock.scenario_url("down"),
+                              api_key=SECRET_KEY, logger=None, fallbacks=[{"base_url": url}],
+                              **dict(FAST, max_retries=0))
+        assert "; no API key was sent (give the fallback its api_key); gave up after 2 " \
+            "attempts on 2 targets" in str(info.value), str(info.value)
+        assert "authorization" not in mock.requests("auth")[-1]["headers"]
+        check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], str(info.value), repr(info.value))
