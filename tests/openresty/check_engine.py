@@ -244,8 +244,7 @@ def test_no_lost_wakeups(ngx, mock):
     llmretry.openresty_waiters.post posts a sleeping request and skips an
     awake one, so a wait that did not say so would sleep out its second on
     every call. 40 calls at once, each answered in 50 ms: no wait may run
-    out (stats' wait_timeouts). The transport "cosocket" carries its calls
-    in the request and never waits so: the count must stay 0 there too."""
+    out (stats' wait_timeouts)."""
     n = 40
     mock.script("wakeups", [], after={"delay_ms": 50})
     status, text, _ = http("GET", ngx.base + "/llm?s=wakeups")   # the dispatcher is up
@@ -263,6 +262,12 @@ def test_no_lost_wakeups(ngx, mock):
     after = ngx.stats()["wait_timeouts"]
     check(after - before == 0, f"{after - before} of {n} calls of 50 ms were woken by their "
           "wait's timeout, not by the dispatcher (a lost wake-up each)")
+
+
+test_no_lost_wakeups.transports = ("engine",)
+test_no_lost_wakeups.transports_why = ("its requests carry their own exchanges and wait on no "
+                                       "dispatcher; wait_timeouts counts the transport "
+                                       "\"engine\"'s waits")
 
 
 def test_control_blocking(ngx, mock):
