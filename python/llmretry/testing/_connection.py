@@ -10,8 +10,10 @@ import errno
 import io
 import json
 import os
+import platform
 import socket
 import struct
+import sys
 import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
@@ -24,11 +26,16 @@ if TYPE_CHECKING:
     from ._server import _HTTPServer
 
 
-# Linux's SO_TIMESTAMPNS (and its control message, SCM_TIMESTAMPNS): the
-# kernel stamps each segment it receives. Python's socket module does not
-# name them.
+# Linux's SO_TIMESTAMPNS (and its control message, SCM_TIMESTAMPNS, of the
+# same number): the kernel stamps each segment it receives with a struct
+# timespec. Python's socket module does not name them; 35 is their number
+# on x86 and arm (other systems: no stamps, the mock's own clock).
 _SO_TIMESTAMPNS = 35
-_STAMP_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_TIMESPEC = struct.Struct("@ll")
+_STAMP_SPACE = (socket.CMSG_SPACE(_TIMESPEC.size)
+                if sys.platform == "linux" and hasattr(socket, "CMSG_SPACE")
+                and platform.machine() in ("x86_64", "i686", "i386", "aarch64", "armv7l")
+                else 0)
 
 
 class _StampedReader(socket.SocketIO):
@@ -53,15 +60,16 @@ class _StampedReader(socket.SocketIO):
                 return None
             raise
         for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-                seconds, nanoseconds = struct.unpack("qq", data[:16])
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS \
+                    and len(data) >= _TIMESPEC.size:
+                seconds, nanoseconds = _TIMESPEC.unpack(data[:_TIMESPEC.size])
                 self.stamp = seconds + nanoseconds / 1e9
         return n
 
 
 def _stamped_reader(sock: socket.socket) -> Optional[io.BufferedReader]:
     """A buffered reader of ``sock`` that keeps arrival times, or None where
-    the kernel does not stamp (not Linux)."""
+    the kernel does not stamp (not Linux on x86 or arm)."""
     if not _STAMP_SPACE or not hasattr(socket.socket, "recvmsg_into"):
         return None
     try:
@@ -127,10 +135,9 @@ class _Connection(BaseHTTPRequestHandler):
         # kernel's stamp of the bytes read last, if that read took them
         # (a line already buffered, pipelined behind the last request, has
         # no stamp of its own: it is timed now).
-        raw = self.rfile.raw if isinstance(self.rfile, io.BufferedReader) else None
-        stamp = raw.stamp if isinstance(raw, _StampedReader) else None
+        raw, stamp = getattr(self.rfile, "raw", None), None
         if isinstance(raw, _StampedReader):
-            raw.stamp = None
+            stamp, raw.stamp = raw.stamp, None
         self.arrival = stamp if stamp is not None else time.time()
         return super().parse_request()
 
