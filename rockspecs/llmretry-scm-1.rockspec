@@ -86,6 +86,7 @@ build = {
             "core/src/mailbox.c",
             "core/src/notifier.c",
             "core/src/notifier_socket.c",
+            "core/src/option_suggest.c",
             "core/src/option_table.c",
             "core/src/options.c",
             "core/src/origins.c",

@@ -29,6 +29,20 @@ static int is_host_key(const char *name)
     return 0;
 }
 
+/* The option an unknown key most likely meant (the core's rule, over the
+ * table's names and this binding's keys), or NULL. */
+static const char *meant_option(const char *key)
+{
+    enum { MAX_NAMES = 300 };
+    const char *names[MAX_NAMES];
+    size_t n = 0;
+    for (size_t i = 0; i < llmretry_option_count() && n < MAX_NAMES; i++)
+        names[n++] = llmretry_option_at(i)->name;
+    for (const char *const *k = HOST_KEYS; *k && n < MAX_NAMES; k++)
+        names[n++] = *k;
+    return llmretry_option_suggest(key, names, n);
+}
+
 /* Which options of the core's table t sets: bit i for llmretry_option_at(i).
  * Up to 256 options; past that every one counts as set (looked up by name). */
 typedef struct {
@@ -40,9 +54,15 @@ typedef struct {
  * would otherwise be silently ignored. One pass over t's keys also notes
  * which options are set, so that parse_opts looks up those few, not each
  * of the table's options by name (a string lookup per option per call). */
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static void check_opt_names(lua_State *L, int t, opt_set *set)
 {
-    char unknown[300] = "";
+    enum { MAX_SAID = 8 };
+    const char *unknown[MAX_SAID];     /* keys of t: alive while t is */
     int n_unknown = 0;
     char buf[64];
     const llmretry_option_info *first = llmretry_option_at(0);
@@ -59,14 +79,22 @@ static void check_opt_names(lua_State *L, int t, opt_set *set)
             size_t i = (size_t)(opt - first);   /* the table is one array */
             if (i < 256)
                 set->bits[i / 64] |= (uint64_t)1 << (i % 64);
-        } else if (!is_host_key(k)) {
-            size_t len = strlen(unknown);
-            snprintf(unknown + len, sizeof unknown - len, "%s'%.40s'", n_unknown ? ", " : "", k);
-            n_unknown++;
+        } else if (!is_host_key(k) && n_unknown < MAX_SAID) {
+            unknown[n_unknown++] = k;
         }
     }
-    if (n_unknown)
-        lr_fail(L, "unknown option%s %s", n_unknown > 1 ? "s" : "", unknown);
+    if (n_unknown == 0)
+        return;
+    /* In name order: a table's own order differs from one Lua to another. */
+    qsort(unknown, (size_t)n_unknown, sizeof unknown[0], by_name);
+    char said[600] = "";
+    for (int i = 0; i < n_unknown; i++) {
+        size_t len = strlen(said);
+        const char *meant = meant_option(unknown[i]);
+        snprintf(said + len, sizeof said - len, "%s'%.40s'%s%s%s", i ? ", " : "", unknown[i],
+                 meant ? " (did you mean " : "", meant ? meant : "", meant ? "?)" : "");
+    }
+    lr_fail(L, "unknown option%s %s", n_unknown > 1 ? "s" : "", said);
 }
 
 static const char *opt_string(lua_State *L, int idx, const char *name)

@@ -240,6 +240,42 @@ static PyObject *url_shown(PyObject *module, PyObject *arg)
     return str_of_core_text(llmretry_url_shown(url));
 }
 
+/* option_suggest(name, names): llmretry_option_suggest over names (a
+ * sequence of str): the one name meant, or None. */
+static PyObject *option_suggest(PyObject *module, PyObject *args)
+{
+    (void)module;
+    const char *name;
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "sO:option_suggest", &name, &names))
+        return NULL;
+    PyObject *seq = PySequence_Fast(names, "option_suggest: names must be a sequence of str");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char **texts = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *texts);
+    PyObject *out = NULL;
+    if (!texts) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyUnicode_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "option_suggest: names must be a sequence of str");
+            goto done;
+        }
+        if (!(texts[i] = PyUnicode_AsUTF8(item)))
+            goto done;
+    }
+    const char *meant = llmretry_option_suggest(name, texts, (size_t)n);
+    out = meant ? PyUnicode_FromString(meant) : Py_NewRef(Py_None);
+done:
+    PyMem_Free(texts);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
       "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
@@ -272,6 +308,9 @@ static PyMethodDef module_methods[] = {
     { "url_join", url_join, METH_VARARGS,
       "url_join(base, path) -> str: the engine's join of a base URL and a path ('/files'):\n"
       "trailing slashes trimmed, the path before the base's query, no fragment." },
+    { "option_suggest", option_suggest, METH_VARARGS,
+      "option_suggest(name, names) -> str or None: the one of names an unknown option name\n"
+      "most likely meant (case, '_' and the '_ms' unit aside; whole words; a typo)." },
     { "url_shown", url_shown, METH_O,
       "url_shown(url) -> str: the URL with its user info and query each '***', no fragment\n"
       "(as endpoint_stats shows it)." },

@@ -297,7 +297,9 @@ static const llmretry_option_info *settable(const char *name, llmretry_option_ty
 {
     const llmretry_option_info *opt = llmretry_option_find(name);
     if (!opt) {
-        lr_errf(err, errlen, "unknown option '%s'", name ? name : "(null)");
+        const char *meant = llmretry_option_suggest(name, NULL, 0);
+        lr_errf(err, errlen, "unknown option '%s'%s%s%s", name ? name : "(null)",
+                meant ? " (did you mean " : "", meant ? meant : "", meant ? "?)" : "");
         return NULL;
     }
     int ok = opt->type == want ||
@@ -428,7 +430,9 @@ llmretry_status llmretry_options_unset(llmretry_options *o, const char *name, ch
 {
     const llmretry_option_info *opt = llmretry_option_find(name);
     if (!o || !opt) {
-        lr_errf(err, errlen, "unknown option '%s'", name ? name : "(null)");
+        const char *meant = llmretry_option_suggest(name, NULL, 0);
+        lr_errf(err, errlen, "unknown option '%s'%s%s%s", name ? name : "(null)",
+                meant ? " (did you mean " : "", meant ? meant : "", meant ? "?)" : "");
         return LLMRETRY_EINVAL;
     }
     if (!(opt->flags & LLMRETRY_OPTFLAG_NULLABLE)) {

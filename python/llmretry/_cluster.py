@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._client import CallOptions, Client, Result
 from ._models import _answer_text
+from ._options import _unknown_names
 from .errors import LLMError
 
 __all__ = ["COLUMNS", "TEXT_COLUMNS", "OPTIONAL_INT_COLUMNS", "Job", "make_job",
@@ -104,7 +105,8 @@ def make_job(where: str, body_column: Any, limit: Any, shared: Any,
                         f"'redis://host:6379' or None, not {type(shared).__name__}")
     unknown = sorted(set(options) - _OPTION_NAMES)
     if unknown:
-        raise TypeError(f"{where} got unexpected keyword argument(s): {', '.join(unknown)}")
+        raise TypeError(f"{where} got unexpected keyword argument(s): "
+                        f"{_unknown_names(unknown, _OPTION_NAMES)}")
     for name in _PER_ROW:
         if name in options:
             raise ValueError(f"{where}: {name} cannot be given for a whole job "

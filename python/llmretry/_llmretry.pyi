@@ -397,6 +397,12 @@ def _parse_body(body: bytes) -> Any:
     """What ``Result.data`` is made of a 2xx body: the C decoder, else json's
     scanner, else the package's parser (ValueError) (for the tests)."""
 
+def option_suggest(name: str, names: Sequence[str]) -> Optional[str]:
+    """The one of ``names`` an unknown option name most likely meant, for
+    "did you mean ...?" (llmretry_option_suggest): case, ``_`` and the
+    ``_ms`` unit aside, whole words (``retries``: ``max_retries``), or a
+    typo; None when none is clear."""
+
 def url_join(base: str, path: str) -> str:
     """The engine's join of a base URL and a path (``"/files"``): the base's
     trailing slashes trimmed, the path before its query, no fragment

@@ -419,11 +419,22 @@ def _body_hint(names: Iterable[str]) -> str:
             f"body: pass the body as a dict, such as {_BODY_EXAMPLE}")
 
 
+def _unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """The unknown keywords, each with the known one it most likely meant
+    (the core's rule: ``timeout (did you mean timeout_ms?)``)."""
+    candidates = sorted(known)
+    said = []
+    for name in unknown:
+        meant = None if name in _BODY_KEYS else _llmretry.option_suggest(name, candidates)
+        said.append(f"{name} (did you mean {meant}?)" if meant else name)
+    return ", ".join(said)
+
+
 def _check_option_names(names: Iterable[str], where: str) -> None:
     unknown = sorted(set(names).difference(_OPTION_NAMES))
     if unknown:
         raise TypeError(f"{where} got unexpected keyword argument(s): "
-                        + ", ".join(unknown) + _body_hint(unknown))
+                        + _unknown_names(unknown, _OPTION_NAMES) + _body_hint(unknown))
 
 
 F = TypeVar("F", bound=Callable[..., Any])

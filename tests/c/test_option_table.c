@@ -144,7 +144,7 @@ static void test_setters(void)
     expect_err(llmretry_options_set_bool(&o, "jitter", 1, err, sizeof err), err,
                "jitter must be a string");
     expect_err(llmretry_options_set_int(&o, "timeout", 5, err, sizeof err), err,
-               "unknown option 'timeout'");
+               "unknown option 'timeout' (did you mean timeout_ms?)");
     /* A wrong enum value is never repeated: it could be a pasted secret. */
     expect_err(llmretry_options_set_text(&o, "jitter", "sk-SECRET", err, sizeof err), err,
                "jitter must be one of \"additive\", \"full\", \"none\" (got another string)");
@@ -216,9 +216,59 @@ static void test_policy_keys(void)
         CHECK(llmretry_option_find(want[i])->flags & LLMRETRY_OPTFLAG_POLICY);
 }
 
+/* "Did you mean ...?": the name a typo, a unit left off or another
+ * spelling most likely meant; none when it is not clear. */
+static void test_suggest(void)
+{
+    static const char *const cases[][2] = {
+        { "timeout", "timeout_ms" },          /* the unit left off */
+        { "deadline", "deadline_ms" },
+        { "maxRetries", "max_retries" },      /* another library's spelling */
+        { "api-key", "api_key" },
+        { "BASE_URL", "base_url" },
+        { "retries", "max_retries" },
+        { "max_retry", "max_retries" },       /* not max_retry_after_ms */
+        { "cooldown", "breaker_cooldown_ms" },/* whole words of one name */
+        { "max_retires", "max_retries" },     /* a transposition */
+        { "retry_status", "retry_statuses" },
+        { "breaker_cooldown", "breaker_cooldown_ms" },
+        { "delay", NULL },                    /* base_delay_ms or max_delay_ms */
+        { "key", NULL },                      /* api_key or idempotency_key */
+        { "xyzzy", NULL },
+        { "", NULL },
+        { "timeout_ms", NULL },               /* known: nothing to suggest */
+    };
+    for (size_t i = 0; i < N_OF(cases); i++) {
+        const char *got = llmretry_option_suggest(cases[i][0], NULL, 0);
+        CHECK_MSG(cases[i][1] ? got && strcmp(got, cases[i][1]) == 0 : got == NULL,
+                  "suggest(%s) = %s, want %s", cases[i][0], got ? got : "NULL",
+                  cases[i][1] ? cases[i][1] : "NULL");
+    }
+    CHECK(llmretry_option_suggest(NULL, NULL, 0) == NULL);
+    char long_name[200];
+    memset(long_name, 'a', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    CHECK(llmretry_option_suggest(long_name, NULL, 0) == NULL);
+    /* A host's own names (Python's keywords). */
+    static const char *const host[] = { "logger", "validate", "response_model", "timeout_ms" };
+    CHECK_STR(llmretry_option_suggest("loger", host, N_OF(host)), "logger");
+    CHECK_STR(llmretry_option_suggest("responseModel", host, N_OF(host)), "response_model");
+    CHECK_STR(llmretry_option_suggest("timeout", host, N_OF(host)), "timeout_ms");
+    CHECK(llmretry_option_suggest("max_retries", host, N_OF(host)) == NULL);
+    /* The setters' message says it. */
+    llmretry_options o;
+    char err[LLMRETRY_ERRBUF];
+    llmretry_options_defaults(&o);
+    CHECK_INT(llmretry_options_set_int(&o, "timeout", 5, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_STR(err, "unknown option 'timeout' (did you mean timeout_ms?)");
+    CHECK_INT(llmretry_options_set_int(&o, "xyzzy", 5, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_STR(err, "unknown option 'xyzzy'");
+}
+
 int main(void)
 {
     test_lookup();
+    test_suggest();
     test_defaults_are_the_builtins();
     test_setters();
     test_policy_keys();

@@ -60,6 +60,26 @@ def test_body_field_beside_a_body_names_it(scen: Scenario) -> None:
     assert scen.requests() == []
 
 
+@pytest.mark.parametrize("given, meant", [
+    ("timeout", "timeout_ms"), ("deadline", "deadline_ms"), ("max_retry", "max_retries"),
+    ("maxRetries", "max_retries"), ("retries", "max_retries"), ("loger", "logger"),
+    ("responseModel", "response_model"), ("delay", None), ("colour", None)])
+def test_a_misspelt_keyword_says_what_was_meant(scen: Scenario, given: str,
+                                                meant: Any) -> None:
+    """The core's rule (llmretry_option_suggest) over Python's keywords: a
+    unit left off, another library's spelling, a typo; nothing when it is
+    not clear (delay: base_delay_ms or max_delay_ms)."""
+    said = f"{given} (did you mean {meant}?)" if meant else given
+    for call in (lambda: llmretry.call_llm(secret_body("m"), **opts(scen), **{given: 1}),
+                 lambda: llmretry.call_many([secret_body("m")], **opts(scen), **{given: 1}),
+                 lambda: llmretry.Client(**{given: 1})):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value).endswith(f"got unexpected keyword argument(s): {said}"), \
+            str(info.value)
+    assert scen.requests() == []
+
+
 @pytest.mark.parametrize("body", ["hello", "  SECRET-PROMPT tell me a joke", b"hello",
                                   bytearray(b"42"), "null", '"a JSON string"', ""])
 def test_text_that_is_not_an_object_says_what_a_body_is(scen: Scenario, body: Any) -> None:

@@ -303,6 +303,15 @@ typedef struct llmretry_option_info {
 size_t llmretry_option_count(void);
 const llmretry_option_info *llmretry_option_at(size_t i);
 const llmretry_option_info *llmretry_option_find(const char *name);
+/* The name an unknown option name most likely meant, for "did you mean
+ * ...?": among `names` (n of them), or the table's options when names is
+ * NULL. Case, '_' and '-' aside (maxRetries, api-key); else name + "_ms"
+ * (timeout: times are in milliseconds); else the one name nearest by
+ * edits, within one edit in three letters (max_retires, max_retry,
+ * retry_status); else the one name holding name as whole words (cooldown:
+ * breaker_cooldown_ms). NULL for a known name, or when none is clear.
+ * Points into `names` (or the table). */
+const char *llmretry_option_suggest(const char *name, const char *const *names, size_t n);
 /* What a value of the option is, for messages: "an integer", "a string"... */
 const char *llmretry_option_expects(const llmretry_option_info *opt);
 
