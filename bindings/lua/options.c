@@ -29,6 +29,20 @@ static int is_host_key(const char *name)
     return 0;
 }
 
+/* How a body is given, for messages about a missing or misplaced one. */
+#define BODY_EXAMPLE \
+    "opts.body, such as body = { model = \"gpt-4.1-mini\", messages = { { role = \"user\", " \
+    "content = \"hi\" } } }"
+
+/* Is name a field of the request body (llmretry_body_fields)? */
+static int is_body_field(const char *name)
+{
+    for (const char *const *f = llmretry_body_fields(); *f; f++)
+        if (strcmp(*f, name) == 0)
+            return 1;
+    return 0;
+}
+
 /* The option an unknown key most likely meant (the core's rule, over the
  * table's names and this binding's keys), or NULL. */
 static const char *meant_option(const char *key)
@@ -59,7 +73,7 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static void check_opt_names(lua_State *L, int t, opt_set *set)
+static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
 {
     enum { MAX_SAID = 8 };
     const char *unknown[MAX_SAID];     /* keys of t: alive while t is */
@@ -87,13 +101,22 @@ static void check_opt_names(lua_State *L, int t, opt_set *set)
         return;
     /* In name order: a table's own order differs from one Lua to another. */
     qsort(unknown, (size_t)n_unknown, sizeof unknown[0], by_name);
-    char said[600] = "";
+    char said[600] = "", body[200] = "";
+    int n_body = 0;
     for (int i = 0; i < n_unknown; i++) {
         size_t len = strlen(said);
-        const char *meant = meant_option(unknown[i]);
+        const char *meant = is_body_field(unknown[i]) ? NULL : meant_option(unknown[i]);
         snprintf(said + len, sizeof said - len, "%s'%.40s'%s%s%s", i ? ", " : "", unknown[i],
                  meant ? " (did you mean " : "", meant ? meant : "", meant ? "?)" : "");
+        if (is_body_field(unknown[i])) {
+            len = strlen(body);
+            snprintf(body + len, sizeof body - len, "%s%s", n_body++ ? ", " : "", unknown[i]);
+        }
     }
+    if (n_body)
+        lr_fail(L, "unknown option%s %s; %s %s in the request body%s", n_unknown > 1 ? "s" : "",
+                said, body, n_body > 1 ? "go" : "goes",
+                need_body ? ": " BODY_EXAMPLE : " (each body's), not in the options");
     lr_fail(L, "unknown option%s %s", n_unknown > 1 ? "s" : "", said);
 }
 
@@ -307,7 +330,7 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
         lr_fail(L, "opts must be a table (got %s)", got(L, t, buf, sizeof buf));
     luaL_checkstack(L, 2 * (int)llmretry_option_count() + 10, "llmretry: out of stack space");
     opt_set set;
-    check_opt_names(L, t, &set);
+    check_opt_names(L, t, &set, need_body);
     llmretry_options_defaults(o);
 
     /* A GET or DELETE has no body: a missing one stays missing (NULL). */
@@ -335,6 +358,8 @@ void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
         /* A table the binding encoded: a stream of it reports its usage. */
         o->stream_usage = 1;
     }
+    else if (lua_isnil(L, -1))
+        lr_fail(L, "body is missing: the request goes in " BODY_EXAMPLE);
     else if (lua_type(L, -1) != LUA_TSTRING)
         lr_fail(L, "body must be a JSON string or a table (got %s)", got(L, -1, buf, sizeof buf));
     if (!lua_isnil(L, -1)) {

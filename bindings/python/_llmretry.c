@@ -276,6 +276,27 @@ done:
     return out;
 }
 
+/* body_fields(): llmretry_body_fields as a tuple of str. */
+static PyObject *body_fields(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    const char *const *f = llmretry_body_fields();
+    Py_ssize_t n = 0;
+    while (f[n])
+        n++;
+    PyObject *out = PyTuple_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(f[i]);
+        if (!s) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, s);
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     { "run_pool", (PyCFunction)(void (*)(void))lr_run_pool, METH_VARARGS | METH_KEYWORDS,
       "run_pool(items, limit, worker, return_exceptions=False, *, deadline_ms=None,\n"
@@ -308,6 +329,9 @@ static PyMethodDef module_methods[] = {
     { "url_join", url_join, METH_VARARGS,
       "url_join(base, path) -> str: the engine's join of a base URL and a path ('/files'):\n"
       "trailing slashes trimmed, the path before the base's query, no fragment." },
+    { "body_fields", body_fields, METH_NOARGS,
+      "body_fields() -> tuple of str: the request body's own fields (model, messages, ...),\n"
+      "which keywords name when they were meant for the body." },
     { "option_suggest", option_suggest, METH_VARARGS,
       "option_suggest(name, names) -> str or None: the one of names an unknown option name\n"
       "most likely meant (case, '_' and the '_ms' unit aside; whole words; a typo)." },

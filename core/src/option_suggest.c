@@ -1,6 +1,7 @@
-/* "Did you mean ...?" for an unknown option name (llmretry/options.h):
- * which known name a typo, a unit left off or another library's spelling
- * most likely meant. One rule for every shim's message. */
+/* What an unknown option name was meant to be (llmretry/options.h): a
+ * field of the request body given beside it, or the known name a typo, a
+ * unit left off or another library's spelling most likely meant. One rule
+ * for every shim's message. */
 #include "internal.h"
 
 #include <ctype.h>
@@ -118,4 +119,17 @@ const char *llmretry_option_suggest(const char *name, const char *const *names, 
     if (nearest && n_best == 1 && best * 3 <= longer)
         return nearest;
     return n_words == 1 ? by_words : NULL;  /* cooldown meant breaker_cooldown_ms */
+}
+
+/* The fields of a chat, completions, responses or embeddings request that
+ * a newcomer passes as options (call_llm(model=..., messages=...)). */
+static const char *const BODY_FIELDS[] = {
+    "model", "messages", "prompt", "input", "temperature", "max_tokens",
+    "max_completion_tokens", "top_p", "n", "stop", "seed", "tools", "tool_choice",
+    "response_format", "stream", "stream_options", "user", NULL,
+};
+
+const char *const *llmretry_body_fields(void)
+{
+    return BODY_FIELDS;
 }

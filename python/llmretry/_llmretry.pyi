@@ -397,6 +397,10 @@ def _parse_body(body: bytes) -> Any:
     """What ``Result.data`` is made of a 2xx body: the C decoder, else json's
     scanner, else the package's parser (ValueError) (for the tests)."""
 
+def body_fields() -> Tuple[str, ...]:
+    """The request body's own fields ("model", "messages", ...;
+    llmretry_body_fields): keywords named so were meant for the body."""
+
 def option_suggest(name: str, names: Sequence[str]) -> Optional[str]:
     """The one of ``names`` an unknown option name most likely meant, for
     "did you mean ...?" (llmretry_option_suggest): case, ``_`` and the

@@ -404,10 +404,9 @@ class _Plan:
 _BASE_PLAN = _Plan({}, None).with_options([("logger", DEFAULT)])
 
 
-# Keys of a chat body: given as keywords, they were meant for the body.
-_BODY_KEYS = frozenset(("model", "messages", "prompt", "input", "temperature", "max_tokens",
-                        "max_completion_tokens", "top_p", "n", "stop", "seed", "tools",
-                        "tool_choice", "response_format", "stream", "stream_options", "user"))
+# Keys of a request body: given as keywords, they were meant for the body
+# (the core's list, which Lua's message reads too).
+_BODY_KEYS = frozenset(_llmretry.body_fields())
 
 
 def _body_hint(names: Iterable[str]) -> str:

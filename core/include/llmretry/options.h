@@ -312,6 +312,10 @@ const llmretry_option_info *llmretry_option_find(const char *name);
  * breaker_cooldown_ms). NULL for a known name, or when none is clear.
  * Points into `names` (or the table). */
 const char *llmretry_option_suggest(const char *name, const char *const *names, size_t n);
+/* The request body's own fields ("model", "messages", "temperature"...;
+ * NULL-terminated): given as keywords or option keys a host does not take,
+ * they were meant for the body, and the host's message says so. */
+const char *const *llmretry_body_fields(void);
 /* What a value of the option is, for messages: "an integer", "a string"... */
 const char *llmretry_option_expects(const llmretry_option_info *opt);
 
