@@ -48,13 +48,23 @@ const char *lr_api_path(llmretry_api api)
 
 /* What the request body says, read with one parse and only when needed:
  * its "model" (when want_model; NULL if none) and whether it streams.
- * *bad_json: not JSON at all (a programming error, reported before any
- * I/O). Most bodies never mention "stream": those the caller
- * named the model of are not parsed at all. */
+ * *bad_json: not JSON at all, or not an object's (or an array's) text (a
+ * programming error, reported before any I/O). Most bodies never mention
+ * "stream": those the caller named the model of are not parsed at all. */
 static char *read_body(const char *body, size_t len, int want_model, int *bad_json,
                        int *streams)
 {
     *bad_json = *streams = 0;
+    /* An object (or an array, for the server to judge), by its first byte:
+     * checked even when nothing is read, so a prompt passed as the body
+     * ("hello", or "42") is refused before any I/O, as a parse would. */
+    size_t i = 0;
+    while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n'))
+        i++;
+    if (len > 0 && (i == len || (body[i] != '{' && body[i] != '['))) {
+        *bad_json = 1;
+        return NULL;
+    }
     if (!want_model && !memmem(body, len, "\"stream\"", 8))
         return NULL;
     cJSON *doc = cJSON_ParseWithLength(body, len);
@@ -483,7 +493,10 @@ llmretry_status lr_call_new(llmretry_engine *e, const llmretry_options *opts,
             return LLMRETRY_EINVAL;
         }
         if (bad_json) {
-            lr_errf(err, errlen, "body is not valid JSON");
+            /* Never quoted: the text may be the prompt itself. */
+            lr_errf(err, errlen, "body is not the JSON text of an object, such as "
+                    "{\"model\": \"gpt-4.1-mini\", \"messages\": [{\"role\": \"user\", "
+                    "\"content\": \"hi\"}]}");
             return LLMRETRY_EINVAL;
         }
         if (bad_schema && !oom) {

@@ -219,6 +219,22 @@ static void test_checks(void)
     o.body_len = 8;
     llmretry_call *c = NULL;
     CHECK_INT(llmretry_engine_submit(engine, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+    CHECK_MSG(strstr(err, "body is not the JSON text of an object, such as {") != NULL &&
+                  !strstr(err, "not json"), "%s", err);
+    /* Checked by its first byte even when nothing is read from it (the
+     * model given): a prompt or a number is no request. */
+    static const char *const not_objects[] = { "42", "  hello {", "\"text\"", "\n null" };
+    o.model = "m";
+    for (size_t i = 0; i < sizeof not_objects / sizeof not_objects[0]; i++) {
+        o.body = not_objects[i];
+        o.body_len = strlen(not_objects[i]);
+        CHECK_INT(llmretry_engine_submit(engine, &o, 0, &c, err, sizeof err), LLMRETRY_EINVAL);
+        CHECK_MSG(strstr(err, "not the JSON text of an object") != NULL, "%s: %s",
+                  not_objects[i], err);
+    }
+    o.model = NULL;
+    o.body = "not json";
+    o.body_len = 8;
     o.content_type = "text/plain";
     o.max_retries = 0;
     c = th_submit(engine, &o);
