@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# libFuzzer targets for every parser that reads server data, and for the URL
-# text a user's base_url goes through (tests/fuzz/).
+# libFuzzer targets for every parser that reads server data, and for the text
+# of what a user gives: URLs, option names (tests/fuzz/).
 #
 #   tools/fuzz.sh                 build and run every target 20 s each
 #   FUZZ_SECONDS=120 tools/fuzz.sh fuzz_response
@@ -20,7 +20,7 @@ ROOT=$PWD
 # SECONDS is read from the environment, first thing.
 RUN_SECONDS=$(env | sed -n 's/^SECONDS=//p')
 RUN_SECONDS=${FUZZ_SECONDS:-${RUN_SECONDS:-20}}
-ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response fuzz_sse fuzz_assembly fuzz_schema fuzz_schema_text fuzz_http1 fuzz_url"
+ALL_TARGETS="fuzz_retry_after fuzz_extract_json fuzz_response fuzz_sse fuzz_assembly fuzz_schema fuzz_schema_text fuzz_http1 fuzz_url fuzz_names"
 TARGETS=${*:-$ALL_TARGETS}
 
 # Installs Debian packages (a fresh CI machine has none of these); one
