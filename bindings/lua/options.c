@@ -57,6 +57,28 @@ static const char *meant_option(const char *key)
     return llmretry_option_suggest(key, names, n);
 }
 
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Keeps the `max` first names in name order among those seen: `k` joins
+ * names[0..n) (n of them so far), or takes the place of the last one when
+ * full. Which keys a message names must not depend on a table's order. */
+static void keep_first_names(const char **names, int n, int max, const char *k)
+{
+    if (n < max) {
+        names[n] = k;
+        return;
+    }
+    int last = 0;
+    for (int i = 1; i < n; i++)
+        if (strcmp(names[i], names[last]) > 0)
+            last = i;
+    if (strcmp(k, names[last]) < 0)
+        names[last] = k;
+}
+
 /* Which options of the core's table t sets: bit i for llmretry_option_at(i).
  * Up to 256 options; past that every one counts as set (looked up by name). */
 typedef struct {
@@ -68,11 +90,6 @@ typedef struct {
  * would otherwise be silently ignored. One pass over t's keys also notes
  * which options are set, so that parse_opts looks up those few, not each
  * of the table's options by name (a string lookup per option per call). */
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
 {
     enum { MAX_SAID = 8 };
@@ -93,17 +110,19 @@ static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
             size_t i = (size_t)(opt - first);   /* the table is one array */
             if (i < 256)
                 set->bits[i / 64] |= (uint64_t)1 << (i % 64);
-        } else if (!is_host_key(k) && n_unknown < MAX_SAID) {
-            unknown[n_unknown++] = k;
+        } else if (!is_host_key(k)) {
+            keep_first_names(unknown, n_unknown < MAX_SAID ? n_unknown : MAX_SAID, MAX_SAID, k);
+            n_unknown++;
         }
     }
     if (n_unknown == 0)
         return;
     /* In name order: a table's own order differs from one Lua to another. */
-    qsort(unknown, (size_t)n_unknown, sizeof unknown[0], by_name);
+    int n_said = n_unknown < MAX_SAID ? n_unknown : MAX_SAID;
+    qsort(unknown, (size_t)n_said, sizeof unknown[0], by_name);
     char said[600] = "", body[200] = "";
     int n_body = 0;
-    for (int i = 0; i < n_unknown; i++) {
+    for (int i = 0; i < n_said; i++) {
         size_t len = strlen(said);
         const char *meant = is_body_field(unknown[i]) ? NULL : meant_option(unknown[i]);
         snprintf(said + len, sizeof said - len, "%s'%.40s'%s%s%s", i ? ", " : "", unknown[i],
@@ -112,6 +131,10 @@ static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
             len = strlen(body);
             snprintf(body + len, sizeof body - len, "%s%s", n_body++ ? ", " : "", unknown[i]);
         }
+    }
+    if (n_unknown > n_said) {
+        size_t len = strlen(said);
+        snprintf(said + len, sizeof said - len, " and %d more", n_unknown - n_said);
     }
     if (n_body)
         lr_fail(L, "unknown option%s %s; %s %s in the request body%s", n_unknown > 1 ? "s" : "",
