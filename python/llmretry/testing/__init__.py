@@ -80,8 +80,8 @@ Control API (JSON in and out)
     but does not reset it. ``time`` is when the request line arrived: the
     kernel's time of receipt where it gives one (Linux), else when the
     mock read the line; records are in the order the mock handled them,
-    which for requests on several connections may differ. ``path`` is the request target as
-    sent (query included). A header sent more than once is joined with
+    which for requests on several connections may differ. ``path`` is the
+    request target as sent (query included). A header sent more than once is joined with
     ``", "``. ``body`` is the body decoded as UTF-8 (invalid bytes replaced).
     ``connection`` is the server-assigned id of the TCP connection (1-based,
     in accept order), so keep-alive reuse is visible. ``step`` is the index of
