@@ -124,6 +124,7 @@ class TransportCore:
                 raise ValueError(why)
         client = options.pop("client", None)
         if client is None:
+            _check_option_names(options, "Transport()")    # named so, not Client()
             self.client = Client(**options)
             self.owns_client = True
             self.options: Dict[str, Any] = {}
