@@ -117,14 +117,14 @@ class TransportCore:
     """The part of Transport and AsyncTransport that is neither sync nor
     async: options, requests to calls, outcomes to responses."""
 
-    def __init__(self, hx: Any, options: Dict[str, Any]) -> None:
+    def __init__(self, hx: Any, options: Dict[str, Any], where: str = "Transport()") -> None:
         self.hx = hx
         for name, why in _REFUSED.items():
             if name in options:
                 raise ValueError(why)
         client = options.pop("client", None)
         if client is None:
-            _check_option_names(options, "Transport()")    # named so, not Client()
+            _check_option_names(options, where)    # named so, not Client()
             self.client = Client(**options)
             self.owns_client = True
             self.options: Dict[str, Any] = {}
@@ -132,7 +132,7 @@ class TransportCore:
             bad = [k for k in _CLIENT_ONLY if k in options]
             if bad:
                 raise TypeError(f"{', '.join(bad)}: set on the Client given as client=")
-            _check_option_names(options, "Transport()")
+            _check_option_names(options, where)
             # Its endpoint and key are harmless (each call names the SDK's URL
             # and key); its fallbacks are not.
             if client._defaults.get("fallbacks"):
@@ -415,7 +415,7 @@ class SyncTransportBase:
     _hx: Any
 
     def __init__(self, **options: Any) -> None:
-        self._core = TransportCore(self._hx, options)
+        self._core = TransportCore(self._hx, options, f"{type(self).__name__}()")
         self._plain: Any = None
 
     def handle_request(self, request: Any) -> Any:
@@ -441,7 +441,7 @@ class AsyncTransportBase:
     _hx: Any
 
     def __init__(self, **options: Any) -> None:
-        self._core = TransportCore(self._hx, options)
+        self._core = TransportCore(self._hx, options, f"{type(self).__name__}()")
         self._plain: Any = None
 
     async def handle_async_request(self, request: Any) -> Any:

@@ -356,7 +356,7 @@ def test_options_refused_with_the_reason() -> None:
         llmretry.httpx.AsyncTransport(api_key=SECRET_KEY)
     with pytest.raises(TypeError, match="nonsense"):
         llmretry.httpx.Transport(nonsense=1)
-    with pytest.raises(TypeError, match=r"^Transport\(\) got unexpected keyword argument\(s\): "
+    with pytest.raises(TypeError, match=r"^AsyncTransport\(\) got unexpected keyword argument\(s\): "
                                         r"timeout \(did you mean timeout_ms\?\)$"):
         llmretry.httpx.AsyncTransport(timeout=3)
     with llmretry.Client(fallbacks=[{"model": "other"}]) as shared:
