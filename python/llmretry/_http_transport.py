@@ -124,7 +124,9 @@ class TransportCore:
                 raise ValueError(why)
         client = options.pop("client", None)
         if client is None:
-            _check_option_names(options, where)    # named so, not Client()
+            # Checked here to be named so, not Client(): the call options,
+            # Client's own keywords (max_in_flight, shared...) aside.
+            _check_option_names(set(options) - set(_CLIENT_ONLY), where)
             self.client = Client(**options)
             self.owns_client = True
             self.options: Dict[str, Any] = {}
