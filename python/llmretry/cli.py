@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, NoReturn, Optional, Sequence
 
 from . import _batch_api_cli
 from ._cli_args import (PROG, UsageError, _add_call_options, _non_negative, _positive,
@@ -71,7 +71,7 @@ from ._cli_args import (PROG, UsageError, _add_call_options, _non_negative, _pos
 # Tests and _batch_api_cli reach these through llmretry.cli.
 from ._cli_batch import _CliBatch, _Interrupts, run_batch
 from ._cli_call import run_call
-from ._llmretry import CORE_VERSION, LIBCURL_VERSION, VERSION
+from ._llmretry import CORE_VERSION, LIBCURL_VERSION, VERSION, option_suggest
 
 __all__ = ["main"]
 
@@ -81,16 +81,40 @@ __all__ = ["main"]
 # and results lines), _cli_batch.py (llmretry batch), _cli_call.py
 # (llmretry call); here the parser and main.
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--timeout 5`` was taken for
+    ``--timeout-ms 5``: five milliseconds), and an unknown flag says which
+    one was meant, by the core's rule (``--max-retry``: ``--max-retries``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(**kwargs)
+        self.commands: Dict[str, _Parser] = {}      # the subcommands' parsers, by name
+
+    def unknown(self, extras: Sequence[str]) -> NoReturn:
+        """Exit with a usage error naming the ``extras`` this parser does
+        not take, each with the flag it most likely meant."""
+        flags = sorted(f[2:] for a in self._actions for f in a.option_strings
+                       if f.startswith("--"))
+        said = []
+        for extra in extras:
+            name = extra[2:].split("=", 1)[0] if extra.startswith("--") else ""
+            meant = option_suggest(name, flags) if name else None
+            said.append(f"{extra} (did you mean --{meant}?)" if meant else extra)
+        self.error("unrecognized arguments: " + " ".join(said))
+
+
+def build_parser() -> _Parser:
     """The argument parser of the ``llmretry`` command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Production retries around OpenAI-compatible chat calls.")
     # The package and the core it runs (they differ only in a broken build),
     # and the libcurl loaded (a wheel's own copy, not the system's).
     parser.add_argument("--version", action="version",
                         version=f"{PROG} {VERSION} (core {CORE_VERSION}, "
                                 f"libcurl {LIBCURL_VERSION})")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.commands = sub.choices
     sub.required = True
 
     b = sub.add_parser("batch", help="run a JSONL file of chat requests as one batch",
@@ -177,7 +201,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``llmretry`` command with ``argv`` (default: ``sys.argv[1:]``);
     returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.commands[args.command].unknown(extras)
     export = None
     try:
         if getattr(args, "otel", False):

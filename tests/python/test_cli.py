@@ -469,6 +469,26 @@ def test_call_prints_the_reply(scen: Scenario, capsys: pytest.CaptureFixture[str
                                                 {"role": "user", "content": "SECRET-PROMPT-hi"}]}
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["call", "SECRET-PROMPT-a", "--timeout", "5"], "--timeout (did you mean --timeout-ms?) 5"),
+    (["call", "SECRET-PROMPT-a", "--max-retry", "3"], "--max-retry (did you mean --max-retries?) 3"),
+    (["call", "SECRET-PROMPT-a", "--deadline=900"], "--deadline=900 (did you mean --deadline-ms?)"),
+    (["batch", "in.jsonl", "-o", "out.jsonl", "--limt", "3"], "--limt (did you mean --limit?) 3"),
+    (["call", "SECRET-PROMPT-a", "--colour"], "--colour"),
+])
+def test_an_unknown_flag_says_which_was_meant(scen: Scenario, capsys: pytest.CaptureFixture[str],
+                                              argv: List[str], said: str) -> None:
+    """No abbreviations: ``--timeout 5`` was taken for ``--timeout-ms 5``
+    (five milliseconds). An unknown flag is a usage error naming the flag it
+    most likely meant (the core's rule), before any request."""
+    with pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--base-url", scen.url, "--model", "m1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert f"error: unrecognized arguments: {said}\n" in err, err
+    assert scen.requests() == []
+
+
 def test_call_json_and_failure(scen: Scenario, capsys: pytest.CaptureFixture[str]) -> None:
     scen.script([{"content": "x"}, {"status": 401}])
     code, out, _ = run_main(["call", "hi", "--model", "m", "--json", "--base-url", scen.url],
