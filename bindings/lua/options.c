@@ -124,10 +124,11 @@ static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
     int n_body = 0;
     for (int i = 0; i < n_said; i++) {
         size_t len = strlen(said);
-        const char *meant = is_body_field(unknown[i]) ? NULL : meant_option(unknown[i]);
+        int in_body = is_body_field(unknown[i]);
+        const char *meant = in_body ? NULL : meant_option(unknown[i]);
         snprintf(said + len, sizeof said - len, "%s'%.40s'%s%s%s", i ? ", " : "", unknown[i],
                  meant ? " (did you mean " : "", meant ? meant : "", meant ? "?)" : "");
-        if (is_body_field(unknown[i])) {
+        if (in_body) {
             len = strlen(body);
             snprintf(body + len, sizeof body - len, "%s%s", n_body++ ? ", " : "", unknown[i]);
         }

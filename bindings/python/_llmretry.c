@@ -276,6 +276,18 @@ done:
     return out;
 }
 
+/* json_text_opens(data): llmretry_json_text_opens over bytes-like data. */
+static PyObject *json_text_opens(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0)
+        return NULL;
+    int opens = llmretry_json_text_opens(view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(opens);
+}
+
 /* body_fields(): llmretry_body_fields as a tuple of str. */
 static PyObject *body_fields(PyObject *module, PyObject *unused)
 {
@@ -329,6 +341,9 @@ static PyMethodDef module_methods[] = {
     { "url_join", url_join, METH_VARARGS,
       "url_join(base, path) -> str: the engine's join of a base URL and a path ('/files'):\n"
       "trailing slashes trimmed, the path before the base's query, no fragment." },
+    { "json_text_opens", json_text_opens, METH_O,
+      "json_text_opens(data) -> bool: does a body's text open a JSON object (or array):\n"
+      "'{' or '[' after white space (the core's check at submit)." },
     { "body_fields", body_fields, METH_NOARGS,
       "body_fields() -> tuple of str: the request body's own fields (model, messages, ...),\n"
       "which keywords name when they were meant for the body." },

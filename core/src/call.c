@@ -55,13 +55,9 @@ static char *read_body(const char *body, size_t len, int want_model, int *bad_js
                        int *streams)
 {
     *bad_json = *streams = 0;
-    /* An object (or an array, for the server to judge), by its first byte:
-     * checked even when nothing is read, so a prompt passed as the body
+    /* Checked even when nothing is read, so a prompt passed as the body
      * ("hello", or "42") is refused before any I/O, as a parse would. */
-    size_t i = 0;
-    while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n'))
-        i++;
-    if (len > 0 && (i == len || (body[i] != '{' && body[i] != '['))) {
+    if (len > 0 && !llmretry_json_text_opens(body, len)) {
         *bad_json = 1;
         return NULL;
     }

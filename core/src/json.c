@@ -1,7 +1,8 @@
 /*
  * json.c — the JSON helpers shared by the bindings: finding the JSON value
  * in a model's reply (llmretry_extract_json) and checking a response
- * against a shape (llmretry_assert_shape).
+ * against a shape (llmretry_assert_shape), and whether a body's text opens
+ * an object (llmretry_json_text_opens).
  *
  * Both take text with an explicit length (it need not be NUL-terminated)
  * and parse it with cJSON_ParseWithLengthOpts, checking ourselves that
@@ -475,4 +476,12 @@ llmretry_status llmretry_assert_shape(const char *json, size_t json_len,
     cJSON_Delete(v);
     cJSON_Delete(s);
     return ok ? LLMRETRY_OK : LLMRETRY_EINVAL;
+}
+
+int llmretry_json_text_opens(const char *text, size_t len)
+{
+    size_t i = 0;
+    while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
+        i++;
+    return i < len && (text[i] == '{' || text[i] == '[');
 }

@@ -275,7 +275,6 @@ static const char *provider_message(const cJSON *doc)
     return cJSON_IsString(m) && m->valuestring[0] ? m->valuestring : NULL;
 }
 
-/* The path of a URL: no scheme, no credentials or host, no query. */
 char *lr_http_error(const llmretry_call *c, long status, char **error_code)
 {
     const char *body = c->resp.data ? c->resp.data : "";

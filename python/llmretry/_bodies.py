@@ -4,7 +4,6 @@ or read lazily, each dict as the core sends an encoded object)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _llmretry
@@ -43,12 +42,10 @@ _encode_json: Callable[[Any], str] = _make_fast_encoder() or _BODY_ENCODER.encod
 
 
 # A body given as text must be the JSON text of an object (or an array, sent
-# as is for a server to judge): checked at its first character (the core
-# parses the rest), so a prompt passed as the body ("hello") is told what a
-# body is rather than "not valid JSON". The text itself is never quoted: it
-# may be the prompt.
-_OBJECT_TEXT = re.compile(r"[ \t\r\n]*[{\[]")
-_OBJECT_BYTES = re.compile(rb"[ \t\r\n]*[{\[]")
+# as is for a server to judge): checked at its first byte by the core's rule
+# (_llmretry.json_text_opens; the core parses the rest), here so that a
+# prompt passed as the body ("hello") is told what a body is in Python's
+# words. The text itself is never quoted: it may be the prompt.
 _NOT_AN_OBJECT = ("body must be a dict or the JSON text of an object, such as "
                   + _BODY_EXAMPLE + "; this %s is not")
 
@@ -69,15 +66,16 @@ def _encode_body(body: Any) -> Tuple[bytes, Optional[str]]:
         model = body.get("model")
         return payload, model if type(model) is str else None
     if isinstance(body, str):
-        if not _OBJECT_TEXT.match(body):
-            raise ValueError(_NOT_AN_OBJECT % "str")
         try:
-            return body.encode("utf-8"), None
+            text = body.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise TypeError(f"body cannot be sent as UTF-8: {exc.reason}") from None
+        if not _llmretry.json_text_opens(text):
+            raise ValueError(_NOT_AN_OBJECT % "str")
+        return text, None
     if isinstance(body, (bytes, bytearray, memoryview)):
         payload = bytes(body)
-        if not _OBJECT_BYTES.match(payload):
+        if not _llmretry.json_text_opens(payload):
             raise ValueError(_NOT_AN_OBJECT % _type_name(body))
         if not payload.isascii():
             # JSON is UTF-8; the core checks the syntax, not the encoding.

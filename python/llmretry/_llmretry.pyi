@@ -401,6 +401,10 @@ def body_fields() -> Tuple[str, ...]:
     """The request body's own fields ("model", "messages", ...;
     llmretry_body_fields): keywords named so were meant for the body."""
 
+def json_text_opens(data: Union[bytes, bytearray, memoryview]) -> bool:
+    """Does a body's text open a JSON object (or an array): ``{`` or ``[``
+    after white space? The core's check at submit (llmretry_json_text_opens)."""
+
 def option_suggest(name: str, names: Sequence[str]) -> Optional[str]:
     """The one of ``names`` an unknown option name most likely meant, for
     "did you mean ...?" (llmretry_option_suggest): case, ``_`` and the

@@ -44,6 +44,12 @@ llmretry_status llmretry_schema_validate(const char *schema, size_t schema_len,
                                          const char *json, size_t json_len, char **errors,
                                          char *err, size_t errlen);
 
+/* Does a request body's text open a JSON object (or an array, for the
+ * server to judge): '{' or '[' after white space? The engine refuses any
+ * other JSON body at submit, before a parse (a prompt passed as the body);
+ * a host may check first, to say it in its own words. */
+int llmretry_json_text_opens(const char *text, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -70,7 +70,7 @@ class _StampedReader(socket.SocketIO):
 def _stamped_reader(sock: socket.socket) -> Optional[io.BufferedReader]:
     """A buffered reader of ``sock`` that keeps arrival times, or None where
     the kernel does not stamp (not Linux on x86 or arm)."""
-    if not _STAMP_SPACE or not hasattr(socket.socket, "recvmsg_into"):
+    if not _STAMP_SPACE:        # recvmsg_into is there wherever stamps are
         return None
     try:
         sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
