@@ -120,6 +120,15 @@ def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
 
 
+@pytest.fixture
+def no_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tqdm not installed: importing it (or tqdm.auto, which an earlier test of
+    this process may have imported, and import_module would then return from
+    sys.modules) raises ImportError."""
+    for name in ("tqdm", "tqdm.auto", "tqdm.notebook"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[MockServer]:
     with MockServer() as mock:

@@ -593,9 +593,8 @@ def test_map_on_result_exception_stops_the_pool(tmp_path: Path,
     assert check_record(path, 20) == ({0, 1}, set())
 
 
-def test_progress_without_tqdm_prints_a_line(scen: Scenario, monkeypatch: pytest.MonkeyPatch,
+def test_progress_without_tqdm_prints_a_line(scen: Scenario, no_tqdm: None,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "tqdm", None)     # import tqdm raises ImportError
     scen.script([{"status": 400}])
     llmretry.call_many(bodies_for(5), limit=1, progress=True, **opts(scen))
     err = capsys.readouterr().err

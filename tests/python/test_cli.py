@@ -214,10 +214,8 @@ def test_batch_deadline_and_events_file(scen: Scenario, tmp_path: Path,
 
 
 @pytest.mark.parametrize("progress", [True, False])
-def test_batch_progress_line(scen: Scenario, tmp_path: Path, progress: bool,
-                             monkeypatch: pytest.MonkeyPatch,
+def test_batch_progress_line(scen: Scenario, tmp_path: Path, progress: bool, no_tqdm: None,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "tqdm", None)
     req, res = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
     write_requests(req, 5)
     flag = "--progress" if progress else "--no-progress"

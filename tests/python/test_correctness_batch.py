@@ -376,10 +376,8 @@ class FakeStream(io.StringIO):
         return self.tty
 
 
-def run_plain_bar(monkeypatch: pytest.MonkeyPatch, tty: bool, updates: int,
-                  step_s: float) -> str:
+def run_plain_bar(tty: bool, updates: int, step_s: float) -> str:
     """A plain bar fed `updates` items, one every `step_s` seconds of a fake clock."""
-    monkeypatch.setitem(sys.modules, "tqdm", None)     # import tqdm raises ImportError
     stream = FakeStream(tty)
     bar = _batch.ProgressBar(desc="llmretry", stream=stream)
     now = [1000.0]
@@ -392,17 +390,16 @@ def run_plain_bar(monkeypatch: pytest.MonkeyPatch, tty: bool, updates: int,
     return stream.getvalue()
 
 
-def test_plain_progress_rewrites_itself_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = run_plain_bar(monkeypatch, tty=True, updates=30, step_s=0.5)
+def test_plain_progress_rewrites_itself_on_a_terminal(no_tqdm: None) -> None:
+    text = run_plain_bar(tty=True, updates=30, step_s=0.5)
     assert text.count("\n") == 1 and text.endswith("\n"), repr(text)
     assert text.count("\r") >= 30, "each draw rewrites the line in place"
     assert "llmretry: 30/30 (100%), 0 failed" in text
 
 
-def test_plain_progress_elsewhere_prints_at_most_every_10_s(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_progress_elsewhere_prints_at_most_every_10_s(no_tqdm: None) -> None:
     # 60 items over 30 s of the fake clock: the first line, one each 10 s, the last.
-    text = run_plain_bar(monkeypatch, tty=False, updates=60, step_s=0.5)
+    text = run_plain_bar(tty=False, updates=60, step_s=0.5)
     lines = text.splitlines()
     assert "\r" not in text
     assert lines[0].startswith("llmretry: 0/60 (0%)") and "60/60 (100%)" in lines[-1]
