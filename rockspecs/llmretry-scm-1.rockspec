@@ -67,6 +67,7 @@ build = {
             "bindings/lua/url.c",
             "core/src/admission.c",
             "core/src/answer.c",
+            "core/src/answer_error.c",
             "core/src/assembly.c",
             "core/src/attempt.c",
             "core/src/ca_bundle.c",

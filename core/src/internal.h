@@ -564,11 +564,25 @@ struct cJSON *lr_parse_body(const char *text, size_t n, const char **why);
 /* Usage (only sane counts), model and fingerprint of a 2xx document. */
 void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
                      char **fingerprint);
+/* Where the values of a 2xx body's top-level members that say what it is
+ * start in its text (NULL: no such member): what answer_error.c reads. */
+typedef struct lr_body_tops {
+    const char *error, *choices, *data, *status;
+} lr_body_tops;
 /* A 2xx body judged as lr_parse_body judges it (the same *why), and its
  * usage, model and fingerprint read as lr_read_success reads them, without
- * building the tree: read in place (json_pull.h). 0, or -1 with *why set. */
+ * building the tree: read in place (json_pull.h). 0 with *tops filled, or
+ * -1 with *why set. */
 int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *usage,
-                 char **model, char **fingerprint);
+                 char **model, char **fingerprint, lr_body_tops *tops);
+/* A 2xx JSON body (read by lr_read_body) that is no answer to the
+ * generation endpoint c asked (a POST to .../chat/completions,
+ * .../completions, .../embeddings or .../responses): an error inside it
+ * (judged as a stream's error event is), or no choices (no data for
+ * embeddings). 1 with out's failure and message set, else 0.
+ * answer_error.c. */
+int lr_answer_error(llmretry_call *c, const char *text, size_t n, const lr_body_tops *tops,
+                    lr_outcome *out);
 /* What an error shows of the server's text (docs/security.md). A provider's
  * code shows when it is a token of [A-Za-z0-9_.:-], at most LR_CODE_MAX
  * bytes, that does not quote the request, else as LR_INVALID_CODE; its
@@ -585,6 +599,10 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
  * (malloc'd); *error_code gets the provider's code (malloc'd, checked as
  * lr_error_code_checked does) or NULL. */
 char *lr_http_error(const llmretry_call *c, long status, char **error_code);
+/* The same text for a 2xx body that is an error standing for HTTP `like`
+ * (answer_error.c): "HTTP 200 from /v1/chat/completions whose body is an
+ * error (HTTP 502-like): \"message\"". malloc'd. */
+char *lr_body_error_text(const llmretry_call *c, long status, int like);
 /* code (malloc'd, taken) as errors may show it: itself, or LR_INVALID_CODE
  * (malloc'd); NULL stays NULL. For the codes of stream error events. */
 char *lr_error_code_checked(const llmretry_call *c, char *code);

@@ -166,10 +166,16 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
          * tree built here only to be freed was a fifth of the I/O thread's
          * work per call. A schema check builds its own (lr_answer_check). */
         const char *why = NULL;
-        if (lr_read_body(c->resp.data ? c->resp.data : "", c->resp.len, &why, &out->usage,
-                         &out->response_model, &out->fingerprint) == 0) {
-            out->success = 1;
-            lr_answer_check(c, NULL, out);
+        const char *text = c->resp.data ? c->resp.data : "";
+        lr_body_tops tops;
+        if (lr_read_body(text, c->resp.len, &why, &out->usage, &out->response_model,
+                         &out->fingerprint, &tops) == 0) {
+            /* A body that is an error, or no answer, is a failed attempt
+             * (answer_error.c); its usage still counts. */
+            if (!lr_answer_error(c, text, c->resp.len, &tops, out)) {
+                out->success = 1;
+                lr_answer_check(c, NULL, out);
+            }
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
             out->message = printf_alloc("HTTP %ld with a body that %s (a body must be a UTF-8 "

@@ -275,7 +275,9 @@ static const char *provider_message(const cJSON *doc)
     return cJSON_IsString(m) && m->valuestring[0] ? m->valuestring : NULL;
 }
 
-char *lr_http_error(const llmretry_call *c, long status, char **error_code)
+/* lr_http_error's text; like > 0: a 2xx body that is an error standing for
+ * HTTP `like` (lr_body_error_text). */
+static char *error_text(const llmretry_call *c, long status, int like, char **error_code)
 {
     const char *body = c->resp.data ? c->resp.data : "";
     cJSON *doc = cJSON_ParseWithLength(body, c->resp.len);
@@ -299,8 +301,11 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code)
     lr_url_path(c->url, &path, &plen);
     size_t len = (size_t)snprintf(buf, sizeof buf, "HTTP %ld from ", status);
     len = put_escaped(buf, len, 256, path, plen);
+    if (like > 0)
+        len += (size_t)snprintf(buf + len, sizeof buf - len, " whose body is an error (HTTP "
+                                "%d-like)", like);
     char st[16];
-    snprintf(st, sizeof st, "%ld", status);
+    snprintf(st, sizeof st, "%ld", like > 0 ? (long)like : status);
     /* No "HTTP 429 (429)": a code that repeats the status says nothing. */
     if (*error_code && strcmp(*error_code, st) != 0) {
         len = put_escaped(buf, len, sizeof buf, " (", 2);
@@ -330,4 +335,17 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code)
     texts_free(&t);
     cJSON_Delete(doc);
     return lr_strdup(buf);
+}
+
+char *lr_http_error(const llmretry_call *c, long status, char **error_code)
+{
+    return error_text(c, status, 0, error_code);
+}
+
+char *lr_body_error_text(const llmretry_call *c, long status, int like)
+{
+    char *code = NULL;
+    char *text = error_text(c, status, like, &code);
+    free(code);
+    return text;
 }

@@ -224,19 +224,21 @@ static char *str_at(const char *v, const char *end)
 }
 
 int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *usage,
-                 char **model, char **fingerprint)
+                 char **model, char **fingerprint, lr_body_tops *tops)
 {
     *model = *fingerprint = NULL;
+    memset(tops, 0, sizeof *tops);
     const char *end = text + n;
     lr_jp j;
     lr_jp_init(&j, text, n);
     if (n >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
         j.p += 3;                   /* a UTF-8 byte-order mark, as cJSON skips it */
     lr_jp_ws(&j);
-    static const char *const top[] = { "usage", "model", "system_fingerprint" };
-    const char *at[3];
+    static const char *const top[] = { "usage", "model", "system_fingerprint",
+                                       "error", "choices", "data", "status" };
+    const char *at[7];
     int object = lr_jp_peek(&j) == '{';
-    int bad = object ? find_members(&j, top, at, 3) != 0 : lr_jp_skip(&j) != 0;
+    int bad = object ? find_members(&j, top, at, 7) != 0 : lr_jp_skip(&j) != 0;
     lr_jp_ws(&j);
     /* Strict JSON holds to every rule of json_text_problem but the depth:
      * that scan runs only to say why a body is refused. */
@@ -266,6 +268,7 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
     }
     *model = str_at(at[1], end);
     *fingerprint = str_at(at[2], end);
+    *tops = (lr_body_tops){ at[3], at[4], at[5], at[6] };
     return 0;
 }
 

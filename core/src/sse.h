@@ -193,6 +193,13 @@ int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payl
                     struct cJSON **doc);
 void lr_sse_payload_clear(lr_sse_payload *p);
 
+/* A whole 2xx answer that says it failed (outcome.c), judged as an error
+ * event is: a top-level "error" object or string, a choice ended by
+ * finish_reason "error", or (responses: an answer of the Responses API)
+ * "status": "failed". 1 with p an ERROR (lr_sse_payload_clear it), 0 when
+ * it says no such thing, LR_SSE_NOMEM. */
+int lr_body_error(const struct cJSON *doc, int responses, lr_sse_payload *p);
+
 /* The failure an ERROR or INVALID payload is, for llmretry_decide:
  * ERROR -> HTTP_STATUS with status and error_code (pointing into p);
  * INVALID -> INVALID_RESPONSE. A CHUNK leaves *f zeroed. */

@@ -102,8 +102,10 @@ static char *code_text(const cJSON *e, int *nomem)
 }
 
 /* Fill the error fields from the error object e (NULL: an error with
- * nothing known about it). */
-static int classify_error(const cJSON *e, lr_sse_payload *p)
+ * nothing known about it). unknown_status is the status of an error whose
+ * object names none and no class: 400 (a request the server refused), or
+ * 500 for a model that failed while answering (finish_reason "error"). */
+static int classify_error(const cJSON *e, int unknown_status, lr_sse_payload *p)
 {
     const char *names[3] = {str_item(e, "code"), str_item(e, "type"), str_item(e, "status")};
     int nomem = 0;
@@ -133,7 +135,9 @@ static int classify_error(const cJSON *e, lr_sse_payload *p)
             busy = busy || in_list(names[i], busy_names);
         status = p->err_class == LR_SSE_ERR_RATE_LIMIT || p->err_class == LR_SSE_ERR_QUOTA ? 429
                : p->err_class == LR_SSE_ERR_SERVER ? (busy ? 503 : 500)
-               : 400;
+               : unknown_status;
+        if (p->err_class == LR_SSE_ERR_OTHER && unknown_status >= 500)
+            p->err_class = LR_SSE_ERR_SERVER;
     } else if (p->err_class == LR_SSE_ERR_OTHER && llmretry_status_retryable(NULL, status)) {
         p->err_class = status == 429 ? LR_SSE_ERR_RATE_LIMIT : LR_SSE_ERR_SERVER;
     }
@@ -158,6 +162,46 @@ static void classify_chunk(const cJSON *doc, lr_sse_payload *p)
         else
             p->has_open_choice = 1;
     }
+}
+
+/* An error the object doc says it is, whatever the event (1, p filled),
+ * else 0: a top-level "error" that is an object or a string (the
+ * Responses API's null is none), or a choice ended by finish_reason
+ * "error" (OpenRouter's, for a model that failed mid-answer; judged by
+ * that choice's own "error" object). LR_SSE_NOMEM when out of memory. */
+static int error_in(const cJSON *doc, lr_sse_payload *p)
+{
+    const cJSON *e = item(doc, "error"), *ch;
+    if (cJSON_IsObject(e) || cJSON_IsString(e)) {
+        int rc = classify_error(cJSON_IsObject(e) ? e : NULL, 400, p);
+        return rc ? rc : 1;
+    }
+    const cJSON *choices = item(doc, "choices");
+    if (!cJSON_IsArray(choices))
+        return 0;
+    cJSON_ArrayForEach(ch, choices) {
+        const cJSON *fr = item(ch, "finish_reason");
+        if (cJSON_IsString(fr) && strcmp(fr->valuestring, "error") == 0) {
+            const cJSON *ce = item(ch, "error");
+            int rc = classify_error(cJSON_IsObject(ce) ? ce : NULL, 500, p);
+            return rc ? rc : 1;
+        }
+    }
+    return 0;
+}
+
+int lr_body_error(const cJSON *doc, int responses, lr_sse_payload *p)
+{
+    memset(p, 0, sizeof *p);
+    const cJSON *st = responses ? item(doc, "status") : NULL;
+    if (cJSON_IsString(st) && strcmp(st->valuestring, "failed") == 0) {
+        /* A failed Responses answer carries its error, as its stream's
+         * response.failed does, and is judged alike. */
+        const cJSON *e = item(doc, "error");
+        int rc = classify_error(cJSON_IsObject(e) ? e : NULL, 400, p);
+        return rc ? rc : 1;
+    }
+    return error_in(doc, p);
 }
 
 const char *lr_sse_type(const char *event, const cJSON *doc)
@@ -264,26 +308,25 @@ int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payl
     if (!doc || !cJSON_IsObject(doc)) {
         cJSON_Delete(doc);
         if (event && strcmp(event, "error") == 0)
-            return classify_error(NULL, p);     /* an error, nothing known about it */
+            return classify_error(NULL, 400, p); /* an error, nothing known about it */
         p->kind = LR_SSE_INVALID;
         p->why = why;
         return 0;
     }
     event = lr_sse_type(event, doc);
     int error_event = strcmp(event, "error") == 0;
-    const cJSON *e = item(doc, "error");
     if (strcmp(event, "response.failed") == 0) {
         /* The Responses API: the failed response carries its error. */
         const cJSON *re = item(item(doc, "response"), "error");
-        rc = classify_error(cJSON_IsObject(re) ? re : NULL, p);
-    } else if (cJSON_IsObject(e))
-        rc = classify_error(e, p);
-    else if (cJSON_IsString(e))
-        rc = classify_error(NULL, p);           /* {"error": "text"}: no code */
-    else if (error_event)
-        rc = classify_error(e ? NULL : doc, p); /* llama.cpp: the object is the error */
-    else
+        rc = classify_error(cJSON_IsObject(re) ? re : NULL, 400, p);
+    } else if ((rc = error_in(doc, p)) == 1) {
+        rc = 0;
+    } else if (rc == 0 && error_event) {
+        /* llama.cpp: the object is the error */
+        rc = classify_error(item(doc, "error") ? NULL : doc, 400, p);
+    } else if (rc == 0) {
         classify_chunk(doc, p);
+    }
     if (doc_out)
         *doc_out = doc;
     else

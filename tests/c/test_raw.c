@@ -225,7 +225,7 @@ static void test_duplicate_retry_after(void)
 static void test_interim_content_length(void)
 {
     static const char ok[] = "{\"id\":\"x\",\"object\":\"chat.completion\",\"model\":\"gpt-test\","
-                             "\"choices\":[]}";
+                             "\"choices\":[{}]}";
     char url[64];
     llmretry_options o;
     opts(&o, url, sizeof url);
@@ -442,20 +442,57 @@ static void test_error_message_shown(void)
     llmretry_call_free(c);
 }
 
+/* A 200 whose body is an error (answer_error.c) says so as an HTTP error
+ * does: the path, the status it stands for, the provider's code and
+ * message screened alike (a prompt echoed is withheld, a code holding it
+ * is invalid_code). */
+static void test_answer_error_message(void)
+{
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n";
+    static const char gw[] = "{\"error\":{\"code\":502,\"message\":\"Provider returned error\","
+                             "\"metadata\":{\"provider_name\":\"Example\"}}}";
+    llmretry_call *c = secret_call(head, gw, strlen(gw), 0);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    static const char want[] = "HTTP 200 from /v1/chat/completions whose body is an error "
+        "(HTTP 502-like): \"Provider returned error\"; gave up after 1 attempt";
+    CHECK_MSG(r && r->message && strncmp(r->message, want, strlen(want)) == 0 &&
+              r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 502 && r->error_code &&
+              strcmp(r->error_code, "502") == 0,
+              "message: %s (status %d, code %s)", r && r->message ? r->message : "",
+              r ? r->status : -1, r && r->error_code ? r->error_code : "(none)");
+    llmretry_call_free(c);
+
+    static const char *const echo[] = {
+        "{\"error\":{\"type\":\"server_error\",\"message\":\"rejected: " PROMPT "\"}}",
+        "{\"error\":{\"code\":\"" TOKEN_PROMPT "\",\"message\":\"x\"}}",
+    };
+    for (size_t i = 0; i < sizeof echo / sizeof *echo; i++) {
+        c = secret_call(head, echo[i], strlen(echo[i]), 0);
+        r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && r->message && strstr(r->message, "whose body is an error (HTTP ") &&
+                  (i != 0 || strstr(r->message, "(the server's message is withheld because "
+                                               "it echoes the request)")) &&
+                  (i != 1 || (r->error_code && strcmp(r->error_code, "invalid_code") == 0)),
+                  "echo %zu: %s (code %s)", i, r && r->message ? r->message : "",
+                  r && r->error_code ? r->error_code : "(none)");
+        llmretry_call_free(c);
+    }
+}
+
 /* A 2xx body must be UTF-8 JSON as every host decodes it: anything else is
  * an invalid response, retried, and no event says it succeeded. */
 static void test_body_must_be_utf8_json(void)
 {
     static const struct { const char *body; int ok; } t[] = {
-        { "{\"choices\":[],\"x\":\"\xff\"}", 0 },          /* invalid UTF-8 */
-        { "{\"choices\":[],\"x\":\"\xc0\xaf\"}", 0 },       /* overlong */
-        { "{\"choices\":[],\"x\":\"\xed\xa0\x80\"}", 0 },   /* a surrogate */
-        { "{\"choices\":[],\"x\":\"a\x01b\"}", 0 },         /* raw control char */
-        { "{\"choices\":[],\"x\":\"a\nb\"}", 0 },           /* raw newline in a string */
-        { "{\x01\"choices\":[]}", 0 },                       /* control char outside */
-        { "{\"choices\":[],\"x\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}", 1 },
-        { "{\"choices\":[],\"x\":\"a\\u0000b\\\"\\\\\"}", 1 },   /* escapes are fine */
-        { "{\"choices\":[]}\r\n\t ", 1 },
+        { "{\"choices\":[{}],\"x\":\"\xff\"}", 0 },          /* invalid UTF-8 */
+        { "{\"choices\":[{}],\"x\":\"\xc0\xaf\"}", 0 },       /* overlong */
+        { "{\"choices\":[{}],\"x\":\"\xed\xa0\x80\"}", 0 },   /* a surrogate */
+        { "{\"choices\":[{}],\"x\":\"a\x01b\"}", 0 },         /* raw control char */
+        { "{\"choices\":[{}],\"x\":\"a\nb\"}", 0 },           /* raw newline in a string */
+        { "{\x01\"choices\":[{}]}", 0 },                       /* control char outside */
+        { "{\"choices\":[{}],\"x\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}", 1 },
+        { "{\"choices\":[{}],\"x\":\"a\\u0000b\\\"\\\\\"}", 1 },   /* escapes are fine */
+        { "{\"choices\":[{}]}\r\n\t ", 1 },
     };
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
         char url[64];
@@ -623,7 +660,7 @@ static void test_never_reached(void)
     /* This server answered; stopped, it refuses: an outage, said as ever. */
     opts(&o, url, sizeof url);
     set_response("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n",
-                 "{\"choices\":[]}", 14);
+                 "{\"choices\":[{}]}", 16);
     c = run(&o);
     r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && r->ok, "the raw server did not answer");
@@ -654,6 +691,7 @@ int main(void)
         { "error_message", test_error_message },
         { "error_code_screened", test_error_code_screened },
         { "error_message_shown", test_error_message_shown },
+        { "answer_error_message", test_answer_error_message },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
         { "doubled_path_hint", test_doubled_path_hint },
         { "no_key_hint", test_no_key_hint },

@@ -21,7 +21,24 @@ typedef struct {
     const char *why;
     llmretry_usage usage;
     char *model, *fingerprint;
+    char tops[5];                  /* the kind of "error", "choices", "data", "status" */
 } reading;
+
+static const char *const TOPS[] = { "error", "choices", "data", "status" };
+
+/* A value's kind as its first byte says it: '{', '[', '"', 't', 'f',
+ * 'n', '0' (a number); '-' when absent. */
+static char kind_at(const char *v)
+{
+    return !v ? '-' : (*v == '-' || (*v >= '0' && *v <= '9')) ? '0' : *v;
+}
+
+static char kind_of(const cJSON *v)
+{
+    return !v ? '-' : cJSON_IsObject(v) ? '{' : cJSON_IsArray(v) ? '['
+         : cJSON_IsString(v) ? '"' : cJSON_IsTrue(v) ? 't' : cJSON_IsFalse(v) ? 'f'
+         : cJSON_IsNull(v) ? 'n' : '0';
+}
 
 static void reading_clear(reading *r)
 {
@@ -44,6 +61,8 @@ static void by_tree(const char *text, size_t n, reading *r)
         lr_jp_ws(&j);
         if (strict && j.p == j.end) {
             lr_read_success(doc, &r->usage, &r->model, &r->fingerprint);
+            for (int i = 0; i < 4; i++)
+                r->tops[i] = kind_of(cJSON_GetObjectItemCaseSensitive(doc, TOPS[i]));
         } else {
             r->why = "is not JSON";
         }
@@ -55,7 +74,13 @@ static void by_tree(const char *text, size_t n, reading *r)
 static void in_place(const char *text, size_t n, reading *r)
 {
     memset(r, 0, sizeof *r);
-    r->rc = lr_read_body(text, n, &r->why, &r->usage, &r->model, &r->fingerprint);
+    lr_body_tops t;
+    r->rc = lr_read_body(text, n, &r->why, &r->usage, &r->model, &r->fingerprint, &t);
+    if (r->rc == 0) {
+        const char *at[4] = { t.error, t.choices, t.data, t.status };
+        for (int i = 0; i < 4; i++)
+            r->tops[i] = kind_at(at[i]);
+    }
 }
 
 static int same_str(const char *a, const char *b)
@@ -80,12 +105,15 @@ static void compare(const char *body, size_t n, const char *what)
                a.usage.prompt_tokens == b.usage.prompt_tokens &&
                a.usage.completion_tokens == b.usage.completion_tokens &&
                a.usage.total_tokens == b.usage.total_tokens &&
-               same_str(a.model, b.model) && same_str(a.fingerprint, b.fingerprint);
-    CHECK_MSG(same, "%s: tree rc=%d why=%s model=%s usage=%lld/%lld/%lld; in place rc=%d "
-              "why=%s model=%s usage=%lld/%lld/%lld; body %.*s", what, a.rc,
-              a.why ? a.why : "-", a.model ? a.model : "-", (long long)a.usage.prompt_tokens,
+               same_str(a.model, b.model) && same_str(a.fingerprint, b.fingerprint) &&
+               strcmp(a.tops, b.tops) == 0;
+    CHECK_MSG(same, "%s: tree rc=%d why=%s model=%s tops=%s usage=%lld/%lld/%lld; in place "
+              "rc=%d why=%s model=%s tops=%s usage=%lld/%lld/%lld; body %.*s", what, a.rc,
+              a.why ? a.why : "-", a.model ? a.model : "-", a.tops,
+              (long long)a.usage.prompt_tokens,
               (long long)a.usage.completion_tokens, (long long)a.usage.total_tokens, b.rc,
-              b.why ? b.why : "-", b.model ? b.model : "-", (long long)b.usage.prompt_tokens,
+              b.why ? b.why : "-", b.model ? b.model : "-", b.tops,
+              (long long)b.usage.prompt_tokens,
               (long long)b.usage.completion_tokens, (long long)b.usage.total_tokens, (int)n, body);
     compared++;
     reading_clear(&a);
@@ -108,6 +136,10 @@ static const char *const BASES[] = {
     /* odd counts: negative, fractional, huge, strings */
     "{\"usage\":{\"prompt_tokens\":-1,\"completion_tokens\":0.5,\"total_tokens\":1e300,"
     "\"input_tokens\":\"3\"},\"system_fingerprint\":[],\"model\":\"\"}",
+    /* what answer_error.c reads: an error, a status, data, choices empty;
+     * duplicates and an escaped key */
+    "{\"error\":{\"code\":502,\"message\":\"x\"},\"choices\":[],\"data\":null,"
+    "\"st\\u0061tus\":\"failed\",\"status\":1,\"error\":\"second\"}",
     /* a byte-order mark, an empty object, not an object */
     "\xEF\xBB\xBF{\"model\":\"bom\"}",
     "{}",

@@ -131,6 +131,50 @@ static void test_errors(void)
     check_error("error", "{}", NULL, LR_SSE_ERR_OTHER, 400);
 }
 
+/* A choice ended by finish_reason "error": an error, by that choice's own
+ * error object, else a server error (the model failed mid-answer). */
+static void test_choice_error(void)
+{
+    check_error(NULL, "{\"choices\":[{\"delta\":{},\"finish_reason\":\"error\"}]}", NULL,
+                LR_SSE_ERR_SERVER, 500);
+    check_error(NULL, "{\"choices\":[{\"finish_reason\":\"stop\"},{\"finish_reason\":\"error\","
+                "\"error\":{\"code\":429,\"message\":\"x\"}}]}", "429", LR_SSE_ERR_RATE_LIMIT, 429);
+    /* The top-level error, where there is one, is the one judged. */
+    check_error(NULL, "{\"error\":{\"code\":\"server_error\"},\"choices\":[{\"finish_reason\":"
+                "\"error\",\"error\":{\"code\":400}}]}", "server_error", LR_SSE_ERR_SERVER, 500);
+}
+
+/* lr_body_error: a whole 2xx answer's own verdict (answer_error.c). */
+static void body_error(const char *text, int responses, int want, int status)
+{
+    cJSON *doc = cJSON_Parse(text);
+    lr_sse_payload p;
+    CHECK(doc != NULL);
+    int rc = lr_body_error(doc, responses, &p);
+    CHECK_MSG(rc == want && (rc != 1 || (p.kind == LR_SSE_ERROR && p.status == status)),
+              "%s: rc %d status %d, want %d and %d", text, rc, p.status, want, status);
+    lr_sse_payload_clear(&p);
+    cJSON_Delete(doc);
+}
+
+static void test_body_error(void)
+{
+    body_error("{\"error\":{\"code\":502,\"message\":\"Provider returned error\"}}", 0, 1, 502);
+    body_error("{\"error\":\"upstream failed\"}", 0, 1, 400);
+    body_error("{\"error\":null,\"choices\":[{\"finish_reason\":\"stop\"}]}", 0, 0, 0);
+    body_error("{\"error\":[],\"choices\":[{\"finish_reason\":\"stop\"}]}", 0, 0, 0);
+    body_error("{\"choices\":[{\"message\":{\"content\":\"error\"},\"finish_reason\":\"stop\"}]}",
+               0, 0, 0);
+    body_error("{\"choices\":[{\"finish_reason\":\"error\"}]}", 0, 1, 500);
+    /* The Responses API: failed is its error; queued or completed with a
+     * null error is an answer; a chat body's "status" says nothing. */
+    body_error("{\"object\":\"response\",\"status\":\"failed\",\"error\":{\"code\":"
+               "\"rate_limit_exceeded\"},\"output\":[]}", 1, 1, 429);
+    body_error("{\"object\":\"response\",\"status\":\"failed\",\"error\":null}", 1, 1, 400);
+    body_error("{\"object\":\"response\",\"status\":\"queued\",\"error\":null}", 1, 0, 0);
+    body_error("{\"status\":\"failed\",\"choices\":[{\"finish_reason\":\"stop\"}]}", 0, 0, 0);
+}
+
 /* What llmretry_decide makes of each payload, with default options. */
 static void test_policy(void)
 {
@@ -240,6 +284,8 @@ int main(void)
     test_parse_gate();
     test_finish_reason();
     test_errors();
+    test_choice_error();
+    test_body_error();
     test_policy();
     test_note();
     test_type_from_payload();

@@ -141,6 +141,11 @@ static int apply_option(vec_call *vc, const cJSON *v)
         o->max_retries = (int)i;
         return 0;
     }
+    if (strcmp(k, "endpoint") == 0) {
+        char err[LLMRETRY_ERRBUF];
+        return cJSON_IsString(v) && llmretry_options_set_text(o, "endpoint", v->valuestring, err,
+                                                              sizeof err) == LLMRETRY_OK ? 0 : -1;
+    }
     if (strcmp(k, "jitter") == 0)
         return cJSON_IsString(v) &&
                llmretry_jitter_parse(v->valuestring, &o->jitter) == LLMRETRY_OK ? 0 : -1;

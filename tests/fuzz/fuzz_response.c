@@ -2,7 +2,8 @@
  * data — header capture (transfer.c's lr_call_on_header, including the
  * Content-Length limit and values too long for the inline buffer), body
  * capture within max_response_bytes (lr_call_on_body), the success fields
- * (lr_read_success: usage, model, system_fingerprint), the HTTP error text
+ * (lr_read_success: usage, model, system_fingerprint), a 2xx body that is
+ * an error or no answer (lr_answer_error), the HTTP error text
  * (lr_http_error via lr_call_read_outcome) and the preview.
  *
  * This file includes transfer.c itself (it was written when those two were
@@ -141,8 +142,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         lr_outcome in;
         const char *why = NULL;
         memset(&in, 0, sizeof in);
+        lr_body_tops tops;
         if (lr_read_body(c->resp.data ? c->resp.data : "", c->resp.len, &why, &in.usage,
-                         &in.response_model, &in.fingerprint) == 0) {
+                         &in.response_model, &in.fingerprint, &tops) == 0) {
             lr_outcome t;
             memset(&t, 0, sizeof t);
             if (!doc || !cJSON_IsObject(doc))
@@ -156,6 +158,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 !same_text(t.fingerprint, in.fingerprint))
                 fail("a body read in place differs from its tree");
             lr_outcome_clear(&t);
+            /* A chat answer (c's URL) that is an error or no answer fails
+             * the attempt (answer_error.c) as a policy can read it; one it
+             * passes has choices and no error of its own. */
+            lr_outcome ae;
+            memset(&ae, 0, sizeof ae);
+            if (lr_answer_error(c, c->resp.data ? c->resp.data : "", c->resp.len, &tops, &ae)) {
+                if (!ae.message)
+                    fail("an answer refused without a message");
+                if (ae.f.kind == LLMRETRY_ERR_HTTP_STATUS && (ae.f.status < 400 || ae.f.status > 599))
+                    fail("an error inside an answer stands for no HTTP error status");
+                if (ae.f.kind != LLMRETRY_ERR_HTTP_STATUS &&
+                    ae.f.kind != LLMRETRY_ERR_INVALID_RESPONSE && ae.f.kind != LLMRETRY_ERR_NETWORK)
+                    fail("an answer refused as neither an error nor an invalid response");
+                llmretry_decision ad = llmretry_decide(NULL, &ae.f, 0, INT64_C(1700000000000),
+                                                       LLMRETRY_NO_DEADLINE, 0.5);
+                if (ad.delay_ms < 0)
+                    fail("a refused answer's decision with a negative delay");
+            } else {
+                const cJSON *ch = cJSON_GetObjectItemCaseSensitive(doc, "choices");
+                const cJSON *er = cJSON_GetObjectItemCaseSensitive(doc, "error");
+                if (!cJSON_IsArray(ch) || cJSON_GetArraySize(ch) == 0)
+                    fail("a chat answer taken without choices");
+                if (cJSON_IsObject(er) || cJSON_IsString(er))
+                    fail("a chat answer taken with an error of its own");
+            }
+            lr_outcome_clear(&ae);
         } else if (!why) {
             fail("a body refused in place without a reason");
         }

@@ -239,7 +239,8 @@ describe("log_usage", function()
   end)
 
   it("uses the default label, takes a whole result, and writes null for no usage", function()
-    local res = a_meta({ body = { object = "chat.completion", choices = {} } })
+    local res = a_meta({ body = { object = "chat.completion", choices = {
+      { index = 0, message = { role = "assistant", content = "ok" }, finish_reason = "stop" } } } })
     local out, rec = H.capture_stdout(llm.log_usage, res)
     check(rec.label == "request", "label %s", tostring(rec.label))
     check(rec.prompt_tokens == llm.null and rec.total_tokens == llm.null, "tokens %s", H.dump(rec))

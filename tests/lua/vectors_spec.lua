@@ -17,7 +17,7 @@ local OPTION_NAMES = {
   max_retry_after_ms = true, retry_invalid_response = true, max_response_bytes = true,
   idempotency_key = true, request_id = true, headers = true, idle_timeout_ms = true,
   retry_budget_ratio = true, retry_budget_min = true, breaker_failures = true,
-  breaker_cooldown_ms = true, schema = true,
+  breaker_cooldown_ms = true, schema = true, endpoint = true,
 }
 
 local files = {}

@@ -87,7 +87,8 @@ def test_succeeded_fields(scen: Scenario) -> None:
 
 
 def test_usage_missing(scen: Scenario) -> None:
-    out = run_call(scen, [{"body": {"id": "x", "object": "chat.completion", "choices": []}}])
+    out = run_call(scen, [{"body": {"id": "x", "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}}])
     (ev,) = out.events.of("llm_request_succeeded")
     assert ev["usage"] is None
     assert out.result.meta.usage is None

@@ -127,6 +127,22 @@ def test_429_given_up_on_reaches_the_sdk_as_that_429(scen: Scenario) -> None:
     assert len(scen.requests()) == 3
 
 
+def test_a_200_whose_body_is_an_error_is_retried_under_the_sdk(scen: Scenario) -> None:
+    # OpenRouter's shape: the status was sent before the model failed.
+    gateway = {"body": {"error": {"code": 502, "message": "Provider returned error"}}}
+    scen.script([gateway, {"content": "hello"}])
+    with sdk(scen) as client:
+        completion = client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert completion.choices[0].message.content == "hello"
+    assert len(scen.requests()) == 2
+    # Every attempt one: the SDK gets the last as the server sent it, after all of them.
+    scen.script([], after=gateway)
+    with sdk(scen, max_retries=2) as client:
+        last = client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert last.choices is None and getattr(last, "error")["code"] == 502
+    assert len(scen.requests()) == 3          # a new script starts a new record
+
+
 def test_x_request_id_reaches_with_raw_response(scen: Scenario) -> None:
     scen.script([{"headers": {"x-request-id": "req-raw", "X-Other": "a, b"}}])
     with sdk(scen) as client:

@@ -174,7 +174,8 @@ def test_log_usage_prints_one_json_line(scen: Scenario,
 
 def test_log_usage_default_label_and_missing_usage(scen: Scenario,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    meta = a_meta(scen, body={"object": "chat.completion", "choices": []})
+    meta = a_meta(scen, body={"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]})
     d = llmretry.log_usage(meta)
     assert d["label"] == "request"
     assert d["prompt_tokens"] is None and d["completion_tokens"] is None

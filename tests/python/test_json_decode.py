@@ -418,9 +418,12 @@ def test_atomic_dicts_are_untracked_containers_holding_lists_are_not() -> None:
 # ---- through call_many, two engines ----------------------------------------
 
 def test_call_many_data_is_json_loads_and_keys_are_shared(scen: Scenario) -> None:
-    docs = [body_with(CLOSE_KEYS, 0), body_with(CLOSE_KEYS[::-1], 50),
+    # Each an answer (choices: a chat body without any is no answer).
+    docs = [body_with(CLOSE_KEYS, 0)[:-1] + b', "choices": [{}]}',
+            body_with(CLOSE_KEYS[::-1], 50)[:-1] + b', "choices": [{}]}',
             b'{"id":"x","n":1e400,"m":-0.0,"big":' + b"9" * 40 + b',"s":"\\u00e9\\ud83d\\ude00",'
-            b'"id":"last","usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}']
+            b'"id":"last","choices":[{}],'
+            b'"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}']
     kw: Dict[str, Any] = dict(base_url=scen.url, api_key=SECRET_KEY, logger=None, **FAST)
     results = []
     for _ in range(2):                          # two clients: two engines

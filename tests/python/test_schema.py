@@ -230,7 +230,7 @@ def test_repair_of_a_responses_input(sclient: Any, scen: Any) -> None:
             {"type": "output_text", "text": text}]}]}
     body = {"model": "gpt-test", "input": "SECRET-PROMPT-responses"}
     scen.script([{"body": resp(BAD)}, {"body": resp(GOOD)}])
-    sclient.call_llm(body, base_url=scen.url, schema=PERSON, repair=True)
+    sclient.call_llm(body, base_url=scen.url, endpoint="responses", schema=PERSON, repair=True)
     second = json.loads(scen.requests()[1]["body"])
     assert second["input"][0] == {"role": "user", "content": "SECRET-PROMPT-responses"}
     assert second["input"][1] == {"role": "assistant", "content": BAD}

@@ -139,7 +139,7 @@ def test_validate_base_exception_propagates(scen: Scenario) -> None:
 def test_validate_gets_the_parsed_body_with_exact_ints(scen: Scenario) -> None:
     seen: List[Any] = []
     scen.script([{"body": '{"id": 9007199254740993, "object": "chat.completion", '
-                          '"choices": [], "note": "\\u4f60\\u597d"}'}])
+                          '"choices": [{"index": 0}], "note": "\\u4f60\\u597d"}'}])
     res = llmretry.call_llm({"model": "gpt-test", "messages": []}, base_url=scen.url,
                             api_key=SECRET_KEY, validate=seen.append, logger=Events())
     assert seen and seen[0]["id"] == 9007199254740993 and seen[0]["note"] == "你好"

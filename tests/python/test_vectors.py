@@ -24,7 +24,7 @@ OPTION_NAMES = {
     "retry_mode", "retry_statuses", "max_retry_after_ms", "retry_invalid_response",
     "max_response_bytes", "idempotency_key", "request_id", "headers", "idle_timeout_ms",
     "retry_budget_ratio", "retry_budget_min", "breaker_failures", "breaker_cooldown_ms",
-    "schema",
+    "schema", "endpoint",
 }
 VECTOR_FILES = sorted(VECTOR_DIR.glob("*.json")) + sorted(VECTOR_DIR.glob("schema/*.json"))
 
