@@ -52,7 +52,9 @@ class Upstream(BaseHTTPRequestHandler):
     """An OpenAI-style streaming server, one behaviour per model name:
     up-ok streams "one two three" with usage; up-error sends two chunks
     then an error object; up-cut sends two chunks then closes the
-    connection; up-429 answers 429 before any stream."""
+    connection; up-429 answers 429 before any stream; up-inband answers a
+    plain request 200 with an error body, and a stream with its choice
+    ended by finish_reason "error"."""
 
     protocol_version = "HTTP/1.1"
     seen: List[Dict[str, Any]] = []
@@ -70,6 +72,15 @@ class Upstream(BaseHTTPRequestHandler):
         model = req.get("model")
         with self.lock:
             self.seen.append(req)
+        if model == "up-inband" and not req.get("stream"):
+            data = json.dumps({"error": {"message": "Provider returned error",
+                                         "code": 502}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if model == "up-429":
             data = json.dumps({"error": {"message": "slow down", "type": "requests",
                                          "code": "rate_limit_exceeded"}}).encode()
@@ -92,6 +103,10 @@ class Upstream(BaseHTTPRequestHandler):
             return
         if model == "up-cut":
             self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if model == "up-inband":
+            self.event(chunk(model, {}, "error"))
+            self.wfile.write(b"data: [DONE]\n\n")
             return
         self.event(chunk(model, {"content": "three"}, "stop"))
         if (req.get("stream_options") or {}).get("include_usage"):
@@ -224,6 +239,32 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
     check("an upstream error mid-stream is retried as a 500", error_mid_stream)
     check("an upstream 429 before the stream is retried as a 429", rate_limited_before_stream)
     check("an upstream cut mid-stream", cut_upstream)
+
+    def upstream_answer_is_an_error() -> str:
+        # An upstream that answers 200 with an error in its body (as
+        # OpenRouter does when the model fails after the status), and one
+        # whose stream ends its choice with finish_reason "error". LiteLLM
+        # judges both as llmretry's core does (reliability.md, "A 200 that
+        # is not an answer"): a 502, and an error inside the stream. Either
+        # way no success reaches the caller, and each attempt is one request.
+        out = []
+        for stream in (False, True):
+            mark = log.mark()
+            before = len(Upstream.requests_for("up-inband"))
+            try:
+                client.call_llm(dict(body("up-inband"), stream=stream), max_retries=1)
+            except llmretry.HTTPStatusError as exc:
+                assert exc.attempts == 2, repr(exc)
+                sent = log.since(mark, 2)
+                seen = len(Upstream.requests_for("up-inband")) - before
+                assert seen == 2, f"upstream saw {seen} requests"
+                out.append(f"{'stream' if stream else 'plain'}: HTTP {exc.status} after "
+                           f"{exc.attempts} attempts (the proxy answered {sent})")
+                continue
+            raise AssertionError(f"stream={stream}: a success")
+        return "; ".join(out)
+
+    check("an upstream's 200 that is an error, plain and streamed", upstream_answer_is_an_error)
 
     responses_log = AccessLog(access_log, "/v1/responses")
 
