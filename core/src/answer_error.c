@@ -46,16 +46,16 @@ static int nonempty_array(const char *v, const char *end)
     return v < end && *v != ']';
 }
 
-/* Does the body possibly say it failed? Cheap, on every success: the tree
- * is built only when it might (a member "error", a Responses status, or
- * the text "error" quoted somewhere: a choice's finish_reason). */
-static int may_say_failed(answer_kind kind, const char *text, size_t n, const lr_body_tops *t)
+/* Does the body possibly say it failed? From what lr_read_body found in
+ * its one pass, on every success: the tree is built only when it might (a
+ * member "error", a Responses status, a choice's finish_reason). */
+static int may_say_failed(answer_kind kind, const lr_body_tops *t)
 {
     if (t->error && *t->error != 'n')        /* "error": null is none */
         return 1;
     if (kind == ANSWER_RESPONSE)
-        return t->status && strncmp(t->status, "\"failed\"", 8) == 0;
-    return kind == ANSWER_CHOICES && memmem(text, n, "\"error\"", 7) != NULL;
+        return t->failed;
+    return kind == ANSWER_CHOICES && t->error_choice;
 }
 
 static char *message(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -76,7 +76,7 @@ int lr_answer_error(llmretry_call *c, const char *text, size_t n, const lr_body_
     if (kind == ANSWER_NONE)
         return 0;
     long status = lr_call_status(c);
-    if (may_say_failed(kind, text, n, t)) {
+    if (may_say_failed(kind, t)) {
         const char *why;
         cJSON *doc = lr_parse_body(text, n, &why);
         lr_sse_payload p;

@@ -564,10 +564,13 @@ struct cJSON *lr_parse_body(const char *text, size_t n, const char **why);
 /* Usage (only sane counts), model and fingerprint of a 2xx document. */
 void lr_read_success(const struct cJSON *doc, llmretry_usage *usage, char **model,
                      char **fingerprint);
-/* Where the values of a 2xx body's top-level members that say what it is
- * start in its text (NULL: no such member): what answer_error.c reads. */
+/* What a 2xx body's top level says of it, for answer_error.c: where the
+ * values of its "error", "choices" and "data" start in its text (NULL: no
+ * such member), whether its "status" is "failed", and whether an object
+ * in its "choices" array has finish_reason "error". */
 typedef struct lr_body_tops {
-    const char *error, *choices, *data, *status;
+    const char *error, *choices, *data;
+    int failed, error_choice;
 } lr_body_tops;
 /* A 2xx body judged as lr_parse_body judges it (the same *why), and its
  * usage, model and fingerprint read as lr_read_success reads them, without

@@ -147,42 +147,114 @@ static int key_is(const lr_jp_str *k, const char *name, size_t name_len)
     return lr_jp_decode(k, buf, sizeof buf) == name_len && memcmp(buf, name, name_len) == 0;
 }
 
+/* A member name and its length (no strlen on every body). */
+typedef struct lr_name {
+    const char *s;
+    size_t n;
+} lr_name;
+#define LR_NAME(lit) { lit, sizeof lit - 1 }
+
+static int walk_choices(lr_jp *j, int *error_choice);
+
 /* The object at j->p ('{'), checked to its '}': for each of the n names,
  * where its first member's value starts (NULL if none), as
  * cJSON_GetObjectItemCaseSensitive finds the first. 0, or -1 when the
- * object is not JSON. One pass: the body's check and its reading. */
-static int find_members(lr_jp *j, const char *const *names, const char **at, size_t n)
+ * object is not JSON. One pass: the body's check and its reading. The
+ * first member named names[walk] (walk < n), when it is an array, is read
+ * by walk_choices instead of skipped, setting *error_choice. */
+static int find_members(lr_jp *j, const lr_name *names, const char **at, size_t n,
+                        size_t walk, int *error_choice)
 {
-    size_t lens[8];
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         at[i] = NULL;
-        lens[i] = strlen(names[i]);
-    }
     if (lr_jp_enter(j) != 0)
         return -1;
     lr_jp_ws(j);
     if (lr_jp_peek(j) == '}') {
-        j->p++;
+        lr_jp_leave(j);
         return 0;
     }
     for (;;) {
         lr_jp_str key;
         if (lr_jp_member_key(j, &key) != 0)
             return -1;
+        size_t found = n;
         for (size_t i = 0; i < n; i++)
-            if (!at[i] && key_is(&key, names[i], lens[i])) {
+            if (!at[i] && (key.escaped || key.len == names[i].n) &&
+                key_is(&key, names[i].s, names[i].n)) {
                 at[i] = j->p;
+                found = i;
                 break;
             }
-        if (lr_jp_skip(j) != 0)
+        if (found == walk && lr_jp_peek(j) == '[' ? walk_choices(j, error_choice) != 0
+                                                   : lr_jp_skip(j) != 0)
             return -1;
         lr_jp_ws(j);
         char c = lr_jp_peek(j);
         if (c != '}' && c != ',')
             return -1;
-        j->p++;
-        if (c == '}')
+        if (c == '}') {
+            lr_jp_leave(j);     /* its depth too: a body's choices are many objects */
             return 0;
+        }
+        j->p++;
+        lr_jp_ws(j);
+    }
+}
+
+/* The choices array at j->p ('['), checked to its ']': *error_choice set
+ * when one of its objects has finish_reason "error" (answer_error.c reads
+ * such a body again, as a tree, to judge it). In the same pass as the rest
+ * of the body: the choices hold most of its bytes. */
+/* Is the value at v (NULL: none) the string `word` (at most 15 bytes),
+ * decoded up to a first U+0000 as cJSON's valuestring compares? */
+static int is_text(const char *v, const char *end, const char *word)
+{
+    lr_jp k;
+    lr_jp_str str;
+    char buf[16];
+    size_t n = strlen(word);
+    if (!v || *v != '"')
+        return 0;
+    const char *q = v + 1;          /* the usual case: no escape, compared as it is */
+    while (q < end && *q != '"' && *q != '\\')
+        q++;
+    if (q < end && *q == '"')
+        return (size_t)(q - v - 1) == n && memcmp(v + 1, word, n) == 0;
+    lr_jp_init(&k, v, (size_t)(end - v));
+    return lr_jp_string(&k, &str) == 0 && lr_jp_decode(&str, buf, sizeof buf) == n &&
+           memcmp(buf, word, n) == 0;
+}
+
+static int walk_choices(lr_jp *j, int *error_choice)
+{
+    static const lr_name fr[] = { LR_NAME("finish_reason") };
+    if (lr_jp_enter(j) != 0)
+        return -1;
+    lr_jp_ws(j);
+    if (lr_jp_peek(j) == ']') {
+        lr_jp_leave(j);
+        return 0;
+    }
+    for (;;) {
+        const char *at;
+        if (lr_jp_peek(j) == '{') {
+            if (find_members(j, fr, &at, 1, 1, NULL) != 0)
+                return -1;
+            if (is_text(at, j->end, "error"))
+                *error_choice = 1;
+        } else if (lr_jp_skip(j) != 0) {
+            return -1;
+        }
+        lr_jp_ws(j);
+        char c = lr_jp_peek(j);
+        if (c != ']' && c != ',')
+            return -1;
+        if (c == ']') {
+            lr_jp_leave(j);
+            return 0;
+        }
+        j->p++;
         lr_jp_ws(j);
     }
 }
@@ -234,11 +306,13 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
     if (n >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
         j.p += 3;                   /* a UTF-8 byte-order mark, as cJSON skips it */
     lr_jp_ws(&j);
-    static const char *const top[] = { "usage", "model", "system_fingerprint",
-                                       "error", "choices", "data", "status" };
+    static const lr_name top[] = { LR_NAME("usage"), LR_NAME("model"),
+                                   LR_NAME("system_fingerprint"), LR_NAME("error"),
+                                   LR_NAME("choices"), LR_NAME("data"), LR_NAME("status") };
     const char *at[7];
     int object = lr_jp_peek(&j) == '{';
-    int bad = object ? find_members(&j, top, at, 7) != 0 : lr_jp_skip(&j) != 0;
+    int bad = object ? find_members(&j, top, at, 7, 4, &tops->error_choice) != 0
+                     : lr_jp_skip(&j) != 0;
     lr_jp_ws(&j);
     /* Strict JSON holds to every rule of json_text_problem but the depth:
      * that scan runs only to say why a body is refused. */
@@ -254,11 +328,12 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
     }
     if (at[0] && *at[0] == '{') {
         /* as lr_read_success reads a usage object, member for member */
-        static const char *const names[] = { "prompt_tokens", "completion_tokens",
-                                             "input_tokens", "output_tokens", "total_tokens" };
+        static const lr_name names[] = { LR_NAME("prompt_tokens"), LR_NAME("completion_tokens"),
+                                         LR_NAME("input_tokens"), LR_NAME("output_tokens"),
+                                         LR_NAME("total_tokens") };
         const char *u[5];
         lr_jp_init(&j, at[0], (size_t)(end - at[0]));
-        find_members(&j, names, u, 5);
+        find_members(&j, names, u, 5, 5, NULL);
         usage->present = 1;
         int chat = u[0] || u[1];
         usage->prompt_tokens = count_at(chat ? u[0] : u[2], end);
@@ -268,7 +343,10 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
     }
     *model = str_at(at[1], end);
     *fingerprint = str_at(at[2], end);
-    *tops = (lr_body_tops){ at[3], at[4], at[5], at[6] };
+    tops->error = at[3];
+    tops->choices = at[4];
+    tops->data = at[5];
+    tops->failed = is_text(at[6], end, "failed");
     return 0;
 }
 

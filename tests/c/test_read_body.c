@@ -21,10 +21,12 @@ typedef struct {
     const char *why;
     llmretry_usage usage;
     char *model, *fingerprint;
-    char tops[5];                  /* the kind of "error", "choices", "data", "status" */
+    char tops[4];                  /* the kind of "error", "choices", "data" */
+    int failed;                    /* "status" is "failed" */
+    int error_choice;              /* a choice has finish_reason "error" */
 } reading;
 
-static const char *const TOPS[] = { "error", "choices", "data", "status" };
+static const char *const TOPS[] = { "error", "choices", "data" };
 
 /* A value's kind as its first byte says it: '{', '[', '"', 't', 'f',
  * 'n', '0' (a number); '-' when absent. */
@@ -61,8 +63,18 @@ static void by_tree(const char *text, size_t n, reading *r)
         lr_jp_ws(&j);
         if (strict && j.p == j.end) {
             lr_read_success(doc, &r->usage, &r->model, &r->fingerprint);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 3; i++)
                 r->tops[i] = kind_of(cJSON_GetObjectItemCaseSensitive(doc, TOPS[i]));
+            const cJSON *st = cJSON_GetObjectItemCaseSensitive(doc, "status");
+            r->failed = cJSON_IsString(st) && strcmp(st->valuestring, "failed") == 0;
+            const cJSON *ch, *choices = cJSON_GetObjectItemCaseSensitive(doc, "choices");
+            if (cJSON_IsArray(choices))
+                cJSON_ArrayForEach(ch, choices) {
+                    const cJSON *fr = cJSON_IsObject(ch)
+                        ? cJSON_GetObjectItemCaseSensitive(ch, "finish_reason") : NULL;
+                    if (cJSON_IsString(fr) && strcmp(fr->valuestring, "error") == 0)
+                        r->error_choice = 1;
+                }
         } else {
             r->why = "is not JSON";
         }
@@ -77,9 +89,11 @@ static void in_place(const char *text, size_t n, reading *r)
     lr_body_tops t;
     r->rc = lr_read_body(text, n, &r->why, &r->usage, &r->model, &r->fingerprint, &t);
     if (r->rc == 0) {
-        const char *at[4] = { t.error, t.choices, t.data, t.status };
-        for (int i = 0; i < 4; i++)
+        const char *at[3] = { t.error, t.choices, t.data };
+        for (int i = 0; i < 3; i++)
             r->tops[i] = kind_at(at[i]);
+        r->failed = t.failed;
+        r->error_choice = t.error_choice;
     }
 }
 
@@ -106,13 +120,14 @@ static void compare(const char *body, size_t n, const char *what)
                a.usage.completion_tokens == b.usage.completion_tokens &&
                a.usage.total_tokens == b.usage.total_tokens &&
                same_str(a.model, b.model) && same_str(a.fingerprint, b.fingerprint) &&
-               strcmp(a.tops, b.tops) == 0;
-    CHECK_MSG(same, "%s: tree rc=%d why=%s model=%s tops=%s usage=%lld/%lld/%lld; in place "
-              "rc=%d why=%s model=%s tops=%s usage=%lld/%lld/%lld; body %.*s", what, a.rc,
-              a.why ? a.why : "-", a.model ? a.model : "-", a.tops,
+               strcmp(a.tops, b.tops) == 0 && a.error_choice == b.error_choice &&
+               a.failed == b.failed;
+    CHECK_MSG(same, "%s: tree rc=%d why=%s model=%s tops=%s%s usage=%lld/%lld/%lld; in place "
+              "rc=%d why=%s model=%s tops=%s%s usage=%lld/%lld/%lld; body %.*s", what, a.rc,
+              a.why ? a.why : "-", a.model ? a.model : "-", a.tops, a.error_choice ? "+e" : a.failed ? "+f" : "",
               (long long)a.usage.prompt_tokens,
               (long long)a.usage.completion_tokens, (long long)a.usage.total_tokens, b.rc,
-              b.why ? b.why : "-", b.model ? b.model : "-", b.tops,
+              b.why ? b.why : "-", b.model ? b.model : "-", b.tops, b.error_choice ? "+e" : b.failed ? "+f" : "",
               (long long)b.usage.prompt_tokens,
               (long long)b.usage.completion_tokens, (long long)b.usage.total_tokens, (int)n, body);
     compared++;
@@ -139,7 +154,12 @@ static const char *const BASES[] = {
     /* what answer_error.c reads: an error, a status, data, choices empty;
      * duplicates and an escaped key */
     "{\"error\":{\"code\":502,\"message\":\"x\"},\"choices\":[],\"data\":null,"
-    "\"st\\u0061tus\":\"failed\",\"status\":1,\"error\":\"second\"}",
+    "\"st\\u0061tus\":\"f\\u0061iled\",\"status\":1,\"error\":\"second\"}",
+    /* choices: finish_reason "error" escaped, cut by U+0000, in the second
+     * of them, beside what is not a choice */
+    "{\"choices\":[1,{\"finish_reason\":\"stop\"},[{\"finish_reason\":\"error\"}],"
+    "{\"finish_reason\":\"\\u0065rror\",\"finish_reason\":\"x\"},"
+    "{\"finish_reason\":\"error\\u0000!\"}]}",
     /* a byte-order mark, an empty object, not an object */
     "\xEF\xBB\xBF{\"model\":\"bom\"}",
     "{}",
@@ -176,6 +196,25 @@ int main(void)
         in_place(lenient[i], strlen(lenient[i]), &r);
         CHECK_MSG(r.rc == -1 && r.why && strcmp(r.why, "is not JSON") == 0, "%s taken", lenient[i]);
         reading_clear(&r);
+    }
+    /* Many choices side by side are no nesting: each one's depth is left
+     * when it ends (an answer with n=300 is read, its last choice too). */
+    {
+        char *many = malloc(300 * 40 + 64);
+        if (!many)
+            abort();
+        size_t len = (size_t)sprintf(many, "{\"choices\":[");
+        for (int i = 0; i < 300; i++)
+            len += (size_t)sprintf(many + len, "%s{\"index\":%d,\"finish_reason\":\"%s\"}",
+                                   i ? "," : "", i, i == 299 ? "error" : "stop");
+        len += (size_t)sprintf(many + len, "]}");
+        compare(many, len, "300 choices");
+        reading r;
+        in_place(many, len, &r);
+        CHECK_MSG(r.rc == 0 && r.error_choice, "300 choices: rc %d, error_choice %d", r.rc,
+                  r.error_choice);
+        reading_clear(&r);
+        free(many);
     }
     /* nesting: at the limit, past it, past json_pull's own (1000) */
     static const int depths[] = { LLMRETRY_MAX_BODY_DEPTH, LLMRETRY_MAX_BODY_DEPTH + 1, 1001 };

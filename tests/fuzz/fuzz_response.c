@@ -182,6 +182,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     fail("a chat answer taken without choices");
                 if (cJSON_IsObject(er) || cJSON_IsString(er))
                     fail("a chat answer taken with an error of its own");
+                const cJSON *one;
+                cJSON_ArrayForEach(one, ch) {
+                    const cJSON *fr = cJSON_IsObject(one)
+                        ? cJSON_GetObjectItemCaseSensitive(one, "finish_reason") : NULL;
+                    if (cJSON_IsString(fr) && strcmp(fr->valuestring, "error") == 0)
+                        fail("a chat answer taken with a choice ended by an error");
+                }
             }
             lr_outcome_clear(&ae);
         } else if (!why) {
