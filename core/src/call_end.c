@@ -200,6 +200,29 @@ static void base_url_hint(const llmretry_call *c, char *hint, size_t size)
     }
 }
 
+/* What to give instead of a URL the server redirects from (3xx with a
+ * Location): not followed, as a redirect may lead where the key should
+ * not go. The target shown without user info or query (the server's
+ * text, like any URL in a message); for a base_url whose endpoint moved
+ * whole (http:// to https://, a new host), the base to give. */
+static void redirect_hint(const llmretry_call *c, char *hint, size_t size)
+{
+    char *shown = llmretry_url_shown(c->location);
+    if (!shown)
+        return;
+    const char *mine = lr_api_path(c->o.endpoint);
+    size_t n = strlen(shown), k = strlen(mine);
+    if (c->target == 0 && strncmp(c->url_option, "base_url", 8) == 0 && strstr(shown, "://") &&
+        !strpbrk(shown, "?#") && n > k && ends_with(shown, n, mine))
+        snprintf(hint, size, "; the server redirects to %.200s: use base_url %.*s (redirects "
+                 "are not followed)", shown, (int)(n - k) > 200 ? 200 : (int)(n - k), shown);
+    else
+        snprintf(hint, size, "; the server redirects to %.200s (redirects are not followed: "
+                 "check %s)", shown,
+                 c->target > 0 ? "the fallback's base_url or url" : c->url_option);
+    llmretry_free(shown);
+}
+
 /* Did the call's request carry a credential (an Authorization header, an
  * api-key, ...)? A 401 without one says what is missing. A URL with a
  * query may carry one there (?key=...): not said to have none. */
@@ -264,6 +287,12 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
                  c->target > 0 ? "the fallback's base_url or url" : c->url_option);
     } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && (r->status == 404 || r->status == 405)) {
         base_url_hint(c, hint, sizeof hint);
+    } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status >= 300 && r->status < 400 &&
+               c->location) {
+        /* Not followed (a redirect may lead where the key should not go):
+         * where it leads is what to give instead, shown without user info
+         * or query (the server's text, like any URL in a message). */
+        redirect_hint(c, hint, sizeof hint);
     } else if (r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 401 && !sent_credential(c)) {
         snprintf(hint, sizeof hint, "; no API key was sent (%s)", c->target > 0
                  ? "give the fallback its api_key" : "give api_key, or set OPENAI_API_KEY");

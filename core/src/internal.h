@@ -302,6 +302,8 @@ struct llmretry_call {
     lr_buf resp_head;
     int body_begun;
     int interim;                   /* reading a 1xx response's headers */
+    int redirect;                  /* reading a 3xx response's headers */
+    char *location;                /* its Location (malloc'd): the give-up's hint */
     int sse;                       /* this response says text/event-stream */
     int stream_req;                /* the body asks to stream ("stream": true) */
     struct lr_stream *st;          /* streaming state (stream.c), or NULL */

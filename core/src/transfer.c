@@ -93,6 +93,8 @@ void lr_call_forget_headers(llmretry_call *c)
         }
     }
     memset(c->hdr_set, 0, sizeof c->hdr_set);
+    free(c->location);
+    c->location = NULL;
     c->resp_head.len = 0;
     c->body_begun = 0;
 }
@@ -165,11 +167,32 @@ static void capture(llmretry_call *c, int i, const char *v, size_t len)
     c->hdr_set[i] = 1;
 }
 
-/* "HTTP/1.1 103 Early Hints" -> 1 for a 1xx status line. */
-static int is_interim(const char *line, size_t n)
+/* "HTTP/1.1 103 Early Hints" -> '1': the first digit of a status line's
+ * status, or 0. */
+static char status_class(const char *line, size_t n)
 {
     const char *sp = memchr(line, ' ', n);
-    return sp && (size_t)(sp - line) + 1 < n && sp[1] == '1';
+    return sp && (size_t)(sp - line) + 1 < n ? sp[1] : 0;
+}
+
+/* A redirect is not followed (DESIGN: the request would go where nobody
+ * named it); its Location, up to this long, is kept to say where. */
+#define LR_LOCATION_MAX 2048
+
+static void keep_location(llmretry_call *c, const char *v, const char *end)
+{
+    while (v < end && (*v == ' ' || *v == '\t'))
+        v++;
+    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    if (end == v || c->location || (size_t)(end - v) > LR_LOCATION_MAX)
+        return;
+    /* A URL is printable ASCII; anything else (a line break to start a
+     * log line of its own, bytes that are not text) gets no hint. */
+    for (const char *p = v; p < end; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            return;
+    c->location = lr_strndup(v, (size_t)(end - v));         /* NULL: no hint */
 }
 
 size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud)
@@ -180,7 +203,8 @@ size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud)
         /* A new response (after a 100 Continue, say): forget the last. */
         lr_call_forget_headers(c);
         c->sse = 0;
-        c->interim = is_interim(line, n);
+        c->interim = status_class(line, n) == '1';
+        c->redirect = status_class(line, n) == '3';
         if (c->o.keep_response)
             keep_head_line(c, line, n);
         return n;
@@ -191,6 +215,10 @@ size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud)
     if (!colon)
         return n;
     size_t name_len = (size_t)(colon - line);
+    if (c->redirect && name_len == 8 && strncasecmp(line, "location", 8) == 0) {
+        keep_location(c, colon + 1, line + n);
+        return n;
+    }
     if (name_len == 12 && strncasecmp(line, "content-type", 12) == 0 && !c->interim) {
         const char *v = colon + 1, *end = line + n;
         while (v < end && (*v == ' ' || *v == '\t'))

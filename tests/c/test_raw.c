@@ -442,6 +442,51 @@ static void test_error_message_shown(void)
     llmretry_call_free(c);
 }
 
+/* A redirect is not followed; the message says where it leads (a base_url
+ * to give when the endpoint moved whole), shown without user info or
+ * query, and only for a 3xx. */
+static void test_redirect_hint(void)
+{
+    static const struct { const char *head; const char *want; } t[] = {
+        { "HTTP/1.1 301 Moved Permanently\r\nLocation: https://api.example.com/v1/chat/completions\r\n",
+          "HTTP 301 from /v1/chat/completions; the server redirects to https://api.example.com/v1/"
+          "chat/completions: use base_url https://api.example.com/v1 (redirects are not "
+          "followed); gave up after 1 attempt: not retryable" },
+        { "HTTP/1.1 307 Temporary Redirect\r\nlocation:  /v2/chat/completions \r\n",
+          "; the server redirects to /v2/chat/completions (redirects are not followed: check "
+          "base_url); gave up" },
+        { "HTTP/1.1 302 Found\r\nLocation: https://user:pw@elsewhere.example/v1/chat/completions"
+          "?key=sk-LEAK\r\n",
+          "; the server redirects to https://***@elsewhere.example/v1/chat/completions?*** "
+          "(redirects are not followed: check base_url)" },
+        { "HTTP/1.1 404 Not Found\r\nLocation: https://api.example.com/v1/chat/completions\r\n",
+          NULL },
+        /* not a URL's text (a space, a byte above ASCII): no hint */
+        { "HTTP/1.1 301 Moved\r\nLocation: https://api.example.com/v1/chat completions\r\n", NULL },
+        { "HTTP/1.1 301 Moved\r\nLocation: https://api.example.com/v1/\xc3\xa9\r\n", NULL },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        char url[64];
+        llmretry_options o;
+        opts(&o, url, sizeof url);
+        o.max_retries = 2;
+        set_response(t[i].head, "", 0);
+        llmretry_call *c = run(&o);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        const char *m = r && r->message ? r->message : "";
+        if (t[i].want)
+            CHECK_MSG(strstr(m, t[i].want), "redirect %zu: %s", i, m);
+        else
+            CHECK_MSG(!strstr(m, "redirect"), "a 404's Location taken for a redirect: %s", m);
+        CHECK_MSG(!strstr(m, "pw") && !strstr(m, "LEAK"), "redirect %zu: a secret shown: %s", i, m);
+        pthread_mutex_lock(&mu);
+        int seen = requests;
+        pthread_mutex_unlock(&mu);
+        CHECK_MSG(seen == 1, "redirect %zu: %d requests (followed, or retried)", i, seen);
+        llmretry_call_free(c);
+    }
+}
+
 /* A 200 whose body is an error (answer_error.c) says so as an HTTP error
  * does: the path, the status it stands for, the provider's code and
  * message screened alike (a prompt echoed is withheld, a code holding it
@@ -692,6 +737,7 @@ int main(void)
         { "error_code_screened", test_error_code_screened },
         { "error_message_shown", test_error_message_shown },
         { "answer_error_message", test_answer_error_message },
+        { "redirect_hint", test_redirect_hint },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
         { "doubled_path_hint", test_doubled_path_hint },
         { "no_key_hint", test_no_key_hint },

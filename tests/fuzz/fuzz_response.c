@@ -67,8 +67,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int aborted = 0;
     for (size_t i = 0; i + 4 <= size; i++) {
         if (memcmp(data + i, "\r\n\r\n", 4) == 0) {
+            /* Bit 6: a redirect, whose Location is kept for the give-up's hint. */
             static const char status_line[] = "HTTP/1.1 429 Too Many Requests\r\n";
-            aborted = !feed_header(c, (const uint8_t *)status_line, sizeof status_line - 1);
+            static const char moved[] = "HTTP/1.1 301 Moved Permanently\r\n";
+            aborted = (ctl >> 6) & 1 ? !feed_header(c, (const uint8_t *)moved, sizeof moved - 1)
+                                     : !feed_header(c, (const uint8_t *)status_line,
+                                                    sizeof status_line - 1);
             size_t p = 0, hend = i + 2; /* keep the last line's CRLF */
             while (!aborted && p < hend) {
                 size_t q = p;
@@ -86,6 +90,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int h = 0; h < LR_H_COUNT; h++)
         if (c->hdr_set[h] && !c->hdr_long[h] && memchr(c->hdr[h], '\0', LR_HVAL) == NULL)
             fail("captured header value not NUL-terminated");
+    if (c->location) {
+        if (!c->redirect || strlen(c->location) > 2048)
+            fail("a Location kept for no redirect, or too long");
+        for (const char *p = c->location; *p; p++)
+            if (*p < 0x21 || *p > 0x7e)
+                fail("a Location kept with a byte that is not printable ASCII");
+        char *shown = llmretry_url_shown(c->location);
+        if (shown && (strchr(shown, '\n') || strchr(shown, '\r')))
+            fail("a shown Location with a line break");
+        llmretry_free(shown);
+    }
 
     /* The body, chunk by chunk, within max_response_bytes. */
     size_t fed = 0;
