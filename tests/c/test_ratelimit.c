@@ -35,22 +35,30 @@ static void opts_for(llmretry_options *o, const char *name, char *url, size_t ur
 }
 
 /* The arrival times (ms, from the first) of the scenario's requests. */
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static int arrivals(const char *name, double *ms, int max)
 {
     char *text = th_mock_requests(&mock, name);
     cJSON *a = text ? cJSON_Parse(text) : NULL;
     free(text);
     int n = 0;
-    double t0 = 0;
     cJSON *rec;
     cJSON_ArrayForEach(rec, a) {
-        double t = cJSON_GetObjectItem(rec, "time")->valuedouble * 1000.0;
-        if (n == 0)
-            t0 = t;
         if (n < max)
-            ms[n++] = t - t0;
+            ms[n++] = cJSON_GetObjectItem(rec, "time")->valuedouble * 1000.0;
     }
     cJSON_Delete(a);
+    /* Records come in the order the mock handled them, each timed by its
+     * arrival (the kernel's stamp): two that came together may be handled
+     * in either order. */
+    qsort(ms, (size_t)n, sizeof *ms, by_value);
+    for (int i = n - 1; i >= 0; i--)
+        ms[i] -= ms[0];
     return n;
 }
 

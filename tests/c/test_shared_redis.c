@@ -552,7 +552,12 @@ static void slow_start(const char *spec)
     cJSON *recs = text ? cJSON_Parse(text) : NULL;
     free(text);
     int n = cJSON_GetArraySize(recs), early = 0;
+    /* The first arrival: records come in the order they were handled. */
     double first = n ? cJSON_GetObjectItem(cJSON_GetArrayItem(recs, 0), "time")->valuedouble : 0;
+    for (int i = 1; i < n; i++) {
+        double at = cJSON_GetObjectItem(cJSON_GetArrayItem(recs, i), "time")->valuedouble;
+        first = at < first ? at : first;
+    }
     for (int i = 0; i < n; i++)
         early += cJSON_GetObjectItem(cJSON_GetArrayItem(recs, i), "time")->valuedouble < first + 0.4;
     cJSON_Delete(recs);

@@ -367,6 +367,6 @@ def test_a_shared_slow_start(store: str, mock: MockServer) -> None:
     clients = [llmretry.Client(base_url=url, shared=store, logger=None) for _ in range(2)]
     outs = _batches_at_once(clients, 20, 20)
     assert [o.summary.ok for o in outs] == [20, 20]
-    times = [r["time"] for r in mock.requests("start")]
+    times = sorted(r["time"] for r in mock.requests("start"))     # handled in any order
     early = sum(1 for t in times if t < times[0] + 0.4)
     assert len(times) == 40 and 1 <= early <= 16, (early, len(times))
