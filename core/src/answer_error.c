@@ -17,8 +17,6 @@
 #include "internal.h"
 
 #include <cjson/cJSON.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 typedef enum answer_kind { ANSWER_NONE, ANSWER_CHOICES, ANSWER_DATA, ANSWER_RESPONSE } answer_kind;
@@ -58,17 +56,6 @@ static int may_say_failed(answer_kind kind, const lr_body_tops *t)
     return kind == ANSWER_CHOICES && t->error_choice;
 }
 
-static char *message(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *message(const char *fmt, ...)
-{
-    char buf[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return lr_strdup(buf);
-}
-
 int lr_answer_error(llmretry_call *c, const char *text, size_t n, const lr_body_tops *t,
                     lr_outcome *out)
 {
@@ -98,12 +85,12 @@ int lr_answer_error(llmretry_call *c, const char *text, size_t n, const lr_body_
     }
     if (kind == ANSWER_CHOICES && !nonempty_array(t->choices, text + n)) {
         out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-        out->message = message("HTTP %ld with no answer: the body has no choices", status);
+        out->message = lr_printf_alloc("HTTP %ld with no answer: the body has no choices", status);
         return 1;
     }
     if (kind == ANSWER_DATA && !(t->data && *t->data == '[')) {
         out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-        out->message = message("HTTP %ld with no answer: the body has no data list", status);
+        out->message = lr_printf_alloc("HTTP %ld with no answer: the body has no data list", status);
         return 1;
     }
     return 0;

@@ -114,6 +114,16 @@ char *lr_strdup(const char *s)
     return s ? strdup(s) : NULL;
 }
 
+char *lr_printf_alloc(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return lr_strdup(buf);
+}
+
 char *lr_strndup(const char *s, size_t n)
 {
     char *p = malloc(n + 1);

@@ -30,6 +30,8 @@ uint64_t lr_rng_seed(void);
 double lr_rng_next01(uint64_t *state);
 char *lr_strdup(const char *s);
 char *lr_strndup(const char *s, size_t n);
+/* A message, formatted (at most 511 bytes) and malloc'd; NULL when out of memory. */
+char *lr_printf_alloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void lr_errf(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -7,7 +7,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,17 +31,6 @@ static char *preview_of(const char *data, size_t len)
     return lr_strndup(data, len);
 }
 
-static char *printf_alloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *printf_alloc(const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return lr_strdup(buf);
-}
-
 static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
 {
     llmretry_failure *f = &out->f;
@@ -50,7 +38,7 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
     switch (rc) {
     case CURLE_OPERATION_TIMEDOUT:
         f->kind = c->cut_by_deadline ? LLMRETRY_ERR_DEADLINE_EXCEEDED : LLMRETRY_ERR_TIMEOUT;
-        out->message = printf_alloc("%s: %s",
+        out->message = lr_printf_alloc("%s: %s",
                                     c->cut_by_deadline ? "deadline reached during the attempt"
                                                        : "attempt timed out", detail);
         break;
@@ -61,19 +49,19 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         f->never_connected = 1;
         /* The server's own name or port (a proxy's is not base_url's fault). */
         out->connect_failed = rc != CURLE_COULDNT_RESOLVE_PROXY;
-        out->message = printf_alloc("could not connect: %s", detail);
+        out->message = lr_printf_alloc("could not connect: %s", detail);
         break;
     case CURLE_SSL_CONNECT_ERROR:
         if (strstr(detail, "wrong version number")) {
             /* TLS to a port that answers in plain text: retrying cannot help. */
             f->kind = LLMRETRY_ERR_NETWORK;
             f->fatal = 1;
-            out->message = printf_alloc("TLS handshake failed (not retried): the server does "
+            out->message = lr_printf_alloc("TLS handshake failed (not retried): the server does "
                                         "not speak TLS on this port (an http:// URL?): %s",
                                         detail);
         } else {
             f->kind = LLMRETRY_ERR_NETWORK;
-            out->message = printf_alloc("network error: %s", detail);
+            out->message = lr_printf_alloc("network error: %s", detail);
         }
         break;
     case CURLE_PEER_FAILED_VERIFICATION:
@@ -83,30 +71,30 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
     case CURLE_SSL_ISSUER_ERROR:
         f->kind = LLMRETRY_ERR_NETWORK;
         f->fatal = 1;
-        out->message = printf_alloc("TLS verification failed (not retried): %s", detail);
+        out->message = lr_printf_alloc("TLS verification failed (not retried): %s", detail);
         break;
     case CURLE_URL_MALFORMAT:
         f->kind = LLMRETRY_ERR_NETWORK;
         f->fatal = 1;
         f->never_connected = 1;
-        out->message = printf_alloc("bad URL (not retried): %s", detail);
+        out->message = lr_printf_alloc("bad URL (not retried): %s", detail);
         break;
     case CURLE_ABORTED_BY_CALLBACK:
         /* Only on_prereq aborts, before a re-send lr_resend_allowed refused:
          * a written request (never free) or a free one past the bound. */
         f->kind = LLMRETRY_ERR_NETWORK;
         if (c->resend_refused == LR_RESEND_REUSED_DIED && c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
-            out->message = printf_alloc("connection closed before a response (the server may "
+            out->message = lr_printf_alloc("connection closed before a response (the server may "
                                         "have read the request: retry_mode=unsafe does not "
                                         "send it again)");
         else if (c->resend_refused == LR_RESEND_REUSED_DIED)
-            out->message = printf_alloc("connection lost before a response (the request may "
+            out->message = lr_printf_alloc("connection lost before a response (the request may "
                                         "have reached the server)");
         else {
             /* Refused streams, stale or dead connections, past
              * LR_MAX_RESENDS: the request never reached the server. */
             f->never_connected = 1;
-            out->message = printf_alloc(c->resend_refused == LR_RESEND_STALE
+            out->message = lr_printf_alloc(c->resend_refused == LR_RESEND_STALE
                                         ? "every idle connection had unread bytes (%d tries); "
                                           "the request was not sent"
                                         : c->resend_refused == LR_RESEND_UNSENT
@@ -119,7 +107,7 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
     case CURLE_WRITE_ERROR:
         if (c->too_large) {
             f->kind = LLMRETRY_ERR_RESPONSE_TOO_LARGE;
-            out->message = printf_alloc("response larger than max_response_bytes (%lld)",
+            out->message = lr_printf_alloc("response larger than max_response_bytes (%lld)",
                                         (long long)c->o.max_response_bytes);
             break;
         }
@@ -127,7 +115,7 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         __attribute__((fallthrough));
     default:
         f->kind = LLMRETRY_ERR_NETWORK;
-        out->message = printf_alloc("network error: %s", detail);
+        out->message = lr_printf_alloc("network error: %s", detail);
         break;
     }
 }
@@ -178,7 +166,7 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
             }
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-            out->message = printf_alloc("HTTP %ld with a body that %s (a body must be a UTF-8 "
+            out->message = lr_printf_alloc("HTTP %ld with a body that %s (a body must be a UTF-8 "
                                         "JSON object)", status, why);
         }
     } else {
