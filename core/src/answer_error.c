@@ -1,4 +1,4 @@
-/* A 2xx answer that is not one (DESIGN rule 10, docs/reliability.md,
+/* A 2xx answer that is not one (docs/reliability.md,
  * "A 200 that is not an answer"). Gateways commit their status line before
  * the model runs: OpenRouter documents that an error met while the model
  * produces its answer comes in a 200's body, and others (proxies in front
@@ -90,7 +90,8 @@ int lr_answer_error(llmretry_call *c, const char *text, size_t n, const lr_body_
     }
     if (kind == ANSWER_DATA && !(t->data && *t->data == '[')) {
         out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
-        out->message = lr_printf_alloc("HTTP %ld with no answer: the body has no data list", status);
+        out->message = lr_printf_alloc("HTTP %ld with no answer: the body has no data list",
+                                       status);
         return 1;
     }
     return 0;

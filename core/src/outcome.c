@@ -39,8 +39,8 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
     case CURLE_OPERATION_TIMEDOUT:
         f->kind = c->cut_by_deadline ? LLMRETRY_ERR_DEADLINE_EXCEEDED : LLMRETRY_ERR_TIMEOUT;
         out->message = lr_printf_alloc("%s: %s",
-                                    c->cut_by_deadline ? "deadline reached during the attempt"
-                                                       : "attempt timed out", detail);
+                                       c->cut_by_deadline ? "deadline reached during the attempt"
+                                                          : "attempt timed out", detail);
         break;
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_RESOLVE_PROXY:
@@ -57,8 +57,8 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
             f->kind = LLMRETRY_ERR_NETWORK;
             f->fatal = 1;
             out->message = lr_printf_alloc("TLS handshake failed (not retried): the server does "
-                                        "not speak TLS on this port (an http:// URL?): %s",
-                                        detail);
+                                           "not speak TLS on this port (an http:// URL?): %s",
+                                           detail);
         } else {
             f->kind = LLMRETRY_ERR_NETWORK;
             out->message = lr_printf_alloc("network error: %s", detail);
@@ -85,30 +85,30 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
         f->kind = LLMRETRY_ERR_NETWORK;
         if (c->resend_refused == LR_RESEND_REUSED_DIED && c->o.retry_mode == LLMRETRY_RETRY_UNSAFE)
             out->message = lr_printf_alloc("connection closed before a response (the server may "
-                                        "have read the request: retry_mode=unsafe does not "
-                                        "send it again)");
+                                           "have read the request: retry_mode=unsafe does not "
+                                           "send it again)");
         else if (c->resend_refused == LR_RESEND_REUSED_DIED)
             out->message = lr_printf_alloc("connection lost before a response (the request may "
-                                        "have reached the server)");
+                                           "have reached the server)");
         else {
             /* Refused streams, stale or dead connections, past
              * LR_MAX_RESENDS: the request never reached the server. */
             f->never_connected = 1;
             out->message = lr_printf_alloc(c->resend_refused == LR_RESEND_STALE
-                                        ? "every idle connection had unread bytes (%d tries); "
-                                          "the request was not sent"
-                                        : c->resend_refused == LR_RESEND_UNSENT
-                                        ? "every connection was dead before the request was "
-                                          "written (%d tries); the request was not sent"
-                                        : "the server refused the request %d times without "
-                                          "processing it", LR_MAX_RESENDS + 1);
+                                           ? "every idle connection had unread bytes (%d tries); "
+                                             "the request was not sent"
+                                           : c->resend_refused == LR_RESEND_UNSENT
+                                           ? "every connection was dead before the request was "
+                                             "written (%d tries); the request was not sent"
+                                           : "the server refused the request %d times without "
+                                             "processing it", LR_MAX_RESENDS + 1);
         }
         break;
     case CURLE_WRITE_ERROR:
         if (c->too_large) {
             f->kind = LLMRETRY_ERR_RESPONSE_TOO_LARGE;
             out->message = lr_printf_alloc("response larger than max_response_bytes (%lld)",
-                                        (long long)c->o.max_response_bytes);
+                                           (long long)c->o.max_response_bytes);
             break;
         }
         /* out of memory while reading: a network-ish failure */
@@ -167,7 +167,7 @@ void lr_call_read_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         } else {
             out->f.kind = LLMRETRY_ERR_INVALID_RESPONSE;
             out->message = lr_printf_alloc("HTTP %ld with a body that %s (a body must be a UTF-8 "
-                                        "JSON object)", status, why);
+                                           "JSON object)", status, why);
         }
     } else {
         out->f.kind = LLMRETRY_ERR_HTTP_STATUS;

@@ -175,8 +175,8 @@ static char status_class(const char *line, size_t n)
     return sp && (size_t)(sp - line) + 1 < n ? sp[1] : 0;
 }
 
-/* A redirect is not followed (DESIGN: the request would go where nobody
- * named it); its Location, up to this long, is kept to say where. */
+/* A redirect is not followed (docs/security.md: the key would go where
+ * nobody named); its Location, up to this long, is kept to say where. */
 #define LR_LOCATION_MAX 2048
 
 static void keep_location(llmretry_call *c, const char *v, const char *end)

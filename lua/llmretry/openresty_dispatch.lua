@@ -15,7 +15,8 @@ local lffi = require("llmretry.ffi")
 local semaphore = require("ngx.semaphore")
 local post = require("llmretry.openresty_waiters").post
 
-local tostring, next, setmetatable, collectgarbage = tostring, next, setmetatable, collectgarbage
+local tostring, next, pairs, setmetatable, collectgarbage =
+  tostring, next, pairs, setmetatable, collectgarbage
 local ngx = ngx
 
 -- The dispatcher's read timeout (ms): as long as the cosocket allows, since
@@ -53,11 +54,21 @@ function M.new(o)
   end
 
   -- No more dispatch on d: the channel goes once its calls are gone, and its
-  -- end of the dispatcher's connection with it.
+  -- end of the dispatcher's connection with it. Its requests asleep look at
+  -- once, and every POLL_S from then on (the state says so): else each
+  -- would first sleep out its wait's second (WAIT_S), counted as a lost
+  -- wake-up. A batch's waiter is posted with nothing ready: it looks too.
   local function stop(d)
     d.state = "stopped"
     d.closed = true
     d.channel:close()
+    for _, waiter in pairs(d.waiting) do
+      if waiter.awake == false or waiter.ready then
+        if waiter.awake == false then waiter.awake = true end
+        waiter.posted = true
+        waiter.sema:post(1)
+      end
+    end
   end
 
   -- The dispatcher's reader (a light thread): every byte on the connection

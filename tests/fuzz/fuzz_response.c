@@ -181,7 +181,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (lr_answer_error(c, c->resp.data ? c->resp.data : "", c->resp.len, &tops, &ae)) {
                 if (!ae.message)
                     fail("an answer refused without a message");
-                if (ae.f.kind == LLMRETRY_ERR_HTTP_STATUS && (ae.f.status < 400 || ae.f.status > 599))
+                if (ae.f.kind == LLMRETRY_ERR_HTTP_STATUS &&
+                    (ae.f.status < 400 || ae.f.status > 599))
                     fail("an error inside an answer stands for no HTTP error status");
                 if (ae.f.kind != LLMRETRY_ERR_HTTP_STATUS &&
                     ae.f.kind != LLMRETRY_ERR_INVALID_RESPONSE && ae.f.kind != LLMRETRY_ERR_NETWORK)

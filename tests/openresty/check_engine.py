@@ -270,6 +270,35 @@ test_no_lost_wakeups.transports_why = ("its requests carry their own exchanges a
                                        "\"engine\"'s waits")
 
 
+def test_a_dispatcher_that_fails(_ngx, mock):
+    """A dispatcher that cannot reach its engine's channel: the calls asleep on it look for their news at once, then every 20 ms, never sleeping out their wait's second; nothing counts as a lost wake-up."""
+    ngx = Nginx(_ngx.repo, mock.root, init_worker=False)
+    try:
+        ngx.start()
+        status, text, _ = http("GET", ngx.base + "/dispatcher_cannot_connect")
+        check(status == 200 and text.strip() == "ok", f"/dispatcher_cannot_connect: {status} {text}")
+        mock.script("no_dispatcher", [], after={"delay_ms": 50})
+        for i in range(2):      # the first call makes the engine and its dispatcher
+            status, text, secs = http("GET", ngx.base + "/llm?s=no_dispatcher", timeout=30)
+            check(status == 200 and json.loads(text)["ok"], f"call {i}: {status} {text}")
+            check(secs < 0.6, f"call {i} took {secs * 1000:.0f} ms for a 50 ms answer: it slept "
+                  "out its wait's second")
+        st = ngx.stats()
+        check(st["dispatcher"] == "stopped", f"the dispatcher: {st}")
+        check(st["wait_timeouts"] == 0, f"{st['wait_timeouts']} waits ran out: a failed "
+              "dispatcher counted as lost wake-ups")
+        check("could not connect to its engine's channel" in ngx.error_log(),
+              "the failure is not in the error log")
+    finally:
+        ngx.stop()
+        ngx.cleanup()
+
+
+test_a_dispatcher_that_fails.transports = ("engine",)
+test_a_dispatcher_that_fails.transports_why = ("its requests carry their own exchanges: there is "
+                                               "no dispatcher to fail")
+
+
 def test_control_blocking(ngx, mock):
     """Control: a call made in the handler itself blocks the worker, and /ping is seen to stall."""
     mock.script("slow_blocking", [], after={"delay_ms": 1000})

@@ -29,7 +29,8 @@ from check_calls import (test_call_many, test_doc_examples, test_environment,
                          test_events_as_they_happen, test_failure, test_ffi_path,
                          test_misuse, test_misuse_vectors, test_no_secrets_logged,
                          test_one_call, test_validate)
-from check_engine import (test_500_calls_no_thread_pool, test_control_blocking,
+from check_engine import (test_500_calls_no_thread_pool, test_a_dispatcher_that_fails,
+                          test_control_blocking,
                           test_engine_shared, test_io_loop, test_no_lost_wakeups,
                           test_reload_with_calls_in_flight, test_waiter_pool,
                           test_workers_share_a_budget)
@@ -42,7 +43,7 @@ from harness import FIGURES, Mock, Nginx
 TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path, test_validate,
          test_misuse, test_misuse_vectors,
          test_doc_examples, test_environment, test_waiter_pool, test_engine_shared, test_io_loop,
-         test_no_lost_wakeups, test_500_calls_no_thread_pool,
+         test_no_lost_wakeups, test_a_dispatcher_that_fails, test_500_calls_no_thread_pool,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_tls, test_exchange_in_the_request,
          test_big_answer_and_idle_close, test_refused_connect, test_no_secrets_logged,
