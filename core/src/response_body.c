@@ -155,13 +155,14 @@ typedef struct lr_name {
 #define LR_NAME(lit) { lit, sizeof lit - 1 }
 
 static int walk_choices(lr_jp *j, int *error_choice);
+#define NO_WALK ((size_t)-1)
 
 /* The object at j->p ('{'), checked to its '}': for each of the n names,
  * where its first member's value starts (NULL if none), as
  * cJSON_GetObjectItemCaseSensitive finds the first. 0, or -1 when the
  * object is not JSON. One pass: the body's check and its reading. The
- * first member named names[walk] (walk < n), when it is an array, is read
- * by walk_choices instead of skipped, setting *error_choice. */
+ * first member named names[walk] (NO_WALK: none), when it is an array, is
+ * read by walk_choices instead of skipped, setting *error_choice. */
 static int find_members(lr_jp *j, const lr_name *names, const char **at, size_t n,
                         size_t walk, int *error_choice)
 {
@@ -239,7 +240,7 @@ static int walk_choices(lr_jp *j, int *error_choice)
     for (;;) {
         const char *at;
         if (lr_jp_peek(j) == '{') {
-            if (find_members(j, fr, &at, 1, 1, NULL) != 0)
+            if (find_members(j, fr, &at, 1, NO_WALK, NULL) != 0)
                 return -1;
             if (is_text(at, j->end, "error"))
                 *error_choice = 1;
@@ -311,7 +312,7 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
                                    LR_NAME("choices"), LR_NAME("data"), LR_NAME("status") };
     const char *at[7];
     int object = lr_jp_peek(&j) == '{';
-    int bad = object ? find_members(&j, top, at, 7, 4, &tops->error_choice) != 0
+    int bad = object ? find_members(&j, top, at, 7, 4 /* choices */, &tops->error_choice) != 0
                      : lr_jp_skip(&j) != 0;
     lr_jp_ws(&j);
     /* Strict JSON holds to every rule of json_text_problem but the depth:
@@ -333,7 +334,7 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
                                          LR_NAME("total_tokens") };
         const char *u[5];
         lr_jp_init(&j, at[0], (size_t)(end - at[0]));
-        find_members(&j, names, u, 5, 5, NULL);
+        find_members(&j, names, u, 5, NO_WALK, NULL);
         usage->present = 1;
         int chat = u[0] || u[1];
         usage->prompt_tokens = count_at(chat ? u[0] : u[2], end);

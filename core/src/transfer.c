@@ -203,8 +203,9 @@ size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud)
         /* A new response (after a 100 Continue, say): forget the last. */
         lr_call_forget_headers(c);
         c->sse = 0;
-        c->interim = status_class(line, n) == '1';
-        c->redirect = status_class(line, n) == '3';
+        char cls = status_class(line, n);
+        c->interim = cls == '1';
+        c->redirect = cls == '3';
         if (c->o.keep_response)
             keep_head_line(c, line, n);
         return n;

@@ -13,7 +13,8 @@
 
 local lffi = require("llmretry.ffi")
 local semaphore = require("ngx.semaphore")
-local post = require("llmretry.openresty_waiters").post
+local waiters = require("llmretry.openresty_waiters")
+local post, rouse = waiters.post, waiters.rouse
 
 local tostring, next, pairs, setmetatable, collectgarbage =
   tostring, next, pairs, setmetatable, collectgarbage
@@ -62,13 +63,7 @@ function M.new(o)
     d.state = "stopped"
     d.closed = true
     d.channel:close()
-    for _, waiter in pairs(d.waiting) do
-      if waiter.awake == false or waiter.ready then
-        if waiter.awake == false then waiter.awake = true end
-        waiter.posted = true
-        waiter.sema:post(1)
-      end
-    end
+    for _, waiter in pairs(d.waiting) do rouse(waiter) end
   end
 
   -- The dispatcher's reader (a light thread): every byte on the connection

@@ -67,25 +67,30 @@ function M.give(waiter)
   if n < CAP then spare[n + 1] = waiter end
 end
 
--- The call of `key` has news: post its waiter in `waiting` (if any). One
--- pending post is enough: the waiter reads everything there is.
+-- Wake `waiter` to look at its calls, unless it is awake (a call_llm that
+-- is not asleep reads its mail before it sleeps: a post would only be
+-- taken back, issue 36). One pending post is enough: the waiter reads
+-- everything there is.
+function M.rouse(waiter)
+  if waiter.awake then return end
+  local sema = waiter.sema
+  if sema:count() <= 0 then
+    waiter.posted = true
+    sema:post(1)
+    -- A sleeping call_llm is posted once: a second post before it runs
+    -- (count() is posts less waiters: 0 while the first waits to be
+    -- delivered) would only stay pending.
+    if waiter.awake == false then waiter.awake = true end
+  end
+end
+
+-- The call of `key` has news: post its waiter in `waiting` (if any).
 function M.post(waiting, key)
   local waiter = waiting[key]
   if waiter then
     local ready = waiter.ready
     if ready then ready[#ready + 1] = waiter.handles[key] end
-    -- A call_llm that is not asleep reads its mail before it sleeps: a
-    -- post would only be taken back (issue 36).
-    if waiter.awake then return end
-    local sema = waiter.sema
-    if sema:count() <= 0 then
-      waiter.posted = true
-      sema:post(1)
-      -- A sleeping call_llm is posted once: a second post before it runs
-      -- (count() is posts less waiters: 0 while the first waits to be
-      -- delivered) would only stay pending.
-      if waiter.awake == false then waiter.awake = true end
-    end
+    M.rouse(waiter)
   end
 end
 

@@ -67,28 +67,25 @@ class Upstream(BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
         self.wfile.flush()
 
+    def answer_json(self, status: int, doc: Any) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_POST(self) -> None:  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
         model = req.get("model")
         with self.lock:
             self.seen.append(req)
         if model == "up-inband" and not req.get("stream"):
-            data = json.dumps({"error": {"message": "Provider returned error",
-                                         "code": 502}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.answer_json(200, {"error": {"message": "Provider returned error", "code": 502}})
             return
         if model == "up-429":
-            data = json.dumps({"error": {"message": "slow down", "type": "requests",
-                                         "code": "rate_limit_exceeded"}}).encode()
-            self.send_response(429)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.answer_json(429, {"error": {"message": "slow down", "type": "requests",
+                                             "code": "rate_limit_exceeded"}})
             return
         self.close_connection = True    # the stream ends with the connection
         self.send_response(200)
