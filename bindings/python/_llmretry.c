@@ -341,6 +341,11 @@ static PyMethodDef module_methods[] = {
     { "url_join", url_join, METH_VARARGS,
       "url_join(base, path) -> str: the engine's join of a base URL and a path ('/files'):\n"
       "trailing slashes trimmed, the path before the base's query, no fragment." },
+    { "judge_answer", (PyCFunction)(void (*)(void))lr_py_judge_answer,
+      METH_VARARGS | METH_KEYWORDS,
+      "judge_answer(status, answer, body, **options) -> Result | dict: what\n"
+      "Engine.call(body, as_result=True, **options) gives had the server answered\n"
+      "`status` with the bytes `answer` in its one attempt (a Batch API's result lines)." },
     { "json_text_opens", json_text_opens, METH_O,
       "json_text_opens(data) -> bool: does a body's text open a JSON object (or array):\n"
       "'{' or '[' after white space (the core's check at submit)." },

@@ -12,7 +12,8 @@
  *   json_encode.c   a request body (dict) to the bytes json's encoder would send
  *   batch_encode.c  a listed batch's bodies encoded in one loop (dicts json_encode.c takes)
  *   call_type.c     Call: one call in flight whose mailbox the host reads (streams, loops)
- *   channel_type.c  Channel and Group: an event loop's view of the engine */
+ *   channel_type.c  Channel and Group: an event loop's view of the engine
+ *   judge_answer.c  an answer got without an attempt (a Batch API line), judged */
 #ifndef LLMRETRY_PY_BINDING_H
 #define LLMRETRY_PY_BINDING_H
 
@@ -106,6 +107,9 @@ PyObject *Engine_call_many(EngineObject *self, PyObject *args, PyObject *kw);
 /* batch.c: Engine.batch, the BatchRun that call_many steps to its end. */
 extern PyType_Spec BatchRun_spec;
 extern PyType_Spec LazyMeta_spec;      /* results.c */
+/* judge_answer.c: judge_answer(status, answer, body, **options), an answer
+ * got without an attempt judged by the core as an attempt's. */
+PyObject *lr_py_judge_answer(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *Engine_batch(EngineObject *self, PyObject *args, PyObject *kw);
 /* batch_items.c: _batch_tally(values), a batch's values recorded at its end. */
 PyObject *lr_py_batch_tally(PyObject *module, PyObject *values);

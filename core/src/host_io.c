@@ -376,6 +376,28 @@ llmretry_feed llmretry_call_exchange_feed(llmretry_call *c, unsigned token, cons
     return keep ? LLMRETRY_FEED_DONE : LLMRETRY_FEED_DONE_CLOSE;
 }
 
+llmretry_feed llmretry_call_exchange_answer(llmretry_call *c, unsigned token, int status,
+                                            const char *body, size_t len)
+{
+    if (!live(c, token))
+        return LLMRETRY_FEED_GONE;
+    if (status < 200 || status > 599) {
+        /* No interim or made-up status: it would leave the parser waiting
+         * for a head that never comes. */
+        snprintf(c->curl_err, sizeof c->curl_err, "an answer's status %d is not an HTTP status "
+                 "of a final response (200-599)", status);
+        finish(c, CURLE_WEIRD_SERVER_REPLY);
+        return LLMRETRY_FEED_FAILED;
+    }
+    char head[80];
+    int n = snprintf(head, sizeof head, "HTTP/1.1 %d -\r\nContent-Length: %zu\r\n\r\n", status,
+                     len);
+    llmretry_feed f = llmretry_call_exchange_feed(c, token, head, (size_t)n);
+    /* A 204 or 304 has no body: its head ended the exchange. */
+    return f == LLMRETRY_FEED_MORE && len > 0 ? llmretry_call_exchange_feed(c, token, body, len)
+                                              : f;
+}
+
 void llmretry_call_exchange_failed(llmretry_call *c, unsigned token, llmretry_xfer_error why,
                                    int reused, const char *message)
 {

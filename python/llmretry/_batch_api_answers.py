@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._client import Meta, Result
-from .errors import HTTPStatusError, InvalidResponseError, LLMError
+from . import _llmretry
+from ._results import _result_of
+from .errors import InvalidResponseError, LLMError
 
 # The ids the API hands out ("batch_abc123", "file-abc123"): letters,
 # digits and a few separators; never a path, a query or a space.
@@ -81,55 +82,62 @@ def parse_lines(raw: str) -> Tuple[List[Dict[str, Any]], int]:
     return out, bad
 
 
-def usage_of(doc: Any) -> Optional[Dict[str, int]]:
-    """An answer's usage (Chat Completions' or Responses' names) as whole
-    numbers; None when it has none that is one."""
-    u = doc.get("usage") if isinstance(doc, dict) else None
-    if not isinstance(u, dict):
-        return None
-    prompt = u.get("prompt_tokens", u.get("input_tokens"))
-    completion = u.get("completion_tokens", u.get("output_tokens"))
-    total = u.get("total_tokens")
-    if not any(type(v) is int and v >= 0 for v in (prompt, completion, total)):
-        return None
-    p, c = _count(prompt), _count(completion)
-    return {"prompt_tokens": p, "completion_tokens": c,
-            "total_tokens": total if type(total) is int and total >= 0 else p + c}
-
-
 def _text(value: Any) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def line_value(line: Dict[str, Any], model: str, status: str) -> Tuple[Any, bool]:
-    """An output or error file line as (Result or LLMError, failed)."""
+class LineJudge:
+    """Each result line's answer judged by the core as it judges an
+    attempt's (``_llmretry.judge_answer``): a 200 whose body is an error or
+    holds no answer is a failure, an error's message that quotes the
+    item's prompt or a credential is withheld, usage and models are read.
+    The request each line answers (the item's body, the key and headers
+    that would have gone with it) is what the screen compares against."""
+
+    def __init__(self, url: str, api_key: Optional[str], headers: Dict[str, str],
+                 lines: List[bytes]) -> None:
+        self._options: Dict[str, Any] = {"url": url}
+        if api_key:
+            self._options["api_key"] = api_key
+        if headers:
+            self._options["headers"] = headers
+        self._lines = lines
+
+    def __call__(self, i: int, code: int, body: Any, rid: Optional[str]) -> Tuple[Any, bool]:
+        line = json.loads(self._lines[i])
+        request = json.dumps(line.get("body")).encode("utf-8")
+        answer = json.dumps(body).encode("utf-8")
+        options = dict(self._options)
+        if rid is not None:
+            options["request_id"] = rid
+        try:
+            out = _llmretry.judge_answer(code, answer, request, **options)
+        except ValueError:
+            # A request id the core would not send (control bytes, too
+            # long): the answer is judged under one of its own.
+            options.pop("request_id", None)
+            out = _llmretry.judge_answer(code, answer, request, **options)
+        try:
+            return _result_of(out, None), False
+        except LLMError as exc:
+            return exc, True
+
+
+def line_value(line: Dict[str, Any], model: str, status: str,
+               judge: Callable[[int, Any, Optional[str]], Tuple[Any, bool]]) -> Tuple[Any, bool]:
+    """An output or error file line as (Result or LLMError, failed);
+    ``judge(status_code, body, request_id)`` judges a line that has an
+    HTTP answer (LineJudge, for this line's item)."""
     resp = line.get("response")
     if isinstance(resp, dict):
         code = resp.get("status_code")
         code = code if type(code) is int else None
-        body = resp.get("body")
         rid = _text(resp.get("request_id"))
         if code is None:
             return InvalidResponseError("the batch's line for it has no HTTP status code",
                                         attempts=1, request_id=rid, reason="not_retryable",
                                         model=model), True
-        if 200 <= code < 300:
-            if not isinstance(body, dict):
-                # A success carries what was asked for.
-                return InvalidResponseError(
-                    f"HTTP {code} in the batch with no answer object (a "
-                    f"{type(body).__name__})", status=code, attempts=1, request_id=rid,
-                    reason="not_retryable", model=model), True
-            usage = usage_of(body)
-            meta = Meta(0, 1, 0, 0, code, usage, rid or "", model, _text(body.get("model")),
-                        _text(body.get("system_fingerprint")), usage_total=usage)
-            return Result(body, meta), False
-        detail = body.get("error") if isinstance(body, dict) else None
-        message = _text(detail.get("message")) if isinstance(detail, dict) else None
-        ecode = _text(detail.get("code")) if isinstance(detail, dict) else None
-        return HTTPStatusError(f"HTTP {code} in the batch" + (f": {message}" if message else ""),
-                               status=code, attempts=1, request_id=rid,
-                               reason="not_retryable", model=model, error_code=ecode), True
+        return judge(code, resp.get("body"), rid)
     found = line.get("error")
     err: Dict[str, Any] = found if isinstance(found, dict) else {}
     kind = _text(err.get("code")) or f"batch_{status}"

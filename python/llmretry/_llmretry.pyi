@@ -401,6 +401,16 @@ def body_fields() -> Tuple[str, ...]:
     """The request body's own fields ("model", "messages", ...;
     llmretry_body_fields): keywords named so were meant for the body."""
 
+def judge_answer(status: int, answer: Union[bytes, bytearray, memoryview], body: bytes,
+                 **options: Any) -> Any:
+    """What ``Engine.call(body, as_result=True, **options)`` gives had the
+    server answered ``status`` with the bytes ``answer`` in its one attempt
+    (``max_retries`` is 0): a ``Result``, or the outcome dict of a failure.
+    For answers got without an attempt (a Batch API's result lines): the
+    core's judgement, on a host engine of its own for each answer
+    (llmretry_call_exchange_answer). A status outside 200-599 is a failed
+    attempt; ``on_event`` and ``validate`` raise ValueError."""
+
 def json_text_opens(data: Union[bytes, bytearray, memoryview]) -> bool:
     """Does a body's text open a JSON object (or an array): ``{`` or ``[``
     after white space? The core's check at submit (llmretry_json_text_opens)."""

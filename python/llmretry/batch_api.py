@@ -34,6 +34,7 @@ items are ok in the failures file's progress file, or failed there).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
@@ -41,7 +42,8 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequ
 
 from . import _batch
 from ._batch import BatchResult
-from ._batch_api_answers import checked_batch, line_value, not_run, parse_lines, plain_id
+from ._batch_api_answers import (LineJudge, checked_batch, line_value, not_run, parse_lines,
+                                 plain_id)
 from ._batch_api_http import Api
 # _parts and _detach_or_cancel too: the tests reach them here.
 from ._batch_api_lines import (ENDPOINTS, _error_of, _fingerprint, _indices,  # noqa: F401
@@ -245,6 +247,8 @@ class BatchJob:
         answered = set()
         failed: List[int] = []
         unreadable = 0
+        judge = LineJudge(self.api.url_of(self.endpoint[len("/v1"):]), self.api.api_key,
+                          self.api.headers, self.lines)
         for file_id in (batch["output_file_id"], batch["error_file_id"]):
             lines, bad_lines = self._download(file_id)
             unreadable += bad_lines
@@ -254,7 +258,8 @@ class BatchJob:
                 if i is None or i in answered:
                     continue
                 answered.add(i)
-                value, bad = line_value(line, self.models[i], status)
+                value, bad = line_value(line, self.models[i], status,
+                                        functools.partial(judge, i))
                 if bad:
                     failed.append(i)
                 emit(i, value, bad)

@@ -716,6 +716,95 @@ static void test_channel(void)
     llmretry_engine_free(e);
 }
 
+/* One answer got some other way (a Batch API result line), judged as an
+ * attempt's: the call's result from its status and body alone. */
+static const llmretry_result *answered(llmretry_engine *e, llmretry_call **cp, int status,
+                                       const char *body)
+{
+    static const char req[] = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", "
+                              "\"content\": \"the secret plan for the harbour\"}]}";
+    llmretry_options o;
+    llmretry_options_defaults(&o);
+    o.url = "http://127.0.0.1:9/v1/chat/completions";     /* never reached */
+    o.api_key = "sk-answered-0123456789";
+    o.body = req;
+    o.body_len = strlen(req);
+    o.max_retries = 0;
+    *cp = e ? th_submit(e, &o) : NULL;
+    llmretry_call *c = *cp;
+    llmretry_exchange x;
+    llmretry_engine_run(e, NULL);
+    if (!c || llmretry_call_exchange(c, &x) != 1) {
+        CHECK_MSG(0, "no exchange to answer");
+        return NULL;
+    }
+    llmretry_feed f = llmretry_call_exchange_answer(c, x.token, status, body, strlen(body));
+    CHECK_MSG(f == LLMRETRY_FEED_DONE || (status < 200 || status > 599),
+              "status %d: feed %d", status, (int)f);
+    llmretry_engine_run(e, NULL);
+    CHECK_INT(llmretry_call_exchange_answer(c, x.token, status, body, strlen(body)),
+              LLMRETRY_FEED_GONE);
+    llmretry_event *ev;
+    llmretry_mail m;
+    while ((m = llmretry_call_next(c, &ev)) == LLMRETRY_MAIL_EVENT)
+        llmretry_event_free(ev);
+    CHECK_INT(m, LLMRETRY_MAIL_DONE);
+    return llmretry_call_result(c);
+}
+
+static void test_exchange_answer(void)
+{
+    llmretry_engine *e = th_host_engine_new(0);
+    llmretry_call *c;
+    const llmretry_result *r = answered(e, &c, 200,
+        "{\"model\": \"m-1\", \"choices\": [{\"index\": 0, \"message\": {\"role\": \"assistant\", "
+        "\"content\": \"ok\"}, \"finish_reason\": \"stop\"}], \"usage\": {\"prompt_tokens\": 3, "
+        "\"completion_tokens\": 2, \"total_tokens\": 5}}");
+    CHECK(r && r->ok && r->status == 200 && r->attempts == 1);
+    CHECK(r && r->usage.present && r->usage.total_tokens == 5);
+    CHECK(r && r->response_model && strcmp(r->response_model, "m-1") == 0);
+    llmretry_call_free(c);
+
+    /* A 200 whose body is an error: a failed attempt, as on the wire. */
+    r = answered(e, &c, 200, "{\"error\": {\"code\": 502, \"message\": \"Provider returned error\"}}");
+    CHECK(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 502);
+    CHECK_MSG(r && r->message && strstr(r->message, "Provider returned error"), "%s",
+              r && r->message ? r->message : "");
+    llmretry_call_free(c);
+    r = answered(e, &c, 200, "{\"id\": \"x\", \"choices\": []}");
+    CHECK(r && !r->ok && r->kind == LLMRETRY_ERR_INVALID_RESPONSE);
+    llmretry_call_free(c);
+
+    /* An error's message that quotes the prompt, or the key, is withheld. */
+    r = answered(e, &c, 400, "{\"error\": {\"code\": \"bad\", \"message\": \"Invalid content: the "
+                             "secret plan for the harbour\"}}");
+    CHECK(r && !r->ok && r->status == 400 && r->reason == LLMRETRY_REASON_NOT_RETRYABLE);
+    CHECK_MSG(r && r->message && !strstr(r->message, "secret plan") && strstr(r->message, "withheld"),
+              "%s", r && r->message ? r->message : "");
+    llmretry_call_free(c);
+    r = answered(e, &c, 401, "{\"error\": {\"message\": \"bad key sk-answered-0123456789\"}}");
+    CHECK_MSG(r && r->message && !strstr(r->message, "sk-answered"), "%s",
+              r && r->message ? r->message : "");
+    llmretry_call_free(c);
+
+    /* An empty body, not JSON, a status that is none. */
+    r = answered(e, &c, 200, "");
+    CHECK(r && !r->ok && r->kind == LLMRETRY_ERR_INVALID_RESPONSE);
+    llmretry_call_free(c);
+    r = answered(e, &c, 204, "{}");
+    CHECK(r && !r->ok && r->kind == LLMRETRY_ERR_INVALID_RESPONSE);
+    llmretry_call_free(c);
+    static const int odd[] = { 0, 100, 199, 600, -1 };
+    for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
+        r = answered(e, &c, odd[i], "{}");
+        CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->message &&
+                  strstr(r->message, "not an HTTP status"), "status %d: %s", odd[i],
+                  r && r->message ? r->message : "");
+        llmretry_call_free(c);
+    }
+    llmretry_engine_free(e);
+}
+
 /* An engine freed with calls in flight cancels them, on the host's thread. */
 static void test_free_in_flight(void)
 {
@@ -746,6 +835,7 @@ int main(void)
         { "parser_framings", test_parser_framings },
         { "parser_refuses", test_parser_refuses },
         { "parser_refused_body", test_parser_refused_body },
+        { "exchange_answer", test_exchange_answer },
     };
     TH_RUN(pure);
     if (th_mock_start(&mock) != 0) {

@@ -116,14 +116,15 @@ def _completed(**over: Any) -> Callable[[], Dict[str, Any]]:
     return lambda: doc
 
 
-def _run(server: Hostile, n: int) -> llmretry.BatchResult:
+def _run(server: Hostile, n: int,
+         bodies: Optional[List[Dict[str, Any]]] = None) -> llmretry.BatchResult:
     """batch_api.run, in a thread given 30 s: a server whose batch never
     reads as ended must not make it poll forever."""
     out: Dict[str, Any] = {}
 
     def go() -> None:
         try:
-            out["res"] = batch_api.run(_bodies(n), base_url=server.base_url,
+            out["res"] = batch_api.run(bodies or _bodies(n), base_url=server.base_url,
                                        api_key="sk-hostile", poll_interval_ms=1,
                                        max_poll_interval_ms=5, max_retries=0, logger=None)
         except BaseException as exc:    # re-raised on the test's thread
@@ -262,3 +263,71 @@ def test_a_created_batch_with_no_plain_id_is_a_typed_error(created: Any) -> None
             _run(server, 1)
         paths = [p for _, p in server.seen]
     assert not any(".." in p for p in paths), paths
+
+
+# A line's answer is judged by the core as an attempt's (docs/batch-api.md,
+# "What a result line holds"): the rules of docs/reliability.md's "A 200
+# that is not an answer" and docs/security.md's screen apply to it.
+
+PROMPT = "the itinerary of the secret harbour visit"
+
+
+@pytest.mark.parametrize("body, kind, status", [
+    ({"error": {"code": 502, "message": "Provider returned error"}},
+     llmretry.HTTPStatusError, 502),
+    ({"id": "x", "choices": None, "error": {"message": "rate limited", "type": "rate_limit_exceeded"}},
+     llmretry.HTTPStatusError, 429),
+    ({"id": "x", "object": "chat.completion", "choices": []}, llmretry.InvalidResponseError, 200),
+    ({"id": "x", "choices": [{"index": 0, "finish_reason": "error",
+                              "message": {"role": "assistant", "content": "Hal"}}]},
+     llmretry.HTTPStatusError, 500),
+])
+def test_a_200_line_that_is_not_an_answer_fails_its_item(body: Any, kind: type,
+                                                         status: int) -> None:
+    """A 200 whose body is an error, or holds no answer, is no Result:
+    the item fails (to be re-run) with what the body stands for."""
+    out = _line(0, body) + b"\n" + _line(1, _answer("fine")) + b"\n"
+    with Hostile(_completed(), out) as server:
+        res = _run(server, 2)
+    assert isinstance(res[0], kind), res[0]
+    assert res[0].status == status and res[0].request_id == "req-0", res[0]
+    assert res[1].data["choices"][0]["message"]["content"] == "fine"
+    assert res.summary.ok == 1 and res.summary.failed == 1
+
+
+def test_an_error_line_that_echoes_the_prompt_or_key_does_not_show_it() -> None:
+    """A provider's message quoting the item's prompt (or the key) is
+    withheld, as in an HTTP error of a call; a message that does not is
+    shown, quoted."""
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": PROMPT}]},
+              {"model": "m", "messages": [{"role": "user", "content": "q1"}]},
+              {"model": "m", "messages": [{"role": "user", "content": "q2"}]}]
+    out = b"\n".join([
+        _line(0, {"error": {"message": f"Invalid content: {PROMPT}", "code": "bad_content"}},
+              400),
+        _line(1, {"error": {"message": "Incorrect API key: sk-hostile", "code": "bad_key"}}, 401),
+        _line(2, {"error": {"message": "max_tokens is too large", "code": "bad_max"}}, 400),
+    ]) + b"\n"
+    with Hostile(_completed(), out) as server:
+        res = _run(server, 3, bodies)
+    for item in res[:2]:
+        assert isinstance(item, llmretry.HTTPStatusError), item
+        shown = f"{item} {item!r}"
+        assert PROMPT not in shown and "sk-hostile" not in shown, shown
+        assert "withheld" in str(item), item
+    assert res[0].status == 400 and res[0].error_code == "bad_content"
+    assert isinstance(res[2], llmretry.HTTPStatusError)
+    assert '"max_tokens is too large"' in str(res[2]) and res[2].error_code == "bad_max"
+
+
+@pytest.mark.parametrize("rid", ["req\r\nX-Evil: 1", "r" * 5000, "", None, 7])
+def test_an_odd_request_id_on_a_line_still_judges_it(rid: Any) -> None:
+    """The line's request id is the provider's: one the core would not
+    send (control bytes, 5,000 characters) or none leaves the answer judged
+    under an id of the core's own."""
+    line = json.dumps({"id": "r0", "custom_id": "0", "response": {
+        "status_code": 200, "request_id": rid, "body": _answer("fine")}}).encode()
+    with Hostile(_completed(), line + b"\n") as server:
+        res = _run(server, 1)
+    assert isinstance(res[0], llmretry.Result), res[0]
+    assert res[0].meta.request_id and "\n" not in res[0].meta.request_id

@@ -90,6 +90,15 @@ typedef enum llmretry_feed {
 llmretry_feed llmretry_call_exchange_feed(llmretry_call *c, unsigned token, const char *data,
                                           size_t len);
 
+/* The whole response of an exchange, got some other way: a Batch API
+ * result line's status and body, judged as the engine judges an attempt's
+ * (an error's message screened, a 200 that is no answer refused, usage
+ * read). As feeding "HTTP/1.1 <status>" with a Content-Length and then the
+ * body. A status outside 200-599 fails the attempt as a response the
+ * engine does not take (FAILED). Run the engine after it. */
+llmretry_feed llmretry_call_exchange_answer(llmretry_call *c, unsigned token, int status,
+                                            const char *body, size_t len);
+
 /* Why an exchange ended before its feed said it was over. */
 typedef enum llmretry_xfer_error {
     LLMRETRY_XFER_RESOLVE = 1, /* the host name did not resolve */
