@@ -288,6 +288,39 @@ static PyObject *json_text_opens(PyObject *module, PyObject *arg)
     return PyBool_FromLong(opens);
 }
 
+/* text_quotes(text, body, secrets): llmretry_text_quotes of bytes-like text
+ * and body, and a sequence of str secrets. */
+static PyObject *text_quotes(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer text, body;
+    PyObject *secrets;
+    if (!PyArg_ParseTuple(args, "y*y*O:text_quotes", &text, &body, &secrets))
+        return NULL;
+    PyObject *fast = PySequence_Fast(secrets, "text_quotes(): secrets must be a sequence of str");
+    const char **v = NULL;
+    Py_ssize_t n = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
+    PyObject *out = NULL;
+    if (fast && !(v = PyMem_Calloc((size_t)n + 1, sizeof *v)))
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; v && i < n; i++) {
+        v[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
+        if (!v[i]) {
+            PyErr_Format(PyExc_TypeError, "text_quotes(): secrets[%zd] must be a str", i);
+            PyMem_Free(v);
+            v = NULL;
+        }
+    }
+    if (v)
+        out = PyBool_FromLong(llmretry_text_quotes(text.buf, (size_t)text.len, body.buf,
+                                                   (size_t)body.len, v, (size_t)n));
+    PyMem_Free(v);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&text);
+    PyBuffer_Release(&body);
+    return out;
+}
+
 /* body_fields(): llmretry_body_fields as a tuple of str. */
 static PyObject *body_fields(PyObject *module, PyObject *unused)
 {
@@ -346,6 +379,9 @@ static PyMethodDef module_methods[] = {
       "judge_answer(status, answer, body, **options) -> Result | dict: what\n"
       "Engine.call(body, as_result=True, **options) gives had the server answered\n"
       "`status` with the bytes `answer` in its one attempt (a Batch API's result lines)." },
+    { "text_quotes", text_quotes, METH_VARARGS,
+      "text_quotes(text, body, secrets) -> bool: does a server's text quote the request\n"
+      "body's messages or one of the secrets (the core's screen of an error's text)." },
     { "json_text_opens", json_text_opens, METH_O,
       "json_text_opens(data) -> bool: does a body's text open a JSON object (or array):\n"
       "'{' or '[' after white space (the core's check at submit)." },

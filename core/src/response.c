@@ -129,16 +129,21 @@ const char *lr_credential_value(const char *line)
  * messages (and the Responses API's input and instructions, the
  * completions prompt, a system text) and its credential headers' values
  * (after a scheme such as "Bearer "). */
-static void texts_init(const llmretry_call *c, req_texts *t)
+static void texts_of_body(req_texts *t, const char *body, size_t len)
 {
     static const char *const keys[] = { "messages", "input", "instructions", "prompt",
                                         "system" };
     memset(t, 0, sizeof *t);
-    t->doc = c->body ? cJSON_ParseWithLength(c->body, c->o.body_len) : NULL;
-    if (c->body && !t->doc)
-        texts_add(t, c->body, c->o.body_len, 0);    /* not JSON (a C caller's): all of it */
+    t->doc = body ? cJSON_ParseWithLength(body, len) : NULL;
+    if (body && !t->doc)
+        texts_add(t, body, len, 0);     /* not JSON (a C caller's): all of it */
     for (size_t k = 0; t->doc && k < sizeof keys / sizeof *keys; k++)
         texts_add_strings(t, cJSON_GetObjectItemCaseSensitive(t->doc, keys[k]));
+}
+
+static void texts_init(const llmretry_call *c, req_texts *t)
+{
+    texts_of_body(t, c->body, c->o.body_len);
     for (const struct curl_slist *h = c->headers; h; h = h->next) {
         const char *v = lr_credential_value(h->data);
         if (!v)
@@ -213,6 +218,19 @@ static int echoes(const req_texts *t, const char *s, size_t n)
         }
     }
     return 0;
+}
+
+int llmretry_text_quotes(const char *text, size_t len, const char *body, size_t body_len,
+                         const char *const *secrets, size_t n_secrets)
+{
+    req_texts t;
+    texts_of_body(&t, body, body_len);
+    for (size_t i = 0; i < n_secrets; i++)
+        if (secrets[i])
+            texts_add(&t, secrets[i], strlen(secrets[i]), 1);
+    int quotes = echoes(&t, text ? text : "", text ? len : 0);
+    texts_free(&t);
+    return quotes;
 }
 
 /* Is s a code errors may show: a short token ([A-Za-z0-9_.:-], at most

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _llmretry
 from ._results import _result_of
@@ -86,26 +86,43 @@ def _text(value: Any) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
+# What an error shows of a provider's free text (docs/security.md, "What an
+# error shows of the server's text"): 300 characters, screened by the core.
+WITHHELD = "(the server's message is withheld because it echoes the request)"
+_SHOWN_CHARS = 300
+_CHECKED_BYTES = 512            # what llmretry_text_quotes looks at
+_CODE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
 class LineJudge:
-    """Each result line's answer judged by the core as it judges an
-    attempt's (``_llmretry.judge_answer``): a 200 whose body is an error or
-    holds no answer is a failure, an error's message that quotes the
-    item's prompt or a credential is withheld, usage and models are read.
-    The request each line answers (the item's body, the key and headers
-    that would have gone with it) is what the screen compares against."""
+    """One batch's result lines judged by the core as it judges an
+    attempt's answer (``_llmretry.judge_answer``): a 200 whose body is an
+    error or holds no answer is a failure, an error's message that quotes
+    the item's prompt or a credential is withheld, usage and models are
+    read. The request each line answers (the item's body, the key and
+    headers that would have gone with it) is what the screen compares
+    against; the batch's own texts (a line's or the batch's error) pass the
+    same screen (``shown``)."""
 
     def __init__(self, url: str, api_key: Optional[str], headers: Dict[str, str],
-                 lines: List[bytes]) -> None:
+                 lines: List[bytes], indices: List[int]) -> None:
         self._options: Dict[str, Any] = {"url": url}
         if api_key:
             self._options["api_key"] = api_key
         if headers:
             self._options["headers"] = headers
+        # Every header's value counts as a secret here: withholding a
+        # message that quotes a non-secret header costs nothing.
+        self._secrets = [v for v in [api_key, *headers.values()] if v]
         self._lines = lines
+        self._indices = indices
+        self._shown: Dict[Tuple[str, Optional[int]], str] = {}
+
+    def _request(self, i: int) -> bytes:
+        return json.dumps(json.loads(self._lines[i]).get("body")).encode("utf-8")
 
     def __call__(self, i: int, code: int, body: Any, rid: Optional[str]) -> Tuple[Any, bool]:
-        line = json.loads(self._lines[i])
-        request = json.dumps(line.get("body")).encode("utf-8")
+        request = self._request(i)
         answer = json.dumps(body).encode("utf-8")
         options = dict(self._options)
         if rid is not None:
@@ -122,12 +139,36 @@ class LineJudge:
         except LLMError as exc:
             return exc, True
 
+    def shown(self, text: str, i: Optional[int] = None) -> str:
+        """The batch's ``text`` (a line's error, item ``i``'s; None: the
+        batch's, which may quote any of its items) as an error may show
+        it: cut to 300 characters, or WITHHELD when that quotes a request
+        or a credential."""
+        key = (text, i)
+        if key not in self._shown:
+            cut = text[:_SHOWN_CHARS]
+            raw = cut.encode("utf-8", "replace")
+            while len(raw) > _CHECKED_BYTES:        # show only what was checked
+                cut = cut[:len(cut) * _CHECKED_BYTES // len(raw)]
+                raw = cut.encode("utf-8", "replace")
+            items = self._indices if i is None else [i]
+            quotes = any(_llmretry.text_quotes(raw, self._request(k), self._secrets)
+                         for k in items) or _llmretry.text_quotes(raw, b"", self._secrets)
+            self._shown[key] = WITHHELD if quotes else cut + ("..." if cut != text else "")
+        return self._shown[key]
 
-def line_value(line: Dict[str, Any], model: str, status: str,
-               judge: Callable[[int, Any, Optional[str]], Tuple[Any, bool]]) -> Tuple[Any, bool]:
-    """An output or error file line as (Result or LLMError, failed);
-    ``judge(status_code, body, request_id)`` judges a line that has an
-    HTTP answer (LineJudge, for this line's item)."""
+    def code(self, value: Any, fallback: str, i: Optional[int] = None) -> str:
+        """A code the batch gives (item ``i``'s line's, or the batch's) as
+        a kind: a short token that quotes nothing, else ``fallback``."""
+        if isinstance(value, str) and _CODE.fullmatch(value) and self.shown(value, i) == value:
+            return value
+        return fallback
+
+
+def line_value(line: Dict[str, Any], model: str, status: str, judge: LineJudge,
+               i: int) -> Tuple[Any, bool]:
+    """An output or error file line of item ``i`` as (Result or LLMError,
+    failed), judged by ``judge`` (its batch's)."""
     resp = line.get("response")
     if isinstance(resp, dict):
         code = resp.get("status_code")
@@ -137,16 +178,17 @@ def line_value(line: Dict[str, Any], model: str, status: str,
             return InvalidResponseError("the batch's line for it has no HTTP status code",
                                         attempts=1, request_id=rid, reason="not_retryable",
                                         model=model), True
-        return judge(code, resp.get("body"), rid)
+        return judge(i, code, resp.get("body"), rid)
     found = line.get("error")
     err: Dict[str, Any] = found if isinstance(found, dict) else {}
-    kind = _text(err.get("code")) or f"batch_{status}"
-    return LLMError(_text(err.get("message")) or f"not run: the batch was {status}",
+    kind = judge.code(err.get("code"), f"batch_{status}", i)
+    message = _text(err.get("message"))
+    return LLMError(judge.shown(message, i) if message else f"not run: the batch was {status}",
                     kind=kind, model=model, reason="not_retryable"), True
 
 
 def not_run(status: str, batch: Dict[str, Any], batch_id: str, model: str,
-            unreadable: int = 0) -> LLMError:
+            judge: LineJudge, unreadable: int = 0) -> LLMError:
     """The error of an item its batch never answered for (``unreadable``:
     lines of its result files that could not be read, one of which may
     have been its)."""
@@ -155,11 +197,13 @@ def not_run(status: str, batch: Dict[str, Any], batch_id: str, model: str,
         errs = batch.get("errors")
         data = errs.get("data") if isinstance(errs, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-        msg = _text(first.get("message")) or "the batch failed"
+        said = _text(first.get("message"))
+        msg = judge.shown(said) if said else "the batch failed"
         line = first.get("line")
         where = f" (line {line} of its input file)" if type(line) is int else ""
         return BatchAPIError(f"batch {batch_id} failed validation{where}: {msg}",
-                             error_code=_text(first.get("code")), model=model,
+                             error_code=judge.code(first.get("code"), "invalid_code")
+                             if first.get("code") else None, model=model,
                              reason="not_retryable")
     why = f"batch {batch_id} was {status} with no line for it"
     if unreadable:

@@ -411,6 +411,13 @@ def judge_answer(status: int, answer: Union[bytes, bytearray, memoryview], body:
     (llmretry_call_exchange_answer). A status outside 200-599 is a failed
     attempt; ``on_event`` and ``validate`` raise ValueError."""
 
+def text_quotes(text: Union[bytes, bytearray, memoryview],
+                body: Union[bytes, bytearray, memoryview], secrets: Sequence[str]) -> bool:
+    """Does a server's ``text`` (its first 512 bytes) quote the request
+    ``body``'s messages (16 bytes in a row) or one of the ``secrets``? The
+    screen an error's server text passes (llmretry_text_quotes), for text
+    the engine did not read itself."""
+
 def json_text_opens(data: Union[bytes, bytearray, memoryview]) -> bool:
     """Does a body's text open a JSON object (or an array): ``{`` or ``[``
     after white space? The core's check at submit (llmretry_json_text_opens)."""

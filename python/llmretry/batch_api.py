@@ -34,7 +34,6 @@ items are ok in the failures file's progress file, or failed there).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
@@ -248,7 +247,7 @@ class BatchJob:
         failed: List[int] = []
         unreadable = 0
         judge = LineJudge(self.api.url_of(self.endpoint[len("/v1"):]), self.api.api_key,
-                          self.api.headers, self.lines)
+                          self.api.headers, self.lines, indices)
         for file_id in (batch["output_file_id"], batch["error_file_id"]):
             lines, bad_lines = self._download(file_id)
             unreadable += bad_lines
@@ -258,15 +257,14 @@ class BatchJob:
                 if i is None or i in answered:
                     continue
                 answered.add(i)
-                value, bad = line_value(line, self.models[i], status,
-                                        functools.partial(judge, i))
+                value, bad = line_value(line, self.models[i], status, judge, i)
                 if bad:
                     failed.append(i)
                 emit(i, value, bad)
         for i in indices:
             if i not in answered:
                 failed.append(i)
-                emit(i, not_run(status, batch, rec["id"], self.models[i], unreadable), True)
+                emit(i, not_run(status, batch, rec["id"], self.models[i], judge, unreadable), True)
         if not keep_files:
             for key in ("output_file_id", "error_file_id"):
                 if batch.get(key):

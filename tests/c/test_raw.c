@@ -723,6 +723,46 @@ static void test_never_reached(void)
     llmretry_call_free(c);
 }
 
+/* The screen on its own (llmretry_text_quotes), for text the engine did not
+ * read itself: the same rule as an error message's above. */
+static void test_text_quotes(void)
+{
+    static const char body[] = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+                               "\"the itinerary of the secret harbour visit\"}], \"temperature\": "
+                               "\"a value that is not a message at all\"}";
+    const char *secrets[] = { "sk-0123456789abcdef0123", "short-12", "tiny", NULL };
+    static const struct { const char *text; int quotes; } cases[] = {
+        { "Invalid content: the itinerary of the secret harbour visit", 1 },
+        { "...secret harbour visi...", 1 },                 /* 16 bytes in a row */
+        { "secret harbour vis", 1 },
+        { "secret harbour", 0 },                            /* 14: too short to tell */
+        { "a value that is not a message at all", 0 },      /* not a message's */
+        { "Incorrect API key provided: sk-0123456789abcdef0123.", 1 },
+        { "key 0123456789abcdef0 is wrong", 1 },            /* 16 bytes of the key */
+        { "token short-12 refused", 1 },                    /* a short secret, whole */
+        { "token short-1 refused", 0 },
+        { "tiny", 0 },                                      /* under 8 bytes: ignored */
+        { "max_tokens is too large", 0 },
+        { "", 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        CHECK_MSG(llmretry_text_quotes(cases[i].text, strlen(cases[i].text), body, strlen(body),
+                                       secrets, 4) == cases[i].quotes,
+                  "case %zu (%s): expected %d", i, cases[i].text, cases[i].quotes);
+    /* A body that is not JSON is all request; no body, only the secrets. */
+    CHECK(llmretry_text_quotes("echo: plain text prompt here!", 29, "plain text prompt here!!",
+                               24, NULL, 0) == 1);
+    CHECK(llmretry_text_quotes("the itinerary of the secret harbour visit", 41, NULL, 0, NULL,
+                               0) == 0);
+    /* Past 512 bytes of text nothing is looked at (an error shows 300). */
+    char longer[700];
+    memset(longer, 'x', sizeof longer);
+    memcpy(longer + 600, "the itinerary of", 16);
+    CHECK(llmretry_text_quotes(longer, sizeof longer, body, strlen(body), NULL, 0) == 0);
+    memcpy(longer + 100, "the itinerary of", 16);
+    CHECK(llmretry_text_quotes(longer, sizeof longer, body, strlen(body), NULL, 0) == 1);
+}
+
 int main(void)
 {
     if (start_server() != 0) {
@@ -737,6 +777,7 @@ int main(void)
         { "error_code_screened", test_error_code_screened },
         { "error_message_shown", test_error_message_shown },
         { "answer_error_message", test_answer_error_message },
+        { "text_quotes", test_text_quotes },
         { "redirect_hint", test_redirect_hint },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
         { "doubled_path_hint", test_doubled_path_hint },

@@ -331,3 +331,55 @@ def test_an_odd_request_id_on_a_line_still_judges_it(rid: Any) -> None:
         res = _run(server, 1)
     assert isinstance(res[0], llmretry.Result), res[0]
     assert res[0].meta.request_id and "\n" not in res[0].meta.request_id
+
+
+TOKEN = "Project-Nightjar-launch-codes-7731"      # a prompt that is a token
+
+
+def _prompt_bodies() -> List[Dict[str, Any]]:
+    return [{"model": "m", "messages": [{"role": "user", "content": PROMPT}]},
+            {"model": "m", "messages": [{"role": "user", "content": TOKEN}]}]
+
+
+def test_a_failed_batch_whose_message_quotes_an_item_does_not_show_it() -> None:
+    """A batch's own error (failed validation) may quote any of its lines:
+    screened against every item's request and the key, its code too."""
+    errors = {"data": [{"message": f"Invalid content on line 1: {PROMPT}", "line": 1,
+                        "code": TOKEN}]}
+    with Hostile(_completed(status="failed", errors=errors), b"") as server:
+        res = _run(server, 2, _prompt_bodies())
+    for item in res:
+        assert isinstance(item, batch_api.BatchAPIError), item
+        shown = f"{item} {item!r} {item.as_dict()}"
+        assert "itinerary" not in shown and "Nightjar" not in shown, shown
+        assert "withheld" in str(item) and "line 1" in str(item) and item.error_code == "invalid_code", item
+    errors = {"data": [{"message": "Model m does not support batches", "code": "bad_model"}]}
+    with Hostile(_completed(status="failed", errors=errors), b"") as server:
+        res = _run(server, 2, _prompt_bodies())
+    assert "Model m does not support batches" in str(res[0]) and res[0].error_code == "bad_model"
+
+
+def test_a_line_error_that_quotes_its_item_or_the_key_does_not_show_it() -> None:
+    """A line with no answer, only an error (not run): its message and
+    code pass the same screen; a plain one is shown as it came."""
+    out = b"\n".join([
+        json.dumps({"custom_id": "0", "response": None, "error": {
+            "code": "batch_expired", "message": f"Skipped: {PROMPT}"}}).encode(),
+        json.dumps({"custom_id": "1", "response": None, "error": {
+            "code": TOKEN, "message": "Not run within the window (key sk-hostile)"}}).encode(),
+    ]) + b"\n"
+    with Hostile(_completed(status="expired"), out) as server:
+        res = _run(server, 2, _prompt_bodies())
+    for item in res:
+        assert isinstance(item, LLMError), item
+        shown = f"{item} {item!r} {item.as_dict()}"
+        assert "itinerary" not in shown and "sk-hostile" not in shown, shown
+        assert "Nightjar" not in shown, shown
+        assert "withheld" in str(item), item
+    assert res[0].kind == "batch_expired" and res[1].kind == "batch_expired"
+    long = "z" * 5000
+    out = json.dumps({"custom_id": "0", "response": None,
+                      "error": {"code": "batch_cancelled", "message": long}}).encode() + b"\n"
+    with Hostile(_completed(status="cancelled"), out) as server:
+        res = _run(server, 1)
+    assert str(res[0]).startswith("z" * 300 + "...") and len(str(res[0])) < 400, str(res[0])

@@ -163,8 +163,10 @@ typedef struct llmretry_result {
     /* One line for people and logs. For an HTTP error: "HTTP 404 from
      * /v1/chat/completions (code); gave up after ...": the URL's path only
      * (no host, query or credentials) and the provider's code with control
-     * characters escaped (\n, \xNN). The provider's message is left out
-     * (servers echo prompts in it); see body_preview. */
+     * characters escaped (\n, \xNN), then the provider's message, quoted
+     * and cut to 300 bytes, or "(the server's message is withheld because
+     * it echoes the request)" when it quotes the request or a credential
+     * (llmretry_text_quotes; docs/security.md). The raw body: body_preview. */
     const char *message;
     int64_t retry_after_ms;        /* server-requested wait, -1 = none */
     const char *error_code;        /* the provider's error code */
@@ -186,6 +188,18 @@ typedef struct llmretry_result {
     const char *headers;
     size_t headers_len;
 } llmretry_result;
+
+/* Does `text` (its first 512 bytes) quote the request `body`, or one of
+ * `secrets`? The screen a server's text passes before an error shows it
+ * (docs/security.md, "What an error shows of the server's text"): 16 bytes
+ * in a row of the body's message contents (the strings under messages,
+ * input, instructions, prompt or system; all of a body that is not JSON),
+ * or a secret (a key: any 16 bytes of it, or the whole of one of 8 to 15
+ * bytes). 1 when it quotes (also when out of memory: withholding is the
+ * safe side), else 0. For text the engine did not read itself (a Batch API
+ * batch's error messages). */
+int llmretry_text_quotes(const char *text, size_t len, const char *body, size_t body_len,
+                         const char *const *secrets, size_t n_secrets);
 
 #ifdef __cplusplus
 }
