@@ -610,6 +610,11 @@ char *lr_http_error(const llmretry_call *c, long status, char **error_code);
  * (answer_error.c): "HTTP 200 from /v1/chat/completions whose body is an
  * error (HTTP 502-like): \"message\"". malloc'd. */
 char *lr_body_error_text(const llmretry_call *c, long status, int like);
+/* The same for an error event of a 2xx stream whose data is data[0..len)
+ * (NULL: out of memory, no message): "HTTP 200 from /v1/chat/completions:
+ * the server sent an error inside the stream (HTTP 500-like) (code):
+ * \"message\"". malloc'd. */
+char *lr_stream_error_text(const llmretry_call *c, const char *data, size_t len, int like);
 /* code (malloc'd, taken) as errors may show it: itself, or LR_INVALID_CODE
  * (malloc'd); NULL stays NULL. For the codes of stream error events. */
 char *lr_error_code_checked(const llmretry_call *c, char *code);

@@ -278,9 +278,26 @@ char *lr_error_code_checked(const llmretry_call *c, char *code)
     return code;
 }
 
-/* The provider's message in an error body: error.message (OpenAI and
- * alike), error as a string, else a top-level message (vLLM) or detail
- * (FastAPI). NULL when there is none. */
+/* What holds the error in a body or event: the body itself (OpenAI and
+ * alike), a Responses response.failed event's response, or a chunk's
+ * choice that ended with an error of its own. */
+static const cJSON *error_holder(const cJSON *doc)
+{
+    if (cJSON_GetObjectItemCaseSensitive(doc, "error"))
+        return doc;
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(doc, "response");
+    if (cJSON_IsObject(r) && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(r, "error")))
+        return r;
+    const cJSON *choice;
+    cJSON_ArrayForEach(choice, cJSON_GetObjectItemCaseSensitive(doc, "choices"))
+        if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(choice, "error")))
+            return choice;
+    return doc;
+}
+
+/* The provider's message where error_holder found its error: error.message,
+ * error as a string, else a top-level message (vLLM) or detail (FastAPI).
+ * NULL when there is none. */
 static const char *provider_message(const cJSON *doc)
 {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(doc, "error");
@@ -293,14 +310,22 @@ static const char *provider_message(const cJSON *doc)
     return cJSON_IsString(m) && m->valuestring[0] ? m->valuestring : NULL;
 }
 
-/* lr_http_error's text; like > 0: a 2xx body that is an error standing for
- * HTTP `like` (lr_body_error_text). */
-static char *error_text(const llmretry_call *c, long status, int like, char **error_code)
+/* Where the error that error_text tells of was. */
+typedef enum error_place {
+    IN_STATUS,                  /* an HTTP error status (lr_http_error) */
+    IN_BODY,                    /* a 2xx body that is an error (lr_body_error_text) */
+    IN_STREAM                   /* an event of a 2xx stream (lr_stream_error_text) */
+} error_place;
+
+/* The text of an error the server sent in `body` (len bytes; NULL: none):
+ * for IN_BODY and IN_STREAM, one standing for HTTP `like`. */
+static char *error_text(const llmretry_call *c, const char *body, size_t blen, long status,
+                        error_place place, int like, char **error_code)
 {
-    const char *body = c->resp.data ? c->resp.data : "";
-    cJSON *doc = cJSON_ParseWithLength(body, c->resp.len);
-    const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
-    const char *said = doc ? provider_message(doc) : NULL;
+    cJSON *doc = body ? cJSON_ParseWithLength(body, blen) : NULL;
+    const cJSON *holder = doc ? error_holder(doc) : NULL;
+    const cJSON *e = holder ? cJSON_GetObjectItemCaseSensitive(holder, "error") : NULL;
+    const char *said = holder ? provider_message(holder) : NULL;
     req_texts t;
     texts_init(c, &t);
     *error_code = NULL;
@@ -319,11 +344,14 @@ static char *error_text(const llmretry_call *c, long status, int like, char **er
     lr_url_path(c->url, &path, &plen);
     size_t len = (size_t)snprintf(buf, sizeof buf, "HTTP %ld from ", status);
     len = put_escaped(buf, len, 256, path, plen);
-    if (like > 0)
+    if (place == IN_BODY)
         len += (size_t)snprintf(buf + len, sizeof buf - len, " whose body is an error (HTTP "
                                 "%d-like)", like);
+    else if (place == IN_STREAM)
+        len += (size_t)snprintf(buf + len, sizeof buf - len, ": the server sent an error "
+                                "inside the stream (HTTP %d-like)", like);
     char st[16];
-    snprintf(st, sizeof st, "%ld", like > 0 ? (long)like : status);
+    snprintf(st, sizeof st, "%ld", place != IN_STATUS ? (long)like : status);
     /* No "HTTP 429 (429)": a code that repeats the status says nothing. */
     if (*error_code && strcmp(*error_code, st) != 0) {
         len = put_escaped(buf, len, sizeof buf, " (", 2);
@@ -357,13 +385,23 @@ static char *error_text(const llmretry_call *c, long status, int like, char **er
 
 char *lr_http_error(const llmretry_call *c, long status, char **error_code)
 {
-    return error_text(c, status, 0, error_code);
+    return error_text(c, c->resp.data ? c->resp.data : "", c->resp.len, status, IN_STATUS, 0,
+                      error_code);
 }
 
 char *lr_body_error_text(const llmretry_call *c, long status, int like)
 {
     char *code = NULL;
-    char *text = error_text(c, status, like, &code);
+    char *text = error_text(c, c->resp.data ? c->resp.data : "", c->resp.len, status, IN_BODY,
+                            like, &code);
+    free(code);
+    return text;
+}
+
+char *lr_stream_error_text(const llmretry_call *c, const char *data, size_t len, int like)
+{
+    char *code = NULL;
+    char *text = error_text(c, data, len, lr_call_status(c), IN_STREAM, like, &code);
     free(code);
     return text;
 }

@@ -47,6 +47,9 @@ void lr_stream_reset(llmretry_call *c)
     lr_sse_payload_clear(&s->payload);
     free(s->final_body);
     s->final_body = NULL;
+    free(s->error_data);
+    s->error_data = NULL;
+    s->error_len = 0;
     s->active = s->chunks = s->done = s->truncated = 0;
     s->done_at = -1;
     s->raw_bytes = 0;
@@ -63,6 +66,7 @@ void lr_stream_free(llmretry_call *c)
     lr_asm_free(c->st->assembler);
     lr_sse_payload_clear(&c->st->payload);
     free(c->st->final_body);
+    free(c->st->error_data);
     free(c->st);
     c->st = NULL;
 }
@@ -121,6 +125,12 @@ static int take_event(llmretry_call *c, const lr_sse_event *ev)
     if (s->payload.kind != LR_SSE_CHUNK) {
         cJSON_Delete(doc);
         s->fail = s->payload.kind == LR_SSE_ERROR ? LR_SF_ERROR_EVENT : LR_SF_INVALID_CHUNK;
+        if (s->fail == LR_SF_ERROR_EVENT) {
+            /* Its message is read at the attempt's end, screened. */
+            free(s->error_data);
+            s->error_data = lr_strndup(ev->data, ev->data_len);
+            s->error_len = s->error_data ? ev->data_len : 0;
+        }
         return -1;
     }
     /* With or without an event: line (LiteLLM sends none); points into
@@ -251,8 +261,7 @@ void lr_stream_outcome(llmretry_call *c, CURLcode rc, lr_outcome *out)
         lr_sse_payload_failure(&s->payload, f);
         out->error_code = lr_strdup(s->payload.code);
         f->error_code = out->error_code;
-        out->message = text("the server sent an error inside the stream (HTTP %lld-like)",
-                            f->status);
+        out->message = lr_stream_error_text(c, s->error_data, s->error_len, f->status);
         return;
     case LR_SF_INVALID_CHUNK:
         f->kind = LLMRETRY_ERR_INVALID_RESPONSE;

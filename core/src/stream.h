@@ -63,6 +63,10 @@ typedef struct lr_stream {
     int64_t raw_bytes;             /* against max_response_bytes */
     lr_stream_fail fail;           /* why the attempt was cut short */
     lr_sse_payload payload;        /* of ERROR_EVENT / INVALID_CHUNK */
+    /* ERROR_EVENT: the event's data as it came, for its message
+     * (lr_stream_error_text screens it); NULL when out of memory. */
+    char *error_data;
+    size_t error_len;
     int64_t first_chunk_at;        /* monotonic ms, -1 = none yet */
     int64_t last_activity_at;      /* monotonic ms */
     uint64_t activity;             /* the reader's count, last seen */

@@ -524,6 +524,37 @@ static void test_answer_error_message(void)
     }
 }
 
+/* An error inside a stream says what the provider said, screened as an
+ * HTTP error's message is: the chat error event, the Responses API's
+ * response.failed, a choice ended by an error. */
+static void test_stream_error_message(void)
+{
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n";
+    static const struct { const char *sse, *want; } shown[] = {
+        { "data: {\"error\":{\"type\":\"server_error\",\"message\":\"The model crashed\"}}\n\n",
+          "HTTP 200 from /v1/chat/completions: the server sent an error inside the stream "
+          "(HTTP 500-like) (server_error): \"The model crashed\"; gave up after 1 attempt" },
+        { "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":"
+          "\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"Out of capacity\"}}}\n\n",
+          "(HTTP 500-like) (server_error): \"Out of capacity\"; gave up" },
+        { "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hal\"},\"finish_reason\":"
+          "\"error\",\"error\":{\"message\":\"Upstream cut the answer\"}}]}\n\n",
+          "(HTTP 500-like): \"Upstream cut the answer\"; gave up" },
+        { "data: {\"error\":{\"message\":\"rejected: " PROMPT "\"}}\n\n",
+          "(HTTP 400-like): (the server's message is withheld because it echoes the request)" },
+        { "event: error\ndata: {\"error\":{\"code\":429}}\n\n",
+          "(HTTP 429-like); gave up after 1 attempt" },
+    };
+    for (size_t i = 0; i < sizeof shown / sizeof *shown; i++) {
+        llmretry_call *c = secret_call(head, shown[i].sse, strlen(shown[i].sse), 1);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && r->message && strstr(r->message, shown[i].want) &&
+                  r->kind == LLMRETRY_ERR_HTTP_STATUS,
+                  "case %zu: %s", i, r && r->message ? r->message : "(none)");
+        llmretry_call_free(c);
+    }
+}
+
 /* A 2xx body must be UTF-8 JSON as every host decodes it: anything else is
  * an invalid response, retried, and no event says it succeeded. */
 static void test_body_must_be_utf8_json(void)
@@ -777,6 +808,7 @@ int main(void)
         { "error_code_screened", test_error_code_screened },
         { "error_message_shown", test_error_message_shown },
         { "answer_error_message", test_answer_error_message },
+        { "stream_error_message", test_stream_error_message },
         { "text_quotes", test_text_quotes },
         { "redirect_hint", test_redirect_hint },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
