@@ -318,6 +318,13 @@ int lr_read_body(const char *text, size_t n, const char **why, llmretry_usage *u
     /* Strict JSON holds to every rule of json_text_problem but the depth:
      * that scan runs only to say why a body is refused. */
     if (bad || j.p != end || j.max_depth > LLMRETRY_MAX_BODY_DEPTH) {
+        /* The client asks for no encoding, so compressed bytes are a
+         * proxy's doing: say that, not where the first bad byte is. */
+        if (n >= 2 && memcmp(text, "\x1f\x8b", 2) == 0) {
+            *why = "is gzip-compressed, which the client did not ask for (a proxy or "
+                   "gateway adding Content-Encoding?)";
+            return -1;
+        }
         *why = json_text_problem(text, n);
         if (!*why)
             *why = "is not JSON";

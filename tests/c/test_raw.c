@@ -592,6 +592,21 @@ static void test_body_must_be_utf8_json(void)
         }
         llmretry_call_free(c);
     }
+    /* Compressed bytes the client never asked for: said so, not "a control
+     * character outside strings" at byte 0. */
+    static const char gz[] = "\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xab\xae\x05\x00";
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    set_response("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n",
+                 gz, sizeof gz - 1);
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_INVALID_RESPONSE && r->message &&
+              strstr(r->message, "HTTP 200 with a body that is gzip-compressed, which the client "
+                                 "did not ask for"),
+              "gzip: %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
 }
 
 /* A port nobody listens on: bind, read the port, close. */
