@@ -17,6 +17,7 @@ here: pickles name them so. docs/design.md maps the package's other modules.
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import sys
 import threading
@@ -112,7 +113,7 @@ class Client(_ClientBatches):
                  policies: Optional[PolicySource] = None,
                  io_loop: str = "perform",
                  **defaults: Unpack[CallOptions]) -> None:
-        _check_option_names(defaults, "Client()")
+        _check_option_names(defaults, "Client()", _CLIENT_KEYWORDS)
         max_in_flight = _int32("max_in_flight", max_in_flight)
         self._max_in_flight = max_in_flight
         self._max_host_connections = _int32("max_host_connections", max_host_connections)
@@ -424,6 +425,11 @@ class Client(_ClientBatches):
                                      on_result=on_result, logger=logger,
                                      # END GENERATED map-forward
                                      )
+
+
+# Client()'s own keywords (max_in_flight, ...), for "did you mean".
+_CLIENT_KEYWORDS = tuple(name for name in inspect.signature(Client.__init__).parameters
+                         if name not in ("self", "defaults"))
 
 
 def _shown_shared(spec: str) -> str:

@@ -4,6 +4,7 @@ engine group. Client (_client.py) inherits it."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional,
@@ -50,7 +51,7 @@ class _ClientBatches:
               ) -> Tuple[Any, ...]:
         """call_many's arguments checked and converted (before any I/O): the
         arguments of _run_batch."""
-        _check_option_names(options, where)
+        _check_option_names(options, where, _MANY_KEYWORDS)
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int, not {_type_name(limit)}")
         if limit < 1:
@@ -156,3 +157,9 @@ class _ClientBatches:
                 finally:
                     job.finish()
         return batch.result()
+
+
+# call_many's own keywords (limit, models, failures_path, ...), for "did you
+# mean" when one is misspelt.
+_MANY_KEYWORDS = tuple(name for name in inspect.signature(_ClientBatches._many).parameters
+                       if name not in ("self", "bodies", "options", "where"))

@@ -429,11 +429,14 @@ def _unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
     return ", ".join(said)
 
 
-def _check_option_names(names: Iterable[str], where: str) -> None:
+def _check_option_names(names: Iterable[str], where: str, own: Iterable[str] = ()) -> None:
+    """TypeError for names that are no call option; ``own``: the function's
+    own keywords (``limit``, ``max_in_flight``), suggested too."""
     unknown = sorted(set(names).difference(_OPTION_NAMES))
     if unknown:
         raise TypeError(f"{where} got unexpected keyword argument(s): "
-                        + _unknown_names(unknown, _OPTION_NAMES) + _body_hint(unknown))
+                        + _unknown_names(unknown, _OPTION_NAMES.union(own))
+                        + _body_hint(unknown))
 
 
 F = TypeVar("F", bound=Callable[..., Any])

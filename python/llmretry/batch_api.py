@@ -51,6 +51,7 @@ from ._batch_api_wait import (BatchDetached, _detach_or_cancel,  # noqa: F401
                               _interruptible_wait, _say, _sleep)
 from ._llmretry import url_shown
 from ._logging import DEFAULT
+from ._options import _unknown_names
 from ._client import Client, _client_or_default
 from .errors import HTTPStatusError, LLMError
 
@@ -371,10 +372,11 @@ def _prepare(bodies: Iterable[Any], endpoint: Optional[str], client: Optional[Cl
              record: Any, failures_path: Any, options: Dict[str, Any]
              ) -> Tuple[Api, List[Any], str, List[bytes], List[str], List[str],
                         Optional[str], Dict[str, Any]]:
-    unknown = sorted(set(options) - set(_API_OPTIONS) - set(_JOB_OPTIONS) - {"logger"})
+    known = _API_OPTIONS + _JOB_OPTIONS + ("logger",)
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(unknown)} (known: "
-                        f"{', '.join(sorted(_API_OPTIONS + _JOB_OPTIONS + ('logger',)))})")
+        raise TypeError(f"unknown option(s) {_unknown_names(unknown, known)} (known: "
+                        f"{', '.join(sorted(known))})")
     items = list(bodies)
     ep, lines, cids, models = _lines_of(items, endpoint)
     if record is None and failures_path is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict
 import pytest
 
 import llmretry
+from llmretry import batch_api
 from conftest import FAST, ROOT, SECRET_KEY, Scenario, secret_body
 from llmretry import _llmretry
 
@@ -78,6 +79,25 @@ def test_a_misspelt_keyword_says_what_was_meant(scen: Scenario, given: str,
         assert str(info.value).endswith(f"got unexpected keyword argument(s): {said}"), \
             str(info.value)
     assert scen.requests() == []
+
+
+@pytest.mark.parametrize("call, given, meant", [
+    (lambda kw: llmretry.Client(**kw), "max_inflight", "max_in_flight"),
+    (lambda kw: llmretry.Client(**kw), "ioLoop", "io_loop"),
+    (lambda kw: llmretry.call_many([{"model": "m"}], **kw), "limt", "limit"),
+    (lambda kw: llmretry.call_many([{"model": "m"}], **kw), "failure_path", "failures_path"),
+    (lambda kw: llmretry.call_many([{"model": "m"}], **kw), "keepResults", "keep_results"),
+    (lambda kw: batch_api.run([{"model": "m"}], **kw), "poll_interval", "poll_interval_ms"),
+    (lambda kw: batch_api.run([{"model": "m"}], **kw), "keep_file", "keep_files"),
+])
+def test_a_misspelt_keyword_of_the_function_itself_is_suggested(call: Any, given: str,
+                                                                meant: str) -> None:
+    """Not only the call options: a function's own keywords (Client's
+    max_in_flight, call_many's limit, the Batch API's poll_interval_ms)
+    get the same "did you mean", before any I/O."""
+    with pytest.raises(TypeError) as info:
+        call({given: 1})
+    assert f"{given} (did you mean {meant}?)" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("body", ["hello", "  SECRET-PROMPT tell me a joke", b"hello",
