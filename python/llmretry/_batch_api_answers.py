@@ -191,19 +191,20 @@ def not_run(status: str, batch: Dict[str, Any], batch_id: str, model: str,
             judge: LineJudge, unreadable: int = 0) -> LLMError:
     """The error of an item its batch never answered for (``unreadable``:
     lines of its result files that could not be read, one of which may
-    have been its)."""
+    have been its); a failed batch's message and code pass ``judge``'s
+    screen (its batch's)."""
     if status == "failed":
         from .batch_api import BatchAPIError     # batch_api imports this module
         errs = batch.get("errors")
         data = errs.get("data") if isinstance(errs, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-        said = _text(first.get("message"))
+        said, code = _text(first.get("message")), first.get("code")
         msg = judge.shown(said) if said else "the batch failed"
         line = first.get("line")
         where = f" (line {line} of its input file)" if type(line) is int else ""
         return BatchAPIError(f"batch {batch_id} failed validation{where}: {msg}",
-                             error_code=judge.code(first.get("code"), "invalid_code")
-                             if first.get("code") else None, model=model,
+                             error_code=judge.code(code, "invalid_code")
+                             if isinstance(code, str) and code else None, model=model,
                              reason="not_retryable")
     why = f"batch {batch_id} was {status} with no line for it"
     if unreadable:

@@ -631,6 +631,17 @@ static void test_unasked_stream(void)
     llmretry_engine_free(e);
 }
 
+/* A call's mail taken to its end (events freed): its result, once DONE. */
+static const llmretry_result *ended(llmretry_call *c)
+{
+    llmretry_event *ev;
+    llmretry_mail m;
+    while ((m = llmretry_call_next(c, &ev)) == LLMRETRY_MAIL_EVENT)
+        llmretry_event_free(ev);
+    CHECK_INT(m, LLMRETRY_MAIL_DONE);
+    return m == LLMRETRY_MAIL_DONE ? llmretry_call_result(c) : NULL;
+}
+
 /* A cancelled call's exchange is gone; streams and ca_file are refused at
  * submit; run is for host engines only. */
 static void test_cancel_and_refusals(void)
@@ -658,12 +669,7 @@ static void test_cancel_and_refusals(void)
     CHECK(c && llmretry_call_exchange(c, &x) == 0);
     CHECK_INT(c ? (int)llmretry_call_exchange_feed(c, x.token, "HTTP/1.1", 8) : -1,
               LLMRETRY_FEED_GONE);
-    llmretry_event *ev;
-    llmretry_mail m;
-    while ((m = llmretry_call_next(c, &ev)) == LLMRETRY_MAIL_EVENT)
-        llmretry_event_free(ev);
-    CHECK_INT(m, LLMRETRY_MAIL_DONE);
-    const llmretry_result *r = llmretry_call_result(c);
+    const llmretry_result *r = ended(c);
     CHECK(r && r->reason == LLMRETRY_REASON_CANCELLED);
     llmretry_call_free(c);
 
@@ -744,12 +750,7 @@ static const llmretry_result *answered(llmretry_engine *e, llmretry_call **cp, i
     llmretry_engine_run(e, NULL);
     CHECK_INT(llmretry_call_exchange_answer(c, x.token, status, body, strlen(body)),
               LLMRETRY_FEED_GONE);
-    llmretry_event *ev;
-    llmretry_mail m;
-    while ((m = llmretry_call_next(c, &ev)) == LLMRETRY_MAIL_EVENT)
-        llmretry_event_free(ev);
-    CHECK_INT(m, LLMRETRY_MAIL_DONE);
-    return llmretry_call_result(c);
+    return ended(c);
 }
 
 static void test_exchange_answer(void)
@@ -818,12 +819,7 @@ static void test_free_in_flight(void)
     llmretry_engine_run(e, NULL);
     llmretry_engine_free(e);
     for (int i = 0; i < 3; i++) {
-        llmretry_event *ev;
-        llmretry_mail m;
-        while ((m = llmretry_call_next(c[i], &ev)) == LLMRETRY_MAIL_EVENT)
-            llmretry_event_free(ev);
-        CHECK_INT(m, LLMRETRY_MAIL_DONE);
-        const llmretry_result *r = llmretry_call_result(c[i]);
+        const llmretry_result *r = ended(c[i]);
         CHECK(r && r->reason == LLMRETRY_REASON_CANCELLED);
         llmretry_call_free(c[i]);
     }
