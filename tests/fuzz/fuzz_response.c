@@ -4,7 +4,8 @@
  * capture within max_response_bytes (lr_call_on_body), the success fields
  * (lr_read_success: usage, model, system_fingerprint), a 2xx body that is
  * an error or no answer (lr_answer_error), the HTTP error text
- * (lr_http_error via lr_call_read_outcome) and the preview.
+ * (lr_http_error via lr_call_read_outcome), a stream error event's text, and
+ * the preview; no message may quote the request's prompt (the screen).
  *
  * This file includes transfer.c itself (it was written when those two were
  * static) and is linked with the other core sources, not transfer.c. No network: the call
@@ -24,6 +25,22 @@
 #include "fuzz_util.h"
 
 #define PREVIEW_BYTES 500           /* outcome.c's */
+
+/* The request every input answers: no message may quote 16 bytes of its
+ * prompt (docs/security.md; the seed seed-echo quotes it). */
+#define FUZZ_PROMPT "FUZZ-SECRET-PROMPT the harbour plan at dawn"
+static const char fuzz_request[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\","
+                                   "\"content\":\"" FUZZ_PROMPT "\"}]}";
+
+static void check_screened(const char *what, const char *msg)
+{
+    static const char prompt[] = FUZZ_PROMPT;
+    if (!msg)
+        return;
+    for (size_t i = 0; i + LR_ECHO_RUN <= sizeof prompt - 1; i++)
+        if (memmem(msg, strlen(msg), prompt + i, LR_ECHO_RUN))
+            fail(what);
+}
 
 static int same_text(const char *a, const char *b)
 {
@@ -57,6 +74,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     c->o.max_response_bytes = limits[ctl & 3];
     c->url = (char *)"http://fuzz.invalid/v1/chat/completions"; /* HTTP errors name it */
+    c->body = (char *)fuzz_request;     /* what their messages must not quote */
+    c->o.body_len = sizeof fuzz_request - 1;
     size_t chunk = (size_t)1 << ((ctl >> 2) & 7); /* 1..128 bytes */
     if ((ctl >> 5) & 1)
         chunk = SIZE_MAX; /* the whole body at once */
@@ -134,6 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fail("error body not classified as http_status");
     if (out.message == NULL)
         fail("failure without a message");
+    check_screened("an HTTP error's message quotes the prompt", out.message);
     llmretry_decision d = llmretry_decide(NULL, &out.f, 0, INT64_C(1700000000000),
                                           LLMRETRY_NO_DEADLINE, 0.5);
     if (d.delay_ms < 0 || (d.retry_after_ms != -1 && d.retry_after_ms <= 0))
@@ -181,6 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (lr_answer_error(c, c->resp.data ? c->resp.data : "", c->resp.len, &tops, &ae)) {
                 if (!ae.message)
                     fail("an answer refused without a message");
+                check_screened("a refused answer's message quotes the prompt", ae.message);
                 if (ae.f.kind == LLMRETRY_ERR_HTTP_STATUS &&
                     (ae.f.status < 400 || ae.f.status > 599))
                     fail("an error inside an answer stands for no HTTP error status");
@@ -215,8 +236,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *code = NULL, *msg = lr_http_error(c, 500, &code);
         if (!msg || strstr(msg, "\n") || strstr(msg, "\r"))
             fail("an HTTP error text with a raw line break");
+        check_screened("an HTTP error text quotes the prompt", msg);
+        check_screened("an error code quotes the prompt", code);
         free(msg);
         free(code);
+        /* The same body as a stream's error event (stream.c keeps its data). */
+        msg = lr_stream_error_text(c, c->resp.data, c->resp.len, 500);
+        if (!msg || strstr(msg, "\n") || strstr(msg, "\r"))
+            fail("a stream error text with a raw line break");
+        check_screened("a stream error text quotes the prompt", msg);
+        free(msg);
     }
 
     /* The preview: at most 500 bytes, a prefix of the body. */
