@@ -383,3 +383,24 @@ def test_a_line_error_that_quotes_its_item_or_the_key_does_not_show_it() -> None
     with Hostile(_completed(status="cancelled"), out) as server:
         res = _run(server, 1)
     assert str(res[0]).startswith("z" * 300 + "...") and len(str(res[0])) < 400, str(res[0])
+
+
+def test_a_line_that_does_not_match_its_items_schema_fails_it() -> None:
+    """A body's response_format json_schema holds the batch's answer to it
+    as it holds a realtime call's: a mismatch fails the item (with where),
+    a match is a Result."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": f"q{i}"}],
+               "response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "s", "schema": schema,
+                                                   "strict": True}}} for i in range(3)]
+    out = b"\n".join([_line(0, _answer('{"a": 1}')), _line(1, _answer('{"a": "one"}')),
+                      _line(2, _answer("not json"))]) + b"\n"
+    with Hostile(_completed(), out) as server:
+        res = _run(server, 3, bodies)
+    assert isinstance(res[0], llmretry.Result), res[0]
+    for item, where in ((res[1], "$.a"), (res[2], "$")):
+        assert isinstance(item, llmretry.InvalidResponseError), item
+        assert item.validation_errors and item.validation_errors[0]["path"] == where, item
+    assert res.summary.ok == 1 and res.summary.failed == 2
