@@ -132,13 +132,16 @@ int engine_gc(lua_State *L)
     return 0;
 }
 
-/* core.check_options(opts): raise as engine:submit would on these options,
- * submitting nothing (the body may be left out). For options checked
- * before any call is made: a client's defaults, a call_many batch's. */
+/* core.check_options(opts[, own_keys]): raise as engine:submit would on
+ * these options, submitting nothing (the body may be left out). For options
+ * checked before any call is made: a client's defaults, a call_many
+ * batch's. own_keys: the caller's own keys (call_many's limit), suggested
+ * for an unknown option that meant one. */
 int l_check_options(lua_State *L)
 {
     llmretry_options o;
-    parse_opts(L, 1, &o, 0);
+    int also = lua_type(L, 2) == LUA_TTABLE ? 2 : 0;
+    parse_opts(L, 1, &o, 0, also);
     char err[LLMRETRY_ERRBUF] = "";
     if (llmretry_options_check(&o, err, sizeof err) != LLMRETRY_OK) {
         rename_header_error(&o, err, sizeof err);
@@ -151,7 +154,7 @@ int engine_submit(lua_State *L)
 {
     llmretry_engine *e = check_open_engine(L);
     llmretry_options o;
-    parse_opts(L, 2, &o, 1);
+    parse_opts(L, 2, &o, 1, 0);
 
     /* The handle exists before the call does, so no error raised from here
      * on can leak the call. */

@@ -147,7 +147,7 @@ void lr_push_event(lua_State *L, const llmretry_event *ev);
 void lr_push_names(lua_State *L, const char *(*name)(int));
 
 /* options.c: submit options (Lua table -> llmretry_options) */
-void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body);
+void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body, int also);
 void rename_header_error(const llmretry_options *o, char *err, size_t errlen);
 
 /* engine.c: engines and groups */

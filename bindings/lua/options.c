@@ -44,8 +44,10 @@ static int is_body_field(const char *name)
 }
 
 /* The option an unknown key most likely meant (the core's rule, over the
- * table's names and this binding's keys), or NULL. */
-static const char *meant_option(const char *key)
+ * table's names, this binding's keys and, when `also` is not 0, the
+ * strings of the array at that index: a function's own keys, such as
+ * call_many's limit), or NULL. */
+static const char *meant_option(lua_State *L, const char *key, int also)
 {
     enum { MAX_NAMES = 300 };
     const char *names[MAX_NAMES];
@@ -54,6 +56,15 @@ static const char *meant_option(const char *key)
         names[n++] = llmretry_option_at(i)->name;
     for (const char *const *k = HOST_KEYS; *k && n < MAX_NAMES; k++)
         names[n++] = *k;
+    /* The array's strings stay alive while it is on the stack. */
+    for (lua_Integer i = 1; also && n < MAX_NAMES; i++, lua_pop(L, 1)) {
+        lua_rawgeti(L, also, i);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            lua_pop(L, 1);
+            break;
+        }
+        names[n++] = lua_tostring(L, -1);
+    }
     return llmretry_option_suggest(key, names, n);
 }
 
@@ -90,7 +101,7 @@ typedef struct {
  * would otherwise be silently ignored. One pass over t's keys also notes
  * which options are set, so that parse_opts looks up those few, not each
  * of the table's options by name (a string lookup per option per call). */
-static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
+static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body, int also)
 {
     enum { MAX_SAID = 8 };
     const char *unknown[MAX_SAID];     /* keys of t: alive while t is */
@@ -125,7 +136,7 @@ static void check_opt_names(lua_State *L, int t, opt_set *set, int need_body)
     for (int i = 0; i < n_said; i++) {
         size_t len = strlen(said);
         int in_body = is_body_field(unknown[i]);
-        const char *meant = in_body ? NULL : meant_option(unknown[i]);
+        const char *meant = in_body ? NULL : meant_option(L, unknown[i], also);
         snprintf(said + len, sizeof said - len, "%s'%.40s'%s%s%s", i ? ", " : "", unknown[i],
                  meant ? " (did you mean " : "", meant ? meant : "", meant ? "?)" : "");
         if (in_body) {
@@ -346,15 +357,16 @@ static void host_opts(lua_State *L, int t, llmretry_options *o)
 /* Fill `o` from the options table at t. Strings are borrowed from values
  * that stay reachable from the stack (the table, or anchors pushed here)
  * until the call is submitted: the core copies them. Without need_body, a
- * missing body reads as "{}" (for check_options). */
-void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body)
+ * missing body reads as "{}" (for check_options). `also`: 0, or the index
+ * of an array of the caller's own keys, suggested for an unknown one. */
+void parse_opts(lua_State *L, int t, llmretry_options *o, int need_body, int also)
 {
     char buf[64];
     if (lua_type(L, t) != LUA_TTABLE)
         lr_fail(L, "opts must be a table (got %s)", got(L, t, buf, sizeof buf));
     luaL_checkstack(L, 2 * (int)llmretry_option_count() + 10, "llmretry: out of stack space");
     opt_set set;
-    check_opt_names(L, t, &set, need_body);
+    check_opt_names(L, t, &set, need_body, also);
     llmretry_options_defaults(o);
 
     /* A GET or DELETE has no body: a missing one stays missing (NULL). */

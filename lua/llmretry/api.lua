@@ -58,6 +58,9 @@ M.is_engine = is_engine
 
 -- Options that are the host module's, never engine:submit's.
 local LUA_OPTIONS = { logger = true, validate = true, engine = true }
+-- call_many's own keys, for "did you mean" when one is misspelt (the core's
+-- rule, over these beside the options).
+local MANY_KEYS = { "limit", "adaptive", "call_deadline_ms" }
 
 -- engine:submit, its argument errors re-raised at the caller of our caller
 -- (`level` as error() counts it, from the caller of submit).
@@ -235,7 +238,7 @@ function M.new(host)
     -- Every option is checked before the first call goes out (a bad one
     -- would otherwise surface from the first submit, with calls of the
     -- batch possibly in flight).
-    local ok_opts, why = pcall(core.check_options, sub)
+    local ok_opts, why = pcall(core.check_options, sub, MANY_KEYS)
     if not ok_opts then error(why, 2) end
     local n = #bodies
     local outs = { n = n }
