@@ -46,6 +46,13 @@ size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud)
     llmretry_call *c = ud;
     size_t n = size * nmemb;
     c->body_begun = 1;              /* the head is complete (keep_head_line) */
+    if (streams_now(c) && !(c->st && c->st->active) && llmretry_json_text_opens(data, n)) {
+        /* Labelled text/event-stream, but a JSON text: no SSE line opens
+         * with '{' or '[' (such a field name is ignored, so read as a
+         * stream it would be no event at all). Misconfigured proxies label
+         * every answer so; the openai SDK reads it by the request, as JSON. */
+        c->sse = 0;
+    }
     if (streams_now(c)) {
         if (!(c->st && c->st->active) && lr_stream_begin(c) != 0)
             return 0;               /* out of memory: a network-ish failure */

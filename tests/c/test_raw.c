@@ -555,6 +555,45 @@ static void test_stream_error_message(void)
     }
 }
 
+/* A JSON answer labelled text/event-stream (a proxy labelling every answer
+ * so) is read as the JSON it is, as the openai SDK reads it: read as a
+ * stream it was no event at all, an empty stream retried to the end. */
+static void test_json_labelled_as_a_stream(void)
+{
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n";
+    static const char answer[] = "\r\n {\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                                 "\"content\":\"hi\"},\"finish_reason\":\"stop\"}],\"usage\":"
+                                 "{\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}";
+    static const char error[] = "{\"error\":{\"message\":\"no such model\",\"code\":\"model_not_found\"}}";
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    o.max_retries = 1;
+    set_response(head, answer, strlen(answer));
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok && r->attempts == 1 && r->usage.total_tokens == 3 && !r->stream,
+              "answer: ok=%d attempts=%d %s", r ? r->ok : -1, r ? r->attempts : -1,
+              r && r->message ? r->message : "");
+    llmretry_call_free(c);
+    set_response(head, error, strlen(error));
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 400 &&
+              r->attempts == 1 && r->message && strstr(r->message, "\"no such model\""),
+              "error: %s", r && r->message ? r->message : "");
+    llmretry_call_free(c);
+    /* A stream that is one: still a stream. */
+    static const char sse[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},"
+                              "\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+    set_response(head, sse, strlen(sse));
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok && r->stream, "a real stream: ok=%d stream=%d", r ? r->ok : -1,
+              r ? r->stream : -1);
+    llmretry_call_free(c);
+}
+
 /* A 2xx body must be UTF-8 JSON as every host decodes it: anything else is
  * an invalid response, retried, and no event says it succeeded. */
 static void test_body_must_be_utf8_json(void)
@@ -827,6 +866,7 @@ int main(void)
         { "text_quotes", test_text_quotes },
         { "redirect_hint", test_redirect_hint },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
+        { "json_labelled_as_a_stream", test_json_labelled_as_a_stream },
         { "doubled_path_hint", test_doubled_path_hint },
         { "no_key_hint", test_no_key_hint },
         { "never_reached", test_never_reached },        /* last: it stops the server */
