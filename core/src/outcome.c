@@ -104,6 +104,22 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
                                              "processing it", LR_MAX_RESENDS + 1);
         }
         break;
+    case CURLE_OUT_OF_MEMORY:
+#if LIBCURL_VERSION_NUM >= 0x080600
+    case CURLE_TOO_LARGE:
+#endif
+        if (lr_call_status(c) > 0 && !c->body_begun) {
+            /* Between the status line and the body: libcurl refusing a
+             * header line over its 100 KB (CURL_MAX_HTTP_HEADER), which
+             * before 8.6 it reports as "Out of memory". */
+            f->kind = LLMRETRY_ERR_NETWORK;
+            out->message = lr_printf_alloc("the response's head is larger than libcurl takes (a "
+                                           "header line over 100 KB?): %s", detail);
+            break;
+        }
+        f->kind = LLMRETRY_ERR_NETWORK;
+        out->message = lr_printf_alloc("network error: %s", detail);
+        break;
     case CURLE_WRITE_ERROR:
         if (c->too_large) {
             f->kind = LLMRETRY_ERR_RESPONSE_TOO_LARGE;

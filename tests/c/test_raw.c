@@ -555,6 +555,33 @@ static void test_stream_error_message(void)
     }
 }
 
+/* A header line past libcurl's 100 KB: said so, not "Out of memory" (what
+ * libcurl before 8.6 calls it). */
+static void test_huge_header_line(void)
+{
+    size_t n = 150 * 1024;
+    static const char pre[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Big: ";
+    char *head = malloc(sizeof pre + n + 3);
+    if (!head)
+        return;
+    memcpy(head, pre, sizeof pre - 1);
+    memset(head + sizeof pre - 1, 'a', n);
+    memcpy(head + sizeof pre - 1 + n, "\r\n", 3);
+    static const char ok[] = "{\"choices\":[{\"index\":0,\"message\":{\"content\":\"x\"},"
+                             "\"finish_reason\":\"stop\"}]}";
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    set_response(head, ok, strlen(ok));
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->message &&
+              strstr(r->message, "the response's head is larger than libcurl takes"),
+              "message: %s", r && r->message ? r->message : "(none)");
+    llmretry_call_free(c);
+    free(head);
+}
+
 /* A JSON answer labelled text/event-stream (a proxy labelling every answer
  * so) is read as the JSON it is, as the openai SDK reads it: read as a
  * stream it was no event at all, an empty stream retried to the end. */
@@ -867,6 +894,7 @@ int main(void)
         { "redirect_hint", test_redirect_hint },
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
         { "json_labelled_as_a_stream", test_json_labelled_as_a_stream },
+        { "huge_header_line", test_huge_header_line },
         { "doubled_path_hint", test_doubled_path_hint },
         { "no_key_hint", test_no_key_hint },
         { "never_reached", test_never_reached },        /* last: it stops the server */
