@@ -41,11 +41,30 @@ long lr_call_status(const llmretry_call *c)
     return status;
 }
 
+/* Do a body's first bytes open an event stream: a "data:" or "event:"
+ * field, or a ":" comment, after a byte-order mark and blank lines? No
+ * JSON text opens so. */
+static int opens_event_stream(const char *data, size_t n)
+{
+    size_t i = n >= 3 && memcmp(data, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    while (i < n && (data[i] == '\r' || data[i] == '\n'))
+        i++;
+    return (n - i >= 5 && memcmp(data + i, "data:", 5) == 0) ||
+           (n - i >= 6 && memcmp(data + i, "event:", 6) == 0) || (i < n && data[i] == ':');
+}
+
 size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
     c->body_begun = 1;              /* the head is complete (keep_head_line) */
+    if (!c->sse && !c->o.raw_response && c->resp.len == 0 && !(c->st && c->st->active) &&
+        opens_event_stream(data, n) && lr_call_status(c) >= 200 && lr_call_status(c) < 300) {
+        /* A 2xx event stream under another label (application/json, a
+         * gateway's rewrite): the openai SDK reads a stream by what it
+         * asked for, whatever the label. */
+        c->sse = 1;
+    }
     if (streams_now(c) && !(c->st && c->st->active) && llmretry_json_text_opens(data, n)) {
         /* Labelled text/event-stream, but a JSON text: no SSE line opens
          * with '{' or '[' (such a field name is ignored, so read as a

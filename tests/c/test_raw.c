@@ -555,6 +555,40 @@ static void test_stream_error_message(void)
     }
 }
 
+/* An event stream labelled otherwise (a gateway rewriting it to
+ * application/json): read as the stream it is, as the openai SDK reads a
+ * stream it asked for; an error status whose body looks so stays an error. */
+static void test_stream_under_another_label(void)
+{
+    static const char sse[] = ": hello\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+                              "\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+    static const char *const heads[] = {
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n",
+        "HTTP/1.1 200 OK\r\n",
+    };
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    for (size_t i = 0; i < sizeof heads / sizeof *heads; i++) {
+        set_response(heads[i], sse, strlen(sse));
+        llmretry_call *c = run(&o);
+        const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+        CHECK_MSG(r && r->ok && r->stream && r->body && strstr(r->body, "\"content\":\"hi\""),
+                  "head %zu: ok=%d stream=%d %s", i, r ? r->ok : -1, r ? r->stream : -1,
+                  r && r->message ? r->message : "");
+        llmretry_call_free(c);
+    }
+    static const char err[] = "data: upstream failed\n\n";
+    set_response("HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n", err,
+                 strlen(err));
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 502 && !r->stream,
+              "a 502: %s", r && r->message ? r->message : "");
+    llmretry_call_free(c);
+}
+
 /* A header line past libcurl's 100 KB: said so, not "Out of memory" (what
  * libcurl before 8.6 calls it). */
 static void test_huge_header_line(void)
@@ -895,6 +929,7 @@ int main(void)
         { "body_must_be_utf8_json", test_body_must_be_utf8_json },
         { "json_labelled_as_a_stream", test_json_labelled_as_a_stream },
         { "huge_header_line", test_huge_header_line },
+        { "stream_under_another_label", test_stream_under_another_label },
         { "doubled_path_hint", test_doubled_path_hint },
         { "no_key_hint", test_no_key_hint },
         { "never_reached", test_never_reached },        /* last: it stops the server */
