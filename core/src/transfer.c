@@ -53,25 +53,30 @@ static int opens_event_stream(const char *data, size_t n)
            (n - i >= 6 && memcmp(data + i, "event:", 6) == 0) || (i < n && data[i] == ':');
 }
 
+/* At a 2xx's first body bytes, what they open decides whether it is an
+ * event stream, whatever its Content-Type said (c->sse): a JSON text is
+ * not one (a proxy labelling every answer text/event-stream), an event
+ * stream is one (a gateway rewriting its label to application/json). The
+ * openai SDK reads either by what it asked for, not by the label; read
+ * by the label, the first was a stream of no event, the second a body
+ * that is not JSON, each retried to the end. Other bytes: the label. */
+static void judge_label(llmretry_call *c, const char *data, size_t n)
+{
+    int json = llmretry_json_text_opens(data, n);
+    if (json ? !c->sse : c->sse || !opens_event_stream(data, n))
+        return;                     /* the label says what the bytes do */
+    long status = lr_call_status(c);
+    if (status >= 200 && status < 300)
+        c->sse = !json;
+}
+
 size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
     c->body_begun = 1;              /* the head is complete (keep_head_line) */
-    if (!c->sse && !c->o.raw_response && c->resp.len == 0 && !(c->st && c->st->active) &&
-        opens_event_stream(data, n) && lr_call_status(c) >= 200 && lr_call_status(c) < 300) {
-        /* A 2xx event stream under another label (application/json, a
-         * gateway's rewrite): the openai SDK reads a stream by what it
-         * asked for, whatever the label. */
-        c->sse = 1;
-    }
-    if (streams_now(c) && !(c->st && c->st->active) && llmretry_json_text_opens(data, n)) {
-        /* Labelled text/event-stream, but a JSON text: no SSE line opens
-         * with '{' or '[' (such a field name is ignored, so read as a
-         * stream it would be no event at all). Misconfigured proxies label
-         * every answer so; the openai SDK reads it by the request, as JSON. */
-        c->sse = 0;
-    }
+    if (c->resp.len == 0 && !c->o.raw_response && !(c->st && c->st->active))
+        judge_label(c, data, n);
     if (streams_now(c)) {
         if (!(c->st && c->st->active) && lr_stream_begin(c) != 0)
             return 0;               /* out of memory: a network-ish failure */
