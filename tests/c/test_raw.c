@@ -160,16 +160,22 @@ static llmretry_call *run(const llmretry_options *o)
     return c;
 }
 
+/* One call with opts' defaults, answered with this response. */
+static llmretry_call *answered_by(const char *head, const char *body, size_t blen)
+{
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    set_response(head, body, blen);
+    return run(&o);
+}
+
 #define ERR_BODY "{\"error\":{\"message\":\"busy\",\"type\":\"server_error\"}}"
 
 /* The server's wait as the call read it (result.retry_after_ms). */
 static int64_t retry_after_of(const char *head)
 {
-    char url[64];
-    llmretry_options o;
-    opts(&o, url, sizeof url);
-    set_response(head, ERR_BODY, strlen(ERR_BODY));
-    llmretry_call *c = run(&o);
+    llmretry_call *c = answered_by(head, ERR_BODY, strlen(ERR_BODY));
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     int64_t v = r ? r->retry_after_ms : -2;
     CHECK_MSG(r && !r->ok && r->status == 503, "expected a 503 result");
@@ -567,12 +573,8 @@ static void test_stream_under_another_label(void)
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n",
         "HTTP/1.1 200 OK\r\n",
     };
-    char url[64];
-    llmretry_options o;
-    opts(&o, url, sizeof url);
     for (size_t i = 0; i < sizeof heads / sizeof *heads; i++) {
-        set_response(heads[i], sse, strlen(sse));
-        llmretry_call *c = run(&o);
+        llmretry_call *c = answered_by(heads[i], sse, strlen(sse));
         const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
         CHECK_MSG(r && r->ok && r->stream && r->body && strstr(r->body, "\"content\":\"hi\""),
                   "head %zu: ok=%d stream=%d %s", i, r ? r->ok : -1, r ? r->stream : -1,
@@ -580,9 +582,8 @@ static void test_stream_under_another_label(void)
         llmretry_call_free(c);
     }
     static const char err[] = "data: upstream failed\n\n";
-    set_response("HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n", err,
-                 strlen(err));
-    llmretry_call *c = run(&o);
+    llmretry_call *c = answered_by("HTTP/1.1 502 Bad Gateway\r\nContent-Type: "
+                                   "application/json\r\n", err, strlen(err));
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 502 && !r->stream,
               "a 502: %s", r && r->message ? r->message : "");
@@ -603,11 +604,7 @@ static void test_huge_header_line(void)
     memcpy(head + sizeof pre - 1 + n, "\r\n", 3);
     static const char ok[] = "{\"choices\":[{\"index\":0,\"message\":{\"content\":\"x\"},"
                              "\"finish_reason\":\"stop\"}]}";
-    char url[64];
-    llmretry_options o;
-    opts(&o, url, sizeof url);
-    set_response(head, ok, strlen(ok));
-    llmretry_call *c = run(&o);
+    llmretry_call *c = answered_by(head, ok, strlen(ok));
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_NETWORK && r->message &&
               strstr(r->message, "the response's head is larger than libcurl takes"),
@@ -695,12 +692,8 @@ static void test_body_must_be_utf8_json(void)
     /* Compressed bytes the client never asked for: said so, not "a control
      * character outside strings" at byte 0. */
     static const char gz[] = "\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xab\xae\x05\x00";
-    char url[64];
-    llmretry_options o;
-    opts(&o, url, sizeof url);
-    set_response("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n",
-                 gz, sizeof gz - 1);
-    llmretry_call *c = run(&o);
+    llmretry_call *c = answered_by("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                   "Content-Encoding: gzip\r\n", gz, sizeof gz - 1);
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_INVALID_RESPONSE && r->message &&
               strstr(r->message, "HTTP 200 with a body that is gzip-compressed, which the client "
