@@ -113,7 +113,7 @@ class LineJudge:
             self._options["headers"] = headers
         # Every header's value counts as a secret here: withholding a
         # message that quotes a non-secret header costs nothing.
-        self._secrets = [v for v in [api_key, *headers.values()] if v]
+        self._secrets = [v for v in [api_key, *headers.values()] if isinstance(v, str) and v]
         self._lines = lines
         self._indices = indices
         self._shown: Dict[Tuple[str, Optional[int]], str] = {}
