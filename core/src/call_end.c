@@ -269,6 +269,14 @@ void lr_give_up(llmretry_engine *e, llmretry_call *c, llmretry_giveup_reason rea
         c->resp.data[c->resp.len] = '\0';
         r->body = c->resp.data;
         r->body_len = c->resp.len;
+    } else if (c->o.keep_response && r->kind == LLMRETRY_ERR_HTTP_STATUS && c->st &&
+               c->st->fail == LR_SF_ERROR_EVENT && c->st->error_data) {
+        /* A stream given up on an error event before the host read a
+         * chunk: that event's data, for a host handing the stream on (the
+         * openai SDK raises the error an event names; an empty 2xx stream
+         * would read as an empty answer). */
+        r->body = c->st->error_data;
+        r->body_len = c->st->error_len;
     }
     int n = c->attempts_started;
     char buf[1024], on[40] = "", hint[400] = "";

@@ -245,12 +245,23 @@ class TransportCore:
                                                                    "invalid_response",
                                                                    "refusal")):
             status, headers, ext = _parse_head(head)
-            if out["ok"] and out.get("chunks") == 0 and any(
-                    k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")
-                    for k, v in headers):
+            streamed = 200 <= status < 300 and any(
+                k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")
+                for k, v in headers)
+            if streamed and out["ok"] and out.get("chunks") == 0:
                 # An event stream with no event (the engine's body is its
                 # assembly, not the stream): its end is all there is.
                 return self.stream_response(request, head, self.hx.ByteStream(_DONE))
+            if streamed and not out["ok"]:
+                # A stream that failed on an error event on every attempt
+                # (none read): that event, as the server sent it, for the SDK
+                # to raise the error it names. An empty 2xx stream would read
+                # as an answer with nothing in it.
+                event = out.get("body")
+                if not event:
+                    raise self.error(request, out)
+                return self.stream_response(request, head,
+                                            self.hx.ByteStream(_sse((None, event))))
             return self.hx.Response(status, headers=headers,
                                     stream=self.hx.ByteStream(out.get("body") or b""),
                                     request=request, extensions=ext)

@@ -559,6 +559,22 @@ static void test_stream_error_message(void)
                   "case %zu: %s", i, r && r->message ? r->message : "(none)");
         llmretry_call_free(c);
     }
+    /* With keep_response, the event given up on is the result's body (a
+     * transport hands it on: an empty 2xx stream would read as no answer). */
+    static const char ev[] = "{\"error\":{\"type\":\"server_error\",\"message\":\"kept\"}}";
+    char sse[128], url[64];
+    snprintf(sse, sizeof sse, "data: %s\n\n", ev);
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    o.keep_response = 1;
+    set_response(head, sse, strlen(sse));
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && !r->ok && r->body && r->body_len == strlen(ev) && memcmp(r->body, ev,
+                                                                        r->body_len) == 0,
+              "kept body: %.*s", r && r->body ? (int)r->body_len : 6,
+              r && r->body ? r->body : "(none)");
+    llmretry_call_free(c);
 }
 
 /* An event stream labelled otherwise (a gateway rewriting it to

@@ -253,6 +253,24 @@ def test_closing_the_sdk_stream_cancels_the_call(scen: Scenario) -> None:
     assert scen.requests()[0]["events_sent"] < 100
 
 
+@pytest.mark.parametrize("code", ["server_error", "rate_limit_exceeded"])
+def test_a_stream_whose_every_attempt_is_an_error_event_raises_it(scen: Scenario,
+                                                                  code: str) -> None:
+    """An error event before any chunk, on every attempt: the SDK gets that
+    event as the server sent it and raises the error it names, as without
+    llmretry; never a 200 stream with nothing in it (an empty answer)."""
+    scen.script([], after={"stream": {"chunks": 2, "end": "error_event", "after": 0,
+                                      "error_code": code}})
+    with sdk(scen, max_retries=2) as client:
+        stream = client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                stream=True)
+        with pytest.raises(openai.APIError) as info:
+            stream_texts(stream)
+    assert not isinstance(info.value, openai.APIConnectionError), info.value
+    assert len(scen.requests()) == 3              # retried first, out of the SDK's sight
+    check_no_secrets(SECRETS, [str(info.value)])
+
+
 def test_a_stream_request_answered_with_an_error_is_that_error(scen: Scenario) -> None:
     scen.script([], after={"status": 400, "error_code": "bad_stream"})
     with sdk(scen) as client:

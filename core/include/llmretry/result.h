@@ -177,7 +177,9 @@ typedef struct llmretry_result {
      * answer, messages from the schema: never the answer's values. */
     const char *validation_errors;
     /* With keep_response, a call that gave up on an HTTP status, or on a 2xx
-     * body that is not JSON, has that response's whole body in body/body_len. */
+     * body that is not JSON, has that response's whole body in body/body_len;
+     * a stream that gave up on an error event before the host read a chunk,
+     * that event's data. */
 
     /* keep_response calls: the head of the last attempt's response as
      * received, at most LLMRETRY_MAX_RESPONSE_HEAD bytes: its status line
