@@ -229,6 +229,15 @@ static int process_line(lr_sse_reader *r, const char *s, size_t n, lr_sse_event 
     return 0;                       /* unknown fields are ignored */
 }
 
+int lr_sse_opens(const char *data, size_t n)
+{
+    size_t i = n >= 3 && memcmp(data, BOM, 3) == 0 ? 3 : 0;
+    while (i < n && (data[i] == '\r' || data[i] == '\n'))
+        i++;
+    return (n - i >= 5 && memcmp(data + i, "data:", 5) == 0) ||
+           (n - i >= 6 && memcmp(data + i, "event:", 6) == 0) || (i < n && data[i] == ':');
+}
+
 int lr_sse_next(lr_sse_reader *r, lr_sse_event *ev)
 {
     if (r->failed)

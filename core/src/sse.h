@@ -116,6 +116,12 @@ void lr_sse_free(lr_sse_reader *r);
  * LR_SSE_DONE (the bytes are ignored), or a sticky error. */
 int lr_sse_feed(lr_sse_reader *r, const void *buf, size_t len);
 
+/* Do a body's first bytes (n of them) open an event stream: a "data:" or
+ * "event:" field, or a ":" comment, after a byte-order mark and blank
+ * lines? No JSON text opens so (transfer.c reads a body by this, not by
+ * its label alone). Pure. */
+int lr_sse_opens(const char *data, size_t n);
+
 /* The next dispatched event from the bytes fed so far: LR_SSE_EVENT (*ev
  * filled), LR_SSE_AGAIN, LR_SSE_DONE or an error. An event with no data:
  * line is not dispatched (EventSource), and neither is the [DONE] event. */

@@ -41,18 +41,6 @@ long lr_call_status(const llmretry_call *c)
     return status;
 }
 
-/* Do a body's first bytes open an event stream: a "data:" or "event:"
- * field, or a ":" comment, after a byte-order mark and blank lines? No
- * JSON text opens so. */
-static int opens_event_stream(const char *data, size_t n)
-{
-    size_t i = n >= 3 && memcmp(data, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
-    while (i < n && (data[i] == '\r' || data[i] == '\n'))
-        i++;
-    return (n - i >= 5 && memcmp(data + i, "data:", 5) == 0) ||
-           (n - i >= 6 && memcmp(data + i, "event:", 6) == 0) || (i < n && data[i] == ':');
-}
-
 /* At a 2xx's first body bytes, what they open decides whether it is an
  * event stream, whatever its Content-Type said (c->sse): a JSON text is
  * not one (a proxy labelling every answer text/event-stream), an event
@@ -63,7 +51,7 @@ static int opens_event_stream(const char *data, size_t n)
 static void judge_label(llmretry_call *c, const char *data, size_t n)
 {
     int json = llmretry_json_text_opens(data, n);
-    if (json ? !c->sse : c->sse || !opens_event_stream(data, n))
+    if (json ? !c->sse : c->sse || !lr_sse_opens(data, n))
         return;                     /* the label says what the bytes do */
     long status = lr_call_status(c);
     if (status >= 200 && status < 300)

@@ -160,14 +160,21 @@ static llmretry_call *run(const llmretry_options *o)
     return c;
 }
 
-/* One call with opts' defaults, answered with this response. */
+/* One call with options o, answered with this response. */
+static llmretry_call *answered_with(const llmretry_options *o, const char *head, const char *body,
+                                    size_t blen)
+{
+    set_response(head, body, blen);
+    return run(o);
+}
+
+/* The same with opts' defaults. */
 static llmretry_call *answered_by(const char *head, const char *body, size_t blen)
 {
     char url[64];
     llmretry_options o;
     opts(&o, url, sizeof url);
-    set_response(head, body, blen);
-    return run(&o);
+    return answered_with(&o, head, body, blen);
 }
 
 #define ERR_BODY "{\"error\":{\"message\":\"busy\",\"type\":\"server_error\"}}"
@@ -567,8 +574,7 @@ static void test_stream_error_message(void)
     llmretry_options o;
     opts(&o, url, sizeof url);
     o.keep_response = 1;
-    set_response(head, sse, strlen(sse));
-    llmretry_call *c = run(&o);
+    llmretry_call *c = answered_with(&o, head, sse, strlen(sse));
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && !r->ok && r->body && r->body_len == strlen(ev) && memcmp(r->body, ev,
                                                                         r->body_len) == 0,
@@ -643,15 +649,13 @@ static void test_json_labelled_as_a_stream(void)
     llmretry_options o;
     opts(&o, url, sizeof url);
     o.max_retries = 1;
-    set_response(head, answer, strlen(answer));
-    llmretry_call *c = run(&o);
+    llmretry_call *c = answered_with(&o, head, answer, strlen(answer));
     const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && r->ok && r->attempts == 1 && r->usage.total_tokens == 3 && !r->stream,
               "answer: ok=%d attempts=%d %s", r ? r->ok : -1, r ? r->attempts : -1,
               r && r->message ? r->message : "");
     llmretry_call_free(c);
-    set_response(head, error, strlen(error));
-    c = run(&o);
+    c = answered_with(&o, head, error, strlen(error));
     r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && !r->ok && r->kind == LLMRETRY_ERR_HTTP_STATUS && r->status == 400 &&
               r->attempts == 1 && r->message && strstr(r->message, "\"no such model\""),
@@ -660,8 +664,7 @@ static void test_json_labelled_as_a_stream(void)
     /* A stream that is one: still a stream. */
     static const char sse[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},"
                               "\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
-    set_response(head, sse, strlen(sse));
-    c = run(&o);
+    c = answered_with(&o, head, sse, strlen(sse));
     r = c ? llmretry_call_result(c) : NULL;
     CHECK_MSG(r && r->ok && r->stream, "a real stream: ok=%d stream=%d", r ? r->ok : -1,
               r ? r->stream : -1);

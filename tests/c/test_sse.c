@@ -489,9 +489,25 @@ static void test_rules(void)
     test_done_and_contract();
 }
 
+/* What opens an event stream (lr_sse_opens): the body's first bytes decide
+ * whether a mislabelled 2xx is one (transfer.c). */
+static void test_opens(void)
+{
+    static const struct { const char *text; int opens; } t[] = {
+        { "data: {}\n\n", 1 }, { "data:x", 1 }, { "event: error\n", 1 }, { ": ping\n", 1 },
+        { "\xEF\xBB\xBF" "data: x", 1 }, { "\r\n\ndata: x", 1 }, { "\xEF\xBB\xBF\n: c", 1 },
+        { "{\"data:\": 1}", 0 }, { "[1]", 0 }, { " data: x", 0 }, { "dat", 0 }, { "even", 0 },
+        { "id: 1\n", 0 }, { "", 0 }, { "\n\n", 0 }, { "\xEF\xBB", 0 }, { "Data: x", 0 },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        CHECK_MSG(lr_sse_opens(t[i].text, strlen(t[i].text)) == t[i].opens, "case %zu: \"%s\"",
+                  i, t[i].text);
+}
+
 int main(void)
 {
     test_vectors();
     test_rules();
+    test_opens();
     return th_summary("test_sse");
 }
