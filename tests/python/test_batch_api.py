@@ -392,9 +392,12 @@ def test_cli_resume_after_the_process_is_killed_while_polling(mock: MockServer,
     try:
         _until(lambda: store.batches, "the batch")
         (bid,) = store.batches
-        # Polling: it retrieved the batch at least twice.
-        _until(lambda: (tmp_path / "failed.jsonl.batches").exists(), "the record")
-        time.sleep(0.05)    # a poll or two after the record (the store counts none)
+        # The record is written before the upload (no batches yet) and again
+        # once the batch is created: wait for the second, then a poll or two
+        # (the store counts none).
+        rec = tmp_path / "failed.jsonl.batches"
+        _until(lambda: rec.exists() and bid in rec.read_text(), "the batch in the record")
+        time.sleep(0.05)
     finally:
         proc.kill()
         proc.communicate()
