@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+from urllib.parse import urlencode
 
 from ._batch_api_answers import plain_id
 from ._llmretry import url_join, url_shown
@@ -29,6 +30,10 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # Each call's deadline unless the caller gives one: a call is one request
 # and its retries, not the batch's 24 hours.
 CALL_DEADLINE_MS = 600000
+# GET /batches: a page's size (the API's largest) and how many pages a search
+# reads at most (a key with thousands of batches: the search gives up).
+LIST_LIMIT = 100
+LIST_PAGES = 20
 
 
 class Api:
@@ -76,10 +81,14 @@ class Api:
         return data
 
     def request(self, method: str, path: str, body: bytes = b"",
-                content_type: Optional[str] = None, raw: bool = False) -> Any:
+                content_type: Optional[str] = None, raw: bool = False,
+                url: Optional[str] = None) -> Any:
         """One call of any method: its answer (text with ``raw``, else the
-        parsed JSON), or the typed error the policy ended on."""
+        parsed JSON), or the typed error the policy ended on. ``url``: the
+        whole URL when it has a query of the call's own."""
         more: Dict[str, Any] = {"method": method}
+        if url is not None:
+            more["url"] = url
         if content_type is not None:
             more["content_type"] = content_type
         if raw:
@@ -92,6 +101,33 @@ class Api:
             raise InvalidResponseError(f"GET {path}: the answer is not a JSON object",
                                        reason="not_retryable")
         return doc
+
+    def listed_batches(self, max_pages: int = LIST_PAGES) -> Iterator[Any]:
+        """The batches of ``GET /batches`` as the server lists them (the
+        newest first, at OpenAI), page after page while it says it has more,
+        ``max_pages`` at most: the items unchecked (the caller matches them).
+        An answer that is no list page is InvalidResponseError; a server with
+        no list (404, 405) lists nothing."""
+        after: Optional[str] = None
+        for _ in range(max_pages):
+            url = self.url_of("/batches")
+            query = urlencode({"limit": LIST_LIMIT, **({} if after is None else {"after": after})})
+            try:
+                page = self.request("GET", "/batches", url=url + ("&" if "?" in url else "?")
+                                    + query)
+            except HTTPStatusError as exc:
+                if exc.status in (404, 405):
+                    return
+                raise
+            data = page.get("data") if isinstance(page, dict) else None
+            if not isinstance(data, list):
+                raise InvalidResponseError("GET /batches: the answer is not a list of batches",
+                                           reason="not_retryable")
+            yield from data
+            last = data[-1].get("id") if data and isinstance(data[-1], dict) else None
+            if page.get("has_more") is not True or not isinstance(last, str) or last == after:
+                return
+            after = plain_id(last, "GET /batches: the last batch id")
 
     def get_text(self, path: str) -> str:
         """A file's content as it came (JSON Lines)."""

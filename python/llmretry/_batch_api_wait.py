@@ -49,7 +49,7 @@ def _interruptible_wait(job: BatchJob, progress: Any, grace_s: float,
     second one within ``grace_s`` cancels the batches and waits for them to
     end."""
     try:
-        job._submit(job._unsubmitted())
+        job._submit()
         if on_submitted is not None:
             on_submitted(job)
         job.wait(progress=progress)

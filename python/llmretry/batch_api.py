@@ -24,9 +24,12 @@ engine call, with its retries, a per-call deadline, events and request id
 (llmretry._batch_api_http).
 
 The record (``record=``, default ``failures_path + ".batches"``) is a JSON
-file rewritten atomically after each batch is created and each is
-collected: the endpoint, the number of items, and per batch its id, its
-input file, its model and its item indices as ranges. ``resume=True`` with
+file rewritten atomically before each batch is created (``creating``: its
+uploaded file), after it is created and after it is collected: the
+endpoint, the number of items, and per batch its id, its input file, its
+model and its item indices as ranges. A run stopped while a batch was being
+created leaves ``creating``: the resumed run adopts the batch the provider
+lists for that file, or creates it from the same file. ``resume=True`` with
 the same bodies polls the batches the record names instead of submitting
 again; those collected by an earlier run are not downloaded again (their
 items are ok in the failures file's progress file, or failed there).
@@ -129,27 +132,79 @@ class BatchJob:
         covered = {i for rec in self.doc["batches"] for i in _indices(rec["ranges"])}
         return [i for i in range(len(self.lines)) if i not in covered]
 
-    def _submit(self, indices: Iterable[int]) -> None:
-        """Upload and create the batches of these items, each recorded as
-        soon as it is created (a run stopped meanwhile: resume submits the
-        items no batch of the record holds)."""
+    def _submit(self) -> None:
+        """Upload and create the batches of the items no batch of the record
+        holds. Each part is recorded as ``creating`` (its uploaded file)
+        before its batch is created, and as a batch once created: a run
+        stopped between the two leaves a batch the provider may run, which a
+        resumed run adopts (:meth:`_recover`) instead of paying for twice."""
         doc, api = self.doc, self.api
-        wanted = list(indices)
-        parts = _parts(self.lines, self.models, doc["max_lines"], doc["max_bytes"], wanted)
+        if doc.get("creating") is not None:
+            self._recover(doc["creating"])
+        parts = _parts(self.lines, self.models, doc["max_lines"], doc["max_bytes"],
+                       self._unsubmitted())
         self._save()        # the record before the first upload: resume finds it
         for model, part in parts:
             data = b"\n".join(self.lines[i] for i in part) + b"\n"
             f = api.upload(f"llmretry-batch-{len(doc['batches'])}.jsonl", data)
-            create: Dict[str, Any] = {"input_file_id": f["id"], "endpoint": self.endpoint,
-                                      "completion_window": "24h"}
-            if doc.get("metadata"):
-                create["metadata"] = doc["metadata"]
-            b = api.post_json("/batches", create, idempotency_key=f"llmretry-{f['id']}")
-            bid = plain_id(b.get("id"), "POST /batches: the batch id")
-            doc["batches"].append({"id": bid, "input_file_id": f["id"], "model": model,
-                                   "ranges": _ranges(part), "collected": False})
+            created = f.get("created_at")
+            self._create({"input_file_id": f["id"], "model": model, "ranges": _ranges(part),
+                          "file_created_at": created if type(created) is int else None})
+
+    def _create(self, entry: Dict[str, Any]) -> None:
+        """Create the batch of one uploaded part, recorded before and after."""
+        self.doc["creating"] = entry
+        self._save()
+        create: Dict[str, Any] = {"input_file_id": entry["input_file_id"],
+                                  "endpoint": self.endpoint, "completion_window": "24h"}
+        if self.doc.get("metadata"):
+            create["metadata"] = self.doc["metadata"]
+        self._created(entry, self.api.post_json(
+            "/batches", create, idempotency_key=f"llmretry-{entry['input_file_id']}"))
+
+    def _created(self, entry: Dict[str, Any], batch: Dict[str, Any]) -> None:
+        bid = plain_id(batch.get("id"), "POST /batches: the batch id")
+        self.doc["batches"].append({"id": bid, "input_file_id": entry["input_file_id"],
+                                    "model": entry["model"], "ranges": entry["ranges"],
+                                    "collected": False})
+        self.doc["creating"] = None
+        self._save()
+        self.last[bid] = checked_batch(batch, bid)
+
+    def _recover(self, entry: Dict[str, Any]) -> None:
+        """The part an earlier run uploaded and was creating the batch of
+        when it stopped: the batch the provider lists for that input file
+        (created, its answer lost), else a batch created now from the same
+        file. The list is read back to the file's upload at most (the
+        newest first), a bounded number of pages."""
+        try:
+            if not isinstance(entry, dict):
+                raise TypeError
+            fid = plain_id(entry.get("input_file_id"), "the record's creating input_file_id")
+            ranges = entry["ranges"]
+            model = entry["model"]
+        except (KeyError, TypeError, LLMError):
+            raise ValueError(f"{self.record_path}: the record's 'creating' entry is not "
+                             f"one this version wrote: {entry!r}") from None
+        since = entry.get("file_created_at")
+        for b in self.api.listed_batches():
+            if not isinstance(b, dict):
+                continue
+            if b.get("input_file_id") == fid:
+                self._created({"input_file_id": fid, "model": model, "ranges": ranges}, b)
+                return
+            made = b.get("created_at")
+            if type(since) is int and type(made) is int and made < since:
+                break
+        try:
+            self._create({"input_file_id": fid, "model": model, "ranges": ranges,
+                          "file_created_at": since})
+        except HTTPStatusError as exc:
+            if exc.status not in (400, 404):
+                raise
+            # The file is gone (deleted, expired): its items are uploaded again.
+            self.doc["creating"] = None
             self._save()
-            self.last[bid] = checked_batch(b, bid)
 
     # -- looking -----------------------------------------------------------------
 
@@ -410,7 +465,7 @@ def submit(bodies: Iterable[Any], *, endpoint: Optional[str] = None,
     job = _new_job(bodies, endpoint=endpoint, client=client, record=record,
                    failures_path=failures_path, metadata=metadata, max_lines=max_lines,
                    max_bytes=max_bytes, **options)
-    job._submit(job._unsubmitted())
+    job._submit()
     return job
 
 
@@ -441,7 +496,7 @@ def resume(bodies: Iterable[Any], *, record: Any = None, failures_path: Any = No
     of the record holds (a run stopped while submitting) are submitted."""
     job = _load_job(bodies, record=record, failures_path=failures_path, endpoint=endpoint,
                     client=client, **options)
-    job._submit(job._unsubmitted())
+    job._submit()
     return job
 
 

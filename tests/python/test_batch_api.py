@@ -625,3 +625,144 @@ def test_call_llm_sends_an_upload_a_get_and_a_delete(mock: MockServer) -> None:
         client.call_llm({"a": 1}, url=f"{mock.base_url}/files",
                         content_type="multipart/form-data")
     client.close()
+
+
+# -- a run stopped while creating a batch ---------------------------------------
+
+class _Stopped(BaseException):
+    """The process ending where a test says (a kill, a Ctrl-C)."""
+
+
+def _stop_creating(mock: MockServer, tmp_path: Path, n: int, *, after_post: bool) -> Path:
+    """submit() stopped at POST /batches, before the request (after_post
+    False) or after the server created the batch but before its answer was
+    recorded (True): the record left behind."""
+    record = tmp_path / "job.batches"
+    job = batch_api._new_job(_bodies(n), record=record, **_opts(mock))
+    real = job.api.post_json
+
+    def post_json(*args: Any, **kw: Any) -> Any:
+        if after_post:
+            real(*args, **kw)
+        raise _Stopped()
+    job.api.post_json = post_json     # type: ignore[method-assign]
+    with pytest.raises(_Stopped):
+        job._submit()
+    return record
+
+
+def _uploads(store: Any) -> List[Dict[str, Any]]:
+    return [f for f in store.files.values() if f["purpose"] == "batch"]
+
+
+def _resume_all_ok(mock: MockServer, record: Path, n: int) -> None:
+    mock.batch_api().auto = True
+    job = batch_api.resume(_bodies(n), record=record, keep_files=True, **_opts(mock))
+    job.wait()
+    out = job.results()
+    assert [r.data["id"] for r in out] == [f"chatcmpl-mock-{i}" for i in range(n)]
+    assert json.loads(record.read_text())["creating"] is None
+
+
+def test_a_batch_created_but_not_recorded_is_adopted_on_resume(mock: MockServer,
+                                                               tmp_path: Path) -> None:
+    store = mock.batch_api()
+    record = _stop_creating(mock, tmp_path, 4, after_post=True)
+    (bid,) = store.batches
+    left = json.loads(record.read_text())
+    assert left["batches"] == [] and left["creating"]["input_file_id"] == \
+        store.batches[bid]["input_file_id"]
+    _resume_all_ok(mock, record, 4)
+    # The provider runs (and bills) one batch, not two; the file was not sent again.
+    assert list(store.batches) == [bid] and len(_uploads(store)) == 1
+    assert [b["id"] for b in json.loads(record.read_text())["batches"]] == [bid]
+
+
+def test_an_uploaded_part_with_no_batch_gets_one_from_the_same_file(mock: MockServer,
+                                                                    tmp_path: Path) -> None:
+    store = mock.batch_api()
+    record = _stop_creating(mock, tmp_path, 4, after_post=False)
+    assert store.batches == {} and len(_uploads(store)) == 1
+    (fid,) = store.files
+    _resume_all_ok(mock, record, 4)
+    (b,) = store.batches.values()
+    assert b["input_file_id"] == fid and len(_uploads(store)) == 1
+
+
+def test_the_search_pages_through_newer_batches(mock: MockServer, tmp_path: Path) -> None:
+    store = mock.batch_api()
+    record = _stop_creating(mock, tmp_path, 3, after_post=True)
+    (bid,) = store.batches
+    other = _upload(mock, _lines(1))
+    for _ in range(230):        # another job's, made since: ours is on the third page
+        _http(mock, "POST", "/v1/batches", {"input_file_id": other["id"],
+                                            "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    _resume_all_ok(mock, record, 3)
+    assert store.lists == 3 and len(store.batches) == 231
+    assert [b["id"] for b in json.loads(record.read_text())["batches"]] == [bid]
+
+
+def test_the_search_stops_at_batches_older_than_the_file(mock: MockServer,
+                                                        tmp_path: Path) -> None:
+    store = mock.batch_api()
+    other = _upload(mock, _lines(1))
+    for _ in range(150):        # older than this job's file: not read past the first
+        _http(mock, "POST", "/v1/batches", {"input_file_id": other["id"],
+                                            "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    for b in store.batches.values():
+        b["created_at"] -= 60
+    record = _stop_creating(mock, tmp_path, 3, after_post=False)
+    _resume_all_ok(mock, record, 3)
+    assert store.lists == 1 and len(store.batches) == 151
+
+
+def test_a_server_with_no_batch_list_gets_the_batch_created(mock: MockServer,
+                                                            tmp_path: Path) -> None:
+    store = mock.batch_api()
+    record = _stop_creating(mock, tmp_path, 3, after_post=False)
+    store._list = lambda query: (404, "application/json", b'{"error": {"message": "no"}}')
+    _resume_all_ok(mock, record, 3)
+    assert len(store.batches) == 1 and len(_uploads(store)) == 1
+
+
+def test_a_deleted_file_is_uploaded_again(mock: MockServer, tmp_path: Path) -> None:
+    store = mock.batch_api()
+    record = _stop_creating(mock, tmp_path, 3, after_post=False)
+    (fid,) = store.files
+    _http(mock, "DELETE", f"/v1/files/{fid}")
+    _resume_all_ok(mock, record, 3)
+    (b,) = store.batches.values()
+    assert b["input_file_id"] != fid and len(_uploads(store)) == 1
+
+
+@pytest.mark.parametrize("page, says", [
+    (b"[]", "not a JSON object"), (b'"x"', "not a JSON object"),     # the core's judgement
+    (b'{"data": {}}', "GET /batches: the answer is not a list"),
+    (b'{"data": [1], "has_more": 1}', None)])
+def test_an_odd_batch_list_is_a_typed_error_or_nothing_found(mock: MockServer, tmp_path: Path,
+                                                           page: bytes, says: Any) -> None:
+    store = mock.batch_api()
+    record = _stop_creating(mock, tmp_path, 2, after_post=False)
+    store._list = lambda query: (200, "application/json", page)
+    if says is None:        # a list with no batch of ours: it is created
+        _resume_all_ok(mock, record, 2)
+        assert len(store.batches) == 1
+    else:
+        with pytest.raises(llmretry.errors.InvalidResponseError, match=says):
+            batch_api.resume(_bodies(2), record=record, **_opts(mock))
+        assert store.batches == {} and json.loads(record.read_text())["creating"]
+
+
+@pytest.mark.parametrize("creating", ["x", {"input_file_id": "../x", "model": "m", "ranges": []},
+                                      {"input_file_id": "file-1"}])
+def test_a_creating_entry_this_version_did_not_write_is_a_clear_error(
+        mock: MockServer, tmp_path: Path, creating: Any) -> None:
+    record = _stop_creating(mock, tmp_path, 2, after_post=False)
+    doc = json.loads(record.read_text())
+    doc["creating"] = creating
+    record.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="'creating' entry is not one this version wrote"):
+        batch_api.resume(_bodies(2), record=record, **_opts(mock))
+    assert mock.batch_api().lists == 0

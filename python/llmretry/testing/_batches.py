@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import parse_qs
 
 # The endpoints the Batch API serves.
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses",
@@ -118,6 +119,7 @@ class Store:
         self.auto: Any = None
         self.fail = 0           # the next this many API requests answer 503
         self.counter = 0
+        self.lists = 0          # GET /batches pages served
 
     def _id(self, prefix: str) -> str:
         self.counter += 1
@@ -133,7 +135,8 @@ class Store:
 
     # -- requests -------------------------------------------------------------
 
-    def handle(self, method: str, path: str, content_type: str, body: bytes) -> Reply:
+    def handle(self, method: str, path: str, content_type: str, body: bytes,
+               query: str = "") -> Reply:
         with self.lock:
             m = _CONTROL.match(path)
             if m:
@@ -148,7 +151,7 @@ class Store:
             kind, ident, action = m.groups()
             if kind == "files":
                 return self._files(method, ident, action, content_type, body)
-            return self._batches(method, ident, action, body)
+            return self._batches(method, ident, action, body, query)
 
     def _files(self, method: str, ident: Optional[str], action: Optional[str],
                content_type: str, body: bytes) -> Reply:
@@ -183,11 +186,10 @@ class Store:
         return _error(405, f"method {method} not allowed")
 
     def _batches(self, method: str, ident: Optional[str], action: Optional[str],
-                 body: bytes) -> Reply:
+                 body: bytes, query: str = "") -> Reply:
         if ident is None:
             if method == "GET":
-                data = sorted(self.batches.values(), key=lambda b: b["id"], reverse=True)
-                return _json(200, {"object": "list", "data": data, "has_more": False})
+                return self._list(query)
             if method != "POST":
                 return _error(405, f"method {method} not allowed")
             return self._create(body)
@@ -206,6 +208,29 @@ class Store:
                 self._advance(batch, self.auto if isinstance(self.auto, dict) else {})
             return _json(200, batch)
         return _error(405, f"method {method} not allowed")
+
+    def _list(self, query: str) -> Reply:
+        """GET /batches: the newest first, ``limit`` (1-100, 20 by default)
+        a page, from the one ``after`` names, as the API pages."""
+        args = parse_qs(query)
+        try:
+            limit = int(args.get("limit", ["20"])[0])
+        except ValueError:
+            return _error(400, "limit: not a number")
+        if not 1 <= limit <= 100:
+            return _error(400, "limit: 1 to 100")
+        data = sorted(self.batches.values(), key=lambda b: b["id"], reverse=True)
+        after = args.get("after", [None])[0]
+        if after is not None:
+            ids = [b["id"] for b in data]
+            if after not in ids:
+                return _error(400, f"after: no such batch {after!r}")
+            data = data[ids.index(after) + 1:]
+        self.lists += 1
+        page = data[:limit]
+        return _json(200, {"object": "list", "data": page, "has_more": len(data) > limit,
+                           "first_id": page[0]["id"] if page else None,
+                           "last_id": page[-1]["id"] if page else None})
 
     def _create(self, body: bytes) -> Reply:
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from typing import Tuple
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from . import _batches
 from ._chat import _ChatReplies
@@ -46,7 +46,8 @@ class _Handler(_ChatReplies):
         method = self.command
         if _batches.handles(path):     # the Files and Batch APIs (strict or not)
             status, ctype, doc = self.server.state.batch_store.handle(
-                method, path, self.headers.get("Content-Type") or "", body)
+                method, path, self.headers.get("Content-Type") or "", body,
+                urlsplit(self.path).query)
             self._send(status, doc if status != 204 else None,
                        [("Content-Type", ctype)] if ctype else [])
             return
