@@ -58,13 +58,33 @@ static void judge_label(llmretry_call *c, const char *data, size_t n)
         c->sse = !json;
 }
 
+/* White space alone says nothing of what a body is (JSON may open with it,
+ * and before any field an event stream's blank lines dispatch nothing). */
+static int all_space(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r' && p[i] != '\n')
+            return 0;
+    return 1;
+}
+
 size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     llmretry_call *c = ud;
     size_t n = size * nmemb;
     c->body_begun = 1;              /* the head is complete (keep_head_line) */
-    if (c->resp.len == 0 && !c->o.raw_response && !(c->st && c->st->active))
-        judge_label(c, data, n);
+    /* The label is judged by the first bytes that are not white space, which
+     * may come in a later chunk (a gateway's blank keep-alive first). */
+    if (!c->o.raw_response && !(c->st && c->st->active) && all_space(c->resp.data, c->resp.len)) {
+        if (all_space(data, n)) {
+            if (streams_now(c))
+                return n;           /* the stream begins with its first field */
+        } else {
+            judge_label(c, data, n);
+            if (streams_now(c))
+                c->resp.len = 0;    /* the blank lines held under another label */
+        }
+    }
     if (streams_now(c)) {
         if (!(c->st && c->st->active) && lr_stream_begin(c) != 0)
             return 0;               /* out of memory: a network-ish failure */

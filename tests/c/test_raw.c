@@ -104,6 +104,18 @@ static void set_response(const char *head, const char *body, size_t blen)
     pthread_mutex_unlock(&mu);
 }
 
+/* A whole response as given (its own framing: chunked, say). */
+static void set_raw_response(const char *all)
+{
+    pthread_mutex_lock(&mu);
+    free(response);
+    response_len = strlen(all);
+    response = malloc(response_len);
+    memcpy(response, all, response_len);
+    requests = 0;
+    pthread_mutex_unlock(&mu);
+}
+
 static void opts(llmretry_options *o, char *url, size_t len)
 {
     snprintf(url, len, "http://127.0.0.1:%d/v1", port);
@@ -612,6 +624,39 @@ static void test_stream_under_another_label(void)
     llmretry_call_free(c);
 }
 
+/* The label is judged by the first bytes that are not white space, even
+ * when white space came alone first (a chunk of blank lines, a gateway's
+ * keep-alive): chunked, each chunk reaches the call on its own. */
+static void test_label_judged_past_leading_white_space(void)
+{
+    char url[64];
+    llmretry_options o;
+    opts(&o, url, sizeof url);
+    set_raw_response("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                     "2\r\n\n\n\r\n"
+                     "51\r\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},"
+                     "\"finish_reason\":\"stop\"}]}\n\n\r\n"
+                     "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n");
+    llmretry_call *c = run(&o);
+    const llmretry_result *r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok && r->stream && r->body && strstr(r->body, "\"content\":\"hi\""),
+              "a stream labelled JSON after a blank chunk: ok=%d stream=%d %s", r ? r->ok : -1,
+              r ? r->stream : -1, r && r->message ? r->message : "");
+    llmretry_call_free(c);
+    set_raw_response("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                     "2\r\n\r\n\r\n"
+                     "4b\r\n{\"choices\":[{\"index\":0,\"message\":{\"content\":\"hi\"},"
+                     "\"finish_reason\":\"stop\"}]}\r\n0\r\n\r\n");
+    c = run(&o);
+    r = c ? llmretry_call_result(c) : NULL;
+    CHECK_MSG(r && r->ok && !r->stream && r->body && strstr(r->body, "\"content\":\"hi\""),
+              "JSON labelled a stream after a blank chunk: ok=%d stream=%d %s", r ? r->ok : -1,
+              r ? r->stream : -1, r && r->message ? r->message : "");
+    llmretry_call_free(c);
+}
+
 /* A header line past libcurl's 100 KB: said so, not "Out of memory" (what
  * libcurl before 8.6 calls it). */
 static void test_huge_header_line(void)
@@ -942,6 +987,7 @@ int main(void)
         { "json_labelled_as_a_stream", test_json_labelled_as_a_stream },
         { "huge_header_line", test_huge_header_line },
         { "stream_under_another_label", test_stream_under_another_label },
+        { "label_past_white_space", test_label_judged_past_leading_white_space },
         { "doubled_path_hint", test_doubled_path_hint },
         { "no_key_hint", test_no_key_hint },
         { "never_reached", test_never_reached },        /* last: it stops the server */
