@@ -18,7 +18,8 @@ timeout, the deadline, an open breaker) raises the flavour's
 ``RequestError`` subclass, the message ending with llmretry's request id.
 A ``"stream": true`` body streams: the first chunk is read here, so the
 engine retries until then (the commit point) and never after, and the
-response's body is the stream's events again as SSE bytes. Anything else
+response's body is the stream's events again as SSE bytes (a whole answer
+to it, the events it would have streamed: llmretry._sse_from_answer). Anything else
 (GET, multipart uploads, DELETE) goes to the flavour's own HTTP transport.
 """
 
@@ -32,6 +33,7 @@ from . import _aio
 from ._client import Client
 from ._options import _check_option_names
 from ._bodies import _core_url
+from ._sse_from_answer import answer_events
 from ._tokens import estimate_tokens
 from .errors import error_from_outcome
 
@@ -98,6 +100,15 @@ _DONE = b"data: [DONE]\n\n"
 # The head of a response whose own the engine could not keep (past
 # LLMRETRY_MAX_RESPONSE_HEAD, out of memory): its status and body type.
 _MINIMAL_HEAD = b"HTTP/1.1 %d \r\ncontent-type: %s\r\n"
+
+
+def _as_event_stream(head: bytes) -> bytes:
+    """A response head whose body is now an event stream: its label says so."""
+    lines = [line for line in head.split(b"\n")
+             if not line.lower().startswith(b"content-type:")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return b"\n".join(lines + [b"content-type: text/event-stream\r", b""])
 
 
 class _Call:
@@ -233,10 +244,13 @@ class TransportCore:
 
     # -- responses ------------------------------------------------------------
 
-    def response(self, request: Any, out: Dict[str, Any]) -> Any:
+    def response(self, request: Any, out: Dict[str, Any], stream: bool) -> Any:
         """The response of a call that ended before any chunk was read (a
         whole response, or a stream answered with something else), or raise
-        the flavour's exception when there is no response to hand on."""
+        the flavour's exception when there is no response to hand on.
+        ``stream``: whether the request asked to stream. What the answer is
+        (a whole body, an event stream) is the core's judgement, never the
+        label, which a gateway may have changed."""
         head = out.get("headers")
         if head is None and out["ok"]:
             head = _MINIMAL_HEAD % (out["status"], b"application/json")
@@ -245,23 +259,24 @@ class TransportCore:
                                                                    "invalid_response",
                                                                    "refusal")):
             status, headers, ext = _parse_head(head)
-            streamed = 200 <= status < 300 and any(
-                k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")
-                for k, v in headers)
-            if streamed and out["ok"] and out.get("chunks") == 0:
-                # An event stream with no event (the engine's body is its
-                # assembly, not the stream): its end is all there is.
-                return self.stream_response(request, head, self.hx.ByteStream(_DONE))
-            if streamed and not out["ok"]:
-                # A stream that failed on an error event on every attempt
-                # (none read): that event, as the server sent it, for the SDK
-                # to raise the error it names. An empty 2xx stream would read
-                # as an answer with nothing in it.
-                event = out.get("body")
-                if not event:
+            if not stream and out.get("stream") and not out["ok"] and 200 <= status < 300:
+                # An event stream the request did not ask for, failed (an
+                # error event): nothing its client could parse, the error.
+                raise self.error(request, out)
+            if stream and 200 <= status < 300:
+                # No chunk was read, so the answer was a whole body: told
+                # again as the events asked for (an SDK reading a body as a
+                # stream finds no event: an empty answer, no error). A
+                # failure (an error event or body on every attempt) is that
+                # error as one event, for the SDK to raise what it names.
+                body = out.get("body") or b""
+                events = answer_events(body) if out["ok"] else \
+                    (_sse((None, body)) if body else None)
+                if events is not None:
+                    return self.stream_response(request, _as_event_stream(head),
+                                                self.hx.ByteStream(events))
+                if not out["ok"]:
                     raise self.error(request, out)
-                return self.stream_response(request, head,
-                                            self.hx.ByteStream(_sse((None, event))))
             return self.hx.Response(status, headers=headers,
                                     stream=self.hx.ByteStream(out.get("body") or b""),
                                     request=request, extensions=ext)
@@ -307,7 +322,8 @@ class TransportCore:
             return None
         if not call.stream:
             return self.response(request, self.done(request, call.engine.call(call.payload,
-                                                                              **call.kwargs)))
+                                                                              **call.kwargs)),
+                                 False)
         raw = call.engine.stream(call.payload, **call.kwargs)
         try:
             first = raw.next_chunk()
@@ -315,7 +331,7 @@ class TransportCore:
             _cancel(raw)
             raise
         if first is None:
-            return self.response(request, self.done(request, raw.outcome()))
+            return self.response(request, self.done(request, raw.outcome()), call.stream)
         return self.stream_response(request, raw.response_head(),
                                     self.sync_events(self, request, raw, first))
 
@@ -333,7 +349,7 @@ class TransportCore:
         s = _aio.AsyncStream(raw, lc, _same, _same)
         first = await s._next()     # a cancelled task cancels the call
         if first is None:
-            return self.response(request, self.done(request, raw.outcome()))
+            return self.response(request, self.done(request, raw.outcome()), call.stream)
         return self.stream_response(request, raw.response_head(),
                                     self.async_events(self, request, s, first))
 

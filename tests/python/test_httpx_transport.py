@@ -280,6 +280,77 @@ def test_a_stream_request_answered_with_an_error_is_that_error(scen: Scenario) -
     assert len(scen.requests()) == 1
 
 
+SSE_LABEL = {"Content-Type": "text/event-stream"}
+JSON_LABEL = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("label", [{}, SSE_LABEL], ids=["json", "labelled-a-stream"])
+def test_a_stream_request_answered_whole_streams_the_answer(scen: Scenario,
+                                                            label: Dict[str, str]) -> None:
+    """A server that answers ``"stream": true`` with the whole answer (one
+    that does not stream, a cache), under either label: the SDK's loop
+    reads the answer as its chunks, not an empty stream with no error (what
+    the SDK reads without llmretry)."""
+    scen.script([{"stream": False, "content": "whole answer", "headers": label}] * 4)
+    with sdk(scen) as client:
+        chunks = list(client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                     stream=True,
+                                                     stream_options={"include_usage": True}))
+        text = client.completions.create(model="gpt-test", prompt="SECRET-PROMPT-httpx",
+                                         stream=True)
+        legacy = "".join(c.choices[0].text for c in text)
+        events = list(client.responses.create(model="gpt-test", input="SECRET-PROMPT-httpx",
+                                              stream=True))
+        with client.responses.stream(model="gpt-test", input="SECRET-PROMPT-httpx") as helper:
+            deltas = [e.delta for e in helper if e.type == "response.output_text.delta"]
+            final = helper.get_final_response()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        "whole answer"
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.total_tokens == 15
+    assert legacy == "whole answer"
+    assert [e.type for e in events] == [
+        "response.created", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
+    assert events[3].delta == "whole answer" and events[-1].response.output_text == "whole answer"
+    assert deltas == ["whole answer"] and final.output_text == "whole answer"
+    assert len(scen.requests()) == 4
+
+
+def test_a_whole_answer_labelled_a_stream_is_the_answer(scen: Scenario) -> None:
+    """JSON under text/event-stream for a request that did not stream: the
+    answer (it read as the stream's end alone: the SDK got a string)."""
+    scen.script([{"content": "labelled wrong", "headers": SSE_LABEL}])
+    with sdk(scen) as client:
+        got = client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert got.choices[0].message.content == "labelled wrong"
+
+
+def test_an_error_event_labelled_json_raises_it(scen: Scenario) -> None:
+    """A stream under application/json that fails on an error event on every
+    attempt: the SDK raises the error (it was an empty stream, no error)."""
+    scen.script([], after={"stream": {"chunks": 1, "end": "error_event", "after": 0,
+                                      "error_code": "server_error"}, "headers": JSON_LABEL})
+    with sdk(scen, max_retries=1) as client:
+        with pytest.raises(openai.APIError, match="mock"):
+            stream_texts(client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                        stream=True))
+    assert len(scen.requests()) == 2
+
+
+def test_a_stream_not_asked_for_that_fails_is_an_error(scen: Scenario) -> None:
+    """A request that did not stream, answered by a stream that fails on an
+    error event on every attempt: an error carrying llmretry's, never a 200
+    whose body the SDK reads as an answer with nothing in it."""
+    scen.script([], after={"stream": {"chunks": 1, "end": "error_event", "after": 0,
+                                      "error_code": "server_error"}})
+    with sdk(scen, max_retries=1) as client:
+        with pytest.raises(openai.APIConnectionError) as info:
+            client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    assert "sent an error inside the stream" in str(info.value.__cause__), info.value.__cause__
+    assert len(scen.requests()) == 2
+
+
 # ---------------------------------------------------------------------------
 # asyncio
 
@@ -346,6 +417,17 @@ def test_async_stream_retried_then_read_and_raw_headers(scen: Scenario) -> None:
 
     asyncio.run(main())
     assert len(scen.requests()) == 3
+
+
+def test_async_stream_request_answered_whole_streams_the_answer(scen: Scenario) -> None:
+    scen.script([{"stream": False, "content": "whole answer", "headers": SSE_LABEL}])
+
+    async def main() -> List[Any]:
+        async with async_sdk(scen) as client:
+            stream = await client.chat.completions.create(model="gpt-test", messages=MESSAGES,
+                                                          stream=True)
+            return [c.choices[0].delta.content async for c in stream if c.choices]
+    assert asyncio.run(main()) == ["whole answer"]
 
 
 def test_async_cancel_and_stream_close_cancel_the_call(scen: Scenario) -> None:
