@@ -171,34 +171,44 @@ class BatchJob:
         self._save()
         self.last[bid] = checked_batch(batch, bid)
 
-    def _recover(self, entry: Dict[str, Any]) -> None:
-        """The part an earlier run uploaded and was creating the batch of
-        when it stopped: the batch the provider lists for that input file
-        (created, its answer lost), else a batch created now from the same
-        file. The list is read back to the file's upload at most (the
-        newest first), a bounded number of pages."""
-        try:
-            if not isinstance(entry, dict):
-                raise TypeError
-            fid = plain_id(entry.get("input_file_id"), "the record's creating input_file_id")
-            ranges = entry["ranges"]
-            model = entry["model"]
-        except (KeyError, TypeError, LLMError):
-            raise ValueError(f"{self.record_path}: the record's 'creating' entry is not "
-                             f"one this version wrote: {entry!r}") from None
-        since = entry.get("file_created_at")
+    def _adopt_created(self, entry: Any) -> bool:
+        """Whether the provider lists a batch made from the file of the part
+        an earlier run (or this one, stopped) was creating the batch of:
+        that batch, adopted (recorded, ``creating`` cleared). The list is
+        read back to the file's upload at most (the newest first), a
+        bounded number of pages."""
+        fid, since = self._creating_file(entry)
         for b in self.api.listed_batches():
             if not isinstance(b, dict):
                 continue
             if b.get("input_file_id") == fid:
-                self._created({"input_file_id": fid, "model": model, "ranges": ranges}, b)
-                return
+                self._created(entry, b)
+                return True
             made = b.get("created_at")
             if type(since) is int and type(made) is int and made < since:
                 break
+        return False
+
+    def _creating_file(self, entry: Any) -> Tuple[str, Any]:
+        """The file id and upload time of a ``creating`` entry of the record
+        (ValueError when this version did not write it)."""
         try:
-            self._create({"input_file_id": fid, "model": model, "ranges": ranges,
-                          "file_created_at": since})
+            if not isinstance(entry, dict) or "ranges" not in entry or "model" not in entry:
+                raise TypeError
+            fid = plain_id(entry.get("input_file_id"), "the record's creating input_file_id")
+        except (TypeError, LLMError):
+            raise ValueError(f"{self.record_path}: the record's 'creating' entry is not "
+                             f"one this version wrote: {entry!r}") from None
+        return fid, entry.get("file_created_at")
+
+    def _recover(self, entry: Dict[str, Any]) -> None:
+        """The part an earlier run uploaded and was creating the batch of
+        when it stopped: the batch the provider made of it (created, its
+        answer lost), else a batch created now from the same file."""
+        if self._adopt_created(entry):
+            return
+        try:
+            self._create(entry)
         except HTTPStatusError as exc:
             if exc.status not in (400, 404):
                 raise
@@ -269,7 +279,11 @@ class BatchJob:
 
     def cancel(self, wait: bool = True) -> Dict[str, Any]:
         """Cancel every batch still running and (``wait``) poll until each
-        has ended (``cancelled``, or another end it reached first)."""
+        has ended (``cancelled``, or another end it reached first). A batch
+        being created when the run stopped (a Ctrl-C while submitting) is
+        cancelled too once the provider lists it."""
+        if self.doc.get("creating") is not None:
+            self._adopt_created(self.doc["creating"])
         for rec in self.doc["batches"]:
             known = self.last.get(rec["id"])
             if known is not None and known.get("status") in TERMINAL:

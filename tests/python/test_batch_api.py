@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -633,10 +633,11 @@ class _Stopped(BaseException):
     """The process ending where a test says (a kill, a Ctrl-C)."""
 
 
-def _stop_creating(mock: MockServer, tmp_path: Path, n: int, *, after_post: bool) -> Path:
+def _stop_creating(mock: MockServer, tmp_path: Path, n: int, *,
+                   after_post: bool) -> Tuple[Path, Any]:
     """submit() stopped at POST /batches, before the request (after_post
     False) or after the server created the batch but before its answer was
-    recorded (True): the record left behind."""
+    recorded (True): the record left behind, and the stopped job."""
     record = tmp_path / "job.batches"
     job = batch_api._new_job(_bodies(n), record=record, **_opts(mock))
     real = job.api.post_json
@@ -648,7 +649,7 @@ def _stop_creating(mock: MockServer, tmp_path: Path, n: int, *, after_post: bool
     job.api.post_json = post_json     # type: ignore[method-assign]
     with pytest.raises(_Stopped):
         job._submit()
-    return record
+    return record, job
 
 
 def _uploads(store: Any) -> List[Dict[str, Any]]:
@@ -667,7 +668,7 @@ def _resume_all_ok(mock: MockServer, record: Path, n: int) -> None:
 def test_a_batch_created_but_not_recorded_is_adopted_on_resume(mock: MockServer,
                                                                tmp_path: Path) -> None:
     store = mock.batch_api()
-    record = _stop_creating(mock, tmp_path, 4, after_post=True)
+    record, _ = _stop_creating(mock, tmp_path, 4, after_post=True)
     (bid,) = store.batches
     left = json.loads(record.read_text())
     assert left["batches"] == [] and left["creating"]["input_file_id"] == \
@@ -681,7 +682,7 @@ def test_a_batch_created_but_not_recorded_is_adopted_on_resume(mock: MockServer,
 def test_an_uploaded_part_with_no_batch_gets_one_from_the_same_file(mock: MockServer,
                                                                     tmp_path: Path) -> None:
     store = mock.batch_api()
-    record = _stop_creating(mock, tmp_path, 4, after_post=False)
+    record, _ = _stop_creating(mock, tmp_path, 4, after_post=False)
     assert store.batches == {} and len(_uploads(store)) == 1
     (fid,) = store.files
     _resume_all_ok(mock, record, 4)
@@ -691,7 +692,7 @@ def test_an_uploaded_part_with_no_batch_gets_one_from_the_same_file(mock: MockSe
 
 def test_the_search_pages_through_newer_batches(mock: MockServer, tmp_path: Path) -> None:
     store = mock.batch_api()
-    record = _stop_creating(mock, tmp_path, 3, after_post=True)
+    record, _ = _stop_creating(mock, tmp_path, 3, after_post=True)
     (bid,) = store.batches
     other = _upload(mock, _lines(1))
     for _ in range(230):        # another job's, made since: ours is on the third page
@@ -713,7 +714,7 @@ def test_the_search_stops_at_batches_older_than_the_file(mock: MockServer,
                                             "endpoint": "/v1/chat/completions"})
     for b in store.batches.values():
         b["created_at"] -= 60
-    record = _stop_creating(mock, tmp_path, 3, after_post=False)
+    record, _ = _stop_creating(mock, tmp_path, 3, after_post=False)
     _resume_all_ok(mock, record, 3)
     assert store.lists == 1 and len(store.batches) == 151
 
@@ -721,7 +722,7 @@ def test_the_search_stops_at_batches_older_than_the_file(mock: MockServer,
 def test_a_server_with_no_batch_list_gets_the_batch_created(mock: MockServer,
                                                             tmp_path: Path) -> None:
     store = mock.batch_api()
-    record = _stop_creating(mock, tmp_path, 3, after_post=False)
+    record, _ = _stop_creating(mock, tmp_path, 3, after_post=False)
     store._list = lambda query: (404, "application/json", b'{"error": {"message": "no"}}')
     _resume_all_ok(mock, record, 3)
     assert len(store.batches) == 1 and len(_uploads(store)) == 1
@@ -729,7 +730,7 @@ def test_a_server_with_no_batch_list_gets_the_batch_created(mock: MockServer,
 
 def test_a_deleted_file_is_uploaded_again(mock: MockServer, tmp_path: Path) -> None:
     store = mock.batch_api()
-    record = _stop_creating(mock, tmp_path, 3, after_post=False)
+    record, _ = _stop_creating(mock, tmp_path, 3, after_post=False)
     (fid,) = store.files
     _http(mock, "DELETE", f"/v1/files/{fid}")
     _resume_all_ok(mock, record, 3)
@@ -744,7 +745,7 @@ def test_a_deleted_file_is_uploaded_again(mock: MockServer, tmp_path: Path) -> N
 def test_an_odd_batch_list_is_a_typed_error_or_nothing_found(mock: MockServer, tmp_path: Path,
                                                            page: bytes, says: Any) -> None:
     store = mock.batch_api()
-    record = _stop_creating(mock, tmp_path, 2, after_post=False)
+    record, _ = _stop_creating(mock, tmp_path, 2, after_post=False)
     store._list = lambda query: (200, "application/json", page)
     if says is None:        # a list with no batch of ours: it is created
         _resume_all_ok(mock, record, 2)
@@ -759,10 +760,23 @@ def test_an_odd_batch_list_is_a_typed_error_or_nothing_found(mock: MockServer, t
                                       {"input_file_id": "file-1"}])
 def test_a_creating_entry_this_version_did_not_write_is_a_clear_error(
         mock: MockServer, tmp_path: Path, creating: Any) -> None:
-    record = _stop_creating(mock, tmp_path, 2, after_post=False)
+    record, _ = _stop_creating(mock, tmp_path, 2, after_post=False)
     doc = json.loads(record.read_text())
     doc["creating"] = creating
     record.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="'creating' entry is not one this version wrote"):
         batch_api.resume(_bodies(2), record=record, **_opts(mock))
     assert mock.batch_api().lists == 0
+
+
+def test_cancelling_a_run_stopped_while_creating_cancels_that_batch(mock: MockServer,
+                                                                   tmp_path: Path) -> None:
+    """A second Ctrl-C while submitting cancels the batches: the one whose
+    creation was cut off too, once the provider lists it."""
+    store = mock.batch_api()
+    _, job = _stop_creating(mock, tmp_path, 3, after_post=True)
+    del job.api.post_json           # the process goes on: POSTs answer again
+    (bid,) = store.batches
+    assert job.batch_ids == []
+    job.cancel(wait=False)
+    assert job.batch_ids == [bid] and store.batches[bid]["status"] == "cancelling"
