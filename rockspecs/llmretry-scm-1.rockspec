@@ -116,6 +116,7 @@ build = {
             "core/src/sse.c",
             "core/src/stream.c",
             "core/src/stream_body.c",
+            "core/src/stream_whole.c",
             "core/src/sse_payload.c",
             "core/src/shapes.c",
             "core/src/shared.c",

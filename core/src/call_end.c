@@ -70,6 +70,11 @@ void lr_succeed(llmretry_engine *e, llmretry_call *c, int status, int64_t durati
     r->system_fingerprint = fingerprint;
     if (c->stream_req || c->st)
         lr_stream_result(c, 0);
+    /* A whole answer to a host reading a stream: mailed as its chunks
+     * (stream_whole.c), before the end. Out of memory, the host reads fewer
+     * chunks; the result is whole either way. */
+    if (c->stream_req && c->o.stream_chunks && !c->o.raw_response && !(c->st && c->st->chunks))
+        (void)lr_stream_mail_whole(c, r->body, r->body_len);
     llmretry_event *ev = lr_event(c, LLMRETRY_EV_REQUEST_SUCCEEDED);
     if (ev) {
         stream_fields(c, ev);

@@ -87,6 +87,11 @@ static int mail_chunk(llmretry_call *c, const char *data, size_t len, const char
     return 0;
 }
 
+int lr_stream_mail_chunk(llmretry_call *c, const char *data, size_t len, const char *event)
+{
+    return ensure(c) ? mail_chunk(c, data, len, event) : -1;
+}
+
 /* Under c->mu: take the unread chunks out of the mailbox (events stay). */
 static llmretry_event *unlink_chunks(llmretry_call *c)
 {

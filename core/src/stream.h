@@ -115,6 +115,20 @@ llmretry_stream_reason lr_stream_reason_of(const llmretry_call *c, llmretry_erro
 /* Fill the stream fields of the result (and, when `partial`, its body with
  * what was assembled so far). */
 void lr_stream_result(llmretry_call *c, int partial);
+/* Mail one chunk (`event`: its SSE event name, NULL or "message" for
+ * none), the call's stream state made if it has none. 0, or -1 when out of
+ * memory. */
+int lr_stream_mail_chunk(llmretry_call *c, const char *data, size_t len, const char *event);
+/* A call that asked to stream and whose success was a whole answer (a
+ * server that does not stream): that answer mailed as the chunks it would
+ * have streamed (stream_whole.c). 0, or -1 when out of memory. */
+int lr_stream_mail_whole(llmretry_call *c, const char *body, size_t len);
+/* The telling itself: each event of the whole answer `body` (JSON text),
+ * in order, handed to fn (its JSON text, NUL terminated, and its event
+ * name: NULL for a plain chunk); none for a body of no kind that streams.
+ * 0, or -1 when out of memory or fn returned non-zero. */
+typedef int lr_whole_emit(void *ud, const char *data, size_t len, const char *event);
+int lr_whole_as_events(const char *body, size_t len, lr_whole_emit *fn, void *ud);
 
 /* The running call's timer (-1 = none) and what to do when it fires. */
 int64_t lr_stream_due_at(llmretry_call *c);

@@ -19,7 +19,7 @@ timeout, the deadline, an open breaker) raises the flavour's
 A ``"stream": true`` body streams: the first chunk is read here, so the
 engine retries until then (the commit point) and never after, and the
 response's body is the stream's events again as SSE bytes (a whole answer
-to it, the events it would have streamed: llmretry._sse_from_answer). Anything else
+to it comes as the chunks it would have streamed: the core's stream_whole.c). Anything else
 (GET, multipart uploads, DELETE) goes to the flavour's own HTTP transport.
 """
 
@@ -33,7 +33,6 @@ from . import _aio
 from ._client import Client
 from ._options import _check_option_names
 from ._bodies import _core_url
-from ._sse_from_answer import answer_events
 from ._tokens import estimate_tokens
 from .errors import error_from_outcome
 
@@ -263,20 +262,16 @@ class TransportCore:
                 # An event stream the request did not ask for, failed (an
                 # error event): nothing its client could parse, the error.
                 raise self.error(request, out)
-            if stream and 200 <= status < 300:
-                # No chunk was read, so the answer was a whole body: told
-                # again as the events asked for (an SDK reading a body as a
-                # stream finds no event: an empty answer, no error). A
-                # failure (an error event or body on every attempt) is that
-                # error as one event, for the SDK to raise what it names.
-                body = out.get("body") or b""
-                events = answer_events(body) if out["ok"] else \
-                    (_sse((None, body)) if body else None)
-                if events is not None:
-                    return self.stream_response(request, _as_event_stream(head),
-                                                self.hx.ByteStream(events))
-                if not out["ok"]:
+            if stream and 200 <= status < 300 and not out["ok"]:
+                # A stream that failed on an error event (or a 2xx error
+                # body) on every attempt, none read: that error as one
+                # event, for the SDK to raise what it names. An empty 2xx
+                # stream would read as an answer with nothing in it. (A
+                # whole answer comes as chunks: the core tells it so.)
+                body = out.get("body")
+                if not body:
                     raise self.error(request, out)
+                return self.stream_response(request, head, self.hx.ByteStream(_sse((None, body))))
             return self.hx.Response(status, headers=headers,
                                     stream=self.hx.ByteStream(out.get("body") or b""),
                                     request=request, extensions=ext)
@@ -284,8 +279,11 @@ class TransportCore:
 
     def stream_response(self, request: Any, head: Optional[bytes], stream: Any) -> Any:
         """The response of a stream once its first chunk is in: the head it
-        came with, the body re-framed (its length is not the server's)."""
-        status, headers, ext = _parse_head(head or _MINIMAL_HEAD % (200, b"text/event-stream"))
+        came with, the body re-framed as an event stream (its length is not
+        the server's, and its label says what it now is, whatever the
+        server's said: a gateway's application/json, a whole answer told as
+        chunks)."""
+        status, headers, ext = _parse_head(_as_event_stream(head or _MINIMAL_HEAD % (200, b"text/event-stream")))
         headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         return self.hx.Response(status, headers=headers, stream=stream, request=request,
                                 extensions=ext)

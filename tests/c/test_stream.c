@@ -555,26 +555,122 @@ static void test_keepalives(void)
 }
 
 /* Guards transfer.c streams_now (only a text/event-stream answer is read
- * as a stream) and lr_stream_result (a streaming request's result says
- * stream, with no chunks and no ttft). */
+ * as a stream), lr_stream_result (a streaming request's result says
+ * stream, with no chunks from the server and no ttft) and stream_whole.c
+ * (the whole answer mailed as the chunks it would have streamed: a host
+ * reading chunks got none, an empty answer on its screen). */
 static void test_json_answer(void)
 {
     char url[256];
     llmretry_options o;
     reader rd;
     opts_for(&o, "s_json", url, sizeof url);
-    llmretry_call *c = start("s_json", "{\"steps\":[{\"stream\":false,\"content\":\"plain\"}]}",
+    llmretry_call *c = start("s_json", "{\"steps\":[{\"stream\":false,\"content\":\"pl\\u0000ain\"}]}",
                              &o, &rd, -1);
-    CHECK_INT(rd.n, 0);
+    CHECK_OWN_STR(joined(&rd, 0), "pl");        /* label() is cJSON's: cut at U+0000 */
+    CHECK_MSG(rd.n == 1, "%d chunks", rd.n);
     const llmretry_result *r = result_of(c);
     CHECK(r->ok);
-    CHECK_OWN_STR(body_content(r), "plain");
+    CHECK_MSG(r->body && strstr(r->body, "\"message\"") && strstr(r->body, "pl\\u0000ain"),
+              "the result is the body as sent: %s", r->body ? r->body : "(null)");
     CHECK_INT(r->stream, 1);
     CHECK_INT(r->chunks, 0);
-    CHECK_INT(r->chunks_delivered, 0);
+    CHECK_INT(r->chunks_delivered, 1);
     CHECK_INT(r->ttft_ms, -1);
     reader_free(&rd);
     llmretry_call_free(c);
+}
+
+/* One whole answer to a streaming request (`step` the scenario's step,
+ * `path` the URL's, "" for the base): its chunks as the host got them,
+ * "EVENT DATA" a line each (malloc'd; EVENT "message" for none), and the result
+ * checked whole with no chunk from the server. */
+static char *whole_chunks(const char *name, const char *step, const char *path)
+{
+    char url[300], base[256], json[2048];
+    llmretry_options o;
+    opts_for(&o, name, base, sizeof base);
+    if (*path) {
+        snprintf(url, sizeof url, "%s%s", base, path);
+        o.base_url = NULL;
+        o.url = url;
+    }
+    snprintf(json, sizeof json, "{\"steps\":[%s]}", step);
+    llmretry_call *c = script(name, json) == 0 ? submit(eng, &o) : NULL;
+    size_t cap = 4096, len = 0;
+    char *out = calloc(1, cap);
+    int64_t end = th_now_ms() + 10000;
+    while (c && th_now_ms() < end) {
+        llmretry_event *ev = NULL;
+        llmretry_mail m = llmretry_call_next(c, &ev);
+        if (m == LLMRETRY_MAIL_DONE)
+            break;
+        if (m == LLMRETRY_MAIL_CHUNK) {
+            size_t n = 0;
+            const char *d = llmretry_chunk_data(ev, &n);
+            const char *e = llmretry_chunk_event(ev);
+            size_t need = len + strlen(e ? e : "?") + n + 3;
+            if (need > cap && (out = realloc(out, cap = need * 2)) == NULL)
+                abort();
+            len += (size_t)sprintf(out + len, "%s %.*s\n", e ? e : "?", (int)n, d);
+        } else if (m != LLMRETRY_MAIL_EVENT) {
+            llmretry_call_wait(c, 100);
+        }
+        llmretry_event_free(ev);
+    }
+    const llmretry_result *r = result_of(c);
+    CHECK_MSG(r->ok && r->chunks == 0 && r->body && !strstr(r->body, "chunk"),
+              "%s: ok=%d chunks=%d", name, r->ok, r->chunks);
+    llmretry_call_free(c);
+    return out;
+}
+
+/* Guards stream_whole.c for each kind of answer: a Responses API response
+ * as its events, numbered, in the order the API sends them (the openai
+ * SDK's stream helper checks it), a legacy completion as itself, tool
+ * calls indexed, and what does not stream (an odd body the mock sends as
+ * given): no chunk, the result still whole. */
+static void test_json_answer_kinds(void)
+{
+    char *got = whole_chunks("s_whole_resp", "{\"stream\":false,\"content\":\"hi\"}",
+                             "/responses");
+    static const char *const order[] = {
+        "response.created {", "response.output_item.added {", "response.content_part.added {",
+        "response.output_text.delta {", "response.output_text.done {",
+        "response.content_part.done {", "response.output_item.done {", "response.completed {",
+    };
+    const char *at = got;
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        char seq[64];
+        snprintf(seq, sizeof seq, "\"sequence_number\":%zu}", i);
+        CHECK_MSG(at && strncmp(at, order[i], strlen(order[i])) == 0, "event %zu: %.60s", i,
+                  at ? at : "(none)");
+        const char *eol = at ? strchr(at, '\n') : NULL;
+        CHECK_MSG(eol && memmem(at, (size_t)(eol - at), seq, strlen(seq)), "numbered %zu", i);
+        at = eol ? eol + 1 : NULL;
+    }
+    CHECK_MSG(at && *at == '\0', "more events: %s", at ? at : "");
+    CHECK(strstr(got, "\"delta\":\"hi\"") && strstr(got, "\"status\":\"in_progress\""));
+    CHECK(strstr(got, "\"output\":[]") && strstr(got, "\"content\":[]"));
+    free(got);
+    got = whole_chunks("s_whole_legacy", "{\"stream\":false,\"content\":\"old\"}", "/completions");
+    CHECK_MSG(strncmp(got, "message {", 9) == 0 && strstr(got, "\"object\":\"text_completion\"") &&
+              strstr(got, "\"text\":\"old\"") && !strchr(strchr(got, '\n') + 1, '\n'),
+              "legacy: %s", got);
+    free(got);
+    got = whole_chunks("s_whole_tools", "{\"stream\":false,\"body\":{\"object\":"
+                       "\"chat.completion\",\"choices\":[{\"index\":0,\"message\":"
+                       "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"a\"},{\"id\":\"b\","
+                       "\"index\":7},5]},\"finish_reason\":\"tool_calls\"},3]}}", "");
+    CHECK_MSG(strstr(got, "\"object\":\"chat.completion.chunk\"") &&
+              strstr(got, "\"delta\":{\"role\":\"assistant\",\"tool_calls\":"
+                          "[{\"id\":\"a\",\"index\":0},{\"id\":\"b\",\"index\":7},5]}") &&
+              !strstr(got, "\"message\""), "tools: %s", got);
+    free(got);
+    got = whole_chunks("s_whole_odd", "{\"stream\":false,\"body\":{\"object\":"
+                       "\"list\",\"choices\":[{\"message\":{\"content\":\"x\"}}]}}", "");
+    CHECK_STR(got, "");
+    free(got);
 }
 
 /* ==== 8. Engines freed with streams in flight. ============================== */
@@ -790,6 +886,7 @@ int main(void)
         { "backpressure", test_backpressure },
         { "keepalives", test_keepalives },
         { "json_answer", test_json_answer },
+        { "json_answer_kinds", test_json_answer_kinds },
         { "engine_free_mid_stream", test_engine_free_mid_stream },
         { "end_at_done", test_end_at_done },
         { "no_finish_is_truncated", test_no_finish_is_truncated },

@@ -4,8 +4,8 @@
  * capture within max_response_bytes (lr_call_on_body), the success fields
  * (lr_read_success: usage, model, system_fingerprint), a 2xx body that is
  * an error or no answer (lr_answer_error), the HTTP error text
- * (lr_http_error via lr_call_read_outcome), a stream error event's text, and
- * the preview; no message may quote the request's prompt (the screen).
+ * (lr_http_error via lr_call_read_outcome), a stream error event's text,
+ * the body told as a stream's events (stream_whole.c), and the preview; no message may quote the request's prompt (the screen).
  *
  * This file includes transfer.c itself (it was written when those two were
  * static) and is linked with the other core sources, not transfer.c. No network: the call
@@ -45,6 +45,22 @@ static void check_screened(const char *what, const char *msg)
 static int same_text(const char *a, const char *b)
 {
     return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* One event of a whole answer told as a stream (stream_whole.c): a JSON
+ * object text of its length, a typed event named response.*. */
+static int check_whole_event(void *ud, const char *data, size_t len, const char *event)
+{
+    (void)ud;
+    if (!data || strlen(data) != len)
+        fail("a whole answer's event whose text is not its length");
+    cJSON *doc = cJSON_ParseWithLength(data, len);
+    if (!cJSON_IsObject(doc))
+        fail("a whole answer's event that is not a JSON object");
+    if (event && strncmp(event, "response.", 9) != 0)
+        fail("a whole answer's event of another name than response.*");
+    cJSON_Delete(doc);
+    return 0;
 }
 
 /* Hand one header line (with its CRLF) to on_header; 0 = aborted. */
@@ -228,6 +244,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 }
             }
             lr_outcome_clear(&ae);
+            /* The body told as a stream's events, for a host that asked for
+             * one (stream_whole.c): never a crash, each event JSON. */
+            if (lr_whole_as_events(c->resp.data ? c->resp.data : "", c->resp.len,
+                                   check_whole_event, NULL) != 0)
+                fail("a whole answer's events not told");
         } else if (!why) {
             fail("a body refused in place without a reason");
         }

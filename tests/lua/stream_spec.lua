@@ -258,6 +258,30 @@ describe("the end of a stream", function()
     check(sent.stream == true and sent.stream_options == nil, "sent %s", scen.requests()[1].body)
   end)
 
+  it("a whole answer to a stream (a server that does not stream) reaches on_chunk", function()
+    -- stream_whole.c: an on_chunk filling a buffer got nothing, an empty answer.
+    local scen = mock:scen("lua_whole")
+    scen.script({ { stream = false, content = "whole answer" },
+      { stream = false, content = "whole response" } })
+    local chunks = {}
+    local res, err = llm.stream_llm(H.merge(FAST, { body = body_of(scen), base_url = scen.url }),
+      function(ch) chunks[#chunks + 1] = ch end)
+    check(res, "failed: %s", tostring(err))
+    check(#chunks == 1 and chunks[1].object == "chat.completion.chunk" and
+      content_of(chunks) == "whole answer", "chunks %s", H.dump(chunks))
+    check(res.data.object == "chat.completion" and res.meta.stream == true and
+      res.meta.chunks == 0, "result %s %s", H.dump(res.data), H.dump(res.meta))
+    local types, deltas = {}, {}
+    res, err = llm.stream_llm(H.merge(FAST, { body = { model = "m", input = "SECRET" },
+      url = scen.url .. "/responses" }), function(ch)
+        types[#types + 1] = ch.type
+        if ch.type == "response.output_text.delta" then deltas[#deltas + 1] = ch.delta end
+      end)
+    check(res, "failed: %s", tostring(err))
+    check(types[1] == "response.created" and types[#types] == "response.completed" and
+      table.concat(deltas) == "whole response", "events %s", table.concat(types, ","))
+  end)
+
   it("keeps U+0000 in the assembled text", function()
     local scen = mock:scen("nul")
     local pieces = { "xa\0by", "\31" .. "0", "\\u0000" }

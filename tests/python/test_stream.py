@@ -198,10 +198,20 @@ def test_several_streams_from_threads(scen: Scenario) -> None:
 
 
 def test_a_json_answer_to_a_stream_request(scen: Scenario) -> None:
-    scen.script([{"stream": False, "content": "whole"}])
+    """A server that does not stream answers whole: the loop reads it as the
+    chunk it would have streamed (it read nothing: an empty answer on the
+    user's screen); the result is the body as sent."""
+    scen.script([{"stream": False, "content": "whole"}] * 2)
     with llmretry.stream_llm(BODY, base_url=scen.url, logger=None, **FAST) as s:
-        assert list(s) == []
-        assert s.result().data["choices"][0]["message"]["content"] == "whole"
+        assert list(s.text_deltas()) == ["whole"]
+        result = s.result()
+    assert result.data["object"] == "chat.completion"
+    assert result.data["choices"][0]["message"]["content"] == "whole"
+    assert (result.meta.stream, result.meta.chunks) == (True, 0)
+    with llmretry.stream_llm(BODY, base_url=scen.url, logger=None, **FAST) as s:
+        (chunk,) = list(s)
+    assert chunk["object"] == "chat.completion.chunk" and chunk["usage"]["total_tokens"] == 15
+    assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": "whole"}
 
 
 def test_a_logger_that_raises_loses_nothing(scen: Scenario,
