@@ -102,9 +102,14 @@ _MINIMAL_HEAD = b"HTTP/1.1 %d \r\ncontent-type: %s\r\n"
 
 
 def _as_event_stream(head: bytes) -> bytes:
-    """A response head whose body is now an event stream: its label says so."""
-    lines = [line for line in head.split(b"\n")
-             if not line.lower().startswith(b"content-type:")]
+    """A response head whose body is now an event stream: its label says so
+    (the server's own when it did, its charset kept)."""
+    lines = head.split(b"\n")
+    types = [line.split(b":", 1)[1].strip().lower() for line in lines
+             if line.lower().startswith(b"content-type:")]
+    if len(types) == 1 and types[0].startswith(b"text/event-stream"):
+        return head
+    lines = [line for line in lines if not line.lower().startswith(b"content-type:")]
     while lines and not lines[-1].strip():
         lines.pop()
     return b"\n".join(lines + [b"content-type: text/event-stream\r", b""])

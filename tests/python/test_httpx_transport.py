@@ -317,6 +317,19 @@ def test_a_stream_request_answered_whole_streams_the_answer(scen: Scenario,
     assert len(scen.requests()) == 4
 
 
+@pytest.mark.parametrize("label, shown", [
+    ("text/event-stream; charset=utf-8", "text/event-stream; charset=utf-8"),
+    ("application/json", "text/event-stream")])
+def test_a_streams_label_says_what_the_sdk_reads(scen: Scenario, label: str, shown: str) -> None:
+    """The server's label when it says event stream (its charset kept, as
+    llama-cpp-python's server sends it); else what the body now is."""
+    scen.script([{"stream": {"chunks": ["a", "b"]}, "headers": {"Content-Type": label}}])
+    with sdk(scen) as client:
+        stream = client.chat.completions.create(model="gpt-test", messages=MESSAGES, stream=True)
+        assert stream.response.headers["content-type"] == shown
+        assert "".join(t or "" for t in stream_texts(stream)) == "ab"
+
+
 def test_a_whole_answer_labelled_a_stream_is_the_answer(scen: Scenario) -> None:
     """JSON under text/event-stream for a request that did not stream: the
     answer (it read as the stream's end alone: the SDK got a string)."""
