@@ -150,12 +150,47 @@ def main(base_url: str, access_log: str) -> int:
                 c.close()
         return "; ".join(out)
 
+    def openai_sdk() -> str:
+        # The openai SDK on llmretry.httpx against a server nobody here wrote:
+        # its answers as the SDK reads them without llmretry, its stream's
+        # label (with a charset) kept, and an empty stream an error, where
+        # the SDK alone reads it as an empty answer.
+        import httpx
+        import openai
+        import llmretry.httpx
+        sdk = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0,
+                            http_client=httpx.Client(transport=llmretry.httpx.Transport(
+                                max_retries=1, base_delay_ms=100)))
+        try:
+            b = body()
+            whole = sdk.chat.completions.create(**b)
+            assert whole.usage is not None and whole.usage.prompt_tokens > 0, whole.usage
+            stream = sdk.chat.completions.create(**b, stream=True)
+            label = stream.response.headers["content-type"]
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert label.startswith("text/event-stream;"), label
+            assert text == whole.choices[0].message.content, (text, whole)
+            mark = log.mark()
+            try:
+                list(sdk.chat.completions.create(**body(long_prompt), stream=True))
+            except openai.APIConnectionError as exc:
+                cause = str(exc.__cause__)
+                assert "stream ended after 0 chunks" in cause, cause
+                assert log.since(mark, 2) == [200] * 2
+            else:
+                raise AssertionError("an empty stream read as an answer")
+            return (f"usage {whole.usage.total_tokens} tokens; the stream ({label}) says what "
+                    f"the whole answer said; an empty stream: APIConnectionError after 2 requests")
+        finally:
+            sdk.close()
+
     checks.check("plain calls: real usage", plain_calls)
     checks.check("a streamed call", streamed_call)
     checks.check("what the server streams", raw_stream)
     checks.check("a prompt over n_ctx: a 400, not retried", over_context_plain)
     checks.check("a prompt over n_ctx with stream: true: an empty stream", over_context_streamed)
     checks.check("a stream after the 5 s keep-alive timeout", idle_keepalive)
+    checks.check("the openai SDK on llmretry.httpx", openai_sdk)
 
     def asyncio_calls() -> str:
         # The asyncio surface against a real model server: a stream read on
