@@ -107,19 +107,23 @@ static int emit(events *ev, const char *type, cJSON *data)
     return rc;
 }
 
-/* A new event object holding `key`: a reference to `value` (not copied,
- * not freed with it) or, when `own`, value itself. */
+/* e (taken) with e[key] = value: value itself when `own` (taken), else a
+ * reference to it (not copied, not freed with e). NULL when out of memory. */
+static cJSON *holding(cJSON *e, const char *key, cJSON *value, int own)
+{
+    if (e && value &&
+        (own ? cJSON_AddItemToObject(e, key, value) : cJSON_AddItemReferenceToObject(e, key, value)))
+        return e;
+    if (own)
+        cJSON_Delete(value);
+    cJSON_Delete(e);
+    return NULL;
+}
+
+/* A new event object holding `key` (see holding). */
 static cJSON *event_with(const char *key, cJSON *value, int own)
 {
-    cJSON *e = cJSON_CreateObject();
-    if (!e || !value ||
-        !(own ? cJSON_AddItemToObject(e, key, value) : cJSON_AddItemReferenceToObject(e, key, value))) {
-        if (own)
-            cJSON_Delete(value);
-        cJSON_Delete(e);
-        return NULL;
-    }
-    return e;
+    return holding(cJSON_CreateObject(), key, value, own);
 }
 
 /* A copy of obj with obj[key] set to value (taken). */
@@ -133,18 +137,15 @@ static cJSON *copy_with(const cJSON *obj, const char *key, cJSON *value)
     return copy;
 }
 
-/* An event of one content part: where it is, and `key` (a reference). */
+/* An event of one content part: where it is, and `key` (see holding). */
 static cJSON *part_event(const cJSON *where, int index, const char *key, cJSON *value, int own)
 {
     cJSON *e = cJSON_Duplicate(where, 1);
-    if (!e || !cJSON_AddNumberToObject(e, "content_index", index) ||
-        !(own ? cJSON_AddItemToObject(e, key, value) : cJSON_AddItemReferenceToObject(e, key, value))) {
-        if (own)
-            cJSON_Delete(value);
+    if (e && !cJSON_AddNumberToObject(e, "content_index", index)) {
         cJSON_Delete(e);
-        return NULL;
+        e = NULL;
     }
-    return e;
+    return holding(e, key, value, own);
 }
 
 static int text_events(events *ev, const cJSON *where, int index, cJSON *part, cJSON *text)
