@@ -170,6 +170,7 @@ int group_close(lua_State *L);
 int group_stats(lua_State *L);
 int group_tostring(lua_State *L);
 int l_check_options(lua_State *L);
+int l_suggest(lua_State *L);
 int l_new_engine(lua_State *L);
 
 /* channel.c: channels */

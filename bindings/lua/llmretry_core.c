@@ -210,6 +210,7 @@ static const luaL_Reg module_functions[] = {
     { "assert_shape", l_assert_shape },
     { "new_engine", l_new_engine },
     { "check_options", l_check_options },
+    { "suggest", l_suggest },
     { "parse_policies", l_parse_policies },
     { "uuid4", l_uuid4 },
     { "url_join", l_url_join },

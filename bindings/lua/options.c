@@ -43,6 +43,22 @@ static int is_body_field(const char *name)
     return 0;
 }
 
+/* names[n..max) filled with the strings of the array at idx, up to its
+ * first value that is not one; the new count. The strings stay alive while
+ * the array is on the stack. */
+static size_t add_strings(lua_State *L, int idx, const char **names, size_t n, size_t max)
+{
+    for (lua_Integer i = 1; n < max; i++, lua_pop(L, 1)) {
+        lua_rawgeti(L, idx, i);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            lua_pop(L, 1);
+            break;
+        }
+        names[n++] = lua_tostring(L, -1);
+    }
+    return n;
+}
+
 /* The option an unknown key most likely meant (the core's rule, over the
  * table's names, this binding's keys and, when `also` is not 0, the
  * strings of the array at that index: a function's own keys, such as
@@ -56,16 +72,27 @@ static const char *meant_option(lua_State *L, const char *key, int also)
         names[n++] = llmretry_option_at(i)->name;
     for (const char *const *k = HOST_KEYS; *k && n < MAX_NAMES; k++)
         names[n++] = *k;
-    /* The array's strings stay alive while it is on the stack. */
-    for (lua_Integer i = 1; also && n < MAX_NAMES; i++, lua_pop(L, 1)) {
-        lua_rawgeti(L, also, i);
-        if (lua_type(L, -1) != LUA_TSTRING) {
-            lua_pop(L, 1);
-            break;
-        }
-        names[n++] = lua_tostring(L, -1);
-    }
+    if (also)
+        n = add_strings(L, also, names, n, MAX_NAMES);
     return llmretry_option_suggest(key, names, n);
+}
+
+/* core.suggest(key, names): the one of the array `names` that the unknown
+ * key most likely meant (the core's rule, as for options), or nil: for a
+ * function's own options that are not the core's (map_with_concurrency's). */
+int l_suggest(lua_State *L)
+{
+    enum { MAX_NAMES = 64 };
+    const char *key = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const char *names[MAX_NAMES];
+    size_t n = add_strings(L, 2, names, 0, MAX_NAMES);
+    const char *meant = llmretry_option_suggest(key, names, n);
+    if (meant)
+        lua_pushstring(L, meant);
+    else
+        lua_pushnil(L);
+    return 1;
 }
 
 static int by_name(const void *a, const void *b)

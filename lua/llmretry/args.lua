@@ -139,8 +139,11 @@ function M.check_map_args(level, items, limit, worker, opts, allowed)
   opts = opts or {}
   for k in pairs(opts) do
     if not allowed[k] then
-      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency",
-        tostring(k)), level)
+      local names = {}
+      for name in pairs(allowed) do names[#names + 1] = name end
+      local meant = type(k) == "string" and core.suggest(k, names)
+      error(string.format("llmretry: opts.%s is not an option of map_with_concurrency%s",
+        tostring(k), meant and (" (did you mean " .. meant .. "?)") or ""), level)
     end
   end
   local return_errors = opts.return_errors
