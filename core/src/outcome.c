@@ -104,6 +104,15 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
                                              "processing it", LR_MAX_RESENDS + 1);
         }
         break;
+    case CURLE_WRITE_ERROR:
+        if (c->too_large) {
+            f->kind = LLMRETRY_ERR_RESPONSE_TOO_LARGE;
+            out->message = lr_printf_alloc("response larger than max_response_bytes (%lld)",
+                                           (long long)c->o.max_response_bytes);
+            break;
+        }
+        /* out of memory while reading: a network-ish failure */
+        __attribute__((fallthrough));
     case CURLE_OUT_OF_MEMORY:
 #if LIBCURL_VERSION_NUM >= 0x080600
     case CURLE_TOO_LARGE:
@@ -117,17 +126,6 @@ static void classify_transport(llmretry_call *c, CURLcode rc, lr_outcome *out)
                                            "header line over 100 KB?): %s", detail);
             break;
         }
-        f->kind = LLMRETRY_ERR_NETWORK;
-        out->message = lr_printf_alloc("network error: %s", detail);
-        break;
-    case CURLE_WRITE_ERROR:
-        if (c->too_large) {
-            f->kind = LLMRETRY_ERR_RESPONSE_TOO_LARGE;
-            out->message = lr_printf_alloc("response larger than max_response_bytes (%lld)",
-                                           (long long)c->o.max_response_bytes);
-            break;
-        }
-        /* out of memory while reading: a network-ish failure */
         __attribute__((fallthrough));
     default:
         f->kind = LLMRETRY_ERR_NETWORK;

@@ -183,12 +183,10 @@ typedef struct lr_sse_payload {
  * prints 0x1F as \u001f) is turned back by lr_sse_unmask: in place, NUL
  * terminated, returning its new length (text[0..n) is NUL terminated). */
 size_t lr_sse_unmask(char *text, size_t n);
-/* The JSON text with "\u0000" written "\u001f0" and "\u001f" "\u001f1",
- * to be parsed instead (malloc'd, *out_n its length), or NULL when it has
- * neither: the usual case, parsed as it is (*nomem set when out of memory).
- * Escapes are read in pairs, so the text "\\u0000" (a backslash, then
- * "u0000") is left alone. */
-char *lr_sse_mask(const char *data, size_t n, size_t *out_n, int *nomem);
+/* A JSON text parsed as lr_parse_body parses a body (*why set when it is
+ * refused), with "\u0000" and "\u001f" masked as above; NULL with *nomem
+ * set when out of memory. */
+struct cJSON *lr_sse_parse(const char *data, size_t n, const char **why, int *nomem);
 
 /* The type of an event: its event: line's, when it had one; else, for a
  * JSON object whose "type" is "error" or "response.<something>", that type

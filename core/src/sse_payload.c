@@ -225,7 +225,11 @@ static int masked_escape(const char *s, size_t n)
            ((s[4] == '0' && s[5] == '0') || (s[4] == '1' && (s[5] == 'f' || s[5] == 'F')));
 }
 
-char *lr_sse_mask(const char *data, size_t n, size_t *out_n, int *nomem)
+/* The text with "\u0000" written "\u001f0" and "\u001f" "\u001f1"
+ * (malloc'd, *out_n its length), or NULL when it has neither: the usual
+ * case, parsed as it is. Escapes are read in pairs, so the text "\\u0000"
+ * (a backslash, then "u0000") is left alone. */
+static char *mask_text(const char *data, size_t n, size_t *out_n, int *nomem)
 {
     size_t extra = 0;
     for (size_t i = 0; i < n; i++)
@@ -281,6 +285,17 @@ size_t lr_sse_unmask(char *text, size_t n)
     return o;
 }
 
+cJSON *lr_sse_parse(const char *data, size_t n, const char **why, int *nomem)
+{
+    size_t masked_len = 0;
+    char *masked = mask_text(data, n, &masked_len, nomem);
+    if (*nomem)
+        return NULL;
+    cJSON *doc = masked ? lr_parse_body(masked, masked_len, why) : lr_parse_body(data, n, why);
+    free(masked);
+    return doc;
+}
+
 /* ---- classifying ---------------------------------------------------------- */
 
 int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payload *p,
@@ -295,12 +310,9 @@ int lr_sse_classify(const char *event, const char *data, size_t len, lr_sse_payl
         data = "";
         len = 0;
     }
-    size_t masked_len = 0;
-    char *masked = lr_sse_mask(data, len, &masked_len, &nomem);
+    cJSON *doc = lr_sse_parse(data, len, &why, &nomem);
     if (nomem)
         return LR_SSE_NOMEM;
-    cJSON *doc = masked ? lr_parse_body(masked, masked_len, &why) : lr_parse_body(data, len, &why);
-    free(masked);
     if (!doc || !cJSON_IsObject(doc)) {
         cJSON_Delete(doc);
         if (event && strcmp(event, "error") == 0)

@@ -222,12 +222,10 @@ int lr_whole_as_events(const char *body, size_t len, lr_whole_emit *fn, void *ud
 {
     emitter out = { fn, ud };
     int nomem = 0;
-    size_t masked_len = 0;
-    char *masked = lr_sse_mask(body, len, &masked_len, &nomem);
+    const char *why = NULL;
+    cJSON *doc = lr_sse_parse(body, len, &why, &nomem);
     if (nomem)
         return -1;
-    cJSON *doc = masked ? cJSON_ParseWithLength(masked, masked_len) : cJSON_ParseWithLength(body, len);
-    free(masked);
     const cJSON *object = cJSON_GetObjectItemCaseSensitive(doc, "object");
     const char *kind = cJSON_IsString(object) ? object->valuestring : "";
     int rc = 0;

@@ -19,8 +19,9 @@ timeout, the deadline, an open breaker) raises the flavour's
 A ``"stream": true`` body streams: the first chunk is read here, so the
 engine retries until then (the commit point) and never after, and the
 response's body is the stream's events again as SSE bytes (a whole answer
-to it comes as the chunks it would have streamed: the core's stream_whole.c). Anything else
-(GET, multipart uploads, DELETE) goes to the flavour's own HTTP transport.
+to it comes as the chunks it would have streamed: the core's
+stream_whole.c). Anything else (GET, multipart uploads, DELETE) goes to the
+flavour's own HTTP transport.
 """
 
 from __future__ import annotations
@@ -263,22 +264,20 @@ class TransportCore:
                                                                    "invalid_response",
                                                                    "refusal")):
             status, headers, ext = _parse_head(head)
-            if not stream and out.get("stream") and not out["ok"] and 200 <= status < 300:
-                # An event stream the request did not ask for, failed (an
-                # error event): nothing its client could parse, the error.
-                raise self.error(request, out)
-            if stream and 200 <= status < 300 and not out["ok"]:
-                # A stream that failed on an error event (or a 2xx error
-                # body) on every attempt, none read: that error as one
-                # event, for the SDK to raise what it names. An empty 2xx
-                # stream would read as an answer with nothing in it. (A
-                # whole answer comes as chunks: the core tells it so.)
-                body = out.get("body")
-                if not body:
+            body = out.get("body")
+            if not out["ok"] and 200 <= status < 300 and (stream or out.get("stream")):
+                # A failure under a 2xx head, none of it read: an error event
+                # (or a 2xx error body) on every attempt. To a stream request,
+                # that error as one event, for the SDK to raise what it names
+                # (an empty 2xx stream would read as an answer with nothing
+                # in it); to one that did not stream, or with no body,
+                # nothing its client could parse: the error. (A whole answer
+                # comes as chunks: the core tells it so.)
+                if not stream or not body:
                     raise self.error(request, out)
                 return self.stream_response(request, head, self.hx.ByteStream(_sse((None, body))))
             return self.hx.Response(status, headers=headers,
-                                    stream=self.hx.ByteStream(out.get("body") or b""),
+                                    stream=self.hx.ByteStream(body or b""),
                                     request=request, extensions=ext)
         raise self.error(request, out)
 
@@ -288,7 +287,8 @@ class TransportCore:
         the server's, and its label says what it now is, whatever the
         server's said: a gateway's application/json, a whole answer told as
         chunks)."""
-        status, headers, ext = _parse_head(_as_event_stream(head or _MINIMAL_HEAD % (200, b"text/event-stream")))
+        head = _as_event_stream(head or _MINIMAL_HEAD % (200, b"text/event-stream"))
+        status, headers, ext = _parse_head(head)
         headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         return self.hx.Response(status, headers=headers, stream=stream, request=request,
                                 extensions=ext)

@@ -87,33 +87,35 @@ static int start_server(void)
     return 0;
 }
 
+/* The canned response becomes `text` (len bytes, malloc'd, taken). */
+static void put_response(char *text, size_t len)
+{
+    pthread_mutex_lock(&mu);
+    free(response);
+    response = text;
+    response_len = len;
+    requests = 0;
+    pthread_mutex_unlock(&mu);
+}
+
 /* Set the canned response: `head` (status line and headers, each ending
  * in \r\n, without the blank line) and a body of `blen` bytes. */
 static void set_response(const char *head, const char *body, size_t blen)
 {
     char cl[64];
     snprintf(cl, sizeof cl, "Content-Length: %zu\r\nConnection: close\r\n\r\n", blen);
-    pthread_mutex_lock(&mu);
-    free(response);
-    response_len = strlen(head) + strlen(cl) + blen;
-    response = malloc(response_len);
-    memcpy(response, head, strlen(head));
-    memcpy(response + strlen(head), cl, strlen(cl));
-    memcpy(response + strlen(head) + strlen(cl), body, blen);
-    requests = 0;
-    pthread_mutex_unlock(&mu);
+    size_t hl = strlen(head), cll = strlen(cl);
+    char *text = malloc(hl + cll + blen);
+    memcpy(text, head, hl);
+    memcpy(text + hl, cl, cll);
+    memcpy(text + hl + cll, body, blen);
+    put_response(text, hl + cll + blen);
 }
 
 /* A whole response as given (its own framing: chunked, say). */
 static void set_raw_response(const char *all)
 {
-    pthread_mutex_lock(&mu);
-    free(response);
-    response_len = strlen(all);
-    response = malloc(response_len);
-    memcpy(response, all, response_len);
-    requests = 0;
-    pthread_mutex_unlock(&mu);
+    put_response(strdup(all), strlen(all));
 }
 
 static void opts(llmretry_options *o, char *url, size_t len)

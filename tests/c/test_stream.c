@@ -85,6 +85,10 @@ static int record_int(const char *name, const char *fld)
 typedef struct reader {
     char **chunk;
     int n, cap;
+    /* With keep_raw set: every chunk as it came, "EVENT DATA" a line each. */
+    int keep_raw;
+    char *raw;
+    size_t raw_len;
     llmretry_event *ev[MAX_EV];
     int ev_after[MAX_EV];
     int n_ev;
@@ -99,6 +103,7 @@ static void reader_free(reader *rd)
     free(rd->chunk);
     for (int i = 0; i < rd->n_ev; i++)
         llmretry_event_free(rd->ev[i]);
+    free(rd->raw);
     memset(rd, 0, sizeof *rd);
 }
 
@@ -123,7 +128,12 @@ static int read_mail(llmretry_call *c, reader *rd, int want, int slow, int64_t t
                 rd->cap = rd->cap ? rd->cap * 2 : 64;
                 rd->chunk = realloc(rd->chunk, (size_t)rd->cap * sizeof *rd->chunk);
             }
-            rd->chunk[rd->n++] = label(d ? d : "", llmretry_chunk_event(ev));
+            const char *e = llmretry_chunk_event(ev);
+            rd->chunk[rd->n++] = label(d ? d : "", e);
+            if (rd->keep_raw && d) {
+                rd->raw = realloc(rd->raw, rd->raw_len + strlen(e ? e : "?") + len + 3);
+                rd->raw_len += (size_t)sprintf(rd->raw + rd->raw_len, "%s %s\n", e ? e : "?", d);
+            }
             llmretry_event_free(ev);
             if (slow && rd->n % slow == 0)
                 th_sleep_ms(1);
@@ -596,28 +606,12 @@ static char *whole_chunks(const char *name, const char *step, const char *path)
         o.url = url;
     }
     snprintf(json, sizeof json, "{\"steps\":[%s]}", step);
+    reader rd = { .keep_raw = 1 };
     llmretry_call *c = script(name, json) == 0 ? submit(eng, &o) : NULL;
-    size_t cap = 4096, len = 0;
-    char *out = calloc(1, cap);
-    int64_t end = th_now_ms() + 10000;
-    while (c && th_now_ms() < end) {
-        llmretry_event *ev = NULL;
-        llmretry_mail m = llmretry_call_next(c, &ev);
-        if (m == LLMRETRY_MAIL_DONE)
-            break;
-        if (m == LLMRETRY_MAIL_CHUNK) {
-            size_t n = 0;
-            const char *d = llmretry_chunk_data(ev, &n);
-            const char *e = llmretry_chunk_event(ev);
-            size_t need = len + strlen(e ? e : "?") + n + 3;
-            if (need > cap && (out = realloc(out, cap = need * 2)) == NULL)
-                abort();
-            len += (size_t)sprintf(out + len, "%s %.*s\n", e ? e : "?", (int)n, d);
-        } else if (m != LLMRETRY_MAIL_EVENT) {
-            llmretry_call_wait(c, 100);
-        }
-        llmretry_event_free(ev);
-    }
+    CHECK_MSG(c && read_mail(c, &rd, -1, 0, 10000), "%s: no DONE", name);
+    char *out = rd.raw ? rd.raw : strdup("");
+    rd.raw = NULL;
+    reader_free(&rd);
     const llmretry_result *r = result_of(c);
     CHECK_MSG(r->ok && r->chunks == 0 && r->body && !strstr(r->body, "chunk"),
               "%s: ok=%d chunks=%d", name, r->ok, r->chunks);
