@@ -88,7 +88,7 @@ test-c-asan:
 # Three at a time (each mostly waits; valgrind's own work is the rest), each
 # one's output printed whole when it ends.
 VALGRIND_TESTS = test_engine test_vectors test_group test_stream test_ratelimit test_health \
-  test_shared_redis test_schema test_files_api test_host_io
+  test_shared test_shared_redis test_schema test_files_api test_host_io
 test-c-valgrind:
 	printf '%s\n' $(VALGRIND_TESTS) | LLMRETRY_TEST_WALL_SLACK_MS=1000 xargs -P 3 -I{} sh -c \
 	  'valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \

@@ -104,7 +104,8 @@ struct lr_redis {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
-    int stop, kick;
+    _Atomic int stop;                   /* closing: read unlocked while a round waits */
+    int kick;
     void (*wake)(void *);
     void *wake_arg;
     lr_redis_ep **eps;
@@ -179,10 +180,12 @@ void lr_redis_install(lr_redis_ep *x, const ask *a, const redisReply *r);
 
 /* shared_redis_conn.c: a "redis://..." value into st (0, or -1 and err);
  * connect, log in, select, load the script (0, or -1 and why); a round's
- * asks sent at once and their answers read (0, or -1 and why). */
+ * asks sent at once and their answers read (0, or -1 and why), each within
+ * the store's timeout in all, however the server sends. */
 int lr_redis_parse(const char *spec, lr_redis *st, char *err, size_t len);
 int lr_redis_dial(lr_redis *st, char *why, size_t len);
-int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *why, size_t len);
+int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, int closing,
+                      char *why, size_t len);
 
 #pragma GCC visibility pop
 #endif

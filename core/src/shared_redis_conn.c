@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <sys/time.h>
 
 /* ---- the URL --------------------------------------------------------------------- */
@@ -152,17 +155,23 @@ int lr_redis_parse(const char *spec, lr_redis *st, char *err, size_t len)
 
 /* ---- talking to Redis ------------------------------------------------------------ */
 
-static void say(lr_redis *st, char *why, size_t len, const char *what, const redisContext *c)
+/* Why a reply did not come: `late` (no whole reply by the deadline), or
+ * hiredis's words. A reply that is not RESP is named as such: hiredis's
+ * words for it ("Protocol error, got ...") do not say who is at fault. */
+static void say(lr_redis *st, char *why, size_t len, const char *what, const redisContext *c,
+                int late)
 {
-    /* hiredis's own words for an I/O error, except for a timeout, whose
-     * "Resource temporarily unavailable" says nothing useful. */
-    int timeout = c && c->err == REDIS_ERR_IO &&
-                  (errno == EAGAIN || errno == EWOULDBLOCK || strstr(c->errstr, "temporarily"));
+    /* A connect's own timeout is hiredis's, whose "Resource temporarily
+     * unavailable" says nothing useful. */
+    late |= c && c->err == REDIS_ERR_IO &&
+            (errno == EAGAIN || errno == EWOULDBLOCK || strstr(c->errstr, "temporarily"));
 #ifdef REDIS_ERR_TIMEOUT
-    timeout |= c && c->err == REDIS_ERR_TIMEOUT;        /* hiredis 1.x */
+    late |= c && c->err == REDIS_ERR_TIMEOUT;           /* hiredis 1.x */
 #endif
-    if (timeout)
+    if (late)
         snprintf(why, len, "%s: %s: no answer within %d ms", st->name, what, st->timeout_ms);
+    else if (c && c->err == REDIS_ERR_PROTOCOL)
+        snprintf(why, len, "%s: %s: not a Redis reply (%s)", st->name, what, c->errstr);
     else if (c && c->err)
         snprintf(why, len, "%s: %s: %s", st->name, what, c->errstr);
     else
@@ -181,65 +190,118 @@ static void say_reply(lr_redis *st, char *why, size_t len, const char *what, con
     snprintf(why, len, "%s: %s (%s)", st->name, what, code);
 }
 
-static int ok_reply(redisReply *r, int type)
+/* The next reply, whole by `deadline` (mono_us) or not at all: hiredis's
+ * own blocking read waits timeout_ms for each read(2), so a server that
+ * drips a reply a byte at a time, each in time, would hold this thread (and
+ * the engine's close, which joins it) for as long as it likes. Writes are a
+ * round's few hundred bytes a endpoint, bounded by the socket's timeout.
+ * `heed_stop`: give up as soon as the store is closing (polled every
+ * FAIL_OPEN_MS). 0 with *out set; else -1 and *late says whether it was the
+ * deadline. */
+enum { REPLY_OK = 0, REPLY_FAILED = -1 };
+static int reply_by(lr_redis *st, int64_t deadline, int heed_stop, void **out, int *late)
 {
-    return r && r->type == type;
+    redisContext *c = st->ctx;
+    *out = NULL;
+    *late = 0;
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return REPLY_FAILED;
+    for (;;) {
+        if (redisGetReplyFromReader(c, out) != REDIS_OK)
+            return REPLY_FAILED;
+        if (*out)
+            return REPLY_OK;
+        int64_t left = deadline - mono_us();
+        if (left <= 0 || (heed_stop && atomic_load(&st->stop))) {
+            *late = 1;
+            return REPLY_FAILED;
+        }
+        struct pollfd p = { .fd = c->fd, .events = POLLIN };
+        int ms = (int)min64((left + 999) / 1000, FAIL_OPEN_MS);
+        int rc = poll(&p, 1, ms);
+        if (rc < 0 && errno != EINTR) {
+            snprintf(c->errstr, sizeof c->errstr, "%s", strerror(errno));
+            c->err = REDIS_ERR_IO;
+            return REPLY_FAILED;
+        }
+        if (rc > 0 && redisBufferRead(c) != REDIS_OK)
+            return REPLY_FAILED;
+    }
 }
 
-static int load_script(lr_redis *st, char *why, size_t len)
+/* One command sent and its reply read by `deadline`: the reply, or NULL
+ * with why (`what` failed). */
+static redisReply *command_by(lr_redis *st, int64_t deadline, char *why, size_t len,
+                              const char *what, const char *format, ...)
 {
-    redisReply *r = redisCommand(st->ctx, "SCRIPT LOAD %s", lr_redis_script);
-    int ok = ok_reply(r, REDIS_REPLY_STRING) && r->len < sizeof st->sha;
-    if (ok)
-        snprintf(st->sha, sizeof st->sha, "%s", r->str);
-    else if (!r)
-        say(st, why, len, "loading the script", st->ctx);
-    else if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0)
-        say_reply(st, why, len, "Redis wants a password, and the URL has none", r);
-    else
-        say_reply(st, why, len, "Redis refused the script (Redis 6 or later is needed)", r);
+    va_list ap;
+    va_start(ap, format);
+    int rc = redisvAppendCommand(st->ctx, format, ap);
+    va_end(ap);
+    void *r = NULL;
+    int late = 0;
+    if (rc != REDIS_OK || reply_by(st, deadline, 1, &r, &late) != REPLY_OK) {
+        say(st, why, len, what, st->ctx, late);
+        return NULL;
+    }
+    return r;
+}
+
+/* A reply of `type` (freed), or -1 with why: the reply's code after
+ * `refused`. A NULL reply's why is command_by's. */
+static int expect(lr_redis *st, redisReply *r, int type, char *why, size_t len, const char *refused)
+{
+    int ok = r && r->type == type;
+    if (r && !ok)
+        say_reply(st, why, len, refused, r);
     freeReplyObject(r);
     return ok ? 0 : -1;
 }
 
-/* Connect, log in, pick the database, load the script: 0, or -1 with why. */
+static int load_script(lr_redis *st, int64_t deadline, char *why, size_t len)
+{
+    redisReply *r = command_by(st, deadline, why, len, "loading the script",
+                               "SCRIPT LOAD %s", lr_redis_script);
+    int ok = r && r->type == REDIS_REPLY_STRING && r->len < sizeof st->sha;
+    if (ok)
+        snprintf(st->sha, sizeof st->sha, "%s", r->str);
+    else if (r)
+        say_reply(st, why, len, r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0
+                                    ? "Redis wants a password, and the URL has none"
+                                    : "Redis refused the script (Redis 6 or later is needed)", r);
+    freeReplyObject(r);
+    return ok ? 0 : -1;
+}
+
+/* Connect, log in, pick the database, load the script, all within the
+ * store's timeout: 0, or -1 with why. */
 int lr_redis_dial(lr_redis *st, char *why, size_t len)
 {
     struct timeval tv = { st->timeout_ms / 1000, (st->timeout_ms % 1000) * 1000 };
     st->ctx = redisConnectWithTimeout(st->host, st->port, tv);
     if (!st->ctx || st->ctx->err) {
-        say(st, why, len, "cannot connect", st->ctx);
+        say(st, why, len, "cannot connect", st->ctx, 0);
         goto fail;
     }
     if (redisSetTimeout(st->ctx, tv) != REDIS_OK) {
-        say(st, why, len, "cannot set a timeout", st->ctx);
+        say(st, why, len, "cannot set a timeout", st->ctx, 0);
         goto fail;
     }
-    if (st->password) {
-        redisReply *r = st->user
-            ? redisCommand(st->ctx, "AUTH %s %s", st->user, st->password)
-            : redisCommand(st->ctx, "AUTH %s", st->password);
-        int ok = ok_reply(r, REDIS_REPLY_STATUS);
-        if (!r)
-            say(st, why, len, "logging in", st->ctx);
-        else if (!ok)
-            say_reply(st, why, len, "Redis refused the password", r);
-        freeReplyObject(r);
-        if (!ok)
-            goto fail;
-    }
-    if (st->db != 0) {
-        redisReply *r = redisCommand(st->ctx, "SELECT %d", st->db);
-        int ok = ok_reply(r, REDIS_REPLY_STATUS);
-        if (!r)
-            say(st, why, len, "selecting the database", st->ctx);
-        else if (!ok)
-            say_reply(st, why, len, "Redis refused the database number", r);
-        freeReplyObject(r);
-        if (!ok)
-            goto fail;
-    }
-    if (load_script(st, why, len) == 0)
+    int64_t deadline = mono_us() + st->timeout_ms * 1000LL;
+    if (st->password &&
+        expect(st, st->user ? command_by(st, deadline, why, len, "logging in", "AUTH %s %s",
+                                         st->user, st->password)
+                            : command_by(st, deadline, why, len, "logging in", "AUTH %s",
+                                         st->password),
+               REDIS_REPLY_STATUS, why, len, "Redis refused the password") != 0)
+        goto fail;
+    if (st->db != 0 &&
+        expect(st, command_by(st, deadline, why, len, "selecting the database", "SELECT %d", st->db),
+               REDIS_REPLY_STATUS, why, len, "Redis refused the database number") != 0)
+        goto fail;
+    if (load_script(st, deadline, why, len) == 0)
         return 0;
 fail:
     if (st->ctx)
@@ -248,9 +310,31 @@ fail:
     return -1;
 }
 
-/* Send every ask of the round at once, then read the answers. */
-int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *why, size_t len)
+/* The script's answer: an array of R_COUNT integers (anything else is a
+ * server that is not running it: the mirror is never made of it). */
+static int the_answer(const redisReply *r)
 {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != R_COUNT)
+        return 0;
+    for (size_t i = 0; i < r->elements; i++)
+        if (r->element[i]->type != REDIS_REPLY_INTEGER)
+            return 0;
+    return 1;
+}
+
+static void free_replies(redisReply **out, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        freeReplyObject(out[i]);
+}
+
+/* Send every ask of the round at once, then read the answers, all within
+ * the store's timeout. `closing`: the store's last round, which the close
+ * does not cut short (any other is given up once the store is closing). */
+int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, int closing,
+                      char *why, size_t len)
+{
+    int64_t deadline = mono_us() + st->timeout_ms * 1000LL;
     for (int attempt = 0; attempt < 2; attempt++) {
         for (size_t i = 0; i < n; i++) {
             const char *argv[4 + N_ARGS];
@@ -263,48 +347,44 @@ int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char 
                 argv[4 + k] = asks[i].args[k];
             for (int k = 0; k < 4 + N_ARGS; k++)
                 lens[k] = strlen(argv[k]);
-            redisAppendCommandArgv(st->ctx, 4 + N_ARGS, argv, lens);
+            if (redisAppendCommandArgv(st->ctx, 4 + N_ARGS, argv, lens) != REDIS_OK) {
+                say(st, why, len, "running the script", st->ctx, 0);
+                return -1;
+            }
         }
         int noscript = 0;
         int64_t sent = mono_us();                       /* the first read writes the batch */
         for (size_t i = 0; i < n; i++) {
             void *r = NULL;
-            int rc = redisGetReply(st->ctx, &r);
+            int late = 0;
+            int rc = reply_by(st, deadline, !closing, &r, &late);
             /* Redis ran the script between sending and this answer: the
              * middle is the best guess of when, its error at most half the
              * round trip (an answer read late, taken as when it came, would
              * place the slices late by as much). */
             asks[i].at_us = sent + (mono_us() - sent) / 2;
-            if (rc != REDIS_OK) {
-                for (size_t k = 0; k < i; k++)
-                    freeReplyObject(out[k]);
-                say(st, why, len, "the connection failed", st->ctx);
+            if (rc != REPLY_OK) {
+                free_replies(out, i);
+                say(st, why, len, "running the script", st->ctx, late);
                 return -1;
             }
             out[i] = r;
             if (out[i]->type == REDIS_REPLY_ERROR && strncmp(out[i]->str, "NOSCRIPT", 8) == 0)
                 noscript = 1;
         }
-        int good = 1;
-        for (size_t i = 0; i < n; i++)
-            good &= out[i]->type == REDIS_REPLY_ARRAY && out[i]->elements == R_COUNT;
-        if (good)
+        size_t bad = 0;
+        while (bad < n && the_answer(out[bad]))
+            bad++;
+        if (bad == n)
             return 0;
         if (!noscript || attempt == 1) {
-            for (size_t i = 0; i < n; i++) {
-                if (good || out[i]->type != REDIS_REPLY_ARRAY) {
-                    say_reply(st, why, len, "the script failed", out[i]);
-                    break;
-                }
-            }
-            for (size_t i = 0; i < n; i++)
-                freeReplyObject(out[i]);
+            say_reply(st, why, len, "the script failed", out[bad]);
+            free_replies(out, n);
             return -1;
         }
         /* Redis restarted or its scripts were flushed: load it again. */
-        for (size_t i = 0; i < n; i++)
-            freeReplyObject(out[i]);
-        if (load_script(st, why, len) != 0)
+        free_replies(out, n);
+        if (load_script(st, deadline, why, len) != 0)
             return -1;
     }
     return -1;

@@ -7,11 +7,15 @@
 #include "shared_redis.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -556,6 +560,104 @@ static void test_redis_wrong_password(void)
     th_redis_stop(&r);
 }
 
+/* ---- a server that is not quite Redis -------------------------------------------- */
+
+/* It takes the script (SCRIPT LOAD answers a sha) and answers a round
+ * (EVALSHA) with `round`: sent whole, or its first bytes whole and then a
+ * '0' every 10 ms, a reply that never ends but keeps each read of it in
+ * time, for at most 20 s (so that a store that waits for it all fails the
+ * test instead of hanging it). */
+typedef struct fake_redis {
+    int fd, port;
+    const char *round;
+    int drip;
+    atomic_int stop;
+    pthread_t thread;
+    char url[64];
+} fake_redis;
+
+static void *fake_serve(void *arg)
+{
+    fake_redis *f = arg;
+    while (!atomic_load(&f->stop)) {
+        int c = accept(f->fd, NULL, NULL);
+        if (c < 0)
+            return NULL;
+        char buf[8192];
+        ssize_t n;
+        while (!atomic_load(&f->stop) && (n = read(c, buf, sizeof buf - 1)) > 0) {
+            buf[n] = '\0';
+            if (strstr(buf, "SCRIPT")) {
+                const char sha[] = "$40\r\n0000000000000000000000000000000000000000\r\n";
+                (void)!write(c, sha, sizeof sha - 1);
+            } else if (strstr(buf, "EVALSHA")) {
+                (void)!write(c, f->round, strlen(f->round));
+                for (int i = 0; f->drip && i < 2000 && !atomic_load(&f->stop); i++) {
+                    if (write(c, "0", 1) != 1)
+                        break;
+                    th_sleep_ms(10);
+                }
+            }
+        }
+        close(c);
+    }
+    return NULL;
+}
+
+static int fake_start(fake_redis *f, const char *round, int drip)
+{
+    memset(f, 0, sizeof *f);
+    f->round = round;
+    f->drip = drip;
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    f->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (f->fd < 0 || bind(f->fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(f->fd, 8) != 0 ||
+        getsockname(f->fd, (struct sockaddr *)&a, &len) != 0 ||
+        pthread_create(&f->thread, NULL, fake_serve, f) != 0) {
+        CHECK_MSG(0, "setup: the fake Redis did not start");
+        return -1;
+    }
+    f->port = ntohs(a.sin_port);
+    snprintf(f->url, sizeof f->url, "redis://127.0.0.1:%d/0", f->port);
+    return 0;
+}
+
+static void fake_stop(fake_redis *f)
+{
+    atomic_store(&f->stop, 1);
+    shutdown(f->fd, SHUT_RDWR);
+    pthread_join(f->thread, NULL);
+    close(f->fd);
+}
+
+/* A round answered by something else than the script's answer: the store
+ * is unavailable, saying why in words of its own (never bytes it did not
+ * write), and its close does not wait on that server. */
+static void test_redis_not_quite(const char *round, int drip, const char *says)
+{
+    fake_redis f;
+    if (fake_start(&f, round, drip) != 0)
+        return;
+    lr_shared_store *a = open_store(f.url);
+    if (a) {
+        lr_redis_ep *x = lr_shared_store_redis(a, 0x77);
+        char why[512];
+        memset(why, 'X', sizeof why);                   /* not a string: must be written */
+        int64_t down_ms;
+        lr_redis_raise_pause(x, th_now_ms() + 10);      /* news for a round */
+        CHECK(TH_EVENTUALLY(lr_redis_transition(x, why, sizeof why, &down_ms) == 1, 2000));
+        CHECK_MSG(memchr(why, '\0', sizeof why) && strncmp(why, f.url, strlen(f.url)) == 0 &&
+                  strstr(why, says), "%.80s", why);
+        CHECK_INT(lr_redis_hold_ms(x, th_now_ms()), 0);
+        int64_t t0 = th_now_ms();
+        lr_shared_store_close(a);
+        CHECK_MSG(th_now_ms() - t0 < 5000, "the close waited %lld ms on the server",
+                  (long long)(th_now_ms() - t0));
+    }
+    fake_stop(&f);
+}
+
 int main(void)
 {
     test_gcra();
@@ -580,5 +682,10 @@ int main(void)
         th_redis_stop(&r);
     }
     test_redis_wrong_password();
+    test_redis_not_quite("*2\r\n:1\r\n:2\r\n", 0, ": the script failed (an unexpected reply)");
+    test_redis_not_quite("-READONLY You can't write against a read only replica.\r\n", 0,
+                         ": the script failed (READONLY)");
+    test_redis_not_quite("*40\r\n:1\r\n$1000000\r\n", 1,
+                         ": running the script: no answer within 50 ms");
     return th_summary("test_shared");
 }
