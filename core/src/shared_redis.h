@@ -104,8 +104,7 @@ struct lr_redis {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
-    _Atomic int stop;                   /* closing: read unlocked while a round waits */
-    int kick;
+    int stop, kick;
     void (*wake)(void *);
     void *wake_arg;
     lr_redis_ep **eps;
@@ -184,8 +183,7 @@ void lr_redis_install(lr_redis_ep *x, const ask *a, const redisReply *r);
  * the store's timeout in all, however the server sends. */
 int lr_redis_parse(const char *spec, lr_redis *st, char *err, size_t len);
 int lr_redis_dial(lr_redis *st, char *why, size_t len);
-int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, int closing,
-                      char *why, size_t len);
+int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *why, size_t len);
 
 #pragma GCC visibility pop
 #endif

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <poll.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <sys/time.h>
 
 /* ---- the URL --------------------------------------------------------------------- */
@@ -194,12 +193,13 @@ static void say_reply(lr_redis *st, char *why, size_t len, const char *what, con
  * own blocking read waits timeout_ms for each read(2), so a server that
  * drips a reply a byte at a time, each in time, would hold this thread (and
  * the engine's close, which joins it) for as long as it likes. Writes are a
- * round's few hundred bytes a endpoint, bounded by the socket's timeout.
- * `heed_stop`: give up as soon as the store is closing (polled every
- * FAIL_OPEN_MS). 0 with *out set; else -1 and *late says whether it was the
+ * round's few hundred bytes an endpoint, bounded by the socket's timeout.
+ * A round under way when the store closes is waited for (it may carry the
+ * failures that open the breaker for the other processes): the deadline
+ * bounds it. 0 with *out set; else -1 and *late says whether it was the
  * deadline. */
 enum { REPLY_OK = 0, REPLY_FAILED = -1 };
-static int reply_by(lr_redis *st, int64_t deadline, int heed_stop, void **out, int *late)
+static int reply_by(lr_redis *st, int64_t deadline, void **out, int *late)
 {
     redisContext *c = st->ctx;
     *out = NULL;
@@ -214,12 +214,12 @@ static int reply_by(lr_redis *st, int64_t deadline, int heed_stop, void **out, i
         if (*out)
             return REPLY_OK;
         int64_t left = deadline - mono_us();
-        if (left <= 0 || (heed_stop && atomic_load(&st->stop))) {
+        if (left <= 0) {
             *late = 1;
             return REPLY_FAILED;
         }
         struct pollfd p = { .fd = c->fd, .events = POLLIN };
-        int ms = (int)min64((left + 999) / 1000, FAIL_OPEN_MS);
+        int ms = (int)((left + 999) / 1000);
         int rc = poll(&p, 1, ms);
         if (rc < 0 && errno != EINTR) {
             snprintf(c->errstr, sizeof c->errstr, "%s", strerror(errno));
@@ -231,18 +231,19 @@ static int reply_by(lr_redis *st, int64_t deadline, int heed_stop, void **out, i
     }
 }
 
-/* One command sent and its reply read by `deadline`: the reply, or NULL
- * with why (`what` failed). */
-static redisReply *command_by(lr_redis *st, int64_t deadline, char *why, size_t len,
-                              const char *what, const char *format, ...)
+/* One command sent and its reply read within the store's timeout: the
+ * reply, or NULL with why (`what` failed). */
+static redisReply *command(lr_redis *st, char *why, size_t len, const char *what,
+                           const char *format, ...)
 {
+    int64_t deadline = mono_us() + st->timeout_ms * 1000LL;
     va_list ap;
     va_start(ap, format);
     int rc = redisvAppendCommand(st->ctx, format, ap);
     va_end(ap);
     void *r = NULL;
     int late = 0;
-    if (rc != REDIS_OK || reply_by(st, deadline, 1, &r, &late) != REPLY_OK) {
+    if (rc != REDIS_OK || reply_by(st, deadline, &r, &late) != REPLY_OK) {
         say(st, why, len, what, st->ctx, late);
         return NULL;
     }
@@ -250,7 +251,7 @@ static redisReply *command_by(lr_redis *st, int64_t deadline, char *why, size_t 
 }
 
 /* A reply of `type` (freed), or -1 with why: the reply's code after
- * `refused`. A NULL reply's why is command_by's. */
+ * `refused`. A NULL reply's why is command()'s. */
 static int expect(lr_redis *st, redisReply *r, int type, char *why, size_t len, const char *refused)
 {
     int ok = r && r->type == type;
@@ -260,10 +261,9 @@ static int expect(lr_redis *st, redisReply *r, int type, char *why, size_t len, 
     return ok ? 0 : -1;
 }
 
-static int load_script(lr_redis *st, int64_t deadline, char *why, size_t len)
+static int load_script(lr_redis *st, char *why, size_t len)
 {
-    redisReply *r = command_by(st, deadline, why, len, "loading the script",
-                               "SCRIPT LOAD %s", lr_redis_script);
+    redisReply *r = command(st, why, len, "loading the script", "SCRIPT LOAD %s", lr_redis_script);
     int ok = r && r->type == REDIS_REPLY_STRING && r->len < sizeof st->sha;
     if (ok)
         snprintf(st->sha, sizeof st->sha, "%s", r->str);
@@ -275,7 +275,7 @@ static int load_script(lr_redis *st, int64_t deadline, char *why, size_t len)
     return ok ? 0 : -1;
 }
 
-/* Connect, log in, pick the database, load the script, all within the
+/* Connect, log in, pick the database, load the script, each within the
  * store's timeout: 0, or -1 with why. */
 int lr_redis_dial(lr_redis *st, char *why, size_t len)
 {
@@ -289,19 +289,17 @@ int lr_redis_dial(lr_redis *st, char *why, size_t len)
         say(st, why, len, "cannot set a timeout", st->ctx, 0);
         goto fail;
     }
-    int64_t deadline = mono_us() + st->timeout_ms * 1000LL;
     if (st->password &&
-        expect(st, st->user ? command_by(st, deadline, why, len, "logging in", "AUTH %s %s",
-                                         st->user, st->password)
-                            : command_by(st, deadline, why, len, "logging in", "AUTH %s",
-                                         st->password),
+        expect(st, st->user ? command(st, why, len, "logging in", "AUTH %s %s", st->user,
+                                      st->password)
+                            : command(st, why, len, "logging in", "AUTH %s", st->password),
                REDIS_REPLY_STATUS, why, len, "Redis refused the password") != 0)
         goto fail;
     if (st->db != 0 &&
-        expect(st, command_by(st, deadline, why, len, "selecting the database", "SELECT %d", st->db),
+        expect(st, command(st, why, len, "selecting the database", "SELECT %d", st->db),
                REDIS_REPLY_STATUS, why, len, "Redis refused the database number") != 0)
         goto fail;
-    if (load_script(st, deadline, why, len) == 0)
+    if (load_script(st, why, len) == 0)
         return 0;
 fail:
     if (st->ctx)
@@ -329,13 +327,11 @@ static void free_replies(redisReply **out, size_t n)
 }
 
 /* Send every ask of the round at once, then read the answers, all within
- * the store's timeout. `closing`: the store's last round, which the close
- * does not cut short (any other is given up once the store is closing). */
-int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, int closing,
-                      char *why, size_t len)
+ * the store's timeout (and again after loading the script again). */
+int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char *why, size_t len)
 {
-    int64_t deadline = mono_us() + st->timeout_ms * 1000LL;
     for (int attempt = 0; attempt < 2; attempt++) {
+        int64_t deadline = mono_us() + st->timeout_ms * 1000LL;
         for (size_t i = 0; i < n; i++) {
             const char *argv[4 + N_ARGS];
             size_t lens[4 + N_ARGS];
@@ -357,7 +353,7 @@ int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, int c
         for (size_t i = 0; i < n; i++) {
             void *r = NULL;
             int late = 0;
-            int rc = reply_by(st, deadline, !closing, &r, &late);
+            int rc = reply_by(st, deadline, &r, &late);
             /* Redis ran the script between sending and this answer: the
              * middle is the best guess of when, its error at most half the
              * round trip (an answer read late, taken as when it came, would
@@ -384,7 +380,7 @@ int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, int c
         }
         /* Redis restarted or its scripts were flushed: load it again. */
         free_replies(out, n);
-        if (load_script(st, deadline, why, len) != 0)
+        if (load_script(st, why, len) != 0)
             return -1;
     }
     return -1;

@@ -117,7 +117,7 @@ static void *store_main(void *arg)
         }
         st->kick = 0;
         pthread_mutex_unlock(&st->mu);
-        int rc = lr_redis_exchange(st, asks, n, replies, 0, why, sizeof why);
+        int rc = lr_redis_exchange(st, asks, n, replies, why, sizeof why);
         pthread_mutex_lock(&st->mu);
         now = mono_us();
         if (rc == 0) {
@@ -152,7 +152,7 @@ static void *store_main(void *arg)
         if (lr_redis_has_news(st->eps[i]))
             lr_redis_prepare(st, st->eps[i], &asks[n++], mono_us());
     pthread_mutex_unlock(&st->mu);
-    if (n > 0 && lr_redis_exchange(st, asks, n, replies, 1, why, sizeof why) == 0)
+    if (n > 0 && lr_redis_exchange(st, asks, n, replies, why, sizeof why) == 0)
         for (size_t i = 0; i < n; i++)
             freeReplyObject(replies[i]);
     if (st->ctx)
