@@ -205,29 +205,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extras:
         parser.commands[args.command].unknown(extras)
     export = None
+    status = 1
     try:
         if getattr(args, "otel", False):
             export = _otel_export()
-        status: int = args.func(args)
-        return status
+        status = args.func(args)
     except UsageError as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
-        return 2
+        status = 2
     except (TypeError, ValueError) as exc:   # arguments the core refused
         sys.stderr.write(f"{PROG}: {exc}\n")
-        return 2
+        status = 2
     except KeyboardInterrupt:
-        return 130
+        status = 130
     finally:
-        if export is not None:
-            export.shutdown()       # sends what is left before the command exits
+        if export is not None and not _end_export(export):
+            status = 130
+    return status
+
+
+def _end_export(export: Any) -> bool:
+    """Send what --otel has left before the command exits; what could not
+    be sent is one line of ours. False: a Ctrl-C stopped the wait for it."""
+    try:
+        note = export.shutdown()
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: --otel: interrupted: what was left was not exported\n")
+        return False
+    if note:
+        sys.stderr.write(f"{PROG}: --otel: {note}\n")
+    return True
 
 
 def _otel_export() -> Any:
     """``--otel``: OpenTelemetry's SDK exporting to the OTLP/HTTP endpoint."""
     try:
-        from .otel import _CliExport
-        return _CliExport()
+        from ._otel_cli import CliExport
+        return CliExport()
     except ImportError as exc:
         raise UsageError(f"--otel needs OpenTelemetry's SDK and OTLP/HTTP exporter: "
                          f"pip install 'llmretry[otlp]' ({exc})") from None

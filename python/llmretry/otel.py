@@ -23,7 +23,8 @@ The parts: _otel_mapping (the table, endpoints, request and response
 attributes), _otel_instruments (the tracer and instruments, what calls
 alike share), _otel_context (the span's context in the request headers),
 _otel_record (a call's record made a span and metrics), _otel_batch (a
-batch's items) and this module (the hooks on the call paths, instrument()).
+batch's items), _otel_cli (the CLI's --otel) and this module (the hooks on
+the call paths, instrument()).
 
 No prompt, answer or response text is recorded unless ``capture_content``
 is True; the API key and the ``Authorization`` header never are (nothing
@@ -334,36 +335,3 @@ def uninstrument(client: Optional[Client] = None) -> None:
             _per_client.pop(client, None)
         if _everywhere is None and not _per_client:
             _remove()
-
-
-# ---------------------------------------------------------------------------
-# The CLI's --otel
-
-class _CliExport:
-    """``llmretry --otel``: an SDK exporting spans and metrics with OTLP/HTTP
-    to $OTEL_EXPORTER_OTLP_ENDPOINT (the exporters read it, and the other
-    OTEL_EXPORTER_OTLP_* variables); flushed when the command ends."""
-
-    def __init__(self) -> None:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
-                                    or "llmretry"})
-        self.tracer_provider = TracerProvider(resource=resource)
-        self.tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        # A long interval: the command's metrics go out once, at shutdown.
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter(),
-                                               export_interval_millis=60000)
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-        instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
-
-    def shutdown(self) -> None:
-        uninstrument()
-        self.tracer_provider.shutdown()     # flushes what is queued
-        self.meter_provider.shutdown()

@@ -12,9 +12,12 @@ import asyncio
 import gzip
 import http.server
 import json
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import zlib
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -733,6 +736,84 @@ def test_cli_otel_exports_over_otlp_http(receiver: _Receiver, scen: Scenario,
     assert {"gen_ai.client.operation.duration", "gen_ai.client.token.usage",
             "llmretry.attempts", "llmretry.retries"} <= names
     check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], receiver.raw.decode("latin-1"))
+
+
+def _cli_otel_call(scen: Scenario, endpoint: str, timeout_s: int) -> Tuple[Any, float]:
+    """`llmretry call ... --otel` exporting to `endpoint`: the process, its
+    seconds."""
+    env = child_env()
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_TIMEOUT=str(timeout_s),
+               OPENAI_API_KEY=SECRET_KEY)
+    start = time.monotonic()
+    call = subprocess.run(
+        [sys.executable, "-m", "llmretry", "call", "SECRET-PROMPT-cli", "--model", "gpt-cli",
+         "--base-url", scen.url, "--otel"],
+        env=env, capture_output=True, text=True, timeout=120)
+    return call, time.monotonic() - start
+
+
+def test_cli_otel_with_the_collector_down(scen: Scenario) -> None:
+    # Nothing listens there: the answer is printed and the status is 0; the
+    # export's failure is one line of ours, not the exporters' retries.
+    scen.script([], after={})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    call, _ = _cli_otel_call(scen, endpoint, 2)
+    assert call.returncode == 0, call.stderr
+    assert call.stdout.strip(), call.stdout
+    assert call.stderr.splitlines() == [
+        f"llmretry: --otel: spans and metrics not exported to {endpoint} "
+        "([Errno 111] Connection refused); the command's results are not affected"], call.stderr
+    check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], call.stderr)
+
+
+def test_cli_otel_with_a_collector_that_never_answers(scen: Scenario) -> None:
+    # A collector that takes the connection and says nothing: each signal
+    # waits OTEL_EXPORTER_OTLP_TIMEOUT for it, side by side, so the command
+    # ends after about that once (one after the other, it took twice that
+    # at least: 2 x 6 s here).
+    scen.script([], after={})
+    timeout_s = 6
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+        call, took = _cli_otel_call(scen, endpoint, timeout_s)
+    assert call.returncode == 0, call.stderr
+    assert call.stderr.splitlines() == [
+        f"llmretry: --otel: spans and metrics not exported to {endpoint} "
+        f"(no answer within {timeout_s} s, OTEL_EXPORTER_OTLP_TIMEOUT); "
+        "the command's results are not affected"], call.stderr
+    assert took < 2 * timeout_s - 1, f"the command took {took:.1f} s"
+
+
+def test_cli_otel_a_ctrl_c_ends_the_wait_for_the_collector(scen: Scenario) -> None:
+    # The answer is printed, the flush waits for a collector that never
+    # answers (60 s allowed), and a Ctrl-C ends that wait: status 130, one
+    # line of ours, no traceback.
+    scen.script([], after={})
+    env = child_env()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{s.getsockname()[1]}",
+                   OTEL_EXPORTER_OTLP_TIMEOUT="60", OPENAI_API_KEY=SECRET_KEY)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmretry", "call", "hi", "--model", "gpt-cli",
+             "--base-url", scen.url, "--otel"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            answer = proc.stdout.readline()         # the call is done: the flush waits
+            s.settimeout(30)
+            s.accept()[0].close()                   # ... on this collector
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert answer.strip(), err
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["llmretry: --otel: interrupted: what was left was not exported"]
 
 
 def test_cli_otel_without_the_sdk_says_what_to_install(scen: Scenario) -> None:

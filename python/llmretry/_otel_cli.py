@@ -1,0 +1,105 @@
+"""The CLI's ``--otel`` (docs/observability.md, "The CLI"): OpenTelemetry's SDK
+exporting spans and metrics with OTLP/HTTP, flushed when the command ends.
+
+A collector that is down or does not answer costs the command the exporters'
+timeout once at its end (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s unless set: both
+signals are flushed at once, not one after the other) and one line of its
+own on stderr, instead of the exporters' retry messages, one per attempt and
+signal, between the command's own lines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import List, Optional
+
+from .otel import instrument, uninstrument
+
+# The exporters' own loggers (their retries and their giving up).
+EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http"
+SIGNALS = (("trace_exporter", "spans"), ("metric_exporter", "metrics"))
+REASON_MAX = 300
+
+
+def _reason(logged: str) -> str:
+    """The exporter's message made a reason: the system's words for a
+    connection that failed ("[Errno 111] Connection refused", deep in
+    urllib3's), the deadline for one that never answered (the exporter
+    says only that it gave up), else the message itself, cut."""
+    errno = re.search(r"\[Errno -?[0-9]+\] [^\"')]+", logged)
+    if errno:
+        return errno.group(0)
+    if logged.startswith("Failed to export") and "due to timeout" in logged:
+        timeout = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") or "10"
+        return f"no answer within {timeout} s, OTEL_EXPORTER_OTLP_TIMEOUT"
+    return logged.removeprefix("Transient error ")[:REASON_MAX]
+
+
+class _Trouble(logging.Handler):
+    """What the exporters logged: which signals failed, and the first reason."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.signals: List[str] = []
+        self.reason: Optional[str] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            for module, signal in SIGNALS:
+                if record.name.endswith(module) and signal not in self.signals:
+                    self.signals.append(signal)
+            if self.reason is None:
+                self.reason = _reason(record.getMessage())
+        except Exception:           # a logging handler never raises
+            self.handleError(record)
+
+
+class CliExport:
+    """The SDK, its providers and exporters for one command; ``shutdown()``
+    flushes both and says in one line what could not be sent (None: all was)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        self.trouble = _Trouble()
+        logger = logging.getLogger(EXPORTER_LOGGER)
+        logger.addHandler(self.trouble)
+        logger.propagate = False
+        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
+                                    or "llmretry"})
+        # Shut down by shutdown() alone: the SDK's own at exit would wait for the
+        # collector again after a Ctrl-C ended that wait.
+        self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        self.tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        # A long interval: the command's metrics go out once, at shutdown.
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(),
+                                               export_interval_millis=60000)
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader],
+                                            shutdown_on_exit=False)
+        instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
+
+    def shutdown(self) -> Optional[str]:
+        uninstrument()
+        # Each flush waits for its collector, up to the exporters' timeout:
+        # side by side, a collector away costs that once.
+        flushes = [threading.Thread(target=p.shutdown, name=f"llmretry-otel-{n}", daemon=True)
+                   for n, p in (("spans", self.tracer_provider),
+                                ("metrics", self.meter_provider))]
+        for t in flushes:
+            t.start()
+        for t in flushes:
+            t.join()
+        if not self.trouble.signals:
+            return None
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+        what = " and ".join(self.trouble.signals)
+        return (f"{what} not exported to {endpoint} ({self.trouble.reason}); "
+                f"the command's results are not affected")
