@@ -69,10 +69,12 @@ class CliExport:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+        # Until shutdown(): main() may run in a process that goes on.
         self.trouble = _Trouble()
-        logger = logging.getLogger(EXPORTER_LOGGER)
-        logger.addHandler(self.trouble)
-        logger.propagate = False
+        self.logger = logging.getLogger(EXPORTER_LOGGER)
+        self.propagated = self.logger.propagate
+        self.logger.addHandler(self.trouble)
+        self.logger.propagate = False
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                     or "llmretry"})
         # Shut down by shutdown() alone: the SDK's own at exit would wait for the
@@ -95,8 +97,12 @@ class CliExport:
                                 ("metrics", self.meter_provider))]
         for t in flushes:
             t.start()
-        for t in flushes:
-            t.join()
+        try:
+            for t in flushes:
+                t.join()
+        finally:
+            self.logger.removeHandler(self.trouble)
+            self.logger.propagate = self.propagated
         if not self.trouble.signals:
             return None
         endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"

@@ -788,6 +788,25 @@ def test_cli_otel_with_a_collector_that_never_answers(scen: Scenario) -> None:
     assert took < 2 * timeout_s - 1, f"the command took {took:.1f} s"
 
 
+def test_cli_otel_leaves_the_exporters_logging_as_it_found_it(scen: Scenario) -> None:
+    # main() in a process that goes on (a notebook, a test): after the
+    # command, the exporters' messages reach the process's logging again.
+    import logging
+
+    from llmretry.cli import main
+    scen.script([], after={})
+    logger = logging.getLogger("opentelemetry.exporter.otlp.proto.http")
+    before = (list(logger.handlers), logger.propagate)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        mp.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+        assert main(["call", "hi", "--model", "m", "--base-url", scen.url, "--otel"]) == 0
+    assert (list(logger.handlers), logger.propagate) == before
+
+
 def test_cli_otel_a_ctrl_c_ends_the_wait_for_the_collector(scen: Scenario) -> None:
     # The answer is printed, the flush waits for a collector that never
     # answers (60 s allowed), and a Ctrl-C ends that wait: status 130, one
