@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import threading
-from typing import List, Optional
+from typing import Optional, Set
 
 from .otel import instrument, uninstrument
 
@@ -42,14 +42,14 @@ class _Trouble(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.signals: List[str] = []
+        self.signals: Set[str] = set()
         self.reason: Optional[str] = None
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             for module, signal in SIGNALS:
-                if record.name.endswith(module) and signal not in self.signals:
-                    self.signals.append(signal)
+                if record.name.endswith(module):
+                    self.signals.add(signal)
             if self.reason is None:
                 self.reason = _reason(record.getMessage())
         except Exception:           # a logging handler never raises
@@ -106,6 +106,7 @@ class CliExport:
         if not self.trouble.signals:
             return None
         endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
-        what = " and ".join(self.trouble.signals)
+        # In one order, whichever flush gave up first.
+        what = " and ".join(n for _, n in SIGNALS if n in self.trouble.signals)
         return (f"{what} not exported to {endpoint} ({self.trouble.reason}); "
                 f"the command's results are not affected")
