@@ -24,8 +24,10 @@ else
   # nginx + its echo module: tests/python/test_transport_h2.py (TLS + HTTP/2);
   # curl: the doc examples that talk to a server (docs/shared.md, gunicorn);
   # redis-server: the tests of the Redis store (tests/c/test_shared*.c,
-  # tests/python/test_shared_redis.py, Lua).
-  debs+=(redis-server valgrind openssl nginx libnginx-mod-http-echo curl)
+  # tests/python/test_shared_redis.py, Lua); luarocks: test_version.py's
+  # `make rock` (the Lua lane installs it too, but make test runs the Python
+  # lane beside it: on a new machine that test found none and skipped).
+  debs+=(redis-server valgrind openssl nginx libnginx-mod-http-echo curl luarocks)
 fi
 missing=()
 for p in "${debs[@]}"; do

@@ -404,11 +404,18 @@ def call_defaults(doc: str, t: Dict[str, Any]) -> str:
     return head + "\n".join(lines + [line]) + "\n\n" + sep + example
 
 
-def call_llm_doc(text: str, t: Dict[str, Any]) -> str:
-    """_api.py's text with call_llm's docstring as call_defaults writes it."""
+def call_llm_docstring(text: str) -> "re.Match[str]":
+    """call_llm's docstring in _api.py's text, as written (group 1): indented,
+    where Python 3.13's ``__doc__`` is not."""
     m = re.search(r'^def call_llm\(.*?:\n    """(.*?)"""', text, re.S | re.M)
     if not m:
         raise SystemExit("gen_surface: python/llmretry/_api.py has no call_llm docstring")
+    return m
+
+
+def call_llm_doc(text: str, t: Dict[str, Any]) -> str:
+    """_api.py's text with call_llm's docstring as call_defaults writes it."""
+    m = call_llm_docstring(text)
     return text[:m.start(1)] + call_defaults(m.group(1), t) + text[m.end(1):]
 
 
