@@ -197,9 +197,9 @@ def test_nesting_up_to_the_limit_and_past_it() -> None:
         check(b'{"k":' * depth + b"0" + b"}" * depth)
     assert _llmretry._json_decode(b"[" * (C_DEPTH + 1) + b"]" * (C_DEPTH + 1)) == ()
     # The recursion limit json's scanner is held to holds here too: up to
-    # Python 3.12 the body is left to it (and fails there as it would have);
-    # since 3.13 neither is held to it (the C stack has a limit of its own)
-    # and both read it.
+    # Python 3.11 the body is left to it (and fails there as it would have);
+    # since 3.12 neither is held to it (C code has a recursion limit of its
+    # own) and both read it.
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(60, len(_stack()) + 40))
     try:
@@ -209,7 +209,7 @@ def test_nesting_up_to_the_limit_and_past_it() -> None:
             held = False
         except RecursionError:
             held = True
-        assert held == (sys.version_info < (3, 13))
+        assert held == (sys.version_info < (3, 12))
         assert (_llmretry._json_decode(deep) == ()) == held
         check(deep, handled=not held)
     finally:
