@@ -16,7 +16,7 @@ PYTEST_JOBS ?= 4
 export CTEST_JOBS PYTEST_JOBS
 export PYTHONPATH := $(CURDIR)/python
 
-.PHONY: all deps deps-build venv build build-asan build-python generate test test-other-suites test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop cluster demo bench fuzz check soak clean
+.PHONY: all deps deps-build venv build build-asan build-python generate test test-pythons test-other-suites test-c test-c-asan test-c-valgrind test-python test-lua test-hosts test-pip-install test-pipe-notifier interop cluster demo bench fuzz check soak clean
 
 all: build
 
@@ -120,6 +120,12 @@ test-pipe-notifier:
 # LLMRETRY_INTEROP_LLAMA=0). Not part of make test.
 interop: build-python
 	tools/interop.sh
+
+# The Python suite under other CPythons (python3.12 and python3.13 where found,
+# pyenv's included; or PYTHONS="..."), without Ray and Dask: by hand, like
+# interop (about 2 minutes an interpreter on 2 idle cores; tools/test-pythons.sh).
+test-pythons: deps-build
+	tools/test-pythons.sh $(PYTHONS)
 
 # llmretry.ray and llmretry.dask at full size (tests/cluster/): 1,000 rows on
 # a local Ray and a local Dask cluster against the mock's per-key limit, with

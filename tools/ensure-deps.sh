@@ -2,12 +2,15 @@
 # Install what the build and the tests need, when it is missing: Debian
 # packages with apt-get, Python packages with pip. Safe to run repeatedly.
 #
-#   tools/ensure-deps.sh            what make test needs (pip installs into python3)
+#   tools/ensure-deps.sh            what make test needs (pip installs into $PYTHON,
+#                                   python3 unless set; LLMRETRY_NO_CLUSTERS=1: not
+#                                   Ray and Dask, which may have no wheels for it)
 #   tools/ensure-deps.sh --build    what building needs (make demo, make wheel):
 #                                   Debian packages only, nothing pip-installed into
 #                                   any Python ($PYTHON's venv and headers included)
 set -euo pipefail
 mode=${1:-all}
+py=${PYTHON:-python3}
 
 # hiredis: the core's Redis store of shared budgets.
 debs=(pkg-config libcurl4-openssl-dev libcjson-dev libhiredis-dev make gcc)
@@ -15,7 +18,6 @@ if [ "$mode" = --build ]; then
   command -v cmake >/dev/null || debs+=(cmake)
   # A venv (make demo and make wheel work in one) and the headers to build the
   # extension: separate packages for Debian's own python3.
-  py=${PYTHON:-python3}
   "$py" -c "import ensurepip, venv" 2>/dev/null || debs+=(python3-venv)
   "$py" -c "import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
@@ -74,7 +76,14 @@ py_pkgs=("pytest pytest" "xdist pytest-xdist>=3" "nbclient nbclient>=0.8"
 # Each module looked for on the path by one interpreter, none of them run:
 # importing each (Ray, Dask, LangChain, ...) in an interpreter of its own
 # took 20 s of every make test on 2 idle cores, a minute on loaded ones.
-mapfile -t py_missing < <(python3 - "${py_pkgs[@]}" <<'PY'
+if [ "${LLMRETRY_NO_CLUSTERS:-0}" = 1 ]; then
+  kept=()
+  for entry in "${py_pkgs[@]}"; do
+    case "$entry" in ray.*|dask.*|distributed\ *) ;; *) kept+=("$entry") ;; esac
+  done
+  py_pkgs=("${kept[@]}")
+fi
+mapfile -t py_missing < <("$py" - "${py_pkgs[@]}" <<'PY'
 import importlib.machinery
 import importlib.util
 import sys
@@ -99,5 +108,5 @@ PY
 )
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "ensure-deps: pip installing ${py_missing[*]}"
-  python3 -m pip install -q "${py_missing[@]}"
+  "$py" -m pip install -q "${py_missing[@]}"
 fi
