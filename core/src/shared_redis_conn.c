@@ -160,8 +160,8 @@ int lr_redis_parse(const char *spec, lr_redis *st, char *err, size_t len)
 static void say(lr_redis *st, char *why, size_t len, const char *what, const redisContext *c,
                 int late)
 {
-    /* A connect's own timeout is hiredis's, whose "Resource temporarily
-     * unavailable" says nothing useful. */
+    /* A timeout of hiredis's own (a connect's, or a write's: the socket's
+     * timeout), whose "Resource temporarily unavailable" says nothing useful. */
     late |= c && c->err == REDIS_ERR_IO &&
             (errno == EAGAIN || errno == EWOULDBLOCK || strstr(c->errstr, "temporarily"));
 #ifdef REDIS_ERR_TIMEOUT
@@ -198,7 +198,6 @@ static void say_reply(lr_redis *st, char *why, size_t len, const char *what, con
  * failures that open the breaker for the other processes): the deadline
  * bounds it. 0 with *out set; else -1 and *late says whether it was the
  * deadline. */
-enum { REPLY_OK = 0, REPLY_FAILED = -1 };
 static int reply_by(lr_redis *st, int64_t deadline, void **out, int *late)
 {
     redisContext *c = st->ctx;
@@ -207,16 +206,16 @@ static int reply_by(lr_redis *st, int64_t deadline, void **out, int *late)
     int done = 0;
     while (!done)
         if (redisBufferWrite(c, &done) != REDIS_OK)
-            return REPLY_FAILED;
+            return -1;
     for (;;) {
         if (redisGetReplyFromReader(c, out) != REDIS_OK)
-            return REPLY_FAILED;
+            return -1;
         if (*out)
-            return REPLY_OK;
+            return 0;
         int64_t left = deadline - mono_us();
         if (left <= 0) {
             *late = 1;
-            return REPLY_FAILED;
+            return -1;
         }
         struct pollfd p = { .fd = c->fd, .events = POLLIN };
         int ms = (int)((left + 999) / 1000);
@@ -224,10 +223,10 @@ static int reply_by(lr_redis *st, int64_t deadline, void **out, int *late)
         if (rc < 0 && errno != EINTR) {
             snprintf(c->errstr, sizeof c->errstr, "%s", strerror(errno));
             c->err = REDIS_ERR_IO;
-            return REPLY_FAILED;
+            return -1;
         }
         if (rc > 0 && redisBufferRead(c) != REDIS_OK)
-            return REPLY_FAILED;
+            return -1;
     }
 }
 
@@ -243,7 +242,7 @@ static redisReply *command(lr_redis *st, char *why, size_t len, const char *what
     va_end(ap);
     void *r = NULL;
     int late = 0;
-    if (rc != REDIS_OK || reply_by(st, deadline, &r, &late) != REPLY_OK) {
+    if (rc != REDIS_OK || reply_by(st, deadline, &r, &late) != 0) {
         say(st, why, len, what, st->ctx, late);
         return NULL;
     }
@@ -359,7 +358,7 @@ int lr_redis_exchange(lr_redis *st, ask *asks, size_t n, redisReply **out, char 
              * round trip (an answer read late, taken as when it came, would
              * place the slices late by as much). */
             asks[i].at_us = sent + (mono_us() - sent) / 2;
-            if (rc != REPLY_OK) {
+            if (rc != 0) {
                 free_replies(out, i);
                 say(st, why, len, "running the script", st->ctx, late);
                 return -1;
