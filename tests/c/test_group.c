@@ -239,8 +239,12 @@ static void test_burst_halves_the_window(llmretry_engine *e)
 static void test_batch_deadline(llmretry_engine *e)
 {
     enum { N = 5 };
-    th_mock_script(&mock, "g_deadline", "{\"steps\": [], \"after\": {\"delay_ms\": 300}}");
-    llmretry_group *g = new_group(e, 1, 500, 1);
+    /* Item 1 gets 700 ms in flight before the deadline cuts it: with 200 ms
+     * (a 500 ms deadline after a 300 ms item 0) a loaded CI machine cut it
+     * before the mock had read it. */
+    th_mock_script(&mock, "g_deadline",
+                   "{\"steps\": [{\"delay_ms\": 300}], \"after\": {\"delay_ms\": 3000}}");
+    llmretry_group *g = new_group(e, 1, 1000, 1);
     char url[128];
     llmretry_options o;
     opts_for(&o, "g_deadline", url, sizeof url, g);
@@ -261,9 +265,9 @@ static void test_batch_deadline(llmretry_engine *e)
         if (r && i >= 2)
             CHECK_INT(r->attempts, 0);   /* never started */
     }
-    /* Item 1 started at ~300 ms and was cut at the 500 ms deadline. */
+    /* Item 1 started at ~300 ms and was cut at the 1000 ms deadline. */
     CHECK_INT(llmretry_call_result(calls[1]) ? llmretry_call_result(calls[1])->attempts : -1, 1);
-    CHECK_MSG(took >= 450 && took < 1500, "the batch ended after %lld ms", (long long)took);
+    CHECK_MSG(took >= 950 && took < 2500, "the batch ended after %lld ms", (long long)took);
     int n;
     free(request_times("g_deadline", &n));
     CHECK_INT(n, 2);
