@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Set, Tuple)
 
@@ -277,14 +278,47 @@ class BatchJob:
             if bar is not None:
                 bar.close()
 
-    def cancel(self, wait: bool = True) -> Dict[str, Any]:
+    def cancel(self, wait: bool = True, find_created_ms: int = 10_000) -> Dict[str, Any]:
         """Cancel every batch still running and (``wait``) poll until each
-        has ended (``cancelled``, or another end it reached first). A batch
-        being created when the run stopped (a Ctrl-C while submitting) is
-        cancelled too once the provider lists it."""
-        if self.doc.get("creating") is not None:
-            self._adopt_created(self.doc["creating"])
-        for rec in self.doc["batches"]:
+        has ended (``cancelled``, or another end it reached first).
+
+        A batch being created when the run stopped (a Ctrl-C while
+        submitting, a create that timed out) is cancelled too once the
+        provider lists it. A provider may make it after its answer was
+        given up on, so with ``wait`` it is looked for again (every poll
+        interval, at most a second apart) until found or ``find_created_ms``
+        has passed; without, once. One not found stays in the record
+        (``creating``, see :attr:`creating_file_id`)."""
+        if isinstance(find_created_ms, bool) or not isinstance(find_created_ms, int) \
+                or find_created_ms < 0:
+            raise ValueError(f"find_created_ms must be an integer >= 0, not {find_created_ms!r}")
+        end = time.monotonic() + find_created_ms / 1000.0
+        self._adopt_creating()
+        self._cancel_each(self.doc["batches"])
+        if not wait:
+            return self.status()
+        look = min(self.options.get("poll_interval_ms", 5000), 1000) / 1000.0
+        while self.doc.get("creating") is not None and time.monotonic() < end:
+            _sleep(min(look, end - time.monotonic()))
+            if self._adopt_creating():
+                self._cancel_each(self.doc["batches"][-1:])
+        return self.wait()
+
+    @property
+    def creating_file_id(self) -> Optional[str]:
+        """The input file of a batch whose create was cut off and that the
+        provider has not listed yet (None when there is none): the
+        provider may still have made it."""
+        entry = self.doc.get("creating")
+        return self._creating_file(entry)[0] if entry is not None else None
+
+    def _adopt_creating(self) -> bool:
+        """Whether a ``creating`` entry's batch was found (and recorded)."""
+        entry = self.doc.get("creating")
+        return entry is not None and self._adopt_created(entry)
+
+    def _cancel_each(self, recs: List[Dict[str, Any]]) -> None:
+        for rec in recs:
             known = self.last.get(rec["id"])
             if known is not None and known.get("status") in TERMINAL:
                 continue
@@ -295,7 +329,6 @@ class BatchJob:
                 if exc.status not in (400, 409):    # it ended meanwhile
                     raise
                 self.last.pop(rec["id"], None)
-        return self.wait() if wait else self.status()
 
     # -- collecting ----------------------------------------------------------------
 

@@ -780,3 +780,122 @@ def test_cancelling_a_run_stopped_while_creating_cancels_that_batch(mock: MockSe
     assert job.batch_ids == []
     job.cancel(wait=False)
     assert job.batch_ids == [bid] and store.batches[bid]["status"] == "cancelling"
+
+
+def test_mock_create_delay(mock: MockServer) -> None:
+    """The mock's create_delay_ms: the batch is made (and listed) that late,
+    even when the client has gone; bad values are refused."""
+    f = _upload(mock, _lines(2))
+    _http(mock, "PUT", "/_mock/batches", {"create_delay_ms": 400})
+    started = time.monotonic()
+    b = _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    assert time.monotonic() - started >= 0.4 and b["status"] == "validating"
+    for bad in (-1, True, "5", 1.5):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            _http(mock, "PUT", "/_mock/batches", {"create_delay_ms": bad})
+        assert info.value.code == 400 and b"create_delay_ms: an integer >= 0" in info.value.read()
+    _http(mock, "PUT", "/_mock/batches", {})            # each PUT sets all three
+    assert mock.batch_api().create_delay_ms == 0
+
+
+def _create_given_up(mock: MockServer, tmp_path: Path, delay_ms: int) -> Tuple[Any, str]:
+    """A job whose create timed out while the mock holds it ``delay_ms``: the
+    provider makes the batch later. The job, and its uploaded file's id."""
+    store = mock.batch_api()
+    _http(mock, "PUT", "/_mock/batches", {"create_delay_ms": delay_ms})
+    job = batch_api._new_job(_bodies(3), record=tmp_path / "job.batches",
+                             **_opts(mock, timeout_ms=200, max_retries=0))
+    with pytest.raises(llmretry.errors.RequestTimeoutError):
+        job._submit()
+    (fid,) = store.files
+    assert store.batches == {} and job.batch_ids == [] and job.creating_file_id == fid
+    return job, fid
+
+
+def test_a_create_given_up_on_that_the_provider_made_later_is_cancelled(
+        mock: MockServer, tmp_path: Path) -> None:
+    """cancel() looks for the batch of a cut-off create until the provider
+    lists it, then cancels it: one look, before, missed a create still on
+    its way and left that batch running."""
+    store = mock.batch_api()
+    job, fid = _create_given_up(mock, tmp_path, 1500)
+    store.auto = True                   # each retrieve moves cancelling -> cancelled
+    st = job.cancel(find_created_ms=10_000)
+    (bid,) = store.batches
+    assert store.batches[bid]["input_file_id"] == fid
+    assert store.batches[bid]["status"] == "cancelled" and st["status"] == "cancelled"
+    assert job.batch_ids == [bid] and job.creating_file_id is None
+    assert json.loads((tmp_path / "job.batches").read_text())["creating"] is None
+
+
+def test_a_create_that_never_arrived_is_looked_for_as_long_as_asked(
+        mock: MockServer, tmp_path: Path) -> None:
+    store = mock.batch_api()
+    _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
+    del job.api.post_json
+    (fid,) = store.files
+    with pytest.raises(ValueError, match="find_created_ms must be an integer >= 0, not -1"):
+        job.cancel(find_created_ms=-1)
+    assert store.lists == 0
+    job.cancel(wait=False)                                  # one look
+    assert store.lists == 1
+    started = time.monotonic()
+    job.cancel(find_created_ms=300)                         # poll_interval_ms 5: many looks
+    assert time.monotonic() - started >= 0.3 and store.lists > 3
+    assert store.batches == {} and job.creating_file_id == fid
+    assert json.loads((tmp_path / "job.batches").read_text())["creating"]["input_file_id"] == fid
+
+
+def test_cli_ctrl_c_twice_during_a_slow_create_cancels_that_batch(mock: MockServer,
+                                                                  tmp_path: Path) -> None:
+    """Ctrl-C twice while the provider is still making the batch: it is
+    found once listed and cancelled, not left to run."""
+    _write_input(tmp_path / "in.jsonl", _bodies(4))
+    store = mock.batch_api()
+    _http(mock, "PUT", "/_mock/batches", {"create_delay_ms": 3000})
+    record = tmp_path / "failed.jsonl.batches"
+    proc = _start(mock, tmp_path)
+    try:
+        _until(lambda: record.exists() and json.loads(record.read_text() or "{}").get("creating"),
+               "the create")
+        time.sleep(0.3)                                     # the POST is at the mock
+        proc.send_signal(signal.SIGINT)
+        notice = proc.stderr.readline()                     # type: ignore[union-attr]
+        assert "Ctrl-C again" in notice, notice
+        proc.send_signal(signal.SIGINT)
+        assert store.batches == {}                          # not made yet
+        _until(lambda: [b["status"] for b in store.batches.values()] == ["cancelling"],
+               "the cancel")
+        (bid,) = store.batches
+        store.advance(bid)                                  # cancelling -> cancelled
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert f"cancelled ({bid})" in err and "not listed" not in err
+    assert json.loads(record.read_text())["creating"] is None
+
+
+def test_a_batch_not_found_after_a_cancel_is_named_to_the_user(mock: MockServer,
+                                                              tmp_path: Path) -> None:
+    """The second Ctrl-C's cancel did not find the cut-off create's batch:
+    the user is told which file it would be made from."""
+    _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
+    del job.api.post_json
+    (fid,) = mock.batch_api().files
+    real_cancel = job.cancel
+    job.cancel = lambda wait=True: real_cancel(wait, find_created_ms=100)  # type: ignore
+    said: List[str] = []
+
+    def say(text: str) -> None:
+        said.append(text)
+        if len(said) == 1:
+            raise KeyboardInterrupt         # the second Ctrl-C, right after the notice
+    with pytest.raises(batch_api.BatchDetached) as info:
+        batch_api._detach_or_cancel(job, 5.0, say)
+    assert info.value.cancelled
+    assert len(said) == 3 and f"being created from file {fid}" in said[2] \
+        and "not cancelled" in said[2]

@@ -114,7 +114,9 @@ in_progress -> finalizing -> completed (or failed, expired, cancelled) when
 ``POST /_mock/batches/<id>/advance`` says so (``{}`` one step, ``{"to":
 "completed"}``, ``{"to": "expired", "completed": K}``), or at each retrieve
 after ``PUT /_mock/batches {"auto": true}`` (or ``{"auto": {"to": ...}}``);
-``PUT /_mock/batches {"fail": N}`` makes the next N of their requests answer 503.
+``PUT /_mock/batches {"fail": N}`` makes the next N of their requests answer 503;
+``{"create_delay_ms": N}`` makes each batch N ms after its create arrives
+(not listed until then, made even if the client has gone).
 
 Error bodies of the mock itself have the OpenAI shape
 ``{"error": {"message": ..., "type": "invalid_request_error", "code": null}}``.

@@ -118,6 +118,7 @@ class Store:
         self.lines: Dict[str, List[Tuple[str, Dict[str, Any]]]] = {}
         self.auto: Any = None
         self.fail = 0           # the next this many API requests answer 503
+        self.create_delay_ms = 0    # a create is made (and listed) this late
         self.counter = 0
         self.lists = 0          # GET /batches pages served
 
@@ -137,6 +138,13 @@ class Store:
 
     def handle(self, method: str, path: str, content_type: str, body: bytes,
                query: str = "") -> Reply:
+        with self.lock:
+            delay = self.create_delay_ms
+        api = _API.match(path)
+        if delay and method == "POST" and api and api.groups() == ("batches", None, None):
+            # Outside the lock: the batch is not listed meanwhile, as a
+            # create a client gave up on may still be made after.
+            time.sleep(delay / 1000.0)
         with self.lock:
             m = _CONTROL.match(path)
             if m:
@@ -391,11 +399,13 @@ class Store:
             if method != "PUT":
                 return _error(405, f"method {method} not allowed (allowed: PUT)")
             auto, fail = doc.get("auto"), doc.get("fail", 0)
+            lag = doc.get("create_delay_ms", 0)
             if auto not in (None, True) and not (isinstance(auto, dict) and self._good(auto)):
                 return _error(400, "auto: null, true or an advance ({\"to\": ...})")
-            if isinstance(fail, bool) or not isinstance(fail, int) or fail < 0:
-                return _error(400, "fail: an integer >= 0")
-            self.auto, self.fail = auto, fail
+            for name, n in (("fail", fail), ("create_delay_ms", lag)):
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    return _error(400, f"{name}: an integer >= 0")
+            self.auto, self.fail, self.create_delay_ms = auto, fail, lag
             return 204, "", b""
         if method != "POST":
             return _error(405, f"method {method} not allowed (allowed: POST)")
