@@ -13,13 +13,14 @@ import logging
 import os
 import re
 import threading
-from typing import Optional, Set
+from typing import Dict, List, Optional, Set
 
 from .otel import instrument, uninstrument
 
 # The exporters' own loggers (their retries and their giving up).
 EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http"
-SIGNALS = (("trace_exporter", "spans"), ("metric_exporter", "metrics"))
+# (exporter module, what the line calls it, its OTEL_EXPORTER_OTLP_<...>_ENDPOINT)
+SIGNALS = (("trace_exporter", "spans", "TRACES"), ("metric_exporter", "metrics", "METRICS"))
 REASON_MAX = 300
 
 
@@ -47,7 +48,7 @@ class _Trouble(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            for module, signal in SIGNALS:
+            for module, signal, _ in SIGNALS:
                 if record.name.endswith(module):
                     self.signals.add(signal)
             if self.reason is None:
@@ -105,8 +106,19 @@ class CliExport:
             self.logger.propagate = self.propagated
         if not self.trouble.signals:
             return None
-        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
-        # In one order, whichever flush gave up first.
-        what = " and ".join(n for _, n in SIGNALS if n in self.trouble.signals)
-        return (f"{what} not exported to {endpoint} ({self.trouble.reason}); "
-                f"the command's results are not affected")
+        # In one order, whichever flush gave up first; signals sent to one
+        # place named together.
+        where: Dict[str, List[str]] = {}
+        for _, signal, kind in SIGNALS:
+            if signal in self.trouble.signals:
+                where.setdefault(_endpoint(kind), []).append(signal)
+        what = ", ".join(f"{' and '.join(signals)} not exported to {endpoint}"
+                         for endpoint, signals in where.items())
+        return f"{what} ({self.trouble.reason}); the command's results are not affected"
+
+
+def _endpoint(kind: str) -> str:
+    """Where a signal went, as its exporter reads the environment: its own
+    endpoint when set, else the common one."""
+    return (os.environ.get(f"OTEL_EXPORTER_OTLP_{kind}_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318")

@@ -768,6 +768,29 @@ def test_cli_otel_with_the_collector_down(scen: Scenario) -> None:
     check_no_secrets([SECRET_KEY, "SECRET-PROMPT"], call.stderr)
 
 
+def test_cli_otel_names_the_endpoint_of_the_signal_that_failed(receiver: _Receiver,
+                                                                scen: Scenario) -> None:
+    # Spans sent to a place of their own (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    # where nothing listens, metrics to the common endpoint's collector: the
+    # line names the spans' endpoint, and the metrics arrived.
+    scen.script([], after={})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        traces = f"http://127.0.0.1:{s.getsockname()[1]}/v1/traces"
+    env = child_env()
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="2",
+               OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces, OPENAI_API_KEY=SECRET_KEY)
+    call = subprocess.run(
+        [sys.executable, "-m", "llmretry", "call", "SECRET-PROMPT-cli", "--model", "gpt-cli",
+         "--base-url", scen.url, "--otel"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert call.returncode == 0, call.stderr
+    assert call.stderr.splitlines() == [
+        f"llmretry: --otel: spans not exported to {traces} "
+        "([Errno 111] Connection refused); the command's results are not affected"], call.stderr
+    assert receiver.spans == [] and "llmretry.attempts" in {m.name for m in receiver.metrics}
+
+
 def test_cli_otel_with_a_collector_that_never_answers(scen: Scenario) -> None:
     # A collector that takes the connection and says nothing: each signal
     # waits OTEL_EXPORTER_OTLP_TIMEOUT for it, side by side, so the command
