@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Set, Tuple)
 
@@ -160,8 +161,15 @@ class BatchJob:
                                   "endpoint": self.endpoint, "completion_window": "24h"}
         if self.doc.get("metadata"):
             create["metadata"] = self.doc["metadata"]
-        self._created(entry, self.api.post_json(
-            "/batches", create, idempotency_key=f"llmretry-{entry['input_file_id']}"))
+        batch, attempts = self.api.post_json_counted(
+            "/batches", create, idempotency_key=f"llmretry-{entry['input_file_id']}")
+        self._created(entry, batch)
+        if attempts > 1:
+            # An attempt whose answer was lost may have made a batch too (a
+            # provider that does not honour the idempotency key): one billed
+            # twice, whose results nobody collects.
+            kept = self.doc["batches"][-1]["id"]
+            self._cancel_twins(entry, [b for b in self._made_from(entry) if b.get("id") != kept])
 
     def _created(self, entry: Dict[str, Any], batch: Dict[str, Any]) -> None:
         bid = plain_id(batch.get("id"), "POST /batches: the batch id")
@@ -175,20 +183,49 @@ class BatchJob:
     def _adopt_created(self, entry: Any) -> bool:
         """Whether the provider lists a batch made from the file of the part
         an earlier run (or this one, stopped) was creating the batch of:
-        that batch, adopted (recorded, ``creating`` cleared). The list is
-        read back to the file's upload at most (the newest first), a
-        bounded number of pages."""
+        that batch, adopted (recorded, ``creating`` cleared). Of several
+        (a create retried after its answer was lost), the first made is
+        adopted and the others cancelled."""
+        found = self._made_from(entry)
+        if not found:
+            return False
+        first, *twins = found[::-1]
+        self._created(entry, first)
+        self._cancel_twins(entry, twins)
+        return True
+
+    def _made_from(self, entry: Any) -> List[Dict[str, Any]]:
+        """The batches the provider lists made from a ``creating`` entry's
+        file, the newest first. The list is read back to the file's upload
+        at most (the newest first), a bounded number of pages."""
         fid, since = self._creating_file(entry)
+        found = []
         for b in self.api.listed_batches():
             if not isinstance(b, dict):
                 continue
             if b.get("input_file_id") == fid:
-                self._created(entry, b)
-                return True
+                found.append(b)
             made = b.get("created_at")
             if type(since) is int and type(made) is int and made < since:
                 break
-        return False
+        return found
+
+    def _cancel_twins(self, entry: Any, twins: List[Dict[str, Any]]) -> None:
+        """Cancel the batches made from a part's file besides the one the
+        record keeps, with a warning naming them."""
+        if not twins:
+            return
+        ids = [plain_id(b.get("id"), "GET /batches: a batch id") for b in twins]
+        for bid in ids:
+            try:
+                self.api.post_json(f"/batches/{bid}/cancel", {})
+            except HTTPStatusError as exc:
+                if exc.status not in (400, 409):    # it ended meanwhile
+                    raise
+        warnings.warn(f"batch API: the provider made {len(ids) + 1} batches of file "
+                      f"{entry['input_file_id']} (a create retried after its answer was "
+                      f"lost); kept {self.doc['batches'][-1]['id']}, cancelled "
+                      f"{', '.join(ids)}", RuntimeWarning, stacklevel=2)
 
     def _creating_file(self, entry: Any) -> Tuple[str, Any]:
         """The file id and upload time of a ``creating`` entry of the record

@@ -640,13 +640,13 @@ def _stop_creating(mock: MockServer, tmp_path: Path, n: int, *,
     recorded (True): the record left behind, and the stopped job."""
     record = tmp_path / "job.batches"
     job = batch_api._new_job(_bodies(n), record=record, **_opts(mock))
-    real = job.api.post_json
+    real = job.api.post_json_counted
 
     def post_json(*args: Any, **kw: Any) -> Any:
         if after_post:
             real(*args, **kw)
         raise _Stopped()
-    job.api.post_json = post_json     # type: ignore[method-assign]
+    job.api.post_json_counted = post_json     # type: ignore[method-assign]
     with pytest.raises(_Stopped):
         job._submit()
     return record, job
@@ -775,7 +775,7 @@ def test_cancelling_a_run_stopped_while_creating_cancels_that_batch(mock: MockSe
     creation was cut off too, once the provider lists it."""
     store = mock.batch_api()
     _, job = _stop_creating(mock, tmp_path, 3, after_post=True)
-    del job.api.post_json           # the process goes on: POSTs answer again
+    del job.api.post_json_counted           # the process goes on: POSTs answer again
     (bid,) = store.batches
     assert job.batch_ids == []
     job.cancel(wait=False)
@@ -791,12 +791,18 @@ def test_mock_create_delay(mock: MockServer) -> None:
     b = _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
                                             "endpoint": "/v1/chat/completions"})
     assert time.monotonic() - started >= 0.4 and b["status"] == "validating"
-    for bad in (-1, True, "5", 1.5):
-        with pytest.raises(urllib.error.HTTPError) as info:
-            _http(mock, "PUT", "/_mock/batches", {"create_delay_ms": bad})
-        assert info.value.code == 400 and b"create_delay_ms: an integer >= 0" in info.value.read()
-    _http(mock, "PUT", "/_mock/batches", {})            # each PUT sets all three
-    assert mock.batch_api().create_delay_ms == 0
+    for name in ("create_delay_ms", "lost_creates"):
+        for bad in (-1, True, "5", 1.5):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                _http(mock, "PUT", "/_mock/batches", {name: bad})
+            assert info.value.code == 400 and \
+                f"{name}: an integer >= 0".encode() in info.value.read()
+    _http(mock, "PUT", "/_mock/batches", {"lost_creates": 1})   # each PUT sets them all
+    assert (mock.batch_api().create_delay_ms, mock.batch_api().lost_creates) == (0, 1)
+    with pytest.raises(urllib.error.HTTPError) as info:          # made, then a 503
+        _http(mock, "POST", "/v1/batches", {"input_file_id": f["id"], "completion_window": "24h",
+                                            "endpoint": "/v1/chat/completions"})
+    assert info.value.code == 503 and len(mock.batch_api().batches) == 2
 
 
 def _create_given_up(mock: MockServer, tmp_path: Path, delay_ms: int) -> Tuple[Any, str]:
@@ -833,7 +839,7 @@ def test_a_create_that_never_arrived_is_looked_for_as_long_as_asked(
         mock: MockServer, tmp_path: Path) -> None:
     store = mock.batch_api()
     _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
-    del job.api.post_json
+    del job.api.post_json_counted
     (fid,) = store.files
     with pytest.raises(ValueError, match="find_created_ms must be an integer >= 0, not -1"):
         job.cancel(find_created_ms=-1)
@@ -884,7 +890,7 @@ def test_a_batch_not_found_after_a_cancel_is_named_to_the_user(mock: MockServer,
     """The second Ctrl-C's cancel did not find the cut-off create's batch:
     the user is told which file it would be made from."""
     _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
-    del job.api.post_json
+    del job.api.post_json_counted
     (fid,) = mock.batch_api().files
     real_cancel = job.cancel
     job.cancel = lambda wait=True: real_cancel(wait, find_created_ms=100)  # type: ignore
@@ -899,3 +905,38 @@ def test_a_batch_not_found_after_a_cancel_is_named_to_the_user(mock: MockServer,
     assert info.value.cancelled
     assert len(said) == 3 and f"being created from file {fid}" in said[2] \
         and "not cancelled" in said[2]
+
+
+def test_a_create_retried_after_its_answer_was_lost_cancels_the_twin(mock: MockServer,
+                                                                    tmp_path: Path) -> None:
+    """The provider made the batch and its answer was lost (a 503); the
+    retry made a second one. The job keeps the one it was answered with
+    and cancels the other, which would otherwise run (and be billed) with
+    nobody collecting it."""
+    store = mock.batch_api()
+    _http(mock, "PUT", "/_mock/batches", {"lost_creates": 1})
+    with pytest.warns(RuntimeWarning, match=r"made 2 batches of file file-\S+ \(a create "
+                      r"retried after its answer was lost\); kept batch-\S+, cancelled"):
+        job = batch_api.submit(_bodies(4), record=tmp_path / "job.batches",
+                               **_opts(mock, base_delay_ms=1))
+    first, second = sorted(store.batches)
+    assert job.batch_ids == [second]
+    assert store.batches[first]["status"] == "cancelling"
+    assert store.batches[second]["status"] == "validating"
+    store.auto = True
+    job.wait()
+    assert [r.data["id"] for r in job.results()] == [f"chatcmpl-mock-{i}" for i in range(4)]
+
+
+def test_adopting_after_a_stop_keeps_the_first_made_and_cancels_the_others(
+        mock: MockServer, tmp_path: Path) -> None:
+    store = mock.batch_api()
+    record, _ = _stop_creating(mock, tmp_path, 3, after_post=True)
+    (first,) = store.batches
+    twin = _http(mock, "POST", "/v1/batches", {             # the stopped run's retry, say
+        "input_file_id": store.batches[first]["input_file_id"], "completion_window": "24h",
+        "endpoint": "/v1/chat/completions"})["id"]
+    with pytest.warns(RuntimeWarning, match=f"kept {first}, cancelled {twin}"):
+        job = batch_api.resume(_bodies(3), record=record, **_opts(mock))
+    assert job.batch_ids == [first] and store.batches[twin]["status"] == "cancelling"
+    assert json.loads(record.read_text())["creating"] is None

@@ -116,7 +116,8 @@ in_progress -> finalizing -> completed (or failed, expired, cancelled) when
 after ``PUT /_mock/batches {"auto": true}`` (or ``{"auto": {"to": ...}}``);
 ``PUT /_mock/batches {"fail": N}`` makes the next N of their requests answer 503;
 ``{"create_delay_ms": N}`` makes each batch N ms after its create arrives
-(not listed until then, made even if the client has gone).
+(not listed until then, made even if the client has gone);
+``{"lost_creates": N}`` makes the next N creates make their batch, then answer 503.
 
 Error bodies of the mock itself have the OpenAI shape
 ``{"error": {"message": ..., "type": "invalid_request_error", "code": null}}``.

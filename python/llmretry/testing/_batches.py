@@ -119,6 +119,7 @@ class Store:
         self.auto: Any = None
         self.fail = 0           # the next this many API requests answer 503
         self.create_delay_ms = 0    # a create is made (and listed) this late
+        self.lost_creates = 0   # the next this many creates are made, then answered 503
         self.counter = 0
         self.lists = 0          # GET /batches pages served
 
@@ -264,6 +265,10 @@ class Store:
                  "request_counts": {"total": 0, "completed": 0, "failed": 0},
                  "metadata": doc.get("metadata")}
         self.batches[batch["id"]] = batch
+        if self.lost_creates > 0:   # made, its answer lost (a gateway's 503)
+            self.lost_creates -= 1
+            return _json(503, {"error": {"message": "mock: the answer was lost",
+                                         "type": "server_error", "param": None, "code": None}})
         return _json(200, batch)
 
     # -- the status machine ---------------------------------------------------
@@ -399,13 +404,14 @@ class Store:
             if method != "PUT":
                 return _error(405, f"method {method} not allowed (allowed: PUT)")
             auto, fail = doc.get("auto"), doc.get("fail", 0)
-            lag = doc.get("create_delay_ms", 0)
+            lag, lost = doc.get("create_delay_ms", 0), doc.get("lost_creates", 0)
             if auto not in (None, True) and not (isinstance(auto, dict) and self._good(auto)):
                 return _error(400, "auto: null, true or an advance ({\"to\": ...})")
-            for name, n in (("fail", fail), ("create_delay_ms", lag)):
+            for name, n in (("fail", fail), ("create_delay_ms", lag), ("lost_creates", lost)):
                 if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                     return _error(400, f"{name}: an integer >= 0")
-            self.auto, self.fail, self.create_delay_ms = auto, fail, lag
+            self.auto, self.fail = auto, fail
+            self.create_delay_ms, self.lost_creates = lag, lost
             return 204, "", b""
         if method != "POST":
             return _error(405, f"method {method} not allowed (allowed: POST)")
