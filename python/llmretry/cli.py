@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any, Dict, NoReturn, Optional, Sequence
 
 from . import _batch_api_cli
@@ -209,7 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if getattr(args, "otel", False):
             export = _otel_export()
-        status = args.func(args)
+        with warnings.catch_warnings():     # restored: main() may run in a process that goes on
+            warnings.showwarning = _show_warning
+            status = args.func(args)
     except UsageError as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         status = 2
@@ -222,6 +225,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if export is not None and not _end_export(export):
             status = 130
     return status
+
+
+def _show_warning(message: Any, category: Any, filename: str, lineno: int,
+                  file: Any = None, line: Optional[str] = None) -> None:
+    """A warning during a command is one line of ours, not a source location."""
+    (file or sys.stderr).write(f"{PROG}: warning: {message}\n")
 
 
 def _end_export(export: Any) -> bool:

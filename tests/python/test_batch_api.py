@@ -940,3 +940,17 @@ def test_adopting_after_a_stop_keeps_the_first_made_and_cancels_the_others(
         job = batch_api.resume(_bodies(3), record=record, **_opts(mock))
     assert job.batch_ids == [first] and store.batches[twin]["status"] == "cancelling"
     assert json.loads(record.read_text())["creating"] is None
+
+
+def test_cli_a_twin_cancelled_is_one_line_of_warning(mock: MockServer, tmp_path: Path) -> None:
+    _write_input(tmp_path / "in.jsonl", _bodies(3))
+    store = mock.batch_api()
+    store.auto, store.lost_creates = True, 1
+    proc = _cli(mock, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    first, second = sorted(store.batches)
+    [line] = [x for x in proc.stderr.splitlines() if "warning" in x]
+    assert line == (f"llmretry: warning: batch API: the provider made 2 batches of file "
+                    f"{store.batches[first]['input_file_id']} (a create retried after its "
+                    f"answer was lost); kept {second}, cancelled {first}")
+    assert len(_results(tmp_path)) == 3
