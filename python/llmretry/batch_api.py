@@ -217,11 +217,7 @@ class BatchJob:
             return
         ids = [plain_id(b.get("id"), "GET /batches: a batch id") for b in twins]
         for bid in ids:
-            try:
-                self.api.post_json(f"/batches/{bid}/cancel", {})
-            except HTTPStatusError as exc:
-                if exc.status not in (400, 409):    # it ended meanwhile
-                    raise
+            self._post_cancel(bid)
         warnings.warn(f"batch API: the provider made {len(ids) + 1} batches of file "
                       f"{entry['input_file_id']} (a create retried after its answer was "
                       f"lost); kept {self.doc['batches'][-1]['id']}, cancelled "
@@ -359,13 +355,21 @@ class BatchJob:
             known = self.last.get(rec["id"])
             if known is not None and known.get("status") in TERMINAL:
                 continue
-            try:
-                self.last[rec["id"]] = checked_batch(
-                    self.api.post_json(f"/batches/{rec['id']}/cancel", {}), rec["id"])
-            except HTTPStatusError as exc:
-                if exc.status not in (400, 409):    # it ended meanwhile
-                    raise
+            doc = self._post_cancel(rec["id"])
+            if doc is None:
                 self.last.pop(rec["id"], None)
+            else:
+                self.last[rec["id"]] = doc
+
+    def _post_cancel(self, batch_id: str) -> Optional[Dict[str, Any]]:
+        """Cancel one batch: the Batch object, None when it had ended."""
+        try:
+            return checked_batch(self.api.post_json(f"/batches/{batch_id}/cancel", {}),
+                                 batch_id)
+        except HTTPStatusError as exc:
+            if exc.status not in (400, 409):    # it ended meanwhile
+                raise
+            return None
 
     # -- collecting ----------------------------------------------------------------
 
