@@ -451,14 +451,27 @@ def test_cli_ctrl_c_twice_cancels(mock: MockServer, tmp_path: Path) -> None:
     _write_input(tmp_path / "in.jsonl", _bodies(6))
     store = mock.batch_api()
     proc = _start(mock, tmp_path)
+    bid, err = _two_ctrl_cs(proc, store, lambda: "1 batch(es)" in
+                            proc.stderr.readline())  # type: ignore[union-attr]
+    assert "cancelled" in err
+    assert len(store.batches) == 1 and store.batches[bid]["status"] == "cancelled"
+
+
+def _two_ctrl_cs(proc: subprocess.Popen, store: Any, ready: Any,
+                 between: Any = lambda: None) -> Tuple[str, str]:
+    """Ctrl-C once ``ready()`` holds, its notice, ``between()``, Ctrl-C
+    again; the one batch that cancels is ended by the mock, and the command
+    exits 130: (that batch's id, the command's stderr)."""
     try:
-        assert "1 batch(es)" in proc.stderr.readline()      # type: ignore[union-attr]
-        (bid,) = store.batches
+        assert ready()
         proc.send_signal(signal.SIGINT)
         notice = proc.stderr.readline()                     # type: ignore[union-attr]
-        assert "Ctrl-C again" in notice and "they go on" in notice
+        assert "Ctrl-C again" in notice and "they go on" in notice, notice
+        between()
         proc.send_signal(signal.SIGINT)
-        _until(lambda: store.batches[bid]["status"] == "cancelling", "the cancel")
+        _until(lambda: [b["status"] for b in store.batches.values()] == ["cancelling"],
+               "the cancel")
+        (bid,) = store.batches
         store.advance(bid)                   # cancelling -> cancelled
         _, err = proc.communicate(timeout=30)
     finally:
@@ -466,8 +479,7 @@ def test_cli_ctrl_c_twice_cancels(mock: MockServer, tmp_path: Path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, err
-    assert "cancelled" in err
-    assert len(store.batches) == 1 and store.batches[bid]["status"] == "cancelled"
+    return bid, err
 
 
 def test_cli_refuses_stream_with_batch_api(mock: MockServer, tmp_path: Path) -> None:
@@ -862,25 +874,16 @@ def test_cli_ctrl_c_twice_during_a_slow_create_cancels_that_batch(mock: MockServ
     _http(mock, "PUT", "/_mock/batches", {"create_delay_ms": 3000})
     record = tmp_path / "failed.jsonl.batches"
     proc = _start(mock, tmp_path)
-    try:
+
+    def creating() -> bool:
         _until(lambda: record.exists() and json.loads(record.read_text() or "{}").get("creating"),
                "the create")
         time.sleep(0.3)                                     # the POST is at the mock
-        proc.send_signal(signal.SIGINT)
-        notice = proc.stderr.readline()                     # type: ignore[union-attr]
-        assert "Ctrl-C again" in notice, notice
-        proc.send_signal(signal.SIGINT)
-        assert store.batches == {}                          # not made yet
-        _until(lambda: [b["status"] for b in store.batches.values()] == ["cancelling"],
-               "the cancel")
-        (bid,) = store.batches
-        store.advance(bid)                                  # cancelling -> cancelled
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, err
+        return True
+
+    def not_made_yet() -> None:
+        assert store.batches == {}
+    bid, err = _two_ctrl_cs(proc, store, creating, not_made_yet)
     assert f"cancelled ({bid})" in err and "not listed" not in err
     assert json.loads(record.read_text())["creating"] is None
 
