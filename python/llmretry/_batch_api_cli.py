@@ -6,7 +6,9 @@ The job's record is ``--failures PATH`` + ``.batches`` (else ``-o PATH`` +
 ``.batches``). ``--resume`` with a record polls the batches it names and
 collects those not collected yet; without one it is a first run. Ctrl-C
 while waiting detaches (exit 130; the batches go on, ``--resume`` picks
-them up); a second Ctrl-C within 3 s cancels them and waits for them.
+them up); a second Ctrl-C within 3 s cancels them and waits for them. A
+call of the job's own that fails (the upload, a poll: after its retries)
+is one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from . import _batch_api_wait, batch_api
+from .errors import LLMError
 
 VIA = ("realtime", "batch-api")
 
@@ -116,6 +119,15 @@ def run(args: argparse.Namespace, cli: Any, inp: Any, n: int, bad: Dict[int, str
                 cli._print_summary(batch.summary, output.name, args.failures,
                                    interrupted=True)
             return 130
+        except LLMError as exc:
+            # The job's own calls (upload, create, poll, download) failed
+            # after their retries: one line, and how to go on.
+            results.close()
+            made = job.batch_ids if job is not None else []
+            write(f"{cli.PROG}: batch API: {exc}" + (
+                f"; the batches made go on ({', '.join(made)}): run the same command "
+                f"with --resume to collect them" if made and record else ""))
+            return 1
         finally:
             if bar is not None:
                 bar.close()

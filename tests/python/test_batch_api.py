@@ -957,3 +957,43 @@ def test_cli_a_twin_cancelled_is_one_line_of_warning(mock: MockServer, tmp_path:
                     f"{store.batches[first]['input_file_id']} (a create retried after its "
                     f"answer was lost); kept {second}, cancelled {first}")
     assert len(_results(tmp_path)) == 3
+
+
+def test_cli_a_job_call_that_fails_is_one_line_and_status_1(mock: MockServer,
+                                                            tmp_path: Path) -> None:
+    """The upload fails past its retries: one line naming the error, exit
+    status 1, no traceback (it was one)."""
+    _write_input(tmp_path / "in.jsonl", _bodies(3))
+    mock.batch_api().fail = 100
+    proc = _cli(mock, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("llmretry: batch API: HTTP 503 from /v1/files (server_error): ") \
+        and "request_id=" in line and "--resume" not in line, line
+
+
+def test_cli_a_poll_that_fails_says_how_to_go_on(mock: MockServer, tmp_path: Path) -> None:
+    """The polls fail once the batch is made: exit 1, naming the batch and
+    --resume, which then collects it."""
+    _write_input(tmp_path / "in.jsonl", _bodies(3))
+    store = mock.batch_api()
+    proc = _start(mock, tmp_path)
+    try:
+        assert "1 batch(es)" in proc.stderr.readline()      # type: ignore[union-attr]
+        store.fail = 1000
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    (bid,) = store.batches
+    assert proc.returncode == 1, err
+    [line] = err.splitlines()
+    assert line.startswith(f"llmretry: batch API: HTTP 503 from /v1/batches/{bid} "
+                           "(server_error): ") and \
+        line.endswith(f"; the batches made go on ({bid}): run the same command with "
+                      f"--resume to collect them"), line
+    store.fail, store.auto = 0, True
+    again = _cli(mock, tmp_path, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert [x["index"] for x in _results(tmp_path)] == [0, 1, 2]
