@@ -7,7 +7,9 @@
 #    (the openai SDK on llmretry.httpx2) and check_endpoints.py (an
 #    embeddings batch, endpoint="embeddings") against it
 #    (the latter also serves, as the up-* models' api_base, a recording
-#    upstream on the port given in LLMRETRY_INTEROP_UPSTREAM).
+#    upstream on the port given in LLMRETRY_INTEROP_UPSTREAM), and
+#    check_batch_api.py (llmretry.batch_api through the proxy's Files and
+#    Batch APIs, to the mock at OPENAI_BASE_URL).
 # 2. llama-cpp-python's server on a tiny random-weight model
 #    (tools/interop_tiny_gguf.py), then tests/interop/check_llama.py. Its
 #    install compiles llama.cpp (~12 minutes on 2 cores, once); when it
@@ -60,8 +62,12 @@ if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.vers
 fi
 port=$(free_port)
 uport=$(free_port)
+bport=$(free_port)
 # LITELLM_LOCAL_MODEL_COST_MAP: no attempt to fetch prices from the network.
+# OPENAI_BASE_URL: where the proxy's /v1/files and /v1/batches go (no model
+# names one): check_batch_api.py's mock.
 LITELLM_LOCAL_MODEL_COST_MAP=True LLMRETRY_INTEROP_UPSTREAM="http://127.0.0.1:$uport/v1" \
+  OPENAI_BASE_URL="http://127.0.0.1:$bport/v1" OPENAI_API_KEY=sk-upstream-batches \
   "$venv/bin/litellm" --config tests/interop/litellm_proxy.yaml --host 127.0.0.1 --port "$port" \
   --num_workers 1 > "$out/litellm.log" 2>&1 &
 pids+=($!)
@@ -71,6 +77,7 @@ python3 tests/interop/check_streaming.py "http://127.0.0.1:$port/v1" "$out/litel
   || status=1
 python3 tests/interop/check_sdk.py "http://127.0.0.1:$port/v1" || status=1
 python3 tests/interop/check_endpoints.py "http://127.0.0.1:$port/v1" || status=1
+python3 tests/interop/check_batch_api.py "http://127.0.0.1:$port/v1" "$bport" || status=1
 # llmretry.openresty with transport "cosocket": the core's HTTP/1.1 parser
 # on uvicorn's answers (needs the LuaJIT build of the module).
 tools/lua-test.sh --build-only >/dev/null

@@ -73,18 +73,12 @@ class Api:
     def post_json(self, path: str, doc: Dict[str, Any],
                   idempotency_key: Optional[str] = None) -> Dict[str, Any]:
         """POST a JSON body: its parsed answer."""
-        return self.post_json_counted(path, doc, idempotency_key)[0]
-
-    def post_json_counted(self, path: str, doc: Dict[str, Any],
-                          idempotency_key: Optional[str] = None) -> Tuple[Dict[str, Any], int]:
-        """POST a JSON body: its parsed answer, and the attempts it took
-        (more than one: an earlier attempt may have done its work too)."""
         more = {} if idempotency_key is None else {"idempotency_key": idempotency_key}
-        data, meta = self.client.call_llm(doc, **self._options(path, **more))
+        data = self.client.call_llm(doc, **self._options(path, **more)).data
         if not isinstance(data, dict):
             raise InvalidResponseError(f"POST {path}: the answer is not a JSON object",
                                        reason="not_retryable")
-        return data, meta.attempts
+        return data
 
     def request(self, method: str, path: str, body: bytes = b"",
                 content_type: Optional[str] = None, raw: bool = False,

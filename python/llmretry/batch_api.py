@@ -161,15 +161,18 @@ class BatchJob:
                                   "endpoint": self.endpoint, "completion_window": "24h"}
         if self.doc.get("metadata"):
             create["metadata"] = self.doc["metadata"]
-        batch, attempts = self.api.post_json_counted(
-            "/batches", create, idempotency_key=f"llmretry-{entry['input_file_id']}")
-        self._created(entry, batch)
-        if attempts > 1:
-            # An attempt whose answer was lost may have made a batch too (a
-            # provider that does not honour the idempotency key): one billed
-            # twice, whose results nobody collects.
-            kept = self.doc["batches"][-1]["id"]
-            self._cancel_twins(entry, [b for b in self._made_from(entry) if b.get("id") != kept])
+        self._created(entry, self.api.post_json(
+            "/batches", create, idempotency_key=f"llmretry-{entry['input_file_id']}"))
+        # One create may have made more than one batch: an attempt whose
+        # answer was lost, retried by us or by a gateway on the way (LiteLLM's
+        # proxy retries a 503 itself), at a provider that does not honour
+        # the idempotency key. Each is billed, and nobody collects the others.
+        kept = self.doc["batches"][-1]["id"]
+        try:
+            made = self._made_from(entry)
+        except LLMError:
+            return          # a list that cannot be read: only a check
+        self._cancel_twins(entry, [b for b in made if b.get("id") != kept])
 
     def _created(self, entry: Dict[str, Any], batch: Dict[str, Any]) -> None:
         bid = plain_id(batch.get("id"), "POST /batches: the batch id")
@@ -212,16 +215,24 @@ class BatchJob:
 
     def _cancel_twins(self, entry: Any, twins: List[Dict[str, Any]]) -> None:
         """Cancel the batches made from a part's file besides the one the
-        record keeps, with a warning naming them."""
+        record keeps, with a warning naming them (and any whose cancel
+        failed: the job goes on)."""
         if not twins:
             return
-        ids = [plain_id(b.get("id"), "GET /batches: a batch id") for b in twins]
-        for bid in ids:
-            self._post_cancel(bid)
-        warnings.warn(f"batch API: the provider made {len(ids) + 1} batches of file "
-                      f"{entry['input_file_id']} (a create retried after its answer was "
-                      f"lost); kept {self.doc['batches'][-1]['id']}, cancelled "
-                      f"{', '.join(ids)}", RuntimeWarning, stacklevel=2)
+        cancelled, failed = [], []
+        for b in twins:
+            try:
+                bid = plain_id(b.get("id"), "GET /batches: a batch id")
+                self._post_cancel(bid)
+                cancelled.append(bid)
+            except LLMError as exc:
+                failed.append(f"{b.get('id')!r} ({exc})")
+        warnings.warn(f"batch API: {len(twins) + 1} batches were made of file "
+                      f"{entry['input_file_id']} (a create retried on its way, by this "
+                      f"client or a gateway); kept {self.doc['batches'][-1]['id']}"
+                      + (f", cancelled {', '.join(cancelled)}" if cancelled else "")
+                      + (f", could not cancel {'; '.join(failed)}" if failed else ""),
+                      RuntimeWarning, stacklevel=2)
 
     def _creating_file(self, entry: Any) -> Tuple[str, Any]:
         """The file id and upload time of a ``creating`` entry of the record

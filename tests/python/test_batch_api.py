@@ -652,13 +652,13 @@ def _stop_creating(mock: MockServer, tmp_path: Path, n: int, *,
     recorded (True): the record left behind, and the stopped job."""
     record = tmp_path / "job.batches"
     job = batch_api._new_job(_bodies(n), record=record, **_opts(mock))
-    real = job.api.post_json_counted
+    real = job.api.post_json
 
     def post_json(*args: Any, **kw: Any) -> Any:
         if after_post:
             real(*args, **kw)
         raise _Stopped()
-    job.api.post_json_counted = post_json     # type: ignore[method-assign]
+    job.api.post_json = post_json     # type: ignore[method-assign]
     with pytest.raises(_Stopped):
         job._submit()
     return record, job
@@ -728,7 +728,9 @@ def test_the_search_stops_at_batches_older_than_the_file(mock: MockServer,
         b["created_at"] -= 60
     record, _ = _stop_creating(mock, tmp_path, 3, after_post=False)
     _resume_all_ok(mock, record, 3)
-    assert store.lists == 1 and len(store.batches) == 151
+    # One page for the search, one for the check after the create: each
+    # stops at the first batch older than the file.
+    assert store.lists == 2 and len(store.batches) == 151
 
 
 def test_a_server_with_no_batch_list_gets_the_batch_created(mock: MockServer,
@@ -787,7 +789,7 @@ def test_cancelling_a_run_stopped_while_creating_cancels_that_batch(mock: MockSe
     creation was cut off too, once the provider lists it."""
     store = mock.batch_api()
     _, job = _stop_creating(mock, tmp_path, 3, after_post=True)
-    del job.api.post_json_counted           # the process goes on: POSTs answer again
+    del job.api.post_json           # the process goes on: POSTs answer again
     (bid,) = store.batches
     assert job.batch_ids == []
     job.cancel(wait=False)
@@ -851,7 +853,7 @@ def test_a_create_that_never_arrived_is_looked_for_as_long_as_asked(
         mock: MockServer, tmp_path: Path) -> None:
     store = mock.batch_api()
     _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
-    del job.api.post_json_counted
+    del job.api.post_json
     (fid,) = store.files
     with pytest.raises(ValueError, match="find_created_ms must be an integer >= 0, not -1"):
         job.cancel(find_created_ms=-1)
@@ -893,7 +895,7 @@ def test_a_batch_not_found_after_a_cancel_is_named_to_the_user(mock: MockServer,
     """The second Ctrl-C's cancel did not find the cut-off create's batch:
     the user is told which file it would be made from."""
     _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
-    del job.api.post_json_counted
+    del job.api.post_json
     (fid,) = mock.batch_api().files
     real_cancel = job.cancel
     job.cancel = lambda wait=True: real_cancel(wait, find_created_ms=100)  # type: ignore
@@ -918,8 +920,9 @@ def test_a_create_retried_after_its_answer_was_lost_cancels_the_twin(mock: MockS
     nobody collecting it."""
     store = mock.batch_api()
     _http(mock, "PUT", "/_mock/batches", {"lost_creates": 1})
-    with pytest.warns(RuntimeWarning, match=r"made 2 batches of file file-\S+ \(a create "
-                      r"retried after its answer was lost\); kept batch-\S+, cancelled"):
+    with pytest.warns(RuntimeWarning, match=r"2 batches were made of file file-\S+ \(a "
+                      r"create retried on its way, by this client or a gateway\); kept "
+                      r"batch-\S+, cancelled batch-\S+$"):
         job = batch_api.submit(_bodies(4), record=tmp_path / "job.batches",
                                **_opts(mock, base_delay_ms=1))
     first, second = sorted(store.batches)
@@ -953,9 +956,9 @@ def test_cli_a_twin_cancelled_is_one_line_of_warning(mock: MockServer, tmp_path:
     assert proc.returncode == 0, proc.stderr
     first, second = sorted(store.batches)
     [line] = [x for x in proc.stderr.splitlines() if "warning" in x]
-    assert line == (f"llmretry: warning: batch API: the provider made 2 batches of file "
-                    f"{store.batches[first]['input_file_id']} (a create retried after its "
-                    f"answer was lost); kept {second}, cancelled {first}")
+    assert line == (f"llmretry: warning: batch API: 2 batches were made of file "
+                    f"{store.batches[first]['input_file_id']} (a create retried on its way, "
+                    f"by this client or a gateway); kept {second}, cancelled {first}")
     assert len(_results(tmp_path)) == 3
 
 
@@ -997,3 +1000,58 @@ def test_cli_a_poll_that_fails_says_how_to_go_on(mock: MockServer, tmp_path: Pat
     again = _cli(mock, tmp_path, "--resume")
     assert again.returncode == 0, again.stderr
     assert [x["index"] for x in _results(tmp_path)] == [0, 1, 2]
+
+
+def _gateway_job(mock: MockServer, tmp_path: Path) -> Any:
+    """A job whose POST /batches goes through a gateway that retried it on
+    its own: two batches made upstream, one answer (the second's) back."""
+    job = batch_api._new_job(_bodies(3), record=tmp_path / "job.batches", **_opts(mock))
+    real = job.api.post_json
+
+    def post_json(path: str, doc: Any, **kw: Any) -> Any:
+        if path == "/batches":
+            real(path, doc, **kw)           # made; its answer lost between gateway and us
+        return real(path, doc, **kw)
+    job.api.post_json = post_json          # type: ignore[method-assign]
+    return job
+
+
+def test_a_gateways_own_retry_of_a_create_is_found_and_cancelled(mock: MockServer,
+                                                                 tmp_path: Path) -> None:
+    """LiteLLM's proxy retries a create that met a 503 itself: one attempt
+    of ours, two batches upstream. The list read after every create finds
+    the other one (make interop: check_batch_api.py shows it for real)."""
+    store = mock.batch_api()
+    job = _gateway_job(mock, tmp_path)
+    with pytest.warns(RuntimeWarning, match="2 batches were made of file"):
+        job._submit()
+    first, second = sorted(store.batches)
+    assert job.batch_ids == [second] and store.batches[first]["status"] == "cancelling"
+
+
+def test_after_a_create_a_list_that_cannot_be_read_or_a_cancel_that_fails_loses_nothing(
+        mock: MockServer, tmp_path: Path) -> None:
+    store = mock.batch_api()
+    good = store._list
+    store._list = lambda query: (200, "application/json", b'"not a list"')
+    job = batch_api._new_job(_bodies(3), record=tmp_path / "a.batches", **_opts(mock))
+    job._submit()                           # the check could not list: the job goes on
+    (bid,) = store.batches
+    assert job.batch_ids == [bid]
+    store._list = good
+    job = _gateway_job(mock, tmp_path)
+    real = job.api.post_json
+
+    def refuse_cancels(path: str, doc: Any, **kw: Any) -> Any:
+        if path.endswith("/cancel"):
+            store.fail = 100                # the twin's cancel meets 503s to the end
+            try:
+                return real(path, doc, **kw)
+            finally:
+                store.fail = 0
+        return real(path, doc, **kw)
+    job.api.post_json = refuse_cancels      # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match=r"kept batch-\S+, could not cancel 'batch-\S+' "
+                      r"\(HTTP 503 from /v1/batches/batch-\S+/cancel"):
+        job._submit()
+    assert len(job.batch_ids) == 1 and len(store.batches) == 3
