@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
 from typing import Any, Dict, List
 
 import llmretry
-from interop_util import Checks
+from interop_util import Checks, batch_cli
 from llmretry import batch_api
 from llmretry.testing import MockServer
 
@@ -114,18 +113,8 @@ def main(base_url: str, upstream_port: int) -> int:
         return said[0]
 
     def cli() -> str:
-        with tempfile.TemporaryDirectory() as tmp:
-            req, out = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
-            with open(req, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(b) + "\n" for b in bodies(6, "cli"))
-            env = dict(os.environ, OPENAI_API_KEY=KEY)
-            p = subprocess.run([sys.executable, "-m", "llmretry", "batch", req, "-o", out,
-                                "--via", "batch-api", "--poll-interval-ms", "50",
-                                "--base-url", base_url, "--no-progress"],
-                               capture_output=True, text=True, env=env, timeout=120)
-            assert p.returncode == 0, p.stderr[-800:]
-            with open(out, encoding="utf-8") as f:
-                lines = [json.loads(line) for line in f]
+        _, lines = batch_cli(base_url, KEY, bodies(6, "cli"), "--via", "batch-api",
+                             "--poll-interval-ms", "50")
         assert [x["index"] for x in lines] == list(range(6)) and all(x["ok"] for x in lines)
         return "6 lines ok"
 

@@ -6,14 +6,10 @@ Usage: check_endpoints.py BASE_URL
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 
 import llmretry
-from interop_util import Checks
+from interop_util import Checks, batch_cli
 
 KEY = "sk-1234"
 VECTOR = [0.5, -0.25, 0.125]      # fake-embed's mock_response (litellm_proxy.yaml)
@@ -40,22 +36,12 @@ def main(base_url: str) -> int:
                 f"{s.completion_tokens} completion")
 
     def embeddings_cli() -> str:
-        with tempfile.TemporaryDirectory() as tmp:
-            req, out = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
-            with open(req, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps({"input": t}) + "\n" for t in texts)
-            env = dict(os.environ, OPENAI_API_KEY=KEY)
-            p = subprocess.run([sys.executable, "-m", "llmretry", "batch", req, "-o", out,
-                                "--model", "fake-embed", "--endpoint", "embeddings",
-                                "--base-url", base_url, "--no-progress"],
-                               capture_output=True, text=True, env=env, timeout=120)
-            assert p.returncode == 0, p.stderr[-500:]
-            with open(out, encoding="utf-8") as f:
-                lines = [json.loads(line) for line in f]
-            assert [x["index"] for x in lines] == list(range(len(texts))), lines[:2]
-            assert all(x["ok"] and x["data"]["data"][0]["embedding"] == VECTOR for x in lines)
-            assert " + 0 completion" in p.stderr, p.stderr
-            return p.stderr.strip().splitlines()[2].strip()
+        p, lines = batch_cli(base_url, KEY, [{"input": t} for t in texts],
+                             "--model", "fake-embed", "--endpoint", "embeddings")
+        assert [x["index"] for x in lines] == list(range(len(texts))), lines[:2]
+        assert all(x["ok"] and x["data"]["data"][0]["embedding"] == VECTOR for x in lines)
+        assert " + 0 completion" in p.stderr, p.stderr
+        return p.stderr.strip().splitlines()[2].strip()
 
     checks.check("an embeddings batch (endpoint=embeddings)", embeddings_batch)
     checks.check("llmretry batch --endpoint embeddings", embeddings_cli)

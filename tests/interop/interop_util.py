@@ -3,9 +3,14 @@ requests a server received from its uvicorn access log."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import time
-from typing import Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 
 class Checks:
@@ -58,3 +63,21 @@ class AccessLog:
             time.sleep(0.05)
         time.sleep(0.3)
         return self.statuses()[mark:]
+
+
+def batch_cli(base_url: str, key: str, requests: Sequence[Dict[str, Any]],
+              *flags: str) -> Tuple[subprocess.CompletedProcess, List[Dict[str, Any]]]:
+    """`llmretry batch` of ``requests`` (one JSON line each) with ``flags``
+    against ``base_url``: the finished process (exit status 0 asserted) and
+    its output file's lines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        req, out = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
+        with open(req, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in requests)
+        env = dict(os.environ, OPENAI_API_KEY=key)
+        p = subprocess.run([sys.executable, "-m", "llmretry", "batch", req, "-o", out,
+                            "--base-url", base_url, "--no-progress", *flags],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr[-800:]
+        with open(out, encoding="utf-8") as f:
+            return p, [json.loads(line) for line in f]
