@@ -9,6 +9,7 @@ not what the SDK says.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
@@ -538,6 +539,38 @@ def test_other_requests_go_through_httpx(scen: Scenario) -> None:
         with pytest.raises(openai.NotFoundError):
             client.models.list()
     assert scen.requests() == []
+
+
+def test_the_sdks_files_and_batch_apis_through_the_transport(scen: Scenario) -> None:
+    # The SDK's Batch API as a user of the transport runs it: the multipart
+    # upload and the GETs through httpx's own transport, the creates (POSTs
+    # of JSON) through the engine, file content as raw JSON Lines bytes.
+    store = scen.server.batch_api()
+    lines = "".join(json.dumps({"custom_id": f"r{i}", "method": "POST",
+                                "url": "/v1/chat/completions",
+                                "body": {"model": "gpt-b", "messages": MESSAGES}}) + "\n"
+                    for i in range(3))
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        f = client.files.create(file=("in.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+        assert store.content[f.id] == lines.encode()
+        b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+        assert b.status == "validating" and b.input_file_id == f.id
+        store.advance(b.id, to="completed")
+        b = client.batches.retrieve(b.id)
+        assert b.status == "completed" and b.request_counts.completed == 3
+        out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+        assert [x["custom_id"] for x in out] == ["r0", "r1", "r2"]
+        assert all(x["response"]["body"]["model"] == "gpt-b" for x in out)
+        assert b.id in [x.id for x in client.batches.list(limit=100)]
+        other = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        assert client.batches.cancel(other.id).status == "cancelling"
+        assert client.files.delete(f.id).deleted and f.id not in store.files
+    # The engine carried the two creates (POSTs of JSON), and nothing else: the
+    # cancel is a POST with no body.
+    assert len(events.of("llm_request_started")) == 2, events.names
 
 
 def test_the_sdk_retrying_on_top_warns(scen: Scenario) -> None:
