@@ -53,6 +53,8 @@ class Api:
                                         if v is not None and k != "call_deadline_ms"}
         deadline = policy.get("call_deadline_ms")
         self.options["deadline_ms"] = CALL_DEADLINE_MS if deadline is None else deadline
+        # False once GET /batches answered 404 or 405: the server lists no batches.
+        self.has_list = True
 
     def __repr__(self) -> str:        # never the key, nor the URL's user info or query
         return f"Api(base_url={url_shown(self.base_url)!r})"
@@ -117,6 +119,7 @@ class Api:
                                     + query)
             except HTTPStatusError as exc:
                 if exc.status in (404, 405):
+                    self.has_list = False
                     return
                 raise
             data = page.get("data") if isinstance(page, dict) else None

@@ -72,9 +72,11 @@ def _detach_or_cancel(job: BatchJob, grace_s: float, say: Callable[[str], None])
         say("llmretry: cancelling the batches and waiting for them to end...")
         job.cancel(wait=True)
         if job.creating_file_id is not None:
+            why = ("has not listed it" if job.api.has_list else
+                   "lists no batches (GET /batches: not found)")
             say(f"llmretry: a batch was being created from file {job.creating_file_id}; "
-                f"the provider has not listed it, so it was not cancelled. If the provider "
-                f"made it, it runs: cancel it from the provider's list of batches.")
+                f"the provider {why}, so it was not cancelled. If the provider made it, it "
+                f"runs: cancel it at the provider.")
         raise BatchDetached(job, cancelled=True) from None
     raise BatchDetached(job)
 

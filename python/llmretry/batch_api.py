@@ -331,8 +331,9 @@ class BatchJob:
         provider lists it. A provider may make it after its answer was
         given up on, so with ``wait`` it is looked for again (every poll
         interval, at most a second apart) until found or ``find_created_ms``
-        has passed; without, once. One not found stays in the record
-        (``creating``, see :attr:`creating_file_id`)."""
+        has passed (not again at a server with no batch list); without,
+        once. One not found stays in the record (``creating``, see
+        :attr:`creating_file_id`)."""
         if isinstance(find_created_ms, bool) or not isinstance(find_created_ms, int) \
                 or find_created_ms < 0:
             raise ValueError(f"find_created_ms must be an integer >= 0, not {find_created_ms!r}")
@@ -342,7 +343,8 @@ class BatchJob:
         if not wait:
             return self.status()
         look = min(self.options.get("poll_interval_ms", 5000), 1000) / 1000.0
-        while self.doc.get("creating") is not None and time.monotonic() < end:
+        while self.doc.get("creating") is not None and time.monotonic() < end \
+                and self.api.has_list:
             _sleep(min(look, end - time.monotonic()))
             if self._adopt_creating():
                 self._cancel_each(self.doc["batches"][-1:])

@@ -1055,3 +1055,25 @@ def test_after_a_create_a_list_that_cannot_be_read_or_a_cancel_that_fails_loses_
                       r"\(HTTP 503 from /v1/batches/batch-\S+/cancel"):
         job._submit()
     assert len(job.batch_ids) == 1 and len(store.batches) == 3
+
+
+def test_a_server_with_no_batch_list_is_not_searched_again_for_a_cut_off_create(
+        mock: MockServer, tmp_path: Path) -> None:
+    """GET /batches answers 404: cancel() does not spend find_created_ms
+    asking again, and the notice says why the batch could not be found."""
+    store = mock.batch_api()
+    _, job = _stop_creating(mock, tmp_path, 3, after_post=False)
+    del job.api.post_json
+    store._list = lambda query: (404, "application/json", b'{"error": {"message": "no"}}')
+    started = time.monotonic()
+    job.cancel(find_created_ms=5000)
+    assert time.monotonic() - started < 2.5 and job.creating_file_id is not None
+    said: List[str] = []
+
+    def say(text: str) -> None:
+        said.append(text)
+        if len(said) == 1:
+            raise KeyboardInterrupt
+    with pytest.raises(batch_api.BatchDetached):
+        batch_api._detach_or_cancel(job, 5.0, say)
+    assert "the provider lists no batches (GET /batches: not found)" in said[2], said
