@@ -10,17 +10,20 @@ local check = H.check
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- redis-server on a free port, until :stop(); a missing redis-server fails.
-local function start_redis()
+-- A Python server of tests/python/ (its arguments in `args`) until :stop():
+-- it prints its port first; `more` lines after it are kept in .lines.
+local function start_server(args, more, why)
   local cmd = string.format("cd %s && echo $$ && exec " .. H.CLEAN_ENV
-    .. "timeout -s TERM 600 python3 tests/python/redis_server.py", q(H.REPO))
+    .. "timeout -s TERM 600 python3 tests/python/%s", q(H.REPO), args)
   local p = assert(io.popen(cmd, "r"))
   local pid, port = p:read("*l"), p:read("*l")
   if not (pid and tonumber(port)) then
     p:close()
-    error("redis-server did not start (tools/ensure-deps.sh installs it)")
+    error(why)
   end
-  return { pid = tonumber(pid), port = tonumber(port), pipe = p,
+  local lines = {}
+  for i = 1, more do lines[i] = p:read("*l") end
+  return { pid = tonumber(pid), port = tonumber(port), pipe = p, lines = lines,
     url = string.format("redis://127.0.0.1:%d/0", tonumber(port)),
     stop = function(self)
       if not self.pipe then return end
@@ -28,6 +31,12 @@ local function start_redis()
       self.pipe:close()
       self.pipe = nil
     end }
+end
+
+-- redis-server on a free port; a missing redis-server fails.
+local function start_redis()
+  return start_server("redis_server.py", 0,
+    "redis-server did not start (tools/ensure-deps.sh installs it)")
 end
 
 describe("shared budgets through Redis", function()
@@ -115,4 +124,38 @@ describe("shared budgets through Redis", function()
     check(not ok and tostring(why):find("shared", 1, true) and
       not tostring(why):find("LUA-SECRET-PW", 1, true), "bad URL: %s", tostring(why))
   end)
+
+  -- tests/python/fake_redis.py's servers (test_shared_hostile_store.py runs
+  -- them all from Python): whatever one sends, the calls go on at once on
+  -- the local budget, one event says what went wrong, and close returns.
+  for _, case in ipairs({ "silent", "an array of the wrong length",
+                          "a reply to a round dripped" }) do
+    it("works on the local budget beside a store that is not quite Redis: " .. case, function()
+      local fake = start_server("fake_redis.py " .. q(case), 1, "fake_redis.py did not start")
+      local says = fake.lines[1]
+      local scen = mock:scen("lua_redis_fake")
+      scen.script({})
+      local e = llm.new_engine(nil, nil, fake.url)
+      local rec = H.recorder()
+      for _ = 1, 3 do
+        local res, err = llm.call_llm(base(scen, { engine = e, rpm = 600, logger = rec.fn }))
+        check(res and res.meta.attempts == 1, "call: %s", tostring(err))
+      end
+      local started = H.now_ms()
+      e:close()
+      local took = H.now_ms() - started
+      fake:stop()
+      local down = rec.of("llm_shared_unavailable")
+      check(#down == 1, "events %s", H.dump(rec.names()))
+      H.check_event_shape(down[1])
+      local msg = down[1].error_message
+      check(msg:sub(1, #fake.url + 2) == fake.url .. ": " and msg:find(says, 1, true),
+        "the event says %q, not %q", msg, says)
+      check(#rec.of("llm_shared_recovered") == 0, "recovered: %s", H.dump(rec.names()))
+      -- A round under way at the close is waited for, bounded by the
+      -- store's timeout (50 ms); a dripped reply held it for as long as it
+      -- dripped before (docs/shared.md).
+      check(took < 5000, "the close took %d ms", took)
+    end)
+  end
 end)

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 DRIP_S = 0.01        # well under the store's 50 ms: each read gets a byte in time
 
@@ -178,3 +178,50 @@ def _read_reply(reader: object) -> bytes:
     if kind in b"+-:$*" and kind:
         return line
     raise ValueError(f"not a RESP reply: {line[:40]!r}")
+
+
+def _silent(args: List[bytes]) -> None:
+    return None
+
+
+# The hostile servers the store is tested against, from Python
+# (test_shared_hostile_store.py) and from Lua (shared_redis_spec.lua):
+# name: (how the server answers, what the store's event must say).
+CASES: Dict[str, Tuple[Answer, str]] = {
+    "silent": (_silent, "loading the script: no answer within 50 ms"),
+    "not RESP at all": (lambda a: b"HTTP/1.1 400 Bad Request\r\n\r\n",
+                        "loading the script: not a Redis reply (Protocol error"),
+    "no scripting": (lambda a: b"-ERR unknown command 'SCRIPT'\r\n",
+                     "refused the script (Redis 6 or later is needed) (ERR)"),
+    "a read-only replica": (
+        loads_script(lambda a: b"-READONLY You can't write against a read only replica.\r\n"),
+        "the script failed (READONLY)"),
+    "an array of the wrong length": (
+        loads_script(lambda a: array_of([b":1\r\n", b":2\r\n"])),
+        "the script failed (an unexpected reply)"),
+    "not an array": (loads_script(lambda a: b":7\r\n"), "the script failed (an unexpected reply)"),
+    "nested past hiredis's depth": (loads_script(lambda a: b"*1\r\n" * 12 + b":1\r\n"),
+                                    "running the script: not a Redis reply (No support for nested"),
+    # A reply that keeps coming, a byte at a time, each in time for the
+    # socket's timeout: only a deadline for the whole reply ends it.
+    "a reply to the login dripped": (
+        lambda a: Drip(b"$1000000\r\n", b"0"), "loading the script: no answer within 50 ms"),
+    "a reply to a round dripped": (
+        loads_script(lambda a: Drip(b"*40\r\n:1\r\n$1000000\r\n", b"0")),
+        "running the script: no answer within 50 ms"),
+}
+
+
+def main(case: str) -> None:
+    """Serve one of CASES until killed: its port, then the words its event
+    must hold, a line each on stdout (for shared_redis_spec.lua)."""
+    answer, says = CASES[case]
+    with FakeRedis(answer) as fake:
+        print(fake.port)
+        print(says, flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1])

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator
 
 import pytest
 
 import llmretry
-from fake_redis import Drip, FakeRedis, array_of, bulk, loads_script, relay
+from fake_redis import CASES, FakeRedis, bulk, relay
 from llmretry.testing import MockServer
 from redis_server import RedisServer
 
@@ -27,36 +27,6 @@ CLOSE_BOUND_S = 10
 def mock() -> Iterator[MockServer]:
     with MockServer() as server:
         yield server
-
-
-def _silent(args: List[bytes]) -> None:
-    return None
-
-
-# name: (how the server answers, what the event's message must say)
-CASES: Dict[str, Any] = {
-    "silent": (_silent, "loading the script: no answer within 50 ms"),
-    "not RESP at all": (lambda a: b"HTTP/1.1 400 Bad Request\r\n\r\n",
-                        "loading the script: not a Redis reply (Protocol error"),
-    "no scripting": (lambda a: b"-ERR unknown command 'SCRIPT'\r\n",
-                     "refused the script (Redis 6 or later is needed) (ERR)"),
-    "a read-only replica": (
-        loads_script(lambda a: b"-READONLY You can't write against a read only replica.\r\n"),
-        "the script failed (READONLY)"),
-    "an array of the wrong length": (
-        loads_script(lambda a: array_of([b":1\r\n", b":2\r\n"])),
-        "the script failed (an unexpected reply)"),
-    "not an array": (loads_script(lambda a: b":7\r\n"), "the script failed (an unexpected reply)"),
-    "nested past hiredis's depth": (loads_script(lambda a: b"*1\r\n" * 12 + b":1\r\n"),
-                                    "running the script: not a Redis reply (No support for nested"),
-    # A reply that keeps coming, a byte at a time, each in time for the
-    # socket's timeout: only a deadline for the whole reply ends it.
-    "a reply to the login dripped": (
-        lambda a: Drip(b"$1000000\r\n", b"0"), "loading the script: no answer within 50 ms"),
-    "a reply to a round dripped": (
-        loads_script(lambda a: Drip(b"*40\r\n:1\r\n$1000000\r\n", b"0")),
-        "running the script: no answer within 50 ms"),
-}
 
 
 def _strings_for_numbers(reply: bytes) -> bytes:
