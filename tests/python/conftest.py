@@ -147,6 +147,14 @@ _names_lock = threading.Lock()
 _names_used: set = set()
 
 
+def nested(depth: int, leaf: Any = 1) -> Any:
+    """``leaf`` inside ``depth`` lists, built without recursion."""
+    v = leaf
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
 def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> Any:
     """Poll cond every 10 ms until it gives a true value (returned) or
     timeout s pass (then its last, false value). Tests wait for a condition

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, TypeVar
 import pytest
 
 import llmretry
-from conftest import FAST, SECRET_KEY, Scenario, child_env, secret_body
+from conftest import FAST, SECRET_KEY, Scenario, child_env, nested, secret_body
 from llmretry import _batch, cli
 
 T = TypeVar("T")
@@ -40,11 +40,8 @@ def too_deep_for_json() -> int:
     (a RecursionError: 5,000 up to 3.12, 50,000 in 3.13, whose C limit is
     about 10,000)."""
     for n in (5_000, 50_000, 500_000):
-        data: List[Any] = []
-        for _ in range(n):          # built without recursion
-            data = [data]
         try:
-            json.dumps(data)
+            json.dumps(nested(n, []))
             json.loads("[" * n + "]" * n)
         except RecursionError:
             return n
@@ -567,9 +564,7 @@ def test_cli_records_a_result_too_deep_to_write_as_a_failure(tmp_path: Path) -> 
     """Data Python decoded but cannot encode again (its encoder runs on a
     deeper stack) fails its item as an invalid response instead of killing
     the batch when its results line is written."""
-    data: List[Any] = []
-    for _ in range(too_deep_for_json()):        # built without recursion
-        data = [data]
+    data = nested(too_deep_for_json(), [])
     meta = llmretry.Meta(attempt=0, attempts=1, duration_ms=1, total_ms=1, status=200,
                          usage=None, request_id="rid-1", model="m", response_model=None,
                          system_fingerprint=None)

@@ -11,6 +11,7 @@ from typing import Any, List
 
 import pytest
 
+from conftest import nested
 from llmretry import _bodies, _llmretry
 
 
@@ -63,13 +64,6 @@ class Color(enum.IntEnum):
 
 class Text(str):
     pass
-
-
-def nested(depth: int) -> Any:
-    v: Any = 1
-    for _ in range(depth):
-        v = [v]
-    return v
 
 
 LEFT: List[Any] = [
