@@ -42,9 +42,9 @@ the key ``api_key`` (else ``$OPENAI_API_KEY``). Events go to the
 
 import logging as _logging_module
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from . import _llmretry
-from ._aio import AsyncStream
-from ._aio_batch import amap_with_concurrency
 from ._batch import SKIPPED, BatchInterrupted, BatchResult, BatchSummary
 from ._api import (acall_llm, acall_many, astream_llm, call_llm, call_llm_with_deadline, call_many,
                    stream_llm)
@@ -57,6 +57,10 @@ from ._pool import map_with_concurrency
 from ._stream import Stream
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403 (the exception classes: errors.__all__)
+
+if _TYPE_CHECKING:
+    from ._aio import AsyncStream
+    from ._aio_batch import amap_with_concurrency
 
 __version__: str = _llmretry.VERSION
 
@@ -97,10 +101,18 @@ __all__ += _errors.__all__
 _logging_module.getLogger("llmretry").addHandler(_logging_module.NullHandler())
 
 
+# What `import llmretry` leaves to first use: asyncio (about half of its
+# import time) and the Batch API's urllib.request. A script that never awaits
+# never imports asyncio.
+_ON_FIRST_USE = {"AsyncStream": "._aio", "amap_with_concurrency": "._aio_batch",
+                 "batch_api": None}
+
+
 def __getattr__(name: str) -> object:
-    # llmretry.batch_api after `import llmretry` alone, without importing it
-    # (and urllib.request) on every import of llmretry.
-    if name == "batch_api":
+    if name in _ON_FIRST_USE:
         import importlib
-        return importlib.import_module(".batch_api", __name__)
+        module = importlib.import_module(_ON_FIRST_USE[name] or "." + name, __name__)
+        value = module if _ON_FIRST_USE[name] is None else getattr(module, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

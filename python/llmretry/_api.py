@@ -8,7 +8,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
-from . import _aio
 from ._batch import BatchResult
 from ._client import Client, _client_or_default
 from ._logging import DEFAULT
@@ -21,6 +20,8 @@ if sys.version_info >= (3, 11):
     from typing import Unpack
 elif TYPE_CHECKING:     # only type checkers read the annotations (PEP 563) before 3.11
     from typing_extensions import Unpack
+if TYPE_CHECKING:
+    from . import _aio      # imported on first use: asyncio stays out of `import llmretry`
 
 
 # The docstring's paragraph "Built-in defaults of the other keywords:" (before its

@@ -17,7 +17,6 @@ here: pickles name them so. docs/design.md maps the package's other modules.
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import sys
 import threading
@@ -25,7 +24,7 @@ import weakref
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Iterable, List, Mapping,
                     Optional, Tuple, TypeVar, Union)
 
-from . import _aio, _aio_batch, _batch, _engine_batch, _llmretry
+from . import _batch, _engine_batch, _llmretry
 from ._batch import BatchResult
 from ._bodies import _core_url, _encode_call_body
 from ._client_batch import _ClientBatches
@@ -43,6 +42,8 @@ if sys.version_info >= (3, 11):
     from typing import Unpack
 elif TYPE_CHECKING:     # only type checkers read the annotations (PEP 563) before 3.11
     from typing_extensions import Unpack
+if TYPE_CHECKING:
+    from . import _aio
 
 __all__ = ["Client", "Result", "Meta", "CallOptions", "BatchOptions"]
 
@@ -192,7 +193,11 @@ class Client(_ClientBatches):
             engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
-        _aio.forget(self)           # the channels of its event loops
+        # The channels of its event loops: only if asyncio was ever used (it
+        # is imported on first use, to keep it out of `import llmretry`).
+        aio = sys.modules.get(__package__ + "._aio")
+        if aio is not None:
+            aio.forget(self)
 
     def __enter__(self) -> "Client":
         return self
@@ -323,6 +328,7 @@ class Client(_ClientBatches):
         """:func:`llmretry.acall_llm` with this client's engine and defaults."""
         body, plan = self._plan_of(body, policy, options, "acall_llm()")
         engine, payload, extra, validator = self._prepare(body, plan)
+        from . import _aio
         return await _aio.acall(self, engine, payload, extra, plan.kwargs,
                                 lambda out: _result_of(out, validator))
 
@@ -332,6 +338,7 @@ class Client(_ClientBatches):
         """:func:`llmretry.astream_llm` with this client's engine and defaults."""
         body, plan = self._plan_of(body, policy, options, "astream_llm()")
         engine, payload, extra, validator = _stream_call(self, body, plan, stream_buffer_bytes)
+        from . import _aio
         return _aio.astream(self, engine, payload, extra, plan.kwargs,
                             lambda out: _result_of(out, validator), _parse_json)
 
@@ -364,6 +371,7 @@ class Client(_ClientBatches):
                 if batch.lazy or batch.runnable:
                     job = _engine_batch._engine_job(self, batch, encoded, plan, limit,
                                                     batch_deadline, adaptive)
+                    from . import _aio_batch
                     try:
                         await _aio_batch.amany(job)
                     finally:
@@ -390,6 +398,7 @@ class Client(_ClientBatches):
         this client's default logger unless ``logger`` says otherwise."""
         if logger is DEFAULT:
             logger = self._defaults.get("logger", DEFAULT)
+        from . import _aio_batch
         return await _aio_batch.amap_with_concurrency(
             items, limit, worker,
             # BEGIN GENERATED map-forward (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
@@ -428,8 +437,12 @@ class Client(_ClientBatches):
 
 
 # Client()'s own keywords (max_in_flight, ...), for "did you mean".
-_CLIENT_KEYWORDS = tuple(name for name in inspect.signature(Client.__init__).parameters
-                         if name not in ("self", "defaults"))
+# (From the code object: inspect costs 4 ms of `import llmretry`.)
+_init_code = Client.__init__.__code__
+_CLIENT_KEYWORDS = tuple(
+    name for name in _init_code.co_varnames[:_init_code.co_argcount + _init_code.co_kwonlyargcount]
+    if name not in ("self", "defaults"))
+del _init_code
 
 
 def _shown_shared(spec: str) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -90,6 +89,7 @@ def resolved_settings(policy: Policy) -> Dict[str, Any]:
 
 def new_idempotency_key() -> str:
     """A fresh key for one call (``idempotency_key = "auto"``)."""
+    import uuid     # here: it imports platform, 2 ms of `import llmretry` for a rare option
     return str(uuid.uuid4())
 
 
