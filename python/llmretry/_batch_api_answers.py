@@ -21,6 +21,9 @@ from . import _llmretry
 from ._results import _result_of
 from .errors import InvalidResponseError, LLMError
 
+#: A batch's statuses once it has ended: nothing more will run.
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
 # The ids the API hands out ("batch_abc123", "file-abc123"): letters,
 # digits and a few separators; never a path, a query or a space.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")

@@ -14,9 +14,9 @@ all but one cancelled, with a RuntimeWarning naming them.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ._batch_api_answers import checked_batch, plain_id
+from ._batch_api_answers import TERMINAL, checked_batch, plain_id
 from ._batch_api_http import Api
 from ._batch_api_lines import _indices, _parts, _ranges
 from .errors import HTTPStatusError, LLMError
@@ -33,6 +33,7 @@ class _Submitting:
     doc: Dict[str, Any]
     last: Dict[str, Dict[str, Any]]
     _save: Callable[[], None]       # the record rewritten
+    _told: Set[Any]                 # the twins warned of (ids), each once
 
     def _unsubmitted(self) -> List[int]:
         """The items no batch of the record holds."""
@@ -77,12 +78,13 @@ class _Submitting:
             made = self._made_from(entry)
         except LLMError:
             return          # a list that cannot be read: only a check
-        self._cancel_twins(entry, [b for b in made if b.get("id") != kept])
+        self._cancel_twins(entry["input_file_id"], kept, [b for b in made if b.get("id") != kept])
 
     def _created(self, entry: Dict[str, Any], batch: Dict[str, Any]) -> None:
         bid = plain_id(batch.get("id"), "POST /batches: the batch id")
         self.doc["batches"].append({"id": bid, "input_file_id": entry["input_file_id"],
                                     "model": entry["model"], "ranges": entry["ranges"],
+                                    "file_created_at": entry.get("file_created_at"),
                                     "collected": False})
         self.doc["creating"] = None
         self._save()
@@ -99,43 +101,81 @@ class _Submitting:
             return False
         first, *twins = found[::-1]
         self._created(entry, first)
-        self._cancel_twins(entry, twins)
+        self._cancel_twins(entry["input_file_id"], self.doc["batches"][-1]["id"], twins)
         return True
 
     def _made_from(self, entry: Any) -> List[Dict[str, Any]]:
         """The batches the provider lists made from a ``creating`` entry's
-        file, the newest first. The list is read back to the file's upload
-        at most (the newest first), a bounded number of pages."""
+        file, the newest first."""
         fid, since = self._creating_file(entry)
-        found = []
+        return self._listed_from({fid: since})[fid]
+
+    def _listed_from(self, files: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
+        """The batches the provider lists made from each file of ``files``
+        (file id: its upload time, None when unknown), the newest first.
+        The list is read back to the oldest upload at most (the newest
+        first), a bounded number of pages."""
+        found: Dict[str, List[Dict[str, Any]]] = {fid: [] for fid in files}
+        times = list(files.values())
+        since = min(times) if all(type(t) is int for t in times) else None
         for b in self.api.listed_batches():
             if not isinstance(b, dict):
                 continue
-            if b.get("input_file_id") == fid:
-                found.append(b)
+            fid = b.get("input_file_id")
+            if isinstance(fid, str) and fid in found:
+                found[fid].append(b)
             made = b.get("created_at")
-            if type(since) is int and type(made) is int and made < since:
+            if since is not None and type(made) is int and made < since:
                 break
         return found
 
-    def _cancel_twins(self, entry: Any, twins: List[Dict[str, Any]]) -> None:
+    def _look_for_late_twins(self) -> None:
+        """Cancel what the provider made of the job's files besides the
+        batches the record keeps, found after the check that followed each
+        create: an attempt given up on that the provider made later (a slow
+        provider, a gateway's late retry). BatchJob.wait looks while the job
+        runs (its polls in the first TWIN_LOOK_S) and once when it has
+        ended: a twin that ran to its end was billed, and the warning says
+        so. Each twin is told of once."""
+        recs = self.doc["batches"]
+        if not recs or not self.api.has_list:
+            return
+        try:
+            listed = self._listed_from({r["input_file_id"]: r.get("file_created_at")
+                                        for r in recs})
+        except LLMError:
+            return          # only a check: the job's own batches are not at stake
+        kept = {r["id"] for r in recs}
+        for fid, made in listed.items():
+            twins = [b for b in made if b.get("id") not in kept and b.get("id") not in self._told
+                     and b.get("status") not in ("cancelling", "cancelled")]
+            if twins:
+                self._cancel_twins(fid, next(r["id"] for r in recs if r["input_file_id"] == fid),
+                                   twins)
+
+    def _cancel_twins(self, fid: str, kept: str, twins: List[Dict[str, Any]]) -> None:
         """Cancel the batches made from a part's file besides the one the
-        record keeps, with a warning naming them (and any whose cancel
-        failed: the job goes on)."""
+        record keeps, with a warning naming them (those that had ended, and
+        any whose cancel failed: the job goes on)."""
         if not twins:
             return
-        cancelled, failed = [], []
+        cancelled, ended, failed = [], [], []
         for b in twins:
+            self._told.add(b.get("id"))
             try:
                 bid = plain_id(b.get("id"), "GET /batches: a batch id")
-                self._post_cancel(bid)
-                cancelled.append(bid)
+                if b.get("status") in TERMINAL:
+                    ended.append(f"{bid} ({b['status']})")
+                elif self._post_cancel(bid) is None:
+                    ended.append(f"{bid} (ended)")
+                else:
+                    cancelled.append(bid)
             except LLMError as exc:
                 failed.append(f"{b.get('id')!r} ({exc})")
-        warnings.warn(f"batch API: {len(twins) + 1} batches were made of file "
-                      f"{entry['input_file_id']} (a create retried on its way, by this "
-                      f"client or a gateway); kept {self.doc['batches'][-1]['id']}"
+        warnings.warn(f"batch API: {len(twins) + 1} batches were made of file {fid} (a create "
+                      f"retried on its way, by this client or a gateway); kept {kept}"
                       + (f", cancelled {', '.join(cancelled)}" if cancelled else "")
+                      + (f", too late to cancel {', '.join(ended)}" if ended else "")
                       + (f", could not cancel {'; '.join(failed)}" if failed else ""),
                       RuntimeWarning, stacklevel=2)
 

@@ -45,7 +45,8 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequ
 
 from . import _batch
 from ._batch import BatchResult
-from ._batch_api_answers import LineJudge, checked_batch, line_value, not_run, parse_lines
+from ._batch_api_answers import (TERMINAL, LineJudge, checked_batch, line_value, not_run,
+                                 parse_lines)
 from ._batch_api_http import Api
 # _parts and _detach_or_cancel too: the tests reach them here.
 from ._batch_api_lines import (ENDPOINTS, _error_of, _fingerprint, _indices,  # noqa: F401
@@ -65,8 +66,9 @@ __all__ = ["run", "submit", "resume", "BatchJob", "BatchAPIError", "BatchDetache
 #: The API's limits on one input file.
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
-TERMINAL = ("completed", "failed", "expired", "cancelled")
 RECORD_VERSION = 1
+#: How long wait()'s polls look for a create made late (_look_for_late_twins).
+TWIN_LOOK_S = 600.0
 
 Progress = Callable[[int, Optional[int], int], None]
 
@@ -110,6 +112,8 @@ class BatchJob(_Submitting):
         self.doc = doc
         self.options = options
         self.last: Dict[str, Dict[str, Any]] = {}
+        self._told: Set[Any] = set()
+        self._look_until = time.monotonic() + TWIN_LOOK_S
 
     @property
     def batch_ids(self) -> List[str]:
@@ -183,7 +187,10 @@ class BatchJob(_Submitting):
                     report(rc["completed"] + rc["failed"], rc["total"] or len(self.lines),
                            rc["failed"])
                 if st["status"] != "in_progress":
+                    self._look_for_late_twins()
                     return st
+                if time.monotonic() < self._look_until:
+                    self._look_for_late_twins()
                 _sleep(delay)
                 delay = min(delay * 1.5, cap / 1000.0)
         finally:

@@ -668,13 +668,17 @@ def _uploads(store: Any) -> List[Dict[str, Any]]:
     return [f for f in store.files.values() if f["purpose"] == "batch"]
 
 
-def _resume_all_ok(mock: MockServer, record: Path, n: int) -> None:
+def _resume_all_ok(mock: MockServer, record: Path, n: int) -> int:
+    """Resume a stopped job and collect it whole: the list pages resume()
+    read (wait() reads more, looking for late twins: test_batch_api_twins)."""
     mock.batch_api().auto = True
     job = batch_api.resume(_bodies(n), record=record, keep_files=True, **_opts(mock))
+    lists = mock.batch_api().lists
     job.wait()
     out = job.results()
     assert [r.data["id"] for r in out] == [f"chatcmpl-mock-{i}" for i in range(n)]
     assert json.loads(record.read_text())["creating"] is None
+    return lists
 
 
 def test_a_batch_created_but_not_recorded_is_adopted_on_resume(mock: MockServer,
@@ -711,8 +715,7 @@ def test_the_search_pages_through_newer_batches(mock: MockServer, tmp_path: Path
         _http(mock, "POST", "/v1/batches", {"input_file_id": other["id"],
                                             "completion_window": "24h",
                                             "endpoint": "/v1/chat/completions"})
-    _resume_all_ok(mock, record, 3)
-    assert store.lists == 3 and len(store.batches) == 231
+    assert _resume_all_ok(mock, record, 3) == 3 and len(store.batches) == 231
     assert [b["id"] for b in json.loads(record.read_text())["batches"]] == [bid]
 
 
@@ -727,10 +730,9 @@ def test_the_search_stops_at_batches_older_than_the_file(mock: MockServer,
     for b in store.batches.values():
         b["created_at"] -= 60
     record, _ = _stop_creating(mock, tmp_path, 3, after_post=False)
-    _resume_all_ok(mock, record, 3)
     # One page for the search, one for the check after the create: each
     # stops at the first batch older than the file.
-    assert store.lists == 2 and len(store.batches) == 151
+    assert _resume_all_ok(mock, record, 3) == 2 and len(store.batches) == 151
 
 
 def test_a_server_with_no_batch_list_gets_the_batch_created(mock: MockServer,
