@@ -112,6 +112,33 @@ def main(base_url: str, upstream_port: int) -> int:
         assert len(job.results()) == 3
         return said[0]
 
+    def late_twin() -> str:
+        # A create given up on that the proxy (or its upstream) made after the
+        # check that followed the create: the job's polls find it in the
+        # proxy's list and cancel it.
+        store.auto = None
+        try:
+            job = batch_api.submit(bodies(3, "late"), base_url=base_url, api_key=KEY,
+                                   logger=None, **POLL)
+            (rec,) = job.doc["batches"]
+            twin = job.api.post_json("/batches", {"input_file_id": rec["input_file_id"],
+                                                  "endpoint": "/v1/chat/completions",
+                                                  "completion_window": "24h"})["id"]
+        finally:
+            store.auto = True
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            job.wait()
+        said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+        assert len(said) == 1 and said[0].endswith(f"kept {job.batch_ids[0]}, cancelled {twin}"), \
+            said
+        ups = [b["status"] for b in store.batches.values() if b["input_file_id"] ==
+               store.batches[max(store.batches)]["input_file_id"]]
+        assert sorted(ups) == ["cancelled", "completed"] or sorted(ups) == \
+            ["cancelling", "completed"], ups
+        assert len(job.results()) == 3
+        return said[0]
+
     def cli() -> str:
         _, lines = batch_cli(base_url, KEY, bodies(6, "cli"), "--via", "batch-api",
                              "--poll-interval-ms", "50")
@@ -123,6 +150,7 @@ def main(base_url: str, upstream_port: int) -> int:
         checks.check("cancel through the proxy", cancel)
         checks.check("a resumed run adopts the batch the proxy made", resume_adopts)
         checks.check("a create made twice upstream: the twin cancelled", twins)
+        checks.check("a twin made after the create's check: cancelled by a poll", late_twin)
         checks.check("llmretry batch --via batch-api through the proxy", cli)
     finally:
         mock.stop()
