@@ -2,8 +2,8 @@
 
 Its waiters, one engine and connection shared by requests, its I/O loop
 (epoll sets and threads), 500 calls at once with no thread pool while /ping
-answers (and the control: a blocking call stalls it), 4 workers pacing one
-shared budget, and a reload with calls in flight. Tests: each takes (nginx,
+answers (and the control: a blocking call stalls it), and a reload with
+calls in flight. (Budgets shared by workers: check_shared.py.) Tests: each takes (nginx,
 mock).
 """
 
@@ -105,54 +105,6 @@ def test_io_loop(ngx, mock):
     check(events == perform + 1,
           f"epoll sets of the worker: {events} by default, {perform} with io_loop perform")
     check(len(mock.requests("io_loop")) == 2, "not 2 requests")
-
-
-def refused_by_workers(repo, mock, shared, name):
-    """40 downstream requests at once to a fresh nginx of 4 workers, each
-    call paced at 600 a minute (10 a second) against the mock's 10 in any
-    second: -> (requests the mock refused, workers that served, outcomes)."""
-    mock.script(name, [], limits={"rpm": 10, "window_ms": 1000})
-    opts = '{ shared = "%s" }' % shared if shared else ""
-    ngx = Nginx(repo, mock.root, init_opts=opts, workers=4)
-    try:
-        ngx.start()
-        outs = [None] * 40
-
-        def one(i):
-            status, text, _ = http("GET", f"{ngx.base}/llm_rpm?s={name}&rpm=600", timeout=60)
-            outs[i] = json.loads(text) if status == 200 else {"ok": False, "status": status}
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        ngx.stop()
-        ngx.cleanup()
-    refused = sum(1 for r in mock.requests(name) if r.get("rate_limited"))
-    return refused, {o.get("pid") for o in outs if o}, outs
-
-
-def test_workers_share_a_budget(_ngx, mock):
-    """4 workers naming one shm store pace one budget; alone, each its own"""
-    store = f"openresty-test-{os.getpid()}"
-    try:
-        alone, pids_alone, _ = refused_by_workers(_ngx.repo, mock, None, "workers_alone")
-        shared, pids, outs = refused_by_workers(_ngx.repo, mock, "shm:" + store, "workers_shared")
-    finally:
-        try:
-            os.unlink(f"/dev/shm/llmretry-{store}")
-        except OSError:
-            pass
-    check(len(pids) >= 2 and len(pids_alone) >= 2,
-          f"the calls were served by {len(pids)} and {len(pids_alone)} workers: not spread")
-    check(all(o and o.get("ok") for o in outs), f"failed calls with a shared store: {outs}")
-    FIGURES["workers_refused_alone"] = alone
-    FIGURES["workers_refused_shared"] = shared
-    # Each worker alone sends its own 10 a second (up to 4 times the limit).
-    check(alone >= 5, f"only {alone} refused with a budget per worker: the test shows nothing")
-    check(shared <= 2, f"{shared} refused with the workers' budget shared")
 
 
 def ping_while(ngx, busy, every=0.01):

@@ -7,12 +7,13 @@ llmretry.openresty there: calls on the worker's engine with no thread pool
 (500 concurrent 1 s calls in about a second while /ping keeps answering),
 loggers and validators in the request as events arrive, streams proxied to
 the client chunk by chunk, a client that goes away cancelling its upstream
-call, call_many in a handler, and a reload with calls in flight.
+call, call_many in a handler, a reload with calls in flight, and budgets the
+workers share (shm, Redis, a store that is not quite Redis).
 
 Prints one "PASS name" / "FAIL name: why" line per test, then the figures
 and "openresty: N passed, M failed"; exits non-zero on any failure (nginx's
-error log is printed then). The tests are in check_calls.py, check_engine.py
-and check_network.py, the machinery they share in harness.py; this file
+error log is printed then). The tests are in check_calls.py, check_engine.py,
+check_network.py and check_shared.py, the machinery they share in harness.py; this file
 keeps their order (TESTS) and the command line.
 
     python3 tests/openresty/host_check.py --repo . --mock http://127.0.0.1:PORT
@@ -32,11 +33,13 @@ from check_calls import (test_call_many, test_doc_examples, test_environment,
 from check_engine import (test_500_calls_no_thread_pool, test_a_dispatcher_that_fails,
                           test_control_blocking,
                           test_engine_shared, test_io_loop, test_no_lost_wakeups,
-                          test_reload_with_calls_in_flight, test_waiter_pool,
-                          test_workers_share_a_budget)
+                          test_reload_with_calls_in_flight, test_waiter_pool)
 from check_network import (test_big_answer_and_idle_close, test_client_abort_cancels_call,
                            test_client_abort_cancels_stream, test_exchange_in_the_request,
                            test_refused_connect, test_stream_proxied, test_tls)
+from check_shared import (test_a_store_that_drips_a_round, test_a_store_that_is_silent,
+                          test_a_store_with_a_wrong_reply, test_workers_share_a_budget,
+                          test_workers_share_a_redis_budget)
 from harness import FIGURES, Mock, Nginx
 
 
@@ -47,7 +50,9 @@ TESTS = [test_one_call, test_events_as_they_happen, test_failure, test_ffi_path,
          test_control_blocking, test_stream_proxied, test_client_abort_cancels_stream,
          test_client_abort_cancels_call, test_call_many, test_tls, test_exchange_in_the_request,
          test_big_answer_and_idle_close, test_refused_connect, test_no_secrets_logged,
-         test_reload_with_calls_in_flight, test_workers_share_a_budget]
+         test_reload_with_calls_in_flight, test_workers_share_a_budget,
+         test_workers_share_a_redis_budget, test_a_store_that_is_silent,
+         test_a_store_that_drips_a_round, test_a_store_with_a_wrong_reply]
 
 
 def main():
