@@ -20,8 +20,16 @@ A ``"stream": true`` body streams: the first chunk is read here, so the
 engine retries until then (the commit point) and never after, and the
 response's body is the stream's events again as SSE bytes (a whole answer
 to it comes as the chunks it would have streamed: the core's
-stream_whole.c). Anything else (GET, multipart uploads, DELETE) goes to the
-flavour's own HTTP transport.
+stream_whole.c). A POST whose Accept header names only other types (the
+SDK's binary endpoints, audio.speech: application/octet-stream) is carried
+raw: its 2xx body is handed on as it came, not judged as JSON (it was
+retried as an invalid answer, and billed each time).
+
+A GET whose Accept header names JSON (the SDK's retrieve and list calls) is
+a call too, so the SDK's polls get the policy (retries, budgets, breaker)
+with the SDK's own retries off. Anything else (a binary download, which
+httpx can stream; multipart uploads; DELETE and a POST with no body, which
+are not retried) goes to the flavour's own HTTP transport.
 """
 
 from __future__ import annotations
@@ -177,21 +185,31 @@ class TransportCore:
 
     @staticmethod
     def carries(request: Any) -> bool:
-        """Whether the engine may carry a request: a POST of JSON (decided
-        before its body is read: an upload is not read into memory here)."""
+        """Whether the engine may carry a request: a POST of JSON, or a GET
+        of JSON (decided before a body is read: an upload is not read into
+        memory here)."""
+        if request.method == "GET":
+            return _accepts_json(request.headers.get("accept")) is True
         return bool(request.method == "POST" and request.headers.get(
             "content-type", "").lower().startswith("application/json"))
 
     def call_of(self, request: Any, content: bytes) -> Optional[_Call]:
-        """The call for a request the engine carries, or None when its body
-        is not a JSON object."""
-        try:
-            body = json.loads(content)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(body, dict):
-            return None
+        """The call for a request the engine carries, or None when a POST's
+        body is not a JSON object."""
         opts = dict(self.options)
+        if request.method == "GET":
+            body: Dict[str, Any] = {}
+            content = b""
+            opts["method"] = "GET"
+        else:
+            try:
+                body = json.loads(content)
+            except (ValueError, RecursionError):
+                return None
+            if not isinstance(body, dict):
+                return None
+            if _accepts_json(request.headers.get("accept")) is False:
+                opts["raw_response"] = True     # audio.speech: the bytes as they come
         headers: Dict[str, str] = {}
         for raw_name, raw_value in request.headers.raw:
             name = raw_name.decode("latin-1")
@@ -355,6 +373,22 @@ class TransportCore:
             return self.response(request, self.done(request, raw.outcome()), call.stream)
         return self.stream_response(request, raw.response_head(),
                                     self.async_events(self, request, s, first))
+
+
+def _accepts_json(accept: Optional[str]) -> Optional[bool]:
+    """What a request's Accept header says of a JSON answer: True when it
+    names a JSON type, False when it names only others (the SDK's binary
+    endpoints: application/octet-stream, application/binary), None when it
+    takes anything (no header, ``*/*``, ``application/*``)."""
+    if not accept:
+        return None
+    anything = False
+    for part in accept.split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media == "application/json" or media.endswith("+json"):
+            return True
+        anything = anything or media in ("*/*", "application/*")
+    return None if anything else False
 
 
 def _same(value: Any) -> Any:

@@ -9,13 +9,14 @@ not what the SDK says.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import io
 import json
 import subprocess
 import sys
 import threading
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import httpx
 import openai
@@ -444,6 +445,23 @@ def test_async_stream_request_answered_whole_streams_the_answer(scen: Scenario) 
     assert asyncio.run(main()) == ["whole answer"]
 
 
+def test_async_get_of_json_is_retried_on_the_loop(scen: Scenario) -> None:
+    store = scen.server.batch_api()
+    events = Events()
+
+    async def main() -> Tuple[str, str]:
+        async with async_sdk(scen, logger=events) as client:
+            f = await client.files.create(file=("in.jsonl", io.BytesIO(b"")), purpose="batch")
+            store.fail = 1
+            return f.id, (await client.files.retrieve(f.id)).id
+    try:
+        made, got = asyncio.run(main())
+    finally:
+        store.fail = 0
+    assert got == made
+    assert events.field("llm_request_succeeded", "attempt") == [1], events.names
+
+
 def test_async_cancel_and_stream_close_cancel_the_call(scen: Scenario) -> None:
     slow = scen.sub("slow").script([], after={"delay_ms": 5000})
     streaming = scen.sub("stream").script([{"stream": {"chunks": 100, "delay_ms": 50}}])
@@ -532,19 +550,88 @@ def test_sdk_calls_and_call_many_share_the_clients_budgets(scen: Scenario) -> No
     assert len(scen.requests()) == 5
 
 
-def test_other_requests_go_through_httpx(scen: Scenario) -> None:
-    # GET /models is not an endpoint of the mock: its 404 comes back through
-    # httpx's own transport (the engine sends only POSTs of JSON).
-    with sdk(scen) as client:
+def test_a_get_of_json_is_a_call_retried_under_the_sdk(scen: Scenario) -> None:
+    # The SDK's retrieve and list calls (GET, Accept: application/json) go
+    # through the engine: a 503 is retried with the SDK's retries off. GET
+    # /models is not an endpoint of the mock: its 404 reaches the SDK as that
+    # 404, not retried.
+    store = scen.server.batch_api()
+    events = Events()
+    with sdk(scen, logger=events) as client:
         with pytest.raises(openai.NotFoundError):
             client.models.list()
-    assert scen.requests() == []
+        f = client.files.create(file=("in.jsonl", io.BytesIO(b"")), purpose="batch")
+        store.fail = 2
+        try:
+            assert client.files.retrieve(f.id).id == f.id
+            assert store.fail == 0
+        finally:
+            store.fail = 0          # the server is the session's
+    # Attempts count from 0: the models GET's one, the retrieve's first two.
+    assert [e["attempt"] for e in events.of("llm_request_failed")] == [0, 0, 1], events.names
+    gave_up = events.of("llm_request_gave_up")
+    assert len(gave_up) == 1 and gave_up[0]["status"] == 404, gave_up
+    (ok,) = events.of("llm_request_succeeded")
+    assert ok["attempt"] == 2, ok
+
+
+class _Speech(http.server.BaseHTTPRequestHandler):
+    """audio.speech's server: a 200 of audio bytes, each request counted."""
+
+    protocol_version = "HTTP/1.1"
+    AUDIO = b"ID3\x04\x00\x00 not JSON \xff\xfb\x90"
+    seen: List[str] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.seen.append(f"{self.path} {self.headers.get('Accept')}")
+        self.send_response(200)
+        self.send_header("Content-Type", "audio/mpeg")
+        self.send_header("Content-Length", str(len(self.AUDIO)))
+        self.end_headers()
+        self.wfile.write(self.AUDIO)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_binary_answer_is_handed_on_once() -> None:
+    # audio.speech: a POST of JSON whose Accept is application/octet-stream.
+    # Its 200 of audio bytes is the answer, not a body that failed to be
+    # JSON (it was retried, each request billed, until the attempts ran out).
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Speech)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Speech.seen = []
+    try:
+        transport = llmretry.httpx.Transport(**FAST)
+        with openai.OpenAI(api_key=SECRET_KEY, base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                           max_retries=0, http_client=httpx.Client(transport=transport)) as client:
+            speech = client.audio.speech.create(model="tts-1", voice="alloy", input="hi")
+            assert speech.content == _Speech.AUDIO
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Speech.seen == ["/v1/audio/speech application/octet-stream"]
+
+
+def test_other_requests_go_through_httpx(scen: Scenario) -> None:
+    # A GET for bytes (files.content: Accept application/binary, which httpx
+    # can stream), a DELETE and a POST with no body are httpx's to send, as
+    # without llmretry: the engine makes no call of them.
+    store = scen.server.batch_api()
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        f = client.files.create(file=("in.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+        assert client.files.content(f.id).content == b"{}\n"
+        assert client.files.delete(f.id).deleted and f.id not in store.files
+    assert events.names == [], events.names
 
 
 def test_the_sdks_files_and_batch_apis_through_the_transport(scen: Scenario) -> None:
     # The SDK's Batch API as a user of the transport runs it: the multipart
-    # upload and the GETs through httpx's own transport, the creates (POSTs
-    # of JSON) through the engine, file content as raw JSON Lines bytes.
+    # upload and the download through httpx's own transport, the creates
+    # (POSTs of JSON) and the GETs of JSON through the engine, file content
+    # as raw JSON Lines bytes.
     store = scen.server.batch_api()
     lines = "".join(json.dumps({"custom_id": f"r{i}", "method": "POST",
                                 "url": "/v1/chat/completions",
@@ -568,9 +655,10 @@ def test_the_sdks_files_and_batch_apis_through_the_transport(scen: Scenario) -> 
                                       completion_window="24h")
         assert client.batches.cancel(other.id).status == "cancelling"
         assert client.files.delete(f.id).deleted and f.id not in store.files
-    # The engine carried the two creates (POSTs of JSON), and nothing else: the
-    # cancel is a POST with no body.
-    assert len(events.of("llm_request_started")) == 2, events.names
+    # The engine carried the two creates (POSTs of JSON) and the retrieve and
+    # list (GETs of JSON), and nothing else: the upload is multipart, the
+    # content a download, the cancel a POST with no body, the delete a DELETE.
+    assert len(events.of("llm_request_started")) == 4, events.names
 
 
 def test_the_sdk_retrying_on_top_warns(scen: Scenario) -> None:
