@@ -95,6 +95,16 @@ def main(base_url: str) -> int:
         assert text == "hello from litellm", repr(text)
         return "the SDK's Stream parsed the transport's bytes"
 
+    def models_list() -> str:
+        # A GET of JSON is a call on the engine (one attempt here), and the
+        # SDK parses the proxy's list as it would without llmretry.
+        events = Events()
+        with sdk(base_url, logger=events) as client:
+            ids = sorted(m.id for m in client.models.list())
+        assert "fake-ok" in ids, ids
+        assert events.count("llm_request_succeeded") == 1, events.seen
+        return f"{len(ids)} models through the engine ({', '.join(ids[:3])}, ...)"
+
     def async_many() -> str:
         async def run() -> List[str]:
             transport = llmretry.httpx2.AsyncTransport(max_in_flight=64)
@@ -136,6 +146,7 @@ def main(base_url: str) -> int:
     check("plain", plain)
     check("server_error_typed", server_error_typed)
     check("stream", stream)
+    check("models_list", models_list)
     check("async_many", async_many)
     check("rate_limited", rate_limited)
     return checks.summary("openai SDK")
