@@ -2,52 +2,25 @@
 tests/openresty/host_check.py; docs/shared.md).
 
 4 workers naming one store pace one budget: an shm store, and a real
-redis-server (tests/python/redis_server.py); alone, each paces its own (the
+redis-server (tests/python/redis_server.py's); alone, each paces its own (the
 control). A store that is not quite Redis (tests/python/fake_redis.py's
-servers) leaves every call working at once on the worker's own budget, says
-so in one event, and keeps the worker answering and stopping. Tests: each
-takes (nginx, mock).
+cases, served from this process) leaves every call working at once on the
+worker's own budget, says so in one event, and keeps the worker answering
+and stopping. Tests: each takes (nginx, mock).
 """
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
 from harness import FIGURES, Nginx, check, http
 
-
-def _python_tests(repo):
-    return os.path.join(repo, "tests", "python")
-
-
-class Served:
-    """A server of tests/python/ (its script and arguments) until stop():
-    it prints its port first, then `more` lines (kept in .lines)."""
-
-    def __init__(self, repo, args, more=0):
-        self.proc = subprocess.Popen([sys.executable, *args], cwd=_python_tests(repo),
-                                     stdout=subprocess.PIPE, text=True)
-        first = self.proc.stdout.readline().strip()
-        if not first.isdigit():
-            self.stop()
-            raise RuntimeError(f"{args[0]} did not start (it printed {first!r}; "
-                               "tools/ensure-deps.sh installs redis-server)")
-        self.port = int(first)
-        self.lines = [self.proc.stdout.readline().rstrip("\n") for _ in range(more)]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc.stdout.close()
+# The suites' own servers: a real redis-server, and fake_redis.py's cases.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from fake_redis import CASES, FakeRedis  # noqa: E402
+from redis_server import RedisServer  # noqa: E402
 
 
 def refused_by_workers(repo, mock, shared, name):
@@ -100,11 +73,8 @@ def test_workers_share_a_budget(_ngx, mock):
 
 def test_workers_share_a_redis_budget(ngx, mock):
     """4 workers naming one redis-server pace one budget (alone: test_workers_share_a_budget)"""
-    redis = Served(ngx.repo, ["redis_server.py"])
-    try:
+    with RedisServer() as redis:
         shared, pids, outs = refused_by_workers(ngx.repo, mock, redis.url, "workers_redis")
-    finally:
-        redis.stop()
     check(len(pids) >= 2, f"the calls were served by {len(pids)} workers: not spread")
     check(all(o and o.get("ok") for o in outs), f"failed calls with Redis: {outs}")
     FIGURES["workers_refused_redis"] = shared
@@ -113,10 +83,27 @@ def test_workers_share_a_redis_budget(ngx, mock):
 
 
 def _store_not_quite_redis(ngx, mock, case):
-    fake = Served(ngx.repo, ["fake_redis.py", case], more=1)
-    says = fake.lines[0]
+    answer, says = CASES[case]
     name = "fake_redis_" + case.replace(" ", "_")
     mock.script(name, [])
+    with FakeRedis(answer) as fake:
+        outs, pings, stopped = _beside_the_store(ngx, mock, fake, name)
+    check(all(o["ok"] and o["attempts"] == 1 for o in outs), f"the calls: {outs}")
+    shared = [e for o in outs for e in o["events"] if e.startswith("llm_shared_")]
+    check(len(shared) == 1 and shared[0].startswith("llm_shared_unavailable: " + fake.url + ": ")
+          and says in shared[0], f"the store's events {shared}, not one saying {says!r}")
+    check(len(mock.requests(name)) == 3, f"the mock saw {len(mock.requests(name))} requests")
+    # A call waits for the store its timeout (50 ms) at most, a worker's
+    # close a round's: a worker stalled by the store shows here.
+    check(max(pings) < 2.0, f"/ping took {max(pings):.2f} s beside the store")
+    check(stopped < 5.0, f"the worker took {stopped:.1f} s to stop")
+    FIGURES["fake_redis_ping_max_ms"] = max(FIGURES.get("fake_redis_ping_max_ms", 0),
+                                            max(pings) * 1000)
+
+
+def _beside_the_store(ngx, mock, fake, name):
+    """A worker naming the store: three calls, each followed by a /ping,
+    then its stop -> (the calls' outcomes, the pings' seconds, the stop's)."""
     one = Nginx(ngx.repo, mock.root, init_opts='{ shared = "%s" }' % fake.url)
     try:
         one.start()
@@ -131,22 +118,10 @@ def _store_not_quite_redis(ngx, mock, case):
             pings.append(ping)
         t0 = time.monotonic()
         one.stop()
-        stopped = time.monotonic() - t0
+        return outs, pings, time.monotonic() - t0
     finally:
         one.stop()
         one.cleanup()
-        fake.stop()
-    check(all(o["ok"] and o["attempts"] == 1 for o in outs), f"the calls: {outs}")
-    shared = [e for o in outs for e in o["events"] if e.startswith("llm_shared_")]
-    check(len(shared) == 1 and shared[0].startswith("llm_shared_unavailable: " + fake.url + ": ")
-          and says in shared[0], f"the store's events {shared}, not one saying {says!r}")
-    check(len(mock.requests(name)) == 3, f"the mock saw {len(mock.requests(name))} requests")
-    # A call waits for the store its timeout (50 ms) at most, a worker's
-    # close a round's: a worker stalled by the store shows here.
-    check(max(pings) < 2.0, f"/ping took {max(pings):.2f} s beside the store")
-    check(stopped < 5.0, f"the worker took {stopped:.1f} s to stop")
-    FIGURES["fake_redis_ping_max_ms"] = max(FIGURES.get("fake_redis_ping_max_ms", 0),
-                                            max(pings) * 1000)
 
 
 def test_a_store_that_is_silent(ngx, mock):
