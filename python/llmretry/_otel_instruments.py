@@ -187,7 +187,7 @@ def _start_of(tel: _Telemetry, endpoint: _Endpoint, single: bool, model: Any,
     start = tel.starts.get(key)
     if start is None:
         attrs: Dict[str, Any] = dict(endpoint.attrs) if single else {}
-        if isinstance(model, str):
+        if isinstance(model, str) and endpoint.genai:
             attrs["gen_ai.request.model"] = model
         if policy:
             attrs["llmretry.policy"] = policy

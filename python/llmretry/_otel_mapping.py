@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
@@ -99,14 +100,26 @@ _REQUEST_SETTINGS: Dict[str, Tuple[str, Any, int]] = {
 # ---------------------------------------------------------------------------
 # Where a call goes
 
+# The API's resources that are not a model's generation: the Files and
+# Batch APIs llmretry.batch_api calls, the lists and retrievals the SDK sends
+# through llmretry.httpx.
+_NOT_GENERATION = re.compile(r"/(files|batches|uploads|models)(/|$)")
+
+
 class _Endpoint:
     """What the span says of a call's target: the operation (from the URL's
     path), the provider, the server's host and port. Never the URL's
-    user-info or query (a key could be there)."""
+    user-info or query (a key could be there).
 
-    __slots__ = ("operation", "provider", "address", "port", "api_type", "attrs")
+    A call that is no generation (not a POST, or a POST to the Files or
+    Batch API) is no GenAI operation: ``genai`` is False, its span is an
+    HTTP client span named by its method (``operation``), with
+    ``http.request.method`` and no gen_ai.* attribute, and it records none
+    of the GenAI metrics."""
 
-    def __init__(self, url: str) -> None:
+    __slots__ = ("operation", "provider", "address", "port", "api_type", "attrs", "genai")
+
+    def __init__(self, url: str, method: str = "POST") -> None:
         try:
             parts = urlsplit(url)
             host, port = parts.hostname, parts.port
@@ -118,7 +131,11 @@ class _Endpoint:
         self.address = host
         self.port = port
         self.api_type: Optional[str] = "chat_completions"
-        if path.endswith("/embeddings"):
+        self.genai = True
+        if method != "POST" or (_NOT_GENERATION.search(path) and not path.endswith(
+                ("/completions", "/responses", "/embeddings"))):
+            self.operation, self.api_type, self.genai = method, None, False
+        elif path.endswith("/embeddings"):
             self.operation, self.api_type = "embeddings", None
         elif path.endswith("/chat/completions"):
             self.operation = "chat"
@@ -135,7 +152,8 @@ class _Endpoint:
                 break
         # The span's attributes of the endpoint, made once (not per call).
         self.attrs: Dict[str, Any] = {"gen_ai.operation.name": self.operation,
-                                      "gen_ai.provider.name": self.provider}
+                                      "gen_ai.provider.name": self.provider} if self.genai \
+            else {"http.request.method": method}
         if self.api_type and self.provider == "openai":
             self.attrs["openai.api.type"] = self.api_type
         if host:
@@ -178,12 +196,13 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
     """The targets of a call from its engine keywords (a plan's: the
     policy, the client's defaults and the call's own already resolved)."""
     key = (kwargs.get("url"), kwargs.get("base_url"), kwargs.get("fallbacks"),
-           kwargs.get("endpoint"))
+           kwargs.get("endpoint"), kwargs.get("method"))
     targets = _targets_cache.get(key)
     if targets is not None:
         return targets
     primary = _url_of(key[0], key[1], key[3])
-    endpoints = [_Endpoint(primary)]
+    method = key[4].upper() if isinstance(key[4], str) else "POST"
+    endpoints = [_Endpoint(primary, method)]
     try:
         fallbacks = json.loads(key[2]) if isinstance(key[2], str) else ()
     except ValueError:
@@ -191,7 +210,7 @@ def _targets_of(kwargs: Dict[str, Any]) -> _Targets:
     for target in fallbacks if isinstance(fallbacks, list) else ():
         if isinstance(target, dict) and (target.get("url") or target.get("base_url")):
             endpoints.append(_Endpoint(_url_of(target.get("url"), target.get("base_url"),
-                                               key[3])))
+                                               key[3]), method))
         else:
             endpoints.append(endpoints[0])
     targets = _Targets(endpoints)
@@ -354,14 +373,19 @@ def _response_attributes(attrs: Dict[str, Any], data: Any, capture: bool) -> Non
 
 
 def _span_name(endpoint: _Endpoint, model: Any) -> str:
-    return f"{endpoint.operation} {model}" if isinstance(model, str) else endpoint.operation
+    if isinstance(model, str) and endpoint.genai:
+        return f"{endpoint.operation} {model}"
+    return endpoint.operation
 
 
 def _metric_attributes(endpoint: _Endpoint, model: Any) -> Dict[str, Any]:
-    attrs: Dict[str, Any] = {"gen_ai.operation.name": endpoint.operation,
-                             "gen_ai.provider.name": endpoint.provider}
-    if isinstance(model, str):
-        attrs["gen_ai.request.model"] = model
+    if not endpoint.genai:
+        attrs: Dict[str, Any] = {"http.request.method": endpoint.operation}
+    else:
+        attrs = {"gen_ai.operation.name": endpoint.operation,
+                 "gen_ai.provider.name": endpoint.provider}
+        if isinstance(model, str):
+            attrs["gen_ai.request.model"] = model
     if endpoint.address:
         attrs["server.address"] = endpoint.address
         attrs["server.port"] = endpoint.port

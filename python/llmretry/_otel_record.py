@@ -160,6 +160,9 @@ def _end_span(span: Any, attrs: Dict[str, Any], targets: _Targets, endpoint: Any
     ``endpoint`` against the ``started`` model and the first target), its
     attempt events (``attempts``', then ``answered``'s, the attempt a result
     says answered) and its status (not its end)."""
+    if not endpoint.genai:          # an HTTP span: no GenAI attribute (a file's id, ...)
+        attrs = {k: v for k, v in attrs.items() if not k.startswith(("gen_ai.", "openai."))}
+        model = started
     # The model and endpoint it started with are set already.
     if model == started:
         attrs.pop("gen_ai.request.model", None)
@@ -211,6 +214,8 @@ def _record(tel: _Telemetry, counts: Optional[List[int]], endpoint: Any, model: 
         row[1] += started
     elif started:
         tel.counts.add_attempts(key, base, started)
+    if not endpoint.genai:          # the GenAI metrics are a generation's
+        return
     tel.duration.record((end_ns - start_ns) / 1e9,
                         dict(hist, **{"error.type": failed}) if failed else hist)
     if ttfc is not None:
