@@ -27,7 +27,7 @@ retried as an invalid answer, and billed each time).
 
 A GET whose Accept header names JSON (the SDK's retrieve and list calls) is
 a call too, so the SDK's polls get the policy (retries, budgets, breaker)
-with the SDK's own retries off. Anything else (a binary download, which
+with the SDK's own retries off; its 2xx body is handed on as it came. Anything else (a binary download, which
 httpx can stream; multipart uploads; DELETE and a POST with no body, which
 are not retried) goes to the flavour's own HTTP transport.
 """
@@ -200,7 +200,11 @@ class TransportCore:
         if request.method == "GET":
             body: Dict[str, Any] = {}
             content = b""
+            # Its 2xx is handed on as it came, for the SDK to parse: a JSON
+            # Lines file (files.retrieve_content) is no JSON object, and an
+            # answer's checks are a generation's.
             opts["method"] = "GET"
+            opts["raw_response"] = True
         else:
             try:
                 body = json.loads(content)

@@ -575,6 +575,20 @@ def test_a_get_of_json_is_a_call_retried_under_the_sdk(scen: Scenario) -> None:
     assert ok["attempt"] == 2, ok
 
 
+def test_a_get_of_json_lines_is_handed_on_as_it_came(scen: Scenario) -> None:
+    # files.retrieve_content (deprecated, still called) asks for JSON and
+    # gets a JSON Lines file: no JSON object, yet the answer, sent for once.
+    events = Events()
+    with sdk(scen, logger=events) as client:
+        f = client.files.create(file=("in.jsonl", io.BytesIO(b'{"a": 1}\n{"b": 2}\n')),
+                                purpose="batch")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            text = client.files.retrieve_content(f.id)
+    assert text == '{"a": 1}\n{"b": 2}\n'
+    assert events.names == ["llm_request_started", "llm_request_succeeded"], events.names
+
+
 class _Speech(http.server.BaseHTTPRequestHandler):
     """audio.speech's server: a 200 of audio bytes, each request counted."""
 
