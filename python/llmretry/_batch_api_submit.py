@@ -147,7 +147,10 @@ class _Submitting:
             return          # only a check: the job's own batches are not at stake
         kept = {r["id"] for r in recs}
         for fid, made in listed.items():
-            twins = [b for b in made if b.get("id") not in kept and b.get("id") not in self._told
+            # (An id that is no string is no batch this job can cancel, nor
+            # a key of these sets: the check after the create names it.)
+            twins = [b for b in made if isinstance(b.get("id"), str) and b["id"] not in kept
+                     and b["id"] not in self._told
                      and b.get("status") not in ("cancelling", "cancelled")]
             if twins:
                 self._cancel_twins(fid, next(r["id"] for r in recs if r["input_file_id"] == fid),
@@ -161,9 +164,9 @@ class _Submitting:
             return
         cancelled, ended, failed = [], [], []
         for b in twins:
-            self._told.add(b.get("id"))
             try:
                 bid = plain_id(b.get("id"), "GET /batches: a batch id")
+                self._told.add(bid)
                 if b.get("status") in TERMINAL:
                     ended.append(f"{bid} ({b['status']})")
                 elif self._post_cancel(bid) is None:

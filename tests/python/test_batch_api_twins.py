@@ -141,13 +141,17 @@ def test_a_list_that_fails_is_only_a_check(mock: MockServer) -> None:
 
 
 def test_a_hostile_list_entry_is_passed_over(mock: MockServer) -> None:
-    """Entries of the list that are no batch, or name their file as
-    something other than a string (a list: unhashable), are passed over."""
+    """Entries of the list that are no batch, name their file as something
+    other than a string (a list: unhashable), or name the job's file with an
+    id that is no string, are passed over."""
     store = mock.batch_api()
     job = _submit(mock, 2)
     twin = _late_twin(mock, job)
     real = job.api.listed_batches
-    junk: List[Any] = [None, 7, {"input_file_id": ["x"]}, {"input_file_id": {"a": 1}}]
+    fid = job.doc["batches"][0]["input_file_id"]
+    junk: List[Any] = [None, 7, {"input_file_id": ["x"]}, {"input_file_id": {"a": 1}},
+                       {"input_file_id": fid, "id": ["x"], "status": "in_progress"},
+                       {"input_file_id": fid, "id": {"a": 1}}]
 
     def listed(*args: Any, **kwargs: Any) -> Iterator[Any]:
         yield from junk
@@ -158,3 +162,28 @@ def test_a_hostile_list_entry_is_passed_over(mock: MockServer) -> None:
         job.wait()
     body: Dict[str, Any] = store.batches[twin]
     assert body["status"] in ("cancelling", "cancelled")
+
+
+def test_a_twin_whose_id_is_no_string_is_named_not_raised(mock: MockServer,
+                                                         tmp_path: Any) -> None:
+    """The check right after the create lists an entry of the job's file
+    whose id is a list: it cannot be cancelled, and the warning says so;
+    nothing raises TypeError (the set of twins told of holds ids)."""
+    store = mock.batch_api()
+    job = batch_api._new_job([{"model": "gpt-4o-mini", "messages": [
+        {"role": "user", "content": "q"}]}], base_url=mock.base_url, api_key=KEY, **POLL)
+    real = job.api.listed_batches
+
+    def listed(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for b in real(*args, **kwargs):
+            yield b
+            if isinstance(b, dict):
+                yield {"input_file_id": b.get("input_file_id"), "id": ["x"]}
+    job.api.listed_batches = listed         # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match=r"could not cancel \['x'\] \(GET /batches: a "
+                      r"batch id is not a plain id"):
+        job._submit()
+    store.auto = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert job.wait()["status"] == "completed"
