@@ -328,9 +328,9 @@ class Client(_ClientBatches):
         """:func:`llmretry.acall_llm` with this client's engine and defaults."""
         body, plan = self._plan_of(body, policy, options, "acall_llm()")
         engine, payload, extra, validator = self._prepare(body, plan)
-        from . import _aio
-        return await _aio.acall(self, engine, payload, extra, plan.kwargs,
-                                lambda out: _result_of(out, validator))
+        result: Result = await (_AIO or _import_aio()).acall(
+            self, engine, payload, extra, plan.kwargs, lambda out: _result_of(out, validator))
+        return result
 
     def astream_llm(self, body: Body, *, policy: Optional[str] = None,
                     stream_buffer_bytes: int = DEFAULT,
@@ -338,9 +338,10 @@ class Client(_ClientBatches):
         """:func:`llmretry.astream_llm` with this client's engine and defaults."""
         body, plan = self._plan_of(body, policy, options, "astream_llm()")
         engine, payload, extra, validator = _stream_call(self, body, plan, stream_buffer_bytes)
-        from . import _aio
-        return _aio.astream(self, engine, payload, extra, plan.kwargs,
-                            lambda out: _result_of(out, validator), _parse_json)
+        stream: "_aio.AsyncStream" = (_AIO or _import_aio()).astream(
+            self, engine, payload, extra, plan.kwargs, lambda out: _result_of(out, validator),
+            _parse_json)
+        return stream
 
     async def acall_many(self, bodies: Iterable[Body], limit: int = 8, *,
                          # BEGIN GENERATED many-keywords (tools/gen_surface.py's BATCH_KEYWORDS: do not edit)
@@ -434,6 +435,18 @@ class Client(_ClientBatches):
                                      on_result=on_result, logger=logger,
                                      # END GENERATED map-forward
                                      )
+
+
+# llmretry._aio, imported on the first await so that asyncio stays out of
+# `import llmretry`; kept here, as a `from . import` per call costs ~1 µs.
+_AIO: Any = None
+
+
+def _import_aio() -> Any:
+    global _AIO
+    from . import _aio
+    _AIO = _aio
+    return _aio
 
 
 # Client()'s own keywords (max_in_flight, ...), for "did you mean".
