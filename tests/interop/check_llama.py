@@ -179,8 +179,13 @@ def main(base_url: str, access_log: str) -> int:
                 assert log.since(mark, 2) == [200] * 2
             else:
                 raise AssertionError("an empty stream read as an answer")
+            # A GET of JSON is a call on the engine too: the server's list as
+            # the SDK parses it.
+            models = [m.id for m in sdk.models.list()]
+            assert models == ["tiny"], models
             return (f"usage {whole.usage.total_tokens} tokens; the stream ({label}) says what "
-                    f"the whole answer said; an empty stream: APIConnectionError after 2 requests")
+                    f"the whole answer said; an empty stream: APIConnectionError after 2 "
+                    f"requests; models.list() {models}")
         finally:
             sdk.close()
 
