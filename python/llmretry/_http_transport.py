@@ -383,7 +383,8 @@ def _accepts_json(accept: Optional[str]) -> Optional[bool]:
     """What a request's Accept header says of a JSON answer: True when it
     names a JSON type, False when it names only others (the SDK's binary
     endpoints: application/octet-stream, application/binary), None when it
-    takes anything (no header, ``*/*``, ``application/*``)."""
+    takes anything (no header, ``*/*``, ``application/*``) or an event
+    stream."""
     if not accept:
         return None
     anything = False
@@ -391,7 +392,8 @@ def _accepts_json(accept: Optional[str]) -> Optional[bool]:
         media = part.split(";", 1)[0].strip().lower()
         if media == "application/json" or media.endswith("+json"):
             return True
-        anything = anything or media in ("*/*", "application/*")
+        # An event stream is the engine's to read as one, as before.
+        anything = anything or media in ("*/*", "application/*", "text/event-stream")
     return None if anything else False
 
 

@@ -589,6 +589,19 @@ def test_a_get_of_json_lines_is_handed_on_as_it_came(scen: Scenario) -> None:
     assert events.names == ["llm_request_started", "llm_request_succeeded"], events.names
 
 
+@pytest.mark.pure_python
+@pytest.mark.parametrize("accept, says", [
+    (None, None), ("application/json", True), ("application/vnd.api+json", True),
+    ("audio/mpeg, application/json;q=0.5", True), ("application/octet-stream", False),
+    ("application/binary", False), ("audio/*", False), ("*/*", None), ("application/*", None),
+    ("text/event-stream", None)])
+def test_what_an_accept_header_says_of_json(accept: Any, says: Any) -> None:
+    # True: a JSON answer (a GET of it is a call); False: bytes only (a POST
+    # is carried raw); None: anything, an event stream (judged as before).
+    from llmretry._http_transport import _accepts_json
+    assert _accepts_json(accept) is says
+
+
 class _Speech(http.server.BaseHTTPRequestHandler):
     """audio.speech's server: a 200 of audio bytes, each request counted."""
 
