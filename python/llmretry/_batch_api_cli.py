@@ -17,7 +17,6 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional
 
-from . import _batch_api_wait, batch_api
 from .errors import LLMError
 
 VIA = ("realtime", "batch-api")
@@ -47,6 +46,9 @@ def run(args: argparse.Namespace, cli: Any, inp: Any, n: int, bad: Dict[int, str
         kept: Any, bar: Any, output: Any, interrupts: Any, write: Any) -> int:
     """The run after the command's checks (``cli`` is llmretry.cli, whose
     helpers write the files): the exit status."""
+    # Here, not at the top: `llmretry call` and a realtime batch never load
+    # the Batch API (urllib.request, uuid, hashlib: 16 ms of every command).
+    from . import _batch_api_wait, batch_api
     UsageError = cli.UsageError
     if bad:
         raise cli._bad_lines_error(args.input, bad)

@@ -39,6 +39,14 @@ def test_import_leaves_asyncio_and_the_rare_modules_to_first_use() -> None:
     assert after == []
 
 
+def test_the_command_leaves_the_batch_api_to_its_flag() -> None:
+    # `llmretry call` and a realtime batch: no Batch API, no asyncio.
+    out = _fresh("import sys, llmretry.cli\n"
+                 "print(sorted(m for m in ('asyncio', 'llmretry.batch_api', 'urllib.request')"
+                 " if m in sys.modules))")
+    assert out.strip() == "[]"
+
+
 def test_the_names_left_to_first_use_are_the_modules_own() -> None:
     out = _fresh("import llmretry, sys\n"
                  "from llmretry import _aio, _aio_batch\n"
