@@ -34,6 +34,7 @@ class _Submitting:
     last: Dict[str, Dict[str, Any]]
     _save: Callable[[], None]       # the record rewritten
     _told: Set[Any]                 # the twins warned of (ids), each once
+    _look_until: float              # until when wait()'s polls look (monotonic s)
 
     def _unsubmitted(self) -> List[int]:
         """The items no batch of the record holds."""
@@ -144,7 +145,11 @@ class _Submitting:
             listed = self._listed_from({r["input_file_id"]: r.get("file_created_at")
                                         for r in recs})
         except LLMError:
-            return          # only a check: the job's own batches are not at stake
+            # Only a check: the job's own batches are not at stake. A list
+            # that failed (after its retries) is not asked for at each poll
+            # again, where its retries would hold the polls up: at the end.
+            self._look_until = 0.0
+            return
         kept = {r["id"] for r in recs}
         for fid, made in listed.items():
             # (An id that is no string is no batch this job can cancel, nor

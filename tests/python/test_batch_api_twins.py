@@ -125,18 +125,27 @@ def test_twins_already_cancelled_are_not_told_again(mock: MockServer) -> None:
 
 
 def test_a_list_that_fails_is_only_a_check(mock: MockServer) -> None:
+    """A list that fails (after its retries) stops nothing and is not asked
+    for at each poll again: once more at the end."""
     store = mock.batch_api()
     job = _submit(mock, 2)
     _late_twin(mock, job)
-    store.auto = True
+    store.auto = {"to": "in_progress"}
+    asked: List[int] = []
 
     def broken(*args: Any, **kwargs: Any) -> Any:
+        asked.append(1)
         raise LLMError("the list is down")
         yield                               # a generator, as the Api's
     job.api.listed_batches = broken         # type: ignore[method-assign]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        with pytest.raises(_Stop):
+            job.wait(progress=_stop_at(4))
+        assert len(asked) == 1              # the first poll's; not the next two
+        store.auto = True
         assert job.wait()["status"] == "completed"
+    assert len(asked) == 2                  # and the end's
     assert len(job.results()) == 2
 
 
