@@ -8,7 +8,7 @@ still told."""
 from __future__ import annotations
 
 import io
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict
 
 import httpx
 import openai
@@ -19,23 +19,10 @@ import llmretry.httpx
 import llmretry.otel
 from conftest import SECRET_KEY, Scenario
 from llmretry import batch_api
-from test_otel import Telemetry, attempt_events
+from test_otel import Telemetry, attempt_events, tel  # noqa: F401 (tel: the fixture)
 
 GENAI_METRICS = ("gen_ai.client.operation.duration", "gen_ai.client.token.usage",
                  "gen_ai.client.operation.time_to_first_chunk")
-
-
-@pytest.fixture
-def tel() -> Iterator[Telemetry]:
-    t = Telemetry()
-    llmretry.otel.instrument(tracer_provider=t.tracer_provider,
-                             meter_provider=t.meter_provider)
-    try:
-        yield t
-    finally:
-        llmretry.otel.uninstrument()
-        t.tracer_provider.shutdown()
-        t.meter_provider.shutdown()
 
 
 def _genai(span: Any) -> Dict[str, Any]:
