@@ -25,8 +25,12 @@ headers, body), so a 429 the engine gave up on reaches the SDK as that
 streamed to the SDK as SSE; closing the SDK's stream cancels the call. A
 call that ends without a response (the network, a timeout, the deadline)
 raises ``httpx.ConnectError`` or ``httpx.ReadTimeout`` whose message ends
-with llmretry's request id. Other requests (GET, multipart uploads,
-DELETE) go through ``httpx.HTTPTransport`` as they would without llmretry.
+with llmretry's request id. A POST whose ``Accept`` names no JSON type
+(``audio.speech``) is one call whose answer is taken as bytes. A GET whose
+``Accept`` names JSON (retrieving and listing files, batches, models) is a
+call too, its body handed on as it came. Other requests (downloads,
+multipart uploads, DELETE, a POST with no body) go through
+``httpx.HTTPTransport`` as they would without llmretry.
 
 Importing ``llmretry`` does not import this module (nor httpx).
 """
