@@ -160,9 +160,6 @@ def _end_span(span: Any, attrs: Dict[str, Any], targets: _Targets, endpoint: Any
     ``endpoint`` against the ``started`` model and the first target), its
     attempt events (``attempts``', then ``answered``'s, the attempt a result
     says answered) and its status (not its end)."""
-    if not endpoint.genai:          # an HTTP span: no GenAI attribute (a file's id, ...)
-        attrs = {k: v for k, v in attrs.items() if not k.startswith(("gen_ai.", "openai."))}
-        model = started
     # The model and endpoint it started with are set already.
     if model == started:
         attrs.pop("gen_ai.request.model", None)
@@ -174,6 +171,8 @@ def _end_span(span: Any, attrs: Dict[str, Any], targets: _Targets, endpoint: Any
         name = _span_name(endpoint, model)
         if name != _span_name(targets.first, started):
             span.update_name(name)
+    if not endpoint.genai:          # an HTTP span: no GenAI attribute (a file's id, ...)
+        attrs = {k: v for k, v in attrs.items() if not k.startswith(("gen_ai.", "openai."))}
     span.set_attributes(attrs)
     if attempts:
         if answered is not None:
