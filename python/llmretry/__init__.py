@@ -104,15 +104,18 @@ _logging_module.getLogger("llmretry").addHandler(_logging_module.NullHandler())
 # What `import llmretry` leaves to first use: asyncio (about half of its
 # import time) and the Batch API's urllib.request. A script that never awaits
 # never imports asyncio.
-_ON_FIRST_USE = {"AsyncStream": "._aio", "amap_with_concurrency": "._aio_batch",
-                 "batch_api": None}
+# name: (its module, the module's attribute; None: the module itself).
+_ON_FIRST_USE = {"AsyncStream": ("._aio", "AsyncStream"),
+                 "amap_with_concurrency": ("._aio_batch", "amap_with_concurrency"),
+                 "batch_api": (".batch_api", None)}
 
 
 def __getattr__(name: str) -> object:
     if name in _ON_FIRST_USE:
         import importlib
-        module = importlib.import_module(_ON_FIRST_USE[name] or "." + name, __name__)
-        value = module if _ON_FIRST_USE[name] is None else getattr(module, name)
+        where, attribute = _ON_FIRST_USE[name]
+        module = importlib.import_module(where, __name__)
+        value = module if attribute is None else getattr(module, attribute)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
