@@ -13,6 +13,7 @@ all but one cancelled, with a RuntimeWarning naming them.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -130,16 +131,16 @@ class _Submitting:
                 break
         return found
 
-    def _look_for_late_twins(self) -> None:
-        """Cancel what the provider made of the job's files besides the
-        batches the record keeps, found after the check that followed each
-        create: an attempt given up on that the provider made later (a slow
-        provider, a gateway's late retry). BatchJob.wait looks while the job
-        runs (its polls in the first TWIN_LOOK_S) and once when it has
-        ended: a twin that ran to its end was billed, and the warning says
-        so. Each twin is told of once."""
+    def _look_for_late_twins(self, ended: bool) -> None:
+        """At each of BatchJob.wait's polls: cancel what the provider made
+        of the job's files besides the batches the record keeps, found after
+        the check that followed each create: an attempt given up on that the
+        provider made later (a slow provider, a gateway's late retry). It
+        looks while the job runs (the polls in its first TWIN_LOOK_S) and
+        once when it has ``ended``: a twin that ran to its end was billed,
+        and the warning says so. Each twin is told of once."""
         recs = self.doc["batches"]
-        if not recs or not self.api.has_list:
+        if not recs or not self.api.has_list or not (ended or time.monotonic() < self._look_until):
             return
         try:
             listed = self._listed_from({r["input_file_id"]: r.get("file_created_at")

@@ -186,11 +186,10 @@ class BatchJob(_Submitting):
                 if report is not None:
                     report(rc["completed"] + rc["failed"], rc["total"] or len(self.lines),
                            rc["failed"])
-                if st["status"] != "in_progress":
-                    self._look_for_late_twins()
+                ended = st["status"] != "in_progress"
+                self._look_for_late_twins(ended)
+                if ended:
                     return st
-                if time.monotonic() < self._look_until:
-                    self._look_for_late_twins()
                 _sleep(delay)
                 delay = min(delay * 1.5, cap / 1000.0)
         finally:
