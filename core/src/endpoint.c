@@ -9,6 +9,14 @@
  * limited nor guarded). */
 #define MAX_ENDPOINTS 256
 
+static void endpoint_free(lr_endpoint *ep)
+{
+    free(ep->url);
+    free(ep->shown_url);
+    free(ep->model);
+    free(ep);
+}
+
 static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
 {
     lr_endpoint *ep = calloc(1, sizeof *ep);
@@ -16,10 +24,9 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
         return NULL;
     ep->url = lr_strdup(c->url);
     ep->shown_url = llmretry_url_shown(c->url);
-    if (!ep->url || !ep->shown_url) {
-        free(ep->url);
-        free(ep->shown_url);
-        free(ep);
+    ep->model = c->model ? lr_strdup(c->model) : NULL;
+    if (!ep->url || !ep->shown_url || (c->model && !ep->model)) {
+        endpoint_free(ep);
         return NULL;
     }
     ep->key_hash = c->key_hash;
@@ -31,7 +38,7 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     if (e->shared) {
         /* The endpoint as every process knows it: URL and key hash, never
          * the key. Out of slots: this process keeps its own numbers. */
-        uint64_t id = lr_endpoint_id(ep->url, ep->key_hash);
+        uint64_t id = lr_endpoint_id(ep->url, ep->key_hash, ep->model);
         lr_shared_ep *slot = lr_shared_store_endpoint(e->shared, id);
         if (slot) {
             ep->sh = slot;
@@ -41,6 +48,7 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     /* Never the URL's user info or query in the stats (a key could be
      * there): they reach logs and dashboards. */
     ep->stats.url = ep->shown_url;
+    ep->stats.model = ep->model;
     ep->stats.has_key = c->key_hash != 0;
     ep->stats.breaker = "closed";
     /* Hosts read the array under the mutex: grow it under it. */
@@ -52,12 +60,16 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
     }
     pthread_mutex_unlock(&e->mu);
     if (!more) {
-        free(ep->url);
-        free(ep->shown_url);
-        free(ep);
+        endpoint_free(ep);
         return NULL;
     }
     return ep;
+}
+
+/* Two calls' models name one endpoint: the same text, or both none. */
+static int same_model(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
 }
 
 lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
@@ -66,7 +78,8 @@ lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
     if (!ep) {
         for (size_t i = 0; i < e->n_endpoints && !ep; i++) {
             lr_endpoint *x = e->endpoints[i];
-            if (x->key_hash == c->key_hash && strcmp(x->url, c->url) == 0)
+            if (x->key_hash == c->key_hash && strcmp(x->url, c->url) == 0 &&
+                same_model(x->model, c->model))
                 ep = x;
         }
         if (!ep && e->n_endpoints < MAX_ENDPOINTS)
@@ -97,11 +110,18 @@ static const char *breaker_name(lr_shared_breaker s)
     }
 }
 
-uint64_t lr_endpoint_id(const char *url, uint64_t key_hash)
+uint64_t lr_endpoint_id(const char *url, uint64_t key_hash, const char *model)
 {
     uint64_t x = 1469598103934665603ull ^ key_hash;     /* FNV-1a over the URL */
     for (const unsigned char *p = (const unsigned char *)url; *p; p++)
         x = (x ^ *p) * 1099511628211ull;
+    if (model) {
+        /* Then a NUL (no URL has one) and the model: "u" + "m" differs
+         * from "um" + none. */
+        x = x * 1099511628211ull;
+        for (const unsigned char *p = (const unsigned char *)model; *p; p++)
+            x = (x ^ *p) * 1099511628211ull;
+    }
     return x ? x : 1;                                   /* 0 marks a free slot */
 }
 
@@ -153,10 +173,7 @@ void lr_endpoints_free(llmretry_engine *e)
     e->endpoints = NULL;
     e->n_endpoints = 0;
     pthread_mutex_unlock(&e->mu);
-    for (size_t i = 0; i < n; i++) {
-        free(eps[i]->url);
-        free(eps[i]->shown_url);
-        free(eps[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        endpoint_free(eps[i]);
     free(eps);
 }

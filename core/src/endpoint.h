@@ -1,6 +1,11 @@
-/* An endpoint: a URL and the API key sent to it (as a hash of the
- * Authorization header). Everything the engine learns and decides per
- * endpoint lives here, shared by every call of the engine:
+/* An endpoint: a URL, the API key sent to it (as a hash of the
+ * Authorization header) and the model its calls name. The model is part of
+ * it because providers limit each model on a key apart and say so per model
+ * (OpenAI's limits, and the x-ratelimit-* of every answer, are a model's;
+ * so are a gateway's, LiteLLM's included): one endpoint per URL and key let
+ * a model limited to 10 requests a minute pace every other model of that
+ * gateway at 10. Everything the engine learns and decides per endpoint
+ * lives here, shared by every call of the engine:
  *
  *   endpoint.c   the table of endpoints and what hosts may read of them
  *   ratelimit.c  the rate budget: rpm, tpm, x-ratelimit-*, a 429's pause,
@@ -43,6 +48,7 @@ struct lr_endpoint {
     char *url;
     char *shown_url;                   /* url for the stats (llmretry_url_shown) */
     uint64_t key_hash;
+    char *model;                       /* its calls' model; NULL: they name none */
     /* The rate budget (ratelimit.c). */
     int64_t rpm, tpm;                  /* configured (the latest call's), 0 = none */
     lr_stated req, tok;                /* learned from the responses */
@@ -79,9 +85,9 @@ struct lr_endpoint {
  * engine's mutex); call after a change worth seeing. */
 void lr_endpoint_publish(llmretry_engine *e, lr_endpoint *ep);
 
-/* An endpoint's name in a shared store: a hash of its URL and key hash
- * (never 0). */
-uint64_t lr_endpoint_id(const char *url, uint64_t key_hash);
+/* An endpoint's name in a shared store: a hash of its URL, key hash and
+ * model (never 0). */
+uint64_t lr_endpoint_id(const char *url, uint64_t key_hash, const char *model);
 
 /* ratelimit.c: the request rate in force, a minute's worth (0: none). */
 int64_t lr_budget_rpm(const lr_endpoint *ep);

@@ -98,7 +98,7 @@ static const llmretry_option_info TABLE[] = {
       OFF(idempotency_key), 0, 0, NULL, NULL, "null",
       "sent as Idempotency-Key on every attempt; in a policy only \"auto\" (a new key per call)" },
     { "rpm", LLMRETRY_OPTTYPE_INT, POL, OFF(rpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0",
-      "requests a minute to the endpoint (its URL and key), paced evenly on the client" },
+      "requests a minute to the endpoint (its URL, key and model), paced evenly on the client" },
     { "tpm", LLMRETRY_OPTTYPE_INT, POL, OFF(tpm), 0, INT64_MAX, ">= 0 (0: none)", NULL, "0",
       "tokens a minute to the endpoint, estimated from each body and corrected by its usage" },
     { "retry_budget_ratio", LLMRETRY_OPTTYPE_NUMBER, POL, OFF(retry_budget_ratio), 0, 1000000,

@@ -174,6 +174,7 @@ static const row TARGET[] = {
 #define E llmretry_endpoint_stats
 static const row ENDPOINT[] = {
     STR(E, url, 0, "the endpoint's URL, its user info and query as ***"),
+    STR(E, model, 1, "the model its calls name (each model on a key is an endpoint of its own)"),
     FIELD(E, has_key, LLMRETRY_FIELD_BOOL, 0, 0, "its calls send an Authorization header"),
     INT(E, requests, "first attempts sent, ever"),
     INT(E, retries, "retries sent, ever"),

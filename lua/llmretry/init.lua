@@ -78,7 +78,8 @@ local function get_default_engine()
 end
 
 -- What an engine (default: the module's own) knows of each endpoint it has
--- called, a list of tables: url, has_key, requests, retries, the retry
+-- called (a URL, a key and a model each), a list of tables: url, model
+-- (nil for calls naming none), has_key, requests, retries, the retry
 -- budget's window_requests / window_retries / retries_refused, the breaker
 -- ("closed", "open", "half_open"), consecutive_failures, breaker_opened,
 -- short_circuited, open_ms_left, the rpm / tpm in force and in_flight.

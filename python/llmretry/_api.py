@@ -71,7 +71,7 @@ def call_llm(body: Body, *, client: Optional[Client] = None, policy: Optional[st
       the longest gap between two chunks; ``timeout_ms`` then bounds the
       wait for the first one. The result is the assembled chat.completion.
     * ``rpm=0`` and ``tpm=0`` (0: none): client-side rate limits of the
-      endpoint (``base_url`` + key), shared by every call, batch and loop
+      endpoint (``base_url`` + key + model), shared by every call, batch and loop
       of the client: at most that many requests and tokens a minute, paced
       evenly; a call's tokens are estimated from its body (prompt
       characters / 4 plus ``max_tokens``) and corrected by the usage.

@@ -92,7 +92,8 @@ class EngineOptions(TypedDict, total=False):
     #: sent as Idempotency-Key on every attempt; in a policy only "auto" (a new key per
     #: call)
     idempotency_key: Optional[str]
-    #: requests a minute to the endpoint (its URL and key), paced evenly on the client
+    #: requests a minute to the endpoint (its URL, key and model), paced evenly on the
+    #: client
     rpm: int
     #: tokens a minute to the endpoint, estimated from each body and corrected by its usage
     tpm: int

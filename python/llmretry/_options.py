@@ -64,7 +64,8 @@ class BatchOptions(TypedDict, total=False):
     retry_invalid_response: bool
     #: larger bodies fail with response_too_large
     max_response_bytes: int
-    #: requests a minute to the endpoint (its URL and key), paced evenly on the client
+    #: requests a minute to the endpoint (its URL, key and model), paced evenly on the
+    #: client
     rpm: int
     #: tokens a minute to the endpoint, estimated from each body and corrected by its usage
     tpm: int

@@ -123,6 +123,42 @@ describe("rate limits", function()
     check(stats.retries_refused == 0 and stats.rpm > 0, "stats %s", H.dump(stats))
   end)
 
+  -- Each model on a key is an endpoint of its own (providers limit models
+  -- apart): the limit one model's answers state (2 a minute) does not pace
+  -- another model of the same URL and key.
+  it("keeps each model's learned limit to that model", function()
+    local slow = limited("lua_model_slow", { rpm = 2, window_ms = 60000 })
+    local fast = mock:scen("lua_model_fast")
+    local gw = mock:scen("lua_model_gw")
+    local doc = H.obj({ steps = setmetatable({}, { __jsontype = "array" }),
+                        route = H.obj({ ["m-slow"] = slow.name, ["m-fast"] = fast.name }) })
+    local code, text = mock:http("PUT", "/_mock/scenarios/" .. gw.name, json.encode(doc))
+    check(code == 204, "PUT route: HTTP %s %s", tostring(code), text)
+    local engine = llm.new_engine()
+    local opts = { base_url = gw.url, engine = engine, api_key = H.SECRET_KEY,
+                   timeout_ms = 5000 }
+    local function call(model, deadline_ms)
+      local o = { body = H.secret_body(model, model), deadline_ms = deadline_ms }
+      for k, v in pairs(opts) do o[k] = v end
+      return llm.call_llm(o)
+    end
+    local res, err = call("m-slow")
+    check(res, "m-slow: %s", H.dump(err))
+    res, err = call("m-slow", 300)
+    check(not res and err.kind == "deadline_exceeded", "m-slow again: %s", H.dump(err))
+    for i = 1, 3 do
+      res, err = call("m-fast", 3000)
+      check(res and res.meta.attempts == 1, "m-fast %d: %s", i, H.dump(err))
+    end
+    check(#fast.requests() == 3 and #slow.requests() == 1, "requests: %d fast, %d slow",
+      #fast.requests(), #slow.requests())
+    local rpm = {}
+    for _, s in ipairs(llm.endpoint_stats(engine)) do rpm[s.model] = s.rpm end
+    check(rpm["m-slow"] == 2 and rpm["m-fast"] == 0, "stats %s",
+      H.dump(llm.endpoint_stats(engine)))
+    engine:close()
+  end)
+
   it("refuses a bad rpm, naming it", function()
     local ok, err = pcall(llm.call_llm, { body = H.secret_body("x"), base_url = "http://127.0.0.1:9/v1",
       api_key = "k", rpm = -1 })

@@ -277,7 +277,9 @@ def test_cli_fallback_and_breaker_flags(scen: Any, tmp_path: Any) -> None:
     lines = read_results(res)
     assert len(lines) == 10 and all(rec["ok"] for rec in lines)
     assert {rec["meta"]["target"] for rec in lines} == {1}
-    assert len(scen.requests()) == 2            # then the breaker sent them to the backup
+    # Then the breakers sent them to the backup: one breaker per model, and
+    # the items name two (none, and "own-model"), 2 failures each.
+    assert len(scen.requests()) == 4
     recs = backup.requests()
     assert len(recs) == 10
     assert all(json.loads(r["body"])["model"] == "backup-model" for r in recs)

@@ -168,6 +168,10 @@ typedef struct llmretry_endpoint_stats {
     int64_t open_ms_left;          /* while open: until a probe may go */
     int64_t rpm, tpm;              /* in force: configured, else learned; 0 = none */
     int in_flight;
+    const char *model;             /* the model its calls name, NULL for none
+                                    * (an endpoint is a URL, a key and a model:
+                                    * providers limit each model apart); valid
+                                    * until llmretry_engine_free */
 } llmretry_endpoint_stats;
 
 /* Up to `max` endpoints' stats (in the order first used) into out; returns

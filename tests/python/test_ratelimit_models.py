@@ -1,0 +1,117 @@
+"""Each model on a key is an endpoint of its own: providers limit models
+apart and say so per model (OpenAI's limits; a gateway's, LiteLLM's
+included, whose x-ratelimit-* are the answering model's). So one model's
+learned limit, 429 pause and breaker leave the other models of the same URL
+and key alone. Before, one call to a model limited to 10 a minute paced
+every model of that gateway at 10 (tests/interop/check_litellm.py's
+"models limited apart": 20 calls of another model went from 0.1 s to 122 s).
+
+The gateway here is one mock scenario routing each model to a scenario of
+its own (the mock's ``route``): one URL, one key, per-model limits."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import pytest
+
+import llmretry
+from conftest import FAST, SECRET_KEY
+from test_shared import shm_store
+
+
+def body(model: str) -> Dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def gateway(scen: Any, **slow_limits: Any) -> Tuple[str, Any, Any]:
+    """One URL serving "m-slow" (a scenario of its own, limited as given)
+    and "m-fast" (another, unlimited): the URL and the two scenarios."""
+    slow, fast = scen.sub("slow"), scen.sub("fast")
+    if slow_limits:
+        scen.server.script(slow.name, [], None, limits=slow_limits)
+    scen.server.script(scen.name, [], None, route={"m-slow": slow.name, "m-fast": fast.name})
+    return scen.url, slow, fast
+
+
+def by_model(client: llmretry.Client) -> Dict[Any, Dict[str, Any]]:
+    return {s["model"]: s for s in client.endpoint_stats()}
+
+
+def test_a_models_learned_limit_paces_that_model_alone(scen: Any) -> None:
+    # 2 a minute, said in every answer's x-ratelimit-limit-requests.
+    url, slow, fast = gateway(scen, rpm=2, window_ms=60000)
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url, **FAST) as client:
+        client.call_llm(body("m-slow"))
+        # A call of the same model waits ~30 s for its turn: past its deadline.
+        with pytest.raises(llmretry.DeadlineExceededError) as ei:
+            client.call_llm(body("m-slow"), deadline_ms=300)
+        assert ei.value.attempts == 0 and "rate budget" in str(ei.value)
+        # Another model of the gateway is not paced by it.
+        metas = [client.call_llm(body("m-fast"), deadline_ms=3000).meta for _ in range(5)]
+        stats = by_model(client)
+    assert [m.attempts for m in metas] == [1] * 5
+    assert len(fast.requests()) == 5 and len(slow.requests()) == 1
+    assert set(stats) == {"m-slow", "m-fast"}
+    assert stats["m-slow"]["rpm"] == 2 and stats["m-fast"]["rpm"] == 0
+    assert stats["m-slow"]["url"] == stats["m-fast"]["url"]
+
+
+def test_a_429_of_one_model_pauses_that_model_alone(scen: Any) -> None:
+    url, slow, fast = gateway(scen)
+    slow.script([{"status": 429, "retry_after": "30"}])
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url, **FAST) as client:
+        with pytest.raises(llmretry.RateLimitError):
+            client.call_llm(body("m-slow"), max_retries=0)
+        # Its named wait (30 s) holds that model's calls ...
+        with pytest.raises(llmretry.DeadlineExceededError):
+            client.call_llm(body("m-slow"), deadline_ms=300)
+        # ... and not the other model's.
+        res = client.call_llm(body("m-fast"), deadline_ms=3000)
+    assert res.meta.attempts == 1
+    assert len(slow.requests()) == 1 and len(fast.requests()) == 1
+
+
+def test_a_breaker_per_model_sends_a_fallback_on_the_same_gateway_at_once(scen: Any) -> None:
+    """A model that is down on a gateway, with a fallback to another model
+    of that gateway: its breaker opens after its own failures, and the
+    calls after go to the fallback without trying it. With one breaker for
+    the URL, the fallback's successes reset the count after every failure:
+    it never opened, and every call paid a request to the dead model."""
+    url, slow, fast = gateway(scen)
+    slow.script([], after={"status": 500})
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url, breaker_failures=2,
+                         breaker_cooldown_ms=60000, max_retries=0,
+                         fallbacks=[{"model": "m-fast"}]) as client:
+        metas = [client.call_llm(body("m-slow")).meta for _ in range(5)]
+        stats = by_model(client)
+    assert [m.target for m in metas] == [1] * 5
+    assert len(slow.requests()) == 2 and len(fast.requests()) == 5
+    assert stats["m-slow"]["breaker"] == "open" and stats["m-slow"]["short_circuited"] == 3
+    assert stats["m-fast"]["breaker"] == "closed"
+
+
+def test_a_shared_store_keeps_each_models_limit_apart(scen: Any) -> None:
+    """Two engines on one shm store: the limit the first learned for m-slow
+    (kept in the store, where every process reads it) does not pace the
+    second's m-slow's neighbour m-fast."""
+    url, slow, fast = gateway(scen, rpm=2, window_ms=60000)
+    with shm_store() as spec:
+        with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url, shared=spec,
+                             **FAST) as first:
+            first.call_llm(body("m-slow"))
+        with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url, shared=spec,
+                             **FAST) as second:
+            metas = [second.call_llm(body("m-fast"), deadline_ms=3000).meta for _ in range(3)]
+            stats = by_model(second)
+    assert [m.attempts for m in metas] == [1] * 3
+    assert len(slow.requests()) == 1 and len(fast.requests()) == 3
+    assert list(stats) == ["m-fast"] and stats["m-fast"]["rpm"] == 0
+
+
+def test_calls_that_name_no_model_are_one_endpoint(scen: Any) -> None:
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=scen.url, **FAST) as client:
+        for _ in range(2):
+            client.call_llm({"messages": [{"role": "user", "content": "hi"}]})
+        stats = client.endpoint_stats()
+    assert len(stats) == 1 and stats[0]["model"] is None and stats[0]["requests"] == 2
