@@ -8,6 +8,13 @@
 /* More endpoints than this are not tracked (their calls are neither
  * limited nor guarded). */
 #define MAX_ENDPOINTS 256
+/* A URL and key get an endpoint for at most this many models; the calls of
+ * any model past them share the URL and key's endpoint without a model (as
+ * calls naming none do). The model comes from the request body, which a
+ * gateway's downstream clients write: a flood of made-up names must not
+ * use up the engine's endpoints, or a shared store's slots, before the
+ * real models have theirs. */
+#define MAX_MODELS_PER_KEY 64
 
 static void endpoint_free(lr_endpoint *ep)
 {
@@ -17,15 +24,16 @@ static void endpoint_free(lr_endpoint *ep)
     free(ep);
 }
 
-static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c)
+static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c,
+                                 const char *model)
 {
     lr_endpoint *ep = calloc(1, sizeof *ep);
     if (!ep)
         return NULL;
     ep->url = lr_strdup(c->url);
     ep->shown_url = llmretry_url_shown(c->url);
-    ep->model = c->model ? lr_strdup(c->model) : NULL;
-    if (!ep->url || !ep->shown_url || (c->model && !ep->model)) {
+    ep->model = model ? lr_strdup(model) : NULL;
+    if (!ep->url || !ep->shown_url || (model && !ep->model)) {
         endpoint_free(ep);
         return NULL;
     }
@@ -72,18 +80,36 @@ static int same_model(const char *a, const char *b)
     return a == b || (a && b && strcmp(a, b) == 0);
 }
 
+/* The endpoint of (the call's URL and key, model), or NULL; *models: how
+ * many of that URL and key's endpoints have a model. */
+static lr_endpoint *endpoint_find(llmretry_engine *e, const llmretry_call *c,
+                                  const char *model, int *models)
+{
+    *models = 0;
+    for (size_t i = 0; i < e->n_endpoints; i++) {
+        lr_endpoint *x = e->endpoints[i];
+        if (x->key_hash != c->key_hash || strcmp(x->url, c->url) != 0)
+            continue;
+        if (same_model(x->model, model))
+            return x;
+        *models += x->model != NULL;
+    }
+    return NULL;
+}
+
 lr_endpoint *lr_endpoint_of(llmretry_engine *e, llmretry_call *c)
 {
     lr_endpoint *ep = c->endpoint;
     if (!ep) {
-        for (size_t i = 0; i < e->n_endpoints && !ep; i++) {
-            lr_endpoint *x = e->endpoints[i];
-            if (x->key_hash == c->key_hash && strcmp(x->url, c->url) == 0 &&
-                same_model(x->model, c->model))
-                ep = x;
+        int models;
+        const char *model = c->model;
+        ep = endpoint_find(e, c, model, &models);
+        if (!ep && model && models >= MAX_MODELS_PER_KEY) {
+            model = NULL;           /* past the models a key may have */
+            ep = endpoint_find(e, c, NULL, &models);
         }
         if (!ep && e->n_endpoints < MAX_ENDPOINTS)
-            ep = endpoint_new(e, c);
+            ep = endpoint_new(e, c, model);
         if (!ep)
             return NULL;            /* out of memory: this call is not limited */
         c->endpoint = ep;

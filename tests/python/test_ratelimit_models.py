@@ -115,3 +115,18 @@ def test_calls_that_name_no_model_are_one_endpoint(scen: Any) -> None:
             client.call_llm({"messages": [{"role": "user", "content": "hi"}]})
         stats = client.endpoint_stats()
     assert len(stats) == 1 and stats[0]["model"] is None and stats[0]["requests"] == 2
+
+
+def test_a_key_has_at_most_64_models(scen: Any) -> None:
+    """The model comes from the body, which a gateway's downstream clients
+    write: made-up names past the 64th share the URL and key's endpoint
+    without a model, rather than using up the engine's 256 endpoints (and a
+    shared store's slots) before the real models have theirs."""
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=scen.url, **FAST) as client:
+        for i in range(70):
+            client.call_llm(body(f"made-up-{i}"))
+        client.call_llm(body("made-up-3"))             # one of the 64: its own again
+        stats = client.endpoint_stats()
+    models = [s["model"] for s in stats]
+    assert models == [f"made-up-{i}" for i in range(64)] + [None], models
+    assert stats[3]["requests"] == 2 and stats[64]["requests"] == 6
