@@ -9,7 +9,9 @@
 #    (the latter also serves, as the up-* models' api_base, a recording
 #    upstream on the port given in LLMRETRY_INTEROP_UPSTREAM), and
 #    check_batch_api.py (llmretry.batch_api through the proxy's Files and
-#    Batch APIs, to the mock at OPENAI_BASE_URL).
+#    Batch APIs, to the mock at OPENAI_BASE_URL), and check_shared.py (four
+#    processes on one budget, through shm and through a redis-server it
+#    starts, against the proxy's own rpm limit).
 # 2. llama-cpp-python's server on a tiny random-weight model
 #    (tools/interop_tiny_gguf.py), then tests/interop/check_llama.py. Its
 #    install compiles llama.cpp (~12 minutes on 2 cores, once); when it
@@ -78,6 +80,8 @@ python3 tests/interop/check_streaming.py "http://127.0.0.1:$port/v1" "$out/litel
 python3 tests/interop/check_sdk.py "http://127.0.0.1:$port/v1" || status=1
 python3 tests/interop/check_endpoints.py "http://127.0.0.1:$port/v1" || status=1
 python3 tests/interop/check_batch_api.py "http://127.0.0.1:$port/v1" "$bport" || status=1
+# One budget across 4 processes against LiteLLM's rpm: alone, shm, Redis (~4 min).
+python3 tests/interop/check_shared.py "http://127.0.0.1:$port/v1" || status=1
 # llmretry.openresty with transport "cosocket": the core's HTTP/1.1 parser
 # on uvicorn's answers (needs the LuaJIT build of the module).
 tools/lua-test.sh --build-only >/dev/null

@@ -49,7 +49,26 @@ def main(litellm: str, llama: Optional[str], llama_log: Optional[str]) -> int:
         assert res.meta.attempts == 3, res.meta
         return f"fake-500 x2, then fake-ok on the same proxy: target {res.meta.target}"
 
+    def model_fallback_breaker() -> str:
+        # One breaker per model: fake-500's opens after its own 2 failures
+        # and the calls after go straight to fake-ok on the same proxy. With
+        # one breaker for the URL, fake-ok's successes reset the count after
+        # every failure: it never opened (5 requests to fake-500 of 5 calls).
+        with llmretry.Client(base_url=litellm, api_key=KEY, logger=None, max_retries=0,
+                             breaker_failures=2, breaker_cooldown_ms=60000,
+                             fallbacks=[{"model": "fake-ok"}]) as client:
+            targets = [client.call_llm(body("fake-500")).meta.target for _ in range(5)]
+            stats = {s["model"]: s for s in client.endpoint_stats()}
+        dead, up = stats["fake-500"], stats["fake-ok"]
+        assert targets == [1] * 5, targets
+        assert dead["breaker"] == "open" and dead["requests"] == 2, dead
+        assert dead["short_circuited"] == 3 and up["requests"] == 5, (dead, up)
+        return "fake-500's breaker open after 2 requests; 3 calls straight to fake-ok"
+
     def breaker() -> str:
+        # fake-500's breaker opens on its 500s; fake-ok, another model of the
+        # proxy, is not held by it (each model has its own); after the
+        # cooldown one probe of fake-500 goes out, fails, and opens it again.
         with llmretry.Client(base_url=litellm, api_key=KEY, logger=None,
                              max_retries=0, breaker_failures=3,
                              breaker_cooldown_ms=500) as client:
@@ -61,13 +80,21 @@ def main(litellm: str, llama: Optional[str], llama_log: Optional[str]) -> int:
                 except llmretry.LLMError as exc:
                     kinds.append(exc.kind)
             assert kinds == ["http_status"] * 3 + ["circuit_open"] * 2, kinds
-            [st] = client.endpoint_stats()
+            other = client.call_llm(body("fake-ok"))
+            stats = {s["model"]: s for s in client.endpoint_stats()}
+            st = stats["fake-500"]
             assert st["breaker"] == "open" and st["requests"] == 3, st
+            assert other.meta.attempts == 1 and stats["fake-ok"]["breaker"] == "closed", stats
             time.sleep(0.6)
-            res = client.call_llm(body("fake-ok"))     # the probe: the proxy answers
-            [st] = client.endpoint_stats()
-            assert st["breaker"] == "closed" and res.meta.attempts == 1, st
-        return f"{kinds}, then a probe closed it ({st['requests']} requests sent in all)"
+            try:
+                client.call_llm(body("fake-500"))      # the probe: the proxy fails it
+                raise AssertionError("the probe of fake-500 succeeded")
+            except llmretry.HTTPStatusError:
+                pass
+            st = {s["model"]: s for s in client.endpoint_stats()}["fake-500"]
+            assert st["breaker"] == "open" and st["requests"] == 4, st
+        return (f"{kinds}; fake-ok answered meanwhile; after the cooldown one probe, "
+                f"failed: open again ({st['requests']} requests to fake-500 in all)")
 
     def budget() -> str:
         with llmretry.Client(base_url=litellm, api_key=KEY, logger=None,
@@ -108,7 +135,8 @@ def main(litellm: str, llama: Optional[str], llama_log: Optional[str]) -> int:
         return "LiteLLM 500, a dead port, then llama.cpp's server answered (no key sent)"
 
     checks.check("a model fallback on LiteLLM", model_fallback)
-    checks.check("the breaker opens on LiteLLM's 500s and a probe closes it", breaker)
+    checks.check("a dead model's breaker sends its fallback model at once", model_fallback_breaker)
+    checks.check("the breaker opens on LiteLLM's 500s, one probe after the cooldown", breaker)
     checks.check("the retry budget bounds a storm against LiteLLM", budget)
     if llama:
         checks.check("fall back from LiteLLM to llama.cpp's server", cross_server)

@@ -91,6 +91,26 @@ def main(base_url: str) -> int:
             lines.append(f"{model}: {s.ok} of {n} ok, {s.attempts} attempts")
         return "; ".join(lines) + f"; {time.monotonic() - t0:.0f} s"
 
+    def models_limited_apart() -> str:
+        # LiteLLM limits each model apart and its x-ratelimit-* are the
+        # answering model's: the 10 a minute that fake-limited-apart's answer
+        # states must not pace fake-ok (one endpoint per URL and key paced
+        # 20 fake-ok calls at 10 a minute: 122 s instead of 0.1). The
+        # deadlines fail a paced call (6 s a turn) without a timed assertion.
+        with llmretry.Client(base_url=base_url, api_key=KEY, logger=None) as c:
+            c.call_llm(body("fake-limited-apart"))
+            try:
+                c.call_llm(body("fake-limited-apart"), deadline_ms=500)
+                raise AssertionError("a second call of the 10-a-minute model went at once")
+            except llmretry.DeadlineExceededError:
+                pass
+            metas = [c.call_llm(body("fake-ok", f"a{i}"), deadline_ms=3000).meta
+                     for i in range(20)]
+            rpm = {s["model"]: s["rpm"] for s in c.endpoint_stats()}
+        assert [m.attempts for m in metas] == [1] * 20, [m.attempts for m in metas]
+        assert rpm == {"fake-limited-apart": 10, "fake-ok": 0}, rpm
+        return f"rpm in force by model: {rpm}; 20 fake-ok calls, none paced"
+
     def malformed_answer_retried_and_counted() -> str:
         # Issue 31: an answer that is not the asked-for JSON is retried, and
         # the tokens of every attempt are in usage_total (usage stays empty:
@@ -145,6 +165,7 @@ def main(base_url: str) -> int:
     check("a 500 is retried, the error names the path", server_error_retried)
     check("an idle keep-alive connection uvicorn closed", idle_keepalive_resent)
     check("batches over LiteLLM's rpm limits, nothing configured", rate_limited_batches)
+    check("models limited apart on one key", models_limited_apart)
     check("a wrong base_url names the path", bad_path_named)
     check("two bursts of 200 calls at once (connection caches of 64)", burst_over_cache_shards)
     check("a malformed answer is retried, every attempt's tokens counted",
