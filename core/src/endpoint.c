@@ -44,8 +44,8 @@ static lr_endpoint *endpoint_new(llmretry_engine *e, const llmretry_call *c,
     lr_shared_ep_init(&ep->local, 1);
     ep->sh = &ep->local;
     if (e->shared) {
-        /* The endpoint as every process knows it: URL and key hash, never
-         * the key. Out of slots: this process keeps its own numbers. */
+        /* The endpoint as every process knows it: URL, key hash and model,
+         * never the key. Out of slots: this process keeps its own numbers. */
         uint64_t id = lr_endpoint_id(ep->url, ep->key_hash, ep->model);
         lr_shared_ep *slot = lr_shared_store_endpoint(e->shared, id);
         if (slot) {
