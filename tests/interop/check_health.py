@@ -27,6 +27,11 @@ def body(model: str, **extra: Any) -> Dict[str, Any]:
     return b
 
 
+def by_model(client: llmretry.Client) -> Dict[Any, Dict[str, Any]]:
+    """The client's endpoint stats by model (each model is an endpoint)."""
+    return {s["model"]: s for s in client.endpoint_stats()}
+
+
 def dead_url() -> str:
     """A base URL nothing listens on (connection refused)."""
     s = socket.socket()
@@ -58,7 +63,7 @@ def main(litellm: str, llama: Optional[str], llama_log: Optional[str]) -> int:
                              breaker_failures=2, breaker_cooldown_ms=60000,
                              fallbacks=[{"model": "fake-ok"}]) as client:
             targets = [client.call_llm(body("fake-500")).meta.target for _ in range(5)]
-            stats = {s["model"]: s for s in client.endpoint_stats()}
+            stats = by_model(client)
         dead, up = stats["fake-500"], stats["fake-ok"]
         assert targets == [1] * 5, targets
         assert dead["breaker"] == "open" and dead["requests"] == 2, dead
@@ -81,7 +86,7 @@ def main(litellm: str, llama: Optional[str], llama_log: Optional[str]) -> int:
                     kinds.append(exc.kind)
             assert kinds == ["http_status"] * 3 + ["circuit_open"] * 2, kinds
             other = client.call_llm(body("fake-ok"))
-            stats = {s["model"]: s for s in client.endpoint_stats()}
+            stats = by_model(client)
             st = stats["fake-500"]
             assert st["breaker"] == "open" and st["requests"] == 3, st
             assert other.meta.attempts == 1 and stats["fake-ok"]["breaker"] == "closed", stats
@@ -91,7 +96,7 @@ def main(litellm: str, llama: Optional[str], llama_log: Optional[str]) -> int:
                 raise AssertionError("the probe of fake-500 succeeded")
             except llmretry.HTTPStatusError:
                 pass
-            st = {s["model"]: s for s in client.endpoint_stats()}["fake-500"]
+            st = by_model(client)["fake-500"]
             assert st["breaker"] == "open" and st["requests"] == 4, st
         return (f"{kinds}; fake-ok answered meanwhile; after the cooldown one probe, "
                 f"failed: open again ({st['requests']} requests to fake-500 in all)")

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import llmretry
 from interop_util import Checks
+
+# The suites' throwaway redis-server.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from redis_server import RedisServer  # noqa: E402
 
 KEY = "sk-1234"
 PROCESSES, ITEMS, RPM = 4, 75, 240
@@ -61,12 +61,6 @@ def run(base_url: str, shared: Optional[str], model: str) -> Tuple[int, int, int
     ok, attempts, retries = (sum(o[k] for o in outs) for k in range(3))
     lost = [x for o in outs for x in o[3]]
     return ok, attempts, retries, lost, time.monotonic() - t0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(base_url: str) -> int:
@@ -100,27 +94,8 @@ def main(base_url: str) -> int:
                 pass
 
     def through_redis() -> str:
-        server = shutil.which("redis-server")
-        assert server, "redis-server is not installed (Debian: redis-server)"
-        port = free_port()
-        with tempfile.TemporaryDirectory() as tmp:
-            proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", tmp],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                end = time.monotonic() + 10
-                while True:
-                    try:
-                        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                        break
-                    except OSError:
-                        assert proc.poll() is None, "redis-server exited"
-                        assert time.monotonic() < end, "redis-server did not listen"
-                        time.sleep(0.05)
-                return shared(f"redis://127.0.0.1:{port}", "fake-shared-redis")
-            finally:
-                proc.terminate()
-                proc.wait(10)
+        with RedisServer() as redis:
+            return shared(redis.url, "fake-shared-redis")
 
     checks.check(f"{PROCESSES} processes alone at the proxy's rpm {RPM}", alone)
     checks.check(f"{PROCESSES} processes through an shm store", through_shm)
