@@ -34,7 +34,7 @@ class _Submitting:
     doc: Dict[str, Any]
     last: Dict[str, Dict[str, Any]]
     _save: Callable[[], None]       # the record rewritten
-    _told: Set[Any]                 # the twins warned of (ids), each once
+    _told: Set[str]                 # the twins warned of (ids), each once
     _look_until: float              # until when wait()'s polls look (monotonic s)
 
     def _unsubmitted(self) -> List[int]:

@@ -168,7 +168,8 @@ class Client(_ClientBatches):
         (a URL, the key sent to it and the model its calls name; never the
         key itself), one dict each:
 
-        ``url``, ``model`` (None for calls naming none), ``has_key``; ``requests`` and ``retries`` sent so far;
+        ``url``, ``model`` (None for calls naming none), ``has_key``;
+        ``requests`` and ``retries`` sent so far;
         ``window_requests``, ``window_retries`` over the retry budget's
         rolling 10 s and ``retries_refused`` (calls that gave up as
         ``retry_budget_exhausted``); ``breaker`` (``"closed"``, ``"open"``,

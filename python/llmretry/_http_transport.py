@@ -27,9 +27,10 @@ retried as an invalid answer, and billed each time).
 
 A GET whose Accept header names JSON (the SDK's retrieve and list calls) is
 a call too, so the SDK's polls get the policy (retries, budgets, breaker)
-with the SDK's own retries off; its 2xx body is handed on as it came. Anything else (a binary download, which
-httpx can stream; multipart uploads; DELETE and a POST with no body, which
-are not retried) goes to the flavour's own HTTP transport.
+with the SDK's own retries off; its 2xx body is handed on as it came.
+Anything else (a binary download, which httpx can stream; multipart
+uploads; DELETE and a POST with no body, which are not retried) goes to the
+flavour's own HTTP transport.
 """
 
 from __future__ import annotations

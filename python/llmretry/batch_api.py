@@ -112,7 +112,7 @@ class BatchJob(_Submitting):
         self.doc = doc
         self.options = options
         self.last: Dict[str, Dict[str, Any]] = {}
-        self._told: Set[Any] = set()
+        self._told: Set[str] = set()
         self._look_until = time.monotonic() + TWIN_LOOK_S
 
     @property
