@@ -74,9 +74,12 @@ describe("map_with_concurrency", function()
 
   it("keeps input order when completion order differs", function()
     local scen = {}
+    -- Answers 250 ms apart, the last item's first: under CI's load (this
+    -- suite runs beside the C and Python ones) 60 ms apart once let the
+    -- mock's late starts of the first calls keep input order.
     for i = 1, 5 do
       scen[i] = mock:scen("order" .. i)
-      scen[i].script({ { delay_ms = (6 - i) * 60, content = "answer-" .. i } })
+      scen[i].script({ { delay_ms = (6 - i) * 250, content = "answer-" .. i } })
     end
     local finished = {}
     local results = llm.map_with_concurrency({ 1, 2, 3, 4, 5 }, 5, function(i)
