@@ -3,7 +3,8 @@
  *
  *   1. its batch's pacer, for a call in a group (new items only: an item
  *      counts against its batch's window from its first attempt to its
- *      end, so its retries are not paced again);
+ *      end, so its retries are not paced again); an item whose endpoint
+ *      is paused waits in a hold of its batch, outside the window;
  *   2. its endpoint's rate budget (ratelimit.c: rpm, tpm, what the
  *      server's rate-limit headers say, a 429's pause, the slow-down 429s
  *      naming no wait teach), for every attempt (a retry first, unless
@@ -41,6 +42,20 @@ void lr_queue_push(lr_queue *q, llmretry_call *c, int front)
         q->tail->wait_next = c;
         q->tail = c;
     }
+}
+
+/* Put all of `front` (emptied) before the calls of `q`, in its order. */
+static void queue_prepend(lr_queue *q, lr_queue *front)
+{
+    if (!front->head)
+        return;
+    front->tail->wait_next = q->head;
+    if (q->head)
+        q->head->wait_prev = front->tail;
+    else
+        q->tail = front->tail;
+    q->head = front->head;
+    front->head = front->tail = NULL;
 }
 
 void lr_queue_unlink(lr_queue *q, llmretry_call *c)
@@ -144,6 +159,7 @@ static void group_enqueue(llmretry_engine *e, llmretry_call *c)
 {
     llmretry_group *g = c->group;
     g->queued++;
+    c->group_queue = &g->queue;
     if (!g->listed) {
         /* The list holds a reference: cancelled items may leave the group
          * with no other owner while it is still listed. */
@@ -155,12 +171,78 @@ static void group_enqueue(llmretry_engine *e, llmretry_call *c)
     wait_in(e, c, &g->queue, LR_GROUP_QUEUED, 0);
 }
 
-/* Start what the group's pacer allows now. */
+/* A 429's named wait pauses its endpoint, which is a model (endpoint.h),
+ * for every call. A batch's items bound for a paused endpoint wait in one
+ * of the batch's holds, outside its window, so that the batch's items of
+ * other models go on; when the batch itself paused, one model's wait held
+ * all of them. The hold for `ep`, or NULL when every hold keeps items of
+ * other endpoints: the item then starts, and waits for its endpoint's
+ * budget inside the window, as a batch of many paused models must. */
+static lr_queue *hold_for(llmretry_group *g, lr_endpoint *ep)
+{
+    lr_group_hold *free_hold = NULL;
+    for (int i = 0; i < LR_GROUP_HOLDS; i++) {
+        lr_group_hold *h = &g->holds[i];
+        if (h->endpoint == ep)
+            return &h->parked;
+        if (!h->parked.head && !free_hold)
+            free_hold = h;
+    }
+    if (!free_hold)
+        return NULL;
+    free_hold->endpoint = ep;
+    return &free_hold->parked;
+}
+
+/* Items whose endpoint's pause is over go back to the front of their
+ * batch's queue: they came before the items still in it. */
+static void release_holds(llmretry_group *g, int64_t now)
+{
+    for (int i = LR_GROUP_HOLDS - 1; i >= 0 && g->parked > 0; i--) {
+        lr_group_hold *h = &g->holds[i];
+        if (!h->parked.head || lr_budget_paused_ms(h->endpoint, now) > 0)
+            continue;
+        for (llmretry_call *c = h->parked.head; c; c = c->wait_next) {
+            c->group_queue = &g->queue;
+            g->parked--;
+        }
+        queue_prepend(&g->queue, &h->parked);
+    }
+}
+
+/* When a hold's items may go: 0 now, else the soonest end of a pause
+ * (`due` if none is sooner). */
+static int64_t holds_due_in(const llmretry_group *g, int64_t now, int64_t due)
+{
+    for (int i = 0; i < LR_GROUP_HOLDS && g->parked > 0; i++) {
+        const lr_group_hold *h = &g->holds[i];
+        if (!h->parked.head)
+            continue;
+        int64_t t = lr_budget_paused_ms(h->endpoint, now);
+        if (t < due)
+            due = t;
+    }
+    return due;
+}
+
+/* Start what the group's window allows now. The pacer's own pause is not
+ * asked: a 429's wait holds only its endpoint's items (the holds); the
+ * pacer keeps the window and counts the pauses. */
 static void pump_group(llmretry_engine *e, llmretry_group *g, int64_t now)
 {
-    while (g->queue.head && g->active < llmretry_pacer_allowed(&g->pacer, now)) {
+    if (g->parked > 0)
+        release_holds(g, now);
+    while (g->queue.head && g->active < g->pacer.window) {
         llmretry_call *c = g->queue.head;
         lr_queue_unlink(&g->queue, c);
+        lr_endpoint *ep = lr_endpoint_of(e, c);
+        lr_queue *hold = ep && lr_budget_paused_ms(ep, now) > 0 ? hold_for(g, ep) : NULL;
+        if (hold) {
+            lr_queue_push(hold, c, 0);      /* still LR_GROUP_QUEUED, its deadline armed */
+            c->group_queue = hold;
+            g->parked++;
+            continue;
+        }
         lr_timer_remove(e, c);
         g->queued--;
         g->active++;
@@ -177,7 +259,7 @@ static void pump_groups(llmretry_engine *e)
     while (*pp) {
         llmretry_group *g = *pp;
         pump_group(e, g, now);
-        if (!g->queue.head) {
+        if (!g->queue.head && g->parked == 0) {
             *pp = g->next_listed;
             g->listed = 0;
             lr_group_unref(g);
@@ -230,7 +312,9 @@ void lr_admission_leave(llmretry_engine *e, llmretry_call *c)
         lr_queue_unlink(lr_budget_queue(c), c);
         break;
     case LR_GROUP_QUEUED:
-        lr_queue_unlink(&c->group->queue, c);
+        lr_queue_unlink(c->group_queue, c);
+        if (c->group_queue != &c->group->queue)
+            c->group->parked--;
         c->group->queued--;
         group_snapshot(e, c->group);
         break;
@@ -257,11 +341,13 @@ int64_t lr_admission_due_in(const llmretry_engine *e, int64_t now, int64_t cap)
     int64_t due = lr_origins_due_in(e, now, cap);
     due = lr_budget_due_in(e, now, due);
     for (const llmretry_group *g = e->groups; g; g = g->next_listed) {
-        int64_t t = llmretry_pacer_paused_ms(&g->pacer, now);
-        if (t == 0 && g->active < llmretry_pacer_allowed(&g->pacer, now))
+        if (g->active >= g->pacer.window)
+            continue;   /* full groups need no wake-up: a finishing item is one */
+        if (g->queue.head)
             return 0;
-        if (t > 0 && t < due)
-            due = t;    /* full groups need no wake-up: a finishing item is one */
+        due = holds_due_in(g, now, due);
+        if (due == 0)
+            return 0;
     }
     return due;
 }

@@ -222,9 +222,11 @@ static void handle_failure(llmretry_engine *e, llmretry_call *c, lr_outcome *out
                                           lr_unix_ms(), left, lr_rng_next01(&e->rng));
     c->last_retry_after_ms = d.retry_after_ms;
     if (f->status == 429 && d.reason != LLMRETRY_REASON_RETRY_AFTER_TOO_LONG) {
-        /* The server's wait holds for the whole batch and every call to the
-         * endpoint, not just this item; but a wait the call itself refused
-         * as too long pauses nothing (it could stall them for years). */
+        /* The server's wait holds for every call to the endpoint (the
+         * model), not just this item: its batch's items of that model wait
+         * in a hold (admission.c), and the batch's pacer counts the pause
+         * and, adaptive, halves its window. But a wait the call itself
+         * refused as too long pauses nothing (it could stall them for years). */
         int64_t wait = d.retry && d.delay_source != LLMRETRY_DELAY_BACKOFF ? d.delay_ms
                                                                           : d.retry_after_ms;
         if (wait > c->o.max_retry_after_ms)

@@ -109,7 +109,10 @@ static void fire_timers(llmretry_engine *e)
         } else if (c->deadline_at >= 0 && now >= c->deadline_at) {
             if (!c->last_message)
                 c->last_message = lr_strdup(
-                    c->state == LR_GROUP_QUEUED
+                    c->state == LR_GROUP_QUEUED && c->group_queue != &c->group->queue
+                        ? "the deadline passed while the call waited out the pause its "
+                          "endpoint's server asked for (a 429's wait)"
+                    : c->state == LR_GROUP_QUEUED
                         ? "the deadline passed while the call waited for its batch's window"
                     : c->state == LR_HELD
                         ? "the deadline passed while the call waited for a connection to its server"

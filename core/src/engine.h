@@ -239,6 +239,10 @@ int64_t lr_budget_due_in(const llmretry_engine *e, int64_t now, int64_t cap);
 void lr_budget_attempt_ended(llmretry_call *c, int ok, const llmretry_usage *usage);
 void lr_budget_detached(llmretry_call *c);
 void lr_budget_pause(llmretry_engine *e, llmretry_call *c, int64_t until);
+/* How long the endpoint's pause still holds its calls (0: none): a 429's
+ * wait or the slow-down's, this process's or, through a shared store,
+ * another's. */
+int64_t lr_budget_paused_ms(const lr_endpoint *ep, int64_t now);
 /* A failed attempt: a 429 naming no wait slows c's endpoint down for every
  * call (its retry still counts against max_retries). */
 void lr_budget_slow_down(llmretry_engine *e, llmretry_call *c, const llmretry_failure *f,

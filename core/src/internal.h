@@ -190,6 +190,14 @@ typedef struct lr_queue {
     llmretry_call *head, *tail;
 } lr_queue;
 
+/* A batch's items held while their endpoint (a model) is paused: a 429's
+ * named wait, or the slow-down's (admission.c). */
+#define LR_GROUP_HOLDS 8
+typedef struct lr_group_hold {
+    struct lr_endpoint *endpoint;  /* whose pause; its items in `parked` */
+    lr_queue parked;               /* empty: the hold is free */
+} lr_group_hold;
+
 struct llmretry_group {
     atomic_int refs;               /* the host's + one per call in the group */
     llmretry_engine *engine;       /* holds an engine reference */
@@ -200,6 +208,8 @@ struct llmretry_group {
     int active;                    /* items started and not finished */
     int queued;
     lr_queue queue;                /* items not started yet */
+    lr_group_hold holds[LR_GROUP_HOLDS];   /* more of them, their model paused */
+    int parked;                    /* items in the holds (counted in queued) */
     llmretry_channel ready;        /* its calls' news, when `poll` (engine mutex) */
     int listed;                    /* on the engine's list of groups to pump */
     llmretry_group *next_listed;
@@ -274,6 +284,7 @@ struct llmretry_call {
     int is_https;
     llmretry_group *group;         /* holds a group reference, or NULL */
     int group_active;              /* engine thread: counted in group->active */
+    lr_queue *group_queue;         /* LR_GROUP_QUEUED: its group's queue or a hold's */
     int64_t submitted_at;          /* monotonic ms */
     int64_t deadline_at;           /* monotonic ms, -1 = none */
 

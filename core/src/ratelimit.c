@@ -188,6 +188,14 @@ static int64_t asking(const lr_endpoint *ep, const lr_stated *s, double need, in
     return ep->in_flight > 0 ? ASK_WAIT_MS : 0;
 }
 
+int64_t lr_budget_paused_ms(const lr_endpoint *ep, int64_t now)
+{
+    int64_t paused = ep->paused_until;
+    int64_t theirs = atomic_load(&ep->sh->paused_until);   /* another process's 429 */
+    if (theirs > paused)
+        paused = theirs;
+    return paused > now ? paused - now : 0;
+}
 
 /* Milliseconds until the endpoint admits c (0: now). Waits round down: a
  * call let through less than a millisecond early leaves its bucket that
@@ -203,10 +211,7 @@ static int64_t wait_for(lr_endpoint *ep, llmretry_call *c, int64_t now)
         return w;
     if (unlimited(ep, now))
         return 0;
-    int64_t paused = ep->paused_until;
-    if (atomic_load(&ep->sh->paused_until) > paused)
-        paused = atomic_load(&ep->sh->paused_until);   /* another process's 429 */
-    int64_t wait = paused > now ? paused - now : 0;
+    int64_t wait = lr_budget_paused_ms(ep, now);
     double need = tokens_of(ep, c);
     double rpm = req_rate(ep), tpm = tok_rate(ep, need);
     /* The server says too little is left: one more request, this call's

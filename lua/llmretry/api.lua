@@ -185,7 +185,7 @@ function M.new(host)
   -- call_many(bodies, opts [, new_key]) -> outs: every body as one batch on
   -- the engine thread (an engine group), no coroutines. The group paces the
   -- batch: at most `limit` items run at once, a 429 that names a wait pauses
-  -- every new start, the window adapts (opts.adaptive, default true), and
+  -- the new starts of its model, the window adapts (opts.adaptive, default true), and
   -- opts.deadline_ms bounds the WHOLE batch (items not started in time fail
   -- with deadline_exceeded; a per-call deadline is opts.call_deadline_ms).
   -- new_key (a client's idempotency_key = "auto"): a fresh key per item.

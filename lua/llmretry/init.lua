@@ -110,8 +110,8 @@ A = api.new{
   submit = function(sub, engine, pool, level)
     if pool and (engine == nil or engine == pool.engine) and co_isyieldable() then
       -- The pool's calls pass its group's pacer on the engine thread (the
-      -- admission stage): a 429 naming a wait pauses the pool's new starts,
-      -- as it does call_many's.
+      -- admission stage): a 429 naming a wait pauses the pool's new starts
+      -- of its model, as it does call_many's.
       sub.group = pool.group
       return api.submit(pool.engine, sub, level + 1), true
     end
@@ -143,7 +143,8 @@ A = api.new{
     local engine = opts.engine or core.new_engine()
     -- The pool's pacing is the engine's (docs/design.md): its workers' calls
     -- form one group, at most `limit` at once, paused by a 429's named wait
-    -- and narrowed by a burst of them, exactly as call_many's items are.
+    -- (the calls of the model it refused) and narrowed by a burst of them,
+    -- exactly as call_many's items are.
     local group = engine:group{ limit = limit, adaptive = true }
     local driver = scheduler.blocking(group:channel())
     local pool = A.sched.pool{ items = items, limit = limit, worker = worker, driver = driver,

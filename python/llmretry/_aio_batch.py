@@ -114,7 +114,7 @@ async def amap_with_concurrency(items: Iterable[T], limit: int,
 
     :func:`llmretry.map_with_concurrency` for coroutines: the same batch
     policy applies to the calls the workers make (``acall_llm``,
-    ``astream_llm``): a 429 naming a wait pauses every new call's start,
+    ``astream_llm``): a 429 naming a wait pauses the new calls of its model,
     ``adaptive`` halves the window on a burst of 429s, ``deadline_ms``
     bounds the whole batch (items not started in time fail with
     :class:`~llmretry.DeadlineExceededError`); ``failures_path``,

@@ -144,7 +144,7 @@ class BatchSummary:
             every attempt that returned one (``usage_total``): the answers
             that failed validation, and failed calls' attempts, are billed too.
         elapsed_ms: the batch's wall time.
-        pauses: times a 429's wait paused every new start.
+        pauses: times a 429's wait paused the new starts of its model.
         halvings: times a burst of 429s halved the number of items in flight.
         completed: False when the batch was stopped before every item
             finished (Ctrl-C, an exception from ``on_result``, or the first

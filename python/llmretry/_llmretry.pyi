@@ -238,7 +238,8 @@ class Engine:
         ``idempotency_key`` are refused: a batch cannot share them; give
         ``idempotency_keys``, one per body, instead). The
         batch is an engine group: at most ``limit`` items run at once, a
-        429 naming a wait pauses every new start for that long, with
+        429 naming a wait pauses the new starts of its model for that long,
+        with
         ``adaptive`` the window halves on a burst of 429s and grows back on
         successes, and ``batch_deadline_ms`` bounds the whole batch (items
         not started in time fail with ``deadline_exceeded``). This thread
@@ -352,8 +353,8 @@ def run_pool(items: Sequence[Any], limit: int,
     threads have returned.
 
     Batch policy: calls made by workers report to the pool, so a 429 that
-    names a wait (Retry-After, x-ratelimit-reset) pauses every new start for
-    that long, and with ``adaptive`` the number of items running halves on
+    names a wait (Retry-After, x-ratelimit-reset) pauses the new starts of
+    its model for that long, and with ``adaptive`` the number of items running halves on
     a burst of 429s and grows back by one per window-full of successes,
     never above ``limit``. ``deadline_ms`` bounds the whole batch: calls in
     workers get the smaller of their own deadline and the time left, and

@@ -50,8 +50,8 @@ def map_with_concurrency(items: Iterable[T], limit: int,
     The batch policy of :func:`llmretry.call_many` applies to the calls the
     workers make (``call_llm`` and friends):
 
-    * a 429 whose wait the server names pauses every new item's start for
-      that long; with ``adaptive`` the number of items running halves on a
+    * a 429 whose wait the server names pauses the new starts of the
+      model it refused for that long; with ``adaptive`` the number of items running halves on a
       burst of 429s and grows back on successes, never above ``limit``;
     * ``deadline_ms`` bounds the whole batch: calls in workers get the
       smaller of their own deadline and the time left, and items not

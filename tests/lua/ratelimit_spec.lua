@@ -159,6 +159,44 @@ describe("rate limits", function()
     engine:close()
   end)
 
+  -- A batch's items wait out a 429's named pause only when they go to the
+  -- model it refused: before, the pause was the batch's, and one model's
+  -- 30 s held the other model's items past their 5 s deadline.
+  it("holds a batch's items of the refused model alone", function()
+    local slow = mock:scen("lua_hold_slow")
+    slow.script({}, H.obj({ status = 429, retry_after = "30" }))
+    local fast = mock:scen("lua_hold_fast")
+    local gw = mock:scen("lua_hold_gw")
+    local doc = H.obj({ steps = setmetatable({}, { __jsontype = "array" }),
+                        route = H.obj({ ["m-slow"] = slow.name, ["m-fast"] = fast.name }) })
+    local code, text = mock:http("PUT", "/_mock/scenarios/" .. gw.name, json.encode(doc))
+    check(code == 204, "PUT route: HTTP %s %s", tostring(code), text)
+    local bodies, models = {}, {}
+    for i = 1, 17 do
+      models[i] = (i == 1 or (i <= 9 and i % 2 == 0)) and "m-slow" or "m-fast"
+      bodies[i] = H.secret_body(models[i], models[i])
+    end
+    local outs = llm.call_many(bodies, { limit = 4, adaptive = false, base_url = gw.url,
+      engine = llm.new_engine(), api_key = H.SECRET_KEY, timeout_ms = 5000, max_retries = 0,
+      call_deadline_ms = 5000 })
+    local sent, refused, held = #slow.requests(), 0, 0
+    for i = 1, 17 do
+      if models[i] == "m-fast" then
+        check(not llm.is_error(outs[i]) and outs[i].meta.attempts == 1, "item %d: %s", i,
+          H.dump(outs[i]))
+      elseif outs[i].status == 429 then
+        refused = refused + 1
+      else
+        check(outs[i].kind == "deadline_exceeded" and outs[i].attempts == 0, "item %d: %s", i,
+          H.dump(outs[i]))
+        held = held + 1
+      end
+    end
+    check(#fast.requests() == 12 and sent >= 1 and sent <= 4, "requests: %d fast, %d slow",
+      #fast.requests(), sent)
+    check(refused == sent and held == 5 - sent, "%d refused, %d held", refused, held)
+  end)
+
   it("refuses a bad rpm, naming it", function()
     local ok, err = pcall(llm.call_llm, { body = H.secret_body("x"), base_url = "http://127.0.0.1:9/v1",
       api_key = "k", rpm = -1 })

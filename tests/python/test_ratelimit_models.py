@@ -11,7 +11,7 @@ its own (the mock's ``route``): one URL, one key, per-model limits."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -130,3 +130,51 @@ def test_a_key_has_at_most_64_models(scen: Any) -> None:
     models = [s["model"] for s in stats]
     assert models == [f"made-up-{i}" for i in range(64)] + [None], models
     assert stats[3]["requests"] == 2 and stats[64]["requests"] == 6
+
+
+def test_a_429_of_one_model_holds_a_batchs_items_of_that_model_alone(scen: Any) -> None:
+    """A batch's items wait out a 429's named pause only when they go to the
+    model that was refused. Before, the pause was the batch's: one model's
+    30 s held every item of every model, and here the m-fast items waited
+    past their 5 s deadline."""
+    url, slow, fast = gateway(scen)
+    slow.script([], after={"status": 429, "retry_after": "30"})
+    bodies = [body("m-slow")] + [body("m-slow"), body("m-fast")] * 4 + [body("m-fast")] * 8
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url,
+                         **{**FAST, "max_retries": 0}) as client:
+        out = client.call_many(bodies, limit=4, adaptive=False, call_deadline_ms=5000)
+    slow_items = [i for i, b in enumerate(bodies) if b["model"] == "m-slow"]
+    fast_items = [i for i, b in enumerate(bodies) if b["model"] == "m-fast"]
+    assert [out[i].meta.attempts for i in fast_items] == [1] * 12
+    assert len(fast.requests()) == 12
+    # The refused model: its first wave was sent, then its items waited out
+    # their deadlines without a request.
+    sent = len(slow.requests())
+    assert 1 <= sent <= 4 and out.summary.ok == 12 and out.summary.pauses >= 1
+    errors = [out[i] for i in slow_items]
+    assert sum(isinstance(x, llmretry.RateLimitError) for x in errors) == sent
+    held = [x for x in errors if isinstance(x, llmretry.DeadlineExceededError)]
+    assert len(held) == 5 - sent
+    assert all(x.attempts == 0 and "pause" in str(x) for x in held), held
+
+
+def test_a_batchs_held_items_start_when_their_models_pause_ends(scen: Any) -> None:
+    """The items held for their model go before the batch's later items
+    once the pause is over, and the batch's window never runs more than
+    its limit; the other model's items went on meanwhile (they finished
+    first although they come after in the input)."""
+    url, slow, fast = gateway(scen)
+    slow.script([{"status": 429, "retry_after": "1"}], after={"delay_ms": 20})
+    fast.script([], after={"delay_ms": 20})
+    bodies = [body("m-slow")] * 4 + [body("m-fast")] * 12
+    order: List[int] = []
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=url, **FAST) as client:
+        out = client.call_many(bodies, limit=2, adaptive=False,
+                               on_result=lambda i, r: order.append(i))
+    assert out.summary.ok == 16 and out.summary.pauses == 1
+    # The first two items were the first wave (one refused, then retried
+    # after the pause); items 2 and 3 were held for m-slow while all twelve
+    # m-fast items ran.
+    assert set(order[:13]) == {1} | set(range(4, 16)), order
+    assert sorted(order[13:]) == [0, 2, 3], order
+    assert len(slow.requests()) == 5 and len(fast.requests()) == 12

@@ -19,7 +19,8 @@ extern "C" {
 /* A call submitted with options.group waits in the group until the group's
  * pacer lets it start: at most `limit` items run at once (an item counts
  * from its first attempt until it finishes, backoff waits included), a 429
- * naming a wait pauses every new start for that long, and with `adaptive`
+ * naming a wait pauses the new starts of its endpoint (URL, key and model:
+ * the other models' items go on) for that long, and with `adaptive`
  * the window halves on a burst of 429s and grows back on successes. With a
  * deadline, no item runs past it: each call's deadline is the earlier of
  * its own and the group's, and items not started in time fail with

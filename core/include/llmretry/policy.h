@@ -84,7 +84,9 @@ int64_t llmretry_attempt_timeout_ms(int64_t timeout_ms, int64_t deadline_left_ms
  * `adaptive`, a 429 also halves the window (once per burst: not again
  * within LLMRETRY_PACER_COOLDOWN_MS) and it grows back by one slot per
  * window-full of successes (additive increase), never above
- * `limit` nor below 1. Host pools (Python, Lua) and engine groups use it. */
+ * `limit` nor below 1. Host pools (Python, Lua) and engine groups use it;
+ * an engine group holds only the paused endpoint's items, not all (its
+ * pause then only counts the pauses). */
 typedef struct llmretry_pacer {
     int limit;
     int adaptive;
