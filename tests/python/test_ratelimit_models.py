@@ -178,3 +178,34 @@ def test_a_batchs_held_items_start_when_their_models_pause_ends(scen: Any) -> No
     assert set(order[:13]) == {1} | set(range(4, 16)), order
     assert sorted(order[13:]) == [0, 2, 3], order
     assert len(slow.requests()) == 5 and len(fast.requests()) == 12
+
+
+def test_a_batch_holds_the_items_of_8_paused_models_and_lets_the_rest_wait_in_its_window(
+        scen: Any) -> None:
+    """A batch keeps apart the items of up to 8 paused models; the items of
+    a ninth and tenth wait for their endpoint inside the batch's window, as
+    all did before the holds. Either way nothing is sent to a paused model."""
+    names = [f"m{i}" for i in range(10)]
+    subs = {name: scen.sub(name) for name in names}
+    for sub in subs.values():
+        sub.script([], after={"status": 429, "retry_after": "30"})
+    routes = {name: sub.name for name, sub in subs.items()}
+    fast = scen.sub("fast")
+    routes["m-fast"] = fast.name
+    scen.server.script(scen.name, [], None, route=routes)
+    with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=scen.url,
+                         **{**FAST, "max_retries": 0}) as client:
+        first = client.call_many([body(n) for n in names], limit=10)
+        assert all(isinstance(x, llmretry.RateLimitError) for x in first), first
+        # Every model is paused for 30 s now; the fast model is not.
+        out = client.call_many([body(n) for n in names] + [body("m-fast")] * 8, limit=4,
+                               adaptive=False, call_deadline_ms=2000)
+    assert [r.meta.attempts for r in out[10:]] == [1] * 8
+    held = out[:10]
+    assert all(isinstance(x, llmretry.DeadlineExceededError) and x.attempts == 0
+               for x in held), held
+    in_holds = [i for i, x in enumerate(held) if "pause" in str(x)]
+    in_window = [i for i, x in enumerate(held) if "rate budget" in str(x)]
+    assert in_holds == list(range(8)) and in_window == [8, 9], [str(x) for x in held]
+    assert len(fast.requests()) == 8
+    assert [len(sub.requests()) for sub in subs.values()] == [1] * 10
