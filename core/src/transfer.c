@@ -109,6 +109,9 @@ size_t lr_call_on_body(char *data, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+#define PROVIDER_PREFIX "llm_provider-"
+#define PROVIDER_PREFIX_LEN (sizeof PROVIDER_PREFIX - 1)
+
 /* The response headers a call keeps (LR_H_*'s order), with their lengths. */
 #define CAPTURED(name) { name, sizeof(name) - 1 }
 static const struct { const char *name; size_t len; } captured[LR_H_COUNT] = {
@@ -161,6 +164,14 @@ static void keep_head_line(llmretry_call *c, const char *line, size_t n)
     memcpy(h->data + h->len, line, n);
     h->len += n;
     h->data[h->len] = '\0';
+}
+
+/* Headers that name a wait (wait_of), the only ones taken from under
+ * PROVIDER_PREFIX. */
+static int is_wait(int i)
+{
+    return i == LR_H_RETRY_AFTER || i == LR_H_RETRY_AFTER_MS || i == LR_H_RESET_REQUESTS ||
+           i == LR_H_RESET_TOKENS;
 }
 
 /* The wait a captured header asks for (ms), -1 when none or unusable. */
@@ -288,12 +299,29 @@ size_t lr_call_on_header(char *line, size_t size, size_t nmemb, void *ud)
         }
         return n;
     }
+    /* LiteLLM's proxy passes its provider's headers on under this prefix,
+     * and the waits only so: a provider's "Retry-After: 30" reaches the
+     * caller as "llm_provider-retry-after: 30" alone, and without it every
+     * retry came back within seconds to a provider that had asked for 30.
+     * A prefixed wait counts as the server's (the longest wait wins, as for
+     * a header sent twice); the other headers are the proxy's to say
+     * unprefixed (it does say x-ratelimit-limit-* and -remaining-*). */
+    const char *name = line;
+    int waits_only = 0;
+    if (name_len > PROVIDER_PREFIX_LEN &&
+        strncasecmp(line, PROVIDER_PREFIX, PROVIDER_PREFIX_LEN) == 0) {
+        name += PROVIDER_PREFIX_LEN;
+        name_len -= PROVIDER_PREFIX_LEN;
+        waits_only = 1;
+    }
     /* Every name kept starts with r or x: most lines (Date, Server...) stop here. */
-    char first = (char)(line[0] | 0x20);
+    char first = (char)(name[0] | 0x20);
     if (first != 'r' && first != 'x')
         return n;
     for (int i = 0; i < LR_H_COUNT; i++) {
-        if (captured[i].len != name_len || strncasecmp(line, captured[i].name, name_len) != 0)
+        if (captured[i].len != name_len || strncasecmp(name, captured[i].name, name_len) != 0)
+            continue;
+        if (waits_only && !is_wait(i))
             continue;
         const char *v = colon + 1, *end = line + n;
         while (v < end && (*v == ' ' || *v == '\t'))

@@ -20,8 +20,9 @@ import json
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence, Tuple
 
 import llmretry
 from interop_util import AccessLog, Checks
@@ -52,12 +53,14 @@ class Upstream(BaseHTTPRequestHandler):
     """An OpenAI-style streaming server, one behaviour per model name:
     up-ok streams "one two three" with usage; up-error sends two chunks
     then an error object; up-cut sends two chunks then closes the
-    connection; up-429 answers 429 before any stream; up-inband answers a
-    plain request 200 with an error body, and a stream with its choice
-    ended by finish_reason "error"."""
+    connection; up-429 answers 429 before any stream; up-429-wait answers
+    its first request 429 with Retry-After: 2, then streams; up-inband
+    answers a plain request 200 with an error body, and a stream with its
+    choice ended by finish_reason "error"."""
 
     protocol_version = "HTTP/1.1"
     seen: List[Dict[str, Any]] = []
+    times: List[Tuple[Any, float]] = []
     lock = threading.Lock()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
@@ -67,11 +70,14 @@ class Upstream(BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
         self.wfile.flush()
 
-    def answer_json(self, status: int, doc: Any) -> None:
+    def answer_json(self, status: int, doc: Any,
+                    headers: Sequence[Tuple[str, str]] = ()) -> None:
         data = json.dumps(doc).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in headers:
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -80,6 +86,13 @@ class Upstream(BaseHTTPRequestHandler):
         model = req.get("model")
         with self.lock:
             self.seen.append(req)
+            self.times.append((model, time.monotonic()))
+            first = sum(1 for r in self.seen if r.get("model") == model) == 1
+        if model == "up-429-wait" and first:
+            self.answer_json(429, {"error": {"message": "slow down", "type": "requests",
+                                             "code": "rate_limit_exceeded"}},
+                             [("Retry-After", "2")])
+            return
         if model == "up-inband" and not req.get("stream"):
             self.answer_json(200, {"error": {"message": "Provider returned error", "code": 502}})
             return
@@ -117,6 +130,11 @@ class Upstream(BaseHTTPRequestHandler):
     def requests_for(cls, model: str) -> List[Dict[str, Any]]:
         with cls.lock:
             return [r for r in cls.seen if r.get("model") == model]
+
+    @classmethod
+    def times_for(cls, model: str) -> List[float]:
+        with cls.lock:
+            return [t for m, t in cls.times if m == model]
 
 
 # ---------------------------------------------------------------------------
@@ -219,6 +237,25 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
                     f"error_code {exc.error_code!r}")
         raise AssertionError("no error")
 
+    def provider_wait_through_the_proxy() -> str:
+        # LiteLLM passes its provider's Retry-After on only as
+        # llm_provider-retry-after: read as the server's wait, the retry
+        # comes 2 s later, not after our 200 ms backoff (before: 0.2 s).
+        events: List[Dict[str, Any]] = []
+        with llmretry.Client(base_url=base_url, api_key=KEY, logger=events.append,
+                             base_delay_ms=200, max_delay_ms=2000) as waiting:
+            res = waiting.call_llm(body("up-429-wait"), max_retries=1)
+        assert content(res) == "one two three", repr(content(res))
+        failed = [e for e in events if e["event"] == "llm_request_failed"]
+        assert [e["retry_after"] for e in failed] == ["2"], failed
+        scheduled = [(e["delay_source"], e["delay_ms"]) for e in events
+                     if e["event"] == "llm_retry_scheduled"]
+        assert scheduled == [("retry_after", 2000)], scheduled
+        times = Upstream.times_for("up-429-wait")
+        assert len(times) == 2 and times[1] - times[0] >= 1.9, times
+        return (f"retry after {times[1] - times[0]:.2f} s (the provider's Retry-After: 2, "
+                f"as llm_provider-retry-after), {res.meta.attempts} attempts")
+
     def cut_upstream() -> str:
         # Not the engine's to see: LiteLLM ends a stream whose upstream was
         # cut with a finish_reason "stop", its own usage and [DONE], so the
@@ -239,6 +276,8 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
     check("a stream LiteLLM relays from an upstream", upstream_stream)
     check("an upstream error mid-stream is retried as a 500", error_mid_stream)
     check("an upstream 429 before the stream is retried as a 429", rate_limited_before_stream)
+    check("an upstream's Retry-After, passed on as llm_provider-retry-after, is waited",
+          provider_wait_through_the_proxy)
     check("an upstream cut mid-stream", cut_upstream)
 
     def upstream_answer_is_an_error() -> str:
