@@ -38,6 +38,7 @@ typedef struct lr_stated {
     int64_t at;                        /* when remaining was said */
     int64_t reset_at;                  /* -reset-*: when its window has room again; -1 = not known */
     int per_window;                    /* limit is its (shorter) window's, not a minute's */
+    int64_t verdict_used;              /* how much of the limit the answer that said so had used */
     int64_t window_ms;                 /* then: its length as far as known (the longest reset) */
 } lr_stated;
 

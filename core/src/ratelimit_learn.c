@@ -41,16 +41,25 @@ static int64_t reset_ms(const llmretry_call *c, int h)
  * room than a second of a per-minute L tells: with less, a per-minute
  * limit counted per second (as providers slice theirs, and the mock)
  * says the same. Nor one before two seconds' worth is used: a reset
- * rounded to the second would mislead. Otherwise the last verdict holds. */
+ * rounded to the second would mislead.
+ * The more was used, the more an answer tells: of 10 a 6 s window, one
+ * used and room again in 5 s is what a minute's 10 would say too (one back
+ * in 6 s), while 8 used and room in 5 s is no minute's (8 back in 48 s).
+ * So an answer that used less than the one the verdict stands on leaves
+ * it: a window's first answer turned a window read from a fuller one into
+ * 10 a minute, and paced one a window, every answer then said the same.
+ * Otherwise the last verdict holds. */
 static void classify(lr_stated *s, int64_t left, int64_t reset)
 {
     if (s->limit <= 0 || left > s->limit)
         return;
     double limit = (double)s->limit;
-    double refill = (double)(s->limit - left) * 60000.0 / limit;
-    if ((double)left <= limit / 60.0 + 1.0 || refill < 2000.0)
+    int64_t used = s->limit - left;
+    double refill = (double)used * 60000.0 / limit;
+    if ((double)left <= limit / 60.0 + 1.0 || refill < 2000.0 || used < s->verdict_used)
         return;
     s->per_window = (double)reset < refill / 2.0;
+    s->verdict_used = used;
 }
 
 /* What one response says of one limit. The server's count leaves out
@@ -65,8 +74,10 @@ static void learn(lr_stated *s, const llmretry_call *c, int h_limit, int h_remai
                   int h_reset, const int64_t unseen[2], int64_t now)
 {
     int64_t v = header_int(c, h_limit);
-    if (v > 0)
+    if (v > 0 && v != s->limit) {
         s->limit = v;
+        s->verdict_used = 0;        /* a new limit: what the old one's answers told is moot */
+    }
     if ((v = header_int(c, h_remaining)) < 0)
         return;
     int64_t reset = reset_ms(c, h_reset);

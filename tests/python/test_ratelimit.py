@@ -253,6 +253,43 @@ def test_a_limit_stated_per_window_is_not_read_per_minute(scen: Any) -> None:
     assert refused(scen) <= 10, refused(scen)
 
 
+def stated(remaining: int, reset: str) -> dict:
+    """A step answering 200 and stating 10 requests, `remaining` of them
+    left, room again in `reset` (as a server keeping fixed windows does)."""
+    return {"headers": {"x-ratelimit-limit-requests": "10",
+                        "x-ratelimit-remaining-requests": str(remaining),
+                        "x-ratelimit-reset-requests": reset}}
+
+
+def test_a_window_reading_stands_against_weaker_answers(scen: Any) -> None:
+    """Whether a stated limit is a minute's or a shorter window's, an answer
+    tells only by how much was used: 8 of 10 used and room again in 5 s is
+    a window (a minute's would give 8 back over 48 s); 1 used and room in
+    5.5 s is what either says (a minute's gives 1 back in 6 s). The weaker
+    answer used to overturn the stronger one's verdict: a server keeping
+    6 s windows of 10, seen through LiteLLM's proxy, was read as 10 a
+    minute once a window's first answer said so, and then, paced one
+    request a window, every answer said so again (40 items took 155 s for
+    the 24 s the server allowed). Only an answer as strong overturns it."""
+    def rpms(sub: Any, steps: List[Any]) -> List[int]:
+        sub.script(steps)
+        seen = []
+        with llmretry.Client(api_key=SECRET_KEY, logger=None, base_url=sub.url,
+                             **FAST) as client:
+            for _ in steps:
+                client.call_llm(BODY)
+                seen.append(client.endpoint_stats()[0]["rpm"])
+        return seen
+
+    # While a window has room, its count paces, not a rate (0); once none is
+    # left, 10 per the longest reset seen, 5.5 s: 109.1 a minute (shown rounded up).
+    assert rpms(scen.sub("window"), [stated(2, "5s"), stated(9, "5.5s"), stated(0, "5s")]) \
+        == [0, 0, 110]
+    # Told as strongly that 8 used come back over 48 s: a minute's 10.
+    assert rpms(scen.sub("minute"), [stated(2, "5s"), stated(2, "48s"), stated(0, "48s")]) \
+        == [0, 10, 10]
+
+
 def test_429s_naming_no_wait_slow_the_endpoint(scen: Any) -> None:
     """429s with no Retry-After and no x-ratelimit-* (LiteLLM's rpm limit):
     nothing configured and the default max_retries, the engine slows the
