@@ -54,7 +54,9 @@ class Upstream(BaseHTTPRequestHandler):
     up-ok streams "one two three" with usage; up-error sends two chunks
     then an error object; up-cut sends two chunks then closes the
     connection; up-429 answers 429 before any stream; up-429-wait answers
-    its first request 429 with Retry-After: 2, then streams; up-inband
+    its first request 429 with Retry-After: 2, then streams; up-window
+    answers plain requests within fixed windows of 10 a 6 s, stated in
+    x-ratelimit-*, and 429s past them; up-inband
     answers a plain request 200 with an error body, and a stream with its
     choice ended by finish_reason "error"."""
 
@@ -93,6 +95,9 @@ class Upstream(BaseHTTPRequestHandler):
                                              "code": "rate_limit_exceeded"}},
                              [("Retry-After", "2")])
             return
+        if model == "up-window":
+            self.answer_window(model)
+            return
         if model == "up-inband" and not req.get("stream"):
             self.answer_json(200, {"error": {"message": "Provider returned error", "code": 502}})
             return
@@ -125,6 +130,35 @@ class Upstream(BaseHTTPRequestHandler):
                         "usage": {"prompt_tokens": 3, "completion_tokens": 3,
                                   "total_tokens": 6}})
         self.wfile.write(b"data: [DONE]\n\n")
+
+    WINDOW_S, WINDOW_LIMIT = 6.0, 10
+    window = {"start": time.monotonic(), "used": 0, "refused": 0}
+
+    def answer_window(self, model: str) -> None:
+        w = self.window
+        with self.lock:
+            now = time.monotonic()
+            if now - w["start"] >= self.WINDOW_S:
+                w["start"] += self.WINDOW_S * ((now - w["start"]) // self.WINDOW_S)
+                w["used"] = 0
+            admitted = w["used"] < self.WINDOW_LIMIT
+            w["used"] += admitted
+            w["refused"] += not admitted
+            reset = w["start"] + self.WINDOW_S - now
+            stated = [("x-ratelimit-limit-requests", str(self.WINDOW_LIMIT)),
+                      ("x-ratelimit-remaining-requests", str(self.WINDOW_LIMIT - w["used"])),
+                      ("x-ratelimit-reset-requests", f"{reset:.3f}s")]
+        if not admitted:
+            self.answer_json(429, {"error": {"message": "slow down", "type": "requests",
+                                             "code": "rate_limit_exceeded"}},
+                             stated + [("Retry-After", str(max(1, round(reset))))])
+            return
+        self.answer_json(200, {"id": "chatcmpl-upstream", "object": "chat.completion",
+                               "created": 1, "model": model,
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": "ok"}}],
+                               "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                         "total_tokens": 2}}, stated)
 
     @classmethod
     def requests_for(cls, model: str) -> List[Dict[str, Any]]:
@@ -256,6 +290,23 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
         return (f"retry after {times[1] - times[0]:.2f} s (the provider's Retry-After: 2, "
                 f"as llm_provider-retry-after), {res.meta.attempts} attempts")
 
+    def provider_window_through_the_proxy() -> str:
+        # 30 items at 8 in flight, nothing configured: the pace comes from
+        # the provider's x-ratelimit-* as LiteLLM relays them. Its windows
+        # let 30 through in about 18 s; read as 10 a minute (as it was once
+        # a window's first answer said what a minute's would), they take 3
+        # minutes, and the batch's 60 s deadline fails items.
+        items = [{"model": "up-window", "messages": [{"role": "user", "content": f"w{i}"}]}
+                 for i in range(30)]
+        start = time.monotonic()
+        out = client.call_many(items, limit=8, deadline_ms=60000)
+        took = time.monotonic() - start
+        assert out.summary.ok == 30, out.summary.format()
+        refused = Upstream.window["refused"]
+        assert refused <= 8, f"the provider refused {refused}"
+        return (f"30 of 30 in {took:.1f} s, {out.summary.attempts} attempts, "
+                f"{refused} refused by the provider")
+
     def cut_upstream() -> str:
         # Not the engine's to see: LiteLLM ends a stream whose upstream was
         # cut with a finish_reason "stop", its own usage and [DONE], so the
@@ -278,6 +329,8 @@ def main(base_url: str, access_log: str, upstream_port: int) -> int:
     check("an upstream 429 before the stream is retried as a 429", rate_limited_before_stream)
     check("an upstream's Retry-After, passed on as llm_provider-retry-after, is waited",
           provider_wait_through_the_proxy)
+    check("a provider's short windows, stated through the proxy, pace a batch",
+          provider_window_through_the_proxy)
     check("an upstream cut mid-stream", cut_upstream)
 
     def upstream_answer_is_an_error() -> str:
