@@ -208,7 +208,7 @@ struct llmretry_group {
     int active;                    /* items started and not finished */
     int queued;
     lr_queue queue;                /* items not started yet */
-    lr_group_hold holds[LR_GROUP_HOLDS];   /* more of them, their model paused */
+    lr_group_hold holds[LR_GROUP_HOLDS];   /* items not started, their endpoint paused */
     int parked;                    /* items in the holds (counted in queued) */
     llmretry_channel ready;        /* its calls' news, when `poll` (engine mutex) */
     int listed;                    /* on the engine's list of groups to pump */

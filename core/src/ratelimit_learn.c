@@ -48,7 +48,7 @@ static int64_t reset_ms(const llmretry_call *c, int h)
  * So an answer that used less than the one the verdict stands on leaves
  * it: a window's first answer turned a window read from a fuller one into
  * 10 a minute, and paced one a window, every answer then said the same.
- * Otherwise the last verdict holds. */
+ * An answer these rules leave out leaves the verdict as it was. */
 static void classify(lr_stated *s, int64_t left, int64_t reset)
 {
     if (s->limit <= 0 || left > s->limit)
