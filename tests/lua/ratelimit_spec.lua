@@ -25,6 +25,17 @@ describe("rate limits", function()
     return scen
   end
 
+  -- One URL routing each model to a scenario of its own (the mock's route):
+  -- "m-slow" to `slow`, "m-fast" to `fast`.
+  local function gateway(hint, slow, fast)
+    local gw = mock:scen(hint)
+    local doc = H.obj({ steps = setmetatable({}, { __jsontype = "array" }),
+                        route = H.obj({ ["m-slow"] = slow.name, ["m-fast"] = fast.name }) })
+    local code, text = mock:http("PUT", "/_mock/scenarios/" .. gw.name, json.encode(doc))
+    check(code == 204, "PUT route: HTTP %s %s", tostring(code), text)
+    return gw
+  end
+
   -- The requests the mock refused; every record must say (a record without
   -- rate_limited is a scenario the mock enforces no limit on: not "none").
   local function refused(scen)
@@ -129,11 +140,7 @@ describe("rate limits", function()
   it("keeps each model's learned limit to that model", function()
     local slow = limited("lua_model_slow", { rpm = 2, window_ms = 60000 })
     local fast = mock:scen("lua_model_fast")
-    local gw = mock:scen("lua_model_gw")
-    local doc = H.obj({ steps = setmetatable({}, { __jsontype = "array" }),
-                        route = H.obj({ ["m-slow"] = slow.name, ["m-fast"] = fast.name }) })
-    local code, text = mock:http("PUT", "/_mock/scenarios/" .. gw.name, json.encode(doc))
-    check(code == 204, "PUT route: HTTP %s %s", tostring(code), text)
+    local gw = gateway("lua_model_gw", slow, fast)
     local engine = llm.new_engine()
     local opts = { base_url = gw.url, engine = engine, api_key = H.SECRET_KEY,
                    timeout_ms = 5000 }
@@ -166,11 +173,7 @@ describe("rate limits", function()
     local slow = mock:scen("lua_hold_slow")
     slow.script({}, H.obj({ status = 429, retry_after = "30" }))
     local fast = mock:scen("lua_hold_fast")
-    local gw = mock:scen("lua_hold_gw")
-    local doc = H.obj({ steps = setmetatable({}, { __jsontype = "array" }),
-                        route = H.obj({ ["m-slow"] = slow.name, ["m-fast"] = fast.name }) })
-    local code, text = mock:http("PUT", "/_mock/scenarios/" .. gw.name, json.encode(doc))
-    check(code == 204, "PUT route: HTTP %s %s", tostring(code), text)
+    local gw = gateway("lua_hold_gw", slow, fast)
     local bodies, models = {}, {}
     for i = 1, 17 do
       models[i] = (i == 1 or (i <= 9 and i % 2 == 0)) and "m-slow" or "m-fast"
