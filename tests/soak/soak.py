@@ -250,6 +250,17 @@ class Report:
                 print(f"soak: VIOLATION: {message}", file=sys.stderr, flush=True)
 
 
+def guard_threads(report: Report) -> None:
+    """An exception escaping any thread of the soak is a violation: the rest
+    of that thread's checks never ran. (The outage thread once died on an
+    assumption the per-model endpoints broke, and the soak still passed.)"""
+    def hook(args: "threading.ExceptHookArgs") -> None:
+        name = args.thread.name if args.thread else "a thread"
+        report.violation(f"{name} raised {args.exc_type.__name__}: {args.exc_value}")
+        threading.__excepthook__(args)
+    threading.excepthook = hook
+
+
 class Events:
     """The logger of every call: counts starts and final events per request
     id, and checks that no event holds the key or the prompt."""
@@ -555,6 +566,9 @@ def outage(ctx: Phase) -> None:
     opts: Dict[str, Any] = dict(base_url=ctx.mock.url(flappy), max_retries=1, timeout_ms=1000,
                                 breaker_failures=3, breaker_cooldown_ms=300)
     fallbacks = [{"model": "soak-backup", "base_url": ctx.mock.url(backup)}]
+    # One model, so one endpoint and one breaker for every caller: an
+    # endpoint is a URL, a key and a model (docs/reliability.md).
+    outage_body = body_for("outage")
     client = llmretry.Client(logger=None, **DEFAULTS)
     made = Counter[str]()
     came_back = Counter[str]()
@@ -566,7 +580,7 @@ def outage(ctx: Phase) -> None:
             with lock:
                 made["calls"] += 1
             try:
-                _, meta = client.call_llm(body_for(f"outage-{i}"), **opts, **extra)
+                _, meta = client.call_llm(outage_body, **opts, **extra)
                 outcome = f"ok target {meta.target}"
             except llmretry.LLMError as exc:
                 outcome = f"{exc.kind}/{exc.reason}"
@@ -598,7 +612,7 @@ def outage(ctx: Phase) -> None:
     # Back up for good: after a cooldown the next call probes and closes it.
     time.sleep(0.4)
     try:
-        client.call_llm(body_for("outage-last"), **opts)
+        client.call_llm(outage_body, **opts)
     except llmretry.LLMError as exc:
         ctx.report.violation(f"outage: the endpoint is back but a call failed: {exc!r}")
     [stats] = [st for st in client.endpoint_stats() if f"/s/{flappy}/" in st["url"]]
@@ -678,6 +692,7 @@ def main() -> int:
           f"call_llm + call_many + map_with_concurrency; seed {seed}", flush=True)
 
     report = Report()
+    guard_threads(report)
     events = Events(report)
     mock = Mock()
     try:
