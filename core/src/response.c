@@ -370,11 +370,22 @@ static char *error_text(const llmretry_call *c, const char *body, size_t blen, l
             while (shown > 0 && ((unsigned char)said[shown] & 0xC0) == 0x80)
                 shown--;        /* whole UTF-8 characters */
         }
-        if (echoes(&t, said, shown)) {
+        size_t before = len;
+        int quotes = echoes(&t, said, shown);
+        if (!quotes) {
+            len = put_escaped(buf, len, sizeof buf - 4, ": \"", 3);
+            size_t start = len;
+            len = put_escaped_n(buf, len, sizeof buf - 4, said, shown, &taken);
+            /* The text as shown is screened too: an escape can make a
+             * quote the server did not send (a tab shown as \t before
+             * "he harbour plan" quotes "the harbour plan"). */
+            quotes = echoes(&t, buf + start, len - start);
+        }
+        if (quotes) {
+            len = before;
+            buf[len] = '\0';
             len = put_escaped(buf, len, sizeof buf, withheld, sizeof withheld - 1);
         } else {
-            len = put_escaped(buf, len, sizeof buf - 4, ": \"", 3);
-            len = put_escaped_n(buf, len, sizeof buf - 4, said, shown, &taken);
             len = put_escaped(buf, len, sizeof buf, taken < n ? "...\"" : "\"", taken < n ? 4 : 1);
         }
     }

@@ -242,3 +242,18 @@ def test_provider_message_echoing_the_request_is_withheld(scen: Scenario, said: 
     else:
         assert f': "{said}"; gave up' in str(out.error)
     assert SECRET_KEY not in text and CODE_PROMPT not in text
+
+
+def test_a_message_whose_escapes_would_quote_the_prompt_is_withheld(scen: Scenario) -> None:
+    """The message as shown is screened, not only as sent: a tab before
+    "he harbour plan" is shown as \\t, and "\\the harbour plan" quotes 16
+    bytes of the prompt the server did not send (found by fuzz_response)."""
+    body = {"model": "gpt-test", "messages": [{"role": "user",
+                                               "content": "the harbour plan at dawn"}]}
+    said = "unknown input \the harbour plan\\"     # 15 bytes of the prompt as sent
+    out = run_call(scen, [{"status": 400, "body": {"error": {"message": said}}}],
+                   body=body, max_retries=0)
+    assert out.error is not None
+    assert ("(the server's message is withheld because it echoes the request)"
+            in str(out.error)), str(out.error)
+    assert "harbour" not in str(out.error)
