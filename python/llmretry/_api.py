@@ -181,9 +181,9 @@ def call_many(bodies: Iterable[Body], limit: int = 8, *,
     * ``limit``: at most this many calls in flight. A 429 whose wait the
       server names (``Retry-After``, ``x-ratelimit-reset-*``) pauses the
       batch's new starts of that model for that long, not just that item's
-      retry (the other models' items go on); with ``adaptive`` (the default) the number in flight halves on a
-      burst of 429s and grows back by one per window-full of successes,
-      never above ``limit``.
+      retry (the other models' items go on); with ``adaptive`` (the
+      default) the number in flight halves on a burst of 429s and grows back
+      by one per window-full of successes, never above ``limit``.
     * ``deadline_ms``: a budget for the *whole batch*. Items not started in
       time fail with :class:`~llmretry.DeadlineExceededError` (0 attempts);
       running calls get the smaller of their own deadline and the time

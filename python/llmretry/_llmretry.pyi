@@ -354,11 +354,12 @@ def run_pool(items: Sequence[Any], limit: int,
 
     Batch policy: calls made by workers report to the pool, so a 429 that
     names a wait (Retry-After, x-ratelimit-reset) pauses the new starts of
-    its model for that long, and with ``adaptive`` the number of items running halves on
-    a burst of 429s and grows back by one per window-full of successes,
-    never above ``limit``. ``deadline_ms`` bounds the whole batch: calls in
-    workers get the smaller of their own deadline and the time left, and
-    items not started in time keep ``NOT_STARTED`` in their slot.
+    its model for that long, and with ``adaptive`` the number of items
+    running halves on a burst of 429s and grows back by one per window-full
+    of successes, never above ``limit``. ``deadline_ms`` bounds the whole
+    batch: calls in workers get the smaller of their own deadline and the
+    time left, and items not started in time keep ``NOT_STARTED`` in their
+    slot.
     ``on_result(index, value, failed)`` runs on the pool thread after each
     item (an exception from it stops the pool and is raised). ``stats``, a
     dict, receives the group shape's fields (``pauses``, ``halvings``, ``window``

@@ -51,8 +51,9 @@ def map_with_concurrency(items: Iterable[T], limit: int,
     workers make (``call_llm`` and friends):
 
     * a 429 whose wait the server names pauses the new starts of the
-      model it refused for that long; with ``adaptive`` the number of items running halves on a
-      burst of 429s and grows back on successes, never above ``limit``;
+      model it refused for that long; with ``adaptive`` the number of items
+      running halves on a burst of 429s and grows back on successes, never
+      above ``limit``;
     * ``deadline_ms`` bounds the whole batch: calls in workers get the
       smaller of their own deadline and the time left, and items not
       started in time fail with :class:`~llmretry.DeadlineExceededError`
